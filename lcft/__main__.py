@@ -1,0 +1,5 @@
+"""`python -m lcft` runs the CLI."""
+
+from lcft.cli.app import main
+
+main()

@@ -1,0 +1,46 @@
+"""Shared CLI plumbing: one console, and a wrapper that turns user errors into a one-line message + exit 1."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from lcft.errors import LcftError
+
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print `error: message` on stderr and return the Exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def user_errors(fn: F) -> F:
+    """Decorate a command: LcftError (and missing files) become a one-line error and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LcftError as e:
+            raise fail(str(e)) from None
+        except FileNotFoundError as e:
+            raise fail(f"file not found: {e.filename or e}") from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]")
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def not_yet(name: str) -> typer.Exit:
+    return fail(f"`lcft {name}` is not yet available in this version", code=2)

@@ -1,0 +1,232 @@
+"""Config plumbing shared by every component: field docstrings as help, sizes, TOML in and out, precedence.
+
+Each component owns a small dataclass whose fields carry a docstring (a string literal right after the
+field). Only `lcft.cli` combines them. Precedence: dataclass defaults < `--config` TOML < command-line flags.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import re
+import textwrap
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lcft.errors import LcftError
+
+T = TypeVar("T")
+
+
+class ConfigError(LcftError, ValueError):
+    """A config value or key is wrong; the message names it."""
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass: {field name: the string literal that follows its declaration}."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            src = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(src).body[0].body  # type: ignore[attr-defined]
+        for prev, node in zip(body, body[1:], strict=False):
+            if (
+                isinstance(prev, ast.AnnAssign)
+                and isinstance(prev.target, ast.Name)
+                and isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs
+
+
+def doc(cls: type, name: str) -> str:
+    """Help text of one field (raises if the field has no docstring: every field must have one)."""
+    try:
+        return field_docs(cls)[name]
+    except KeyError:
+        raise KeyError(f"{cls.__name__}.{name} has no docstring") from None
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:[bB][pP]?)?\s*$")
+
+
+def parse_size(value: int | str) -> int:
+    """'512K' -> 524288, '1M' -> 1048576, '65536' -> 65536 (binary multiples, as sequence lengths are)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ConfigError(f"not a size: {value!r} (use e.g. 65536, 512K, 1M)")
+    num, unit = float(m.group(1)), m.group(2).upper()
+    out = num * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
+    if out != int(out) or out <= 0:
+        raise ConfigError(f"not a whole positive size: {value!r}")
+    return int(out)
+
+
+def format_size(n: int) -> str:
+    """524288 -> '512K' (inverse of parse_size where exact)."""
+    for unit, mult in (("M", 1 << 20), ("K", 1 << 10)):
+        if n % mult == 0 and n >= mult:
+            return f"{n // mult}{unit}"
+    return str(n)
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a `--config` TOML file; a clear error if it is missing or malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+
+
+def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Later layers win; None values in a layer mean 'not given' (typer's default for unset flags)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in (layer or {}).items():
+            if v is not None:
+                out[k] = v
+    return out
+
+
+def check_keys(values: Mapping[str, Any], known: Iterable[str], where: str = "config") -> None:
+    """Unknown keys are an error naming the key (typos must not be silently ignored)."""
+    known = set(known)
+    for k in values:
+        if k not in known:
+            close = [n for n in sorted(known) if n.replace("_", "") == k.replace("-", "").replace("_", "")]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown {where} key {k!r}{hint}")
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], name) if len(args) == 1 else value
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, typing.get_args(tp)))}")
+        return value
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return origin(value)
+    if tp is bool:
+        if isinstance(value, str):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{name}: not a boolean: {value!r}")
+        return bool(value)
+    if tp is int:
+        try:
+            return parse_size(value) if isinstance(value, str) else int(value)
+        except (ConfigError, ValueError):
+            raise ConfigError(f"{name}: not an integer: {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: not a number: {value!r}") from None
+    return value
+
+
+def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> T:
+    """Instantiate a config dataclass from a flat mapping: unknown keys are errors, values are coerced
+    to the field types (sizes like '512K' for int fields, 'a,b' for tuple fields)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    check_keys(values, fields, where or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(v, hints[k], k) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of a flat mapping that belongs to one config class (the CLI splits one TOML this way)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A dataclass (possibly nested) as plain JSON/TOML-able data."""
+    def conv(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, tuple | list):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, Path):
+            return str(v)
+        return v
+    return conv(cfg)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str | Path):
+        return json.dumps(str(v))
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dumps_toml(data: Mapping[str, Any]) -> str:
+    """A small TOML writer for config data: scalars, lists, and one level of tables. None values are
+    omitted (TOML has no null); nested dicts become [tables]."""
+    lines, tables = [], []
+    for k, v in data.items():
+        if v is None:
+            continue
+        if isinstance(v, Mapping):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    for name, tbl in tables:
+        lines.append(f"\n[{name}]")
+        for k, v in tbl.items():
+            if v is None:
+                continue
+            if isinstance(v, Mapping):
+                lines.append(f"{k} = {{ " + ", ".join(
+                    f"{kk} = {_toml_value(vv)}" for kk, vv in v.items() if vv is not None) + " }")
+            else:
+                lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def save_resolved(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:
+    """Write the resolved config (TOML, loadable again with --config) atomically."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(dumps_toml(data))
+    os.replace(tmp, p)
+    return p

@@ -1,0 +1,1 @@
+"""Genome data: FASTA reading, tokenization, fixed-length windows, shards and dataset readers."""

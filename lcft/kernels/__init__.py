@@ -1,0 +1,26 @@
+"""Kernels: block-sparse attention (reference, chunked CPU, Triton), block selection, chunked cross-entropy.
+
+Names are resolved lazily so `import lcft` never imports triton (or anything heavy) by itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "sparse_attention": "lcft.kernels.sparse",
+    "sparse_attention_with_indices": "lcft.kernels.sparse",
+    "select_blocks": "lcft.kernels.sparse",
+    "SparseAttentionConfig": "lcft.kernels.sparse",
+    "chunked_cross_entropy": "lcft.kernels.loss",
+    "per_token_loss": "lcft.kernels.loss",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lcft.kernels' has no attribute {name!r}")

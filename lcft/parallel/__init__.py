@@ -1,0 +1,1 @@
+"""Context parallelism: process groups, zigzag sharding, collectives and the CP attention rewiring."""
