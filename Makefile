@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench lint clean
+.PHONY: setup demo test test-fast bench bench-quick lint clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,9 @@ test-fast: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+bench-quick: setup
+	$(BIN)/python benchmarks/run_all.py --quick
 
 lint: setup
 	$(BIN)/ruff check .
