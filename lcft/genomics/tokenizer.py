@@ -53,3 +53,17 @@ def decode(ids: np.ndarray, softmask: np.ndarray | None = None) -> str:
 def tokenizer_spec() -> dict:
     """What a manifest or checkpoint records so a data set and a model can be checked for compatibility."""
     return {"name": "dna-char", "vocab": list(VOCAB), "vocab_size": VOCAB_SIZE, "case_free": True}
+
+
+# bytes.translate tables built from the same LUT: one C pass per chunk that also drops line breaks,
+# several times faster than numpy fancy indexing plus a separate newline filter.
+ENCODE_TABLE = ENCODE_LUT.tobytes()
+SOFTMASK_TABLE = bytes(1 if b >= ord("a") else 0 for b in range(256))
+LINE_BREAKS = b"\r\n"
+
+
+def encode_lines(raw: bytes) -> tuple[bytes, bytes]:
+    """FASTA sequence bytes (line breaks allowed) -> (token ids, soft-mask bytes 0/1), line breaks dropped.
+
+    Same mapping as `encode` and `softmask_bits`, for streaming whole file chunks."""
+    return raw.translate(ENCODE_TABLE, LINE_BREAKS), raw.translate(SOFTMASK_TABLE, LINE_BREAKS)

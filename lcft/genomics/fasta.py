@@ -1,0 +1,232 @@
+"""FASTA access through pyfaidx: input checks with one-line errors, chromosome list, streamed raw chunks."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyfaidx
+
+from lcft.errors import LcftError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def cache_dir() -> Path:
+    """Where lcft keeps derived files (decompressed FASTA, indexes for read-only inputs): $LCFT_CACHE or
+    ~/.cache/lcft."""
+    root = os.environ.get("LCFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "lcft")
+    return Path(root)
+
+
+def gzip_kind(path: Path) -> str:
+    """'plain' (not compressed), 'bgzf' (block gzip: random access), or 'gzip' (plain gzip: no random access)."""
+    with open(path, "rb") as fh:
+        head = fh.read(18)
+    if not head.startswith(GZIP_MAGIC):
+        return "plain"
+    # BGZF = gzip member with FEXTRA (flag bit 2) holding a 'BC' subfield (SAM spec, section 4.1).
+    if len(head) >= 18 and head[3] & 4 and head[12:14] == b"BC":
+        return "bgzf"
+    return "gzip"
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def decompress_to_cache(path: Path) -> Path:
+    """Plain gzip cannot be read at random: decompress it once (streamed) into the cache and reuse that copy
+    while the source file is unchanged."""
+    dest_dir = cache_dir() / "fasta"
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
+    dest = dest_dir / f"{_file_key(path)}-{name}"
+    if dest.is_file():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    try:
+        with gzip.open(path, "rb") as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+        os.replace(tmp, dest)
+    except (OSError, EOFError) as e:
+        tmp.unlink(missing_ok=True)
+        raise LcftError(f"{path}: cannot decompress gzip FASTA into {dest_dir}: {e}") from None
+    return dest
+
+
+def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
+    try:
+        if kind == "plain":
+            with open(path, "rb") as fh:
+                return fh.read(n)
+        with gzip.open(path, "rb") as fh:
+            return fh.read(n)
+    except (OSError, EOFError) as e:
+        raise LcftError(f"{path}: not a readable FASTA ({e})") from None
+
+
+def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
+    """Validate a FASTA path before anything is written. Returns (given path, path pyfaidx reads, gzip kind).
+
+    Plain gzip is decompressed into the cache (see `decompress_to_cache`); BGZF is read in place."""
+    p = Path(path)
+    if not p.exists():
+        raise LcftError(f"FASTA not found: {p}")
+    if not p.is_file():
+        raise LcftError(f"not a file: {p}")
+    if p.stat().st_size == 0:
+        raise LcftError(f"empty FASTA: {p} has no bytes")
+    kind = gzip_kind(p)
+    head = _first_text(p, kind)
+    body = [ln.strip() for ln in head.splitlines()]
+    body = [ln for ln in body if ln and not ln.startswith(b";")]
+    if not body:
+        raise LcftError(f"empty FASTA: {p} has no records")
+    if not body[0].startswith(b">"):
+        shown = body[0][:40].decode("ascii", "replace")
+        raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
+    readable = decompress_to_cache(p) if kind == "gzip" else p
+    return p, readable, kind
+
+
+def writable_dir(path: Path) -> bool:
+    """Writable for us, and not marked read-only (root passes os.access even on r-x folders such as a
+    shared data folder, which we should still leave alone)."""
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
+
+
+def _index_paths(readable: Path, kind: str) -> dict[str, str]:
+    """Indexes next to the FASTA when that folder is writable (or they are already fresh there); otherwise
+    in the cache (read-only inputs, e.g. an installed package or a shared data folder)."""
+    fai = Path(str(readable) + ".fai")
+    gzi = Path(str(readable) + ".gzi")
+    mtime = readable.stat().st_mtime
+    fresh = fai.is_file() and fai.stat().st_mtime >= mtime and (kind != "bgzf" or gzi.is_file())
+    if fresh or writable_dir(readable.parent):
+        return {}
+    base = cache_dir() / "index" / f"{_file_key(readable)}-{readable.name}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    out = {"indexname": str(base) + ".fai"}
+    if kind == "bgzf":
+        out["gzi_indexname"] = str(base) + ".gzi"
+    return out
+
+
+def _indexing_error(path: Path, e: Exception) -> LcftError:
+    msg = str(e).strip()
+    if "Inconsistent line found in >" in msg:
+        tail = msg.split("Inconsistent line found in >", 1)[1].rstrip(".")
+        rec, _, line = tail.partition(" at line ")
+        return LcftError(
+            f"{path}: record {rec!r} has inconsistent line lengths at line {line} (every line of a record "
+            "but the last must hold the same number of bases; re-wrap it, e.g. `seqkit seq -w 60`)"
+        )
+    if "does not contain a valid sequence" in msg:
+        return LcftError(f"empty FASTA: {path} has no sequence records")
+    return LcftError(f"{path}: pyfaidx cannot index this FASTA: {msg.splitlines()[0] if msg else type(e).__name__}")
+
+
+class FastaFile:
+    """A FASTA opened through pyfaidx's index: names, lengths and raw (line-broken) byte ranges."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path, self.readable, self.kind = check_fasta(path)
+        try:
+            self.faidx = pyfaidx.Faidx(
+                str(self.readable), duplicate_action="stop", **_index_paths(self.readable, self.kind)
+            )
+        except (pyfaidx.FastaIndexingError, pyfaidx.UnsupportedCompressionFormat) as e:
+            raise _indexing_error(self.path, e) from None
+        except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
+            raise LcftError(f"{self.path}: {e} (record names must be unique)") from None
+        except OSError as e:
+            raise LcftError(f"{self.path}: cannot index FASTA: {e}") from None
+        self.index = self.faidx.index
+        self.indexname = Path(self.faidx.indexname)
+        gzi = getattr(self.faidx, "gzi_index", None) or []
+        self._gzi_ustarts = [b.ustart for b in gzi]
+        if not self.index:
+            self.close()
+            raise LcftError(f"empty FASTA: {self.path} has no sequence records")
+
+    def __enter__(self) -> FastaFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.faidx.close()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.index)
+
+    def length(self, name: str) -> int:
+        return self.index[name].rlen
+
+    def fai_md5(self) -> str:
+        return hashlib.md5(self.indexname.read_bytes()).hexdigest()
+
+    def require(self, names: list[str] | tuple[str, ...]) -> None:
+        """Every name must be a record of this FASTA; the error lists what is there."""
+        missing = [n for n in names if n not in self.index]
+        if missing:
+            have = self.names
+            shown = ", ".join(have[:30]) + (f", ... ({len(have)} in all)" if len(have) > 30 else "")
+            raise LcftError(f"chromosome {', '.join(missing)} not found in {self.path}; available: {shown}")
+
+    def _byte_offset(self, name: str, pos: int) -> int:
+        rec = self.index[name]
+        if rec.lenc == 0:
+            return rec.offset
+        return rec.offset + (pos // rec.lenc) * rec.lenb + pos % rec.lenc
+
+    def read_raw(self, name: str, start: int, end: int) -> bytes:
+        """Bytes of bases [start, end) of record `name` as stored (line breaks included, case kept)."""
+        rec = self.index[name]
+        if not 0 <= start <= end <= rec.rlen:
+            raise LcftError(f"{name}:{start}-{end} is outside the record (length {rec.rlen})")
+        if start == end:
+            return b""
+        b0 = self._byte_offset(name, start)
+        b1 = self._byte_offset(name, end - 1) + 1
+        fh = self.faidx.file
+        if self.faidx._bgzf:
+            from Bio.bgzf import make_virtual_offset
+
+            # the block holding uncompressed offset b0 (.gzi lists each block's start), then the offset in it
+            block = self.faidx.gzi_index[max(bisect.bisect_right(self._gzi_ustarts, b0) - 1, 0)]
+            fh.seek(make_virtual_offset(block.cstart, b0 - block.ustart))
+        else:
+            fh.seek(b0)
+        data = fh.read(b1 - b0)
+        if len(data) != b1 - b0:
+            raise LcftError(f"{self.path}: file ends early inside {name} (truncated or changed since indexing)")
+        return data
+
+    def chunks(self, name: str, chunk: int = 1 << 23) -> Iterator[tuple[int, bytes]]:
+        """(start, raw bytes) pieces of about `chunk` bases covering the whole record, in order."""
+        n = self.length(name)
+        for s in range(0, n, chunk):
+            yield s, self.read_raw(name, s, min(s + chunk, n))
+
+
+SAMPLE_NAME = "human_sample.fa.gz"
+
+
+def sample_fasta() -> Path:
+    """The bundled demo FASTA (BGZF; records chr2 = hg38 chr2:1-2,333,275 and chr22 = GRCh37
+    chr22:20,000,001-21,000,000; see lcft/data/sample/README.md). Its .fai/.gzi ship beside it; when the
+    package folder is read-only and they are stale, FastaFile puts fresh ones in the cache."""
+    path = Path(__file__).resolve().parent.parent / "data" / "sample" / SAMPLE_NAME
+    if not path.is_file():
+        raise LcftError(f"bundled sample missing: {path} (broken install?)")
+    return path

@@ -1,0 +1,195 @@
+"""On-disk window shards: {split}.bin (uint8 ids, window i at i*L), {split}.softmask.bin (packed bits,
+window i at i*L/8), manifest.json; the writer (resumable, hashed), the reader (memmap) and the verifier."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lcft.errors import LcftError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SPLITS = ("train", "eval")
+HASH_BLOCK = 1 << 24
+
+
+def bin_name(split: str) -> str:
+    return f"{split}.bin"
+
+
+def softmask_name(split: str) -> str:
+    return f"{split}.softmask.bin"
+
+
+def sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
+    """A sha256 object fed with the first `upto` bytes of a file (all when None)."""
+    h = hashlib.sha256()
+    left = path.stat().st_size if upto is None else upto
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(HASH_BLOCK, left))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h
+
+
+class HashedFile:
+    """An append-only output file with a running sha256; reopening at a checkpoint truncates to the
+    recorded size and re-hashes the kept prefix, so a resumed run ends with the same bytes and digest."""
+
+    def __init__(self, path: Path, keep: int = 0):
+        self.path = path
+        if keep and path.is_file() and path.stat().st_size >= keep:
+            self.fh = open(path, "r+b")
+            self.fh.truncate(keep)
+            self.fh.seek(keep)
+            self.hash = sha256_file(path, keep)
+        else:
+            self.fh = open(path, "wb")
+            self.hash = hashlib.sha256()
+        self.size = self.fh.tell()
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.fh.write(data)
+        self.hash.update(data)
+        self.size += len(data)
+
+    def sync(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class SplitWriter:
+    """Appends windows of one split: ids to {split}.bin, bit-packed soft mask to {split}.softmask.bin."""
+
+    def __init__(self, folder: Path, split: str, keep: tuple[int, int] = (0, 0)):
+        self.split = split
+        self.ids = HashedFile(folder / bin_name(split), keep[0])
+        self.soft = HashedFile(folder / softmask_name(split), keep[1])
+
+    def add(self, ids: bytes, softmask: bytes) -> None:
+        self.ids.write(ids)
+        # np.packbits, big bit order: bit 7 of byte j is token 8j (np.unpackbits inverts it)
+        self.soft.write(np.packbits(np.frombuffer(softmask, dtype=np.uint8)).tobytes())
+
+    def sizes(self) -> tuple[int, int]:
+        return self.ids.size, self.soft.size
+
+    def sync(self) -> None:
+        self.ids.sync()
+        self.soft.sync()
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        return {f.path.name: {"bytes": f.size, "sha256": f.hash.hexdigest()} for f in (self.ids, self.soft)}
+
+    def close(self) -> None:
+        self.ids.close()
+        self.soft.close()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(out_dir: str | os.PathLike) -> dict:
+    """The manifest of a prepared folder; a one-line error when it is missing or unreadable."""
+    p = Path(out_dir) / MANIFEST
+    if not p.is_file():
+        raise LcftError(f"{p.parent} is not a prepared windows folder (no {MANIFEST}; run `lcft prepare windows`)")
+    try:
+        m = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LcftError(f"{p}: corrupt manifest ({e})") from None
+    if m.get("format_version") != FORMAT_VERSION:
+        raise LcftError(f"{p}: format_version {m.get('format_version')!r}, this lcft reads {FORMAT_VERSION}")
+    return m
+
+
+class WindowSet:
+    """The windows of one split, memory-mapped: ws[i] -> uint8 ids (length ws.length), ws.softmask(i),
+    ws.coords(i) -> (chrom, start, end), 0-based end-exclusive in the FASTA record's coordinates."""
+
+    def __init__(self, out_dir: str | os.PathLike, split: str):
+        self.dir = Path(out_dir)
+        self.manifest = read_manifest(self.dir)
+        if split not in self.manifest["splits"]:
+            raise LcftError(f"no split {split!r} in {self.dir} (have {', '.join(self.manifest['splits'])})")
+        self.split = split
+        self.length: int = self.manifest["length"]
+        self.records: list[dict] = [r for r in self.manifest["records"] if r["split"] == split]
+        n = len(self.records)
+        self._ids = self._map(bin_name(split), n * self.length)
+        self._soft = self._map(softmask_name(split), n * self.length // 8)
+
+    def _map(self, name: str, size: int) -> np.ndarray:
+        path = self.dir / name
+        if not path.is_file():
+            raise LcftError(f"{path} is missing (run `lcft prepare verify {self.dir}`)")
+        if path.stat().st_size != size:
+            raise LcftError(f"{path} has {path.stat().st_size} bytes, the manifest says {size} (corrupt)")
+        if size == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(path, dtype=np.uint8, mode="r", shape=(size,))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _check(self, i: int) -> int:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"window {i} out of range for {len(self)} {self.split} windows")
+        return i % len(self)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        i = self._check(i)
+        return self._ids[i * self.length : (i + 1) * self.length]  # (L,) uint8 memmap view
+
+    def softmask(self, i: int) -> np.ndarray:
+        i = self._check(i)
+        w = self.length // 8
+        return np.unpackbits(self._soft[i * w : (i + 1) * w]).view(bool)  # (L,) True = lower case
+
+    def coords(self, i: int) -> tuple[str, int, int]:
+        r = self.records[self._check(i)]
+        return r["chrom"], r["start"], r["end"]
+
+    def __repr__(self) -> str:
+        return f"WindowSet({str(self.dir)!r}, {self.split!r}: {len(self)} windows of {self.length})"
+
+
+def open_windows(out_dir: str | os.PathLike, split: str) -> WindowSet:
+    """The windows of `split` ('train' or 'eval') in a folder written by `prepare_windows`."""
+    return WindowSet(out_dir, split)
+
+
+def verify_windows(out_dir: str | os.PathLike) -> dict:
+    """Recompute sizes and sha256 of every file the manifest lists; raise LcftError naming the first corrupt
+    file. Returns the manifest."""
+    d = Path(out_dir)
+    m = read_manifest(d)
+    for split, info in m["splits"].items():
+        for name, meta in info["files"].items():
+            p = d / name
+            if not p.is_file():
+                raise LcftError(f"{p} is missing ({split} split)")
+            if p.stat().st_size != meta["bytes"]:
+                raise LcftError(f"{p} is corrupt: {p.stat().st_size} bytes, manifest says {meta['bytes']}")
+            if sha256_file(p).hexdigest() != meta["sha256"]:
+                raise LcftError(f"{p} is corrupt: sha256 differs from the manifest")
+    return m

@@ -1,0 +1,92 @@
+"""prepare_windows on the real genome samples, checked against Biopython and a brute-force window count."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from lcft.genomics import decode, open_windows, prepare_windows, verify_windows
+from tests.genomics.conftest import bio_records
+
+L = 65536
+
+CASES = {
+    # file, train, eval, stride
+    "hg38_chr2_softmasked": ("hg38_chr2_1-2333275.fa.gz", ("chr2",), (), L),
+    "chr22_internal_N": ("grch37_chr22_20000001-21000000.fa", ("22:20000001-21000000",), (), L // 2 + 8192),
+    "ecoli_plain_gzip": ("ecoli_K12_MG1655_NC_000913.3.fna.gz", ("NC_000913.3",), (), L),
+    "yeast_one_line": ("sacCer3_chrIV.fa", ("chrIV",), (), 3 * L // 2),
+}
+
+
+def expected_ids(seq: str) -> str:
+    """What the token ids must decode to: upper case, every non-ACGT letter as N."""
+    return re.sub("[^ACGT]", "N", seq.upper())
+
+
+def brute_force(seq: str, length: int, stride: int, max_n_frac: float) -> tuple[list[int], int]:
+    kept, skipped = [], 0
+    for s in range(0, len(seq) - length + 1, stride):
+        n = sum(1 for ch in expected_ids(seq[s : s + length]) if ch == "N")
+        if n / length > max_n_frac:
+            skipped += 1
+        else:
+            kept.append(s)
+    return kept, skipped
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_windows_match_biopython(case, genomes_dir, tmp_path):
+    name, train, ev, stride = CASES[case]
+    fasta = genomes_dir / name
+    out = tmp_path / "out"
+    m = prepare_windows(fasta=str(fasta), out=str(out), length=L, stride=stride, train=train, eval=ev)
+    bio = bio_records(fasta)
+    ws = open_windows(out, "train")
+    assert ws.length == L and ws.manifest == m
+    chrom = train[0]
+    seq = bio[chrom]
+    kept, skipped = brute_force(seq, L, stride, 0.1)
+    assert [ws.coords(i) for i in range(len(ws))] == [(chrom, s, s + L) for s in kept]
+    assert m["splits"]["train"]["windows"] == len(kept) and m["splits"]["train"]["skipped_n"] == skipped
+    for i in range(len(ws)):
+        c, s, e = ws.coords(i)
+        ref = seq[s:e]
+        assert ws[i].dtype == np.uint8 and ws[i].shape == (L,)
+        assert decode(ws[i]) == expected_ids(ref)
+        lower = np.frombuffer(ref.encode(), dtype=np.uint8) >= ord("a")
+        assert np.array_equal(ws.softmask(i), lower)
+        assert decode(ws[i], ws.softmask(i)) == ref.translate(str.maketrans("RYSWKMBDHVryswkmbdhv", "N" * 10 + "n" * 10))
+        r = ws.records[i]
+        assert r["n_frac"] == pytest.approx(expected_ids(ref).count("N") / L, abs=1e-6)
+    verify_windows(out)
+
+
+def test_softmask_and_n_present_where_expected(genomes_dir, tmp_path):
+    """The hg38 piece is 35.6% soft-masked and starts with a 10 kb N telomere: both must show up."""
+    out = tmp_path / "o"
+    m = prepare_windows(fasta=str(genomes_dir / "hg38_chr2_1-2333275.fa.gz"), out=str(out), length=L,
+                        train=("chr2",), eval=(), max_n_frac=0.2)
+    ws = open_windows(out, "train")
+    assert ws.coords(0) == ("chr2", 0, L)
+    assert decode(ws[0][:10000]) == "N" * 10000 and ws.records[0]["n_frac"] == pytest.approx(10000 / L, abs=1e-6)
+    frac = np.mean([ws.softmask(i).mean() for i in range(len(ws))])
+    assert 0.25 < frac < 0.45
+    assert m["splits"]["eval"]["windows"] == 0 and len(open_windows(out, "eval")) == 0
+
+
+def test_train_and_eval_from_one_file(tmp_path):
+    """The bundled sample: chr2 trains, chr22 is held out; records carry their split."""
+    from lcft.genomics import sample_fasta
+
+    out = tmp_path / "s"
+    m = prepare_windows(fasta=str(sample_fasta()), out=str(out), length="64K", train="chr2", eval="chr22")
+    tr, ev = open_windows(out, "train"), open_windows(out, "eval")
+    assert len(tr) == m["splits"]["train"]["windows"] > 0 and len(ev) == m["splits"]["eval"]["windows"] > 0
+    assert {r["chrom"] for r in tr.records} == {"chr2"} and {r["chrom"] for r in ev.records} == {"chr22"}
+    assert (out / "train.bin").stat().st_size == len(tr) * L
+    assert (out / "eval.softmask.bin").stat().st_size == len(ev) * L // 8
+    assert m["tokenizer"]["vocab_size"] == 16 and m["length"] == L and m["stride"] == L
+    assert (out / "prepare.toml").is_file() and not (out / ".partial").exists()
