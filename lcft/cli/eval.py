@@ -1,12 +1,57 @@
-"""`lcft eval` (placeholder until its issue lands)."""
+"""`lcft eval`: held-out loss by position for one or more checkpoints (thin wrapper over lcft.evaluate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
-from lcft.cli.common import not_yet
+from lcft.cli.common import console, user_errors
+from lcft.config import build, doc, load_toml, merge
+from lcft.evaluate.config import EvalConfig
+
+_EXAMPLE = ("lcft eval --data data/hg38-512k --checkpoint runs/base --checkpoint runs/long "
+            "--label base --label long --out reports/long-vs-base")
+
+
+def resolve_eval_config(config_file: str | None, flags: dict) -> EvalConfig:
+    """defaults < --config TOML < flags (None = not given); unknown TOML keys are an error naming the key."""
+    layers = [load_toml(config_file) if config_file else {}, flags]
+    return build(EvalConfig, merge(*layers), where="eval config")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def _cmd() -> None:
-        """Not yet available."""
-        raise not_yet("eval")
+    h = lambda name: doc(EvalConfig, name)
+
+    @app.command("eval", epilog=f"Example: {_EXAMPLE}")
+    @user_errors
+    def _eval(
+        data: str = typer.Option(None, "--data", help=h("data")),
+        checkpoint: list[str] = typer.Option(None, "--checkpoint", "-c", help=h("checkpoints") + " Repeat the option."),
+        label: list[str] = typer.Option(None, "--label", help=h("labels")),
+        split: str = typer.Option(None, "--split", help=h("split")),
+        bins: int = typer.Option(None, "--bins", help=h("bins")),
+        bin_scale: str = typer.Option(None, "--bin-scale", help=h("bin_scale")),
+        max_context: list[str] = typer.Option(None, "--max-context", help=h("max_context") + " Sizes like 1K."),
+        max_windows: int = typer.Option(None, "--max-windows", help=h("max_windows")),
+        batch_size: int = typer.Option(None, "--batch-size", help=h("batch_size")),
+        precision: str = typer.Option(None, "--precision", help=h("precision")),
+        device: str = typer.Option(None, "--device", help=h("device")),
+        out: str = typer.Option(None, "--out", "-o", help=h("out")),
+        config: str = typer.Option(None, "--config", help="TOML file with any of these options (flags override it)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table (the files are still written)."),
+    ) -> None:
+        """Per-token held-out loss through each checkpoint, by position in the window: table, CSV, JSON, plot."""
+        flags = {
+            "data": data, "checkpoints": checkpoint or None, "labels": label or None, "split": split,
+            "bins": bins, "bin_scale": bin_scale, "max_context": max_context or None, "max_windows": max_windows,
+            "batch_size": batch_size, "precision": precision, "device": device, "out": out,
+        }
+        cfg = resolve_eval_config(config, flags)
+        from lcft.evaluate.evaluate import evaluate
+
+        evaluate(cfg, show=not quiet)
+        if not quiet:
+            outdir = Path(cfg.out)
+            console.print(f"plot: {outdir / 'loss_by_position.png'}   figures: {outdir / 'eval.json'}, "
+                          f"{outdir / 'loss_by_position.csv'}", highlight=False)

@@ -1,0 +1,85 @@
+"""Position bins over a window and the reduction of per-position loss sums to per-bin and per-range means."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LN2 = math.log(2.0)
+UNIFORM_LOSS = math.log(4.0)  # nats per base of a uniform guess over A, C, G, T (= 2 bits/base)
+
+
+def bin_edges(length: int, bins: int, scale: str = "linear") -> np.ndarray:
+    """Integer edges `e` (int64, increasing, e[0] = 0, e[-1] = length): bin b holds positions e[b] <= p < e[b+1].
+
+    Linear bins have equal widths (up to rounding). Log bins grow geometrically from position 1, and
+    position 0 joins the first bin. Edges that round to the same integer are merged, so short windows may
+    get fewer bins than asked for (never an empty bin by construction).
+    """
+    if length < 1 or bins < 1:
+        raise ValueError(f"need length >= 1 and bins >= 1, got {length}, {bins}")
+    if scale == "linear":
+        raw = np.linspace(0, length, bins + 1)
+    elif scale == "log":
+        raw = np.geomspace(1, length, bins + 1)
+        raw[0] = 0
+    else:
+        raise ValueError(f"unknown bin scale {scale!r} (linear or log)")
+    edges = np.unique(np.rint(raw).astype(np.int64))
+    edges[0], edges[-1] = 0, length
+    return edges
+
+
+@dataclass
+class PositionSums:
+    """Loss sums and token counts per position of the window, accumulated over windows (fp64, exact sums)."""
+
+    loss_sum: np.ndarray
+    """(L,) float64: summed per-token loss of the token at each position."""
+    count: np.ndarray
+    """(L,) int64: how many tokens were counted at each position (N positions and position 0 are not)."""
+
+    @classmethod
+    def zeros(cls, length: int) -> PositionSums:
+        return cls(np.zeros(length, dtype=np.float64), np.zeros(length, dtype=np.int64))
+
+    def add(self, loss: np.ndarray, mask: np.ndarray) -> None:
+        """Add one window's per-token loss `(L,)` at the positions where `mask` `(L,)` is True."""
+        self.loss_sum += np.where(mask, loss, 0.0)
+        self.count += mask
+
+    def total(self) -> tuple[float, int]:
+        return float(self.loss_sum.sum()), int(self.count.sum())
+
+    def mean(self) -> float:
+        s, n = self.total()
+        return s / n if n else math.nan
+
+    def binned(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-bin mean loss (NaN for a bin without tokens) and token count, for the bins given by `edges`."""
+        starts = edges[:-1]
+        sums = np.add.reduceat(self.loss_sum, starts)  # (nbins,)
+        counts = np.add.reduceat(self.count, starts)  # (nbins,)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+        return means, counts
+
+    def range_mean(self, start: int, end: int) -> float:
+        """Mean loss over positions start <= p < end (token-count weighted); NaN without tokens."""
+        n = int(self.count[start:end].sum())
+        return float(self.loss_sum[start:end].sum()) / n if n else math.nan
+
+
+def tenths(length: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Position ranges of the first and the last tenth of a window: [0, L/10) and [L - L/10, L)."""
+    tenth = max(1, length // 10)
+    return (0, tenth), (length - tenth, length)
+
+
+def relative_change(values: np.ndarray | float, reference: np.ndarray | float) -> np.ndarray | float:
+    """(value - reference) / reference; negative = lower loss than the reference. NaN where undefined."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (np.asarray(values, dtype=np.float64) - reference) / np.asarray(reference, dtype=np.float64)
+    return float(out) if np.ndim(out) == 0 else out

@@ -1,0 +1,87 @@
+"""EvalConfig: the options of `lcft eval` (one dataclass, a docstring per field, as lcft/config.py expects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lcft.config import ConfigError, parse_size
+
+
+@dataclass
+class EvalConfig:
+    """Held-out loss by position for one or more checkpoints on a prepared data folder."""
+
+    data: str = ""
+    """Prepared data folder (the output of `lcft prepare windows`)."""
+    checkpoints: tuple[str, ...] = ()
+    """Checkpoints to compare, the first is the reference: a run folder (its latest checkpoint), one
+    checkpoint folder, or any HF-format Llama folder."""
+    labels: tuple[str, ...] = ()
+    """Names for the checkpoints in the table, CSV, JSON and plot (one per checkpoint; default: folder names)."""
+    split: str = "eval"
+    """Which split of the data folder to evaluate."""
+    bins: int = 32
+    """Number of position bins over the window."""
+    bin_scale: Literal["linear", "log"] = "linear"
+    """Position bins of equal width (linear) or growing geometrically (log; detail near the window start)."""
+    max_context: tuple[int, ...] = ()
+    """Cut each window into independent pieces of this many tokens, each with positions from 0 (the control
+    that separates the gain of a longer context from the gain of more training). One value applies to every
+    checkpoint; one per checkpoint pairs them by order; 0 means the whole window."""
+    max_windows: int = 0
+    """Evaluate only the first N windows of the split (0 = all of them)."""
+    batch_size: int = 1
+    """Windows per forward pass."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of the forward pass (losses are always accumulated in fp32/fp64)."""
+    device: str = "auto"
+    """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""
+    out: str = "reports/eval"
+    """Output folder for eval.json, loss_by_position.csv, loss_by_position.png and eval.toml."""
+
+    def __post_init__(self) -> None:
+        self.checkpoints = tuple(str(c) for c in self.checkpoints)
+        self.labels = tuple(str(lb) for lb in self.labels)
+        if isinstance(self.max_context, int):
+            self.max_context = (self.max_context,)
+        self.max_context = tuple(_context(c) for c in self.max_context)
+
+    def validate(self) -> None:
+        """Checks that need no files: counts of labels and limits, positive sizes."""
+        if not self.data:
+            raise ConfigError("no data folder given (--data DIR)")
+        if not self.checkpoints:
+            raise ConfigError("no checkpoint given (--checkpoint PATH, once per checkpoint)")
+        n = len(self.checkpoints)
+        if self.labels and len(self.labels) != n:
+            raise ConfigError(f"{len(self.labels)} --label for {n} --checkpoint: give one label per checkpoint")
+        if self.labels and len(set(self.labels)) != n:
+            raise ConfigError(f"labels must be distinct: {', '.join(self.labels)}")
+        if len(self.max_context) not in (0, 1, n):
+            raise ConfigError(
+                f"{len(self.max_context)} --max-context for {n} --checkpoint: give one value for all, or one per checkpoint")
+        if any(c < 0 for c in self.max_context):
+            raise ConfigError("--max-context must be positive (or 0 for the whole window)")
+        if self.bins < 1:
+            raise ConfigError(f"--bins must be at least 1, got {self.bins}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.max_windows < 0:
+            raise ConfigError(f"--max-windows must be 0 (all) or positive, got {self.max_windows}")
+
+    def context_of(self, i: int) -> int:
+        """The --max-context of checkpoint i (0 = the whole window)."""
+        if not self.max_context:
+            return 0
+        return self.max_context[0] if len(self.max_context) == 1 else self.max_context[i]
+
+
+def _context(value: int | str) -> int:
+    """A --max-context value: a size like 1K, or 0 for the whole window."""
+    if isinstance(value, str) and value.strip() == "0":
+        return 0
+    try:
+        return parse_size(value) if isinstance(value, str) else int(value)
+    except (ConfigError, ValueError):
+        raise ConfigError(f"max_context: not a size: {value!r} (use e.g. 1024, 1K, or 0 for the whole window)") from None

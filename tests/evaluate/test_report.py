@@ -1,0 +1,102 @@
+"""Report writing on synthetic per-token losses: JSON, CSV and PNG agree with the sums they came from."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, bin_edges
+from lcft.evaluate.checkpoints import CheckpointInfo
+from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.evaluate import CheckpointResult
+from lcft.evaluate.report import CSV_COLUMNS, build_report, table, write_outputs
+
+
+class FakeWindows:
+    """What build_report reads from a WindowSet."""
+
+    length = 2048
+    manifest = {"tokenizer": {"name": "dna-char", "vocab_size": 16}}
+
+    def __len__(self) -> int:
+        return 3
+
+
+def _result(seed: int, scale: float) -> CheckpointResult:
+    rng = np.random.default_rng(seed)
+    sums = PositionSums.zeros(FakeWindows.length)
+    windows = []
+    for w in range(3):
+        loss = scale * rng.gamma(4.0, 0.35, FakeWindows.length)  # (L,)
+        mask = rng.random(FakeWindows.length) > 0.1  # (L,)
+        mask[0] = False
+        sums.add(loss, mask)
+        windows.append({"index": w, "chrom": "chr22", "start": w * 2048, "end": (w + 1) * 2048,
+                        "tokens": int(mask.sum()), "loss": float(loss[mask].mean())})
+    return CheckpointResult(sums, windows)
+
+
+def _report(tmp_path: Path, scale: str = "linear", second: float = 0.9):
+    cfg = EvalConfig(data=str(tmp_path / "data"), checkpoints=("a", "b"), labels=("base", "long"),
+                     bins=16, bin_scale=scale, out=str(tmp_path / "out"))
+    infos = [CheckpointInfo(lb, lb, tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
+    results = [_result(0, 1.0), _result(1, second)]
+    edges = bin_edges(FakeWindows.length, cfg.bins, cfg.bin_scale)
+    return cfg, build_report(cfg, FakeWindows(), 3, infos, results, edges), results
+
+
+@pytest.mark.parametrize("scale", ["linear", "log"])
+def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
+    cfg, report, results = _report(tmp_path, scale)
+    paths = write_outputs(report, Path(cfg.out), cfg)
+    on_disk = json.loads(paths["json"].read_text())
+    assert on_disk["checkpoints"][1]["label"] == "long"
+    for ck, res in zip(on_disk["checkpoints"], results, strict=True):
+        assert ck["loss"] == pytest.approx(res.sums.mean(), rel=1e-12)
+        assert ck["bits_per_base"] == pytest.approx(res.sums.mean() / LN2, rel=1e-12)
+        b = ck["bins"]
+        weighted = sum(v * n for v, n in zip(b["loss"], b["tokens"], strict=True)) / sum(b["tokens"])
+        assert weighted == pytest.approx(ck["loss"], rel=1e-12)
+        assert len(ck["windows"]) == 3
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 2 * (len(on_disk["positions"]["edges"]) - 1)
+    for row in rows:
+        ck = next(c for c in on_disk["checkpoints"] if c["label"] == row["label"])
+        i = int(row["bin"])
+        assert float(row["loss"]) == ck["bins"]["loss"][i]  # repr round-trips exactly
+        assert int(row["tokens"]) == ck["bins"]["tokens"][i]
+        assert float(row["relative_change"]) == ck["bins"]["relative_change"][i]
+        assert int(row["start"]) == on_disk["positions"]["edges"][i]
+    assert on_disk["uniform"] == {"loss": UNIFORM_LOSS, "bits_per_base": pytest.approx(2.0)}
+    assert (Path(cfg.out) / "eval.toml").is_file()
+    assert not list(Path(cfg.out).glob(".*.tmp"))
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(paths["png"])
+    assert img.shape[0] > 300 and img.shape[1] > 300
+    assert len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10  # lines and text, not one colour
+
+
+def test_relative_change_against_the_first(tmp_path):
+    _, report, _ = _report(tmp_path, second=0.9)
+    first, second = report["checkpoints"]
+    assert first["relative_change"] == 0.0 and all(v == 0.0 for v in first["bins"]["relative_change"])
+    assert second["relative_change"] == pytest.approx(second["loss"] / first["loss"] - 1, rel=1e-12)
+    for v, a, b in zip(second["bins"]["relative_change"], second["bins"]["loss"], first["bins"]["loss"], strict=True):
+        assert v == pytest.approx(a / b - 1, rel=1e-12)
+
+
+def test_table_has_a_row_per_checkpoint_and_the_uniform_guess(tmp_path):
+    from rich.console import Console
+
+    _, report, _ = _report(tmp_path)
+    con = Console(record=True, width=160)
+    con.print(table(report))
+    text = con.export_text()
+    assert "base" in text and "long" in text and "uniform guess" in text and "2.000" in text
+    assert f"{UNIFORM_LOSS:.4f}" in text and not math.isnan(report["checkpoints"][1]["loss"])
