@@ -1,0 +1,94 @@
+"""Grouped-query attention with RoPE, and the swappable attention cores (dense SDPA/flash-attn, sparse).
+
+`Attention` computes q, k, v for its tokens, rotates them at the given positions and hands them to
+`self.core(q, k, v)`. The core is causal in the token order of its inputs; lcft.parallel replaces it with a
+context-parallel core from outside, which is why the core sees only q/k/v and no positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lcft.errors import LcftError
+from lcft.model.config import AttentionConfig, LlamaConfig
+from lcft.model.rope import apply_rope
+
+SPARSE_UNAVAILABLE = "sparse attention backend is not available in this version"
+
+
+@functools.cache
+def _flash_attn_func() -> Callable | None:
+    """flash-attn's function when the package is installed (imported lazily, only for CUDA tensors)."""
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func
+
+
+class DenseCore(nn.Module):
+    """Causal attention over all earlier tokens: flash-attn on CUDA in half precision when installed,
+    else torch SDPA (its flash/efficient kernels keep memory O(L) on CPU and GPU)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q (B, Hq, L, D); k, v (B, Hkv, L, D) -> (B, Hq, L, D)
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+            flash = _flash_attn_func()
+            if flash is not None:  # flash-attn wants (B, L, H, D) and handles GQA itself
+                out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+                return out.transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class SparseCore(nn.Module):
+    """Block-sparse top-k causal attention from lcft.kernels (selection per KV group, see DESIGN.md §4)."""
+
+    def __init__(self, cfg: AttentionConfig) -> None:
+        super().__init__()
+        if importlib.util.find_spec("lcft.kernels.sparse") is None:
+            raise LcftError(SPARSE_UNAVAILABLE)
+        self.cfg = cfg
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        try:
+            from lcft.kernels.sparse import sparse_attention
+        except ModuleNotFoundError as e:
+            if e.name == "lcft.kernels.sparse":
+                raise LcftError(SPARSE_UNAVAILABLE) from None
+            raise
+        c = self.cfg
+        return sparse_attention(q, k, v, block_size=c.block_size, top_k=c.top_k, local_blocks=c.local_blocks,
+                                sink_blocks=c.sink_blocks, impl=c.impl)  # (B, Hq, L, D)
+
+
+def make_core(cfg: AttentionConfig) -> nn.Module:
+    """The attention core a config asks for."""
+    return SparseCore(cfg) if cfg.backend == "sparse" else DenseCore()
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention: projections, RoPE at the given positions, core, output projection."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.core = make_core(cfg.attention)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape  # (B, L, H)
+        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, Hq, L, D)
+        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.core(q, k, v)  # (B, Hq, L, D)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))  # (B, L, H)

@@ -1,0 +1,98 @@
+"""Model configuration: HuggingFace `LlamaConfig` field names plus lcft's own attention block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from lcft.errors import LcftError
+from lcft.genomics.tokenizer import VOCAB_SIZE
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+@dataclass
+class AttentionConfig:
+    """Which attention runs inside each block (not part of HF's config; saved in lcft.json)."""
+
+    backend: Literal["dense", "sparse"] = "dense"
+    """dense = causal scaled-dot-product attention (flash-attn on CUDA when installed); sparse = block-sparse
+    top-k attention from lcft.kernels."""
+    block_size: int = 64
+    """Sparse backend: tokens per key/query block (64 on CPU, 128 on GPU)."""
+    top_k: int = 16
+    """Sparse backend: best-scoring earlier key blocks each query block attends to."""
+    local_blocks: int = 1
+    """Sparse backend: key blocks right before the query block that are always attended to."""
+    sink_blocks: int = 1
+    """Sparse backend: first key blocks of the sequence that are always attended to."""
+    impl: str = "auto"
+    """Sparse backend implementation: auto, reference, cpu or triton."""
+
+
+@dataclass
+class LlamaConfig:
+    """A Llama decoder's shape; field names and meanings follow HuggingFace's `LlamaConfig`."""
+
+    vocab_size: int = VOCAB_SIZE
+    """Rows of the token embedding and of the LM head (the DNA vocabulary padded to 16)."""
+    hidden_size: int = 256
+    """Width of the residual stream."""
+    intermediate_size: int = 704
+    """Width of the SwiGLU MLP's hidden layer."""
+    num_hidden_layers: int = 4
+    """Number of decoder blocks."""
+    num_attention_heads: int = 4
+    """Query heads per block; head_dim = hidden_size / num_attention_heads."""
+    num_key_value_heads: int = 4
+    """Key/value heads per block (grouped-query attention when fewer than the query heads)."""
+    rope_theta: float = 10000.0
+    """RoPE base period."""
+    rope_scaling: dict[str, Any] | None = None
+    """HF-style RoPE scaling, e.g. {'rope_type': 'yarn', 'factor': 8.0, 'original_max_position_embeddings':
+    8192}; types linear, dynamic, yarn, llama3; None = plain RoPE."""
+    max_position_embeddings: int = 1 << 20
+    """Longest sequence the model is meant for (used by the dynamic and yarn/llama3 defaults)."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm."""
+    tie_word_embeddings: bool = False
+    """Share the LM head's weight with the token embedding."""
+    initializer_range: float = 0.02
+    """Standard deviation of the normal initialisation of linear and embedding weights."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """Attention backend and sparse parameters (lcft's own; saved in lcft.json, not config.json)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig(**self.attention)
+        if self.hidden_size % self.num_attention_heads:
+            raise LcftError(f"hidden_size {self.hidden_size} is not a multiple of "
+                            f"num_attention_heads {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise LcftError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                            f"num_key_value_heads {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise LcftError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.attention.backend not in ("dense", "sparse"):
+            raise LcftError(f"attention backend {self.attention.backend!r} is not one of dense, sparse")
+        if self.rope_scaling is not None:
+            self.rope_scaling = normalize_rope_scaling(self.rope_scaling)
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+
+def normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:
+    """HF accepts both `type` (v4) and `rope_type`; keep `rope_type` only, and None for plain RoPE."""
+    out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise LcftError(f"rope_scaling type {rope_type!r} is not supported (use one of {', '.join(ROPE_TYPES)})")
+    if rope_type == "default":
+        return None
+    if "factor" not in out:
+        raise LcftError(f"rope_scaling type {rope_type!r} needs a 'factor'")
+    out["rope_type"] = rope_type
+    return out

@@ -1,0 +1,124 @@
+"""The Llama decoder: embedding, blocks of (RMSNorm, GQA attention with RoPE, RMSNorm, SwiGLU), final norm, head.
+
+Single-process by design: lcft.parallel shards a built model from outside (by swapping each block's
+`attn.core` and passing global `position_ids`), so nothing here knows about process groups.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lcft.errors import LcftError
+from lcft.model.attention import Attention
+from lcft.model.config import LlamaConfig
+from lcft.model.layers import MLP, RMSNorm
+from lcft.model.rope import RotaryEmbedding
+
+
+class Block(nn.Module):
+    """One pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin)  # (B, L, H)
+        return h + self.mlp(self.mlp_norm(h))  # (B, L, H)
+
+
+class Llama(nn.Module):
+    """Llama-style causal LM whose parameters map one-to-one onto HF's LlamaForCausalLM (see lcft.model.io)."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg)
+        self.checkpointing: Literal["none", "block"] = "none"
+        self.offload = False
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """HF's initialisation: normal(0, initializer_range) for linear and embedding weights, ones for norms."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                m.weight.normal_(0.0, self.config.initializer_range)
+            elif isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """(vocab, hidden) weight of the LM head (the embedding's when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def set_activation_checkpointing(self, mode: Literal["none", "block"] = "block", offload: bool = False) -> None:
+        """'block': keep only each block's input and recompute the block in backward (non-reentrant
+        torch.utils.checkpoint). offload: keep what is saved in CPU memory — with 'block' the block inputs
+        (moved to CPU before the checkpoint, back on the fly in forward and recompute), with 'none' every
+        activation a block saves (torch.autograd.graph.save_on_cpu)."""
+        if mode not in ("none", "block"):
+            raise LcftError(f"activation checkpointing mode {mode!r} is not one of none, block")
+        self.checkpointing, self.offload = mode, bool(offload)
+
+    def positions(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, position_offset: int
+                  ) -> torch.Tensor:
+        """Global positions of the tokens: given ones (any order), else offset + 0..L-1."""
+        if position_ids is None:
+            return torch.arange(input_ids.shape[-1], device=input_ids.device) + position_offset  # (L,)
+        if position_offset:
+            raise LcftError("give either position_ids or position_offset, not both")
+        if position_ids.shape[-1] != input_ids.shape[-1]:
+            raise LcftError(f"position_ids cover {position_ids.shape[-1]} tokens, input_ids {input_ids.shape[-1]}")
+        return position_ids.to(input_ids.device)
+
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, *,
+                      position_offset: int = 0, rope_seq_len: int | None = None) -> torch.Tensor:
+        """input_ids (B, L) -> final-norm hidden states (B, L, H), for the chunked loss.
+        position_ids: global positions (L,) or (B, L) in any order (default position_offset + arange(L)).
+        rope_seq_len: full sequence length for dynamic RoPE scaling when the call holds a shard of it."""
+        if input_ids.dtype not in (torch.int32, torch.int64):
+            input_ids = input_ids.long()  # windows are stored as uint8
+        pos = self.positions(input_ids, position_ids, position_offset)
+        cos, sin = self.rotary(pos, seq_len=rope_seq_len)  # (B or 1, 1, L, D/2) fp32
+        x = self.embed_tokens(input_ids)  # (B, L, H)
+        for block in self.layers:
+            x = self._run_block(block, x, cos, sin)
+        return self.norm(x)  # (B, L, H)
+
+    def _run_block(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return block(x, cos, sin)
+        if self.checkpointing == "block":
+            if self.offload:
+                device = x.device
+                # The checkpoint keeps its inputs alive until backward: hand it a CPU copy (autograd sends the
+                # gradient back to the device through the copy).
+                return checkpoint(lambda xc, c, s: block(xc.to(device, non_blocking=True), c, s),
+                                  x.to("cpu"), cos, sin, use_reentrant=False)
+            return checkpoint(block, x, cos, sin, use_reentrant=False)
+        if self.offload:
+            with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
+                return block(x, cos, sin)
+        return block(x, cos, sin)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, *,
+                position_offset: int = 0, rope_seq_len: int | None = None) -> torch.Tensor:
+        """input_ids (B, L) -> logits (B, L, vocab), as transformers returns them (small inputs, tests)."""
+        h = self.hidden_states(input_ids, position_ids, position_offset=position_offset, rope_seq_len=rope_seq_len)
+        return F.linear(h, self.lm_head_weight)  # (B, L, V)

@@ -1,0 +1,80 @@
+"""Our model against transformers.LlamaForCausalLM: logits equal both ways (our export -> theirs, theirs ->
+ours), and RoPE frequencies equal to transformers' ROPE_INIT_FUNCTIONS for every scaling type."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lcft.model import Llama, LlamaConfig, from_pretrained, save_pretrained
+from lcft.model.rope import rope_frequencies
+
+transformers = pytest.importorskip("transformers")
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+L = 512
+SCALINGS = {
+    "none": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    # max_position_embeddings is 256 below, so 512 tokens make dynamic NTK rescale (as it does in HF).
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+}
+
+
+def small_config(scaling: dict | None, tied: bool) -> LlamaConfig:
+    # head_dim 32 so that yarn and llama3 have low, medium and high frequency bands
+    return LlamaConfig(vocab_size=16, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rope_scaling=scaling,
+                       max_position_embeddings=256, tie_word_embeddings=tied)
+
+
+def hf_model(path):
+    return transformers.LlamaForCausalLM.from_pretrained(path, attn_implementation="eager",
+                                                         dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+def test_logits_equal_transformers_both_ways(tmp_path, scaling, tied):
+    torch.manual_seed(0)
+    cfg = small_config(SCALINGS[scaling], tied)
+    ours = Llama(cfg).eval()
+    with torch.no_grad():  # larger weights than the 0.02 init, so attention is far from uniform
+        for p in ours.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    ids = torch.randint(0, 16, (2, L))
+
+    save_pretrained(ours, tmp_path / "ours")
+    theirs = hf_model(tmp_path / "ours")
+    with torch.no_grad():
+        a, b = ours(ids), theirs(ids).logits
+    assert a.shape == (2, L, 16)
+    assert (a - b).abs().max().item() < 1e-4
+    assert a.std() > 0.1  # the comparison is not between two near-constant outputs
+
+    # their folder -> ours
+    theirs.save_pretrained(tmp_path / "theirs")
+    back = from_pretrained(tmp_path / "theirs").eval()
+    assert back.config.rope_scaling == cfg.rope_scaling and back.config.tie_word_embeddings == tied
+    with torch.no_grad():
+        c = back(ids)
+    assert (c - b).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("scaling", [s for s in SCALINGS if s != "none"])
+def test_rope_frequencies_match_transformers(scaling):
+    cfg = small_config(SCALINGS[scaling], tied=False)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=16, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rope_parameters={"rope_theta": cfg.rope_theta, **SCALINGS[scaling]})
+    fn = ROPE_INIT_FUNCTIONS[scaling]
+    for seq_len in (None, 100, 1000, 1 << 20):
+        want, want_scale = fn(hf_cfg, "cpu", seq_len=seq_len)
+        got, got_scale = rope_frequencies(cfg, seq_len)
+        torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+        assert got_scale == pytest.approx(want_scale, rel=1e-12)
