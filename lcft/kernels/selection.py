@@ -1,0 +1,141 @@
+"""Top-k key-block selection for block-sparse attention (chunked PyTorch; never the full score matrix).
+
+Definitions (DESIGN.md §4), for query block i (global id) and key block j:
+- summary(j) = mean of the keys of block j, per KV head;
+- score(i, j) = sum over the query heads h of the KV group of mean(q_h of block i) · summary(j);
+- mandatory blocks: own (i), the `local` blocks before it (i-1 .. i-local), the `sink` first blocks (0 .. sink-1);
+- the `top_k` best-scoring earlier blocks that are not mandatory (ties -> lower index); never a future block.
+Output rows hold the chosen global key-block ids in ascending order, padded with -1 to
+budget = top_k + local + sink + 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lcft.errors import LcftError
+
+# Target number of score entries per selection chunk (query blocks x key blocks), ~16 MiB in fp32.
+_SELECT_CHUNK_ELEMS = 1 << 22
+
+
+def budget_of(top_k: int, local_blocks: int, sink_blocks: int) -> int:
+    """Key blocks attended per query block (the width of the index rows)."""
+    return top_k + local_blocks + sink_blocks + 1
+
+
+def block_means(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Mean over each block of tokens, in fp32: (B, H, L, D) -> (B, H, L/block, D)."""
+    b, h, length, d = x.shape
+    return x.reshape(b, h, length // block_size, block_size, d).float().mean(dim=3)  # (B, H, nB, D)
+
+
+def group_query_sums(q: torch.Tensor, num_kv_heads: int, block_size: int) -> torch.Tensor:
+    """Block means of q summed over the query heads of each KV group: (B, Hq, L, D) -> (B, Hkv, nQ, D).
+
+    score(i, j) = sum_h mean_h(i) · summary(j) = (sum_h mean_h(i)) · summary(j), so one dot product per pair.
+    """
+    b, hq, _, d = q.shape
+    qm = block_means(q, block_size)  # (B, Hq, nQ, D)
+    return qm.reshape(b, num_kv_heads, hq // num_kv_heads, -1, d).sum(dim=2)  # (B, Hkv, nQ, D)
+
+
+def topk_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Column ids of the k largest finite entries of each row, ties -> lower column, -1 padded.
+
+    scores: (R, N) fp32 with -inf for excluded columns. Returns (R, k) int64, ids ascending within a row.
+    Deterministic: torch.topk's order among equal values is unspecified, so only its k-th value is used.
+    """
+    r, n = scores.shape
+    out = torch.full((r, k + 1), -1, dtype=torch.long, device=scores.device)
+    if k == 0 or n == 0:
+        return out[:, :k]
+    kk = min(k, n)
+    kth = scores.topk(kk, dim=1).values[:, -1:]  # (R, 1) the k-th largest value
+    finite = scores > float("-inf")  # (R, N)
+    above = (scores > kth) & finite  # (R, N)
+    n_above = above.sum(dim=1, keepdim=True)  # (R, 1)
+    tie = (scores == kth) & finite  # (R, N)
+    take_tie = tie & (tie.cumsum(dim=1) <= (kk - n_above))  # lowest-index ties fill the remaining slots
+    chosen = above | take_tie  # (R, N), at most k per row
+    # Compact each row's chosen ids into the first slots; the rest go to a dump column k.
+    slot = torch.where(chosen, chosen.cumsum(dim=1) - 1, torch.full_like(n_above, k))  # (R, N)
+    cols = torch.arange(n, device=scores.device).expand(r, n)  # (R, N)
+    out.scatter_(1, slot, torch.where(chosen, cols, -1))
+    return out[:, :k]
+
+
+def assemble_indices(
+    topk_ids: torch.Tensor, q_block_ids: torch.Tensor, local_blocks: int, sink_blocks: int
+) -> torch.Tensor:
+    """Merge top-k ids with the mandatory blocks into ascending, -1 padded rows of width budget.
+
+    topk_ids: (..., nQ, top_k) ids (-1 = none), disjoint from the mandatory blocks;
+    q_block_ids: (nQ,) global query-block ids. Returns (..., nQ, budget) int32.
+    """
+    dev = topk_ids.device
+    own = q_block_ids.to(dev).long()[:, None]  # (nQ, 1)
+    local = own - torch.arange(1, local_blocks + 1, device=dev)  # (nQ, local)
+    sink = torch.arange(sink_blocks, device=dev).expand(own.shape[0], sink_blocks)  # (nQ, sink)
+    sink = torch.where(sink <= own, sink, -1)  # a sink block after the own block does not exist yet
+    mandatory = torch.cat([own, local.clamp(min=-1), sink], dim=1)  # (nQ, 1 + local + sink)
+    rows = torch.cat([mandatory.expand(*topk_ids.shape[:-1], -1), topk_ids.long()], dim=-1)  # (..., nQ, S)
+    big = torch.iinfo(torch.long).max
+    rows = torch.where(rows < 0, big, rows).sort(dim=-1).values
+    dup = torch.zeros_like(rows, dtype=torch.bool)
+    dup[..., 1:] = rows[..., 1:] == rows[..., :-1]  # sink and local blocks may coincide near the start
+    rows = torch.where(dup, big, rows).sort(dim=-1).values
+    return torch.where(rows == big, -1, rows).to(torch.int32)
+
+
+def candidate_mask(
+    q_ids: torch.Tensor, n_k: int, local_blocks: int, sink_blocks: int
+) -> torch.Tensor:
+    """(nQ, nK) bool: key blocks eligible for top-k (earlier than the own block and not mandatory)."""
+    kb = torch.arange(n_k, device=q_ids.device)[None, :]  # (1, nK)
+    own = q_ids[:, None]  # (nQ, 1)
+    return (kb < own - local_blocks) & (kb >= sink_blocks)
+
+
+def check_selection_args(block_size: int, top_k: int, local_blocks: int, sink_blocks: int) -> None:
+    """Raise LcftError on a negative budget component or a non-positive block size."""
+    if block_size <= 0:
+        raise LcftError(f"block_size must be positive, got {block_size}")
+    for name, val in (("top_k", top_k), ("local_blocks", local_blocks), ("sink_blocks", sink_blocks)):
+        if val < 0:
+            raise LcftError(f"{name} must be >= 0, got {val}")
+
+
+def select_blocks_torch(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    *,
+    block_size: int,
+    top_k: int,
+    local_blocks: int,
+    sink_blocks: int,
+    q_block_offset: int = 0,
+    k_summary: torch.Tensor | None = None,
+    num_kv_heads: int | None = None,
+) -> torch.Tensor:
+    """Chunked selection in PyTorch: (B, Hq, Lq, D) queries -> (B, Hkv, nQ, budget) int32 global key-block ids."""
+    with torch.no_grad():
+        summary = k_summary.float() if k_summary is not None else block_means(k, block_size)  # (B, Hkv, nK, D)
+        b, hkv, n_k, d = summary.shape
+        qs = group_query_sums(q, hkv, block_size)  # (B, Hkv, nQ, D)
+        n_q = qs.shape[2]
+        q_ids = torch.arange(q_block_offset, q_block_offset + n_q, device=q.device)  # (nQ,)
+        topk_ids = torch.full((b, hkv, n_q, top_k), -1, dtype=torch.long, device=q.device)
+        if top_k > 0:
+            chunk = max(1, _SELECT_CHUNK_ELEMS // max(1, n_k * b * hkv))
+            for i0 in range(0, n_q, chunk):
+                i1 = min(n_q, i0 + chunk)
+                ids = q_ids[i0:i1]
+                # Only key blocks before the chunk's last own block can be candidates.
+                hi = max(0, min(n_k, int(ids[-1]) - local_blocks))
+                if hi <= sink_blocks:
+                    continue
+                s = qs[:, :, i0:i1] @ summary[:, :, :hi].transpose(-1, -2)  # (B, Hkv, C, hi)
+                s = s.masked_fill(~candidate_mask(ids, hi, local_blocks, sink_blocks), float("-inf"))
+                topk_ids[:, :, i0:i1] = topk_rows(s.reshape(-1, hi), top_k).reshape(b, hkv, i1 - i0, top_k)
+        return assemble_indices(topk_ids, q_ids, local_blocks, sink_blocks)  # (B, Hkv, nQ, budget)

@@ -1,0 +1,119 @@
+"""Block-sparse attention: exactness vs dense SDPA, every impl vs the reference, context-parallel slices, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lcft.errors import LcftError
+from lcft.kernels import select_blocks, sparse_attention, sparse_attention_with_indices
+from lcft.kernels.selection import block_means
+
+IMPLS = ["reference", "cpu"]
+OUT_ATOL, GRAD_ATOL = 1e-5, 1e-4
+
+
+def qkv(b, hq, hkv, length, d, seed):
+    gen = torch.Generator().manual_seed(seed)
+    mk = lambda h: torch.randn(b, h, length, d, generator=gen).requires_grad_()
+    return mk(hq), mk(hkv), mk(hkv), torch.randn(b, hq, length, d, generator=gen)
+
+
+def out_and_grads(fn, q, k, v, dout):
+    out = fn(q, k, v)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
+
+
+def assert_close(got, want):
+    names = ("out", "dq", "dk", "dv")
+    for name, g, w in zip(names, got, want, strict=True):
+        atol = OUT_ATOL if name == "out" else GRAD_ATOL
+        err = (g - w).abs().max().item()
+        assert err <= atol, f"{name}: max error {err:.2e} > {atol:.0e}"
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+@pytest.mark.parametrize("impl", [*IMPLS, "auto"])
+@pytest.mark.parametrize("case", [  # (B, Hq, Hkv, L, D, block, top_k, local, sink): budget >= blocks
+    (2, 4, 2, 256, 32, 32, 6, 1, 1),
+    (1, 4, 1, 128, 64, 16, 4, 2, 1),
+    (1, 4, 4, 192, 32, 64, 1, 0, 1),
+])
+def test_equals_dense_when_budget_covers_all_blocks(impl, case):
+    b, hq, hkv, length, d, bs, top_k, local, sink = case
+    q, k, v, dout = qkv(b, hq, hkv, length, d, seed=sum(case))
+    kw = dict(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink, impl=impl)
+    got = out_and_grads(lambda *t: sparse_attention(*t, **kw), q, k, v, dout)
+    assert_close(got, out_and_grads(sdpa, q, k, v, dout))
+
+
+SPARSE_CASES = [  # (B, Hq, Hkv, L, D, block, top_k, local, sink)
+    (1, 4, 1, 1024, 32, 16, 3, 1, 1),
+    (2, 4, 2, 512, 64, 32, 1, 0, 0),
+    (1, 4, 4, 2048, 32, 64, 2, 2, 1),
+    (2, 4, 1, 768, 64, 16, 8, 2, 0),
+    (1, 4, 2, 4096, 32, 64, 5, 1, 1),
+    (2, 4, 4, 512, 32, 16, 4, 0, 1),
+]
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_sparse_impl_equals_reference(impl, case):
+    b, hq, hkv, length, d, bs, top_k, local, sink = case
+    q, k, v, dout = qkv(b, hq, hkv, length, d, seed=sum(case))
+    kw = dict(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink, return_indices=True)
+    want_out, want_idx = sparse_attention(q, k, v, impl="reference", **kw)
+    assert (want_idx == -1).any() or length // bs <= top_k + local + sink + 1
+    got_out, got_idx = sparse_attention(q, k, v, impl=impl, **kw)
+    assert torch.equal(got_idx, want_idx)
+    want = (want_out.detach(), *torch.autograd.grad(want_out, (q, k, v), dout))
+    assert_close((got_out.detach(), *torch.autograd.grad(got_out, (q, k, v), dout)), want)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_query_slice_equals_slice_of_full_sequence(impl):
+    """What context parallelism relies on: selection + attention for a query slice with q_block_offset."""
+    bs, kw = 32, dict(block_size=32, top_k=3, local_blocks=1, sink_blocks=1)
+    q, k, v, dout = qkv(1, 4, 2, 1024, 32, seed=7)
+    idx = select_blocks(q.detach(), k.detach(), **kw)
+    full = sparse_attention_with_indices(q, k, v, idx, block_size=bs, impl=impl)
+    dq_full = torch.autograd.grad(full, q, dout, retain_graph=True)[0]
+    summary = block_means(k.detach(), bs)  # what CP all-gathers
+    first, count = 12, 10
+    rows = slice(first * bs, (first + count) * bs)
+    q_part = q.detach()[:, :, rows].clone().requires_grad_()
+    idx_part = select_blocks(q_part.detach(), None, q_block_offset=first, k_summary=summary, **kw)
+    assert torch.equal(idx_part, idx[:, :, first:first + count])
+    part = sparse_attention_with_indices(q_part, k, v, idx_part, block_size=bs, q_block_offset=first, impl=impl)
+    assert (part - full[:, :, rows]).abs().max().item() <= OUT_ATOL
+    # Gradients of the slice's loss: dq of the slice, and dk/dv = the contribution of these query rows.
+    dq, dk, dv = torch.autograd.grad(part, (q_part, k, v), dout[:, :, rows])
+    masked = torch.zeros_like(dout)
+    masked[:, :, rows] = dout[:, :, rows]
+    dk_want, dv_want = torch.autograd.grad(full, (k, v), masked)
+    assert (dq - dq_full[:, :, rows]).abs().max().item() <= GRAD_ATOL
+    assert (dk - dk_want).abs().max().item() <= GRAD_ATOL
+    assert (dv - dv_want).abs().max().item() <= GRAD_ATOL
+
+
+def test_bad_inputs_give_clear_errors():
+    q = torch.randn(1, 4, 100, 16)
+    with pytest.raises(LcftError, match="multiple of block_size"):
+        sparse_attention(q, q[:, :2], q[:, :2], block_size=16)
+    q = torch.randn(1, 3, 64, 16)
+    with pytest.raises(LcftError, match="multiple of key/value heads"):
+        sparse_attention(q, q[:, :2], q[:, :2], block_size=16)
+    q = torch.randn(1, 2, 64, 16)
+    with pytest.raises(LcftError, match="unknown sparse attention impl"):
+        sparse_attention(q, q, q, block_size=16, impl="fast")
+    idx = torch.tensor([[[[0, -1], [0, 2], [1, 2], [3, -1]]]], dtype=torch.int32).expand(1, 2, 4, 2)
+    with pytest.raises(LcftError, match="future"):
+        sparse_attention_with_indices(q, q, q, idx, block_size=16)
+    idx = torch.tensor([[[[0, -1], [0, -1], [1, 2], [3, -1]]]], dtype=torch.int32).expand(1, 2, 4, 2)
+    with pytest.raises(LcftError, match="own"):
+        sparse_attention_with_indices(q, q, q, idx, block_size=16)
