@@ -1,0 +1,93 @@
+"""Rewire a built model for context parallelism and run its forward on this rank's shard of a window.
+
+The model stays single-process code: `apply_context_parallel` swaps each block's `attn.core` from outside and
+`ContextParallelRunner` feeds it the local tokens with their global positions (RoPE), so lcft.model never
+imports lcft.parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from lcft.errors import LcftError
+from lcft.parallel.comms import cp_window_loss
+from lcft.parallel.config import ParallelConfig
+from lcft.parallel.cp_attention import ContextParallelCore
+from lcft.parallel.mesh import ParallelState
+from lcft.parallel.sharding import ShardLayout, check_length
+
+
+def _attention_config(model: nn.Module):
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "attention"):
+        raise LcftError("apply_context_parallel needs an lcft Llama model (with .config.attention)")
+    return cfg.attention
+
+
+def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: ParallelConfig) -> nn.Module:
+    """Swap every block's `attn.core` for a ContextParallelCore (in place; returns the model).
+
+    With cp == 1 the model is left untouched. Parameters and their names do not change, so checkpoints
+    written under any cp load under any other."""
+    if cfg.cp != state.cp:
+        raise LcftError(f"ParallelConfig.cp={cfg.cp} but the process layout has cp={state.cp}")
+    if state.cp == 1:
+        return model
+    attention = _attention_config(model)
+    n = 0
+    for module in model.modules():
+        if hasattr(module, "core") and isinstance(module.core, nn.Module) and hasattr(module, "q_proj"):
+            module.core = ContextParallelCore(attention, state, cfg)
+            n += 1
+    if n == 0:
+        raise LcftError("apply_context_parallel found no attention block with a swappable `core`")
+    return model
+
+
+class ContextParallelRunner:
+    """This rank's view of a window under cp: shards batches, runs the model with global positions, and
+    turns the rank's loss share into the window loss (see comms.cp_window_loss for the gradient scaling)."""
+
+    def __init__(self, state: ParallelState, cfg: ParallelConfig, block_size: int) -> None:
+        self.state, self.cfg, self.block = state, cfg, int(block_size)
+
+    def layout(self, length: int) -> ShardLayout:
+        """The split of a window of `length` tokens (clear error when length % (2*cp*block) != 0)."""
+        return ShardLayout(length, self.state.cp, self.block, self.cfg.cp_layout)
+
+    def check(self, length: int) -> None:
+        """Raise LcftError before any work when a window of `length` cannot be split."""
+        if self.state.cp > 1:
+            check_length(length, self.state.cp, self.block)
+
+    def shard(self, batch: Mapping[str, torch.Tensor], length: int | None = None
+              ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """(this rank's part of every (B, L, ...) tensor, its global positions (L/cp,)); cp == 1: unchanged,
+        positions None. `length` defaults to input_ids' length."""
+        if self.state.cp == 1:
+            return dict(batch), None
+        length = int(length if length is not None else batch["input_ids"].shape[1])
+        layout = self.layout(length)
+        dev = batch["input_ids"].device
+        return layout.shard_batch(batch, self.state.cp_rank), layout.positions(self.state.cp_rank, device=dev)
+
+    def hidden_states(self, model: nn.Module, input_ids: torch.Tensor, length: int | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Final hidden states of this rank's tokens of the full-window `input_ids` (B, L):
+        ((B, L/cp, H), positions) — or the plain forward when cp == 1."""
+        local, pos = self.shard({"input_ids": input_ids}, length)
+        if pos is None:
+            return model.hidden_states(input_ids), None
+        # Dynamic RoPE scaling depends on the whole window's length, not the shard's.
+        h = model.hidden_states(local["input_ids"], position_ids=pos, rope_seq_len=input_ids.shape[1])
+        return h, pos
+
+    def window_loss(self, loss_sum: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to backpropagate, the window's loss for reporting) from this rank's summed loss and count."""
+        if self.state.cp == 1:
+            denom = count.to(loss_sum.dtype).clamp_min(1.0)
+            return loss_sum / denom, (loss_sum / denom).detach()
+        return cp_window_loss(loss_sum, count, self.state.cp_group, self.state.cp)

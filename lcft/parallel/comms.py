@@ -1,0 +1,184 @@
+"""Autograd-aware collectives for context parallelism (all_gather, all_to_all, loss all-reduce) with byte counts.
+
+Only collectives are used (no point-to-point batch_isend_irecv, which can hang on gloo).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+# Newer torch renames the *_tensor collectives *_single; use whichever exists (no deprecation warnings).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class CommStats:
+    """Bytes this rank sent, per tag ('kv', 'kv_grad', 'summary', ...), since the last reset."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def add(self, tag: str, nbytes: int) -> None:
+        self.bytes[tag] += int(nbytes)
+        self.calls[tag] += 1
+
+    def reset(self) -> None:
+        self.bytes.clear()
+        self.calls.clear()
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.bytes)
+
+
+STATS = CommStats()
+"""Process-wide byte counter (the benchmark reads and resets it around a step)."""
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def group_size(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group)
+
+
+def all_gather_nograd(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "gather") -> torch.Tensor:
+    """(n, *x.shape): every rank's `x` stacked in group-rank order; no gradient."""
+    n = group_size(group)
+    out = _gather(x.detach(), n, group)  # (n, ...)
+    STATS.add(tag, _nbytes(x) * (n - 1))
+    return out
+
+
+def _gather(x: torch.Tensor, n: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+    # The *_single collectives concatenate along dim 0 (gloo insists on that shape); a 0-d or leading
+    # dim is added by viewing x as (1, ...).
+    x = x.contiguous().reshape(1, *x.shape)
+    out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)  # (n, ...)
+    _all_gather_single(out, x, group=group)
+    return out
+
+
+def _reduce_scatter(grad: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Sum over ranks of grad[i] delivered to rank i: (n, *shape) -> (*shape)."""
+    out = torch.empty((1, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)  # dim 0 split n ways
+    try:
+        _reduce_scatter_single(out, grad.contiguous(), group=group)
+        out = out[0]
+    except RuntimeError as e:  # older gloo builds lack reduce_scatter: same traffic via all_to_all + sum
+        if "not supported" not in str(e).lower() and "unsupported" not in str(e).lower():
+            raise
+        recv = torch.empty_like(grad)  # (n, ...): piece i came from rank i
+        dist.all_to_all_single(recv, grad.contiguous(), group=group)
+        out = recv.sum(0)
+    return out
+
+
+class _AllGather(torch.autograd.Function):
+    """Forward: all_gather along a new leading dim. Backward: reduce-scatter the gradients to the owners."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None, tag: str) -> torch.Tensor:
+        ctx.group, ctx.tag = group, tag
+        n = group_size(group)
+        out = _gather(x, n, group)  # (n, ...)
+        STATS.add(tag, _nbytes(x) * (n - 1))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad (n, ...)
+        n = group_size(ctx.group)
+        # Every rank used every rank's piece; the owner's gradient is the sum of all ranks' contributions.
+        out = _reduce_scatter(grad, ctx.group)
+        STATS.add(ctx.tag + "_grad", _nbytes(grad) * (n - 1) // n)
+        return out, None, None
+
+
+def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "gather") -> torch.Tensor:
+    """(n, *x.shape) differentiable all-gather: gradients flow back to the rank that owned each piece."""
+    return _AllGather.apply(x, group, tag)
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single over dim 0 with split sizes; backward is the same exchange in reverse."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                group: dist.ProcessGroup | None, tag: str) -> torch.Tensor:
+        ctx.splits, ctx.group, ctx.tag = (out_splits, in_splits), group, tag
+        out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)  # (N_out, ...)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits,
+                               input_split_sizes=in_splits, group=group)
+        STATS.add(tag, _sent_rows(in_splits, group) * _row_bytes(x))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad (N_out, ...)
+        out_splits, in_splits = ctx.splits
+        back = torch.empty((sum(in_splits), *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
+        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=in_splits,
+                               input_split_sizes=out_splits, group=ctx.group)
+        STATS.add(ctx.tag + "_grad", _sent_rows(out_splits, ctx.group) * _row_bytes(grad))
+        return back, None, None, None, None
+
+
+def _row_bytes(x: torch.Tensor) -> int:
+    return (x.numel() // max(x.shape[0], 1)) * x.element_size() if x.shape[0] else 0
+
+
+def _sent_rows(splits: Sequence[int], group: dist.ProcessGroup | None) -> int:
+    me = dist.get_rank(group)
+    return sum(s for i, s in enumerate(splits) if i != me)
+
+
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+               group: dist.ProcessGroup | None, tag: str = "a2a") -> torch.Tensor:
+    """Differentiable all_to_all_single over dim 0: rows x[sum(in_splits[:j]):...] go to rank j."""
+    return _AllToAll.apply(x, list(out_splits), list(in_splits), group, tag)
+
+
+def all_to_all_nograd(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                      group: dist.ProcessGroup | None, tag: str = "a2a") -> torch.Tensor:
+    """all_to_all_single without autograd (index exchanges)."""
+    out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(out_splits),
+                           input_split_sizes=list(in_splits), group=group)
+    STATS.add(tag, _sent_rows(in_splits, group) * _row_bytes(x))
+    return out
+
+
+def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "reduce") -> torch.Tensor:
+    """Sum of `x` over the group, as a new tensor with no gradient (counts, reported losses)."""
+    out = x.detach().clone()
+    if dist.is_available() and dist.is_initialized() and group_size(group) > 1:
+        dist.all_reduce(out, group=group)
+        STATS.add(tag, _nbytes(out))
+    return out
+
+
+def cp_window_loss(loss_sum: torch.Tensor, count: torch.Tensor, group: dist.ProcessGroup | None,
+                   cp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss to backpropagate, window loss to report) for one rank's share of a window.
+
+    The window's loss is S / N, S and N the token-loss sum and token count summed over the cp ranks
+    (all-reduced, no gradient through the reduction). Rank r backpropagates its own share s_r / N; the
+    K/V gathers' backward already routes cross-rank terms to their owners, so the window's true parameter
+    gradient is the SUM of the cp ranks' gradients g_r. DDP/Accelerate then AVERAGE gradients over the
+    whole world of dp*cp ranks, giving (1/(dp*cp)) * sum_d sum_r g. Scaling each rank's loss by cp turns
+    that into (1/dp) * sum_d sum_r g: the mean over the dp windows of each window's full gradient, which is
+    what one process accumulating the same windows computes (tests/parallel/test_train_cp.py checks it).
+    An all-ignored window (N = 0) has S = 0 and gives 0, never NaN.
+    """
+    total_sum = all_reduce_sum(loss_sum, group, tag="loss")
+    total_count = all_reduce_sum(count.to(loss_sum.dtype), group, tag="loss")
+    denom = total_count.clamp_min(1.0)
+    return loss_sum * (cp / denom), total_sum / denom

@@ -1,0 +1,125 @@
+"""Which tokens of a window each cp rank holds (zigzag or contiguous chunks) and their global positions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lcft.errors import LcftError
+
+
+def check_length(length: int, cp: int, block: int) -> None:
+    """A window splits into 2*cp chunks of whole attention blocks; a clear error when it does not."""
+    unit = 2 * cp * block
+    if length <= 0 or length % unit != 0:
+        lower, upper = (length // unit) * unit, (length // unit + 1) * unit
+        hint = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+        raise LcftError(
+            f"window length {length} is not a multiple of 2*cp*block = {unit} "
+            f"(cp={cp}, block={block}): use e.g. {hint}"
+        )
+
+
+def rank_chunks(cp_rank: int, cp: int, layout: str) -> tuple[int, int]:
+    """The two global chunk ids (of 2*cp) rank `cp_rank` holds, in local order."""
+    if layout == "zigzag":
+        # Causal work grows with position; pairing chunk r with its mirror 2cp-1-r equalises it.
+        return cp_rank, 2 * cp - 1 - cp_rank
+    if layout == "contiguous":
+        return 2 * cp_rank, 2 * cp_rank + 1
+    raise LcftError(f"unknown cp layout {layout!r} (use 'zigzag' or 'contiguous')")
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The split of one window of `length` tokens over `cp` ranks into 2*cp chunks of whole blocks."""
+
+    length: int
+    """Tokens in the full window."""
+    cp: int
+    """Number of ranks sharing the window."""
+    block: int
+    """Attention block size (chunks hold whole blocks)."""
+    layout: str = "zigzag"
+    """'zigzag' or 'contiguous' (see ParallelConfig.cp_layout)."""
+
+    def __post_init__(self) -> None:
+        check_length(self.length, self.cp, self.block)
+        rank_chunks(0, self.cp, self.layout)  # validates the layout name
+
+    @property
+    def chunk(self) -> int:
+        """Tokens per chunk (each rank holds two)."""
+        return self.length // (2 * self.cp)
+
+    @property
+    def chunk_blocks(self) -> int:
+        """Attention blocks per chunk."""
+        return self.chunk // self.block
+
+    @property
+    def local_length(self) -> int:
+        """Tokens each rank holds."""
+        return 2 * self.chunk
+
+    def chunks(self, cp_rank: int) -> tuple[int, int]:
+        """Global chunk ids held by `cp_rank`, in local order."""
+        return rank_chunks(cp_rank, self.cp, self.layout)
+
+    def chunk_order(self) -> list[int]:
+        """Global chunk ids in the order an all-gather of every rank's local tokens lays them out."""
+        return [c for r in range(self.cp) for c in self.chunks(r)]
+
+    def owner(self, chunk: int) -> tuple[int, int]:
+        """(cp_rank, local slot 0|1) holding global chunk `chunk`."""
+        for r in range(self.cp):
+            a, b = self.chunks(r)
+            if chunk == a:
+                return r, 0
+            if chunk == b:
+                return r, 1
+        raise IndexError(f"chunk {chunk} out of range for cp={self.cp}")
+
+    def positions(self, cp_rank: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """Global token positions of `cp_rank`'s tokens in local order (L/cp,), for RoPE."""
+        a, b = self.chunks(cp_rank)
+        c = self.chunk
+        return torch.cat([torch.arange(a * c, (a + 1) * c, device=device),
+                          torch.arange(b * c, (b + 1) * c, device=device)])  # (L/cp,)
+
+    def block_ids(self, cp_rank: int) -> torch.Tensor:
+        """Global block ids of `cp_rank`'s local blocks, in local order (L/cp/block,)."""
+        a, b = self.chunks(cp_rank)
+        n = self.chunk_blocks
+        return torch.cat([torch.arange(a * n, (a + 1) * n), torch.arange(b * n, (b + 1) * n)])
+
+    def shard(self, x: torch.Tensor, cp_rank: int, dim: int = 1) -> torch.Tensor:
+        """`cp_rank`'s tokens of a full-window tensor, cut along `dim` (size `length`)."""
+        if x.shape[dim] != self.length:
+            raise LcftError(f"cannot shard a tensor of length {x.shape[dim]} along dim {dim}: "
+                            f"the window length is {self.length}")
+        a, b = self.chunks(cp_rank)
+        c = self.chunk
+        return torch.cat([x.narrow(dim, a * c, c), x.narrow(dim, b * c, c)], dim=dim)
+
+    def unshard(self, parts: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
+        """Inverse of `shard`: every rank's local tensor (in cp_rank order) back in window order."""
+        if len(parts) != self.cp:
+            raise ValueError(f"expected {self.cp} shards, got {len(parts)}")
+        pieces: dict[int, torch.Tensor] = {}
+        for r, part in enumerate(parts):
+            a, b = self.chunks(r)
+            pieces[a], pieces[b] = part.narrow(dim, 0, self.chunk), part.narrow(dim, self.chunk, self.chunk)
+        return torch.cat([pieces[i] for i in range(2 * self.cp)], dim=dim)
+
+    def shard_batch(self, batch: Mapping[str, torch.Tensor], cp_rank: int) -> dict[str, torch.Tensor]:
+        """Shard every (B, L, ...) tensor of a batch along dim 1; other entries pass through unchanged."""
+        out: dict[str, torch.Tensor] = {}
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == self.length:
+                out[k] = self.shard(v, cp_rank, dim=1)
+            else:
+                out[k] = v
+        return out
