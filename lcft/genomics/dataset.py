@@ -1,0 +1,126 @@
+"""Training-side reader: deterministic sample order, aligned sub-windows, and (inputs, labels, weights) batches.
+
+A *sample* is one aligned sub-window of `seq_len` tokens of a prepared window (window i, piece k covers tokens
+[k·seq_len, (k+1)·seq_len) of it), so one prepared set serves a sequence-length warm-up. The order in which
+samples are consumed is a pure function of (seed, epoch, global sample index): epoch e is a seeded permutation
+of all samples, and global sample g is position g mod N of epoch g div N. The trainer's step s consumes global
+samples [first, first + global_batch); each data-parallel rank takes its own slice of them, so a run can resume
+on a different number of processes and still see the same samples in the same order.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from lcft.errors import LcftError
+from lcft.genomics.tokenizer import A, C, G, T
+
+IGNORE_INDEX = -100  # HF convention: no loss at this label
+
+# Label ids that carry loss: the four bases (N, <unk> and the specials never do).
+_COUNTED = np.zeros(256, dtype=bool)
+_COUNTED[[A, C, G, T]] = True
+
+
+class WindowSource(Protocol):
+    """What `open_windows` returns, as far as training needs it."""
+
+    length: int
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    def softmask(self, i: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How training samples are cut from prepared windows and weighted."""
+
+    seq_len: int
+    """Tokens per sample; must not exceed the window length (shorter takes aligned sub-windows)."""
+    seed: int = 0
+    """Seed of the per-epoch permutation."""
+    softmask_loss_weight: float = 1.0
+    """Loss weight of a label whose base was soft-masked (lower case) in the FASTA."""
+
+
+class TrainSamples:
+    """Samples of a window set in a seeded, resumable order, as model-ready tensors."""
+
+    def __init__(self, windows: WindowSource, cfg: DataConfig) -> None:
+        if cfg.seq_len > windows.length:
+            raise LcftError(f"seq_len {cfg.seq_len} is longer than the data's windows ({windows.length} tokens); "
+                            "prepare longer windows or train on a shorter --seq-len")
+        if cfg.seq_len < 2:
+            raise LcftError(f"seq_len must be at least 2 (got {cfg.seq_len})")
+        if len(windows) == 0:
+            raise LcftError("the data has no training windows")
+        self.windows, self.cfg = windows, cfg
+        self.pieces = windows.length // cfg.seq_len  # aligned sub-windows per window (a shorter tail is unused)
+        self.num_samples = len(windows) * self.pieces
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 - one object per run; the cache holds the current epochs
+    def _permutation(self, epoch: int) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64([self.cfg.seed, epoch]))
+        return rng.permutation(self.num_samples)  # (num_samples,)
+
+    def sample_id(self, global_index: int) -> int:
+        """The sample (window · pieces + piece) consumed at this global position of the run."""
+        epoch, pos = divmod(int(global_index), self.num_samples)
+        return int(self._permutation(epoch)[pos])
+
+    def locate(self, sample_id: int) -> tuple[int, int]:
+        """(window index, token offset inside the window) of a sample."""
+        window, piece = divmod(int(sample_id), self.pieces)
+        return window, piece * self.cfg.seq_len
+
+    def example(self, sample_id: int) -> dict[str, np.ndarray]:
+        """input_ids (L,) int64; labels (L,) int64 = next token, IGNORE_INDEX at N/<unk> and at the last
+        position; weights (L,) float32 = softmask_loss_weight where the label's base was soft-masked."""
+        window, off = self.locate(sample_id)
+        L = self.cfg.seq_len
+        ids = np.asarray(self.windows[window][off : off + L], dtype=np.int64)  # (L,)
+        labels = np.full(L, IGNORE_INDEX, dtype=np.int64)  # (L,)
+        nxt = ids[1:]  # (L-1,) position i predicts token i+1 of the same sample
+        labels[:-1] = np.where(_COUNTED[nxt], nxt, IGNORE_INDEX)
+        out = {"input_ids": ids, "labels": labels}
+        if self.cfg.softmask_loss_weight != 1.0:
+            soft = np.asarray(self.windows.softmask(window)[off : off + L], dtype=bool)  # (L,)
+            weights = np.ones(L, dtype=np.float32)  # (L,)
+            weights[:-1] = np.where(soft[1:], np.float32(self.cfg.softmask_loss_weight), np.float32(1.0))
+            out["weights"] = weights
+        return out
+
+    def batch(self, sample_ids: list[int]) -> dict[str, torch.Tensor]:
+        """Stacked examples: input_ids/labels (B, L) int64, weights (B, L) float32 when weighting is on."""
+        examples = [self.example(s) for s in sample_ids]
+        return {k: torch.from_numpy(np.stack([e[k] for e in examples])) for k in examples[0]}
+
+
+def counted_tokens(batch: dict[str, Any]) -> int:
+    """Labels that carry loss in a batch (known before the forward, so the global normaliser is too)."""
+    return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
+def step_indices(first: int, global_batch: int, micro_batch: int, dp_rank: int, dp_size: int) -> list[list[int]]:
+    """Global sample indices this data-parallel rank uses in one optimizer step, per accumulation micro-step.
+
+    Position j of the step's global batch goes to micro-step j // (dp_size·micro_batch), rank
+    (j // micro_batch) mod dp_size: so 2 ranks x micro-batch 1 and 1 rank x 2 micro-steps read the same samples.
+    """
+    per_round = micro_batch * dp_size
+    if global_batch % per_round:
+        raise LcftError(f"global_batch {global_batch} is not a multiple of micro_batch x data-parallel ranks "
+                        f"({micro_batch} x {dp_size})")
+    out = []
+    for a in range(global_batch // per_round):
+        base = first + a * per_round + dp_rank * micro_batch
+        out.append(list(range(base, base + micro_batch)))
+    return out

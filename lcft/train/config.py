@@ -1,0 +1,214 @@
+"""The trainer's one flat config (`TrainConfig`): every `lcft train` option, its TOML twin, and its checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lcft.config import ConfigError, build, load_toml, merge, to_dict
+
+# Options that do not change the training trajectory: a run folder may be continued with different values.
+RUN_NEUTRAL = frozenset({
+    "out", "resume", "nproc", "stop_after", "save_every", "keep_last", "tensorboard", "progress",
+})
+
+
+@dataclass
+class TrainConfig:
+    """Everything `lcft train` needs; defaults < `--config run.toml` < command-line flags."""
+
+    data: str = ""
+    """Prepared data folder (from `lcft prepare`); its train split is used."""
+    out: str = ""
+    """Run folder: config.toml, metrics.jsonl, checkpoints/step-NNNNNNNN/."""
+    init: str | None = None
+    """Continue from this HF-format checkpoint folder (ours or one transformers wrote); default: a fresh model
+    from --preset."""
+    preset: str = "tiny"
+    """Model shape for a fresh model: tiny, small, base or 1b (ignored with --init or --resume)."""
+    rope_theta: float | None = None
+    """Override the model's RoPE base period (e.g. to extend --init's context)."""
+    rope_scaling: str | None = None
+    """Override the model's RoPE scaling: TYPE:FACTOR[:ORIGINAL_LENGTH] (types linear, dynamic, yarn, llama3;
+    e.g. yarn:8:65536), 'none', or an HF JSON object."""
+    attention: Literal["dense", "sparse"] | None = None
+    """Attention backend: dense or sparse (block top-k); default: the model's own (dense for a preset)."""
+    block_size: int | None = None
+    """Sparse attention: tokens per block (default: the model's own, 64)."""
+    top_k: int | None = None
+    """Sparse attention: selected earlier key blocks per query block (default: the model's own)."""
+    local_blocks: int | None = None
+    """Sparse attention: always-attended key blocks right before each query block (default: the model's own)."""
+    sink_blocks: int | None = None
+    """Sparse attention: always-attended first key blocks (default: the model's own)."""
+    attention_impl: str | None = None
+    """Sparse attention implementation: auto, reference, cpu or triton (default: the model's own)."""
+    seq_len: int | None = None
+    """Tokens per training sequence (e.g. 512K); shorter than the data's windows takes aligned sub-windows;
+    default: the window length."""
+    steps: int = 80
+    """Total optimizer steps of the run (the learning-rate schedule spans them)."""
+    stop_after: int | None = None
+    """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later."""
+    global_batch: int = 8
+    """Sequences per optimizer step over all processes; = micro_batch x data-parallel ranks x accumulation."""
+    micro_batch: int = 1
+    """Sequences per forward/backward on one process."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr x this ratio."""
+    warmup: int = 10
+    """Linear warm-up steps (counted in applied updates)."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay (matrices only; norms are not decayed)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.95
+    """AdamW beta2."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping; the norm is still logged)."""
+    z_loss: float = 1e-4
+    """PaLM z-loss coefficient: adds z_loss x logsumexp^2 per counted token."""
+    softmask_loss_weight: float = 1.0
+    """Loss weight of tokens whose base is soft-masked (lower case, repeats) in the FASTA; Evo 2 used 0.1."""
+    loss_chunk: int = 8192
+    """Tokens per chunk of the chunked cross-entropy (never L x vocab logits at once)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Mixed precision: bf16 autocast or fp32; auto = bf16 on CUDA, fp32 on CPU. Weights stay fp32."""
+    checkpointing: Literal["none", "block"] = "none"
+    """Activation checkpointing: none, or block (recompute each decoder block in backward)."""
+    offload_activations: bool = False
+    """With block checkpointing: keep the saved block inputs in CPU memory."""
+    save_every: int = 50
+    """Write a checkpoint every this many steps (0 = only at the end and on SIGTERM/SIGINT)."""
+    keep_last: int = 3
+    """Keep only this many newest checkpoints (0 = keep all)."""
+    resume: str | None = None
+    """Continue a run: 'auto' = the latest checkpoint in --out, or a checkpoint folder."""
+    nproc: int = 1
+    """Local processes to start (torchrun; gloo on CPU). Under an existing torchrun launch it is ignored."""
+    cp: int = 1
+    """Context-parallel ranks per sequence (the cp ranks of one data-parallel group are consecutive)."""
+    seed: int = 0
+    """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
+    spike_sigma: float = 6.0
+    """Skip an update whose loss exceeds the running mean by this many standard deviations (0 = off);
+    non-finite losses are always skipped."""
+    spike_window: int = 50
+    """Number of recent applied-update losses in the spike guard's running mean and deviation."""
+    spike_min_history: int = 10
+    """The spike guard judges spikes only after this many applied updates (non-finite: always)."""
+    max_consecutive_skips: int = 5
+    """Stop the run (with a checkpoint and an error) after this many skipped updates in a row."""
+    tensorboard: bool = False
+    """Also log the metrics to TensorBoard (Accelerate tracker) under <out>/tensorboard."""
+    progress: bool = True
+    """Show the rich live progress view (only on a terminal, and only on rank 0)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Value checks that need no files (files are checked when training starts)."""
+        positive = ("steps", "global_batch", "micro_batch", "nproc", "cp", "loss_chunk", "spike_window")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        for name in ("seq_len", "stop_after", "block_size", "top_k"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {v})")
+        for name in ("warmup", "save_every", "keep_last", "max_consecutive_skips", "spike_min_history",
+                     "local_blocks", "sink_blocks"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"{name} must not be negative (got {v})")
+        for name in ("lr", "weight_decay", "grad_clip", "z_loss", "softmask_loss_weight", "spike_sigma"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
+        if self.global_batch % self.micro_batch:
+            raise ConfigError(f"global_batch {self.global_batch} is not a multiple of micro_batch {self.micro_batch}")
+        if self.offload_activations and self.checkpointing != "block":
+            raise ConfigError("offload_activations needs checkpointing = 'block'")
+        if self.rope_scaling is not None:
+            parse_rope_scaling(self.rope_scaling)
+
+    def run_defining(self) -> dict[str, Any]:
+        """The options that shape the trajectory: two runs with equal values are the same run."""
+        return {k: v for k, v in to_dict(self).items() if k not in RUN_NEUTRAL}
+
+
+def parse_rope_scaling(text: str) -> dict[str, Any] | None:
+    """'yarn:8:65536' -> {'rope_type': 'yarn', 'factor': 8.0, 'original_max_position_embeddings': 65536};
+    'none' -> None (plain RoPE); a JSON object is taken as HF's dict."""
+    s = text.strip()
+    if s.lower() in ("none", "default", ""):
+        return None
+    if s.startswith("{"):
+        try:
+            out = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"rope_scaling: not valid JSON: {e}") from None
+        if not isinstance(out, dict):
+            raise ConfigError("rope_scaling: the JSON must be an object")
+        return out
+    parts = s.split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError(f"rope_scaling: {text!r} is not TYPE:FACTOR[:ORIGINAL_LENGTH] (e.g. yarn:8:65536)")
+    kind = parts[0].strip().lower()
+    if kind not in ("linear", "dynamic", "yarn", "llama3"):
+        raise ConfigError(f"rope_scaling: type {kind!r} is not one of linear, dynamic, yarn, llama3")
+    try:
+        out = {"rope_type": kind, "factor": float(parts[1])}
+        if len(parts) == 3:
+            from lcft.config import parse_size
+
+            out["original_max_position_embeddings"] = parse_size(parts[2])
+    except (ValueError, ConfigError):
+        raise ConfigError(f"rope_scaling: {text!r} has a bad number") from None
+    if out["factor"] <= 0:
+        raise ConfigError("rope_scaling: the factor must be positive")
+    return out
+
+
+def resolve_config(config_file: str | os.PathLike | None = None, flags: dict[str, Any] | None = None) -> TrainConfig:
+    """defaults < TOML file < flags (None in flags = not given); unknown keys are an error naming the key."""
+    layers = [load_toml(config_file) if config_file else {}, flags or {}]
+    return build(TrainConfig, merge(*layers), where="train config")
+
+
+def load_run_config(path: str | os.PathLike) -> TrainConfig:
+    """Read a resolved config.toml written by the trainer (next to a checkpoint or at <run>/config.toml)."""
+    return build(TrainConfig, load_toml(path), where=str(path))
+
+
+def replace(cfg: TrainConfig, **changes: Any) -> TrainConfig:
+    """A copy with some fields changed (validated again)."""
+    return dataclasses.replace(cfg, **changes)
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Keys whose values differ, as 'key: old -> new' lines."""
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+
+
+def absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """Paths made absolute, so a launcher's child processes and the saved config do not depend on the cwd."""
+    changes: dict[str, Any] = {}
+    for name in ("data", "out", "init"):
+        v = getattr(cfg, name)
+        if v:
+            changes[name] = str(Path(v).expanduser().resolve())
+    if cfg.resume and cfg.resume != "auto":
+        changes["resume"] = str(Path(cfg.resume).expanduser().resolve())
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,111 @@
+"""Per-step metrics: metrics.jsonl (one JSON object per step), peak memory, and the rich live view."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+LN2 = math.log(2.0)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated accelerator memory on CUDA; peak resident set size of this process on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
+    return int(rss_kib) * 1024
+
+
+class MetricsLog:
+    """Appends one JSON line per step to <run>/metrics.jsonl, flushed at once (a crash loses no step)."""
+
+    def __init__(self, path: str | os.PathLike, resume_step: int | None) -> None:
+        self.path = Path(path)
+        if resume_step is not None and self.path.exists():
+            self._truncate_after(resume_step)
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()  # a new run in this folder (the trainer checked nothing would be lost)
+        self._f = open(self.path, "a", buffering=1)
+
+    def _truncate_after(self, step: int) -> None:
+        """Drop records of steps after the checkpoint we resume from: they are recomputed."""
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    keep.append(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, allow_nan=True) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of <run>/metrics.jsonl."""
+    p = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def _fmt(record: dict[str, Any]) -> str:
+    loss = record.get("loss")
+    if loss is None:
+        return ""
+    return (f"loss {loss:.4f}  {record['bits_per_base']:.3f} bits/base  lr {record['lr']:.2e}  "
+            f"|g| {record['grad_norm']:.3g}  {record['tokens_per_s']:,.0f} tok/s  "
+            f"mem {record['peak_mem'] / 2**30:.2f} GiB  skipped {record['skipped']}")
+
+
+class LiveView:
+    """Rich progress bar with ETA and the latest figures; a no-op off a terminal or when disabled."""
+
+    def __init__(self, enabled: bool, total: int, done: int, console: Console | None = None) -> None:
+        self.enabled = enabled and sys.stdout.isatty()
+        self._progress: Progress | None = None
+        if not self.enabled:
+            return
+        self._progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[figures]}"),
+            console=console or Console(), transient=False, refresh_per_second=4,
+        )
+        self._task = self._progress.add_task("train", total=total, completed=done, figures="")
+        self._progress.start()
+
+    def update(self, step: int, record: dict[str, Any]) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, figures=_fmt(record))
+
+    def note(self, message: str) -> None:
+        """A line printed above the bar (or to stderr without one)."""
+        if self._progress is not None:
+            self._progress.console.print(message, highlight=False)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,76 @@
+"""The model a run trains: fresh from a preset, from `--init`, or from the checkpoint it resumes; with the
+attention and RoPE overrides applied and the vocabulary checked against the data's tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lcft.errors import LcftError
+from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, preset
+from lcft.model.io import read_config
+from lcft.train.config import TrainConfig, parse_rope_scaling
+
+_ATTN_FIELDS = {"attention": "backend", "block_size": "block_size", "top_k": "top_k",
+                "local_blocks": "local_blocks", "sink_blocks": "sink_blocks", "attention_impl": "impl"}
+
+
+def attention_override(cfg: TrainConfig, base: AttentionConfig) -> AttentionConfig:
+    """The model's attention settings with the options the user gave (None = keep the model's)."""
+    changes = {dst: getattr(cfg, src) for src, dst in _ATTN_FIELDS.items() if getattr(cfg, src) is not None}
+    return dataclasses.replace(base, **changes)
+
+
+def _rope_changes(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if cfg.rope_theta is not None and cfg.rope_theta != model_cfg.rope_theta:
+        changes["rope_theta"] = float(cfg.rope_theta)
+    if cfg.rope_scaling is not None:
+        scaling = parse_rope_scaling(cfg.rope_scaling)
+        if scaling != model_cfg.rope_scaling:
+            changes["rope_scaling"] = scaling
+    return changes
+
+
+def check_vocabulary(source: Path, tokenizer: dict[str, Any]) -> None:
+    """A checkpoint must use the data's tokenizer: lcft.json's spec when present, else config.json's vocab."""
+    extra = source / "lcft.json"
+    if extra.is_file():
+        try:
+            spec = json.loads(extra.read_text()).get("tokenizer")
+        except json.JSONDecodeError as e:
+            raise LcftError(f"{extra}: not valid JSON ({e})") from None
+        if spec is not None and spec != tokenizer:
+            raise LcftError(f"{source}: its tokenizer {spec.get('name')!r} (vocab {spec.get('vocab_size')}) differs "
+                            f"from the data's {tokenizer.get('name')!r} (vocab {tokenizer.get('vocab_size')})")
+    vocab = read_config(source).vocab_size
+    if vocab != tokenizer["vocab_size"]:
+        raise LcftError(f"{source}: vocab_size {vocab} differs from the data tokenizer's {tokenizer['vocab_size']} "
+                        "(a model of another vocabulary cannot read these windows)")
+
+
+def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None) -> Llama:
+    """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded)."""
+    if source is None:
+        model_cfg = preset(cfg.preset)
+        if model_cfg.vocab_size != tokenizer["vocab_size"]:
+            raise LcftError(f"preset {cfg.preset!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
+                            f"{tokenizer['vocab_size']}")
+        model_cfg.attention = attention_override(cfg, model_cfg.attention)
+        model_cfg = dataclasses.replace(model_cfg, **_rope_changes(cfg, model_cfg))
+        torch.manual_seed(cfg.seed)
+        return Llama(model_cfg)
+    if not source.is_dir():
+        raise LcftError(f"checkpoint folder not found: {source}")
+    check_vocabulary(source, tokenizer)
+    model = from_pretrained(source, attention=attention_override(cfg, read_config(source).attention))
+    rope = _rope_changes(cfg, model.config)
+    if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are
+        fresh = Llama(dataclasses.replace(model.config, **rope))
+        fresh.load_state_dict(model.state_dict(), strict=True)
+        model = fresh
+    return model

@@ -1,0 +1,371 @@
+"""The training loop: Accelerate for placement, mixed precision, accumulation and DDP; our own data order,
+loss normalisation, spike guard, atomic checkpoints, metrics and signal handling."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState, GradientState
+
+from lcft.config import ConfigError, save_resolved, to_dict
+from lcft.errors import LcftError
+from lcft.genomics import open_windows, verify_windows
+from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
+from lcft.model import save_pretrained
+from lcft.train.checkpoint import (
+    TrainerState,
+    clean_partial,
+    latest_checkpoint,
+    prune,
+    read_trainer_state,
+    resolve_resume,
+    set_rng_state,
+    write_checkpoint,
+    write_trainer_state,
+)
+from lcft.train.config import TrainConfig, absolute_paths, diff, load_run_config
+from lcft.train.guard import GuardConfig, SpikeGuard
+from lcft.train.launch import SUMMARY, launch, launched
+from lcft.train.metrics import LN2, LiveView, MetricsLog, peak_memory_bytes
+from lcft.train.model_setup import build_model
+from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
+
+
+@dataclass
+class TrainHooks:
+    """Instrumentation for tests (not user options)."""
+
+    perturb_loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+    """(step, micro-batch loss_sum) -> the loss_sum used for backward and the spike guard."""
+    before_step: Callable[[int], None] | None = None
+    """Called with the step number before its first forward (e.g. to raise an out-of-memory error)."""
+
+
+def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict[str, Any]:
+    """Train as `cfg` says; returns a summary (run_dir, checkpoint, step, loss, bits_per_base, skipped, stopped,
+    ...). `nproc > 1` outside a torchrun launch starts the processes (then hooks do not apply)."""
+    if not cfg.data:
+        raise ConfigError("data: give the prepared data folder (--data)")
+    if not cfg.out:
+        raise ConfigError("out: give the run folder (--out)")
+    cfg = absolute_paths(cfg)
+    if cfg.nproc > 1 and not launched():
+        return launch(cfg)
+    trainer = Trainer(cfg, hooks or TrainHooks())
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
+
+
+def _reset_accelerate() -> None:
+    """Accelerate keeps process-wide singletons; a second in-process run may use other settings."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+class Trainer:
+    """One invocation of a run: everything is checked before anything is written."""
+
+    def __init__(self, cfg: TrainConfig, hooks: TrainHooks) -> None:
+        self.cfg, self.hooks = cfg, hooks
+        self._signal: int | None = None
+        self._old_handlers: dict[int, Any] = {}
+        self.view: LiveView | None = None
+        self.metrics: MetricsLog | None = None
+        _reset_accelerate()
+        cpu = not torch.cuda.is_available()
+        ps = PartialState(cpu=cpu)  # joins the torchrun process group (gloo on CPU) when launched
+        self.world, self.rank = ps.num_processes, ps.process_index
+        self.is_main = ps.is_main_process
+        if self.world % cfg.cp:
+            raise LcftError(f"{self.world} processes cannot be split into context-parallel groups of {cfg.cp}")
+        if cfg.cp > 1:
+            import lcft.parallel as parallel
+
+            if not hasattr(parallel, "apply_context_parallel"):
+                raise LcftError("--cp > 1 is not yet available in this version (lcft.parallel has no "
+                                "apply_context_parallel)")
+            raise LcftError("--cp > 1: the trainer's context-parallel wiring is not in this version yet")
+        self.dp_size, self.dp_rank = self.world // cfg.cp, self.rank // cfg.cp
+        if cfg.global_batch % (cfg.micro_batch * self.dp_size):
+            raise LcftError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch x data-parallel "
+                            f"ranks ({cfg.micro_batch} x {self.dp_size})")
+        self.accum = cfg.global_batch // (cfg.micro_batch * self.dp_size)
+        self.precision = cfg.precision if cfg.precision != "auto" else ("fp32" if cpu else "bf16")
+        if cfg.tensorboard:
+            try:
+                importlib.import_module("torch.utils.tensorboard")
+            except ImportError:
+                raise LcftError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
+
+        manifest = verify_windows(cfg.data)  # names the corrupt file; raises before anything is written
+        windows = open_windows(cfg.data, "train")
+        self.seq_len = cfg.seq_len or windows.length
+        self.run_dir = Path(cfg.out)
+        self.resume_from = self._check_run_dir()
+        init = Path(cfg.init) if cfg.init else None
+        self.model = build_model(cfg, manifest["tokenizer"], self.resume_from or init)
+        self._check_lengths(windows.length)
+        self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
+        self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
+
+        self.acc = Accelerator(
+            cpu=cpu, mixed_precision="bf16" if self.precision == "bf16" else "no",
+            gradient_accumulation_steps=self.accum,
+            log_with="tensorboard" if cfg.tensorboard else None,
+            project_dir=str(self.run_dir / "tensorboard") if cfg.tensorboard else None,
+        )
+        loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
+        optimizer = make_optimizer(loss_model, cfg)
+        self.scheduler = make_scheduler(optimizer, cfg)
+        self.lm, self.opt = self.acc.prepare(loss_model, optimizer)
+        self.state = TrainerState(world_size=self.world)
+        if self.resume_from is not None:
+            self.state, optim, sched, rng = read_trainer_state(self.resume_from)
+            self.opt.load_state_dict(optim)
+            self.scheduler.load_state_dict(sched)
+            set_rng_state(rng)
+            self.state.world_size = self.world
+        self.guard = SpikeGuard(GuardConfig(cfg.spike_sigma, cfg.spike_window, cfg.spike_min_history,
+                                            cfg.max_consecutive_skips), self.state.guard_history)
+        self._start_run_dir()
+
+    def _check_run_dir(self) -> Path | None:
+        """The checkpoint to resume from, or None for a new run; refuses to mix or overwrite runs."""
+        cfg, run = self.cfg, self.run_dir
+        saved = run / "config.toml"
+        if cfg.resume:
+            return resolve_resume(cfg.resume, run)
+        if saved.is_file():
+            old = load_run_config(saved)
+            changed = diff(old.run_defining(), cfg.run_defining())
+            if changed:
+                raise LcftError(f"{run} holds a run with a different config ({'; '.join(changed[:4])}); "
+                                "pass --resume auto to continue it with these options, or choose another --out")
+        if (ckpt := latest_checkpoint(run)) is not None:
+            raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
+                            "continue that run, or choose another --out")
+        return None
+
+    def _check_lengths(self, window: int) -> None:
+        cfg, attn = self.cfg, self.model.config.attention
+        if self.seq_len > window:
+            raise LcftError(f"--seq-len {self.seq_len} is longer than the data's windows ({window} tokens); "
+                            "prepare longer windows or train on a shorter --seq-len")
+        if attn.backend == "sparse" and self.seq_len % attn.block_size:
+            raise LcftError(f"--seq-len {self.seq_len} is not a multiple of the sparse attention block "
+                            f"({attn.block_size})")
+        if cfg.cp > 1 and self.seq_len % (2 * cfg.cp * attn.block_size):
+            raise LcftError(f"--seq-len {self.seq_len} is not a multiple of 2 x cp x block = "
+                            f"{2 * cfg.cp * attn.block_size}")
+
+    def _start_run_dir(self) -> None:
+        cfg = self.cfg
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            clean_partial(self.run_dir)
+            if self.resume_from is not None and (self.run_dir / "config.toml").is_file():
+                changed = diff(load_run_config(self.run_dir / "config.toml").run_defining(), cfg.run_defining())
+                if changed:
+                    self._note(f"resuming with changed options: {'; '.join(changed)}")
+            save_resolved(self.run_dir / "config.toml", to_dict(cfg))
+            resume_step = self.state.step if self.resume_from is not None else None
+            self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step)
+            self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
+            if self.resume_from is not None:
+                self._note(f"resumed from {self.resume_from} (step {self.state.step}, {self.world} process(es))")
+        if cfg.tensorboard:
+            hparams = {k: v for k, v in to_dict(cfg).items() if isinstance(v, int | float | str | bool)}
+            self.acc.init_trackers("lcft", config=hparams)
+        self.acc.wait_for_everyone()
+
+    def _note(self, message: str) -> None:
+        if self.is_main:
+            (self.view.note if self.view else print)(message)
+
+    # ---- collectives (no-ops on one process) ----
+    def _sum(self, values: list[float], dtype: torch.dtype = torch.float64) -> list[float]:
+        t = torch.tensor(values, dtype=dtype)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def _max(self, values: list[int]) -> list[int]:
+        t = torch.tensor(values, dtype=torch.int64)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _gather_samples(self, mine: list[tuple[int, int]]) -> list[int]:
+        """Sample ids of the whole global batch in batch order, from what each rank actually loaded."""
+        pairs = [mine]
+        if self.world > 1:
+            pairs = [None] * self.world
+            dist.all_gather_object(pairs, mine)
+        by_pos = {pos: sid for rank_pairs in pairs for pos, sid in rank_pairs}
+        return [by_pos[k] for k in sorted(by_pos)]
+
+    # ---- the loop ----
+    def run(self) -> dict[str, Any]:
+        cfg, st = self.cfg, self.state
+        self._install_signals()
+        t_start, elapsed0, done_here, stopped = time.perf_counter(), st.elapsed, 0, "done"
+        saved_step = st.step if self.resume_from is not None else -1
+        while st.step < cfg.steps:
+            try:
+                record = self._step()
+            except (RuntimeError, MemoryError) as e:
+                if is_oom(e):
+                    raise LcftError(oom_message(cfg, self.seq_len, self.precision,
+                                                self.model.config.attention.backend)) from None
+                raise
+            done_here += 1
+            st.elapsed = elapsed0 + time.perf_counter() - t_start
+            record["elapsed"] = round(st.elapsed, 3)
+            if self.is_main:
+                self.metrics.write(record)
+                self.view.update(st.step, record)
+            if cfg.tensorboard:
+                self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=st.step)
+            if "skip" in record:
+                self._note(f"step {st.step}: update skipped ({record['skip']}, loss {record['loss']:.4g})")
+            signalled = self._max([int(self._signal is not None)])[0]
+            if cfg.save_every and st.step % cfg.save_every == 0:
+                self.save()
+                saved_step = st.step
+            if cfg.max_consecutive_skips and st.consecutive_skips >= cfg.max_consecutive_skips:
+                ckpt = self.save()
+                raise LcftError(f"{st.consecutive_skips} updates in a row were skipped (step {st.step}: "
+                                f"{record['skip']}, loss {record['loss']:.4g}); the run stopped with a checkpoint "
+                                f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")
+            if signalled:
+                stopped = "signal"
+                break
+            if cfg.stop_after and done_here >= cfg.stop_after and st.step < cfg.steps:
+                stopped = "stop_after"
+                break
+        ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
+        summary = {
+            "run_dir": str(self.run_dir), "checkpoint": str(ckpt), "step": st.step, "steps": cfg.steps,
+            "loss": st.last_loss, "bits_per_base": None if st.last_loss is None else st.last_loss / LN2,
+            "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
+            "seq_len": self.seq_len, "precision": self.precision,
+        }
+        if self.is_main:
+            tmp = self.run_dir / (SUMMARY + ".tmp")
+            tmp.write_text(json.dumps(summary, indent=1) + "\n")
+            os.replace(tmp, self.run_dir / SUMMARY)
+            if stopped == "signal":
+                self._note(f"stopped by signal at step {st.step}; checkpoint {ckpt}; continue with --resume auto")
+        return summary
+
+    def _step(self) -> dict[str, Any]:
+        cfg, st = self.cfg, self.state
+        step = st.step + 1
+        t0 = time.perf_counter()
+        if self.hooks.before_step:
+            self.hooks.before_step(step)
+        groups = step_indices(st.samples_seen, cfg.global_batch, cfg.micro_batch, self.dp_rank, self.dp_size)
+        ids = [[self.samples.sample_id(g) for g in micro] for micro in groups]
+        batches = [self.samples.batch(m) for m in ids]
+        # Normaliser of the whole global batch, known before any forward: every counted token weighs the same
+        # whatever the split over ranks and micro-steps. cp ranks of one group hold the same batch: / cp.
+        count = self._sum([float(sum(counted_tokens(b) for b in batches))])[0] / cfg.cp
+        # DDP averages gradients over the world and backward() divides by the accumulation steps; undo both.
+        scale = self.world * self.accum / max(count, 1.0)
+        loss_sum = z_sum = 0.0
+        for batch in batches:
+            batch = {k: v.to(self.acc.device) for k, v in batch.items()}
+            with self.acc.accumulate(self.lm):
+                ls, _, zs = compute_loss(self.lm, batch, cfg)
+                if self.hooks.perturb_loss:
+                    ls = self.hooks.perturb_loss(step, ls)
+                self.acc.backward(ls * scale)
+            loss_sum, z_sum = loss_sum + ls.detach().double().item(), z_sum + zs.detach().double().item()
+        loss_sum, z_sum = self._sum([loss_sum, z_sum])
+        objective = loss_sum / max(count, 1.0)
+        loss = (loss_sum - cfg.z_loss * z_sum) / max(count, 1.0)  # cross-entropy alone (nats per token)
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        grad_norm = float(self.acc.clip_grad_norm_(self.lm.parameters(), max_norm))
+        lr = self.opt.param_groups[0]["lr"]
+        verdict = "empty" if count == 0 else self.guard.check(objective, grad_norm)
+        if verdict == "ok":
+            self.opt.step()
+            self.scheduler.step()
+            st.updates += 1
+            st.consecutive_skips = 0
+            self.guard.record(objective)
+        else:
+            st.skipped += 1
+            st.consecutive_skips = 0 if verdict == "empty" else st.consecutive_skips + 1
+        self.opt.zero_grad(set_to_none=True)
+        st.step, st.samples_seen = step, st.samples_seen + cfg.global_batch
+        st.guard_history, st.last_loss = list(self.guard.history), loss
+        mine = [(g - (st.samples_seen - cfg.global_batch), s)
+                for grp, sids in zip(groups, ids, strict=True) for g, s in zip(grp, sids, strict=True)]
+        samples = self._gather_samples(mine)
+        peak = self._max([peak_memory_bytes(self.acc.device)])[0]
+        dt = time.perf_counter() - t0
+        record = {"step": step, "loss": loss, "bits_per_base": loss / LN2, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": cfg.global_batch * self.seq_len / dt, "peak_mem": peak, "skipped": st.skipped,
+                  "elapsed": 0.0, "samples": samples}
+        if verdict != "ok":
+            record["skip"] = verdict if verdict != "empty" else "empty (every label ignored: all-N windows?)"
+        return record
+
+    def save(self) -> Path:
+        """Checkpoint the current step (rank 0 writes; everyone waits)."""
+        self.acc.wait_for_everyone()
+        path = self.run_dir / "checkpoints"
+        if self.is_main:
+            st = self.state
+
+            def write_rest(tmp: Path) -> None:
+                save_resolved(tmp / "config.toml", to_dict(self.cfg))
+                write_trainer_state(tmp, st, self.opt.state_dict(), self.scheduler.state_dict())
+
+            path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_pretrained(self.model, tmp), write_rest)
+            prune(self.run_dir, self.cfg.keep_last)
+        self.acc.wait_for_everyone()
+        return latest_checkpoint(self.run_dir) or path
+
+    # ---- signals and teardown ----
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, _frame: Any) -> None:
+            if self._signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now (the last checkpoint stays)
+            self._signal = signum
+            self._note(f"received {signal.Signals(signum).name}: saving a checkpoint after this step")
+
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[s] = signal.signal(s, handler)
+
+    def close(self) -> None:
+        for s, h in self._old_handlers.items():
+            signal.signal(s, h)
+        self._old_handlers.clear()
+        if self.view is not None:
+            self.view.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if getattr(self, "acc", None) is not None and self.cfg.tensorboard:
+            self.acc.end_training()
+        if not launched():
+            _reset_accelerate()
