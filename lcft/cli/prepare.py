@@ -1,16 +1,109 @@
-"""`lcft prepare` (placeholder until its issue lands)."""
+"""`lcft prepare`: windows, inspect, verify, fetch — thin wrappers over lcft.genomics."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
+from rich.table import Table
 
-from lcft.cli.common import not_yet
+from lcft.cli.common import console, user_errors
+from lcft.config import build, doc, format_size, load_toml, merge
+from lcft.genomics.prepare import PrepareConfig
 
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
 
 
+def _h(name: str) -> str:
+    return doc(PrepareConfig, name)
+
+
+def _summary(manifest: dict) -> Table:
+    t = Table(title=f"windows of {format_size(manifest['length'])} tokens (stride {format_size(manifest['stride'])})")
+    for col in ("split", "chromosomes", "windows", "skipped for N", "tokens", "bytes written"):
+        t.add_column(col, justify="left" if col in ("split", "chromosomes") else "right")
+    for split, info in manifest["splits"].items():
+        size = sum(f["bytes"] for f in info["files"].values())
+        t.add_row(split, ",".join(info["chroms"]) or "-", f"{info['windows']:,}", f"{info['skipped_n']:,}",
+                  f"{info['tokens']:,}", f"{size:,}")
+    return t
+
+
 @app.command("windows")
-def _windows() -> None:
-    """Not yet available."""
-    raise not_yet("prepare windows")
+@user_errors
+def windows(
+    fasta: Path | None = typer.Option(None, "--fasta", help=_h("fasta")),
+    out: Path | None = typer.Option(None, "--out", help=_h("out")),
+    length: str | None = typer.Option(None, "--length", help=_h("length") + " [default: 512K]"),
+    stride: str | None = typer.Option(None, "--stride", help=_h("stride")),
+    train: str | None = typer.Option(None, "--train", help=_h("train") + " [default: chr1,chr2]"),
+    eval: str | None = typer.Option(None, "--eval", help=_h("eval") + " [default: chr22]"),
+    max_n_frac: float | None = typer.Option(None, "--max-n-frac", help=_h("max_n_frac") + " [default: 0.1]"),
+    overwrite: bool | None = typer.Option(None, "--overwrite", help=_h("overwrite")),
+    config: Path | None = typer.Option(None, "--config", help="TOML file with these options (flat, or under a 'prepare' table); flags override it."),
+) -> None:
+    """Cut a FASTA into train/eval windows of token ids (+ soft-mask bits) with a manifest."""
+    from lcft.genomics.prepare import prepare_windows
+
+    toml = load_toml(config) if config else {}
+    toml = toml.get("prepare", toml) if isinstance(toml.get("prepare"), dict) else toml
+    flags = {"fasta": fasta and str(fasta), "out": out and str(out), "length": length, "stride": stride,
+             "train": train, "eval": eval, "max_n_frac": max_n_frac, "overwrite": overwrite}
+    cfg = build(PrepareConfig, merge(toml, flags))
+    manifest = prepare_windows(cfg, progress=True)
+    console.print(_summary(manifest))
+    console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {cfg.out}`")
+
+
+@app.command("verify")
+@user_errors
+def verify(out: Path = typer.Argument(..., help="A folder written by `lcft prepare windows`.")) -> None:
+    """Recompute every size and sha256 listed in the manifest; name the corrupt file and exit 1 if any."""
+    from lcft.genomics.shards import verify_windows
+
+    m = verify_windows(out)
+    n = sum(len(s["files"]) for s in m["splits"].values())
+    console.print(f"[green]ok:[/] {n} files in {out} match the manifest")
+
+
+@app.command("inspect")
+@user_errors
+def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder written by `lcft prepare windows`.")) -> None:
+    """Chromosomes of a FASTA (length, N, soft-masked, GC), or the summary of a prepared folder."""
+    from lcft.genomics.inspect import inspect_fasta, summarize_windows
+
+    if path.is_dir():
+        s = summarize_windows(path)
+        console.print(f"{s['dir']}: windows of {s['length']:,} (stride {s['stride']:,}, max N {s['max_n_frac']}) "
+                      f"from {s['source']}")
+        t = Table("split", "chromosome", "length", "windows", "skipped for N")
+        for c in s["chroms"]:
+            t.add_row(c["split"], c["chrom"], f"{c['length']:,}", f"{c['windows']:,}", f"{c['skipped_n']:,}")
+        for split, info in s["splits"].items():
+            t.add_row(f"[bold]{split}[/]", "all", "", f"[bold]{info['windows']:,}[/]", f"{info['skipped_n']:,}")
+        console.print(t)
+        return
+    rows = inspect_fasta(path, progress=True)
+    t = Table("chromosome", "length", "N", "soft-masked", "GC", title=str(path))
+    for r in rows:
+        t.add_row(r["chrom"], f"{r['length']:,}", f"{r['n_frac']:.2%}", f"{r['softmask_frac']:.2%}", f"{r['gc_frac']:.2%}")
+    console.print(t)
+
+
+@app.command("fetch")
+@user_errors
+def fetch(
+    name: str = typer.Argument("hg38", help="Genome to download (known: hg38)."),
+    out: Path = typer.Option(Path("data"), "--out", help="Folder to download into."),
+    url: str | None = typer.Option(None, "--url", help="Download from this URL instead (a mirror, or a local server)."),
+    md5: str | None = typer.Option(None, "--md5", help="Expected md5 of the download; default: the one published in md5sum.txt next to the URL; 'skip' to skip."),
+    bgzip: bool = typer.Option(False, "--bgzip", help="Recompress plain gzip as BGZF (smaller on disk) instead of decompressing it."),
+) -> None:
+    """Download a reference FASTA (resumable, md5-checked) and make it ready for `prepare windows`."""
+    from lcft.genomics.fetch import fetch_fasta
+
+    ready = fetch_fasta(name, out, url=url, md5=md5, bgzip=bgzip, progress=True)
+    console.print(str(ready))
 
 
 def register(root: typer.Typer) -> None:

@@ -61,6 +61,19 @@ def decompress_to_cache(path: Path) -> Path:
     return dest
 
 
+def _named_for_pyfaidx(path: Path, kind: str) -> Path:
+    """pyfaidx picks its reader from the file name (.gz/.bgz = BGZF); when the name disagrees with the
+    content, give it a symlink in the cache whose name matches the content."""
+    compressed_name = path.name.lower().endswith((".gz", ".bgz"))
+    if compressed_name == (kind == "bgzf"):
+        return path
+    link = cache_dir() / "links" / f"{_file_key(path)}-{path.name}{'.gz' if kind == 'bgzf' else '.fa'}"
+    if not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(path.resolve())
+    return link
+
+
 def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
     try:
         if kind == "plain":
@@ -92,7 +105,7 @@ def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
     if not body[0].startswith(b">"):
         shown = body[0][:40].decode("ascii", "replace")
         raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
-    readable = decompress_to_cache(p) if kind == "gzip" else p
+    readable = decompress_to_cache(p) if kind == "gzip" else _named_for_pyfaidx(p, kind)
     return p, readable, kind
 
 
@@ -138,9 +151,10 @@ class FastaFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path, self.readable, self.kind = check_fasta(path)
+        read_kind = "plain" if self.kind == "gzip" else self.kind  # plain gzip was decompressed
         try:
             self.faidx = pyfaidx.Faidx(
-                str(self.readable), duplicate_action="stop", **_index_paths(self.readable, self.kind)
+                str(self.readable), duplicate_action="stop", **_index_paths(self.readable, read_kind)
             )
         except (pyfaidx.FastaIndexingError, pyfaidx.UnsupportedCompressionFormat) as e:
             raise _indexing_error(self.path, e) from None

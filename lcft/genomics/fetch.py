@@ -1,0 +1,187 @@
+"""`lcft prepare fetch`: download a reference FASTA with resume (HTTP Range) and md5 check, then make it
+readable by pyfaidx (plain gzip is decompressed, or recompressed as BGZF with --bgzip)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import os
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from lcft.errors import LcftError
+from lcft.genomics.fasta import FastaFile, gzip_kind
+
+KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
+BLOCK = 1 << 20
+NO_MD5 = "skip"
+
+
+def published_md5(url: str, timeout: float = 60) -> str:
+    """The md5 UCSC-style mirrors publish in md5sum.txt next to the file."""
+    name = os.path.basename(urllib.parse.urlparse(url).path)
+    md5_url = urllib.parse.urljoin(url, "md5sum.txt")
+    try:
+        with urllib.request.urlopen(md5_url, timeout=timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as e:
+        raise LcftError(f"cannot read the published md5 at {md5_url} ({e}); pass --md5 HEX or --md5 {NO_MD5}") from None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("*") == name:
+            return parts[0].lower()
+    raise LcftError(f"{md5_url} lists no md5 for {name}; pass --md5 HEX or --md5 {NO_MD5}")
+
+
+def md5_file(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _download_once(url: str, part: Path, bar: Progress | None, task: int | None, timeout: float) -> None:
+    """Fetch the rest of `url` into `part` (appending from its current size with a Range request)."""
+    have = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # nothing left to send: the part file is complete
+            return
+        raise
+    with resp:
+        if have and resp.status != 206:  # the server ignored Range: start over
+            have = 0
+        total = have + int(resp.headers.get("Content-Length") or 0)
+        if bar is not None:
+            bar.update(task, total=total or None, completed=have)
+        with open(part, "ab" if have else "wb") as fh:
+            while block := resp.read(BLOCK):
+                fh.write(block)
+                if bar is not None:
+                    bar.advance(task, len(block))
+        if total and part.stat().st_size < total:
+            raise http.client.IncompleteRead(b"", total - part.stat().st_size)
+
+
+def download(url: str, dest: Path, *, retries: int = 3, progress: bool = False, timeout: float = 60) -> Path:
+    """Download to `dest` through `dest.part`; an interrupted transfer resumes where it stopped, in this
+    call (up to `retries` times) or in a later one."""
+    part = dest.with_name(dest.name + ".part")
+    bar = (
+        Progress(TextColumn(dest.name), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                 console=Console(stderr=True))
+        if progress else None
+    )
+    task = bar.add_task("download", total=None) if bar else None
+    try:
+        if bar:
+            bar.start()
+        for attempt in range(retries + 1):
+            try:
+                _download_once(url, part, bar, task, timeout)
+                break
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
+                if isinstance(e, urllib.error.HTTPError) and e.code < 500:
+                    raise LcftError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
+                if attempt == retries:
+                    have = part.stat().st_size if part.exists() else 0
+                    raise LcftError(
+                        f"download of {url} interrupted after {have} bytes ({type(e).__name__}); "
+                        "re-run the same command to resume"
+                    ) from None
+                time.sleep(min(2.0**attempt, 30.0) * 0.1)
+    finally:
+        if bar:
+            bar.stop()
+    os.replace(part, dest)
+    return dest
+
+
+def _make_readable(gz: Path, bgzip: bool) -> Path:
+    """Plain gzip -> decompressed .fa (default) or BGZF .fa.gz (--bgzip), written via .tmp and renamed."""
+    kind = gzip_kind(gz)
+    if kind != "gzip":
+        return gz  # already BGZF, or not compressed at all
+    stem = gz.name[:-3] if gz.name.endswith(".gz") else gz.name
+    if bgzip:
+        from Bio import bgzf
+
+        target = gz.with_name(stem + ".bgz.gz")
+        tmp = target.with_name(target.name + ".tmp")
+        with gzip.open(gz, "rb") as src, bgzf.BgzfWriter(str(tmp), "wb") as dst:
+            while block := src.read(1 << 22):
+                dst.write(block)
+    else:
+        target = gz.with_name(stem)
+        tmp = target.with_name(target.name + ".tmp")
+        with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+    os.replace(tmp, target)
+    return target
+
+
+def fetch_fasta(
+    name: str = "hg38",
+    out: str | os.PathLike = "data",
+    *,
+    url: str | None = None,
+    md5: str | None = None,
+    bgzip: bool = False,
+    retries: int = 3,
+    progress: bool = False,
+    timeout: float = 60,
+) -> Path:
+    """Download genome `name` (or `url`) into `out`, check its md5 (the published one from md5sum.txt next
+    to it unless given; 'skip' to skip), make it pyfaidx-ready and index it. Returns the FASTA to prepare."""
+    if url is None:
+        if name not in KNOWN:
+            raise LcftError(f"unknown genome {name!r}: known are {', '.join(KNOWN)} (or pass --url)")
+        url = KNOWN[name]
+    if urllib.parse.urlparse(url).scheme not in ("http", "https"):
+        raise LcftError(f"not an http(s) URL: {url}")
+    out_dir = Path(out)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LcftError(f"cannot create {out_dir}: {e.strerror or e}") from None
+    dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
+    con = Console(stderr=True) if progress else None
+    if not dest.exists():
+        want = None if md5 == NO_MD5 else (md5.lower() if md5 else published_md5(url, timeout))
+        download(url, dest.with_name(dest.name + ".dl"), retries=retries, progress=progress, timeout=timeout)
+        got = md5_file(dest.with_name(dest.name + ".dl"))
+        if want is not None and got != want:
+            dest.with_name(dest.name + ".dl").unlink()
+            raise LcftError(f"md5 mismatch for {url}: got {got}, published {want}; the download was removed, re-run")
+        os.replace(dest.with_name(dest.name + ".dl"), dest)
+        if con:
+            con.print(f"downloaded {dest} (md5 {'checked' if want else 'not checked'}: {got})")
+    elif con:
+        con.print(f"{dest} already downloaded")
+    try:
+        ready = _make_readable(dest, bgzip)
+    except (OSError, EOFError) as e:
+        raise LcftError(f"cannot unpack {dest}: {e}") from None
+    with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
+        n = len(fa.names)
+    if con:
+        con.print(f"[green]ready:[/] {ready} ({n} records) — next: lcft prepare windows --fasta {ready} --out DIR")
+    return ready

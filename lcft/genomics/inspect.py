@@ -1,0 +1,47 @@
+"""`lcft prepare inspect`: per-chromosome composition of a FASTA, or the summary of a prepared folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+from lcft.genomics.fasta import FastaFile
+from lcft.genomics.shards import read_manifest
+from lcft.genomics.windows import chromosome_stats
+
+
+def inspect_fasta(path: str | os.PathLike, progress: bool = False) -> list[dict]:
+    """One dict per record: chrom, length, n_frac, softmask_frac, gc_frac (streamed, any genome size)."""
+    with FastaFile(path) as fasta:
+        if not progress:
+            return [chromosome_stats(fasta, c) for c in fasta.names]
+        rows = []
+        with Progress(TextColumn("{task.description}"), BarColumn(), console=Console(stderr=True),
+                      transient=True) as bar:
+            task = bar.add_task("scanning", total=len(fasta.names))
+            for c in fasta.names:
+                bar.update(task, description=f"scanning {c}")
+                rows.append(chromosome_stats(fasta, c))
+                bar.advance(task)
+        return rows
+
+
+def summarize_windows(out_dir: str | os.PathLike) -> dict:
+    """The headline facts of a prepared folder (from its manifest; `verify_windows` checks the bytes)."""
+    m = read_manifest(out_dir)
+    return {
+        "dir": str(Path(out_dir)),
+        "source": m["source"]["path"],
+        "length": m["length"],
+        "stride": m["stride"],
+        "max_n_frac": m["max_n_frac"],
+        "splits": {
+            s: {k: info[k] for k in ("chroms", "windows", "skipped_n", "tokens")}
+            | {"bytes": sum(f["bytes"] for f in info["files"].values())}
+            for s, info in m["splits"].items()
+        },
+        "chroms": m["chroms"],
+    }

@@ -1,0 +1,177 @@
+"""Every bad input of issue 2: a one-line LcftError, and nothing half-written in the output folder."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.genomics import decode, open_windows, prepare_windows
+from lcft.genomics.fasta import cache_dir
+from lcft.genomics.shards import HashedFile
+from tests.genomics.conftest import bio_records, random_genome, write_fasta
+
+L = 4096
+
+
+def run(fasta, out, **kw):
+    kw.setdefault("length", L)
+    kw.setdefault("train", ("c1",))
+    kw.setdefault("eval", ())
+    return prepare_windows(fasta=str(fasta), out=str(out), **kw)
+
+
+def fails(match, fasta, out, **kw) -> str:
+    with pytest.raises(LcftError, match=match) as e:
+        run(fasta, out, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert not out.exists() or not any(out.iterdir()), f"left behind: {list(out.iterdir())}"
+    return msg
+
+
+@pytest.fixture
+def good(tmp_path):
+    return write_fasta(tmp_path / "g.fa", {"c1": random_genome(1, 5 * L), "c2": random_genome(2, 3 * L)})
+
+
+def test_missing_file(tmp_path):
+    fails("FASTA not found", tmp_path / "nope.fa", tmp_path / "out")
+
+
+def test_not_fasta(tmp_path):
+    p = tmp_path / "notes.txt"
+    p.write_text("chromosome,start\nchr1,5\n")
+    fails("not a FASTA file", p, tmp_path / "out")
+
+
+def test_binary_not_fasta(tmp_path):
+    p = tmp_path / "x.bin"
+    p.write_bytes(bytes(range(256)) * 4)
+    fails("not a FASTA file", p, tmp_path / "out")
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n", b";only a comment\n"])
+def test_empty_fasta(tmp_path, content):
+    p = tmp_path / "e.fa"
+    p.write_bytes(content)
+    fails("empty FASTA", p, tmp_path / "out")
+
+
+def test_header_without_sequence(tmp_path):
+    p = tmp_path / "h.fa"
+    p.write_text(">c1\n")
+    fails("c1", p, tmp_path / "out")
+
+
+def test_plain_gzip_is_decompressed_to_the_cache(tmp_path, good):
+    gz = tmp_path / "plain.fa.gz"
+    gz.write_bytes(gzip.compress(good.read_bytes()))
+    a = run(gz, tmp_path / "a")
+    b = run(good, tmp_path / "b")
+    assert a["source"]["compression"] == "gzip"
+    assert a["splits"] == b["splits"]
+    assert list((cache_dir() / "fasta").glob("*-plain.fa")), "plain gzip should be decompressed once into $LCFT_CACHE"
+
+
+def test_inconsistent_line_lengths_names_record_and_line(tmp_path):
+    p = tmp_path / "bad.fa"
+    p.write_text(">ok\n" + "ACGT" * 5 + "\n" + ">c1\nACGTACGTAC\nACGTACGTAC\nACGTAC\nACGTACGTAC\nACG\n")
+    msg = fails("inconsistent line lengths", p, tmp_path / "out")
+    assert "'c1'" in msg and "line 6" in msg  # the 6-base line is the 6th line of the file
+
+
+def test_chromosome_not_found_lists_names(good, tmp_path):
+    msg = fails("chromosome chrX not found", good, tmp_path / "out", train=("chrX",))
+    assert "available: c1, c2" in msg
+
+
+def test_same_chromosome_in_train_and_eval(good, tmp_path):
+    fails("c1 is in both --train and --eval", good, tmp_path / "out", train=("c1", "c2"), eval=("c1",))
+
+
+def test_window_longer_than_every_chromosome(good, tmp_path):
+    fails("longer than every train chromosome", good, tmp_path / "out", length=6 * L, train=("c1", "c2"))
+
+
+def test_length_must_be_multiple_of_8(good, tmp_path):
+    fails("multiple of 8", good, tmp_path / "out", length=L + 4)
+
+
+def test_no_window_left_after_n_filter(tmp_path):
+    p = write_fasta(tmp_path / "n.fa", {"c1": "N" * (3 * L) + "ACGT" * 100})
+    fails("no train window left after the N filter", p, tmp_path / "out")
+
+
+def test_output_folder_not_creatable(good, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(LcftError, match="cannot write to output folder"):
+        run(good, blocker / "out")
+    with pytest.raises(LcftError, match="not a folder"):
+        run(good, blocker)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_output_folder_read_only(good, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(LcftError, match="cannot write to output folder"):
+            run(good, ro / "out")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_disk_full_then_resume(good, tmp_path, monkeypatch):
+    """ENOSPC from the OS on the 3rd write: a one-line error, no final file; after 'freeing space' the same
+    command resumes and the result equals a clean run byte for byte."""
+    real_write, calls = HashedFile.write, {"n": 0}
+
+    def full_disk(self, data):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, data)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(HashedFile, "write", full_disk)
+    with pytest.raises(LcftError, match="No space left on device") as e:
+        run(good, out, train=("c1",), eval=("c2",))
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in out.iterdir()) == [".partial"]
+    monkeypatch.setattr(HashedFile, "write", real_write)
+    run(good, out, train=("c1",), eval=("c2",))
+    run(good, tmp_path / "clean", train=("c1",), eval=("c2",))
+    for name in ("train.bin", "train.softmask.bin", "eval.bin", "eval.softmask.bin", "manifest.json"):
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+
+
+def test_windows_line_endings(tmp_path):
+    recs = {"c1": random_genome(3, 3 * L + 77)}
+    unix = write_fasta(tmp_path / "u.fa", recs, width=70)
+    dos = write_fasta(tmp_path / "d.fa", recs, width=70, eol="\r\n")
+    assert b"\r\n" in dos.read_bytes()
+    run(unix, tmp_path / "ou", max_n_frac=1.0)
+    run(dos, tmp_path / "od", max_n_frac=1.0)
+    a, b = open_windows(tmp_path / "ou", "train"), open_windows(tmp_path / "od", "train")
+    assert len(a) == len(b) == 3
+    for i in range(3):
+        assert (a[i] == b[i]).all() and (a.softmask(i) == b.softmask(i)).all()
+        _, s, e = b.coords(i)
+        assert decode(b[i], b.softmask(i)) == recs["c1"][s:e]
+
+
+def test_iupac_codes_become_n(tmp_path):
+    core = "ACGTRYSWKMBDHVNacgtryswkmbdhvn"
+    seq = (core * (L // len(core) + 1))[:L]
+    p = write_fasta(tmp_path / "i.fa", {"c1": seq})
+    run(p, tmp_path / "o", max_n_frac=1.0)
+    ws = open_windows(tmp_path / "o", "train")
+    want = "".join(c if c.upper() in "ACGT" else ("n" if c.islower() else "N") for c in seq)
+    assert decode(ws[0], ws.softmask(0)) == want
+    assert bio_records(p)["c1"] == seq  # the oracle read the file as written

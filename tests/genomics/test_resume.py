@@ -1,0 +1,133 @@
+"""Atomic and resumable writing: SIGKILL midway then re-run = byte-identical; no-op; option mismatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.genomics import prepare_windows, verify_windows
+from tests.genomics.conftest import random_genome, write_fasta
+
+L = 8192
+OUTPUTS = ("train.bin", "train.softmask.bin", "eval.bin", "eval.softmask.bin", "manifest.json")
+
+# Runs prepare in a child process that SIGKILLs itself in the middle of chromosome k+1: after k
+# per-chromosome checkpoints have been written and a few windows of the next one have hit the disk.
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import lcft.genomics.prepare as P
+    from lcft.genomics.shards import SplitWriter
+    k = int(sys.argv[3]); seen = {"ckpt": 0, "adds": 0}
+    real_json, real_add = P.write_json_atomic, SplitWriter.add
+    def json_hook(path, data):
+        real_json(path, data)
+        seen["ckpt"] += 1
+    def add_hook(self, ids, soft):
+        real_add(self, ids, soft)
+        if seen["ckpt"] >= k:
+            seen["adds"] += 1
+            if seen["adds"] == 3:
+                self.ids.fh.flush(); self.soft.fh.flush()  # make the torn chromosome visible on disk
+                os.kill(os.getpid(), signal.SIGKILL)
+    P.write_json_atomic, SplitWriter.add = json_hook, add_hook
+    P.prepare_windows(fasta=sys.argv[1], out=sys.argv[2], length={L}, train=("c1", "c2", "c3", "c4"),
+                      eval=("c5", "c6"), max_n_frac=0.3)
+""").replace("{L}", str(L))
+
+
+@pytest.fixture(scope="module")
+def genome(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("genome")
+    recs = {f"c{i}": random_genome(10 + i, 40 * L + 123 * i) for i in range(1, 7)}
+    return write_fasta(d / "six.fa", recs)
+
+
+def prep(genome, out, **kw):
+    kw = {"length": L, "train": ("c1", "c2", "c3", "c4"), "eval": ("c5", "c6"), "max_n_frac": 0.3} | kw
+    return prepare_windows(fasta=str(genome), out=str(out), **kw)
+
+
+@pytest.mark.parametrize("k", [2, 5])  # killed inside train (3rd chromosome) or inside eval (6th)
+def test_sigkill_midway_then_resume_is_byte_identical(genome, tmp_path, k):
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", KILLER, str(genome), str(out), str(k)], env=env, capture_output=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr.decode()
+    state = json.loads((out / ".partial" / "state.json").read_text())
+    assert len(state["chroms"]) == k
+    split = "train" if k < 4 else "eval"
+    torn = (out / ".partial" / f"{split}.bin").stat().st_size
+    assert torn > state["sizes"][split][0], "the killed run had written part of the next chromosome"
+    assert not any((out / name).exists() for name in OUTPUTS), "nothing may appear before completion"
+
+    prep(genome, out)
+    prep(genome, tmp_path / "clean")
+    for name in OUTPUTS:
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+    assert not (out / ".partial").exists()
+    verify_windows(out)
+
+
+def test_same_options_is_a_noop(genome, tmp_path, capsys):
+    out = tmp_path / "o"
+    m1 = prep(genome, out)
+    stamps = {n: (out / n).stat().st_mtime_ns for n in OUTPUTS}
+    m2 = prepare_windows(fasta=str(genome), out=str(out), length=L, train="c1,c2,c3,c4", eval="c5,c6",
+                         max_n_frac=0.3, progress=True)
+    assert m1 == m2
+    assert {n: (out / n).stat().st_mtime_ns for n in OUTPUTS} == stamps
+    assert "nothing to do" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"length": 2 * L}, "length"), ({"stride": L // 2}, "stride"), ({"max_n_frac": 0.5}, "max_n_frac"),
+    ({"eval": ("c6",)}, "eval"), ({"train": ("c1",)}, "train"),
+])
+def test_different_options_fail_naming_the_option(genome, tmp_path, change, named):
+    out = tmp_path / "o"
+    prep(genome, out)
+    before = (out / "manifest.json").read_bytes()
+    with pytest.raises(LcftError, match=f"different {named} ") as e:
+        prep(genome, out, **change)
+    assert "--overwrite" in str(e.value)
+    assert (out / "manifest.json").read_bytes() == before
+
+
+def test_different_fasta_fails_and_overwrite_replaces(genome, tmp_path):
+    out = tmp_path / "o"
+    prep(genome, out)
+    other = write_fasta(tmp_path / "other.fa", {f"c{i}": random_genome(99 + i, 20 * L) for i in range(1, 7)})
+    with pytest.raises(LcftError, match="different fasta"):
+        prep(other, out)
+    m = prep(other, out, overwrite=True)
+    assert m["source"]["path"] == str(other.resolve())
+    verify_windows(out)
+
+
+def test_partial_from_other_options_is_discarded(genome, tmp_path):
+    """A .partial left by a run with other options is not resumed into this one."""
+    out = tmp_path / "o"
+    (out / ".partial").mkdir(parents=True)
+    (out / ".partial" / "state.json").write_text(json.dumps({"options": {"length": 1}, "chroms": []}))
+    (out / ".partial" / "train.bin").write_bytes(b"junk" * 100)
+    prep(genome, out)
+    prep(genome, tmp_path / "clean")
+    for name in OUTPUTS:
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+
+
+def test_stray_outputs_without_manifest_are_not_overwritten(genome, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "train.bin").write_bytes(b"precious")
+    with pytest.raises(LcftError, match="train.bin but no complete manifest"):
+        prep(genome, out)
+    assert (out / "train.bin").read_bytes() == b"precious"
