@@ -1,0 +1,110 @@
+"""`lcft prepare windows|verify|inspect|fetch` through typer: options, TOML precedence, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.genomics import open_windows, sample_fasta
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LCFT_CACHE", str(tmp_path_factory.getbasetemp() / "lcft-cache"))
+
+
+def lcft(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def windows_args(out, *extra):
+    return ["prepare", "windows", "--fasta", sample_fasta(), "--out", out, "--train", "chr2", "--eval", "chr22", *extra]
+
+
+def test_windows_then_noop_then_mismatch(tmp_path):
+    out = tmp_path / "w"
+    r = lcft(*windows_args(out, "--length", "64K"))
+    assert r.exit_code == 0, r.output
+    assert "skipped for N" in r.stdout and "bytes written" in r.stdout
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["length"] == 65536 and m["splits"]["train"]["windows"] == len(open_windows(out, "train"))
+
+    r = lcft(*windows_args(out, "--length", "64K"))
+    assert r.exit_code == 0 and "nothing to do" in r.stderr
+
+    r = lcft(*windows_args(out, "--length", "128K"))
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and "length" in r.stderr and "--overwrite" in r.stderr
+
+    r = lcft(*windows_args(out, "--length", "128K", "--overwrite"))
+    assert r.exit_code == 0 and json.loads((out / "manifest.json").read_text())["length"] == 131072
+
+
+def test_config_toml_then_flags_override(tmp_path):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f'[prepare]\nfasta = "{sample_fasta()}"\nout = "{tmp_path / "t"}"\nlength = "32K"\n'
+                   'stride = "64K"\ntrain = ["chr2"]\neval = ["chr22"]\nmax_n_frac = 0.5\n')
+    r = lcft("prepare", "windows", "--config", cfg, "--max-n-frac", "0.05")
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert (m["length"], m["stride"], m["max_n_frac"]) == (32768, 65536, 0.05)  # TOML, TOML, flag
+    saved = (tmp_path / "t" / "prepare.toml").read_text()
+    assert "max_n_frac = 0.05" in saved and "stride = 65536" in saved
+    # the saved resolved config reproduces the run: a no-op
+    r = lcft("prepare", "windows", "--config", tmp_path / "t" / "prepare.toml")
+    assert r.exit_code == 0 and "nothing to do" in r.stderr
+
+
+def test_config_unknown_key(tmp_path):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('lenght = "32K"\n')
+    r = lcft("prepare", "windows", "--config", cfg)
+    assert r.exit_code == 1 and "unknown" in r.stderr and "lenght" in r.stderr
+
+
+def test_bad_inputs_exit_nonzero_with_one_line(tmp_path):
+    for args, needle in [
+        (["prepare", "windows", "--fasta", tmp_path / "missing.fa", "--out", tmp_path / "o"], "FASTA not found"),
+        (windows_args(tmp_path / "o", "--length", "64K", "--train", "chr9"), "available: chr2, chr22"),
+        (windows_args(tmp_path / "o", "--length", "12345"), "multiple of 8"),
+        (windows_args(tmp_path / "o", "--length", "lots"), "not an integer"),
+        (windows_args(tmp_path / "o", "--eval", "chr2"), "in both --train and --eval"),
+        (windows_args(tmp_path / "o", "--length", "4M"), "longer than every train chromosome"),
+    ]:
+        r = lcft(*args)
+        assert r.exit_code == 1, (args, r.output)
+        assert needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_verify_and_inspect(tmp_path):
+    out = tmp_path / "w"
+    assert lcft(*windows_args(out, "--length", "64K")).exit_code == 0
+    r = lcft("prepare", "verify", out)
+    assert r.exit_code == 0 and "4 files" in r.stdout
+
+    r = lcft("prepare", "inspect", out)
+    assert r.exit_code == 0 and "chr22" in r.stdout and "skipped for N" in r.stdout
+
+    r = lcft("prepare", "inspect", sample_fasta())
+    assert r.exit_code == 0
+    assert "2,333,275" in r.stdout and "1,000,000" in r.stdout and "35.64%" in r.stdout  # chr2 soft-masked share
+
+    data = bytearray((out / "eval.softmask.bin").read_bytes())
+    data[100] ^= 1
+    (out / "eval.softmask.bin").write_bytes(bytes(data))
+    r = lcft("prepare", "verify", out)
+    assert r.exit_code == 1 and "eval.softmask.bin is corrupt" in r.stderr
+
+    r = lcft("prepare", "verify", tmp_path)
+    assert r.exit_code == 1 and "no manifest.json" in r.stderr
+
+
+def test_fetch_rejects_bad_url(tmp_path):
+    r = lcft("prepare", "fetch", "hg38", "--out", tmp_path, "--url", "file:///etc/passwd")
+    assert r.exit_code == 1 and "not an http(s) URL" in r.stderr

@@ -1,0 +1,103 @@
+"""FastaFile: random-access reads equal Biopython's sequence (plain, BGZF, misnamed, read-only folders)."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import numpy as np
+import pytest
+from Bio import bgzf
+
+from lcft.genomics import prepare_windows, sample_fasta
+from lcft.genomics.fasta import FastaFile, cache_dir
+from lcft.genomics.tokenizer import encode, encode_lines, softmask_bits
+from lcft.genomics.windows import chromosome_stats
+from tests.genomics.conftest import bio_records, random_genome, write_fasta
+
+
+def _random_slices(seq_len: int, n: int, seed: int) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    out = [(0, seq_len), (seq_len - 1, seq_len), (0, 1), (5, 5)]
+    for _ in range(n):
+        a = int(rng.integers(0, seq_len))
+        out.append((a, int(min(seq_len, a + rng.integers(1, 200_000)))))
+    return out
+
+
+@pytest.mark.parametrize("name", ["hg38_chr2_1-2333275.fa.gz", "lambda_phage_NC_001416.1.fa", "sacCer3_chrIV.fa"])
+def test_read_raw_matches_biopython(genomes_dir, name):
+    bio = bio_records(genomes_dir / name)
+    with FastaFile(genomes_dir / name) as f:
+        assert f.names == list(bio)
+        for chrom, seq in bio.items():
+            assert f.length(chrom) == len(seq)
+            for a, b in _random_slices(len(seq), 40, seed=len(seq)):
+                assert f.read_raw(chrom, a, b).decode().replace("\n", "") == seq[a:b], (chrom, a, b)
+
+
+def test_shared_folder_is_left_untouched(genomes_dir):
+    """The shared genomes folder is read-only (r-x): indexes go to the cache, even for root."""
+    before = sorted(p.name for p in genomes_dir.iterdir())
+    with FastaFile(genomes_dir / "human_chrM_GRCh38_ensembl_dna_sm.fa") as f:
+        assert str(f.indexname).startswith(str(cache_dir()))
+    assert sorted(p.name for p in genomes_dir.iterdir()) == before
+
+
+def test_chromosome_stats_brute_force(genomes_dir):
+    path = genomes_dir / "human_chrM_GRCh38_ensembl_dna_sm.fa"
+    seq = bio_records(path)["MT"]
+    with FastaFile(path) as f:
+        s = chromosome_stats(f, "MT", chunk=1000)  # many chunks on purpose
+    acgt = sum(seq.upper().count(c) for c in "ACGT")
+    assert s["length"] == 16569 and s["n_frac"] == pytest.approx(1 / 16569)
+    assert s["softmask_frac"] == pytest.approx(177 / 16569)
+    assert s["gc_frac"] == pytest.approx((seq.upper().count("G") + seq.upper().count("C")) / acgt)
+
+
+def test_encode_lines_is_the_tokenizer_lut():
+    raw = bytes(range(256)) + b"ACGTNacgtnRYry\r\n\n"
+    ids, soft = encode_lines(raw)
+    kept = np.frombuffer(raw, np.uint8)[~np.isin(np.frombuffer(raw, np.uint8), [10, 13])]
+    assert np.array_equal(np.frombuffer(ids, np.uint8), encode(kept))
+    assert np.array_equal(np.frombuffer(soft, np.uint8).astype(bool), softmask_bits(kept))
+
+
+def test_content_decides_not_the_name(tmp_path):
+    """pyfaidx chooses its reader from the suffix; a BGZF file named .fa and a plain FASTA named .gz work."""
+    seq = random_genome(7, 50_000)
+    plain = write_fasta(tmp_path / "p.fa", {"c1": seq})
+    misnamed_bgzf = tmp_path / "b.fa"
+    with bgzf.BgzfWriter(str(misnamed_bgzf), "wb") as w:
+        w.write(plain.read_bytes())
+    misnamed_plain = tmp_path / "x.fa.gz"
+    shutil.copy(plain, misnamed_plain)
+    for p in (misnamed_bgzf, misnamed_plain):
+        with FastaFile(p) as f:
+            assert f.read_raw("c1", 0, 50_000).decode().replace("\n", "") == seq
+
+
+def test_read_only_sample_copy_prepares(tmp_path):
+    """An installed package folder may be read-only and its index stale: the index goes to the cache."""
+    ro = tmp_path / "pkg"
+    ro.mkdir()
+    shutil.copy(sample_fasta(), ro / "human_sample.fa.gz")  # no .fai/.gzi beside it
+    ro.chmod(0o555)
+    try:
+        m = prepare_windows(fasta=str(ro / "human_sample.fa.gz"), out=str(tmp_path / "o"), length="256K",
+                            train="chr2", eval="chr22")
+        assert sorted(p.name for p in ro.iterdir()) == ["human_sample.fa.gz"]
+    finally:
+        ro.chmod(0o755)
+    ref = prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "r"), length="256K", train="chr2",
+                          eval="chr22")
+    assert m["splits"] == ref["splits"] and m["records"] == ref["records"]
+
+
+def test_bundled_sample_is_the_documented_copy(genomes_dir):
+    """chr2 is the hg38 piece unchanged; chr22 is the GRCh37 piece with only its header renamed."""
+    bundled = bio_records(sample_fasta())
+    assert bundled["chr2"] == bio_records(genomes_dir / "hg38_chr2_1-2333275.fa.gz")["chr2"]
+    assert bundled["chr22"] == bio_records(genomes_dir / "grch37_chr22_20000001-21000000.fa")["22:20000001-21000000"]
+    assert sample_fasta().stat().st_size < 2_000_000
+    assert gzip.decompress(sample_fasta().read_bytes()).startswith(b">chr2\n")

@@ -1,0 +1,150 @@
+"""`fetch_fasta` against a local HTTP server on 127.0.0.1: Range resume, md5 check, gzip -> pyfaidx-ready."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.genomics.fasta import FastaFile, gzip_kind
+from lcft.genomics.fetch import fetch_fasta
+from tests.genomics.conftest import random_genome, write_fasta
+
+
+class GenomeServer(BaseHTTPRequestHandler):
+    """Serves `files`; honours 'Range: bytes=N-'; the first GET of a path in `cut` sends half the body
+    (with the full Content-Length) and drops the connection, like a broken transfer."""
+
+    files: dict[str, bytes] = {}
+    cut: set[str] = set()
+    ranges: list[str | None] = []
+    honour_range = True
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        rng = self.headers.get("Range")
+        self.ranges.append(rng)
+        start = int(rng.split("=")[1].rstrip("-")) if rng and self.honour_range else 0
+        if start >= len(body) and start:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(body)}")
+            self.end_headers()
+            return
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        if self.path in self.cut:
+            self.cut.discard(self.path)
+            self.wfile.write(body[start : start + (len(body) - start) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body[start:])
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> tuple[bytes, bytes]:
+    d = tmp_path_factory.mktemp("src")
+    fa = write_fasta(d / "src.fa", {"chrA": random_genome(5, 300_000), "chrB": random_genome(6, 120_000)})
+    return fa.read_bytes(), gzip.compress(fa.read_bytes(), compresslevel=1, mtime=0)
+
+
+@pytest.fixture
+def server(source):
+    plain, gz = source
+    GenomeServer.files = {
+        "/g/hg38.fa.gz": gz,
+        "/g/md5sum.txt": f"{hashlib.md5(gz).hexdigest()}  hg38.fa.gz\n0123  other.fa.gz\n".encode(),
+    }
+    GenomeServer.cut, GenomeServer.ranges, GenomeServer.honour_range = set(), [], True
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), GenomeServer)
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/g/hg38.fa.gz", plain
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _records(path) -> dict[str, str]:
+    with FastaFile(path) as f:
+        return {n: f.read_raw(n, 0, f.length(n)).decode().replace("\n", "") for n in f.names}
+
+
+def test_interrupted_transfer_resumes_in_the_same_call(server, tmp_path):
+    url, plain = server
+    GenomeServer.cut = {"/g/hg38.fa.gz"}
+    ready = fetch_fasta("hg38", tmp_path / "d", url=url, retries=2)
+    gz_size = len(GenomeServer.files["/g/hg38.fa.gz"])
+    assert f"bytes={gz_size // 2}-" in GenomeServer.ranges, GenomeServer.ranges
+    assert ready.name == "hg38.fa" and ready.read_bytes() == plain
+    assert (tmp_path / "d" / "hg38.fa.fai").is_file()
+    assert not list((tmp_path / "d").glob("*.part"))
+
+
+def test_interrupted_transfer_resumes_on_rerun(server, tmp_path):
+    url, plain = server
+    GenomeServer.cut = {"/g/hg38.fa.gz"}
+    with pytest.raises(LcftError, match="interrupted after .* re-run the same command to resume"):
+        fetch_fasta("hg38", tmp_path / "d", url=url, retries=0)
+    part = tmp_path / "d" / "hg38.fa.gz.dl.part"
+    assert 0 < part.stat().st_size < len(GenomeServer.files["/g/hg38.fa.gz"])
+    assert not (tmp_path / "d" / "hg38.fa.gz").exists()
+    have = part.stat().st_size
+    ready = fetch_fasta("hg38", tmp_path / "d", url=url, retries=0)
+    assert GenomeServer.ranges[-1] == f"bytes={have}-"
+    assert ready.read_bytes() == plain
+
+
+def test_server_ignoring_range_restarts_cleanly(server, tmp_path):
+    url, plain = server
+    GenomeServer.cut, GenomeServer.honour_range = {"/g/hg38.fa.gz"}, False
+    assert fetch_fasta("hg38", tmp_path / "d", url=url, retries=1).read_bytes() == plain
+
+
+def test_md5_mismatch_is_an_error_and_leaves_nothing(server, tmp_path):
+    url, _ = server
+    with pytest.raises(LcftError, match="md5 mismatch"):
+        fetch_fasta("hg38", tmp_path / "d", url=url, md5="0" * 32)
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_missing_published_md5_is_an_error(server, tmp_path):
+    url, _ = server
+    with pytest.raises(LcftError, match="--md5"):
+        fetch_fasta("x", tmp_path / "d", url=url.replace("hg38.fa.gz", "other2.fa.gz"))
+    with pytest.raises(LcftError, match="HTTP 404"):
+        fetch_fasta("x", tmp_path / "d", url=url.replace("hg38.fa.gz", "other2.fa.gz"), md5="skip")
+
+
+def test_bgzip_option_gives_random_access_gzip(server, tmp_path):
+    url, plain = server
+    ready = fetch_fasta("hg38", tmp_path / "d", url=url, bgzip=True)
+    assert gzip_kind(ready) == "bgzf" and gzip.decompress(ready.read_bytes()) == plain
+    assert _records(ready) == _records(tmp_path / "d" / "hg38.fa.gz")  # the plain-gzip download, via the cache
+
+
+def test_second_fetch_does_not_download_again(server, tmp_path):
+    url, _ = server
+    fetch_fasta("hg38", tmp_path / "d", url=url)
+    n = len(GenomeServer.ranges)
+    fetch_fasta("hg38", tmp_path / "d", url=url)
+    assert len(GenomeServer.ranges) == n
+
+
+def test_unknown_genome_and_bad_url(tmp_path):
+    with pytest.raises(LcftError, match="unknown genome 'mm99'"):
+        fetch_fasta("mm99", tmp_path)
+    with pytest.raises(LcftError, match="not an http"):
+        fetch_fasta("hg38", tmp_path, url="ftp://example.org/x.fa.gz")
