@@ -1,12 +1,37 @@
-"""`lcft export` (placeholder until its issue lands)."""
+"""`lcft export CHECKPOINT --out DIR`: a checkpoint (or a run's latest one) as a transformers-loadable folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
-from lcft.cli.common import not_yet
+from lcft.cli.common import console, user_errors
+from lcft.errors import LcftError
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("export", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def _cmd() -> None:
-        """Not yet available."""
-        raise not_yet("export")
+    @app.command("export")
+    @user_errors
+    def export(
+        checkpoint: Path = typer.Argument(..., help="A checkpoint folder, or a run folder (its latest "
+                                          "checkpoints/step-* is used)."),
+        out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors and "
+                                 "lcft.json to (loadable by transformers.LlamaForCausalLM)."),
+        dtype: str | None = typer.Option(None, "--dtype", help="Cast weights: float32, bfloat16 or float16 "
+                                         "(default: as stored)."),
+        force: bool = typer.Option(False, "--force", help="Overwrite the model files in a non-empty --out."),
+    ) -> None:
+        """Export a trained model in HuggingFace's Llama layout."""
+        import torch  # after argument parsing: `lcft export --help` stays fast
+
+        from lcft.model.io import export_pretrained, resolve_checkpoint
+
+        if dtype is not None and dtype not in DTYPES:
+            raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        source = resolve_checkpoint(checkpoint)
+        with console.status(f"exporting {source} ..."):
+            path = export_pretrained(source, out, dtype=getattr(torch, dtype) if dtype else None, force=force)
+        console.print(f"wrote {path} (from {source})", highlight=False)

@@ -8,7 +8,6 @@ context-parallel core from outside, which is why the core sees only q/k/v and no
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -51,19 +50,17 @@ class SparseCore(nn.Module):
 
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__()
-        if importlib.util.find_spec("lcft.kernels.sparse") is None:
-            raise LcftError(SPARSE_UNAVAILABLE)
-        self.cfg = cfg
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        try:
+        try:  # imported here, not at module level: lcft.model must import without the kernels
             from lcft.kernels.sparse import sparse_attention
         except ModuleNotFoundError as e:
             if e.name == "lcft.kernels.sparse":
                 raise LcftError(SPARSE_UNAVAILABLE) from None
             raise
+        self.cfg, self._attend = cfg, sparse_attention
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        return sparse_attention(q, k, v, block_size=c.block_size, top_k=c.top_k, local_blocks=c.local_blocks,
+        return self._attend(q, k, v, block_size=c.block_size, top_k=c.top_k, local_blocks=c.local_blocks,
                                 sink_blocks=c.sink_blocks, impl=c.impl)  # (B, Hq, L, D)
 
 

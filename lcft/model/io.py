@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lcft.errors import LcftError
@@ -200,7 +200,7 @@ def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | N
                         continue
                     else:
                         raise LcftError(f"{f}: unexpected weight {key!r} (not a plain Llama checkpoint?)")
-        except (OSError, ValueError, RuntimeError) as e:  # safetensors raises these on truncated/corrupt files
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # truncated or corrupt file
             raise LcftError(f"{f}: cannot read weights ({e})") from None
     missing = sorted(set(expected.values()) - set(state))
     if missing:
@@ -212,3 +212,29 @@ def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | N
                             f"config.json implies {tuple(p.shape)}")
     model.load_state_dict(state, assign=True, strict=True)
     return model
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder (has config.json) as is; a run folder -> its latest `checkpoints/step-*` (highest
+    step; temp folders of interrupted saves do not match)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise LcftError(f"checkpoint or run folder not found: {path}")
+    if (path / CONFIG).is_file():
+        return path
+    steps = [(int(m.group(1)), p) for p in (path / "checkpoints").glob("step-*")
+             if (m := re.fullmatch(r"step-(\d+)", p.name)) and p.is_dir()]
+    if not steps:
+        raise LcftError(f"{path}: neither a checkpoint folder (no {CONFIG}) nor a run folder with "
+                        "checkpoints/step-*")
+    return max(steps)[1]
+
+
+def export_pretrained(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                      force: bool = False) -> Path:
+    """Write the model of a checkpoint (or of a run's latest checkpoint) to `out` as an HF Llama folder."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
+    model = from_pretrained(resolve_checkpoint(checkpoint))
+    return save_pretrained(model, out, dtype=dtype)

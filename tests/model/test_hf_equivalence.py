@@ -18,9 +18,9 @@ SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
     # max_position_embeddings is 256 below, so 512 tokens make dynamic NTK rescale (as it does in HF).
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
-    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64},
+               "original_max_position_embeddings": 32},
 }
 
 

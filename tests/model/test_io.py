@@ -1,0 +1,177 @@
+"""Checkpoint I/O: round trips, lcft.json, atomic writes, transformers' sharded folders, clear errors for bad
+folders, and the `lcft export` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.errors import LcftError
+from lcft.genomics.tokenizer import tokenizer_spec
+from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, save_pretrained
+from lcft.model.io import resolve_checkpoint
+
+runner = CliRunner()
+
+
+def small(tied: bool = False, seed: int = 0, **kw) -> Llama:
+    torch.manual_seed(seed)
+    return Llama(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, tie_word_embeddings=tied, **kw))
+
+
+def same_weights(a: Llama, b: Llama) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_round_trip_is_exact_and_layout_is_hf(tmp_path, tied):
+    m = small(tied, rope_scaling={"rope_type": "linear", "factor": 2.0},
+              attention=AttentionConfig(backend="sparse", block_size=32, top_k=4))
+    save_pretrained(m, tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "lcft.json", "model.safetensors"]
+    keys = set(load_file(tmp_path / "ckpt" / "model.safetensors"))
+    assert "model.embed_tokens.weight" in keys and "model.layers.1.self_attn.q_proj.weight" in keys
+    assert "model.layers.0.input_layernorm.weight" in keys and "model.layers.0.post_attention_layernorm.weight" in keys
+    assert ("lm_head.weight" in keys) == (not tied)
+    extra = json.loads((tmp_path / "ckpt" / "lcft.json").read_text())
+    assert extra["tokenizer"] == tokenizer_spec() and extra["attention"]["backend"] == "sparse"
+    back = from_pretrained(tmp_path / "ckpt")
+    assert back.config == m.config and same_weights(back, m)
+    dense = from_pretrained(tmp_path / "ckpt", attention=AttentionConfig())  # override the recorded backend
+    assert dense.config.attention.backend == "dense" and same_weights(dense, m)
+
+
+def test_bf16_save_and_save_into_existing_folder_keeps_other_files(tmp_path):
+    m = small()
+    folder = tmp_path / "step-1"
+    folder.mkdir()
+    (folder / "trainer_state").mkdir()  # the trainer writes its state beside the model
+    save_pretrained(m, folder, dtype=torch.bfloat16)
+    assert (folder / "trainer_state").is_dir() and not list(folder.glob(".*tmp*"))
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    back = from_pretrained(folder)
+    assert back.embed_tokens.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(back.embed_tokens.weight.float(), m.embed_tokens.weight.bfloat16().float())
+
+
+def test_reads_transformers_sharded_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    m = small()
+    save_pretrained(m, tmp_path / "ours")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "ours")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    back = from_pretrained(tmp_path / "sharded")
+    assert same_weights(back, m) and back.config.attention == AttentionConfig()
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    import lcft.model.io as io
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(io, "save_file", boom)
+    with pytest.raises(OSError):
+        save_pretrained(small(), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def write_ok(tmp_path):
+    save_pretrained(small(), tmp_path / "ok")
+    return tmp_path / "ok"
+
+
+def test_from_pretrained_errors(tmp_path):
+    with pytest.raises(LcftError, match="not found"):
+        from_pretrained(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LcftError, match="no config.json"):
+        from_pretrained(tmp_path / "empty")
+
+    ok = write_ok(tmp_path)
+    weights = load_file(ok / "model.safetensors")
+
+    (ok / "model.safetensors").unlink()
+    with pytest.raises(LcftError, match="no model.safetensors"):
+        from_pretrained(ok)
+
+    save_file({k: v for k, v in weights.items() if "layers.1.mlp" not in k}, str(ok / "model.safetensors"))
+    with pytest.raises(LcftError, match=r"3 weight\(s\) missing: model.layers.1.mlp"):
+        from_pretrained(ok)
+
+    save_file({**weights, "model.layers.0.self_attn.q_proj.weight": torch.zeros(5, 5)}, str(ok / "model.safetensors"))
+    with pytest.raises(LcftError, match="has shape"):
+        from_pretrained(ok)
+
+    save_file({**weights, "model.extra.weight": torch.zeros(2)}, str(ok / "model.safetensors"))
+    with pytest.raises(LcftError, match="unexpected weight"):
+        from_pretrained(ok)
+
+    (ok / "model.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(LcftError, match="cannot read weights"):
+        from_pretrained(ok)
+
+    cfg = json.loads((ok / "config.json").read_text())
+    (ok / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(LcftError, match="not a Llama checkpoint"):
+        from_pretrained(ok)
+    (ok / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
+    with pytest.raises(LcftError, match="hidden_act"):
+        from_pretrained(ok)
+    (ok / "config.json").write_text("{not json")
+    with pytest.raises(LcftError, match="not valid JSON"):
+        from_pretrained(ok)
+
+
+def make_run(tmp_path):
+    run = tmp_path / "run"
+    for step, seed in ((8, 1), (16, 2)):
+        save_pretrained(small(seed=seed), run / "checkpoints" / f"step-{step:08d}")
+    (run / "checkpoints" / ".step-00000024.tmp").mkdir()  # an interrupted save: not a checkpoint
+    return run
+
+
+def test_resolve_checkpoint_picks_highest_step(tmp_path):
+    run = make_run(tmp_path)
+    assert resolve_checkpoint(run).name == "step-00000016"
+    assert resolve_checkpoint(run / "checkpoints" / "step-00000008").name == "step-00000008"
+
+
+def test_export_cli_writes_hf_folder_of_latest_checkpoint(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    run = make_run(tmp_path)
+    r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf")])
+    assert r.exit_code == 0, r.output
+    assert same_weights(from_pretrained(tmp_path / "hf"), small(seed=2))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    ids = torch.randint(0, 16, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, small(seed=2)(ids), rtol=1e-5, atol=1e-5)
+
+    r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf")])  # not empty now
+    assert r.exit_code == 1 and "--force" in r.output
+    r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf"), "--force", "--dtype", "bfloat16"])
+    assert r.exit_code == 0, r.output
+    assert from_pretrained(tmp_path / "hf").embed_tokens.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("args,message", [
+    (["missing-folder"], "not found"),
+    (["{empty}"], "neither a checkpoint folder"),
+    (["{run}", "--dtype", "int8"], "--dtype"),
+])
+def test_export_cli_bad_input_is_one_line_error(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    run = make_run(tmp_path)
+    args = [a.format(empty=tmp_path / "empty", run=run) for a in args]
+    r = runner.invoke(app, ["export", *args, "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()
