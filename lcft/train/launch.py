@@ -1,7 +1,7 @@
 """`--nproc N`: start N local training processes through torchrun (torch.distributed.run), gloo on CPU.
 
 The parent writes the resolved config to `<out>/launch.toml`, runs
-`python -m torch.distributed.run --standalone --nproc-per-node N -m lcft.train.launch <out>/launch.toml`,
+`python -m torch.distributed.run --standalone --nproc-per-node N -m lcft.train.worker <out>/launch.toml`,
 forwards SIGTERM/SIGINT to it (torchrun passes them on to the workers, which checkpoint and exit 0), and
 returns the summary rank 0 wrote. Multi-node: start `torchrun` yourself on every node with its usual flags
 (`--nnodes`, `--node-rank`, `--rdzv-endpoint` / `--master-addr`) and `-m lcft train ...`; inside a torchrun
@@ -20,7 +20,7 @@ from typing import Any
 
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
-from lcft.train.config import TrainConfig, load_run_config
+from lcft.train.config import TrainConfig
 
 SUMMARY = "summary.json"
 LAUNCH_CONFIG = "launch.toml"
@@ -38,7 +38,7 @@ def launch(cfg: TrainConfig) -> dict[str, Any]:
     spec = save_resolved(out / LAUNCH_CONFIG, to_dict(cfg))
     (out / SUMMARY).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc}",
-           "-m", "lcft.train.launch", str(spec)]
+           "-m", "lcft.train.worker", str(spec)]
     env = dict(os.environ)
     # One thread per process unless the user chose: N processes x all cores each would oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
@@ -65,25 +65,3 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Worker entry: `python -m lcft.train.launch CONFIG.toml` (under torchrun)."""
-    from lcft.train.trainer import train
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m lcft.train.launch CONFIG.toml (started by `lcft train --nproc N`)", file=sys.stderr)
-        return 2
-    try:
-        train(load_run_config(args[0]))
-    except LcftError as e:
-        rank = os.environ.get("RANK", "0")
-        if rank == "0":
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Checkpoints and resume: exact resume, atomic saves under SIGKILL, SIGTERM, pruning, config next to each."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.config import load_toml
+from lcft.model import from_pretrained
+from lcft.train import TrainConfig, latest_checkpoint, train
+from lcft.train.checkpoint import KILL_DURING_SAVE_ENV, list_checkpoints, read_trainer_state
+from lcft.train.metrics import read_metrics
+
+
+def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return from_pretrained(ckpt).state_dict()
+
+
+def test_exact_resume(tmp_path, base_cfg):
+    """6 steps straight == 3 steps (--stop-after 3) then --resume auto to 6: same losses and weights."""
+    straight = train(TrainConfig(out=str(tmp_path / "a"), **base_cfg))
+    first = train(TrainConfig(out=str(tmp_path / "b"), stop_after=3, **base_cfg))
+    assert first["stopped"] == "stop_after" and first["step"] == 3
+    assert Path(first["checkpoint"]).name == "step-00000003"
+    resumed = train(TrainConfig(out=str(tmp_path / "b"), resume="auto", **base_cfg))
+    assert resumed["step"] == 6 and resumed["stopped"] == "done"
+
+    la = [r["loss"] for r in read_metrics(tmp_path / "a")]
+    lb = [r["loss"] for r in read_metrics(tmp_path / "b")]
+    assert len(la) == len(lb) == 6
+    torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=1e-6, atol=0)
+    assert la[-1] < la[0]  # it trains
+    wa, wb = weights(Path(straight["checkpoint"])), weights(Path(resumed["checkpoint"]))
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-6, atol=0)
+    # the optimizer state too (Adam moments decide the next steps)
+    sa, oa, _, _ = read_trainer_state(straight["checkpoint"])
+    sb, ob, _, _ = read_trainer_state(resumed["checkpoint"])
+    assert (sa.step, sa.samples_seen, sa.updates) == (sb.step, sb.samples_seen, sb.updates) == (6, 12, 6)
+    for pa, pb in zip(oa["state"].values(), ob["state"].values(), strict=True):
+        torch.testing.assert_close(pb["exp_avg_sq"], pa["exp_avg_sq"], rtol=1e-6, atol=0)
+
+
+def test_checkpoint_layout_and_pruning(tmp_path, base_cfg):
+    """8-digit step folders, HF files + config.toml + trainer_state/, only the newest keep_last kept,
+    the resolved config saved at <run>/config.toml and next to each checkpoint."""
+    run = tmp_path / "run"
+    s = train(TrainConfig(out=str(run), **{**base_cfg, "save_every": 1, "keep_last": 2, "steps": 5}))
+    names = [p.name for _, p in list_checkpoints(run)]
+    assert names == ["step-00000004", "step-00000005"]
+    ckpt = latest_checkpoint(run)
+    assert ckpt == Path(s["checkpoint"])
+    for f in ("config.json", "model.safetensors", "lcft.json", "config.toml", "trainer_state/state.json",
+              "trainer_state/optimizer.pt", "trainer_state/scheduler.pt", "trainer_state/rng.pt"):
+        assert (ckpt / f).is_file(), f
+    saved = load_toml(run / "config.toml")
+    assert saved == load_toml(ckpt / "config.toml")
+    assert saved["steps"] == 5 and saved["seq_len"] == 512 and saved["keep_last"] == 2
+    assert TrainConfig(**saved) == TrainConfig(**{**base_cfg, "out": str(run), "save_every": 1, "keep_last": 2,
+                                                  "steps": 5, "data": saved["data"], "init": saved["init"]})
+    rec = read_metrics(run)[-1]
+    assert set(rec) >= {"step", "loss", "bits_per_base", "lr", "grad_norm", "tokens_per_s", "peak_mem",
+                        "skipped", "elapsed"}
+    assert rec["step"] == 5 and rec["peak_mem"] > 0 and rec["tokens_per_s"] > 0
+    assert rec["bits_per_base"] == pytest.approx(rec["loss"] / 0.6931471805599453)
+
+
+def _cli(cfg: dict, out: Path, *extra: str) -> list[str]:
+    args = [sys.executable, "-m", "lcft", "train", "--out", str(out)]
+    for k, v in cfg.items():
+        if isinstance(v, bool):
+            args.append(f"--{'' if v else 'no-'}{k.replace('_', '-')}")
+        else:
+            args += [f"--{k.replace('_', '-')}", str(v)]
+    return args + list(extra)
+
+
+def test_kill_while_saving_keeps_previous_checkpoint(tmp_path, base_cfg):
+    """SIGKILL midway through writing step 4's checkpoint: step 2 stays complete and loadable, no step-4
+    folder appears, and --resume auto continues from step 2 (and clears the partial folder)."""
+    run = tmp_path / "run"
+    env = {**os.environ, KILL_DURING_SAVE_ENV: "4"}
+    proc = subprocess.run(_cli({**base_cfg, "save_every": 2}, run), env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert [p.name for _, p in list_checkpoints(run)] == ["step-00000002"]
+    assert (run / "checkpoints" / ".tmp-step-00000004" / "model.safetensors").is_file()  # the cut save
+    weights(run / "checkpoints" / "step-00000002")
+    assert read_trainer_state(run / "checkpoints" / "step-00000002")[0].step == 2
+    s = train(TrainConfig(out=str(run), resume="auto", **{**base_cfg, "save_every": 2}))
+    assert s["step"] == 6
+    assert not (run / "checkpoints" / ".tmp-step-00000004").exists()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sigterm_saves_and_exits_zero(tmp_path, base_cfg):
+    """SIGTERM during training: the step finishes, a checkpoint is written, exit code 0, resumable."""
+    run = tmp_path / "run"
+    cfg = {**base_cfg, "steps": 100000, "warmup": 2}
+    proc = subprocess.Popen(_cli(cfg, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    while proc.poll() is None and time.time() < deadline and len(read_metrics(run)) < 2:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None
+    state = read_trainer_state(ckpt)[0]
+    assert state.step == read_metrics(run)[-1]["step"] >= 2
+    s = train(TrainConfig(out=str(run), resume="auto", stop_after=1, **cfg))
+    assert s["step"] == state.step + 1 and s["stopped"] == "stop_after"
