@@ -161,6 +161,21 @@ def _load_state(partial: Path, options: dict) -> dict | None:
     return state if state.get("options") == options else None
 
 
+def _resume_writers(partial: Path, state: dict) -> dict[str, SplitWriter] | None:
+    """Writers reopened at the last checkpoint, or None when the kept bytes do not hash to what the
+    checkpoint recorded (a torn write, or a machine crash before the data reached the disk)."""
+    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s])) for s in SPLITS}
+    ok = all(
+        list(w.sizes()) == state["sizes"][s] and list(w.digests()) == state["digests"].get(s, list(w.digests()))
+        for s, w in writers.items()
+    ) and all(s in state["digests"] or state["sizes"][s] == [0, 0] for s in SPLITS)
+    if ok:
+        return writers
+    for w in writers.values():
+        w.close()
+    return None
+
+
 def _finalize(out: Path, partial: Path) -> None:
     """Move outputs into place, the manifest last (its presence means the folder is complete)."""
     for name in _outputs():
@@ -222,14 +237,16 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
     if state and state.get("finished"):
         _finalize(out, partial)
         return read_manifest(out)
-    if state is None:  # fresh start (or leftovers of a run with other options: not ours to resume)
+    writers = _resume_writers(partial, state) if state else None
+    if writers is None:  # fresh start (leftovers of other options or of a torn run are not resumed)
         for child in partial.iterdir():
             child.unlink() if child.is_file() else shutil.rmtree(child)
-        state = {"options": options, "chroms": [], "records": [], "sizes": {s: [0, 0] for s in SPLITS}}
+        state = {"options": options, "chroms": [], "records": [], "sizes": {s: [0, 0] for s in SPLITS},
+                 "digests": {}}
+        writers = {s: SplitWriter(partial, s) for s in SPLITS}
     elif con:
         con.print(f"resuming: {len(state['chroms'])} chromosome(s) already done in {partial}")
     length, stride = options["length"], options["stride"]
-    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s])) for s in SPLITS}
     finished = {c["chrom"] for c in state["chroms"]}
     bar = (
         Progress(
@@ -252,7 +269,7 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
                     if win.n_frac > cfg.max_n_frac:
                         skipped += 1
                     else:
-                        writers[split].add(win.ids, win.softmask)
+                        writers[split].add(win.ids, win.softmask_packed)
                         kept += 1
                         state["records"].append({
                             "split": split, "chrom": chrom, "start": win.start, "end": win.end,
@@ -262,10 +279,15 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
                         bar.update(task, completed=upto)
                 if bar:
                     bar.update(task, completed=n)
-                writers[split].sync()
+                # checkpoint: sizes and running digests after this chromosome. No fsync here (it would stall
+                # on every chromosome); a resume re-hashes the kept prefix and starts over if it differs.
+                writers[split].flush()
                 state["sizes"][split] = list(writers[split].sizes())
+                state["digests"][split] = list(writers[split].digests())
                 state["chroms"].append({"split": split, "chrom": chrom, "length": n, "windows": kept, "skipped_n": skipped})
-                write_json_atomic(partial / STATE, state)  # checkpoint: this chromosome is on disk
+                write_json_atomic(partial / STATE, state, sync=False)
+        for w in writers.values():
+            w.sync()  # the finished data reaches the disk once, before the manifest declares it complete
     finally:
         if bar:
             bar.stop()

@@ -62,6 +62,9 @@ class HashedFile:
         self.hash.update(data)
         self.size += len(data)
 
+    def flush(self) -> None:
+        self.fh.flush()
+
     def sync(self) -> None:
         self.fh.flush()
         os.fsync(self.fh.fileno())
@@ -78,13 +81,21 @@ class SplitWriter:
         self.ids = HashedFile(folder / bin_name(split), keep[0])
         self.soft = HashedFile(folder / softmask_name(split), keep[1])
 
-    def add(self, ids: bytes, softmask: bytes) -> None:
-        self.ids.write(ids)
-        # np.packbits, big bit order: bit 7 of byte j is token 8j (np.unpackbits inverts it)
-        self.soft.write(np.packbits(np.frombuffer(softmask, dtype=np.uint8)).tobytes())
+    def add(self, ids: np.ndarray, softmask_packed: np.ndarray) -> None:
+        """Append one window: (L,) uint8 ids and its (L/8,) soft mask from np.packbits (big bit order:
+        bit 7 of byte j is token 8j; np.unpackbits inverts it)."""
+        self.ids.write(memoryview(np.ascontiguousarray(ids)))
+        self.soft.write(memoryview(np.ascontiguousarray(softmask_packed)))
 
     def sizes(self) -> tuple[int, int]:
         return self.ids.size, self.soft.size
+
+    def digests(self) -> tuple[str, str]:
+        return self.ids.hash.hexdigest(), self.soft.hash.hexdigest()
+
+    def flush(self) -> None:
+        self.ids.flush()
+        self.soft.flush()
 
     def sync(self) -> None:
         self.ids.sync()
@@ -98,13 +109,15 @@ class SplitWriter:
         self.soft.close()
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, sync: bool = True) -> None:
+    """Write JSON via a temp file and rename (readers see the old or the new file, never a torn one)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(data, fh, indent=1)
         fh.write("\n")
         fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

@@ -55,15 +55,29 @@ def tokenizer_spec() -> dict:
     return {"name": "dna-char", "vocab": list(VOCAB), "vocab_size": VOCAB_SIZE, "case_free": True}
 
 
-# bytes.translate tables built from the same LUT: one C pass per chunk that also drops line breaks,
-# several times faster than numpy fancy indexing plus a separate newline filter.
-ENCODE_TABLE = ENCODE_LUT.tobytes()
-SOFTMASK_TABLE = bytes(1 if b >= ord("a") else 0 for b in range(256))
+# Streaming form of the same LUT: one bytes.translate pass per file chunk maps every byte to
+# "token id | flags" and drops line breaks (several times faster than numpy fancy indexing plus a
+# newline filter). The id sits in the low 4 bits; the flags let window statistics run as bit tests.
+ID_BITS = 0x0F
+FLAG_GC = 0x10  # C or G
+FLAG_NOT_ACGT = 0x20  # N, IUPAC ambiguity codes, anything unknown
+FLAG_LOWER = 0x80  # soft-masked (lower case), same rule as softmask_bits
 LINE_BREAKS = b"\r\n"
 
 
-def encode_lines(raw: bytes) -> tuple[bytes, bytes]:
-    """FASTA sequence bytes (line breaks allowed) -> (token ids, soft-mask bytes 0/1), line breaks dropped.
+def _build_flag_table() -> bytes:
+    out = bytearray(ENCODE_LUT.tobytes())
+    for b in range(256):
+        tok = ENCODE_LUT[b]
+        out[b] |= (FLAG_GC if tok in (C, G) else 0) | (0 if A <= tok <= T else FLAG_NOT_ACGT)
+        out[b] |= FLAG_LOWER if b >= ord("a") else 0
+    return bytes(out)
 
-    Same mapping as `encode` and `softmask_bits`, for streaming whole file chunks."""
-    return raw.translate(ENCODE_TABLE, LINE_BREAKS), raw.translate(SOFTMASK_TABLE, LINE_BREAKS)
+
+FLAG_TABLE = _build_flag_table()
+
+
+def encode_lines(raw: bytes) -> np.ndarray:
+    """FASTA sequence bytes (line breaks allowed, dropped) -> uint8 array of `id | flags` (see FLAG_*):
+    `out & ID_BITS` equals `encode`, `(out & FLAG_LOWER) != 0` equals `softmask_bits`."""
+    return np.frombuffer(raw.translate(FLAG_TABLE, LINE_BREAKS), dtype=np.uint8)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+import numpy as np
+
+from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.tokenizer import A, C, G, T, encode_lines
+from lcft.genomics.tokenizer import FLAG_GC, FLAG_LOWER, FLAG_NOT_ACGT, ID_BITS, encode_lines
 
-DEFAULT_CHUNK = 1 << 23  # bases read per pyfaidx request: 8 Mbp keeps memory small and syscalls few
+DEFAULT_CHUNK = 1 << 21  # bases per read: 2 Mbp keeps the working set near the CPU caches
 
 
 def window_starts(chrom_len: int, length: int, stride: int) -> range:
@@ -18,24 +20,34 @@ def window_starts(chrom_len: int, length: int, stride: int) -> range:
     return range(0, chrom_len - length + 1, stride)
 
 
-@dataclass(frozen=True)
 class Window:
-    """One cut window: its coordinates, token ids and soft-mask bytes (0/1), and composition."""
+    """One cut window: coordinates, composition, and (computed on demand, so windows dropped by the N
+    filter cost nothing more) token ids and the bit-packed soft mask."""
 
-    chrom: str
-    start: int
-    end: int
-    ids: bytes
-    softmask: bytes
-    n_frac: float
-    gc_frac: float
+    __slots__ = ("chrom", "start", "end", "coded", "n_count")
 
+    def __init__(self, chrom: str, start: int, coded: np.ndarray):
+        self.chrom, self.start, self.end = chrom, start, start + coded.size
+        self.coded = coded  # (L,) uint8 id | flags (tokenizer.encode_lines)
+        self.n_count = int(np.count_nonzero(coded & FLAG_NOT_ACGT))  # N, ambiguity codes, unknown bytes
 
-def composition(ids: bytes, lo: int = 0, hi: int | None = None) -> tuple[int, int, int]:
-    """(bases, non-ACGT count, G+C count) of ids[lo:hi] without copying (bytes.count takes bounds)."""
-    hi = len(ids) if hi is None else hi
-    a, c, g, t = (ids.count(bytes((tok,)), lo, hi) for tok in (A, C, G, T))
-    return hi - lo, (hi - lo) - (a + c + g + t), c + g
+    @property
+    def n_frac(self) -> float:
+        return self.n_count / self.coded.size
+
+    @property
+    def gc_frac(self) -> float:
+        """G+C share of the A/C/G/T bases (0 when there are none)."""
+        acgt = self.coded.size - self.n_count
+        return int(np.count_nonzero(self.coded & FLAG_GC)) / acgt if acgt else 0.0
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.coded & ID_BITS  # (L,) uint8 token ids
+
+    @property
+    def softmask_packed(self) -> np.ndarray:
+        return np.packbits(self.coded & FLAG_LOWER)  # (L/8,) uint8, big bit order
 
 
 def iter_windows(
@@ -43,42 +55,29 @@ def iter_windows(
 ) -> Iterator[tuple[Window, int]]:
     """Every window of `chrom` in order, with the number of bases of the chromosome consumed so far
     (for progress). Reads groups of windows that together span about `chunk` bases, so memory is
-    O(max(chunk, length)) whatever the chromosome length."""
+    O(max(chunk, length)) whatever the chromosome length. `length` must be a multiple of 8."""
     n = fasta.length(chrom)
     starts = window_starts(n, length, stride)
     per_batch = max(1, (max(chunk, length) - length) // stride + 1)
     for b0 in range(0, len(starts), per_batch):
         batch = starts[b0 : b0 + per_batch]
         lo, hi = batch[0], batch[-1] + length
-        ids, soft = encode_lines(fasta.read_raw(chrom, lo, hi))
-        if len(ids) != hi - lo:
-            raise ValueError(f"{chrom}:{lo}-{hi}: read {len(ids)} bases, expected {hi - lo}")
+        coded = encode_lines(fasta.read_raw(chrom, lo, hi))  # (hi-lo,) id | flags
+        if coded.size != hi - lo:
+            raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi} gave {coded.size} bases, expected {hi - lo}")
         for s in batch:
-            off = s - lo
-            bases, n_count, gc = composition(ids, off, off + length)
-            acgt = bases - n_count
-            yield (
-                Window(
-                    chrom=chrom,
-                    start=s,
-                    end=s + length,
-                    ids=ids[off : off + length],
-                    softmask=soft[off : off + length],
-                    n_frac=n_count / length,
-                    gc_frac=gc / acgt if acgt else 0.0,
-                ),
-                min(s + stride, n) if s != starts[-1] else n,
-            )
+            yield Window(chrom, s, coded[s - lo : s - lo + length]), (min(s + stride, n) if s != starts[-1] else n)
 
 
 def chromosome_stats(fasta: FastaFile, chrom: str, chunk: int = DEFAULT_CHUNK) -> dict:
     """Length, N fraction, soft-masked fraction and GC fraction (of A/C/G/T bases) of one record, streamed."""
     total = n_count = gc = lower = 0
     for _, raw in fasta.chunks(chrom, chunk):
-        ids, soft = encode_lines(raw)
-        bases, nn, g = composition(ids)
-        total, n_count, gc = total + bases, n_count + nn, gc + g
-        lower += soft.count(1)
+        coded = encode_lines(raw)  # (chunk,) id | flags
+        total += coded.size
+        n_count += int(np.count_nonzero(coded & FLAG_NOT_ACGT))
+        gc += int(np.count_nonzero(coded & FLAG_GC))
+        lower += int(np.count_nonzero(coded & FLAG_LOWER))
     acgt = total - n_count
     return {
         "chrom": chrom,

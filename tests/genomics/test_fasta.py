@@ -11,7 +11,19 @@ from Bio import bgzf
 
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.genomics.fasta import FastaFile, cache_dir
-from lcft.genomics.tokenizer import encode, encode_lines, softmask_bits
+from lcft.genomics.tokenizer import (
+    FLAG_GC,
+    FLAG_LOWER,
+    FLAG_NOT_ACGT,
+    ID_BITS,
+    A,
+    C,
+    G,
+    T,
+    encode,
+    encode_lines,
+    softmask_bits,
+)
 from lcft.genomics.windows import chromosome_stats
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
@@ -57,10 +69,13 @@ def test_chromosome_stats_brute_force(genomes_dir):
 
 def test_encode_lines_is_the_tokenizer_lut():
     raw = bytes(range(256)) + b"ACGTNacgtnRYry\r\n\n"
-    ids, soft = encode_lines(raw)
+    coded = encode_lines(raw)
     kept = np.frombuffer(raw, np.uint8)[~np.isin(np.frombuffer(raw, np.uint8), [10, 13])]
-    assert np.array_equal(np.frombuffer(ids, np.uint8), encode(kept))
-    assert np.array_equal(np.frombuffer(soft, np.uint8).astype(bool), softmask_bits(kept))
+    ids = encode(kept)
+    assert np.array_equal(coded & ID_BITS, ids)
+    assert np.array_equal((coded & FLAG_LOWER) != 0, softmask_bits(kept))
+    assert np.array_equal((coded & FLAG_GC) != 0, np.isin(ids, [C, G]))
+    assert np.array_equal((coded & FLAG_NOT_ACGT) != 0, ~np.isin(ids, [A, C, G, T]))
 
 
 def test_content_decides_not_the_name(tmp_path):

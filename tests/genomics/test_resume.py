@@ -27,8 +27,8 @@ KILLER = textwrap.dedent("""
     from lcft.genomics.shards import SplitWriter
     k = int(sys.argv[3]); seen = {"ckpt": 0, "adds": 0}
     real_json, real_add = P.write_json_atomic, SplitWriter.add
-    def json_hook(path, data):
-        real_json(path, data)
+    def json_hook(path, data, **kw):
+        real_json(path, data, **kw)
         seen["ckpt"] += 1
     def add_hook(self, ids, soft):
         real_add(self, ids, soft)
@@ -74,6 +74,23 @@ def test_sigkill_midway_then_resume_is_byte_identical(genome, tmp_path, k):
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
     assert not (out / ".partial").exists()
     verify_windows(out)
+
+
+def test_torn_checkpoint_is_not_resumed(genome, tmp_path):
+    """If the kept prefix does not hash to the checkpoint's digest (e.g. a machine crash lost data that
+    the state already counted), the run starts over instead of building on it."""
+    out = tmp_path / "torn"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", KILLER, str(genome), str(out), "2"], env=env, capture_output=True)
+    assert r.returncode == -signal.SIGKILL
+    data = out / ".partial" / "train.bin"
+    with open(data, "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xff")
+    prep(genome, out)
+    prep(genome, tmp_path / "clean")
+    for name in OUTPUTS:
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
 
 
 def test_same_options_is_a_noop(genome, tmp_path, capsys):

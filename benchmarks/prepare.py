@@ -1,0 +1,152 @@
+"""Benchmark `prepare_windows` against raw file reading and a per-character Python tokenizer over pyfaidx.
+
+Generates a two-chromosome soft-masked FASTA with N runs (200 Mbp; --quick: 20 Mbp) in a temp folder, then
+prints side by side: our throughput, the raw read speed of the same file, the per-character baseline
+(timed on a slice and extrapolated), the ratios, and our peak RSS (measured in a fresh subprocess).
+Targets (issue 2): >= 30x the per-character baseline, >= 25% of raw read speed, peak RSS < 1 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WIDTH = 60
+OURS = """
+import json, resource, sys, time
+from lcft.genomics import prepare_windows
+t, c = time.perf_counter(), time.process_time()
+m = prepare_windows(fasta=sys.argv[1], out=sys.argv[2], length="512K", train="chr1", eval="chr2")
+dt, dc = time.perf_counter() - t, time.process_time() - c
+print(json.dumps({"wall": dt, "cpu": dc, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "windows": {s: v["windows"] for s, v in m["splits"].items()},
+                  "skipped": {s: v["skipped_n"] for s, v in m["splits"].items()}}))
+"""
+
+
+def make_chromosome(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n random bases: about half soft-masked in runs of 50-5000 bp, a 10 kb N telomere, three 1 Mbp N runs."""
+    seq = np.frombuffer(b"ACGT", dtype=np.uint8)[rng.integers(0, 4, n, dtype=np.uint8)]
+    runs = rng.integers(50, 5000, n // 1000 + 2)
+    flags = np.resize(np.array([0, 0x20], dtype=np.uint8), runs.size)
+    mask = np.repeat(flags, runs)[:n]
+    seq[: mask.size] |= mask  # 0x20 turns upper into lower case
+    seq[:10_000] = ord("N")
+    for s in rng.integers(0, max(1, n - 1_000_000), 3):
+        seq[s : s + 1_000_000] = ord("N")
+    return seq
+
+
+def write_fasta(path: Path, total: int) -> None:
+    rng = np.random.default_rng(0)
+    with open(path, "wb") as fh:
+        for name, n in (("chr1", total * 3 // 5), ("chr2", total - total * 3 // 5)):
+            seq = make_chromosome(rng, n)
+            full = n // WIDTH * WIDTH
+            lines = np.empty((full // WIDTH, WIDTH + 1), dtype=np.uint8)
+            lines[:, :WIDTH] = seq[:full].reshape(-1, WIDTH)
+            lines[:, WIDTH] = ord("\n")
+            fh.write(f">{name}\n".encode())
+            fh.write(lines.tobytes())
+            if n > full:
+                fh.write(seq[full:].tobytes() + b"\n")
+
+
+def evict(path: Path) -> None:
+    """Drop the file's pages from the OS page cache, so the next read comes from disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def raw_read(path: Path) -> tuple[float, float]:
+    """(wall, cpu) seconds to read the whole file in 8 MiB blocks."""
+    t, c = time.perf_counter(), time.process_time()
+    with open(path, "rb", buffering=0) as fh:
+        while fh.read(1 << 23):
+            pass
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def ours(fasta: Path, out: Path) -> dict:
+    r = subprocess.run([sys.executable, "-c", OURS, str(fasta), str(out)], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def per_char_baseline(path: Path, bases: int) -> tuple[float, float]:
+    """The peer approach: pyfaidx string slices, then a Python dict lookup per character.
+    (wall, cpu) seconds for `bases` bases (from chr1)."""
+    import pyfaidx
+
+    table = {c: i for i, c in enumerate("ACGTN", start=4)} | {c.lower(): i for i, c in enumerate("ACGTN", start=4)}
+    fa = pyfaidx.Fasta(str(path), sequence_always_upper=False)
+    t, c = time.perf_counter(), time.process_time()
+    step = 1 << 19
+    for s in range(0, bases, step):
+        seq = fa["chr1"][s : min(s + step, bases)].seq
+        ids = bytes(table.get(c, 8) for c in seq)
+        mask = [c.islower() for c in seq]
+        assert len(ids) == len(mask)
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="20 Mbp instead of 200 Mbp")
+    ap.add_argument("--mbp", type=int, default=None, help="genome size in Mbp (overrides --quick)")
+    args = ap.parse_args()
+    total = (args.mbp or (20 if args.quick else 200)) * 1_000_000
+    with tempfile.TemporaryDirectory(prefix="lcft-bench-") as tmp:
+        fasta = Path(tmp) / "bench.fa"
+        t = time.perf_counter()
+        write_fasta(fasta, total)
+        size = fasta.stat().st_size
+        print(f"generated {fasta.name}: {total / 1e6:.0f} Mbp, {size / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s")
+        import pyfaidx
+
+        pyfaidx.Faidx(str(fasta)).close()  # index once, outside every timing
+        evict(fasta)
+        raw_cold = raw_read(fasta)
+        raw_warm = min(raw_read(fasta) for _ in range(2))
+        evict(fasta)
+        cold = ours(fasta, Path(tmp) / "cold")
+        warm = ours(fasta, Path(tmp) / "warm")
+        sample = min(total * 3 // 5, 2_000_000 if args.quick else 4_000_000)
+        base = tuple(x * total / sample for x in per_char_baseline(fasta, sample))
+
+    print(f"windows: {cold['windows']} kept, {cold['skipped']} skipped for N (512K windows)")
+    mbps = lambda s: total / s / 1e6
+    rows = [
+        ("raw read, file not cached", raw_cold), ("raw read, file in page cache", raw_warm),
+        ("lcft prepare_windows, not cached", (cold["wall"], cold["cpu"])),
+        ("lcft prepare_windows, cached", (warm["wall"], warm["cpu"])),
+        ("per-char Python over pyfaidx *", base),
+    ]
+    print(f"{'':36}{'wall Mbp/s':>12}{'CPU Mbp/s':>12}{'wall s':>9}")
+    for name, (w, c) in rows:
+        print(f"{name:36}{mbps(w):12.1f}{mbps(c):12.1f}{w:9.2f}")
+    print(f"* timed on {sample / 1e6:.0f} Mbp of chr1 and extrapolated to {total / 1e6:.0f} Mbp")
+    rss = cold["rss_kib"] / 1024
+    vs_char = (base[0] / cold["wall"], base[1] / cold["cpu"])
+    vs_read = (raw_cold[0] / cold["wall"], raw_warm[0] / warm["wall"])
+    print(f"ours / per-char: {vs_char[0]:.0f}x wall, {vs_char[1]:.0f}x CPU (target >= 30x)")
+    print(f"ours / raw read: {vs_read[0]:.0%} not cached, {vs_read[1]:.0%} cached (target >= 25%)")
+    print(f"peak RSS of prepare_windows: {rss:.0f} MiB (target < 1024 MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
