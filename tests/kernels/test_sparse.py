@@ -117,3 +117,19 @@ def test_bad_inputs_give_clear_errors():
     idx = torch.tensor([[[[0, -1], [0, -1], [1, 2], [3, -1]]]], dtype=torch.int32).expand(1, 2, 4, 2)
     with pytest.raises(LcftError, match="own"):
         sparse_attention_with_indices(q, q, q, idx, block_size=16)
+
+
+def test_cpu_bf16_is_as_accurate_as_dense_sdpa_bf16():
+    """bf16 inputs (bf16 matmuls, fp32 softmax/accumulation): error vs an fp64 oracle comparable to SDPA's."""
+    q, k, v, dout = qkv(1, 4, 2, 1024, 64, seed=11)
+    kw = dict(block_size=64, top_k=16, local_blocks=1, sink_blocks=1, impl="cpu")  # budget covers all blocks
+
+    def run(fn, dtype):
+        t = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        return [x.double() for x in out_and_grads(fn, *t, dout.to(dtype))]
+
+    oracle = run(sdpa, torch.float64)
+    rms = lambda a, b: ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
+    dense = [rms(a, b) for a, b in zip(run(sdpa, torch.bfloat16), oracle, strict=True)]
+    ours = [rms(a, b) for a, b in zip(run(lambda *t: sparse_attention(*t, **kw), torch.bfloat16), oracle, strict=True)]
+    assert all(o < 2 * max(d, 1e-3) for o, d in zip(ours, dense, strict=True)), (ours, dense)
