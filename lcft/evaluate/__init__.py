@@ -10,8 +10,8 @@ from typing import Any
 
 _EXPORTS = {
     "EvalConfig": "lcft.evaluate.config",
-    "evaluate": "lcft.evaluate.evaluate",
-    "token_losses": "lcft.evaluate.evaluate",
+    "evaluate": "lcft.evaluate.runner",
+    "token_losses": "lcft.evaluate.runner",
     "DemoConfig": "lcft.evaluate.demo",
     "run_demo": "lcft.evaluate.demo",
 }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,27 +12,12 @@ from typing import Any
 from lcft.config import format_size
 from lcft.errors import LcftError
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
+WEIGHT_SUFFIX = ".safetensors"
 
 
 def _is_model_dir(p: Path) -> bool:
-    """An HF-format model folder: config.json and at least one weights file."""
-    return (p / "config.json").is_file() and any(
-        f.suffix in WEIGHT_SUFFIXES for f in p.iterdir() if f.is_file())
-
-
-def latest_step_dir(run_dir: Path) -> Path | None:
-    """The complete checkpoint with the highest step under `run_dir/checkpoints/` (the trainer writes a
-    checkpoint under its final name `step-NNNNNNNN` only when it is complete, so temp folders never match)."""
-    ck = run_dir / "checkpoints"
-    if not ck.is_dir():
-        return None
-    steps = [(int(m.group(1)), d) for d in ck.iterdir() if d.is_dir() and (m := _STEP_DIR.match(d.name))]
-    for _, d in sorted(steps, reverse=True):
-        if _is_model_dir(d):
-            return d
-    return None
+    """An HF-format model folder: it has a config.json (the weights are checked when it is loaded)."""
+    return (p / "config.json").is_file()
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -46,12 +30,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if _is_model_dir(p):
         return p
     if (p / "checkpoints").is_dir():
-        latest = latest_step_dir(p)
+        from lcft.train.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(p)
         if latest is None:
             raise LcftError(f"run folder {p} has no complete checkpoint under {p / 'checkpoints'} yet")
         return latest
-    if (p / "config.json").is_file():
-        raise LcftError(f"unreadable checkpoint {p}: config.json but no weights file (*.safetensors)")
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no config.json)")
 
 
@@ -67,13 +51,28 @@ def _read_json(p: Path) -> dict[str, Any]:
 
 def weights_sha256(ckpt: Path) -> str:
     """sha256 over the checkpoint's weight files in name order (one file: the plain sha256 of that file)."""
-    files = sorted(f for f in ckpt.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
+    files = sorted(f for f in ckpt.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIX))
+    if not files:
+        raise LcftError(f"unreadable checkpoint {ckpt}: no *{WEIGHT_SUFFIX} weights file")
     if len(files) == 1:
         return _sha256_file(files[0])
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + b"\0" + _sha256_file(f).encode())
     return h.hexdigest()
+
+
+def check_weights_readable(ckpt: Path) -> None:
+    """Open the header of every weights file (cheap: no tensor is read), so a truncated or foreign file is
+    reported before any evaluation runs rather than after the checkpoints listed before it."""
+    from safetensors import safe_open
+
+    for f in sorted(ckpt.glob(f"*{WEIGHT_SUFFIX}")):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                sf.keys()
+        except Exception as e:  # SafetensorError is not exported under a stable name
+            raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {e}") from None
 
 
 def _sha256_file(p: Path) -> str:

@@ -13,8 +13,8 @@ import pytest
 from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo
 from lcft.evaluate.config import EvalConfig
-from lcft.evaluate.evaluate import CheckpointResult
 from lcft.evaluate.report import CSV_COLUMNS, build_report, table, write_outputs
+from lcft.evaluate.runner import CheckpointResult
 
 
 class FakeWindows:

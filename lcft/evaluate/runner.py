@@ -14,7 +14,7 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.evaluate.binning import PositionSums, bin_edges
-from lcft.evaluate.checkpoints import CheckpointInfo, default_labels, weights_sha256
+from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
 from lcft.genomics.tokenizer import A, T
 
@@ -130,11 +130,16 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
     block = _default_block_size()
-    infos = []
+    infos: list[CheckpointInfo] = []
+    hashes: dict[Path, str] = {}
     for given, label, ctx in zip(cfg.checkpoints, labels, contexts, strict=True):
         info = CheckpointInfo.read(given, label, ctx)
         info.check_tokenizer(tokenizer)
         info.check_max_context(window, info.block_size(block))
+        if info.path not in hashes:
+            hashes[info.path] = weights_sha256(info.path)
+            check_weights_readable(info.path)
+        info.sha256 = hashes[info.path]
         infos.append(info)
     return infos
 
@@ -174,10 +179,11 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
     return CheckpointResult(sums, windows)
 
 
-def evaluate(cfg: EvalConfig, *, show: bool = True) -> dict[str, Any]:
+def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
-    `cfg.out`, print the table (when `show`), and return the report (the content of eval.json)."""
-    from lcft.evaluate.report import build_report, print_table, progress_bar, write_outputs
+    `cfg.out` (nothing is written when an input is bad), and return the report (the content of eval.json).
+    With `progress`, shows a progress bar over windows (print the table with report.print_table)."""
+    from lcft.evaluate.report import build_report, progress_bar, write_outputs
 
     cfg.validate()
     ws = open_split(cfg)
@@ -189,18 +195,15 @@ def evaluate(cfg: EvalConfig, *, show: bool = True) -> dict[str, Any]:
 
     results: list[CheckpointResult] = []
     cached: tuple[Path, torch.nn.Module] | None = None
-    with progress_bar(show) as progress:
+    with progress_bar(progress) as bar:
         for info in infos:
-            info.sha256 = weights_sha256(info.path)
             # The same checkpoint listed twice (e.g. with and without --max-context) is loaded once.
             if cached is None or cached[0] != info.path:
                 cached = None  # free the previous model before loading the next
                 cached = (info.path, load_model(info, device))
-            task = progress.add_task(info.label, total=n_windows) if progress else None
-            advance = (lambda k, t=task: progress.advance(t, k)) if progress else None
+            task = bar.add_task(info.label, total=n_windows) if bar else None
+            advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
             results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance))
     report = build_report(cfg, ws, n_windows, infos, results, edges)
     write_outputs(report, Path(cfg.out), cfg)
-    if show:
-        print_table(report)
     return report

@@ -1,0 +1,86 @@
+"""Bad input to `evaluate`: a clear LcftError naming the problem, and nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.genomics import prepare_windows, sample_fasta
+
+from .conftest import WINDOW, save_model
+
+
+def _fails(tmp_path: Path, match: str, data, *ckpts, **kw) -> None:
+    out = tmp_path / "out"
+    cfg = EvalConfig(data=str(data), checkpoints=tuple(str(c) for c in ckpts), out=str(out), max_windows=1, **kw)
+    with pytest.raises(LcftError, match=match) as e:
+        evaluate(cfg)
+    assert "\n" not in str(e.value)
+    assert not out.exists()  # nothing half-written
+
+
+def test_checkpoint_with_another_tokenizer(data_dir, ckpt_a, tmp_path):
+    other = shutil.copytree(ckpt_a, tmp_path / "other-tokenizer")
+    meta = json.loads((other / "lcft.json").read_text())
+    meta["tokenizer"] = {**meta["tokenizer"], "name": "dna-kmer3", "vocab_size": 80}
+    (other / "lcft.json").write_text(json.dumps(meta))
+    _fails(tmp_path, "different tokenizer", data_dir, ckpt_a, other)
+
+
+def test_transformers_folder_with_another_vocab_size(data_dir, tmp_path):
+    ck = save_model(tmp_path / "v32", seed=0, vocab_size=32)
+    (ck / "lcft.json").unlink()  # as transformers writes it: only config.json knows the vocabulary
+    _fails(tmp_path, "vocab_size 32", data_dir, ck)
+
+
+def test_empty_split(ckpt_a, tmp_path):
+    data = tmp_path / "no-eval"
+    prepare_windows(fasta=str(sample_fasta()), out=str(data), length=WINDOW, train=("chr2",), eval=())
+    _fails(tmp_path, "eval", data, ckpt_a)
+
+
+def test_missing_data_folder(ckpt_a, tmp_path):
+    _fails(tmp_path, "not found", tmp_path / "nope", ckpt_a)
+
+
+@pytest.mark.parametrize("ctx,match", [(2 * WINDOW, "larger than the window"), (1000, "not a multiple of the attention block size 64")])
+def test_bad_max_context(data_dir, ckpt_a, tmp_path, ctx, match):
+    _fails(tmp_path, match, data_dir, ckpt_a, max_context=(ctx,))
+
+
+def test_unreadable_checkpoints(data_dir, ckpt_a, tmp_path):
+    _fails(tmp_path, "checkpoint not found", data_dir, tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _fails(tmp_path, "not a run folder", data_dir, empty)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    _fails(tmp_path, "no complete checkpoint", data_dir, run)
+    truncated = shutil.copytree(ckpt_a, tmp_path / "truncated")
+    w = truncated / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    _fails(tmp_path, "unreadable checkpoint .*truncated.*model.safetensors", data_dir, ckpt_a, truncated)
+    no_weights = shutil.copytree(ckpt_a, tmp_path / "no-weights")
+    (no_weights / "model.safetensors").unlink()
+    _fails(tmp_path, "no \\*.safetensors", data_dir, no_weights)
+    bad_json = shutil.copytree(ckpt_a, tmp_path / "bad-json")
+    (bad_json / "config.json").write_text("{not json")
+    _fails(tmp_path, "config.json", data_dir, bad_json)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"labels": ("x", "y")}, "2 --label for 1"),
+    ({"max_context": (0, 0)}, "2 --max-context for 1"),
+    ({"bins": 0}, "bins"),
+])
+def test_bad_options(data_dir, ckpt_a, tmp_path, kw, match):
+    _fails(tmp_path, match, data_dir, ckpt_a, **kw)
+
+
+def test_no_checkpoint(data_dir, tmp_path):
+    _fails(tmp_path, "no checkpoint given", data_dir)

@@ -1,0 +1,46 @@
+"""Which folder a --checkpoint means: a run (its latest checkpoint), a checkpoint, or a transformers folder."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.evaluate.checkpoints import default_labels, resolve_checkpoint
+
+from .conftest import small_config
+
+
+def test_run_folder_resolves_to_its_latest_complete_checkpoint(ckpt_a, ckpt_b, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ckpt_a, run / "checkpoints" / "step-00000002")
+    shutil.copytree(ckpt_b, run / "checkpoints" / "step-00000010")
+    shutil.copytree(ckpt_a, run / "checkpoints" / ".tmp-step-00000012")  # a save interrupted midway
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step-00000010"
+    assert resolve_checkpoint(run / "checkpoints" / "step-00000002") == run / "checkpoints" / "step-00000002"
+
+
+def test_a_folder_written_by_transformers_evaluates_like_ours(data_dir, ckpt_a, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    c = small_config()
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(hf_cfg)
+    ours = transformers.LlamaForCausalLM.from_pretrained(ckpt_a)
+    hf.load_state_dict(ours.state_dict())
+    hf.to(torch.float32).save_pretrained(tmp_path / "hf")
+    assert not (tmp_path / "hf" / "lcft.json").exists()
+    rep = evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a), str(tmp_path / "hf")),
+                              max_windows=2, out=str(tmp_path / "r")))
+    a, b = rep["checkpoints"]
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+
+
+def test_default_labels_are_folder_names_made_unique():
+    assert default_labels(["runs/base", "runs/long", "runs/long"], [0, 0, 1024]) == ["base", "long", "long@1K"]
+    assert default_labels(["a/x", "b/x"], [0, 0]) == ["x#1", "x#2"]
