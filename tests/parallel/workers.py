@@ -26,3 +26,51 @@ def attention_cases(rank: int, world: int, cases: list[dict], full: dict[str, to
         out.append({"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
                     "bytes": comms.STATS.snapshot()})
     return out
+
+
+def tiny_model(backend: str, seed: int = 0):
+    """The tiny preset with small sparse blocks, so a short window has real (cross-shard) sparsity."""
+    from lcft.model import Llama, preset
+
+    cfg = preset("tiny")
+    cfg.attention = AttentionConfig(backend=backend, block_size=16, top_k=2, local_blocks=1, sink_blocks=1,
+                                    impl="cpu")
+    torch.manual_seed(seed)
+    return Llama(cfg)
+
+
+class WindowLoss(torch.nn.Module):
+    """Forward = this rank's share of the window loss, so DDP sees (and synchronises) the whole step."""
+
+    def __init__(self, model, runner) -> None:
+        super().__init__()
+        self.model, self.runner = model, runner
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor):
+        from lcft.kernels import chunked_cross_entropy
+
+        hidden, _ = self.runner.hidden_states(self.model, input_ids)  # (B, L/cp, H)
+        local, _ = self.runner.shard({"input_ids": input_ids, "labels": labels})
+        loss_sum, count = chunked_cross_entropy(hidden, self.model.lm_head_weight, local["labels"], chunk=96)
+        return self.runner.window_loss(loss_sum, count)
+
+
+def train_steps(rank: int, world: int, cases: list[tuple[str, str, str]], batch: dict[str, torch.Tensor]
+                ) -> list[dict[str, Any]]:
+    """Per case (backend, layout, kv): one forward/backward of the tiny model under cp=world, gradients
+    synchronised by torch DDP (which averages over the ranks, as in training)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lcft.parallel import ContextParallelRunner, apply_context_parallel
+
+    out = []
+    for backend, layout, kv in cases:
+        pcfg = ParallelConfig(cp=world, cp_layout=layout, cp_kv=kv)
+        state = init_parallel(pcfg)
+        model = apply_context_parallel(tiny_model(backend), state, pcfg)
+        runner = ContextParallelRunner(state, pcfg, model.config.attention.block_size)
+        ddp = DistributedDataParallel(WindowLoss(model, runner))
+        loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
+        loss_bw.backward()
+        out.append({"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
+    return out
