@@ -1,0 +1,62 @@
+"""Data parallelism on CPU (gloo, 2 processes via torchrun): equal to accumulation on one process, and a
+run resumes on another world size with the same samples in the same order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.model import from_pretrained
+from lcft.train import TrainConfig, train
+from lcft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_dir, init_dir):
+    """two: 2 processes x micro-batch 1, stopped after 3 of 6 steps (checkpoint at 3), then resumed on 1 process
+    (accumulation 2). one: 1 process x accumulation 2, 6 steps straight, checkpoint at 3 and 6."""
+    root = tmp_path_factory.mktemp("dp")
+    base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
+                warmup=2, lr=1e-3, precision="fp32", save_every=3, keep_last=0, progress=False)
+    two = train(TrainConfig(out=str(root / "two"), nproc=2, stop_after=3, **base))
+    assert two["world_size"] == 2 and two["step"] == 3 and two["stopped"] == "stop_after"
+    two_metrics = read_metrics(root / "two")
+    resumed = train(TrainConfig(out=str(root / "two"), resume="auto", **base))
+    assert resumed["world_size"] == 1 and resumed["step"] == 6
+    assert train(TrainConfig(out=str(root / "one"), **base))["world_size"] == 1
+    return root, two_metrics, read_metrics(root / "two"), read_metrics(root / "one")
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return from_pretrained(ckpt).state_dict()
+
+
+def test_two_processes_equal_one_with_accumulation(runs):
+    root, two, _, one = runs
+    assert [r["step"] for r in two] == [1, 2, 3]
+    assert [r["samples"] for r in two] == [r["samples"] for r in one[:3]]
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in two]), torch.tensor([r["loss"] for r in one[:3]]),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor([r["grad_norm"] for r in two]),
+                               torch.tensor([r["grad_norm"] for r in one[:3]]), rtol=1e-5, atol=1e-5)
+    a = _weights(root / "two" / "checkpoints" / "step-00000003")
+    b = _weights(root / "one" / "checkpoints" / "step-00000003")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
+
+
+def test_resume_on_another_world_size(runs):
+    """Steps 4-6 ran on 1 process after steps 1-3 on 2: same samples in the same order as the straight run."""
+    root, _, resumed, one = runs
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    assert [r["samples"] for r in resumed] == [r["samples"] for r in one]
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in resumed]), torch.tensor([r["loss"] for r in one]),
+                               rtol=1e-5, atol=1e-5)
+    a = _weights(root / "two" / "checkpoints" / "step-00000006")
+    b = _weights(root / "one" / "checkpoints" / "step-00000006")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
