@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,10 @@ from lcft.genomics import prepare_windows
 t, c = time.perf_counter(), time.process_time()
 m = prepare_windows(fasta=sys.argv[1], out=sys.argv[2], length="512K", train="chr1", eval="chr2")
 dt, dc = time.perf_counter() - t, time.process_time() - c
-print(json.dumps({"wall": dt, "cpu": dc, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+# VmHWM (peak RSS of this address space); ru_maxrss would also count the parent's pages copied by fork
+hwm = [int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM")]
+rss = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"wall": dt, "cpu": dc, "rss_kib": rss,
                   "windows": {s: v["windows"] for s, v in m["splits"].items()},
                   "skipped": {s: v["skipped_n"] for s, v in m["splits"].items()}}))
 """
@@ -97,8 +101,8 @@ def per_char_baseline(path: Path, bases: int) -> tuple[float, float]:
     step = 1 << 19
     for s in range(0, bases, step):
         seq = fa["chr1"][s : min(s + step, bases)].seq
-        ids = bytes(table.get(c, 8) for c in seq)
-        mask = [c.islower() for c in seq]
+        ids = bytes(table.get(ch, 8) for ch in seq)
+        mask = [ch.islower() for ch in seq]
         assert len(ids) == len(mask)
     return time.perf_counter() - t, time.process_time() - c
 
@@ -107,6 +111,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20 Mbp instead of 200 Mbp")
     ap.add_argument("--mbp", type=int, default=None, help="genome size in Mbp (overrides --quick)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of ours and the baseline (best is kept)")
     args = ap.parse_args()
     total = (args.mbp or (20 if args.quick else 200)) * 1_000_000
     with tempfile.TemporaryDirectory(prefix="lcft-bench-") as tmp:
@@ -123,9 +128,15 @@ def main() -> int:
         raw_warm = min(raw_read(fasta) for _ in range(2))
         evict(fasta)
         cold = ours(fasta, Path(tmp) / "cold")
-        warm = ours(fasta, Path(tmp) / "warm")
+        # the machine may be shared: alternate ours and the baseline and keep each one's best time
         sample = min(total * 3 // 5, 2_000_000 if args.quick else 4_000_000)
-        base = tuple(x * total / sample for x in per_char_baseline(fasta, sample))
+        warm_runs, base_runs = [], []
+        for i in range(args.repeat):
+            warm_runs.append(ours(fasta, Path(tmp) / f"warm{i}"))
+            shutil.rmtree(Path(tmp) / f"warm{i}")
+            base_runs.append(per_char_baseline(fasta, sample))
+        warm = {"wall": min(r["wall"] for r in warm_runs), "cpu": min(r["cpu"] for r in warm_runs)}
+        base = (min(b[0] for b in base_runs) * total / sample, min(b[1] for b in base_runs) * total / sample)
 
     print(f"windows: {cold['windows']} kept, {cold['skipped']} skipped for N (512K windows)")
     mbps = lambda s: total / s / 1e6
@@ -138,9 +149,10 @@ def main() -> int:
     print(f"{'':36}{'wall Mbp/s':>12}{'CPU Mbp/s':>12}{'wall s':>9}")
     for name, (w, c) in rows:
         print(f"{name:36}{mbps(w):12.1f}{mbps(c):12.1f}{w:9.2f}")
-    print(f"* timed on {sample / 1e6:.0f} Mbp of chr1 and extrapolated to {total / 1e6:.0f} Mbp")
+    print(f"* timed on {sample / 1e6:.0f} Mbp of chr1 and extrapolated to {total / 1e6:.0f} Mbp; "
+          f"cached rows: best of {args.repeat} alternating runs")
     rss = cold["rss_kib"] / 1024
-    vs_char = (base[0] / cold["wall"], base[1] / cold["cpu"])
+    vs_char = (base[0] / warm["wall"], base[1] / warm["cpu"])
     vs_read = (raw_cold[0] / cold["wall"], raw_warm[0] / warm["wall"])
     print(f"ours / per-char: {vs_char[0]:.0f}x wall, {vs_char[1]:.0f}x CPU (target >= 30x)")
     print(f"ours / raw read: {vs_read[0]:.0%} not cached, {vs_read[1]:.0%} cached (target >= 25%)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,37 +76,79 @@ class HashedFile:
 
 
 class SplitWriter:
-    """Appends windows of one split: ids to {split}.bin, bit-packed soft mask to {split}.softmask.bin."""
+    """Appends windows of one split: ids to {split}.bin, bit-packed soft mask to {split}.softmask.bin.
+
+    Writing and hashing run on a background thread (both release the GIL), overlapping the tokenizer on
+    the main thread; a bounded queue keeps memory at a few windows. Errors (e.g. disk full) surface on
+    the next add() or at flush()."""
+
+    QUEUE_WINDOWS = 4
 
     def __init__(self, folder: Path, split: str, keep: tuple[int, int] = (0, 0)):
         self.split = split
         self.ids = HashedFile(folder / bin_name(split), keep[0])
         self.soft = HashedFile(folder / softmask_name(split), keep[1])
+        self._queue: queue.Queue = queue.Queue(self.QUEUE_WINDOWS)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name=f"lcft-write-{split}", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    self.ids.write(item[0])
+                    self.soft.write(item[1])
+            except BaseException as e:  # handed to the main thread by _raise()
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
 
     def add(self, ids: np.ndarray, softmask_packed: np.ndarray) -> None:
         """Append one window: (L,) uint8 ids and its (L/8,) soft mask from np.packbits (big bit order:
-        bit 7 of byte j is token 8j; np.unpackbits inverts it)."""
-        self.ids.write(memoryview(np.ascontiguousarray(ids)))
-        self.soft.write(memoryview(np.ascontiguousarray(softmask_packed)))
+        bit 7 of byte j is token 8j; np.unpackbits inverts it). The arrays must not be modified after."""
+        self._raise()
+        self._queue.put((memoryview(np.ascontiguousarray(ids)), memoryview(np.ascontiguousarray(softmask_packed))))
+
+    def drain(self) -> None:
+        """Wait until every added window is written; re-raise a write error."""
+        self._queue.join()
+        self._raise()
 
     def sizes(self) -> tuple[int, int]:
+        self.drain()
         return self.ids.size, self.soft.size
 
     def digests(self) -> tuple[str, str]:
+        self.drain()
         return self.ids.hash.hexdigest(), self.soft.hash.hexdigest()
 
     def flush(self) -> None:
+        self.drain()
         self.ids.flush()
         self.soft.flush()
 
     def sync(self) -> None:
+        self.drain()
         self.ids.sync()
         self.soft.sync()
 
     def files(self) -> dict[str, dict[str, Any]]:
+        self.drain()
         return {f.path.name: {"bytes": f.size, "sha256": f.hash.hexdigest()} for f in (self.ids, self.soft)}
 
     def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
         self.ids.close()
         self.soft.close()
 

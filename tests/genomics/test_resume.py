@@ -35,7 +35,7 @@ KILLER = textwrap.dedent("""
         if seen["ckpt"] >= k:
             seen["adds"] += 1
             if seen["adds"] == 3:
-                self.ids.fh.flush(); self.soft.fh.flush()  # make the torn chromosome visible on disk
+                self.flush()  # make the torn chromosome visible on disk
                 os.kill(os.getpid(), signal.SIGKILL)
     P.write_json_atomic, SplitWriter.add = json_hook, add_hook
     P.prepare_windows(fasta=sys.argv[1], out=sys.argv[2], length={L}, train=("c1", "c2", "c3", "c4"),
