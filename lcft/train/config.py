@@ -14,6 +14,7 @@ from lcft.config import ConfigError, build, load_toml, merge, to_dict
 # Options that do not change the training trajectory: a run folder may be continued with different values.
 RUN_NEUTRAL = frozenset({
     "out", "resume", "nproc", "stop_after", "save_every", "keep_last", "tensorboard", "progress",
+    "cp", "cp_layout", "cp_kv",  # how a sequence is split over ranks: same trajectory up to rounding
 })
 
 
@@ -96,6 +97,12 @@ class TrainConfig:
     """Local processes to start (torchrun; gloo on CPU). Under an existing torchrun launch it is ignored."""
     cp: int = 1
     """Context-parallel ranks per sequence (the cp ranks of one data-parallel group are consecutive)."""
+    cp_layout: Literal["zigzag", "contiguous"] = "zigzag"
+    """Context parallelism: how a sequence is cut over its cp ranks: zigzag (2*cp chunks, rank r holds chunks r
+    and 2*cp-1-r: balanced causal work) or contiguous (rank r holds chunks 2r and 2r+1)."""
+    cp_kv: Literal["all", "selected"] = "all"
+    """Context parallelism: all = all-gather every rank's keys/values per layer; selected = fetch only the key
+    blocks the sparse selection needs (all_to_all; fewer bytes)."""
     seed: int = 0
     """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
     spike_sigma: float = 6.0

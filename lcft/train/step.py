@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -11,6 +11,9 @@ from torch import nn
 from lcft.kernels import chunked_cross_entropy
 from lcft.model import Llama
 from lcft.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from lcft.parallel import ContextParallelRunner
 
 
 class LossModel(nn.Module):
@@ -33,8 +36,8 @@ class LossModel(nn.Module):
                                          chunk=self.chunk, z_loss=self.z_loss, with_z=True)
 
 
-def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor], cfg: TrainConfig
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor], cfg: TrainConfig,
+                 cp: ContextParallelRunner | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of one micro-batch on this rank: (loss_sum, count, z_sum), sums over the tokens it holds.
 
     `model` is the prepared (possibly DDP-wrapped) LossModel. Context parallelism shards here: it keeps this
@@ -42,6 +45,12 @@ def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor], cfg: TrainCon
     rope_seq_len; the trainer divides by the global count of the whole step and DDP averages over all ranks.
     """
     del cfg  # the single-rank step needs nothing from it; the context-parallel one reads cfg.cp
+    if cp is not None and cp.state.cp > 1:
+        # `cp` holds this rank's place in its cp group. The sums cover only this rank's tokens: the trainer's
+        # normaliser (global count, x world size against DDP's average) makes the summed gradient exact.
+        local, positions = cp.shard(batch)
+        return model(local["input_ids"], local["labels"], local.get("weights"), position_ids=positions,
+                     rope_seq_len=batch["input_ids"].shape[1])
     return model(batch["input_ids"], batch["labels"], batch.get("weights"))
 
 

@@ -93,13 +93,12 @@ class Trainer:
         self.is_main = ps.is_main_process
         if self.world % cfg.cp:
             raise LcftError(f"{self.world} processes cannot be split into context-parallel groups of {cfg.cp}")
+        self.cp_runner = None  # context parallelism: this rank's shard of each sequence (lcft.parallel)
         if cfg.cp > 1:
-            import lcft.parallel as parallel
+            from lcft.parallel import ParallelConfig, init_parallel
 
-            if not hasattr(parallel, "apply_context_parallel"):
-                raise LcftError("--cp > 1 is not yet available in this version (lcft.parallel has no "
-                                "apply_context_parallel)")
-            raise LcftError("--cp > 1: the trainer's context-parallel wiring is not in this version yet")
+            self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
+            self.pstate = init_parallel(self.pcfg)  # collective: the dp x cp process groups
         self.dp_size, self.dp_rank = self.world // cfg.cp, self.rank // cfg.cp
         if cfg.global_batch % (cfg.micro_batch * self.dp_size):
             raise LcftError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch x data-parallel "
@@ -120,6 +119,11 @@ class Trainer:
         init = Path(cfg.init) if cfg.init else None
         self.model = build_model(cfg, manifest["tokenizer"], self.resume_from or init)
         self._check_lengths(windows.length)
+        if cfg.cp > 1:
+            from lcft.parallel import ContextParallelRunner, apply_context_parallel
+
+            apply_context_parallel(self.model, self.pstate, self.pcfg)  # swaps each block's attention core
+            self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.block_size)
         self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
         self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
 
@@ -291,7 +295,7 @@ class Trainer:
         for batch in batches:
             batch = {k: v.to(self.acc.device) for k, v in batch.items()}
             with self.acc.accumulate(self.lm):
-                ls, _, zs = compute_loss(self.lm, batch, cfg)
+                ls, _, zs = compute_loss(self.lm, batch, cfg, self.cp_runner)
                 if self.hooks.perturb_loss:
                     ls = self.hooks.perturb_loss(step, ls)
                 self.acc.backward(ls * scale)

@@ -1,0 +1,71 @@
+"""Context parallelism through the trainer (torchrun, gloo): dp=2 x cp=2 equals one process with accumulation 2,
+and a run resumes across cp sizes (cp=2 -> cp=1 and cp=1 -> cp=2) on the same trajectory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.errors import LcftError
+from lcft.model import from_pretrained
+from lcft.train import TrainConfig, train
+from lcft.train.metrics import read_metrics
+
+pytestmark = pytest.mark.distributed
+
+
+def _base(data: Path, init: Path) -> dict:
+    return dict(data=str(data), init=str(init), seq_len=512, steps=2, global_batch=2, micro_batch=1, warmup=1,
+                lr=1e-3, precision="fp32", save_every=1, keep_last=0, progress=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
+    """one: 1 process, accumulation 2. dpcp: 4 processes = dp 2 x cp 2 (zigzag, all-gathered K/V).
+    cp2to1: dpcp's step-1 checkpoint resumed on one process. cp1to2: one's step-1 checkpoint resumed on cp=2
+    (contiguous, selected K/V)."""
+    root = tmp_path_factory.mktemp("cp-train")
+    base = _base(cp_data_dir, cp_init_dir)
+    train(TrainConfig(out=str(root / "one"), **base))
+    s = train(TrainConfig(out=str(root / "dpcp"), nproc=4, cp=2, **base))
+    assert s["world_size"] == 4 and s["step"] == 2
+    train(TrainConfig(out=str(root / "cp2to1"), resume=str(root / "dpcp/checkpoints/step-00000001"), **base))
+    s = train(TrainConfig(out=str(root / "cp1to2"), resume=str(root / "one/checkpoints/step-00000001"), nproc=2,
+                          cp=2, cp_layout="contiguous", cp_kv="selected", **base))
+    assert s["world_size"] == 2 and s["step"] == 2
+    return root
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run)}
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    wa, wb = from_pretrained(a).state_dict(), from_pretrained(b).state_dict()
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_dp2_cp2_equals_one_process_with_accumulation(runs):
+    one, dpcp = _losses(runs / "one"), _losses(runs / "dpcp")
+    assert sorted(dpcp) == [1, 2]
+    for step in (1, 2):
+        assert dpcp[step] == pytest.approx(one[step], rel=1e-5)
+    for step in ("step-00000001", "step-00000002"):
+        _same_weights(runs / "dpcp/checkpoints" / step, runs / "one/checkpoints" / step)
+
+
+@pytest.mark.parametrize("run", ["cp2to1", "cp1to2"])
+def test_resume_across_cp_sizes(runs, run):
+    assert _losses(runs / run)[2] == pytest.approx(_losses(runs / "one")[2], rel=1e-5)
+    _same_weights(runs / run / "checkpoints/step-00000002", runs / "one/checkpoints/step-00000002")
+
+
+def test_world_not_divisible_by_cp_fails_before_any_work(tmp_path, cp_data_dir, cp_init_dir):
+    out = tmp_path / "run"
+    with pytest.raises(LcftError, match="cannot be split into context-parallel groups of 2"):
+        train(TrainConfig(out=str(out), cp=2, **_base(cp_data_dir, cp_init_dir)))
+    assert not out.exists()
