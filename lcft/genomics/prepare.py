@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -216,6 +217,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
             (out / PARTIAL).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise LcftError(f"cannot write to output folder {out}: {e.strerror or e}") from None
+        lock = _lock(out)
         try:
             manifest = _run(cfg, fasta, options, out, chosen, con)
         except LcftError:
@@ -228,7 +230,21 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
                 f"cannot write to {out / PARTIAL}: {e.strerror or e} (errno {e.errno}); the finished part is "
                 "kept there: fix the cause and re-run the same command to resume"
             ) from None
+        finally:
+            os.close(lock)
     return manifest
+
+
+def _lock(out: Path) -> int:
+    """An exclusive lock on the output folder itself (no lock file to leave behind): two runs writing
+    into one folder would interleave their windows."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LcftError(f"another `lcft prepare` is writing into {out}; wait for it or use another --out") from None
+    return fd
 
 
 def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None) -> dict:

@@ -54,7 +54,7 @@ def test_windows_match_biopython(case, genomes_dir, tmp_path):
     for i in range(len(ws)):
         c, s, e = ws.coords(i)
         ref = seq[s:e]
-        assert ws[i].dtype == np.uint8 and ws[i].shape == (L,)
+        assert isinstance(ws[i], np.memmap) and ws[i].dtype == np.uint8 and ws[i].shape == (L,)
         assert decode(ws[i]) == expected_ids(ref)
         lower = np.frombuffer(ref.encode(), dtype=np.uint8) >= ord("a")
         assert np.array_equal(ws.softmask(i), lower)
@@ -90,3 +90,25 @@ def test_train_and_eval_from_one_file(tmp_path):
     assert (out / "eval.softmask.bin").stat().st_size == len(ev) * L // 8
     assert m["tokenizer"]["vocab_size"] == 16 and m["length"] == L and m["stride"] == L
     assert (out / "prepare.toml").is_file() and not (out / ".partial").exists()
+
+
+def test_inspect_fasta_matches_documented_counts(genomes_dir):
+    """README.txt of the shared genomes: 831,507 soft-masked bases and a 10 kb N run in 2,333,275 bp."""
+    from lcft.genomics.inspect import inspect_fasta
+
+    path = genomes_dir / "hg38_chr2_1-2333275.fa.gz"
+    (row,) = inspect_fasta(path)
+    seq = bio_records(path)["chr2"]
+    up = seq.upper()
+    assert row["chrom"] == "chr2" and row["length"] == len(seq) == 2_333_275
+    assert row["softmask_frac"] == pytest.approx(831_507 / len(seq))
+    assert row["n_frac"] == pytest.approx(up.count("N") / len(seq)) and up.count("N") == 10_000
+    assert row["gc_frac"] == pytest.approx((up.count("G") + up.count("C")) / (len(seq) - 10_000))
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, lcft.genomics; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

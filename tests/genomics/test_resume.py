@@ -148,3 +148,44 @@ def test_stray_outputs_without_manifest_are_not_overwritten(genome, tmp_path):
     with pytest.raises(LcftError, match="train.bin but no complete manifest"):
         prep(genome, out)
     assert (out / "train.bin").read_bytes() == b"precious"
+
+
+def test_crash_while_moving_outputs_into_place(genome, tmp_path, monkeypatch):
+    """Killed between the renames of the final step: the re-run completes the move; the manifest comes last."""
+    import lcft.genomics.prepare as P
+
+    real, moved = os.replace, []
+
+    def crash_after_two(src, dst):
+        if Path(src).parent.name == ".partial" and Path(src).name in OUTPUTS:
+            if len(moved) == 2:
+                raise KeyboardInterrupt  # stands in for a kill: nothing catches it
+            moved.append(Path(src).name)
+        real(src, dst)
+
+    out = tmp_path / "o"
+    monkeypatch.setattr(P.os, "replace", crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        prep(genome, out)
+    monkeypatch.setattr(P.os, "replace", real)
+    assert not (out / "manifest.json").exists() and len(moved) == 2
+    prep(genome, out)
+    prep(genome, tmp_path / "clean")
+    for name in OUTPUTS:
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+    assert not (out / ".partial").exists()
+
+
+def test_second_writer_into_the_same_folder_is_refused(genome, tmp_path):
+    import fcntl
+
+    out = tmp_path / "o"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what a running prepare holds
+    try:
+        with pytest.raises(LcftError, match="another `lcft prepare` is writing"):
+            prep(genome, out)
+    finally:
+        os.close(fd)
+    prep(genome, out)
