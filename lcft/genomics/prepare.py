@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
@@ -166,10 +165,11 @@ def _resume_writers(partial: Path, state: dict) -> dict[str, SplitWriter] | None
     """Writers reopened at the last checkpoint, or None when the kept bytes do not hash to what the
     checkpoint recorded (a torn write, or a machine crash before the data reached the disk)."""
     writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s])) for s in SPLITS}
+    digests = state.get("digests", {})
     ok = all(
-        list(w.sizes()) == state["sizes"][s] and list(w.digests()) == state["digests"].get(s, list(w.digests()))
+        list(w.sizes()) == state["sizes"][s] and (state["sizes"][s] == [0, 0] or list(w.digests()) == digests.get(s))
         for s, w in writers.items()
-    ) and all(s in state["digests"] or state["sizes"][s] == [0, 0] for s in SPLITS)
+    )
     if ok:
         return writers
     for w in writers.values():
@@ -356,8 +356,3 @@ def _manifest(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
         "chroms": state["chroms"],
         "records": state["records"],
     }
-
-
-def config_fields() -> list[str]:
-    """Field names of PrepareConfig (the CLI builds its options from them)."""
-    return [f.name for f in dataclasses.fields(PrepareConfig)]
