@@ -81,12 +81,12 @@ def _download_once(url: str, part: Path, bar: Progress | None, task: int | None,
             raise http.client.IncompleteRead(b"", total - part.stat().st_size)
 
 
-def download(url: str, dest: Path, *, retries: int = 3, progress: bool = False, timeout: float = 60) -> Path:
-    """Download to `dest` through `dest.part`; an interrupted transfer resumes where it stopped, in this
-    call (up to `retries` times) or in a later one."""
-    part = dest.with_name(dest.name + ".part")
+def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, timeout: float = 60) -> Path:
+    """Download `url` into `part`, appending to what an earlier interrupted call left there (HTTP Range);
+    retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete."""
+    label = part.name.removesuffix(".part")
     bar = (
-        Progress(TextColumn(dest.name), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+        Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                  console=Console(stderr=True))
         if progress else None
     )
@@ -97,7 +97,7 @@ def download(url: str, dest: Path, *, retries: int = 3, progress: bool = False, 
         for attempt in range(retries + 1):
             try:
                 _download_once(url, part, bar, task, timeout)
-                break
+                return part
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
                 if isinstance(e, urllib.error.HTTPError) and e.code < 500:
                     raise LcftError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
@@ -111,8 +111,7 @@ def download(url: str, dest: Path, *, retries: int = 3, progress: bool = False, 
     finally:
         if bar:
             bar.stop()
-    os.replace(part, dest)
-    return dest
+    return part
 
 
 def _make_readable(gz: Path, bgzip: bool) -> Path:
@@ -125,12 +124,16 @@ def _make_readable(gz: Path, bgzip: bool) -> Path:
         from Bio import bgzf
 
         target = gz.with_name(stem + ".bgz.gz")
+        if target.exists():  # written via .tmp + rename: present means complete
+            return target
         tmp = target.with_name(target.name + ".tmp")
         with gzip.open(gz, "rb") as src, bgzf.BgzfWriter(str(tmp), "wb") as dst:
             while block := src.read(1 << 22):
                 dst.write(block)
     else:
         target = gz.with_name(stem)
+        if target.exists():
+            return target
         tmp = target.with_name(target.name + ".tmp")
         with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 22)
@@ -166,12 +169,12 @@ def fetch_fasta(
     con = Console(stderr=True) if progress else None
     if not dest.exists():
         want = None if md5 == NO_MD5 else (md5.lower() if md5 else published_md5(url, timeout))
-        download(url, dest.with_name(dest.name + ".dl"), retries=retries, progress=progress, timeout=timeout)
-        got = md5_file(dest.with_name(dest.name + ".dl"))
+        part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=progress, timeout=timeout)
+        got = md5_file(part)
         if want is not None and got != want:
-            dest.with_name(dest.name + ".dl").unlink()
+            part.unlink()
             raise LcftError(f"md5 mismatch for {url}: got {got}, published {want}; the download was removed, re-run")
-        os.replace(dest.with_name(dest.name + ".dl"), dest)
+        os.replace(part, dest)
         if con:
             con.print(f"downloaded {dest} (md5 {'checked' if want else 'not checked'}: {got})")
     elif con:

@@ -98,7 +98,7 @@ def test_interrupted_transfer_resumes_on_rerun(server, tmp_path):
     GenomeServer.cut = {"/g/hg38.fa.gz"}
     with pytest.raises(LcftError, match="interrupted after .* re-run the same command to resume"):
         fetch_fasta("hg38", tmp_path / "d", url=url, retries=0)
-    part = tmp_path / "d" / "hg38.fa.gz.dl.part"
+    part = tmp_path / "d" / "hg38.fa.gz.part"
     assert 0 < part.stat().st_size < len(GenomeServer.files["/g/hg38.fa.gz"])
     assert not (tmp_path / "d" / "hg38.fa.gz").exists()
     have = part.stat().st_size
@@ -137,10 +137,10 @@ def test_bgzip_option_gives_random_access_gzip(server, tmp_path):
 
 def test_second_fetch_does_not_download_again(server, tmp_path):
     url, _ = server
-    fetch_fasta("hg38", tmp_path / "d", url=url)
-    n = len(GenomeServer.ranges)
-    fetch_fasta("hg38", tmp_path / "d", url=url)
-    assert len(GenomeServer.ranges) == n
+    ready = fetch_fasta("hg38", tmp_path / "d", url=url)
+    n, stamp = len(GenomeServer.ranges), ready.stat().st_mtime_ns
+    assert fetch_fasta("hg38", tmp_path / "d", url=url) == ready
+    assert len(GenomeServer.ranges) == n and ready.stat().st_mtime_ns == stamp  # no download, no re-unpack
 
 
 def test_unknown_genome_and_bad_url(tmp_path):
