@@ -121,7 +121,7 @@ def _index_paths(readable: Path, kind: str) -> dict[str, str]:
     fai = Path(str(readable) + ".fai")
     gzi = Path(str(readable) + ".gzi")
     mtime = readable.stat().st_mtime
-    fresh = fai.is_file() and fai.stat().st_mtime >= mtime and (kind != "bgzf" or gzi.is_file())
+    fresh = all(p.is_file() and p.stat().st_mtime >= mtime for p in ([fai, gzi] if kind == "bgzf" else [fai]))
     if fresh or writable_dir(readable.parent):
         return {}
     base = cache_dir() / "index" / f"{_file_key(readable)}-{readable.name}"

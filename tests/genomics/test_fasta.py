@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 
 import numpy as np
@@ -107,6 +108,24 @@ def test_read_only_sample_copy_prepares(tmp_path):
     ref = prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "r"), length="256K", train="chr2",
                           eval="chr22")
     assert m["splits"] == ref["splits"] and m["records"] == ref["records"]
+
+
+def test_read_only_folder_with_stale_indexes(tmp_path):
+    """A fresh clone or an install can leave .fai/.gzi older than the FASTA; in a read-only folder pyfaidx
+    would try to rebuild them in place, so lcft indexes into the cache instead."""
+    ro = tmp_path / "pkg"
+    ro.mkdir()
+    for suffix in ("", ".fai", ".gzi"):
+        shutil.copy(str(sample_fasta()) + suffix, ro / ("human_sample.fa.gz" + suffix))
+    os.utime(ro / "human_sample.fa.gz.gzi", (1, 1))  # stale
+    ro.chmod(0o555)
+    try:
+        with FastaFile(ro / "human_sample.fa.gz") as f:
+            assert f.names == ["chr2", "chr22"] and str(f.indexname).startswith(str(cache_dir()))
+            assert f.read_raw("chr22", 0, 60) == bio_records(sample_fasta())["chr22"][:60].encode()
+        assert (ro / "human_sample.fa.gz.gzi").stat().st_mtime == 1  # left alone (root could write there)
+    finally:
+        ro.chmod(0o755)
 
 
 def test_bundled_sample_is_the_documented_copy(genomes_dir):
