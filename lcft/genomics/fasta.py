@@ -5,7 +5,9 @@ from __future__ import annotations
 import bisect
 import gzip
 import hashlib
+import io
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +76,28 @@ def _named_for_pyfaidx(path: Path, kind: str) -> Path:
     return link
 
 
+def normalize_to_cache(path: Path, kind: str) -> Path:
+    """A copy with LF line ends and no blank lines, for what pyfaidx mis-indexes: old-Mac CR-only line
+    ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent)."""
+    dest = cache_dir() / "fasta" / f"{_file_key(path)}-{path.name.removesuffix('.gz')}.lf.fa"
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    opener = gzip.open if kind != "plain" else open
+    try:
+        with opener(path, "rb") as raw, open(tmp, "w", encoding="latin-1", newline="\n") as out:
+            # text mode with newline=None turns \r\n and \r into \n
+            for line in io.TextIOWrapper(raw, encoding="latin-1", newline=None):
+                if line.strip():
+                    out.write(line.rstrip() + "\n")
+        os.replace(tmp, dest)
+    except (OSError, EOFError) as e:
+        tmp.unlink(missing_ok=True)
+        raise LcftError(f"{path}: cannot normalize line endings into {dest.parent}: {e}") from None
+    return dest
+
+
 def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
     try:
         if kind == "plain":
@@ -105,6 +129,8 @@ def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
     if not body[0].startswith(b">"):
         shown = body[0][:40].decode("ascii", "replace")
         raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
+    if re.search(rb"\r(?!\n)", head.rstrip(b"\r")):  # CR-only line ends: pyfaidx would see one line
+        return p, normalize_to_cache(p, kind), kind
     readable = decompress_to_cache(p) if kind == "gzip" else _named_for_pyfaidx(p, kind)
     return p, readable, kind
 
@@ -151,17 +177,18 @@ class FastaFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path, self.readable, self.kind = check_fasta(path)
-        read_kind = "plain" if self.kind == "gzip" else self.kind  # plain gzip was decompressed
         try:
-            self.faidx = pyfaidx.Faidx(
-                str(self.readable), duplicate_action="stop", **_index_paths(self.readable, read_kind)
-            )
-        except (pyfaidx.FastaIndexingError, pyfaidx.UnsupportedCompressionFormat) as e:
-            raise _indexing_error(self.path, e) from None
-        except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
-            raise LcftError(f"{self.path}: {e} (record names must be unique)") from None
-        except OSError as e:
-            raise LcftError(f"{self.path}: cannot index FASTA: {e}") from None
+            self.faidx = self._index()
+        except pyfaidx.FastaIndexingError as e:
+            # Blank lines, which pyfaidx tolerates only in some places (not with CRLF line ends): retry on a
+            # normalized copy; if that fails too, the original error (with the file's own line numbers) stands.
+            if self.readable.name.endswith(".lf.fa"):
+                raise _indexing_error(self.path, e) from None
+            self.readable = normalize_to_cache(self.path, self.kind)
+            try:
+                self.faidx = self._index()
+            except pyfaidx.FastaIndexingError:
+                raise _indexing_error(self.path, e) from None
         self.index = self.faidx.index
         self.indexname = Path(self.faidx.indexname)
         gzi = getattr(self.faidx, "gzi_index", None) or []
@@ -169,6 +196,17 @@ class FastaFile:
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")
+
+    def _index(self) -> pyfaidx.Faidx:
+        read_kind = "bgzf" if self.readable.name.endswith((".gz", ".bgz")) else "plain"
+        try:
+            return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **_index_paths(self.readable, read_kind))
+        except pyfaidx.UnsupportedCompressionFormat as e:
+            raise _indexing_error(self.path, e) from None
+        except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
+            raise LcftError(f"{self.path}: {e} (record names must be unique)") from None
+        except OSError as e:
+            raise LcftError(f"{self.path}: cannot index FASTA: {e}") from None
 
     def __enter__(self) -> FastaFile:
         return self

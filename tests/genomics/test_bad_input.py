@@ -166,6 +166,26 @@ def test_windows_line_endings(tmp_path):
         assert decode(b[i], b.softmask(i)) == recs["c1"][s:e]
 
 
+@pytest.mark.parametrize("eol", ["\r\n", "\r"])
+def test_line_endings_pyfaidx_needs_help_with(tmp_path, eol):
+    """CRLF with blank lines (pyfaidx rejects them as inconsistent) and old-Mac CR-only line ends (pyfaidx
+    would read each record as one line): indexed from a normalized copy in the cache."""
+    recs = {"c1": random_genome(4, 2 * L + 50), "c2": random_genome(5, L + 7)}
+    text = "".join(f">{n} desc{eol}" + eol.join(q[i : i + 60] for i in range(0, len(q), 60)) + eol + eol
+                   for n, q in recs.items())
+    p = tmp_path / "w.fa"
+    p.write_bytes(text.encode())
+    run(p, tmp_path / "o", train=("c1",), eval=("c2",), max_n_frac=1.0)
+    bio = bio_records(p)
+    assert bio == recs
+    for split, chrom in (("train", "c1"), ("eval", "c2")):
+        ws = open_windows(tmp_path / "o", split)
+        assert len(ws) == len(recs[chrom]) // L
+        for i in range(len(ws)):
+            _, s, e = ws.coords(i)
+            assert decode(ws[i], ws.softmask(i)) == bio[chrom][s:e]
+
+
 def test_iupac_codes_become_n(tmp_path):
     core = "ACGTRYSWKMBDHVNacgtryswkmbdhvn"
     seq = (core * (L // len(core) + 1))[:L]
