@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
 from lcft.errors import LcftError
 from lcft.kernels import select_blocks
 from lcft.kernels.selection import block_means
+
+_NO_TRITON = not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1") or (
+    importlib.util.find_spec("triton") is None)
+
+
+def triton_test(fn):
+    """Mark a test `triton`; skip it unless CUDA or the interpreter (TRITON_INTERPRET=1, set by make test) runs it."""
+    return pytest.mark.triton(pytest.mark.skipif(_NO_TRITON, reason="needs CUDA or TRITON_INTERPRET=1")(fn))
 
 
 def brute_force(q, k, *, block_size, top_k, local_blocks, sink_blocks):
@@ -112,3 +123,31 @@ def test_selection_bad_input():
         select_blocks(q, q, block_size=16, top_k=1, local_blocks=0, sink_blocks=0, q_block_offset=2)
     with pytest.raises(LcftError, match="top_k"):
         select_blocks(q, q, block_size=16, top_k=-1, local_blocks=0, sink_blocks=0)
+
+
+@triton_test
+@pytest.mark.parametrize(("case", "offset"), [(CASES[0], 0), (CASES[1], 9), ((1, 4, 2, 2048, 32, 16, 16, 1, 1), 70)])
+def test_triton_selection_matches_brute_force(case, offset):
+    """Tiled score + running top-k kernel: same ids as the definition, also for a query slice + summaries."""
+    from lcft.kernels.selection_triton import select_blocks_triton
+
+    b, hq, hkv, length, d, bs, top_k, local, sink = case
+    gen = torch.Generator().manual_seed(hash(case) % 2**31)
+    q = torch.randn(b, hq, length, d, generator=gen)
+    k = torch.randn(b, hkv, length, d, generator=gen)
+    kw = dict(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)
+    want = brute_force(q, k, **kw)[:, :, offset:]
+    got = select_blocks_triton(q[:, :, offset * bs:], None, q_block_offset=offset, k_summary=block_means(k, bs), **kw)
+    assert torch.equal(got, want)
+
+
+@triton_test
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_triton_selection_ties_go_to_lower_index(top_k):
+    from lcft.kernels.selection_triton import select_blocks_triton
+
+    bs = 16
+    q = torch.randn(1, 2, 40 * bs, 16, generator=torch.Generator().manual_seed(5))
+    idx = select_blocks_triton(q, torch.ones(1, 1, 40 * bs, 16), block_size=bs, top_k=top_k, local_blocks=1,
+                               sink_blocks=1)
+    assert idx[0, 0, 39].tolist() == [0, *range(1, 1 + top_k), 38, 39]
