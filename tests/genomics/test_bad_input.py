@@ -84,6 +84,12 @@ def test_inconsistent_line_lengths_names_record_and_line(tmp_path):
     assert "'c1'" in msg and "line 6" in msg  # the 6-base line is the 6th line of the file
 
 
+def test_duplicate_record_names(tmp_path):
+    p = write_fasta(tmp_path / "dup.fa", {"c1": "ACGT" * 10})
+    p.write_text(p.read_text() * 2)
+    fails("record names must be unique", p, tmp_path / "out")
+
+
 def test_chromosome_not_found_lists_names(good, tmp_path):
     msg = fails("chromosome chrX not found", good, tmp_path / "out", train=("chrX",))
     assert "available: c1, c2" in msg
