@@ -48,10 +48,12 @@ def register(app: typer.Typer) -> None:
             "batch_size": batch_size, "precision": precision, "device": device, "out": out,
         }
         cfg = resolve_eval_config(config, flags)
-        from lcft.evaluate.evaluate import evaluate
+        from lcft.evaluate.report import print_table
+        from lcft.evaluate.runner import evaluate
 
-        evaluate(cfg, show=not quiet)
+        report = evaluate(cfg, progress=not quiet)
         if not quiet:
+            print_table(report)
             outdir = Path(cfg.out)
-            console.print(f"plot: {outdir / 'loss_by_position.png'}   figures: {outdir / 'eval.json'}, "
-                          f"{outdir / 'loss_by_position.csv'}", highlight=False)
+            console.print(f"plot: {outdir / 'loss_by_position.png'}\nfigures: {outdir / 'eval.json'}, "
+                          f"{outdir / 'loss_by_position.csv'}", highlight=False, soft_wrap=True)

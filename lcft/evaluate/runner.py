@@ -64,7 +64,9 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
     groups: dict[int, list[int]] = {}
     for s, e in pieces:
         groups.setdefault(e - s, []).append(s)
-    with torch.inference_mode(), _autocast(device, precision):
+    # no_grad, not inference_mode: the CPU sparse kernel spreads heads over worker threads, where inference
+    # mode (thread-local) is off, and torch refuses their in-place writes into inference tensors.
+    with torch.no_grad(), _autocast(device, precision):
         for size, starts in groups.items():
             x = torch.cat([ids[:, s:s + size] for s in starts])  # (B * n, C), piece-major
             y = torch.cat([labels[:, s:s + size] for s in starts])  # (B * n, C)

@@ -1,0 +1,45 @@
+"""`lcft demo` with very small settings: every stage runs, the report is written, a re-run skips finished stages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+
+runner = CliRunner()
+
+SMALL = ["--length", "2K", "--base-context", "256", "--steps", "3", "--long-steps", "2", "--base-batch", "2",
+         "--eval-windows", "2", "--hidden-size", "32", "--intermediate-size", "64", "--bins", "4", "--quiet"]
+
+
+@pytest.mark.slow
+def test_demo_runs_every_stage_then_skips_them(tmp_path):
+    out = tmp_path / "demo"
+    r = runner.invoke(app, ["demo", "--out", str(out), *SMALL])
+    assert r.exit_code == 0, r.output
+    for text in ("base@256", "long@2K", "long@256 (control)", "uniform guess", "cannot show: a long-context gain",
+                 "loss_by_position.png"):
+        assert text in r.output, text
+    rep = json.loads((out / "report" / "eval.json").read_text())
+    base, long, ctrl = rep["checkpoints"]
+    assert [c["max_context"] for c in rep["checkpoints"]] == [256, 0, 256]
+    assert long["weights_sha256"] == ctrl["weights_sha256"] != base["weights_sha256"]
+    assert long["lcft"]["attention"]["backend"] == "sparse" and base["lcft"]["attention"]["backend"] == "dense"
+    assert long["train_config"]["seq_len"] == 2048 and base["train_config"]["seq_len"] == 256
+    assert rep["data"]["windows"] == 2 and (out / "report" / "loss_by_position.png").stat().st_size > 10_000
+    demo = json.loads((out / "demo.json").read_text())
+    assert set(demo["stages"]) == {"prepare", "init", "base", "long", "eval"}
+
+    again = runner.invoke(app, ["demo", "--out", str(out), *SMALL])
+    assert again.exit_code == 0, again.output
+    assert again.output.count("skipped") == 3  # base, long, eval
+    assert json.loads((out / "report" / "eval.json").read_text())["checkpoints"][1]["loss"] == long["loss"]
+
+
+def test_demo_refuses_a_base_context_that_does_not_divide_the_window(tmp_path):
+    r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), "--length", "2K", "--base-context", "768"])
+    assert r.exit_code == 1 and "not a multiple of base_context" in r.output
+    assert not (tmp_path / "d").exists()
