@@ -5,8 +5,10 @@ Only collectives are used (no point-to-point batch_isend_irecv, which can hang o
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,9 @@ class CommStats:
     def __init__(self) -> None:
         self.bytes: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
+        self.seconds = 0.0
+        """Wall time inside collectives (transfer plus waiting for slower ranks): step time minus this is
+        the rank's own compute, which is what load balance is about."""
 
     def add(self, tag: str, nbytes: int) -> None:
         self.bytes[tag] += int(nbytes)
@@ -30,6 +35,15 @@ class CommStats:
     def reset(self) -> None:
         self.bytes.clear()
         self.calls.clear()
+        self.seconds = 0.0
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     @property
     def total(self) -> int:
@@ -64,7 +78,8 @@ def _gather(x: torch.Tensor, n: int, group: dist.ProcessGroup | None) -> torch.T
     # dim is added by viewing x as (1, ...).
     x = x.contiguous().reshape(1, *x.shape)
     out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)  # (n, ...)
-    _all_gather_single(out, x, group=group)
+    with STATS.timed():
+        _all_gather_single(out, x, group=group)
     return out
 
 
@@ -72,13 +87,15 @@ def _reduce_scatter(grad: torch.Tensor, group: dist.ProcessGroup | None) -> torc
     """Sum over ranks of grad[i] delivered to rank i: (n, *shape) -> (*shape)."""
     out = torch.empty((1, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)  # dim 0 split n ways
     try:
-        _reduce_scatter_single(out, grad.contiguous(), group=group)
+        with STATS.timed():
+            _reduce_scatter_single(out, grad.contiguous(), group=group)
         out = out[0]
     except RuntimeError as e:  # older gloo builds lack reduce_scatter: same traffic via all_to_all + sum
         if "not supported" not in str(e).lower() and "unsupported" not in str(e).lower():
             raise
         recv = torch.empty_like(grad)  # (n, ...): piece i came from rank i
-        dist.all_to_all_single(recv, grad.contiguous(), group=group)
+        with STATS.timed():
+            dist.all_to_all_single(recv, grad.contiguous(), group=group)
         out = recv.sum(0)
     return out
 
@@ -108,6 +125,37 @@ def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "gat
     return _AllGather.apply(x, group, tag)
 
 
+class _GatherOwnLast(torch.autograd.Function):
+    """Forward: every rank's piece concatenated along `dim`, the other ranks' in order (me+1, ..., me-1)
+    and this rank's own piece LAST, so local queries sit after every remote key. Backward: the gradient of
+    each piece goes back to its owner, summed over ranks (reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, tag: str) -> torch.Tensor:
+        n, me = group_size(group), dist.get_rank(group)
+        ctx.group, ctx.dim, ctx.tag, ctx.n, ctx.me = group, dim, tag, n, me
+        gathered = _gather(x, n, group)  # (n, ...) in rank order
+        STATS.add(tag, _nbytes(x) * (n - 1))
+        order = [(me + 1 + i) % n for i in range(n)]  # own rank last
+        return torch.cat([gathered[r] for r in order], dim=dim)  # the gather buffer is freed on return
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad: the concatenation's shape
+        n, me, dim = ctx.n, ctx.me, ctx.dim
+        piece = grad.shape[dim] // n
+        pos = {(me + 1 + i) % n: i for i in range(n)}  # rank -> its position in the concatenation
+        send = torch.stack([grad.narrow(dim, pos[r] * piece, piece) for r in range(n)])  # (n, ...) rank order
+        out = _reduce_scatter(send, ctx.group)
+        STATS.add(ctx.tag + "_grad", _nbytes(send) * (n - 1) // n)
+        return out, None, None, None
+
+
+def gather_own_last(x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, tag: str = "gather"
+                    ) -> torch.Tensor:
+    """Differentiable all-gather along `dim` with this rank's piece last (see _GatherOwnLast)."""
+    return _GatherOwnLast.apply(x, group, dim, tag)
+
+
 class _AllToAll(torch.autograd.Function):
     """all_to_all_single over dim 0 with split sizes; backward is the same exchange in reverse."""
 
@@ -116,8 +164,9 @@ class _AllToAll(torch.autograd.Function):
                 group: dist.ProcessGroup | None, tag: str) -> torch.Tensor:
         ctx.splits, ctx.group, ctx.tag = (out_splits, in_splits), group, tag
         out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)  # (N_out, ...)
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits,
-                               input_split_sizes=in_splits, group=group)
+        with STATS.timed():
+            dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits,
+                                   input_split_sizes=in_splits, group=group)
         STATS.add(tag, _sent_rows(in_splits, group) * _row_bytes(x))
         return out
 
@@ -125,8 +174,9 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # grad (N_out, ...)
         out_splits, in_splits = ctx.splits
         back = torch.empty((sum(in_splits), *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
-        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=in_splits,
-                               input_split_sizes=out_splits, group=ctx.group)
+        with STATS.timed():
+            dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=in_splits,
+                                   input_split_sizes=out_splits, group=ctx.group)
         STATS.add(ctx.tag + "_grad", _sent_rows(out_splits, ctx.group) * _row_bytes(grad))
         return back, None, None, None, None
 
@@ -150,8 +200,9 @@ def all_to_all_nograd(x: torch.Tensor, out_splits: list[int], in_splits: list[in
                       group: dist.ProcessGroup | None, tag: str = "a2a") -> torch.Tensor:
     """all_to_all_single without autograd (index exchanges)."""
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(out_splits),
-                           input_split_sizes=list(in_splits), group=group)
+    with STATS.timed():
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(out_splits),
+                               input_split_sizes=list(in_splits), group=group)
     STATS.add(tag, _sent_rows(in_splits, group) * _row_bytes(x))
     return out
 
@@ -160,7 +211,8 @@ def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = 
     """Sum of `x` over the group, as a new tensor with no gradient (counts, reported losses)."""
     out = x.detach().clone()
     if dist.is_available() and dist.is_initialized() and group_size(group) > 1:
-        dist.all_reduce(out, group=group)
+        with STATS.timed():
+            dist.all_reduce(out, group=group)
         STATS.add(tag, _nbytes(out))
     return out
 
@@ -178,7 +230,6 @@ def cp_window_loss(loss_sum: torch.Tensor, count: torch.Tensor, group: dist.Proc
     what one process accumulating the same windows computes (tests/parallel/test_train_cp.py checks it).
     An all-ignored window (N = 0) has S = 0 and gives 0, never NaN.
     """
-    total_sum = all_reduce_sum(loss_sum, group, tag="loss")
-    total_count = all_reduce_sum(count.to(loss_sum.dtype), group, tag="loss")
-    denom = total_count.clamp_min(1.0)
+    totals = all_reduce_sum(torch.stack([loss_sum.detach(), count.to(loss_sum.dtype)]), group, tag="loss")
+    total_sum, denom = totals[0], totals[1].clamp_min(1.0)
     return loss_sum * (cp / denom), total_sum / denom

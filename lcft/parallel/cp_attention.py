@@ -2,10 +2,16 @@
 
 Per layer and rank: the rank's tokens are two chunks of the window (zigzag or contiguous). Key-block
 summaries are exchanged so each rank selects key blocks for its OWN query blocks (selection is split across
-ranks); then K/V reach the rank — mode 'all' all-gathers every rank's K/V, mode 'selected' fetches only the
-blocks its selection needs (all_to_all) — and `sparse_attention_with_indices` runs for each local chunk with
-its global query-block offset. Gradients of K/V flow back to their owners through the collectives' backward.
-Dense attention under CP is the same path with every earlier block selected.
+ranks, each chunk with its global query-block offset); then K/V reach the rank — mode 'all' all-gathers every
+rank's K/V, mode 'selected' fetches only the blocks its selection needs (all_to_all). Gradients of K/V flow
+back to their owners through the collectives' backward. Dense attention under CP is the same path with every
+earlier block selected.
+
+One kernel call per layer: the keys are laid out as [remote blocks..., this rank's own blocks in local order]
+and the selected global block ids are renumbered to that layout. The local queries then sit at block offset
+n_remote, each query block's own block at offset + i, and everything it selected before it (remote blocks,
+or earlier local blocks: a rank's first chunk always precedes its second), which is all the kernel's causal
+rule needs; attention does not depend on the order of the keys, positions being already in RoPE.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lcft.parallel import comms
@@ -38,16 +45,19 @@ def dense_indices(b: int, hkv: int, n_q: int, q_block_offset: int, device: torch
     return rows.expand(b, hkv, n_q, width)
 
 
-def _global_order(gathered: torch.Tensor, layout: ShardLayout, dim: int) -> torch.Tensor:
-    """Every rank's local pieces, gathered on dim 0, laid out in window order along `dim` (of one piece).
+def _window_order(seq_ids: torch.Tensor) -> torch.Tensor:
+    """Gather index that puts per-position data (position p holds global block seq_ids[p]) in window order."""
+    return torch.argsort(seq_ids)
 
-    gathered: (cp, ...) where each piece's `dim` holds the rank's two chunks back to back."""
-    pieces = gathered.unflatten(dim + 1, (2, -1))  # (cp, ..., 2, chunk, ...)
-    by_chunk = {}
-    for r in range(layout.cp):
-        for s, c in enumerate(layout.chunks(r)):
-            by_chunk[c] = pieces[r].select(dim, s)
-    return torch.cat([by_chunk[c] for c in range(2 * layout.cp)], dim=dim)
+
+def _renumber(rows: torch.Tensor, seq_ids: torch.Tensor, n_k: int) -> torch.Tensor:
+    """Global key-block ids -> positions in the key layout `seq_ids`; rows ascending, -1 padding last."""
+    pos_of = torch.full((n_k,), -1, dtype=torch.long, device=rows.device)
+    pos_of[seq_ids] = torch.arange(seq_ids.numel(), device=rows.device)
+    li = rows.long()
+    big = torch.iinfo(torch.long).max
+    out = torch.where(li >= 0, pos_of[li.clamp(min=0)], big).sort(dim=-1).values
+    return torch.where(out == big, -1, out).to(torch.int32)  # (B, Hkv, nQ, W)
 
 
 class ContextParallelCore(nn.Module):
@@ -72,100 +82,77 @@ class ContextParallelCore(nn.Module):
         return ShardLayout(local_length * self.state.cp, self.state.cp, self.block, self.cfg.cp_layout)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        _, attend, block_means = _kernels()
         layout = self.layout(q.shape[2])
-        if self.cfg.cp_kv == "selected":
-            return self._forward_selected(q, k, v, layout)
-        return self._forward_all(q, k, v, layout)
+        st, group, n_k = self.state, self.state.cp_group, 2 * layout.cp * layout.chunk_blocks
+        if self.cfg.cp_kv == "all":
+            # Keys of every rank, own rank last: (B, Hkv, L, D) each; gradients reduce-scatter to the owners.
+            k_all = comms.gather_own_last(k, group, dim=2, tag="kv")
+            v_all = comms.gather_own_last(v, group, dim=2, tag="kv")
+            order = [(st.cp_rank + 1 + i) % st.cp for i in range(st.cp)]
+            seq_ids = torch.cat([layout.block_ids(r) for r in order]).to(q.device)  # (nK,) id at each position
+            summary = None  # window-order key-block means, the same numbers one process computes
+            if self.sparse:
+                summary = block_means(k_all.detach(), self.block)[:, :, _window_order(seq_ids)]  # (B,Hkv,nK,D)
+            rows = self._rows(q, summary, k.shape[1], layout)  # (B, Hkv, 2nb, W) global ids
+        else:
+            summary = None
+            if self.sparse:
+                local = block_means(k.detach(), self.block)  # (B, Hkv, 2nb, D) fp32
+                gathered = comms.all_gather_nograd(local, group, tag="summary")  # (cp, B, Hkv, 2nb, D)
+                rank_ids = torch.cat([layout.block_ids(r) for r in range(st.cp)]).to(q.device)  # (nK,)
+                summary = gathered.movedim(0, 2).flatten(2, 3)[:, :, _window_order(rank_ids)]  # (B,Hkv,nK,D)
+            rows = self._rows(q, summary, k.shape[1], layout)  # (B, Hkv, 2nb, W) global ids
+            k_all, v_all, seq_ids = self._fetch_selected(k, v, rows, layout)
+        compact = _renumber(rows, seq_ids, n_k)  # (B, Hkv, 2nb, W) positions in the key layout
+        offset = seq_ids.numel() - 2 * layout.chunk_blocks  # own blocks come last
+        return attend(q, k_all, v_all, compact, block_size=self.block, q_block_offset=offset,
+                      impl=self.impl)  # (B, Hq, L/cp, D)
 
-    # -- selection -------------------------------------------------------------------------------------
-    def _select(self, q_c: torch.Tensor, summary: torch.Tensor | None, hkv: int, offset: int) -> torch.Tensor:
-        """Index rows (B, Hkv, nb, budget) of one local chunk whose first block is global block `offset`;
-        `summary` (B, Hkv, nK, D) holds the window's key-block means (None for dense attention)."""
+    def _rows(self, q: torch.Tensor, summary: torch.Tensor | None, hkv: int, layout: ShardLayout
+              ) -> torch.Tensor:
+        """Selected global key-block ids of every local query block (B, Hkv, 2nb, W), -1 padded: each local
+        chunk is selected with its own global query-block offset, against the window-order `summary`
+        (None = dense: every block up to the own one)."""
         select_blocks, _, _ = _kernels()
-        n_q = q_c.shape[2] // self.block
-        if summary is None:
-            return dense_indices(q_c.shape[0], hkv, n_q, offset, q_c.device)
-        return select_blocks(q_c, None, block_size=self.block, top_k=self.top_k, local_blocks=self.local_blocks,
-                             sink_blocks=self.sink_blocks, q_block_offset=offset,
-                             k_summary=summary[:, :, : offset + n_q])
-
-    def _attend(self, q_c, k_c, v_c, idx, offset) -> torch.Tensor:
-        _, attend, _ = _kernels()
-        return attend(q_c, k_c, v_c, idx, block_size=self.block, q_block_offset=offset, impl=self.impl)
-
-    # -- mode 'all': all-gather K/V ---------------------------------------------------------------------
-    def _forward_all(self, q, k, v, layout: ShardLayout) -> torch.Tensor:
-        _, _, block_means = _kernels()
-        group, c, nb = self.state.cp_group, layout.chunk, layout.chunk_blocks
-        kv = torch.stack([k, v])  # (2, B, Hkv, L/cp, D)
-        gathered = comms.all_gather(kv, group, tag="kv")  # (cp, 2, B, Hkv, L/cp, D)
-        kv_glob = _global_order(gathered, layout, dim=3)  # (2, B, Hkv, L, D)
-        # Summaries straight from the gathered keys: the same numbers one process computes, no extra message.
-        summary = block_means(kv_glob[0].detach(), self.block) if self.sparse else None  # (B, Hkv, nK, D)
-        outs = []
+        c, nb = layout.chunk, layout.chunk_blocks
+        parts = []
         for s, chunk in enumerate(layout.chunks(self.state.cp_rank)):
-            q_c = q[:, :, s * c:(s + 1) * c]  # (B, Hq, C, D)
             offset = chunk * nb
-            idx = self._select(q_c, summary, k.shape[1], offset)  # (B, Hkv, nb, budget)
-            end = (chunk + 1) * c  # keys after the chunk are never attended (causal)
-            outs.append(self._attend(q_c, kv_glob[0, :, :, :end], kv_glob[1, :, :, :end], idx, offset))
-        return torch.cat(outs, dim=2)  # (B, Hq, L/cp, D)
-
-    # -- mode 'selected': fetch only the needed K/V blocks ----------------------------------------------
-    def _forward_selected(self, q, k, v, layout: ShardLayout) -> torch.Tensor:
-        _, _, block_means = _kernels()
-        st, blk = self.state, self.block
-        group, c, nb, cp = st.cp_group, layout.chunk, layout.chunk_blocks, st.cp
-        b, hkv, n_loc = k.shape[0], k.shape[1], 2 * layout.chunk_blocks
-        dev = q.device
-        summary = None  # dense attention needs no scores
-        if self.sparse:
-            local_summary = block_means(k.detach(), blk)  # (B, Hkv, 2nb, D) fp32
-            summary = _global_order(comms.all_gather_nograd(local_summary, group, tag="summary"),
-                                    layout, dim=2)  # (B, Hkv, nK, D)
-        my_chunks = layout.chunks(st.cp_rank)
-        plans = []  # per local chunk: (query slice, global offset, index rows, earlier remote/local ids)
-        for s, chunk in enumerate(my_chunks):
             q_c = q[:, :, s * c:(s + 1) * c]  # (B, Hq, C, D)
-            offset = chunk * nb
-            idx = self._select(q_c, summary, hkv, offset)  # (B, Hkv, nb, budget)
-            used = torch.unique(idx[idx >= 0].long())  # sorted global key-block ids
-            plans.append((q_c, offset, idx, used[used < offset]))
+            if summary is None:
+                parts.append(dense_indices(q.shape[0], hkv, nb, offset, q.device))
+            else:
+                parts.append(select_blocks(q_c, None, block_size=self.block, top_k=self.top_k,
+                                           local_blocks=self.local_blocks, sink_blocks=self.sink_blocks,
+                                           q_block_offset=offset, k_summary=summary[:, :, :offset + nb]))
+        width = max(p.shape[-1] for p in parts)
+        parts = [F.pad(p, (0, width - p.shape[-1]), value=-1) for p in parts]
+        return torch.cat(parts, dim=2)  # (B, Hkv, 2nb, W)
 
-        # Blocks to fetch = the earlier blocks of both chunks not held here, grouped by owner rank.
+    def _fetch_selected(self, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, layout: ShardLayout
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mode 'selected': fetch from their owners only the remote K/V blocks some local row selected.
+        Returns keys and values laid out [fetched blocks (by owner, then id), own blocks] and the global
+        block id at each position."""
+        st, group, blk, nb, cp = self.state, self.state.cp_group, self.block, layout.chunk_blocks, self.state.cp
+        b, hkv, d, dev = k.shape[0], k.shape[1], k.shape[-1], k.device
         owner_of_chunk = torch.tensor([layout.owner(i)[0] for i in range(2 * cp)], device=dev)
         slot_of_chunk = torch.tensor([layout.owner(i)[1] for i in range(2 * cp)], device=dev)
-        wanted = torch.unique(torch.cat([p[3] for p in plans]))
-        owners = owner_of_chunk[wanted // nb]
-        remote = wanted[owners != st.cp_rank]
+        used = torch.unique(rows[rows >= 0].long())  # sorted global ids
+        remote = used[owner_of_chunk[used // nb] != st.cp_rank]
         remote = remote[torch.argsort(owner_of_chunk[remote // nb], stable=True)]  # by owner, ids ascending
-        send_counts = torch.bincount(owner_of_chunk[remote // nb], minlength=cp)  # (cp,) requests per owner
-        recv_counts = comms.all_to_all_nograd(send_counts, [1] * cp, [1] * cp, group, tag="index")
-        ask, give = send_counts.tolist(), recv_counts.tolist()
-        requested = comms.all_to_all_nograd(remote, give, ask, group, tag="index")  # ids others want from me
-        kv_loc = torch.stack([k, v]).unflatten(3, (n_loc, blk))  # (2, B, Hkv, 2nb, block, D)
-        local_row = slot_of_chunk[requested // nb] * nb + requested % nb  # (nReq,)
-        rows = kv_loc.index_select(3, local_row).movedim(3, 0)  # (nReq, 2, B, Hkv, block, D)
-        got = comms.all_to_all(rows, ask, give, group, tag="kv")  # (nRemote, 2, B, Hkv, block, D)
-
-        # Pool = my blocks then the fetched ones; row_of maps a global block id to its pool row.
-        pool = torch.cat([kv_loc.movedim(3, 0), got], dim=0)  # (2nb + nRemote, 2, B, Hkv, block, D)
-        row_of = torch.full((2 * cp * nb,), -1, dtype=torch.long, device=dev)
-        for s, chunk in enumerate(my_chunks):
-            row_of[chunk * nb:(chunk + 1) * nb] = torch.arange(s * nb, (s + 1) * nb, device=dev)
-        row_of[remote] = torch.arange(n_loc, n_loc + remote.numel(), device=dev)
-
-        outs = []
-        for q_c, offset, idx, earlier in plans:
-            # Compact keys: the earlier blocks this chunk selected (ascending), then the chunk's own blocks.
-            # Renumbering is monotone, so causality (own block last, nothing later) is preserved with the
-            # query chunk placed at compact block m.
-            m = earlier.numel()
-            ids = torch.cat([earlier, torch.arange(offset, offset + nb, device=dev)])  # (m + nb,)
-            kv_c = pool.index_select(0, row_of[ids]).movedim(0, 3)  # (2, B, Hkv, m + nb, block, D)
-            kv_c = kv_c.reshape(2, b, hkv, (m + nb) * blk, k.shape[-1])  # (2, B, Hkv, (m+nb)*block, D)
-            li = idx.long()
-            compact = torch.where(li < offset, torch.searchsorted(earlier, li.clamp(min=0)), m + li - offset)
-            compact = torch.where(li < 0, -1, compact).to(torch.int32)  # (B, Hkv, nb, budget)
-            outs.append(self._attend(q_c, kv_c[0], kv_c[1], compact, m))
-        return torch.cat(outs, dim=2)  # (B, Hq, L/cp, D)
+        ask = torch.bincount(owner_of_chunk[remote // nb], minlength=cp)  # (cp,) blocks wanted from each rank
+        give = comms.all_to_all_nograd(ask, [1] * cp, [1] * cp, group, tag="index")  # (cp,) wanted from me
+        ask_l, give_l = ask.tolist(), give.tolist()
+        requested = comms.all_to_all_nograd(remote, give_l, ask_l, group, tag="index")  # ids others want
+        local_row = slot_of_chunk[requested // nb] * nb + requested % nb  # (nReq,) my block index
+        kv_blocks = torch.stack([k, v]).unflatten(3, (2 * nb, blk))  # (2, B, Hkv, 2nb, block, D)
+        send = kv_blocks.index_select(3, local_row).movedim(3, 0)  # (nReq, 2, B, Hkv, block, D)
+        got = comms.all_to_all(send, ask_l, give_l, group, tag="kv")  # (nRemote, 2, B, Hkv, block, D)
+        n_r = remote.numel()
+        got = got.movedim(0, 3).reshape(2, b, hkv, n_r * blk, d)  # (2, B, Hkv, nRemote*block, D)
+        k_c = torch.cat([got[0], k], dim=2)  # (B, Hkv, nRemote*block + L/cp, D)
+        v_c = torch.cat([got[1], v], dim=2)
+        seq_ids = torch.cat([remote, layout.block_ids(st.cp_rank).to(dev)])  # (nRemote + 2nb,)
+        return k_c, v_c, seq_ids
