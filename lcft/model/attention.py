@@ -83,9 +83,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape  # (B, L, H)
-        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, Hq, L, D)
-        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
-        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        # One matmul for q, k and v (the weights stay separate parameters, named as in HF): one pass over x
+        # forward and one grad-input product backward instead of three.
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # ((Hq+2Hkv)·D, H)
+        q, k, v = F.linear(x, w).split([hq * d, hkv * d, hkv * d], dim=-1)  # (B, L, H·D) each
+        q = q.view(b, n, hq, d).transpose(1, 2)  # (B, Hq, L, D)
+        k = k.view(b, n, hkv, d).transpose(1, 2)  # (B, Hkv, L, D)
+        # v contiguous: then nothing saved for backward points into the fused qkv buffer, which is freed
+        v = v.view(b, n, hkv, d).transpose(1, 2).contiguous()  # (B, Hkv, L, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.core(q, k, v)  # (B, Hq, L, D)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))  # (B, L, H)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, hq * d))  # (B, L, H)

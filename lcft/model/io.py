@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lcft.errors import LcftError
-from lcft.genomics.tokenizer import BOS, EOS, PAD, tokenizer_spec
+from lcft.genomics.tokenizer import BOS, EOS, tokenizer_spec
 from lcft.model.config import AttentionConfig, LlamaConfig, normalize_rope_scaling
 from lcft.model.llama import Llama
 
@@ -57,7 +57,9 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[s
         "tie_word_embeddings": cfg.tie_word_embeddings, "initializer_range": cfg.initializer_range,
         "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "rope_parameters": rope_parameters,
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
-        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "use_cache": True,
+        # pad_token_id stays null: HF would make it the embedding's padding_idx (a row that never gets a
+        # gradient), so continued training in transformers would differ from ours. lcft.json has the vocab.
+        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": None, "use_cache": True,
         "dtype": str(dtype).removeprefix("torch."),
     }
 

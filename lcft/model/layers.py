@@ -32,4 +32,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, L, H)
+        # gate and up in one matmul (separate parameters, HF names): one pass over x forward and backward
+        w = torch.cat([self.gate_proj.weight, self.up_proj.weight])  # (2I, H)
+        gate, up = F.linear(x, w).chunk(2, dim=-1)  # (B, L, I) each
+        return self.down_proj(F.silu(gate) * up)  # (B, L, H)

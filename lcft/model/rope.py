@@ -125,8 +125,28 @@ class RotaryEmbedding(nn.Module):
         return cos[:, None], sin[:, None]  # (B, 1, L, D/2)
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # (B, H, L, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, H, L, D)
+
+
+class _Rope(torch.autograd.Function):
+    """A rotation's gradient is the inverse rotation of the output gradient, so backward needs only cos/sin:
+    the projected q/k need not be kept alive for it (HF's version saves them plus a rotated copy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin), None, None
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, L, D) by the angles (B, 1, L, D/2), half-split convention of HF Llama; math in fp32."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, L, D/2) each
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, H, L, D)
-    return out.to(x.dtype)
+    """Rotate (B, H, L, D) by the angles (B, 1, L, D/2), half-split convention of HF Llama (first half of
+    the head dims paired with the second). In x's dtype, as transformers does (cos/sin were computed in fp32
+    and are rounded once); positions never need gradients."""
+    return _Rope.apply(x, cos.to(x.dtype), sin.to(x.dtype))

@@ -78,3 +78,24 @@ def test_rope_frequencies_match_transformers(scaling):
         got, got_scale = rope_frequencies(cfg, seq_len)
         torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
         assert got_scale == pytest.approx(want_scale, rel=1e-12)
+
+
+def test_gradients_equal_transformers(tmp_path):
+    """Backward too (our fused projections and RoPE's own backward): parameter gradients of the same
+    next-token loss match transformers' for every weight."""
+    from lcft.kernels import chunked_cross_entropy
+    from lcft.model.io import to_hf_name
+
+    torch.manual_seed(1)
+    ours = Llama(small_config(SCALINGS["yarn"], tied=False))
+    save_pretrained(ours, tmp_path / "m")
+    theirs = hf_model(tmp_path / "m").train()
+    ids = torch.randint(0, 16, (2, 256))
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+    theirs(input_ids=ids, labels=ids).loss.backward()
+    loss_sum, count = chunked_cross_entropy(ours.hidden_states(ids), ours.lm_head_weight, labels, chunk=100)
+    (loss_sum / count).backward()
+    hf_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        g_theirs = hf_params[to_hf_name(name)].grad
+        torch.testing.assert_close(p.grad, g_theirs, rtol=1e-4, atol=1e-5 * g_theirs.abs().max().item())
