@@ -218,7 +218,7 @@ class SparseAttentionTriton(torch.autograd.Function):
             dkv_kernel[(tix.seg_row.numel(),)](
                 q, k, v, dout, dk, dv, pk, pv, lse, delta, tix.seg_row, tix.seg_start, tix.seg_end, tix.seg_out,
                 tix.col, hq, hq // hkv, lq, lk, n_k, offset, scale,
-                BLOCK=block_size, D=d, BD=consts["BD"], PREC=consts["PREC"])
+                BLOCK=block_size, D=d, BD=consts["BD"], PREC=consts["PREC"], num_warps=consts["num_warps"])
         if tix.n_partial:
             rows = tix.partial_rows  # sum the split rows' partial results (deterministic, on few blocks)
             dk.view(-1, block_size, d).index_add_(0, rows, pk.to(k.dtype))
@@ -229,8 +229,10 @@ class SparseAttentionTriton(torch.autograd.Function):
 def _consts(block_size: int, d: int, dtype: torch.dtype) -> dict:
     import triton
 
-    return {"BLOCK": block_size, "BLOCK_N": min(block_size, 64), "D": d, "BD": max(16, triton.next_power_of_2(d)),
-            "PREC": "ieee" if dtype == torch.float32 else "tf32"}
+    bd = max(16, triton.next_power_of_2(d))
+    return {"BLOCK": block_size, "BLOCK_N": min(block_size, 64), "D": d, "BD": bd,
+            "PREC": "ieee" if dtype == torch.float32 else "tf32",  # fp32 stays exact (no TF32 rounding)
+            "num_warps": 4 if block_size * bd <= 64 * 64 else 8}  # 128x128 fp32 accumulators need 8 warps
 
 
 def sparse_attention_triton(
