@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -41,19 +42,19 @@ class SparseAttentionConfig:
 
 
 def _resolve_impl(impl: str, device: torch.device) -> str:
+    """'auto' -> triton on CUDA, cpu elsewhere; triton on CPU only under the interpreter."""
     if impl not in IMPLS:
         raise LcftError(f"unknown sparse attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
     if impl == "auto":
         return "triton" if device.type == "cuda" else "cpu"
     if impl == "triton" and device.type != "cuda":
-        import os
-
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise LcftError("impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the interpreter)")
     return impl
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> None:
+    """Raise LcftError on shapes, head counts, dtypes or lengths the kernels do not accept."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise LcftError("q, k, v must be 4-D (batch, heads, length, head_dim)")
     if k.shape != v.shape:
@@ -92,7 +93,11 @@ def select_blocks(
                    q_block_offset=q_block_offset, k_summary=k_summary, impl=impl)
 
 
-def _select(q, k, *, block_size, top_k, local_blocks, sink_blocks, q_block_offset, k_summary, impl) -> torch.Tensor:
+def _select(
+    q: torch.Tensor, k: torch.Tensor | None, *, block_size: int, top_k: int, local_blocks: int, sink_blocks: int,
+    q_block_offset: int, k_summary: torch.Tensor | None, impl: str,
+) -> torch.Tensor:
+    """Checked selection with the chosen implementation (triton or chunked PyTorch)."""
     if q.dim() != 4 or q.shape[2] % block_size:
         raise LcftError(f"q must be (B, H, L, D) with L a multiple of block_size {block_size}; got {tuple(q.shape)}")
     if k_summary is None:
@@ -117,7 +122,10 @@ def _select(q, k, *, block_size, top_k, local_blocks, sink_blocks, q_block_offse
     return select_blocks_torch(q, k, **kw)
 
 
-def _check_indices(indices: torch.Tensor, q: torch.Tensor, k: torch.Tensor, block_size: int, q_block_offset: int):
+def _check_indices(
+    indices: torch.Tensor, q: torch.Tensor, k: torch.Tensor, block_size: int, q_block_offset: int
+) -> None:
+    """Shape always; on CPU also the row contract: own block exactly once, nothing after it, no duplicates."""
     b, hkv = k.shape[0], k.shape[1]
     n_q, n_k = q.shape[2] // block_size, k.shape[2] // block_size
     if indices.dim() != 4 or tuple(indices.shape[:3]) != (b, hkv, n_q):

@@ -155,3 +155,17 @@ def test_cpu_bf16_is_as_accurate_as_dense_sdpa_bf16():
     dense = [rms(a, b) for a, b in zip(run(sdpa, torch.bfloat16), oracle, strict=True)]
     ours = [rms(a, b) for a, b in zip(run(lambda *t: sparse_attention(*t, **kw), torch.bfloat16), oracle, strict=True)]
     assert all(o < 2 * max(d, 1e-3) for o, d in zip(ours, dense, strict=True)), (ours, dense)
+
+
+def test_config_documents_every_field_and_feeds_the_api():
+    from dataclasses import fields
+
+    from lcft.config import doc
+    from lcft.kernels import SparseAttentionConfig
+
+    cfg = SparseAttentionConfig(block_size=16, top_k=2, local_blocks=1, sink_blocks=0, impl="cpu")
+    assert all(doc(SparseAttentionConfig, f.name) for f in fields(cfg))
+    assert cfg.budget == 4
+    q, k, v, _ = qkv(1, 2, 1, 128, 16, seed=3)
+    out, idx = sparse_attention(q, k, v, return_indices=True, **cfg.kwargs())
+    assert idx.shape == (1, 1, 8, cfg.budget) and out.shape == q.shape
