@@ -1,0 +1,159 @@
+"""Trainer benchmark: (A) the trainer's tokens/s against the bare model step (forward, backward, AdamW on the
+same model and batch) in the same process: the trainer's overhead; (B) one training step of the tiny preset on
+long windows with sparse attention and block checkpointing, each case in a fresh process: time, peak RSS and the
+top operators.
+
+    python benchmarks/train.py            # A at 16K tokens, B at 128K and at 1M tokens
+    python benchmarks/train.py --quick    # A at 4K tokens, B at 32K (no 1M)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lcft.config import format_size
+from lcft.genomics import prepare_windows, sample_fasta
+from lcft.genomics.dataset import DataConfig, TrainSamples
+from lcft.genomics.shards import open_windows
+from lcft.kernels import chunked_cross_entropy
+from lcft.model import Llama, preset
+from lcft.train import TrainConfig, train
+from lcft.train.metrics import read_metrics
+from lcft.train.step import make_optimizer
+
+GIB = 1 << 30
+
+
+def prepared(root: Path, length: int) -> Path:
+    """Windows of `length` tokens from the bundled human sample (chr2: 2.3 Mbp)."""
+    out = root / f"windows-{format_size(length)}"
+    prepare_windows(fasta=str(sample_fasta()), out=str(out), length=length, train=("chr2",), eval=("chr22",))
+    return out
+
+
+def bare_steps(cfg: TrainConfig, data: Path, seq: int, n: int) -> list[float]:
+    """Seconds per step of forward + chunked loss + backward + AdamW on the trainer's first batch."""
+    torch.manual_seed(cfg.seed)
+    model = Llama(preset("tiny"))
+    opt = make_optimizer(model, cfg)
+    samples = TrainSamples(open_windows(data, "train"), DataConfig(seq, cfg.seed))
+    batch = samples.batch([samples.sample_id(0)])
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        h = model.hidden_states(batch["input_ids"])  # (1, L, H)
+        loss, count = chunked_cross_entropy(h, model.lm_head_weight, batch["labels"], z_loss=cfg.z_loss)
+        (loss / count).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def trainer_steps(cfg: TrainConfig) -> list[float]:
+    """Seconds per trainer step from metrics.jsonl's elapsed (everything in the loop: data, logging...)."""
+    train(cfg)
+    el = [0.0] + [r["elapsed"] for r in read_metrics(cfg.out)]
+    return [b - a for a, b in zip(el, el[1:], strict=False)]
+
+
+def overhead(root: Path, seq: int, steps: int) -> None:
+    data = prepared(root, seq)
+    cfg = TrainConfig(data=str(data), out=str(root / f"run-{seq}"), preset="tiny", seq_len=seq, steps=steps + 1,
+                      global_batch=1, precision="fp32", save_every=0, progress=False)
+    bare_a = bare_steps(cfg, data, seq, 1 + steps // 2)[1:]  # the first step warms up allocator and kernels
+    ours = trainer_steps(cfg)[1:]
+    bare_b = bare_steps(cfg, data, seq, 1 + steps - steps // 2)[1:]
+    bare = bare_a + bare_b  # measured before and after the trainer: load drift on a shared machine averages out
+    tb, tt = statistics.median(bare), statistics.median(ours)
+    print(f"\n(A) tiny preset, {format_size(seq)} tokens, fp32, dense attention, {torch.get_num_threads()} threads")
+    print(f"{'':24}{'s/step (median)':>16}{'tokens/s':>12}   steps")
+    print(f"{'bare model step':24}{tb:16.3f}{seq / tb:12.0f}   {len(bare)}")
+    print(f"{'lcft trainer':24}{tt:16.3f}{seq / tt:12.0f}   {len(ours)}")
+    print(f"trainer overhead: {100 * (tt / tb - 1):+.1f}%  (target < 5%; all per-step times: bare "
+          f"{[round(x, 2) for x in bare]}, trainer {[round(x, 2) for x in ours]})")
+
+
+def one_step_child(data: str, out: str, seq: int, profile: bool) -> None:
+    """In a fresh process: one sparse, block-checkpointed training step; prints a JSON line."""
+    cfg = TrainConfig(data=data, out=out, preset="tiny", seq_len=seq, steps=1, global_batch=1, precision="fp32",
+                      attention="sparse", checkpointing="block", save_every=0, progress=False)
+    top: list[tuple[str, float]] = []
+    t0 = time.perf_counter()
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as prof
+
+        with prof(activities=[ProfilerActivity.CPU]) as p:
+            train(cfg)
+        ev = sorted(p.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in ev) or 1
+        top = [(e.key, round(100 * e.self_cpu_time_total / total, 1)) for e in ev[:6]]
+    else:
+        train(cfg)
+    wall = time.perf_counter() - t0
+    rec = read_metrics(out)[0]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seq": seq, "step_s": round(seq / rec["tokens_per_s"], 1), "wall_s": round(wall, 1),
+                      "peak_rss": rss, "loss": rec["loss"], "top": top}))
+
+
+def long_step(root: Path, seq: int, profile: bool, limit_gib: float) -> None:
+    data = prepared(root, seq)
+    cmd = [sys.executable, __file__, "--child", str(data), str(root / f"long-{seq}"), str(seq)] + (
+        ["--profile"] if profile else [])
+
+    def cap() -> None:  # the host is shared: fail with an allocation error instead of waking the OOM killer
+        lim = int(limit_gib * GIB)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cap)
+    wall = time.perf_counter() - t0
+    line = next((x for x in proc.stdout.splitlines()[::-1] if x.startswith("{")), None)
+    if proc.returncode != 0 or line is None:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"{format_size(seq):>6}  FAILED after {wall:.0f} s (address-space cap {limit_gib:.0f} GiB): {err}")
+        return
+    r = json.loads(line)
+    print(f"{format_size(seq):>6}{r['step_s']:>10.1f}{r['wall_s']:>10.1f}{r['peak_rss'] / GIB:>12.2f}"
+          f"{r['peak_rss'] / seq / 1024:>12.1f}   loss {r['loss']:.3f}")
+    for name, pct in r["top"]:
+        print(f"        {pct:5.1f}%  {name}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 32K only (about a minute)")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A)")
+    ap.add_argument("--cap-gib", type=float, default=20.0, help="address-space cap of each (B) process")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        one_step_child(args.child[0], args.child[1], int(args.child[2]), args.profile)
+        return
+    with tempfile.TemporaryDirectory(prefix="lcft-bench-train-") as tmp:
+        root = Path(tmp)
+        overhead(root, 4096 if args.quick else 16384, args.steps)
+        print("\n(B) one training step, tiny preset, sparse attention (block 64, top-k 16), block checkpointing, "
+              f"fp32, fresh process each, {os.environ.get('OMP_NUM_THREADS', torch.get_num_threads())} threads")
+        print(f"{'tokens':>6}{'step s':>10}{'wall s':>10}{'peak GiB':>12}{'KiB/token':>12}")
+        for seq in ([32768] if args.quick else [131072, 1 << 20]):
+            long_step(root, seq, profile=seq <= 131072, limit_gib=args.cap_gib)
+
+
+if __name__ == "__main__":
+    main()
