@@ -43,20 +43,35 @@ def group_query_sums(q: torch.Tensor, num_kv_heads: int, block_size: int) -> tor
 def topk_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Column ids of the k largest finite entries of each row, ties -> lower column, -1 padded.
 
-    scores: (R, N) fp32 with -inf for excluded columns. Returns (R, k) int64, ids ascending within a row.
-    Deterministic: torch.topk's order among equal values is unspecified, so only its k-th value is used.
+    scores: (R, N) fp32 with -inf for excluded columns. Returns (R, k) int64 (order within a row unspecified).
+    torch.topk's choice among equal values is unspecified, so rows where the k-th value also occurs outside
+    the chosen set (a tie across the boundary) are recomputed by the exact, slower `_topk_rows_exact`.
     """
     r, n = scores.shape
-    out = torch.full((r, k + 1), -1, dtype=torch.long, device=scores.device)
     if k == 0 or n == 0:
-        return out[:, :k]
+        return torch.full((r, k), -1, dtype=torch.long, device=scores.device)
     kk = min(k, n)
-    kth = scores.topk(kk, dim=1).values[:, -1:]  # (R, 1) the k-th largest value
+    vals, ids = scores.topk(kk, dim=1, sorted=False)  # (R, kk)
+    kth = vals.amin(dim=1, keepdim=True)  # (R, 1)
+    ids = torch.where(vals > float("-inf"), ids, -1)  # excluded columns are not chosen
+    straddle = (kth.squeeze(1) > float("-inf")) & ((scores == kth).sum(1) > (vals == kth).sum(1))  # (R,)
+    if bool(straddle.any()):
+        ids[straddle] = _topk_rows_exact(scores[straddle], kk)
+    if kk < k:
+        ids = torch.cat([ids, ids.new_full((r, k - kk), -1)], dim=1)
+    return ids
+
+
+def _topk_rows_exact(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact tie-breaking top-k: only the k-th value is taken from torch.topk; (R, N) -> (R, k) ids, -1 padded."""
+    r, n = scores.shape
+    out = torch.full((r, k + 1), -1, dtype=torch.long, device=scores.device)
+    kth = scores.topk(k, dim=1).values[:, -1:]  # (R, 1) the k-th largest value
     finite = scores > float("-inf")  # (R, N)
     above = (scores > kth) & finite  # (R, N)
     n_above = above.sum(dim=1, keepdim=True)  # (R, 1)
     tie = (scores == kth) & finite  # (R, N)
-    take_tie = tie & (tie.cumsum(dim=1) <= (kk - n_above))  # lowest-index ties fill the remaining slots
+    take_tie = tie & (tie.cumsum(dim=1) <= (k - n_above))  # lowest-index ties fill the remaining slots
     chosen = above | take_tie  # (R, N), at most k per row
     # Compact each row's chosen ids into the first slots; the rest go to a dump column k.
     slot = torch.where(chosen, chosen.cumsum(dim=1) - 1, torch.full_like(n_above, k))  # (R, N)

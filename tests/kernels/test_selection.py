@@ -151,3 +151,18 @@ def test_triton_selection_ties_go_to_lower_index(top_k):
     idx = select_blocks_triton(q, torch.ones(1, 1, 40 * bs, 16), block_size=bs, top_k=top_k, local_blocks=1,
                                sink_blocks=1)
     assert idx[0, 0, 39].tolist() == [0, *range(1, 1 + top_k), 38, 39]
+
+
+def test_topk_rows_with_many_ties_matches_sorting():
+    """The fast topk path and its exact tie fallback pick (value desc, id asc), with excluded (-inf) columns."""
+    from lcft.kernels.selection import topk_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n, k = int(torch.randint(1, 40, (1,), generator=gen)), int(torch.randint(1, 8, (1,), generator=gen))
+        s = torch.randint(0, 4, (6, n), generator=gen).float()  # few distinct values: ties everywhere
+        s[torch.rand(6, n, generator=gen) < 0.3] = float("-inf")
+        got = topk_rows(s, k).sort(dim=1).values
+        for i in range(6):
+            best = sorted((-s[i, j].item(), j) for j in range(n) if s[i, j] > float("-inf"))[:k]
+            assert got[i].tolist() == sorted([j for _, j in best] + [-1] * (k - len(best)))
