@@ -5,6 +5,7 @@ top operators.
 
     python benchmarks/train.py            # A at 16K tokens, B at 128K and at 1M tokens
     python benchmarks/train.py --quick    # A at 4K tokens, B at 32K (no 1M)
+    python benchmarks/train.py --long 32K,128K   # choose the (B) lengths
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from lcft.config import format_size
+from lcft.config import format_size, parse_size
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.genomics.dataset import DataConfig, TrainSamples
 from lcft.genomics.shards import open_windows
@@ -139,6 +140,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 32K only (about a minute)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A)")
     ap.add_argument("--cap-gib", type=float, default=20.0, help="address-space cap of each (B) process")
+    ap.add_argument("--long", default=None, help="comma-separated lengths for (B) (default 128K,1M; quick 32K)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -151,7 +153,8 @@ def main() -> None:
         print("\n(B) one training step, tiny preset, sparse attention (block 64, top-k 16), block checkpointing, "
               f"fp32, fresh process each, {os.environ.get('OMP_NUM_THREADS', torch.get_num_threads())} threads")
         print(f"{'tokens':>6}{'step s':>10}{'wall s':>10}{'peak GiB':>12}{'KiB/token':>12}")
-        for seq in ([32768] if args.quick else [131072, 1 << 20]):
+        lengths = [parse_size(x) for x in (args.long or ("32K" if args.quick else "128K,1M")).split(",")]
+        for seq in lengths:
             long_step(root, seq, profile=seq <= 131072, limit_gib=args.cap_gib)
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,6 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 LN2 = math.log(2.0)
 
@@ -73,39 +75,40 @@ def _fmt(record: dict[str, Any]) -> str:
     loss = record.get("loss")
     if loss is None:
         return ""
-    return (f"loss {loss:.4f}  {record['bits_per_base']:.3f} bits/base  lr {record['lr']:.2e}  "
-            f"|g| {record['grad_norm']:.3g}  {record['tokens_per_s']:,.0f} tok/s  "
-            f"mem {record['peak_mem'] / 2**30:.2f} GiB  skipped {record['skipped']}")
+    return (f"loss {loss:.4f} · {record['bits_per_base']:.3f} bits/base · lr {record['lr']:.2e} · "
+            f"|g| {record['grad_norm']:.3g} · {record['tokens_per_s']:,.0f} tok/s · "
+            f"{record['peak_mem'] / 2**30:.2f} GiB · skipped {record['skipped']}")
 
 
 class LiveView:
-    """Rich progress bar with ETA and the latest figures; a no-op off a terminal or when disabled."""
+    """Rich progress bar (steps, elapsed, ETA) with the latest figures on the line below; a no-op off a terminal
+    or when disabled."""
 
     def __init__(self, enabled: bool, total: int, done: int, console: Console | None = None) -> None:
         self.enabled = enabled and sys.stdout.isatty()
-        self._progress: Progress | None = None
+        self._live: Live | None = None
         if not self.enabled:
             return
-        self._progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[figures]}"),
-            console=console or Console(), transient=False, refresh_per_second=4,
-        )
-        self._task = self._progress.add_task("train", total=total, completed=done, figures="")
-        self._progress.start()
+        self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                  TextColumn("ETA"), TimeRemainingColumn())
+        self._task = self._progress.add_task("train", total=total, completed=done)
+        self._figures = Text("")
+        self._live = Live(Group(self._progress, self._figures), console=console or Console(), refresh_per_second=4)
+        self._live.start()
 
     def update(self, step: int, record: dict[str, Any]) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step, figures=_fmt(record))
+        if self._live is not None:
+            self._progress.update(self._task, completed=step)
+            self._figures.plain = _fmt(record)
 
     def note(self, message: str) -> None:
-        """A line printed above the bar (or to stderr without one)."""
-        if self._progress is not None:
-            self._progress.console.print(message, highlight=False)
+        """A line printed above the live view (or to stderr without one)."""
+        if self._live is not None:
+            self._live.console.print(message, highlight=False)
         else:
             print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
