@@ -41,9 +41,9 @@ class DemoConfig:
     """Window length in tokens: the long context of the continued model and of the evaluation."""
     base_context: int = 1024
     """Context of the base model's training (and of the control: the continued model cut to it)."""
-    steps: int = 150
+    steps: int = 64
     """Training steps of the base model at base_context."""
-    long_steps: int = 24
+    long_steps: int = 12
     """Steps of the continued training at the full window with sparse attention."""
     base_batch: int = 8
     """Sequences of base_context tokens per base training step."""

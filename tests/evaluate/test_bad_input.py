@@ -84,3 +84,11 @@ def test_bad_options(data_dir, ckpt_a, tmp_path, kw, match):
 
 def test_no_checkpoint(data_dir, tmp_path):
     _fails(tmp_path, "no checkpoint given", data_dir)
+
+
+def test_cuda_device_without_cuda(data_dir, ckpt_a, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    _fails(tmp_path, "CUDA is not available", data_dir, ckpt_a, device="cuda")

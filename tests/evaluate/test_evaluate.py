@@ -145,3 +145,12 @@ def test_max_context_cuts_the_window_into_independent_pieces(data_dir, ckpt_a):
             torch.testing.assert_close(loss[:, s + 1:s + n], ref[:, 1:], rtol=1e-5, atol=1e-5)
     assert torch.equal(loss[:, 1:c], full[:, 1:c])  # the first piece is the window's own start
     assert not torch.allclose(loss[:, c:], full[:, c:])  # later pieces lost their earlier context
+
+
+def test_bf16_losses_stay_close_to_fp32(data_dir, ckpt_a):
+    model = from_pretrained(ckpt_a).eval()
+    ids = torch.from_numpy(np.asarray(open_windows(data_dir, "eval")[0]).astype(np.int64))[None]  # (1, L)
+    full, counted = token_losses(model, ids)
+    half, _ = token_losses(model, ids, precision="bf16")
+    assert half.dtype == torch.float32
+    assert abs(half[counted].mean().item() - full[counted].mean().item()) < 1e-2 * full[counted].mean().item()
