@@ -2,14 +2,15 @@
 
 The parent writes the resolved config to `<out>/launch.toml`, runs
 `python -m torch.distributed.run --standalone --nproc-per-node N -m lcft.train.worker <out>/launch.toml`,
-forwards SIGTERM/SIGINT to it (torchrun passes them on to the workers, which checkpoint and exit 0), and
-returns the summary rank 0 wrote. Multi-node: start `torchrun` yourself on every node with its usual flags
+passes SIGTERM/SIGINT on to the workers (which finish the step, checkpoint and exit 0), and returns the summary
+rank 0 wrote. Multi-node: start `torchrun` yourself on every node with its usual flags
 (`--nnodes`, `--node-rank`, `--rdzv-endpoint` / `--master-addr`) and `-m lcft train ...`; inside a torchrun
 launch `--nproc` is ignored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
@@ -42,10 +45,19 @@ def launch(cfg: TrainConfig) -> dict[str, Any]:
     env = dict(os.environ)
     # One thread per process unless the user chose: N processes x all cores each would oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
-    proc = subprocess.Popen(cmd, env=env)
+    # torchrun runs in its own session: a Ctrl-C on the terminal reaches only this process, which passes
+    # SIGINT/SIGTERM to the workers themselves. Signalling torchrun instead would make it kill the workers
+    # (SIGKILL after 30 s), possibly in the middle of their final checkpoint.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def forward(signum: int, _frame: Any) -> None:
-        proc.send_signal(signum)
+        try:
+            workers = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for w in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                w.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if _main_thread() else {}
     try:

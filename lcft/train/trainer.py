@@ -353,10 +353,11 @@ class Trainer:
             return
 
         def handler(signum: int, _frame: Any) -> None:
-            if self._signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now (the last checkpoint stays)
-            self._signal = signum
-            self._note(f"received {signal.Signals(signum).name}: saving a checkpoint after this step")
+            # Repeats are ignored: a launcher may pass on a signal the process also got from the terminal, and
+            # the checkpoint after this step must not be cut short. SIGKILL still stops at once.
+            if self._signal is None:
+                self._signal = signum
+                self._note(f"received {signal.Signals(signum).name}: saving a checkpoint after this step")
 
         for s in (signal.SIGTERM, signal.SIGINT):
             self._old_handlers[s] = signal.signal(s, handler)

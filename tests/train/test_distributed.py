@@ -3,13 +3,19 @@ run resumes on another world size with the same samples in the same order."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from lcft.model import from_pretrained
-from lcft.train import TrainConfig, train
+from lcft.train import TrainConfig, latest_checkpoint, train
+from lcft.train.checkpoint import read_state
 from lcft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.distributed
@@ -60,3 +66,23 @@ def test_resume_on_another_world_size(runs):
     b = _weights(root / "one" / "checkpoints" / "step-00000006")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
+
+
+def test_sigterm_to_the_launcher_checkpoints_all_ranks(tmp_path, data_dir, init_dir):
+    """`lcft train --nproc 2`, then SIGTERM to that (parent) process: the workers finish the step, save,
+    and everything exits 0."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "lcft", "train", "--data", str(data_dir), "--init", str(init_dir), "--out", str(run),
+           "--seq-len", "512", "--steps", "100000", "--global-batch", "2", "--nproc", "2", "--precision", "fp32",
+           "--save-every", "0", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and len(read_metrics(run)) < 2:
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    ckpt = latest_checkpoint(run)
+    state = read_state(ckpt)
+    assert state.world_size == 2 and state.step == read_metrics(run)[-1]["step"] >= 2
+    assert json.loads((run / "summary.json").read_text())["stopped"] == "signal"
