@@ -108,10 +108,17 @@ def _write_init(cfg: DemoConfig, folder: Path) -> bool:
 
 def _train_stage(tcfg: Any) -> tuple[Path, str]:
     """Run (or finish, or skip) one training run; returns its final checkpoint and what happened."""
+    from lcft.errors import LcftError
     from lcft.train import latest_checkpoint, train
     from lcft.train.checkpoint import checkpoint_step
+    from lcft.train.config import absolute_paths, diff, load_run_config
 
     run = Path(tcfg.out)
+    if (run / "config.toml").is_file():
+        changed = diff(load_run_config(run / "config.toml").run_defining(), absolute_paths(tcfg).run_defining())
+        if changed:
+            raise LcftError(f"{run} holds a demo run made with other options ({'; '.join(changed[:3])}); "
+                            "choose another --out, or delete that folder to start over")
     latest = latest_checkpoint(run)
     if latest is not None and checkpoint_step(latest) >= tcfg.steps:
         return latest, "done before, skipped"

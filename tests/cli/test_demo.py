@@ -38,6 +38,10 @@ def test_demo_runs_every_stage_then_skips_them(tmp_path):
     assert again.output.count("skipped") == 3  # base, long, eval
     assert json.loads((out / "report" / "eval.json").read_text())["checkpoints"][1]["loss"] == long["loss"]
 
+    other = [a if a != "3" else "4" for a in SMALL]  # --steps 4: a different base run
+    r = runner.invoke(app, ["demo", "--out", str(out), *other])
+    assert r.exit_code == 1 and "holds a demo run made with other options" in r.output and "steps" in r.output
+
 
 def test_demo_refuses_a_base_context_that_does_not_divide_the_window(tmp_path):
     r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), "--length", "2K", "--base-context", "768"])
