@@ -5,35 +5,36 @@ from __future__ import annotations
 import typer
 
 from lcft.cli.common import console, user_errors
-from lcft.config import build, doc, load_toml, merge
+from lcft.cli.eval import option_help
+from lcft.config import build, load_toml, merge
 from lcft.evaluate.demo import DemoConfig
 
 
 def register(app: typer.Typer) -> None:
-    h = lambda name: doc(DemoConfig, name)
+    h = lambda name: option_help(DemoConfig, name)
 
     @app.command("demo")
     @user_errors
     def _demo(
-        out: str = typer.Option(None, "--out", "-o", help=h("out")),
-        length: str = typer.Option(None, "--length", help=h("length") + " Sizes like 32K."),
-        base_context: str = typer.Option(None, "--base-context", help=h("base_context")),
-        steps: int = typer.Option(None, "--steps", help=h("steps")),
-        long_steps: int = typer.Option(None, "--long-steps", help=h("long_steps")),
-        base_batch: int = typer.Option(None, "--base-batch", help=h("base_batch")),
-        long_batch: int = typer.Option(None, "--long-batch", help=h("long_batch")),
-        lr: float = typer.Option(None, "--lr", help=h("lr")),
-        long_lr: float = typer.Option(None, "--long-lr", help=h("long_lr")),
-        preset: str = typer.Option(None, "--preset", help=h("preset")),
-        hidden_size: int = typer.Option(None, "--hidden-size", help=h("hidden_size")),
-        num_hidden_layers: int = typer.Option(None, "--layers", help=h("num_hidden_layers")),
-        num_attention_heads: int = typer.Option(None, "--heads", help=h("num_attention_heads")),
-        intermediate_size: int = typer.Option(None, "--intermediate-size", help=h("intermediate_size")),
-        eval_windows: int = typer.Option(None, "--eval-windows", help=h("eval_windows")),
-        eval_batch: int = typer.Option(None, "--eval-batch", help=h("eval_batch")),
-        bins: int = typer.Option(None, "--bins", help=h("bins")),
-        seed: int = typer.Option(None, "--seed", help=h("seed")),
-        config: str = typer.Option(None, "--config", help="TOML file with any of these options (flags override it)."),
+        out: str = typer.Option(None, "--out", "-o", metavar="DIR", help=h("out")),
+        length: str = typer.Option(None, "--length", metavar="SIZE", help=h("length")),
+        base_context: str = typer.Option(None, "--base-context", metavar="SIZE", help=h("base_context")),
+        steps: int = typer.Option(None, "--steps", metavar="N", help=h("steps")),
+        long_steps: int = typer.Option(None, "--long-steps", metavar="N", help=h("long_steps")),
+        base_batch: int = typer.Option(None, "--base-batch", metavar="N", help=h("base_batch")),
+        long_batch: int = typer.Option(None, "--long-batch", metavar="N", help=h("long_batch")),
+        lr: float = typer.Option(None, "--lr", metavar="FLOAT", help=h("lr")),
+        long_lr: float = typer.Option(None, "--long-lr", metavar="FLOAT", help=h("long_lr")),
+        preset: str = typer.Option(None, "--preset", metavar="NAME", help=h("preset")),
+        hidden_size: int = typer.Option(None, "--hidden-size", metavar="N", help=h("hidden_size")),
+        num_hidden_layers: int = typer.Option(None, "--layers", metavar="N", help=h("num_hidden_layers")),
+        num_attention_heads: int = typer.Option(None, "--heads", metavar="N", help=h("num_attention_heads")),
+        intermediate_size: int = typer.Option(None, "--intermediate-size", metavar="N", help=h("intermediate_size")),
+        eval_windows: int = typer.Option(None, "--eval-windows", metavar="N", help=h("eval_windows")),
+        eval_batch: int = typer.Option(None, "--eval-batch", metavar="N", help=h("eval_batch")),
+        bins: int = typer.Option(None, "--bins", metavar="N", help=h("bins")),
+        seed: int = typer.Option(None, "--seed", metavar="N", help=h("seed")),
+        config: str = typer.Option(None, "--config", metavar="TOML", help="TOML file with any of these options (flags override it)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     ) -> None:
         """Prepare the bundled human sample, train a tiny base model at a short context, continue it at a long

@@ -7,9 +7,10 @@ from pathlib import Path
 import typer
 
 from lcft.cli.common import console, user_errors
-from lcft.config import build, doc, load_toml, merge
+from lcft.config import build, doc, format_size, load_toml, merge
 from lcft.evaluate.config import EvalConfig
 
+_SIZES = {"length", "base_context"}  # shown as 32K, 1K
 _EXAMPLE = ("lcft eval --data data/hg38-512k --checkpoint runs/base --checkpoint runs/long "
             "--label base --label long --out reports/long-vs-base")
 
@@ -20,25 +21,33 @@ def resolve_eval_config(config_file: str | None, flags: dict) -> EvalConfig:
     return build(EvalConfig, merge(*layers), where="eval config")
 
 
+def option_help(cls: type, name: str) -> str:
+    """A config field's docstring plus its default as the user would type it (parentheses, not brackets:
+    typer's rich help would read [default: x] as markup)."""
+    default = getattr(cls(), name)
+    shown = format_size(default) if name in _SIZES and isinstance(default, int) else default
+    return doc(cls, name) + (f" (default: {shown})" if shown not in ("", None, ()) else "")
+
+
 def register(app: typer.Typer) -> None:
-    h = lambda name: doc(EvalConfig, name)
+    h = lambda name: option_help(EvalConfig, name)
 
     @app.command("eval", epilog=f"Example: {_EXAMPLE}")
     @user_errors
     def _eval(
-        data: str = typer.Option(None, "--data", help=h("data")),
-        checkpoint: list[str] = typer.Option(None, "--checkpoint", "-c", help=h("checkpoints") + " Repeat the option."),
-        label: list[str] = typer.Option(None, "--label", help=h("labels")),
-        split: str = typer.Option(None, "--split", help=h("split")),
-        bins: int = typer.Option(None, "--bins", help=h("bins")),
-        bin_scale: str = typer.Option(None, "--bin-scale", help=h("bin_scale")),
-        max_context: list[str] = typer.Option(None, "--max-context", help=h("max_context") + " Sizes like 1K."),
-        max_windows: int = typer.Option(None, "--max-windows", help=h("max_windows")),
-        batch_size: int = typer.Option(None, "--batch-size", help=h("batch_size")),
-        precision: str = typer.Option(None, "--precision", help=h("precision")),
-        device: str = typer.Option(None, "--device", help=h("device")),
-        out: str = typer.Option(None, "--out", "-o", help=h("out")),
-        config: str = typer.Option(None, "--config", help="TOML file with any of these options (flags override it)."),
+        data: str = typer.Option(None, "--data", metavar="DIR", help=doc(EvalConfig, "data")),
+        checkpoint: list[str] = typer.Option(None, "--checkpoint", "-c", metavar="PATH", help=doc(EvalConfig, "checkpoints") + " Repeat the option."),
+        label: list[str] = typer.Option(None, "--label", metavar="NAME", help=doc(EvalConfig, "labels") + " Repeat the option."),
+        split: str = typer.Option(None, "--split", metavar="SPLIT", help=h("split")),
+        bins: int = typer.Option(None, "--bins", metavar="N", help=h("bins")),
+        bin_scale: str = typer.Option(None, "--bin-scale", metavar="linear|log", help=h("bin_scale")),
+        max_context: list[str] = typer.Option(None, "--max-context", metavar="SIZE", help=doc(EvalConfig, "max_context") + " Sizes like 1K; repeat for one per checkpoint."),
+        max_windows: int = typer.Option(None, "--max-windows", metavar="N", help=h("max_windows")),
+        batch_size: int = typer.Option(None, "--batch-size", metavar="N", help=h("batch_size")),
+        precision: str = typer.Option(None, "--precision", metavar="fp32|bf16", help=h("precision")),
+        device: str = typer.Option(None, "--device", metavar="DEVICE", help=h("device")),
+        out: str = typer.Option(None, "--out", "-o", metavar="DIR", help=h("out")),
+        config: str = typer.Option(None, "--config", metavar="TOML", help="TOML file with any of these options (flags override it)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table (the files are still written)."),
     ) -> None:
         """Per-token held-out loss through each checkpoint, by position in the window: table, CSV, JSON, plot."""
