@@ -7,6 +7,29 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """HF's RMSNorm math, but backward recomputes the normalised input from x and the per-token rstd instead
+    of keeping it: one (L, H) tensor less saved per norm (autograd would keep both x and x·rstd)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()  # (..., H)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (xf * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd  # (..., H) fp32, recomputed
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad.float() * normed.to(x.dtype).float()).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        grad_n = grad.float() * weight.float()  # (..., H)
+        grad_x = rstd * (grad_n - normed * (grad_n * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned gain; statistics in fp32 whatever the input dtype."""
 
@@ -16,10 +39,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()  # (..., H)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return _RMSNormFunction.apply(x, self.weight, self.eps)  # (..., H)
 
 
 class MLP(nn.Module):
