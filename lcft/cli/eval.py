@@ -47,6 +47,10 @@ def register(app: typer.Typer) -> None:
         precision: str = typer.Option(None, "--precision", metavar="fp32|bf16", help=h("precision")),
         device: str = typer.Option(None, "--device", metavar="DEVICE", help=h("device")),
         out: str = typer.Option(None, "--out", "-o", metavar="DIR", help=h("out")),
+        nproc: int = typer.Option(None, "--nproc", metavar="N", help=h("nproc")),
+        cp: int = typer.Option(None, "--cp", metavar="N", help=h("cp")),
+        cp_layout: str = typer.Option(None, "--cp-layout", metavar="zigzag|contiguous", help=h("cp_layout")),
+        cp_kv: str = typer.Option(None, "--cp-kv", metavar="all|selected", help=h("cp_kv")),
         config: str = typer.Option(None, "--config", metavar="TOML", help="TOML file with any of these options (flags override it)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table (the files are still written)."),
     ) -> None:
@@ -55,6 +59,7 @@ def register(app: typer.Typer) -> None:
             "data": data, "checkpoints": checkpoint or None, "labels": label or None, "split": split,
             "bins": bins, "bin_scale": bin_scale, "max_context": max_context or None, "max_windows": max_windows,
             "batch_size": batch_size, "precision": precision, "device": device, "out": out,
+            "nproc": nproc, "cp": cp, "cp_layout": cp_layout, "cp_kv": cp_kv,
         }
         cfg = resolve_eval_config(config, flags)
         from lcft.evaluate.report import print_table

@@ -39,6 +39,15 @@ class EvalConfig:
     """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""
     out: str = "reports/eval"
     """Output folder for eval.json, loss_by_position.csv, loss_by_position.png and eval.toml."""
+    nproc: int = 1
+    """Local processes to start (torchrun; gloo on CPU); dp = nproc / cp groups take turns over the windows.
+    Under an existing torchrun launch it is ignored."""
+    cp: int = 1
+    """Context-parallel ranks per window (each holds a shard of every window, as in training)."""
+    cp_layout: Literal["zigzag", "contiguous"] = "zigzag"
+    """Context parallelism: how a window is cut over its cp ranks (zigzag or contiguous)."""
+    cp_kv: Literal["all", "selected"] = "all"
+    """Context parallelism: all-gather every rank's keys/values, or fetch only the selected key blocks."""
 
     def __post_init__(self) -> None:
         self.checkpoints = tuple(str(c) for c in self.checkpoints)
@@ -67,6 +76,8 @@ class EvalConfig:
             raise ConfigError(f"--bins must be at least 1, got {self.bins}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.nproc < 1 or self.cp < 1:
+            raise ConfigError(f"--nproc and --cp must be at least 1, got {self.nproc} and {self.cp}")
         if self.max_windows < 0:
             raise ConfigError(f"--max-windows must be 0 (all) or positive, got {self.max_windows}")
 

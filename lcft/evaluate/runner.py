@@ -17,6 +17,10 @@ from lcft.evaluate.binning import PositionSums, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
 from lcft.genomics.tokenizer import A, T
+from lcft.parallel.config import ParallelConfig
+from lcft.parallel.evaluate import EvalParallel
+from lcft.parallel.evaluate import launch as launch_parallel
+from lcft.parallel.evaluate import launched as parallel_launched
 
 IGNORE = -100
 
@@ -44,7 +48,7 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
 
 
 def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int = 0,
-                 precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+                 precision: str = "fp32", parallel: EvalParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss of whole windows `ids` `(B, L)`, aligned to the predicted token's position.
 
     Returns `loss (B, L)` fp32 and `counted (B, L)` bool: entry p is the loss of predicting token p from the
@@ -71,8 +75,11 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
             x = torch.cat([ids[:, s:s + size] for s in starts])  # (B * n, C), piece-major
             y = torch.cat([labels[:, s:s + size] for s in starts])  # (B * n, C)
             pos = torch.arange(size, device=device)  # (C,) every piece starts at position 0
-            hidden = model.hidden_states(x, position_ids=pos)  # (B * n, C, H)
-            loss = per_token_loss(hidden, model.lm_head_weight, y).float()  # (B * n, C)
+            if parallel is not None:  # context parallel: each cp rank runs its shard, losses gathered back
+                loss = parallel.piece_losses(model, x, y, pos)  # (B * n, C)
+            else:
+                hidden = model.hidden_states(x, position_ids=pos)  # (B * n, C, H)
+                loss = per_token_loss(hidden, model.lm_head_weight, y).float()  # (B * n, C)
             for k, s in enumerate(starts):
                 per_label[:, s:s + size] = loss[k * b:(k + 1) * b]
     loss = torch.zeros_like(per_label)  # (B, L) aligned to the predicted position
@@ -160,24 +167,30 @@ def open_split(cfg: EvalConfig):
 
 
 def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalConfig, max_context: int,
-                   device: torch.device, advance: Any = None) -> CheckpointResult:
-    """Every window of the split through one model: position sums and per-window figures."""
+                   device: torch.device, advance: Any = None, parallel: EvalParallel | None = None
+                   ) -> CheckpointResult:
+    """Every window of the split through one model: position sums and per-window figures. With `parallel`
+    (several ranks), the dp groups take turns over the batches and every rank gets all results in order."""
     sums = PositionSums.zeros(ws.length)
     windows: list[dict[str, Any]] = []
-    for batch in _batches(n_windows, cfg.batch_size):
-        arr = np.stack([np.asarray(ws[i]) for i in batch]).astype(np.int64)  # (B, L)
-        ids = torch.from_numpy(arr).to(device)  # (B, L)
-        loss, counted = token_losses(model, ids, max_context=max_context, precision=cfg.precision)
-        loss_np, counted_np = loss.cpu().numpy(), counted.cpu().numpy()  # (B, L)
-        for j, i in enumerate(batch):
-            sums.add(loss_np[j], counted_np[j])
-            n = int(counted_np[j].sum())
-            total = float(loss_np[j][counted_np[j]].sum(dtype=np.float64))
+    for batch in (parallel.batches(n_windows, cfg.batch_size) if parallel else _batches(n_windows, cfg.batch_size)):
+        loss = counted = None
+        if batch:
+            arr = np.stack([np.asarray(ws[i]) for i in batch]).astype(np.int64)  # (B, L)
+            ids = torch.from_numpy(arr).to(device)  # (B, L)
+            loss, counted = token_losses(model, ids, max_context=max_context, precision=cfg.precision,
+                                         parallel=parallel)
+        results = parallel.gather(batch, loss, counted) if parallel else [
+            (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]
+        for i, loss_i, counted_i in results:  # loss_i, counted_i (L,)
+            sums.add(loss_i, counted_i)
+            n = int(counted_i.sum())
+            total = float(loss_i[counted_i].sum(dtype=np.float64))
             chrom, start, end = ws.coords(i)
             windows.append({"index": i, "chrom": chrom, "start": int(start), "end": int(end),
                             "tokens": n, "loss": total / n if n else math.nan})
         if advance is not None:
-            advance(len(batch))
+            advance(len(results))
     return CheckpointResult(sums, windows)
 
 
@@ -188,12 +201,20 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     from lcft.evaluate.report import build_report, progress_bar, write_outputs
 
     cfg.validate()
+    if cfg.nproc > 1 and not parallel_launched():
+        return launch_parallel(cfg)  # torchrun starts the ranks; they run this function again
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     n_windows = len(ws) if not cfg.max_windows else min(cfg.max_windows, len(ws))
     device = _device(cfg.device)
     edges = bin_edges(ws.length, cfg.bins, cfg.bin_scale)
+    parallel = None
+    if cfg.cp > 1 or parallel_launched():  # several ranks: lcft.parallel shards windows and splits batches
+        parallel = EvalParallel(ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv), device)
+        for info in infos:
+            parallel.check(ws.length, info.block_size(_default_block_size()), [info.max_context])
+        progress = progress and parallel.is_main
 
     results: list[CheckpointResult] = []
     cached: tuple[Path, torch.nn.Module] | None = None
@@ -203,9 +224,15 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
             if cached is None or cached[0] != info.path:
                 cached = None  # free the previous model before loading the next
                 cached = (info.path, load_model(info, device))
+                if parallel is not None:
+                    parallel.prepare(cached[1])
             task = bar.add_task(info.label, total=n_windows) if bar else None
             advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
-            results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance))
+            results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance,
+                                          parallel))
     report = build_report(cfg, ws, n_windows, infos, results, edges)
-    write_outputs(report, Path(cfg.out), cfg)
+    if parallel is None or parallel.is_main:
+        write_outputs(report, Path(cfg.out), cfg)
+    if parallel is not None:
+        parallel.close()
     return report

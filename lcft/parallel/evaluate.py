@@ -1,0 +1,147 @@
+"""Context- and data-parallel evaluation: `lcft eval --nproc N --cp C` (the hooks lcft.evaluate calls).
+
+cp ranks share each window (sharded as in training; per-token losses are all-gathered back into window order
+on every rank); the dp groups take turns over the batches of windows, and every rank receives all groups'
+results in window order, so rank 0 accumulates exactly what one process would. `launch` starts the ranks with
+torchrun, as `lcft train --nproc` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lcft.errors import LcftError
+from lcft.parallel import comms
+from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
+from lcft.parallel.config import ParallelConfig
+from lcft.parallel.mesh import init_parallel
+from lcft.parallel.sharding import check_length
+
+LAUNCH_CONFIG = "eval-launch.toml"
+
+
+def launched() -> bool:
+    """True inside a torchrun launch (the process group is described by the environment)."""
+    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+class EvalParallel:
+    """This rank's part of a parallel evaluation: process groups, CP model rewiring, window rounds."""
+
+    def __init__(self, cfg: ParallelConfig, device: torch.device) -> None:
+        if not dist.is_initialized():
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            if world > 1:
+                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        self.cfg = cfg
+        self.state = init_parallel(cfg)  # clear error when the world does not split into cp groups
+        self.is_main = self.state.rank == 0
+
+    def check(self, window: int, block_size: int, max_contexts: list[int]) -> None:
+        """Every sequence the model will see (the window, or its --max-context pieces) must split over cp."""
+        if self.state.cp == 1:
+            return
+        for ctx in {c for c in max_contexts if c} | {window}:
+            if window % ctx:
+                raise LcftError(f"--max-context {ctx} does not divide the window ({window}) under --cp "
+                                f"{self.state.cp}: every piece must split over the cp ranks")
+            check_length(ctx, self.state.cp, block_size)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Swap the model's attention cores for context-parallel ones (no-op for cp=1)."""
+        apply_context_parallel(model, self.state, self.cfg)
+        self.runner = ContextParallelRunner(self.state, self.cfg, model.config.attention.block_size)
+        return model
+
+    def piece_losses(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor
+                     ) -> torch.Tensor:
+        """Per-token loss (N, C) fp32 of full sequences x (N, C) with labels y and positions pos (C,):
+        each cp rank runs its shard, then the shards are all-gathered back into sequence order."""
+        from lcft.kernels import per_token_loss
+
+        c, r = x.shape[1], self.state.cp_rank
+        layout = self.runner.layout(c)
+        local_pos = layout.shard(pos.view(1, -1), r)[0]  # (C/cp,) positions of this rank's tokens
+        hidden = model.hidden_states(layout.shard(x, r), position_ids=local_pos, rope_seq_len=c)  # (N, C/cp, H)
+        loss = per_token_loss(hidden, model.lm_head_weight, layout.shard(y, r)).float()  # (N, C/cp)
+        if self.state.cp == 1:
+            return loss
+        parts = comms.all_gather_nograd(loss.contiguous(), self.state.cp_group, tag="eval")  # (cp, N, C/cp)
+        return layout.unshard(list(parts), dim=1)  # (N, C)
+
+    def batches(self, n_windows: int, batch_size: int) -> Iterator[list[int]]:
+        """This dp group's batch of each round (round i: batch i*dp + dp_rank); every group runs the same
+        number of rounds (an empty batch when it has none), so the collectives stay matched."""
+        starts = list(range(0, n_windows, batch_size))
+        dp, me = self.state.dp, self.state.dp_rank
+        for first in range(0, len(starts), dp):
+            mine = first + me
+            yield list(range(starts[mine], min(starts[mine] + batch_size, n_windows))) if mine < len(starts) else []
+
+    def gather(self, batch: list[int], loss: torch.Tensor | None, counted: torch.Tensor | None
+               ) -> list[tuple[int, Any, Any]]:
+        """(window index, loss (L,), counted (L,)) of every dp group's batch of this round, in window order."""
+        mine = [] if not batch else [(i, loss[j].cpu().numpy(), counted[j].cpu().numpy())
+                                     for j, i in enumerate(batch)]
+        if self.state.dp == 1:
+            return mine
+        everyone: list[Any] = [None] * self.state.world
+        dist.all_gather_object(everyone, mine if self.state.cp_rank == 0 else [])
+        return sorted((item for part in everyone for item in part), key=lambda t: t[0])
+
+    def close(self) -> None:
+        if dist.is_initialized() and launched():
+            dist.destroy_process_group()
+
+
+def launch(cfg: Any) -> dict[str, Any]:
+    """Run `evaluate(cfg)` on cfg.nproc local processes through torchrun; returns rank 0's report."""
+    from lcft.config import save_resolved, to_dict
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = save_resolved(out / LAUNCH_CONFIG, to_dict(cfg))
+    (out / "eval.json").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc}",
+           "-m", "lcft.parallel.evaluate", str(spec)]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
+    rc = subprocess.call(cmd, env=env)
+    spec.unlink(missing_ok=True)
+    if rc != 0:
+        raise LcftError(f"evaluation processes failed (torchrun exit code {rc}); the first error is printed above")
+    return json.loads((out / "eval.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker entry: `python -m lcft.parallel.evaluate CONFIG.toml` (under torchrun)."""
+    from lcft.config import build, load_toml
+    from lcft.evaluate.config import EvalConfig
+    from lcft.evaluate.runner import evaluate
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m lcft.parallel.evaluate CONFIG.toml (started by `lcft eval --nproc N`)",
+              file=sys.stderr)
+        return 2
+    try:
+        evaluate(build(EvalConfig, load_toml(args[0])))
+    except LcftError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

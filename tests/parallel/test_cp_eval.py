@@ -1,0 +1,37 @@
+"""`lcft eval` on dp=2 x cp=2 ranks (torchrun, gloo) gives the one-process report, control pieces included."""
+
+from __future__ import annotations
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.runner import evaluate
+
+pytestmark = pytest.mark.distributed
+
+
+def _cfg(data, model, out, **changes) -> EvalConfig:
+    # The same checkpoint twice: the whole window, and the control cut into independent 512-token pieces.
+    return EvalConfig(data=str(data), checkpoints=(str(model), str(model)), labels=("full", "control"),
+                      max_context=(0, 512), max_windows=3, out=str(out), **changes)
+
+
+def test_dp2_cp2_eval_equals_one_process(tmp_path, cp_data_dir, cp_init_dir):
+    one = evaluate(_cfg(cp_data_dir, cp_init_dir, tmp_path / "one"))
+    four = evaluate(_cfg(cp_data_dir, cp_init_dir, tmp_path / "four", nproc=4, cp=2, cp_kv="selected"))
+    assert (tmp_path / "four" / "eval.json").is_file()
+    for a, b in zip(one["checkpoints"], four["checkpoints"], strict=True):
+        assert b["tokens"] == a["tokens"]
+        for key in ("loss", "first_tenth_loss", "last_tenth_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6)
+        assert b["bins"]["loss"] == pytest.approx(a["bins"]["loss"], rel=1e-6)
+        assert [w["index"] for w in b["windows"]] == [w["index"] for w in a["windows"]] == [0, 1, 2]
+        assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
+
+
+def test_eval_cp_without_enough_processes_fails_before_any_work(tmp_path, cp_data_dir, cp_init_dir):
+    out = tmp_path / "bad"
+    with pytest.raises(LcftError, match="world size 1 is not divisible by cp=2"):
+        evaluate(_cfg(cp_data_dir, cp_init_dir, out, cp=2))
+    assert not out.exists()
