@@ -76,6 +76,7 @@ def test_cp2_matches_one_process(cp2, oracle, i):
     _check(cp2, CASES, i, oracle)
 
 
+@pytest.mark.slow  # 4 processes: ~40 s on a shared 2-core machine
 @pytest.mark.parametrize("i", range(len(CP4_CASES)),
                          ids=[f"{c['backend']}-{c['layout']}-{c['kv']}" for c in CP4_CASES])
 def test_cp4_matches_one_process(cp4, oracle, i):

@@ -8,7 +8,7 @@ from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes: ~35 s
 
 
 def _cfg(data, model, out, **changes) -> EvalConfig:

@@ -13,7 +13,7 @@ from lcft.model import from_pretrained
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 + 2 torchrun processes: ~50 s
 
 
 def _base(data: Path, init: Path) -> dict:
