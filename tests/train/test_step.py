@@ -1,0 +1,60 @@
+"""The per-micro-batch loss against a plain full-logits computation, the learning-rate schedule, OOM detection."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lcft.model import Llama
+from lcft.train.config import TrainConfig
+from lcft.train.step import LossModel, compute_loss, is_oom, lr_factor, make_optimizer, make_scheduler
+
+from .conftest import small_model_config
+
+
+def test_compute_loss_matches_full_logits():
+    """Σ w·(ce + z·lse²) over counted tokens, from materialised fp32 logits (the oracle), incl. weights."""
+    torch.manual_seed(0)
+    model = Llama(small_model_config())
+    ids = torch.randint(4, 9, (2, 96))  # (B, L) with some N (8)
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)  # (B, L)
+    labels = torch.where(labels == 8, -100, labels)
+    weights = torch.where(torch.rand(2, 96) < 0.3, 0.1, 1.0)  # (B, L) soft-mask weighting
+    z = 1e-2
+    ls, count, zs = compute_loss(LossModel(model, z, chunk=40), {"input_ids": ids, "labels": labels,
+                                                                  "weights": weights}, TrainConfig())
+    logits = model(ids).double()  # (B, L, V)
+    lse = torch.logsumexp(logits, -1)  # (B, L)
+    keep = labels != -100
+    ce = lse - logits.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    w = torch.where(keep, weights.double(), 0.0)
+    assert count.item() == keep.sum().item()
+    torch.testing.assert_close(ls.double(), (w * (ce + z * lse**2)).sum(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(zs.double(), (w * lse**2).sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_lr_schedule():
+    assert [lr_factor(u, 4, 20, 0.1) for u in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(20, 4, 20, 0.1) == pytest.approx(0.1) and lr_factor(50, 4, 20, 0.1) == pytest.approx(0.1)
+    assert lr_factor(12, 4, 20, 0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way down the cosine
+    cfg = TrainConfig(lr=1e-3, warmup=2, steps=10, min_lr_ratio=0.0)
+    opt = make_optimizer(Llama(small_model_config()), cfg)
+    sched = make_scheduler(opt, cfg)
+    seen = []
+    for _ in range(11):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen[:4] == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3 * 0.5 * (1 + math.cos(math.pi / 8))])
+    assert seen[10] == pytest.approx(0.0, abs=1e-12)
+    # norms are not decayed
+    assert [g["weight_decay"] for g in opt.param_groups] == [cfg.weight_decay, 0.0]
+    assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])
+
+
+def test_is_oom():
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
