@@ -12,7 +12,9 @@ from tests.parallel.workers import tiny_model, train_steps
 pytestmark = pytest.mark.distributed
 
 L = 512
-CASES = [("sparse", "zigzag", "all"), ("sparse", "contiguous", "selected"), ("dense", "zigzag", "selected")]
+# (backend, layout, kv, activation checkpointing)
+CASES = [("sparse", "zigzag", "all", "none"), ("sparse", "contiguous", "selected", "block"),
+         ("dense", "zigzag", "selected", "none")]
 
 
 def _batch() -> dict[str, torch.Tensor]:

@@ -55,19 +55,20 @@ class WindowLoss(torch.nn.Module):
         return self.runner.window_loss(loss_sum, count)
 
 
-def train_steps(rank: int, world: int, cases: list[tuple[str, str, str]], batch: dict[str, torch.Tensor]
+def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], batch: dict[str, torch.Tensor]
                 ) -> list[dict[str, Any]]:
-    """Per case (backend, layout, kv): one forward/backward of the tiny model under cp=world, gradients
-    synchronised by torch DDP (which averages over the ranks, as in training)."""
+    """Per case (backend, layout, kv, activation checkpointing): one forward/backward of the tiny model under
+    cp=world, gradients synchronised by torch DDP (which averages over the ranks, as in training)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from lcft.parallel import ContextParallelRunner, apply_context_parallel
 
     out = []
-    for backend, layout, kv in cases:
+    for backend, layout, kv, checkpointing in cases:
         pcfg = ParallelConfig(cp=world, cp_layout=layout, cp_kv=kv)
         state = init_parallel(pcfg)
         model = apply_context_parallel(tiny_model(backend), state, pcfg)
+        model.set_activation_checkpointing(checkpointing)  # 'block' re-runs the collectives in backward
         runner = ContextParallelRunner(state, pcfg, model.config.attention.block_size)
         ddp = DistributedDataParallel(WindowLoss(model, runner))
         loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
