@@ -100,31 +100,6 @@ def _reduce_scatter(grad: torch.Tensor, group: dist.ProcessGroup | None) -> torc
     return out
 
 
-class _AllGather(torch.autograd.Function):
-    """Forward: all_gather along a new leading dim. Backward: reduce-scatter the gradients to the owners."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None, tag: str) -> torch.Tensor:
-        ctx.group, ctx.tag = group, tag
-        n = group_size(group)
-        out = _gather(x, n, group)  # (n, ...)
-        STATS.add(tag, _nbytes(x) * (n - 1))
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # grad (n, ...)
-        n = group_size(ctx.group)
-        # Every rank used every rank's piece; the owner's gradient is the sum of all ranks' contributions.
-        out = _reduce_scatter(grad, ctx.group)
-        STATS.add(ctx.tag + "_grad", _nbytes(grad) * (n - 1) // n)
-        return out, None, None
-
-
-def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "gather") -> torch.Tensor:
-    """(n, *x.shape) differentiable all-gather: gradients flow back to the rank that owned each piece."""
-    return _AllGather.apply(x, group, tag)
-
-
 class _GatherOwnLast(torch.autograd.Function):
     """Forward: every rank's piece concatenated along `dim`, the other ranks' in order (me+1, ..., me-1)
     and this rank's own piece LAST, so local queries sit after every remote key. Backward: the gradient of
@@ -227,7 +202,7 @@ def cp_window_loss(loss_sum: torch.Tensor, count: torch.Tensor, group: dist.Proc
     gradient is the SUM of the cp ranks' gradients g_r. DDP/Accelerate then AVERAGE gradients over the
     whole world of dp*cp ranks, giving (1/(dp*cp)) * sum_d sum_r g. Scaling each rank's loss by cp turns
     that into (1/dp) * sum_d sum_r g: the mean over the dp windows of each window's full gradient, which is
-    what one process accumulating the same windows computes (tests/parallel/test_train_cp.py checks it).
+    what one process accumulating the same windows computes (tests/parallel/test_cp_train_step.py checks it under torch DDP).
     An all-ignored window (N = 0) has S = 0 and gives 0, never NaN.
     """
     totals = all_reduce_sum(torch.stack([loss_sum.detach(), count.to(loss_sum.dtype)]), group, tag="loss")
