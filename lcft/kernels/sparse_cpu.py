@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch.autograd.function import once_differentiable
 
 # Scratch target per chunk and head (score entries): scores stay in the per-core cache.
 _CHUNK_SCORE_ELEMS = 1 << 17
@@ -56,7 +57,8 @@ def _run_over_heads(fn: Callable[[int, int], None], n_bh: int) -> None:
 
     def single_threaded(h0: int, h1: int) -> None:
         torch.set_num_threads(1)  # OpenMP's thread count is per calling thread: set it in the worker itself
-        fn(h0, h1)
+        with torch.no_grad():  # grad mode is thread-local: without this, workers would record autograd graphs
+            fn(h0, h1)
 
     try:
         with ThreadPoolExecutor(workers) as pool:
@@ -143,6 +145,7 @@ class SparseAttentionCPU(torch.autograd.Function):
         return out_q
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):  # type: ignore[override]
         q, k, v, out = ctx.saved_tensors
         plan, block_size = ctx.plan, ctx.block_size

@@ -12,6 +12,7 @@ import functools
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 _SEG = 64  # max (query block) entries per dK/dV program
 
@@ -195,6 +196,7 @@ class SparseAttentionTriton(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):  # type: ignore[override]
         _, dq_kernel, dkv_kernel = _kernels()
         q, k, v, out, lse, indices = ctx.saved_tensors
