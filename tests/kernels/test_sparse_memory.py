@@ -14,10 +14,10 @@ SCRIPT = textwrap.dedent(f"""
     import json, resource, torch
     from lcft.kernels import sparse_attention
     torch.manual_seed(0)
-    torch.set_num_threads(2)  # two single-threaded workers over the (batch, KV head) rows: the default path
+    torch.set_num_threads(2)  # two KV heads, two threads: the single-threaded worker path (one per head)
     q = torch.randn(1, 2, {LENGTH}, 16, requires_grad=True)
-    k = torch.randn(1, 1, {LENGTH}, 16, requires_grad=True)
-    v = torch.randn(1, 1, {LENGTH}, 16, requires_grad=True)
+    k = torch.randn(1, 2, {LENGTH}, 16, requires_grad=True)
+    v = torch.randn(1, 2, {LENGTH}, 16, requires_grad=True)
     dout = torch.randn(1, 2, {LENGTH}, 16)
     warm = sparse_attention(q[:, :, :4096], k[:, :, :4096], v[:, :, :4096], block_size=64, top_k=4, impl="cpu")
     warm.backward(dout[:, :, :4096])  # allocator and thread pools warmed on a small call
