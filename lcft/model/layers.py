@@ -54,11 +54,13 @@ class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = ctx.saved_tensors
-        sig = torch.sigmoid(gate)  # (..., I)
-        silu = gate * sig
-        grad_up = grad * silu
-        grad_gate = grad * up * (sig * (1 + gate * (1 - sig)))  # d silu(g)/dg = σ(g)(1 + g(1 - σ(g)))
-        return grad_gate, grad_up
+        dtype = gate.dtype
+        # fp32 math: as precise as autograd's, and faster than bf16 elementwise ops on CPU
+        g, u, grad = gate.float(), up.float(), grad.float()
+        sig = torch.sigmoid(g)  # (..., I)
+        grad_up = grad * (g * sig)
+        grad_gate = grad * u * (sig * (1 + g * (1 - sig)))  # d silu(g)/dg = σ(g)(1 + g(1 - σ(g)))
+        return grad_gate.to(dtype), grad_up.to(dtype)
 
 
 class MLP(nn.Module):
