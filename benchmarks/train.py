@@ -29,7 +29,7 @@ from lcft.genomics.dataset import DataConfig, TrainSamples
 from lcft.genomics.shards import open_windows
 from lcft.kernels import chunked_cross_entropy
 from lcft.model import Llama, preset
-from lcft.train import TrainConfig, train
+from lcft.train import TrainConfig, TrainHooks, train
 from lcft.train.metrics import read_metrics
 from lcft.train.step import make_optimizer
 
@@ -43,48 +43,49 @@ def prepared(root: Path, length: int) -> Path:
     return out
 
 
-def bare_steps(cfg: TrainConfig, data: Path, seq: int, n: int) -> list[float]:
-    """Seconds per step of forward + chunked loss + backward + AdamW on the trainer's first batch."""
-    torch.manual_seed(cfg.seed)
-    model = Llama(preset("tiny"))
-    opt = make_optimizer(model, cfg)
-    samples = TrainSamples(open_windows(data, "train"), DataConfig(seq, cfg.seed))
-    batch = samples.batch([samples.sample_id(0)])
-    times = []
-    for _ in range(n):
+class BareStep:
+    """Forward + chunked loss + backward + clip + AdamW of a separate tiny model on the trainer's first batch
+    (the same step as benchmarks/model_step.py's lcft side), timed."""
+
+    def __init__(self, cfg: TrainConfig, data: Path, seq: int) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.model = cfg, Llama(preset("tiny"))
+        self.opt = make_optimizer(self.model, cfg)
+        samples = TrainSamples(open_windows(data, "train"), DataConfig(seq, cfg.seed))
+        self.batch = samples.batch([samples.sample_id(0)])
+        self.times: list[float] = []
+
+    def __call__(self, step: int) -> None:
         t0 = time.perf_counter()
-        h = model.hidden_states(batch["input_ids"])  # (1, L, H)
-        loss, count = chunked_cross_entropy(h, model.lm_head_weight, batch["labels"], z_loss=cfg.z_loss)
+        h = self.model.hidden_states(self.batch["input_ids"])  # (1, L, H)
+        loss, count = chunked_cross_entropy(h, self.model.lm_head_weight, self.batch["labels"],
+                                            z_loss=self.cfg.z_loss)
         (loss / count).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def trainer_steps(cfg: TrainConfig) -> list[float]:
-    """Seconds per trainer step from metrics.jsonl's elapsed (everything in the loop: data, logging...)."""
-    train(cfg)
-    el = [0.0] + [r["elapsed"] for r in read_metrics(cfg.out)]
-    return [b - a for a, b in zip(el, el[1:], strict=False)]
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.times.append(time.perf_counter() - t0)
 
 
 def overhead(root: Path, seq: int, steps: int) -> None:
+    """Bare step and trainer step alternate (the bare one runs from the trainer's before_step hook), so both
+    see the same load on a shared machine; trainer time = elapsed per step minus the bare step inside it."""
     data = prepared(root, seq)
     cfg = TrainConfig(data=str(data), out=str(root / f"run-{seq}"), preset="tiny", seq_len=seq, steps=steps + 1,
                       global_batch=1, precision="fp32", save_every=0, progress=False)
-    bare_a = bare_steps(cfg, data, seq, 1 + steps // 2)[1:]  # the first step warms up allocator and kernels
-    ours = trainer_steps(cfg)[1:]
-    bare_b = bare_steps(cfg, data, seq, 1 + steps - steps // 2)[1:]
-    bare = bare_a + bare_b  # measured before and after the trainer: load drift on a shared machine averages out
-    tb, tt = statistics.median(bare), statistics.median(ours)
+    bare = BareStep(cfg, data, seq)
+    train(cfg, TrainHooks(before_step=bare))
+    el = [0.0] + [r["elapsed"] for r in read_metrics(cfg.out)]
+    ours = [b - a - t for a, b, t in zip(el[:-1], el[1:], bare.times, strict=True)]
+    pairs = list(zip(bare.times, ours, strict=True))[1:]  # the first pair warms up allocator and kernels
+    tb, tt = statistics.median(b for b, _ in pairs), statistics.median(t for _, t in pairs)
+    ratio = statistics.median(t / b for b, t in pairs)
     print(f"\n(A) tiny preset, {format_size(seq)} tokens, fp32, dense attention, {torch.get_num_threads()} threads")
     print(f"{'':24}{'s/step (median)':>16}{'tokens/s':>12}   steps")
-    print(f"{'bare model step':24}{tb:16.3f}{seq / tb:12.0f}   {len(bare)}")
-    print(f"{'lcft trainer':24}{tt:16.3f}{seq / tt:12.0f}   {len(ours)}")
-    print(f"trainer overhead: {100 * (tt / tb - 1):+.1f}%  (target < 5%; all per-step times: bare "
-          f"{[round(x, 2) for x in bare]}, trainer {[round(x, 2) for x in ours]})")
+    print(f"{'bare model step':24}{tb:16.3f}{seq / tb:12.0f}   {len(pairs)}")
+    print(f"{'lcft trainer':24}{tt:16.3f}{seq / tt:12.0f}   {len(pairs)}")
+    print(f"trainer overhead: {100 * (ratio - 1):+.1f}% (median of per-step ratios; target < 5%); pairs (bare, "
+          f"trainer) s: {[(round(b, 2), round(t, 2)) for b, t in pairs]}")
 
 
 def one_step_child(data: str, out: str, seq: int, profile: bool) -> None:
@@ -140,7 +141,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 32K only (about a minute)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A)")
     ap.add_argument("--cap-gib", type=float, default=20.0, help="address-space cap of each (B) process")
-    ap.add_argument("--long", default=None, help="comma-separated lengths for (B) (default 128K,1M; quick 32K)")
+    ap.add_argument("--long", default=None, help="comma-separated lengths for (B), or none (default 128K,1M; quick 32K)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -153,7 +154,8 @@ def main() -> None:
         print("\n(B) one training step, tiny preset, sparse attention (block 64, top-k 16), block checkpointing, "
               f"fp32, fresh process each, {os.environ.get('OMP_NUM_THREADS', torch.get_num_threads())} threads")
         print(f"{'tokens':>6}{'step s':>10}{'wall s':>10}{'peak GiB':>12}{'KiB/token':>12}")
-        lengths = [parse_size(x) for x in (args.long or ("32K" if args.quick else "128K,1M")).split(",")]
+        spec = args.long or ("32K" if args.quick else "128K,1M")
+        lengths = [] if spec == "none" else [parse_size(x) for x in spec.split(",")]
         for seq in lengths:
             long_step(root, seq, profile=seq <= 131072, limit_gib=args.cap_gib)
 

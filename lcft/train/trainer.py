@@ -280,9 +280,9 @@ class Trainer:
     def _step(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         step = st.step + 1
-        t0 = time.perf_counter()
         if self.hooks.before_step:
             self.hooks.before_step(step)
+        t0 = time.perf_counter()
         groups = step_indices(st.samples_seen, cfg.global_batch, cfg.micro_batch, self.dp_rank, self.dp_size)
         ids = [[self.samples.sample_id(g) for g in micro] for micro in groups]
         batches = [self.samples.batch(m) for m in ids]
