@@ -145,6 +145,8 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         return bool(value)
     if tp is int:
         try:
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                return int(value)  # plain integers, including 0 and negatives (--save-every 0)
             return parse_size(value) if isinstance(value, str) else int(value)
         except (ConfigError, ValueError):
             raise ConfigError(f"{name}: not an integer: {value!r}") from None

@@ -46,6 +46,7 @@ def test_precedence_and_unknown_key():
     flags = {"length": None, "rate": 0.2, "names": "chrA,chrB"}
     cfg = build(_Cfg, merge(toml, flags))
     assert cfg.length == 2048 and cfg.rate == 0.2 and cfg.names == ("chrA", "chrB") and cfg.flag is False
+    assert build(_Cfg, {"length": "0"}).length == 0  # plain integers, zero included, are not sizes
     with pytest.raises(ConfigError, match="'lenght'"):
         build(_Cfg, {"lenght": 3})
 

@@ -63,11 +63,7 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def _cmd(**kwargs: Any) -> None:
         config = kwargs.pop("config", None)
-        # Plain integers go through as ints: the shared size parser reads '0' as "not a positive size", but
-        # 0 is meaningful here (--save-every 0, --warmup 0).
-        flags = {k: int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
-                 for k, v in kwargs.items()}
-        cfg = resolve_config(config, flags)
+        cfg = resolve_config(config, kwargs)
         from lcft.train import train  # torch/accelerate load only when a run starts
 
         s = train(cfg)
