@@ -1,7 +1,7 @@
 """Context parallelism on CPU (gloo): one training step of the tiny-shaped model, cp=1 vs cp=2.
 
 Per case, fresh processes (so peak RSS is the case's own) run one forward + backward of a 256K-token window
-(`--quick`: 32K) with sparse attention and per-block activation checkpointing. Printed side by side:
+(`--quick`: 8K) with sparse attention and per-block activation checkpointing. Printed side by side:
 per-rank peak RSS and its ratio to cp=1 (target <= 0.6), step wall time, each rank's compute time (step minus
 time inside collectives) and their imbalance (target within 10% with zigzag; contiguous shown too), and bytes
 each rank sent per step with --cp-kv all vs selected.
@@ -164,7 +164,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="a 32K-token window (about a minute per case on an idle 2-core machine)")
-    ap.add_argument("--length", type=_size, default=None, help="window length (default 256K; --quick 32K)")
+    ap.add_argument("--length", type=_size, default=None, help="window length (default 256K; --quick 8K)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     ap.add_argument("--block", type=int, default=64, help="sparse attention block size")
     ap.add_argument("--top-k", type=int, default=16, help="sparse attention top-k blocks")
@@ -182,7 +182,7 @@ def main() -> None:
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.length is None:
-        args.length = (32 << 10) if args.quick else (256 << 10)
+        args.length = (8 << 10) if args.quick else (256 << 10)
     if args.steps is None:
         args.steps = 1
     if args.worker or args.torchrun:

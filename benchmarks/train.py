@@ -4,7 +4,7 @@ long windows with sparse attention and block checkpointing, each case in a fresh
 top operators.
 
     python benchmarks/train.py            # A at 16K tokens, B at 128K and at 1M tokens
-    python benchmarks/train.py --quick    # A at 4K tokens, B at 32K (no 1M)
+    python benchmarks/train.py --quick    # A at 4K tokens, B at 8K (no 1M)
     python benchmarks/train.py --long 32K,128K   # choose the (B) lengths
 """
 
@@ -138,7 +138,7 @@ def long_step(root: Path, seq: int, profile: bool, limit_gib: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 32K only (about a minute)")
+    ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 8K only (about a minute)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A)")
     ap.add_argument("--cap-gib", type=float, default=20.0, help="address-space cap of each (B) process")
     ap.add_argument("--long", default=None, help="comma-separated lengths for (B), or none (default 128K,1M; quick 32K)")
@@ -154,7 +154,7 @@ def main() -> None:
         print("\n(B) one training step, tiny preset, sparse attention (block 64, top-k 16), block checkpointing, "
               f"fp32, fresh process each, {os.environ.get('OMP_NUM_THREADS', torch.get_num_threads())} threads")
         print(f"{'tokens':>6}{'step s':>10}{'wall s':>10}{'peak GiB':>12}{'KiB/token':>12}")
-        spec = args.long or ("32K" if args.quick else "128K,1M")
+        spec = args.long or ("8K" if args.quick else "128K,1M")
         lengths = [] if spec == "none" else [parse_size(x) for x in spec.split(",")]
         for seq in lengths:
             long_step(root, seq, profile=seq <= 131072, limit_gib=args.cap_gib)
