@@ -4,8 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lcft.config import ConfigError, build, doc, dumps_toml, format_size, merge, parse_size
-from lcft.config import tomllib
+from lcft.config import ConfigError, build, doc, dumps_toml, format_size, merge, parse_size, tomllib
 
 
 @dataclass
