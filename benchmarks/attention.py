@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from lcft.config import parse_size
+
 HEADS, DIM, BLOCK, TOP_K, LOCAL, SINK = 4, 64, 64, 16, 1, 1
 BUDGET = TOP_K + LOCAL + SINK + 1
 K = 1024
@@ -83,12 +85,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads per case (default 1: a per-core comparison that stays meaningful on a "
                          "shared machine; 0 = torch's default)")
+    ap.add_argument("--lengths", help="comma list of lengths for the side-by-side table (e.g. 32K,64K)")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16")
+    ap.add_argument("--no-long", action="store_true", help="skip the sparse-alone 256K and 1M runs")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_case(*json.loads(args.case))))
         return
     lengths = [8 * K, 16 * K] if args.quick else [8 * K, 16 * K, 32 * K, 64 * K]
+    if args.lengths:
+        lengths = [parse_size(x) for x in args.lengths.split(",")]
     print(f"sparse attention (cpu) vs dense SDPA(is_causal), fwd+bwd, B=1 Hq=Hkv={HEADS} D={DIM} block={BLOCK} "
           f"top_k={TOP_K} local={LOCAL} sink={SINK} (budget {BUDGET} blocks); one fresh process per case, "
           f"threads={args.threads or 'torch default'}")
@@ -96,7 +103,7 @@ def main() -> None:
             f"{'FLOP ratio':>10} {'speedup':>8} {'% of ratio':>10}")
     print(head)
     print("-" * len(head))
-    for dtype_name in ("float32", "bfloat16"):
+    for dtype_name in args.dtypes.split(","):
         for length in lengths:
             dense, sparse = spawn("dense", length, dtype_name, args.threads), spawn("sparse", length, dtype_name, args.threads)
             if "error" in dense or "error" in sparse:
@@ -107,7 +114,7 @@ def main() -> None:
             print(f"{dtype_name:>8} {length // K:>5}K {dense['seconds']:>9.2f} {sparse['seconds']:>9.2f} "
                   f"{gib(dense['peak_rss']):>11} {gib(sparse['peak_rss']):>11} {ratio:>10.2f} {speedup:>7.2f}x "
                   f"{100 * speedup / ratio:>9.0f}%", flush=True)
-    if args.quick:
+    if args.quick or args.no_long:
         return
     print("\nsparse attention (cpu) alone, fwd+bwd, float32; extra = peak RSS - RSS before - q,k,v,out and grads")
     print(f"{'L':>6} {'seconds':>9} {'peak RSS':>11} {'extra':>11}")
