@@ -81,7 +81,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.core = make_core(cfg.attention)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, L, H) -> q (B, Hq, L, D), k and v (B, Hkv, L, D), q and k rotated by the angles (B, 1, L, D/2)."""
         b, n, _ = x.shape  # (B, L, H)
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         # One matmul for q, k and v (the weights stay separate parameters, named as in HF): one pass over x
@@ -92,6 +94,12 @@ class Attention(nn.Module):
         k = k.view(b, n, hkv, d).transpose(1, 2)  # (B, Hkv, L, D)
         # v contiguous: then nothing saved for backward points into the fused qkv buffer, which is freed
         v = v.view(b, n, hkv, d).transpose(1, 2).contiguous()  # (B, Hkv, L, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.core(q, k, v)  # (B, Hq, L, D)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out_proj(self, out: torch.Tensor) -> torch.Tensor:
+        """The core's output (B, Hq, L, D) -> (B, L, H)."""
+        b, hq, n, d = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, n, hq * d))  # (B, L, H)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.core(*self.qkv(x, cos, sin)))  # (B, L, H)

@@ -6,7 +6,8 @@ Single-process by design: lcft.parallel shards a built model from outside (by sw
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,10 @@ from lcft.model.config import LlamaConfig
 from lcft.model.layers import MLP, RMSNorm
 from lcft.model.rope import RotaryEmbedding
 
+# Tokens per chunk of a block's token-wise work under block checkpointing: the tiny preset's chunk transients
+# are then ~0.2 GiB (fp32) whatever the sequence length, and per-chunk overhead is negligible at that size.
+DEFAULT_SEQ_CHUNK = 16384
+
 
 class Block(nn.Module):
     """One pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.))."""
@@ -30,9 +35,38 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x), cos, sin)  # (B, L, H)
-        return h + self.mlp(self.mlp_norm(h))  # (B, L, H)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_chunk: int = 0) -> torch.Tensor:
+        """seq_chunk > 0: the token-wise work (norms, projections, RoPE, MLP) runs seq_chunk tokens at a time,
+        each chunk under its own checkpoint when grad is on, so its transients are chunk-sized; only the
+        attention core sees the whole sequence. Same numbers as the plain path."""
+        if seq_chunk <= 0 or x.shape[1] <= seq_chunk:
+            h = x + self.attn(self.attn_norm(x), cos, sin)  # (B, L, H)
+            return h + self.mlp(self.mlp_norm(h))  # (B, L, H)
+        xs = x.split(seq_chunk, dim=1)  # (B, C, H) each; split, not narrow: one backward node, no full-size zeros
+        cs, ss = cos.split(seq_chunk, dim=2), sin.split(seq_chunk, dim=2)  # (B or 1, 1, C, D/2) each
+        qkv = [_per_chunk(self._qkv, xc, c, s) for xc, c, s in zip(xs, cs, ss, strict=True)]
+        q, k, v = (torch.cat(parts, dim=2) for parts in zip(*qkv, strict=True))  # (B, Hq or Hkv, L, D)
+        del qkv
+        out = self.attn.core(q, k, v)  # (B, Hq, L, D)
+        del q, k, v
+        outs = out.split(seq_chunk, dim=2)  # (B, Hq, C, D) each
+        return torch.cat([_per_chunk(self._tail, xc, oc) for xc, oc in zip(xs, outs, strict=True)], dim=1)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.attn.qkv(self.attn_norm(x), cos, sin)  # (B, Hq or Hkv, C, D) each
+
+    def _tail(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn.out_proj(out)  # (B, C, H)
+        return h + self.mlp(self.mlp_norm(h))  # (B, C, H)
+
+
+def _per_chunk(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
+    """fn(*args), under a non-reentrant checkpoint when grad is on: keeps only the (chunk-sized) inputs and
+    recomputes the chunk in backward (nests inside the block checkpoint)."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    return checkpoint(fn, *args, use_reentrant=False)
 
 
 class Llama(nn.Module):
@@ -48,6 +82,7 @@ class Llama(nn.Module):
         self.rotary = RotaryEmbedding(cfg)
         self.checkpointing: Literal["none", "block"] = "none"
         self.offload = False
+        self.seq_chunk = 0
         self.reset_parameters()
 
     @torch.no_grad()
@@ -67,14 +102,21 @@ class Llama(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def set_activation_checkpointing(self, mode: Literal["none", "block"] = "block", offload: bool = False) -> None:
+    def set_activation_checkpointing(self, mode: Literal["none", "block"] = "block", offload: bool = False,
+                                     seq_chunk: int = DEFAULT_SEQ_CHUNK) -> None:
         """'block': keep only each block's input and recompute the block in backward (non-reentrant
         torch.utils.checkpoint). offload: keep what is saved in CPU memory — with 'block' the block inputs
         (moved to CPU before the checkpoint, back on the fly in forward and recompute), with 'none' every
-        activation a block saves (torch.autograd.graph.save_on_cpu)."""
+        activation a block saves (torch.autograd.graph.save_on_cpu). seq_chunk (with 'block'; 0 = off): run
+        each block's token-wise work (norms, projections, RoPE, MLP) that many tokens at a time, each chunk
+        under its own nested checkpoint, so a block's transients in forward and in the backward recompute
+        are chunk-sized instead of sequence-sized (also applies without grad)."""
         if mode not in ("none", "block"):
             raise LcftError(f"activation checkpointing mode {mode!r} is not one of none, block")
+        if isinstance(seq_chunk, bool) or not isinstance(seq_chunk, int) or seq_chunk < 0:
+            raise LcftError(f"seq_chunk must be a non-negative integer, got {seq_chunk!r}")
         self.checkpointing, self.offload = mode, bool(offload)
+        self.seq_chunk = seq_chunk if mode == "block" else 0
 
     def positions(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, position_offset: int
                   ) -> torch.Tensor:
@@ -102,16 +144,17 @@ class Llama(nn.Module):
         return self.norm(x)  # (B, L, H)
 
     def _run_block(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        n = self.seq_chunk
         if not torch.is_grad_enabled():
-            return block(x, cos, sin)
+            return block(x, cos, sin, n)
         if self.checkpointing == "block":
             if self.offload:
                 device = x.device
                 # The checkpoint keeps its inputs alive until backward: hand it a CPU copy (autograd sends the
                 # gradient back to the device through the copy).
-                return checkpoint(lambda xc, c, s: block(xc.to(device, non_blocking=True), c, s),
+                return checkpoint(lambda xc, c, s: block(xc.to(device, non_blocking=True), c, s, n),
                                   x.to("cpu"), cos, sin, use_reentrant=False)
-            return checkpoint(block, x, cos, sin, use_reentrant=False)
+            return checkpoint(block, x, cos, sin, n, use_reentrant=False)
         if self.offload:
             with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
                 return block(x, cos, sin)
