@@ -39,6 +39,7 @@ from lcft.train.checkpoint import (
 from lcft.train.config import TrainConfig, absolute_paths, diff, load_run_config
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.launch import SUMMARY, launch, launched
+from lcft.train.memory import return_freed_buffers_to_os
 from lcft.train.metrics import LN2, LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
@@ -125,6 +126,7 @@ class Trainer:
             apply_context_parallel(self.model, self.pstate, self.pcfg)  # swaps each block's attention core
             self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.block_size)
         self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
+        return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
         self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
 
         self.acc = Accelerator(
