@@ -88,9 +88,9 @@ def overhead(root: Path, seq: int, steps: int) -> None:
           f"trainer) s: {[(round(b, 2), round(t, 2)) for b, t in pairs]}")
 
 
-def one_step_child(data: str, out: str, seq: int, profile: bool) -> None:
+def one_step_child(data: str, out: str, seq: int, profile: bool, precision: str = "fp32") -> None:
     """In a fresh process: one sparse, block-checkpointed training step; prints a JSON line."""
-    cfg = TrainConfig(data=data, out=out, preset="tiny", seq_len=seq, steps=1, global_batch=1, precision="fp32",
+    cfg = TrainConfig(data=data, out=out, preset="tiny", seq_len=seq, steps=1, global_batch=1, precision=precision,
                       attention="sparse", checkpointing="block", save_every=0, progress=False)
     top: list[tuple[str, float]] = []
     t0 = time.perf_counter()
@@ -112,10 +112,10 @@ def one_step_child(data: str, out: str, seq: int, profile: bool) -> None:
                       "peak_rss": rss, "loss": rec["loss"], "top": top}))
 
 
-def long_step(root: Path, seq: int, profile: bool, limit_gib: float) -> None:
+def long_step(root: Path, seq: int, profile: bool, limit_gib: float, precision: str = "fp32") -> None:
     data = prepared(root, seq)
-    cmd = [sys.executable, __file__, "--child", str(data), str(root / f"long-{seq}"), str(seq)] + (
-        ["--profile"] if profile else [])
+    cmd = [sys.executable, __file__, "--child", str(data), str(root / f"long-{seq}"), str(seq),
+           "--precision", precision] + (["--profile"] if profile else [])
 
     def cap() -> None:  # the host is shared: fail with an allocation error instead of waking the OOM killer
         lim = int(limit_gib * GIB)
@@ -139,25 +139,27 @@ def long_step(root: Path, seq: int, profile: bool, limit_gib: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 8K only (about a minute)")
-    ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A)")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A); 0 skips (A)")
     ap.add_argument("--cap-gib", type=float, default=20.0, help="address-space cap of each (B) process")
     ap.add_argument("--long", default=None, help="comma-separated lengths for (B), or none (default 128K,1M; quick 32K)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="precision of the (B) steps")
     args = ap.parse_args()
     if args.child:
-        one_step_child(args.child[0], args.child[1], int(args.child[2]), args.profile)
+        one_step_child(args.child[0], args.child[1], int(args.child[2]), args.profile, args.precision)
         return
     with tempfile.TemporaryDirectory(prefix="lcft-bench-train-") as tmp:
         root = Path(tmp)
-        overhead(root, 4096 if args.quick else 16384, args.steps)
+        if args.steps > 0:
+            overhead(root, 4096 if args.quick else 16384, args.steps)
         print("\n(B) one training step, tiny preset, sparse attention (block 64, top-k 16), block checkpointing, "
-              f"fp32, fresh process each, {os.environ.get('OMP_NUM_THREADS', torch.get_num_threads())} threads")
+              f"{args.precision}, fresh process each, {os.environ.get('OMP_NUM_THREADS', torch.get_num_threads())} threads")
         print(f"{'tokens':>6}{'step s':>10}{'wall s':>10}{'peak GiB':>12}{'KiB/token':>12}")
         spec = args.long or ("8K" if args.quick else "128K,1M")
         lengths = [] if spec == "none" else [parse_size(x) for x in spec.split(",")]
         for seq in lengths:
-            long_step(root, seq, profile=seq <= 131072, limit_gib=args.cap_gib)
+            long_step(root, seq, profile=seq <= 131072, limit_gib=args.cap_gib, precision=args.precision)
 
 
 if __name__ == "__main__":
