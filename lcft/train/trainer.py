@@ -25,6 +25,7 @@ from lcft.errors import LcftError
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
 from lcft.model import save_pretrained
+from lcft.model.io import resolve_checkpoint
 from lcft.train.checkpoint import (
     TrainerState,
     clean_partial,
@@ -117,7 +118,7 @@ class Trainer:
         self.seq_len = cfg.seq_len or windows.length
         self.run_dir = Path(cfg.out)
         self.resume_from = self._check_run_dir()
-        init = Path(cfg.init) if cfg.init else None
+        init = resolve_checkpoint(cfg.init) if cfg.init else None  # a run folder means its latest checkpoint
         self.model = build_model(cfg, manifest["tokenizer"], self.resume_from or init)
         self._check_lengths(windows.length)
         if cfg.cp > 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +61,18 @@ def test_tensorboard(tmp_path, base_cfg):
     else:
         train(TrainConfig(out=str(tmp_path / "tb"), tensorboard=True, **{**base_cfg, "steps": 2}))
         assert list((tmp_path / "tb" / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+
+def test_init_accepts_a_run_folder_and_takes_its_latest_checkpoint(tmp_path, base_cfg):
+    """`--init runs/base` (as the README's workflow writes it) continues from that run's latest checkpoint."""
+    base = train(TrainConfig(out=str(tmp_path / "base"), **{**base_cfg, "steps": 2, "save_every": 1}))
+    latest = Path(base["checkpoint"])
+    assert latest.name == "step-00000002"
+    via_run = train(TrainConfig(out=str(tmp_path / "a"), **{**base_cfg, "init": str(tmp_path / "base"),
+                                                              "steps": 1, "lr": 0.0}))
+    via_ckpt = train(TrainConfig(out=str(tmp_path / "b"), **{**base_cfg, "init": str(latest), "steps": 1, "lr": 0.0}))
+    assert via_run["loss"] == via_ckpt["loss"]  # same weights loaded: the run folder resolved to step 2
+    first = train(TrainConfig(out=str(tmp_path / "c"), **{**base_cfg, "init": str(latest.parent / "step-00000001"),
+                                                           "steps": 1, "lr": 0.0}))
+    assert first["loss"] != via_run["loss"]  # and not to an older checkpoint
