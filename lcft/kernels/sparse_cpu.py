@@ -112,19 +112,29 @@ def _ungrouped(x: torch.Tensor, b: int) -> torch.Tensor:
     return x.view(b, bh // b, n_q, g, block, d).permute(0, 1, 3, 2, 4, 5).reshape(b, bh // b * g, n_q * block, d)
 
 
+class _Layout:
+    """What forward and backward both derive from q, k, v: sizes, the key/value blocks and grouped queries."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> None:
+        b, hq, lq, d = q.shape
+        hkv, lk = k.shape[1], k.shape[2]
+        self.b, self.hkv, self.d = b, hkv, d
+        self.group, self.n_q, self.n_k = hq // hkv, lq // block_size, lk // block_size
+        self.scale = 1.0 / math.sqrt(d)
+        self.kb = k.contiguous().view(b * hkv * self.n_k, block_size, d)  # (BH·nK, block, D)
+        self.vb = v.contiguous().view(b * hkv * self.n_k, block_size, d)  # (BH·nK, block, D)
+        self.qg = _grouped(q, hkv, block_size)  # (BH, nQ, G, block, D)
+
+
 class SparseAttentionCPU(torch.autograd.Function):
     """Block-sparse causal attention over chosen key blocks; saves only q, k, v and the output."""
 
     @staticmethod
     def forward(ctx, q, k, v, indices, block_size: int, q_block_offset: int):  # type: ignore[override]
-        b, hq, lq, d = q.shape
-        hkv, lk = k.shape[1], k.shape[2]
-        group, n_q, n_k = hq // hkv, lq // block_size, lk // block_size
+        lay = _Layout(q, k, v, block_size)
+        b, hkv, d, group, n_q, n_k = lay.b, lay.hkv, lay.d, lay.group, lay.n_q, lay.n_k
+        scale, kb, vb, qg = lay.scale, lay.kb, lay.vb, lay.qg
         plan = BlockPlan(indices, n_k, q_block_offset)
-        scale = 1.0 / math.sqrt(d)
-        kb = k.contiguous().view(b * hkv * n_k, block_size, d)  # (BH·nK, block, D)
-        vb = v.contiguous().view(b * hkv * n_k, block_size, d)  # (BH·nK, block, D)
-        qg = _grouped(q, hkv, block_size)  # (BH, nQ, G, block, D)
         out = torch.empty(b * hkv, n_q, group, block_size, d, dtype=q.dtype, device=q.device)  # (BH, nQ, G, block, D)
         chunk = _chunk_size(group, block_size, plan.width + 1)
         tri = _causal_bias(block_size, q.dtype, q.device)  # (block, block)
@@ -149,13 +159,9 @@ class SparseAttentionCPU(torch.autograd.Function):
     def backward(ctx, dout):  # type: ignore[override]
         q, k, v, out = ctx.saved_tensors
         plan, block_size = ctx.plan, ctx.block_size
-        b, hq, lq, d = q.shape
-        hkv, lk = k.shape[1], k.shape[2]
-        group, n_q, n_k = hq // hkv, lq // block_size, lk // block_size
-        scale = 1.0 / math.sqrt(d)
-        kb = k.contiguous().view(b * hkv * n_k, block_size, d)  # (BH·nK, block, D)
-        vb = v.contiguous().view(b * hkv * n_k, block_size, d)  # (BH·nK, block, D)
-        qg = _grouped(q, hkv, block_size)  # (BH, nQ, G, block, D)
+        lay = _Layout(q, k, v, block_size)
+        b, hkv, d, group, n_q, n_k = lay.b, lay.hkv, lay.d, lay.group, lay.n_q, lay.n_k
+        scale, kb, vb, qg = lay.scale, lay.kb, lay.vb, lay.qg
         og = _grouped(out, hkv, block_size)  # (BH, nQ, G, block, D)
         dog = _grouped(dout.contiguous(), hkv, block_size)  # (BH, nQ, G, block, D)
         acc = torch.float32  # dK, dV accumulate over many query blocks: keep them in fp32
@@ -184,8 +190,8 @@ class SparseAttentionCPU(torch.autograd.Function):
                 dvb.index_add_(0, flat, dv_part.reshape(-1, block_size, d).to(acc))
 
         _run_over_heads(work, b * hkv)  # heads own disjoint dK/dV rows, so workers never write the same row
-        dk = dkb.view(b, hkv, lk, d).to(k.dtype)  # (B, Hkv, Lk, D)
-        dv = dvb.view(b, hkv, lk, d).to(v.dtype)  # (B, Hkv, Lk, D)
+        dk = dkb.view(k.shape).to(k.dtype)  # (B, Hkv, Lk, D)
+        dv = dvb.view(v.shape).to(v.dtype)  # (B, Hkv, Lk, D)
         return _ungrouped(dq, b), dk, dv, None, None, None
 
 
