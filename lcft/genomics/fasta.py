@@ -17,6 +17,7 @@ import pyfaidx
 from lcft.errors import LcftError
 
 GZIP_MAGIC = b"\x1f\x8b"
+PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
 
 
 def cache_dir() -> Path:
@@ -167,6 +168,13 @@ def _indexing_error(path: Path, e: Exception) -> LcftError:
             f"{path}: record {rec!r} has inconsistent line lengths at line {line} (every line of a record "
             "but the last must hold the same number of bases; re-wrap it, e.g. `seqkit seq -w 60`)"
         )
+    if "Unhandled exception during fasta indexing at entry " in msg:  # pyfaidx's other line-length check
+        rec = msg.split("at entry ", 1)[1].split("Please report", 1)[0]
+        found = msg.rsplit("[", 1)[-1].rstrip("]") if msg.endswith("]") else ""
+        return LcftError(
+            f"{path}: record {rec!r} has inconsistent line lengths (pyfaidx reports {found}); every "
+            "line of a record but the last must hold the same number of bases: re-wrap it, e.g. `seqkit seq -w 60`"
+        )
     if "does not contain a valid sequence" in msg:
         return LcftError(f"empty FASTA: {path} has no sequence records")
     return LcftError(f"{path}: pyfaidx cannot index this FASTA: {msg.splitlines()[0] if msg else type(e).__name__}")
@@ -205,6 +213,8 @@ class FastaFile:
             raise _indexing_error(self.path, e) from None
         except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
             raise LcftError(f"{self.path}: {e} (record names must be unique)") from None
+        except RuntimeError as e:  # pyfaidx: "Unhandled exception during fasta indexing" (odd line lengths)
+            raise _indexing_error(self.path, e) from None
         except OSError as e:
             raise LcftError(f"{self.path}: cannot index FASTA: {e}") from None
 
@@ -241,6 +251,17 @@ class FastaFile:
             return rec.offset
         return rec.offset + (pos // rec.lenc) * rec.lenb + pos % rec.lenc
 
+    def _seek_offset(self, name: str, pos: int) -> int:
+        """Where to seek the open file for base `pos`: the byte offset, or a BGZF virtual offset."""
+        b0 = self._byte_offset(name, pos)
+        if not self.faidx._bgzf:
+            return b0
+        from Bio.bgzf import make_virtual_offset
+
+        # the block holding uncompressed offset b0 (.gzi lists each block's start), then the offset in it
+        block = self.faidx.gzi_index[max(bisect.bisect_right(self._gzi_ustarts, b0) - 1, 0)]
+        return make_virtual_offset(block.cstart, b0 - block.ustart)
+
     def read_raw(self, name: str, start: int, end: int) -> bytes:
         """Bytes of bases [start, end) of record `name` as stored (line breaks included, case kept)."""
         rec = self.index[name]
@@ -251,18 +272,57 @@ class FastaFile:
         b0 = self._byte_offset(name, start)
         b1 = self._byte_offset(name, end - 1) + 1
         fh = self.faidx.file
-        if self.faidx._bgzf:
-            from Bio.bgzf import make_virtual_offset
-
-            # the block holding uncompressed offset b0 (.gzi lists each block's start), then the offset in it
-            block = self.faidx.gzi_index[max(bisect.bisect_right(self._gzi_ustarts, b0) - 1, 0)]
-            fh.seek(make_virtual_offset(block.cstart, b0 - block.ustart))
-        else:
-            fh.seek(b0)
+        fh.seek(self._seek_offset(name, start))
         data = fh.read(b1 - b0)
         if len(data) != b1 - b0:
             raise LcftError(f"{self.path}: file ends early inside {name} (truncated or changed since indexing)")
         return data
+
+    def line_pieces(
+        self, name: str, start: int, end: int, piece_bytes: int = PIECE_BYTES
+    ) -> Iterator[tuple[bytes | bytearray, int]]:
+        """Bases [start, end) of record `name` as stored, in pieces of about `piece_bytes`: (data, rows).
+
+        rows > 0: `data` is `rows` whole lines of the record, each `line_bytes(name)` long with the first
+        `length of a line` bytes bases and the rest the line break, so a caller can drop the breaks by
+        position (a strided copy) rather than by value. rows == 0: a fragment inside one line (the first
+        and last piece), line breaks included where they fall. Pieces of a plain file are read into one
+        reused buffer: use each before drawing the next."""
+        rec = self.index[name]
+        if not 0 <= start <= end <= rec.rlen:
+            raise LcftError(f"{name}:{start}-{end} is outside the record (length {rec.rlen})")
+        lenc, lenb = rec.lenc, rec.lenb
+        if lenc == 0 or end - start <= 2 * lenc:  # short range: fragments only
+            if end > start:
+                yield self.read_raw(name, start, end), 0
+            return
+        first = -(-start // lenc)  # first line that starts at or after `start`
+        last = end // lenc if end < rec.rlen else (end - 1) // lenc  # the record's last line may lack its break
+        if start < first * lenc:
+            yield self.read_raw(name, start, first * lenc), 0
+        per = max(1, piece_bytes // lenb)
+        buf = bytearray(min(per, max(last - first, 1)) * lenb)
+        fd = None if self.faidx._bgzf else self.faidx.file.fileno()
+        if fd is None:
+            self.faidx.file.seek(self._seek_offset(name, first * lenc))
+        for line in range(first, last, per):
+            rows = min(per, last - line)
+            want = rows * lenb
+            if fd is None:
+                data: bytes | bytearray = self.faidx.file.read(want)
+            else:
+                view = buf if want == len(buf) else bytearray(want)
+                data = view if os.preadv(fd, [view], rec.offset + line * lenb) == want else b""
+            if len(data) != want:
+                raise LcftError(f"{self.path}: file ends early inside {name} (truncated or changed since indexing)")
+            yield data, rows
+        if last * lenc < end:
+            yield self.read_raw(name, last * lenc, end), 0
+
+    def line_bytes(self, name: str) -> tuple[int, int]:
+        """(bases per line, bytes per line including the line break) of record `name`."""
+        rec = self.index[name]
+        return rec.lenc, rec.lenb
 
     def chunks(self, name: str, chunk: int = 1 << 23) -> Iterator[tuple[int, bytes]]:
         """(start, raw bytes) pieces of about `chunk` bases covering the whole record, in order."""

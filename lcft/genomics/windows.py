@@ -8,7 +8,7 @@ import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.tokenizer import FLAG_GC, FLAG_LOWER, FLAG_NOT_ACGT, ID_BITS, encode_lines
+from lcft.genomics.tokenizer import FLAG_GC, FLAG_LOWER, FLAG_NOT_ACGT, ID_BITS, encode_lines, encode_pieces
 
 DEFAULT_CHUNK = 1 << 21  # bases per read: 2 Mbp keeps the working set near the CPU caches
 
@@ -22,14 +22,19 @@ def window_starts(chrom_len: int, length: int, stride: int) -> range:
 
 class Window:
     """One cut window: coordinates, composition, and (computed on demand, so windows dropped by the N
-    filter cost nothing more) token ids and the bit-packed soft mask."""
+    filter cost nothing more) token ids and the bit-packed soft mask. `coded` is a view of the reader's
+    buffer, reused for the next group of windows: use a window before drawing the next group's."""
 
     __slots__ = ("chrom", "start", "end", "coded", "n_count")
 
-    def __init__(self, chrom: str, start: int, coded: np.ndarray):
+    def __init__(self, chrom: str, start: int, coded: np.ndarray, scratch: np.ndarray | None = None):
         self.chrom, self.start, self.end = chrom, start, start + coded.size
         self.coded = coded  # (L,) uint8 id | flags (tokenizer.encode_lines)
-        self.n_count = int(np.count_nonzero(coded & FLAG_NOT_ACGT))  # N, ambiguity codes, unknown bytes
+        self.n_count = self._count(FLAG_NOT_ACGT, scratch)  # N, ambiguity codes, unknown bytes
+
+    def _count(self, flag: int, scratch: np.ndarray | None) -> int:
+        # scratch: a reused (L,) uint8 buffer; a fresh temporary of L bytes would cost page faults each time
+        return int(np.count_nonzero(np.bitwise_and(self.coded, flag, out=scratch)))
 
     @property
     def n_frac(self) -> float:
@@ -38,8 +43,12 @@ class Window:
     @property
     def gc_frac(self) -> float:
         """G+C share of the A/C/G/T bases (0 when there are none)."""
+        return self.gc_frac_with(None)
+
+    def gc_frac_with(self, scratch: np.ndarray | None) -> float:
+        """gc_frac, using `scratch` ((L,) uint8) for the bit test."""
         acgt = self.coded.size - self.n_count
-        return int(np.count_nonzero(self.coded & FLAG_GC)) / acgt if acgt else 0.0
+        return self._count(FLAG_GC, scratch) / acgt if acgt else 0.0
 
     @property
     def ids(self) -> np.ndarray:
@@ -49,24 +58,41 @@ class Window:
     def softmask_packed(self) -> np.ndarray:
         return np.packbits(self.coded & FLAG_LOWER)  # (L/8,) uint8, big bit order
 
+    def fill(self, ids: np.ndarray, softmask_packed: np.ndarray, scratch: np.ndarray | None = None) -> None:
+        """Write the ids and the packed soft mask into (L,) and (L/8,) uint8 buffers."""
+        np.bitwise_and(self.coded, ID_BITS, out=ids)
+        softmask_packed[:] = np.packbits(np.bitwise_and(self.coded, FLAG_LOWER, out=scratch))
+
 
 def iter_windows(
     fasta: FastaFile, chrom: str, length: int, stride: int, chunk: int = DEFAULT_CHUNK
 ) -> Iterator[tuple[Window, int]]:
     """Every window of `chrom` in order, with the number of bases of the chromosome consumed so far
-    (for progress). Reads groups of windows that together span about `chunk` bases, so memory is
-    O(max(chunk, length)) whatever the chromosome length. `length` must be a multiple of 8."""
+    (for progress). Reads groups of windows that together span about `chunk` bases into one reused
+    buffer, so memory is O(max(chunk, length)) whatever the chromosome length. A window is valid until
+    the next group is read. `length` must be a multiple of 8."""
     n = fasta.length(chrom)
     starts = window_starts(n, length, stride)
+    if not starts:
+        return
     per_batch = max(1, (max(chunk, length) - length) // stride + 1)
+    span = min((per_batch - 1) * stride + length, starts[-1] + length)
+    buffer = np.empty(span, dtype=np.uint8)  # reused: a fresh one per group would cost page faults each time
+    scratch = np.empty(length, dtype=np.uint8)
+    bases_per_line = fasta.line_bytes(chrom)[0]
     for b0 in range(0, len(starts), per_batch):
         batch = starts[b0 : b0 + per_batch]
         lo, hi = batch[0], batch[-1] + length
-        coded = encode_lines(fasta.read_raw(chrom, lo, hi))  # (hi-lo,) id | flags
-        if coded.size != hi - lo:
-            raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi} gave {coded.size} bases, expected {hi - lo}")
+        coded = buffer[: hi - lo]  # (hi-lo,) id | flags of this group of windows
+        try:
+            got = encode_pieces(fasta.line_pieces(chrom, lo, hi), bases_per_line, coded)
+        except ValueError as e:  # also numpy's "could not broadcast" when a piece overflows the buffer
+            raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi}: {e} (changed since indexing?)") from None
+        if got != hi - lo:
+            raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi} gave {got} bases, expected {hi - lo}")
         for s in batch:
-            yield Window(chrom, s, coded[s - lo : s - lo + length]), (min(s + stride, n) if s != starts[-1] else n)
+            win = Window(chrom, s, coded[s - lo : s - lo + length], scratch)
+            yield win, (min(s + stride, n) if s != starts[-1] else n)
 
 
 def chromosome_stats(fasta: FastaFile, chrom: str, chunk: int = DEFAULT_CHUNK) -> dict:

@@ -77,6 +77,14 @@ def test_plain_gzip_is_decompressed_to_the_cache(tmp_path, good):
     assert list((cache_dir() / "fasta").glob("*-plain.fa")), "plain gzip should be decompressed once into $LCFT_CACHE"
 
 
+def test_short_line_then_unterminated_last_line(tmp_path):
+    """pyfaidx raises a bare RuntimeError ("Unhandled exception during fasta indexing") for this shape."""
+    p = tmp_path / "odd.fa"
+    p.write_text(">c1\nACGTACGTAC\nACGTACGTA\nACGTACGTAC\nA")
+    msg = fails("inconsistent line lengths", p, tmp_path / "out")
+    assert "'c1'" in msg and "seqkit" in msg
+
+
 def test_inconsistent_line_lengths_names_record_and_line(tmp_path):
     p = tmp_path / "bad.fa"
     p.write_text(">ok\n" + "ACGT" * 5 + "\n" + ">c1\nACGTACGTAC\nACGTACGTAC\nACGTAC\nACGTACGTAC\nACG\n")
@@ -136,21 +144,21 @@ def test_output_folder_read_only(good, tmp_path):
 def test_disk_full_then_resume(good, tmp_path, monkeypatch):
     """ENOSPC from the OS on the 3rd write: a one-line error, no final file; after 'freeing space' the same
     command resumes and the result equals a clean run byte for byte."""
-    real_write, calls = HashedFile.write, {"n": 0}
+    real_write, calls = HashedFile.append, {"n": 0}
 
-    def full_disk(self, data):
+    def full_disk(self, data, sync_every=0):
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write(self, data)
+        return real_write(self, data, sync_every)
 
     out = tmp_path / "out"
-    monkeypatch.setattr(HashedFile, "write", full_disk)
+    monkeypatch.setattr(HashedFile, "append", full_disk)
     with pytest.raises(LcftError, match="No space left on device") as e:
         run(good, out, train=("c1",), eval=("c2",))
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in out.iterdir()) == [".partial"]
-    monkeypatch.setattr(HashedFile, "write", real_write)
+    monkeypatch.setattr(HashedFile, "append", real_write)
     run(good, out, train=("c1",), eval=("c2",))
     run(good, tmp_path / "clean", train=("c1",), eval=("c2",))
     for name in ("train.bin", "train.softmask.bin", "eval.bin", "eval.softmask.bin", "manifest.json"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from Bio import bgzf
 
+from lcft.errors import LcftError
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.genomics.fasta import FastaFile, cache_dir
 from lcft.genomics.tokenizer import (
@@ -23,9 +24,10 @@ from lcft.genomics.tokenizer import (
     T,
     encode,
     encode_lines,
+    encode_pieces,
     softmask_bits,
 )
-from lcft.genomics.windows import chromosome_stats
+from lcft.genomics.windows import chromosome_stats, iter_windows
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
 
@@ -47,6 +49,53 @@ def test_read_raw_matches_biopython(genomes_dir, name):
             assert f.length(chrom) == len(seq)
             for a, b in _random_slices(len(seq), 40, seed=len(seq)):
                 assert f.read_raw(chrom, a, b).decode().replace("\n", "") == seq[a:b], (chrom, a, b)
+
+
+def _pieces_codes(f: FastaFile, chrom: str, a: int, b: int, piece_bytes: int) -> np.ndarray:
+    out = np.full(b - a, 255, dtype=np.uint8)
+    got = encode_pieces(f.line_pieces(chrom, a, b, piece_bytes), f.line_bytes(chrom)[0], out)
+    assert got == b - a
+    return out
+
+
+@pytest.mark.parametrize("name", ["hg38_chr2_1-2333275.fa.gz", "lambda_phage_NC_001416.1.fa", "sacCer3_chrIV.fa"])
+def test_line_pieces_encode_like_biopython(genomes_dir, name):
+    """The fast path (whole lines translated without deletion, breaks dropped by position) gives the codes
+    of Biopython's sequence for random ranges: plain, BGZF, and one-line records."""
+    bio = bio_records(genomes_dir / name)
+    with FastaFile(genomes_dir / name) as f:
+        for chrom, seq in bio.items():
+            for a, b in _random_slices(len(seq), 15, seed=len(seq) + 1):
+                for piece in (61, 1000, 1 << 18):  # one line per piece, a few, many
+                    assert np.array_equal(_pieces_codes(f, chrom, a, b, piece), encode_lines(seq[a:b].encode())), (a, b)
+
+
+@pytest.mark.parametrize("eol, trailing", [("\n", True), ("\r\n", True), ("\n", False)])
+def test_line_pieces_line_endings_and_last_line(tmp_path, eol, trailing):
+    """CRLF files, and a last line that fills its width with no line break before the end of the file."""
+    recs = {"a": random_genome(1, 60 * 500), "b": random_genome(2, 60 * 700 + 17)}
+    path = write_fasta(tmp_path / "x.fa", recs, eol=eol)
+    if not trailing:
+        path.write_bytes(path.read_bytes()[: -len(eol)])
+    with FastaFile(path) as f:
+        for chrom, seq in recs.items():
+            n = len(seq)
+            for a, b in [(0, n), (1, n), (59, n - 1), (60, 120 * 60), (n - 200, n), (7, 7 + 2 * 60 + 1)]:
+                assert np.array_equal(_pieces_codes(f, chrom, a, b, 600), encode_lines(seq[a:b].encode())), (a, b)
+
+
+def test_file_changed_after_indexing_is_an_error(tmp_path):
+    seq = random_genome(3, 60 * 400)
+    path = write_fasta(tmp_path / "x.fa", {"c": seq})
+    with FastaFile(path):
+        pass  # index it
+    stamp = path.stat().st_mtime
+    data = bytearray(path.read_bytes())
+    del data[3 + 61 * 200 + 5]  # one base fewer inside line 201: every later line break moves
+    path.write_bytes(bytes(data) + b"A")  # same size, and the old mtime: the index looks current
+    os.utime(path, (stamp, stamp))
+    with FastaFile(path) as f, pytest.raises(LcftError, match="changed since indexing"):
+        list(iter_windows(f, "c", 60 * 300, 60 * 300))
 
 
 def test_shared_folder_is_left_untouched(genomes_dir):
