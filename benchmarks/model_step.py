@@ -3,7 +3,7 @@
 Same config (hidden 256, 4 layers, 4 heads, intermediate 704, vocab 16), CPU, fp32 and bf16 autocast, at 4K and
 16K tokens: tokens/s and peak RSS of each, side by side, as ratios. Ours runs plain at 4K and with block
 checkpointing + chunked cross-entropy at 16K. Then ours alone at 64K, 256K and 1M tokens (dense, or sparse with
---sparse) until a length does not finish within --max-seconds.
+--sparse; bf16 unless --long-dtype fp32) until a length does not finish within --max-seconds.
 
 Peak RSS: each side in a fresh subprocess (both import torch, transformers and lcft, so the import footprint
 is the same). Speed: both sides in one process, steps alternating, so both see the same load on a shared
@@ -32,6 +32,7 @@ def build(impl: str, case: dict):
 
     import lcft.model as lm
     from lcft.kernels import chunked_cross_entropy
+    from lcft.model.llama import DEFAULT_SEQ_CHUNK
 
     torch.manual_seed(0)
     n = case["length"]
@@ -47,7 +48,8 @@ def build(impl: str, case: dict):
     else:
         attention = lm.AttentionConfig(backend="sparse" if case["sparse"] else "dense")
         model = lm.Llama(lm.LlamaConfig(**SHAPE, attention=attention))
-        model.set_activation_checkpointing("block" if case["checkpoint"] else "none")
+        if case["checkpoint"]:
+            model.set_activation_checkpointing("block", seq_chunk=case["seq_chunk"] or DEFAULT_SEQ_CHUNK)
 
         def loss_fn():
             loss_sum, count = chunked_cross_entropy(model.hidden_states(ids), model.lm_head_weight, labels)
@@ -117,7 +119,8 @@ def label(case: dict) -> str:
 def case(mode: str, impl: str, dtype: str, length: int, checkpoint: bool, args: argparse.Namespace,
          sparse: bool = False, warmup: int = 1) -> dict:
     return {"mode": mode, "impl": impl, "dtype": dtype, "length": length, "checkpoint": checkpoint,
-            "sparse": sparse, "warmup": warmup, "steps": args.steps, "threads": args.threads}
+            "sparse": sparse, "warmup": warmup, "steps": args.steps, "threads": args.threads,
+            "seq_chunk": args.seq_chunk}
 
 
 def main() -> int:
@@ -129,10 +132,14 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16")
     ap.add_argument("--long", default="64K,256K,1M", help="lengths for ours alone ('' to skip)")
     ap.add_argument("--sparse", action="store_true", help="use the sparse backend for the long lengths")
+    ap.add_argument("--long-dtype", default="bf16", choices=["fp32", "bf16"], help="dtype of the long lengths "
+                    "(bf16 autocast: about 3x the fp32 matmul speed on this CPU)")
     ap.add_argument("--max-seconds", type=float, default=600.0, help="time limit of one long-length step")
     ap.add_argument("--max-gib", type=float, default=16.0, help="address-space limit of one long-length "
                     "process (it fails with an out-of-memory error instead of swapping a shared machine)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--seq-chunk", type=int, default=0, help="tokens per chunk of a block's token-wise work "
+                    "under block checkpointing (0 = lcft's default, lcft.model.DEFAULT_SEQ_CHUNK)")
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))))
@@ -159,11 +166,12 @@ def main() -> int:
         return 0
 
     kind = "sparse" if args.sparse else "dense"
-    print(f"\nlcft alone, fp32, block checkpointing, {kind} attention, one step each, cold "
+    print(f"\nlcft alone, {args.long_dtype}, block checkpointing, {kind} attention, one step each, cold "
           f"(limit {args.max_seconds:.0f} s):", flush=True)
     largest = None
     for n in (parse_size(s) for s in args.long.split(",")):
-        c = {**case("memory", "lcft", "fp32", n, True, args, sparse=args.sparse, warmup=0), "max_gib": args.max_gib}
+        c = {**case("memory", "lcft", args.long_dtype, n, True, args, sparse=args.sparse, warmup=0),
+             "max_gib": args.max_gib}
         r = spawn(c, args.max_seconds)
         if r is None:
             break
