@@ -82,6 +82,10 @@ def run_case(case: dict) -> dict:
     if case["threads"]:
         torch.set_num_threads(case["threads"])
     if case["mode"] == "memory":
+        if case["impl"] == "lcft":  # what `lcft train` does for long windows (a no-op below 64K tokens)
+            from lcft.train.memory import return_freed_buffers_to_os
+
+            return_freed_buffers_to_os(case["length"])
         step = build(case["impl"], case)
         times = [step() for _ in range(case["warmup"] + 1)]
         return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
