@@ -2,8 +2,8 @@
 
 Same config (hidden 256, 4 layers, 4 heads, intermediate 704, vocab 16), CPU, fp32 and bf16 autocast, at 4K and
 16K tokens: tokens/s and peak RSS of each, side by side, as ratios. Ours runs plain at 4K and with block
-checkpointing + chunked cross-entropy at 16K. Then ours alone at 64K, 256K and 1M tokens (dense, or sparse with
---sparse; bf16 unless --long-dtype fp32) until a length does not finish within --max-seconds.
+checkpointing + chunked cross-entropy at 16K. Then ours alone at 64K, 256K and 1M tokens (sparse attention, or
+dense with --long-backend dense; bf16 unless --long-dtype fp32) until a length does not finish within --max-seconds.
 
 Peak RSS: each side in a fresh subprocess (both import torch, transformers and lcft, so the import footprint
 is the same). Speed: both sides in one process, steps alternating, so both see the same load on a shared
@@ -135,11 +135,13 @@ def main() -> int:
                     "(tokens/s from the fastest)")
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16")
     ap.add_argument("--long", default="64K,256K,1M", help="lengths for ours alone ('' to skip)")
-    ap.add_argument("--sparse", action="store_true", help="use the sparse backend for the long lengths")
+    ap.add_argument("--long-backend", default="sparse", choices=["sparse", "dense"],
+                    help="attention backend of the long lengths")
+    ap.add_argument("--sparse", action="store_true", help=argparse.SUPPRESS)  # the old spelling of the default
     ap.add_argument("--long-dtype", default="bf16", choices=["fp32", "bf16"], help="dtype of the long lengths "
                     "(bf16 autocast: about 3x the fp32 matmul speed on this CPU)")
     ap.add_argument("--max-seconds", type=float, default=600.0, help="time limit of one long-length step")
-    ap.add_argument("--max-gib", type=float, default=16.0, help="address-space limit of one long-length "
+    ap.add_argument("--max-gib", type=float, default=22.0, help="address-space limit of one long-length "
                     "process (it fails with an out-of-memory error instead of swapping a shared machine)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--seq-chunk", type=int, default=0, help="tokens per chunk of a block's token-wise work "
@@ -169,12 +171,12 @@ def main() -> int:
     if args.quick or not args.long:
         return 0
 
-    kind = "sparse" if args.sparse else "dense"
+    kind = args.long_backend
     print(f"\nlcft alone, {args.long_dtype}, block checkpointing, {kind} attention, one step each, cold "
           f"(limit {args.max_seconds:.0f} s):", flush=True)
     largest = None
     for n in (parse_size(s) for s in args.long.split(",")):
-        c = {**case("memory", "lcft", args.long_dtype, n, True, args, sparse=args.sparse, warmup=0),
+        c = {**case("memory", "lcft", args.long_dtype, n, True, args, sparse=kind == "sparse", warmup=0),
              "max_gib": args.max_gib}
         r = spawn(c, args.max_seconds)
         if r is None:
