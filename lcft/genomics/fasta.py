@@ -301,10 +301,11 @@ class FastaFile:
         if start < first * lenc:
             yield self.read_raw(name, start, first * lenc), 0
         per = max(1, piece_bytes // lenb)
-        buf = bytearray(min(per, max(last - first, 1)) * lenb)
         fd = None if self.faidx._bgzf else self.faidx.file.fileno()
-        if fd is None:
+        if fd is None:  # BGZF: sequential reads from the block holding the first whole line
             self.faidx.file.seek(self._seek_offset(name, first * lenc))
+        else:  # plain: positioned reads into one buffer
+            buf = bytearray(min(per, max(last - first, 1)) * lenb)
         for line in range(first, last, per):
             rows = min(per, last - line)
             want = rows * lenb

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
@@ -265,7 +264,6 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
         con.print(f"resuming: {len(state['chroms'])} chromosome(s) already done in {partial}")
     length, stride = options["length"], options["stride"]
     finished = {c["chrom"] for c in state["chroms"]}
-    scratch = np.empty(length, dtype=np.uint8)  # reused by the window bit tests (no page faults per window)
     bar = (
         Progress(
             TextColumn("{task.description:>12}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
@@ -288,12 +286,12 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
                         skipped += 1
                     else:
                         ids, soft = writers[split].buffers(length)
-                        win.fill(ids, soft, scratch)
+                        win.fill(ids, soft)
                         writers[split].add(ids, soft)
                         kept += 1
                         state["records"].append({
                             "split": split, "chrom": chrom, "start": win.start, "end": win.end,
-                            "n_frac": round(win.n_frac, 6), "gc_frac": round(win.gc_frac_with(scratch), 6),
+                            "n_frac": round(win.n_frac, 6), "gc_frac": round(win.gc_frac, 6),
                         })
                     if bar:
                         bar.update(task, completed=upto)

@@ -45,8 +45,9 @@ def sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
 
 
 class HashedFile:
-    """An append-only output file with a running sha256 (fed by its user); reopening at a checkpoint truncates to the
-    recorded size and re-hashes the kept prefix, so a resumed run ends with the same bytes and digest."""
+    """An append-only output file with a running sha256 (fed by its user, see `append`); reopening at a
+    checkpoint truncates to the recorded size and re-hashes the kept prefix, so a resumed run ends with the
+    same bytes and digest."""
 
     def __init__(self, path: Path, keep: int = 0):
         self.path = path

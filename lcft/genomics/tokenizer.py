@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -77,15 +79,16 @@ def _build_flag_table() -> bytes:
 FLAG_TABLE = _build_flag_table()
 
 
-def encode_lines(raw: bytes) -> np.ndarray:
+def encode_lines(raw: bytes | bytearray) -> np.ndarray:
     """FASTA sequence bytes (line breaks allowed, dropped) -> uint8 array of `id | flags` (see FLAG_*):
     `out & ID_BITS` equals `encode`, `(out & FLAG_LOWER) != 0` equals `softmask_bits`."""
     return np.frombuffer(raw.translate(FLAG_TABLE, LINE_BREAKS), dtype=np.uint8)
 
+
 LF, CR = ord("\n"), ord("\r")
 
 
-def encode_pieces(pieces, bases_per_line: int, out: np.ndarray) -> int:
+def encode_pieces(pieces: Iterable[tuple[bytes | bytearray, int]], bases_per_line: int, out: np.ndarray) -> int:
     """Fill `out` with `id | flags` codes from (data, rows) pieces of FastaFile.line_pieces; return the
     number of bases written. Whole-line pieces are translated without deletion (about half the cost of
     translate with a delete set) and their line breaks dropped by position in one strided copy; the
@@ -103,7 +106,7 @@ def encode_pieces(pieces, bases_per_line: int, out: np.ndarray) -> int:
             n = rows * bases_per_line
             out[p : p + n].reshape(rows, bases_per_line)[:] = coded[:, :bases_per_line]
         else:
-            coded = encode_lines(bytes(data))
+            coded = encode_lines(data)
             n = coded.size
             out[p : p + n] = coded
         p += n

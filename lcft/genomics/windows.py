@@ -22,19 +22,20 @@ def window_starts(chrom_len: int, length: int, stride: int) -> range:
 
 class Window:
     """One cut window: coordinates, composition, and (computed on demand, so windows dropped by the N
-    filter cost nothing more) token ids and the bit-packed soft mask. `coded` is a view of the reader's
+    filter cost nothing more) its token ids and bit-packed soft mask. `coded` is a view of the reader's
     buffer, reused for the next group of windows: use a window before drawing the next group's."""
 
-    __slots__ = ("chrom", "start", "end", "coded", "n_count")
+    __slots__ = ("chrom", "start", "end", "coded", "n_count", "_scratch")
 
     def __init__(self, chrom: str, start: int, coded: np.ndarray, scratch: np.ndarray | None = None):
         self.chrom, self.start, self.end = chrom, start, start + coded.size
         self.coded = coded  # (L,) uint8 id | flags (tokenizer.encode_lines)
-        self.n_count = self._count(FLAG_NOT_ACGT, scratch)  # N, ambiguity codes, unknown bytes
+        # (L,) uint8 reused by the bit tests: a fresh temporary of L bytes would cost page faults each time
+        self._scratch = np.empty_like(coded) if scratch is None else scratch
+        self.n_count = self._count(FLAG_NOT_ACGT)  # N, ambiguity codes, unknown bytes
 
-    def _count(self, flag: int, scratch: np.ndarray | None) -> int:
-        # scratch: a reused (L,) uint8 buffer; a fresh temporary of L bytes would cost page faults each time
-        return int(np.count_nonzero(np.bitwise_and(self.coded, flag, out=scratch)))
+    def _count(self, flag: int) -> int:
+        return int(np.count_nonzero(np.bitwise_and(self.coded, flag, out=self._scratch)))
 
     @property
     def n_frac(self) -> float:
@@ -43,25 +44,13 @@ class Window:
     @property
     def gc_frac(self) -> float:
         """G+C share of the A/C/G/T bases (0 when there are none)."""
-        return self.gc_frac_with(None)
-
-    def gc_frac_with(self, scratch: np.ndarray | None) -> float:
-        """gc_frac, using `scratch` ((L,) uint8) for the bit test."""
         acgt = self.coded.size - self.n_count
-        return self._count(FLAG_GC, scratch) / acgt if acgt else 0.0
+        return self._count(FLAG_GC) / acgt if acgt else 0.0
 
-    @property
-    def ids(self) -> np.ndarray:
-        return self.coded & ID_BITS  # (L,) uint8 token ids
-
-    @property
-    def softmask_packed(self) -> np.ndarray:
-        return np.packbits(self.coded & FLAG_LOWER)  # (L/8,) uint8, big bit order
-
-    def fill(self, ids: np.ndarray, softmask_packed: np.ndarray, scratch: np.ndarray | None = None) -> None:
-        """Write the ids and the packed soft mask into (L,) and (L/8,) uint8 buffers."""
+    def fill(self, ids: np.ndarray, softmask_packed: np.ndarray) -> None:
+        """Write the token ids and the soft mask (np.packbits, big bit order) into (L,) and (L/8,) uint8 buffers."""
         np.bitwise_and(self.coded, ID_BITS, out=ids)
-        softmask_packed[:] = np.packbits(np.bitwise_and(self.coded, FLAG_LOWER, out=scratch))
+        softmask_packed[:] = np.packbits(np.bitwise_and(self.coded, FLAG_LOWER, out=self._scratch))
 
 
 def iter_windows(
