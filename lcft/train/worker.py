@@ -23,7 +23,19 @@ def main(argv: list[str] | None = None) -> int:
         if rank == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        _destroy_process_group()
     return 0
+
+
+def _destroy_process_group() -> None:
+    """Tear the process group down while the interpreter is still whole. Left to interpreter shutdown, gloo's
+    worker threads can still hold tensors whose release needs the GIL, and the process dies with SIGABRT
+    ("terminate called without an active exception") after a successful run (seen in CI, pytorch#190489)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
