@@ -4,7 +4,7 @@ Per case, fresh processes (so peak RSS is the case's own) run one forward + back
 (`--quick`: 8K) with sparse attention and per-block activation checkpointing. Printed side by side:
 per-rank peak RSS and its ratio to cp=1 (target <= 0.6), step wall time, each rank's compute time (step minus
 time inside collectives) and their imbalance (target within 10% with zigzag; contiguous shown too), and bytes
-each rank sent per step with --cp-kv all vs selected.
+each rank sent per step with --cp-kv all, selected and stream (`--cases` picks some; cp=1 always runs).
 
     python benchmarks/context_parallel.py [--quick] [--length 256K] [--threads 1]
 """
@@ -27,6 +27,7 @@ CASES = [  # (name, cp, layout, kv)
     ("cp=2 zigzag all", 2, "zigzag", "all"),
     ("cp=2 zigzag selected", 2, "zigzag", "selected"),
     ("cp=2 contiguous all", 2, "contiguous", "all"),
+    ("cp=2 zigzag stream", 2, "zigzag", "stream"),
 ]
 
 
@@ -174,7 +175,8 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="with --torchrun: cuda = NCCL")
     ap.add_argument("--bf16", action="store_true", help="with --device cuda: bf16 autocast")
     ap.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"], help="with --torchrun")
-    ap.add_argument("--kv", default="all", choices=["all", "selected"], help="with --torchrun")
+    ap.add_argument("--kv", default="all", choices=["all", "selected", "stream"], help="with --torchrun")
+    ap.add_argument("--cases", default="", help="comma-separated case names to run (default: all; cp=1 always runs)")
     # worker-only options
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -193,23 +195,32 @@ def main() -> None:
     print(f"context parallelism, CPU gloo: tiny model (hidden 256, 4 layers, 4 heads), sparse attention "
           f"(block {args.block}, top_k {args.top_k}), block checkpointing, window {args.length // 1024}K tokens, "
           f"{args.threads} thread(s) per rank; one fresh set of processes per case", flush=True)
+    wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
+    unknown = wanted - {c[0] for c in CASES}
+    if unknown:
+        raise SystemExit(f"unknown case(s) {', '.join(sorted(unknown))}; cases: {', '.join(c[0] for c in CASES)}")
+    cases = [c for c in CASES if not wanted or c[0] in wanted or c[0] == "cp=1"]
     results = {}
-    for name, cp, layout, kv in CASES:
+    for name, cp, layout, kv in cases:
         t0 = time.perf_counter()
         results[name] = run_case(cp, layout, kv, args)
         print(f"  {name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
     base = results["cp=1"][0]
     print("\n" + HEADER + "\n" + "-" * len(HEADER))
-    for name, _, _, _ in CASES:
+    for name, _, _, _ in cases:
         _print_case(name, results[name], base)
-    sel, alls = results["cp=2 zigzag selected"], results["cp=2 zigzag all"]
-    kv_all = sum(r["bytes"].get("kv", 0) + r["bytes"].get("kv_grad", 0) for r in alls)
-    kv_sel = sum(r["bytes"].get("kv", 0) + r["bytes"].get("kv_grad", 0) for r in sel)
-    other = sum(v for r in sel for k, v in r["bytes"].items() if k not in ("kv", "kv_grad"))
-    print(f"\nK/V bytes per step (both ranks, forward + backward): all {kv_all / mib:.1f} MiB, selected "
-          f"{kv_sel / mib:.1f} MiB ({kv_sel / kv_all:.2f}x; selected also sends {other / mib:.2f} MiB of "
-          f"summaries, indices and loss sums)")
-    growth = {n: max(r["peak_rss"] - r["base_rss"] for r in results[n]) for n, _, _, _ in CASES}
+    kv = {n: sum(r["bytes"].get("kv", 0) + r["bytes"].get("kv_grad", 0) for r in results[n])
+          for n, cp, _, _ in cases if cp > 1}
+    if kv:
+        ref = kv.get("cp=2 zigzag all")
+        print("\nK/V bytes per step (both ranks, forward + backward): " + ", ".join(
+            f"{n.removeprefix('cp=2 ')} {b / mib:.1f} MiB" + (f" ({b / ref:.2f}x all)" if ref else "")
+            for n, b in kv.items()))
+        other = {n: sum(v for r in results[n] for k, v in r["bytes"].items() if k not in ("kv", "kv_grad"))
+                 for n in kv}
+        print("other bytes (summaries, indices, loss sums): "
+              + ", ".join(f"{n.removeprefix('cp=2 ')} {b / mib:.2f} MiB" for n, b in other.items()))
+    growth = {n: max(r["peak_rss"] - r["base_rss"] for r in results[n]) for n, _, _, _ in cases}
     print("peak RSS growth during the step (peak - before it, i.e. without torch and the model): "
           + ", ".join(f"{n} {g / (1 << 30):.2f} GiB ({g / growth['cp=1']:.2f}x)" for n, g in growth.items()))
     print("imbalance = (slowest - fastest) / slowest of the ranks' compute time (step minus time in collectives);"

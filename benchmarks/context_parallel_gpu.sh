@@ -22,7 +22,7 @@ run() {  # run NPROC LAYOUT KV
     "${ARGS[@]}" --layout "$2" --kv "$3" || echo "   cp=$1 $2 $3 failed (exit $?)"
 }
 run 1 zigzag all
-for KV in all selected; do
+for KV in all selected stream; do  # stream: PyTorch piece kernels (no Triton version yet)
   run "$NGPU" zigzag "$KV"
 done
 run "$NGPU" contiguous all

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         nproc: int = typer.Option(None, "--nproc", metavar="N", help=h("nproc")),
         cp: int = typer.Option(None, "--cp", metavar="N", help=h("cp")),
         cp_layout: str = typer.Option(None, "--cp-layout", metavar="zigzag|contiguous", help=h("cp_layout")),
-        cp_kv: str = typer.Option(None, "--cp-kv", metavar="all|selected", help=h("cp_kv")),
+        cp_kv: str = typer.Option(None, "--cp-kv", metavar="all|selected|stream", help=h("cp_kv")),
         config: str = typer.Option(None, "--config", metavar="TOML", help="TOML file with any of these options (flags override it)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table (the files are still written)."),
     ) -> None:

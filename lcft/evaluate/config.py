@@ -46,8 +46,9 @@ class EvalConfig:
     """Context-parallel ranks per window (each holds a shard of every window, as in training)."""
     cp_layout: Literal["zigzag", "contiguous"] = "zigzag"
     """Context parallelism: how a window is cut over its cp ranks (zigzag or contiguous)."""
-    cp_kv: Literal["all", "selected"] = "all"
-    """Context parallelism: all-gather every rank's keys/values, or fetch only the selected key blocks."""
+    cp_kv: Literal["all", "selected", "stream"] = "all"
+    """Context parallelism: all-gather every rank's keys/values, fetch only the selected key blocks, or stream
+    the other ranks' keys/values a piece at a time (least memory)."""
 
     def __post_init__(self) -> None:
         self.checkpoints = tuple(str(c) for c in self.checkpoints)

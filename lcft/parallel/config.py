@@ -8,7 +8,8 @@ from typing import Literal
 from lcft.errors import LcftError
 
 CpLayout = Literal["zigzag", "contiguous"]
-CpKv = Literal["all", "selected"]
+CpKv = Literal["all", "selected", "stream"]
+CP_KV_MODES = ("all", "selected", "stream")
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,14 @@ class ParallelConfig:
     cp_kv: CpKv = "all"
     """How keys/values reach the ranks that attend to them: 'all' all-gathers every rank's K/V each layer;
     'selected' sends only the K/V blocks a rank's selection needs (all_to_all), fewer bytes for sparse
-    attention."""
+    attention; 'stream' sends the other ranks' K/V a piece at a time and merges partial attention by
+    log-sum-exp, so no rank holds the whole window's K/V (least memory, more bytes: pieces travel again in
+    backward)."""
 
     def __post_init__(self) -> None:
         if int(self.cp) < 1:
             raise LcftError(f"cp must be at least 1, got {self.cp}")
         if self.cp_layout not in ("zigzag", "contiguous"):
             raise LcftError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
-        if self.cp_kv not in ("all", "selected"):
-            raise LcftError(f"cp_kv must be 'all' or 'selected', got {self.cp_kv!r}")
+        if self.cp_kv not in CP_KV_MODES:
+            raise LcftError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")

@@ -3,7 +3,8 @@
 Per layer and rank: the rank's tokens are two chunks of the window (zigzag or contiguous). Key-block
 summaries are exchanged so each rank selects key blocks for its OWN query blocks (selection is split across
 ranks, each chunk with its global query-block offset); then K/V reach the rank — mode 'all' all-gathers every
-rank's K/V, mode 'selected' fetches only the blocks its selection needs (all_to_all). Gradients of K/V flow
+rank's K/V, mode 'selected' fetches only the blocks its selection needs (all_to_all), mode 'stream' sends the
+other ranks' K/V in pieces and merges partial attention by log-sum-exp (cp_stream.py). Gradients of K/V flow
 back to their owners through the collectives' backward. Dense attention under CP is the same path with every
 earlier block selected.
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from lcft.parallel import comms
 from lcft.parallel.config import ParallelConfig
+from lcft.parallel.cp_stream import stream_attention
 from lcft.parallel.mesh import ParallelState
 from lcft.parallel.sharding import ShardLayout
 
@@ -103,6 +105,8 @@ class ContextParallelCore(nn.Module):
                 rank_ids = torch.cat([layout.block_ids(r) for r in range(st.cp)]).to(q.device)  # (nK,)
                 summary = gathered.movedim(0, 2).flatten(2, 3)[:, :, _window_order(rank_ids)]  # (B,Hkv,nK,D)
             rows = self._rows(q, summary, k.shape[1], layout)  # (B, Hkv, 2nb, W) global ids
+            if self.cfg.cp_kv == "stream":
+                return stream_attention(q, k, v, rows, layout, st, self.block)  # (B, Hq, L/cp, D)
             k_all, v_all, seq_ids = self._fetch_selected(k, v, rows, layout)
         compact = _renumber(rows, seq_ids, n_k)  # (B, Hkv, 2nb, W) positions in the key layout
         offset = seq_ids.numel() - 2 * layout.chunk_blocks  # own blocks come last

@@ -100,9 +100,10 @@ class TrainConfig:
     cp_layout: Literal["zigzag", "contiguous"] = "zigzag"
     """Context parallelism: how a sequence is cut over its cp ranks: zigzag (2*cp chunks, rank r holds chunks r
     and 2*cp-1-r: balanced causal work) or contiguous (rank r holds chunks 2r and 2r+1)."""
-    cp_kv: Literal["all", "selected"] = "all"
+    cp_kv: Literal["all", "selected", "stream"] = "all"
     """Context parallelism: all = all-gather every rank's keys/values per layer; selected = fetch only the key
-    blocks the sparse selection needs (all_to_all; fewer bytes)."""
+    blocks the sparse selection needs (all_to_all; fewer bytes); stream = the other ranks' keys/values a piece
+    at a time, partial attention merged by log-sum-exp (least memory per rank, more bytes)."""
     seed: int = 0
     """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
     spike_sigma: float = 6.0

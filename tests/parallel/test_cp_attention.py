@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from lcft.kernels import sparse_attention
 from lcft.parallel import ShardLayout
 from tests.parallel.harness import run_ranks
-from tests.parallel.workers import attention_cases
+from tests.parallel.workers import attention_cases, largest_kv_like_tensor
 
 pytestmark = pytest.mark.distributed
 
 B, HQ, HKV, D, L = 2, 4, 2, 16, 256
 ATTN = {"block_size": 16, "top_k": 2, "local_blocks": 1, "sink_blocks": 1, "impl": "cpu"}
 CASES = [{"backend": b, "layout": lay, "kv": kv}
-         for b, lay, kv in itertools.product(("sparse", "dense"), ("zigzag", "contiguous"), ("all", "selected"))]
+         for b, lay, kv in itertools.product(("sparse", "dense"), ("zigzag", "contiguous"), ("all", "selected", "stream"))]
 
 
 def _full_inputs() -> dict[str, torch.Tensor]:
@@ -104,3 +104,17 @@ def test_selected_sends_fewer_kv_bytes_than_all(cp2):
         sent_all = sum(r[by_case[("sparse", lay, "all")]]["bytes"]["kv"] for r in cp2)
         sent_sel = sum(r[by_case[("sparse", lay, "selected")]]["bytes"]["kv"] for r in cp2)
         assert sent_sel < sent_all
+
+
+def test_stream_never_holds_the_whole_windows_keys():
+    """'stream' keeps K/V memory below one window's K: no tensor with the head dim last reaches B·Hkv·L·D
+    elements on a rank, while 'all' (the check's control) gathers exactly such tensors. Head dim 24 tells
+    K/V-like tensors from score scratch; Hq = Hkv so local q-sized tensors are half a window's K."""
+    b, h, d, length = 1, 2, 24, 16384
+    g = torch.Generator().manual_seed(3)
+    full = {n: torch.randn(b, h, length, d, generator=g) for n in ("q", "k", "v", "gout")}
+    most = run_ranks(largest_kv_like_tensor, 2, ["all", "stream"], full, ATTN)
+    window_k = b * h * length * d
+    for rank in most:
+        assert rank["all"] >= window_k
+        assert rank["stream"] <= window_k // 2, rank

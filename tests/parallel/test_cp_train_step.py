@@ -14,7 +14,7 @@ pytestmark = pytest.mark.distributed
 L = 512
 # (backend, layout, kv, activation checkpointing)
 CASES = [("sparse", "zigzag", "all", "none"), ("sparse", "contiguous", "selected", "block"),
-         ("dense", "zigzag", "selected", "none")]
+         ("dense", "zigzag", "selected", "none"), ("sparse", "zigzag", "stream", "block")]
 
 
 def _batch() -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ def _base(data: Path, init: Path) -> dict:
 def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
     """one: 1 process, accumulation 2. dpcp: 4 processes = dp 2 x cp 2 (zigzag, all-gathered K/V).
     cp2to1: dpcp's step-1 checkpoint resumed on one process. cp1to2: one's step-1 checkpoint resumed on cp=2
-    (contiguous, selected K/V)."""
+    (contiguous, K/V streamed in pieces; 'selected' runs through lcft eval in test_cp_eval)."""
     root = tmp_path_factory.mktemp("cp-train")
     base = _base(cp_data_dir, cp_init_dir)
     train(TrainConfig(out=str(root / "one"), **base))
@@ -33,7 +33,7 @@ def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
     assert s["world_size"] == 4 and s["step"] == 2
     train(TrainConfig(out=str(root / "cp2to1"), resume=str(root / "dpcp/checkpoints/step-00000001"), **base))
     s = train(TrainConfig(out=str(root / "cp1to2"), resume=str(root / "one/checkpoints/step-00000001"), nproc=2,
-                          cp=2, cp_layout="contiguous", cp_kv="selected", **base))
+                          cp=2, cp_layout="contiguous", cp_kv="stream", **base))
     assert s["world_size"] == 2 and s["step"] == 2
     return root
 
