@@ -99,37 +99,53 @@ class _Piece:
 
 
 def partial_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *,
-                              block_size: int, diag_offset: int | None = None
+                              block_size: int, diag_offset: int | None = None,
+                              acc: tuple[torch.Tensor, torch.Tensor] | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (B, Hq, Lq, D) over the chosen blocks of this piece k, v (B, Hkv, Lk, D); no autograd.
 
     Returns out (B, Hq, Lq, D) fp32, normalised over this piece only, and lse (B, Hq, Lq) fp32, the
-    log-sum-exp of the row's scaled scores over this piece (-inf, with out 0, where nothing was chosen)."""
+    log-sum-exp of the row's scaled scores over this piece (-inf, with out 0, where nothing was chosen).
+    acc = (out, lse) of earlier pieces (contiguous fp32): this piece is merged into them in place, chunk by
+    chunk, and they are returned (no full-size temporaries; chunks with nothing chosen are not touched)."""
     pc = _Piece(q, k, indices, block_size, diag_offset)
     kb, vb, plan = pc.blocks(k), pc.blocks(v), pc.plan
     bh, g, n_q = pc.b * pc.hkv, pc.group, pc.n_q
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, Hq, Lq, D)
-    lse = torch.full((*q.shape[:3], 1), float("-inf"), dtype=torch.float32, device=q.device)  # (B, Hq, Lq, 1)
-    og, lg = cpu._grouped(out, pc.hkv, block_size), cpu._grouped(lse, pc.hkv, block_size)  # written in place
+    if acc is None:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, Hq, Lq, D)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)  # (B, Hq, Lq)
+    else:
+        out, lse = acc
+    og, lg = cpu._grouped(out, pc.hkv, block_size), cpu._grouped(lse[..., None], pc.hkv, block_size)  # views
+    merge = acc is not None
 
     def work(h0: int, h1: int) -> None:
         rows = slice(h0, h1)
         for i0 in range(0, n_q, pc.chunk):
             i1 = min(n_q, i0 + pc.chunk)
             if all(plan.empty[i0:i1]):
-                continue  # nothing chosen here: out stays 0 and lse -inf
+                continue  # nothing chosen here: out stays 0 and lse -inf (or the accumulated values)
             qc = pc.rows(pc.qg, h0, h1, i0, i1) * pc.scale  # (h, C, G·block, D)
             s, _, vg, _ = _scores(qc, kb, vb, plan, rows, i0, i1, pc.tri)
             mx = s.amax(-1, keepdim=True)  # (h, C, G·block, 1)
             mx = torch.where(torch.isfinite(mx), mx, 0.0)  # rows with nothing chosen: exp(-inf) = 0 below
             e = torch.exp(s - mx)  # (h, C, G·block, slots·block)
             total = e.sum(-1, keepdim=True)  # (h, C, G·block, 1)
-            o = (e.to(vg.dtype) @ vg).float() / total.clamp_min(torch.finfo(torch.float32).tiny)
-            og[rows, i0:i1] = o.view(h1 - h0, i1 - i0, g, block_size, pc.d)
-            lg[rows, i0:i1] = (mx + torch.log(total)).view(h1 - h0, i1 - i0, g, block_size, 1)
+            shape = (h1 - h0, i1 - i0, g, block_size)
+            o = ((e.to(vg.dtype) @ vg).float() / total.clamp_min(torch.finfo(torch.float32).tiny)).view(*shape, pc.d)
+            lc = (mx + torch.log(total)).view(*shape, 1)  # (h, C, G, block, 1)
+            if merge:  # out = sum_j exp(lse_j - lse) out_j, lse = logsumexp_j lse_j
+                prev = lg[rows, i0:i1]
+                both = torch.logaddexp(prev, lc)  # (h, C, G, block, 1)
+                ref = torch.where(torch.isfinite(both), both, 0.0)  # both -inf: weights exp(-inf) = 0
+                og[rows, i0:i1] = og[rows, i0:i1] * torch.exp(prev - ref) + o * torch.exp(lc - ref)
+                lg[rows, i0:i1] = both
+            else:
+                og[rows, i0:i1] = o
+                lg[rows, i0:i1] = lc
 
     cpu._run_over_heads(work, bh)
-    return out, lse[..., 0]
+    return out, lse
 
 
 def partial_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor,

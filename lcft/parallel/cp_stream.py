@@ -95,12 +95,8 @@ class StreamedAttention(torch.autograd.Function):
         for p in range(stream.pieces if stream.cp > 1 else 0):
             got = stream.fetch(k, v, p)  # (cp-1, 2, B, Hkv, T, D)
             for i, r in enumerate(stream.sources):
-                out_p, lse_p = partial_attention_forward(q, got[i, 0], got[i, 1],
-                                                         restrict(rows, stream.piece_ids(r, p), n_k), block_size=blk)
-                merged = torch.logaddexp(lse, lse_p)  # finite: the own block is always chosen
-                out.mul_(torch.exp(lse - merged)[..., None]).add_(out_p.mul_(torch.exp(lse_p - merged)[..., None]))
-                lse = merged
-                del out_p, lse_p
+                partial_attention_forward(q, got[i, 0], got[i, 1], restrict(rows, stream.piece_ids(r, p), n_k),
+                                          block_size=blk, acc=(out, lse))  # merged into out, lse in place
             del got
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, rows)

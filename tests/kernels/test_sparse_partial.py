@@ -54,6 +54,14 @@ def test_pieces_merge_to_the_full_attention(top_k):
     lse = torch.logsumexp(torch.stack([p[1] for p in parts]), dim=0)  # (B, Hq, Lq)
     out = sum(torch.exp(p[1] - lse)[..., None] * p[0] for p in parts)
     torch.testing.assert_close(out, want.detach(), atol=1e-5, rtol=1e-5)
+    # the same merge done inside the kernel, piece after piece (first piece without a diagonal here)
+    acc = None
+    for j in (1, 0, 2):
+        ids = pieces[j]
+        acc = partial_attention_forward(x["q"], _blocks(x["k"], ids), _blocks(x["v"], ids), _restrict(idx, ids),
+                                        block_size=BLOCK, diag_offset=0 if j == 0 else None, acc=acc)
+    torch.testing.assert_close(acc[0], out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(acc[1], lse, atol=1e-5, rtol=1e-5)
 
     delta = (x["gout"] * out).sum(-1)  # (B, Hq, Lq)
     dq = torch.zeros_like(x["q"])
