@@ -27,7 +27,7 @@ from lcft.parallel import comms
 from lcft.parallel.config import ParallelConfig
 from lcft.parallel.cp_stream import stream_attention
 from lcft.parallel.mesh import ParallelState
-from lcft.parallel.sharding import ShardLayout
+from lcft.parallel.sharding import ShardLayout, renumber_blocks
 
 
 def _kernels():
@@ -50,16 +50,6 @@ def dense_indices(b: int, hkv: int, n_q: int, q_block_offset: int, device: torch
 def _window_order(seq_ids: torch.Tensor) -> torch.Tensor:
     """Gather index that puts per-position data (position p holds global block seq_ids[p]) in window order."""
     return torch.argsort(seq_ids)
-
-
-def _renumber(rows: torch.Tensor, seq_ids: torch.Tensor, n_k: int) -> torch.Tensor:
-    """Global key-block ids -> positions in the key layout `seq_ids`; rows ascending, -1 padding last."""
-    pos_of = torch.full((n_k,), -1, dtype=torch.long, device=rows.device)
-    pos_of[seq_ids] = torch.arange(seq_ids.numel(), device=rows.device)
-    li = rows.long()
-    big = torch.iinfo(torch.long).max
-    out = torch.where(li >= 0, pos_of[li.clamp(min=0)], big).sort(dim=-1).values
-    return torch.where(out == big, -1, out).to(torch.int32)  # (B, Hkv, nQ, W)
 
 
 class ContextParallelCore(nn.Module):
@@ -108,7 +98,7 @@ class ContextParallelCore(nn.Module):
             if self.cfg.cp_kv == "stream":
                 return stream_attention(q, k, v, rows, layout, st, self.block)  # (B, Hq, L/cp, D)
             k_all, v_all, seq_ids = self._fetch_selected(k, v, rows, layout)
-        compact = _renumber(rows, seq_ids, n_k)  # (B, Hkv, 2nb, W) positions in the key layout
+        compact = renumber_blocks(rows, seq_ids, n_k)  # (B, Hkv, 2nb, W') positions in the key layout
         offset = seq_ids.numel() - 2 * layout.chunk_blocks  # own blocks come last
         return attend(q, k_all, v_all, compact, block_size=self.block, q_block_offset=offset,
                       impl=self.impl)  # (B, Hq, L/cp, D)

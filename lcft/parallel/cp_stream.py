@@ -18,7 +18,7 @@ import torch
 
 from lcft.parallel import comms
 from lcft.parallel.mesh import ParallelState
-from lcft.parallel.sharding import ShardLayout
+from lcft.parallel.sharding import ShardLayout, renumber_blocks
 
 DEFAULT_PIECES = 8
 """Pieces per rank's K/V shard: the received K/V (and their gradients) are 1/pieces of a shard per step.
@@ -28,19 +28,6 @@ More pieces save little more (the own shard, its gradient, q and the output stay
 def piece_count(local_blocks: int, want: int = DEFAULT_PIECES) -> int:
     """The largest count <= want that divides the rank's `local_blocks` key blocks."""
     return max(n for n in range(1, max(1, want) + 1) if local_blocks % n == 0)
-
-
-def restrict(rows: torch.Tensor, seq_ids: torch.Tensor, n_k: int) -> torch.Tensor:
-    """Global key-block ids (B, Hkv, nQ, W) -> positions among the blocks `seq_ids`, dropping ids not there;
-    rows ascending, -1 padded, trimmed to the widest row (at least 1)."""
-    pos_of = torch.full((n_k,), -1, dtype=torch.long, device=rows.device)
-    pos_of[seq_ids.to(rows.device)] = torch.arange(seq_ids.numel(), device=rows.device)
-    li = rows.long()
-    pos = torch.where(li >= 0, pos_of[li.clamp(min=0)], -1)  # (B, Hkv, nQ, W)
-    big = torch.iinfo(torch.long).max
-    pos = torch.where(pos >= 0, pos, big).sort(dim=-1).values
-    width = max(1, int((pos != big).sum(-1).max()))
-    return torch.where(pos == big, -1, pos)[..., :width].to(torch.int32)
 
 
 class _Stream:
@@ -90,12 +77,12 @@ class StreamedAttention(torch.autograd.Function):
         from lcft.kernels.sparse_partial import partial_attention_forward
 
         blk, n_k = stream.block, stream.n_k
-        out, lse = partial_attention_forward(q, k, v, restrict(rows, stream.own_ids(), n_k),
+        out, lse = partial_attention_forward(q, k, v, renumber_blocks(rows, stream.own_ids(), n_k),
                                              block_size=blk, diag_offset=0)  # (B,Hq,Lq,D), (B,Hq,Lq) fp32
-        for p in range(stream.pieces if stream.cp > 1 else 0):
+        for p in range(stream.pieces):
             got = stream.fetch(k, v, p)  # (cp-1, 2, B, Hkv, T, D)
             for i, r in enumerate(stream.sources):
-                partial_attention_forward(q, got[i, 0], got[i, 1], restrict(rows, stream.piece_ids(r, p), n_k),
+                partial_attention_forward(q, got[i, 0], got[i, 1], renumber_blocks(rows, stream.piece_ids(r, p), n_k),
                                           block_size=blk, acc=(out, lse))  # merged into out, lse in place
             del got
         out = out.to(q.dtype)
@@ -112,13 +99,13 @@ class StreamedAttention(torch.autograd.Function):
         stream, blk, n_k = ctx.stream, ctx.stream.block, ctx.stream.n_k
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1)  # (B, Hq, Lq) rowsum(dO · O)
-        dq, dk, dv = partial_attention_backward(q, k, v, restrict(rows, stream.own_ids(), n_k), dout, lse, delta,
+        dq, dk, dv = partial_attention_backward(q, k, v, renumber_blocks(rows, stream.own_ids(), n_k), dout, lse, delta,
                                                 block_size=blk, diag_offset=0)  # fp32
-        for p in range(stream.pieces if stream.cp > 1 else 0):
+        for p in range(stream.pieces):
             got = stream.fetch(k, v, p)  # (cp-1, 2, B, Hkv, T, D): fetched again, forward kept none of it
             grads = torch.zeros(got.shape, dtype=torch.float32, device=got.device)  # the return exchange's buffer
             for i, r in enumerate(stream.sources):
-                partial_attention_backward(q, got[i, 0], got[i, 1], restrict(rows, stream.piece_ids(r, p), n_k),
+                partial_attention_backward(q, got[i, 0], got[i, 1], renumber_blocks(rows, stream.piece_ids(r, p), n_k),
                                            dout, lse, delta, block_size=blk, dq=dq, dk=grads[i, 0], dv=grads[i, 1])
             del got
             back = stream.give_back(grads)  # (cp-1, 2, B, Hkv, T, D): gradients of my piece p

@@ -123,3 +123,17 @@ class ShardLayout:
             else:
                 out[k] = v
         return out
+
+
+def renumber_blocks(rows: torch.Tensor, seq_ids: torch.Tensor, n_k: int) -> torch.Tensor:
+    """Global key-block ids (B, Hkv, nQ, W), -1 padded -> their positions in a key layout holding the blocks
+    `seq_ids` (of `n_k` in the window), dropping ids not there; rows ascending, -1 padded, trimmed to the widest
+    row (at least 1)."""
+    pos_of = torch.full((n_k,), -1, dtype=torch.long, device=rows.device)
+    pos_of[seq_ids.to(rows.device)] = torch.arange(seq_ids.numel(), device=rows.device)
+    li = rows.long()
+    pos = torch.where(li >= 0, pos_of[li.clamp(min=0)], -1)  # (B, Hkv, nQ, W)
+    big = torch.iinfo(torch.long).max
+    pos = torch.where(pos >= 0, pos, big).sort(dim=-1).values
+    width = max(1, int((pos != big).sum(-1).max()))
+    return torch.where(pos == big, -1, pos)[..., :width].to(torch.int32)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from lcft.errors import LcftError
 from lcft.kernels import chunked_cross_entropy
 from lcft.model import AttentionConfig, Llama, LlamaConfig
 from lcft.model.llama import DEFAULT_SEQ_CHUNK
+from tests.probes import LargestTensor
 
 SPARSE = AttentionConfig(backend="sparse", block_size=16, top_k=2, local_blocks=1, sink_blocks=1, impl="cpu")
 
@@ -51,21 +51,6 @@ def test_chunked_block_equals_plain_model(attention, seq_chunk, offload):
         assert (g - ref_grads[name]).abs().max().item() <= 1e-6, name
     with torch.no_grad():  # without grad the chunks run plainly, still chunk by chunk (1-token rows: gemv)
         torch.testing.assert_close(m(ids), ref_logits, rtol=1e-5, atol=1e-5)  # logits ~3: fp32 rounding
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 def largest_tensor(m: Llama, ids: torch.Tensor) -> int:

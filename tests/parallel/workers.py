@@ -81,22 +81,9 @@ def largest_kv_like_tensor(rank: int, world: int, modes: list[str], full: dict[s
                            attn: dict[str, Any]) -> dict[str, int]:
     """Per cp_kv mode: the most elements of any tensor with the head dim last that one CP attention layer's
     forward + backward creates on this rank (a dispatch mode sees every op, comms buffers included)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
+    from tests.probes import LargestTensor
 
     d = full["q"].shape[-1]
-
-    class Largest(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.most = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == d:
-                    self.most = max(self.most, t.numel())
-            return out
 
     result = {}
     for mode in modes:
@@ -105,7 +92,7 @@ def largest_kv_like_tensor(rank: int, world: int, modes: list[str], full: dict[s
         layout = ShardLayout(full["q"].shape[2], world, attn["block_size"], "zigzag")
         q, k, v = (layout.shard(full[n], rank, dim=2).clone().requires_grad_() for n in "qkv")
         gout = layout.shard(full["gout"], rank, dim=2)
-        with Largest() as seen:
+        with LargestTensor(keep=lambda t: t.dim() >= 2 and t.shape[-1] == d) as seen:
             core(q, k, v).backward(gout)
-        result[mode] = seen.most
+        result[mode] = seen.numel
     return result
