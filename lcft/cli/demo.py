@@ -7,7 +7,7 @@ import typer
 from lcft.cli.common import console, user_errors
 from lcft.cli.eval import option_help
 from lcft.config import build, load_toml, merge
-from lcft.evaluate.demo import DemoConfig
+from lcft.recipes.demo import DemoConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             "eval_windows": eval_windows, "eval_batch": eval_batch, "bins": bins, "seed": seed,
         }
         cfg = build(DemoConfig, merge(load_toml(config) if config else {}, flags), where="demo config")
-        from lcft.evaluate.demo import run_demo
+        from lcft.recipes.demo import run_demo
         from lcft.evaluate.report import print_table
 
         res = run_demo(cfg, progress=not quiet, log=lambda m: console.print(m, highlight=False, soft_wrap=True))

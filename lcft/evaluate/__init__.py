@@ -1,4 +1,4 @@
-"""Evaluation: held-out loss by position for several checkpoints side by side (`lcft eval`), and the demo.
+"""Evaluation: held-out loss by position for several checkpoints side by side (`lcft eval`).
 
 Names are resolved lazily so the CLI can read EvalConfig without importing torch.
 """
@@ -12,8 +12,6 @@ _EXPORTS = {
     "EvalConfig": "lcft.evaluate.config",
     "evaluate": "lcft.evaluate.runner",
     "token_losses": "lcft.evaluate.runner",
-    "DemoConfig": "lcft.evaluate.demo",
-    "run_demo": "lcft.evaluate.demo",
 }
 
 __all__ = sorted(_EXPORTS)
