@@ -1,0 +1,84 @@
+"""Tile sizes of the Triton sparse-attention kernels per (GPU arch, dtype, head_dim, block, group), and their limits.
+
+Every configuration the CLI can produce is compiled ahead of time for sm_80/86/89/90/100 by
+benchmarks/kernel_resources.py (and its test), which checks the shared memory of each against `SMEM_LIMIT`.
+`check_sparse_kernels_fit` repeats that check for the GPU at hand before a run starts, so a configuration that
+does not fit is a one-line LcftError naming the option to change instead of an OutOfResources mid-run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lcft.errors import LcftError
+
+# Largest dynamic shared memory one block may opt into, in bytes (CUDA programming guide, compute capabilities).
+SMEM_LIMIT = {(8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376, (9, 0): 232_448,
+              (10, 0): 232_448, (12, 0): 101_376}
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Constexprs and launch options of the forward, dQ and dK/dV kernels for one configuration."""
+
+    block: int  # tokens per selection block
+    m: int  # query tokens per tile (the tile holds gp heads x m tokens = rows)
+    gp: int  # query heads per KV group, padded to a power of two
+    block_n: int  # keys per inner step of forward / dQ
+    kn: int  # keys per dK/dV program
+    dkv_m: int  # query tokens per dK/dV inner tile
+    d: int
+    bd: int  # head_dim padded to a power of two (96 -> 128; the pad lanes are masked)
+    prec: str  # tl.dot input precision: fp32 stays exact (ieee), no TF32 rounding
+    num_warps: int
+    num_stages: int
+    dkv_warps: int
+    dkv_stages: int
+
+    @property
+    def rows(self) -> int:
+        """Query rows (heads x tokens) of one forward / dQ program."""
+        return self.gp * self.m
+
+    def fwd_consts(self) -> dict:
+        return {"BLOCK": self.block, "M": self.m, "GP": self.gp, "BLOCK_N": self.block_n, "D": self.d,
+                "BD": self.bd, "PREC": self.prec, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def dq_consts(self) -> dict:
+        return self.fwd_consts()
+
+    def dkv_consts(self) -> dict:
+        return {"BLOCK": self.block, "KN": self.kn, "M": self.dkv_m, "GP": self.gp, "D": self.d, "BD": self.bd,
+                "PREC": self.prec, "num_warps": self.dkv_warps, "num_stages": self.dkv_stages}
+
+
+def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, block_size: int,
+                group: int) -> TileConfig:
+    """The tiles for a GPU of this compute capability (major, minor); LcftError for shapes no tile can take."""
+    if dtype not in DTYPES:
+        raise LcftError(f"the Triton sparse kernels take fp32, bf16 or fp16 tensors, not {dtype}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise LcftError(f"the Triton sparse kernels need a power-of-two block size >= 16, got {block_size}; "
+                        "change --block-size")
+    if head_dim > 256:
+        raise LcftError(f"the Triton sparse kernels take head_dim <= 256, got {head_dim}")
+    wide = dtype == torch.float32  # 4-byte elements: half the rows of a 2-byte tile in the same memory
+    small_smem = SMEM_LIMIT.get(tuple(capability), 101_376) < 160_000  # consumer parts (sm_86/89/120)
+    bd = max(16, _pow2(head_dim))
+    gp = _pow2(group)
+    rows = 64 if wide or bd > 128 else 128
+    m = max(1, min(block_size, rows // gp))
+    block_n = min(block_size, 32 if wide and bd >= 128 else 64)
+    kn = min(block_size, 32 if wide and bd >= 128 else 64)
+    dkv_m = max(1, min(block_size, (32 if wide else 64) // gp))
+    stages = 1 if small_smem and wide else 2
+    return TileConfig(block=block_size, m=m, gp=gp, block_n=block_n, kn=kn, dkv_m=dkv_m, d=head_dim, bd=bd,
+                      prec="ieee" if wide else "tf32", num_warps=8 if gp * m * bd >= 128 * 64 else 4,
+                      num_stages=stages, dkv_warps=8 if kn * bd >= 64 * 128 else 4, dkv_stages=stages)
