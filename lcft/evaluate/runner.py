@@ -16,11 +16,10 @@ from lcft.errors import LcftError
 from lcft.evaluate.binning import PositionSums, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.parallel import EvalParallel
 from lcft.genomics.tokenizer import A, T
+from lcft.launch import launch, launched
 from lcft.parallel.config import ParallelConfig
-from lcft.parallel.evaluate import EvalParallel
-from lcft.parallel.evaluate import launch as launch_parallel
-from lcft.parallel.evaluate import launched as parallel_launched
 
 IGNORE = -100
 
@@ -198,11 +197,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
     `cfg.out` (nothing is written when an input is bad), and return the report (the content of eval.json).
     With `progress`, shows a progress bar over windows (print the table with report.print_table)."""
-    from lcft.evaluate.report import build_report, progress_bar, write_outputs
+    from lcft.evaluate.report import build_report, write_outputs
 
     cfg.validate()
-    if cfg.nproc > 1 and not parallel_launched():
-        return launch_parallel(cfg)  # torchrun starts the ranks; they run this function again
+    if cfg.nproc > 1 and not launched():
+        return launch("eval", cfg)  # torchrun starts the ranks; they run this function again
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
@@ -210,11 +209,26 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     device = _device(cfg.device)
     edges = bin_edges(ws.length, cfg.bins, cfg.bin_scale)
     parallel = None
-    if cfg.cp > 1 or parallel_launched():  # several ranks: lcft.parallel shards windows and splits batches
-        parallel = EvalParallel(ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv), device)
-        for info in infos:
-            parallel.check(ws.length, info.block_size(_default_block_size()), [info.max_context])
-        progress = progress and parallel.is_main
+    try:
+        if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
+            parallel = EvalParallel(ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv), device)
+            for info in infos:
+                parallel.check(ws.length, info.block_size(_default_block_size()), [info.max_context])
+            progress = progress and parallel.is_main
+        results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress)
+        report = build_report(cfg, ws, n_windows, infos, results, edges)
+        if parallel is None or parallel.is_main:
+            write_outputs(report, Path(cfg.out), cfg)
+    finally:
+        if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
+            parallel.close()
+    return report
+
+
+def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
+             parallel: EvalParallel | None, progress: bool) -> list[CheckpointResult]:
+    """Every checkpoint in turn over the split, under one progress bar."""
+    from lcft.evaluate.report import progress_bar
 
     results: list[CheckpointResult] = []
     cached: tuple[Path, torch.nn.Module] | None = None
@@ -230,9 +244,4 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
             advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
             results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance,
                                           parallel))
-    report = build_report(cfg, ws, n_windows, infos, results, edges)
-    if parallel is None or parallel.is_main:
-        write_outputs(report, Path(cfg.out), cfg)
-    if parallel is not None:
-        parallel.close()
-    return report
+    return results

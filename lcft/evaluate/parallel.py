@@ -1,19 +1,15 @@
-"""Context- and data-parallel evaluation: `lcft eval --nproc N --cp C` (the hooks lcft.evaluate calls).
+"""Context- and data-parallel evaluation: `lcft eval --nproc N --cp C` (the hooks lcft.evaluate.runner calls).
 
 cp ranks share each window (sharded as in training; per-token losses are all-gathered back into window order
 on every rank); the dp groups take turns over the batches of windows, and every rank receives all groups'
-results in window order, so rank 0 accumulates exactly what one process would. `launch` starts the ranks with
-torchrun, as `lcft train --nproc` does.
+results in window order, so rank 0 accumulates exactly what one process would. lcft.launch starts the ranks
+with torchrun, as for `lcft train --nproc`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,18 +17,12 @@ import torch.distributed as dist
 from torch import nn
 
 from lcft.errors import LcftError
+from lcft.launch import launched
 from lcft.parallel import comms
 from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
 from lcft.parallel.config import ParallelConfig
 from lcft.parallel.mesh import init_parallel
 from lcft.parallel.sharding import check_length
-
-LAUNCH_CONFIG = "eval-launch.toml"
-
-
-def launched() -> bool:
-    """True inside a torchrun launch (the process group is described by the environment)."""
-    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
 
 
 class EvalParallel:
@@ -100,48 +90,6 @@ class EvalParallel:
         return sorted((item for part in everyone for item in part), key=lambda t: t[0])
 
     def close(self) -> None:
+        """Under a launch (torchrun, `--nproc`), tear the process group down before the interpreter exits."""
         if dist.is_initialized() and launched():
             dist.destroy_process_group()
-
-
-def launch(cfg: Any) -> dict[str, Any]:
-    """Run `evaluate(cfg)` on cfg.nproc local processes through torchrun; returns rank 0's report."""
-    from lcft.config import save_resolved, to_dict
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = save_resolved(out / LAUNCH_CONFIG, to_dict(cfg))
-    (out / "eval.json").unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc}",
-           "-m", "lcft.parallel.evaluate", str(spec)]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
-    rc = subprocess.call(cmd, env=env)
-    spec.unlink(missing_ok=True)
-    if rc != 0:
-        raise LcftError(f"evaluation processes failed (torchrun exit code {rc}); the first error is printed above")
-    return json.loads((out / "eval.json").read_text())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Worker entry: `python -m lcft.parallel.evaluate CONFIG.toml` (under torchrun)."""
-    from lcft.config import build, load_toml
-    from lcft.evaluate.config import EvalConfig
-    from lcft.evaluate.runner import evaluate
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m lcft.parallel.evaluate CONFIG.toml (started by `lcft eval --nproc N`)",
-              file=sys.stderr)
-        return 2
-    try:
-        evaluate(build(EvalConfig, load_toml(args[0])))
-    except LcftError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

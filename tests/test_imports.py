@@ -1,0 +1,289 @@
+"""Import rules of the package: no cycle between modules, and the layering (model/kernels below parallel below
+train/evaluate below cli; genomics independent of the model; only the CLI entry point imports lcft.cli).
+
+The graph is read from the sources with `ast`: module-level and function-level imports, relative imports
+resolved, lazy re-export tables (`_EXPORTS = {"name": "lcft.x.y"}`) read as imports of their package.
+`from pkg import name` where pkg's __init__ re-exports `name` is an edge to the module that defines it (the
+__init__ is a facade, not a module of its own), and importing `pkg.sub` also runs the __init__ of every
+package on the way that the importer is not itself inside. Imports under `if TYPE_CHECKING:` never run:
+they count for the layering rules but not for cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import lcft
+
+ROOT = Path(lcft.__file__).parent
+
+# (importer prefix, forbidden target prefixes)
+LAYERS = [
+    ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
+    ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
+    ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli")),
+    ("lcft.genomics", ("lcft.model",)),
+]
+# Only the CLI itself and `python -m lcft` may import lcft.cli.
+CLI_ALLOWED = ("lcft.cli", "lcft.__main__")
+
+
+@dataclass
+class Edge:
+    """One import: `src` needs `dst` (a module of the package), written at `line`."""
+
+    src: str
+    dst: str
+    line: int
+    runs: bool = True  # False under `if TYPE_CHECKING:`
+
+    def __str__(self) -> str:
+        return f"{self.src} -> {self.dst} (line {self.line}{'' if self.runs else ', TYPE_CHECKING'})"
+
+
+@dataclass
+class Module:
+    """A parsed source file: its name, whether it is a package __init__, and its raw imports."""
+
+    name: str
+    is_package: bool
+    tree: ast.Module
+    reexports: dict[str, str] = field(default_factory=dict)  # name -> module it is imported from
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def read_modules(root: Path, top: str) -> dict[str, Module]:
+    """Every .py file under root (the directory of package `top`) by dotted module name."""
+    mods: dict[str, Module] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [top, *path.relative_to(root).with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        mods[name] = Module(name, is_package, ast.parse(path.read_text(), str(path)))
+    return mods
+
+
+def _package_of(mod: Module) -> str:
+    return mod.name if mod.is_package else mod.name.rpartition(".")[0]
+
+
+def _absolute(mod: Module, node: ast.ImportFrom) -> str:
+    """The absolute module name of `from <...> import` (relative levels resolved against the importer)."""
+    if not node.level:
+        return node.module or ""
+    base = _package_of(mod).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            t = node.test
+            if (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+                    isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"):
+                ids.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return ids
+
+
+def _raw_imports(mod: Module, mods: dict[str, Module]) -> list[tuple[str, str | None, int, bool]]:
+    """(module, imported name or None, line, runs) of every import statement anywhere in the file."""
+    typing_only = _type_checking_nodes(mod.tree)
+    out: list[tuple[str, str | None, int, bool]] = []
+    for node in ast.walk(mod.tree):
+        runs = id(node) not in typing_only
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno, runs) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(mod, node)
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((sub, None, node.lineno, runs) if sub in mods else (base, a.name, node.lineno, runs))
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and any(
+                isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            for v in node.value.values:  # a lazy re-export table: name -> "lcft.x.y"
+                if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                    out.append((v.value, None, node.lineno, runs))
+    return out
+
+
+def _collect_reexports(mods: dict[str, Module]) -> None:
+    """For every package __init__, which of its names come from which module (eager or lazy table)."""
+    for mod in mods.values():
+        if not mod.is_package:
+            continue
+        for node in mod.tree.body:
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute(mod, node)
+                for a in node.names:
+                    mod.reexports[a.asname or a.name] = base
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and any(
+                    isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+                for k, v in zip(node.value.keys, node.value.values, strict=True):
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant):
+                        mod.reexports[k.value] = v.value
+
+
+def _defining_module(pkg: str, name: str, mods: dict[str, Module]) -> str:
+    """Follow re-exports from package `pkg` to the module that defines `name` (pkg itself when it does)."""
+    seen = set()
+    while pkg in mods and mods[pkg].is_package and name in mods[pkg].reexports and pkg not in seen:
+        seen.add(pkg)
+        pkg = mods[pkg].reexports[name]
+        if f"{pkg}.{name}" in mods:
+            return f"{pkg}.{name}"
+    return pkg
+
+
+def build_graph(mods: dict[str, Module], top: str) -> list[Edge]:
+    """Every import edge between modules of package `top` (see the file docstring for the conventions)."""
+    _collect_reexports(mods)
+    edges: list[Edge] = []
+    for mod in mods.values():
+        for target, name, line, runs in _raw_imports(mod, mods):
+            if not _within(target, top):
+                continue
+            dst = _defining_module(target, name, mods) if name else target
+            while dst not in mods and "." in dst:  # `import lcft.x.y.attr`-like: the nearest module
+                dst = dst.rpartition(".")[0]
+            # Importing a.b.c runs a and a.b first, unless the importer lives inside them (already running).
+            parts = dst.split(".")
+            for i in range(1, len(parts)):
+                parent = ".".join(parts[:i])
+                if parent in mods and not _within(mod.name, parent):
+                    edges.append(Edge(mod.name, parent, line, runs))
+            if dst != mod.name:
+                edges.append(Edge(mod.name, dst, line, runs))
+    return edges
+
+
+def find_cycles(edges: list[Edge]) -> list[list[str]]:
+    """Strongly connected groups of more than one module over the edges that run (Tarjan), sorted."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if e.runs:
+            graph.setdefault(e.src, set()).add(e.dst)
+            graph.setdefault(e.dst, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
+def describe_cycle(group: list[str], edges: list[Edge]) -> str:
+    """The edges inside one strongly connected group, for the assertion message."""
+    inside = set(group)
+    lines = sorted({str(e) for e in edges if e.runs and e.src in inside and e.dst in inside})
+    return "cycle between " + ", ".join(group) + ":\n    " + "\n    ".join(lines)
+
+
+def layer_violations(edges: list[Edge], top: str = "lcft") -> list[str]:
+    """Every edge that breaks LAYERS or the lcft.cli rule."""
+    bad = []
+    for e in edges:
+        for src_prefix, forbidden in LAYERS:
+            src_prefix = src_prefix.replace("lcft", top, 1)
+            if _within(e.src, src_prefix) and any(_within(e.dst, f.replace("lcft", top, 1)) for f in forbidden):
+                bad.append(f"{e} breaks: {src_prefix} imports nothing from {', '.join(forbidden)}")
+        cli = f"{top}.cli"
+        if _within(e.dst, cli) and not any(_within(e.src, a.replace("lcft", top, 1)) for a in CLI_ALLOWED):
+            bad.append(f"{e} breaks: no library module imports {cli}")
+    return sorted(set(bad))
+
+
+@pytest.fixture(scope="module")
+def edges() -> list[Edge]:
+    return build_graph(read_modules(ROOT, "lcft"), "lcft")
+
+
+def test_no_import_cycles(edges):
+    cycles = find_cycles(edges)
+    assert not cycles, "import cycles:\n" + "\n".join(describe_cycle(g, edges) for g in cycles)
+
+
+def test_layering(edges):
+    bad = layer_violations(edges)
+    assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+def test_graph_sees_known_edges(edges):
+    """The reader finds imports of every kind (otherwise the two tests above would pass on an empty graph)."""
+    got = {(e.src, e.dst) for e in edges}
+    assert ("lcft.__main__", "lcft.cli.app") in got
+    assert ("lcft.model", "lcft.model.llama") in got  # eager re-export in an __init__
+    assert ("lcft.kernels", "lcft.kernels.loss") in got  # lazy _EXPORTS table
+    assert ("lcft.train.step", "lcft.kernels.loss") in got  # `from lcft.kernels import chunked_cross_entropy`
+    assert ("lcft.train.step", "lcft.parallel.apply") in {(e.src, e.dst) for e in edges if not e.runs}
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_checker_reports_cycles_and_violations(tmp_path):
+    """A synthetic package with a cycle through a function-level relative import, one hidden behind a
+    re-export, one under TYPE_CHECKING (not a cycle), and layering breaks."""
+    _write_tree(tmp_path / "lcft", {
+        "__init__.py": "",
+        "model/__init__.py": "from .core import Net\n",
+        "model/core.py": "class Net:\n    pass\n",
+        "model/bad.py": "def f():\n    from ..train import loop\n",
+        "train/__init__.py": "from lcft.train.loop import loop\n",
+        "train/loop.py": "from lcft.evaluate import run\n\ndef loop():\n    pass\n",
+        "evaluate/__init__.py": "_EXPORTS = {'run': 'lcft.evaluate.runner'}\n",
+        "evaluate/runner.py": "def run():\n    from . import helper\n",
+        "evaluate/helper.py": "from lcft.evaluate.runner import run\n",
+        "parallel/__init__.py": "",
+        "parallel/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lcft.train import loop\n",
+        "genomics/__init__.py": "import lcft.cli.app\n",
+        "cli/__init__.py": "",
+        "cli/app.py": "from lcft.model import Net\n",
+        "__main__.py": "from lcft.cli.app import main\n",
+    })
+    edges = build_graph(read_modules(tmp_path / "lcft", "lcft"), "lcft")
+    assert find_cycles(edges) == [["lcft.evaluate.helper", "lcft.evaluate.runner"]]
+    bad = layer_violations(edges)
+    assert any(b.startswith("lcft.model.bad -> lcft.train.loop") for b in bad), bad
+    assert any(b.startswith("lcft.parallel.x -> lcft.train.loop") and "TYPE_CHECKING" in b for b in bad), bad
+    assert any(b.startswith("lcft.genomics -> lcft.cli.app") for b in bad), bad
+    assert not any(b.startswith(("lcft.__main__", "lcft.cli.app")) for b in bad), bad
+    assert ("lcft.cli.app", "lcft.model.core") in {(e.src, e.dst) for e in edges}
