@@ -17,18 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lcft.config import ConfigError, format_size, save_resolved, to_dict
-
-HONEST_NOTE = (
-    "What this demo shows: the whole pipeline runs (prepare -> train at a short context -> continue at a long "
-    "context with sparse attention -> held-out loss by position). What it cannot show: a long-context gain. "
-    "A model this small trained for minutes learns little beyond base composition (the issue's probe: 1.34 nats "
-    "against 1.386 for a uniform guess, no position-dependent gain, under 0.1% against the short-context "
-    "control). 'continued vs base' mixes more training with longer context; only 'vs control' (the same "
-    "weights cut to the base context) isolates the context, and at this scale expect no gain from it, least of "
-    "all one growing toward the window end. The settings were chosen to fit the time budget, not tuned for a gain; "
-    "the finding needs the full-scale run (see README)."
-)
+from lcft.config import ConfigError, Size, format_size, save_resolved, to_dict
 
 
 @dataclass
@@ -37,9 +26,9 @@ class DemoConfig:
 
     out: str = "demo-out"
     """Folder for everything the demo writes (data/, init/, runs/base, runs/long, report/)."""
-    length: int = 32768
+    length: Size = 32768
     """Window length in tokens: the long context of the continued model and of the evaluation."""
-    base_context: int = 1024
+    base_context: Size = 1024
     """Context of the base model's training (and of the control: the continued model cut to it)."""
     steps: int = 64
     """Training steps of the base model at base_context."""
@@ -73,7 +62,7 @@ class DemoConfig:
     seed: int = 0
     """Seed of the model initialisation and of the data order."""
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in ("length", "base_context", "steps", "long_steps", "base_batch", "long_batch", "bins"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -106,7 +95,7 @@ def _write_init(cfg: DemoConfig, folder: Path) -> bool:
     return True
 
 
-def _train_stage(tcfg: Any) -> tuple[Path, str]:
+def train_stage(tcfg: Any) -> tuple[Path, str]:
     """Run (or finish, or skip) one training run; returns its final checkpoint and what happened."""
     from lcft.errors import LcftError
     from lcft.train import latest_checkpoint, train
@@ -146,102 +135,170 @@ def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
     return report if hashes == [c["weights_sha256"] for c in report["checkpoints"]] else None
 
 
+def _pct(a: float, b: float) -> str:
+    return f"{100 * (a / b - 1):+.2f}%"
+
+
 def summary_lines(report: dict) -> list[str]:
     """Plain statements of what the report measured: continued vs base, and continued vs its control overall
     and in the first and last tenth of the window (the published finding is a gain growing toward the end)."""
     base, long, ctrl = report["checkpoints"]
-
-    def pct(a: float, b: float) -> str:
-        return f"{100 * (a / b - 1):+.2f}%"
-
-    lines = [
+    return [
         "(+ = higher held-out loss than the reference, i.e. worse; - = lower, better)",
-        f"continued vs base: {pct(long['loss'], base['loss'])} overall "
+        f"continued vs base: {_pct(long['loss'], base['loss'])} overall "
         f"({long['loss']:.4f} vs {base['loss']:.4f} nats; uniform guess {report['uniform']['loss']:.4f})",
         f"continued at the full window vs the same model cut to {format_size(ctrl['max_context'])}: "
-        f"{pct(long['loss'], ctrl['loss'])} overall, {pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
-        f"in the first tenth of the window, {pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last",
+        f"{_pct(long['loss'], ctrl['loss'])} overall, {_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
+        f"in the first tenth of the window, {_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last",
     ]
-    return lines
+
+
+def demo_note(report: dict) -> str:
+    """What the demo shows and what it cannot, with this run's own figures from its report."""
+    _, long, ctrl = report["checkpoints"]
+    uniform = report["uniform"]["loss"]
+    return (
+        "What this demo shows: the whole pipeline runs (prepare -> train at a short context -> continue at a long "
+        "context with sparse attention -> held-out loss by position). What it cannot show: a long-context gain. "
+        f"A model this small trained for minutes learns little beyond base composition (this run: "
+        f"{long['loss']:.3f} nats against {uniform:.3f} for a uniform guess; against the short-context control "
+        f"{_pct(long['loss'], ctrl['loss'])} overall, {_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
+        f"in the first tenth of the window, {_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the "
+        "last). 'continued vs base' mixes more training with longer context; only 'vs control' (the same "
+        "weights cut to the base context) isolates the context, and at this scale expect no gain from it, least "
+        "of all one growing toward the window end. The settings were chosen to fit the time budget, not tuned "
+        "for a gain; the finding needs the full-scale run (see README)."
+    )
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Where each stage writes, under the demo's --out folder."""
+
+    out: Path
+
+    @property
+    def data(self) -> Path:
+        return self.out / "data"
+
+    @property
+    def init(self) -> Path:
+        return self.out / "init"
+
+    @property
+    def runs(self) -> Path:
+        return self.out / "runs"
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report"
+
+
+def prepare_stage(cfg: DemoConfig, data: Path, progress: bool) -> str:
+    """Windows of cfg.length tokens from the bundled sample: chr2 to train on, chr22 held out."""
+    from lcft.genomics import prepare_windows, sample_fasta
+
+    m = prepare_windows(fasta=str(sample_fasta()), out=str(data), length=cfg.length, train=("chr2",),
+                        eval=("chr22",), progress=progress)
+    n = {s: v.get("windows", "?") for s, v in m["splits"].items()}
+    return f"{n.get('train')} train windows (chr2), {n.get('eval')} held-out windows (chr22) of {format_size(cfg.length)}"
+
+
+def init_stage(cfg: DemoConfig, folder: Path) -> str:
+    return "written" if _write_init(cfg, folder) else "there before, kept"
+
+
+def base_train_config(cfg: DemoConfig, paths: DemoPaths, progress: bool) -> Any:
+    """The base run: dense attention at base_context, from the fresh model."""
+    from lcft.train import TrainConfig
+
+    return TrainConfig(**_train_common(cfg, paths, progress, cfg.steps), out=str(paths.runs / "base"),
+                       init=str(paths.init), attention="dense", seq_len=cfg.base_context, steps=cfg.steps,
+                       global_batch=cfg.base_batch, micro_batch=cfg.base_batch, lr=cfg.lr)
+
+
+def long_train_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, progress: bool) -> Any:
+    """The continued run: sparse attention at the full window, from the base run's final checkpoint."""
+    from lcft.train import TrainConfig
+
+    return TrainConfig(**_train_common(cfg, paths, progress, cfg.long_steps), out=str(paths.runs / "long"),
+                       init=str(base_checkpoint), attention="sparse", seq_len=cfg.length, steps=cfg.long_steps,
+                       global_batch=cfg.long_batch, micro_batch=cfg.long_batch, lr=cfg.long_lr)
+
+
+def _train_common(cfg: DemoConfig, paths: DemoPaths, progress: bool, steps: int) -> dict[str, Any]:
+    return dict(data=str(paths.data), seed=cfg.seed, save_every=0, keep_last=1, progress=progress,
+                precision="fp32", warmup=max(1, steps // 10))
+
+
+def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_checkpoint: Path) -> Any:
+    """Base at its own context, the continued model at the full window, and the continued model cut to the
+    base context (the control)."""
+    from lcft.evaluate.config import EvalConfig
+
+    short = format_size(cfg.base_context)
+    return EvalConfig(
+        data=str(paths.data), checkpoints=(str(base_checkpoint), str(long_checkpoint), str(long_checkpoint)),
+        labels=(f"base@{short}", f"long@{format_size(cfg.length)}", f"long@{short} (control)"),
+        max_context=(cfg.base_context, 0, cfg.base_context), bins=cfg.bins, max_windows=cfg.eval_windows,
+        batch_size=cfg.eval_batch, device="cpu", out=str(paths.report))
+
+
+def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, Any], str]:
+    """The report (made now, or the current one kept) and what happened."""
+    from lcft.evaluate.runner import evaluate
+
+    report = _eval_is_current(report_dir, ecfg)
+    if report is not None:
+        return report, "done before with the same options and weights, skipped"
+    report = evaluate(ecfg, progress=progress)
+    return report, f"{report['data']['windows']} held-out windows x 3"
+
+
+def timed(number: int, title: str, fn: Callable[[], tuple[Any, str]], log: Callable[[str], None]
+          ) -> tuple[Any, dict[str, Any]]:
+    """Run one stage under its heading: (its result, {"seconds", "cpu_seconds", "result": what happened})."""
+    log(f"[bold]{number}/5 {title}[/]")
+    t0, c0 = time.perf_counter(), time.process_time()
+    value, how = fn()
+    # CPU seconds (all threads) next to wall seconds: on a shared machine the wall time says little.
+    timing = {"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
+              "result": how}
+    log(f"    {how} in {timing['seconds']:.0f} s")
+    return value, timing
 
 
 def run_demo(cfg: DemoConfig, *, progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every stage (skipping finished ones) and return {"report": eval report, "stages": timings, ...}."""
-    from lcft.evaluate.config import EvalConfig
-    from lcft.evaluate.runner import evaluate
-    from lcft.genomics import prepare_windows, sample_fasta
-    from lcft.train import TrainConfig
-
-    cfg.validate()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_resolved(out / "demo.toml", to_dict(cfg))
-    data, init, runs, report_dir = out / "data", out / "init", out / "runs", out / "report"
-    stages: dict[str, dict[str, Any]] = {}
+    paths = DemoPaths(Path(cfg.out))
+    paths.out.mkdir(parents=True, exist_ok=True)
+    save_resolved(paths.out / "demo.toml", to_dict(cfg))
     t_all = time.perf_counter()
+    stages: dict[str, dict[str, Any]] = {}
+    length, short = format_size(cfg.length), format_size(cfg.base_context)
 
-    def stage(name: str, title: str, fn: Callable[[], str]) -> None:
-        log(f"[bold]{len(stages) + 1}/5 {title}[/]")
-        t0, c0 = time.perf_counter(), time.process_time()
-        how = fn()
-        # CPU seconds (all threads) next to wall seconds: on a shared machine the wall time says little.
-        stages[name] = {"seconds": round(time.perf_counter() - t0, 1),
-                        "cpu_seconds": round(time.process_time() - c0, 1), "result": how}
-        log(f"    {how} in {stages[name]['seconds']:.0f} s")
+    _, stages["prepare"] = timed(1, f"prepare {length}-token windows from the bundled human sample",
+                                 lambda: (None, prepare_stage(cfg, paths.data, progress)), log)
+    _, stages["init"] = timed(2, "write a fresh model", lambda: (None, init_stage(cfg, paths.init)), log)
+    base, stages["base"] = timed(3, f"train the base model at {short} tokens", lambda: _described(
+        train_stage(base_train_config(cfg, paths, progress)),
+        f"{cfg.steps} steps x {cfg.base_batch} x {short} tokens, dense"), log)
+    long, stages["long"] = timed(4, f"continue it at {length} tokens with sparse attention", lambda: _described(
+        train_stage(long_train_config(cfg, paths, base, progress)),
+        f"{cfg.long_steps} steps x {cfg.long_batch} x {length} tokens, sparse attention"), log)
+    report, stages["eval"] = timed(5, "evaluate on the held-out chr22 windows", lambda: eval_stage(
+        eval_config(cfg, paths, base, long), paths.report, progress), log)
 
-    def prepare() -> str:
-        m = prepare_windows(fasta=str(sample_fasta()), out=str(data), length=cfg.length, train=("chr2",),
-                            eval=("chr22",), progress=progress)
-        n = {s: v.get("windows", "?") for s, v in m["splits"].items()}
-        return f"{n.get('train')} train windows (chr2), {n.get('eval')} held-out windows (chr22) of {format_size(cfg.length)}"
+    summary = {"total_seconds": round(time.perf_counter() - t_all, 1),
+               "total_cpu_seconds": round(sum(v["cpu_seconds"] for v in stages.values()), 1),
+               "stages": stages, "report_dir": str(paths.report),
+               "plot": str(paths.report / "loss_by_position.png"), "summary": summary_lines(report),
+               "note": demo_note(report)}
+    (paths.out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return {**summary, "report": report}
 
-    stage("prepare", f"prepare {format_size(cfg.length)}-token windows from the bundled human sample", prepare)
-    stage("init", "write a fresh model", lambda: "written" if _write_init(cfg, init) else "there before, kept")
 
-    common = dict(data=str(data), seed=cfg.seed, save_every=0, keep_last=1, progress=progress, precision="fp32",
-                  warmup=max(1, cfg.steps // 10))
-    base_cfg = TrainConfig(out=str(runs / "base"), init=str(init), attention="dense", seq_len=cfg.base_context,
-                           steps=cfg.steps, global_batch=cfg.base_batch, micro_batch=cfg.base_batch, lr=cfg.lr,
-                           **common)
-    ckpts: dict[str, Path] = {}
-
-    def base() -> str:
-        ckpts["base"], how = _train_stage(base_cfg)
-        return f"{how}: {cfg.steps} steps x {cfg.base_batch} x {format_size(cfg.base_context)} tokens, dense"
-
-    stage("base", f"train the base model at {format_size(cfg.base_context)} tokens", base)
-
-    def long() -> str:
-        long_cfg = TrainConfig(**{**common, "warmup": max(1, cfg.long_steps // 10)}, out=str(runs / "long"),
-                               init=str(ckpts["base"]), attention="sparse", seq_len=cfg.length,
-                               steps=cfg.long_steps, global_batch=cfg.long_batch, micro_batch=cfg.long_batch,
-                               lr=cfg.long_lr)
-        ckpts["long"], how = _train_stage(long_cfg)
-        return (f"{how}: {cfg.long_steps} steps x {cfg.long_batch} x {format_size(cfg.length)} tokens, "
-                "sparse attention")
-
-    stage("long", f"continue it at {format_size(cfg.length)} tokens with sparse attention", long)
-
-    short = format_size(cfg.base_context)
-    ecfg = EvalConfig(
-        data=str(data), checkpoints=(str(ckpts["base"]), str(ckpts["long"]), str(ckpts["long"])),
-        labels=(f"base@{short}", f"long@{format_size(cfg.length)}", f"long@{short} (control)"),
-        max_context=(cfg.base_context, 0, cfg.base_context), bins=cfg.bins, max_windows=cfg.eval_windows,
-        batch_size=cfg.eval_batch, device="cpu", out=str(report_dir))
-    result: dict[str, Any] = {}
-
-    def evaluation() -> str:
-        result["report"] = _eval_is_current(report_dir, ecfg)
-        if result["report"] is not None:
-            return "done before with the same options and weights, skipped"
-        result["report"] = evaluate(ecfg, progress=progress)
-        return f"{result['report']['data']['windows']} held-out windows x 3"
-
-    stage("eval", "evaluate on the held-out chr22 windows", evaluation)
-    total = round(time.perf_counter() - t_all, 1)
-    summary = {"total_seconds": total, "total_cpu_seconds": round(sum(v["cpu_seconds"] for v in stages.values()), 1),
-               "stages": stages, "report_dir": str(report_dir),
-               "plot": str(report_dir / "loss_by_position.png"), "summary": summary_lines(result["report"]),
-               "note": HONEST_NOTE}
-    (out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return {**summary, "report": result["report"]}
+def _described(result: tuple[Path, str], what: str) -> tuple[Path, str]:
+    """(checkpoint, "trained: <what>") from a training stage's (checkpoint, how)."""
+    checkpoint, how = result
+    return checkpoint, f"{how}: {what}"
