@@ -1,0 +1,114 @@
+"""Run and checkpoint folder layout: which folder a path means, a run's checkpoints, and a checkpoint's
+metadata and tokenizer compatibility with prepared data.
+
+Layout: `<run>/config.toml` (resolved), `<run>/metrics.jsonl`, `<run>/checkpoints/step-00000080/` = the model in
+HF layout (`config.json`, `model.safetensors`, `lcft.json`), the resolved `config.toml`, and `trainer_state/`.
+A checkpoint folder exists under its final name only once complete (written as `.tmp-step-N`, then renamed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from lcft.errors import LcftError
+from lcft.files import read_json
+from lcft.model.io import CONFIG as MODEL_CONFIG
+from lcft.model.io import LCFT as MODEL_META
+
+CHECKPOINTS = "checkpoints"
+STEP_DIR = re.compile(r"step-(\d{8,})")  # step_name's output; temp folders of interrupted saves do not match
+TMP_PREFIX = ".tmp-"
+STATE_DIR = "trainer_state"
+RUN_CONFIG = "config.toml"
+
+
+def step_name(step: int) -> str:
+    """step 80 -> 'step-00000080'."""
+    return f"step-{step:08d}"
+
+
+def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, folder) of a run's complete checkpoints, oldest first."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The run's checkpoint with the highest step, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A model folder (a checkpoint, or any HF folder with config.json) -> itself; a run folder -> its latest
+    checkpoint."""
+    p = Path(path)
+    if not p.exists():
+        raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)")
+    if not p.is_dir():
+        raise LcftError(f"checkpoint must be a folder (a run, a checkpoint, or an HF model folder): {p}")
+    if (p / MODEL_CONFIG).is_file():
+        return p
+    if checkpoints_dir(p).is_dir():
+        latest = latest_checkpoint(p)
+        if latest is None:
+            raise LcftError(f"run folder {p} has no complete checkpoint under {checkpoints_dir(p)} yet")
+        return latest
+    raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
+
+
+def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path:
+    """'auto' -> the latest checkpoint of run_dir; a run folder -> its latest; a checkpoint folder -> itself.
+    The result holds trainer state (an HF folder without it cannot be resumed, only used as --init)."""
+    if resume == "auto":
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise LcftError(f"--resume auto: no checkpoint in {checkpoints_dir(run_dir)} "
+                            "(drop --resume to start a new run)")
+        return ckpt
+    p = Path(resume)
+    if (p / STATE_DIR).is_dir():
+        return p
+    if p.is_dir() and (ckpt := latest_checkpoint(p)) is not None:
+        return ckpt
+    raise LcftError(f"--resume {resume}: not a checkpoint folder (no {STATE_DIR}/) nor a run with checkpoints")
+
+
+def read_model_config(ckpt: Path) -> dict[str, Any]:
+    """config.json of a model folder, as recorded."""
+    if not (ckpt / MODEL_CONFIG).is_file():
+        raise LcftError(f"{ckpt}: no {MODEL_CONFIG}; not a model checkpoint folder")
+    return read_json(ckpt / MODEL_CONFIG)
+
+
+def read_model_meta(ckpt: Path) -> dict[str, Any]:
+    """lcft.json of a model folder (attention settings, tokenizer spec); {} for a folder transformers wrote."""
+    return read_json(ckpt / MODEL_META) if (ckpt / MODEL_META).is_file() else {}
+
+
+def _describe(spec: dict[str, Any]) -> str:
+    return f"{spec.get('name', '?')} with {spec.get('vocab_size', '?')} tokens"
+
+
+def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
+    """A model folder must read the data's vocabulary: the tokenizer spec it records (ours do, in lcft.json)
+    equals the data's, and config.json's vocab_size equals the data's (both checked: a spec alone would let a
+    resized embedding through)."""
+    spec = read_model_meta(ckpt).get("tokenizer")
+    if spec is not None and spec != data_tokenizer:
+        raise LcftError(f"checkpoint {ckpt} was trained with a different tokenizer than the data "
+                        f"({_describe(spec)} vs {_describe(data_tokenizer)})")
+    vocab, want = read_model_config(ckpt).get("vocab_size"), data_tokenizer.get("vocab_size")
+    if vocab != want:
+        raise LcftError(f"{ckpt}: vocab_size {vocab} differs from the data tokenizer's {want} "
+                        "(a model of another vocabulary cannot read these windows)")

@@ -1,0 +1,62 @@
+"""lcft.files: atomic replacement keeps the old file on failure, chunked hashes equal hashlib's, JSON errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+import lcft.files as files
+from lcft.errors import LcftError
+from lcft.files import atomic_open, atomic_write, file_hash, read_json
+
+
+def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):
+    p = tmp_path / "a.txt"
+    atomic_write(p, "old\n")
+    atomic_write(p, b"new\n", fsync=True)
+    assert p.read_bytes() == b"new\n"
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+def test_failure_midway_keeps_the_old_file(tmp_path):
+    p = tmp_path / "a.json"
+    p.write_text("complete")
+    with pytest.raises(RuntimeError), atomic_open(p, "w") as fh:
+        fh.write("half")
+        raise RuntimeError("killed")
+    assert p.read_text() == "complete"
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]
+
+
+def test_a_writer_may_close_the_handle_itself(tmp_path):
+    p = tmp_path / "b.bin"
+    with atomic_open(p, "wb") as fh:
+        fh.write(b"xyz")
+        fh.close()  # as Bio's BgzfWriter does with a file object it was given
+    assert p.read_bytes() == b"xyz"
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "md5"])
+def test_file_hash_matches_hashlib_across_chunks(tmp_path, monkeypatch, algorithm):
+    data = os.urandom(1000)
+    p = tmp_path / "d"
+    p.write_bytes(data)
+    monkeypatch.setattr(files, "HASH_CHUNK", 7)  # many reads, the last one short
+    assert file_hash(p, algorithm).hexdigest() == hashlib.new(algorithm, data).hexdigest()
+    assert file_hash(p, algorithm, upto=333).hexdigest() == hashlib.new(algorithm, data[:333]).hexdigest()
+    assert file_hash(p, algorithm, upto=0).hexdigest() == hashlib.new(algorithm).hexdigest()
+
+
+def test_read_json_errors_name_the_file(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"a": 1}')
+    assert read_json(p) == {"a": 1}
+    for text, message in (("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object")):
+        p.write_text(text)
+        with pytest.raises(LcftError, match=message) as e:
+            read_json(p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(LcftError, match="cannot read"):
+        read_json(tmp_path / "missing.json")

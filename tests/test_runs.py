@@ -1,0 +1,82 @@
+"""lcft.runs: which folder a path means (run -> latest checkpoint), resume lookup, and the tokenizer check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.genomics.tokenizer import tokenizer_spec
+from lcft.runs import check_tokenizer, latest_checkpoint, list_checkpoints, resolve_checkpoint, resolve_resume
+
+
+def model_folder(p: Path, vocab_size: int = 16, tokenizer: dict | None = None, state: bool = False) -> Path:
+    """A folder with config.json (and lcft.json when a tokenizer is given): what the layout checks read."""
+    p.mkdir(parents=True)
+    (p / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": vocab_size}))
+    if tokenizer is not None:
+        (p / "lcft.json").write_text(json.dumps({"tokenizer": tokenizer}))
+    if state:
+        (p / "trainer_state").mkdir()
+    return p
+
+
+def make_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    for step in (2, 10, 9):
+        model_folder(run / "checkpoints" / f"step-{step:08d}", state=True)
+    model_folder(run / "checkpoints" / ".tmp-step-00000012")  # a save cut short: not a checkpoint
+    model_folder(run / "checkpoints" / "step-99")  # not a name the trainer writes
+    return run
+
+
+def test_run_folder_means_its_highest_complete_step(tmp_path):
+    run = make_run(tmp_path)
+    ckpts = run / "checkpoints"
+    assert [s for s, _ in list_checkpoints(run)] == [2, 9, 10]
+    assert latest_checkpoint(run) == resolve_checkpoint(run) == ckpts / "step-00000010"
+    assert resolve_checkpoint(ckpts / "step-00000002") == ckpts / "step-00000002"
+    hf = model_folder(tmp_path / "hf")  # a folder transformers wrote
+    assert resolve_checkpoint(hf) == hf
+    assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_resolve_checkpoint_errors(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "fresh" / "checkpoints").mkdir(parents=True)
+    for name, message in (("nope", "checkpoint not found"), ("file", "must be a folder"),
+                          ("empty", "not a run folder"), ("fresh", "no complete checkpoint")):
+        with pytest.raises(LcftError, match=message):
+            resolve_checkpoint(tmp_path / name)
+
+
+def test_resume_lookup(tmp_path):
+    run = make_run(tmp_path)
+    ckpts = run / "checkpoints"
+    assert resolve_resume("auto", run) == ckpts / "step-00000010"
+    assert resolve_resume(str(run), tmp_path / "other") == ckpts / "step-00000010"
+    assert resolve_resume(str(ckpts / "step-00000009"), run) == ckpts / "step-00000009"
+    with pytest.raises(LcftError, match="no checkpoint in"):
+        resolve_resume("auto", tmp_path / "other")
+    with pytest.raises(LcftError, match="not a checkpoint folder"):
+        resolve_resume(str(model_folder(tmp_path / "hf")), run)  # no trainer state to resume
+
+
+def test_tokenizer_check_needs_equal_spec_and_equal_vocab_size(tmp_path):
+    data = tokenizer_spec()
+    check_tokenizer(model_folder(tmp_path / "ours", tokenizer=data), data)
+    check_tokenizer(model_folder(tmp_path / "hf"), data)  # no lcft.json: config.json's vocab_size decides
+    other = {**data, "name": "dna-kmer3", "vocab_size": 80}
+    with pytest.raises(LcftError, match="different tokenizer"):
+        check_tokenizer(model_folder(tmp_path / "kmer", vocab_size=80, tokenizer=other), data)
+    # the recorded spec matches but the embedding was resized: still not readable with these windows
+    with pytest.raises(LcftError, match=f"vocab_size 32 differs from the data tokenizer's {data['vocab_size']}"):
+        check_tokenizer(model_folder(tmp_path / "resized", vocab_size=32, tokenizer=data), data)
+    with pytest.raises(LcftError, match="vocab_size 32"):
+        check_tokenizer(model_folder(tmp_path / "hf32", vocab_size=32), data)
+    (tmp_path / "ours" / "lcft.json").write_text("{cut")
+    with pytest.raises(LcftError, match="lcft.json: not valid JSON"):
+        check_tokenizer(tmp_path / "ours", data)
