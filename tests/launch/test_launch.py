@@ -1,0 +1,56 @@
+"""The launcher's worker entry (`python -m lcft.launch JOB CONFIG.toml`) and an eval launch that fails on
+every rank: one error line (rank 0's), the temporary config removed, no stale report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lcft.config import save_resolved, to_dict
+from lcft.errors import LcftError
+from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.runner import evaluate
+from lcft.launch.__main__ import main
+
+
+def test_worker_refuses_a_bad_command_line(capsys):
+    assert main([]) == 2
+    assert main(["export", "x.toml"]) == 2
+    assert capsys.readouterr().err.count("usage: python -m lcft.launch {train,eval} CONFIG.toml") == 2
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_worker_prints_a_user_error_on_rank_0_only(tmp_path, capsys, monkeypatch, rank):
+    cfg = EvalConfig(data=str(tmp_path / "missing"), checkpoints=(str(tmp_path / "model"),), out=str(tmp_path / "r"))
+    with pytest.raises(LcftError) as direct:  # the same job run in this process: the message to expect
+        evaluate(cfg)
+    spec = save_resolved(tmp_path / "eval.toml", to_dict(cfg))
+    monkeypatch.setenv("RANK", rank)
+    assert main(["eval", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {direct.value}\n" if rank == "0" else "")
+
+
+@pytest.mark.distributed
+def test_eval_launch_failing_on_every_rank(tmp_path, capfd):
+    from lcft.genomics import prepare_windows, sample_fasta
+    from lcft.model import Llama, LlamaConfig, save_pretrained
+
+    data = tmp_path / "data"
+    prepare_windows(fasta=str(sample_fasta()), out=str(data), length=2048, train=("chr2",), eval=("chr22",))
+    torch.manual_seed(0)
+    save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)), tmp_path / "model")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "eval.json").write_text("{}")  # a report from before must not be taken for this run's
+    # 768 does not divide the 2048-token window: every rank refuses it once the cp group is known.
+    cfg = EvalConfig(data=str(data), checkpoints=(str(tmp_path / "model"),), max_context=(768,), max_windows=1,
+                     out=str(out), nproc=2, cp=2)
+    capfd.readouterr()
+    with pytest.raises(LcftError, match=r"evaluation processes failed \(torchrun exit code 1\)"):
+        evaluate(cfg)
+    err = capfd.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "768" in errors[0], err[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == []
