@@ -18,6 +18,7 @@ from lcft.errors import LcftError
 from lcft.model.attention import Attention
 from lcft.model.config import LlamaConfig
 from lcft.model.layers import MLP, RMSNorm
+from lcft.model.moe import MoE, load_balancing_loss
 from lcft.model.rope import RotaryEmbedding
 
 # Tokens per chunk of a block's token-wise work under block checkpointing: the tiny preset's chunk transients
@@ -27,22 +28,28 @@ DEFAULT_SEQ_CHUNK = 4096
 
 
 class Block(nn.Module):
-    """One pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.))."""
+    """One pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.)); the MLP is Mixtral's mixture of
+    experts when the config has num_local_experts."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp: nn.Module = (MoE(cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts,
+                                   cfg.num_experts_per_tok)
+                               if cfg.num_local_experts else MLP(cfg.hidden_size, cfg.intermediate_size))
+        self.router_stats = bool(cfg.num_local_experts and cfg.output_router_logits)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_chunk: int = 0) -> torch.Tensor:
-        """seq_chunk > 0: the token-wise work (norms, projections, RoPE, MLP) runs seq_chunk tokens at a time,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_chunk: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (output (B, L, H), the MoE router statistics (2, E) when the load-balancing loss is on, else None).
+        seq_chunk > 0: the token-wise work (norms, projections, RoPE, MLP) runs seq_chunk tokens at a time,
         each chunk under its own checkpoint when grad is on, so its transients are chunk-sized; only the
         attention core sees the whole sequence. Same numbers as the plain path."""
         if seq_chunk <= 0 or x.shape[1] <= seq_chunk:
             h = x + self.attn(self.attn_norm(x), cos, sin)  # (B, L, H)
-            return h + self.mlp(self.mlp_norm(h))  # (B, L, H)
+            return self._mlp(h)
         xs = x.split(seq_chunk, dim=1)  # (B, C, H) each; split, not narrow: one backward node, no full-size zeros
         cs, ss = cos.split(seq_chunk, dim=2), sin.split(seq_chunk, dim=2)  # (B or 1, 1, C, D/2) each
         qkv = [_per_chunk(self._qkv, xc, c, s) for xc, c, s in zip(xs, cs, ss, strict=True)]
@@ -51,15 +58,22 @@ class Block(nn.Module):
         out = self.attn.core(q, k, v)  # (B, Hq, L, D)
         del q, k, v
         outs = out.split(seq_chunk, dim=2)  # (B, Hq, C, D) each
-        return torch.cat([_per_chunk(self._tail, xc, oc) for xc, oc in zip(xs, outs, strict=True)], dim=1)
+        parts = [_per_chunk(self._tail, xc, oc) for xc, oc in zip(xs, outs, strict=True)]
+        stats = torch.stack([p[1] for p in parts]).sum(0) if self.router_stats else None  # (2, E)
+        return torch.cat([p[0] for p in parts], dim=1), stats  # (B, L, H)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.attn.qkv(self.attn_norm(x), cos, sin)  # (B, Hq or Hkv, C, D) each
 
-    def _tail(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        h = x + self.attn.out_proj(out)  # (B, C, H)
-        return h + self.mlp(self.mlp_norm(h))  # (B, C, H)
+    def _tail(self, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._mlp(x + self.attn.out_proj(out))  # (B, C, H)
+
+    def _mlp(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if isinstance(self.mlp, MoE):
+            y, stats = self.mlp(self.mlp_norm(h), with_stats=self.router_stats)  # (B, L, H), (2, E) | None
+            return h + y, stats
+        return h + self.mlp(self.mlp_norm(h)), None  # (B, L, H)
 
 
 def _per_chunk(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
@@ -84,14 +98,19 @@ class Llama(nn.Module):
         self.checkpointing: Literal["none", "block"] = "none"
         self.offload = False
         self.seq_chunk = 0
+        self.aux_loss: torch.Tensor | None = None
+        """MoE load-balancing loss of the last hidden_states call (when output_router_logits), unscaled."""
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """HF's initialisation: normal(0, initializer_range) for linear and embedding weights, ones for norms."""
+        """HF's initialisation: normal(0, initializer_range) for linear and embedding weights, zero biases,
+        ones for norms."""
         for m in self.modules():
             if isinstance(m, nn.Linear | nn.Embedding):
                 m.weight.normal_(0.0, self.config.initializer_range)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
 
@@ -140,11 +159,19 @@ class Llama(nn.Module):
         pos = self.positions(input_ids, position_ids, position_offset)
         cos, sin = self.rotary(pos, seq_len=rope_seq_len)  # (B or 1, 1, L, D/2) fp32
         x = self.embed_tokens(input_ids)  # (B, L, H)
+        stats = []
         for block in self.layers:
-            x = self._run_block(block, x, cos, sin)
+            x, s = self._run_block(block, x, cos, sin)
+            if s is not None:
+                stats.append(s)
+        self.aux_loss = None
+        if stats:  # HF: one loss over the router outputs of all layers together
+            rows = input_ids.numel() * len(stats)
+            self.aux_loss = load_balancing_loss(torch.stack(stats).sum(0), rows, self.config.num_local_experts)
         return self.norm(x)  # (B, L, H)
 
-    def _run_block(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _run_block(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = self.seq_chunk
         if not torch.is_grad_enabled():
             return block(x, cos, sin, n)

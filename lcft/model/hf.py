@@ -1,0 +1,321 @@
+"""HuggingFace checkpoints of the five families lcft trains (Llama, Mistral, Qwen2, Qwen3, Mixtral): one table of
+config.json fields used both ways, parameter names, and safetensors weights read and written tensor by tensor
+(single file or shards with an index, fp32/bf16/fp16)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from lcft.errors import LcftError
+from lcft.model.config import AttentionConfig, LlamaConfig, normalize_rope_scaling
+
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
+
+# config.json keys that every family reads and writes under the same name as the LlamaConfig field.
+COMMON = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+          "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# Keys that describe the file or generation, not the network: read past, never an error.
+METADATA = frozenset({"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype",
+                      "dtype", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+                      "tokenizer_class", "max_length", "min_length", "do_sample", "temperature", "top_p",
+                      "top_k", "num_beams", "_attn_implementation_autoset", "bad_words_ids"})
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one HF architecture class maps onto LlamaConfig."""
+
+    model_type: str
+    architecture: str
+    fields: tuple[str, ...] = ()
+    """Family-specific keys stored under the LlamaConfig field's own name."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """config.json keys whose only value lcft honours (written on export, checked on load)."""
+    implied: dict[str, Any] = field(default_factory=dict)
+    """LlamaConfig fields the class fixes (set on load; a model with other values cannot be exported as it)."""
+    shared_bias: bool = False
+    """config.json `attention_bias` puts a bias on q, k, v and o_proj (Llama, Qwen3)."""
+    window: str | None = None
+    """'plain' = `sliding_window` for every layer (Mistral, Mixtral); 'qwen' = use_sliding_window +
+    max_window_layers / layer_types."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """transformers' defaults of this class for keys a config.json may leave out."""
+
+
+_NO_MOE = {"num_local_experts": 0, "output_router_logits": False}
+_PLAIN_ATTN = {"attention_bias": False, "o_proj_bias": False, "qk_norm": False}
+_BASE_FIXED = {"hidden_act": "silu", "attention_dropout": 0.0}
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (
+    Family("llama", "LlamaForCausalLM", fixed={**_BASE_FIXED, "mlp_bias": False, "pretraining_tp": 1},
+           implied={**_NO_MOE, "qk_norm": False, "sliding_window": None}, shared_bias=True,
+           defaults={"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}),
+    Family("mistral", "MistralForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, **_PLAIN_ATTN},
+           window="plain", defaults={"max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                                     "rope_theta": 10000.0, "sliding_window": 4096}),
+    Family("qwen2", "Qwen2ForCausalLM", fixed=dict(_BASE_FIXED),
+           implied={**_NO_MOE, "attention_bias": True, "o_proj_bias": False, "qk_norm": False}, window="qwen",
+           defaults={"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}),
+    Family("qwen3", "Qwen3ForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, "qk_norm": True},
+           shared_bias=True, window="qwen",
+           defaults={"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}),
+    Family("mixtral", "MixtralForCausalLM",
+           fields=("num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef"),
+           fixed={**_BASE_FIXED, "router_jitter_noise": 0.0}, implied=dict(_PLAIN_ATTN), window="plain",
+           defaults={"max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
+                     "router_aux_loss_coef": 0.001}),
+)}
+BY_TYPE = {f.model_type: f for f in FAMILIES.values()}
+
+
+def family_of(d: dict[str, Any]) -> Family:
+    """The family a config.json names in `architectures` (else by model_type, as old files may omit it)."""
+    archs = d.get("architectures") or []
+    if archs:
+        if len(archs) != 1 or archs[0] not in FAMILIES:
+            raise LcftError(f"architectures {archs}: not a Llama checkpoint or one of the other classes lcft "
+                            f"trains ({', '.join(FAMILIES)})")
+        return FAMILIES[archs[0]]
+    if d.get("model_type") not in BY_TYPE:
+        raise LcftError(f"model_type {d.get('model_type')!r}: not a Llama checkpoint or one of the other "
+                        f"families lcft trains ({', '.join(BY_TYPE)})")
+    return BY_TYPE[d["model_type"]]
+
+
+def _rope_to_hf(cfg: LlamaConfig) -> dict[str, Any]:
+    """transformers 5.x reads rope_parameters, 4.x rope_theta + rope_scaling: write both."""
+    params = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
+    return {"rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "rope_parameters": params}
+
+
+def _rope_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or params
+    theta = params.get("rope_theta", d.get("rope_theta", fam.defaults["rope_theta"]))
+    extra = set(params) - {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
+                           "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+                           "low_freq_factor", "high_freq_factor"}
+    if extra:
+        raise LcftError(f"rope_parameters field {sorted(extra)[0]!r} is not supported")
+    return {"rope_theta": float(theta), "rope_scaling": normalize_rope_scaling(scaling) if scaling else None}
+
+
+def _window_to_hf(cfg: LlamaConfig, fam: Family) -> dict[str, Any]:
+    if fam.window == "plain":
+        return {"sliding_window": cfg.sliding_window}
+    if fam.window == "qwen":
+        n, w = cfg.num_hidden_layers, cfg.sliding_window
+        kind = "full_attention" if w is None else "sliding_attention"
+        return {"use_sliding_window": w is not None, "sliding_window": w,
+                "max_window_layers": n if w is None else 0, "layer_types": [kind] * n}
+    return {}
+
+
+def _window_from_hf(d: dict[str, Any], fam: Family) -> int | None:
+    """The one window every layer uses; a per-layer pattern we do not implement is an error naming its field."""
+    if fam.window == "plain":
+        if d.get("layer_types") is not None:
+            raise LcftError("config field layer_types (per-layer attention patterns) is not supported")
+        return d.get("sliding_window", fam.defaults.get("sliding_window"))
+    if fam.window != "qwen":
+        return None
+    n, w = d["num_hidden_layers"], d.get("sliding_window")
+    if d.get("layer_types") is not None:
+        kinds = set(d["layer_types"])
+        if len(d["layer_types"]) != n or not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
+            raise LcftError(f"config field layer_types {sorted(kinds)} is not supported (lcft applies one "
+                            "attention kind to every layer)")
+        return w if kinds == {"sliding_attention"} else None
+    if not d.get("use_sliding_window", False) or w is None:
+        return None
+    first = d.get("max_window_layers", 28)  # transformers: layers >= max_window_layers slide
+    if 0 < first < n:
+        raise LcftError(f"config field max_window_layers={first} (sliding window in some layers only) is not "
+                        "supported")
+    return w if first <= 0 else None
+
+
+def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """config.json of the model's own class, loadable by transformers 5.x and 4.x."""
+    fam = BY_TYPE[cfg.model_type]
+    for name, want in fam.implied.items():
+        if getattr(cfg, name) != want:
+            raise LcftError(f"{fam.architecture} cannot express {name}={getattr(cfg, name)!r} (model_type "
+                            f"{cfg.model_type})")
+    out: dict[str, Any] = {"architectures": [fam.architecture], "model_type": fam.model_type}
+    out.update({k: getattr(cfg, k) for k in COMMON + fam.fields})
+    out.update(fam.fixed)
+    if fam.shared_bias:
+        if cfg.attention_bias != cfg.o_proj_bias:
+            raise LcftError(f"{fam.architecture} has one attention_bias for q/k/v and o_proj, the model has "
+                            f"{cfg.attention_bias} and {cfg.o_proj_bias}")
+        out["attention_bias"] = cfg.attention_bias
+    out.update(_window_to_hf(cfg, fam))
+    out.update(_rope_to_hf(cfg))
+    out.update({"use_cache": True, "dtype": str(dtype).removeprefix("torch.")})
+    return out
+
+
+def config_from_hf(d: dict[str, Any], attention: AttentionConfig | None = None) -> LlamaConfig:
+    """LlamaConfig from a config.json written by us or by transformers 4.x/5.x; any field lcft cannot honour
+    (an unknown key, a value other than the one supported) is a one-line error naming it."""
+    fam = family_of(d)
+    for key in REQUIRED:
+        if key not in d:
+            raise LcftError(f"config.json has no {key!r}")
+    known = set(COMMON) | set(fam.fields) | set(fam.fixed) | METADATA | set(ROPE_KEYS)
+    known |= {"attention_bias"} if fam.shared_bias else set()
+    known |= {"sliding_window"} if fam.window == "plain" else set(QWEN_WINDOW_KEYS) if fam.window else set()
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise LcftError(f"config field {unknown[0]!r} is not supported for {fam.architecture}")
+    for key, want in fam.fixed.items():
+        if d.get(key) is not None and d[key] != want:
+            raise LcftError(f"config field {key}={d[key]!r} is not supported (lcft supports {key}={want!r})")
+    kw: dict[str, Any] = {k: d[k] for k in COMMON + fam.fields if d.get(k) is not None}
+    kw.update({k: d.get(k) for k in TOKEN_IDS})  # null stays null: the export writes back what came in
+    kw.update({k: v for k, v in fam.defaults.items() if k in COMMON + fam.fields and k not in kw})
+    kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+    kw.update(fam.implied)
+    if fam.shared_bias:
+        kw["attention_bias"] = kw["o_proj_bias"] = bool(d.get("attention_bias", False))
+    kw["sliding_window"] = _window_from_hf(d, fam)
+    kw.update(_rope_from_hf(d, fam))
+    kw["tie_word_embeddings"] = bool(kw.get("tie_word_embeddings", False))
+    return LlamaConfig(model_type=fam.model_type, attention=attention or AttentionConfig(), **kw)
+
+
+# Our parameter names -> HF's (the block-level names differ: attn vs self_attn, norms, Mixtral's experts).
+_BLOCK_RENAMES = ((r"attn\.", "self_attn."), (r"attn_norm\.", "input_layernorm."),
+                  (r"mlp_norm\.", "post_attention_layernorm."), (r"mlp\.gate\.", "block_sparse_moe.gate."),
+                  (r"mlp\.experts\.(\d+)\.gate_proj\.", r"block_sparse_moe.experts.\1.w1."),
+                  (r"mlp\.experts\.(\d+)\.down_proj\.", r"block_sparse_moe.experts.\1.w2."),
+                  (r"mlp\.experts\.(\d+)\.up_proj\.", r"block_sparse_moe.experts.\1.w3."))
+IGNORED_HF = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old HF checkpoints stored
+
+
+def to_hf_name(name: str) -> str:
+    """'layers.0.attn.q_proj.weight' -> 'model.layers.0.self_attn.q_proj.weight'."""
+    if name.startswith("lm_head."):
+        return name
+    m = re.match(r"layers\.(\d+)\.(.*)$", name)
+    if m:
+        rest = m.group(2)
+        for ours, theirs in _BLOCK_RENAMES:
+            new = re.sub("^" + ours, theirs, rest)
+            if new != rest:
+                rest = new
+                break
+        return f"model.layers.{m.group(1)}.{rest}"
+    return "model." + name
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors file(s) of a folder: model.safetensors, or the shards its index names (all present)."""
+    if (directory / WEIGHTS).is_file():
+        return [directory / WEIGHTS]
+    if (directory / INDEX).is_file():
+        try:
+            weight_map = json.loads((directory / INDEX).read_text()).get("weight_map", {})
+        except json.JSONDecodeError as e:
+            raise LcftError(f"{directory / INDEX}: not valid JSON ({e})") from None
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing or not shards:
+            raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
+        return [directory / s for s in shards]
+    if (directory / "pytorch_model.bin").is_file():
+        raise LcftError(f"{directory}: only pytorch_model.bin found; lcft reads safetensors weights "
+                        "(re-save with transformers' save_pretrained(safe_serialization=True))")
+    raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
+
+
+def load_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Assign every parameter of a model built on the meta device from the folder's safetensors, one tensor at a
+    time as stored (dtype kept), so the peak is about one copy of the model plus one tensor."""
+    params = dict(model.named_parameters())
+    expected = {to_hf_name(n): n for n in params}
+    tied = model.config.tie_word_embeddings
+    loaded: set[str] = set()
+    for f in weight_files(directory):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if key not in expected:
+                        if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
+                            continue
+                        raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
+                                        "checkpoint of this config.json?)")
+                    name = expected[key]
+                    shape = tuple(sf.get_slice(key).get_shape())
+                    if shape != tuple(params[name].shape):
+                        raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
+                                        f"{tuple(params[name].shape)}")
+                    _assign(model, name, sf.get_tensor(key))
+                    loaded.add(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # truncated or corrupt file
+            raise LcftError(f"{f}: cannot read weights ({e})") from None
+    missing = sorted(set(params) - loaded)
+    if missing:
+        names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise LcftError(f"{directory}: {len(missing)} weight(s) missing: {names}")
+
+
+def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=getattr(module, leaf).requires_grad))
+
+
+def shards(model: torch.nn.Module, dtype: torch.dtype | None, max_bytes: int = MAX_SHARD_BYTES
+           ) -> dict[str, Callable[[], dict[str, torch.Tensor]] | bytes]:
+    """{file name: tensors to write (built when called, so only one shard is ever copied at a time)}, plus the
+    index as bytes when there is more than one shard (transformers' names: model-00001-of-0000N.safetensors)."""
+    groups: list[list[tuple[str, torch.nn.Parameter]]] = [[]]
+    size = 0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * (dtype or p.dtype).itemsize
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, p))
+        size += nbytes
+
+    def tensors(group: list[tuple[str, torch.nn.Parameter]]) -> Callable[[], dict[str, torch.Tensor]]:
+        return lambda: {to_hf_name(n): (p.detach().to(dtype) if dtype else p.detach()).cpu().contiguous()
+                        for n, p in group}
+
+    if len(groups) == 1:
+        return {WEIGHTS: tensors(groups[0])}
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    total = sum(p.numel() * (dtype or p.dtype).itemsize for _, p in model.named_parameters())
+    index = {"metadata": {"total_size": total},
+             "weight_map": {to_hf_name(n): f for f, g in zip(names, groups, strict=True) for n, _ in g}}
+    out: dict[str, Any] = {f: tensors(g) for f, g in zip(names, groups, strict=True)}
+    out[INDEX] = json.dumps(index, indent=2).encode()
+    return out
+
+
+def stale_weight_files(directory: Path, keep: Iterator[str] | set[str]) -> list[Path]:
+    """Weight files of an earlier save in `directory` that a new save with files `keep` must remove (else the
+    folder would mix two models: model.safetensors is read before an index)."""
+    keep = set(keep)
+    if not directory.is_dir():
+        return []
+    old = [directory / WEIGHTS, directory / INDEX, *directory.glob("model-*-of-*.safetensors")]
+    return [p for p in old if p.name not in keep and p.exists()]
