@@ -72,6 +72,46 @@ class PositionSums:
         return float(self.loss_sum[start:end].sum()) / n if n else math.nan
 
 
+SUBSETS = ("all", "repeat", "unique")
+"""Token subsets of the per-window bin sums: every counted token, soft-masked (lower-case, RepeatMasker
+repeat) predicted bases, and upper-case ones."""
+
+
+class WindowBins:
+    """Loss sums and token counts per position bin of each window, in window order, for every counted token
+    and split by the soft-mask bit of the predicted base (the figures the bootstrap resamples)."""
+
+    def __init__(self, edges: np.ndarray) -> None:
+        self.starts = np.asarray(edges[:-1], dtype=np.int64)
+        self._loss: list[np.ndarray] = []
+        self._count: list[np.ndarray] = []
+
+    def add(self, loss: np.ndarray, counted: np.ndarray, softmask: np.ndarray | None) -> None:
+        """Add one window: per-token loss `(L,)`, counted `(L,)` bool, soft-mask bit of each position `(L,)`
+        (None: no soft mask, every base counts as unique)."""
+        counted = np.asarray(counted, dtype=bool)
+        soft = np.zeros_like(counted) if softmask is None else np.asarray(softmask, dtype=bool)
+        loss64 = np.asarray(loss, dtype=np.float64)  # (L,) sums in fp64, as PositionSums
+        masks = (counted, counted & soft, counted & ~soft)  # in SUBSETS order
+        self._loss.append(np.stack([np.add.reduceat(np.where(m, loss64, 0.0), self.starts) for m in masks]))
+        self._count.append(np.stack([np.add.reduceat(m.astype(np.int64), self.starts) for m in masks]))
+
+    def __len__(self) -> int:
+        return len(self._loss)
+
+    @property
+    def loss(self) -> np.ndarray:
+        """(windows, subsets, bins) float64 loss sums."""
+        k = len(self.starts)
+        return np.stack(self._loss) if self._loss else np.zeros((0, len(SUBSETS), k))
+
+    @property
+    def count(self) -> np.ndarray:
+        """(windows, subsets, bins) int64 token counts."""
+        k = len(self.starts)
+        return np.stack(self._count) if self._count else np.zeros((0, len(SUBSETS), k), dtype=np.int64)
+
+
 def tenths(length: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """Position ranges of the first and the last tenth of a window: [0, L/10) and [L - L/10, L)."""
     tenth = max(1, length // 10)

@@ -1,0 +1,174 @@
+"""The copy probe of effective context: a segment of a held-out window planted again D tokens later, the loss on
+the second occurrence with and without the first, for D on a grid up to the window length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lcft.errors import LcftError
+from lcft.evaluate.stats import effective_context, mean_difference
+from lcft.genomics.tokenizer import A, T, decode
+
+VARIANTS = ("control", "exact", "mutated")
+"""Windows built per (window, distance): the source shuffled (no copy), the exact copy, the mutated copy."""
+
+
+def default_distances(length: int, segment: int) -> tuple[int, ...]:
+    """Copy distances on a log grid: segment, 2 segment, 4 segment, ... below length - segment, then
+    length - segment (the farthest a copy fits in the window)."""
+    top = length - segment
+    out, d = [], segment
+    while d < top:
+        out.append(d)
+        d *= 2
+    return (*out, top)
+
+
+def check_probe(length: int, segment: int, distances: Sequence[int]) -> None:
+    """The segment and every distance must fit the window: one-line LcftError otherwise."""
+    if segment < 1:
+        raise LcftError(f"--probe-segment must be at least 1, got {segment}")
+    if 2 * segment > length:
+        raise LcftError(f"--probe-segment {segment} is too long for {length}-token windows: a segment and its "
+                        f"copy must both fit (at most {length // 2})")
+    for d in distances:
+        if d < segment:
+            raise LcftError(f"probe distance {d} is shorter than the segment ({segment} tokens): the two "
+                            "copies would overlap")
+        if d > length - segment:
+            raise LcftError(f"probe distance {d} is beyond the window: at most {length - segment} for "
+                            f"{segment}-token segments in {length}-token windows")
+
+
+@dataclass(frozen=True)
+class Planted:
+    """The windows of one (window, distance) probe. The target [target, target + segment) holds the source
+    segment's original tokens in every variant; only the source [source, source + segment) differs."""
+
+    window: int
+    distance: int
+    source: int
+    target: int
+    segment: int
+    control: np.ndarray
+    """(L,) uint8: the source segment shuffled (same bases, no copy to read back)."""
+    exact: np.ndarray
+    """(L,) uint8: the source segment as it was: an exact copy at `distance` before the target."""
+    mutated: np.ndarray
+    """(L,) uint8: the source segment with a fraction of its bases substituted (a diverged repeat)."""
+
+    def decode(self, variant: str = "exact", softmask: np.ndarray | None = None) -> str:
+        """The planted window as sequence text (upper case; lower case where `softmask` (L,) is True)."""
+        return decode(getattr(self, variant), softmask)
+
+    def describe(self) -> dict[str, Any]:
+        return {"window": self.window, "distance": self.distance, "segment": self.segment,
+                "source": [self.source, self.source + self.segment],
+                "target": [self.target, self.target + self.segment]}
+
+
+def _mutate(x: np.ndarray, frac: float, rng: np.random.Generator) -> np.ndarray:
+    """`x` with round(frac * bases) of its A/C/G/T tokens each replaced by one of the three other bases."""
+    out = x.copy()
+    bases = np.flatnonzero((x >= A) & (x <= T))  # N and <unk> stay as they are
+    k = int(round(frac * len(bases)))
+    if k:
+        where = rng.choice(bases, size=k, replace=False)
+        out[where] = A + (out[where] - A + rng.integers(1, 4, size=k)) % 4  # never the same base again
+    return out
+
+
+def plant(ids: np.ndarray, window: int, segment: int, distance: int, mutation: float, seed: int) -> Planted:
+    """The probe windows of window `ids` `(L,)` at one distance: the target is the window's last `segment`
+    tokens, overwritten by the segment `distance` tokens earlier. Deterministic in (seed, window, distance)."""
+    ids = np.asarray(ids, dtype=np.uint8)
+    length = len(ids)
+    target = length - segment
+    source = target - distance
+    x = ids[source:source + segment]  # (S,) the copied segment
+    rng = np.random.default_rng([seed, window, distance])
+    exact = ids.copy()
+    exact[target:] = x
+    control = exact.copy()
+    control[source:source + segment] = rng.permutation(x)
+    mutated = exact.copy()
+    mutated[source:source + segment] = _mutate(x, mutation, rng)
+    return Planted(window, distance, source, target, segment, control, exact, mutated)
+
+
+class CopyProbe:
+    """Every probe window of the first `n_windows` of `windows`, in a fixed order, and the accumulated loss on
+    their target segments. Item k is one planted window (window-major, then distance, then variant)."""
+
+    def __init__(self, windows: Any, n_windows: int, segment: int, distances: Sequence[int],
+                 mutation: float, seed: int) -> None:
+        self.windows, self.n_windows = windows, n_windows
+        self.segment, self.distances = segment, tuple(int(d) for d in distances)
+        self.mutation, self.seed = mutation, seed
+        self.variants = VARIANTS if mutation > 0 else VARIANTS[:2]
+        self.length = len(np.asarray(windows[0]))
+        shape = (len(self.variants), n_windows, len(self.distances))
+        self.sums = np.zeros(shape, dtype=np.float64)  # (variants, windows, distances) target loss sums
+        self.counts = np.zeros(shape, dtype=np.int64)  # (variants, windows, distances) counted target tokens
+        self._cache: tuple[tuple[int, int], Planted] | None = None
+
+    def __len__(self) -> int:
+        return self.n_windows * len(self.distances) * len(self.variants)
+
+    def _locate(self, k: int) -> tuple[int, int, int]:
+        nd, nv = len(self.distances), len(self.variants)
+        return k // (nd * nv), (k // nv) % nd, k % nv
+
+    def planted(self, window: int, d: int) -> Planted:
+        """The probe windows of `window` at distance index `d` (kept for the next variant's item)."""
+        if self._cache is None or self._cache[0] != (window, d):
+            p = plant(np.asarray(self.windows[window]), window, self.segment, self.distances[d], self.mutation,
+                      self.seed)
+            self._cache = ((window, d), p)
+        return self._cache[1]
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        window, d, v = self._locate(k)
+        return getattr(self.planted(window, d), self.variants[v])
+
+    def first_position(self, max_context: int) -> int:
+        """Start of the first piece the target's losses depend on under `max_context` (0 = whole window):
+        positions before it can be left out of the forward pass without changing those losses."""
+        if not max_context:
+            return 0
+        return ((self.length - self.segment - 1) // max_context) * max_context
+
+    def record(self, k: int, loss: np.ndarray, counted: np.ndarray) -> None:
+        """Add item k's per-token loss and counted, `(L,)` or any tail of the window (the target is its end)."""
+        window, d, v = self._locate(k)
+        m = np.asarray(counted[-self.segment:], dtype=bool)  # (S,) the target is the last S tokens
+        self.sums[v, window, d] = float(np.asarray(loss[-self.segment:], dtype=np.float64)[m].sum())
+        self.counts[v, window, d] = int(m.sum())
+
+    def summary(self, weights: np.ndarray) -> dict[str, Any]:
+        """Loss drop by distance (control minus copy, nats/token; > 0 = the copy was read back) with bootstrap
+        intervals under the window draw counts `weights` `(reps, n_windows)`, and the effective context."""
+        n = self.counts[0].sum(0)  # (distances,) the same target tokens in every variant
+        with np.errstate(invalid="ignore", divide="ignore"):
+            without = np.where(n > 0, self.sums[0].sum(0) / np.maximum(n, 1), np.nan)
+        out: dict[str, Any] = {"distances": list(self.distances), "tokens": [int(c) for c in n],
+                               "loss_without": _floats(without)}
+        for v, name in enumerate(self.variants[1:], start=1):
+            drop = mean_difference(self.sums[0], self.sums[v], self.counts[0], weights, relative=False)
+            rec = {"loss_with": _floats(without - drop.value), "drop": _floats(drop.value),
+                   "ci_low": _floats(drop.low), "ci_high": _floats(drop.high),
+                   "effective_context": effective_context(self.distances, drop.low)}
+            if name == "exact":
+                out.update(rec)
+            else:
+                out[name] = {"fraction": self.mutation, **rec}
+        return out
+
+
+def _floats(x: np.ndarray) -> list[float | None]:
+    """JSON-able list: NaN (no tokens) as None."""
+    return [None if np.isnan(v) else float(v) for v in np.asarray(x, dtype=np.float64)]

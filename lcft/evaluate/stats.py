@@ -1,0 +1,135 @@
+"""Paired bootstrap over held-out windows: intervals of a checkpoint's change against the reference, and its trend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LEVEL = 0.95  # two-sided coverage of every interval in the report
+
+GROWS = "the gain grows toward the end of the window"
+SHRINKS = "the gain shrinks toward the end of the window"
+NO_TREND = "no trend detectable at this sample size"
+
+
+def resample_counts(n: int, reps: int, seed: int) -> np.ndarray:
+    """(reps, n) int64: how often each of `n` windows is drawn in each of `reps` bootstrap replicates.
+
+    Replicate r draws the windows `np.random.default_rng(seed).integers(0, n, size=(reps, n))[r]` (with
+    replacement); every checkpoint, bin and subset is resampled with the same draws, so comparisons stay paired.
+    """
+    if n < 1 or reps < 1:
+        raise ValueError(f"need n >= 1 windows and reps >= 1 replicates, got {n}, {reps}")
+    draws = np.random.default_rng(seed).integers(0, n, size=(reps, n))  # (reps, n) window indices
+    flat = (draws + n * np.arange(reps)[:, None]).ravel()  # (reps * n,) one slot per (replicate, window)
+    return np.bincount(flat, minlength=reps * n).reshape(reps, n).astype(np.int64)
+
+
+def _resampled(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Sums of per-window figures `x` `(n, ...)` under each replicate's draw counts `weights` `(reps, n)`."""
+    return np.tensordot(weights.astype(np.float64), x.astype(np.float64), axes=1)  # (reps, ...)
+
+
+def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval over axis 0 of bootstrap `samples` `(reps, ...)`, ignoring NaN replicates (a bin
+    without tokens in that draw); NaN where every replicate is NaN."""
+    tail = 100 * (1 - level) / 2
+    flat = np.asarray(samples, dtype=np.float64).reshape(len(samples), -1)  # (reps, m)
+    low, high = np.full(flat.shape[1], np.nan), np.full(flat.shape[1], np.nan)
+    ok = ~np.all(np.isnan(flat), axis=0)  # (m,) columns with at least one defined replicate
+    if ok.any():
+        low[ok], high[ok] = np.nanpercentile(flat[:, ok], [tail, 100 - tail], axis=0)
+    shape = np.shape(samples)[1:]
+    return low.reshape(shape), high.reshape(shape)
+
+
+@dataclass
+class Change:
+    """A change with its bootstrap interval, per column (bins, distances) or a scalar column (overall)."""
+
+    value: np.ndarray
+    """Point estimate from all windows (NaN where undefined)."""
+    low: np.ndarray
+    high: np.ndarray
+    samples: np.ndarray
+    """(reps, ...) the bootstrap replicates."""
+
+
+def mean_difference(sums: np.ndarray, ref_sums: np.ndarray, counts: np.ndarray, weights: np.ndarray, *,
+                    relative: bool, level: float = LEVEL) -> Change:
+    """Change of the token-weighted mean loss of `sums` against `ref_sums`, both `(n, ...)` per-window loss sums
+    over the same tokens `counts` `(n, ...)` (a paired comparison: the windows and counted tokens are shared).
+
+    relative=True: (mean - ref mean) / ref mean = sum(sums - ref_sums) / sum(ref_sums); relative=False: the
+    difference in mean loss, sum(sums - ref_sums) / sum(counts). The numerator is formed per window before any
+    resampling, so identical inputs give exactly zero in every replicate.
+    """
+    num = np.asarray(sums, dtype=np.float64) - np.asarray(ref_sums, dtype=np.float64)  # (n, ...)
+    den = np.asarray(ref_sums if relative else counts, dtype=np.float64)  # (n, ...)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.where(den.sum(0) != 0, num.sum(0) / den.sum(0), np.nan)
+        rn, rd = _resampled(weights, num), _resampled(weights, den)  # (reps, ...)
+        samples = np.where(rd != 0, rn / np.where(rd != 0, rd, 1.0), np.nan)
+    low, high = percentile_interval(samples, level)
+    return Change(value, low, high, samples)
+
+
+@dataclass
+class Trend:
+    """Slope of the relative change against log2 position (per doubling of position), with its interval."""
+
+    slope: float
+    low: float
+    high: float
+    verdict: str
+
+
+def _weighted_slope(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least-squares slope of y on x along the last axis; y, w `(..., k)`, x `(k,)`. NaN if undefined."""
+    w = np.where(np.isnan(y), 0.0, w)
+    y = np.where(np.isnan(y), 0.0, y)
+    sw = w.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xm = (w * x).sum(-1) / sw  # (...)
+        ym = (w * y).sum(-1) / sw
+        dx = x - xm[..., None]  # (..., k)
+        sxx = (w * dx * dx).sum(-1)
+        sxy = (w * dx * (y - ym[..., None])).sum(-1)
+        return np.where(sxx > 0, sxy / np.where(sxx > 0, sxx, 1.0), np.nan)
+
+
+def verdict(low: float, high: float) -> str:
+    """One line from the slope's interval: a falling relative change (more gain later in the window) grows."""
+    if high < 0:
+        return GROWS
+    if low > 0:
+        return SHRINKS
+    return NO_TREND
+
+
+def bin_positions(edges: np.ndarray) -> np.ndarray:
+    """(k,) representative position of each bin on a log axis: geometric mean of its ends (position 0 as 1)."""
+    e = np.asarray(edges, dtype=np.float64)
+    return np.sqrt(np.maximum(e[:-1], 1.0) * np.maximum(e[1:], 1.0))
+
+
+def trend(change: Change, counts: np.ndarray, weights: np.ndarray, positions: np.ndarray,
+          level: float = LEVEL) -> Trend:
+    """Slope of a per-bin relative `change` against log2 `positions` `(k,)`, each bin weighted by its tokens
+    (`counts` `(n, k)`; resampled with the same `weights` `(reps, n)` as the change's replicates)."""
+    x = np.log2(np.asarray(positions, dtype=np.float64))  # (k,)
+    n_tok = np.asarray(counts, dtype=np.float64)  # (n, k)
+    slope = float(_weighted_slope(x, np.asarray(change.value, dtype=np.float64), n_tok.sum(0)))
+    samples = _weighted_slope(x, change.samples, _resampled(weights, n_tok))  # (reps,)
+    low, high = (float(v) for v in percentile_interval(samples, level))
+    if math.isnan(slope) or math.isnan(low):
+        return Trend(slope, low, high, NO_TREND)
+    return Trend(slope, low, high, verdict(low, high))
+
+
+def effective_context(distances: list[int] | np.ndarray, low: np.ndarray) -> int:
+    """The largest copy distance whose loss drop is above zero by its interval (low > 0); 0 when none is."""
+    above = [int(d) for d, lo in zip(distances, low, strict=True) if not math.isnan(lo) and lo > 0]
+    return max(above, default=0)

@@ -1,0 +1,91 @@
+"""The copy probe: planted windows decode back, distances are checked, losses reduce to drops by distance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lcft.errors import LcftError
+from lcft.evaluate.probe import CopyProbe, check_probe, default_distances, plant
+from lcft.evaluate.stats import resample_counts
+from lcft.genomics.tokenizer import A, N, T, decode
+
+
+def _window(length: int = 2048, seed: int = 0) -> np.ndarray:
+    ids = np.random.default_rng(seed).integers(A, T + 1, size=length).astype(np.uint8)
+    ids[100:140] = N  # an N run, as in real held-out windows
+    return ids
+
+
+def test_default_distances_are_a_log_grid_up_to_the_window():
+    assert default_distances(2048, 256) == (256, 512, 1024, 1792)
+    assert default_distances(32768, 256)[-1] == 32768 - 256 and len(default_distances(32768, 256)) == 8
+    check_probe(2048, 256, default_distances(2048, 256))
+
+
+@pytest.mark.parametrize("segment,distances,match", [
+    (1500, (), "too long for 2048-token windows"),
+    (0, (), "at least 1"),
+    (256, (128,), "shorter than the segment"),
+    (256, (1800,), "beyond the window: at most 1792"),
+])
+def test_bad_probe_input_is_a_one_line_error(segment, distances, match):
+    with pytest.raises(LcftError, match=match) as e:
+        check_probe(2048, segment, distances)
+    assert "\n" not in str(e.value)
+
+
+def test_planted_window_decodes_to_the_original_with_the_copy_at_the_stated_place():
+    ids = _window()
+    soft = np.random.default_rng(1).random(len(ids)) < 0.3
+    p = plant(ids, window=3, segment=256, distance=1000, mutation=0.1, seed=0)
+    s, t = p.describe()["source"], p.describe()["target"]
+    assert t == [2048 - 256, 2048] and s == [2048 - 256 - 1000, 2048 - 1000]
+    text, orig = p.decode("exact", soft), decode(ids, soft)
+    assert text[:t[0]] == orig[:t[0]]  # everything before the target is the window as it was
+    assert text[t[0]:].upper() == orig[s[0]:s[1]].upper()  # the target holds the source segment
+    for v in ("control", "exact", "mutated"):  # the target is the same in every variant
+        assert (getattr(p, v)[t[0]:] == ids[s[0]:s[1]]).all()
+        assert (getattr(p, v)[:s[0]] == ids[:s[0]]).all() and (getattr(p, v)[s[1]:t[0]] == ids[s[1]:t[0]]).all()
+    # Control: the source's bases shuffled; mutated: 10% of them substituted by another base.
+    src = ids[s[0]:s[1]]
+    assert sorted(p.control[s[0]:s[1]]) == sorted(src) and (p.control[s[0]:s[1]] != src).sum() > 100
+    diff = p.mutated[s[0]:s[1]] != src
+    assert diff.sum() == round(0.1 * 256) and ((p.mutated[s[0]:s[1]][diff] >= A) & (p.mutated[s[0]:s[1]][diff] <= T)).all()
+    again = plant(ids, window=3, segment=256, distance=1000, mutation=0.1, seed=0)
+    assert all((getattr(again, v) == getattr(p, v)).all() for v in ("control", "exact", "mutated"))
+    assert not (plant(ids, window=4, segment=256, distance=1000, mutation=0.1, seed=0).control == p.control).all()
+
+
+def test_probe_items_record_target_losses_and_reduce_to_drops():
+    windows = [_window(seed=i) for i in range(4)]
+    probe = CopyProbe(windows, 4, segment=64, distances=(64, 512), mutation=0.1, seed=0)
+    assert len(probe) == 4 * 2 * 3 and probe.length == 2048
+    rng = np.random.default_rng(0)
+    truth = rng.uniform(0.5, 1.5, size=(3, 4, 2))  # (variants, windows, distances) per-token target loss
+    truth[1] = truth[0] - 0.2  # the exact copy lowers the loss by 0.2 nats
+    truth[2] = truth[0] - 0.1
+    for k in range(len(probe)):
+        w, d, v = k // 6, (k // 3) % 2, k % 3
+        ids = probe[k]
+        assert (ids == getattr(probe.planted(w, d), probe.variants[v])).all()
+        loss = np.full(2048, truth[v, w, d], dtype=np.float32)
+        counted = np.ones(2048, dtype=bool)
+        counted[-3:] = False  # three target tokens not counted
+        probe.record(k, loss, counted)
+    assert (probe.counts == 61).all()
+    out = probe.summary(resample_counts(4, 200, seed=0))
+    assert out["distances"] == [64, 512] and out["tokens"] == [4 * 61, 4 * 61]
+    np.testing.assert_allclose(out["drop"], [0.2, 0.2], rtol=1e-5)
+    np.testing.assert_allclose(out["ci_low"], [0.2, 0.2], rtol=1e-5)  # every window drops the same
+    np.testing.assert_allclose(out["mutated"]["drop"], [0.1, 0.1], rtol=1e-5)
+    np.testing.assert_allclose(out["loss_without"], truth[0].mean(0), rtol=1e-6)
+    assert out["effective_context"] == 512 and out["mutated"]["effective_context"] == 512
+
+
+def test_first_position_keeps_every_piece_the_target_depends_on():
+    probe = CopyProbe([_window()], 1, segment=256, distances=(256,), mutation=0.0, seed=0)
+    assert probe.variants == ("control", "exact") and len(probe) == 2
+    assert probe.first_position(0) == 0
+    assert probe.first_position(512) == 1536  # the target [1792, 2048) lies in the last 512-token piece
+    assert probe.first_position(300) == 1500  # pieces start at multiples of 300; position 1791 is in [1500, 1800)
