@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from lcft.errors import LcftError
 
@@ -30,18 +30,32 @@ class ConfigError(LcftError, ValueError):
     """A config value or key is wrong; the message names it."""
 
 
+SIZE = "size"
+Size = Annotated[int, SIZE]
+"""An int field holding a token count: TOML and flags accept 512K / 1M, help shows the default as 512K."""
+
+
+def is_size(tp: Any) -> bool:
+    """Whether a (possibly Optional / tuple) annotation resolved with extras is, or holds, a `Size`."""
+    if typing.get_origin(tp) is Annotated:
+        return SIZE in tp.__metadata__
+    return any(is_size(a) for a in typing.get_args(tp))
+
+
 @functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass: {field name: the string literal that follows its declaration}."""
+def _source_docs(cls: type) -> tuple[dict[str, str], bool]:
+    """({field: docstring}, whether every dataclass in the MRO had readable source). Without source (a
+    .pyc-only install, a frozen app) the attribute docstrings are gone: help then shows no text."""
     docs: dict[str, str] = {}
+    complete = True
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            src = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        except Exception:  # no source, or source that no longer matches the class
+            complete = False
             continue
-        body = ast.parse(src).body[0].body  # type: ignore[attr-defined]
         for prev, node in zip(body, body[1:], strict=False):
             if (
                 isinstance(prev, ast.AnnAssign)
@@ -51,15 +65,23 @@ def field_docs(cls: type) -> dict[str, str]:
                 and isinstance(node.value.value, str)
             ):
                 docs[prev.target.id] = " ".join(node.value.value.split())
-    return docs
+    return docs, complete
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass: {field name: the string literal that follows its declaration}."""
+    return dict(_source_docs(cls)[0])
 
 
 def doc(cls: type, name: str) -> str:
-    """Help text of one field (raises if the field has no docstring: every field must have one)."""
-    try:
-        return field_docs(cls)[name]
-    except KeyError:
-        raise KeyError(f"{cls.__name__}.{name} has no docstring") from None
+    """Help text of one field: raises if the field has no docstring (every field must have one), or ''
+    when the source is not available to read it from."""
+    docs, complete = _source_docs(cls)
+    if name in docs:
+        return docs[name]
+    if not complete:
+        return ""
+    raise KeyError(f"{cls.__name__}.{name} has no docstring")
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:[bB][pP]?)?\s*$")
@@ -168,10 +190,21 @@ def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> 
     return cls(**kwargs)
 
 
-def pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset of a flat mapping that belongs to one config class (the CLI splits one TOML this way)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in values.items() if k in names}
+def load_layer(path: str | os.PathLike, table: str | None = None) -> dict[str, Any]:
+    """A `--config` TOML as one flat layer: its top-level keys, plus those under a [table] named after the
+    command (e.g. [prepare]), which win."""
+    data = load_toml(path)
+    if table and isinstance(data.get(table), dict):
+        inner = data.pop(table)
+        data.update(inner)
+    return data
+
+
+def resolve(cls: type[T], config_file: str | os.PathLike | None, flags: Mapping[str, Any] | None,
+            where: str | None = None, table: str | None = None) -> T:
+    """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them."""
+    layers = [load_layer(config_file, table) if config_file else {}, flags or {}]
+    return build(cls, merge(*layers), where=where)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -40,7 +40,3 @@ def user_errors(fn: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
-
-
-def not_yet(name: str) -> typer.Exit:
-    return fail(f"`lcft {name}` is not yet available in this version", code=2)

@@ -8,14 +8,11 @@ import typer
 from rich.table import Table
 
 from lcft.cli.common import console, user_errors
-from lcft.config import build, doc, format_size, load_toml, merge
+from lcft.cli.generate import Opt, command_from_config
+from lcft.config import format_size
 from lcft.genomics.prepare import PrepareConfig
 
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
-
-
-def _h(name: str) -> str:
-    return doc(PrepareConfig, name)
 
 
 def _summary(manifest: dict) -> Table:
@@ -29,30 +26,18 @@ def _summary(manifest: dict) -> Table:
     return t
 
 
-@app.command("windows")
-@user_errors
-def windows(
-    fasta: Path | None = typer.Option(None, "--fasta", help=_h("fasta")),
-    out: Path | None = typer.Option(None, "--out", help=_h("out")),
-    length: str | None = typer.Option(None, "--length", help=_h("length") + " [default: 512K]"),
-    stride: str | None = typer.Option(None, "--stride", help=_h("stride")),
-    train: str | None = typer.Option(None, "--train", help=_h("train") + " [default: chr1,chr2]"),
-    eval: str | None = typer.Option(None, "--eval", help=_h("eval") + " [default: chr22]"),
-    max_n_frac: float | None = typer.Option(None, "--max-n-frac", help=_h("max_n_frac") + " [default: 0.1]"),
-    overwrite: bool | None = typer.Option(None, "--overwrite", help=_h("overwrite")),
-    config: Path | None = typer.Option(None, "--config", help="TOML file with these options (flat, or under a 'prepare' table); flags override it."),
-) -> None:
-    """Cut a FASTA into train/eval windows of token ids (+ soft-mask bits) with a manifest."""
+def _windows(cfg: PrepareConfig) -> None:
     from lcft.genomics.prepare import prepare_windows
 
-    toml = load_toml(config) if config else {}
-    toml = toml.get("prepare", toml) if isinstance(toml.get("prepare"), dict) else toml
-    flags = {"fasta": fasta and str(fasta), "out": out and str(out), "length": length, "stride": stride,
-             "train": train, "eval": eval, "max_n_frac": max_n_frac, "overwrite": overwrite}
-    cfg = build(PrepareConfig, merge(toml, flags))
     manifest = prepare_windows(cfg, progress=True)
     console.print(_summary(manifest))
     console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {cfg.out}`")
+
+
+command_from_config(app, "windows", PrepareConfig, _windows, table="prepare",
+                    options={"fasta": Opt(metavar="PATH"), "out": Opt(metavar="DIR"),
+                             "train": Opt(commas=True, metavar="CHROMS"), "eval": Opt(commas=True, metavar="CHROMS")},
+                    help="Cut a FASTA into train/eval windows of token ids (+ soft-mask bits) with a manifest.")
 
 
 @app.command("verify")

@@ -11,6 +11,7 @@ from typing import Any
 
 from lcft.config import format_size
 from lcft.errors import LcftError
+from lcft.shapes import check_length
 
 WEIGHT_SUFFIX = ".safetensors"
 
@@ -138,9 +139,7 @@ class CheckpointInfo:
         if c > window:
             raise LcftError(
                 f"--max-context {format_size(c)} is larger than the window ({format_size(window)} tokens)")
-        if c % block:
-            raise LcftError(
-                f"--max-context {c} is not a multiple of the attention block size {block} of {self.path}")
+        check_length(c, block=block, what="--max-context", source=str(self.path))
 
     def describe(self) -> dict[str, Any]:
         """The report's record of this checkpoint (without figures)."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.config import ConfigError, parse_size
+from lcft.config import ConfigError, Size, parse_size
+from lcft.parallel.config import ParallelConfig
 
 
 @dataclass
-class EvalConfig:
-    """Held-out loss by position for one or more checkpoints on a prepared data folder."""
+class EvalConfig(ParallelConfig):
+    """Held-out loss by position for one or more checkpoints on a prepared data folder (the parallel options
+    nproc, cp, cp_layout, cp_kv come from ParallelConfig: dp = nproc / cp groups take turns over the windows)."""
 
     data: str = ""
     """Prepared data folder (the output of `lcft prepare windows`)."""
@@ -25,7 +27,7 @@ class EvalConfig:
     """Number of position bins over the window."""
     bin_scale: Literal["linear", "log"] = "linear"
     """Position bins of equal width (linear) or growing geometrically (log; detail near the window start)."""
-    max_context: tuple[int, ...] = ()
+    max_context: tuple[Size, ...] = ()
     """Cut each window into independent pieces of this many tokens, each with positions from 0 (the control
     that separates the gain of a longer context from the gain of more training). One value applies to every
     checkpoint; one per checkpoint pairs them by order; 0 means the whole window."""
@@ -39,16 +41,6 @@ class EvalConfig:
     """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""
     out: str = "reports/eval"
     """Output folder for eval.json, loss_by_position.csv, loss_by_position.png and eval.toml."""
-    nproc: int = 1
-    """Local processes to start (torchrun; gloo on CPU); dp = nproc / cp groups take turns over the windows.
-    Under an existing torchrun launch it is ignored."""
-    cp: int = 1
-    """Context-parallel ranks per window (each holds a shard of every window, as in training)."""
-    cp_layout: Literal["zigzag", "contiguous"] = "zigzag"
-    """Context parallelism: how a window is cut over its cp ranks (zigzag or contiguous)."""
-    cp_kv: Literal["all", "selected", "stream"] = "all"
-    """Context parallelism: all-gather every rank's keys/values, fetch only the selected key blocks, or stream
-    the other ranks' keys/values a piece at a time (least memory)."""
 
     def __post_init__(self) -> None:
         self.checkpoints = tuple(str(c) for c in self.checkpoints)
@@ -56,8 +48,10 @@ class EvalConfig:
         if isinstance(self.max_context, int):
             self.max_context = (self.max_context,)
         self.max_context = tuple(_context(c) for c in self.max_context)
+        super().__post_init__()
+        self._check()
 
-    def validate(self) -> None:
+    def _check(self) -> None:
         """Checks that need no files: counts of labels and limits, positive sizes."""
         if not self.data:
             raise ConfigError("no data folder given (--data DIR)")
@@ -77,8 +71,6 @@ class EvalConfig:
             raise ConfigError(f"--bins must be at least 1, got {self.bins}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.nproc < 1 or self.cp < 1:
-            raise ConfigError(f"--nproc and --cp must be at least 1, got {self.nproc} and {self.cp}")
         if self.max_windows < 0:
             raise ConfigError(f"--max-windows must be 0 (all) or positive, got {self.max_windows}")
 

@@ -199,7 +199,6 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     With `progress`, shows a progress bar over windows (print the table with report.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 
-    cfg.validate()
     if cfg.nproc > 1 and not launched():
         return launch("eval", cfg)  # torchrun starts the ranks; they run this function again
     ws = open_split(cfg)

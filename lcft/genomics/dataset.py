@@ -19,6 +19,7 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import A, C, G, T
+from lcft.shapes import check_batch, check_length
 
 IGNORE_INDEX = -100  # HF convention: no loss at this label
 
@@ -55,9 +56,7 @@ class TrainSamples:
     """Samples of a window set in a seeded, resumable order, as model-ready tensors."""
 
     def __init__(self, windows: WindowSource, cfg: DataConfig) -> None:
-        if cfg.seq_len > windows.length:
-            raise LcftError(f"seq_len {cfg.seq_len} is longer than the data's windows ({windows.length} tokens); "
-                            "prepare longer windows or train on a shorter --seq-len")
+        check_length(cfg.seq_len, what="--seq-len", window=windows.length)
         if cfg.seq_len < 2:
             raise LcftError(f"seq_len must be at least 2 (got {cfg.seq_len})")
         if len(windows) == 0:
@@ -116,11 +115,8 @@ def step_indices(first: int, global_batch: int, micro_batch: int, dp_rank: int, 
     (j // micro_batch) mod dp_size: so 2 ranks x micro-batch 1 and 1 rank x 2 micro-steps read the same samples.
     """
     per_round = micro_batch * dp_size
-    if global_batch % per_round:
-        raise LcftError(f"global_batch {global_batch} is not a multiple of micro_batch x data-parallel ranks "
-                        f"({micro_batch} x {dp_size})")
     out = []
-    for a in range(global_batch // per_round):
+    for a in range(check_batch(global_batch, micro_batch, dp_size)):
         base = first + a * per_round + dp_rank * micro_batch
         out.append(list(range(base, base + micro_batch)))
     return out

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn,
 from rich.text import Text
 
 from lcft import __version__
-from lcft.config import build, save_resolved, to_dict
+from lcft.config import Size, build, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.shards import (
@@ -44,9 +44,9 @@ class PrepareConfig:
     """FASTA to read: plain, BGZF (bgzip) or plain gzip (decompressed once into $LCFT_CACHE, default ~/.cache/lcft)."""
     out: str | None = None
     """Output folder for train.bin, eval.bin, *.softmask.bin and manifest.json."""
-    length: int = 524288
+    length: Size = 524288
     """Window length in tokens (65536, 512K, 1M). Must be a multiple of 8 (soft-mask bits are packed by byte); training also needs a multiple of 2 x cp x block size, which `lcft train` checks."""
-    stride: int | None = None
+    stride: Size | None = None
     """Distance between window starts in bases (default: the window length, no overlap)."""
     train: tuple[str, ...] = ("chr1", "chr2")
     """Chromosomes (FASTA record names) for the train split, comma separated."""
@@ -56,6 +56,9 @@ class PrepareConfig:
     """Skip windows whose fraction of N (and other non-ACGT) bases is above this."""
     overwrite: bool = False
     """Replace windows already in --out that were prepared with different options."""
+
+    def __post_init__(self) -> None:
+        _validate(self)  # a PrepareConfig that exists is valid (files are checked when preparing)
 
 
 def _console() -> Console:
@@ -191,7 +194,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
     Give a `PrepareConfig` or its fields as keywords (sizes like '512K' accepted). With `progress`, shows a
     bar per chromosome on stderr. Re-running with the same options is a no-op; a killed run resumes."""
     cfg = _resolve(cfg, fields)
-    length, stride = _validate(cfg)
+    length, stride = cfg.length, cfg.length if cfg.stride is None else cfg.stride
     con = _console() if progress else None
     out = Path(cfg.out)  # type: ignore[arg-type]
     if out.exists() and not out.is_dir():

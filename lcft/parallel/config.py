@@ -1,24 +1,28 @@
-"""ParallelConfig: the context-parallel layout of a run (how one window is split across ranks)."""
+"""ParallelConfig: how many processes a run starts and how one window is split across ranks (context parallelism).
+
+TrainConfig and EvalConfig extend it, so `--nproc`, `--cp`, `--cp-layout` and `--cp-kv` (and the flat TOML keys
+nproc, cp, cp_layout, cp_kv) are declared and documented once, here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.errors import LcftError
+from lcft.config import ConfigError
 
 CpLayout = Literal["zigzag", "contiguous"]
 CpKv = Literal["all", "selected", "stream"]
 CP_KV_MODES = ("all", "selected", "stream")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ParallelConfig:
     """Context parallelism: cp ranks share one window; data parallelism dp = world size / cp."""
 
     cp: int = 1
-    """Context-parallel degree: number of ranks that split one window (1 = off). The world size must be a
-    multiple of it; dp = world size / cp."""
+    """Context-parallel ranks per window (1 = off): they split every window (the cp ranks of one data-parallel
+    group are consecutive). The world size must be a multiple of it; dp = world size / cp."""
 
     cp_layout: CpLayout = "zigzag"
     """How tokens are split across cp ranks: 'zigzag' cuts the window into 2*cp chunks and rank r holds
@@ -31,10 +35,19 @@ class ParallelConfig:
     log-sum-exp, so no rank holds the whole window's K/V (least memory, more bytes: pieces travel again in
     backward)."""
 
+    nproc: int = 1
+    """Local processes to start (torchrun; gloo on CPU); dp = nproc / cp. Under an existing torchrun launch it
+    is ignored."""
+
     def __post_init__(self) -> None:
-        if int(self.cp) < 1:
-            raise LcftError(f"cp must be at least 1, got {self.cp}")
+        for name in ("cp", "nproc"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.cp_layout not in ("zigzag", "contiguous"):
-            raise LcftError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
+            raise ConfigError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
         if self.cp_kv not in CP_KV_MODES:
-            raise LcftError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")
+            raise ConfigError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")
+
+    def parallel(self) -> ParallelConfig:
+        """Only the parallel options (what lcft.parallel needs), e.g. of a TrainConfig or EvalConfig."""
+        return ParallelConfig(self.cp, self.cp_layout, self.cp_kv, self.nproc)

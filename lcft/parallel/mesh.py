@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from lcft.errors import LcftError
 from lcft.parallel.config import ParallelConfig
+from lcft.shapes import check_world
 
 
 @dataclass(frozen=True)
@@ -40,18 +40,6 @@ class ParallelState:
     def cp_ranks(self) -> list[int]:
         """Global ranks of this rank's cp group, in cp_rank order."""
         return [self.dp_rank * self.cp + r for r in range(self.cp)]
-
-
-def check_world(world: int, cp: int) -> int:
-    """dp for a world of `world` processes split into cp groups; a clear error when it does not divide."""
-    if cp < 1:
-        raise LcftError(f"cp must be at least 1, got {cp}")
-    if world % cp != 0:
-        raise LcftError(
-            f"world size {world} is not divisible by cp={cp}: launch a multiple of {cp} processes "
-            f"(e.g. --nproc {cp}) or lower --cp"
-        )
-    return world // cp
 
 
 def single_process_state() -> ParallelState:

@@ -8,18 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from lcft.errors import LcftError
-
-
-def check_length(length: int, cp: int, block: int) -> None:
-    """A window splits into 2*cp chunks of whole attention blocks; a clear error when it does not."""
-    unit = 2 * cp * block
-    if length <= 0 or length % unit != 0:
-        lower, upper = (length // unit) * unit, (length // unit + 1) * unit
-        hint = f"{lower} or {upper}" if lower > 0 else f"{upper}"
-        raise LcftError(
-            f"window length {length} is not a multiple of 2*cp*block = {unit} "
-            f"(cp={cp}, block={block}): use e.g. {hint}"
-        )
+from lcft.shapes import check_length
 
 
 def rank_chunks(cp_rank: int, cp: int, layout: str) -> tuple[int, int]:

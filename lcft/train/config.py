@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lcft.config import ConfigError, build, load_toml, merge, to_dict
+from lcft.config import ConfigError, Size, build, load_toml, resolve, to_dict
+from lcft.parallel.config import ParallelConfig
+from lcft.shapes import check_batch
 
 # Options that do not change the training trajectory: a run folder may be continued with different values.
 RUN_NEUTRAL = frozenset({
@@ -19,8 +21,9 @@ RUN_NEUTRAL = frozenset({
 
 
 @dataclass
-class TrainConfig:
-    """Everything `lcft train` needs; defaults < `--config run.toml` < command-line flags."""
+class TrainConfig(ParallelConfig):
+    """Everything `lcft train` needs; defaults < `--config run.toml` < command-line flags. The parallel
+    options (nproc, cp, cp_layout, cp_kv) come from ParallelConfig."""
 
     data: str = ""
     """Prepared data folder (from `lcft prepare`); its train split is used."""
@@ -48,7 +51,7 @@ class TrainConfig:
     """Sparse attention: always-attended first key blocks (default: the model's own)."""
     attention_impl: str | None = None
     """Sparse attention implementation: auto, reference, cpu or triton (default: the model's own)."""
-    seq_len: int | None = None
+    seq_len: Size | None = None
     """Tokens per training sequence (e.g. 512K); shorter than the data's windows takes aligned sub-windows;
     default: the window length."""
     steps: int = 80
@@ -93,17 +96,6 @@ class TrainConfig:
     """Keep only this many newest checkpoints (0 = keep all)."""
     resume: str | None = None
     """Continue a run: 'auto' = the latest checkpoint in --out, or a checkpoint folder."""
-    nproc: int = 1
-    """Local processes to start (torchrun; gloo on CPU). Under an existing torchrun launch it is ignored."""
-    cp: int = 1
-    """Context-parallel ranks per sequence (the cp ranks of one data-parallel group are consecutive)."""
-    cp_layout: Literal["zigzag", "contiguous"] = "zigzag"
-    """Context parallelism: how a sequence is cut over its cp ranks: zigzag (2*cp chunks, rank r holds chunks r
-    and 2*cp-1-r: balanced causal work) or contiguous (rank r holds chunks 2r and 2r+1)."""
-    cp_kv: Literal["all", "selected", "stream"] = "all"
-    """Context parallelism: all = all-gather every rank's keys/values per layer; selected = fetch only the key
-    blocks the sparse selection needs (all_to_all; fewer bytes); stream = the other ranks' keys/values a piece
-    at a time, partial attention merged by log-sum-exp (least memory per rank, more bytes)."""
     seed: int = 0
     """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
     spike_sigma: float = 6.0
@@ -121,11 +113,9 @@ class TrainConfig:
     """Show the rich live progress view (only on a terminal, and only on rank 0)."""
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
         """Value checks that need no files (files are checked when training starts)."""
-        positive = ("steps", "global_batch", "micro_batch", "nproc", "cp", "loss_chunk", "spike_window")
+        super().__post_init__()
+        positive = ("steps", "global_batch", "micro_batch", "loss_chunk", "spike_window")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -143,8 +133,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
-        if self.global_batch % self.micro_batch:
-            raise ConfigError(f"global_batch {self.global_batch} is not a multiple of micro_batch {self.micro_batch}")
+        check_batch(self.global_batch, self.micro_batch)
         if self.offload_activations and self.checkpointing != "block":
             raise ConfigError("offload_activations needs checkpointing = 'block'")
         if self.rope_scaling is not None:
@@ -190,18 +179,12 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
 
 def resolve_config(config_file: str | os.PathLike | None = None, flags: dict[str, Any] | None = None) -> TrainConfig:
     """defaults < TOML file < flags (None in flags = not given); unknown keys are an error naming the key."""
-    layers = [load_toml(config_file) if config_file else {}, flags or {}]
-    return build(TrainConfig, merge(*layers), where="train config")
+    return resolve(TrainConfig, config_file, flags, where="train config", table="train")
 
 
 def load_run_config(path: str | os.PathLike) -> TrainConfig:
     """Read a resolved config.toml written by the trainer (next to a checkpoint or at <run>/config.toml)."""
     return build(TrainConfig, load_toml(path), where=str(path))
-
-
-def replace(cfg: TrainConfig, **changes: Any) -> TrainConfig:
-    """A copy with some fields changed (validated again)."""
-    return dataclasses.replace(cfg, **changes)
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

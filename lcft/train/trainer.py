@@ -27,6 +27,7 @@ from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
 from lcft.model.io import resolve_checkpoint
+from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
     TrainerState,
     clean_partial,
@@ -95,19 +96,14 @@ class Trainer:
         ps = PartialState(cpu=cpu)  # joins the torchrun process group (gloo on CPU) when launched
         self.world, self.rank = ps.num_processes, ps.process_index
         self.is_main = ps.is_main_process
-        if self.world % cfg.cp:
-            raise LcftError(f"{self.world} processes cannot be split into context-parallel groups of {cfg.cp}")
+        self.dp_size, self.dp_rank = check_world(self.world, cfg.cp), self.rank // cfg.cp
         self.cp_runner = None  # context parallelism: this rank's shard of each sequence (lcft.parallel)
         if cfg.cp > 1:
             from lcft.parallel import ParallelConfig, init_parallel
 
             self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
             self.pstate = init_parallel(self.pcfg)  # collective: the dp x cp process groups
-        self.dp_size, self.dp_rank = self.world // cfg.cp, self.rank // cfg.cp
-        if cfg.global_batch % (cfg.micro_batch * self.dp_size):
-            raise LcftError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch x data-parallel "
-                            f"ranks ({cfg.micro_batch} x {self.dp_size})")
-        self.accum = cfg.global_batch // (cfg.micro_batch * self.dp_size)
+        self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.dp_size)
         self.precision = cfg.precision if cfg.precision != "auto" else ("fp32" if cpu else "bf16")
         if cfg.tensorboard:
             try:
@@ -171,16 +167,10 @@ class Trainer:
         return None
 
     def _check_lengths(self, window: int) -> None:
-        cfg, attn = self.cfg, self.model.config.attention
-        if self.seq_len > window:
-            raise LcftError(f"--seq-len {self.seq_len} is longer than the data's windows ({window} tokens); "
-                            "prepare longer windows or train on a shorter --seq-len")
-        if attn.backend == "sparse" and self.seq_len % attn.block_size:
-            raise LcftError(f"--seq-len {self.seq_len} is not a multiple of the sparse attention block "
-                            f"({attn.block_size})")
-        if cfg.cp > 1 and self.seq_len % (2 * cfg.cp * attn.block_size):
-            raise LcftError(f"--seq-len {self.seq_len} is not a multiple of 2 x cp x block = "
-                            f"{2 * cfg.cp * attn.block_size}")
+        cp, attn = self.cfg.cp, self.model.config.attention
+        blocks = attn.backend == "sparse" or cp > 1  # dense attention at cp=1 takes any length
+        check_length(self.seq_len, cp, attn.block_size if blocks else 1, what="--seq-len", window=window,
+                     block_name="sparse attention block")
 
     def _start_run_dir(self) -> None:
         cfg = self.cfg

@@ -27,3 +27,35 @@ def test_import_lcft_does_not_import_heavy_optional_modules():
     code = "import sys, lcft, lcft.kernels, lcft.cli.app; print('triton' in sys.modules, 'flash_attn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
+
+
+def test_help_works_without_source_files(tmp_path):
+    """An install holding only .pyc files (no source for inspect to read field docstrings from): every
+    command's --help still works and lists every option."""
+    import compileall
+    import json
+    import shutil
+    from pathlib import Path
+
+    import lcft
+
+    pkg = shutil.copytree(Path(lcft.__file__).parent, tmp_path / "lcft", ignore=shutil.ignore_patterns("__pycache__"))
+    assert compileall.compile_dir(pkg, legacy=True, quiet=1)  # foo.pyc beside foo.py, importable without it
+    for src in pkg.rglob("*.py"):
+        src.unlink()
+    code = """if True:
+        import json, lcft.config
+        from typer.testing import CliRunner
+        from lcft.cli.app import app
+        cases = [["--help"], ["train", "--help"], ["eval", "--help"], ["prepare", "windows", "--help"], ["demo", "--help"]]
+        runs = [CliRunner().invoke(app, args, env={"COLUMNS": "200"}) for args in cases]
+        print(json.dumps([lcft.config.__file__] + [[r.exit_code, r.output] for r in runs]))
+    """
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    where, *results = json.loads(r.stdout)
+    assert where.endswith(".pyc")  # it really ran from the compiled copy
+    for (code_, output), flag in zip(results, ("train", "--seq-len", "--checkpoint", "--max-n-frac", "--layers"),
+                                     strict=True):
+        assert code_ == 0 and flag in output, output

@@ -1,0 +1,135 @@
+"""One generator for every config-driven command: a flag per dataclass field, help from the field docstrings."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+
+from lcft.cli.common import user_errors
+from lcft.config import doc, format_size, is_size, resolve
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How one field appears on the command line where the generated default does not fit."""
+
+    flag: str | None = None
+    """The long option instead of --field-name (e.g. --checkpoint for the field `checkpoints`)."""
+    aliases: tuple[str, ...] = ()
+    """Extra option names, e.g. ("-c",)."""
+    metavar: str | None = None
+    """Placeholder in the help instead of the one derived from the type (N, FLOAT, SIZE, a|b, TEXT)."""
+    note: str = ""
+    """Text appended to the field docstring in the help."""
+    commas: bool = False
+    """A tuple field given once as 'a,b' instead of by repeating the option."""
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A command option that is not a config field (e.g. --quiet); passed to `run` by name."""
+
+    names: tuple[str, ...]
+    help: str
+    default: Any = False
+    annotation: Any = bool
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _shown(value: Any, size: bool) -> str:
+    """A default the way a user would type it: 512K, chr1,chr2, on/off; '' when there is nothing to show."""
+    if value is None or value in ("", ()):
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple | list):
+        return ",".join(_shown(v, size) for v in value)
+    return format_size(value) if size and isinstance(value, int) else str(value)
+
+
+def _metavar(tp: Any) -> str:
+    for arg in (tp, *typing.get_args(tp)):
+        if typing.get_origin(arg) is typing.Literal:
+            return "|".join(map(str, typing.get_args(arg)))
+    if is_size(tp):
+        return "SIZE"
+    kinds = {int, float} & {tp, *typing.get_args(tp)}
+    return "N" if kinds == {int} else "FLOAT" if kinds else "TEXT"
+
+
+def _is_tuple(tp: Any) -> bool:
+    return typing.get_origin(tp) in (tuple, list)
+
+
+def _field_parameter(cls: type, f: dataclasses.Field, tp: Any, opt: Opt) -> inspect.Parameter:
+    """A keyword parameter whose typer default is None (= not given: the TOML value or the default applies)."""
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+    shown = _shown(default, is_size(tp))
+    text = " ".join(t for t in (doc(cls, f.name), opt.note) if t)
+    help_text = text + (f" (default: {shown})" if shown else "")  # parentheses: rich help reads [..] as markup
+    flag = opt.flag or flag_name(f.name)
+    if tp is bool:
+        option = typer.Option(None, f"{flag}/--no-{flag[2:]}", *opt.aliases, help=help_text, show_default=False)
+        ann: Any = bool | None
+    else:
+        repeat = _is_tuple(tp) and not opt.commas
+        metavar = opt.metavar or _metavar(typing.get_args(tp)[0] if _is_tuple(tp) else tp)
+        if repeat and not opt.note:
+            help_text = help_text.replace(text, text + " Repeat the option.", 1)
+        option = typer.Option(None, flag, *opt.aliases, help=help_text, show_default=False, metavar=metavar)
+        ann = list[str] | None if repeat else str | None
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=ann)
+
+
+def config_parameters(cls: type, options: Mapping[str, Opt], config_help: str) -> list[inspect.Parameter]:
+    """--config, then one parameter per field of `cls` in declaration order."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    params = [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                                default=typer.Option(None, "--config", metavar="TOML", help=config_help))]
+    for f in dataclasses.fields(cls):
+        params.append(_field_parameter(cls, f, hints[f.name], options.get(f.name, Opt())))
+    return params
+
+
+def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..., None], *, help: str,
+                        epilog: str | None = None, options: Mapping[str, Opt] | None = None,
+                        extras: Mapping[str, Extra] | None = None, table: str | None = None) -> None:
+    """Register `name` on `app`: flags for every field of `cls` (plus `extras`), resolved as
+    defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
+    then `run(cfg, **extras)`."""
+    options, extras, table = options or {}, extras or {}, table or name
+    config_help = (f"TOML file with any of these options (same names, underscores; flat or under a '{table}' "
+                   "table); flags override it.")
+    params = config_parameters(cls, options, config_help)
+    for key, ex in extras.items():
+        params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=ex.annotation,
+                                        default=typer.Option(ex.default, *ex.names, help=ex.help)))
+
+    def command(**kwargs: Any) -> None:
+        config = kwargs.pop("config", None)
+        given = {k: kwargs.pop(k) for k in extras}
+        flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
+        run(resolve(cls, config, flags, where=f"{table} config", table=table), **given)
+
+    wrapped = user_errors(command)
+    wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapped.__annotations__ = {p.name: p.annotation for p in params}
+    wrapped.__doc__ = help
+    app.command(name, epilog=epilog)(wrapped)
+
+
+def _flag_value(value: Any, opt: Opt) -> Any:
+    """A repeated option typer left empty is 'not given' (None), like every other unset flag."""
+    if isinstance(value, list | tuple):
+        return list(value) or None
+    return value

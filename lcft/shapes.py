@@ -1,0 +1,45 @@
+"""Shape checks shared by configs, data, training, evaluation and context parallelism, each written once."""
+
+from __future__ import annotations
+
+from lcft.config import ConfigError
+
+
+def check_batch(global_batch: int, micro_batch: int, dp: int = 1) -> int:
+    """Accumulation steps of one optimizer step: global_batch = micro_batch x dp ranks x steps, or a clear error."""
+    per_round = micro_batch * dp
+    if micro_batch < 1 or dp < 1 or global_batch % per_round:
+        raise ConfigError(f"global_batch {global_batch} is not a multiple of micro_batch x data-parallel ranks "
+                        f"({micro_batch} x {dp})")
+    return global_batch // per_round
+
+
+def check_world(world: int, cp: int) -> int:
+    """dp for a world of `world` processes split into context-parallel groups of cp; a clear error otherwise."""
+    if cp < 1:
+        raise ConfigError(f"cp must be at least 1, got {cp}")
+    if world % cp != 0:
+        raise ConfigError(
+            f"world size {world} is not divisible by cp={cp} ({world} processes cannot be split into "
+            f"context-parallel groups of {cp}): launch a multiple of {cp} processes (e.g. --nproc {cp}) or lower --cp"
+        )
+    return world // cp
+
+
+def check_length(length: int, cp: int = 1, block: int = 1, *, what: str = "window length",
+                 window: int | None = None, block_name: str = "attention block", source: str = "") -> None:
+    """A sequence of `length` tokens fits the data's `window` (when given), holds whole attention blocks, and
+    with cp > 1 splits into 2*cp chunks of whole blocks (the zigzag/contiguous layouts)."""
+    if window is not None and length > window:
+        raise ConfigError(f"{what} {length} is longer than the data's windows ({window} tokens); "
+                        f"prepare longer windows or use a shorter {what}")
+    unit = 2 * cp * block if cp > 1 else block
+    if length > 0 and length % unit == 0:
+        return
+    of = f" of {source}" if source else ""
+    if cp == 1:
+        raise ConfigError(f"{what} {length} is not a multiple of the {block_name} size {block}{of}")
+    lower, upper = (length // unit) * unit, (length // unit + 1) * unit
+    hint = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+    raise ConfigError(f"{what} {length} is not a multiple of 2*cp*block = {unit} (cp={cp}, block={block}){of}: "
+                    f"use e.g. {hint}")
