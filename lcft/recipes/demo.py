@@ -120,7 +120,8 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
 
 def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
     """The existing report when it was made with the same options from the same weights (a re-run skips)."""
-    from lcft.evaluate.checkpoints import resolve_checkpoint, weights_sha256
+    from lcft.evaluate.checkpoints import weights_sha256
+    from lcft.runs import resolve_checkpoint
 
     p = report_dir / "eval.json"
     if not p.is_file():
@@ -160,14 +161,15 @@ def demo_note(report: dict) -> str:
     return (
         "What this demo shows: the whole pipeline runs (prepare -> train at a short context -> continue at a long "
         "context with sparse attention -> held-out loss by position). What it cannot show: a long-context gain. "
-        f"A model this small trained for minutes learns little beyond base composition (this run: "
-        f"{long['loss']:.3f} nats against {uniform:.3f} for a uniform guess; against the short-context control "
-        f"{_pct(long['loss'], ctrl['loss'])} overall, {_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
-        f"in the first tenth of the window, {_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the "
-        "last). 'continued vs base' mixes more training with longer context; only 'vs control' (the same "
-        "weights cut to the base context) isolates the context, and at this scale expect no gain from it, least "
-        "of all one growing toward the window end. The settings were chosen to fit the time budget, not tuned "
-        "for a gain; the finding needs the full-scale run (see README)."
+        f"A model this small trained for minutes learns little: this run's continued model scores "
+        f"{long['loss']:.3f} nats per base, {_pct(long['loss'], uniform)} against a uniform guess "
+        f"({uniform:.3f}), and {_pct(long['loss'], ctrl['loss'])} against its short-context control "
+        f"({_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} in the first tenth of the window, "
+        f"{_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last). "
+        "'continued vs base' mixes more training with longer context; only 'vs control' (the same weights cut to "
+        "the base context) isolates the context, and at this scale expect no gain from it, least of all one "
+        "growing toward the window end. The settings were chosen to fit the time budget, not tuned for a gain; "
+        "the finding needs the full-scale run (see README)."
     )
 
 

@@ -24,13 +24,14 @@ def test_note_states_the_figures_of_the_report_it_is_given():
     note = demo_note(rep)
     # Expected figures computed here, from the definitions: relative change of the continued model's loss
     # against its control, in percent with a sign.
-    assert "1.200 nats against 1.386 for a uniform guess" in note
-    assert f"{100 * (1.2 / 1.25 - 1):+.2f}% overall" in note  # -4.00%
-    assert "+4.00% in the first tenth" in note and "-12.00% in the" in note
+    assert f"1.200 nats per base, {100 * (1.2 / math.log(4.0) - 1):+.2f}% against a uniform guess (1.386)" in note
+    assert f"{100 * (1.2 / 1.25 - 1):+.2f}% against its short-context control" in note  # -4.00%
+    assert "(+4.00% in the first tenth of the window, -12.00% in the last)" in note
     assert "cannot show: a long-context gain" in note
-    other = demo_note(_report(1.37, (1.3, 1.3, 1.3), (1.3, 1.3, 1.3)))
-    assert "1.300 nats" in other and "+0.00% overall" in other and other != note
-    assert "1.34" not in note + other
+    worse = demo_note(_report(2.7, (2.6, 2.6, 2.6), (2.6, 2.6, 2.6)))  # worse than a uniform guess
+    assert "2.600 nats per base, +87.55% against a uniform guess" in worse
+    assert "+0.00% against its short-context control" in worse
+    assert "1.34" not in note + worse
 
 
 def test_summary_lines_compare_continued_with_base_and_control():
