@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from lcft.errors import LcftError
+from lcft.files import atomic_write
 
 T = TypeVar("T")
 
@@ -260,8 +261,4 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
 
 def save_resolved(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:
     """Write the resolved config (TOML, loadable again with --config) atomically."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(dumps_toml(data))
-    os.replace(tmp, p)
-    return p
+    return atomic_write(path, dumps_toml(data))

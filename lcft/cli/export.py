@@ -27,7 +27,8 @@ def register(app: typer.Typer) -> None:
         """Export a trained model in HuggingFace's Llama layout."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
-        from lcft.model.io import export_pretrained, resolve_checkpoint
+        from lcft.model.io import export_pretrained
+        from lcft.runs import resolve_checkpoint
 
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")

@@ -1,9 +1,8 @@
-"""Finding and describing checkpoints for eval: run folder -> latest checkpoint, metadata, weight hashes, checks."""
+"""Describing checkpoints for eval: metadata, weight hashes and the checks before any evaluation runs."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,43 +10,11 @@ from typing import Any
 
 from lcft.config import format_size
 from lcft.errors import LcftError
+from lcft.files import file_hash
+from lcft.runs import check_tokenizer, read_model_config, read_model_meta, resolve_checkpoint
 from lcft.shapes import check_length
 
 WEIGHT_SUFFIX = ".safetensors"
-
-
-def _is_model_dir(p: Path) -> bool:
-    """An HF-format model folder: it has a config.json (the weights are checked when it is loaded)."""
-    return (p / "config.json").is_file()
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run folder -> its latest checkpoint; a checkpoint folder or any HF Llama folder -> itself."""
-    p = Path(path)
-    if not p.exists():
-        raise LcftError(f"checkpoint not found: {p}")
-    if not p.is_dir():
-        raise LcftError(f"checkpoint must be a folder (a run, a checkpoint, or an HF model folder): {p}")
-    if _is_model_dir(p):
-        return p
-    if (p / "checkpoints").is_dir():
-        from lcft.train.checkpoint import latest_checkpoint
-
-        latest = latest_checkpoint(p)
-        if latest is None:
-            raise LcftError(f"run folder {p} has no complete checkpoint under {p / 'checkpoints'} yet")
-        return latest
-    raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no config.json)")
-
-
-def _read_json(p: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LcftError(f"unreadable checkpoint file {p}: {e}") from None
-    if not isinstance(data, dict):
-        raise LcftError(f"unreadable checkpoint file {p}: not a JSON object")
-    return data
 
 
 def weights_sha256(ckpt: Path) -> str:
@@ -56,10 +23,10 @@ def weights_sha256(ckpt: Path) -> str:
     if not files:
         raise LcftError(f"unreadable checkpoint {ckpt}: no *{WEIGHT_SUFFIX} weights file")
     if len(files) == 1:
-        return _sha256_file(files[0])
+        return file_hash(files[0]).hexdigest()
     h = hashlib.sha256()
     for f in files:
-        h.update(f.name.encode() + b"\0" + _sha256_file(f).encode())
+        h.update(f.name.encode() + b"\0" + file_hash(f).hexdigest().encode())
     return h.hexdigest()
 
 
@@ -74,14 +41,6 @@ def check_weights_readable(ckpt: Path) -> None:
                 sf.keys()
         except Exception as e:  # SafetensorError is not exported under a stable name
             raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {e}") from None
-
-
-def _sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -100,8 +59,7 @@ class CheckpointInfo:
     @classmethod
     def read(cls, given: str, label: str, max_context: int) -> CheckpointInfo:
         path = resolve_checkpoint(given)
-        config = _read_json(path / "config.json")
-        lcft = _read_json(path / "lcft.json") if (path / "lcft.json").is_file() else {}
+        config, lcft = read_model_config(path), read_model_meta(path)
         train_config: dict[str, Any] = {}
         if (path / "config.toml").is_file():
             try:
@@ -111,21 +69,8 @@ class CheckpointInfo:
         return cls(label, given, path, max_context, config, lcft, train_config)
 
     def check_tokenizer(self, data_tokenizer: dict[str, Any]) -> None:
-        """The checkpoint must use the data's vocabulary: equal tokenizer spec where the checkpoint records
-        one (ours do, in lcft.json), else an equal vocab_size in config.json (a transformers-written folder)."""
-        ours = self.lcft.get("tokenizer")
-        if ours is not None:
-            if ours != data_tokenizer:
-                raise LcftError(
-                    f"checkpoint {self.path} was trained with a different tokenizer than the data "
-                    f"({_describe(ours)} vs {_describe(data_tokenizer)})")
-            return
-        vocab = self.config.get("vocab_size")
-        want = data_tokenizer.get("vocab_size")
-        if vocab != want:
-            raise LcftError(
-                f"checkpoint {self.path} has vocab_size {vocab}, the data's tokenizer has {want}: "
-                "this model was not trained on this vocabulary")
+        """The checkpoint must read the data's vocabulary (lcft.runs.check_tokenizer)."""
+        check_tokenizer(self.path, data_tokenizer)
 
     def block_size(self, default: int) -> int:
         """Attention block size recorded in lcft.json (the model's default for a transformers-written folder)."""
@@ -153,10 +98,6 @@ class CheckpointInfo:
             "lcft": self.lcft,
             "train_config": self.train_config,
         }
-
-
-def _describe(spec: dict[str, Any]) -> str:
-    return f"{spec.get('name', '?')} with {spec.get('vocab_size', '?')} tokens"
 
 
 def default_labels(given: list[str], contexts: list[int]) -> list[str]:

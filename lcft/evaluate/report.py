@@ -8,7 +8,6 @@ import datetime
 import io
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from rich.table import Table
 from lcft import __version__
 from lcft.config import format_size, save_resolved, to_dict
 from lcft.evaluate.binning import LN2, UNIFORM_LOSS, relative_change, tenths
+from lcft.files import atomic_open
 
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
@@ -102,10 +102,8 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _atomic_write(path: Path, write: Any, mode: str = "w") -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open(mode, **({"newline": ""} if mode == "w" else {})) as fh:
+    with atomic_open(path, mode, **({"newline": ""} if mode == "w" else {})) as fh:
         write(fh)
-    os.replace(tmp, path)
 
 
 def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyfaidx
 
 from lcft.errors import LcftError
+from lcft.files import atomic_open
 
 GZIP_MAGIC = b"\x1f\x8b"
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
@@ -53,13 +54,10 @@ def decompress_to_cache(path: Path) -> Path:
     if dest.is_file():
         return dest
     dest_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
     try:
-        with gzip.open(path, "rb") as src, open(tmp, "wb") as out:
+        with atomic_open(dest, "wb") as out, gzip.open(path, "rb") as src:
             shutil.copyfileobj(src, out, 1 << 22)
-        os.replace(tmp, dest)
     except (OSError, EOFError) as e:
-        tmp.unlink(missing_ok=True)
         raise LcftError(f"{path}: cannot decompress gzip FASTA into {dest_dir}: {e}") from None
     return dest
 
@@ -84,17 +82,14 @@ def normalize_to_cache(path: Path, kind: str) -> Path:
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
     opener = gzip.open if kind != "plain" else open
     try:
-        with opener(path, "rb") as raw, open(tmp, "w", encoding="latin-1", newline="\n") as out:
+        with atomic_open(dest, "w", encoding="latin-1", newline="\n") as out, opener(path, "rb") as raw:
             # text mode with newline=None turns \r\n and \r into \n
             for line in io.TextIOWrapper(raw, encoding="latin-1", newline=None):
                 if line.strip():
                     out.write(line.rstrip() + "\n")
-        os.replace(tmp, dest)
     except (OSError, EOFError) as e:
-        tmp.unlink(missing_ok=True)
         raise LcftError(f"{path}: cannot normalize line endings into {dest.parent}: {e}") from None
     return dest
 

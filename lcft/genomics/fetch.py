@@ -4,7 +4,6 @@ readable by pyfaidx (plain gzip is decompressed, or recompressed as BGZF with --
 from __future__ import annotations
 
 import gzip
-import hashlib
 import http.client
 import os
 import shutil
@@ -25,6 +24,7 @@ from rich.progress import (
 )
 
 from lcft.errors import LcftError
+from lcft.files import atomic_open, file_hash
 from lcft.genomics.fasta import FastaFile, gzip_kind
 
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
@@ -46,14 +46,6 @@ def published_md5(url: str, timeout: float = 60) -> str:
         if len(parts) == 2 and parts[1].lstrip("*") == name:
             return parts[0].lower()
     raise LcftError(f"{md5_url} lists no md5 for {name}; pass --md5 HEX or --md5 {NO_MD5}")
-
-
-def md5_file(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _download_once(url: str, part: Path, bar: Progress | None, task: int | None, timeout: float) -> None:
@@ -126,18 +118,15 @@ def _make_readable(gz: Path, bgzip: bool) -> Path:
         target = gz.with_name(stem + ".bgz.gz")
         if target.exists():  # written via .tmp + rename: present means complete
             return target
-        tmp = target.with_name(target.name + ".tmp")
-        with gzip.open(gz, "rb") as src, bgzf.BgzfWriter(str(tmp), "wb") as dst:
+        with atomic_open(target, "wb") as raw, gzip.open(gz, "rb") as src, bgzf.BgzfWriter(fileobj=raw) as dst:
             while block := src.read(1 << 22):
                 dst.write(block)
     else:
         target = gz.with_name(stem)
         if target.exists():
             return target
-        tmp = target.with_name(target.name + ".tmp")
-        with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
+        with atomic_open(target, "wb") as dst, gzip.open(gz, "rb") as src:
             shutil.copyfileobj(src, dst, 1 << 22)
-    os.replace(tmp, target)
     return target
 
 
@@ -170,7 +159,7 @@ def fetch_fasta(
     if not dest.exists():
         want = None if md5 == NO_MD5 else (md5.lower() if md5 else published_md5(url, timeout))
         part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=progress, timeout=timeout)
-        got = md5_file(part)
+        got = file_hash(part, "md5").hexdigest()
         if want is not None and got != want:
             part.unlink()
             raise LcftError(f"md5 mismatch for {url}: got {got}, published {want}; the download was removed, re-run")

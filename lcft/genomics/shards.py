@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError
+from lcft.files import atomic_open, file_hash
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SPLITS = ("train", "eval")
-HASH_BLOCK = 1 << 24
 
 
 def bin_name(split: str) -> str:
@@ -28,20 +28,6 @@ def bin_name(split: str) -> str:
 
 def softmask_name(split: str) -> str:
     return f"{split}.softmask.bin"
-
-
-def sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
-    """A sha256 object fed with the first `upto` bytes of a file (all when None)."""
-    h = hashlib.sha256()
-    left = path.stat().st_size if upto is None else upto
-    with open(path, "rb") as fh:
-        while left > 0:
-            block = fh.read(min(HASH_BLOCK, left))
-            if not block:
-                break
-            h.update(block)
-            left -= len(block)
-    return h
 
 
 class HashedFile:
@@ -55,7 +41,7 @@ class HashedFile:
             self.fh = open(path, "r+b")
             self.fh.truncate(keep)
             self.fh.seek(keep)
-            self.hash = sha256_file(path, keep)
+            self.hash = file_hash(path, "sha256", keep)
         else:
             self.fh = open(path, "wb")
             self.hash = hashlib.sha256()
@@ -214,14 +200,9 @@ def dumps_json(data: Any) -> str:
 
 def write_json_atomic(path: Path, data: Any, sync: bool = True) -> None:
     """Write JSON via a temp file and rename (readers see the old or the new file, never a torn one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
+    with atomic_open(path, "w", fsync=sync) as fh:
         fh.write(dumps_json(data))
         fh.write("\n")
-        fh.flush()
-        if sync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def read_manifest(out_dir: str | os.PathLike) -> dict:
@@ -306,6 +287,6 @@ def verify_windows(out_dir: str | os.PathLike) -> dict:
                 raise LcftError(f"{p} is missing ({split} split)")
             if p.stat().st_size != meta["bytes"]:
                 raise LcftError(f"{p} is corrupt: {p.stat().st_size} bytes, manifest says {meta['bytes']}")
-            if sha256_file(p).hexdigest() != meta["sha256"]:
+            if file_hash(p).hexdigest() != meta["sha256"]:
                 raise LcftError(f"{p} is corrupt: sha256 differs from the manifest")
     return m

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lcft.errors import LcftError
+from lcft.files import read_json, replacing
 from lcft.genomics.tokenizer import BOS, EOS, tokenizer_spec
 from lcft.model.config import AttentionConfig, LlamaConfig, normalize_rope_scaling
 from lcft.model.llama import Llama
@@ -116,12 +117,8 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
     if not directory.is_dir():
         raise LcftError(f"{directory} exists and is not a folder")
     for name in order:
-        tmp = directory / f".{name}.tmp"
-        try:
+        with replacing(directory / name) as tmp:
             write(tmp, name)
-            os.replace(tmp, directory / name)
-        finally:
-            tmp.unlink(missing_ok=True)
 
 
 def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
@@ -141,18 +138,11 @@ def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dty
     return directory
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise LcftError(f"{path}: not valid JSON ({e})") from None
-
-
 def _weight_files(directory: Path) -> list[Path]:
     if (directory / WEIGHTS).is_file():
         return [directory / WEIGHTS]
     if (directory / INDEX).is_file():
-        shards = sorted(set(_read_json(directory / INDEX).get("weight_map", {}).values()))
+        shards = sorted(set(read_json(directory / INDEX).get("weight_map", {}).values()))
         missing = [s for s in shards if not (directory / s).is_file()]
         if missing or not shards:
             raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
@@ -171,13 +161,13 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
     if not (directory / CONFIG).is_file():
         raise LcftError(f"{directory}: no {CONFIG}; not a model checkpoint folder")
     if attention is None and (directory / LCFT).is_file():
-        extra = _read_json(directory / LCFT)
+        extra = read_json(directory / LCFT)
         try:
             attention = AttentionConfig(**extra.get("attention", {}))
         except TypeError as e:
             raise LcftError(f"{directory / LCFT}: bad attention block ({e})") from None
     try:
-        return config_from_hf(_read_json(directory / CONFIG), attention)
+        return config_from_hf(read_json(directory / CONFIG), attention)
     except KeyError as e:
         raise LcftError(f"{directory / CONFIG}: missing field {e.args[0]!r}") from None
 
@@ -216,27 +206,12 @@ def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | N
     return model
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint folder (has config.json) as is; a run folder -> its latest `checkpoints/step-*` (highest
-    step; temp folders of interrupted saves do not match)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise LcftError(f"checkpoint or run folder not found: {path}")
-    if (path / CONFIG).is_file():
-        return path
-    steps = [(int(m.group(1)), p) for p in (path / "checkpoints").glob("step-*")
-             if (m := re.fullmatch(r"step-(\d+)", p.name)) and p.is_dir()]
-    if not steps:
-        raise LcftError(f"{path}: neither a checkpoint folder (no {CONFIG}) nor a run folder with "
-                        "checkpoints/step-*")
-    return max(steps)[1]
-
-
 def export_pretrained(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | None = None,
                       force: bool = False) -> Path:
-    """Write the model of a checkpoint (or of a run's latest checkpoint) to `out` as an HF Llama folder."""
+    """Write the model of a checkpoint folder to `out` as an HF Llama folder (a run folder is resolved to its
+    latest checkpoint by lcft.runs.resolve_checkpoint, before this is called)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
-    model = from_pretrained(resolve_checkpoint(checkpoint))
+    model = from_pretrained(checkpoint)
     return save_pretrained(model, out, dtype=dtype)

@@ -1,8 +1,7 @@
-"""Checkpoint folders: atomic writes (temp folder, then rename), trainer state, latest, pruning, resume lookup.
+"""Writing checkpoints: atomic folders (temp folder, then rename), trainer state, pruning, partial-save cleanup.
 
-Layout: `<run>/checkpoints/step-00000080/` = the model in HF layout (`config.json`, `model.safetensors`,
-`lcft.json`), the resolved `config.toml`, and `trainer_state/` (`state.json`: step, data position, spike-guard
-history...; `optimizer.pt`, `scheduler.pt`, `rng.pt`). A folder exists under its final name only once complete.
+The folder layout (and finding a run's checkpoints) is lcft.runs'. `trainer_state/` holds `state.json` (step,
+data position, spike-guard history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`.
 """
 
 from __future__ import annotations
@@ -10,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
-import signal
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,12 +19,8 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
-
-STEP_DIR = re.compile(r"^step-(\d{8})$")
-TMP_PREFIX = ".tmp-"
-STATE_DIR = "trainer_state"
-# Test hook: SIGKILL this process midway through writing the checkpoint of this step (simulates a crash).
-KILL_DURING_SAVE_ENV = "LCFT_TEST_KILL_DURING_SAVE"
+from lcft.files import read_json
+from lcft.runs import STATE_DIR, TMP_PREFIX, checkpoints_dir, list_checkpoints, step_name
 
 
 @dataclass
@@ -54,49 +47,9 @@ class TrainerState:
     """Loss (nats per counted token) of the last step."""
 
 
-def step_name(step: int) -> str:
-    """step 80 -> 'step-00000080'."""
-    return f"step-{step:08d}"
-
-
-def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first (temp folders of interrupted saves are not listed)."""
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
-    return sorted(found)
-
-
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The run's checkpoint with the highest step, or None."""
-    found = list_checkpoints(run_dir)
-    return found[-1][1] if found else None
-
-
 def checkpoint_step(path: str | os.PathLike) -> int:
     """The step a checkpoint folder holds (from its state)."""
     return read_state(path).step
-
-
-def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path:
-    """'auto' -> the latest checkpoint of run_dir; a run folder -> its latest; a checkpoint folder -> itself."""
-    if resume == "auto":
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise LcftError(f"--resume auto: no checkpoint in {checkpoints_dir(run_dir)} "
-                            "(drop --resume to start a new run)")
-        return ckpt
-    p = Path(resume)
-    if (p / STATE_DIR).is_dir():
-        return p
-    if p.is_dir() and (ckpt := latest_checkpoint(p)) is not None:
-        return ckpt
-    raise LcftError(f"--resume {resume}: not a checkpoint folder (no {STATE_DIR}/) nor a run with checkpoints")
 
 
 def clean_partial(run_dir: str | os.PathLike) -> list[Path]:
@@ -136,9 +89,11 @@ def _fsync_dir(p: Path) -> None:
 
 
 def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callable[[Path], None],
-                     write_rest: Callable[[Path], None]) -> Path:
+                     write_rest: Callable[[Path], None],
+                     between: Callable[[int, Path], None] | None = None) -> Path:
     """Write `<run>/checkpoints/.tmp-step-N/`, flush it to disk, then rename it to `step-N` (atomic on POSIX).
-    A crash at any point leaves either no `step-N` or a complete one; earlier checkpoints are untouched."""
+    A crash at any point leaves either no `step-N` or a complete one; earlier checkpoints are untouched.
+    `between(step, tmp)` runs after the model is written and before the rest (TrainHooks.during_save)."""
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
@@ -148,8 +103,8 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write_model(tmp)
-    if os.environ.get(KILL_DURING_SAVE_ENV) == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if between is not None:
+        between(step, tmp)
     write_rest(tmp)
     _fsync_tree(tmp)
     os.rename(tmp, final)
@@ -188,7 +143,10 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     p = Path(ckpt) / STATE_DIR / "state.json"
     if not p.is_file():
         raise LcftError(f"{ckpt}: not a trainer checkpoint ({STATE_DIR}/state.json missing)")
-    return TrainerState(**json.loads(p.read_text()))
+    try:
+        return TrainerState(**read_json(p))
+    except TypeError as e:  # a field this version does not know, or one missing
+        raise LcftError(f"{p}: not a trainer state of this lcft version ({e})") from None
 
 
 def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict, dict, dict]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import resource
 import sys
@@ -23,7 +22,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-LN2 = math.log(2.0)
+from lcft.files import atomic_write
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -54,9 +53,7 @@ class MetricsLog:
                     keep.append(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a crash
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, allow_nan=True) + "\n")

@@ -4,7 +4,6 @@ attention and RoPE overrides applied and the vocabulary checked against the data
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, preset
 from lcft.model.io import read_config
+from lcft.runs import check_tokenizer
 from lcft.train.config import TrainConfig, parse_rope_scaling
 
 _ATTN_FIELDS = {"attention": "backend", "block_size": "block_size", "top_k": "top_k",
@@ -36,23 +36,6 @@ def _rope_changes(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict[str, Any]:
     return changes
 
 
-def check_vocabulary(source: Path, tokenizer: dict[str, Any]) -> None:
-    """A checkpoint must use the data's tokenizer: lcft.json's spec when present, else config.json's vocab."""
-    extra = source / "lcft.json"
-    if extra.is_file():
-        try:
-            spec = json.loads(extra.read_text()).get("tokenizer")
-        except json.JSONDecodeError as e:
-            raise LcftError(f"{extra}: not valid JSON ({e})") from None
-        if spec is not None and spec != tokenizer:
-            raise LcftError(f"{source}: its tokenizer {spec.get('name')!r} (vocab {spec.get('vocab_size')}) differs "
-                            f"from the data's {tokenizer.get('name')!r} (vocab {tokenizer.get('vocab_size')})")
-    vocab = read_config(source).vocab_size
-    if vocab != tokenizer["vocab_size"]:
-        raise LcftError(f"{source}: vocab_size {vocab} differs from the data tokenizer's {tokenizer['vocab_size']} "
-                        "(a model of another vocabulary cannot read these windows)")
-
-
 def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None) -> Llama:
     """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded)."""
     if source is None:
@@ -66,7 +49,7 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
         return Llama(model_cfg)
     if not source.is_dir():
         raise LcftError(f"checkpoint folder not found: {source}")
-    check_vocabulary(source, tokenizer)
+    check_tokenizer(source, tokenizer)
     model = from_pretrained(source, attention=attention_override(cfg, read_config(source).attention))
     rope = _rope_changes(cfg, model.config)
     if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are

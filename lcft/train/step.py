@@ -28,15 +28,21 @@ class LossModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, rope_seq_len: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss_sum, count, z_sum): summed weighted token loss incl. z-loss, counted tokens, Σ w·lse²."""
+        """(loss_sum, count, z_sum): summed weighted token loss incl. z-loss (and the MoE router loss when the
+        model has output_router_logits), counted tokens, Σ w·lse²."""
         hidden = self.model.hidden_states(input_ids, position_ids, rope_seq_len=rope_seq_len)  # (B, L, H)
         # The loss kernel computes fp32 logits chunk by chunk; autocast would push its matmuls back to bf16.
         with torch.autocast(device_type=hidden.device.type, enabled=False):
-            return chunked_cross_entropy(hidden, self.model.lm_head_weight, labels, weights=weights,
-                                         chunk=self.chunk, z_loss=self.z_loss, with_z=True)
+            loss_sum, count, z_sum = chunked_cross_entropy(hidden, self.model.lm_head_weight, labels,
+                                                           weights=weights, chunk=self.chunk, z_loss=self.z_loss,
+                                                           with_z=True)
+        aux = self.model.aux_loss
+        if aux is not None:  # a mean over this micro-batch's tokens (this rank's, under cp): x count to a sum
+            loss_sum = loss_sum + self.model.config.router_aux_loss_coef * aux * count
+        return loss_sum, count, z_sum
 
 
-def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor], cfg: TrainConfig,
+def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor],
                  cp: ContextParallelRunner | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of one micro-batch on this rank: (loss_sum, count, z_sum), sums over the tokens it holds.
 
@@ -44,7 +50,6 @@ def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor], cfg: TrainCon
     rank's tokens of input_ids/labels/weights (B, L) and passes their global position_ids and the full
     rope_seq_len; the trainer divides by the global count of the whole step and DDP averages over all ranks.
     """
-    del cfg  # the single-rank step needs nothing from it; the context-parallel one reads cfg.cp
     if cp is not None and cp.state.cp > 1:
         # `cp` holds this rank's place in its cp group. The sums cover only this rank's tokens: the trainer's
         # normaliser (global count, x world size against DDP's average) makes the summed gradient exact.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -22,19 +21,19 @@ from accelerate.state import AcceleratorState, GradientState
 
 from lcft.config import ConfigError, save_resolved, to_dict
 from lcft.errors import LcftError
+from lcft.evaluate.binning import LN2
+from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
-from lcft.model.io import resolve_checkpoint
+from lcft.runs import latest_checkpoint, resolve_checkpoint, resolve_resume
 from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
     TrainerState,
     clean_partial,
-    latest_checkpoint,
     prune,
     read_trainer_state,
-    resolve_resume,
     set_rng_state,
     write_checkpoint,
     write_trainer_state,
@@ -42,7 +41,7 @@ from lcft.train.checkpoint import (
 from lcft.train.config import TrainConfig, absolute_paths, diff, load_run_config
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import return_freed_buffers_to_os
-from lcft.train.metrics import LN2, LiveView, MetricsLog, peak_memory_bytes
+from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 
@@ -51,12 +50,15 @@ SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folde
 
 @dataclass
 class TrainHooks:
-    """Instrumentation for tests (not user options)."""
+    """Callbacks into the loop for instrumentation and fault injection (not user options)."""
 
     perturb_loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
     """(step, micro-batch loss_sum) -> the loss_sum used for backward and the spike guard."""
     before_step: Callable[[int], None] | None = None
     """Called with the step number before its first forward (e.g. to raise an out-of-memory error)."""
+    during_save: Callable[[int, Path], None] | None = None
+    """(step, temp checkpoint folder): called midway through writing a checkpoint, after the model files and
+    before the trainer state (e.g. to kill the process there)."""
 
 
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict[str, Any]:
@@ -91,9 +93,26 @@ class Trainer:
         self._old_handlers: dict[int, Any] = {}
         self.view: LiveView | None = None
         self.metrics: MetricsLog | None = None
+        self._setup_processes()
+        manifest = verify_windows(cfg.data)  # names the corrupt file; raises before anything is written
+        windows = open_windows(cfg.data, "train")
+        self.seq_len = cfg.seq_len or windows.length
+        self.run_dir = Path(cfg.out)
+        self.resume_from = self._check_run_dir()
+        self._setup_model(manifest["tokenizer"], windows.length)
+        self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
+        self._setup_optimizer()
+        self._restore()
+        self.guard = SpikeGuard(GuardConfig(cfg.spike_sigma, cfg.spike_window, cfg.spike_min_history,
+                                            cfg.max_consecutive_skips), self.state.guard_history)
+        self._start_run_dir()
+
+    def _setup_processes(self) -> None:
+        """This process's place in the world (data- and context-parallel ranks), accumulation and precision."""
+        cfg = self.cfg
         _reset_accelerate()
-        cpu = not torch.cuda.is_available()
-        ps = PartialState(cpu=cpu)  # joins the torchrun process group (gloo on CPU) when launched
+        self.cpu = not torch.cuda.is_available()
+        ps = PartialState(cpu=self.cpu)  # joins the torchrun process group (gloo on CPU) when launched
         self.world, self.rank = ps.num_processes, ps.process_index
         self.is_main = ps.is_main_process
         self.dp_size, self.dp_rank = check_world(self.world, cfg.cp), self.rank // cfg.cp
@@ -104,21 +123,20 @@ class Trainer:
             self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
             self.pstate = init_parallel(self.pcfg)  # collective: the dp x cp process groups
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.dp_size)
-        self.precision = cfg.precision if cfg.precision != "auto" else ("fp32" if cpu else "bf16")
+        self.precision = cfg.precision if cfg.precision != "auto" else ("fp32" if self.cpu else "bf16")
         if cfg.tensorboard:
             try:
                 importlib.import_module("torch.utils.tensorboard")
             except ImportError:
                 raise LcftError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
 
-        manifest = verify_windows(cfg.data)  # names the corrupt file; raises before anything is written
-        windows = open_windows(cfg.data, "train")
-        self.seq_len = cfg.seq_len or windows.length
-        self.run_dir = Path(cfg.out)
-        self.resume_from = self._check_run_dir()
+    def _setup_model(self, tokenizer: dict[str, Any], window: int) -> None:
+        """The model to train (resumed, --init or fresh), checked against the data, wrapped for context
+        parallelism and activation checkpointing."""
+        cfg = self.cfg
         init = resolve_checkpoint(cfg.init) if cfg.init else None  # a run folder means its latest checkpoint
-        self.model = build_model(cfg, manifest["tokenizer"], self.resume_from or init)
-        self._check_lengths(windows.length)
+        self.model = build_model(cfg, tokenizer, self.resume_from or init)
+        self._check_lengths(window)
         if cfg.cp > 1:
             from lcft.parallel import ContextParallelRunner, apply_context_parallel
 
@@ -126,10 +144,12 @@ class Trainer:
             self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.block_size)
         self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
         return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
-        self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
 
+    def _setup_optimizer(self) -> None:
+        """Accelerator (placement, mixed precision, accumulation, DDP), AdamW and its schedule."""
+        cfg = self.cfg
         self.acc = Accelerator(
-            cpu=cpu, mixed_precision="bf16" if self.precision == "bf16" else "no",
+            cpu=self.cpu, mixed_precision="bf16" if self.precision == "bf16" else "no",
             gradient_accumulation_steps=self.accum,
             log_with="tensorboard" if cfg.tensorboard else None,
             project_dir=str(self.run_dir / "tensorboard") if cfg.tensorboard else None,
@@ -138,6 +158,9 @@ class Trainer:
         optimizer = make_optimizer(loss_model, cfg)
         self.scheduler = make_scheduler(optimizer, cfg)
         self.lm, self.opt = self.acc.prepare(loss_model, optimizer)
+
+    def _restore(self) -> None:
+        """Trainer state, optimizer, schedule and RNGs of the checkpoint resumed from (a fresh state otherwise)."""
         self.state = TrainerState(world_size=self.world)
         if self.resume_from is not None:
             self.state, optim, sched, rng = read_trainer_state(self.resume_from)
@@ -145,9 +168,6 @@ class Trainer:
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)
             self.state.world_size = self.world
-        self.guard = SpikeGuard(GuardConfig(cfg.spike_sigma, cfg.spike_window, cfg.spike_min_history,
-                                            cfg.max_consecutive_skips), self.state.guard_history)
-        self._start_run_dir()
 
     def _check_run_dir(self) -> Path | None:
         """The checkpoint to resume from, or None for a new run; refuses to mix or overwrite runs."""
@@ -265,9 +285,7 @@ class Trainer:
             "seq_len": self.seq_len, "precision": self.precision,
         }
         if self.is_main:
-            tmp = self.run_dir / (SUMMARY + ".tmp")
-            tmp.write_text(json.dumps(summary, indent=1) + "\n")
-            os.replace(tmp, self.run_dir / SUMMARY)
+            atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")
             if stopped == "signal":
                 self._note(f"stopped by signal at step {st.step}; checkpoint {ckpt}; continue with --resume auto")
         return summary
@@ -290,7 +308,7 @@ class Trainer:
         for batch in batches:
             batch = {k: v.to(self.acc.device) for k, v in batch.items()}
             with self.acc.accumulate(self.lm):
-                ls, _, zs = compute_loss(self.lm, batch, cfg, self.cp_runner)
+                ls, _, zs = compute_loss(self.lm, batch, self.cp_runner)
                 if self.hooks.perturb_loss:
                     ls = self.hooks.perturb_loss(step, ls)
                 self.acc.backward(ls * scale)
@@ -337,7 +355,8 @@ class Trainer:
                 save_resolved(tmp / "config.toml", to_dict(self.cfg))
                 write_trainer_state(tmp, st, self.opt.state_dict(), self.scheduler.state_dict())
 
-            path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_pretrained(self.model, tmp), write_rest)
+            path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_pretrained(self.model, tmp), write_rest,
+                                    self.hooks.during_save)
             prune(self.run_dir, self.cfg.keep_last)
         self.acc.wait_for_everyone()
         return latest_checkpoint(self.run_dir) or path

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lcft.evaluate import EvalConfig, evaluate
-from lcft.evaluate.checkpoints import default_labels, resolve_checkpoint
+from lcft.evaluate.checkpoints import default_labels
+from lcft.runs import resolve_checkpoint
 
 from .conftest import small_config
 

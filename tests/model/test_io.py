@@ -14,7 +14,7 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, save_pretrained
-from lcft.model.io import resolve_checkpoint
+from lcft.runs import resolve_checkpoint
 
 runner = CliRunner()
 
@@ -165,7 +165,7 @@ def test_export_cli_writes_hf_folder_of_latest_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["missing-folder"], "not found"),
-    (["{empty}"], "neither a checkpoint folder"),
+    (["{empty}"], "not a run folder, a checkpoint folder or an HF model folder"),
     (["{run}", "--dtype", "int8"], "--dtype"),
 ])
 def test_export_cli_bad_input_is_one_line_error(tmp_path, args, message):

@@ -67,7 +67,7 @@ def test_init_missing_weights(tmp_path, base_cfg, init_dir):
     shutil.copytree(init_dir, bad)
     (bad / "model.safetensors").unlink()
     _fails(tmp_path, base_cfg, "no model.safetensors", init=str(bad))
-    _fails(tmp_path, base_cfg, "checkpoint or run folder not found", init=str(tmp_path / "nope"))
+    _fails(tmp_path, base_cfg, "checkpoint not found", init=str(tmp_path / "nope"))
 
 
 def test_init_with_another_vocabulary(tmp_path, base_cfg):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,8 +14,9 @@ import torch
 
 from lcft.config import load_toml
 from lcft.model import from_pretrained
+from lcft.runs import list_checkpoints
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
-from lcft.train.checkpoint import KILL_DURING_SAVE_ENV, list_checkpoints, read_trainer_state
+from lcft.train.checkpoint import read_trainer_state
 from lcft.train.metrics import read_metrics
 
 
@@ -71,22 +73,27 @@ def test_checkpoint_layout_and_pruning(tmp_path, base_cfg):
     assert rec["bits_per_base"] == pytest.approx(rec["loss"] / 0.6931471805599453)
 
 
-def _cli(cfg: dict, out: Path, *extra: str) -> list[str]:
-    args = [sys.executable, "-m", "lcft", "train", "--out", str(out)]
-    for k, v in cfg.items():
-        if isinstance(v, bool):
-            args.append(f"--{'' if v else 'no-'}{k.replace('_', '-')}")
-        else:
-            args += [f"--{k.replace('_', '-')}", str(v)]
-    return args + list(extra)
+# Run in a fresh process, which SIGKILLs itself from TrainHooks.during_save midway through one checkpoint.
+KILL_DRIVER = """
+import json, os, signal, sys
+from lcft.train import TrainConfig, TrainHooks, train
+
+def kill(step, tmp):
+    if step == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+train(TrainConfig(**json.loads(sys.argv[1])), TrainHooks(during_save=kill))
+"""
 
 
 def test_kill_while_saving_keeps_previous_checkpoint(tmp_path, base_cfg):
     """SIGKILL midway through writing step 4's checkpoint: step 2 stays complete and loadable, no step-4
     folder appears, and --resume auto continues from step 2 (and clears the partial folder)."""
     run = tmp_path / "run"
-    env = {**os.environ, KILL_DURING_SAVE_ENV: "4"}
-    proc = subprocess.run(_cli({**base_cfg, "save_every": 2}, run), env=env, capture_output=True, text=True,
+    driver = tmp_path / "kill_during_save.py"
+    driver.write_text(KILL_DRIVER)
+    cfg = json.dumps({**base_cfg, "save_every": 2, "out": str(run)})
+    proc = subprocess.run([sys.executable, str(driver), cfg, "4"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert [p.name for _, p in list_checkpoints(run)] == ["step-00000002"]

@@ -24,7 +24,7 @@ def test_compute_loss_matches_full_logits():
     weights = torch.where(torch.rand(2, 96) < 0.3, 0.1, 1.0)  # (B, L) soft-mask weighting
     z = 1e-2
     ls, count, zs = compute_loss(LossModel(model, z, chunk=40), {"input_ids": ids, "labels": labels,
-                                                                  "weights": weights}, TrainConfig())
+                                                                  "weights": weights})
     logits = model(ids).double()  # (B, L, V)
     lse = torch.logsumexp(logits, -1)  # (B, L)
     keep = labels != -100
