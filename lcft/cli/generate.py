@@ -91,12 +91,20 @@ def _field_parameter(cls: type, f: dataclasses.Field, tp: Any, opt: Opt) -> insp
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=ann)
 
 
+def _fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of `cls`: its own first, then those of each base config (e.g. ParallelConfig) in MRO order."""
+    fields = dataclasses.fields(cls)
+    rank = {k: i for i, k in enumerate(c for c in cls.__mro__ if dataclasses.is_dataclass(c))}
+    owner = {f.name: next(c for c in cls.__mro__ if f.name in c.__dict__.get("__annotations__", {})) for f in fields}
+    return sorted(fields, key=lambda f: rank[owner[f.name]])  # stable: declaration order within a class
+
+
 def config_parameters(cls: type, options: Mapping[str, Opt], config_help: str) -> list[inspect.Parameter]:
-    """--config, then one parameter per field of `cls` in declaration order."""
+    """--config, then one parameter per field of `cls` (its own fields first)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     params = [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                                 default=typer.Option(None, "--config", metavar="TOML", help=config_help))]
-    for f in dataclasses.fields(cls):
+    for f in _fields(cls):
         params.append(_field_parameter(cls, f, hints[f.name], options.get(f.name, Opt())))
     return params
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from lcft.config import ConfigError, Size, build, load_toml, resolve, to_dict
 from lcft.parallel.config import ParallelConfig
 from lcft.shapes import check_batch
+from lcft.train.guard import GuardConfig
 
 # Options that do not change the training trajectory: a run folder may be continued with different values.
 RUN_NEUTRAL = frozenset({
@@ -21,9 +22,9 @@ RUN_NEUTRAL = frozenset({
 
 
 @dataclass
-class TrainConfig(ParallelConfig):
+class TrainConfig(ParallelConfig, GuardConfig):
     """Everything `lcft train` needs; defaults < `--config run.toml` < command-line flags. The parallel
-    options (nproc, cp, cp_layout, cp_kv) come from ParallelConfig."""
+    options (nproc, cp, cp_layout, cp_kv) come from ParallelConfig, the spike guard's from GuardConfig."""
 
     data: str = ""
     """Prepared data folder (from `lcft prepare`); its train split is used."""
@@ -98,15 +99,6 @@ class TrainConfig(ParallelConfig):
     """Continue a run: 'auto' = the latest checkpoint in --out, or a checkpoint folder."""
     seed: int = 0
     """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
-    spike_sigma: float = 6.0
-    """Skip an update whose loss exceeds the running mean by this many standard deviations (0 = off);
-    non-finite losses are always skipped."""
-    spike_window: int = 50
-    """Number of recent applied-update losses in the spike guard's running mean and deviation."""
-    spike_min_history: int = 10
-    """The spike guard judges spikes only after this many applied updates (non-finite: always)."""
-    max_consecutive_skips: int = 5
-    """Stop the run (with a checkpoint and an error) after this many skipped updates in a row."""
     tensorboard: bool = False
     """Also log the metrics to TensorBoard (Accelerate tracker) under <out>/tensorboard."""
     progress: bool = True
@@ -114,8 +106,9 @@ class TrainConfig(ParallelConfig):
 
     def __post_init__(self) -> None:
         """Value checks that need no files (files are checked when training starts)."""
-        super().__post_init__()
-        positive = ("steps", "global_batch", "micro_batch", "loss_chunk", "spike_window")
+        ParallelConfig.__post_init__(self)
+        GuardConfig.__post_init__(self)
+        positive = ("steps", "global_batch", "micro_batch", "loss_chunk")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -123,12 +116,11 @@ class TrainConfig(ParallelConfig):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {v})")
-        for name in ("warmup", "save_every", "keep_last", "max_consecutive_skips", "spike_min_history",
-                     "local_blocks", "sink_blocks"):
+        for name in ("warmup", "save_every", "keep_last", "local_blocks", "sink_blocks"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ConfigError(f"{name} must not be negative (got {v})")
-        for name in ("lr", "weight_decay", "grad_clip", "z_loss", "softmask_loss_weight", "spike_sigma"):
+        for name in ("lr", "weight_decay", "grad_clip", "z_loss", "softmask_loss_weight"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
         if not 0 <= self.min_lr_ratio <= 1:

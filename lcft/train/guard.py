@@ -5,19 +5,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lcft.config import ConfigError
 
-@dataclass(frozen=True)
+
+@dataclass
 class GuardConfig:
-    """When an update counts as a spike."""
+    """When an update counts as a spike (TrainConfig extends it: the flat options --spike-sigma etc.)."""
 
-    sigma: float = 6.0
-    """Spike = loss above the running mean by more than sigma standard deviations (0 = only non-finite)."""
-    window: int = 50
-    """Recent applied-update losses in the running statistics."""
-    min_history: int = 10
-    """Spikes are judged only once this many losses are in the window."""
-    max_consecutive: int = 5
-    """This many skips in a row stop the run."""
+    spike_sigma: float = 6.0
+    """Skip an update whose loss exceeds the running mean by this many standard deviations (0 = off);
+    non-finite losses are always skipped."""
+    spike_window: int = 50
+    """Number of recent applied-update losses in the spike guard's running mean and deviation."""
+    spike_min_history: int = 10
+    """The spike guard judges spikes only after this many applied updates (non-finite: always)."""
+    max_consecutive_skips: int = 5
+    """Stop the run (with a checkpoint and an error) after this many skipped updates in a row."""
+
+    def __post_init__(self) -> None:
+        if self.spike_window < 1:
+            raise ConfigError(f"spike_window must be at least 1 (got {self.spike_window})")
+        for name in ("spike_sigma", "spike_min_history", "max_consecutive_skips"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
 
 
 class SpikeGuard:
@@ -25,18 +35,18 @@ class SpikeGuard:
 
     def __init__(self, cfg: GuardConfig, history: list[float] | None = None) -> None:
         self.cfg = cfg
-        self.history: list[float] = list(history or [])[-cfg.window:]
+        self.history: list[float] = list(history or [])[-cfg.spike_window:]
 
     def threshold(self) -> float | None:
         """The loss above which an update is a spike, or None while the history is too short."""
-        if self.cfg.sigma <= 0 or len(self.history) < max(2, self.cfg.min_history):
+        if self.cfg.spike_sigma <= 0 or len(self.history) < max(2, self.cfg.spike_min_history):
             return None
         n = len(self.history)
         mean = sum(self.history) / n
         std = math.sqrt(sum((x - mean) ** 2 for x in self.history) / (n - 1))
         # A floor on the deviation: on a flat plateau, rounding noise alone must not count as a spike.
         std = max(std, 1e-3 * abs(mean))
-        return mean + self.cfg.sigma * std
+        return mean + self.cfg.spike_sigma * std
 
     def check(self, loss: float, grad_norm: float | None = None) -> str:
         """'nonfinite' (loss or gradient norm), 'spike', or 'ok'; does not record anything."""
@@ -50,4 +60,4 @@ class SpikeGuard:
     def record(self, loss: float) -> None:
         """Add an applied update's loss to the window."""
         self.history.append(float(loss))
-        del self.history[: -self.cfg.window]
+        del self.history[: -self.cfg.spike_window]

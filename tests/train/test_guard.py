@@ -19,14 +19,14 @@ from lcft.train.metrics import read_metrics
 
 def test_guard_statistics():
     losses = [2.9, 2.7, 2.6, 2.55, 2.5]
-    g = SpikeGuard(GuardConfig(sigma=3.0, window=4, min_history=3), losses)
+    g = SpikeGuard(GuardConfig(spike_sigma=3.0, spike_window=4, spike_min_history=3), losses)
     assert g.history == losses[-4:]  # the window keeps the newest
     expect = np.mean(losses[-4:]) + 3.0 * np.std(losses[-4:], ddof=1)
     assert g.threshold() == pytest.approx(expect)
     assert g.check(expect - 1e-6) == "ok" and g.check(expect + 1e-6) == "spike"
     assert g.check(math.nan) == "nonfinite" and g.check(2.0, grad_norm=math.inf) == "nonfinite"
-    assert SpikeGuard(GuardConfig(min_history=3), [2.0, 2.0]).check(50.0) == "ok"  # too little history
-    assert SpikeGuard(GuardConfig(sigma=0.0, min_history=1), [2.0] * 5).check(50.0) == "ok"  # disabled
+    assert SpikeGuard(GuardConfig(spike_min_history=3), [2.0, 2.0]).check(50.0) == "ok"  # too little history
+    assert SpikeGuard(GuardConfig(spike_sigma=0.0, spike_min_history=1), [2.0] * 5).check(50.0) == "ok"  # disabled
 
 
 def _weights(run, step):
