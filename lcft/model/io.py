@@ -1,102 +1,51 @@
-"""Checkpoint I/O in HuggingFace's Llama layout: config.json + model.safetensors (+ lcft.json for lcft's own
-attention settings and the tokenizer spec). Folders written by transformers load too."""
+"""Checkpoint folders in HuggingFace's layout: config.json + model.safetensors (or shards) + lcft.json for lcft's
+own attention settings and the tokenizer spec. Folders written by transformers load too (lcft.model.hf)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lcft.errors import LcftError
 from lcft.files import read_json, replacing
-from lcft.genomics.tokenizer import BOS, EOS, tokenizer_spec
-from lcft.model.config import AttentionConfig, LlamaConfig, normalize_rope_scaling
+from lcft.genomics.tokenizer import tokenizer_spec
+from lcft.model.config import AttentionConfig, LlamaConfig
+from lcft.model.hf import (
+    MAX_SHARD_BYTES,
+    WEIGHTS,
+    config_from_hf,
+    config_to_hf,
+    load_weights,
+    shards,
+    stale_weight_files,
+    to_hf_name,
+)
+from lcft.model.hf import weight_files as _weight_files
 from lcft.model.llama import Llama
 
+__all__ = ["CONFIG", "LCFT", "WEIGHTS", "config_from_hf", "config_to_hf", "export_pretrained", "from_pretrained",
+           "read_config", "save_pretrained", "to_hf_name"]
+
 LCFT_FORMAT_VERSION = 1
-WEIGHTS, INDEX, CONFIG, LCFT = "model.safetensors", "model.safetensors.index.json", "config.json", "lcft.json"
-
-# Our parameter names -> HF LlamaForCausalLM's (the block-level names differ: attn vs self_attn, norms).
-_BLOCK_RENAMES = (("attn.", "self_attn."), ("attn_norm.", "input_layernorm."),
-                  ("mlp_norm.", "post_attention_layernorm."))
-_IGNORED_HF = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old HF checkpoints stored
-
-
-def to_hf_name(name: str) -> str:
-    """'layers.0.attn.q_proj.weight' -> 'model.layers.0.self_attn.q_proj.weight'."""
-    if name.startswith("lm_head."):
-        return name
-    m = re.match(r"layers\.(\d+)\.(.*)$", name)
-    if m:
-        rest = m.group(2)
-        for ours, theirs in _BLOCK_RENAMES:
-            if rest.startswith(ours):
-                rest = theirs + rest[len(ours):]
-                break
-        return f"model.layers.{m.group(1)}.{rest}"
-    return "model." + name
-
-
-def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """config.json content that transformers 5.x (rope_parameters) and 4.x (rope_theta + rope_scaling) load."""
-    rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
-        "tie_word_embeddings": cfg.tie_word_embeddings, "initializer_range": cfg.initializer_range,
-        "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "rope_parameters": rope_parameters,
-        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
-        # pad_token_id stays null: HF would make it the embedding's padding_idx (a row that never gets a
-        # gradient), so continued training in transformers would differ from ours. lcft.json has the vocab.
-        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": None, "use_cache": True,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
-
-
-def config_from_hf(d: dict[str, Any], attention: AttentionConfig | None = None) -> LlamaConfig:
-    """LlamaConfig from a config.json written by us or by transformers 4.x/5.x."""
-    if d.get("model_type") != "llama" and "LlamaForCausalLM" not in d.get("architectures", []):
-        raise LcftError(f"not a Llama checkpoint (model_type {d.get('model_type')!r})")
-    unsupported = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
-    for key, want in unsupported.items():
-        if d.get(key, want) != want:
-            raise LcftError(f"unsupported Llama variant: {key}={d[key]!r} (lcft supports {key}={want!r})")
-    if d.get("pretraining_tp", 1) not in (1, None):
-        raise LcftError("unsupported Llama variant: pretraining_tp != 1")
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or params
-    theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
-    heads = d["num_attention_heads"]
-    if d.get("head_dim") not in (None, d["hidden_size"] // heads):
-        raise LcftError(f"unsupported Llama variant: head_dim {d['head_dim']} != hidden_size / heads")
-    return LlamaConfig(
-        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
-        num_key_value_heads=d.get("num_key_value_heads") or heads, rope_theta=float(theta),
-        rope_scaling=normalize_rope_scaling(scaling) if scaling else None,
-        max_position_embeddings=d.get("max_position_embeddings", 2048), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        initializer_range=d.get("initializer_range", 0.02), attention=attention or AttentionConfig())
+CONFIG, LCFT = "config.json", "lcft.json"
 
 
 def _write_folder(directory: Path, files: dict[str, Any]) -> None:
-    """Write {name: bytes | tensor dict} atomically: a fresh folder appears complete under its name (temp
-    sibling + rename); into an existing folder each file is written to a temp name and renamed, weights
-    first and config.json last, so a half-written folder never looks loadable."""
+    """Write {name: bytes | tensor dict | function returning one} atomically: a fresh folder appears complete
+    under its name (temp sibling + rename); into an existing folder each file is written to a temp name and
+    renamed, weights first and config.json last (weight files of an earlier save removed before it), so a
+    half-written folder never looks loadable."""
     def write(dst: Path, name: str) -> None:
         value = files[name]
+        if callable(value):  # a weight shard, built only now: one shard's copy in memory at a time
+            value = value()
         if isinstance(value, dict):
             save_file(value, str(dst), metadata={"format": "pt"})
         else:
@@ -117,40 +66,28 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
     if not directory.is_dir():
         raise LcftError(f"{directory} exists and is not a folder")
     for name in order:
+        if name == CONFIG:
+            for stale in stale_weight_files(directory, set(files)):
+                stale.unlink()
         with replacing(directory / name) as tmp:
             write(tmp, name)
 
 
-def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json, model.safetensors (HF Llama names) and lcft.json; loadable by
-    transformers.LlamaForCausalLM.from_pretrained and by from_pretrained here. dtype: cast weights (None = keep)."""
+def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None,
+                    max_shard_size: int = MAX_SHARD_BYTES) -> Path:
+    """Write config.json (the model's own HF class), model.safetensors (HF names; sharded with an index above
+    max_shard_size bytes, as transformers does) and lcft.json; loadable by transformers' from_pretrained and by
+    from_pretrained here. dtype: cast weights (None = keep)."""
     cfg = model.config
-    tensors = {to_hf_name(n): (p.detach().to(dtype) if dtype else p.detach()).cpu().contiguous()
-               for n, p in model.named_parameters()}
-    saved_dtype = next(iter(tensors.values())).dtype
-    extra = {"format_version": LCFT_FORMAT_VERSION, "attention": dataclasses.asdict(cfg.attention),
+    saved_dtype = dtype or next(model.parameters()).dtype
+    extra = {"format_version": LCFT_FORMAT_VERSION, "attention": cfg.attention.to_dict(),
              "tokenizer": tokenizer_spec()}
-    files = {WEIGHTS: tensors,
+    files = {**shards(model, dtype, max_shard_size),
              CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
              LCFT: json.dumps(extra, indent=2).encode()}
     directory = Path(directory)
     _write_folder(directory, files)
     return directory
-
-
-def _weight_files(directory: Path) -> list[Path]:
-    if (directory / WEIGHTS).is_file():
-        return [directory / WEIGHTS]
-    if (directory / INDEX).is_file():
-        shards = sorted(set(read_json(directory / INDEX).get("weight_map", {}).values()))
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing or not shards:
-            raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
-        return [directory / s for s in shards]
-    if (directory / "pytorch_model.bin").is_file():
-        raise LcftError(f"{directory}: only pytorch_model.bin found; lcft reads safetensors weights "
-                        "(re-save with transformers' save_pretrained(safe_serialization=True))")
-    raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
 
 
 def read_config(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> LlamaConfig:
@@ -163,7 +100,7 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
     if attention is None and (directory / LCFT).is_file():
         extra = read_json(directory / LCFT)
         try:
-            attention = AttentionConfig(**extra.get("attention", {}))
+            attention = AttentionConfig.from_dict(extra.get("attention", {}))
         except TypeError as e:
             raise LcftError(f"{directory / LCFT}: bad attention block ({e})") from None
     try:
@@ -173,36 +110,15 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
 
 
 def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> Llama:
-    """Load a Llama from a folder written by save_pretrained or by transformers (safetensors, single or
-    sharded). attention overrides the backend recorded in lcft.json (e.g. continue a dense model as sparse)."""
+    """Load a model from a folder written by save_pretrained or by transformers (LlamaForCausalLM,
+    MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM; safetensors, single or sharded,
+    fp32/bf16/fp16 kept as stored). attention overrides the backend recorded in lcft.json (e.g. continue a dense model as sparse)."""
     directory = Path(directory)
     cfg = read_config(directory, attention)
-    files = _weight_files(directory)
+    _weight_files(directory)  # a missing weight file is reported before anything is built
     with torch.device("meta"):
-        model = Llama(cfg)  # no init cost: every parameter is assigned from the file below
-    expected = {to_hf_name(n): n for n, _ in model.named_parameters()}
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if key in expected:
-                        state[expected[key]] = sf.get_tensor(key)
-                    elif _IGNORED_HF.search(key) or (key == "lm_head.weight" and cfg.tie_word_embeddings):
-                        continue
-                    else:
-                        raise LcftError(f"{f}: unexpected weight {key!r} (not a plain Llama checkpoint?)")
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # truncated or corrupt file
-            raise LcftError(f"{f}: cannot read weights ({e})") from None
-    missing = sorted(set(expected.values()) - set(state))
-    if missing:
-        names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
-        raise LcftError(f"{directory}: {len(missing)} weight(s) missing: {names}")
-    for name, p in model.named_parameters():
-        if state[name].shape != p.shape:
-            raise LcftError(f"{directory}: weight {to_hf_name(name)} has shape {tuple(state[name].shape)}, "
-                            f"config.json implies {tuple(p.shape)}")
-    model.load_state_dict(state, assign=True, strict=True)
+        model = Llama(cfg)  # no init cost: every parameter is assigned from the files, tensor by tensor
+    load_weights(model, directory)
     return model
 
 
