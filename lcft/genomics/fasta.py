@@ -15,7 +15,7 @@ from pathlib import Path
 import pyfaidx
 
 from lcft.errors import LcftError
-from lcft.files import atomic_open
+from lcft.files import atomic_open, file_hash
 
 GZIP_MAGIC = b"\x1f\x8b"
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
@@ -230,7 +230,7 @@ class FastaFile:
         return self.index[name].rlen
 
     def fai_md5(self) -> str:
-        return hashlib.md5(self.indexname.read_bytes()).hexdigest()
+        return file_hash(self.indexname, "md5").hexdigest()
 
     def require(self, names: list[str] | tuple[str, ...]) -> None:
         """Every name must be a record of this FASTA; the error lists what is there."""

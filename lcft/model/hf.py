@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lcft.errors import LcftError
+from lcft.files import read_json
 from lcft.model.config import AttentionConfig, LlamaConfig, normalize_rope_scaling
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -230,11 +231,7 @@ def weight_files(directory: Path) -> list[Path]:
     if (directory / WEIGHTS).is_file():
         return [directory / WEIGHTS]
     if (directory / INDEX).is_file():
-        try:
-            weight_map = json.loads((directory / INDEX).read_text()).get("weight_map", {})
-        except json.JSONDecodeError as e:
-            raise LcftError(f"{directory / INDEX}: not valid JSON ({e})") from None
-        shards = sorted(set(weight_map.values()))
+        shards = sorted(set(read_json(directory / INDEX).get("weight_map", {}).values()))
         missing = [s for s in shards if not (directory / s).is_file()]
         if missing or not shards:
             raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
