@@ -1,0 +1,112 @@
+"""The command generator: one flag per field, defaults < --config TOML (flat or [table]) < flags, help text."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from lcft.cli.app import app as lcft_app
+from lcft.cli.generate import Extra, Opt, command_from_config
+from lcft.config import ConfigError, Size
+from lcft.evaluate.config import EvalConfig
+from lcft.genomics.prepare import PrepareConfig
+from lcft.recipes.demo import DemoConfig
+from lcft.train.config import TrainConfig
+
+runner = CliRunner()
+
+
+@dataclass
+class _Base:
+    shared: int = 1
+    """An option of a shared group."""
+
+
+@dataclass
+class _Cfg(_Base):
+    length: Size = 4096
+    """Tokens per piece."""
+    names: tuple[str, ...] = ("a", "b")
+    """Names, comma separated."""
+    paths: tuple[str, ...] = ()
+    """Paths."""
+    mode: Literal["x", "y"] = "x"
+    """A mode."""
+    rate: float = 0.5
+    """A rate."""
+    flag: bool = True
+    """A switch."""
+
+    def __post_init__(self) -> None:
+        if self.rate > 1:
+            raise ConfigError(f"rate must be at most 1 (got {self.rate})")
+
+
+def _app(seen: list) -> typer.Typer:
+    app = typer.Typer()
+    command_from_config(app, "go", _Cfg, lambda cfg, quiet: seen.append((cfg, quiet)), help="Go.",
+                        options={"names": Opt(commas=True), "paths": Opt(flag="--path", aliases=("-p",))},
+                        extras={"quiet": Extra(("--quiet", "-q"), "Quiet.")})
+
+    @app.command("other")
+    def _other() -> None:  # a second command, so typer keeps `go` as a subcommand
+        """Nothing."""
+
+    return app
+
+
+def test_defaults_toml_flags_precedence(tmp_path):
+    seen: list = []
+    toml = tmp_path / "c.toml"
+    toml.write_text('rate = 0.25\nmode = "y"\nshared = 7\n[go]\nlength = "8K"\nrate = 0.75\n')
+    r = runner.invoke(_app(seen), ["go", "--config", str(toml), "--rate", "0.1", "--names", "p,q", "-p", "a/1",
+                                   "--path", "b,2", "--no-flag", "-q"])
+    assert r.exit_code == 0, r.output
+    cfg, quiet = seen[-1]
+    expected = _Cfg(shared=7, length=8192, names=("p", "q"), paths=("a/1", "b,2"), mode="y", rate=0.1, flag=False)
+    assert cfg == expected and quiet is True  # [go] beats the flat keys; flags beat both; -p keeps its comma
+    r = runner.invoke(_app(seen), ["go"])
+    assert r.exit_code == 0 and seen[-1] == (_Cfg(), False)
+
+
+def test_unknown_key_bad_value_and_failed_check_are_one_line_errors(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("lenght = 3\n")
+    for args, msg in [(["--config", str(toml)], "unknown go config key 'lenght'"),
+                      (["--mode", "z"], "mode: 'z' is not one of x, y"), (["--rate", "2"], "rate must be at most 1")]:
+        r = runner.invoke(_app([]), ["go", *args])
+        assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, r.output
+
+
+def test_help_shows_docstrings_and_defaults_as_typed():
+    r = runner.invoke(_app([]), ["go", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for text in ("Tokens per piece. (default: 4K)", "Names, comma separated. (default: a,b)", "--path", "-p",
+                 "Paths. Repeat the option.", "x|y", "SIZE", "(default: on)", "--no-flag", "An option of a shared"):
+        assert text in r.output, text
+    assert r.output.index("--length") < r.output.index("--shared")  # own options before the shared group
+
+
+@pytest.mark.parametrize("cmd,cls,renamed", [
+    (["train"], TrainConfig, {}),
+    (["eval"], EvalConfig, {"checkpoints": "--checkpoint", "labels": "--label"}),
+    (["prepare", "windows"], PrepareConfig, {}),
+    (["demo"], DemoConfig, {"num_hidden_layers": "--layers", "num_attention_heads": "--heads"}),
+])
+def test_every_config_field_has_its_flag(cmd, cls, renamed):
+    r = runner.invoke(lcft_app, [*cmd, "--help"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    for f in dataclasses.fields(cls):
+        assert renamed.get(f.name, "--" + f.name.replace("_", "-")) in r.output, f.name
+
+
+def test_size_defaults_are_shown_as_sizes():
+    r = runner.invoke(lcft_app, ["prepare", "windows", "--help"], env={"COLUMNS": "250"})
+    assert "(default: 512K)" in r.output and "(default: chr1,chr2)" in r.output
+    r = runner.invoke(lcft_app, ["demo", "--help"], env={"COLUMNS": "250"})
+    assert "(default: 32K)" in r.output and "(default: 1K)" in r.output
