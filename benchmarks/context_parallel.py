@@ -52,6 +52,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     import torch.distributed as dist
 
     from lcft.kernels import chunked_cross_entropy
+    from lcft.kernels.spec import SparseSpec
     from lcft.model import AttentionConfig, Llama, preset
     from lcft.parallel import ContextParallelRunner, ParallelConfig, apply_context_parallel, init_parallel
     from lcft.parallel.comms import STATS
@@ -65,15 +66,15 @@ def worker(args: argparse.Namespace) -> dict | None:
     if args.world > 1:
         dist.init_process_group("nccl" if cuda else "gloo", rank=args.rank, world_size=args.world)
     cfg = preset("tiny")
-    cfg.attention = AttentionConfig(backend="sparse", block_size=args.block, top_k=args.top_k, local_blocks=1,
-                                    sink_blocks=1, impl="auto")
+    spec = SparseSpec(block_size=args.block, top_k=args.top_k, local_blocks=1, sink_blocks=1)
+    cfg.attention = AttentionConfig(backend="sparse", sparse=spec, impl="auto")
     torch.manual_seed(0)
     model = Llama(cfg).to(device)
     model.set_activation_checkpointing("block")
     pcfg = ParallelConfig(cp=args.world, cp_layout=args.layout, cp_kv=args.kv)
     state = init_parallel(pcfg)
     apply_context_parallel(model, state, pcfg)
-    runner = ContextParallelRunner(state, pcfg, cfg.attention.block_size)
+    runner = ContextParallelRunner(state, pcfg, spec.block_size)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(4, 8, (1, args.length), generator=g)  # (1, L) A/C/G/T
     labels = torch.full_like(ids, -100)

@@ -50,7 +50,7 @@ class EvalParallel:
     def prepare(self, model: nn.Module) -> nn.Module:
         """Swap the model's attention cores for context-parallel ones (no-op for cp=1)."""
         apply_context_parallel(model, self.state, self.cfg)
-        self.runner = ContextParallelRunner(self.state, self.cfg, model.config.attention.block_size)
+        self.runner = ContextParallelRunner(self.state, self.cfg, model.config.attention.sparse.block_size)
         return model
 
     def piece_losses(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor

@@ -129,7 +129,7 @@ def _batches(n: int, size: int) -> Iterator[list[int]]:
 def _default_block_size() -> int:
     from lcft.model.config import AttentionConfig
 
-    return int(AttentionConfig().block_size)
+    return int(AttentionConfig().sparse.block_size)
 
 
 def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any]) -> list[CheckpointInfo]:

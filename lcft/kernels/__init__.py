@@ -1,4 +1,4 @@
-"""Kernels: block-sparse attention (reference, chunked CPU, Triton), block selection, chunked cross-entropy.
+"""Kernels: block-sparse attention (reference, chunked CPU, Triton), pluggable block selection, chunked cross-entropy.
 
 Names are resolved lazily so `import lcft` never imports triton (or anything heavy) by itself.
 """
@@ -12,7 +12,10 @@ _EXPORTS = {
     "sparse_attention": "lcft.kernels.sparse",
     "sparse_attention_with_indices": "lcft.kernels.sparse",
     "select_blocks": "lcft.kernels.sparse",
-    "SparseAttentionConfig": "lcft.kernels.sparse",
+    "SparseSpec": "lcft.kernels.spec",
+    "Selector": "lcft.kernels.selection",
+    "register_selector": "lcft.kernels.selection",
+    "get_selector": "lcft.kernels.selection",
     "chunked_cross_entropy": "lcft.kernels.loss",
     "per_token_loss": "lcft.kernels.loss",
 }

@@ -13,7 +13,8 @@ import functools
 
 import torch
 
-from lcft.kernels.selection import assemble_indices, block_means, group_query_sums
+from lcft.kernels.selection import assemble_indices, group_query_sums
+from lcft.kernels.spec import SparseSpec
 
 _QT, _T = 16, 64  # query blocks per program, key blocks per tile
 
@@ -65,30 +66,23 @@ def _kernel():
     return topk_kernel
 
 
-def select_blocks_triton(
-    q: torch.Tensor,
-    k: torch.Tensor | None,
-    *,
-    block_size: int,
-    top_k: int,
-    local_blocks: int,
-    sink_blocks: int,
-    q_block_offset: int = 0,
-    k_summary: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Same contract as `select_blocks_torch`: (B, Hq, Lq, D) queries -> (B, Hkv, nQ, budget) int32."""
+def select_blocks_triton(q: torch.Tensor, summary: torch.Tensor, spec: SparseSpec, q_block_offset: int = 0
+                         ) -> torch.Tensor:
+    """Same contract as `select_blocks_torch`: (B, Hq, Lq, D) queries, (B, Hkv, nK, D) key-block means ->
+    (B, Hkv, nQ, budget) int32."""
     import triton
 
+    top_k = spec.top_k
     with torch.no_grad():
-        summary = (k_summary.float() if k_summary is not None else block_means(k, block_size)).contiguous()
+        summary = summary.float().contiguous()  # (B, Hkv, nK, D)
         b, hkv, n_k, d = summary.shape
-        qs = group_query_sums(q, hkv, block_size).contiguous()  # (B, Hkv, nQ, D) fp32
+        qs = group_query_sums(q, hkv, spec.block_size).contiguous()  # (B, Hkv, nQ, D) fp32
         n_q = qs.shape[2]
         q_ids = torch.arange(q_block_offset, q_block_offset + n_q, device=q.device)
         topk_ids = torch.full((b, hkv, n_q, top_k), -1, dtype=torch.int32, device=q.device)
         if top_k > 0:
             _kernel()[(triton.cdiv(n_q, _QT), b * hkv)](
-                qs, summary, topk_ids, n_q, n_k, q_block_offset, local_blocks, sink_blocks,
+                qs, summary, topk_ids, n_q, n_k, q_block_offset, spec.local_blocks, spec.sink_blocks,
                 TOPK=top_k, KP=max(2, triton.next_power_of_2(top_k)), D=d, BD=max(16, triton.next_power_of_2(d)),
                 QT=_QT, T=_T)
-        return assemble_indices(topk_ids, q_ids, local_blocks, sink_blocks)
+        return assemble_indices(topk_ids, q_ids, spec.local_blocks, spec.sink_blocks)

@@ -3,42 +3,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from lcft.errors import LcftError
-from lcft.kernels.selection import budget_of, check_selection_args, select_blocks_torch
+from lcft.kernels.selection import get_selector
+from lcft.kernels.spec import SparseSpec
 
 IMPLS = ("auto", "reference", "cpu", "triton")
-
-
-@dataclass
-class SparseAttentionConfig:
-    """Settings of block-sparse attention (DESIGN.md §4); `kwargs()` feeds `sparse_attention`."""
-
-    block_size: int = 64
-    """Tokens per block: the unit of selection and of the attention kernels (64 on CPU, 128 on GPU)."""
-    top_k: int = 16
-    """Best-scoring earlier key blocks each query block attends to, besides its own, local and sink blocks."""
-    local_blocks: int = 1
-    """Key blocks immediately before each query block that are always attended."""
-    sink_blocks: int = 1
-    """First key blocks of the sequence that are always attended (attention sinks)."""
-    impl: str = "auto"
-    """Kernel: auto (triton on CUDA, cpu otherwise, dense SDPA when the budget covers all blocks),
-    reference (plain PyTorch with an explicit mask; small shapes only), cpu (chunked PyTorch), triton."""
-
-    @property
-    def budget(self) -> int:
-        """Key blocks attended per query block: top_k + local_blocks + sink_blocks + 1."""
-        return budget_of(self.top_k, self.local_blocks, self.sink_blocks)
-
-    def kwargs(self) -> dict:
-        """Keyword arguments of `sparse_attention`."""
-        return {"block_size": self.block_size, "top_k": self.top_k, "local_blocks": self.local_blocks,
-                "sink_blocks": self.sink_blocks, "impl": self.impl}
 
 
 def _resolve_impl(impl: str, device: torch.device) -> str:
@@ -73,31 +46,19 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: in
 def select_blocks(
     q: torch.Tensor,
     k: torch.Tensor | None,
+    spec: SparseSpec,
     *,
-    block_size: int,
-    top_k: int,
-    local_blocks: int,
-    sink_blocks: int,
     q_block_offset: int = 0,
     k_summary: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Top-k block selection: q (B, Hq, Lq, D) -> (B, Hkv, Lq/block, budget) int32 global key-block ids.
+    """Block selection by spec.selector: q (B, Hq, Lq, D) -> (B, Hkv, Lq/block, W) int32 global key-block ids.
 
-    Rows are ascending, -1 padded. q holds query blocks starting at global block `q_block_offset`; k holds the
-    keys from position 0 (B, Hkv, Lk, D), or pass `k_summary` (B, Hkv, nK, D), the mean of each key block.
-    Runs the Triton selection kernel on CUDA, chunked PyTorch elsewhere. No gradient.
+    Rows are ascending, -1 padded (W = spec.budget for block_mean). q holds query blocks starting at global
+    block `q_block_offset`; k holds the keys from position 0 (B, Hkv, Lk, D), or pass `k_summary`, the
+    selector's summary of every key block (what context parallelism exchanges). No gradient.
     """
-    check_selection_args(block_size, top_k, local_blocks, sink_blocks)
-    impl = "triton" if q.device.type == "cuda" else "cpu"
-    return _select(q, k, block_size=block_size, top_k=top_k, local_blocks=local_blocks, sink_blocks=sink_blocks,
-                   q_block_offset=q_block_offset, k_summary=k_summary, impl=impl)
-
-
-def _select(
-    q: torch.Tensor, k: torch.Tensor | None, *, block_size: int, top_k: int, local_blocks: int, sink_blocks: int,
-    q_block_offset: int, k_summary: torch.Tensor | None, impl: str,
-) -> torch.Tensor:
-    """Checked selection with the chosen implementation (triton or chunked PyTorch)."""
+    selector = get_selector(spec.selector)
+    block_size = spec.block_size
     if q.dim() != 4 or q.shape[2] % block_size:
         raise LcftError(f"q must be (B, H, L, D) with L a multiple of block_size {block_size}; got {tuple(q.shape)}")
     if k_summary is None:
@@ -105,21 +66,15 @@ def _select(
             raise LcftError("select_blocks needs k or k_summary")
         if k.shape[2] % block_size:
             raise LcftError(f"key length {k.shape[2]} is not a multiple of block_size {block_size}")
-        hkv, n_k = k.shape[1], k.shape[2] // block_size
-    else:
-        hkv, n_k = k_summary.shape[1], k_summary.shape[2]
+        k_summary = selector.summarise(k, spec)  # (B, Hkv, nK, ...)
+    hkv, n_k = k_summary.shape[1], k_summary.shape[2]
     if q.shape[1] % hkv:
         raise LcftError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({hkv})")
     if q_block_offset < 0 or q_block_offset + q.shape[2] // block_size > n_k:
         raise LcftError(f"query blocks {q_block_offset}..{q_block_offset + q.shape[2] // block_size - 1} "
                         f"reach past the {n_k} key blocks")
-    kw = dict(block_size=block_size, top_k=top_k, local_blocks=local_blocks, sink_blocks=sink_blocks,
-              q_block_offset=q_block_offset, k_summary=k_summary)
-    if impl == "triton":
-        from lcft.kernels.selection_triton import select_blocks_triton
-
-        return select_blocks_triton(q, k, **kw)
-    return select_blocks_torch(q, k, **kw)
+    with torch.no_grad():
+        return selector.select(q, k_summary, spec, q_block_offset)
 
 
 def _check_indices(
@@ -180,33 +135,29 @@ def sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    spec: SparseSpec,
     *,
-    block_size: int = 64,
-    top_k: int = 16,
-    local_blocks: int = 1,
-    sink_blocks: int = 1,
     impl: str = "auto",
     return_indices: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Block-sparse causal attention with top-k block selection (scale 1/sqrt(D)).
+    """Block-sparse causal attention over the key blocks spec.selector picks (scale 1/sqrt(D)).
 
-    q (B, Hq, L, D), k, v (B, Hkv, L, D), Hq a multiple of Hkv, L a multiple of block_size.
-    Returns out (B, Hq, L, D), and the (B, Hkv, L/block, budget) int32 indices if return_indices.
+    q (B, Hq, L, D), k, v (B, Hkv, L, D), Hq a multiple of Hkv, L a multiple of spec.block_size.
+    Returns out (B, Hq, L, D), and the (B, Hkv, L/block, W) int32 indices if return_indices.
     """
-    check_selection_args(block_size, top_k, local_blocks, sink_blocks)
-    _check_qkv(q, k, v, block_size)
+    _check_qkv(q, k, v, spec.block_size)
     if q.shape[2] != k.shape[2]:
         raise LcftError(f"q and k lengths differ ({q.shape[2]} vs {k.shape[2]}); use sparse_attention_with_indices")
     resolved = _resolve_impl(impl, q.device)
-    n_blocks = q.shape[2] // block_size
-    dense = impl == "auto" and n_blocks <= budget_of(top_k, local_blocks, sink_blocks)
+    # A selector that takes every earlier block when the budget covers them all: dense causal attention is the
+    # identical result, and faster.
+    covered = getattr(get_selector(spec.selector), "dense_within_budget", False)
+    dense = impl == "auto" and covered and q.shape[2] // spec.block_size <= spec.budget
     indices = None
     if return_indices or not dense:
-        indices = _select(q, k, block_size=block_size, top_k=top_k, local_blocks=local_blocks,
-                          sink_blocks=sink_blocks, q_block_offset=0, k_summary=None, impl=resolved)
+        indices = select_blocks(q, k, spec)
     if dense:
-        # Every earlier block is chosen anyway: dense causal attention is the identical result, and faster.
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
     else:
-        out = sparse_attention_with_indices(q, k, v, indices, block_size=block_size, impl=resolved)
+        out = sparse_attention_with_indices(q, k, v, indices, block_size=spec.block_size, impl=resolved)
     return (out, indices) if return_indices else out

@@ -14,11 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcft.errors import LcftError
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.rope import apply_rope
-
-SPARSE_UNAVAILABLE = "sparse attention backend is not available in this version"
 
 
 @functools.cache
@@ -46,22 +43,20 @@ class DenseCore(nn.Module):
 
 
 class SparseCore(nn.Module):
-    """Block-sparse top-k causal attention from lcft.kernels (selection per KV group, see DESIGN.md §4)."""
+    """Block-sparse causal attention from lcft.kernels over the key blocks the spec's selector picks
+    (per KV group, see DESIGN.md §4)."""
 
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__()
-        try:  # imported here, not at module level: lcft.model must import without the kernels
-            from lcft.kernels.sparse import sparse_attention
-        except ModuleNotFoundError as e:
-            if e.name == "lcft.kernels.sparse":
-                raise LcftError(SPARSE_UNAVAILABLE) from None
-            raise
-        self.cfg, self._attend = cfg, sparse_attention
+        # Imported here, not at module level: the kernels load only when a sparse model is built.
+        from lcft.kernels.selection import get_selector
+        from lcft.kernels.sparse import sparse_attention
+
+        get_selector(cfg.sparse.selector)  # an unknown selector fails when the model is built, not mid-step
+        self.spec, self.impl, self._attend = cfg.sparse, cfg.impl, sparse_attention
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        return self._attend(q, k, v, block_size=c.block_size, top_k=c.top_k, local_blocks=c.local_blocks,
-                                sink_blocks=c.sink_blocks, impl=c.impl)  # (B, Hq, L, D)
+        return self._attend(q, k, v, self.spec, impl=self.impl)  # (B, Hq, L, D)
 
 
 def make_core(cfg: AttentionConfig) -> nn.Module:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import VOCAB_SIZE
+from lcft.kernels.spec import SparseSpec
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -17,17 +18,31 @@ class AttentionConfig:
 
     backend: Literal["dense", "sparse"] = "dense"
     """dense = causal scaled-dot-product attention (flash-attn on CUDA when installed); sparse = block-sparse
-    top-k attention from lcft.kernels."""
-    block_size: int = 64
-    """Sparse backend: tokens per key/query block (64 on CPU, 128 on GPU)."""
-    top_k: int = 16
-    """Sparse backend: best-scoring earlier key blocks each query block attends to."""
-    local_blocks: int = 1
-    """Sparse backend: key blocks right before the query block that are always attended to."""
-    sink_blocks: int = 1
-    """Sparse backend: first key blocks of the sequence that are always attended to."""
+    attention from lcft.kernels."""
+    sparse: SparseSpec = field(default_factory=SparseSpec)
+    """Sparse backend: block size, top-k, local and sink blocks, selector (its block size is also the unit
+    context parallelism cuts a window into, for either backend)."""
     impl: str = "auto"
     """Sparse backend implementation: auto, reference, cpu or triton."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sparse, dict):
+            self.sparse = SparseSpec(**self.sparse)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttentionConfig:
+        """From lcft.json's flat attention object ({backend, impl, block_size, top_k, ...}; older checkpoints
+        lack `selector`). Unknown keys raise TypeError."""
+        spec_keys = {f.name for f in fields(SparseSpec)}
+        spec = {k: v for k, v in d.items() if k in spec_keys}
+        rest = {k: v for k, v in d.items() if k not in spec_keys}
+        if spec:
+            rest["sparse"] = SparseSpec(**spec)
+        return cls(**rest)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat object lcft.json stores (read back by `from_dict`)."""
+        return {"backend": self.backend, "impl": self.impl, **asdict(self.sparse)}
 
 
 @dataclass
@@ -64,7 +79,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
+            self.attention = AttentionConfig.from_dict(self.attention)
         if self.hidden_size % self.num_attention_heads:
             raise LcftError(f"hidden_size {self.hidden_size} is not a multiple of "
                             f"num_attention_heads {self.num_attention_heads}")

@@ -1,10 +1,11 @@
 """The context-parallel attention core: local queries attend over the window's keys held by all cp ranks.
 
-Per layer and rank: the rank's tokens are two chunks of the window (zigzag or contiguous). Key-block
-summaries are exchanged so each rank selects key blocks for its OWN query blocks (selection is split across
-ranks, each chunk with its global query-block offset); then K/V reach the rank — mode 'all' all-gathers every
-rank's K/V, mode 'selected' fetches only the blocks its selection needs (all_to_all), mode 'stream' sends the
-other ranks' K/V in pieces and merges partial attention by log-sum-exp (cp_stream.py). Gradients of K/V flow
+Per layer and rank: the rank's tokens are two chunks of the window (zigzag or contiguous). The spec's selector
+summarises key blocks and the summaries are exchanged, so each rank selects key blocks for its OWN query blocks
+(selection is split across ranks, each chunk with its global query-block offset); then K/V reach the rank by
+one strategy per --cp-kv mode (KV_MODES, chosen once per core): 'all' all-gathers every rank's K/V, 'selected'
+fetches only the blocks its selection needs (all_to_all), 'stream' sends the other ranks' K/V in pieces and
+merges partial attention by log-sum-exp (cp_stream.py). Gradients of K/V flow
 back to their owners through the collectives' backward. Dense attention under CP is the same path with every
 earlier block selected.
 
@@ -30,12 +31,13 @@ from lcft.parallel.mesh import ParallelState
 from lcft.parallel.sharding import ShardLayout, renumber_blocks
 
 
-def _kernels():
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *, block_size: int,
+            q_block_offset: int, impl: str) -> torch.Tensor:
     # Imported lazily: lcft.kernels may pull in optional backends (triton) only when attention runs.
-    from lcft.kernels import select_blocks, sparse_attention_with_indices
-    from lcft.kernels.selection import block_means
+    from lcft.kernels import sparse_attention_with_indices
 
-    return select_blocks, sparse_attention_with_indices, block_means
+    return sparse_attention_with_indices(q, k, v, indices, block_size=block_size, q_block_offset=q_block_offset,
+                                         impl=impl)
 
 
 def dense_indices(b: int, hkv: int, n_q: int, q_block_offset: int, device: torch.device) -> torch.Tensor:
@@ -52,77 +54,91 @@ def _window_order(seq_ids: torch.Tensor) -> torch.Tensor:
     return torch.argsort(seq_ids)
 
 
-class ContextParallelCore(nn.Module):
-    """Drop-in replacement of a block's `attn.core` under context parallelism (holds no parameters).
+class Selection:
+    """Which key blocks the local query blocks read: the spec's selector summarises key blocks (each rank its
+    own, or the gathered window's), and selects for each local chunk at its global query-block offset."""
 
-    `attention` is the model's attention config (backend, block_size, top_k, local_blocks, sink_blocks, impl).
-    q (B, Hq, L/cp, D) and k, v (B, Hkv, L/cp, D) are this rank's tokens in local order."""
+    def __init__(self, attention: Any, state: ParallelState) -> None:
+        from lcft.kernels.selection import get_selector
 
-    def __init__(self, attention: Any, state: ParallelState, cfg: ParallelConfig) -> None:
-        super().__init__()
-        self.sparse = attention.backend == "sparse"
-        self.block = int(attention.block_size)
-        self.top_k, self.local_blocks = int(attention.top_k), int(attention.local_blocks)
-        self.sink_blocks, self.impl = int(attention.sink_blocks), str(attention.impl)
-        self.state, self.cfg = state, cfg
+        self.sparse, self.spec, self.state = attention.backend == "sparse", attention.sparse, state
+        self.selector = get_selector(self.spec.selector) if self.sparse else None
 
-    def extra_repr(self) -> str:
-        return (f"cp={self.state.cp}, layout={self.cfg.cp_layout}, kv={self.cfg.cp_kv}, "
-                f"{'sparse' if self.sparse else 'dense'}, block={self.block}")
+    def exchanged_summary(self, k: torch.Tensor, layout: ShardLayout) -> torch.Tensor | None:
+        """Window-order summaries (B, Hkv, nK, ...) from every rank's summary of its own keys; None = dense."""
+        if self.selector is None:
+            return None
+        st = self.state
+        local = self.selector.summarise(k.detach(), self.spec)  # (B, Hkv, 2nb, ...)
+        gathered = comms.all_gather_nograd(local, st.cp_group, tag="summary")  # (cp, B, Hkv, 2nb, ...)
+        rank_ids = torch.cat([layout.block_ids(r) for r in range(st.cp)]).to(k.device)  # (nK,)
+        return gathered.movedim(0, 2).flatten(2, 3)[:, :, _window_order(rank_ids)]  # (B, Hkv, nK, ...)
 
-    def layout(self, local_length: int) -> ShardLayout:
-        return ShardLayout(local_length * self.state.cp, self.state.cp, self.block, self.cfg.cp_layout)
+    def window_summary(self, k_all: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor | None:
+        """Window-order summaries of gathered keys whose position p holds global block seq_ids[p]."""
+        if self.selector is None:
+            return None
+        return self.selector.summarise(k_all.detach(), self.spec)[:, :, _window_order(seq_ids)]  # (B,Hkv,nK,...)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        _, attend, block_means = _kernels()
-        layout = self.layout(q.shape[2])
-        st, group, n_k = self.state, self.state.cp_group, 2 * layout.cp * layout.chunk_blocks
-        if self.cfg.cp_kv == "all":
-            # Keys of every rank, own rank last: (B, Hkv, L, D) each; gradients reduce-scatter to the owners.
-            k_all = comms.gather_own_last(k, group, dim=2, tag="kv")
-            v_all = comms.gather_own_last(v, group, dim=2, tag="kv")
-            order = [(st.cp_rank + 1 + i) % st.cp for i in range(st.cp)]
-            seq_ids = torch.cat([layout.block_ids(r) for r in order]).to(q.device)  # (nK,) id at each position
-            summary = None  # window-order key-block means, the same numbers one process computes
-            if self.sparse:
-                summary = block_means(k_all.detach(), self.block)[:, :, _window_order(seq_ids)]  # (B,Hkv,nK,D)
-            rows = self._rows(q, summary, k.shape[1], layout)  # (B, Hkv, 2nb, W) global ids
-        else:
-            summary = None
-            if self.sparse:
-                local = block_means(k.detach(), self.block)  # (B, Hkv, 2nb, D) fp32
-                gathered = comms.all_gather_nograd(local, group, tag="summary")  # (cp, B, Hkv, 2nb, D)
-                rank_ids = torch.cat([layout.block_ids(r) for r in range(st.cp)]).to(q.device)  # (nK,)
-                summary = gathered.movedim(0, 2).flatten(2, 3)[:, :, _window_order(rank_ids)]  # (B,Hkv,nK,D)
-            rows = self._rows(q, summary, k.shape[1], layout)  # (B, Hkv, 2nb, W) global ids
-            if self.cfg.cp_kv == "stream":
-                return stream_attention(q, k, v, rows, layout, st, self.block)  # (B, Hq, L/cp, D)
-            k_all, v_all, seq_ids = self._fetch_selected(k, v, rows, layout)
-        compact = renumber_blocks(rows, seq_ids, n_k)  # (B, Hkv, 2nb, W') positions in the key layout
-        offset = seq_ids.numel() - 2 * layout.chunk_blocks  # own blocks come last
-        return attend(q, k_all, v_all, compact, block_size=self.block, q_block_offset=offset,
-                      impl=self.impl)  # (B, Hq, L/cp, D)
-
-    def _rows(self, q: torch.Tensor, summary: torch.Tensor | None, hkv: int, layout: ShardLayout
-              ) -> torch.Tensor:
+    def rows(self, q: torch.Tensor, summary: torch.Tensor | None, hkv: int, layout: ShardLayout) -> torch.Tensor:
         """Selected global key-block ids of every local query block (B, Hkv, 2nb, W), -1 padded: each local
         chunk is selected with its own global query-block offset, against the window-order `summary`
         (None = dense: every block up to the own one)."""
-        select_blocks, _, _ = _kernels()
         c, nb = layout.chunk, layout.chunk_blocks
         parts = []
         for s, chunk in enumerate(layout.chunks(self.state.cp_rank)):
             offset = chunk * nb
-            q_c = q[:, :, s * c:(s + 1) * c]  # (B, Hq, C, D)
             if summary is None:
                 parts.append(dense_indices(q.shape[0], hkv, nb, offset, q.device))
-            else:
-                parts.append(select_blocks(q_c, None, block_size=self.block, top_k=self.top_k,
-                                           local_blocks=self.local_blocks, sink_blocks=self.sink_blocks,
-                                           q_block_offset=offset, k_summary=summary[:, :, :offset + nb]))
+                continue
+            q_c = q[:, :, s * c:(s + 1) * c].detach()  # (B, Hq, C, D)
+            with torch.no_grad():
+                parts.append(self.selector.select(q_c, summary[:, :, :offset + nb], self.spec, offset))
         width = max(p.shape[-1] for p in parts)
         parts = [F.pad(p, (0, width - p.shape[-1]), value=-1) for p in parts]
         return torch.cat(parts, dim=2)  # (B, Hkv, 2nb, W)
+
+
+class KVMode:
+    """How the other ranks' K/V reach this rank (--cp-kv); `attend` = the local queries' attention output."""
+
+    def __init__(self, selection: Selection, impl: str) -> None:
+        self.sel, self.state, self.impl = selection, selection.state, impl
+        self.block = selection.spec.block_size
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _one_call(self, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, rows: torch.Tensor,
+                  seq_ids: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+        """One kernel call over keys laid out as `seq_ids` (own blocks last), rows renumbered to that layout."""
+        compact = renumber_blocks(rows, seq_ids, 2 * layout.cp * layout.chunk_blocks)  # (B, Hkv, 2nb, W')
+        offset = seq_ids.numel() - 2 * layout.chunk_blocks  # own blocks come last
+        return _attend(q, k_all, v_all, compact, block_size=self.block, q_block_offset=offset,
+                       impl=self.impl)  # (B, Hq, L/cp, D)
+
+
+class AllKV(KVMode):
+    """'all': every rank's K/V all-gathered (own rank last); gradients reduce-scatter to the owners."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+        st, group = self.state, self.state.cp_group
+        k_all = comms.gather_own_last(k, group, dim=2, tag="kv")  # (B, Hkv, L, D)
+        v_all = comms.gather_own_last(v, group, dim=2, tag="kv")  # (B, Hkv, L, D)
+        order = [(st.cp_rank + 1 + i) % st.cp for i in range(st.cp)]
+        seq_ids = torch.cat([layout.block_ids(r) for r in order]).to(q.device)  # (nK,) id at each position
+        # Summaries of the gathered keys in window order: the same numbers one process computes.
+        rows = self.sel.rows(q, self.sel.window_summary(k_all, seq_ids), k.shape[1], layout)  # (B,Hkv,2nb,W)
+        return self._one_call(q, k_all, v_all, rows, seq_ids, layout)
+
+
+class SelectedKV(KVMode):
+    """'selected': summaries exchanged, then only the remote K/V blocks some local row selected (all_to_all)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+        rows = self.sel.rows(q, self.sel.exchanged_summary(k, layout), k.shape[1], layout)  # (B, Hkv, 2nb, W)
+        k_all, v_all, seq_ids = self._fetch_selected(k, v, rows, layout)
+        return self._one_call(q, k_all, v_all, rows, seq_ids, layout)
 
     def _fetch_selected(self, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, layout: ShardLayout
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -150,3 +166,39 @@ class ContextParallelCore(nn.Module):
         v_c = torch.cat([got[1], v], dim=2)
         seq_ids = torch.cat([remote, layout.block_ids(st.cp_rank).to(dev)])  # (nRemote + 2nb,)
         return k_c, v_c, seq_ids
+
+
+class StreamKV(KVMode):
+    """'stream': summaries exchanged, the other ranks' K/V then arrive a piece at a time (cp_stream.py)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+        rows = self.sel.rows(q, self.sel.exchanged_summary(k, layout), k.shape[1], layout)  # (B, Hkv, 2nb, W)
+        return stream_attention(q, k, v, rows, layout, self.state, self.block)  # (B, Hq, L/cp, D)
+
+
+KV_MODES: dict[str, type[KVMode]] = {"all": AllKV, "selected": SelectedKV, "stream": StreamKV}
+"""The --cp-kv strategies by name (ParallelConfig.cp_kv)."""
+
+
+class ContextParallelCore(nn.Module):
+    """Drop-in replacement of a block's `attn.core` under context parallelism (holds no parameters).
+
+    `attention` is the model's AttentionConfig (backend, impl, sparse spec). q (B, Hq, L/cp, D) and
+    k, v (B, Hkv, L/cp, D) are this rank's tokens in local order."""
+
+    def __init__(self, attention: Any, state: ParallelState, cfg: ParallelConfig) -> None:
+        super().__init__()
+        self.state, self.cfg = state, cfg
+        self.selection = Selection(attention, state)
+        self.block = self.selection.spec.block_size
+        self.kv = KV_MODES[cfg.cp_kv](self.selection, str(attention.impl))
+
+    def extra_repr(self) -> str:
+        return (f"cp={self.state.cp}, layout={self.cfg.cp_layout}, kv={self.cfg.cp_kv}, "
+                f"{'sparse' if self.selection.sparse else 'dense'}, block={self.block}")
+
+    def layout(self, local_length: int) -> ShardLayout:
+        return ShardLayout(local_length * self.state.cp, self.state.cp, self.block, self.cfg.cp_layout)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.kv.attend(q, k, v, self.layout(q.shape[2]))  # (B, Hq, L/cp, D)

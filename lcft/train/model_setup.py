@@ -15,14 +15,15 @@ from lcft.model.io import read_config
 from lcft.runs import check_tokenizer
 from lcft.train.config import TrainConfig, parse_rope_scaling
 
-_ATTN_FIELDS = {"attention": "backend", "block_size": "block_size", "top_k": "top_k",
-                "local_blocks": "local_blocks", "sink_blocks": "sink_blocks", "attention_impl": "impl"}
-
 
 def attention_override(cfg: TrainConfig, base: AttentionConfig) -> AttentionConfig:
-    """The model's attention settings with the options the user gave (None = keep the model's)."""
-    changes = {dst: getattr(cfg, src) for src, dst in _ATTN_FIELDS.items() if getattr(cfg, src) is not None}
-    return dataclasses.replace(base, **changes)
+    """The model's attention settings with the options the user gave (None = keep the model's): the one place
+    where the flat train options become the attention config and its SparseSpec."""
+    spec = {"block_size": cfg.block_size, "top_k": cfg.top_k, "local_blocks": cfg.local_blocks,
+            "sink_blocks": cfg.sink_blocks}
+    top = {"backend": cfg.attention, "impl": cfg.attention_impl}
+    sparse = dataclasses.replace(base.sparse, **{k: v for k, v in spec.items() if v is not None})
+    return dataclasses.replace(base, sparse=sparse, **{k: v for k, v in top.items() if v is not None})
 
 
 def _rope_changes(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict[str, Any]:

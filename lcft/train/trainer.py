@@ -141,7 +141,7 @@ class Trainer:
             from lcft.parallel import ContextParallelRunner, apply_context_parallel
 
             apply_context_parallel(self.model, self.pstate, self.pcfg)  # swaps each block's attention core
-            self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.block_size)
+            self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.sparse.block_size)
         self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
         return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
 
@@ -189,7 +189,7 @@ class Trainer:
     def _check_lengths(self, window: int) -> None:
         cp, attn = self.cfg.cp, self.model.config.attention
         blocks = attn.backend == "sparse" or cp > 1  # dense attention at cp=1 takes any length
-        check_length(self.seq_len, cp, attn.block_size if blocks else 1, what="--seq-len", window=window,
+        check_length(self.seq_len, cp, attn.sparse.block_size if blocks else 1, what="--seq-len", window=window,
                      block_name="sparse attention block")
 
     def _start_run_dir(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lcft.errors import LcftError
-from lcft.kernels import select_blocks
+from lcft.kernels import SparseSpec, select_blocks
 from lcft.kernels.selection import block_means
 
 _NO_TRITON = not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1") or (
@@ -60,7 +60,7 @@ def test_selection_matches_brute_force(case):
     gen = torch.Generator().manual_seed(hash(case) % 2**31)
     q = torch.randn(b, hq, length, d, generator=gen)
     k = torch.randn(b, hkv, length, d, generator=gen)
-    got = select_blocks(q, k, block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)
+    got = select_blocks(q, k, SparseSpec(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink))
     assert got.dtype == torch.int32 and got.shape == (b, hkv, length // bs, top_k + local + sink + 1)
     want = brute_force(q, k, block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)
     assert torch.equal(got, want)
@@ -71,7 +71,7 @@ def test_selection_structure():
     torch.manual_seed(1)
     bs, top_k, local, sink = 16, 4, 2, 1
     q, k = torch.randn(1, 4, 1024, 32), torch.randn(1, 2, 1024, 32)
-    idx = select_blocks(q, k, block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink).long()
+    idx = select_blocks(q, k, SparseSpec(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)).long()
     for i in range(idx.shape[2]):
         row = idx[:, :, i]  # (B, Hkv, budget)
         valid = row[row >= 0]
@@ -92,37 +92,37 @@ def test_ties_go_to_lower_index():
     hot = q[0, :, 15 * bs:].mean(dim=1).sum(dim=0)  # (8,) query block 15's summed mean
     for j in (3, 7, 9):
         k[0, 0, j * bs:(j + 1) * bs] = hot * 10
-    idx = select_blocks(q, k, block_size=bs, top_k=2, local_blocks=0, sink_blocks=0)
+    idx = select_blocks(q, k, SparseSpec(block_size=bs, top_k=2, local_blocks=0, sink_blocks=0))
     assert idx[0, 0, 15].tolist() == [3, 7, 15]
     # All keys equal: every score ties, so the lowest eligible blocks win.
-    idx = select_blocks(q, torch.ones(1, 1, 16 * bs, 8), block_size=bs, top_k=3, local_blocks=1, sink_blocks=1)
+    idx = select_blocks(q, torch.ones(1, 1, 16 * bs, 8), SparseSpec(block_size=bs, top_k=3, local_blocks=1, sink_blocks=1))
     assert idx[0, 0, 15].tolist() == [0, 1, 2, 3, 14, 15]
 
 
 def test_offset_and_summary_equal_slice_of_full_call():
     """A context-parallel rank's call (query slice + all-gathered summaries) equals the full call's slice."""
     torch.manual_seed(3)
-    bs, kw = 32, dict(block_size=32, top_k=4, local_blocks=1, sink_blocks=1)
+    bs, spec = 32, SparseSpec(block_size=32, top_k=4, local_blocks=1, sink_blocks=1)
     q, k = torch.randn(2, 4, 2048, 32), torch.randn(2, 2, 2048, 32)
-    full = select_blocks(q, k, **kw)
+    full = select_blocks(q, k, spec)
     summary = block_means(k, bs)  # (B, Hkv, nK, D)
     for first, count in ((0, 16), (16, 16), (40, 24), (63, 1)):
         part = q[:, :, first * bs:(first + count) * bs]
-        got = select_blocks(part, None, q_block_offset=first, k_summary=summary, **kw)
+        got = select_blocks(part, None, spec, q_block_offset=first, k_summary=summary)
         assert torch.equal(got, full[:, :, first:first + count])
-        got_k = select_blocks(part, k, q_block_offset=first, **kw)
+        got_k = select_blocks(part, k, spec, q_block_offset=first)
         assert torch.equal(got_k, full[:, :, first:first + count])
 
 
 def test_selection_bad_input():
     q = torch.randn(1, 2, 100, 8)
     with pytest.raises(LcftError, match="multiple of block_size"):
-        select_blocks(q, q, block_size=16, top_k=1, local_blocks=0, sink_blocks=0)
+        select_blocks(q, q, SparseSpec(block_size=16, top_k=1, local_blocks=0, sink_blocks=0))
     q = torch.randn(1, 2, 64, 8)
     with pytest.raises(LcftError, match="reach past"):
-        select_blocks(q, q, block_size=16, top_k=1, local_blocks=0, sink_blocks=0, q_block_offset=2)
+        select_blocks(q, q, SparseSpec(block_size=16, top_k=1, local_blocks=0, sink_blocks=0), q_block_offset=2)
     with pytest.raises(LcftError, match="top_k"):
-        select_blocks(q, q, block_size=16, top_k=-1, local_blocks=0, sink_blocks=0)
+        select_blocks(q, q, SparseSpec(block_size=16, top_k=-1, local_blocks=0, sink_blocks=0))
 
 
 @triton_test
@@ -137,7 +137,7 @@ def test_triton_selection_matches_brute_force(case, offset):
     k = torch.randn(b, hkv, length, d, generator=gen)
     kw = dict(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)
     want = brute_force(q, k, **kw)[:, :, offset:]
-    got = select_blocks_triton(q[:, :, offset * bs:], None, q_block_offset=offset, k_summary=block_means(k, bs), **kw)
+    got = select_blocks_triton(q[:, :, offset * bs:], block_means(k, bs), SparseSpec(**kw), offset)
     assert torch.equal(got, want)
 
 
@@ -148,8 +148,8 @@ def test_triton_selection_ties_go_to_lower_index(top_k):
 
     bs = 16
     q = torch.randn(1, 2, 40 * bs, 16, generator=torch.Generator().manual_seed(5))
-    idx = select_blocks_triton(q, torch.ones(1, 1, 40 * bs, 16), block_size=bs, top_k=top_k, local_blocks=1,
-                               sink_blocks=1)
+    spec = SparseSpec(block_size=bs, top_k=top_k, local_blocks=1, sink_blocks=1)
+    idx = select_blocks_triton(q, block_means(torch.ones(1, 1, 40 * bs, 16), bs), spec)
     assert idx[0, 0, 39].tolist() == [0, *range(1, 1 + top_k), 38, 39]
 
 

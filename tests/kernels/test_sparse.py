@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lcft.errors import LcftError
-from lcft.kernels import select_blocks, sparse_attention, sparse_attention_with_indices
+from lcft.kernels import SparseSpec, select_blocks, sparse_attention, sparse_attention_with_indices
 from lcft.kernels.selection import block_means
 
 OUT_ATOL, GRAD_ATOL = 1e-5, 1e-4
@@ -62,8 +62,8 @@ def sdpa(q, k, v):
 def test_equals_dense_when_budget_covers_all_blocks(impl, case):
     b, hq, hkv, length, d, bs, top_k, local, sink = case
     q, k, v, dout = qkv(b, hq, hkv, length, d, seed=sum(case))
-    kw = dict(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink, impl=impl)
-    got = out_and_grads(lambda *t: sparse_attention(*t, **kw), q, k, v, dout)
+    spec = SparseSpec(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)
+    got = out_and_grads(lambda *t: sparse_attention(*t, spec, impl=impl), q, k, v, dout)
     assert_close(got, out_and_grads(sdpa, q, k, v, dout))
 
 
@@ -88,10 +88,10 @@ SPARSE_CASES_TRITON = [
 def test_sparse_impl_equals_reference(impl, case):
     b, hq, hkv, length, d, bs, top_k, local, sink = case
     q, k, v, dout = qkv(b, hq, hkv, length, d, seed=sum(case))
-    kw = dict(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink, return_indices=True)
-    want_out, want_idx = sparse_attention(q, k, v, impl="reference", **kw)
+    spec = SparseSpec(block_size=bs, top_k=top_k, local_blocks=local, sink_blocks=sink)
+    want_out, want_idx = sparse_attention(q, k, v, spec, impl="reference", return_indices=True)
     assert (want_idx == -1).any() or length // bs <= top_k + local + sink + 1
-    got_out, got_idx = sparse_attention(q, k, v, impl=impl, **kw)
+    got_out, got_idx = sparse_attention(q, k, v, spec, impl=impl, return_indices=True)
     assert torch.equal(got_idx, want_idx)
     want = (want_out.detach(), *torch.autograd.grad(want_out, (q, k, v), dout))
     assert_close((got_out.detach(), *torch.autograd.grad(got_out, (q, k, v), dout)), want)
@@ -100,16 +100,16 @@ def test_sparse_impl_equals_reference(impl, case):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_query_slice_equals_slice_of_full_sequence(impl):
     """What context parallelism relies on: selection + attention for a query slice with q_block_offset."""
-    bs, kw = 16, dict(block_size=16, top_k=3, local_blocks=1, sink_blocks=1)
+    bs, spec = 16, SparseSpec(block_size=16, top_k=3, local_blocks=1, sink_blocks=1)
     q, k, v, dout = qkv(1, 4, 2, 256, 32, seed=7)
-    idx = select_blocks(q.detach(), k.detach(), **kw)
+    idx = select_blocks(q.detach(), k.detach(), spec)
     full = sparse_attention_with_indices(q, k, v, idx, block_size=bs, impl=impl)
     dq_full = torch.autograd.grad(full, q, dout, retain_graph=True)[0]
     summary = block_means(k.detach(), bs)  # what CP all-gathers
     first, count = 6, 7
     rows = slice(first * bs, (first + count) * bs)
     q_part = q.detach()[:, :, rows].clone().requires_grad_()
-    idx_part = select_blocks(q_part.detach(), None, q_block_offset=first, k_summary=summary, **kw)
+    idx_part = select_blocks(q_part.detach(), None, spec, q_block_offset=first, k_summary=summary)
     assert torch.equal(idx_part, idx[:, :, first:first + count])
     part = sparse_attention_with_indices(q_part, k, v, idx_part, block_size=bs, q_block_offset=first, impl=impl)
     assert (part - full[:, :, rows]).abs().max().item() <= OUT_ATOL
@@ -126,13 +126,13 @@ def test_query_slice_equals_slice_of_full_sequence(impl):
 def test_bad_inputs_give_clear_errors():
     q = torch.randn(1, 4, 100, 16)
     with pytest.raises(LcftError, match="multiple of block_size"):
-        sparse_attention(q, q[:, :2], q[:, :2], block_size=16)
+        sparse_attention(q, q[:, :2], q[:, :2], SparseSpec(block_size=16))
     q = torch.randn(1, 3, 64, 16)
     with pytest.raises(LcftError, match="multiple of key/value heads"):
-        sparse_attention(q, q[:, :2], q[:, :2], block_size=16)
+        sparse_attention(q, q[:, :2], q[:, :2], SparseSpec(block_size=16))
     q = torch.randn(1, 2, 64, 16)
     with pytest.raises(LcftError, match="unknown sparse attention impl"):
-        sparse_attention(q, q, q, block_size=16, impl="fast")
+        sparse_attention(q, q, q, SparseSpec(block_size=16), impl="fast")
     idx = torch.tensor([[[[0, -1], [0, 2], [1, 2], [3, -1]]]], dtype=torch.int32).expand(1, 2, 4, 2)
     with pytest.raises(LcftError, match="future"):
         sparse_attention_with_indices(q, q, q, idx, block_size=16)
@@ -144,7 +144,7 @@ def test_bad_inputs_give_clear_errors():
 def test_cpu_bf16_is_as_accurate_as_dense_sdpa_bf16():
     """bf16 inputs (bf16 matmuls, fp32 softmax/accumulation): error vs an fp64 oracle comparable to SDPA's."""
     q, k, v, dout = qkv(1, 4, 2, 1024, 64, seed=11)
-    kw = dict(block_size=64, top_k=16, local_blocks=1, sink_blocks=1, impl="cpu")  # budget covers all blocks
+    spec = SparseSpec(block_size=64, top_k=16, local_blocks=1, sink_blocks=1)  # budget covers all blocks
 
     def run(fn, dtype):
         t = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
@@ -153,19 +153,18 @@ def test_cpu_bf16_is_as_accurate_as_dense_sdpa_bf16():
     oracle = run(sdpa, torch.float64)
     rms = lambda a, b: ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
     dense = [rms(a, b) for a, b in zip(run(sdpa, torch.bfloat16), oracle, strict=True)]
-    ours = [rms(a, b) for a, b in zip(run(lambda *t: sparse_attention(*t, **kw), torch.bfloat16), oracle, strict=True)]
+    ours = [rms(a, b) for a, b in zip(run(lambda *t: sparse_attention(*t, spec, impl="cpu"), torch.bfloat16), oracle, strict=True)]
     assert all(o < 2 * max(d, 1e-3) for o, d in zip(ours, dense, strict=True)), (ours, dense)
 
 
-def test_config_documents_every_field_and_feeds_the_api():
+def test_spec_documents_every_field_and_feeds_the_api():
     from dataclasses import fields
 
     from lcft.config import doc
-    from lcft.kernels import SparseAttentionConfig
 
-    cfg = SparseAttentionConfig(block_size=16, top_k=2, local_blocks=1, sink_blocks=0, impl="cpu")
-    assert all(doc(SparseAttentionConfig, f.name) for f in fields(cfg))
+    cfg = SparseSpec(block_size=16, top_k=2, local_blocks=1, sink_blocks=0)
+    assert all(doc(SparseSpec, f.name) for f in fields(cfg))
     assert cfg.budget == 4
     q, k, v, _ = qkv(1, 2, 1, 128, 16, seed=3)
-    out, idx = sparse_attention(q, k, v, return_indices=True, **cfg.kwargs())
+    out, idx = sparse_attention(q, k, v, cfg, impl="cpu", return_indices=True)
     assert idx.shape == (1, 1, 8, cfg.budget) and out.shape == q.shape

@@ -12,18 +12,19 @@ BOUND_MIB = 256  # one fp32 L x L score matrix is 16384 MiB, even a bool L x L m
 
 SCRIPT = textwrap.dedent(f"""
     import json, resource, torch
-    from lcft.kernels import sparse_attention
+    from lcft.kernels import SparseSpec, sparse_attention
     torch.manual_seed(0)
     torch.set_num_threads(2)  # two KV heads, two threads: the single-threaded worker path (one per head)
     q = torch.randn(1, 2, {LENGTH}, 16, requires_grad=True)
     k = torch.randn(1, 2, {LENGTH}, 16, requires_grad=True)
     v = torch.randn(1, 2, {LENGTH}, 16, requires_grad=True)
     dout = torch.randn(1, 2, {LENGTH}, 16)
-    warm = sparse_attention(q[:, :, :4096], k[:, :, :4096], v[:, :, :4096], block_size=64, top_k=4, impl="cpu")
+    spec = SparseSpec(block_size=64, top_k=4, local_blocks=1, sink_blocks=1)
+    warm = sparse_attention(q[:, :, :4096], k[:, :, :4096], v[:, :, :4096], spec, impl="cpu")
     warm.backward(dout[:, :, :4096])  # allocator and thread pools warmed on a small call
     q.grad = k.grad = v.grad = None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = sparse_attention(q, k, v, block_size=64, top_k=4, local_blocks=1, sink_blocks=1, impl="cpu")
+    out = sparse_attention(q, k, v, spec, impl="cpu")
     out.backward(dout)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({{"growth_mib": (after - before) / 1024, "finite": bool(torch.isfinite(q.grad).all())}}))

@@ -8,6 +8,7 @@ import torch
 from lcft.kernels.sparse import select_blocks
 from lcft.kernels.sparse_partial import partial_attention_backward, partial_attention_forward
 from lcft.kernels.sparse_reference import sparse_attention_reference
+from lcft.kernels.spec import SparseSpec
 
 B, HQ, HKV, D, BLOCK, NK = 2, 4, 2, 16, 8, 16
 HALF = NK // 2  # queries: the last half of the blocks
@@ -39,8 +40,8 @@ def _blocks(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def test_pieces_merge_to_the_full_attention(top_k):
     x = _inputs()
     q, k, v = (x[n].clone().requires_grad_() for n in "qkv")
-    idx = select_blocks(q.detach(), k.detach(), block_size=BLOCK, top_k=top_k, local_blocks=1, sink_blocks=1,
-                        q_block_offset=HALF)  # (B, Hkv, HALF, budget) global ids
+    spec = SparseSpec(block_size=BLOCK, top_k=top_k, local_blocks=1, sink_blocks=1)
+    idx = select_blocks(q.detach(), k.detach(), spec, q_block_offset=HALF)  # (B, Hkv, HALF, budget) global ids
     want = sparse_attention_reference(q, k, v, idx, block_size=BLOCK, q_block_offset=HALF)
     want.backward(x["gout"])
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
+from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, save_pretrained
 from lcft.runs import resolve_checkpoint
 
@@ -33,7 +34,7 @@ def same_weights(a: Llama, b: Llama) -> bool:
 @pytest.mark.parametrize("tied", [False, True])
 def test_round_trip_is_exact_and_layout_is_hf(tmp_path, tied):
     m = small(tied, rope_scaling={"rope_type": "linear", "factor": 2.0},
-              attention=AttentionConfig(backend="sparse", block_size=32, top_k=4))
+              attention=AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=32, top_k=4)))
     save_pretrained(m, tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "lcft.json", "model.safetensors"]
     keys = set(load_file(tmp_path / "ckpt" / "model.safetensors"))

@@ -3,8 +3,6 @@ offload, and the attention backends (sparse equals dense when every block is in 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,8 +10,9 @@ from torch import nn
 
 from lcft.errors import LcftError
 from lcft.kernels import chunked_cross_entropy
+from lcft.kernels.spec import SparseSpec
 from lcft.model import PRESETS, AttentionConfig, Llama, LlamaConfig, preset
-from lcft.model.attention import SPARSE_UNAVAILABLE, DenseCore, SparseCore
+from lcft.model.attention import DenseCore, SparseCore
 
 
 def cfg(**kw) -> LlamaConfig:
@@ -192,8 +191,8 @@ def test_block_checkpointing_keeps_only_block_inputs():
 
 def test_sparse_backend_equals_dense_when_every_block_fits_the_budget():
     dense = model().eval()
-    sparse = Llama(cfg(attention=AttentionConfig(backend="sparse", block_size=16, top_k=2, local_blocks=1,
-                                                 sink_blocks=1, impl="cpu"))).eval()
+    spec = SparseSpec(block_size=16, top_k=2, local_blocks=1, sink_blocks=1)
+    sparse = Llama(cfg(attention=AttentionConfig(backend="sparse", sparse=spec, impl="cpu"))).eval()
     sparse.load_state_dict(dense.state_dict())
     assert isinstance(sparse.layers[0].attn.core, SparseCore)
     ids = torch.randint(0, 16, (2, 64))  # 4 blocks <= budget 2 + 1 + 1 + 1
@@ -202,8 +201,3 @@ def test_sparse_backend_equals_dense_when_every_block_fits_the_budget():
         long_ids = torch.randint(0, 16, (1, 160))  # 10 blocks > budget: some blocks are skipped
         assert (sparse(long_ids) - dense(long_ids)).abs().max() > 1e-4
 
-
-def test_sparse_backend_missing_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "lcft.kernels.sparse", None)  # as if the kernel were not installed
-    with pytest.raises(LcftError, match=SPARSE_UNAVAILABLE):
-        Llama(cfg(attention=AttentionConfig(backend="sparse")))

@@ -8,11 +8,13 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.kernels import chunked_cross_entropy
+from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig
 from lcft.model.llama import DEFAULT_SEQ_CHUNK
 from tests.probes import LargestTensor
 
-SPARSE = AttentionConfig(backend="sparse", block_size=16, top_k=2, local_blocks=1, sink_blocks=1, impl="cpu")
+SPARSE = AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=16, top_k=2, local_blocks=1, sink_blocks=1),
+                         impl="cpu")
 
 
 def model(intermediate: int = 96, **kw) -> Llama:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lcft.genomics import prepare_windows, sample_fasta
+from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig, save_pretrained
 
 
@@ -25,8 +26,8 @@ def cp_init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, rope_theta=1e6,
-                      attention=AttentionConfig(backend="sparse", block_size=16, top_k=2, local_blocks=1,
-                                                sink_blocks=1, impl="cpu"))
+                      attention=AttentionConfig(backend="sparse", impl="cpu", sparse=SparseSpec(
+                          block_size=16, top_k=2, local_blocks=1, sink_blocks=1)))
     out = tmp_path_factory.mktemp("cp-init") / "model"
     save_pretrained(Llama(cfg), out)
     return out

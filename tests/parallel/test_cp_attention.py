@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lcft.kernels import sparse_attention
+from lcft.kernels import SparseSpec, sparse_attention
 from lcft.parallel import ShardLayout
 from tests.parallel.harness import run_ranks
 from tests.parallel.workers import attention_cases, largest_kv_like_tensor
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.distributed
 
 B, HQ, HKV, D, L = 2, 4, 2, 16, 256
 ATTN = {"block_size": 16, "top_k": 2, "local_blocks": 1, "sink_blocks": 1, "impl": "cpu"}
+SPEC = SparseSpec(**{n: v for n, v in ATTN.items() if n != "impl"})
 CASES = [{"backend": b, "layout": lay, "kv": kv}
          for b, lay, kv in itertools.product(("sparse", "dense"), ("zigzag", "contiguous"), ("all", "selected", "stream"))]
 
@@ -31,8 +32,7 @@ def _one_process(full: dict[str, torch.Tensor], backend: str) -> dict[str, torch
     """The oracle: the whole sequence on one process (reference sparse kernel with an explicit mask, or SDPA)."""
     q, k, v = (full[n].clone().requires_grad_() for n in "qkv")
     if backend == "sparse":
-        a = dict(ATTN, impl="reference")
-        out = sparse_attention(q, k, v, **a)
+        out = sparse_attention(q, k, v, SPEC, impl="reference")
     else:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     out.backward(full["gout"])
@@ -86,7 +86,7 @@ def test_cp4_matches_one_process(cp4, oracle, i):
 @pytest.mark.parametrize("cp", [2, 4])
 def test_selection_crosses_shards(full, cp):
     """The sparse cases are meaningful: some top-k pick (not own, local or sink) is owned by another rank."""
-    _, idx = sparse_attention(full["q"], full["k"], full["v"], **dict(ATTN, impl="reference"), return_indices=True)
+    _, idx = sparse_attention(full["q"], full["k"], full["v"], SPEC, impl="reference", return_indices=True)
     layout = ShardLayout(L, cp, ATTN["block_size"], "zigzag")
     nb = layout.chunk_blocks
     owner = torch.tensor([layout.owner(c)[0] for c in range(2 * cp)])

@@ -17,7 +17,7 @@ def attention_cases(rank: int, world: int, cases: list[dict], full: dict[str, to
     for case in cases:
         pcfg = ParallelConfig(cp=world, cp_layout=case["layout"], cp_kv=case["kv"])
         state = init_parallel(pcfg)
-        core = ContextParallelCore(AttentionConfig(backend=case["backend"], **attn), state, pcfg)
+        core = ContextParallelCore(AttentionConfig.from_dict(dict(attn, backend=case["backend"])), state, pcfg)
         layout = ShardLayout(full["q"].shape[2], world, attn["block_size"], case["layout"])
         q, k, v = (layout.shard(full[n], rank, dim=2).clone().requires_grad_() for n in "qkv")
         comms.STATS.reset()
@@ -33,8 +33,8 @@ def tiny_model(backend: str, seed: int = 0):
     from lcft.model import Llama, preset
 
     cfg = preset("tiny")
-    cfg.attention = AttentionConfig(backend=backend, block_size=16, top_k=2, local_blocks=1, sink_blocks=1,
-                                    impl="cpu")
+    cfg.attention = AttentionConfig.from_dict({"backend": backend, "block_size": 16, "top_k": 2, "local_blocks": 1,
+                                               "sink_blocks": 1, "impl": "cpu"})
     torch.manual_seed(seed)
     return Llama(cfg)
 
@@ -69,7 +69,7 @@ def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], b
         state = init_parallel(pcfg)
         model = apply_context_parallel(tiny_model(backend), state, pcfg)
         model.set_activation_checkpointing(checkpointing)  # 'block' re-runs the collectives in backward
-        runner = ContextParallelRunner(state, pcfg, model.config.attention.block_size)
+        runner = ContextParallelRunner(state, pcfg, model.config.attention.sparse.block_size)
         ddp = DistributedDataParallel(WindowLoss(model, runner))
         loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
         loss_bw.backward()
@@ -88,7 +88,7 @@ def largest_kv_like_tensor(rank: int, world: int, modes: list[str], full: dict[s
     result = {}
     for mode in modes:
         pcfg = ParallelConfig(cp=world, cp_layout="zigzag", cp_kv=mode)
-        core = ContextParallelCore(AttentionConfig(backend="sparse", **attn), init_parallel(pcfg), pcfg)
+        core = ContextParallelCore(AttentionConfig.from_dict(dict(attn, backend="sparse")), init_parallel(pcfg), pcfg)
         layout = ShardLayout(full["q"].shape[2], world, attn["block_size"], "zigzag")
         q, k, v = (layout.shard(full[n], rank, dim=2).clone().requires_grad_() for n in "qkv")
         gout = layout.shard(full["gout"], rank, dim=2)

@@ -26,7 +26,7 @@ def test_init_with_rope_and_sparse_overrides(tmp_path, base_cfg, init_dir):
     assert hf["rope_scaling"]["rope_type"] == "yarn" and hf["rope_scaling"]["factor"] == 4.0
     assert hf["rope_scaling"]["original_max_position_embeddings"] == 128
     model = from_pretrained(s["checkpoint"])
-    assert model.config.attention.backend == "sparse" and model.config.attention.top_k == 2
+    assert model.config.attention.backend == "sparse" and model.config.attention.sparse.top_k == 2
     init = from_pretrained(init_dir)
     assert init.config.attention.backend == "dense" and init.config.rope_scaling is None
     assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in init.state_dict().items()}

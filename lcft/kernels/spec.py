@@ -1,0 +1,36 @@
+"""`SparseSpec`: the one description of block-sparse attention, passed whole to kernels, selectors and CP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lcft.errors import LcftError
+
+
+@dataclass(frozen=True)
+class SparseSpec:
+    """Which key blocks each query block reads (DESIGN.md §4); saved with a model in lcft.json."""
+
+    block_size: int = 64
+    """Tokens per block: the unit of selection and of the attention kernels (64 on CPU, 128 on GPU)."""
+    top_k: int = 16
+    """Key blocks the selector picks for each query block, besides its own, local and sink blocks."""
+    local_blocks: int = 1
+    """Key blocks immediately before each query block that are always attended."""
+    sink_blocks: int = 1
+    """First key blocks of the sequence that are always attended (attention sinks)."""
+    selector: str = "block_mean"
+    """Name of the block selector (lcft.kernels.selection registry): block_mean = top-k by the dot product
+    of the query block's mean with each key block's mean."""
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise LcftError(f"block_size must be positive, got {self.block_size}")
+        for name in ("top_k", "local_blocks", "sink_blocks"):
+            if getattr(self, name) < 0:
+                raise LcftError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def budget(self) -> int:
+        """Key blocks attended per query block (the width of the index rows): top_k + local + sink + own."""
+        return self.top_k + self.local_blocks + self.sink_blocks + 1
