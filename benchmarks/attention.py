@@ -38,7 +38,7 @@ def run_case(impl: str, length: int, dtype_name: str, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from lcft.kernels import sparse_attention
+    from lcft.kernels import SparseSpec, sparse_attention
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -54,8 +54,8 @@ def run_case(impl: str, length: int, dtype_name: str, threads: int) -> dict:
         if impl == "dense":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            out = sparse_attention(q, k, v, block_size=BLOCK, top_k=TOP_K, local_blocks=LOCAL, sink_blocks=SINK,
-                                   impl="cpu")
+            spec = SparseSpec(block_size=BLOCK, top_k=TOP_K, local_blocks=LOCAL, sink_blocks=SINK)
+            out = sparse_attention(q, k, v, spec, impl="cpu")
         out.backward(dout)
         return time.perf_counter() - start
 

@@ -44,16 +44,16 @@ def check_kernels() -> None:
     """Compiled Triton kernels vs the reference (bf16 tolerance) and selection ids vs the PyTorch selection."""
     import torch
 
-    from lcft.kernels import sparse_attention, sparse_attention_with_indices
-    from lcft.kernels.selection import select_blocks_torch
+    from lcft.kernels import SparseSpec, sparse_attention, sparse_attention_with_indices
+    from lcft.kernels.selection import block_means, select_blocks_torch
 
     torch.manual_seed(0)
     q = torch.randn(1, 8, 4096, 64, device="cuda", requires_grad=True)
     k = torch.randn(1, 2, 4096, 64, device="cuda", requires_grad=True)
     v = torch.randn(1, 2, 4096, 64, device="cuda", requires_grad=True)
-    kw = dict(block_size=64, top_k=4, local_blocks=1, sink_blocks=1)
-    out, idx = sparse_attention(q, k, v, impl="triton", return_indices=True, **kw)
-    same_ids = torch.equal(idx, select_blocks_torch(q.detach(), k.detach(), **kw))
+    spec = SparseSpec(block_size=64, top_k=4, local_blocks=1, sink_blocks=1)
+    out, idx = sparse_attention(q, k, v, spec, impl="triton", return_indices=True)
+    same_ids = torch.equal(idx, select_blocks_torch(q.detach(), block_means(k.detach(), 64), spec))
     ref = sparse_attention_with_indices(q, k, v, idx, block_size=64, impl="reference")
     dout = torch.randn_like(out)
     got = [out, *torch.autograd.grad(out, (q, k, v), dout)]
@@ -70,15 +70,15 @@ def bench_length(length: int, dense, repeat: int) -> None:
     """Time selection, sparse fwd and fwd+bwd, dense fwd and fwd+bwd at one length; print one row."""
     import torch
 
-    from lcft.kernels import select_blocks, sparse_attention_with_indices
+    from lcft.kernels import SparseSpec, select_blocks, sparse_attention_with_indices
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, dout = (torch.randn(1, h, length, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
                      for h in (HQ, HKV, HKV, HQ))
     q, k, v = q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    kw = dict(block_size=BLOCK, top_k=TOP_K, local_blocks=LOCAL, sink_blocks=SINK)
-    t_sel = timed(lambda: select_blocks(q.detach(), k.detach(), **kw), repeat)
-    idx = select_blocks(q.detach(), k.detach(), **kw)
+    spec = SparseSpec(block_size=BLOCK, top_k=TOP_K, local_blocks=LOCAL, sink_blocks=SINK)
+    t_sel = timed(lambda: select_blocks(q.detach(), k.detach(), spec), repeat)
+    idx = select_blocks(q.detach(), k.detach(), spec)
 
     def sparse():
         return sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton")
