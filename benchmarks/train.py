@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 
 from lcft.config import format_size, parse_size
-from lcft.genomics import prepare_windows, sample_fasta
+from lcft.genomics import open_windows, prepare_windows, sample_fasta
 from lcft.genomics.dataset import DataConfig, TrainSamples
-from lcft.genomics.shards import open_windows
 from lcft.kernels import chunked_cross_entropy
 from lcft.model import Llama, preset
 from lcft.train import TrainConfig, TrainHooks, train

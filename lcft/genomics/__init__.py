@@ -2,8 +2,9 @@
 
 from lcft.genomics.fasta import sample_fasta
 from lcft.genomics.prepare import PrepareConfig, prepare_windows
-from lcft.genomics.shards import WindowSet, open_windows, read_manifest, verify_windows
+from lcft.genomics.shards import read_manifest, verify_windows
 from lcft.genomics.tokenizer import decode, encode
+from lcft.genomics.window_set import WindowSet, open_windows
 
 __all__ = [
     "PrepareConfig",

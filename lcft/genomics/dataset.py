@@ -23,7 +23,8 @@ from lcft.shapes import check_batch, check_length
 
 IGNORE_INDEX = -100  # HF convention: no loss at this label
 
-# Label ids that carry loss: the four bases (N, <unk> and the specials never do).
+# Label ids that carry loss with lcft's char vocabulary: the four bases (N, <unk> and the specials never do).
+# A window set of a model tokenizer brings its own table (`counted`: tokens made only of A/C/G/T).
 _COUNTED = np.zeros(256, dtype=bool)
 _COUNTED[[A, C, G, T]] = True
 
@@ -62,6 +63,7 @@ class TrainSamples:
         if len(windows) == 0:
             raise LcftError("the data has no training windows")
         self.windows, self.cfg = windows, cfg
+        self.counted: np.ndarray = getattr(windows, "counted", _COUNTED)  # (vocab,) bool: labels with loss
         self.pieces = windows.length // cfg.seq_len  # aligned sub-windows per window (a shorter tail is unused)
         self.num_samples = len(windows) * self.pieces
 
@@ -88,7 +90,7 @@ class TrainSamples:
         ids = np.asarray(self.windows[window][off : off + L], dtype=np.int64)  # (L,)
         labels = np.full(L, IGNORE_INDEX, dtype=np.int64)  # (L,)
         nxt = ids[1:]  # (L-1,) position i predicts token i+1 of the same sample
-        labels[:-1] = np.where(_COUNTED[nxt], nxt, IGNORE_INDEX)
+        labels[:-1] = np.where(self.counted[nxt], nxt, IGNORE_INDEX)
         out = {"input_ids": ids, "labels": labels}
         if self.cfg.softmask_loss_weight != 1.0:
             soft = np.asarray(self.windows.softmask(window)[off : off + L], dtype=bool)  # (L,)

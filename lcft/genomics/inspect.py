@@ -40,6 +40,7 @@ def summarize_windows(out_dir: str | os.PathLike) -> dict:
         "max_n_frac": m["max_n_frac"],
         "splits": {
             s: {k: info[k] for k in ("chroms", "windows", "skipped_n", "tokens")}
+            | {k: info.get(k, 0) for k in ("bases", "oov")}
             | {"bytes": sum(f["bytes"] for f in info["files"].values())}
             for s, info in m["splits"].items()
         },

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from lcft import __version__
 from lcft.config import Size, build, save_resolved, to_dict
 from lcft.errors import LcftError
+from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
+from lcft.genomics.manifest import build_manifest, is_char
+from lcft.genomics.model_tokenizer import TOKENIZER_FILE, SeqTokenizer, load_tokenizer
 from lcft.genomics.shards import (
     FORMAT_VERSION,
     MANIFEST,
@@ -29,7 +32,8 @@ from lcft.genomics.shards import (
     write_json_atomic,
 )
 from lcft.genomics.tokenizer import tokenizer_spec
-from lcft.genomics.windows import DEFAULT_CHUNK, iter_windows, window_starts
+from lcft.genomics.window_set import basemask_name, bases_name
+from lcft.genomics.windows import window_starts
 
 PARTIAL = ".partial"
 STATE = "state.json"
@@ -47,7 +51,7 @@ class PrepareConfig:
     length: Size = 524288
     """Window length in tokens (65536, 512K, 1M). Must be a multiple of 8 (soft-mask bits are packed by byte); training also needs a multiple of 2 x cp x block size, which `lcft train` checks."""
     stride: Size | None = None
-    """Distance between window starts in bases (default: the window length, no overlap)."""
+    """Distance between window starts in tokens (= bases for char; default: the window length, no overlap)."""
     train: tuple[str, ...] = ("chr1", "chr2")
     """Chromosomes (FASTA record names) for the train split, comma separated."""
     eval: tuple[str, ...] = ("chr22",)
@@ -56,6 +60,10 @@ class PrepareConfig:
     """Skip windows whose fraction of N (and other non-ACGT) bases is above this."""
     overwrite: bool = False
     """Replace windows already in --out that were prepared with different options."""
+    tokenizer: str = "char"
+    """The model's tokenizer: char (one token per base, lcft's vocabulary), kmer:K (non-overlapping K-mers, built-in vocabulary; kmer:K:PATH takes ids from a vocab.txt or a folder holding one), or a path to a tokenizer.json or a model folder holding one (read offline). --length and --stride count its tokens."""
+    max_oov_frac: float = 0.01
+    """Refuse a split when more than this fraction of its tokens are the tokenizer's unknown token (letters it has no token for); the error names the letters."""
 
     def __post_init__(self) -> None:
         _validate(self)  # a PrepareConfig that exists is valid (files are checked when preparing)
@@ -94,6 +102,8 @@ def _validate(cfg: PrepareConfig) -> tuple[int, int]:
         raise LcftError(f"stride {stride} must be positive")
     if not 0.0 <= cfg.max_n_frac <= 1.0:
         raise LcftError(f"max_n_frac {cfg.max_n_frac} must be between 0 and 1")
+    if not 0.0 <= cfg.max_oov_frac <= 1.0:
+        raise LcftError(f"max_oov_frac {cfg.max_oov_frac} must be between 0 and 1")
     if not cfg.train:
         raise LcftError("no train chromosome given (--train)")
     for split, names in (("train", cfg.train), ("eval", cfg.eval)):
@@ -106,12 +116,12 @@ def _validate(cfg: PrepareConfig) -> tuple[int, int]:
     return length, stride
 
 
-def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int) -> dict[str, Any]:
+def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok: SeqTokenizer) -> dict[str, Any]:
     """Everything that determines the output bytes; equal options = same output (the source path is not
     part of it: the same FASTA moved elsewhere gives the same windows)."""
     return {
         "format_version": FORMAT_VERSION,
-        "tokenizer": tokenizer_spec(),
+        "tokenizer": tokenizer_spec() if _is_char(tok) else tok.spec(),
         "fasta": {"size": fasta.path.stat().st_size, "fai_md5": fasta.fai_md5()},
         "length": length,
         "stride": stride,
@@ -128,8 +138,20 @@ def _differing(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     return None
 
 
+def _is_char(tok: SeqTokenizer) -> bool:
+    return is_char(tok)
+
+
+def _split_files(split: str, tok: SeqTokenizer) -> tuple[str, ...]:
+    """The files of one split, in SplitWriter.add order: ids, token soft mask, then for model tokenizers the
+    bases per token and the per-base soft mask."""
+    extra = () if _is_char(tok) else (bases_name(split), basemask_name(split))
+    return (bin_name(split), softmask_name(split), *extra)
+
+
 def _outputs(split_names: tuple[str, ...] = SPLITS) -> list[str]:
-    return [f(s) for s in split_names for f in (bin_name, softmask_name)] + [RESOLVED, MANIFEST]
+    names = [f(s) for s in split_names for f in (bin_name, softmask_name, bases_name, basemask_name)]
+    return names + [TOKENIZER_FILE, RESOLVED, MANIFEST]
 
 
 def _check_existing(out: Path, options: dict, overwrite: bool) -> dict | None:
@@ -141,6 +163,8 @@ def _check_existing(out: Path, options: dict, overwrite: bool) -> dict | None:
             return old
         was, now = old.get("options", {}).get(key), options[key]
         flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
+        if key == "tokenizer":
+            was, now = (v.get("name") if isinstance(v, dict) else v for v in (was, now))
         raise LcftError(
             f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, now {now}); "
             "pass --overwrite to replace them, or choose another --out"
@@ -164,13 +188,13 @@ def _load_state(partial: Path, options: dict) -> dict | None:
     return state if state.get("options") == options else None
 
 
-def _resume_writers(partial: Path, state: dict) -> dict[str, SplitWriter] | None:
+def _resume_writers(partial: Path, state: dict, tok: SeqTokenizer) -> dict[str, SplitWriter] | None:
     """Writers reopened at the last checkpoint, or None when the kept bytes do not hash to what the
     checkpoint recorded (a torn write, or a machine crash before the data reached the disk)."""
-    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s])) for s in SPLITS}
+    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s]), _split_files(s, tok)) for s in SPLITS}
     digests = state.get("digests", {})
     ok = all(
-        list(w.sizes()) == state["sizes"][s] and (state["sizes"][s] == [0, 0] or list(w.digests()) == digests.get(s))
+        list(w.sizes()) == state["sizes"][s] and (not any(state["sizes"][s]) or list(w.digests()) == digests.get(s))
         for s, w in writers.items()
     )
     if ok:
@@ -199,17 +223,18 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
     out = Path(cfg.out)  # type: ignore[arg-type]
     if out.exists() and not out.is_dir():
         raise LcftError(f"output {out} exists and is not a folder")
+    tok = load_tokenizer(cfg.tokenizer)
     with FastaFile(cfg.fasta) as fasta:  # type: ignore[arg-type]
         chosen = {"train": list(cfg.train), "eval": list(cfg.eval)}
         fasta.require(chosen["train"] + chosen["eval"])
-        for split, names in chosen.items():
-            if names and not any(window_starts(fasta.length(c), length, stride) for c in names):
+        for split, names in chosen.items():  # (model tokens: checked once cut, their bases per token vary)
+            if _is_char(tok) and names and not any(window_starts(fasta.length(c), length, stride) for c in names):
                 longest = max(names, key=fasta.length)
                 raise LcftError(
                     f"window length {length} is longer than every {split} chromosome "
                     f"(longest: {longest}, {fasta.length(longest)} bp); use a smaller --length"
                 )
-        options = _options(cfg, fasta, length, stride)
+        options = _options(cfg, fasta, length, stride, tok)
         done = _check_existing(out, options, cfg.overwrite) if out.is_dir() else None
         if done is not None:
             if con:
@@ -222,7 +247,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
             raise LcftError(f"cannot write to output folder {out}: {e.strerror or e}") from None
         lock = _lock(out)
         try:
-            manifest = _run(cfg, fasta, options, out, chosen, con)
+            manifest = _run(cfg, fasta, options, out, chosen, con, tok)
         except LcftError:
             shutil.rmtree(out / PARTIAL, ignore_errors=True)
             if created and out.is_dir() and not any(out.iterdir()):
@@ -250,22 +275,22 @@ def _lock(out: Path) -> int:
     return fd
 
 
-def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None) -> dict:
+def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,
+         tok: SeqTokenizer) -> dict:
     partial = out / PARTIAL
     state = _load_state(partial, options)
     if state and state.get("finished"):
         _finalize(out, partial)
         return read_manifest(out)
-    writers = _resume_writers(partial, state) if state else None
+    writers = _resume_writers(partial, state, tok) if state else None
     if writers is None:  # fresh start (leftovers of other options or of a torn run are not resumed)
         for child in partial.iterdir():
             child.unlink() if child.is_file() else shutil.rmtree(child)
-        state = {"options": options, "chroms": [], "records": [], "sizes": {s: [0, 0] for s in SPLITS},
-                 "digests": {}}
-        writers = {s: SplitWriter(partial, s) for s in SPLITS}
+        state = {"options": options, "chroms": [], "records": [],
+                 "sizes": {s: [0] * len(_split_files(s, tok)) for s in SPLITS}, "digests": {}}
+        writers = {s: SplitWriter(partial, s, names=_split_files(s, tok)) for s in SPLITS}
     elif con:
         con.print(f"resuming: {len(state['chroms'])} chromosome(s) already done in {partial}")
-    length, stride = options["length"], options["stride"]
     finished = {c["chrom"] for c in state["chroms"]}
     bar = (
         Progress(
@@ -279,34 +304,9 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
             bar.start()
         for split in SPLITS:
             for chrom in chosen[split]:
-                if chrom in finished:
-                    continue
-                n = fasta.length(chrom)
-                task = bar.add_task(f"{split} {chrom}", total=n) if bar else None
-                kept = skipped = 0
-                for win, upto in iter_windows(fasta, chrom, length, stride, DEFAULT_CHUNK):
-                    if win.n_frac > cfg.max_n_frac:
-                        skipped += 1
-                    else:
-                        ids, soft = writers[split].buffers(length)
-                        win.fill(ids, soft)
-                        writers[split].add(ids, soft)
-                        kept += 1
-                        state["records"].append({
-                            "split": split, "chrom": chrom, "start": win.start, "end": win.end,
-                            "n_frac": round(win.n_frac, 6), "gc_frac": round(win.gc_frac, 6),
-                        })
-                    if bar:
-                        bar.update(task, completed=upto)
-                if bar:
-                    bar.update(task, completed=n)
-                # checkpoint: sizes and running digests after this chromosome. No fsync here (it would stall
-                # on every chromosome); a resume re-hashes the kept prefix and starts over if it differs.
-                writers[split].flush()
-                state["sizes"][split] = list(writers[split].sizes())
-                state["digests"][split] = list(writers[split].digests())
-                state["chroms"].append({"split": split, "chrom": chrom, "length": n, "windows": kept, "skipped_n": skipped})
-                write_json_atomic(partial / STATE, state, sync=False)
+                if chrom not in finished:
+                    _cut_one(fasta, split, chrom, options, tok, writers[split], state, bar)
+                    write_json_atomic(partial / STATE, state, sync=False)
         for w in writers.values():
             w.sync()  # the finished data reaches the disk once, before the manifest declares it complete
     finally:
@@ -314,13 +314,51 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
             bar.stop()
         for w in writers.values():
             w.close()
-    manifest = _manifest(cfg, fasta, options, state, writers)
+    return _complete(cfg, fasta, options, state, writers, chosen, tok, out)
+
+
+def _cut_one(fasta: FastaFile, split: str, chrom: str, options: dict, tok: SeqTokenizer, writer: SplitWriter,
+             state: dict, bar: Progress | None) -> None:
+    """Cut one chromosome into `writer`, then checkpoint the state: sizes and running digests. No fsync here
+    (it would stall on every chromosome); a resume re-hashes the kept prefix and starts over if it differs."""
+    n = fasta.length(chrom)
+    task = bar.add_task(f"{split} {chrom}", total=n) if bar else None
+
+    def progress(upto: int) -> None:
+        if bar:
+            bar.update(task, completed=upto)
+
+    letters = Counter(state.setdefault("oov_letters", {}).get(split, {}))
+    if _is_char(tok):
+        kept, skipped = cut_char(fasta, chrom, split, options, writer, state["records"], letters, progress)
+    else:
+        kept, skipped = cut_tokens(fasta, chrom, split, options, tok, writer, state["records"], letters, progress)
+    progress(n)
+    writer.flush()
+    state["sizes"][split] = list(writer.sizes())
+    state["digests"][split] = list(writer.digests())
+    state["oov_letters"][split] = dict(letters)
+    state["chroms"].append({"split": split, "chrom": chrom, "length": n, "windows": kept, "skipped_n": skipped})
+
+
+def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, writers: dict, chosen: dict,
+              tok: SeqTokenizer, out: Path) -> dict:
+    """Check the splits (windows left, unknown tokens), write tokenizer, resolved options and manifest, finalize."""
+    partial = out / PARTIAL
+    manifest = build_manifest(fasta, options, state, writers, tok.dtype.name)
     for split in SPLITS:
-        if chosen[split] and manifest["splits"][split]["windows"] == 0:
+        info = manifest["splits"][split]
+        if chosen[split] and info["windows"] == 0 and info["skipped_n"] == 0:
+            raise LcftError(f"window length {options['length']} is longer than every {split} chromosome in "
+                            f"{tok.name} tokens; use a smaller --length")
+        if chosen[split] and info["windows"] == 0:
             raise LcftError(
-                f"no {split} window left after the N filter: all {manifest['splits'][split]['skipped_n']} have "
+                f"no {split} window left after the N filter: all {info['skipped_n']} have "
                 f"more than max_n_frac={cfg.max_n_frac} N bases (raise --max-n-frac or pick other chromosomes)"
             )
+        check_oov(split, info["oov"], info["tokens"], state["oov_letters"].get(split, {}), cfg.max_oov_frac, tok.name)
+    if not _is_char(tok):
+        (partial / TOKENIZER_FILE).write_text(tok.json_text)
     resolved = {**to_dict(cfg), "stride": options["stride"]}
     save_resolved(partial / RESOLVED, {k: v for k, v in resolved.items() if k != "overwrite"})
     write_json_atomic(partial / MANIFEST, manifest)
@@ -328,36 +366,3 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
     write_json_atomic(partial / STATE, state)
     _finalize(out, partial)
     return manifest
-
-
-def _manifest(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, writers: dict) -> dict:
-    splits = {}
-    for split in SPLITS:
-        chroms = [c for c in state["chroms"] if c["split"] == split]
-        windows = sum(c["windows"] for c in chroms)
-        splits[split] = {
-            "chroms": [c["chrom"] for c in chroms],
-            "windows": windows,
-            "skipped_n": sum(c["skipped_n"] for c in chroms),
-            "tokens": windows * options["length"],
-            "files": writers[split].files(),
-        }
-    return {
-        "format_version": FORMAT_VERSION,
-        "created_by": f"lcft {__version__}",
-        "tokenizer": tokenizer_spec(),
-        "source": {
-            "path": str(fasta.path.resolve()),
-            "size": options["fasta"]["size"],
-            "fai_md5": options["fasta"]["fai_md5"],
-            "compression": fasta.kind,
-        },
-        "length": options["length"],
-        "stride": options["stride"],
-        "max_n_frac": cfg.max_n_frac,
-        "softmask": {"file": "{split}.softmask.bin", "packing": "numpy.packbits, big bit order, L/8 bytes per window"},
-        "options": options,
-        "splits": splits,
-        "chroms": state["chroms"],
-        "records": state["records"],
-    }

@@ -1,5 +1,6 @@
-"""On-disk window shards: {split}.bin (uint8 ids, window i at i*L), {split}.softmask.bin (packed bits,
-window i at i*L/8), manifest.json; the writer (resumable, hashed), the reader (memmap) and the verifier."""
+"""On-disk window shards: {split}.bin (ids, window i at i*L), {split}.softmask.bin (packed bits, window i at
+i*L/8), side files of model tokenizers, manifest.json; the writer (resumable, hashed) and the verifier.
+The reader is `window_set.WindowSet`."""
 
 from __future__ import annotations
 
@@ -85,10 +86,13 @@ class SplitWriter:
     # the run, measured on a 60 Mbp genome).
     SYNC_BYTES = 1 << 23
 
-    def __init__(self, folder: Path, split: str, keep: tuple[int, int] = (0, 0)):
+    def __init__(self, folder: Path, split: str, keep: tuple[int, ...] = (0, 0), names: tuple[str, ...] = ()):
         self.split = split
-        self.ids = HashedFile(folder / bin_name(split), keep[0])
-        self.soft = HashedFile(folder / softmask_name(split), keep[1])
+        names = names or (bin_name(split), softmask_name(split))
+        keep = tuple(keep) + (0,) * (len(names) - len(keep))
+        # one file per array passed to add(): ids and soft mask, then any side files (model tokenizers)
+        self.outputs = [HashedFile(folder / n, k) for n, k in zip(names, keep, strict=False)]
+        self.ids, self.soft = self.outputs[0], self.outputs[1]
         self._hash_q: queue.Queue = queue.Queue(self.QUEUE_WINDOWS)
         self._write_q: queue.Queue = queue.Queue()  # bounded by the pool (or by _hash_q for other arrays)
         self._free: queue.Queue = queue.Queue()  # pooled (ids, soft) buffer pairs ready for reuse
@@ -102,14 +106,14 @@ class SplitWriter:
         for t in self._threads:
             t.start()
 
-    def _hash(self, item: tuple[np.ndarray, np.ndarray]) -> None:
-        self.ids.hash.update(memoryview(item[0]))
-        self.soft.hash.update(memoryview(item[1]))
+    def _hash(self, item: tuple[np.ndarray, ...]) -> None:
+        for f, a in zip(self.outputs, item, strict=True):
+            f.hash.update(memoryview(a))
         self._write_q.put(item)
 
-    def _write(self, item: tuple[np.ndarray, np.ndarray]) -> None:
-        self.ids.append(memoryview(item[0]), self.SYNC_BYTES)
-        self.soft.append(memoryview(item[1]), self.SYNC_BYTES)
+    def _write(self, item: tuple[np.ndarray, ...]) -> None:
+        for f, a in zip(self.outputs, item, strict=True):
+            f.append(memoryview(a), self.SYNC_BYTES)
         if id(item[0]) in self._pooled:
             self._free.put(item)
 
@@ -144,12 +148,14 @@ class SplitWriter:
             return pair
         return self._free.get()
 
-    def add(self, ids: np.ndarray, softmask_packed: np.ndarray) -> None:
+    def add(self, ids: np.ndarray, softmask_packed: np.ndarray, *side: np.ndarray) -> None:
         """Append one window: (L,) uint8 ids and its (L/8,) soft mask from np.packbits (big bit order:
         bit 7 of byte j is token 8j; np.unpackbits inverts it). The arrays must not be modified after
-        (buffers from `buffers()` go back to the pool once written)."""
+        (buffers from `buffers()` go back to the pool once written). `side`: one array per side file."""
         self._raise()
-        self._hash_q.put((np.ascontiguousarray(ids), np.ascontiguousarray(softmask_packed)))
+        arrays = (np.ascontiguousarray(a) for a in (ids, softmask_packed, *side))
+        # as bytes (files count bytes); uint8 arrays stay the same object, so pooled buffers are recognised
+        self._hash_q.put(tuple(a if a.dtype == np.uint8 else a.view(np.uint8) for a in arrays))
 
     def drain(self) -> None:
         """Wait until every added window is hashed and written; re-raise an error of either."""
@@ -157,35 +163,35 @@ class SplitWriter:
         self._write_q.join()
         self._raise()
 
-    def sizes(self) -> tuple[int, int]:
+    def sizes(self) -> tuple[int, ...]:
         self.drain()
-        return self.ids.size, self.soft.size
+        return tuple(f.size for f in self.outputs)
 
-    def digests(self) -> tuple[str, str]:
+    def digests(self) -> tuple[str, ...]:
         self.drain()
-        return self.ids.hash.hexdigest(), self.soft.hash.hexdigest()
+        return tuple(f.hash.hexdigest() for f in self.outputs)
 
     def flush(self) -> None:
         self.drain()
-        self.ids.flush()
-        self.soft.flush()
+        for f in self.outputs:
+            f.flush()
 
     def sync(self) -> None:
         self.drain()
-        self.ids.sync()
-        self.soft.sync()
+        for f in self.outputs:
+            f.sync()
 
     def files(self) -> dict[str, dict[str, Any]]:
         self.drain()
-        return {f.path.name: {"bytes": f.size, "sha256": f.hash.hexdigest()} for f in (self.ids, self.soft)}
+        return {f.path.name: {"bytes": f.size, "sha256": f.hash.hexdigest()} for f in self.outputs}
 
     def close(self) -> None:
         for q, t in zip((self._hash_q, self._write_q), self._threads, strict=True):
             if t.is_alive():
                 q.put(None)
                 t.join()
-        self.ids.close()
-        self.soft.close()
+        for f in self.outputs:
+            f.close()
 
 
 def dumps_json(data: Any) -> str:
@@ -219,72 +225,17 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     return m
 
 
-class WindowSet:
-    """The windows of one split, memory-mapped: ws[i] -> uint8 ids (length ws.length), ws.softmask(i),
-    ws.coords(i) -> (chrom, start, end), 0-based end-exclusive in the FASTA record's coordinates."""
-
-    def __init__(self, out_dir: str | os.PathLike, split: str):
-        self.dir = Path(out_dir)
-        self.manifest = read_manifest(self.dir)
-        if split not in self.manifest["splits"]:
-            raise LcftError(f"no split {split!r} in {self.dir} (have {', '.join(self.manifest['splits'])})")
-        self.split = split
-        self.length: int = self.manifest["length"]
-        self.records: list[dict] = [r for r in self.manifest["records"] if r["split"] == split]
-        n = len(self.records)
-        self._ids = self._map(bin_name(split), n * self.length)
-        self._soft = self._map(softmask_name(split), n * self.length // 8)
-
-    def _map(self, name: str, size: int) -> np.ndarray:
-        path = self.dir / name
-        if not path.is_file():
-            raise LcftError(f"{path} is missing (run `lcft prepare verify {self.dir}`)")
-        if path.stat().st_size != size:
-            raise LcftError(f"{path} has {path.stat().st_size} bytes, the manifest says {size} (corrupt)")
-        if size == 0:
-            return np.zeros(0, dtype=np.uint8)
-        return np.memmap(path, dtype=np.uint8, mode="r", shape=(size,))
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def _check(self, i: int) -> int:
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"window {i} out of range for {len(self)} {self.split} windows")
-        return i % len(self)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        i = self._check(i)
-        return self._ids[i * self.length : (i + 1) * self.length]  # (L,) uint8 memmap view
-
-    def softmask(self, i: int) -> np.ndarray:
-        i = self._check(i)
-        w = self.length // 8
-        return np.unpackbits(self._soft[i * w : (i + 1) * w]).view(bool)  # (L,) True = lower case
-
-    def coords(self, i: int) -> tuple[str, int, int]:
-        r = self.records[self._check(i)]
-        return r["chrom"], r["start"], r["end"]
-
-    def __repr__(self) -> str:
-        return f"WindowSet({str(self.dir)!r}, {self.split!r}: {len(self)} windows of {self.length})"
-
-
-def open_windows(out_dir: str | os.PathLike, split: str) -> WindowSet:
-    """The windows of `split` ('train' or 'eval') in a folder written by `prepare_windows`."""
-    return WindowSet(out_dir, split)
-
-
 def verify_windows(out_dir: str | os.PathLike) -> dict:
     """Recompute sizes and sha256 of every file the manifest lists; raise LcftError naming the first corrupt
     file. Returns the manifest."""
     d = Path(out_dir)
     m = read_manifest(d)
-    for split, info in m["splits"].items():
-        for name, meta in info["files"].items():
+    groups = [(f"{split} split", info["files"]) for split, info in m["splits"].items()]
+    for what, files in [*groups, ("tokenizer", m.get("files", {}))]:
+        for name, meta in files.items():
             p = d / name
             if not p.is_file():
-                raise LcftError(f"{p} is missing ({split} split)")
+                raise LcftError(f"{p} is missing ({what})")
             if p.stat().st_size != meta["bytes"]:
                 raise LcftError(f"{p} is corrupt: {p.stat().st_size} bytes, manifest says {meta['bytes']}")
             if file_hash(p).hexdigest() != meta["sha256"]:

@@ -79,21 +79,24 @@ def _build_flag_table() -> bytes:
 FLAG_TABLE = _build_flag_table()
 
 
-def encode_lines(raw: bytes | bytearray) -> np.ndarray:
+def encode_lines(raw: bytes | bytearray, table: bytes = FLAG_TABLE) -> np.ndarray:
     """FASTA sequence bytes (line breaks allowed, dropped) -> uint8 array of `id | flags` (see FLAG_*):
-    `out & ID_BITS` equals `encode`, `(out & FLAG_LOWER) != 0` equals `softmask_bits`."""
-    return np.frombuffer(raw.translate(FLAG_TABLE, LINE_BREAKS), dtype=np.uint8)
+    `out & ID_BITS` equals `encode`, `(out & FLAG_LOWER) != 0` equals `softmask_bits`. Another `table`
+    maps the bytes through it instead (the identity keeps them as stored)."""
+    return np.frombuffer(raw.translate(table, LINE_BREAKS), dtype=np.uint8)
 
 
 LF, CR = ord("\n"), ord("\r")
 
 
-def encode_pieces(pieces: Iterable[tuple[bytes | bytearray, int]], bases_per_line: int, out: np.ndarray) -> int:
+def encode_pieces(
+    pieces: Iterable[tuple[bytes | bytearray, int]], bases_per_line: int, out: np.ndarray, table: bytes = FLAG_TABLE
+) -> int:
     """Fill `out` with `id | flags` codes from (data, rows) pieces of FastaFile.line_pieces; return the
     number of bases written. Whole-line pieces are translated without deletion (about half the cost of
     translate with a delete set) and their line breaks dropped by position in one strided copy; the
     fragments at the ends drop them by value. Raises ValueError when a line does not end where the
-    index says (the file changed after indexing)."""
+    index says (the file changed after indexing). `table` as in `encode_lines`."""
     p = 0
     for data, rows in pieces:
         if rows:
@@ -102,11 +105,11 @@ def encode_pieces(pieces: Iterable[tuple[bytes | bytearray, int]], bases_per_lin
             # line when it indexed; this catches a file changed since then at O(1) cost)
             if data[width - 1] != LF or data[-1] != LF or data[bases_per_line] not in (LF, CR):
                 raise ValueError("line breaks are not where the FASTA index puts them")
-            coded = np.frombuffer(data.translate(FLAG_TABLE), dtype=np.uint8).reshape(rows, -1)
+            coded = np.frombuffer(data.translate(table), dtype=np.uint8).reshape(rows, -1)
             n = rows * bases_per_line
             out[p : p + n].reshape(rows, bases_per_line)[:] = coded[:, :bases_per_line]
         else:
-            coded = encode_lines(data)
+            coded = encode_lines(data, table)
             n = coded.size
             out[p : p + n] = coded
         p += n

@@ -1,0 +1,162 @@
+"""prepare with the model's own tokenizer (BPE trained here with `tokenizers`, a 6-mer vocabulary, char) on the real
+samples, against `tokenizers` run on the documented pieces and Biopython's sequence at every window's span."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+from lcft.genomics import open_windows, prepare_windows, verify_windows
+from lcft.genomics.dataset import IGNORE_INDEX, DataConfig, TrainSamples
+from tests.conftest import SHARED_GENOMES
+from tests.genomics.conftest import bio_records
+
+L = 8192
+BLOCK = 4096  # the documented BPE piece rule: runs of A/C/G/T or of other letters, cut at multiples of 4096
+GENOMES = {
+    "hg38_chr2": ("hg38_chr2_1-2333275.fa.gz", "chr2", L),
+    "chr22_N_run": ("grch37_chr22_20000001-21000000.fa", "22:20000001-21000000", L // 2 + 8),
+}
+
+
+@pytest.fixture(scope="module")
+def bpe_file(tmp_path_factory):
+    """A BPE vocabulary of 512 trained with `tokenizers` on the hg38 piece (upper case, 1 kb sentences)."""
+    if not SHARED_GENOMES.is_dir():
+        pytest.skip(f"shared genome samples not found at {SHARED_GENOMES}")
+    seq = bio_records(SHARED_GENOMES / "hg38_chr2_1-2333275.fa.gz")["chr2"].upper()
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.train_from_iterator((seq[i : i + 1000] for i in range(0, len(seq), 1000)),
+                           trainers.BpeTrainer(vocab_size=512, special_tokens=["<pad>", "<unk>"], show_progress=False))
+    path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
+    tk.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def kmer_vocab(tmp_path_factory):
+    """A 6-mer vocab.txt in an order of its own (ids come from the file): specials, K-mers shuffled, letters."""
+    import itertools
+
+    kmers = ["".join(p) for p in itertools.product("ACGT", repeat=6)]
+    np.random.default_rng(0).shuffle(kmers)
+    vocab = ["[PAD]", "[UNK]", *kmers, "NNNNNN", *"ACGTN"]
+    path = tmp_path_factory.mktemp("kmer") / "vocab.txt"
+    path.write_text("\n".join(vocab) + "\n")
+    return path, vocab
+
+
+def oracle_tokens(kind: str, seq: str, bpe_file, kmer_vocab) -> tuple[list[int], np.ndarray]:
+    """Token ids and bases per token of a whole record, straight from `tokenizers` (offsets give the bases)."""
+    up = seq.upper()
+    if kind == "char":
+        return [], np.ones(len(up), np.int64)
+    if kind == "bpe":
+        tk = Tokenizer.from_file(str(bpe_file))
+        pieces = [m.group() for b in range(0, len(up), BLOCK) for m in re.finditer("[ACGT]+|[^ACGT]+", up[b : b + BLOCK])]
+    else:  # non-overlapping 6-mers from the start of each run, single letters for a run's last < 6
+        _, vocab = kmer_vocab
+        tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+        tk.pre_tokenizer = pre_tokenizers.Split(Regex("[ACGT]{6}|[^ACGT]{6}|."), behavior="isolated")
+        pieces = [up]
+    ids, counts = [], []
+    for p in pieces:
+        enc = tk.encode(p, add_special_tokens=False)
+        ids += enc.ids
+        counts += [e - s for s, e in enc.offsets]
+        assert sum(e - s for s, e in enc.offsets) == len(p)
+    return ids, np.array(counts, np.int64)
+
+
+def spec_of(kind: str, bpe_file, kmer_vocab) -> str:
+    return {"char": "char", "bpe": str(bpe_file), "kmer": f"kmer:6:{kmer_vocab[0]}"}[kind]
+
+
+@pytest.mark.parametrize("genome", list(GENOMES))
+@pytest.mark.parametrize("kind", ["bpe", "kmer", "char"])
+def test_windows_match_tokenizers_and_biopython(kind, genome, genomes_dir, tmp_path, bpe_file, kmer_vocab):
+    name, chrom, stride = GENOMES[genome]
+    seq = bio_records(genomes_dir / name)[chrom]
+    out = tmp_path / "out"
+    m = prepare_windows(fasta=str(genomes_dir / name), out=str(out), length=L, stride=stride, train=(chrom,),
+                        eval=(), tokenizer=spec_of(kind, bpe_file, kmer_vocab))
+    ids, counts = oracle_tokens(kind, seq, bpe_file, kmer_vocab)
+    first = np.concatenate(([0], np.cumsum(counts)))  # (n_tok+1,) base offset of each token
+    non_acgt = np.concatenate(([0], np.cumsum(~np.isin(np.frombuffer(seq.upper().encode(), np.uint8),
+                                                          np.frombuffer(b"ACGT", np.uint8)))))
+    lower = np.concatenate(([0], np.cumsum(np.frombuffer(seq.encode(), np.uint8) >= ord("a"))))
+    kept = []
+    for g in range(0, len(counts) - L + 1, stride):
+        s, e = first[g], first[g + L]
+        if (non_acgt[e] - non_acgt[s]) / (e - s) <= 0.1:
+            kept.append(g)
+    ws = open_windows(out, "train")
+    assert len(ws) == len(kept) > 0 and m["splits"]["train"]["windows"] == len(kept)
+    assert ws.dtype == np.dtype("uint8" if kind == "char" else "uint16") and m["ids_dtype"] == ws.dtype.name
+    tk = None if kind == "char" else Tokenizer.from_str((out / "tokenizer.json").read_text())
+    for i, g in enumerate(kept):
+        c, s, e = ws.coords(i)
+        assert (c, s, e) == (chrom, first[g], first[g + L])
+        if kind != "char":
+            assert ws[i].tolist() == ids[g : g + L]
+            assert tk.decode(ws[i].tolist()).replace(" ", "") == seq[s:e].upper()  # the tokenizer's own decode
+        assert ws.sequence(i) == seq[s:e]  # case kept: lower case where soft-masked
+        assert np.array_equal(ws.base_offsets(i), first[g : g + L] - s)
+        low = lower[first[g + 1 : g + L + 1]] - lower[first[g : g + L]]  # (L,) lower-case bases per token
+        assert np.array_equal(ws.softmask(i), 2 * low >= counts[g : g + L])  # at least half the bases
+    assert m["splits"]["train"]["bases"] == sum(ws.coords(i)[2] - ws.coords(i)[1] for i in range(len(ws)))
+    assert m["splits"]["train"]["oov"] == 0
+    verify_windows(out)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "kmer"])
+def test_tokens_with_n_carry_no_loss(kind, genomes_dir, tmp_path, bpe_file, kmer_vocab):
+    """chr22's 100 kb N run: tokens of N bases are never a label; every A/C/G/T-only token is."""
+    name, chrom, _ = GENOMES["chr22_N_run"]
+    out = tmp_path / "out"
+    prepare_windows(fasta=str(genomes_dir / name), out=str(out), length=L, train=(chrom,), eval=(), max_n_frac=1.0,
+                    tokenizer=spec_of(kind, bpe_file, kmer_vocab))
+    ws = open_windows(out, "train")
+    samples = TrainSamples(ws, DataConfig(seq_len=L))
+    with_n = 0
+    for w in range(len(ws)):
+        labels = samples.example(w)["labels"]
+        spelled = [ws.tokenizer.bases()[t] for t in ws[w].tolist()]
+        want = [all(ch in "ACGT" for ch in b) and b != "" for b in spelled[1:]]
+        assert ((labels[:-1] != IGNORE_INDEX) == np.array(want)).all() and labels[-1] == IGNORE_INDEX
+        with_n += sum("N" in b for b in spelled)
+    assert with_n > 0
+
+
+def test_bpe_chunking_costs_under_a_tenth_of_a_percent(genomes_dir, bpe_file):
+    """The documented 4096-base pieces against tokenizing the whole 2.3 Mbp record at once."""
+    seq = bio_records(genomes_dir / "hg38_chr2_1-2333275.fa.gz")["chr2"]
+    whole = len(Tokenizer.from_file(str(bpe_file)).encode(seq.upper(), add_special_tokens=False).ids)
+    pieces = len(oracle_tokens("bpe", seq, bpe_file, None)[0])
+    assert whole <= pieces <= whole * 1.001
+
+
+def test_char_manifest_and_files_unchanged(tmp_path):
+    """char keeps uint8 ids, no side files, no tokenizer.json, the char spec."""
+    from lcft.genomics import sample_fasta
+    from lcft.genomics.tokenizer import tokenizer_spec
+
+    out = tmp_path / "c"
+    m = prepare_windows(fasta=str(sample_fasta()), out=str(out), length="64K", train="chr2", eval="chr22")
+    assert m["tokenizer"] == tokenizer_spec() and m["ids_dtype"] == "uint8" and m["files"] == {}
+    assert sorted(p.name for p in out.iterdir()) == ["eval.bin", "eval.softmask.bin", "manifest.json",
+                                                      "prepare.toml", "train.bin", "train.softmask.bin"]
+
+
+def test_rerun_with_another_tokenizer_is_refused(tmp_path, bpe_file):
+    from lcft.errors import LcftError
+    from lcft.genomics import sample_fasta
+
+    kw = {"fasta": str(sample_fasta()), "out": str(tmp_path / "o"), "length": L, "train": "chr2", "eval": ()}
+    m = prepare_windows(**kw, tokenizer="kmer:6")
+    assert prepare_windows(**kw, tokenizer="kmer:6") == m  # same options: nothing to do
+    with pytest.raises(LcftError, match="different tokenizer .*was kmer:6, now bpe"):
+        prepare_windows(**kw, tokenizer=str(bpe_file))
