@@ -1,0 +1,157 @@
+"""Model tokenizers: bad tokenizer input (one-line errors, nothing written), unknown-token counting and refusal,
+and a SIGKILLed k-mer run that resumes to the same bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+from lcft.errors import LcftError
+from lcft.genomics import open_windows, prepare_windows, verify_windows
+from tests.genomics.conftest import random_genome, write_fasta
+
+L = 1024
+
+
+@pytest.fixture
+def fasta(tmp_path):
+    return write_fasta(tmp_path / "g.fa", {"c1": random_genome(1, 40 * L), "c2": random_genome(2, 40 * L)})
+
+
+def fails(match: str, fasta: Path, out: Path, **kw) -> str:
+    kw = {"length": L, "train": ("c1",), "eval": ()} | kw
+    with pytest.raises(LcftError, match=match) as e:
+        prepare_windows(fasta=str(fasta), out=str(out), **kw)
+    assert "\n" not in str(e.value)
+    assert not out.exists() or not any(out.iterdir()), f"left behind: {list(out.iterdir())}"
+    return str(e.value)
+
+
+def test_tokenizer_file_missing(fasta, tmp_path):
+    fails("no such file or folder", fasta, tmp_path / "out", tokenizer=str(tmp_path / "nope.json"))
+
+
+def test_tokenizer_folder_without_tokenizer_json(fasta, tmp_path):
+    (tmp_path / "model").mkdir()
+    fails("holds no tokenizer.json", fasta, tmp_path / "out", tokenizer=str(tmp_path / "model"))
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"model": {"type": "Nope"}}'])
+def test_tokenizer_not_a_tokenizer_json(fasta, tmp_path, text):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text(text)
+    fails("is not a (tokenizers )?tokenizer.json", fasta, tmp_path / "out", tokenizer=str(bad))
+
+
+def test_tokenizer_without_a_base(fasta, tmp_path):
+    """A WordLevel tokenizer that knows A, C and T but not G."""
+    tk = Tokenizer(models.WordLevel({"<unk>": 0, "A": 1, "C": 2, "T": 3}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.save(str(tmp_path / "tokenizer.json"))
+    msg = fails("has no token for base G", fasta, tmp_path / "out", tokenizer=str(tmp_path / "tokenizer.json"))
+    assert "A" not in msg.split("base")[-1]
+
+
+@pytest.mark.parametrize("spec", ["kmer:0", "kmer:x", "kmer:13", "kmer:"])
+def test_bad_kmer_spec(fasta, tmp_path, spec):
+    fails("K must be a whole number from 1 to 12", fasta, tmp_path / "out", tokenizer=spec)
+
+
+def test_kmer_vocab_file_missing(fasta, tmp_path):
+    fails("no such file", fasta, tmp_path / "out", tokenizer=f"kmer:6:{tmp_path / 'vocab.txt'}")
+
+
+def test_cli_one_line_error(fasta, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "windows", "--fasta", str(fasta), "--out", str(out),
+                        "--length", str(L), "--train", "c1", "--eval", "", "--tokenizer", "kmer:0"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "kmer:0" in r.stderr
+    assert not out.exists()
+
+
+def oov_genome(tmp_path: Path, every: int) -> tuple[Path, str]:
+    """c1 with an 'X' (no token for it) every `every` bases, and one 'R' (an IUPAC code)."""
+    seq = list(random_genome(3, 30 * L, n_runs=0))
+    for i in range(5, len(seq), every):
+        seq[i] = "X"
+    seq[7] = "R"
+    s = "".join(seq)
+    return write_fasta(tmp_path / "x.fa", {"c1": s}), s
+
+
+@pytest.mark.parametrize("spec", ["kmer:6", "char"])
+def test_unknown_letters_refused_above_threshold(tmp_path, spec):
+    path, _ = oov_genome(tmp_path, every=50)
+    msg = fails("unknown token", path, tmp_path / "out", tokenizer=spec)
+    assert "'X'" in msg and "--max-oov-frac 0.01" in msg and "train" in msg
+
+
+def test_unknown_tokens_counted_per_split(tmp_path):
+    """kmer:6: the 6-mer holding an X is one unknown token; the manifest's count equals the ids in the files
+    and an independent `tokenizers` count over the kept windows' bases."""
+    path, seq = oov_genome(tmp_path, every=500)
+    out = tmp_path / "out"
+    m = prepare_windows(fasta=str(path), out=str(out), length=L, train=("c1",), eval=(), tokenizer="kmer:6",
+                        max_oov_frac=0.5)
+    ws = open_windows(out, "train")
+    unk = m["tokenizer"]["unk_id"]
+    in_files = sum(int((ws[i] == unk).sum()) for i in range(len(ws)))
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    oracle = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    oracle.pre_tokenizer = pre_tokenizers.Split(Regex("[ACGT]{6}|[^ACGT]{6}|."), behavior="isolated")
+    spans = [seq[ws.coords(i)[1] : ws.coords(i)[2]].upper() for i in range(len(ws))]
+    assert m["splits"]["train"]["oov"] == in_files == sum(oracle.encode(s).ids.count(unk) for s in spans) > 0
+    assert set(m["splits"]["train"]["oov_letters"]) <= {"X", "R"} and m["splits"]["train"]["oov_letters"]["X"] > 0
+    assert ws.sequence(0).upper() == spans[0].replace("X", "N").replace("R", "N")  # unknown reads back as N
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import lcft.genomics.prepare as P
+    from lcft.genomics.shards import SplitWriter
+    seen = {"ckpt": 0, "adds": 0}
+    real_json, real_add = P.write_json_atomic, SplitWriter.add
+    def json_hook(path, data, **kw):
+        real_json(path, data, **kw)
+        seen["ckpt"] += 1
+    def add_hook(self, *arrays):
+        real_add(self, *arrays)
+        if seen["ckpt"] >= 1:
+            seen["adds"] += 1
+            if seen["adds"] == 3:
+                self.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+    P.write_json_atomic, SplitWriter.add = json_hook, add_hook
+    P.prepare_windows(fasta=sys.argv[1], out=sys.argv[2], length=1024, train=("c1", "c2"), eval=(), tokenizer="kmer:6")
+""")
+
+
+def test_sigkill_midway_then_resume_is_byte_identical(fasta, tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", KILLER, str(fasta), str(out)], env=env, capture_output=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr.decode()
+    assert not (out / "manifest.json").exists()
+    kw = {"length": L, "train": ("c1", "c2"), "eval": (), "tokenizer": "kmer:6"}
+    prepare_windows(fasta=str(fasta), out=str(out), **kw)
+    prepare_windows(fasta=str(fasta), out=str(tmp_path / "clean"), **kw)
+    names = sorted(p.name for p in (tmp_path / "clean").iterdir())
+    assert "train.bases.bin" in names and "train.basemask.bin" in names and "tokenizer.json" in names
+    assert names == sorted(p.name for p in out.iterdir())
+    for name in set(names) - {"prepare.toml"}:  # (prepare.toml names the output folder)
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+    verify_windows(out)
+    (out / "tokenizer.json").write_text((out / "tokenizer.json").read_text().replace('"A"', '"a"'))
+    with pytest.raises(LcftError, match="tokenizer.json is corrupt"):
+        verify_windows(out)
+    assert np.array_equal(open_windows(tmp_path / "clean", "train").base_offsets(0)[:3], [0, 6, 12])
