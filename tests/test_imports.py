@@ -27,6 +27,10 @@ LAYERS = [
     ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
     ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli")),
     ("lcft.genomics", ("lcft.model",)),
+    # the run layout serves train, eval and export alike; file helpers sit below everything
+    ("lcft.runs", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),
+    ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
+                    "lcft.cli", "lcft.runs")),
 ]
 # Only the CLI itself and `python -m lcft` may import lcft.cli.
 CLI_ALLOWED = ("lcft.cli", "lcft.__main__")
