@@ -45,8 +45,9 @@ def is_size(tp: Any) -> bool:
 
 @functools.cache
 def _source_docs(cls: type) -> tuple[dict[str, str], bool]:
-    """({field: docstring}, whether every dataclass in the MRO had readable source). Without source (a
-    .pyc-only install, a frozen app) the attribute docstrings are gone: help then shows no text."""
+    """Attribute docstrings of a dataclass ({field: the string literal after its declaration}) and whether
+    every dataclass in its MRO had readable source. Without source (a .pyc-only install, a frozen app) the
+    attribute docstrings are gone: help then shows no text."""
     docs: dict[str, str] = {}
     complete = True
     for klass in reversed(cls.__mro__):
@@ -67,11 +68,6 @@ def _source_docs(cls: type) -> tuple[dict[str, str], bool]:
             ):
                 docs[prev.target.id] = " ".join(node.value.value.split())
     return docs, complete
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass: {field name: the string literal that follows its declaration}."""
-    return dict(_source_docs(cls)[0])
 
 
 def doc(cls: type, name: str) -> str:
