@@ -47,7 +47,3 @@ class ParallelConfig:
             raise ConfigError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
         if self.cp_kv not in CP_KV_MODES:
             raise ConfigError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")
-
-    def parallel(self) -> ParallelConfig:
-        """Only the parallel options (what lcft.parallel needs), e.g. of a TrainConfig or EvalConfig."""
-        return ParallelConfig(self.cp, self.cp_layout, self.cp_kv, self.nproc)
