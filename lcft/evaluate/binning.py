@@ -86,15 +86,17 @@ class WindowBins:
         self._loss: list[np.ndarray] = []
         self._count: list[np.ndarray] = []
 
-    def add(self, loss: np.ndarray, counted: np.ndarray, softmask: np.ndarray | None) -> None:
+    def add(self, loss: np.ndarray, counted: np.ndarray, softmask: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray]:
         """Add one window: per-token loss `(L,)`, counted `(L,)` bool, soft-mask bit of each position `(L,)`
-        (None: no soft mask, every base counts as unique)."""
+        (None: no soft mask, every base counts as unique). Returns its (subsets, bins) loss sums and counts."""
         counted = np.asarray(counted, dtype=bool)
         soft = np.zeros_like(counted) if softmask is None else np.asarray(softmask, dtype=bool)
         loss64 = np.asarray(loss, dtype=np.float64)  # (L,) sums in fp64, as PositionSums
         masks = (counted, counted & soft, counted & ~soft)  # in SUBSETS order
         self._loss.append(np.stack([np.add.reduceat(np.where(m, loss64, 0.0), self.starts) for m in masks]))
         self._count.append(np.stack([np.add.reduceat(m.astype(np.int64), self.starts) for m in masks]))
+        return self._loss[-1], self._count[-1]
 
     def __len__(self) -> int:
         return len(self._loss)

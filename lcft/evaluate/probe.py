@@ -55,14 +55,15 @@ class Planted:
     target: int
     segment: int
     control: np.ndarray
-    """(L,) uint8: the source segment shuffled (same bases, no copy to read back)."""
+    """(L,) token ids: the source segment shuffled (same bases, no copy to read back)."""
     exact: np.ndarray
-    """(L,) uint8: the source segment as it was: an exact copy at `distance` before the target."""
+    """(L,) token ids: the source segment as it was: an exact copy at `distance` before the target."""
     mutated: np.ndarray
-    """(L,) uint8: the source segment with a fraction of its bases substituted (a diverged repeat)."""
+    """(L,) token ids: the source segment with a fraction of its bases substituted (a diverged repeat)."""
 
     def decode(self, variant: str = "exact", softmask: np.ndarray | None = None) -> str:
-        """The planted window as sequence text (upper case; lower case where `softmask` (L,) is True)."""
+        """The planted window as sequence text (upper case; lower case where `softmask` (L,) is True);
+        single-base tokens (the char tokenizer)."""
         return decode(getattr(self, variant), softmask)
 
     def describe(self) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def _mutate(x: np.ndarray, frac: float, rng: np.random.Generator) -> np.ndarray:
 def plant(ids: np.ndarray, window: int, segment: int, distance: int, mutation: float, seed: int) -> Planted:
     """The probe windows of window `ids` `(L,)` at one distance: the target is the window's last `segment`
     tokens, overwritten by the segment `distance` tokens earlier. Deterministic in (seed, window, distance)."""
-    ids = np.asarray(ids, dtype=np.uint8)
+    ids = np.asarray(ids)  # the split's token dtype is kept
     length = len(ids)
     target = length - segment
     source = target - distance
@@ -158,7 +159,8 @@ class CopyProbe:
         out: dict[str, Any] = {"distances": list(self.distances), "tokens": [int(c) for c in n],
                                "loss_without": _floats(without)}
         for v, name in enumerate(self.variants[1:], start=1):
-            drop = mean_difference(self.sums[0], self.sums[v], self.counts[0], weights, relative=False)
+            drop = mean_difference(self.sums[0], self.counts[0], self.sums[v], self.counts[v], weights,
+                                   relative=False)
             rec = {"loss_with": _floats(without - drop.value), "drop": _floats(drop.value),
                    "ci_low": _floats(drop.low), "ci_high": _floats(drop.high),
                    "effective_context": effective_context(self.distances, drop.low)}

@@ -57,23 +57,25 @@ class Change:
     """(reps, ...) the bootstrap replicates."""
 
 
-def mean_difference(sums: np.ndarray, ref_sums: np.ndarray, counts: np.ndarray, weights: np.ndarray, *,
-                    relative: bool, level: float = LEVEL) -> Change:
-    """Change of the token-weighted mean loss of `sums` against `ref_sums`, both `(n, ...)` per-window loss sums
-    over the same tokens `counts` `(n, ...)` (a paired comparison: the windows and counted tokens are shared).
+def mean_difference(sums: np.ndarray, counts: np.ndarray, ref_sums: np.ndarray, ref_counts: np.ndarray,
+                    weights: np.ndarray, *, relative: bool, level: float = LEVEL) -> Change:
+    """Change of the token-weighted mean loss sum(sums) / sum(counts) against the reference's, from per-window
+    loss sums and token counts `(n, ...)` of the same windows (a paired comparison: one draw resamples both).
 
-    relative=True: (mean - ref mean) / ref mean = sum(sums - ref_sums) / sum(ref_sums); relative=False: the
-    difference in mean loss, sum(sums - ref_sums) / sum(counts). The numerator is formed per window before any
-    resampling, so identical inputs give exactly zero in every replicate.
+    relative=True: mean / ref mean - 1; relative=False: mean - ref mean. Both means of a replicate come from
+    the same arithmetic, so identical inputs give exactly zero in every replicate.
     """
-    num = np.asarray(sums, dtype=np.float64) - np.asarray(ref_sums, dtype=np.float64)  # (n, ...)
-    den = np.asarray(ref_sums if relative else counts, dtype=np.float64)  # (n, ...)
+    def means(s: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s, c = np.asarray(s, dtype=np.float64), np.asarray(c, dtype=np.float64)  # (n, ...)
+        rs, rc = _resampled(weights, s), _resampled(weights, c)  # (reps, ...)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return s.sum(0) / c.sum(0), rs / rc  # NaN where there are no tokens
+
+    (m, ms), (r, rs) = means(sums, counts), means(ref_sums, ref_counts)
     with np.errstate(invalid="ignore", divide="ignore"):
-        value = np.where(den.sum(0) != 0, num.sum(0) / den.sum(0), np.nan)
-        rn, rd = _resampled(weights, num), _resampled(weights, den)  # (reps, ...)
-        samples = np.where(rd != 0, rn / np.where(rd != 0, rd, 1.0), np.nan)
+        value, samples = (m / r - 1, ms / rs - 1) if relative else (m - r, ms - rs)
     low, high = percentile_interval(samples, level)
-    return Change(value, low, high, samples)
+    return Change(np.asarray(value), low, high, samples)
 
 
 @dataclass

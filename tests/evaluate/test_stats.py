@@ -51,13 +51,13 @@ def test_resample_counts_are_the_seeded_draws():
 def test_intervals_match_a_direct_bootstrap_per_bin_and_overall(relative):
     ref, other, counts = _figures()
     w = resample_counts(len(ref), 400, seed=5)
-    per_bin = mean_difference(other, ref, counts, w, relative=relative)
+    per_bin = mean_difference(other, counts, ref, counts, w, relative=relative)
     lo, hi = _direct_bootstrap(ref, other, counts, 400, 5, relative)
     np.testing.assert_allclose(per_bin.low, lo, rtol=1e-9)
     np.testing.assert_allclose(per_bin.high, hi, rtol=1e-9)
     m_other, m_ref = other.sum(0) / counts.sum(0), ref.sum(0) / counts.sum(0)
     np.testing.assert_allclose(per_bin.value, m_other / m_ref - 1 if relative else m_other - m_ref, rtol=1e-12)
-    overall = mean_difference(other.sum(1), ref.sum(1), counts.sum(1), w, relative=relative)
+    overall = mean_difference(other.sum(1), counts.sum(1), ref.sum(1), counts.sum(1), w, relative=relative)
     lo, hi = _direct_bootstrap(ref.sum(1), other.sum(1), counts.sum(1), 400, 5, relative)
     assert overall.low.shape == () and overall.low == pytest.approx(lo, rel=1e-9)
     assert overall.high == pytest.approx(hi, rel=1e-9)
@@ -66,15 +66,15 @@ def test_intervals_match_a_direct_bootstrap_per_bin_and_overall(relative):
 
 def test_identical_inputs_give_a_zero_width_interval_at_zero():
     ref, _, counts = _figures()
-    c = mean_difference(ref.copy(), ref, counts, resample_counts(len(ref), 200, seed=0), relative=True)
+    c = mean_difference(ref.copy(), counts, ref, counts, resample_counts(len(ref), 200, seed=0), relative=True)
     assert (c.value == 0).all() and (c.low == 0).all() and (c.high == 0).all()
 
 
 def test_same_seed_same_interval_other_seed_another():
     ref, other, counts = _figures()
-    a = mean_difference(other, ref, counts, resample_counts(len(ref), 300, seed=1), relative=True)
-    b = mean_difference(other, ref, counts, resample_counts(len(ref), 300, seed=1), relative=True)
-    c = mean_difference(other, ref, counts, resample_counts(len(ref), 300, seed=2), relative=True)
+    a = mean_difference(other, counts, ref, counts, resample_counts(len(ref), 300, seed=1), relative=True)
+    b = mean_difference(other, counts, ref, counts, resample_counts(len(ref), 300, seed=1), relative=True)
+    c = mean_difference(other, counts, ref, counts, resample_counts(len(ref), 300, seed=2), relative=True)
     assert (a.low == b.low).all() and (a.high == b.high).all()
     assert not (a.low == c.low).all()
 
@@ -83,7 +83,7 @@ def test_a_bin_without_tokens_has_no_interval():
     ref, other, counts = _figures()
     for x in (ref, other, counts):
         x[:, 2] = 0
-    c = mean_difference(other, ref, counts, resample_counts(len(ref), 100, seed=0), relative=True)
+    c = mean_difference(other, counts, ref, counts, resample_counts(len(ref), 100, seed=0), relative=True)
     assert np.isnan(c.value[2]) and np.isnan(c.low[2]) and np.isnan(c.high[2])
     assert not np.isnan(c.low[[0, 1, 3]]).any()
 
@@ -104,7 +104,7 @@ def _trended(slope: float, noise: float, seed: int = 0):
 def test_trend_verdict_follows_the_slope_interval(slope, expect):
     other, ref, counts, edges = _trended(slope, noise=0.01)
     w = resample_counts(len(ref), 500, seed=0)
-    t = trend(mean_difference(other, ref, counts, w, relative=True), counts, w, bin_positions(edges))
+    t = trend(mean_difference(other, counts, ref, counts, w, relative=True), counts, w, bin_positions(edges))
     assert t.verdict == expect and t.low <= t.slope <= t.high
     # The point slope is the token-weighted least-squares fit (numpy's polyfit weights are sqrt of ours).
     rel = other.sum(0) / ref.sum(0) - 1
@@ -115,7 +115,7 @@ def test_trend_verdict_follows_the_slope_interval(slope, expect):
 def test_trend_of_identical_checkpoints_is_zero_with_no_verdict():
     _, ref, counts, edges = _trended(0.0, 0.0)
     w = resample_counts(len(ref), 100, seed=0)
-    t = trend(mean_difference(ref.copy(), ref, counts, w, relative=True), counts, w, bin_positions(edges))
+    t = trend(mean_difference(ref.copy(), counts, ref, counts, w, relative=True), counts, w, bin_positions(edges))
     assert t.slope == 0 and t.low == 0 and t.high == 0 and t.verdict == NO_TREND
 
 
