@@ -1,5 +1,6 @@
 """The config plumbing: field docs, sizes, precedence, unknown keys, TOML round trip."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -54,3 +55,28 @@ def test_toml_roundtrip():
     data = {"a": 1, "b": "x", "c": [1, 2], "d": True, "e": None, "sec": {"f": 0.5, "g": {"h": "i"}}}
     back = tomllib.loads(dumps_toml(data))
     assert back == {"a": 1, "b": "x", "c": [1, 2], "d": True, "sec": {"f": 0.5, "g": {"h": "i"}}}
+
+
+def test_shared_option_groups_are_declared_once_and_stay_flat(tmp_path):
+    """nproc/cp/cp_layout/cp_kv live in ParallelConfig, the spike guard in GuardConfig; the configs that extend
+    them keep the flat TOML keys and flags, and validate when built."""
+    from lcft.evaluate.config import EvalConfig
+    from lcft.parallel.config import ParallelConfig
+    from lcft.train.config import TrainConfig, resolve_config
+    from lcft.train.guard import GuardConfig
+
+    for cls, group in ((TrainConfig, ParallelConfig), (EvalConfig, ParallelConfig), (TrainConfig, GuardConfig)):
+        for name in (f.name for f in dataclasses.fields(group)):
+            assert name not in cls.__dict__["__annotations__"], (cls, name)
+            assert doc(cls, name) == doc(group, name)
+    toml = tmp_path / "t.toml"
+    toml.write_text('cp = 2\ncp_kv = "stream"\nspike_window = 7\n')
+    cfg = resolve_config(toml, {"nproc": "4"})
+    assert (cfg.cp, cfg.cp_kv, cfg.nproc, cfg.spike_window) == (2, "stream", 4, 7)
+    assert build(EvalConfig, {"data": "d", "checkpoints": ["c"], "cp": "2"}).cp == 2
+    for make, match in [(lambda: EvalConfig(data="d"), "no checkpoint given"),
+                        (lambda: EvalConfig(data="d", checkpoints=("c",), cp=0), "cp must be at least 1"),
+                        (lambda: TrainConfig(spike_window=0), "spike_window must be at least 1"),
+                        (lambda: TrainConfig(global_batch=3, micro_batch=2), "not a multiple of micro_batch")]:
+        with pytest.raises(ConfigError, match=match):
+            make()
