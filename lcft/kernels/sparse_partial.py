@@ -6,7 +6,8 @@ piece alone plus the row's log-sum-exp over it, and the pieces merge exactly as
 out = sum_j exp(lse_j - lse) * out_j with lse = logsumexp_j lse_j (flash-attention's split-KV rule). The
 backward of one piece needs only that piece's K/V and the MERGED lse and delta = rowsum(dO * O):
 P = exp(S - lse) is then the piece's slice of the full softmax, so dQ (summed over pieces), dK and dV (of the
-piece) are exact. Chunked PyTorch like sparse_cpu (it reuses its layout helpers), so it runs on any device.
+piece) are exact. Chunked PyTorch like sparse_cpu (both build on lcft.kernels.sparse_blocks), so it runs on
+any device.
 
 `indices` (B, Hkv, nQ, W) hold positions of key blocks IN THIS PIECE's k/v (-1 padded, no duplicates).
 `diag_offset`: key block diag_offset + i is query block i's own block (causal mask inside it); None: every
@@ -15,11 +16,17 @@ chosen block lies wholly before its queries (a piece held by another rank).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from lcft.kernels import sparse_cpu as cpu  # shares its block plan, grouped layouts and per-head workers
+from lcft.kernels.sparse_blocks import (
+    BlockLayout,
+    BlockPlan,
+    causal_bias,
+    chunk_scores,
+    chunk_size,
+    grouped,
+    run_over_heads,
+)
 
 
 class PiecePlan:
@@ -31,7 +38,7 @@ class PiecePlan:
         self.diag = diag_offset is not None
         self.own: torch.Tensor | None = None
         if self.diag:
-            plan = cpu.BlockPlan(indices, n_k, diag_offset)  # others sorted valid-first, own block last
+            plan = BlockPlan(indices, n_k, diag_offset)  # others sorted valid-first, own block last
             self.others, self.own, self.valid = plan.flat[..., :-1], plan.flat[..., -1:], plan.valid
         else:
             b, hkv, _, _ = indices.shape
@@ -57,45 +64,20 @@ class PiecePlan:
 def _scores(qc: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, plan: PiecePlan, rows: slice, i0: int, i1: int,
             tri: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """fp32 scores of one chunk (h, C, G·block, slots·block) with masks applied, gathered K, V and flat ids."""
-    h, c, m, d = qc.shape
-    block = tri.shape[0]
-    flat, valid, w = plan.chunk(rows, i0, i1)
-    slots = flat.shape[-1]
-    flat = flat.reshape(-1)  # (h·C·slots,)
-    kg = kb.index_select(0, flat).view(h, c, slots * block, d)  # (h, C, slots·block, D)
-    vg = vb.index_select(0, flat).view(h, c, slots * block, d)  # (h, C, slots·block, D)
-    s = (qc @ kg.transpose(-1, -2)).float()  # (h, C, G·block, slots·block)
-    s6 = s.view(h, c, m // block, block, slots, block)
-    if plan.diag:
-        s6[..., w, :] += tri
-    if not bool(valid.all()):
-        pad = torch.zeros(h, c, slots, dtype=s.dtype, device=s.device)  # (h, C, slots)
-        pad[..., :w].masked_fill_(~valid, float("-inf"))
-        s6 += pad[:, :, None, None, :, None]
-    return s, kg, vg, flat
+    flat, valid, _ = plan.chunk(rows, i0, i1)
+    return chunk_scores(qc, kb, vb, flat, valid, tri, own_last=plan.diag, masked=not bool(valid.all()),
+                        dtype=torch.float32)
 
 
-class _Piece:
-    """Sizes and grouped views shared by forward and backward of one piece."""
+class _Piece(BlockLayout):
+    """Sizes and grouped views shared by forward and backward of one piece, with its plan and chunking."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, indices: torch.Tensor, block: int,
                  diag_offset: int | None) -> None:
-        b, hq, lq, d = q.shape
-        hkv, lk = k.shape[1], k.shape[2]
-        self.b, self.hkv, self.d, self.block = b, hkv, d, block
-        self.group, self.n_q, self.n_k = hq // hkv, lq // block, lk // block
-        self.scale = 1.0 / math.sqrt(d)
+        super().__init__(q, k, block)
         self.plan = PiecePlan(indices, self.n_k, diag_offset)
-        self.chunk = cpu._chunk_size(self.group, block, max(1, max(self.plan.counts, default=0) + int(self.plan.diag)))
-        self.tri = cpu._causal_bias(block, torch.float32, q.device)  # (block, block)
-        self.qg = cpu._grouped(q, hkv, block)  # (BH, nQ, G, block, D)
-
-    def blocks(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous().view(self.b * self.hkv * self.n_k, self.block, self.d)  # (BH·nK, block, D)
-
-    def rows(self, x: torch.Tensor, h0: int, h1: int, i0: int, i1: int) -> torch.Tensor:
-        """Grouped (BH, nQ, G, block, E) -> the chunk's (h, C, G·block, E)."""
-        return x[h0:h1, i0:i1].reshape(h1 - h0, i1 - i0, self.group * self.block, x.shape[-1])
+        self.chunk = chunk_size(self.group, block, max(1, max(self.plan.counts, default=0) + int(self.plan.diag)))
+        self.tri = causal_bias(block, torch.float32, q.device)  # (block, block)
 
 
 def partial_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *,
@@ -116,7 +98,7 @@ def partial_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)  # (B, Hq, Lq)
     else:
         out, lse = acc
-    og, lg = cpu._grouped(out, pc.hkv, block_size), cpu._grouped(lse[..., None], pc.hkv, block_size)  # views
+    og, lg = grouped(out, pc.hkv, block_size), grouped(lse[..., None], pc.hkv, block_size)  # views
     merge = acc is not None
 
     def work(h0: int, h1: int) -> None:
@@ -144,7 +126,7 @@ def partial_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 og[rows, i0:i1] = o
                 lg[rows, i0:i1] = lc
 
-    cpu._run_over_heads(work, bh)
+    run_over_heads(work, bh)
     return out, lse
 
 
@@ -160,12 +142,12 @@ def partial_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     pc = _Piece(q, k, indices, block_size, diag_offset)
     kb, vb, plan = pc.blocks(k), pc.blocks(v), pc.plan
     bh, g, d = pc.b * pc.hkv, pc.group, pc.d
-    dog = cpu._grouped(dout.contiguous(), pc.hkv, block_size)  # (BH, nQ, G, block, D)
-    lg = cpu._grouped(lse.contiguous()[..., None], pc.hkv, block_size)  # (BH, nQ, G, block, 1)
-    dg = cpu._grouped(delta.contiguous()[..., None], pc.hkv, block_size)  # (BH, nQ, G, block, 1)
+    dog = grouped(dout.contiguous(), pc.hkv, block_size)  # (BH, nQ, G, block, D)
+    lg = grouped(lse.contiguous()[..., None], pc.hkv, block_size)  # (BH, nQ, G, block, 1)
+    dg = grouped(delta.contiguous()[..., None], pc.hkv, block_size)  # (BH, nQ, G, block, 1)
     if dq is None:
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, Hq, Lq, D)
-    dqg = cpu._grouped(dq, pc.hkv, block_size)  # (BH, nQ, G, block, D) view: accumulated in place
+    dqg = grouped(dq, pc.hkv, block_size)  # (BH, nQ, G, block, D) view: accumulated in place
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device) if dk is None else dk  # (B, Hkv, Lk, D)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device) if dv is None else dv
     dkb, dvb = dk.view(bh * pc.n_k, block_size, d), dv.view(bh * pc.n_k, block_size, d)  # (BH·nK, block, D)
@@ -188,5 +170,5 @@ def partial_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             dkb.index_add_(0, flat, dk_part.reshape(-1, block_size, d).float())
             dvb.index_add_(0, flat, dv_part.reshape(-1, block_size, d).float())
 
-    cpu._run_over_heads(work, bh)  # rows own disjoint dK/dV blocks: workers never write the same one
+    run_over_heads(work, bh)  # rows own disjoint dK/dV blocks: workers never write the same one
     return dq, dk, dv
