@@ -42,10 +42,11 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)  # (N, H)
         start = 0
         for e, n in enumerate(counts.tolist()):
-            if n:
-                rows = token[start:start + n]  # (n,)
-                y = self.experts[e](flat[rows]) * scale[start:start + n, None]  # (n, H) fp32
-                out.index_add_(0, rows, y.to(out.dtype))
+            # An expert no token chose still runs (on 0 rows): its weights then get a zero gradient rather than
+            # none, which DDP needs when another rank's tokens did choose it.
+            rows = token[start:start + n]  # (n,)
+            y = self.experts[e](flat[rows]) * scale[start:start + n, None]  # (n, H) fp32
+            out.index_add_(0, rows, y.to(out.dtype))
             start += n
         stats = torch.stack([probs.sum(0), counts.to(probs.dtype)]) if with_stats else None  # (2, E)
         return out.view(shape), stats

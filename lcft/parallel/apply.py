@@ -37,6 +37,10 @@ def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: Parallel
     if state.cp == 1:
         return model
     attention = _attention_config(model)
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and attention.backend == "dense":  # the context-parallel core has no window
+        raise LcftError(f"context parallelism with sliding_window={window} and dense attention is not supported "
+                        "(use --attention sparse, whose block pattern replaces the window, or cp 1)")
     n = 0
     for module in model.modules():
         if hasattr(module, "core") and isinstance(module.core, nn.Module) and hasattr(module, "q_proj"):
