@@ -1,9 +1,13 @@
-"""Benchmark `prepare_windows` against raw file reading and a per-character Python tokenizer over pyfaidx.
+"""Benchmark `prepare_windows` against raw file reading and a per-character Python tokenizer over pyfaidx,
+and with model tokenizers (BPE, 6-mers) against the obvious user script.
 
-Generates a two-chromosome soft-masked FASTA with N runs (200 Mbp; --quick: 20 Mbp) in a temp folder, then
-prints side by side: our throughput, the raw read speed of the same file, the per-character baseline
-(timed on a slice and extrapolated), the ratios, and our peak RSS (measured in a fresh subprocess).
-Targets (issue 2): >= 30x the per-character baseline, >= 25% of raw read speed, peak RSS < 1 GiB.
+Char rows: a generated two-chromosome soft-masked FASTA with N runs (200 Mbp; --quick: 20 Mbp), side by side:
+our throughput, the raw read speed of the same file, the per-character baseline (timed on a slice and
+extrapolated), the ratios, and our peak RSS (measured in a fresh subprocess). Targets: >= 30x the per-character
+baseline, >= 25% of raw read speed, peak RSS < 1 GiB.
+Model-tokenizer rows (--tokenizers): real DNA (the bundled sample
+tiled to --tok-mbp), a BPE of 4096 trained on it and the built-in 6-mers; ours against Biopython + tokenizer.encode
+on pieces + numpy, each in its own process. Targets: >= 3x that script, peak RSS < 1 GiB.
 """
 
 from __future__ import annotations
@@ -114,7 +118,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="20 Mbp instead of 200 Mbp")
     ap.add_argument("--mbp", type=int, default=None, help="genome size in Mbp (overrides --quick)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of ours and the baseline (best is kept)")
+    ap.add_argument("--tokenizers", action="store_true", help="only the model-tokenizer rows (BPE, 6-mers)")
+    ap.add_argument("--tok-mbp", type=int, default=None, help="genome size of the model-tokenizer rows (Mbp)")
     args = ap.parse_args()
+    if args.tokenizers:
+        return tokenizer_rows(args.tok_mbp or (12 if args.quick else 60), args.repeat)
     total = (args.mbp or (20 if args.quick else 200)) * 1_000_000
     with tempfile.TemporaryDirectory(prefix="lcft-bench-") as tmp:
         fasta = Path(tmp) / "bench.fa"
@@ -164,6 +172,116 @@ def main() -> int:
           f"ours / per-char ids + mask: {base_mask[0] / warm['wall']:.0f}x wall, {base_mask[1] / warm['cpu']:.0f}x CPU")
     print(f"ours / raw read: {vs_read[0]:.0%} not cached, {vs_read[1]:.0%} cached (target >= 25%)")
     print(f"peak RSS of prepare_windows: {rss:.0f} MiB (target < 1024 MiB)")
+    return 0
+
+
+# --- model tokenizers: ours against the obvious user script -------------------------------------------------
+
+OURS_TOK = """
+import json, sys, time
+from lcft.genomics import prepare_windows
+t, c = time.perf_counter(), time.process_time()
+m = prepare_windows(fasta=sys.argv[1], out=sys.argv[2], tokenizer=sys.argv[3], length=65536, train="chr1",
+                    eval="chr2", max_n_frac=1.0)
+dt, dc = time.perf_counter() - t, time.process_time() - c
+hwm = [int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM")]
+print(json.dumps({"wall": dt, "cpu": dc, "rss_kib": hwm[0], "tokens": sum(v["tokens"] for v in m["splits"].values()),
+                  "bases": sum(v["bases"] for v in m["splits"].values())}))
+"""
+
+# What a user writes without lcft: Biopython reads each record, tokenizer.encode on pieces in a Python loop,
+# numpy writes the ids. Pieces of PIECE bases (1 Mbp unless told; our 4096 for the same-pieces row).
+USER_SCRIPT = """
+import json, sys, time
+import numpy as np
+from Bio import SeqIO
+from tokenizers import Tokenizer
+fasta, out, tok, piece = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+t, c = time.perf_counter(), time.process_time()
+tk = Tokenizer.from_file(tok)
+n = 0
+for rec in SeqIO.parse(fasta, "fasta"):
+    seq = str(rec.seq).upper()
+    ids = []
+    for i in range(0, len(seq), piece):
+        ids.extend(tk.encode(seq[i : i + piece], add_special_tokens=False).ids)
+    np.array(ids, dtype=np.uint16).tofile(f"{out}/{rec.id}.bin")
+    n += len(ids)
+dt, dc = time.perf_counter() - t, time.process_time() - c
+hwm = [int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM")]
+print(json.dumps({"wall": dt, "cpu": dc, "rss_kib": hwm[0], "tokens": n}))
+"""
+
+
+def _child(code: str, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def real_dna_fasta(path: Path, total: int) -> int:
+    """chr1 (60%) and chr2 of real DNA: the bundled sample's records (soft mask, N runs) tiled to `total` bases."""
+    import gzip
+
+    from Bio import SeqIO
+
+    from lcft.genomics import sample_fasta
+
+    with gzip.open(sample_fasta(), "rt") as fh:  # BGZF is gzip-compatible
+        src = "".join(str(r.seq) for r in SeqIO.parse(fh, "fasta"))
+    with open(path, "w") as fh:
+        for name, n in (("chr1", total * 3 // 5), ("chr2", total - total * 3 // 5)):
+            seq = (src * (n // len(src) + 1))[:n]
+            fh.write(f">{name}\n" + "\n".join(seq[i : i + WIDTH] for i in range(0, n, WIDTH)) + "\n")
+    return total
+
+
+def train_bpe(fasta: Path, out: Path, vocab: int = 4096) -> Path:
+    """A BPE of `vocab` tokens trained with `tokenizers` on 3 Mbp of the genome (1 kb sentences, upper case)."""
+    from Bio import SeqIO
+    from tokenizers import Tokenizer, models, trainers
+
+    seq = str(next(SeqIO.parse(str(fasta), "fasta")).seq)[:3_000_000].upper()
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.train_from_iterator((seq[i : i + 1000] for i in range(0, len(seq), 1000)),
+                           trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<unk>"], show_progress=False))
+    tk.save(str(out))
+    return out
+
+
+def tokenizer_rows(mbp: int, repeat: int) -> int:
+    """Prints Mbp/s and peak RSS of ours and the user script for a BPE and for 6-mers, and the ratios."""
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    total = mbp * 1_000_000
+    with tempfile.TemporaryDirectory(prefix="lcft-bench-tok-") as tmp:
+        d = Path(tmp)
+        fasta = d / "real.fa"
+        real_dna_fasta(fasta, total)
+        bpe = train_bpe(fasta, d / "bpe.json")
+        kmer = d / "kmer6.json"
+        kmer.write_text(load_tokenizer("kmer:6").json_text)  # the same rule as a tokenizers tokenizer.json
+        print(f"real DNA (bundled sample tiled): {mbp} Mbp; BPE 4096 trained on it; built-in 6-mers; 64K windows")
+        print(f"{'':48}{'wall Mbp/s':>11}{'CPU Mbp/s':>11}{'peak RSS MiB':>14}{'tokens/base':>13}")
+        for label, spec, tok in (("BPE 4096", str(bpe), bpe), ("6-mer", "kmer:6", kmer)):
+            rows = []
+            for i in range(repeat):
+                user_dir = d / f"user{i}"
+                user_dir.mkdir()
+                rows.append((_child(OURS_TOK, str(fasta), str(d / f"ours{i}"), spec),
+                             _child(USER_SCRIPT, str(fasta), str(user_dir), str(tok), "1000000"),
+                             _child(USER_SCRIPT, str(fasta), str(user_dir), str(tok), "4096")))
+                shutil.rmtree(d / f"ours{i}")
+                shutil.rmtree(user_dir)
+            best = [min((r[j] for r in rows), key=lambda x: x["wall"]) for j in range(3)]
+            names = ("lcft prepare_windows", "user script, 1 Mbp pieces", "user script, 4096-base pieces")
+            for name, r in zip(names, best, strict=True):
+                print(f"{label + ': ' + name:48}{total / r['wall'] / 1e6:11.2f}{total / r['cpu'] / 1e6:11.2f}"
+                      f"{r['rss_kib'] / 1024:14.0f}{r['tokens'] / total:13.4f}")
+            ours, user, same = best
+            print(f"{label}: ours / user script: {user['wall'] / ours['wall']:.1f}x wall (1 Mbp pieces), "
+                  f"{same['wall'] / ours['wall']:.1f}x wall (same 4096-base pieces); target >= 3x, RSS < 1024 MiB")
     return 0
 
 

@@ -219,6 +219,7 @@ class JsonTokenizer(SeqTokenizer):
         kind = str(model.get("type", "json")).lower()
         super().__init__(kind, vocab, unk, BPE_BLOCK, 1, tk.to_str(), specials)
         self.tk, self.source = tk, source
+        self.plain = json.loads(self.json_text).get("normalizer") is None
         missing = [b for b in "ACGT" if self._spells(b) != b]
         if missing:
             raise LcftError(f"tokenizer {source} has no token for base {', '.join(missing)}")
@@ -236,9 +237,10 @@ class JsonTokenizer(SeqTokenizer):
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lens.sum()))
         # fast path: the tokens spell their piece exactly, so bases per token = length of its spelling (reading
         # the offsets costs more than the encoding); otherwise (unknown tokens, normalizers) the offsets decide
+        # (without a normalizer a token's spelling is its text, so matching totals per piece suffice)
         counts = self.spelling()[2][ids]  # (n_tok,)
         if (lens > 0).all() and np.array_equal(np.add.reduceat(counts, np.cumsum(lens) - lens), np.diff(bounds)):
-            if np.array_equal(self.spell(ids, counts), upper):
+            if self.plain or np.array_equal(self.spell(ids, counts), upper):
                 return ids, counts
         spans = np.array([o for e in encs for o in e.offsets], dtype=np.int64).reshape(-1, 2)  # (n_tok, 2) in piece
         spans += np.repeat(bounds[:-1], lens)[:, None]  # (n_tok, 2) in the chunk
