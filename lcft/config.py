@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import re
 import textwrap
@@ -139,7 +140,18 @@ def check_keys(values: Mapping[str, Any], known: Iterable[str], where: str = "co
             raise ConfigError(f"unknown {where} key {k!r}{hint}")
 
 
+def _kind(value: Any) -> str:
+    """How a value read from TOML is described in an error ('a list', 'a float 1.7')."""
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return f"{type(value).__name__} {value!r}"
+
+
 def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """A flag's text or a TOML value as the field's type, checked as strictly for TOML as for flags: a float
+    where an int belongs, a list where a string belongs, a non-finite number are each a one-line error."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -147,13 +159,18 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             return None
         return _coerce(value, args[0], name) if len(args) == 1 else value
     if origin is typing.Literal:
-        if value not in typing.get_args(tp):
+        if isinstance(value, list | dict) or value not in typing.get_args(tp):
             raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, typing.get_args(tp)))}")
         return value
+    if origin is Annotated:
+        return _coerce(value, typing.get_args(tp)[0], name)
     if origin in (tuple, list):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        return origin(value)
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{name}: expected a list, got {_kind(value)}")
+        inner = typing.get_args(tp)[0] if typing.get_args(tp) else Any
+        return origin(_coerce(v, inner, name) for v in value)
     if tp is bool:
         if isinstance(value, str):
             if value.lower() in ("1", "true", "yes", "on"):
@@ -161,20 +178,39 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             if value.lower() in ("0", "false", "no", "off"):
                 return False
             raise ConfigError(f"{name}: not a boolean: {value!r}")
+        if not isinstance(value, bool | int) or isinstance(value, int) and value not in (0, 1):
+            raise ConfigError(f"{name}: not a boolean: {_kind(value)}")
         return bool(value)
     if tp is int:
-        try:
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-                return int(value)  # plain integers, including 0 and negatives (--save-every 0)
-            return parse_size(value) if isinstance(value, str) else int(value)
-        except (ConfigError, ValueError):
-            raise ConfigError(f"{name}: not an integer: {value!r}") from None
+        return _coerce_int(value, name)
     if tp is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name}: not a number: {value!r}") from None
+        return _coerce_float(value, name)
+    if tp is str and not isinstance(value, str | Path):
+        raise ConfigError(f"{name}: expected a string, got {_kind(value)}")
     return value
+
+
+def _coerce_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):  # 1.7 is not silently truncated to 1
+        raise ConfigError(f"{name}: not an integer: {_kind(value)}")
+    try:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)  # plain integers, including 0 and negatives (--save-every 0)
+        return parse_size(value) if isinstance(value, str) else value
+    except (ConfigError, ValueError):
+        raise ConfigError(f"{name}: not an integer: {value!r}") from None
+
+
+def _coerce_float(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{name}: not a number: {_kind(value)}")
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}: not a number: {value!r}") from None
+    if not math.isfinite(out):  # inf/nan would train to NaN weights or skip every step
+        raise ConfigError(f"{name}: must be a finite number (got {value!r})")
+    return out
 
 
 def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> T:

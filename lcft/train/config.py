@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,16 +121,32 @@ class TrainConfig(ParallelConfig, GuardConfig):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ConfigError(f"{name} must not be negative (got {v})")
-        for name in ("lr", "weight_decay", "grad_clip", "z_loss", "softmask_loss_weight"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
+        self._check_numbers()
         check_batch(self.global_batch, self.micro_batch)
         if self.offload_activations and self.checkpointing != "block":
             raise ConfigError("offload_activations needs checkpointing = 'block'")
         if self.rope_scaling is not None:
             parse_rope_scaling(self.rope_scaling)
+
+    def _check_numbers(self) -> None:
+        """Every float option finite and in its range (inf/nan would train to NaN weights or skip every step)."""
+        for name in ("lr", "min_lr_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip",
+                     "z_loss", "softmask_loss_weight", "spike_sigma", "rope_theta"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
+                raise ConfigError(f"{name} must be a finite number (got {v!r})")
+        for name in ("lr", "weight_decay", "grad_clip", "z_loss", "softmask_loss_weight"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be within [0, 1) (got {getattr(self, name)})")
+        if self.adam_eps <= 0:
+            raise ConfigError(f"adam_eps must be positive (got {self.adam_eps})")
+        if self.rope_theta is not None and self.rope_theta <= 0:
+            raise ConfigError(f"rope_theta must be positive (got {self.rope_theta})")
 
     def run_defining(self) -> dict[str, Any]:
         """The options that shape the trajectory: two runs with equal values are the same run."""

@@ -1,0 +1,55 @@
+"""Bad numbers and TOML types are refused before any work, with a one-line error naming the option."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.config import ConfigError
+from lcft.train import TrainConfig
+from lcft.train.config import resolve_config
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("flag,value,word", [
+    ("--lr", "inf", "lr"), ("--lr", "nan", "lr"), ("--z-loss", "nan", "z_loss"), ("--adam-beta2", "1.5", "adam_beta2"),
+    ("--adam-beta1", "-0.1", "adam_beta1"), ("--adam-eps", "0", "adam_eps"), ("--grad-clip", "-inf", "grad_clip"),
+    ("--spike-sigma", "nan", "spike_sigma"), ("--min-lr-ratio", "1.5", "min_lr_ratio"), ("--rope-theta", "0", "rope_theta"),
+])
+def test_bad_numbers_refused_before_any_work(tmp_path, flag, value, word):
+    """The CLI exits 1 with one line naming the option, and writes no run folder."""
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--data", str(tmp_path / "nodata"), "--out", str(out), flag, value])
+    assert r.exit_code == 1, r.output
+    text = " ".join(r.output.split())
+    assert word in text and "Traceback" not in r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name,value", [("lr", float("inf")), ("z_loss", float("nan")), ("adam_beta2", 1.0),
+                                        ("weight_decay", float("nan")), ("rope_theta", -1.0)])
+def test_bad_numbers_refused_when_built_in_python(name, value):
+    with pytest.raises(ConfigError, match=name):
+        TrainConfig(data="d", out="o", **{name: value})
+
+
+@pytest.mark.parametrize("line,word", [
+    ("steps = 1.7", "steps"), ('data = ["a", "b"]', "data"), ("lr = nan", "lr"), ("lr = inf", "lr"),
+    ('steps = "many"', "steps"), ("progress = 3", "progress"), ("seq_len = 512.5", "seq_len"),
+    ("global_batch = true", "global_batch"), ('precision = ["fp32"]', "precision"),
+])
+def test_toml_values_checked_like_flags(tmp_path, line, word):
+    """`steps = 1.7` is not truncated to 1, a list for a path is not a traceback: ConfigError naming the key."""
+    toml = tmp_path / "run.toml"
+    toml.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=word):
+        resolve_config(toml, {})
+
+
+def test_toml_good_values_still_accepted(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('steps = 7\nlr = 1e-3\nseq_len = "1K"\nwarmup = 0\nprogress = false\nadam_beta2 = 0.99\n')
+    cfg = resolve_config(toml, {"data": "d", "out": "o"})
+    assert (cfg.steps, cfg.lr, cfg.seq_len, cfg.warmup, cfg.progress, cfg.adam_beta2) == (7, 1e-3, 1024, 0, False, 0.99)
