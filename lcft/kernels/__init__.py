@@ -13,9 +13,9 @@ _EXPORTS = {
     "sparse_attention_with_indices": "lcft.kernels.sparse",
     "select_blocks": "lcft.kernels.sparse",
     "SparseSpec": "lcft.kernels.spec",
-    "Selector": "lcft.kernels.selection",
-    "register_selector": "lcft.kernels.selection",
-    "get_selector": "lcft.kernels.selection",
+    "Selector": "lcft.kernels.selectors",
+    "register_selector": "lcft.kernels.selectors",
+    "get_selector": "lcft.kernels.selectors",
     "chunked_cross_entropy": "lcft.kernels.loss",
     "per_token_loss": "lcft.kernels.loss",
 }

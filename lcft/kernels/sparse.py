@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lcft.errors import LcftError
-from lcft.kernels.selection import get_selector
+from lcft.kernels.selectors import get_selector
 from lcft.kernels.spec import SparseSpec
 
 IMPLS = ("auto", "reference", "cpu", "triton")

@@ -20,7 +20,7 @@ class SparseSpec:
     sink_blocks: int = 1
     """First key blocks of the sequence that are always attended (attention sinks)."""
     selector: str = "block_mean"
-    """Name of the block selector (lcft.kernels.selection registry): block_mean = top-k by the dot product
+    """Name of the block selector (lcft.kernels.selectors registry): block_mean = top-k by the dot product
     of the query block's mean with each key block's mean."""
 
     def __post_init__(self) -> None:

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcft.model.config import AttentionConfig, LlamaConfig
+from lcft.model.layers import RMSNorm
 from lcft.model.rope import apply_rope
+from lcft.model.window import SlidingWindowCore
 
 
 @functools.cache
@@ -49,7 +51,7 @@ class SparseCore(nn.Module):
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__()
         # Imported here, not at module level: the kernels load only when a sparse model is built.
-        from lcft.kernels.selection import get_selector
+        from lcft.kernels.selectors import get_selector
         from lcft.kernels.sparse import sparse_attention
 
         get_selector(cfg.sparse.selector)  # an unknown selector fails when the model is built, not mid-step
@@ -70,11 +72,18 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # Qwen3: RMSNorm over each head's D dims of q and k, before RoPE (outside the core, so the
+        # context-parallel core swap keeps it)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.core = make_core(cfg.attention)
+        if cfg.sliding_window is not None and cfg.attention.backend == "dense":
+            self.core = SlidingWindowCore(cfg.sliding_window, self.core)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -84,9 +93,14 @@ class Attention(nn.Module):
         # One matmul for q, k and v (the weights stay separate parameters, named as in HF): one pass over x
         # forward and one grad-input product backward instead of three.
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # ((Hq+2Hkv)·D, H)
-        q, k, v = F.linear(x, w).split([hq * d, hkv * d, hkv * d], dim=-1)  # (B, L, H·D) each
-        q = q.view(b, n, hq, d).transpose(1, 2)  # (B, Hq, L, D)
-        k = k.view(b, n, hkv, d).transpose(1, 2)  # (B, Hkv, L, D)
+        bias = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        q, k, v = F.linear(x, w, bias).split([hq * d, hkv * d, hkv * d], dim=-1)  # (B, L, H·D) each
+        q = q.view(b, n, hq, d)  # (B, L, Hq, D)
+        k = k.view(b, n, hkv, d)  # (B, L, Hkv, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over D
+        q = q.transpose(1, 2)  # (B, Hq, L, D)
+        k = k.transpose(1, 2)  # (B, Hkv, L, D)
         # v contiguous: then nothing saved for backward points into the fused qkv buffer, which is freed
         v = v.view(b, n, hkv, d).transpose(1, 2).contiguous()  # (B, Hkv, L, D)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v

@@ -59,7 +59,7 @@ class Selection:
     own, or the gathered window's), and selects for each local chunk at its global query-block offset."""
 
     def __init__(self, attention: Any, state: ParallelState) -> None:
-        from lcft.kernels.selection import get_selector
+        from lcft.kernels.selectors import get_selector
 
         self.sparse, self.spec, self.state = attention.backend == "sparse", attention.sparse, state
         self.selector = get_selector(self.spec.selector) if self.sparse else None
