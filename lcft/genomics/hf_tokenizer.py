@@ -1,0 +1,74 @@
+"""The tokenizer files an exported model carries, so `transformers.AutoTokenizer` encodes DNA to lcft's ids.
+
+`tokenizer.json` (a `tokenizers` pipeline), `tokenizer_config.json` and `special_tokens_map.json`. The pipeline
+upper-cases letters first (lcft tokenizes upper case); `char` also maps the IUPAC ambiguity codes to N, and a
+tokenizer.json gets lcft's run split (A/C/G/T runs apart from other letters) as its first pre-tokenizer. lcft
+also cuts a tokenizer.json's input at every 4096 bases of the record; the exported one sees a string as one
+record, so strings of up to 4096 bases encode identically, longer ones nearly so.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+from lcft.files import atomic_write
+from lcft.genomics import tokenizer as char_vocab
+from lcft.genomics.model_tokenizer import SeqTokenizer
+
+SPECIAL_ROLES = {"pad_token": ("<pad>", "[PAD]"), "bos_token": ("<bos>", "<s>", "[CLS]"),
+                 "eos_token": ("<eos>", "</s>", "[SEP]"), "unk_token": ("<unk>", "[UNK]", "<oov>", "<UNK>")}
+
+
+def _replace(src: str, dst: str) -> dict[str, Any]:
+    return {"type": "Replace", "pattern": {"String": src}, "content": dst}
+
+
+def _upper() -> list[dict[str, Any]]:
+    return [_replace(c, c.upper()) for c in string.ascii_lowercase]
+
+
+def _char_json() -> dict[str, Any]:
+    vocab = {t: i for i, t in enumerate(char_vocab.VOCAB)}
+    ambiguous = [_replace(c, "N") for c in char_vocab.IUPAC_AMBIGUOUS]
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(char_vocab.SPECIALS)],
+        "normalizer": {"type": "Sequence", "normalizers": _upper() + ambiguous},
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?m:.)"}, "behavior": "Isolated", "invert": False},
+        "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    }
+
+
+def hf_tokenizer_json(tok: SeqTokenizer) -> str:
+    """tokenizer.json text encoding a DNA string (any case) to the ids lcft trains on."""
+    if not tok.json_text:
+        return json.dumps(_char_json())
+    data = json.loads(tok.json_text)
+    norms = _upper() + ([data["normalizer"]] if data.get("normalizer") else [])
+    data["normalizer"] = {"type": "Sequence", "normalizers": norms}
+    if data.get("model", {}).get("type") != "WordLevel":  # k-mers split runs in their own regex already
+        runs = {"type": "Split", "pattern": {"Regex": "(?i)[ACGT]+|[^ACGT]+"}, "behavior": "Isolated",
+                "invert": False}
+        pre = data.get("pre_tokenizer")
+        data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [runs] + ([pre] if pre else [])}
+    data["truncation"] = data["padding"] = None
+    return json.dumps(data)
+
+
+def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = set(tok.vocab)
+    specials = {role: next(n for n in cands if n in names) for role, cands in SPECIAL_ROLES.items()
+                if any(n in names for n in cands)}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30,
+              "clean_up_tokenization_spaces": False, **specials}
+    files = {"tokenizer.json": hf_tokenizer_json(tok), "tokenizer_config.json": json.dumps(config, indent=1),
+             "special_tokens_map.json": json.dumps(specials, indent=1)}
+    return [atomic_write(out / name, text) for name, text in files.items()]

@@ -1,0 +1,55 @@
+"""Exported tokenizer files: transformers.AutoTokenizer encodes DNA to exactly the ids prepare wrote (char, 6-mers,
+a BPE trained here), on real sequence with soft-masked bases, an N run and ambiguity codes."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models, trainers
+
+from lcft.genomics import open_windows, prepare_windows
+from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+from tests.genomics.conftest import bio_records, write_fasta
+
+transformers = pytest.importorskip("transformers")
+L = 64
+
+
+@pytest.fixture(scope="module")
+def records():
+    """Six 4000-base records of the hg38 piece (both cases), one across the N telomere's end, one with IUPAC."""
+    from tests.conftest import SHARED_GENOMES
+
+    seq = bio_records(SHARED_GENOMES / "hg38_chr2_1-2333275.fa.gz")["chr2"]
+    recs = {f"r{i}": seq[s : s + 4000] for i, s in enumerate((8000, 50_000, 123_457, 700_001, 1_500_000))}
+    recs["r5"] = "ACGTRYKMacgtnnSWacgt" * 200
+    return recs, seq
+
+
+def bpe(tmp_path, seq):
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.train_from_iterator((seq[i : i + 1000].upper() for i in range(0, 400_000, 1000)),
+                           trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<unk>"], show_progress=False))
+    tk.save(str(tmp_path / "bpe.json"))
+    return str(tmp_path / "bpe.json")
+
+
+@pytest.mark.parametrize("kind", ["char", "kmer:6", "bpe"])
+def test_autotokenizer_encodes_to_the_prepared_ids(kind, records, tmp_path):
+    recs, seq = records
+    spec = bpe(tmp_path, seq) if kind == "bpe" else kind
+    fasta = write_fasta(tmp_path / "r.fa", recs)
+    out = tmp_path / "out"
+    prepare_windows(fasta=str(fasta), out=str(out), length=L, train=tuple(recs), eval=(), max_n_frac=1.0,
+                    max_oov_frac=1.0, tokenizer=spec)
+    ws = open_windows(out, "train")
+    export = tmp_path / "export"
+    save_hf_tokenizer(ws.tokenizer, export)
+    auto = transformers.AutoTokenizer.from_pretrained(str(export))
+    checked = 0
+    for name, rec in recs.items():
+        wins = [i for i in range(len(ws)) if ws.coords(i)[0] == name]
+        want = [t for i in wins for t in ws[i].tolist()]
+        got = auto(rec, add_special_tokens=False)["input_ids"]
+        assert got[: len(want)] == want and len(got) - len(want) < L, name
+        checked += len(want)
+    assert checked > 0
