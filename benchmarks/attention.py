@@ -14,6 +14,7 @@ import sys
 import time
 
 from lcft.config import parse_size
+from lcft.train.precision import bench_dtype, cpu_describe
 
 HEADS, DIM, BLOCK, TOP_K, LOCAL, SINK = 4, 64, 64, 16, 1, 1
 BUDGET = TOP_K + LOCAL + SINK + 1
@@ -86,7 +87,9 @@ def main() -> None:
                     help="torch threads per case (default 1: a per-core comparison that stays meaningful on a "
                          "shared machine; 0 = torch's default)")
     ap.add_argument("--lengths", help="comma list of lengths for the side-by-side table (e.g. 32K,64K)")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16")
+    ap.add_argument("--dtypes", default="float32,bfloat16" if bench_dtype() == "bf16" else "float32",
+                    help="comma list of float32, bfloat16 (default: bfloat16 too only where this CPU has "
+                         "native bf16; emulated bf16 is up to ~500x slower)")
     ap.add_argument("--no-long", action="store_true", help="skip the sparse-alone 256K and 1M runs")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -96,6 +99,7 @@ def main() -> None:
     lengths = [8 * K, 16 * K] if args.quick else [8 * K, 16 * K, 32 * K, 64 * K]
     if args.lengths:
         lengths = [parse_size(x) for x in args.lengths.split(",")]
+    print(f"CPU: {cpu_describe()}")
     print(f"sparse attention (cpu) vs dense SDPA(is_causal), fwd+bwd, B=1 Hq=Hkv={HEADS} D={DIM} block={BLOCK} "
           f"top_k={TOP_K} local={LOCAL} sink={SINK} (budget {BUDGET} blocks); one fresh process per case, "
           f"threads={args.threads or 'torch default'}")

@@ -3,7 +3,7 @@
 Same config (hidden 256, 4 layers, 4 heads, intermediate 704, vocab 16), CPU, fp32 and bf16 autocast, at 4K and
 16K tokens: tokens/s and peak RSS of each, side by side, as ratios. Ours runs plain at 4K and with block
 checkpointing + chunked cross-entropy at 16K. Then ours alone at 64K, 256K and 1M tokens (sparse attention, or
-dense with --long-backend dense; bf16 unless --long-dtype fp32) until a length does not finish within --max-seconds.
+dense with --long-backend dense; bf16 where the CPU has native bf16, else fp32) until a length does not finish within --max-seconds.
 
 Peak RSS: each side in a fresh subprocess (both import torch, transformers and lcft, so the import footprint
 is the same). Speed: both sides in one process, steps alternating, so both see the same load on a shared
@@ -128,18 +128,22 @@ def case(mode: str, impl: str, dtype: str, length: int, checkpoint: bool, args: 
 
 
 def main() -> int:
+    from lcft.train.precision import bench_dtype, cpu_describe
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4K only (< 1 minute)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per case after one warm-up step "
                     "(tokens/s from the fastest)")
-    ap.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16")
+    ap.add_argument("--dtypes", default="fp32,bf16" if bench_dtype() == "bf16" else "fp32",
+                    help="comma list of fp32, bf16 (default: bf16 too only where this CPU has native bf16)")
     ap.add_argument("--long", default="64K,256K,1M", help="lengths for ours alone ('' to skip)")
     ap.add_argument("--long-backend", default="sparse", choices=["sparse", "dense"],
                     help="attention backend of the long lengths")
     ap.add_argument("--sparse", action="store_true", help=argparse.SUPPRESS)  # the old spelling of the default
-    ap.add_argument("--long-dtype", default="bf16", choices=["fp32", "bf16"], help="dtype of the long lengths "
-                    "(bf16 autocast: about 3x the fp32 matmul speed on this CPU)")
+    ap.add_argument("--long-dtype", default=bench_dtype(), choices=["fp32", "bf16"], help="dtype of the long "
+                    "lengths (default: bf16 where this CPU has native bf16, about 3x fp32 there; fp32 on CPUs "
+                    "that emulate it, up to ~500x slower)")
     ap.add_argument("--max-seconds", type=float, default=600.0, help="time limit of one long-length step")
     ap.add_argument("--max-gib", type=float, default=22.0, help="address-space limit of one long-length "
                     "process (it fails with an out-of-memory error instead of swapping a shared machine)")
@@ -153,6 +157,7 @@ def main() -> int:
 
     from lcft.config import format_size, parse_size
 
+    print(f"CPU: {cpu_describe()}")
     lengths = [4096] if args.quick else [4096, 16384]
     print(f"{'case':<14}{'transformers tok/s':>19}{'lcft tok/s':>12}{'ratio':>7}"
           f"{'transformers peak':>19}{'lcft peak':>11}{'ratio':>7}  lcft setting", flush=True)

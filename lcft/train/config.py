@@ -87,7 +87,8 @@ class TrainConfig(ParallelConfig, GuardConfig):
     loss_chunk: int = 8192
     """Tokens per chunk of the chunked cross-entropy (never L x vocab logits at once)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """Mixed precision: bf16 autocast or fp32; auto = bf16 on CUDA, fp32 on CPU. Weights stay fp32."""
+    """Mixed precision: bf16 autocast or fp32; auto = bf16 on CUDA and on CPUs with native bf16 (AVX-512 BF16,
+    AMX, Arm BF16), fp32 on other CPUs (emulated bf16 is far slower there). Weights stay fp32."""
     checkpointing: Literal["none", "block"] = "none"
     """Activation checkpointing: none, or block (recompute each decoder block in backward)."""
     offload_activations: bool = False

@@ -43,6 +43,7 @@ from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model
+from lcft.train.precision import choose_precision
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 
 SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folder
@@ -123,7 +124,9 @@ class Trainer:
             self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
             self.pstate = init_parallel(self.pcfg)  # collective: the dp x cp process groups
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.dp_size)
-        self.precision = cfg.precision if cfg.precision != "auto" else ("fp32" if self.cpu else "bf16")
+        self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
+        if warning:
+            self._note(warning)
         if cfg.tensorboard:
             try:
                 importlib.import_module("torch.utils.tensorboard")
