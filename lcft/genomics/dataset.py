@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
+from lcft.genomics.rc import flipped_sample, flips
 from lcft.genomics.tokenizer import A, C, G, T
 from lcft.shapes import check_batch, check_length
 
@@ -51,6 +52,8 @@ class DataConfig:
     """Seed of the per-epoch permutation."""
     softmask_loss_weight: float = 1.0
     """Loss weight of a label whose base was soft-masked (lower case) in the FASTA."""
+    rc_augment: float = 0.0
+    """Probability of reverse-complementing a sample (decided by seed and sample id; see lcft.genomics.rc)."""
 
 
 class TrainSamples:
@@ -87,13 +90,18 @@ class TrainSamples:
         position; weights (L,) float32 = softmask_loss_weight where the label's base was soft-masked."""
         window, off = self.locate(sample_id)
         L = self.cfg.seq_len
-        ids = np.asarray(self.windows[window][off : off + L], dtype=np.int64)  # (L,)
+        if flips(self.cfg.seed, sample_id, self.cfg.rc_augment):
+            ids, soft, real = flipped_sample(self.windows, window, off, L)  # (L,), (L,), tokens before padding
+        else:
+            ids = np.asarray(self.windows[window][off : off + L], dtype=np.int64)  # (L,)
+            soft, real = None, L
         labels = np.full(L, IGNORE_INDEX, dtype=np.int64)  # (L,)
-        nxt = ids[1:]  # (L-1,) position i predicts token i+1 of the same sample
-        labels[:-1] = np.where(self.counted[nxt], nxt, IGNORE_INDEX)
+        nxt = ids[1:real]  # (real-1,) position i predicts token i+1 of the same sample
+        labels[: nxt.size] = np.where(self.counted[nxt], nxt, IGNORE_INDEX)
         out = {"input_ids": ids, "labels": labels}
         if self.cfg.softmask_loss_weight != 1.0:
-            soft = np.asarray(self.windows.softmask(window)[off : off + L], dtype=bool)  # (L,)
+            if soft is None:
+                soft = np.asarray(self.windows.softmask(window)[off : off + L], dtype=bool)  # (L,)
             weights = np.ones(L, dtype=np.float32)  # (L,)
             weights[:-1] = np.where(soft[1:], np.float32(self.cfg.softmask_loss_weight), np.float32(1.0))
             out["weights"] = weights
