@@ -1,11 +1,15 @@
-"""File helpers shared by every stage: atomic replacement of a file, chunked hashing, JSON reading with one-line errors."""
+"""File helpers shared by every stage: atomic replacement of a file, chunked hashing, JSON reading with one-line
+errors, one writer per output folder (a lock naming its holder), disk-full errors, umask-respecting modes."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -13,6 +17,7 @@ from typing import IO, Any
 from lcft.errors import LcftError
 
 HASH_CHUNK = 1 << 24  # 16 MiB reads: few system calls per GB of windows, a bounded buffer
+LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
 
 
 def temp_name(path: Path) -> Path:
@@ -83,3 +88,105 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LcftError(f"{path}: not a JSON object")
     return data
+
+
+def _holder(folder: Path) -> tuple[str | None, str | None]:
+    """(pid, command) recorded by the process that holds `folder`'s lock, when readable."""
+    try:
+        pid, _, command = (folder / LOCK_NAME).read_text().strip().partition(" ")
+    except (OSError, UnicodeDecodeError):
+        return None, None
+    return (pid or None), (command or None)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
+    """Hold an exclusive lock on an output folder (created when missing) while the block runs: a second
+    writer gets a one-line error naming the holder's command and pid. The lock is flock(2) on the folder
+    itself, so the kernel drops it when its holder dies (kill -9 included) and the next writer takes it over;
+    the holder's pid is kept in LOCK_NAME inside, removed at the end. A folder created here and still empty
+    at the end is removed (nothing half-written on an error)."""
+    folder = Path(folder)
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError as e:
+        raise LcftError(f"cannot write to output folder {folder}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        pid, holder = _holder(folder)
+        who = f" (pid {pid})" if pid else ""
+        raise LcftError(f"another `{holder or command}` is writing into {folder}{who}; wait for it to finish "
+                        "or choose another output folder") from None
+    info = folder / LOCK_NAME
+    try:
+        info.write_text(f"{os.getpid()} {command}\n")  # over the pid of a holder that was killed
+        yield folder
+    finally:
+        info.unlink(missing_ok=True)
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only succeeds when empty
+
+
+def tree_size(path: str | os.PathLike) -> int:
+    """Bytes of the files under a folder (or of one file); 0 when missing."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT anywhere in the exception chain, or torch's and safetensors' wording of a failed write."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e).lower()
+        if "no space left" in text or "quota exceeded" in text or "file write failed" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def disk_full_error(exc: BaseException, folder: str | os.PathLike, needed: int | None) -> LcftError | None:
+    """A one-line LcftError naming the folder and the space a write needs, when `exc` means the disk is full
+    (None otherwise: the caller re-raises `exc`)."""
+    if not _is_disk_full(exc):
+        return None
+    folder = Path(folder)
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    except OSError:
+        free = None
+    need = f"needs about {_mib(needed)}" if needed else "needs more space"
+    have = f", {_mib(free)} free" if free is not None else ""
+    return LcftError(f"no space left on the device of {folder}: this write {need}{have}")
+
+
+def umask() -> int:
+    """The process umask: from /proc on Linux (no change, so no race with other threads creating files),
+    else set and restored at once."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def respect_umask(path: str | os.PathLike, folder: bool = True) -> None:
+    """Give a folder (or file) made by tempfile (0700/0600) the mode a plain mkdir/open would have."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ from rich.text import Text
 
 from lcft.config import Size, build, save_resolved, to_dict
 from lcft.errors import LcftError
+from lcft.files import folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.manifest import build_manifest, is_char
@@ -245,34 +245,29 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
             (out / PARTIAL).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise LcftError(f"cannot write to output folder {out}: {e.strerror or e}") from None
-        lock = _lock(out)
         try:
-            manifest = _run(cfg, fasta, options, out, chosen, con, tok)
+            with folder_lock(out, "lcft prepare"):  # two runs writing into one folder would interleave windows
+                manifest = _run_locked(cfg, fasta, options, out, chosen, con, tok)
         except LcftError:
-            shutil.rmtree(out / PARTIAL, ignore_errors=True)
             if created and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()
             raise
-        except OSError as e:
-            raise LcftError(
-                f"cannot write to {out / PARTIAL}: {e.strerror or e} (errno {e.errno}); the finished part is "
-                "kept there: fix the cause and re-run the same command to resume"
-            ) from None
-        finally:
-            os.close(lock)
     return manifest
 
 
-def _lock(out: Path) -> int:
-    """An exclusive lock on the output folder itself (no lock file to leave behind): two runs writing
-    into one folder would interleave their windows."""
-    fd = os.open(out, os.O_RDONLY)
+def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,
+                tok: SeqTokenizer) -> dict:
+    """_run with its failures as one-line errors: a user error drops the partial folder, a write error keeps it."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise LcftError(f"another `lcft prepare` is writing into {out}; wait for it or use another --out") from None
-    return fd
+        return _run(cfg, fasta, options, out, chosen, con, tok)
+    except LcftError:
+        shutil.rmtree(out / PARTIAL, ignore_errors=True)
+        raise
+    except OSError as e:
+        raise LcftError(
+            f"cannot write to {out / PARTIAL}: {e.strerror or e} (errno {e.errno}); the finished part is "
+            "kept there: fix the cause and re-run the same command to resume"
+        ) from None
 
 
 def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,
