@@ -9,14 +9,17 @@ record, so strings of up to 4096 bases encode identically, longer ones nearly so
 
 from __future__ import annotations
 
+import hashlib
 import json
 import string
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.model_tokenizer import SeqTokenizer
+
+if TYPE_CHECKING:
+    from lcft.genomics.model_tokenizer import SeqTokenizer
 
 SPECIAL_ROLES = {"pad_token": ("<pad>", "[PAD]"), "bos_token": ("<bos>", "<s>", "[CLS]"),
                  "eos_token": ("<eos>", "</s>", "[SEP]"), "unk_token": ("<unk>", "[UNK]", "<oov>", "<UNK>")}
@@ -44,6 +47,30 @@ def _char_json() -> dict[str, Any]:
     }
 
 
+RUNS_SPLIT = {"type": "Split", "pattern": {"Regex": "(?i)[ACGT]+|[^ACGT]+"}, "behavior": "Isolated", "invert": False}
+
+
+def strip_export(data: dict[str, Any]) -> dict[str, Any]:
+    """A tokenizer.json as it was before `hf_tokenizer_json` added upper-casing and the run split (unchanged when
+    it has neither), so a model's exported tokenizer and the data's compare equal by content."""
+    norm, pre, upper = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}, _upper()
+    if norm.get("type") == "Sequence" and norm["normalizers"][: len(upper)] == upper:
+        rest = norm["normalizers"][len(upper) :]
+        data["normalizer"] = rest[0] if len(rest) == 1 else ({"type": "Sequence", "normalizers": rest} if rest else None)
+    if pre.get("type") == "Sequence" and pre["pretokenizers"][:1] == [RUNS_SPLIT]:
+        rest = pre["pretokenizers"][1:]
+        data["pre_tokenizer"] = rest[0] if len(rest) == 1 else ({"type": "Sequence", "pretokenizers": rest} if rest else None)
+    return data
+
+
+def content_sha256(json_text: str) -> str:
+    """sha256 of what decides a tokenizer.json's ids (normalizer, pre-tokenizer, model, added tokens), with lcft's
+    export additions removed and keys sorted: equal for the data's copy and a model exported from it."""
+    data = strip_export(json.loads(json_text))
+    keep = {k: data.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
 def hf_tokenizer_json(tok: SeqTokenizer) -> str:
     """tokenizer.json text encoding a DNA string (any case) to the ids lcft trains on."""
     if not tok.json_text:
@@ -52,10 +79,8 @@ def hf_tokenizer_json(tok: SeqTokenizer) -> str:
     norms = _upper() + ([data["normalizer"]] if data.get("normalizer") else [])
     data["normalizer"] = {"type": "Sequence", "normalizers": norms}
     if data.get("model", {}).get("type") != "WordLevel":  # k-mers split runs in their own regex already
-        runs = {"type": "Split", "pattern": {"Regex": "(?i)[ACGT]+|[^ACGT]+"}, "behavior": "Isolated",
-                "invert": False}
         pre = data.get("pre_tokenizer")
-        data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [runs] + ([pre] if pre else [])}
+        data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [RUNS_SPLIT] + ([pre] if pre else [])}
     data["truncation"] = data["padding"] = None
     return json.dumps(data)
 

@@ -90,13 +90,17 @@ class SeqTokenizer:
         return ids_dtype(self.vocab_size)
 
     def sha256(self) -> str:
-        return hashlib.sha256(self.json_text.encode()).hexdigest()
+        """Content hash of the tokenizer (hf_tokenizer.content_sha256): what data and models compare."""
+        from lcft.genomics.hf_tokenizer import content_sha256
+
+        return content_sha256(self.json_text)
 
     def spec(self) -> dict[str, Any]:
         """What a manifest records: equal specs = same ids for the same bases."""
+        data = self.json_text.encode()
         return {"name": self.name, "vocab_size": self.vocab_size, "sha256": self.sha256(), "file": TOKENIZER_FILE,
-                "bytes": len(self.json_text.encode()), "ids_dtype": self.dtype.name, "block": self.block,
-                "unk_id": self.unk_id, "case_free": True}
+                "file_sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "ids_dtype": self.dtype.name,
+                "block": self.block, "unk_id": self.unk_id, "case_free": True}
 
     def bases(self) -> list[str]:
         """Per id, the bases the token spells ('' for specials and the unknown token)."""
@@ -281,7 +285,7 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
             raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
         k = int(k_text)
         return KmerTokenizer(k, read_vocab(Path(path)) if path else builtin_kmer_vocab(k), path or spec)
-    return JsonTokenizer(_read_json_tokenizer(Path(spec)), spec)
+    return tokenizer_from_json_text(_read_json_tokenizer(Path(spec)).to_str(), spec)
 
 
 def builtin_kmer_vocab(k: int) -> list[str]:

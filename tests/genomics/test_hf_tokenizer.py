@@ -53,3 +53,20 @@ def test_autotokenizer_encodes_to_the_prepared_ids(kind, records, tmp_path):
         assert got[: len(want)] == want and len(got) - len(want) < L, name
         checked += len(want)
     assert checked > 0
+
+
+@pytest.mark.parametrize("kind", ["kmer:6", "bpe"])
+def test_exported_tokenizer_has_the_data_content_hash(kind, records, tmp_path):
+    """An exported folder, read back as a tokenizer, hashes like the data it came from (train compares these);
+    another vocabulary does not."""
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    recs, seq = records
+    spec = bpe(tmp_path, seq) if kind == "bpe" else kind
+    fasta = write_fasta(tmp_path / "r.fa", recs)
+    m = prepare_windows(fasta=str(fasta), out=str(tmp_path / "out"), length=L, train=tuple(recs), eval=(),
+                        max_n_frac=1.0, max_oov_frac=1.0, tokenizer=spec)
+    save_hf_tokenizer(open_windows(tmp_path / "out", "train").tokenizer, tmp_path / "export")
+    again = load_tokenizer(str(tmp_path / "export"))
+    assert again.sha256() == m["tokenizer"]["sha256"] and again.name == m["tokenizer"]["name"]
+    assert load_tokenizer("kmer:5").sha256() != m["tokenizer"]["sha256"]
