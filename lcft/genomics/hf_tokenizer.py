@@ -97,3 +97,34 @@ def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:
     files = {"tokenizer.json": hf_tokenizer_json(tok), "tokenizer_config.json": json.dumps(config, indent=1),
              "special_tokens_map.json": json.dumps(specials, indent=1)}
     return [atomic_write(out / name, text) for name, text in files.items()]
+
+
+def folder_tokenizer_spec(folder: str | Path) -> dict[str, Any] | None:
+    """The spec of the tokenizer.json in a model folder (a published model, or an lcft export); None without one."""
+    from lcft.genomics.model_tokenizer import TOKENIZER_FILE, load_tokenizer
+
+    path = Path(folder) / TOKENIZER_FILE
+    return load_tokenizer(str(path)).spec() if path.is_file() else None
+
+
+def same_tokenizer(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two specs give the same ids: equal content hashes when both have one, else equal specs."""
+    if "sha256" in a and "sha256" in b:
+        return a["sha256"] == b["sha256"]
+    return a == b
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """A tokenizer spec in a few words, for error messages naming both sides."""
+    sha = f", sha256 {spec['sha256'][:12]}" if spec.get("sha256") else ""
+    return f"{spec.get('name', '?')} with {spec.get('vocab_size', '?')} tokens{sha}"
+
+
+def export_tokenizer(source: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write the tokenizer files of the model in `source` (a checkpoint) into `out_dir`: its own tokenizer.json
+    when it has one (checkpoints of model tokenizers carry it), else lcft's char vocabulary."""
+    from lcft.genomics.model_tokenizer import TOKENIZER_FILE, char_tokenizer, load_tokenizer
+
+    src = Path(source) / TOKENIZER_FILE
+    tok = load_tokenizer(str(src)) if src.is_file() else char_tokenizer()
+    return save_hf_tokenizer(tok, out_dir)

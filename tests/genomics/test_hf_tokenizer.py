@@ -70,3 +70,19 @@ def test_exported_tokenizer_has_the_data_content_hash(kind, records, tmp_path):
     again = load_tokenizer(str(tmp_path / "export"))
     assert again.sha256() == m["tokenizer"]["sha256"] and again.name == m["tokenizer"]["name"]
     assert load_tokenizer("kmer:5").sha256() != m["tokenizer"]["sha256"]
+
+
+def test_export_tokenizer_char_default_and_spec_comparison(tmp_path):
+    """A checkpoint without tokenizer.json exports lcft's char vocabulary; specs compare by content hash."""
+    from lcft.genomics.hf_tokenizer import export_tokenizer, folder_tokenizer_spec, same_tokenizer
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    (tmp_path / "ckpt").mkdir()
+    export_tokenizer(tmp_path / "ckpt", tmp_path / "out")
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert auto("acgtNRyX", add_special_tokens=False)["input_ids"] == [4, 5, 6, 7, 8, 8, 8, 3]
+    assert folder_tokenizer_spec(tmp_path / "ckpt") is None
+    save_hf_tokenizer(load_tokenizer("kmer:4"), tmp_path / "k4")
+    spec = folder_tokenizer_spec(tmp_path / "k4")
+    assert same_tokenizer(spec, load_tokenizer("kmer:4").spec())
+    assert not same_tokenizer(spec, load_tokenizer("kmer:3").spec())
