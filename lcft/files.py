@@ -28,13 +28,14 @@ def temp_name(path: Path) -> Path:
 
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
-    """Yield a temp path next to `path`; when the block ends normally the file written there (fsynced first
-    when asked) replaces `path` in one rename, so readers see the old file or the new one, never a torn one.
+    """Yield a temp path next to `path`; when the block ends normally the file written there (given the mode
+    the umask allows, fsynced first when asked) replaces `path` in one rename, so readers see the old file or the new one, never a torn one.
     On an exception the temp file is removed and `path` is untouched."""
     path = Path(path)
     tmp = temp_name(path)
     try:
         yield tmp
+        respect_umask(tmp, folder=False)  # some writers (safetensors) create 0600 files whatever the umask
         if fsync:
             fd = os.open(tmp, os.O_RDONLY)
             try:

@@ -3,18 +3,21 @@ metadata and tokenizer compatibility with prepared data.
 
 Layout: `<run>/config.toml` (resolved), `<run>/metrics.jsonl`, `<run>/checkpoints/step-00000080/` = the model in
 HF layout (`config.json`, `model.safetensors`, `lcft.json`), the resolved `config.toml`, and `trainer_state/`.
-A checkpoint folder exists under its final name only once complete (written as `.tmp-step-N`, then renamed).
+A checkpoint folder exists under its final name only once complete (written as `.tmp-step-N`, then renamed);
+its `checksums.json` (size and sha256 of every other file, written last) lets a reader verify it. Checkpoints a
+resumed run superseded (steps after the one it resumed from) are moved to `<run>/superseded/`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lcft.errors import LcftError
-from lcft.files import read_json
+from lcft.files import file_hash, read_json
 from lcft.model.io import CONFIG as MODEL_CONFIG
 from lcft.model.io import LCFT as MODEL_META
 
@@ -23,6 +26,8 @@ STEP_DIR = re.compile(r"step-(\d{8,})")  # step_name's output; temp folders of i
 TMP_PREFIX = ".tmp-"
 STATE_DIR = "trainer_state"
 RUN_CONFIG = "config.toml"
+CHECKSUMS = "checksums.json"
+SUPERSEDED = "superseded"
 
 
 def step_name(step: int) -> str:
@@ -49,38 +54,100 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def verify_checkpoint(ckpt: str | os.PathLike) -> bool:
+    """Check every file `checksums.json` lists (size, then sha256); raise a one-line LcftError naming the first
+    missing or corrupt file. False when the folder has no checksums.json (an HF folder, or one written by
+    hand): nothing to verify against."""
+    ckpt = Path(ckpt)
+    listed = ckpt / CHECKSUMS
+    if not listed.is_file():
+        return False
+    files = read_json(listed).get("files")
+    if not isinstance(files, dict):
+        raise LcftError(f"{listed}: no 'files' object (corrupt checkpoint)")
+    for name, meta in sorted(files.items()):
+        f = ckpt / name
+        if not f.is_file():
+            raise LcftError(f"checkpoint {ckpt} is incomplete: {f} is missing")
+        if f.stat().st_size != meta.get("bytes"):
+            raise LcftError(f"checkpoint {ckpt} is corrupt: {f} has {f.stat().st_size} bytes, "
+                            f"{CHECKSUMS} says {meta.get('bytes')}")
+        if file_hash(f).hexdigest() != meta.get("sha256"):
+            raise LcftError(f"checkpoint {ckpt} is corrupt: the sha256 of {f} differs from {CHECKSUMS}")
+    return True
+
+
+def previous_checkpoint(ckpt: Path) -> Path | None:
+    """The run's newest checkpoint before `ckpt` (None when it is the first, or not in a run folder)."""
+    m = STEP_DIR.fullmatch(ckpt.name)
+    if not m or ckpt.parent.name != CHECKPOINTS:
+        return None
+    earlier = [p for s, p in list_checkpoints(ckpt.parent.parent) if s < int(m.group(1))]
+    return earlier[-1] if earlier else None
+
+
+def _checked(ckpt: Path) -> Path:
+    """`ckpt` once verified; a corrupt one is an error naming its file and the previous checkpoint."""
+    try:
+        verify_checkpoint(ckpt)
+    except LcftError as e:
+        prev = previous_checkpoint(ckpt)
+        hint = f"; the previous checkpoint is {prev}" if prev else ""
+        raise LcftError(f"{e}{hint}") from None
+    return ckpt
+
+
+def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path | None:
+    """The run's newest checkpoint that verifies; each newer corrupt one is reported through `say`."""
+    for _, ckpt in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(ckpt)
+            return ckpt
+        except LcftError as e:
+            if say is not None:
+                say(f"skipping {ckpt.name}: {e}")
+    return None
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A model folder (a checkpoint, or any HF folder with config.json) -> itself; a run folder -> its latest
-    checkpoint."""
+    checkpoint. A checkpoint with checksums is verified (an error names the corrupt file)."""
     p = Path(path)
     if not p.exists():
         raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)")
     if not p.is_dir():
         raise LcftError(f"checkpoint must be a folder (a run, a checkpoint, or an HF model folder): {p}")
     if (p / MODEL_CONFIG).is_file():
-        return p
+        return _checked(p)
     if checkpoints_dir(p).is_dir():
         latest = latest_checkpoint(p)
         if latest is None:
             raise LcftError(f"run folder {p} has no complete checkpoint under {checkpoints_dir(p)} yet")
-        return latest
+        return _checked(latest)
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
 
 
-def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path:
-    """'auto' -> the latest checkpoint of run_dir; a run folder -> its latest; a checkpoint folder -> itself.
-    The result holds trainer state (an HF folder without it cannot be resumed, only used as --init)."""
+def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path:
+    """'auto' -> the newest checkpoint of run_dir that verifies (corrupt newer ones are reported through `say`
+    and passed over); a run folder -> its latest; a checkpoint folder -> itself (both verified: a corrupt one
+    is an error naming the file). The result holds trainer state (an HF folder without it cannot be resumed,
+    only used as --init)."""
     if resume == "auto":
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
+        if latest_checkpoint(run_dir) is None:
             raise LcftError(f"--resume auto: no checkpoint in {checkpoints_dir(run_dir)} "
                             "(drop --resume to start a new run)")
+        ckpt = newest_good_checkpoint(run_dir, say)
+        if ckpt is None:
+            raise LcftError(f"--resume auto: every checkpoint in {checkpoints_dir(run_dir)} is corrupt "
+                            "(drop --resume to start the run again)")
+        if say is not None and ckpt != latest_checkpoint(run_dir):
+            say(f"resuming from {ckpt.name}, the newest checkpoint that verifies")
         return ckpt
     p = Path(resume)
     if (p / STATE_DIR).is_dir():
-        return p
+        return _checked(p)
     if p.is_dir() and (ckpt := latest_checkpoint(p)) is not None:
-        return ckpt
+        return _checked(ckpt)
     raise LcftError(f"--resume {resume}: not a checkpoint folder (no {STATE_DIR}/) nor a run with checkpoints")
 
 

@@ -27,12 +27,49 @@ def register(app: typer.Typer) -> None:
         """Export a trained model in HuggingFace's Llama layout."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
+        from lcft.files import folder_lock
         from lcft.model.io import export_pretrained
         from lcft.runs import resolve_checkpoint
 
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        source = resolve_checkpoint(checkpoint)
-        with console.status(f"exporting {source} ..."):
-            path = export_pretrained(source, out, dtype=getattr(torch, dtype) if dtype else None, force=force)
+        source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file
+        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+            raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
+        cast = getattr(torch, dtype) if dtype else None
+        before = set(out.iterdir()) if out.is_dir() else set()
+        with folder_lock(out, "lcft export"), console.status(f"exporting {source} ..."):
+            try:  # force: emptiness checked above (the folder now holds the lock's pid file)
+                path = export_pretrained(source, out, dtype=cast, force=True)
+            except Exception as e:
+                _fail_cleanly(e, out, before, _export_bytes(source, cast))
         console.print(f"wrote {path} (from {source})", highlight=False)
+
+
+def _export_bytes(source: Path, dtype: object) -> int:
+    """About the bytes an export writes: the source's weights (safetensors or dcp/ shards), scaled to --dtype."""
+    import torch
+
+    from lcft.runs import read_model_config
+
+    size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
+    size = size or sum(f.stat().st_size for f in source.glob("dcp/*") if f.is_file()) // 3  # weights + 2 moments
+    stored = getattr(torch, str(read_model_config(source).get("torch_dtype", "float32")), torch.float32)
+    if isinstance(dtype, torch.dtype) and isinstance(stored, torch.dtype):
+        size = size * dtype.itemsize // stored.itemsize
+    return size
+
+
+def _fail_cleanly(e: Exception, out: Path, before: set[Path], needed: int) -> None:
+    """Remove what this export wrote into `out`; a full disk becomes a one-line error (others re-raise)."""
+    import shutil
+
+    from lcft.files import LOCK_NAME, disk_full_error
+
+    for p in set(out.iterdir()) - before:
+        if p.name != LOCK_NAME:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    err = disk_full_error(e, out, needed)
+    if err is None:
+        raise e
+    raise LcftError(f"cannot export to {out}: {err}") from None

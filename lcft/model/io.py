@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from lcft.errors import LcftError
-from lcft.files import read_json, replacing
+from lcft.files import read_json, replacing, respect_umask
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import (
@@ -56,8 +56,10 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
         try:
+            respect_umask(tmp)  # mkdtemp makes it 0700
             for name in order:
                 write(tmp / name, name)
+                respect_umask(tmp / name, folder=False)  # safetensors writes 0600
             os.replace(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,13 +1,16 @@
-"""Writing checkpoints: atomic folders (temp folder, then rename), trainer state, pruning, partial-save cleanup.
+"""Writing checkpoints: atomic folders (temp folder, then rename) with checksums, trainer state, pruning,
+partial-save cleanup, superseding the checkpoints after a resume point.
 
 The folder layout (and finding a run's checkpoints) is lcft.runs'. `trainer_state/` holds `state.json` (step,
-data position, spike-guard history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`.
+data position, spike-guard history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`: plain tensors, numbers
+and strings only, read with `torch.load(weights_only=True)`, so a crafted file is refused, never run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from collections.abc import Callable
@@ -19,8 +22,19 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
-from lcft.files import read_json
-from lcft.runs import STATE_DIR, TMP_PREFIX, checkpoints_dir, list_checkpoints, step_name
+from lcft.files import atomic_write, disk_full_error, file_hash, read_json
+from lcft.runs import (
+    CHECKSUMS,
+    STATE_DIR,
+    SUPERSEDED,
+    TMP_PREFIX,
+    checkpoints_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    previous_checkpoint,
+    step_name,
+    verify_checkpoint,
+)
 
 
 @dataclass
@@ -65,11 +79,51 @@ def clean_partial(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def prune(run_dir: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints (0 = keep all)."""
+    """Delete all but the newest `keep_last` checkpoints (0 = keep all); the newest checkpoint that verifies is
+    kept even when older than those (so a run always keeps one good checkpoint to resume from)."""
     if keep_last <= 0:
         return
-    for _, p in list_checkpoints(run_dir)[:-keep_last]:
+    found = list_checkpoints(run_dir)
+    doomed, kept = found[:-keep_last], found[-keep_last:]
+    if doomed and not any(_verifies(p) for _, p in reversed(kept)):
+        good = next((i for i in range(len(doomed) - 1, -1, -1) if _verifies(doomed[i][1])), None)
+        if good is not None:
+            doomed.pop(good)
+    for _, p in doomed:
         shutil.rmtree(p, ignore_errors=True)
+
+
+def _verifies(ckpt: Path) -> bool:
+    try:
+        return verify_checkpoint(ckpt)
+    except LcftError:
+        return False
+
+
+def supersede_after(run_dir: str | os.PathLike, step: int) -> list[Path]:
+    """Move the run's checkpoints of steps after `step` to <run>/superseded/ (a run resumed from `step` owns
+    every later step: those belong to the earlier trajectory); returns their new paths."""
+    moved = []
+    for s, p in list_checkpoints(run_dir):
+        if s > step:
+            dest = Path(run_dir) / SUPERSEDED / p.name
+            n = 1
+            while dest.exists():
+                dest, n = dest.with_name(f"{p.name}.{n}"), n + 1
+            dest.parent.mkdir(exist_ok=True)
+            os.rename(p, dest)
+            moved.append(dest)
+    return moved
+
+
+def write_checksums(folder: Path) -> None:
+    """checksums.json: size and sha256 of every file under `folder` (written last: its presence and match mean
+    the checkpoint is whole)."""
+    files = {}
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and f.name != CHECKSUMS:
+            files[f.relative_to(folder).as_posix()] = {"bytes": f.stat().st_size, "sha256": file_hash(f).hexdigest()}
+    atomic_write(folder / CHECKSUMS, json.dumps({"files": files}, indent=1) + "\n")
 
 
 def _fsync_tree(root: Path) -> None:
@@ -90,52 +144,85 @@ def _fsync_dir(p: Path) -> None:
 
 def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callable[[Path], None],
                      write_rest: Callable[[Path], None],
-                     between: Callable[[int, Path], None] | None = None) -> Path:
-    """Write `<run>/checkpoints/.tmp-step-N/`, flush it to disk, then rename it to `step-N` (atomic on POSIX).
-    A crash at any point leaves either no `step-N` or a complete one; earlier checkpoints are untouched.
-    `between(step, tmp)` runs after the model is written and before the rest (TrainHooks.during_save)."""
+                     between: Callable[[int, Path], None] | None = None, expected_bytes: int | None = None) -> Path:
+    """Write `<run>/checkpoints/.tmp-step-N/` with its checksums, flush it to disk, then rename it to `step-N`
+    (atomic on POSIX; an existing `step-N` is replaced). A crash at any point leaves either no new `step-N` or a
+    complete one; earlier checkpoints are untouched. A failed write (e.g. disk full: a one-line error naming the
+    folder and `expected_bytes`) removes the temp folder. `between(step, tmp)` runs after the model is written
+    and before the rest (TrainHooks.during_save)."""
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
-    if final.exists():
-        return final  # this step is already saved (e.g. --save-every hit the last step)
     tmp = root / (TMP_PREFIX + step_name(step))
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    write_model(tmp)
-    if between is not None:
-        between(step, tmp)
-    write_rest(tmp)
-    _fsync_tree(tmp)
-    os.rename(tmp, final)
+    try:
+        tmp.mkdir()
+        write_model(tmp)
+        if between is not None:
+            between(step, tmp)
+        write_rest(tmp)
+        write_checksums(tmp)
+        _fsync_tree(tmp)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        err = disk_full_error(e, root, expected_bytes)
+        if err is None:
+            raise
+        last = latest_checkpoint(run_dir)
+        kept = f"; the last good checkpoint {last} is kept" if last is not None else ""
+        raise LcftError(f"cannot save step {step}: {err}{kept}") from None
+    if final.exists():  # this step saved before (a resumed run replaces what it recomputed)
+        old = root / (TMP_PREFIX + "old-" + final.name)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
     _fsync_dir(root)
     return final
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, numpy and torch RNG states (CUDA too when present)."""
-    out = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch RNG states (CUDA too when present) as tensors, ints, floats and strings only."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    out = {"python": [version, torch.tensor(mt, dtype=torch.int64), gauss],  # (625,) Mersenne Twister words
+           "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+           "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore what `rng_state` returned."""
+    version, mt, gauss = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in mt.tolist()), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((str(name), keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def write_trainer_state(ckpt: Path, state: TrainerState, optimizer: dict, scheduler: dict) -> None:
-    """trainer_state/: state.json (readable), optimizer.pt, scheduler.pt, rng.pt."""
+def write_trainer_state(ckpt: Path, state: TrainerState, optimizer: dict | None, scheduler: dict) -> None:
+    """trainer_state/: state.json (readable), optimizer.pt (unless None), scheduler.pt, rng.pt."""
     d = ckpt / STATE_DIR
     d.mkdir(exist_ok=True)
     (d / "state.json").write_text(json.dumps(asdict(state), indent=1) + "\n")
-    torch.save(optimizer, d / "optimizer.pt")
+    if optimizer is not None:  # None: sharded optimizer state, written by lcft.train.sharded
+        torch.save(optimizer, d / "optimizer.pt")
     torch.save(scheduler, d / "scheduler.pt")
     torch.save(rng_state(), d / "rng.pt")
+
+
+def _broken(path: Path, reason: str) -> LcftError:
+    """A one-line error naming a trainer-state file and the checkpoint to resume from instead."""
+    ckpt = path.parent.parent if path.parent.name == STATE_DIR else path.parent
+    prev = previous_checkpoint(ckpt)
+    hint = f"; resume from the previous checkpoint: --resume {prev}" if prev else ""
+    return LcftError(f"{path}: {reason}{hint}")
 
 
 def read_state(ckpt: str | os.PathLike) -> TrainerState:
@@ -144,19 +231,63 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     if not p.is_file():
         raise LcftError(f"{ckpt}: not a trainer checkpoint ({STATE_DIR}/state.json missing)")
     try:
-        return TrainerState(**read_json(p))
+        state = TrainerState(**read_json(p))
+    except LcftError as e:  # not JSON, not an object, unreadable
+        raise _broken(p, str(e).removeprefix(f"{p}: ")) from None
     except TypeError as e:  # a field this version does not know, or one missing
-        raise LcftError(f"{p}: not a trainer state of this lcft version ({e})") from None
+        raise _broken(p, f"not a trainer state of this lcft version ({e})") from None
+    if not all(isinstance(getattr(state, k), int) and not isinstance(getattr(state, k), bool)
+               for k in ("step", "samples_seen", "updates", "skipped", "consecutive_skips")):
+        raise _broken(p, "corrupt trainer state (a count is not an integer)")
+    return state
 
 
-def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict, dict, dict]:
-    """(state, optimizer state dict, scheduler state dict, rng states) of a checkpoint folder."""
+def _load(path: Path) -> Any:
+    """torch.load of plain tensors and containers only; anything else (code, other classes) is refused."""
+    if not path.is_file():
+        raise _broken(path, "missing (incomplete checkpoint)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Unsupported global" not in str(e) and "GLOBAL" not in str(e):  # not a reference to code: garbled
+            raise _broken(path, "corrupt trainer state (not a torch file of plain tensors)") from None
+        raise _broken(path, "refused: it holds objects other than tensors and numbers (a crafted or foreign "
+                            "file; nothing in it was run)") from None
+    except Exception as e:  # torch's zip reader and pickle raise many types for a garbled file
+        raise _broken(path, f"corrupt trainer state ({type(e).__name__})") from None
+
+
+def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict | None, dict, dict]:
+    """(state, optimizer state dict (None: sharded, in dcp/), scheduler state dict, rng states) of a
+    checkpoint folder; a one-line
+    LcftError naming the file when one is missing, garbled or not plain data."""
     d = Path(ckpt) / STATE_DIR
     state = read_state(ckpt)
-    try:
-        optim = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True)
-        sched = torch.load(d / "scheduler.pt", map_location="cpu", weights_only=True)
-        rng = torch.load(d / "rng.pt", map_location="cpu", weights_only=False)  # numpy/python tuples
-    except (OSError, RuntimeError) as e:
-        raise LcftError(f"{ckpt}: trainer state unreadable ({e})") from None
+    sharded = not (d / "optimizer.pt").exists() and (Path(ckpt) / "dcp").is_dir()  # optimizer state in dcp/
+    optim = None if sharded else _load(d / "optimizer.pt")
+    sched, rng = _load(d / "scheduler.pt"), _load(d / "rng.pt")
+    for name, value, keys in (("optimizer.pt", optim, ("state", "param_groups")), ("scheduler.pt", sched, ()),
+                              ("rng.pt", rng, ("python", "numpy", "torch"))):
+        if value is None and name == "optimizer.pt":
+            continue
+        if not isinstance(value, dict) or any(k not in value for k in keys):
+            raise _broken(d / name, "corrupt trainer state (not the expected dictionary)")
     return state, optim, sched, rng
+
+
+def optimizer_options(optimizer: Any) -> list[dict[str, Any]]:
+    """The options of each param group (lr, betas, eps, weight decay...) as this run built them: taken before
+    a saved state is loaded over them, given back to `reapply_options` after."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def reapply_options(optimizer: Any, scheduler: Any, built: list[dict[str, Any]]) -> None:
+    """After loading a saved optimizer and schedule: put back this run's options, so changed ones apply from
+    the next step; the schedule continues from its position (applied updates) with this run's peak lr,
+    warm-up and decay. Unchanged options give back exactly the saved values (exact resume)."""
+    for group, options in zip(optimizer.param_groups, built, strict=True):
+        group.update(options)
+    scheduler.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)  # what LambdaLR computes at this position
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]

@@ -3,6 +3,7 @@ loss normalisation, spike guard, atomic checkpoints, metrics and signal handling
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -22,7 +23,7 @@ from accelerate.state import AcceleratorState, GradientState
 from lcft.config import ConfigError, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.evaluate.binning import LN2
-from lcft.files import atomic_write
+from lcft.files import atomic_write, folder_lock
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
 from lcft.launch import JOBS, launch, launched
@@ -32,9 +33,12 @@ from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
     TrainerState,
     clean_partial,
+    optimizer_options,
     prune,
     read_trainer_state,
+    reapply_options,
     set_rng_state,
+    supersede_after,
     write_checkpoint,
     write_trainer_state,
 )
@@ -94,6 +98,7 @@ class Trainer:
         self._old_handlers: dict[int, Any] = {}
         self.view: LiveView | None = None
         self.metrics: MetricsLog | None = None
+        self._lock = contextlib.ExitStack()  # the run folder's lock (rank 0), released in close()
         self._setup_processes()
         manifest = verify_windows(cfg.data)  # names the corrupt file; raises before anything is written
         windows = open_windows(cfg.data, "train")
@@ -166,10 +171,13 @@ class Trainer:
         """Trainer state, optimizer, schedule and RNGs of the checkpoint resumed from (a fresh state otherwise)."""
         self.state = TrainerState(world_size=self.world)
         if self.resume_from is not None:
+            built = optimizer_options(self.opt)
             self.state, optim, sched, rng = read_trainer_state(self.resume_from)
             self.opt.load_state_dict(optim)
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)
+            # changed lr/betas/eps/weight decay/schedule options apply from the next step (README: resuming)
+            reapply_options(self.opt, self.scheduler, built)
             self.state.world_size = self.world
 
     def _check_run_dir(self) -> Path | None:
@@ -177,7 +185,7 @@ class Trainer:
         cfg, run = self.cfg, self.run_dir
         saved = run / "config.toml"
         if cfg.resume:
-            return resolve_resume(cfg.resume, run)
+            return resolve_resume(cfg.resume, run, say=self._note)
         if saved.is_file():
             old = load_run_config(saved)
             changed = diff(old.run_defining(), cfg.run_defining())
@@ -198,8 +206,11 @@ class Trainer:
     def _start_run_dir(self) -> None:
         cfg = self.cfg
         if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.enter_context(folder_lock(self.run_dir, "lcft train"))  # one writer per run folder
             clean_partial(self.run_dir)
+            if self.resume_from is not None:  # a resumed run owns every step after its start
+                for moved in supersede_after(self.run_dir, self.state.step):
+                    self._note(f"{moved.name} is after the resumed step {self.state.step}: moved to {moved}")
             if self.resume_from is not None and (self.run_dir / "config.toml").is_file():
                 changed = diff(load_run_config(self.run_dir / "config.toml").run_defining(), cfg.run_defining())
                 if changed:
@@ -358,8 +369,9 @@ class Trainer:
                 save_resolved(tmp / "config.toml", to_dict(self.cfg))
                 write_trainer_state(tmp, st, self.opt.state_dict(), self.scheduler.state_dict())
 
+            need = 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, 2 moments
             path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_pretrained(self.model, tmp), write_rest,
-                                    self.hooks.during_save)
+                                    self.hooks.during_save, expected_bytes=need)
             prune(self.run_dir, self.cfg.keep_last)
         self.acc.wait_for_everyone()
         return latest_checkpoint(self.run_dir) or path
@@ -389,5 +401,6 @@ class Trainer:
             self.metrics.close()
         if getattr(self, "acc", None) is not None and self.cfg.tensorboard:
             self.acc.end_training()
+        self._lock.close()
         if not launched():
             _reset_accelerate()

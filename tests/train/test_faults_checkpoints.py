@@ -1,0 +1,208 @@
+"""Checkpoints under attack and damage: crafted pickles refused and not run, corrupt trainer state as one-line
+errors pointing to the previous checkpoint, checksums with fallback, resume superseding later steps, changed
+optimizer options applied on resume, --keep-last keeping a verified checkpoint."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lcft.errors import LcftError
+from lcft.runs import CHECKSUMS, list_checkpoints, resolve_checkpoint, verify_checkpoint
+from lcft.train import TrainConfig, train
+from lcft.train.checkpoint import prune, read_trainer_state, write_checkpoint, write_checksums
+from lcft.train.metrics import read_metrics
+
+STATE = "trainer_state"
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """One 6-step run with checkpoints at steps 2, 4 and 6 (copied by each test that damages it)."""
+    cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
+               warmup=2, lr=1e-3, precision="fp32", save_every=2, progress=False)
+    run = tmp_path_factory.mktemp("faults") / "run"
+    train(TrainConfig(out=str(run), **cfg))
+    return run, cfg
+
+
+@pytest.fixture
+def run_copy(tmp_path, saved_run) -> tuple[Path, dict[str, Any]]:
+    run, cfg = saved_run
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst, {**cfg, "out": str(dst)}
+
+
+def ckpt(run: Path, step: int) -> Path:
+    return run / "checkpoints" / f"step-{step:08d}"
+
+
+class Payload:
+    """Unpickling this runs code: it writes a marker file (what an attacker's payload would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+@pytest.mark.parametrize("name", ["rng.pt", "optimizer.pt", "scheduler.pt"])
+def test_crafted_pickle_in_trainer_state_is_refused_and_not_run(run_copy, tmp_path, name):
+    """The real content plus a payload (what resumed with exit 0 before): refused with a one-line error naming
+    the file and the previous checkpoint; the payload never runs."""
+    run, cfg = run_copy
+    path = ckpt(run, 6) / STATE / name
+    marker = tmp_path / "pwned"
+    real = torch.load(path, weights_only=True)
+    torch.save({**real, "payload": Payload(marker)}, path)
+    # the oracle: an unrestricted load of this file does run the payload
+    torch.load(path, weights_only=False)
+    assert marker.read_text() == "ran"
+    marker.unlink()
+    write_checksums(ckpt(run, 6))  # an attacker recomputes the checksums: the loader itself must refuse
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 6))}))
+    msg = str(e.value)
+    assert str(path) in msg and "refused" in msg and "\n" not in msg
+    assert "weights_only" not in msg  # not torch's advice to load it unrestricted
+    assert f"--resume {ckpt(run, 4)}" in msg
+    assert not marker.exists()
+    # a bare pickle file (not torch's zip format) is not run either
+    path.write_bytes(pickle.dumps(Payload(marker)))
+    write_checksums(ckpt(run, 6))
+    with pytest.raises(LcftError, match=name):
+        read_trainer_state(ckpt(run, 6))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name,damage,word", [
+    ("optimizer.pt", b"garbage, not a torch file", "optimizer.pt: corrupt"),
+    ("rng.pt", None, "rng.pt: corrupt"),  # truncated to half
+    ("state.json", b'{"step": 6, "samples', "state.json: not valid JSON"),
+    ("state.json", b'{"step": "six"}', "state.json"),
+    ("scheduler.pt", b"", "scheduler.pt: corrupt"),
+])
+def test_corrupt_trainer_state_is_one_line_naming_file_and_previous(run_copy, name, damage, word):
+    run, cfg = run_copy
+    path = ckpt(run, 6) / STATE / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if damage is None else damage)
+    write_checksums(ckpt(run, 6))  # damage the checksums would not catch (e.g. made before they were written)
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 6)), "steps": 8}))
+    msg = str(e.value)
+    assert word in msg and "\n" not in msg and "Traceback" not in msg
+    assert f"--resume {ckpt(run, 4)}" in msg
+
+
+def flip_byte(path: Path, at: int = 200) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_checksums_written_last_and_checked(run_copy):
+    run, _ = run_copy
+    c = ckpt(run, 6)
+    listed = json.loads((c / CHECKSUMS).read_text())["files"]
+    on_disk = sorted(p.relative_to(c).as_posix() for p in c.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    assert sorted(listed) == on_disk and "trainer_state/optimizer.pt" in listed
+    assert verify_checkpoint(c) is True
+    flip_byte(c / "model.safetensors")
+    with pytest.raises(LcftError, match="model.safetensors"):
+        verify_checkpoint(c)
+
+
+def test_resume_auto_falls_back_to_newest_good_checkpoint(run_copy, capsys):
+    """step-6's weights damaged: --resume auto says so, resumes from step 4, and the run ends at 6 with a new,
+    verified step-6 (the damaged one moved to superseded/); the losses equal the undamaged run's."""
+    run, cfg = run_copy
+    before = [r["loss"] for r in read_metrics(run)]
+    flip_byte(ckpt(run, 6) / "model.safetensors")
+    s = train(TrainConfig(**{**cfg, "resume": "auto"}))
+    out = capsys.readouterr().out
+    assert "skipping step-00000006" in out and "model.safetensors" in out
+    assert "resuming from step-00000004" in out
+    assert s["step"] == 6 and verify_checkpoint(ckpt(run, 6))
+    assert (run / "superseded" / "step-00000006").is_dir()
+    after = [r["loss"] for r in read_metrics(run)]
+    torch.testing.assert_close(torch.tensor(after), torch.tensor(before), rtol=1e-6, atol=0)
+
+
+def test_resume_from_earlier_checkpoint_supersedes_later_ones(run_copy, capsys):
+    """--resume step-4 while step-6 is corrupt: the new run owns steps 5-6; the old step-6 is moved aside
+    (said so) and the run's step-6 is the new one, complete and verified."""
+    run, cfg = run_copy
+    (ckpt(run, 6) / STATE / "state.json").write_text("{broken")
+    s = train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 4))}))
+    assert s["step"] == 6
+    assert "moved to" in capsys.readouterr().out
+    assert [st for st, _ in list_checkpoints(run)] == [2, 4, 6]
+    assert verify_checkpoint(ckpt(run, 6)) and read_trainer_state(ckpt(run, 6))[0].step == 6
+    assert (run / "superseded" / "step-00000006" / STATE / "state.json").read_text() == "{broken"
+
+
+def test_changed_optimizer_options_apply_after_resume(run_copy):
+    """--lr/--adam-beta2/--weight-decay changed on resume from step 4: step 5 uses the new peak lr at the
+    schedule's position (4 applied updates), and the optimizer holds the new betas and weight decay."""
+    run, cfg = run_copy
+    s = train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 4)), "lr": 1e-2, "adam_beta2": 0.99,
+                             "weight_decay": 0.05}))
+    rec = {r["step"]: r for r in read_metrics(run)}
+    # cosine after 2 warm-up updates over 6: update 4 is half way, factor 0.1 + 0.9 * 0.5 * (1 + cos(pi/2))
+    assert rec[5]["lr"] == pytest.approx(1e-2 * 0.55, rel=1e-12)
+    assert rec[4]["lr"] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + 0.5 ** 0.5)), rel=1e-12)  # old trajectory
+    _, optim, _, _ = read_trainer_state(s["checkpoint"])
+    groups = optim["param_groups"]
+    assert [tuple(g["betas"]) for g in groups] == [(0.9, 0.99)] * 2
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0]
+
+
+def test_keep_last_keeps_the_only_verified_checkpoint(run_copy):
+    run, _ = run_copy
+    flip_byte(ckpt(run, 4) / "model.safetensors")
+    (ckpt(run, 6) / STATE / "rng.pt").unlink()
+    prune(run, keep_last=2)
+    assert [st for st, _ in list_checkpoints(run)] == [2, 4, 6]  # step 2 is the only one that verifies
+    prune(run, keep_last=1)
+    assert [st for st, _ in list_checkpoints(run)] == [2, 6]
+
+
+def test_eval_and_export_of_corrupt_checkpoint_name_the_file(run_copy, tmp_path):
+    from typer.testing import CliRunner
+
+    from lcft.cli.app import app
+
+    run, _ = run_copy
+    flip_byte(ckpt(run, 6) / "model.safetensors")
+    with pytest.raises(LcftError, match=f"{ckpt(run, 6) / 'model.safetensors'}.*previous checkpoint is"):
+        resolve_checkpoint(run)
+    r = CliRunner().invoke(app, ["export", str(ckpt(run, 6)), "--out", str(tmp_path / "hf")])
+    assert r.exit_code == 1 and "model.safetensors" in r.output and not (tmp_path / "hf").exists()
+    r = CliRunner().invoke(app, ["eval", "--data", cfg_data(run), "--checkpoint", str(run), "--out",
+                                 str(tmp_path / "rep"), "--quiet"])
+    assert r.exit_code == 1 and "model.safetensors" in " ".join(r.output.split())
+    assert not (tmp_path / "rep").exists()
+
+
+def cfg_data(run: Path) -> str:
+    from lcft.config import load_toml
+
+    return load_toml(run / "config.toml")["data"]
+
+
+def test_existing_step_folder_is_replaced_not_kept(tmp_path):
+    """write_checkpoint over an existing step-N (a resumed run recomputing it) replaces it whole."""
+    run = tmp_path / "run"
+    for content in ("old", "new"):
+        write_checkpoint(run, 3, lambda d, c=content: (d / "model.txt").write_text(c), lambda d: None)
+    c = ckpt(run, 3)
+    assert (c / "model.txt").read_text() == "new" and verify_checkpoint(c)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000003"]
