@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
 
         from lcft.files import folder_lock
         from lcft.model.io import export_pretrained
+        from lcft.parallel.dcp import export_sharded, is_sharded_checkpoint
         from lcft.runs import resolve_checkpoint
 
         if dtype is not None and dtype not in DTYPES:
@@ -40,7 +41,10 @@ def register(app: typer.Typer) -> None:
         before = set(out.iterdir()) if out.is_dir() else set()
         with folder_lock(out, "lcft export"), console.status(f"exporting {source} ..."):
             try:  # force: emptiness checked above (the folder now holds the lock's pid file)
-                path = export_pretrained(source, out, dtype=cast, force=True)
+                if is_sharded_checkpoint(source):  # streamed shard by shard, never the whole model in memory
+                    path = export_sharded(source, out, dtype=cast, force=True)
+                else:
+                    path = export_pretrained(source, out, dtype=cast, force=True)
             except Exception as e:
                 _fail_cleanly(e, out, before, _export_bytes(source, cast))
         console.print(f"wrote {path} (from {source})", highlight=False)

@@ -110,10 +110,10 @@ def _device(name: str) -> torch.device:
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
     """The checkpoint's model in eval mode on `device`; any read failure is a user error naming the folder."""
-    from lcft.model import from_pretrained
+    from lcft.parallel.dcp import read_model  # safetensors or a sharded (DCP) checkpoint
 
     try:
-        model = from_pretrained(info.path)
+        model = read_model(info.path)
     except LcftError:
         raise
     except Exception as e:  # safetensors, json, shape and key errors all mean "this folder is not usable"

@@ -279,10 +279,13 @@ def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=getattr(module, leaf).requires_grad))
 
 
-def shards(model: torch.nn.Module, dtype: torch.dtype | None, max_bytes: int = MAX_SHARD_BYTES
+def shards(model: torch.nn.Module, dtype: torch.dtype | None, max_bytes: int = MAX_SHARD_BYTES,
+           read: Callable[[list[str]], dict[str, torch.Tensor]] | None = None
            ) -> dict[str, Callable[[], dict[str, torch.Tensor]] | bytes]:
     """{file name: tensors to write (built when called, so only one shard is ever copied at a time)}, plus the
-    index as bytes when there is more than one shard (transformers' names: model-00001-of-0000N.safetensors)."""
+    index as bytes when there is more than one shard (transformers' names: model-00001-of-0000N.safetensors).
+    read(names) -> {name: tensor}: where a shard's tensors come from (default: the model's parameters; a model
+    on the meta device with `read` streams them from elsewhere, e.g. a sharded checkpoint)."""
     groups: list[list[tuple[str, torch.nn.Parameter]]] = [[]]
     size = 0
     for name, p in model.named_parameters():
@@ -294,8 +297,10 @@ def shards(model: torch.nn.Module, dtype: torch.dtype | None, max_bytes: int = M
         size += nbytes
 
     def tensors(group: list[tuple[str, torch.nn.Parameter]]) -> Callable[[], dict[str, torch.Tensor]]:
-        return lambda: {to_hf_name(n): (p.detach().to(dtype) if dtype else p.detach()).cpu().contiguous()
-                        for n, p in group}
+        def build() -> dict[str, torch.Tensor]:
+            got = read([n for n, _ in group]) if read else {n: p.detach() for n, p in group}
+            return {to_hf_name(n): (t.to(dtype) if dtype else t).cpu().contiguous() for n, t in got.items()}
+        return build
 
     if len(groups) == 1:
         return {WEIGHTS: tensors(groups[0])}

@@ -31,7 +31,7 @@ from lcft.model.hf import weight_files as _weight_files
 from lcft.model.llama import Llama
 
 __all__ = ["CONFIG", "LCFT", "WEIGHTS", "config_from_hf", "config_to_hf", "export_pretrained", "from_pretrained",
-           "read_config", "save_pretrained", "to_hf_name"]
+           "read_config", "save_pretrained", "to_hf_name", "write_model_folder"]
 
 LCFT_FORMAT_VERSION = 1
 CONFIG, LCFT = "config.json", "lcft.json"
@@ -76,16 +76,22 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
 
 
 def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None,
-                    max_shard_size: int = MAX_SHARD_BYTES) -> Path:
+                    max_shard_size: int = MAX_SHARD_BYTES, tokenizer: dict[str, Any] | None = None) -> Path:
     """Write config.json (the model's own HF class), model.safetensors (HF names; sharded with an index above
     max_shard_size bytes, as transformers does) and lcft.json; loadable by transformers' from_pretrained and by
-    from_pretrained here. dtype: cast weights (None = keep)."""
-    cfg = model.config
+    from_pretrained here. dtype: cast weights (None = keep). tokenizer: the data's tokenizer spec lcft.json
+    records (default: lcft's char vocabulary)."""
     saved_dtype = dtype or next(model.parameters()).dtype
+    return write_model_folder(directory, model.config, shards(model, dtype, max_shard_size), saved_dtype, tokenizer)
+
+
+def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: dict[str, Any],
+                       saved_dtype: torch.dtype, tokenizer: dict[str, Any] | None = None) -> Path:
+    """Write a model folder from its config and {weight file name: tensor dict | function returning one |
+    index bytes} (as lcft.model.hf.shards builds them): config.json, lcft.json, the weights; atomically."""
     extra = {"format_version": LCFT_FORMAT_VERSION, "attention": cfg.attention.to_dict(),
-             "tokenizer": tokenizer_spec()}
-    files = {**shards(model, dtype, max_shard_size),
-             CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
+             "tokenizer": tokenizer or tokenizer_spec()}
+    files = {**weights, CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
              LCFT: json.dumps(extra, indent=2).encode()}
     directory = Path(directory)
     _write_folder(directory, files)
@@ -132,4 +138,6 @@ def export_pretrained(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
     model = from_pretrained(checkpoint)
-    return save_pretrained(model, out, dtype=dtype)
+    meta = Path(checkpoint) / LCFT
+    tokenizer = read_json(meta).get("tokenizer") if meta.is_file() else None  # keep the recorded vocabulary
+    return save_pretrained(model, out, dtype=dtype, tokenizer=tokenizer)

@@ -19,6 +19,7 @@ from lcft.train.guard import GuardConfig
 RUN_NEUTRAL = frozenset({
     "out", "resume", "nproc", "stop_after", "save_every", "keep_last", "tensorboard", "progress",
     "cp", "cp_layout", "cp_kv",  # how a sequence is split over ranks: same trajectory up to rounding
+    "shard", "offload_params",  # where the weights live: same trajectory up to rounding
 })
 
 
@@ -93,6 +94,14 @@ class TrainConfig(ParallelConfig, GuardConfig):
     """Activation checkpointing: none, or block (recompute each decoder block in backward)."""
     offload_activations: bool = False
     """With block checkpointing: keep the saved block inputs in CPU memory."""
+    shard: Literal["none", "fsdp"] = "none"
+    """How ranks hold the weights: 'none' = every rank holds the whole model and its AdamW state (DDP; fastest
+    while it fits, checkpoints as plain safetensors); 'fsdp' = FSDP2 shards parameters, gradients and optimizer
+    state over every rank of the dp x cp layout (per-rank model state / world size; checkpoints written
+    shard by shard through torch.distributed.checkpoint). Ignored on one process."""
+    offload_params: bool = False
+    """With --shard fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
+    CPU offload; the optimizer step runs on the CPU). Nothing to move on a CPU-only run."""
     save_every: int = 50
     """Write a checkpoint every this many steps (0 = only at the end and on SIGTERM/SIGINT)."""
     keep_last: int = 3
@@ -126,6 +135,10 @@ class TrainConfig(ParallelConfig, GuardConfig):
         check_batch(self.global_batch, self.micro_batch)
         if self.offload_activations and self.checkpointing != "block":
             raise ConfigError("offload_activations needs checkpointing = 'block'")
+        if self.shard not in ("none", "fsdp"):
+            raise ConfigError(f"shard must be 'none' or 'fsdp', got {self.shard!r}")
+        if self.offload_params and self.shard != "fsdp":
+            raise ConfigError("offload_params needs shard = 'fsdp'")
         if self.rope_scaling is not None:
             parse_rope_scaling(self.rope_scaling)
 

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from lcft.errors import LcftError
-from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, preset
+from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.io import read_config
+from lcft.parallel.dcp import read_model
 from lcft.runs import check_tokenizer
 from lcft.train.config import TrainConfig, parse_rope_scaling
 
@@ -37,8 +38,10 @@ def _rope_changes(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict[str, Any]:
     return changes
 
 
-def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None) -> Llama:
-    """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded)."""
+def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None, materialize: bool = True) -> Llama:
+    """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded).
+    materialize=False: a sharded (DCP) source's model stays on the meta device, for FSDP to shard before each
+    rank reads its part (lcft.parallel.dcp.load_state)."""
     if source is None:
         model_cfg = preset(cfg.preset)
         if model_cfg.vocab_size != tokenizer["vocab_size"]:
@@ -51,10 +54,13 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
     if not source.is_dir():
         raise LcftError(f"checkpoint folder not found: {source}")
     check_tokenizer(source, tokenizer)
-    model = from_pretrained(source, attention=attention_override(cfg, read_config(source).attention))
+    model = read_model(source, attention_override(cfg, read_config(source).attention), materialize=materialize)
     rope = _rope_changes(cfg, model.config)
     if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are
-        fresh = Llama(dataclasses.replace(model.config, **rope))
-        fresh.load_state_dict(model.state_dict(), strict=True)
+        on_meta = next(model.parameters()).is_meta
+        with torch.device("meta" if on_meta else "cpu"):
+            fresh = Llama(dataclasses.replace(model.config, **rope))
+        if not on_meta:
+            fresh.load_state_dict(model.state_dict(), strict=True)
         model = fresh
     return model

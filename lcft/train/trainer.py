@@ -28,6 +28,7 @@ from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
+from lcft.parallel.fsdp import clip_grad_norm
 from lcft.runs import latest_checkpoint, resolve_checkpoint, resolve_resume
 from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
@@ -48,6 +49,7 @@ from lcft.train.memory import return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model
 from lcft.train.precision import choose_precision
+from lcft.train.sharded import fill_weights, restore_optimizer, save_sharded, shard_for_training
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 
 SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folder
@@ -129,6 +131,7 @@ class Trainer:
             self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
             self.pstate = init_parallel(self.pcfg)  # collective: the dp x cp process groups
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.dp_size)
+        self.fsdp = cfg.shard == "fsdp" and self.world > 1  # one process: nothing to shard
         self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
         if warning:
             self._note(warning)
@@ -143,7 +146,8 @@ class Trainer:
         parallelism and activation checkpointing."""
         cfg = self.cfg
         init = resolve_checkpoint(cfg.init) if cfg.init else None  # a run folder means its latest checkpoint
-        self.model = build_model(cfg, tokenizer, self.resume_from or init)
+        self.source = self.resume_from or init
+        self.model = build_model(cfg, tokenizer, self.source, materialize=not self.fsdp)
         self._check_lengths(window)
         if cfg.cp > 1:
             from lcft.parallel import ContextParallelRunner, apply_context_parallel
@@ -163,9 +167,15 @@ class Trainer:
             project_dir=str(self.run_dir / "tensorboard") if cfg.tensorboard else None,
         )
         loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
+        if self.fsdp and shard_for_training(loss_model, self.acc.device, self.precision, cfg.offload_params):
+            if self.resume_from is None:  # --init of a sharded checkpoint (a resume reads it in _restore)
+                fill_weights(self.model, self.source)
         optimizer = make_optimizer(loss_model, cfg)
         self.scheduler = make_scheduler(optimizer, cfg)
-        self.lm, self.opt = self.acc.prepare(loss_model, optimizer)
+        if self.fsdp:  # Accelerate would wrap a sharded model in DDP: it prepares only the optimizer
+            self.lm, self.opt = loss_model, self.acc.prepare(optimizer)
+        else:
+            self.lm, self.opt = self.acc.prepare(loss_model, optimizer)
 
     def _restore(self) -> None:
         """Trainer state, optimizer, schedule and RNGs of the checkpoint resumed from (a fresh state otherwise)."""
@@ -173,7 +183,7 @@ class Trainer:
         if self.resume_from is not None:
             built = optimizer_options(self.opt)
             self.state, optim, sched, rng = read_trainer_state(self.resume_from)
-            self.opt.load_state_dict(optim)
+            restore_optimizer(self.model, self.opt, self.resume_from, optim, self.fsdp)
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)
             # changed lr/betas/eps/weight decay/schedule options apply from the next step (README: resuming)
@@ -331,7 +341,10 @@ class Trainer:
         objective = loss_sum / max(count, 1.0)
         loss = (loss_sum - cfg.z_loss * z_sum) / max(count, 1.0)  # cross-entropy alone (nats per token)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        grad_norm = float(self.acc.clip_grad_norm_(self.lm.parameters(), max_norm))
+        if self.fsdp:  # global norm over the shards
+            grad_norm = clip_grad_norm(self.lm.parameters(), max_norm, sharded=True)
+        else:
+            grad_norm = float(self.acc.clip_grad_norm_(self.lm.parameters(), max_norm))
         lr = self.opt.param_groups[0]["lr"]
         verdict = "empty" if count == 0 else self.guard.check(objective, grad_norm)
         if verdict == "ok":
@@ -359,19 +372,23 @@ class Trainer:
         return record
 
     def save(self) -> Path:
-        """Checkpoint the current step (rank 0 writes; everyone waits)."""
+        """Checkpoint the current step (rank 0 writes, with --shard fsdp every rank its shards; everyone waits)."""
         self.acc.wait_for_everyone()
-        path = self.run_dir / "checkpoints"
-        if self.is_main:
-            st = self.state
+        path, st = self.run_dir / "checkpoints", self.state
 
-            def write_rest(tmp: Path) -> None:
-                save_resolved(tmp / "config.toml", to_dict(self.cfg))
-                write_trainer_state(tmp, st, self.opt.state_dict(), self.scheduler.state_dict())
+        def write_rest(tmp: Path) -> None:
+            save_resolved(tmp / "config.toml", to_dict(self.cfg))
+            optim = None if self.fsdp else self.opt.state_dict()  # fsdp: sharded in dcp/
+            write_trainer_state(tmp, st, optim, self.scheduler.state_dict())
 
+        if self.fsdp:
+            path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
+                                self.hooks.during_save)
+        elif self.is_main:
             need = 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, 2 moments
             path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_pretrained(self.model, tmp), write_rest,
                                     self.hooks.during_save, expected_bytes=need)
+        if self.is_main:
             prune(self.run_dir, self.cfg.keep_last)
         self.acc.wait_for_everyone()
         return latest_checkpoint(self.run_dir) or path

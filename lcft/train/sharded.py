@@ -1,0 +1,79 @@
+"""`--shard fsdp` in the trainer: FSDP2 applied to the loss model from outside (lcft.parallel.fsdp), and its
+checkpoints written and read shard by shard through torch.distributed.checkpoint (lcft.parallel.dcp).
+
+Accelerate keeps launch, accumulation and trackers; it does not wrap a sharded model (it would put DDP
+around it), and its own FSDP2 path builds its mesh from its own parallelism config, which knows nothing of
+lcft's cp groups and ContextParallelCore, so fully_shard is applied here instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lcft.model.io import write_model_folder
+from lcft.parallel.dcp import DCP_DIR, load_full_optimizer, load_state, save_state
+from lcft.parallel.fsdp import apply_fsdp, shard_mesh
+from lcft.runs import TMP_PREFIX, checkpoints_dir, step_name
+from lcft.train.checkpoint import write_checkpoint
+
+
+def shard_for_training(loss_model: nn.Module, device: torch.device, precision: str, offload: bool) -> bool:
+    """fully_shard every block of `loss_model.model` and the loss model itself (in place), over all ranks.
+    bf16 on CUDA: FSDP2's mixed precision (bf16 compute, fp32 master weights and reduction); bf16 on CPU:
+    autocast around the forward, as Accelerate does unsharded. A model built on the meta device (a sharded
+    checkpoint to read) gets empty local shards. Returns True when it did (the caller then fills them)."""
+    cuda = device.type == "cuda"
+    apply_fsdp(loss_model, loss_model.model.layers, shard_mesh(device.type), bf16=precision == "bf16" and cuda,
+               offload=offload and cuda)
+    if precision == "bf16" and not cuda:
+        loss_model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(loss_model.forward)
+    if any(p.is_meta for p in loss_model.parameters()):
+        loss_model.to_empty(device="cpu" if offload else device)
+        return True
+    return False
+
+
+def fill_weights(model: nn.Module, source: Path) -> None:
+    """Collective: each rank reads its shards of the model from a sharded checkpoint (--init of one)."""
+    load_state(model, None, source, no_dist=False)
+
+
+def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool) -> None:
+    """Optimizer state of the checkpoint resumed from, onto this run's layout. saved = its optimizer.pt (None:
+    the checkpoint is sharded, and the weights are read again with it, resharded). `optimizer` may be
+    Accelerate's wrapper."""
+    raw = getattr(optimizer, "optimizer", optimizer)
+    if saved is None:
+        load_state(model, raw, ckpt, no_dist=not sharded)
+    elif sharded:
+        load_full_optimizer(model, raw, saved)
+    else:
+        optimizer.load_state_dict(saved)
+
+
+def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,
+                 write_rest: Callable[[Path], None], between: Callable[[int, Path], None] | None) -> Path:
+    """Collective: every rank writes its shards of the model and optimizer into the checkpoint's temp folder
+    (`dcp/`); rank 0 adds config.json, lcft.json and the trainer state, then renames the folder (atomic, as
+    write_checkpoint). Nothing is gathered on one rank. The folder must be on a filesystem all ranks share."""
+    final = checkpoints_dir(run_dir) / step_name(step)
+    raw = getattr(optimizer, "optimizer", optimizer)
+    tmp = checkpoints_dir(run_dir) / (TMP_PREFIX + step_name(step))
+
+    def write_model(path: Path) -> None:
+        (path / DCP_DIR).mkdir()
+        dist.barrier()  # the temp folder exists: the other ranks write into it now
+        save_state(model, raw, path)
+        write_model_folder(path, model.config, {}, torch.float32)
+
+    if is_main:
+        return write_checkpoint(run_dir, step, write_model, write_rest, between)
+    dist.barrier()
+    save_state(model, raw, tmp)
+    return final

@@ -1,0 +1,126 @@
+"""`--shard fsdp` through the trainer (torchrun, gloo, fp32) against one process: fsdp on 2 ranks, dp 2 x cp 2 with
+fsdp over all 4, resumes across layouts (fsdp 2 -> 1 process, 1 process -> fsdp 2, fsdp cp=2 on 4 ranks -> fsdp
+cp=1 on 2), and the sharded checkpoints read by `lcft export` and `lcft eval`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.config import ConfigError
+from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.runner import evaluate
+from lcft.model import from_pretrained
+from lcft.parallel.dcp import is_sharded_checkpoint, read_model
+from lcft.train import TrainConfig, train
+from lcft.train.metrics import read_metrics
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 2 + 4 + 2 + 2 + 1 + 1 processes: ~90 s
+
+STEP = "checkpoints/step-{:08d}"
+
+
+def _base(data: Path, init: Path) -> dict:
+    return dict(data=str(data), init=str(init), seq_len=512, steps=3, global_batch=2, micro_batch=1, warmup=1,
+                lr=1e-3, precision="fp32", save_every=1, keep_last=0, progress=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
+    """one: 1 process, accumulation 2 (the oracle). fsdp2: 2 ranks. fsdp_dpcp: dp 2 x cp 2, fsdp over all 4.
+    to_one / from_one / cp2_to_cp1: step 1 of fsdp2 / one / fsdp_dpcp resumed on 1 process / fsdp 2 ranks /
+    fsdp 2 ranks with cp=1, then steps 2-3."""
+    root = tmp_path_factory.mktemp("fsdp")
+    base = _base(cp_data_dir, cp_init_dir)
+    train(TrainConfig(out=str(root / "one"), **base))
+    s = train(TrainConfig(out=str(root / "fsdp2"), nproc=2, shard="fsdp", **base))
+    assert s["world_size"] == 2 and s["step"] == 3
+    s = train(TrainConfig(out=str(root / "fsdp_dpcp"), nproc=4, cp=2, shard="fsdp", **base))
+    assert s["world_size"] == 4 and s["step"] == 3
+    train(TrainConfig(out=str(root / "to_one"), resume=str(root / "fsdp2" / STEP.format(1)), **base))
+    train(TrainConfig(out=str(root / "from_one"), resume=str(root / "one" / STEP.format(1)), nproc=2,
+                      shard="fsdp", **base))
+    train(TrainConfig(out=str(root / "cp2_to_cp1"), resume=str(root / "fsdp_dpcp" / STEP.format(1)), nproc=2,
+                      shard="fsdp", **base))
+    return root
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run)}
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return read_model(ckpt).state_dict()
+
+
+def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_fsdp_two_ranks_equals_one_process(runs):
+    one, two = _losses(runs / "one"), _losses(runs / "fsdp2")
+    assert sorted(two) == [1, 2, 3]
+    for step in (1, 2, 3):
+        assert two[step] == pytest.approx(one[step], abs=1e-6)
+    grads = [(r["grad_norm"], o["grad_norm"]) for r, o in zip(read_metrics(runs / "fsdp2"),
+                                                                read_metrics(runs / "one"), strict=True)]
+    assert [g for g, _ in grads] == pytest.approx([o for _, o in grads], rel=1e-5)
+    ckpt = runs / "fsdp2" / STEP.format(3)
+    assert is_sharded_checkpoint(ckpt) and not list(ckpt.glob("*.safetensors"))  # no rank gathered the model
+    assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # each rank wrote its own shards
+    _same_weights(_weights(ckpt), _weights(runs / "one" / STEP.format(3)))
+
+
+def test_fsdp_over_dp2_cp2_equals_one_process_with_accumulation(runs):
+    one, four = _losses(runs / "one"), _losses(runs / "fsdp_dpcp")
+    for step in (1, 2, 3):
+        assert four[step] == pytest.approx(one[step], rel=1e-5)
+    _same_weights(_weights(runs / "fsdp_dpcp" / STEP.format(3)), _weights(runs / "one" / STEP.format(3)))
+
+
+@pytest.mark.parametrize("run", ["to_one", "from_one", "cp2_to_cp1"])
+def test_resume_across_layouts_follows_the_straight_run(runs, run):
+    resumed, one = _losses(runs / run), _losses(runs / "one")
+    assert sorted(resumed) == [2, 3]
+    for step in (2, 3):
+        assert resumed[step] == pytest.approx(one[step], rel=1e-5)
+    _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / "one" / STEP.format(3)))
+
+
+def test_export_streams_a_sharded_checkpoint_into_safetensors(runs, tmp_path):
+    from typer.testing import CliRunner
+
+    from lcft.cli.app import app
+
+    out = tmp_path / "hf"
+    res = CliRunner().invoke(app, ["export", str(runs / "fsdp2"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "model.safetensors").is_file()
+    _same_weights(from_pretrained(out).state_dict(), _weights(runs / "one" / STEP.format(3)))
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.LlamaForCausalLM.from_pretrained(out)
+    ours = from_pretrained(runs / "one" / STEP.format(3))
+    ids = torch.randint(0, ours.config.vocab_size, (1, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_eval_reads_a_sharded_checkpoint(runs, tmp_path, cp_data_dir):
+    def report(ckpt: Path, name: str) -> dict:
+        return evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(ckpt),), max_windows=2,
+                                   out=str(tmp_path / name)))["checkpoints"][0]
+
+    sharded, plain = report(runs / "fsdp2" / STEP.format(3), "sharded"), report(runs / "one" / STEP.format(3), "one")
+    assert sharded["tokens"] == plain["tokens"]
+    assert sharded["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+def test_offload_params_needs_fsdp():
+    with pytest.raises(ConfigError, match="offload_params needs shard = 'fsdp'"):
+        TrainConfig(offload_params=True)
+    with pytest.raises(ConfigError, match="shard must be"):
+        TrainConfig(shard="zero3")
