@@ -161,16 +161,27 @@ def _is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def disk_full_error(exc: BaseException, folder: str | os.PathLike, needed: int | None) -> LcftError | None:
-    """A one-line LcftError naming the folder and the space a write needs, when `exc` means the disk is full
-    (None otherwise: the caller re-raises `exc`)."""
-    if not _is_disk_full(exc):
-        return None
-    folder = Path(folder)
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem of `folder` (or of its nearest existing parent); None when unknown."""
+    p = Path(folder)
+    while not p.exists() and p != p.parent:
+        p = p.parent
     try:
-        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+        return shutil.disk_usage(p).free
     except OSError:
-        free = None
+        return None
+
+
+def disk_full_error(exc: BaseException, folder: str | os.PathLike, needed: int | None,
+                    free_at_failure: int | None = None) -> LcftError | None:
+    """A one-line LcftError naming the folder and the space a write needs, when `exc` means the disk is full
+    (None otherwise: the caller re-raises `exc`). Some writers (torch's zip writer) report a full disk only as
+    a stream error: then the free space the caller measured right after the failure (under 1 MiB, or under
+    `needed`) decides."""
+    low = free_at_failure is not None and (free_at_failure < (1 << 20) or bool(needed) and free_at_failure < needed)
+    if not (_is_disk_full(exc) or low):
+        return None
+    free = free_bytes(folder)
     need = f"needs about {_mib(needed)}" if needed else "needs more space"
     have = f", {_mib(free)} free" if free is not None else ""
     return LcftError(f"no space left on the device of {folder}: this write {need}{have}")

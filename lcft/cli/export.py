@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         """Export a trained model in HuggingFace's Llama layout."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
-        from lcft.files import folder_lock
+        from lcft.files import LOCK_NAME, folder_lock
         from lcft.model.io import export_pretrained
         from lcft.parallel.dcp import export_sharded, is_sharded_checkpoint
         from lcft.runs import resolve_checkpoint
@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file
-        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        if out.exists() and (not out.is_dir() or any(f.name != LOCK_NAME for f in out.iterdir())) and not force:
             raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
         cast = getattr(torch, dtype) if dtype else None
         before = set(out.iterdir()) if out.is_dir() else set()
@@ -68,12 +68,13 @@ def _fail_cleanly(e: Exception, out: Path, before: set[Path], needed: int) -> No
     """Remove what this export wrote into `out`; a full disk becomes a one-line error (others re-raise)."""
     import shutil
 
-    from lcft.files import LOCK_NAME, disk_full_error
+    from lcft.files import LOCK_NAME, disk_full_error, free_bytes
 
+    free = free_bytes(out)  # before the partial files' space comes back
     for p in set(out.iterdir()) - before:
         if p.name != LOCK_NAME:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    err = disk_full_error(e, out, needed)
+    err = disk_full_error(e, out, needed, free)
     if err is None:
         raise e
     raise LcftError(f"cannot export to {out}: {err}") from None

@@ -41,6 +41,9 @@ class EvalConfig(ParallelConfig):
     """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""
     out: str = "reports/eval"
     """Output folder for eval.json, loss_by_position.csv, loss_by_position.png and eval.toml."""
+    verify_data: bool = True
+    """Check the split's files against the manifest's sha256 before evaluating (one full read of them: about
+    a second per GB; --no-verify-data skips it for very large sets, then a damaged byte goes unnoticed)."""
 
     def __post_init__(self) -> None:
         self.checkpoints = tuple(str(c) for c in self.checkpoints)

@@ -17,6 +17,7 @@ from lcft.evaluate.binning import PositionSums, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
+from lcft.files import folder_lock
 from lcft.genomics.tokenizer import A, T
 from lcft.launch import launch, launched
 from lcft.parallel.config import ParallelConfig
@@ -153,12 +154,15 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
 
 
 def open_split(cfg: EvalConfig):
-    """The split's WindowSet, limited to --max-windows; an empty split is an error."""
-    from lcft.genomics import open_windows
+    """The split's WindowSet, limited to --max-windows, its files checked against the manifest first (unless
+    --no-verify-data); an empty split is an error."""
+    from lcft.genomics import open_windows, verify_windows
 
     data = Path(cfg.data)
     if not data.is_dir():
         raise LcftError(f"data folder not found: {data}")
+    if cfg.verify_data:
+        verify_windows(data, (cfg.split,))  # names the corrupt file; a flipped byte is not evaluated silently
     ws = open_windows(data, cfg.split)
     if len(ws) == 0:
         raise LcftError(f"split {cfg.split!r} of {data} has no windows: nothing to evaluate")
@@ -207,18 +211,21 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     n_windows = len(ws) if not cfg.max_windows else min(cfg.max_windows, len(ws))
     device = _device(cfg.device)
     edges = bin_edges(ws.length, cfg.bins, cfg.bin_scale)
-    parallel = None
+    parallel, lock = None, contextlib.ExitStack()
     try:
         if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
             parallel = EvalParallel(ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv), device)
             for info in infos:
                 parallel.check(ws.length, info.block_size(_default_block_size()), [info.max_context])
             progress = progress and parallel.is_main
+        if parallel is None or parallel.is_main:
+            lock.enter_context(folder_lock(cfg.out, "lcft eval"))  # one writer per output folder
         results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress)
         report = build_report(cfg, ws, n_windows, infos, results, edges)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
     finally:
+        lock.close()
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
             parallel.close()
     return report

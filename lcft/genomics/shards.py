@@ -225,12 +225,38 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     return m
 
 
-def verify_windows(out_dir: str | os.PathLike) -> dict:
-    """Recompute sizes and sha256 of every file the manifest lists; raise LcftError naming the first corrupt
-    file. Returns the manifest."""
+def expected_sizes(m: dict, split: str) -> dict[str, int]:
+    """Bytes each file of a split must hold for the manifest's windows: n windows of L tokens (ids at the
+    manifest's dtype, soft mask L/8 bytes; model tokenizers also uint16 bases per token and a bit per base)."""
+    records = [r for r in m.get("records", []) if r.get("split") == split]
+    n, length = len(records), int(m.get("length", 0))
+    sizes = {bin_name(split): n * length * np.dtype(m.get("ids_dtype", "uint8")).itemsize,
+             softmask_name(split): n * length // 8}
+    if "bases_file" in m:  # names as window_set.bases_name / basemask_name
+        sizes[f"{split}.bases.bin"] = n * length * 2
+        sizes[f"{split}.basemask.bin"] = sum((r["end"] - r["start"] + 7) // 8 for r in records)
+    return sizes
+
+
+def _check_layout(d: Path, m: dict, split: str, files: dict) -> None:
+    """The manifest agrees with itself: each listed size is what its windows need (the reader maps by it)."""
+    for name, want in expected_sizes(m, split).items():
+        if name in files and files[name].get("bytes") != want:
+            n = sum(r.get("split") == split for r in m.get("records", []))
+            raise LcftError(f"{d / MANIFEST} is inconsistent: {name} should hold {want} bytes for {n} windows "
+                            f"of {m.get('length')} tokens, the manifest lists {files[name].get('bytes')}")
+
+
+def verify_windows(out_dir: str | os.PathLike, splits: tuple[str, ...] | None = None) -> dict:
+    """Check the manifest against itself (file sizes for its windows), then recompute sizes and sha256 of every
+    file it lists (of `splits` only, when given, plus the tokenizer's); raise LcftError naming the first
+    inconsistent or corrupt file. Returns the manifest."""
     d = Path(out_dir)
     m = read_manifest(d)
-    groups = [(f"{split} split", info["files"]) for split, info in m["splits"].items()]
+    chosen = {k: v for k, v in m["splits"].items() if splits is None or k in splits}
+    for split, info in chosen.items():
+        _check_layout(d, m, split, info["files"])
+    groups = [(f"{split} split", info["files"]) for split, info in chosen.items()]
     for what, files in [*groups, ("tokenizer", m.get("files", {}))]:
         for name, meta in files.items():
             p = d / name

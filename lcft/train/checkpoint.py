@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
-from lcft.files import atomic_write, disk_full_error, file_hash, read_json
+from lcft.files import atomic_write, disk_full_error, file_hash, free_bytes, read_json
 from lcft.runs import (
     CHECKSUMS,
     STATE_DIR,
@@ -164,8 +164,9 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
         write_checksums(tmp)
         _fsync_tree(tmp)
     except Exception as e:
+        free = free_bytes(root)  # before the temp folder's space comes back
         shutil.rmtree(tmp, ignore_errors=True)
-        err = disk_full_error(e, root, expected_bytes)
+        err = disk_full_error(e, root, expected_bytes, free)
         if err is None:
             raise
         last = latest_checkpoint(run_dir)
