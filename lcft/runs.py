@@ -163,19 +163,22 @@ def read_model_meta(ckpt: Path) -> dict[str, Any]:
     return read_json(ckpt / MODEL_META) if (ckpt / MODEL_META).is_file() else {}
 
 
-def _describe(spec: dict[str, Any]) -> str:
-    return f"{spec.get('name', '?')} with {spec.get('vocab_size', '?')} tokens"
-
-
 def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
-    """A model folder must read the data's vocabulary: the tokenizer spec it records (ours do, in lcft.json)
-    equals the data's, and config.json's vocab_size equals the data's (both checked: a spec alone would let a
-    resized embedding through)."""
+    """A model folder must read the data's vocabulary: the tokenizer it records (ours do, in lcft.json; a
+    published model by its own tokenizer.json, when the data was cut with a model tokenizer) gives the same ids
+    (same content hash, lcft.genomics.hf_tokenizer.same_tokenizer), and config.json's vocab_size equals the
+    data's (both checked: a spec alone would let a resized embedding through)."""
+    from lcft.genomics.hf_tokenizer import describe, folder_tokenizer_spec, same_tokenizer
+
     spec = read_model_meta(ckpt).get("tokenizer")
-    if spec is not None and spec != data_tokenizer:
+    if spec is None and "sha256" in data_tokenizer:
+        spec = folder_tokenizer_spec(ckpt)
+    if spec is not None and not same_tokenizer(spec, data_tokenizer):
         raise LcftError(f"checkpoint {ckpt} was trained with a different tokenizer than the data "
-                        f"({_describe(spec)} vs {_describe(data_tokenizer)})")
+                        f"({describe(spec)} vs {describe(data_tokenizer)}); prepare the data with the model's "
+                        "tokenizer (--tokenizer) or start from a model of the data's")
     vocab, want = read_model_config(ckpt).get("vocab_size"), data_tokenizer.get("vocab_size")
     if vocab != want:
-        raise LcftError(f"{ckpt}: vocab_size {vocab} differs from the data tokenizer's {want} "
-                        "(a model of another vocabulary cannot read these windows)")
+        why = "the data's vocabulary is larger than the model's embedding" if (vocab or 0) < (want or 0) else \
+            "a model of another vocabulary cannot read these windows"
+        raise LcftError(f"{ckpt}: vocab_size {vocab} differs from the data tokenizer's {want} ({why})")
