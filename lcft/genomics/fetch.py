@@ -30,6 +30,22 @@ from lcft.genomics.fasta import FastaFile, gzip_kind
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
 BLOCK = 1 << 20
 NO_MD5 = "skip"
+SCHEMES = ("http", "https")
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to another http(s) URL (urllib's default also follows one to ftp://)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's API)
+        target = urllib.parse.urljoin(req.full_url, newurl)
+        if urllib.parse.urlparse(target).scheme not in SCHEMES:
+            raise LcftError(f"{req.full_url} redirects to {target}: not an http(s) URL (refused)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _open(req: str | urllib.request.Request, timeout: float):  # -> http.client.HTTPResponse
+    """urlopen whose every redirect hop must be http(s)."""
+    return urllib.request.build_opener(_HttpOnlyRedirects).open(req, timeout=timeout)
 
 
 def published_md5(url: str, timeout: float = 60) -> str:
@@ -37,7 +53,7 @@ def published_md5(url: str, timeout: float = 60) -> str:
     name = os.path.basename(urllib.parse.urlparse(url).path)
     md5_url = urllib.parse.urljoin(url, "md5sum.txt")
     try:
-        with urllib.request.urlopen(md5_url, timeout=timeout) as r:
+        with _open(md5_url, timeout) as r:
             text = r.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as e:
         raise LcftError(f"cannot read the published md5 at {md5_url} ({e}); pass --md5 HEX or --md5 {NO_MD5}") from None
@@ -53,7 +69,7 @@ def _download_once(url: str, part: Path, bar: Progress | None, task: int | None,
     have = part.stat().st_size if part.exists() else 0
     req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
-        resp = urllib.request.urlopen(req, timeout=timeout)
+        resp = _open(req, timeout)
     except urllib.error.HTTPError as e:
         if e.code == 416 and have:  # nothing left to send: the part file is complete
             return
@@ -147,7 +163,7 @@ def fetch_fasta(
         if name not in KNOWN:
             raise LcftError(f"unknown genome {name!r}: known are {', '.join(KNOWN)} (or pass --url)")
         url = KNOWN[name]
-    if urllib.parse.urlparse(url).scheme not in ("http", "https"):
+    if urllib.parse.urlparse(url).scheme not in SCHEMES:
         raise LcftError(f"not an http(s) URL: {url}")
     out_dir = Path(out)
     try:
