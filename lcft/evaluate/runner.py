@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,10 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
         info = CheckpointInfo.read(given, label, ctx)
         info.check_tokenizer(tokenizer)
         info.check_max_context(window, info.block_size(block))
+        declared = info.config.get("max_position_embeddings")
+        if isinstance(declared, int) and (info.max_context or window) > declared:
+            print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "
+                  f"max_position_embeddings {declared}", file=sys.stderr)
         if info.path not in hashes:
             hashes[info.path] = weights_sha256(info.path)
             check_weights_readable(info.path)

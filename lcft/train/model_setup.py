@@ -64,3 +64,20 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
             fresh.load_state_dict(model.state_dict(), strict=True)
         model = fresh
     return model
+
+
+def declare_context(model_cfg: LlamaConfig, seq_len: int) -> str | None:
+    """A run longer than the model's max_position_embeddings raises it to seq_len, so its checkpoints declare
+    the context they were trained at; returns the warning to show (None within the declared context). Dynamic
+    RoPE scaling reads max_position_embeddings as its original length: there it is kept, and the warning says
+    so (yarn and llama3 keep their original length in rope_scaling, so raising it changes no frequency)."""
+    old = model_cfg.max_position_embeddings
+    if seq_len <= old:
+        return None
+    head = f"--seq-len {seq_len} is longer than the model's max_position_embeddings {old}"
+    scaling = model_cfg.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "dynamic":
+        return f"{head}; dynamic RoPE scaling takes it as the original length, so it is kept"
+    model_cfg.max_position_embeddings = seq_len
+    hint = "" if scaling else f" (RoPE is not rescaled; --rope-scaling yarn:{seq_len / old:g}:{old} would interpolate)"
+    return f"{head}; the checkpoints record max_position_embeddings {seq_len}{hint}"

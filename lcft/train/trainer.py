@@ -47,7 +47,7 @@ from lcft.train.config import TrainConfig, absolute_paths, diff, load_run_config
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
-from lcft.train.model_setup import build_model
+from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision
 from lcft.train.sharded import fill_weights, restore_optimizer, save_sharded, shard_for_training
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
@@ -212,6 +212,8 @@ class Trainer:
         blocks = attn.backend == "sparse" or cp > 1  # dense attention at cp=1 takes any length
         check_length(self.seq_len, cp, attn.sparse.block_size if blocks else 1, what="--seq-len", window=window,
                      block_name="sparse attention block")
+        if (warning := declare_context(self.model.config, self.seq_len)) is not None:
+            self._note(f"warning: {warning}")
 
     def _start_run_dir(self) -> None:
         cfg = self.cfg
