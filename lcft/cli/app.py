@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from lcft import __version__
-from lcft.cli import demo, eval, export, prepare, train
+from lcft.cli import demo, eval, export, plan, prepare, train
 
 app = typer.Typer(
     name="lcft",
@@ -29,7 +29,7 @@ def _root(
     """lcft: long-context fine-tuning on genomes."""
 
 
-for _mod in (prepare, train, eval, export, demo):
+for _mod in (prepare, train, plan, eval, export, demo):
     _mod.register(app)
 
 

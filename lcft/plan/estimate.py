@@ -1,0 +1,236 @@
+"""Per-rank memory of a training layout, from the model config and the layout alone (formulas: docs/plan.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from lcft.model.config import LlamaConfig
+from lcft.model.llama import DEFAULT_SEQ_CHUNK
+from lcft.parallel.cp_stream import DEFAULT_PIECES
+from lcft.train.memory import LONG_WINDOW
+
+GIB = 1 << 30
+CUDA_RUNTIME = 1 * GIB
+"""CUDA context, NCCL buffers and caching-allocator slack per GPU process, beyond the tensors counted here."""
+CPU_RUNTIME = 128 << 20
+"""Allocator, autograd and oneDNN working memory of a CPU training process beyond its tensors and beyond the
+imports (measured at 512-2K tokens on the tiny preset; benchmarks/plan.py)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one run is spread over ranks, and the options that change its memory."""
+
+    seq_len: int
+    world: int = 1
+    cp: int = 1
+    micro_batch: int = 1
+    shard: Literal["none", "fsdp"] = "none"
+    offload_params: bool = False
+    checkpointing: Literal["none", "block"] = "none"
+    offload_activations: bool = False
+    seq_chunk: int = DEFAULT_SEQ_CHUNK
+    cp_kv: Literal["all", "selected", "stream"] = "all"
+    precision: Literal["fp32", "bf16"] = "bf16"
+    device: Literal["cuda", "cpu"] = "cuda"
+    loss_chunk: int = 8192
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one sequence this rank holds: seq_len / cp."""
+        return self.seq_len // self.cp
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per rank on the device, by what holds them; `host` = what offloading moved to CPU memory."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    weight_copies: int
+    activations: int
+    kv: int
+    transient: int
+    runtime: int
+    host: int
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer + self.weight_copies + self.activations
+                + self.kv + self.transient + self.runtime)
+
+    def rows(self) -> list[tuple[str, int]]:
+        """(label, bytes) in the order a report shows them."""
+        names = ("parameters", "gradients", "optimizer", "weight_copies", "activations", "kv", "transient",
+                 "runtime")
+        return [(n, getattr(self, n)) for n in names]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a model the formulas need (per block unless named otherwise)."""
+
+    hidden: int
+    inter: int
+    layers: int
+    q_width: int
+    kv_width: int
+    vocab: int
+    head_dim: int
+    experts: int
+    top_experts: int
+    qk_norm: bool
+    tied: bool
+    sparse: bool
+    block: int
+    budget: int
+
+    @classmethod
+    def of(cls, cfg: LlamaConfig) -> Shape:
+        spec = cfg.attention.sparse
+        d = int(cfg.head_dim)
+        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads * d,
+                   cfg.num_key_value_heads * d, cfg.vocab_size, d, cfg.num_local_experts, cfg.num_experts_per_tok,
+                   cfg.qk_norm, cfg.tie_word_embeddings, cfg.attention.backend == "sparse", spec.block_size,
+                   spec.top_k + spec.local_blocks + spec.sink_blocks + 1)
+
+    @property
+    def block_matrices(self) -> int:
+        """Weights of the matrices of one block: q/k/v/o projections and the MLP (every expert, + router)."""
+        attn = 2 * self.hidden * self.q_width + 2 * self.hidden * self.kv_width
+        mlp = 3 * self.hidden * self.inter * max(1, self.experts) + self.hidden * self.experts
+        return attn + mlp
+
+    @property
+    def block_params(self) -> int:
+        """One block's parameters: its matrices, two norms, (Qwen3) the q/k norms; biases are negligible."""
+        return self.block_matrices + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks: embedding, final norm, LM head (unless tied)."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + self.root_params
+
+    @property
+    def saved_per_token(self) -> int:
+        """Values one block saves for backward per token (plain path): its input and the attention norm's
+        input to the fused qkv matmul (2H), q, k, v and the core output (2 q + 2 kv widths), the output
+        projection's contiguous input (q width), the residual and the MLP norm's output (2H), the fused
+        gate|up output and silu(gate) and their product (4I, per routed expert under MoE); Qwen3 adds the
+        q/k norm inputs."""
+        inter = self.inter * (self.top_experts if self.experts else 1)
+        qk = self.q_width + self.kv_width if self.qk_norm else 0
+        return 4 * self.hidden + 3 * self.q_width + 2 * self.kv_width + 4 * inter + qk
+
+
+def _bytes(precision: str) -> int:
+    return 2 if precision == "bf16" else 4
+
+
+def state_bytes(shape: Shape, lay: Layout) -> tuple[int, int, int, int]:
+    """(parameters, gradients, optimizer state, host bytes): fp32 master weights (4 B), fp32 gradients
+    (4 B), AdamW's two fp32 moments (8 B) per parameter; fsdp divides each by the world (every rank of
+    dp x cp holds a shard); DDP on several ranks keeps a second gradient copy in its buckets; offload_params
+    (fsdp) keeps all three in host memory."""
+    p = shape.params
+    if lay.shard == "fsdp":
+        per = -(-p // lay.world)  # ceil: the last shard is padded
+        params, grads, optim = 4 * per, 4 * per, 8 * per
+        if lay.offload_params:
+            return 0, 0, 0, params + grads + optim
+        return params, grads, optim, 0
+    buckets = 4 * p if lay.world > 1 else 0
+    return 4 * p, 4 * p + buckets, 8 * p, 0
+
+
+def weight_copy_bytes(shape: Shape, lay: Layout) -> int:
+    """Working copies of weights: the fused qkv and gate|up matrices each block builds (saved for backward, so
+    every block's under no checkpointing, one block's under block checkpointing) in the compute dtype; fsdp
+    adds the all-gathered unsharded parameters of two blocks (the current one and the prefetched next) and
+    of the root (embedding, head) in the compute dtype."""
+    a = _bytes(lay.precision)
+    fused = shape.hidden * (shape.q_width + 2 * shape.kv_width) + 2 * shape.hidden * shape.inter * max(1, shape.experts)
+    held = 1 if lay.checkpointing == "block" else shape.layers
+    out = held * fused * a
+    if lay.shard == "fsdp":
+        out += (2 * shape.block_params + shape.root_params) * a
+    return out
+
+
+def kv_bytes(shape: Shape, lay: Layout) -> int:
+    """K/V (and their gradients) from the other cp ranks that this rank holds for the layer being computed,
+    per --cp-kv mode; under no checkpointing the gathered K/V of every layer are also saved for backward.
+    all: the window's K/V; selected: the remote blocks the local query blocks pick (at most budget - local -
+    own blocks per query block, at most the rest of the window); stream: (cp - 1) / pieces of one shard."""
+    if lay.cp == 1:
+        return 0
+    a, b, n = _bytes(lay.precision), lay.micro_batch, lay.local_tokens
+    remote = lay.seq_len - n
+    if lay.cp_kv == "selected" and shape.sparse:
+        q_blocks = n // shape.block
+        remote = min(remote, q_blocks * (shape.budget - 2) * shape.block)
+    elif lay.cp_kv == "stream":
+        pieces = min(DEFAULT_PIECES, max(1, 2 * n // max(1, shape.block) // 2))
+        remote = (lay.cp - 1) * n // pieces
+    one_layer = 2 * 2 * remote * shape.kv_width * a * b  # K and V, and their gradients
+    saved = 0
+    if lay.checkpointing == "none" and lay.cp_kv != "stream":
+        saved = (shape.layers - 1) * 2 * remote * shape.kv_width * a * b  # K and V of the other layers
+    return one_layer + saved
+
+
+def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
+    """(activations held across the step, transient of the block being worked on), per rank.
+
+    none: every block's saved values (saved_per_token x local tokens) plus the model's own (embedding output,
+    final norm input and output: 3H per token). block: each block's input (H per token; 0 with
+    offload_activations) plus the model's own, and while one block is recomputed its saved values; with
+    seq_chunk only the attention core's q, k, v, out are whole-length, the rest chunk-sized. The transient is
+    the gradients of one block's saved values and of the hidden state (fp32), and the loss chunk's logits."""
+    a, b, n = _bytes(lay.precision), lay.micro_batch, lay.local_tokens
+    tokens = b * n
+    own = 3 * shape.hidden * a * tokens + 4 * shape.head_dim * tokens  # + cos/sin (fp32)
+    per_block = shape.saved_per_token * a
+    if lay.checkpointing == "none":
+        held = shape.layers * per_block * tokens + own
+        recompute = 0
+    else:
+        inputs = 0 if lay.offload_activations else shape.layers * shape.hidden * a * tokens
+        held = inputs + own
+        if lay.seq_chunk and n > lay.seq_chunk:
+            core = (2 * shape.q_width + 2 * shape.kv_width) * a * tokens
+            recompute = core + 2 * per_block * b * lay.seq_chunk
+        else:
+            recompute = per_block * tokens
+    loss = 3 * min(lay.loss_chunk, tokens) * shape.vocab * 4
+    grads = (per_block if lay.checkpointing == "none" or not lay.seq_chunk or n <= lay.seq_chunk
+             else (2 * shape.q_width + 2 * shape.kv_width) * a) * tokens
+    transient = recompute + grads + 2 * shape.hidden * 4 * tokens + loss
+    if lay.device == "cpu" and lay.checkpointing == "block" and lay.seq_len < LONG_WINDOW:
+        # Below LONG_WINDOW the trainer leaves glibc's adaptive mmap threshold alone (lcft.train.memory): the
+        # freed buffers of the recompute stay in the heap, so the process holds them a second time.
+        transient += recompute
+    return held, transient
+
+
+def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
+    """Every per-rank figure of `lay` for the model `cfg`."""
+    shape = Shape.of(cfg)
+    params, grads, optim, host = state_bytes(shape, lay)
+    held, transient = activation_bytes(shape, lay)
+    if lay.offload_activations:
+        host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
+    runtime = CUDA_RUNTIME if lay.device == "cuda" else CPU_RUNTIME
+    return Estimate(params, grads, optim, weight_copy_bytes(shape, lay), held, kv_bytes(shape, lay), transient,
+                    runtime, host)
+
+
+def with_changes(lay: Layout, **changes: object) -> Layout:
+    return dataclasses.replace(lay, **changes)

@@ -1,0 +1,165 @@
+"""`lcft plan`: the layout a train config describes, its per-rank memory, a verdict, and changes that would fit."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from lcft.errors import LcftError
+from lcft.model.config import LlamaConfig
+from lcft.plan.config import PlanConfig
+from lcft.plan.estimate import GIB, Estimate, Layout, Shape, estimate, with_changes
+
+LABELS = {
+    "parameters": "parameters (fp32 master)",
+    "gradients": "gradients (fp32)",
+    "optimizer": "optimizer state (AdamW, fp32)",
+    "weight_copies": "weight working copies",
+    "activations": "activations held",
+    "kv": "K/V from other cp ranks",
+    "transient": "block transient (backward)",
+    "runtime": "runtime (context, allocator)",
+}
+
+
+def model_config(cfg: PlanConfig) -> LlamaConfig:
+    """The model of the plan: --init's config.json (a run folder means its latest checkpoint), else the preset;
+    with the attention options applied. No weights are read."""
+    from lcft.model import preset
+    from lcft.model.io import read_config
+    from lcft.runs import resolve_checkpoint
+    from lcft.train.model_setup import attention_override
+
+    if cfg.init:
+        model = read_config(resolve_checkpoint(cfg.init))
+    else:
+        model = preset(cfg.preset)
+    model.attention = attention_override(cfg, model.attention)
+    return model
+
+
+def _seq_len(cfg: PlanConfig) -> int:
+    if cfg.seq_len:
+        return int(cfg.seq_len)
+    if cfg.data:
+        from lcft.files import read_json
+
+        return int(read_json(f"{cfg.data}/manifest.json")["length"])
+    raise LcftError("give --seq-len (or --data, whose window length is the default)")
+
+
+def layout(cfg: PlanConfig, model: LlamaConfig) -> Layout:
+    """The Layout of a plan config (precision auto = bf16 on CUDA; on CPU as `lcft train` would choose)."""
+    from lcft.train.precision import choose_precision
+
+    world = cfg.world
+    if world % cfg.cp:
+        raise LcftError(f"--cp {cfg.cp} does not divide the world of {world} GPUs")
+    seq = _seq_len(cfg)
+    block = model.attention.sparse.block_size
+    if cfg.cp > 1 and seq % (2 * cfg.cp * block):
+        raise LcftError(f"--seq-len {seq} is not a multiple of 2 x cp x block = {2 * cfg.cp * block}")
+    precision = choose_precision(cfg.precision, cfg.device == "cpu")[0]
+    shard = getattr(cfg, "shard", "none") if world > 1 else "none"
+    return Layout(seq_len=seq, world=world, cp=cfg.cp, micro_batch=cfg.micro_batch, shard=shard,
+                  offload_params=bool(getattr(cfg, "offload_params", False)) and shard == "fsdp",
+                  checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations, cp_kv=cfg.cp_kv,
+                  precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One change to a layout, as the flags that make it."""
+
+    flags: str
+    changes: dict
+
+
+def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
+    block = model.attention.sparse.block_size
+    if lay.micro_batch > 1:
+        yield Option("--micro-batch 1", {"micro_batch": 1})
+    if lay.checkpointing == "none":
+        yield Option("--checkpointing block", {"checkpointing": "block"})
+    cp = lay.cp * 2
+    while cp <= lay.world:
+        if lay.world % cp == 0 and lay.seq_len % (2 * cp * block) == 0:
+            yield Option(f"--cp {cp}", {"cp": cp})
+        cp *= 2
+    if lay.cp_kv != "stream":
+        yield Option("--cp-kv stream", {"cp_kv": "stream"})
+    if lay.shard == "none" and lay.world > 1:
+        yield Option("--shard fsdp", {"shard": "fsdp"})
+    if not lay.offload_activations:
+        block_flag = "--checkpointing block " if lay.checkpointing == "none" else ""
+        yield Option(f"{block_flag}--offload-activations", {"offload_activations": True, "checkpointing": "block"})
+    if not lay.offload_params and lay.world > 1:
+        shard_flag = "--shard fsdp " if lay.shard == "none" else ""
+        yield Option(f"{shard_flag}--offload-params", {"offload_params": True, "shard": "fsdp"})
+
+
+def _valid(lay: Layout) -> bool:
+    return not (lay.cp_kv == "stream" and lay.cp == 1)  # stream only changes a cp run
+
+
+def fitting_changes(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5) -> list[tuple[str, Estimate]]:
+    """Up to `limit` sets of at most three changes (fewest first, then least memory) under which `lay` fits
+    in `budget` bytes per GPU; a set that contains a smaller fitting set is not listed."""
+    opts = list(_options(lay, model))
+    found: list[tuple[frozenset[str], str, Estimate]] = []
+    for size in (1, 2, 3):
+        for combo in itertools.combinations(opts, size):
+            keys_set = [k for o in combo for k in o.changes]
+            if len(keys_set) != len(set(keys_set)):
+                continue  # two options setting the same thing (two --cp values; offload implying a mode)
+            keys = frozenset(o.flags for o in combo)
+            if any(prev <= keys for prev, _, _ in found):
+                continue
+            changed = with_changes(lay, **{k: v for o in combo for k, v in o.changes.items()})
+            if not _valid(changed):
+                continue
+            est = estimate(model, changed)
+            if est.total <= budget:
+                found.append((keys, " ".join(o.flags for o in combo), est))
+    found.sort(key=lambda f: (len(f[0]), f[2].total))
+    return [(flags, est) for _, flags, est in found[:limit]]
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f} GiB"
+
+
+def report(cfg: PlanConfig) -> tuple[str, bool]:
+    """(the text `lcft plan` prints, whether the layout fits)."""
+    model = model_config(cfg)
+    lay = layout(cfg, model)
+    est = estimate(model, lay)
+    budget = cfg.gpu_bytes
+    shape = Shape.of(model)
+    dp = lay.world // lay.cp
+    lines = [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
+             f"{model.attention.backend} attention)",
+             f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
+             f"{' + offload-params' if lay.offload_params else ''}; {lay.seq_len:,} tokens x micro-batch "
+             f"{lay.micro_batch}; checkpointing {lay.checkpointing}"
+             f"{' + offload' if lay.offload_activations else ''}; cp-kv {lay.cp_kv}; {lay.precision}",
+             "per rank:"]
+    lines += [f"  {LABELS[name]:<32}{_gib(value)}" for name, value in est.rows()]
+    lines.append(f"  {'total':<32}{_gib(est.total)}   of {budget / GIB:.2f} GiB")
+    if est.host:
+        lines.append(f"  {'host memory (offloaded)':<32}{_gib(est.host)}")
+    fits = est.total <= budget
+    if fits:
+        lines.append(f"verdict: fits ({(budget - est.total) / GIB:.2f} GiB to spare)")
+        return "\n".join(lines), True
+    lines.append(f"verdict: does not fit ({(est.total - budget) / GIB:.2f} GiB over)")
+    options = fitting_changes(model, lay, budget)
+    if options:
+        lines.append("it would fit with:")
+        lines += [f"  {flags:<60}{_gib(e.total)}" for flags, e in options]
+    else:
+        lines.append("no combination of up to three of --checkpointing block, --cp, --cp-kv stream, --shard fsdp, "
+                     "--offload-activations, --offload-params, --micro-batch 1 fits: more GPUs or a shorter "
+                     "--seq-len")
+    return "\n".join(lines), False

@@ -1,0 +1,140 @@
+"""`lcft plan`: parameter counts against built models, saved activations against autograd's own saved tensors,
+the per-rank estimate against the peak RSS of real CPU runs (within 25%), the sharding formulas, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.model import Llama, LlamaConfig, preset, save_pretrained
+from lcft.plan.config import parse_bytes
+from lcft.plan.estimate import Layout, Shape, activation_bytes, estimate
+from lcft.train.step import LossModel
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan.py"
+runner = CliRunner()
+
+SHAPES = {
+    "tiny": preset("tiny"),
+    "small": preset("small"),
+    "qwen3": LlamaConfig(hidden_size=128, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=48, qk_norm=True, model_type="qwen3"),
+    "mixtral": LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, model_type="mixtral"),
+    "tied": LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_parameter_count_matches_the_built_model(name: str) -> None:
+    assert Shape.of(SHAPES[name]).params == Llama(SHAPES[name]).num_parameters()
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3"])
+def test_saved_activations_match_autograd(name: str) -> None:
+    """The planned 'activations held' + the fused weight copies against the bytes of every tensor storage
+    autograd saves in a real forward of the loss (no checkpointing, fp32)."""
+    cfg, length = SHAPES[name], 1024
+    lm = LossModel(Llama(cfg), 1e-4, 8192)
+    storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in lm.parameters()}  # saved weights are not activations
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in weights:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(4, 8, (1, length))  # (1, L)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lm(ids, ids)
+    saved = sum(storages.values())
+    lay = Layout(length, precision="fp32", device="cpu")
+    est = estimate(cfg, lay)
+    planned = est.activations + est.weight_copies
+    assert abs(planned / saved - 1) < 0.10, (planned, saved)
+
+
+def test_fsdp_divides_the_state_by_the_world() -> None:
+    cfg = preset("1b")
+    none = estimate(cfg, Layout(8192, world=8, checkpointing="block"))
+    fsdp = estimate(cfg, Layout(8192, world=8, checkpointing="block", shard="fsdp"))
+    off = estimate(cfg, Layout(8192, world=8, checkpointing="block", shard="fsdp", offload_params=True))
+    p = Shape.of(cfg).params
+    assert none.parameters == 4 * p and none.gradients == 8 * p and none.optimizer == 8 * p  # DDP buckets
+    assert fsdp.parameters == 4 * -(-p // 8) and fsdp.optimizer == 8 * -(-p // 8)
+    assert off.parameters == off.gradients == off.optimizer == 0 and off.host == 16 * -(-p // 8)
+    assert none.activations == fsdp.activations  # sharding moves state, not activations
+
+
+def test_cp_and_checkpointing_shrink_activations() -> None:
+    shape = Shape.of(preset("1b"))
+    full = sum(activation_bytes(shape, Layout(1 << 16)))
+    cp4 = sum(activation_bytes(shape, Layout(1 << 16, world=4, cp=4)))
+    block = sum(activation_bytes(shape, Layout(1 << 16, checkpointing="block")))
+    assert cp4 == pytest.approx(full / 4, rel=0.02)
+    assert block < full / 5
+    stream = estimate(preset("1b"), Layout(1 << 20, world=8, cp=8, cp_kv="stream", checkpointing="block")).kv
+    gathered = estimate(preset("1b"), Layout(1 << 20, world=8, cp=8, cp_kv="all", checkpointing="block")).kv
+    assert stream < gathered / 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [("tiny", 2048, "none"), ("tiny", 2048, "block")])
+def test_estimate_within_25_percent_of_measured_rss(case: tuple[str, int, str], tmp_path: Path) -> None:
+    """A real 2-step CPU run in a fresh process: peak RSS above the post-import baseline against the plan."""
+    sys.path.insert(0, str(BENCH.parent))
+    import plan as bench  # benchmarks/plan.py: the same child the benchmark table uses
+
+    name, seq, ck = case
+    spec = {"preset": name, "seq_len": seq, "cp": 1, "nproc": 1, "checkpointing": ck,
+            "data": bench.prepare(tmp_path, seq), "out": str(tmp_path / "run")}
+    m = bench.measure(spec, timeout=600)
+    measured, planned = m["peak"] - m["base"], bench.planned(spec)
+    assert abs(planned / measured - 1) <= 0.25, (planned, measured)
+
+
+def test_cli_fits_and_does_not_fit(tmp_path: Path) -> None:
+    ok = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "64K", "--checkpointing", "block"])
+    assert ok.exit_code == 0, ok.output
+    assert "verdict: fits" in ok.output and "activations held" in ok.output
+    big = runner.invoke(app, ["plan", "--preset", "1b", "--seq-len", "1M", "--nproc", "8"])
+    assert big.exit_code == 1
+    assert "does not fit" in big.output and "it would fit with:" in big.output and "--cp 8" in big.output
+
+
+def test_cli_reads_only_config_json_of_init(tmp_path: Path) -> None:
+    """An --init folder with config.json and nothing else (no weights) plans as the saved model would."""
+    src = tmp_path / "model"
+    save_pretrained(Llama(SHAPES["qwen3"]), src)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((src / "config.json").read_text())
+    r = runner.invoke(app, ["plan", "--init", str(bare), "--seq-len", "4096", "--gpu-memory", "24GiB"])
+    assert r.exit_code == 0, r.output
+    assert f"{Shape.of(SHAPES['qwen3']).params / 1e9:.3f}B parameters" in r.output
+    assert json.loads((bare / "config.json").read_text())["model_type"] == "qwen3"
+
+
+def test_cli_errors_are_one_line() -> None:
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", "--gpu-memory", "lots"])
+    assert r.exit_code != 0 and "gpu_memory" in r.output and len(r.output.strip().splitlines()) == 1
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", "--nproc", "3", "--cp", "2"])
+    assert r.exit_code != 0 and "--cp 2" in r.output
+
+
+def test_parse_bytes() -> None:
+    assert parse_bytes("80GiB") == parse_bytes("80G") == 80 << 30
+    assert parse_bytes("141GB") == 141 * 10**9
+    assert parse_bytes("512MiB") == 512 << 20
+
+
+def test_bench_child_is_importable() -> None:
+    p = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "peak RSS" in p.stdout
