@@ -9,66 +9,31 @@ record, so strings of up to 4096 bases encode identically, longer ones nearly so
 
 from __future__ import annotations
 
-import hashlib
 import json
-import string
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
-
-if TYPE_CHECKING:
-    from lcft.genomics.model_tokenizer import SeqTokenizer
+from lcft.genomics.model_tokenizer import TOKENIZER_FILE, SeqTokenizer, char_tokenizer, load_tokenizer
+from lcft.genomics.tokenizer_hash import RUNS_SPLIT, replace_rule, upper_rules
 
 SPECIAL_ROLES = {"pad_token": ("<pad>", "[PAD]"), "bos_token": ("<bos>", "<s>", "[CLS]"),
                  "eos_token": ("<eos>", "</s>", "[SEP]"), "unk_token": ("<unk>", "[UNK]", "<oov>", "<UNK>")}
 
 
-def _replace(src: str, dst: str) -> dict[str, Any]:
-    return {"type": "Replace", "pattern": {"String": src}, "content": dst}
-
-
-def _upper() -> list[dict[str, Any]]:
-    return [_replace(c, c.upper()) for c in string.ascii_lowercase]
-
-
 def _char_json() -> dict[str, Any]:
     vocab = {t: i for i, t in enumerate(char_vocab.VOCAB)}
-    ambiguous = [_replace(c, "N") for c in char_vocab.IUPAC_AMBIGUOUS]
+    ambiguous = [replace_rule(c, "N") for c in char_vocab.IUPAC_AMBIGUOUS]
     return {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": True} for i, t in enumerate(char_vocab.SPECIALS)],
-        "normalizer": {"type": "Sequence", "normalizers": _upper() + ambiguous},
+        "normalizer": {"type": "Sequence", "normalizers": upper_rules() + ambiguous},
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?m:.)"}, "behavior": "Isolated", "invert": False},
         "post_processor": None, "decoder": None,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
     }
-
-
-RUNS_SPLIT = {"type": "Split", "pattern": {"Regex": "(?i)[ACGT]+|[^ACGT]+"}, "behavior": "Isolated", "invert": False}
-
-
-def strip_export(data: dict[str, Any]) -> dict[str, Any]:
-    """A tokenizer.json as it was before `hf_tokenizer_json` added upper-casing and the run split (unchanged when
-    it has neither), so a model's exported tokenizer and the data's compare equal by content."""
-    norm, pre, upper = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}, _upper()
-    if norm.get("type") == "Sequence" and norm["normalizers"][: len(upper)] == upper:
-        rest = norm["normalizers"][len(upper) :]
-        data["normalizer"] = rest[0] if len(rest) == 1 else ({"type": "Sequence", "normalizers": rest} if rest else None)
-    if pre.get("type") == "Sequence" and pre["pretokenizers"][:1] == [RUNS_SPLIT]:
-        rest = pre["pretokenizers"][1:]
-        data["pre_tokenizer"] = rest[0] if len(rest) == 1 else ({"type": "Sequence", "pretokenizers": rest} if rest else None)
-    return data
-
-
-def content_sha256(json_text: str) -> str:
-    """sha256 of what decides a tokenizer.json's ids (normalizer, pre-tokenizer, model, added tokens), with lcft's
-    export additions removed and keys sorted: equal for the data's copy and a model exported from it."""
-    data = strip_export(json.loads(json_text))
-    keep = {k: data.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
 def hf_tokenizer_json(tok: SeqTokenizer) -> str:
@@ -76,7 +41,7 @@ def hf_tokenizer_json(tok: SeqTokenizer) -> str:
     if not tok.json_text:
         return json.dumps(_char_json())
     data = json.loads(tok.json_text)
-    norms = _upper() + ([data["normalizer"]] if data.get("normalizer") else [])
+    norms = upper_rules() + ([data["normalizer"]] if data.get("normalizer") else [])
     data["normalizer"] = {"type": "Sequence", "normalizers": norms}
     if data.get("model", {}).get("type") != "WordLevel":  # k-mers split runs in their own regex already
         pre = data.get("pre_tokenizer")
@@ -101,8 +66,6 @@ def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:
 
 def folder_tokenizer_spec(folder: str | Path) -> dict[str, Any] | None:
     """The spec of the tokenizer.json in a model folder (a published model, or an lcft export); None without one."""
-    from lcft.genomics.model_tokenizer import TOKENIZER_FILE, load_tokenizer
-
     path = Path(folder) / TOKENIZER_FILE
     return load_tokenizer(str(path)).spec() if path.is_file() else None
 
@@ -123,8 +86,6 @@ def describe(spec: dict[str, Any]) -> str:
 def export_tokenizer(source: str | Path, out_dir: str | Path) -> list[Path]:
     """Write the tokenizer files of the model in `source` (a checkpoint) into `out_dir`: its own tokenizer.json
     when it has one (checkpoints of model tokenizers carry it), else lcft's char vocabulary."""
-    from lcft.genomics.model_tokenizer import TOKENIZER_FILE, char_tokenizer, load_tokenizer
-
     src = Path(source) / TOKENIZER_FILE
     tok = load_tokenizer(str(src)) if src.is_file() else char_tokenizer()
     return save_hf_tokenizer(tok, out_dir)

@@ -17,6 +17,7 @@ import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics import tokenizer as char_vocab
+from lcft.genomics.tokenizer_hash import content_sha256
 
 BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
 MAX_K = 12
@@ -91,8 +92,6 @@ class SeqTokenizer:
 
     def sha256(self) -> str:
         """Content hash of the tokenizer (hf_tokenizer.content_sha256): what data and models compare."""
-        from lcft.genomics.hf_tokenizer import content_sha256
-
         return content_sha256(self.json_text)
 
     def spec(self) -> dict[str, Any]:
