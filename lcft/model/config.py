@@ -1,4 +1,4 @@
-"""Model configuration: HuggingFace `LlamaConfig` field names plus lcft's own attention block."""
+"""Model configuration: HuggingFace config field names (Llama, Mistral, Qwen2/3, Mixtral) plus lcft's attention block."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from lcft.errors import LcftError
-from lcft.genomics.tokenizer import VOCAB_SIZE
+from lcft.genomics.tokenizer import BOS, EOS, VOCAB_SIZE
 from lcft.kernels.spec import SparseSpec
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
 
 
 @dataclass
@@ -58,7 +59,7 @@ class LlamaConfig:
     num_hidden_layers: int = 4
     """Number of decoder blocks."""
     num_attention_heads: int = 4
-    """Query heads per block; head_dim = hidden_size / num_attention_heads."""
+    """Query heads per block."""
     num_key_value_heads: int = 4
     """Key/value heads per block (grouped-query attention when fewer than the query heads)."""
     rope_theta: float = 10000.0
@@ -74,15 +75,49 @@ class LlamaConfig:
     """Share the LM head's weight with the token embedding."""
     initializer_range: float = 0.02
     """Standard deviation of the normal initialisation of linear and embedding weights."""
+    model_type: str = "llama"
+    """HF architecture family (llama, mistral, qwen2, qwen3, mixtral): the class export writes back."""
+    head_dim: int | None = None
+    """Width of one attention head; None = hidden_size / num_attention_heads (Qwen3 and others set it
+    explicitly, any even width, e.g. 96)."""
+    attention_bias: bool = False
+    """Bias on the q, k and v projections (Qwen2; Llama and Qwen3 put it on o_proj too, see o_proj_bias)."""
+    o_proj_bias: bool = False
+    """Bias on the attention output projection (HF Llama/Qwen3 `attention_bias` sets both)."""
+    qk_norm: bool = False
+    """RMSNorm over each head of q and of k before RoPE (Qwen3)."""
+    sliding_window: int | None = None
+    """Causal attention limited to the last `sliding_window` tokens (the token itself included), in every
+    layer (Mistral, Mixtral, Qwen with use_sliding_window); None = full causal attention. It shapes the dense
+    backend only: with the sparse backend the block-sparse pattern (sink + local + top-k blocks over the whole
+    causal past) replaces the window, which is what extending such a model's context asks for."""
+    num_local_experts: int = 0
+    """Mixtral MoE: experts per block (0 = a plain SwiGLU MLP)."""
+    num_experts_per_tok: int = 2
+    """Mixtral MoE: experts each token is routed to (softmax router, top-k, weights renormalised to sum 1)."""
+    output_router_logits: bool = False
+    """Mixtral MoE: add the router load-balancing loss (Switch Transformer, as transformers computes it over all
+    layers) times router_aux_loss_coef to the training loss."""
+    router_aux_loss_coef: float = 0.001
+    """Mixtral MoE: coefficient of the load-balancing loss."""
+    bos_token_id: int | None = BOS
+    """Beginning-of-sequence id recorded in config.json (lcft's vocabulary: BOS)."""
+    eos_token_id: int | list[int] | None = EOS
+    """End-of-sequence id(s) recorded in config.json (lcft's vocabulary: EOS)."""
+    pad_token_id: int | None = None
+    """Padding id recorded in config.json. None for lcft's vocabulary: transformers would make it the
+    embedding's padding_idx (a row that never gets a gradient), so its continued training would differ."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """Attention backend and sparse parameters (lcft's own; saved in lcft.json, not config.json)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig.from_dict(self.attention)
-        if self.hidden_size % self.num_attention_heads:
-            raise LcftError(f"hidden_size {self.hidden_size} is not a multiple of "
-                            f"num_attention_heads {self.num_attention_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise LcftError(f"hidden_size {self.hidden_size} is not a multiple of "
+                                f"num_attention_heads {self.num_attention_heads} (give head_dim)")
+            self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise LcftError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                             f"num_key_value_heads {self.num_key_value_heads}")
@@ -92,11 +127,23 @@ class LlamaConfig:
             raise LcftError(f"attention backend {self.attention.backend!r} is not one of dense, sparse")
         if self.rope_scaling is not None:
             self.rope_scaling = normalize_rope_scaling(self.rope_scaling)
+        if self.rope_scaling is not None and self.rope_scaling["rope_type"] in ("yarn", "llama3"):
+            # Spelled out with the defaults lcft.model.rope applies: transformers refuses a llama3 dict without them.
+            defaults = {"original_max_position_embeddings": self.max_position_embeddings}
+            if self.rope_scaling["rope_type"] == "llama3":
+                defaults.update(low_freq_factor=1.0, high_freq_factor=4.0)
+            self.rope_scaling = {**defaults, **self.rope_scaling}
+        self._check_variant()
 
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head."""
-        return self.hidden_size // self.num_attention_heads
+    def _check_variant(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise LcftError(f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise LcftError(f"sliding_window must be a positive number of tokens, got {self.sliding_window}")
+        if self.num_local_experts < 0 or (
+                self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts):
+            raise LcftError(f"num_experts_per_tok {self.num_experts_per_tok} must be between 1 and "
+                            f"num_local_experts {self.num_local_experts}")
 
 
 def normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:

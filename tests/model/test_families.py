@@ -171,3 +171,19 @@ def test_mixtral_under_block_checkpointing_and_seq_chunk_is_the_same(tmp_path):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16},
+                                     {"rope_type": "yarn", "factor": 4.0}], ids=["llama3", "yarn"])
+def test_rope_scaling_as_the_command_line_gives_it_exports_loadable(tmp_path, scaling):
+    """`--rope-scaling llama3:8:16` names no frequency factors: the export spells out the defaults lcft used,
+    so transformers loads it and computes the same logits."""
+    from lcft.model import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    ours = Llama(LlamaConfig(**{**BASE, "model_type": "qwen3", "qk_norm": True, "head_dim": 24},
+                             rope_scaling=scaling)).eval()
+    save_pretrained(ours, tmp_path / "m")
+    ids = torch.randint(0, BASE["vocab_size"], (1, L))
+    with torch.no_grad():
+        assert (load_hf(tmp_path / "m")(ids).logits - ours(ids)).abs().max().item() < 1e-4
