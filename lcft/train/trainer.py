@@ -23,32 +23,31 @@ from accelerate.state import AcceleratorState, GradientState
 from lcft.config import ConfigError, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.evaluate.binning import LN2
-from lcft.files import atomic_write, folder_lock
+from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
 from lcft.parallel.fsdp import clip_grad_norm
-from lcft.runs import latest_checkpoint, resolve_checkpoint, resolve_resume
+from lcft.runs import latest_checkpoint, resolve_checkpoint
 from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
     TrainerState,
-    clean_partial,
     optimizer_options,
     prune,
     read_trainer_state,
     reapply_options,
     set_rng_state,
-    supersede_after,
     write_checkpoint,
     write_trainer_state,
 )
-from lcft.train.config import TrainConfig, absolute_paths, diff, load_run_config
+from lcft.train.config import TrainConfig, absolute_paths
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision
+from lcft.train.run_dir import check_run_dir, open_run_dir
 from lcft.train.sharded import fill_weights, restore_optimizer, save_sharded, shard_for_training
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 
@@ -106,7 +105,7 @@ class Trainer:
         windows = open_windows(cfg.data, "train")
         self.seq_len = cfg.seq_len or windows.length
         self.run_dir = Path(cfg.out)
-        self.resume_from = self._check_run_dir()
+        self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
         self._setup_model(manifest["tokenizer"], windows.length)
         self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
         self._setup_optimizer()
@@ -186,26 +185,8 @@ class Trainer:
             restore_optimizer(self.model, self.opt, self.resume_from, optim, self.fsdp)
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)
-            # changed lr/betas/eps/weight decay/schedule options apply from the next step (README: resuming)
-            reapply_options(self.opt, self.scheduler, built)
+            reapply_options(self.opt, self.scheduler, built)  # changed options apply from the next step
             self.state.world_size = self.world
-
-    def _check_run_dir(self) -> Path | None:
-        """The checkpoint to resume from, or None for a new run; refuses to mix or overwrite runs."""
-        cfg, run = self.cfg, self.run_dir
-        saved = run / "config.toml"
-        if cfg.resume:
-            return resolve_resume(cfg.resume, run, say=self._note)
-        if saved.is_file():
-            old = load_run_config(saved)
-            changed = diff(old.run_defining(), cfg.run_defining())
-            if changed:
-                raise LcftError(f"{run} holds a run with a different config ({'; '.join(changed[:4])}); "
-                                "pass --resume auto to continue it with these options, or choose another --out")
-        if (ckpt := latest_checkpoint(run)) is not None:
-            raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
-                            "continue that run, or choose another --out")
-        return None
 
     def _check_lengths(self, window: int) -> None:
         cp, attn = self.cfg.cp, self.model.config.attention
@@ -218,17 +199,8 @@ class Trainer:
     def _start_run_dir(self) -> None:
         cfg = self.cfg
         if self.is_main:
-            self._lock.enter_context(folder_lock(self.run_dir, "lcft train"))  # one writer per run folder
-            clean_partial(self.run_dir)
-            if self.resume_from is not None:  # a resumed run owns every step after its start
-                for moved in supersede_after(self.run_dir, self.state.step):
-                    self._note(f"{moved.name} is after the resumed step {self.state.step}: moved to {moved}")
-            if self.resume_from is not None and (self.run_dir / "config.toml").is_file():
-                changed = diff(load_run_config(self.run_dir / "config.toml").run_defining(), cfg.run_defining())
-                if changed:
-                    self._note(f"resuming with changed options: {'; '.join(changed)}")
-            save_resolved(self.run_dir / "config.toml", to_dict(cfg))
             resume_step = self.state.step if self.resume_from is not None else None
+            open_run_dir(cfg, self.run_dir, resume_step, self._lock, self._note)  # lock, superseded steps
             self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step)
             self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
             if self.resume_from is not None:
