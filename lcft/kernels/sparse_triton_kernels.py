@@ -119,7 +119,7 @@ def dkv_kernel(Q, K, V, DO, DK, DV, PK, PV, LSE, DELTA, SEG_ROW, SEG_START, SEG_
     dv = tl.zeros((KN, BD), tl.float32)
     for e in range(start, end):
         qb = tl.load(COL + e).to(tl.int64)  # a query block (local id) that chose this key block
-        for m0 in tl.static_range(0, BLOCK, M):  # tiles of all the group's heads x M tokens
+        for m0 in range(0, BLOCK, M):  # tiles of all the group's heads x M tokens (not unrolled: one buffer set)
             q_rows, q_pos, ok = _rows(bkv, qb, m0, n_heads, group, lq, q_block_offset, BLOCK, M, GP)
             rmask = ok[:, None] & dmask
             q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)  # (R, BD)

@@ -82,3 +82,67 @@ def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, 
     return TileConfig(block=block_size, m=m, gp=gp, block_n=block_n, kn=kn, dkv_m=dkv_m, d=head_dim, bd=bd,
                       prec="ieee" if wide else "tf32", num_warps=8 if gp * m * bd >= 128 * 64 else 4,
                       num_stages=stages, dkv_warps=8 if kn * bd >= 64 * 128 else 4, dkv_stages=stages)
+
+
+_INTS = ("n_heads", "group", "lq", "lk", "n_slots", "n_kb", "q_block_offset", "n_q", "n_k", "local_blocks",
+         "sink_blocks")
+_ALIGNED = ("lq", "lk")  # multiples of the block size at every launch: Triton's divisibility-16 hint applies
+_FP32_PTRS = ("LSE", "DELTA", "PK", "PV", "QS", "KS")
+_I32_PTRS = ("IDX", "SEG_ROW", "SEG_START", "SEG_END", "SEG_OUT", "COL", "OUT")
+
+
+def kernel_signature(fn, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
+    """Triton signature and alignment attributes of a kernel as the launcher calls it."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _INTS:
+            sig[name] = "i32"
+        elif name == "scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "*fp32" if name in _FP32_PTRS else "*i32" if name in _I32_PTRS else f"*{DTYPES[dtype]}"
+        if sig[name].startswith("*") or name in _ALIGNED:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def sparse_kernel_sources(tiles: TileConfig, dtype: torch.dtype) -> dict:
+    """{name: (jit fn, signature, constexprs, attrs, options)} of the forward, dQ and dK/dV launches."""
+    from lcft.kernels.sparse_triton_kernels import dkv_kernel, dq_kernel, fwd_kernel
+
+    out = {}
+    for name, fn, consts in (("fwd", fwd_kernel, tiles.fwd_consts()), ("dq", dq_kernel, tiles.dq_consts()),
+                             ("dkv", dkv_kernel, tiles.dkv_consts())):
+        options = {"num_warps": consts.pop("num_warps"), "num_stages": consts.pop("num_stages")}
+        sig, attrs = kernel_signature(fn, dtype, consts)
+        out[name] = (fn, sig, consts, attrs, options)
+    return out
+
+
+def compile_for(source: tuple, capability: tuple[int, int]):
+    """Compile one kernel source for a CUDA target without needing that GPU (ptxas ships with triton)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    fn, sig, consts, attrs, options = source
+    arch = capability[0] * 10 + capability[1]
+    return triton.compile(triton.compiler.ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                          options=options)
+
+
+def check_sparse_kernels_fit(device: torch.device, dtype: torch.dtype, head_dim: int, block_size: int,
+                             group: int) -> None:
+    """Before a run: compile the sparse kernels for this GPU and raise LcftError if one needs too much memory."""
+    if device.type != "cuda":
+        return
+    cap = torch.cuda.get_device_capability(device)
+    limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    tiles = tile_config(cap, dtype, head_dim, block_size, group)
+    for name, src in sparse_kernel_sources(tiles, dtype).items():
+        shared = compile_for(src, cap).metadata.shared
+        if shared > limit:
+            raise LcftError(f"the Triton sparse attention {name} kernel needs {shared} B of shared memory at "
+                            f"{DTYPES[dtype]}, head_dim {head_dim}, block {block_size} on sm_{cap[0]}{cap[1]} "
+                            f"(limit {limit} B); use a smaller --block-size or --precision bf16")

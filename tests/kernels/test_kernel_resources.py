@@ -1,0 +1,43 @@
+"""Ahead-of-time compiles of the Triton kernels for A100/H100/B200 fit their shared memory (no GPU needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.kernels.triton_tiles import SMEM_LIMIT, check_sparse_kernels_fit
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@needs_triton
+def test_worst_case_kernels_compile_within_each_targets_shared_memory(tmp_path):
+    """fp32 / head_dim 128 / block 128 on sm_80 and sm_90, bf16 GQA 8 at head_dim 96 on sm_90, sm_100, selection."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # a real compile each time, not a cached result
+    out = tmp_path / "rows.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_resources.py"), "--quick", "--json",
+                          str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    seen = {(r["arch"], r["kernel"]) for r in rows}
+    assert {("sm_80", "dkv"), ("sm_90", "fwd"), ("sm_90", "dkv"), ("sm_100", "dkv"),
+            ("sm_80", "selection")} <= seen
+    for r in rows:
+        limit = SMEM_LIMIT[(int(r["arch"][3:-1]), int(r["arch"][-1]))]
+        assert 0 < r["shared"] <= limit, r
+        assert r["spill_bytes"] in (None, 0) or r["dtype"] == "fp32", r  # 2-byte tiles do not spill
+
+
+def test_resource_check_is_a_no_op_off_cuda():
+    check_sparse_kernels_fit(torch.device("cpu"), torch.float32, 128, 128, 1)
