@@ -93,7 +93,12 @@ def prune(run_dir: str | os.PathLike, keep_last: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+_WRITTEN: set[Path] = set()  # checkpoints this process hashed as it wrote them: not read back to prune
+
+
 def _verifies(ckpt: Path) -> bool:
+    if ckpt in _WRITTEN and ckpt.is_dir():
+        return True
     try:
         return verify_checkpoint(ckpt)
     except LcftError:
@@ -181,6 +186,7 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
     else:
         os.rename(tmp, final)
     _fsync_dir(root)
+    _WRITTEN.add(final)
     return final
 
 
