@@ -1,4 +1,5 @@
-"""The Llama-style decoder (single-process; parallelism is applied from outside by lcft.parallel)."""
+"""The Llama-style decoder and its HF families as flags (Mistral, Qwen2, Qwen3, Mixtral); single-process,
+parallelism is applied from outside by lcft.parallel."""
 
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.io import from_pretrained, save_pretrained

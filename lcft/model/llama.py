@@ -1,4 +1,5 @@
-"""The Llama decoder: embedding, blocks of (RMSNorm, GQA attention with RoPE, RMSNorm, SwiGLU), final norm, head.
+"""The Llama decoder: embedding, blocks of (RMSNorm, GQA attention with RoPE, RMSNorm, SwiGLU), final norm, head;
+the HF families' variants as config flags (q/k/v bias, Qwen3's q/k norm, sliding window, Mixtral's experts).
 
 Single-process by design: lcft.parallel shards a built model from outside (by swapping each block's
 `attn.core` and passing global `position_ids`), so nothing here knows about process groups.
@@ -85,7 +86,8 @@ def _per_chunk(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
 
 
 class Llama(nn.Module):
-    """Llama-style causal LM whose parameters map one-to-one onto HF's LlamaForCausalLM (see lcft.model.io)."""
+    """Llama-style causal LM whose parameters map one-to-one onto the HF class of its config's model_type
+    (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM; lcft.model.hf)."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()

@@ -38,16 +38,12 @@ class MoE(nn.Module):
         order = experts.reshape(-1).argsort(stable=True)  # (N·k,) assignments sorted by expert
         counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts)  # (E,)
         token = order // self.top_k  # (N·k,) token of each sorted assignment
-        scale = weights.reshape(-1)[order]  # (N·k,) fp32
-        out = torch.zeros_like(flat)  # (N, H)
-        start = 0
-        for e, n in enumerate(counts.tolist()):
-            # An expert no token chose still runs (on 0 rows): its weights then get a zero gradient rather than
-            # none, which DDP needs when another rank's tokens did choose it.
-            rows = token[start:start + n]  # (n,)
-            y = self.experts[e](flat[rows]) * scale[start:start + n, None]  # (n, H) fp32
-            out.index_add_(0, rows, y.to(out.dtype))
-            start += n
+        xs = flat[token]  # (N·k, H): one gather; each expert's rows are then a contiguous slice
+        # An expert no token chose still runs (on 0 rows): its weights then get a zero gradient rather than
+        # none, which DDP needs when another rank's tokens did choose it.
+        ys = [expert(part) for expert, part in zip(self.experts, xs.split(counts.tolist()), strict=True)]
+        y = torch.cat(ys) * weights.reshape(-1)[order, None]  # (N·k, H) fp32
+        out = torch.zeros_like(flat).index_add_(0, token, y.to(flat.dtype))  # (N, H)
         stats = torch.stack([probs.sum(0), counts.to(probs.dtype)]) if with_stats else None  # (2, E)
         return out.view(shape), stats
 
