@@ -246,6 +246,10 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     if not all(isinstance(getattr(state, k), int) and not isinstance(getattr(state, k), bool)
                for k in ("step", "samples_seen", "updates", "skipped", "consecutive_skips")):
         raise _broken(p, "corrupt trainer state (a count is not an integer)")
+    numbers = [state.elapsed, *([state.last_loss] if state.last_loss is not None else [])]
+    if not isinstance(state.guard_history, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in [*state.guard_history, *numbers]):
+        raise _broken(p, "corrupt trainer state (guard_history, elapsed or last_loss is not a number)")
     return state
 
 
@@ -279,7 +283,17 @@ def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict | No
             continue
         if not isinstance(value, dict) or any(k not in value for k in keys):
             raise _broken(d / name, "corrupt trainer state (not the expected dictionary)")
+    if not _rng_fits(rng):
+        raise _broken(d / "rng.pt", "corrupt trainer state (not the RNG states lcft writes)")
     return state, optim, sched, rng
+
+
+def _rng_fits(rng: dict[str, Any]) -> bool:
+    """Whether rng.pt has the layout `rng_state` writes (so `set_rng_state` cannot fail half-way)."""
+    py, npy, tor = rng["python"], rng["numpy"], rng["torch"]
+    return (isinstance(py, list | tuple) and len(py) == 3 and isinstance(py[1], torch.Tensor) and py[1].numel() == 625
+            and isinstance(npy, list | tuple) and len(npy) == 5 and isinstance(npy[1], torch.Tensor)
+            and npy[1].numel() == 624 and isinstance(tor, torch.Tensor) and tor.dtype == torch.uint8)
 
 
 def optimizer_options(optimizer: Any) -> list[dict[str, Any]]:

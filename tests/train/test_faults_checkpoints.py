@@ -89,11 +89,16 @@ def test_crafted_pickle_in_trainer_state_is_refused_and_not_run(run_copy, tmp_pa
     ("state.json", b'{"step": 6, "samples', "state.json: not valid JSON"),
     ("state.json", b'{"step": "six"}', "state.json"),
     ("scheduler.pt", b"", "scheduler.pt: corrupt"),
+    ("state.json", b'{"step": 6, "guard_history": "abc"}', "state.json: corrupt"),
+    ("rng.pt", "wrong-layout", "rng.pt: corrupt"),
 ])
 def test_corrupt_trainer_state_is_one_line_naming_file_and_previous(run_copy, name, damage, word):
     run, cfg = run_copy
     path = ckpt(run, 6) / STATE / name
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if damage is None else damage)
+    if damage == "wrong-layout":  # plain tensors, the right keys, not RNG states
+        torch.save({"python": [1, 2, 3], "numpy": [], "torch": torch.zeros(3)}, path)
+    else:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if damage is None else damage)
     write_checksums(ckpt(run, 6))  # damage the checksums would not catch (e.g. made before they were written)
     with pytest.raises(LcftError) as e:
         train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 6)), "steps": 8}))
