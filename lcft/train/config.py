@@ -18,6 +18,7 @@ from lcft.train.guard import GuardConfig
 # Options that do not change the training trajectory: a run folder may be continued with different values.
 RUN_NEUTRAL = frozenset({
     "out", "resume", "nproc", "stop_after", "save_every", "keep_last", "tensorboard", "progress",
+    "compile",  # same numbers up to rounding
     "cp", "cp_layout", "cp_kv",  # how a sequence is split over ranks: same trajectory up to rounding
     "shard", "offload_params",  # where the weights live: same trajectory up to rounding
 })
@@ -90,6 +91,9 @@ class TrainConfig(ParallelConfig, GuardConfig):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Mixed precision: bf16 autocast or fp32; auto = bf16 on CUDA and on CPUs with native bf16 (AVX-512 BF16,
     AMX, Arm BF16), fp32 on other CPUs (emulated bf16 is far slower there). Weights stay fp32."""
+    compile: bool = False
+    """Regional torch.compile of every decoder block's token-wise work (norms, projections, RoPE, MLP; the
+    attention core stays eager); CPU (inductor, needs a C++ compiler) and CUDA. Compiling costs time once."""
     checkpointing: Literal["none", "block"] = "none"
     """Activation checkpointing: none, or block (recompute each decoder block in backward)."""
     offload_activations: bool = False

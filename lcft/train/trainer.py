@@ -41,6 +41,7 @@ from lcft.train.checkpoint import (
     write_checkpoint,
     write_trainer_state,
 )
+from lcft.train.compile import compile_blocks
 from lcft.train.config import TrainConfig, absolute_paths
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import return_freed_buffers_to_os
@@ -154,6 +155,8 @@ class Trainer:
             apply_context_parallel(self.model, self.pstate, self.pcfg)  # swaps each block's attention core
             self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.sparse.block_size)
         self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
+        if cfg.compile:  # last: it compiles around the core a block holds now (CP swap included)
+            compile_blocks(self.model, torch.device("cpu" if self.cpu else "cuda"))
         return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
 
     def _setup_optimizer(self) -> None:
