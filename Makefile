@@ -37,3 +37,8 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+
+# One NVIDIA GPU: CUDA torch + triton into .venv-gpu, pytest -m gpu, GPU benchmarks -> gpu-check-out/ (docs/cuda.md).
+.PHONY: gpu-check
+gpu-check:
+	PY=$(PY) bash benchmarks/gpu_check.sh

@@ -73,10 +73,13 @@ def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, 
     small_smem = SMEM_LIMIT.get(tuple(capability), 101_376) < 160_000  # consumer parts (sm_86/89/120)
     bd = max(16, _pow2(head_dim))
     gp = _pow2(group)
-    rows = 64 if wide or bd > 128 else 128
+    # Rows per forward/dQ program: more rows = fewer K/V re-reads (a group's heads share them), bounded by the
+    # fp32 accumulator (rows x bd) that must stay in registers: 256 x 64 or 128 x 128 for 2-byte inputs.
+    rows = 64 if wide or bd > 128 else 256 if bd <= 64 else 128
     m = max(1, min(block_size, rows // gp))
     block_n = min(block_size, 32 if wide and bd >= 128 else 64)
-    kn = min(block_size, 32 if wide and bd >= 128 else 64)
+    # dK/dV: a program's keys; fewer than the block re-read the block's queries once per program.
+    kn = min(block_size, 32 if wide and bd >= 128 else 64 if wide else 128)
     dkv_m = max(1, min(block_size, (32 if wide else 64) // gp))
     stages = 1 if small_smem and wide else 2
     return TileConfig(block=block_size, m=m, gp=gp, block_n=block_n, kn=kn, dkv_m=dkv_m, d=head_dim, bd=bd,
