@@ -17,6 +17,9 @@ CUDA_RUNTIME = 1 * GIB
 CPU_RUNTIME = 128 << 20
 """Allocator, autograd and oneDNN working memory of a CPU training process beyond its tensors and beyond the
 imports (measured at 512-2K tokens on the tiny preset; benchmarks/plan.py)."""
+CPU_PROCESS_GROUP = 64 << 20
+"""A CPU rank of a multi-process run: torch.distributed, gloo and the launcher's state (measured: DDP on 2
+ranks against one process at 4K tokens, tiny preset)."""
 
 
 @dataclass(frozen=True)
@@ -172,17 +175,19 @@ def kv_bytes(shape: Shape, lay: Layout) -> int:
     if lay.cp == 1:
         return 0
     a, b, n = _bytes(lay.precision), lay.micro_batch, lay.local_tokens
-    remote = lay.seq_len - n
+    remote = lay.seq_len  # 'all': the kernel's K/V are the gathered window, the rank's own tokens included
     if lay.cp_kv == "selected" and shape.sparse:
         q_blocks = n // shape.block
-        remote = min(remote, q_blocks * (shape.budget - 2) * shape.block)
+        remote = min(lay.seq_len - n, q_blocks * (shape.budget - 2) * shape.block)
     elif lay.cp_kv == "stream":
         pieces = min(DEFAULT_PIECES, max(1, 2 * n // max(1, shape.block) // 2))
         remote = (lay.cp - 1) * n // pieces
     one_layer = 2 * 2 * remote * shape.kv_width * a * b  # K and V, and their gradients
     saved = 0
     if lay.checkpointing == "none" and lay.cp_kv != "stream":
-        saved = (shape.layers - 1) * 2 * remote * shape.kv_width * a * b  # K and V of the other layers
+        # the kernel's K/V input is saved for backward in every other layer ('all': the whole gathered window)
+        kept = lay.seq_len if lay.cp_kv == "all" else remote
+        saved = (shape.layers - 1) * 2 * kept * shape.kv_width * a * b
     return one_layer + saved
 
 
@@ -227,7 +232,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
     held, transient = activation_bytes(shape, lay)
     if lay.offload_activations:
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
-    runtime = CUDA_RUNTIME if lay.device == "cuda" else CPU_RUNTIME
+    runtime = CUDA_RUNTIME if lay.device == "cuda" else CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
     return Estimate(params, grads, optim, weight_copy_bytes(shape, lay), held, kv_bytes(shape, lay), transient,
                     runtime, host)
 
