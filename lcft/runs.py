@@ -98,10 +98,15 @@ def _checked(ckpt: Path) -> Path:
 
 
 def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path | None:
-    """The run's newest checkpoint that verifies; each newer corrupt one is reported through `say`."""
-    for _, ckpt in reversed(list_checkpoints(run_dir)):
+    """The run's newest checkpoint that verifies; each newer corrupt one is reported through `say`. One without
+    checksums.json counts as incomplete when others of the run have one (this lcft writes it into every
+    checkpoint); a run where none has one (written by hand or before checksums) is taken as it is."""
+    found = list_checkpoints(run_dir)
+    listed = any((p / CHECKSUMS).is_file() for _, p in found)
+    for _, ckpt in reversed(found):
         try:
-            verify_checkpoint(ckpt)
+            if not verify_checkpoint(ckpt) and listed:
+                raise LcftError(f"checkpoint {ckpt} is incomplete: no {CHECKSUMS}")
             return ckpt
         except LcftError as e:
             if say is not None:

@@ -141,6 +141,17 @@ def test_resume_auto_falls_back_to_newest_good_checkpoint(run_copy, capsys):
     torch.testing.assert_close(torch.tensor(after), torch.tensor(before), rtol=1e-6, atol=0)
 
 
+def test_resume_auto_passes_over_a_checkpoint_without_checksums(run_copy, capsys):
+    """A copy cut short (checksums.json and the optimizer state missing): incomplete, said so, step 4 taken."""
+    run, cfg = run_copy
+    (ckpt(run, 6) / CHECKSUMS).unlink()
+    (ckpt(run, 6) / STATE / "optimizer.pt").unlink()
+    s = train(TrainConfig(**{**cfg, "resume": "auto", "steps": 7}))
+    out = capsys.readouterr().out
+    assert "step-00000006 is incomplete: no checksums.json" in out and "resuming from step-00000004" in out
+    assert s["step"] == 7
+
+
 def test_resume_from_earlier_checkpoint_supersedes_later_ones(run_copy, capsys):
     """--resume step-4 while step-6 is corrupt: the new run owns steps 5-6; the old step-6 is moved aside
     (said so) and the run's step-6 is the new one, complete and verified."""
