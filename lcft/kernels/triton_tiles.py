@@ -149,3 +149,16 @@ def check_sparse_kernels_fit(device: torch.device, dtype: torch.dtype, head_dim:
             raise LcftError(f"the Triton sparse attention {name} kernel needs {shared} B of shared memory at "
                             f"{DTYPES[dtype]}, head_dim {head_dim}, block {block_size} on sm_{cap[0]}{cap[1]} "
                             f"(limit {limit} B); use a smaller --block-size or --precision bf16")
+
+
+def check_model_kernels_fit(config, device: torch.device, precision: str) -> None:
+    """`check_sparse_kernels_fit` for a model config (an lcft LlamaConfig) about to run on `device`.
+
+    A no-op off CUDA, for dense attention and for the PyTorch impls; call it before the first step.
+    """
+    attn = config.attention
+    if device.type != "cuda" or attn.backend != "sparse" or attn.impl not in ("auto", "triton"):
+        return
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    check_sparse_kernels_fit(device, dtype, config.head_dim, attn.sparse.block_size,
+                             config.num_attention_heads // config.num_key_value_heads)

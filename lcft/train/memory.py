@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
+
+import torch
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 LONG_WINDOW = 1 << 16  # from this sequence length on, the setting below pays for itself
@@ -28,3 +31,19 @@ def return_freed_buffers_to_os(seq_len: int, threshold: int = 1 << 20) -> bool:
         return bool(ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
         return False
+
+
+def expandable_cuda_segments(seq_len: int) -> bool:
+    """CUDA's counterpart of the setting above: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for long windows.
+
+    Why: the same frees and re-allocations of sequence-chunk buffers of varying sizes fragment the CUDA caching
+    allocator's fixed segments; expandable segments grow in place, so freed memory is reused instead of
+    reserved twice. Skipped when the user set expandable_segments in PYTORCH_CUDA_ALLOC_CONF themselves, off
+    CUDA and for short windows. Returns True when the setting was applied.
+    """
+    if seq_len < LONG_WINDOW or not torch.cuda.is_available():
+        return False
+    if "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        return False  # the user's explicit choice wins
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    return True

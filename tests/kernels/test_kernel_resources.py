@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lcft.kernels.triton_tiles import SMEM_LIMIT, check_sparse_kernels_fit
+from lcft.errors import LcftError
+from lcft.kernels.triton_tiles import SMEM_LIMIT, check_model_kernels_fit, check_sparse_kernels_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -41,3 +42,16 @@ def test_worst_case_kernels_compile_within_each_targets_shared_memory(tmp_path):
 
 def test_resource_check_is_a_no_op_off_cuda():
     check_sparse_kernels_fit(torch.device("cpu"), torch.float32, 128, 128, 1)
+
+
+def test_model_check_skips_what_does_not_run_triton():
+    import lcft.model as lm
+    from lcft.kernels import SparseSpec
+
+    sparse = lm.AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=96))  # no Triton tile for 96
+    cfg = lm.LlamaConfig(vocab_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, attention=sparse)
+    check_model_kernels_fit(cfg, torch.device("cpu"), "fp32")  # CPU runs the PyTorch kernels
+    if torch.cuda.is_available():
+        with pytest.raises(LcftError, match="--block-size"):
+            check_model_kernels_fit(cfg, torch.device("cuda"), "bf16")
