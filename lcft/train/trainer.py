@@ -26,6 +26,7 @@ from lcft.evaluate.binning import LN2
 from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
+from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
 from lcft.parallel.fsdp import clip_grad_norm
@@ -44,7 +45,7 @@ from lcft.train.checkpoint import (
 from lcft.train.compile import compile_blocks
 from lcft.train.config import TrainConfig, absolute_paths
 from lcft.train.guard import GuardConfig, SpikeGuard
-from lcft.train.memory import return_freed_buffers_to_os
+from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision
@@ -158,6 +159,9 @@ class Trainer:
         if cfg.compile:  # last: it compiles around the core a block holds now (CP swap included)
             compile_blocks(self.model, torch.device("cpu" if self.cpu else "cuda"))
         return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
+        expandable_cuda_segments(self.seq_len)  # and CUDA's allocator grows segments in place
+        check_model_kernels_fit(self.model.config, torch.device("cpu" if self.cpu else "cuda"),
+                                self.precision)  # a tile too big for this GPU fails here, not mid-step
 
     def _setup_optimizer(self) -> None:
         """Accelerator (placement, mixed precision, accumulation, DDP), AdamW and its schedule."""
