@@ -1,0 +1,59 @@
+"""On a CUDA GPU: the CUDA-only branches of lcft (docs/cuda.md) against their CPU counterparts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lcft.model as lm
+from lcft.model.attention import DenseCore
+from lcft.train.checkpoint import rng_state, set_rng_state
+from lcft.train.memory import expandable_cuda_segments
+from lcft.train.metrics import peak_memory_bytes
+
+pytestmark = pytest.mark.gpu
+
+
+def test_dense_core_bf16_gqa_on_cuda_equals_fp32_sdpa():
+    """flash-attn (when installed) or SDPA with GQA in bf16 vs SDPA with repeated K/V heads in fp32 on CPU."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 2048, 64, generator=gen) for h in (8, 2, 2))
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True)
+    got = DenseCore()(*(t.cuda().bfloat16() for t in (q, k, v))).float().cpu()
+    assert (got - want).abs().max().item() < 2e-2
+
+
+def test_offloaded_block_inputs_pinned_on_cuda_give_the_same_gradients():
+    cfg = lm.LlamaConfig(vocab_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    ids = torch.randint(4, 8, (1, 512), device="cuda")
+    grads = []
+    for offload in (False, True):
+        torch.manual_seed(0)
+        model = lm.Llama(cfg).cuda()
+        model.set_activation_checkpointing("none", offload=offload)  # offload: save_on_cpu(pin_memory=True)
+        model(ids).float().pow(2).mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_cuda_peak_memory_counts_an_allocation():
+    torch.cuda.reset_peak_memory_stats()
+    before = peak_memory_bytes(torch.device("cuda"))
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    assert peak_memory_bytes(torch.device("cuda")) >= before + x.numel()
+
+
+def test_cuda_rng_state_round_trips():
+    state = rng_state()
+    a = torch.randn(4, device="cuda")
+    set_rng_state(state)
+    assert torch.equal(torch.randn(4, device="cuda"), a)
+
+
+def test_expandable_segments_applied_for_long_windows():
+    user_set = "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    assert expandable_cuda_segments(1 << 20) is not user_set
