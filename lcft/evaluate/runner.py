@@ -20,6 +20,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
 from lcft.files import folder_lock
 from lcft.genomics.tokenizer import A, T
+from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import launch, launched
 from lcft.parallel.config import ParallelConfig
 
@@ -249,6 +250,7 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
             if cached is None or cached[0] != info.path:
                 cached = None  # free the previous model before loading the next
                 cached = (info.path, load_model(info, device))
+                check_model_kernels_fit(cached[1].config, device, cfg.precision)  # before any window
                 if parallel is not None:
                     parallel.prepare(cached[1])
             task = bar.add_task(info.label, total=n_windows) if bar else None
