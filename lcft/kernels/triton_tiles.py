@@ -156,8 +156,8 @@ def check_model_kernels_fit(config, device: torch.device, precision: str) -> Non
 
     A no-op off CUDA, for dense attention and for the PyTorch impls; call it before the first step.
     """
-    attn = config.attention
-    if device.type != "cuda" or attn.backend != "sparse" or attn.impl not in ("auto", "triton"):
+    attn = getattr(config, "attention", None)
+    if device.type != "cuda" or attn is None or attn.backend != "sparse" or attn.impl not in ("auto", "triton"):
         return
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     check_sparse_kernels_fit(device, dtype, config.head_dim, attn.sparse.block_size,
