@@ -18,30 +18,41 @@ from torch import nn
 
 from lcft.model.io import write_model_folder
 from lcft.parallel.dcp import DCP_DIR, load_full_optimizer, load_state, save_state
-from lcft.parallel.fsdp import apply_fsdp, shard_mesh
+from lcft.parallel.fsdp import apply_fsdp, clip_grad_norm, shard_mesh
 from lcft.runs import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.train.checkpoint import write_checkpoint
 
 
-def shard_for_training(loss_model: nn.Module, device: torch.device, precision: str, offload: bool) -> bool:
+def shard_for_training(loss_model: nn.Module, device: torch.device, precision: str, offload: bool,
+                       init: Path | None = None) -> None:
     """fully_shard every block of `loss_model.model` and the loss model itself (in place), over all ranks.
     bf16 on CUDA: FSDP2's mixed precision (bf16 compute, fp32 master weights and reduction); bf16 on CPU:
     autocast around the forward, as Accelerate does unsharded. A model built on the meta device (a sharded
-    checkpoint to read) gets empty local shards. Returns True when it did (the caller then fills them)."""
+    checkpoint to read) gets empty local shards, filled from `init` when given (else by the resume)."""
     cuda = device.type == "cuda"
     apply_fsdp(loss_model, loss_model.model.layers, shard_mesh(device.type), bf16=precision == "bf16" and cuda,
                offload=offload and cuda)
     if precision == "bf16" and not cuda:
         loss_model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(loss_model.forward)
     if any(p.is_meta for p in loss_model.parameters()):
-        loss_model.to_empty(device="cpu" if offload else device)
-        return True
-    return False
+        loss_model.to_empty(device="cpu" if offload and cuda else device)
+        if init is not None:  # collective: each rank reads its own shards
+            load_state(loss_model.model, None, init, no_dist=False)
 
 
-def fill_weights(model: nn.Module, source: Path) -> None:
-    """Collective: each rank reads its shards of the model from a sharded checkpoint (--init of one)."""
-    load_state(model, None, source, no_dist=False)
+def prepare(acc: Any, loss_model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> tuple[nn.Module, Any]:
+    """(model, optimizer) through Accelerate; under fsdp only the optimizer (it would wrap DDP around the
+    sharded model)."""
+    if fsdp:
+        return loss_model, acc.prepare(optimizer)
+    return acc.prepare(loss_model, optimizer)
+
+
+def clip(acc: Any, model: nn.Module, max_norm: float, fsdp: bool) -> float:
+    """Clip to the global gradient norm and return it: over the shards under fsdp, else Accelerate's."""
+    if fsdp:
+        return clip_grad_norm(model.parameters(), max_norm, sharded=True)
+    return float(acc.clip_grad_norm_(model.parameters(), max_norm))
 
 
 def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool) -> None:

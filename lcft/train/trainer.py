@@ -29,7 +29,6 @@ from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
-from lcft.parallel.fsdp import clip_grad_norm
 from lcft.runs import latest_checkpoint, resolve_checkpoint
 from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
@@ -50,7 +49,7 @@ from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
-from lcft.train.sharded import fill_weights, restore_optimizer, save_sharded, shard_for_training
+from lcft.train.sharded import clip, prepare, restore_optimizer, save_sharded, shard_for_training
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 
 SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folder
@@ -173,15 +172,12 @@ class Trainer:
             project_dir=str(self.run_dir / "tensorboard") if cfg.tensorboard else None,
         )
         loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
-        if self.fsdp and shard_for_training(loss_model, self.acc.device, self.precision, cfg.offload_params):
-            if self.resume_from is None:  # --init of a sharded checkpoint (a resume reads it in _restore)
-                fill_weights(self.model, self.source)
+        if self.fsdp:  # a sharded --init is read shard by shard here, a resumed checkpoint in _restore
+            shard_for_training(loss_model, self.acc.device, self.precision, cfg.offload_params,
+                               None if self.resume_from else self.source)
         optimizer = make_optimizer(loss_model, cfg)
         self.scheduler = make_scheduler(optimizer, cfg)
-        if self.fsdp:  # Accelerate would wrap a sharded model in DDP: it prepares only the optimizer
-            self.lm, self.opt = loss_model, self.acc.prepare(optimizer)
-        else:
-            self.lm, self.opt = self.acc.prepare(loss_model, optimizer)
+        self.lm, self.opt = prepare(self.acc, loss_model, optimizer, self.fsdp)
 
     def _restore(self) -> None:
         """Trainer state, optimizer, schedule and RNGs of the checkpoint resumed from (a fresh state otherwise)."""
@@ -322,10 +318,7 @@ class Trainer:
         objective = loss_sum / max(count, 1.0)
         loss = (loss_sum - cfg.z_loss * z_sum) / max(count, 1.0)  # cross-entropy alone (nats per token)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        if self.fsdp:  # global norm over the shards
-            grad_norm = clip_grad_norm(self.lm.parameters(), max_norm, sharded=True)
-        else:
-            grad_norm = float(self.acc.clip_grad_norm_(self.lm.parameters(), max_norm))
+        grad_norm = clip(self.acc, self.lm, max_norm, self.fsdp)  # fsdp: the global norm over the shards
         lr = self.opt.param_groups[0]["lr"]
         verdict = "empty" if count == 0 else self.guard.check(objective, grad_norm)
         if verdict == "ok":
