@@ -20,6 +20,9 @@ imports (measured at 512-2K tokens on the tiny preset; benchmarks/plan.py)."""
 CPU_PROCESS_GROUP = 64 << 20
 """A CPU rank of a multi-process run: torch.distributed, gloo and the launcher's state (measured: DDP on 2
 ranks against one process at 4K tokens, tiny preset)."""
+CPU_SPARSE_KERNEL = 96 << 20
+"""Working memory of the chunked CPU attention kernel (the sparse backend, and every core under cp > 1) in
+backward beyond q, k, v and their gradients: measured 64-163 MiB at 4K-16K keys, tiny preset's heads."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,10 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
     held, transient = activation_bytes(shape, lay)
     if lay.offload_activations:
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
-    runtime = CUDA_RUNTIME if lay.device == "cuda" else CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
+    runtime = CUDA_RUNTIME
+    if lay.device == "cpu":
+        runtime = (CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
+                   + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0))
     return Estimate(params, grads, optim, weight_copy_bytes(shape, lay), held, kv_bytes(shape, lay), transient,
                     runtime, host)
 
