@@ -107,6 +107,10 @@ def test_cli_fits_and_does_not_fit(tmp_path: Path) -> None:
     big = runner.invoke(app, ["plan", "--preset", "1b", "--seq-len", "1M", "--nproc", "8"])
     assert big.exit_code == 1
     assert "does not fit" in big.output and "it would fit with:" in big.output and "--cp 8" in big.output
+    node = runner.invoke(app, ["plan", "--preset", "1b", "--seq-len", "1M", "--gpus-per-node", "8", "--nnodes", "2",
+                               "--rdzv-endpoint", "h:1", "--cp", "8", "--checkpointing", "block"])
+    assert node.exit_code == 0, node.output
+    assert "16 cuda rank(s) = dp 2 x cp 8" in node.output
 
 
 def test_cli_reads_only_config_json_of_init(tmp_path: Path) -> None:
