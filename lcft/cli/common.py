@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lcft.errors import LcftError
 
@@ -20,19 +21,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print `error: message` on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
 def user_errors(fn: F) -> F:
-    """Decorate a command: LcftError (and missing files) become a one-line error and exit code 1."""
+    """Decorate a command: LcftError (and missing files) become a one-line error and exit code 1 (or the
+    error's own exit_code)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except LcftError as e:
-            raise fail(str(e)) from None
+        except LcftError as e:  # a few carry their own exit code (a lost rank, a second signal)
+            raise fail(str(e), getattr(e, "exit_code", 1)) from None
         except FileNotFoundError as e:
             raise fail(f"file not found: {e.filename or e}") from None
         except KeyboardInterrupt:

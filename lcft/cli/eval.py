@@ -28,6 +28,9 @@ def _run(cfg: EvalConfig, quiet: bool) -> None:
     from lcft.evaluate.runner import evaluate
 
     report = evaluate(cfg, progress=not quiet)
+    if "node_rank" in report:  # a node other than 0 of a multi-node launch: rank 0 wrote the report
+        console.print(f"node {report['node_rank']}: done; node 0 wrote the report", highlight=False)
+        return
     if not quiet:
         print_table(report)
         outdir = Path(cfg.out)

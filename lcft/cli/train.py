@@ -10,16 +10,24 @@ from lcft.train.config import TrainConfig
 
 
 def _run(cfg: TrainConfig) -> None:
+    from lcft.launch import exit_code
     from lcft.train import train  # torch/accelerate load only when a run starts
 
     s = train(cfg)
+    if "node_rank" in s:  # a node other than 0 of a multi-node launch: rank 0 wrote the summary
+        console.print(f"node {s['node_rank']}: done; node 0 wrote the summary", highlight=False)
+        return
     loss = f"loss {s['loss']:.4f} ({s['bits_per_base']:.3f} bits/base)" if s.get("loss") is not None else ""
     console.print(f"[bold]{s['stopped']}[/] at step {s['step']}/{s['steps']} {loss}; "
                   f"checkpoint {s['checkpoint']}", highlight=False, soft_wrap=True)
+    if code := exit_code(s):  # stopped by a signal after its checkpoint: not a finished run (128 + signal)
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
     command_from_config(
         app, "train", TrainConfig, _run, options={n: Opt(metavar="PATH") for n in ("data", "out", "init", "resume")},
         help="Train (or continue training) the decoder on prepared windows: Accelerate, checkpoints, "
-             "resume, metrics.jsonl. --nproc N starts N local processes (torchrun, gloo on CPU).")
+             "resume, metrics.jsonl. --nproc N starts N local processes (torchrun, gloo on CPU). Exit codes: 0 "
+             "finished, 1 user error, 128+N stopped by signal N after a checkpoint (143 SIGTERM), 75 a rank or "
+             "node stopped answering.")

@@ -8,7 +8,6 @@ with torchrun, as for `lcft train --nproc`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from lcft.launch import launched
 from lcft.parallel import comms
 from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
 from lcft.parallel.config import ParallelConfig
-from lcft.parallel.mesh import init_parallel
+from lcft.parallel.mesh import init_parallel, init_world
 from lcft.parallel.sharding import check_length
 
 
@@ -29,10 +28,7 @@ class EvalParallel:
     """This rank's part of a parallel evaluation: process groups, CP model rewiring, window rounds."""
 
     def __init__(self, cfg: ParallelConfig, device: torch.device) -> None:
-        if not dist.is_initialized():
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            if world > 1:
-                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        init_world(cfg.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
         self.cfg = cfg
         self.state = init_parallel(cfg)  # clear error when the world does not split into cp groups
         self.is_main = self.state.rank == 0

@@ -209,7 +209,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     With `progress`, shows a progress bar over windows (print the table with report.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 
-    if cfg.nproc > 1 and not launched():
+    if cfg.multiprocess and not launched():
         return launch("eval", cfg)  # torchrun starts the ranks; they run this function again
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
@@ -220,7 +220,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     parallel, lock = None, contextlib.ExitStack()
     try:
         if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
-            parallel = EvalParallel(ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv), device)
+            pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv, collective_timeout=cfg.collective_timeout)
+            parallel = EvalParallel(pcfg, device)
             for info in infos:
                 parallel.check(ws.length, info.block_size(_default_block_size()), [info.max_context])
             progress = progress and parallel.is_main

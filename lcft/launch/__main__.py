@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from lcft.errors import LcftError
-from lcft.launch import JOBS
+from lcft.launch import JOBS, liveness
 
 Entry = tuple[Callable[[str], Any], Callable[[Any], Any]]  # (config loader, the work)
 
 
 def _train_entry() -> Entry:
+    from lcft.runs import latest_checkpoint
     from lcft.train.config import load_run_config
     from lcft.train.trainer import train
 
-    return load_run_config, train
+    def load(path: str) -> Any:
+        cfg = load_run_config(path)
+        # An elastic restart (the agent restarted the group after a process died) continues the run from its
+        # latest verified checkpoint, whatever the first start was told.
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and latest_checkpoint(cfg.out) is not None:
+            cfg = dataclasses.replace(cfg, resume="auto")
+        return cfg
+
+    return load, train
 
 
 def _eval_entry() -> Entry:
@@ -47,7 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    except Exception as e:
+        # A collective that failed or timed out because another rank stopped: name it instead of a traceback.
+        lost = liveness.diagnose(e)
+        if lost is None:
+            raise
+        liveness.report(*lost)
+        return liveness.EXIT_LOST
     finally:
+        liveness.stop()
         _destroy_process_group()
     return 0
 

@@ -1,11 +1,13 @@
 """ParallelConfig: how many processes a run starts and how one window is split across ranks (context parallelism).
 
-TrainConfig and EvalConfig extend it, so `--nproc`, `--cp`, `--cp-layout` and `--cp-kv` (and the flat TOML keys
-nproc, cp, cp_layout, cp_kv) are declared and documented once, here.
+TrainConfig and EvalConfig extend it, so `--nproc`, `--cp`, `--cp-layout`, `--cp-kv` and the launch options
+(`--nnodes`, `--node-rank`, `--rdzv-endpoint`, `--max-restarts`, `--collective-timeout`), with their flat TOML
+keys, are declared and documented once, here.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,13 +38,50 @@ class ParallelConfig:
     backward)."""
 
     nproc: int = 1
-    """Local processes to start (torchrun; gloo on CPU); dp = nproc / cp. Under an existing torchrun launch it
-    is ignored."""
+    """Processes to start on this node (torchrun; gloo on CPU); the world size is nnodes x nproc and
+    dp = world size / cp. Under an existing torchrun launch it is ignored."""
+
+    nnodes: int = 1
+    """Nodes of the run: start `lcft train|eval` once on every node with the same options, each with its own
+    --node-rank, and --rdzv-endpoint pointing at node 0."""
+
+    node_rank: int = 0
+    """This node's number, 0 to nnodes - 1 (node 0 hosts the rendezvous; error messages name nodes by it)."""
+
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the rendezvous on node 0 (c10d, hosted by node 0's launcher); needed with --nnodes > 1."""
+
+    max_restarts: int = 0
+    """Elastic restarts: when a process dies, restart the whole group up to this many times; restarted
+    processes continue from the latest verified checkpoint (--resume auto) by themselves."""
+
+    collective_timeout: float = 600.0
+    """Seconds a process waits for the others in one collective (all-reduce, barrier, ...) before the run
+    ends, naming the ranks and nodes that stopped answering (exit code 75)."""
 
     def __post_init__(self) -> None:
-        for name in ("cp", "nproc"):
+        for name in ("cp", "nproc", "nnodes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"node_rank must be within [0, nnodes - 1] = [0, {self.nnodes - 1}], "
+                              f"got {self.node_rank}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must not be negative, got {self.max_restarts}")
+        if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
+            raise ConfigError(f"collective_timeout must be a positive number of seconds, got "
+                              f"{self.collective_timeout}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError("rdzv_endpoint: give node 0's HOST:PORT (--rdzv-endpoint) for a run on several nodes")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
+
+    @property
+    def multiprocess(self) -> bool:
+        """True when the launcher (torchrun) starts the processes: several of them, or elastic restarts."""
+        return self.nproc > 1 or self.nnodes > 1 or self.max_restarts > 0
         if self.cp_layout not in ("zigzag", "contiguous"):
             raise ConfigError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
         if self.cp_kv not in CP_KV_MODES:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
+from lcft.launch import liveness
 from lcft.parallel.config import ParallelConfig
 from lcft.shapes import check_world
 
@@ -45,6 +49,20 @@ class ParallelState:
 def single_process_state() -> ParallelState:
     """The layout of a plain one-process run (no groups, no collectives)."""
     return ParallelState(world=1, rank=0, cp=1, dp=1, cp_rank=0, dp_rank=0)
+
+
+def init_world(collective_timeout: float) -> bool:
+    """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), with
+    `collective_timeout` seconds per collective, and start this rank's heartbeat; True when there is a group
+    (several processes). A group someone else initialised is kept as it is (its own timeout)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not dist.is_initialized():
+        if world <= 1:
+            return False
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout))
+    liveness.start(dist.get_rank(), dist.get_world_size(), collective_timeout)
+    return True
 
 
 def init_parallel(cfg: ParallelConfig) -> ParallelState:

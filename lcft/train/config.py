@@ -21,6 +21,7 @@ RUN_NEUTRAL = frozenset({
     "compile",  # same numbers up to rounding
     "cp", "cp_layout", "cp_kv",  # how a sequence is split over ranks: same trajectory up to rounding
     "shard", "offload_params",  # where the weights live: same trajectory up to rounding
+    "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "collective_timeout",  # where and how it is launched
 })
 
 

@@ -29,6 +29,7 @@ from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import JOBS, launch, launched
 from lcft.model import save_pretrained
+from lcft.parallel.mesh import init_world
 from lcft.runs import latest_checkpoint, resolve_checkpoint
 from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
@@ -69,14 +70,14 @@ class TrainHooks:
 
 
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict[str, Any]:
-    """Train as `cfg` says; returns a summary (run_dir, checkpoint, step, loss, bits_per_base, skipped, stopped,
-    ...). `nproc > 1` outside a torchrun launch starts the processes (then hooks do not apply)."""
+    """Train as `cfg` says; returns a summary (run_dir, checkpoint, step, loss, stopped, signal, ...). Outside a
+    torchrun launch, cfg.multiprocess (--nproc, --nnodes, --max-restarts) starts the processes (no hooks then)."""
     if not cfg.data:
         raise ConfigError("data: give the prepared data folder (--data)")
     if not cfg.out:
         raise ConfigError("out: give the run folder (--out)")
     cfg = absolute_paths(cfg)
-    if cfg.nproc > 1 and not launched():
+    if cfg.multiprocess and not launched():
         return launch("train", cfg)
     trainer = Trainer(cfg, hooks or TrainHooks())
     try:
@@ -120,6 +121,7 @@ class Trainer:
         cfg = self.cfg
         _reset_accelerate()
         self.cpu = not torch.cuda.is_available()
+        init_world(cfg.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
         ps = PartialState(cpu=self.cpu)  # joins the torchrun process group (gloo on CPU) when launched
         self.world, self.rank = ps.num_processes, ps.process_index
         self.is_main = ps.is_main_process
@@ -284,6 +286,7 @@ class Trainer:
             "loss": st.last_loss, "bits_per_base": None if st.last_loss is None else st.last_loss / LN2,
             "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
             "seq_len": self.seq_len, "precision": self.precision,
+            "signal": signal.Signals(self._signal).name if stopped == "signal" else None,
         }
         if self.is_main:
             atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")

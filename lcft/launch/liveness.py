@@ -1,0 +1,170 @@
+"""Which ranks still answer: every process of a launch beats a counter in the launch's rendezvous store, and a
+process whose collective failed reads the counters to name the ranks (and nodes) that stopped.
+
+A frozen process (SIGSTOP, a hung driver) and a dead one look alike to its peers: a collective that never
+completes (gloo: the collective timeout; a closed connection when the process or its node died). The
+heartbeat runs on its own thread and its own store connection, so it stops exactly when the process stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from lcft.errors import LcftError
+
+BEAT_S = 1.0  # seconds between beats; a rank is lost when its counter stands still for LOST_AFTER beats
+LOST_AFTER = 3
+FAILURE_FILE_ENV = "LCFT_FAILURE_FILE"  # set by the launcher: where the first survivor writes the diagnosis
+NODE_RANK_ENV = "LCFT_NODE_RANK"  # the user's --node-rank (torchrun's own node numbering may differ)
+EXIT_LOST = 75  # a rank or node stopped answering; the latest checkpoint stands (sysexits EX_TEMPFAIL)
+
+
+class PeerLost(LcftError):
+    """A rank or node of the run stopped answering; the run ended without a new checkpoint."""
+
+    exit_code = EXIT_LOST
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where one rank runs, as it announced itself when it joined."""
+
+    rank: int
+    node: int | None
+    host: str
+    pid: int
+
+    def __str__(self) -> str:
+        node = "" if self.node is None else f" on node {self.node}"
+        return f"rank {self.rank}{node} (host {self.host}, pid {self.pid})"
+
+
+class Heartbeat:
+    """This process's beat, and the reading of everyone's, in the store at MASTER_ADDR:MASTER_PORT."""
+
+    def __init__(self, rank: int, world: int, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.host, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.prefix = f"lcft/liveness/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{restart}"
+        self.store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=10),
+                                   wait_for_workers=False)
+        node = os.environ.get(NODE_RANK_ENV)
+        me = {"node": None if node is None else int(node), "host": socket.gethostname(), "pid": os.getpid()}
+        self.store.set(f"{self.prefix}/who/{rank}", json.dumps(me))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="lcft-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.store.add(f"{self.prefix}/beat/{self.rank}", 1)
+            except Exception:  # the store went away (its node died): the diagnosis will say so
+                return
+            self._stop.wait(BEAT_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _counts(self) -> list[int]:
+        return [self.store.add(f"{self.prefix}/beat/{r}", 0) for r in range(self.world)]
+
+    def _peer(self, rank: int) -> Peer:
+        key = f"{self.prefix}/who/{rank}"
+        if not self.store.check([key]):
+            return Peer(rank, None, "?", 0)
+        who = json.loads(self.store.get(key))
+        return Peer(rank, who["node"], who["host"], who["pid"])
+
+    def lost(self) -> tuple[list[Peer], list[int]]:
+        """(the ranks whose beat stood still over LOST_AFTER beats, the ranks still beating)."""
+        before = self._counts()
+        time.sleep(BEAT_S * LOST_AFTER)
+        after = self._counts()
+        alive = [r for r in range(self.world) if after[r] != before[r] or r == self.rank]
+        return [self._peer(r) for r in range(self.world) if r not in alive], alive
+
+    def nodes_lost(self, lost: list[Peer], alive: list[int]) -> list[int]:
+        """The nodes none of whose ranks still beats."""
+        alive_nodes = {self._peer(r).node for r in alive}
+        return sorted({p.node for p in lost if p.node is not None} - alive_nodes)
+
+
+_current: Heartbeat | None = None
+
+
+def start(rank: int, world: int, timeout_s: float) -> None:
+    """Start this process's heartbeat (once per process group; a no-op outside a torchrun launch)."""
+    global _current
+    if _current is None and "MASTER_ADDR" in os.environ and world > 1:
+        _current = Heartbeat(rank, world, timeout_s)
+
+
+def stop() -> None:
+    global _current
+    if _current is not None:
+        _current.stop()
+        _current = None
+
+
+def diagnose(error: BaseException) -> tuple[str, bool] | None:
+    """After `error` in a multi-process run: (a one-line message naming the ranks that stopped answering,
+    whether this process is the one to report it), or None when every rank still beats (the error is then
+    this process's own)."""
+    hb = _current
+    if hb is None:
+        return None
+    hb.stop()
+    cause = _short(error)
+    try:
+        lost, alive = hb.lost()
+        nodes = hb.nodes_lost(lost, alive)
+    except Exception:  # the store itself does not answer: it is served by rank 0
+        return (f"rank 0 (serving the run's store at {hb.host}:{hb.port}) or its node stopped answering "
+                f"({cause}); the run ended without a new checkpoint: start it again with --resume auto", True)
+    if not lost:
+        return None
+    where = f" (node {', '.join(map(str, nodes))} lost)" if nodes else ""
+    return (f"{', '.join(map(str, lost))} stopped answering{where} after a collective failed or waited "
+            f"{hb.timeout_s:g} s ({cause}); the run ended without a new checkpoint: start it again with "
+            "--resume auto", min(alive) == hb.rank)
+
+
+def _short(error: BaseException) -> str:
+    """The first line of an error, without the C++ source location gloo puts in front ('[.../pair.cc:534] ')."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", text)[:160]
+
+
+def report(message: str, reporter: bool) -> None:
+    """Hand the diagnosis to the launcher (the first survivor's file wins), or print it (the lowest surviving
+    rank only) when there is none."""
+    path = os.environ.get(FAILURE_FILE_ENV)
+    if path:
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(message + "\n")
+        return
+    if reporter:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def read_report(path: Path) -> str | None:
+    """The diagnosis a worker left in the launcher's failure file (None when there is none)."""
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_text().strip() or None
+    return None
