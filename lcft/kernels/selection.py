@@ -1,7 +1,7 @@
 """Block-mean top-k key-block selection in chunked PyTorch (never the full score matrix); the `Selector`
 interface and registry that use it live in `lcft.kernels.selectors`.
 
-Block-mean definitions (DESIGN.md §4), for query block i (global id) and key block j:
+Block-mean definitions (docs/design.md, Sparse attention), for query block i (global id) and key block j:
 - summary(j) = mean of the keys of block j, per KV head;
 - score(i, j) = sum over the query heads h of the KV group of mean(q_h of block i) · summary(j);
 - mandatory blocks: own (i), the `local` blocks before it (i-1 .. i-local), the `sink` first blocks (0 .. sink-1);

@@ -46,7 +46,7 @@ class DenseCore(nn.Module):
 
 class SparseCore(nn.Module):
     """Block-sparse causal attention from lcft.kernels over the key blocks the spec's selector picks
-    (per KV group, see DESIGN.md §4)."""
+    (per KV group, see docs/design.md, Sparse attention)."""
 
     def __init__(self, cfg: AttentionConfig) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ from lcft.model.config import LlamaConfig
 # rope_theta 1e6 in every preset: the slowest RoPE frequency then has a wavelength of ~4M tokens, longer than
 # the 1M-token windows, so no two positions of a window alias.
 PRESETS: dict[str, LlamaConfig] = {
-    # ~3.2M parameters (hidden 256 x 4 blocks): the benchmark shape.
+    # ~3.2M parameters (hidden 256 x 4 blocks): the shape of the model-step benchmark (BENCHMARKS.md).
     "tiny": LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=4, rope_theta=1e6),
     # ~25M parameters.
