@@ -9,7 +9,7 @@ from lcft.errors import LcftError
 
 @dataclass(frozen=True)
 class SparseSpec:
-    """Which key blocks each query block reads (docs/design.md, Sparse attention); saved with a model in lcft.json."""
+    """Which key blocks each query block reads (docs/design.md, Sparse attention); saved in lcft.json."""
 
     block_size: int = 64
     """Tokens per block: the unit of selection and of the attention kernels (64 on CPU, 128 on GPU)."""
