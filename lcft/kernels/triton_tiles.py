@@ -140,6 +140,10 @@ def check_sparse_kernels_fit(device: torch.device, dtype: torch.dtype, head_dim:
     """Before a run: compile the sparse kernels for this GPU and raise LcftError if one needs too much memory."""
     if device.type != "cuda":
         return
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise LcftError("sparse attention on CUDA runs Triton kernels: pip install triton") from None
     cap = torch.cuda.get_device_capability(device)
     limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
     tiles = tile_config(cap, dtype, head_dim, block_size, group)
