@@ -2,7 +2,7 @@
 
 Cases, same weights and the same window (the bundled human sample's chr22 piece):
   train-fwd  the training loss forward with gradients enabled, as the trainer runs it (hidden states +
-             chunked cross-entropy), no backward: the baseline the issue names.
+             chunked cross-entropy), no backward: the baseline.
   eval       lcft.evaluate.token_losses: the per-token losses eval reduces (labels, no_grad, per-token loss).
 Timing alternates the cases rep by rep in one process (so load drift from other jobs hits both alike) and
 reports wall and CPU time; peak RSS is measured per case in a fresh subprocess. Target: eval time at most

@@ -163,7 +163,7 @@ def main() -> int:
           f"{'transformers peak':>19}{'lcft peak':>11}{'ratio':>7}  lcft setting", flush=True)
     for dtype in [d for d in args.dtypes.split(",") if d]:  # --dtypes '' = long lengths only
         for n in lengths:
-            ckpt = n > 4096  # the targets: plain at 4K, checkpointing at 16K
+            ckpt = n > 4096  # the benchmark targets: plain at 4K, checkpointing at 16K
             theirs = spawn(case("memory", "hf", dtype, n, False, args), None)
             ours = spawn(case("memory", "lcft", dtype, n, ckpt, args), None)
             speed = spawn(case("time", "both", dtype, n, ckpt, args), None)
