@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 # Order matters only for reading the output: data, model, kernels, trainer, parallel, eval.
-SCRIPTS = ["prepare.py", "model_step.py", "attention.py", "train.py", "context_parallel.py", "eval.py"]
+SCRIPTS = ["prepare.py", "model_step.py", "attention.py", "compile.py", "train.py", "plan.py", "context_parallel.py",
+           "eval.py"]
 
 
 def main() -> int:

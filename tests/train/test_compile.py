@@ -4,6 +4,7 @@ training runs, with block checkpointing, with seq_chunk, under context paralleli
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from lcft.train.trainer import train
 from tests.train.conftest import small_model_config
 
 TOL = 1e-5
+pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
+                                reason="inductor on CPU needs a C++ compiler")
 
 
 def _run(base: dict[str, Any], out: Path, **changes: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
