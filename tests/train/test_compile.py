@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from lcft.errors import LcftError
 from lcft.model import Llama
 from lcft.parallel.dcp import read_model
 from lcft.train.compile import compile_blocks
@@ -83,3 +84,13 @@ def test_compiled_seq_chunk_gradients_equal_eager() -> None:
     assert torch.allclose(le, lc, rtol=TOL, atol=0)
     for n in ge:
         assert torch.allclose(ge[n], gc[n], rtol=1e-4, atol=TOL), n
+
+
+def test_no_cpu_compiler_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without g++/clang++ on PATH, --compile on CPU refuses before compiling anything (nothing is changed)."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    model = Llama(small_model_config())
+    with pytest.raises(LcftError, match="C\\+\\+ compiler") as e:
+        compile_blocks(model, torch.device("cpu"))
+    assert "\n" not in str(e.value)
+    assert "qkv" not in vars(model.layers[0].attn)  # the blocks were left eager
