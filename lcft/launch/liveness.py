@@ -64,6 +64,7 @@ class Heartbeat:
         node = os.environ.get(NODE_RANK_ENV)
         me = {"node": None if node is None else int(node), "host": socket.gethostname(), "pid": os.getpid()}
         self.store.set(f"{self.prefix}/who/{rank}", json.dumps(me))
+        self.peers: dict[int, Peer] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lcft-heartbeat", daemon=True)
         self._thread.start()
@@ -72,6 +73,9 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self.store.add(f"{self.prefix}/beat/{self.rank}", 1)
+                if len(self.peers) < self.world:  # who is where, read while the store answers
+                    self.peers.update({r: self._peer(r) for r in range(self.world) if r not in self.peers
+                                       and self.store.check([f"{self.prefix}/who/{r}"])})
             except Exception:  # the store went away (its node died): the diagnosis will say so
                 return
             self._stop.wait(BEAT_S)
@@ -133,7 +137,9 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
         lost, alive = hb.lost()
         nodes = hb.nodes_lost(lost, alive)
     except Exception:  # the store itself does not answer: it is served by rank 0
-        return (f"rank 0 (serving the run's store at {hb.host}:{hb.port}) or its node stopped answering "
+        first = hb.peers.get(0, Peer(0, None, hb.host, 0))
+        where = f" (node {first.node} lost)" if first.node is not None else ""
+        return (f"{first}, which serves the run's store at {hb.host}:{hb.port}, stopped answering{where} "
                 f"({cause}); the run ended without a new checkpoint: start it again with --resume auto", True)
     if not lost:
         return None

@@ -1,0 +1,88 @@
+"""Helpers of the launch fault tests: `lcft train` as a real command line, its processes, faults from outside."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from lcft.model import from_pretrained
+from lcft.train.metrics import read_metrics
+
+# The small run of these tests: 512-token sequences, 2 per step, fp32, checkpoints every 2 steps, all kept.
+RUN = ["--seq-len", "512", "--global-batch", "2", "--precision", "fp32", "--warmup", "2", "--lr", "1e-3",
+       "--keep-last", "0", "--no-progress"]
+
+
+def start_train(data: Path, init: Path, out: Path, *args: Any) -> subprocess.Popen:
+    """`python -m lcft train` with the small run's options and `args`, stdout and stderr captured."""
+    cmd = [sys.executable, "-m", "lcft", "train", "--data", str(data), "--init", str(init), "--out", str(out), *RUN,
+           *map(str, args)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def wait_for_step(run: Path, step: int, procs: list[subprocess.Popen], timeout: float = 240) -> None:
+    """Until metrics.jsonl holds `step` records; fails if a process ended first or time ran out."""
+    deadline = time.monotonic() + timeout
+    while _steps(run) < step:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"ended before step {step} (exit {p.returncode}): {p.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no step {step} after {timeout} s")
+        time.sleep(0.05)
+
+
+def _steps(run: Path) -> int:
+    try:
+        return len(read_metrics(run))
+    except ValueError:  # a line being written
+        return 0
+
+
+def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    """The worker process of global `rank` under a launcher (from the environment torchrun gave it)."""
+    for p in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if p.environ().get("RANK") == str(rank) and "lcft.launch" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker of rank {rank} under pid {launcher.pid}")
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and everything under it (torchrun, its workers): a node that vanishes."""
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The one-line `error: ...` messages of a command's stderr."""
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(run: Path) -> torch.Tensor:
+    return torch.tensor([r["loss"] for r in read_metrics(run)], dtype=torch.float64)
+
+
+def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return from_pretrained(ckpt).state_dict()

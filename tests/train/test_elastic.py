@@ -1,0 +1,77 @@
+"""Faults from outside a `lcft train --nproc 2` run (gloo, 2 processes): a frozen worker ends the run within the
+collective timeout naming its rank, SIGTERM with a frozen worker ends the job at once, and a rank SIGKILLed
+under --max-restarts is restarted with the group, which continues from its latest checkpoint to the same
+losses and weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from lcft.train import TrainConfig, latest_checkpoint, train
+from tests.train.launching import error_lines, losses, rank_process, start_train, wait_for_step, weights
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def test_a_frozen_worker_ends_the_run_naming_its_rank(tmp_path, data_dir, init_dir):
+    """SIGSTOP to rank 1 after step 2: rank 0's collective times out (5 s), the run exits 75 naming rank 1,
+    and no process is left behind (the frozen one too)."""
+    run = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
+                       "--collective-timeout", 5)
+    wait_for_step(run, 2, [proc])
+    frozen = rank_process(proc, 1)
+    frozen.suspend()
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 75, err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and "rank 1 on node 0 (host " in errors[0] and f"pid {frozen.pid})" in errors[0], err
+    assert "stopped answering" in errors[0] and "--resume auto" in errors[0]
+    assert took < 5 + 20, took  # the timeout, the diagnosis (3 beats) and the launcher's grace, not torchrun's 30 s
+    assert not frozen.is_running() or frozen.status() == "zombie"
+
+
+def test_sigterm_with_a_frozen_worker_ends_the_job(tmp_path, data_dir, init_dir):
+    """A frozen rank can never take part in the final checkpoint: SIGTERM to the launcher ends the job at once
+    (well within the 300 s collective timeout), exit 75, naming the frozen rank."""
+    run = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
+                       "--collective-timeout", 300)
+    wait_for_step(run, 2, [proc])
+    frozen = rank_process(proc, 1)
+    frozen.suspend()
+    t0 = time.monotonic()
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    assert time.monotonic() - t0 < 30
+    errors = error_lines(err)
+    assert len(errors) == 1 and f"rank 1 on node 0 (pid {frozen.pid}) is stopped" in errors[0], err
+    assert "SIGTERM" in errors[0]
+
+
+def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data_dir, init_dir):
+    """--max-restarts 1: rank 1 SIGKILLed once step 3 is logged; the agent restarts both ranks, they resume
+    from the latest checkpoint by themselves, and the run ends (exit 0) with the losses and weights of an
+    uninterrupted 2-process run (fp32, 1e-6)."""
+    base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
+                warmup=2, lr=1e-3, precision="fp32", save_every=2, keep_last=0, progress=False)
+    straight = tmp_path / "straight"
+    assert train(TrainConfig(out=str(straight), nproc=2, **base))["step"] == 6
+    run = tmp_path / "elastic"
+    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 6, "--save-every", 2, "--max-restarts", 1)
+    wait_for_step(run, 3, [proc])
+    rank_process(proc, 1).kill()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed from" in err
+    torch.testing.assert_close(losses(run), losses(straight), rtol=1e-6, atol=1e-6)
+    a, b = weights(latest_checkpoint(run)), weights(latest_checkpoint(straight))
+    assert latest_checkpoint(run).name == "step-00000006"
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6)
