@@ -42,7 +42,7 @@ def fwd_kernel(Q, K, V, Out, LSE, IDX, n_heads, group, lq, lk, n_slots, q_block_
     for slot in range(n_slots):
         kb = tl.load(idx_row + slot).to(tl.int64)
         if kb >= 0:
-            for sub in tl.static_range(BLOCK // BLOCK_N):
+            for sub in range(BLOCK // BLOCK_N):
                 k_pos = kb * BLOCK + sub * BLOCK_N + offs_n  # (BLOCK_N,)
                 kv_off = (bkv * lk + k_pos)[:, None] * D + offs_d[None, :]
                 k = tl.load(K + kv_off, mask=dmask, other=0.0)  # (BLOCK_N, BD): once for all heads
@@ -82,7 +82,7 @@ def dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, IDX, n_heads, group, lq, lk, n_slots,
     for slot in range(n_slots):
         kb = tl.load(idx_row + slot).to(tl.int64)
         if kb >= 0:
-            for sub in tl.static_range(BLOCK // BLOCK_N):
+            for sub in range(BLOCK // BLOCK_N):
                 k_pos = kb * BLOCK + sub * BLOCK_N + offs_n
                 kv_off = (bkv * lk + k_pos)[:, None] * D + offs_d[None, :]
                 k = tl.load(K + kv_off, mask=dmask, other=0.0)
