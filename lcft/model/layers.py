@@ -45,14 +45,19 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, fused: bool = True) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # gate and up in one matmul (separate parameters, HF names): one pass over x forward and backward
-        w = torch.cat([self.gate_proj.weight, self.up_proj.weight])  # (2I, H)
-        gate, up = F.linear(x, w).chunk(2, dim=-1)  # (B, L, I) each
-        return self.down_proj(F.silu(gate) * up)  # (B, L, H)
+        if self.fused:
+            # gate and up in one matmul (separate parameters, HF names): one pass over x forward and backward,
+            # for the price of a (2I, H) weight copy kept for backward (not worth it for MoE's many experts)
+            w = torch.cat([self.gate_proj.weight, self.up_proj.weight])  # (2I, H)
+            gate, up = F.linear(x, w).chunk(2, dim=-1)  # (..., I) each
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)  # (..., I) each
+        return self.down_proj(F.silu(gate) * up)  # (..., H)

@@ -19,7 +19,7 @@ class MoE(nn.Module):
         super().__init__()
         self.num_experts, self.top_k = num_experts, top_k
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.experts = nn.ModuleList(MLP(hidden_size, intermediate_size, fused=False) for _ in range(num_experts))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (N, H) -> (router probabilities (N, E) fp32, chosen experts (N, k), their weights (N, k) fp32)."""
@@ -38,12 +38,16 @@ class MoE(nn.Module):
         order = experts.reshape(-1).argsort(stable=True)  # (N·k,) assignments sorted by expert
         counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts)  # (E,)
         token = order // self.top_k  # (N·k,) token of each sorted assignment
-        xs = flat[token]  # (N·k, H): one gather; each expert's rows are then a contiguous slice
-        # An expert no token chose still runs (on 0 rows): its weights then get a zero gradient rather than
-        # none, which DDP needs when another rank's tokens did choose it.
-        ys = [expert(part) for expert, part in zip(self.experts, xs.split(counts.tolist()), strict=True)]
-        y = torch.cat(ys) * weights.reshape(-1)[order, None]  # (N·k, H) fp32
-        out = torch.zeros_like(flat).index_add_(0, token, y.to(flat.dtype))  # (N, H)
+        scale = weights.reshape(-1)[order]  # (N·k,) fp32
+        out = torch.zeros_like(flat)  # (N, H)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            # An expert no token chose still runs (on 0 rows): its weights then get a zero gradient rather than
+            # none, which DDP needs when another rank's tokens did choose it.
+            rows = token[start:start + n]  # (n,)
+            y = self.experts[e](flat[rows]) * scale[start:start + n, None]  # (n, H) fp32
+            out.index_add_(0, rows, y.to(out.dtype))
+            start += n
         stats = torch.stack([probs.sum(0), counts.to(probs.dtype)]) if with_stats else None  # (2, E)
         return out.view(shape), stats
 
