@@ -242,9 +242,9 @@ def weight_files(directory: Path) -> list[Path]:
     raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
 
 
-def load_weights(model: torch.nn.Module, directory: Path) -> None:
+def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
     """Assign every parameter of a model built on the meta device from the folder's safetensors, one tensor at a
-    time as stored (dtype kept), so the peak is about one copy of the model plus one tensor."""
+    time (as stored, or cast to dtype as it is read), so the peak is about one copy of the model plus one tensor."""
     params = dict(model.named_parameters())
     expected = {to_hf_name(n): n for n in params}
     tied = model.config.tie_word_embeddings
@@ -263,7 +263,8 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
                     if shape != tuple(params[name].shape):
                         raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
                                         f"{tuple(params[name].shape)}")
-                    _assign(model, name, sf.get_tensor(key))
+                    tensor = sf.get_tensor(key)
+                    _assign(model, name, tensor if dtype is None else tensor.to(dtype))
                     loaded.add(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # truncated or corrupt file
             raise LcftError(f"{f}: cannot read weights ({e})") from None

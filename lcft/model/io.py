@@ -117,16 +117,18 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
         raise LcftError(f"{directory / CONFIG}: missing field {e.args[0]!r}") from None
 
 
-def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> Llama:
+def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | None = None,
+                    dtype: torch.dtype | None = None) -> Llama:
     """Load a model from a folder written by save_pretrained or by transformers (LlamaForCausalLM,
     MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM; safetensors, single or sharded,
-    fp32/bf16/fp16 kept as stored). attention overrides the backend recorded in lcft.json (e.g. continue a dense model as sparse)."""
+    fp32/bf16/fp16 kept as stored unless dtype is given: training wants fp32 master weights of a bf16 checkpoint).
+    attention overrides the backend recorded in lcft.json (e.g. continue a dense model as sparse)."""
     directory = Path(directory)
     cfg = read_config(directory, attention)
     _weight_files(directory)  # a missing weight file is reported before anything is built
     with torch.device("meta"):
         model = Llama(cfg)  # no init cost: every parameter is assigned from the files, tensor by tensor
-    load_weights(model, directory)
+    load_weights(model, directory, dtype)
     return model
 
 

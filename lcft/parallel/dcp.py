@@ -110,13 +110,13 @@ def _load(dcp_state: dict[str, Any], ckpt: str | os.PathLike, no_dist: bool) -> 
 
 
 def read_model(ckpt: str | os.PathLike, attention: AttentionConfig | None = None, *,
-               materialize: bool = True) -> Llama:
+               materialize: bool = True, dtype: torch.dtype | None = None) -> Llama:
     """The model of any checkpoint folder: HF safetensors (lcft.model.from_pretrained) or sharded DCP.
     materialize=False leaves a sharded checkpoint's model on the meta device, for a caller that shards it
     first and then fills each rank's part with load_state (no rank holds the whole model)."""
     ckpt = Path(ckpt)
     if not is_sharded_checkpoint(ckpt):
-        return from_pretrained(ckpt, attention=attention)
+        return from_pretrained(ckpt, attention=attention, dtype=dtype)
     model = _model_on_meta(ckpt, attention)
     if materialize:
         model.to_empty(device="cpu")

@@ -1,5 +1,5 @@
-"""Continued training of models transformers built: `--init <HF folder>` for a Qwen3 and a Mixtral (router loss
-on), then `lcft export`; transformers loads the export as the same class with the trained weights."""
+"""Continued training of models transformers built: `--init <HF folder>` (bf16 on disk) for a Qwen3 and a Mixtral
+(router loss on) trains fp32 weights, then `lcft export`; transformers loads the export as the same class."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ FAMILIES = {
 def test_train_from_a_transformers_folder_then_export(tmp_path, base_cfg, family):
     cfg_cls, model_cls, extra = FAMILIES[family]
     torch.manual_seed(0)
-    getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**SHAPE, **extra)).save_pretrained(
-        tmp_path / "hf")
+    published = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**SHAPE, **extra))
+    published.to(torch.bfloat16).save_pretrained(tmp_path / "hf")  # as checkpoints are mostly published
     s = train(TrainConfig(out=str(tmp_path / "run"), **{**base_cfg, "init": str(tmp_path / "hf"), "steps": 2}))
     assert s["step"] == 2 and all(torch.isfinite(torch.tensor(m["loss"])) for m in read_metrics(tmp_path / "run"))
 
@@ -40,7 +40,8 @@ def test_train_from_a_transformers_folder_then_export(tmp_path, base_cfg, family
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     assert type(back).__name__ == model_cls
     ours, init = from_pretrained(s["checkpoint"]).eval(), from_pretrained(tmp_path / "hf")
-    assert not torch.equal(ours.embed_tokens.weight, init.embed_tokens.weight)  # it trained
+    assert init.embed_tokens.weight.dtype == torch.bfloat16 and ours.embed_tokens.weight.dtype == torch.float32
+    assert not torch.equal(ours.embed_tokens.weight, init.embed_tokens.weight.float())  # it trained, fp32 master
     ids = torch.randint(4, 9, (1, 64))
     with torch.no_grad():
         assert (back(ids).logits - ours(ids)).abs().max().item() < 1e-4
