@@ -54,7 +54,10 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
     if not source.is_dir():
         raise LcftError(f"checkpoint folder not found: {source}")
     check_tokenizer(source, tokenizer)
-    model = read_model(source, attention_override(cfg, read_config(source).attention), materialize=materialize)
+    # fp32 master weights whatever the checkpoint's dtype (published ones are mostly bf16; --precision bf16 is
+    # autocast over fp32 weights)
+    model = read_model(source, attention_override(cfg, read_config(source).attention), materialize=materialize,
+                       dtype=torch.float32)
     rope = _rope_changes(cfg, model.config)
     if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are
         on_meta = next(model.parameters()).is_meta
