@@ -44,6 +44,25 @@ class EvalConfig(ParallelConfig):
     verify_data: bool = True
     """Check the split's files against the manifest's sha256 before evaluating (one full read of them: about
     a second per GB; --no-verify-data skips it for very large sets, then a damaged byte goes unnoticed)."""
+    bootstrap: int = 1000
+    """Bootstrap replicates behind every 95% interval (held-out windows resampled with replacement, paired
+    across checkpoints)."""
+    seed: int = 0
+    """Seed of the bootstrap draws and of the copy probe's shuffles and substitutions."""
+    probe: Literal["none", "copy"] = "none"
+    """copy: also measure how far back each checkpoint reads: a segment planted again D tokens later, the loss
+    on that second occurrence with and without the first (effective_context in eval.json)."""
+    probe_segment: Size = 256
+    """Copy probe: tokens in the copied segment (the last tokens of each window are its second occurrence)."""
+    probe_distances: tuple[Size, ...] = ()
+    """Copy probe: distances D between the two occurrences (empty: segment, 2 segment, 4 segment, ... up to the
+    window length)."""
+    probe_mutation: float = 0.1
+    """Copy probe: fraction of the first occurrence's bases substituted in the mutated variant, as in a diverged
+    repeat (0 = exact copies only)."""
+    probe_windows: int = 0
+    """Copy probe: run it on the first N evaluated windows (0 = all of them); each costs 3 forward passes per
+    distance (2 without the mutated variant)."""
 
     def __post_init__(self) -> None:
         self.checkpoints = tuple(str(c) for c in self.checkpoints)
@@ -51,6 +70,7 @@ class EvalConfig(ParallelConfig):
         if isinstance(self.max_context, int):
             self.max_context = (self.max_context,)
         self.max_context = tuple(_context(c) for c in self.max_context)
+        self.probe_distances = tuple(_size(d, "probe_distances") for d in self.probe_distances)
         super().__post_init__()
         self._check()
 
@@ -76,6 +96,14 @@ class EvalConfig(ParallelConfig):
             raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.max_windows < 0:
             raise ConfigError(f"--max-windows must be 0 (all) or positive, got {self.max_windows}")
+        if self.bootstrap < 1:
+            raise ConfigError(f"--bootstrap must be at least 1 replicate, got {self.bootstrap}")
+        if self.probe_segment < 1:
+            raise ConfigError(f"--probe-segment must be at least 1, got {self.probe_segment}")
+        if not 0 <= self.probe_mutation < 1:
+            raise ConfigError(f"--probe-mutation must be a fraction in [0, 1), got {self.probe_mutation}")
+        if self.probe_windows < 0:
+            raise ConfigError(f"--probe-windows must be 0 (all) or positive, got {self.probe_windows}")
 
     def context_of(self, i: int) -> int:
         """The --max-context of checkpoint i (0 = the whole window)."""
@@ -92,3 +120,11 @@ def _context(value: int | str) -> int:
         return parse_size(value) if isinstance(value, str) else int(value)
     except (ConfigError, ValueError):
         raise ConfigError(f"max_context: not a size: {value!r} (use e.g. 1024, 1K, or 0 for the whole window)") from None
+
+
+def _size(value: int | str, name: str) -> int:
+    """A token count given as a number or a size like 4K."""
+    try:
+        return parse_size(value) if isinstance(value, str) else int(value)
+    except (ConfigError, ValueError):
+        raise ConfigError(f"{name}: not a size: {value!r} (use e.g. 300, 4K)") from None

@@ -19,12 +19,15 @@ from rich.table import Table
 
 from lcft import __version__
 from lcft.config import format_size, save_resolved, to_dict
-from lcft.evaluate.binning import LN2, UNIFORM_LOSS, relative_change, tenths
+from lcft.evaluate.binning import LN2, SUBSETS, UNIFORM_LOSS, relative_change, tenths
+from lcft.evaluate.stats import LEVEL, Change, bin_positions, mean_difference, resample_counts, trend
 from lcft.files import atomic_open
 
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
-CSV_COLUMNS = ("label", "bin", "start", "end", "tokens", "loss", "bits_per_base", "relative_change")
+CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "tokens", "loss", "bits_per_base", "relative_change",
+               "ci_low", "ci_high")
+SPLITS = SUBSETS[1:]  # repeat, unique: the soft-mask split reported next to every figure over all tokens
 
 
 def _num(x: float) -> float | None:
@@ -33,14 +36,85 @@ def _num(x: float) -> float | None:
     return None if math.isnan(x) or math.isinf(x) else x
 
 
+def _nums(x: np.ndarray) -> list[float | None]:
+    return [_num(v) for v in np.asarray(x).ravel()]
+
+
+def _split(loss: np.ndarray, count: np.ndarray, per_bin: Change, overall: Change, s: int) -> dict[str, Any]:
+    """Figures of one soft-mask subset `s` from per-window bin sums `loss`, `count` `(n, subsets, k)`."""
+    tok = count[:, s].sum(0)  # (k,)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(tok > 0, loss[:, s].sum(0) / np.maximum(tok, 1), np.nan)  # (k,)
+    total = float(loss[:, s].sum()) / int(tok.sum()) if tok.sum() else math.nan
+    return {"tokens": int(tok.sum()), "loss": _num(total), "bits_per_base": _num(total / LN2),
+            "relative_change": _num(overall.value[s]), "ci_low": _num(overall.low[s]), "ci_high": _num(overall.high[s]),
+            "bins": {"loss": _nums(means), "bits_per_base": _nums(means / LN2), "tokens": [int(c) for c in tok],
+                     "relative_change": _nums(per_bin.value[s]), "ci_low": _nums(per_bin.low[s]),
+                     "ci_high": _nums(per_bin.high[s])}}
+
+
+def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, is_ref: bool) -> dict[str, Any]:
+    """Bootstrap intervals of one checkpoint's change against the reference (overall, per bin, per subset) and
+    the trend of its per-bin change with log position."""
+    loss, count = res.bins.loss, res.bins.count  # (n, subsets, k)
+    ref_loss, ref_count = ref.bins.loss, ref.bins.count
+    per_bin = mean_difference(loss, count, ref_loss, ref_count, weights, relative=True)  # (subsets, k)
+    overall = mean_difference(loss.sum(2), count.sum(2), ref_loss.sum(2), ref_count.sum(2), weights,
+                              relative=True)  # (subsets,)
+    out: dict[str, Any] = {"ci_low": _num(overall.low[0]), "ci_high": _num(overall.high[0]),
+                           "bins": {"ci_low": _nums(per_bin.low[0]), "ci_high": _nums(per_bin.high[0])}, "trend": None}
+    if not is_ref:
+        all_bins = Change(per_bin.value[0], per_bin.low[0], per_bin.high[0], per_bin.samples[:, 0])
+        t = trend(all_bins, count[:, 0], weights, positions)
+        out["trend"] = {"slope_per_doubling": _num(t.slope), "ci_low": _num(t.low), "ci_high": _num(t.high),
+                        "verdict": t.verdict}
+    for s, name in enumerate(SPLITS, start=1):
+        out[name] = _split(loss, count, per_bin, overall, s)
+    return out
+
+
+def _probe_options(cfg: Any, results: list) -> dict[str, Any] | None:
+    probe = results[0].probe
+    if probe is None:
+        return None
+    return {"kind": "copy", "segment": probe.segment, "distances": list(probe.distances),
+            "mutation": probe.mutation, "windows": probe.n_windows,
+            "target": [probe.length - probe.segment, probe.length],
+            "note": "the window's last `segment` tokens are overwritten by the segment `distance` tokens earlier; "
+                    "drop = loss on them with that source shuffled minus with it intact (nats/base; > 0 = read back); "
+                    "rebuild a planted window with lcft.evaluate.probe.plant(ids, window, segment, distance, "
+                    "mutation, seed)"}
+
+
+def _probe_figures(probe: Any, cfg: Any) -> dict[str, Any]:
+    """A checkpoint's copy-probe figures (drop by distance with intervals) and its effective context."""
+    if probe is None:
+        return {"effective_context": None, "probe": None}
+    summary = probe.summary(resample_counts(probe.n_windows, cfg.bootstrap, cfg.seed))
+    return {"effective_context": summary["effective_context"], "probe": summary}
+
+
+def _bases(windows: list[dict[str, Any]]) -> int:
+    """Bases of the counted tokens (= tokens for char; a model tokenizer's tokens cover several)."""
+    return sum(w.get("bases", w["tokens"]) for w in windows)
+
+
+def _bits_per_base(loss_sum: float, windows: list[dict[str, Any]]) -> float:
+    """Total nats over the bases the counted tokens cover, in bits (per token for char, as before)."""
+    bases = _bases(windows)
+    return loss_sum / bases / LN2 if bases else math.nan
+
+
 def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, edges: np.ndarray) -> dict[str, Any]:
     """Every figure of the evaluation as plain JSON-able data (see README: eval.json)."""
     length = ws.length
     (f0, f1), (l0, l1) = tenths(length)
     ref_bins, _ = results[0].sums.binned(edges)
     ref_loss = results[0].sums.mean()
+    weights = resample_counts(len(results[0].bins), cfg.bootstrap, cfg.seed)  # (reps, n) shared by all
+    positions = bin_positions(edges)
     checkpoints = []
-    for info, res in zip(infos, results, strict=True):
+    for i, (info, res) in enumerate(zip(infos, results, strict=True)):
         means, counts = res.sums.binned(edges)
         loss_sum, tokens = res.sums.total()
         loss = loss_sum / tokens if tokens else math.nan
@@ -48,7 +122,8 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
         rec.update({
             "tokens": tokens,
             "loss": _num(loss),
-            "bits_per_base": _num(loss / LN2),
+            "bases": _bases(res.windows),
+            "bits_per_base": _num(_bits_per_base(loss_sum, res.windows)),
             "first_tenth_loss": _num(res.sums.range_mean(f0, f1)),
             "last_tenth_loss": _num(res.sums.range_mean(l0, l1)),
             "relative_change": _num(relative_change(loss, ref_loss)),
@@ -58,8 +133,11 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
                 "tokens": [int(c) for c in counts],
                 "relative_change": [_num(v) for v in relative_change(means, ref_bins)],
             },
-            "windows": [{**w, "loss": _num(w["loss"])} for w in res.windows],
+            "windows": [{k: _num(v) if isinstance(v, float) else v for k, v in w.items()} for w in res.windows],
         })
+        extra = _intervals(res, results[0], weights, positions, is_ref=i == 0)
+        rec["bins"].update(extra.pop("bins"))
+        rec.update(extra, **_probe_figures(res.probe, cfg))
         checkpoints.append(rec)
     return {
         "format_version": FORMAT_VERSION,
@@ -82,6 +160,10 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
             "last_tenth": [l0, l1],
         },
         "uniform": {"loss": UNIFORM_LOSS, "bits_per_base": UNIFORM_LOSS / LN2},
+        "bootstrap": {"replicates": cfg.bootstrap, "seed": cfg.seed, "level": LEVEL, "resampled": "windows",
+                      "note": "paired percentile intervals of each change against the first checkpoint"},
+        "subsets": {"repeat": "predicted base soft-masked (lower case in the FASTA)", "unique": "upper case"},
+        "probe": _probe_options(cfg, results),
         "checkpoints": checkpoints,
     }
 
@@ -91,13 +173,14 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     edges = report["positions"]["edges"]
     rows = []
     for ck in report["checkpoints"]:
-        b = ck["bins"]
-        for i in range(len(edges) - 1):
-            rows.append({
-                "label": ck["label"], "bin": i, "start": edges[i], "end": edges[i + 1],
-                "tokens": b["tokens"][i], "loss": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
-                "relative_change": b["relative_change"][i],
-            })
+        for subset in SUBSETS:
+            b = ck["bins"] if subset == "all" else ck[subset]["bins"]
+            for i in range(len(edges) - 1):
+                rows.append({
+                    "label": ck["label"], "subset": subset, "bin": i, "start": edges[i], "end": edges[i + 1],
+                    "tokens": b["tokens"][i], "loss": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
+                    "relative_change": b["relative_change"][i], "ci_low": b["ci_low"][i], "ci_high": b["ci_high"][i],
+                })
     return rows
 
 
@@ -131,9 +214,22 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
     return paths
 
 
+def _series(values: list[float | None], scale: float = 1.0) -> np.ndarray:
+    """A JSON list as floats for matplotlib: null (no tokens) as NaN, a gap in the line."""
+    return np.array([np.nan if v is None else scale * v for v in values], dtype=np.float64)
+
+
+def _change_panel(ax: Any, mid: np.ndarray, b: dict[str, Any], label: str, **style: Any) -> None:
+    """One checkpoint's relative change by bin (%) with its 95% interval as a shaded band."""
+    (line,) = ax.plot(mid, _series(b["relative_change"], 100), label=label, **style)
+    ax.fill_between(mid, _series(b["ci_low"], 100), _series(b["ci_high"], 100), color=line.get_color(),
+                    alpha=0.15, linewidth=0)
+
+
 def plot(report: dict[str, Any]) -> bytes:
-    """PNG bytes: bits/base against position (one line per checkpoint, the uniform guess dashed), and below
-    it the relative change of each checkpoint against the first."""
+    """PNG bytes: bits/base against position (one line per checkpoint, the uniform guess dashed); below it the
+    relative change of each checkpoint against the first with its 95% interval as a band; at the bottom the
+    same change in repeats (soft-masked, solid) and in unique sequence (dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede pyplot's import
@@ -142,27 +238,34 @@ def plot(report: dict[str, Any]) -> bytes:
     edges = np.asarray(report["positions"]["edges"], dtype=np.float64)
     log = report["positions"]["bin_scale"] == "log"
     mid = np.sqrt(np.maximum(edges[:-1], 1) * edges[1:]) if log else (edges[:-1] + edges[1:]) / 2
-    fig = Figure(figsize=(9, 6.5), dpi=100, layout="constrained")
-    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    fig = Figure(figsize=(9, 9), dpi=100, layout="constrained")
+    top, middle, bottom = fig.subplots(3, 1, sharex=True, height_ratios=(3, 2, 2))
     ref = report["checkpoints"][0]["label"]
-    for ck in report["checkpoints"]:
-        bpb = np.array([np.nan if v is None else v for v in ck["bins"]["bits_per_base"]])
-        rel = np.array([np.nan if v is None else 100 * v for v in ck["bins"]["relative_change"]])
-        top.plot(mid, bpb, marker=".", label=ck["label"])
-        bottom.plot(mid, rel, marker=".", label=f"{ck['label']} vs {ref}")
+    for k, ck in enumerate(report["checkpoints"]):
+        color = f"C{k}"
+        top.plot(mid, _series(ck["bins"]["bits_per_base"]), marker=".", color=color, label=ck["label"])
+        _change_panel(middle, mid, ck["bins"], f"{ck['label']} vs {ref}", marker=".", color=color)
+        if k:
+            _change_panel(bottom, mid, ck["repeat"]["bins"], f"{ck['label']}: repeats", color=color)
+            _change_panel(bottom, mid, ck["unique"]["bins"], f"{ck['label']}: unique", color=color, linestyle="--")
     top.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="uniform guess (2 bits/base)")
     top.set_ylabel("held-out loss (bits/base)")
     d = report["data"]
     top.set_title(f"{d['split']} split of {Path(d['folder']).name}: {d['windows']} windows of "
                   f"{format_size(d['window_length'])} tokens")
     top.legend(fontsize="small")
-    bottom.axhline(0.0, color="grey", linewidth=1)
-    bottom.set_ylabel(f"change vs {ref} (%)")
+    middle.set_ylabel(f"change vs {ref} (%)\n(band: 95% interval)")
+    middle.legend(fontsize="small")
+    bottom.set_ylabel(f"change vs {ref} (%)\nrepeats vs unique")
+    if len(report["checkpoints"]) > 1:
+        bottom.legend(fontsize="small")
     bottom.set_xlabel("position in window (tokens)")
     if log:
         bottom.set_xscale("log")
-    for ax in (top, bottom):
+    for ax in (top, middle, bottom):
         ax.grid(alpha=0.3)
+    for ax in (middle, bottom):
+        ax.axhline(0.0, color="grey", linewidth=1)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -176,6 +279,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.2f}%"
 
 
+def _pct_ci(rec: dict[str, Any]) -> str:
+    """A relative change with its 95% interval, e.g. -0.42% [-0.90, +0.10]."""
+    if rec.get("ci_low") is None or rec.get("ci_high") is None:
+        return _pct(rec["relative_change"])
+    return f"{_pct(rec['relative_change'])} [{100 * rec['ci_low']:+.2f}, {100 * rec['ci_high']:+.2f}]"
+
+
 def table(report: dict[str, Any]) -> Table:
     """The terminal summary: overall loss, bits/base, first/last tenth, change vs the first checkpoint."""
     d = report["data"]
@@ -183,26 +293,95 @@ def table(report: dict[str, Any]) -> Table:
                     f"{format_size(d['window_length'])} tokens", title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     for col in ("context", "loss", "bits/base", "first 10%", "last 10%", "last-first",
-                f"vs {report['checkpoints'][0]['label']}"):
+                f"vs {report['checkpoints'][0]['label']} [95% CI]"):
         t.add_column(col, justify="right", no_wrap=True)
     for ck in report["checkpoints"]:
         first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
         gap = None if first is None or last is None else last - first
         t.add_row(ck["label"], format_size(ck["max_context"]) if ck["max_context"] else "window",
                   _fmt(ck["loss"]), _fmt(ck["bits_per_base"], ".3f"), _fmt(first), _fmt(last),
-                  _fmt(gap, "+.4f"), _pct(ck["relative_change"]))
+                  _fmt(gap, "+.4f"), _pct_ci(ck))
     u = report["uniform"]
     t.add_row("uniform guess", "-", _fmt(u["loss"]), _fmt(u["bits_per_base"], ".3f"), _fmt(u["loss"]),
               _fmt(u["loss"]), "+0.0000", "", style="dim")
     return t
 
 
+def split_table(report: dict[str, Any]) -> Table | str:
+    """Repeats (soft-masked predicted base) against unique sequence: loss and change with its interval; a
+    one-line note instead when the windows hold no soft-masked base."""
+    if not any(ck["repeat"]["tokens"] for ck in report["checkpoints"]):
+        return "no soft-masked (lower-case) bases in these windows: no split into repeats and unique sequence"
+    ref = report["checkpoints"][0]["label"]
+    t = Table(title=f"repeats (lower case in the FASTA) and unique sequence; change vs {ref}", title_justify="left")
+    t.add_column("checkpoint", no_wrap=True)
+    for col in ("repeats", "repeat loss", "repeat change [95% CI]", "unique loss", "unique change [95% CI]"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for ck in report["checkpoints"]:
+        rep, uni = ck["repeat"], ck["unique"]
+        share = rep["tokens"] / ck["tokens"] if ck["tokens"] else None
+        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(rep["loss"]), _pct_ci(rep), _fmt(uni["loss"]), _pct_ci(uni))
+    return t
+
+
+def probe_table(report: dict[str, Any]) -> Table | None:
+    """Loss drop on the planted copy by distance (nats/base; * = above zero by its 95% interval) and the
+    effective context of each checkpoint; None without --probe."""
+    opts = report.get("probe")
+    if not opts:
+        return None
+    rough = "; with this few windows the intervals are rough" if opts["windows"] < 8 else ""
+    t = Table(title=f"copy probe: loss drop (nats/base) on a {opts['segment']}-token segment copied D tokens "
+                    f"earlier, {opts['windows']} windows (* = above zero by its 95% interval{rough})",
+              title_justify="left")
+    t.add_column("checkpoint", no_wrap=True)
+    for d in opts["distances"]:
+        t.add_column(f"D={format_size(d)}", justify="right", no_wrap=True)
+    t.add_column("effective context", justify="right", no_wrap=True)
+    if opts["mutation"] > 0:
+        t.add_column(f"with {opts['mutation']:.0%} substituted", justify="right", no_wrap=True)
+    for ck in report["checkpoints"]:
+        pr = ck["probe"]
+        cells = [_fmt(v, "+.4f") + ("*" if lo is not None and lo > 0 else "")
+                 for v, lo in zip(pr["drop"], pr["ci_low"], strict=True)]
+        cells.append(_context(pr["effective_context"]))
+        if "mutated" in pr:
+            cells.append(_context(pr["mutated"]["effective_context"]))
+        t.add_row(ck["label"], *cells)
+    return t
+
+
+def _context(d: int) -> str:
+    return format_size(d) if d else "none detected"
+
+
+def trend_lines(report: dict[str, Any]) -> list[str]:
+    """One line per compared checkpoint: the slope of its change with log position, its interval, a verdict."""
+    ref = report["checkpoints"][0]["label"]
+    lines = []
+    for ck in report["checkpoints"][1:]:
+        tr = ck["trend"]
+        if tr is None or tr["slope_per_doubling"] is None:
+            continue
+        lo, hi = (f"{100 * v:+.3f}" if v is not None else "-" for v in (tr["ci_low"], tr["ci_high"]))
+        lines.append(f"{ck['label']} vs {ref}: change {100 * tr['slope_per_doubling']:+.3f}% per doubling of "
+                     f"position [95% CI {lo}, {hi}]: {tr['verdict']}")
+    return lines
+
+
 def print_table(report: dict[str, Any], console: Console | None = None) -> None:
+    """The summary table, the repeat/unique table, the trend verdicts and (with --probe) the probe table."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # a pipe or a log file: no terminal width to respect, keep rows on one line
             console = Console(width=120)
     console.print(table(report))
+    console.print(split_table(report), highlight=False)
+    for line in trend_lines(report):
+        console.print(line, highlight=False)
+    probe = probe_table(report)
+    if probe is not None:
+        console.print(probe)
 
 
 @contextlib.contextmanager

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
-from lcft.evaluate.binning import PositionSums, bin_edges
+from lcft.evaluate.binning import PositionSums, WindowBins, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
+from lcft.evaluate.probe import CopyProbe, check_probe, default_distances
 from lcft.files import folder_lock
 from lcft.genomics.tokenizer import A, T
 from lcft.kernels.triton_tiles import check_model_kernels_fit
@@ -27,11 +28,12 @@ from lcft.parallel.config import ParallelConfig
 IGNORE = -100
 
 
-def window_labels(ids: torch.Tensor) -> torch.Tensor:
+def window_labels(ids: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token labels `(B, L)` int64 for windows `ids` `(B, L)`: label[t] = ids[t+1] when it is a base
-    A/C/G/T, else -100 (N and <unk> are never a label); the last position predicts nothing."""
+    A/C/G/T, else -100 (N and <unk> are never a label); the last position predicts nothing. `counted`
+    `(vocab,)` bool: the ids that carry loss (a model tokenizer's tokens made only of A/C/G/T)."""
     nxt = ids[:, 1:]  # (B, L-1)
-    valid = (nxt >= A) & (nxt <= T)
+    valid = counted[nxt] if counted is not None else (nxt >= A) & (nxt <= T)
     labels = torch.full_like(ids, IGNORE)  # (B, L)
     labels[:, :-1] = torch.where(valid, nxt, torch.full_like(nxt, IGNORE))
     return labels
@@ -50,7 +52,8 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
 
 
 def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int = 0,
-                 precision: str = "fp32", parallel: EvalParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 precision: str = "fp32", parallel: EvalParallel | None = None,
+                 counted_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss of whole windows `ids` `(B, L)`, aligned to the predicted token's position.
 
     Returns `loss (B, L)` fp32 and `counted (B, L)` bool: entry p is the loss of predicting token p from the
@@ -62,7 +65,7 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
     from lcft.kernels import per_token_loss
 
     b, length = ids.shape
-    labels = window_labels(ids)  # (B, L)
+    labels = window_labels(ids, counted_ids)  # (B, L)
     per_label = torch.zeros(b, length, dtype=torch.float32, device=ids.device)  # (B, L), index t predicts t+1
     device = ids.device
     pieces = _pieces(length, max_context)
@@ -97,6 +100,10 @@ class CheckpointResult:
 
     sums: PositionSums
     windows: list[dict[str, Any]]
+    bins: WindowBins
+    """Per-window loss sums by position bin, all tokens and split by the soft mask (what the bootstrap draws)."""
+    probe: CopyProbe | None = None
+    """The copy probe's target losses (with --probe copy)."""
 
 
 def _device(name: str) -> torch.device:
@@ -181,6 +188,8 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
     """Every window of the split through one model: position sums and per-window figures. With `parallel`
     (several ranks), the dp groups take turns over the batches and every rank gets all results in order."""
     sums = PositionSums.zeros(ws.length)
+    table = torch.from_numpy(np.asarray(ws.counted)).to(device) if hasattr(ws, "counted") else None  # (vocab,)
+    bins = WindowBins(bin_edges(ws.length, cfg.bins, cfg.bin_scale))
     windows: list[dict[str, Any]] = []
     for batch in (parallel.batches(n_windows, cfg.batch_size) if parallel else _batches(n_windows, cfg.batch_size)):
         loss = counted = None
@@ -188,19 +197,53 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
             arr = np.stack([np.asarray(ws[i]) for i in batch]).astype(np.int64)  # (B, L)
             ids = torch.from_numpy(arr).to(device)  # (B, L)
             loss, counted = token_losses(model, ids, max_context=max_context, precision=cfg.precision,
-                                         parallel=parallel)
+                                         parallel=parallel, counted_ids=table)
         results = parallel.gather(batch, loss, counted) if parallel else [
             (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]
         for i, loss_i, counted_i in results:  # loss_i, counted_i (L,)
             sums.add(loss_i, counted_i)
-            n = int(counted_i.sum())
-            total = float(loss_i[counted_i].sum(dtype=np.float64))
+            # The soft-mask bit of each position is that of the base predicted there.
+            w_loss, w_count = bins.add(loss_i, counted_i, ws.softmask(i))  # (subsets, bins) each
+            n, n_rep = int(w_count[0].sum()), int(w_count[1].sum())
+            total, rep = float(w_loss[0].sum()), float(w_loss[1].sum())
             chrom, start, end = ws.coords(i)
             windows.append({"index": i, "chrom": chrom, "start": int(start), "end": int(end),
-                            "tokens": n, "loss": total / n if n else math.nan})
+                            "tokens": n, "loss": total / n if n else math.nan, "repeat_tokens": n_rep,
+                            "repeat_loss": rep / n_rep if n_rep else math.nan,
+                            "bases": int(ws.token_bases(i)[counted_i].sum()) if hasattr(ws, "token_bases") else n})
         if advance is not None:
             advance(len(results))
-    return CheckpointResult(sums, windows)
+    return CheckpointResult(sums, windows, bins)
+
+
+def run_probe(model: torch.nn.Module, probe: CopyProbe, cfg: EvalConfig, max_context: int, device: torch.device,
+              advance: Any = None, parallel: EvalParallel | None = None) -> None:
+    """Every planted window of `probe` through one model, its target losses recorded in `probe`. In one
+    process a checkpoint cut to `max_context` runs only the pieces the target depends on."""
+    first = probe.first_position(max_context) if parallel is None else 0  # cp shards need whole windows
+    n = len(probe)
+    for batch in (parallel.batches(n, cfg.batch_size) if parallel else _batches(n, cfg.batch_size)):
+        loss = counted = None
+        if batch:
+            arr = np.stack([probe[k][first:] for k in batch]).astype(np.int64)  # (B, L - first)
+            loss, counted = token_losses(model, torch.from_numpy(arr).to(device), max_context=max_context,
+                                         precision=cfg.precision, parallel=parallel)
+        results = parallel.gather(batch, loss, counted) if parallel else [
+            (k, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, k in enumerate(batch)]
+        for k, loss_k, counted_k in results:  # (L - first,) ending at the window end, where the target is
+            probe.record(k, loss_k, counted_k)
+        if advance is not None:
+            advance(len(results))
+
+
+def make_probe(cfg: EvalConfig, ws: Any, n_windows: int) -> CopyProbe | None:
+    """A fresh copy probe over the first windows (None without --probe); bad sizes fail before any work."""
+    if cfg.probe == "none":
+        return None
+    distances = cfg.probe_distances or default_distances(ws.length, cfg.probe_segment)
+    check_probe(ws.length, cfg.probe_segment, distances)
+    n = min(cfg.probe_windows or n_windows, n_windows)
+    return CopyProbe(ws, n, cfg.probe_segment, distances, cfg.probe_mutation, cfg.seed)
 
 
 def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
@@ -213,8 +256,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
         return launch("eval", cfg)  # torchrun starts the ranks; they run this function again
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
-    infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     n_windows = len(ws) if not cfg.max_windows else min(cfg.max_windows, len(ws))
+    make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
+    infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
     edges = bin_edges(ws.length, cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()
@@ -258,4 +302,10 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
             advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
             results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance,
                                           parallel))
+            probe = make_probe(cfg, ws, n_windows)
+            if probe is not None:
+                task = bar.add_task(f"{info.label}: copy probe", total=len(probe)) if bar else None
+                advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
+                run_probe(cached[1], probe, cfg, info.max_context, device, advance, parallel)
+                results[-1].probe = probe
     return results

@@ -47,7 +47,7 @@ def test_eval_writes_all_outputs_and_the_figures_agree(data_dir, ckpt_a, ckpt_b,
     assert on_disk["checkpoints"][0]["loss"] == rep["checkpoints"][0]["loss"]
     assert on_disk["data"]["windows"] == 5 and on_disk["data"]["window_length"] == WINDOW
     rows = list(csv.DictReader((out / "loss_by_position.csv").open()))
-    assert len(rows) == 2 * 8
+    assert len(rows) == 2 * 3 * 8  # every checkpoint's bins over all tokens, repeats and unique sequence
     for ck in on_disk["checkpoints"]:
         b = ck["bins"]
         # Token-count-weighted bin means and window means both give back the overall mean.
@@ -58,7 +58,7 @@ def test_eval_writes_all_outputs_and_the_figures_agree(data_dir, ckpt_a, ckpt_b,
         assert ck["bits_per_base"] == pytest.approx(ck["loss"] / math.log(2))
         assert len(ck["weights_sha256"]) == 64 and ck["config"]["hidden_size"] == 64
         assert ck["lcft"]["tokenizer"] == on_disk["data"]["tokenizer"]
-        mine = [r for r in rows if r["label"] == ck["label"]]
+        mine = [r for r in rows if r["label"] == ck["label"] and r["subset"] == "all"]
         assert [float(r["loss"]) for r in mine] == b["loss"]
         assert [int(r["tokens"]) for r in mine] == b["tokens"]
     ws = open_windows(data_dir, "eval")

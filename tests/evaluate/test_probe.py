@@ -89,3 +89,79 @@ def test_first_position_keeps_every_piece_the_target_depends_on():
     assert probe.first_position(0) == 0
     assert probe.first_position(512) == 1536  # the target [1792, 2048) lies in the last 512-token piece
     assert probe.first_position(300) == 1500  # pieces start at multiples of 300; position 1791 is in [1500, 1800)
+
+
+# End to end: `evaluate(probe="copy")` on the bundled human sample.
+
+
+def _eval(data_dir, out, *ckpts, **kw):
+    from lcft.evaluate import EvalConfig, evaluate
+
+    return evaluate(EvalConfig(data=str(data_dir), checkpoints=tuple(str(c) for c in ckpts), out=str(out), **kw))
+
+
+def test_truncated_context_is_the_probe_null(data_dir, ckpt_a, tmp_path):
+    c = 512
+    rep = _eval(data_dir, tmp_path / "r", ckpt_a, ckpt_a, max_context=(0, c), probe="copy", probe_segment=128,
+                probe_distances=(256, 1024, 1920), max_windows=2, batch_size=6, bootstrap=100)
+    full, cut = (ck["probe"] for ck in rep["checkpoints"])
+    far = [k for k, d in enumerate(cut["distances"]) if d > c]
+    for k in far:  # beyond the cut the copy is out of sight: the same target losses with or without it
+        assert abs(cut["drop"][k]) < 1e-6 and abs(cut["mutated"]["drop"][k]) < 1e-6
+        assert cut["ci_low"][k] <= 1e-6
+    assert rep["checkpoints"][1]["effective_context"] <= c
+    assert max(abs(full["drop"][k]) for k in far) > 1e-4  # with the whole window the far copy is seen
+    assert full["tokens"] == cut["tokens"]
+
+
+def _train_copier(path, lag: int = 300, length: int = 600, max_steps: int = 200):
+    """A one-layer model trained on random sequences repeated at `lag`: it learns to read back `lag` tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    from lcft.model import Llama, LlamaConfig, save_pretrained
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                              num_key_value_heads=4, rope_theta=1e3))
+    opt = torch.optim.Adam(model.parameters(), lr=6e-3)
+    rng = np.random.default_rng(0)
+    for _ in range(max_steps):
+        x = rng.integers(A, T + 1, size=(8, length))
+        x[:, lag:] = x[:, :length - lag]  # every token from `lag` on repeats the one `lag` before
+        ids = torch.from_numpy(x)  # (8, length)
+        logits = model(ids)  # (8, length, V)
+        loss = F.cross_entropy(logits[:, lag - 1:-1].flatten(0, 1), ids[:, lag:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.1:
+            break
+    assert loss.item() < 0.3, f"the copier did not learn ({loss.item():.3f})"
+    save_pretrained(model.eval(), path)
+    return path
+
+
+def test_a_model_trained_on_repeats_at_300_reads_back_300_and_nothing_beyond_its_context(data_dir, tmp_path):
+    ck = _train_copier(tmp_path / "copier")
+    rep = _eval(data_dir, tmp_path / "r", ck, max_context=(512,), probe="copy", probe_segment=64,
+                probe_distances=(128, 300, 1024, 1984), max_windows=3, bootstrap=200)
+    pr = rep["checkpoints"][0]["probe"]
+    at = {d: k for k, d in enumerate(pr["distances"])}
+    assert pr["drop"][at[300]] > 0.5 and pr["ci_low"][at[300]] > 0  # nats/base: the copy is read back
+    assert 0 < pr["mutated"]["drop"][at[300]] < pr["drop"][at[300]]  # a diverged copy helps less
+    for d in (1024, 1984):
+        assert abs(pr["drop"][at[d]]) < 1e-6
+    assert rep["checkpoints"][0]["effective_context"] == 300
+    assert rep["probe"]["target"] == [2048 - 64, 2048]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(probe_segment=1500), "too long for 2048-token windows"),
+    (dict(probe_distances=(4096,)), "beyond the window"),
+])
+def test_bad_probe_options_fail_before_any_work(data_dir, ckpt_a, tmp_path, kw, match):
+    out = tmp_path / "out"
+    with pytest.raises(LcftError, match=match) as e:
+        _eval(data_dir, out, ckpt_a, probe="copy", max_windows=1, **kw)
+    assert "\n" not in str(e.value) and not out.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, bin_edges
+from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, WindowBins, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.report import CSV_COLUMNS, build_report, table, write_outputs
@@ -27,25 +27,27 @@ class FakeWindows:
         return 3
 
 
-def _result(seed: int, scale: float) -> CheckpointResult:
+def _result(seed: int, scale: float, scale_of_bins: str = "linear") -> CheckpointResult:
     rng = np.random.default_rng(seed)
     sums = PositionSums.zeros(FakeWindows.length)
+    bins = WindowBins(bin_edges(FakeWindows.length, 16, scale_of_bins))
     windows = []
     for w in range(3):
         loss = scale * rng.gamma(4.0, 0.35, FakeWindows.length)  # (L,)
         mask = rng.random(FakeWindows.length) > 0.1  # (L,)
         mask[0] = False
         sums.add(loss, mask)
+        bins.add(loss, mask, np.random.default_rng(w).random(FakeWindows.length) < 0.5)  # same soft mask for all
         windows.append({"index": w, "chrom": "chr22", "start": w * 2048, "end": (w + 1) * 2048,
                         "tokens": int(mask.sum()), "loss": float(loss[mask].mean())})
-    return CheckpointResult(sums, windows)
+    return CheckpointResult(sums, windows, bins)
 
 
 def _report(tmp_path: Path, scale: str = "linear", second: float = 0.9):
     cfg = EvalConfig(data=str(tmp_path / "data"), checkpoints=("a", "b"), labels=("base", "long"),
                      bins=16, bin_scale=scale, out=str(tmp_path / "out"))
     infos = [CheckpointInfo(lb, lb, tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
-    results = [_result(0, 1.0), _result(1, second)]
+    results = [_result(0, 1.0, scale), _result(1, second, scale)]
     edges = bin_edges(FakeWindows.length, cfg.bins, cfg.bin_scale)
     return cfg, build_report(cfg, FakeWindows(), 3, infos, results, edges), results
 
@@ -64,8 +66,8 @@ def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
         assert weighted == pytest.approx(ck["loss"], rel=1e-12)
         assert len(ck["windows"]) == 3
     rows = list(csv.DictReader(paths["csv"].open()))
-    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 2 * (len(on_disk["positions"]["edges"]) - 1)
-    for row in rows:
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 2 * 3 * (len(on_disk["positions"]["edges"]) - 1)
+    for row in (r for r in rows if r["subset"] == "all"):
         ck = next(c for c in on_disk["checkpoints"] if c["label"] == row["label"])
         i = int(row["bin"])
         assert float(row["loss"]) == ck["bins"]["loss"][i]  # repr round-trips exactly

@@ -148,3 +148,118 @@ def test_window_bins_split_by_softmask_against_a_direct_count():
     nomask = WindowBins(edges)
     nomask.add(*data[0][:2], None)
     assert (nomask.count[0, 1] == 0).all() and (nomask.count[0, 2] == nomask.count[0, 0]).all()
+
+
+# End to end: intervals and the repeat/unique split of real evaluations on the bundled human sample.
+
+
+@pytest.fixture(scope="module")
+def masked_dir(tmp_path_factory):
+    """2K-token windows held out from the sample's chr2 piece: soft-masked (its chr22 piece is upper case)."""
+    from lcft.genomics import prepare_windows, sample_fasta
+
+    out = tmp_path_factory.mktemp("data") / "masked-2k"
+    prepare_windows(fasta=str(sample_fasta()), out=str(out), length=2048, train=("chr22",), eval=("chr2",))
+    return out
+
+
+def _eval(data_dir, out, *ckpts, **kw):
+    from lcft.evaluate import EvalConfig, evaluate
+
+    return evaluate(EvalConfig(data=str(data_dir), checkpoints=tuple(str(c) for c in ckpts), out=str(out), **kw))
+
+
+def test_identical_checkpoints_give_zero_width_intervals_at_zero(masked_dir, ckpt_a, tmp_path):
+    import shutil
+
+    copy = shutil.copytree(ckpt_a, tmp_path / "copy-of-a")
+    rep = _eval(masked_dir, tmp_path / "r", ckpt_a, copy, bins=8, max_windows=3, bootstrap=200)
+    b = rep["checkpoints"][1]
+    for rec in (b, b["repeat"], b["unique"]):
+        assert rec["ci_low"] == 0.0 and rec["ci_high"] == 0.0
+        assert all(v == 0.0 for v in rec["bins"]["ci_low"] + rec["bins"]["ci_high"])
+    assert b["trend"]["slope_per_doubling"] == 0.0 and b["trend"]["verdict"] == NO_TREND
+
+
+def _window_bin_sums(model, ws, n, edges, max_context):
+    """Per-window, per-bin loss sums and counts straight from token_losses (the per-window figures)."""
+    import torch
+
+    from lcft.evaluate import token_losses
+
+    sums, counts = [], []
+    for i in range(n):
+        loss, counted = token_losses(model, torch.from_numpy(np.asarray(ws[i]).astype(np.int64))[None],
+                                     max_context=max_context)
+        loss, counted = loss[0].double().numpy(), counted[0].numpy()
+        sums.append([loss[a:b][counted[a:b]].sum() for a, b in zip(edges[:-1], edges[1:], strict=True)])
+        counts.append([counted[a:b].sum() for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    return np.array(sums), np.array(counts)
+
+
+def test_self_against_a_short_context_matches_a_direct_bootstrap(data_dir, ckpt_a, tmp_path):
+    from lcft.genomics import open_windows
+    from lcft.model import from_pretrained
+
+    n, reps = 4, 300
+    rep = _eval(data_dir, tmp_path / "r", ckpt_a, ckpt_a, max_context=(0, 256), bins=4, max_windows=n,
+                bootstrap=reps, seed=11)
+    ws, model = open_windows(data_dir, "eval"), from_pretrained(ckpt_a).eval()
+    edges = np.asarray(rep["positions"]["edges"])
+    full, counts = _window_bin_sums(model, ws, n, edges, 0)
+    cut, _ = _window_bin_sums(model, ws, n, edges, 256)
+    lo, hi = _direct_bootstrap(full, cut, counts, reps, 11)  # per bin
+    b = rep["checkpoints"][1]
+    np.testing.assert_allclose(b["bins"]["ci_low"], lo, rtol=1e-5)
+    np.testing.assert_allclose(b["bins"]["ci_high"], hi, rtol=1e-5)
+    lo, hi = _direct_bootstrap(full.sum(1), cut.sum(1), counts.sum(1), reps, 11)  # overall
+    assert b["ci_low"] == pytest.approx(lo, rel=1e-5) and b["ci_high"] == pytest.approx(hi, rel=1e-5)
+    assert b["ci_low"] <= b["relative_change"] <= b["ci_high"]
+    assert b["trend"]["verdict"] in (GROWS, SHRINKS, NO_TREND)
+
+
+def test_same_seed_gives_the_same_interval(masked_dir, ckpt_a, ckpt_b, tmp_path):
+    kw = dict(bins=4, max_windows=4, batch_size=4, bootstrap=100)
+
+    def intervals(seed: int, out: str) -> list:
+        ck = _eval(masked_dir, tmp_path / out, ckpt_a, ckpt_b, seed=seed, **kw)["checkpoints"][1]
+        return [ck["ci_low"], ck["ci_high"], *ck["bins"]["ci_low"], *ck["bins"]["ci_high"], ck["repeat"]["ci_low"]]
+
+    one = intervals(1, "1")
+    assert one == intervals(1, "2") and one != intervals(2, "3")
+
+
+def test_repeat_and_unique_split_adds_up_and_counts_lower_case_bases(masked_dir, ckpt_b, tmp_path):
+    import csv
+
+    from lcft.genomics import open_windows
+    from lcft.genomics.tokenizer import decode
+
+    n = 4
+    rep = _eval(masked_dir, tmp_path / "r", ckpt_b, bins=8, max_windows=n, bootstrap=50)
+    ck = rep["checkpoints"][0]
+    r, u = ck["repeat"], ck["unique"]
+    assert r["tokens"] + u["tokens"] == ck["tokens"] and r["tokens"] > 0 and u["tokens"] > 0
+    assert (r["loss"] * r["tokens"] + u["loss"] * u["tokens"]) / ck["tokens"] == pytest.approx(ck["loss"], rel=1e-9)
+    assert [a + b for a, b in zip(r["bins"]["tokens"], u["bins"]["tokens"], strict=True)] == ck["bins"]["tokens"]
+    ws = open_windows(masked_dir, "eval")
+    edges = rep["positions"]["edges"]
+    lower = np.zeros(len(edges) - 1, dtype=np.int64)
+    for i in range(n):
+        text = decode(np.asarray(ws[i]), ws.softmask(i))  # lower case = soft-masked repeat
+        for b in range(len(edges) - 1):  # counted: a base A/C/G/T predicted at position p >= 1
+            lower[b] += sum(c in "acgt" for c in text[max(edges[b], 1):edges[b + 1]])
+    assert r["bins"]["tokens"] == lower.tolist()
+    rows = list(csv.DictReader((tmp_path / "r" / "loss_by_position.csv").open()))
+    assert [int(x["tokens"]) for x in rows if x["subset"] == "repeat"] == lower.tolist()
+    assert sum(w["repeat_tokens"] for w in ck["windows"]) == r["tokens"]
+
+
+def test_bootstrap_must_be_positive():
+    from lcft.config import ConfigError
+    from lcft.evaluate import EvalConfig
+
+    for bad in (0, -5):
+        with pytest.raises(ConfigError, match="--bootstrap") as e:
+            EvalConfig(data="d", checkpoints=("c",), bootstrap=bad).validate()
+        assert "\n" not in str(e.value)
