@@ -7,6 +7,12 @@ Cases, same weights and the same window (the bundled human sample's chr22 piece)
 Timing alternates the cases rep by rep in one process (so load drift from other jobs hits both alike) and
 reports wall and CPU time; peak RSS is measured per case in a fresh subprocess. Target: eval time at most
 1.2x the training forward's. `--quick`: an 8K window instead of 64K.
+
+Then, in the same process, what the report's extras cost against a plain eval of the same windows (the same
+model twice: whole window and cut to 1/8 of it, as a long-context run and its control): the paired bootstrap
+(1000 replicates behind every interval; target: under 5% of the plain eval) and the copy probe (per distance
+and window, in plain window evaluations: 3 forward passes, control, exact and mutated copy; a checkpoint cut
+to --max-context runs only the last piece).
 """
 
 from __future__ import annotations
@@ -27,13 +33,20 @@ import torch
 CASES = ("train-fwd", "eval")
 
 
-def _window(length: int) -> torch.Tensor:
-    """The first held-out window of the bundled sample at this length, (1, L) int64."""
-    from lcft.genomics import open_windows, prepare_windows, sample_fasta
+def _data(length: int) -> Path:
+    """The bundled sample prepared into windows of this length (train = chr2 piece, held out = chr22 piece)."""
+    from lcft.genomics import prepare_windows, sample_fasta
 
     out = Path(tempfile.gettempdir()) / f"lcft-bench-eval-{length}"
     prepare_windows(fasta=str(sample_fasta()), out=str(out), length=length, train=("chr2",), eval=("chr22",))
-    ws = open_windows(out, "eval")
+    return out
+
+
+def _window(length: int) -> torch.Tensor:
+    """The first held-out window of the bundled sample at this length, (1, L) int64."""
+    from lcft.genomics import open_windows
+
+    ws = open_windows(_data(length), "eval")
     return torch.from_numpy(np.asarray(ws[0]).astype(np.int64))[None]  # (1, L)
 
 
@@ -76,6 +89,60 @@ def child(case: str, length: int, attention: str) -> None:
     print(json.dumps({"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 
 
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def costs(length: int, attention: str, windows: int, reps: int) -> None:
+    """Bootstrap and copy-probe cost against a plain eval of the same windows, printed as rows."""
+    import dataclasses
+
+    from lcft.evaluate.binning import bin_edges
+    from lcft.evaluate.config import EvalConfig
+    from lcft.evaluate.probe import CopyProbe, default_distances
+    from lcft.evaluate.report import build_report
+    from lcft.evaluate.runner import open_split, prepare_checkpoints, run_checkpoint, run_probe
+    from lcft.model import save_pretrained
+
+    model, cut = _model(attention), length // 8
+    ck = Path(tempfile.mkdtemp(prefix="lcft-bench-eval-")) / "tiny"
+    save_pretrained(model, ck)
+    cfg = EvalConfig(data=str(_data(length)), checkpoints=(str(ck), str(ck)), max_context=(0, cut),
+                     max_windows=windows, device="cpu", out=str(ck.parent / "report"), bootstrap=1000)
+    ws = open_split(cfg)
+    infos = prepare_checkpoints(cfg, ws.length, ws.manifest.get("tokenizer", {}))
+    n, dev = min(windows, len(ws)), torch.device("cpu")
+    results, each = [], []
+    for c in (0, cut):
+        t0 = time.perf_counter()
+        results.append(run_checkpoint(model, ws, n, cfg, c, dev))
+        each.append(time.perf_counter() - t0)
+    plain = sum(each)
+    one = dataclasses.replace(cfg, bootstrap=1)  # the same report with a single replicate
+    edges = bin_edges(ws.length, cfg.bins, cfg.bin_scale)
+    full = _median_time(lambda: build_report(cfg, ws, n, infos, results, edges), reps)
+    base = _median_time(lambda: build_report(one, ws, n, infos, results, edges), reps)
+    extra = max(full - base, 0.0)
+    print(f"\nreport extras: tiny preset, 2 checkpoints (whole window, cut to {cut:,}), {n} windows of {length:,} "
+          f"tokens, {cfg.bins} bins; plain eval {plain:.2f} s")
+    ok = extra <= 0.05 * plain
+    print(f"bootstrap, 1000 replicates (3 subsets x bins, overall, trend): {extra * 1e3:.1f} ms = "
+          f"{100 * extra / plain:.2f}% of the plain eval (target < 5%: {'met' if ok else 'NOT met'})")
+    distances = default_distances(length, 256)
+    for label, c, own in (("whole window", 0, each[0]), (f"cut to {cut:,}", cut, each[1])):
+        probe = CopyProbe(ws, 1, 256, distances, 0.1, 0)
+        t0 = time.perf_counter()
+        run_probe(model, probe, cfg, c, dev)
+        per = (time.perf_counter() - t0) / len(distances)
+        print(f"copy probe, {label}: {per:.2f} s per distance and window ({len(distances)} distances up to "
+              f"{distances[-1]:,}) = {per / (own / n):.1f}x its plain eval of a window")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8K window instead of 64K")
@@ -83,6 +150,7 @@ def main() -> int:
     ap.add_argument("--attention", default="sparse", choices=("sparse", "dense"),
                     help="attention backend of the tiny preset (dense is quadratic: impractical at 64K on CPU)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 3)")
+    ap.add_argument("--cost-windows", type=int, default=4, help="held-out windows of the bootstrap/probe rows")
     ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     length = args.length or (8192 if args.quick else 65536)
@@ -120,6 +188,7 @@ def main() -> int:
     print(f"eval time / training-forward time: {ratio_wall:.2f} wall, {ratio_cpu:.2f} CPU "
           f"(target <= 1.2: {'met' if ok else 'NOT met'}); peak RSS eval / training forward: "
           f"{rss['eval'] / rss['train-fwd']:.2f}")
+    costs(length, args.attention, args.cost_windows, reps)
     return 0
 
 

@@ -59,6 +59,9 @@ class DemoConfig:
     """Windows per forward pass in the evaluation."""
     bins: int = 16
     """Position bins of the report."""
+    probe_windows: int = 4
+    """Held-out windows of the copy probe (how far back each model reads; 0 = no probe). Each costs two
+    forward passes per distance (distances 256, 1K, 4K, ... up to the window)."""
     seed: int = 0
     """Seed of the model initialisation and of the data order."""
 
@@ -70,6 +73,8 @@ class DemoConfig:
             raise ConfigError(f"base_context {self.base_context} is longer than the window ({self.length})")
         if self.length % self.base_context:
             raise ConfigError(f"length {self.length} is not a multiple of base_context {self.base_context}")
+        if self.probe_windows < 0:
+            raise ConfigError(f"probe_windows must be 0 (no probe) or positive (got {self.probe_windows})")
 
 
 def _model_config(cfg: DemoConfig):
@@ -140,18 +145,54 @@ def _pct(a: float, b: float) -> str:
     return f"{100 * (a / b - 1):+.2f}%"
 
 
+def control_interval(report: dict) -> tuple[float, float]:
+    """95% interval of the continued model's overall change against its control: the paired window bootstrap
+    of the report (its replicates and seed) over the two checkpoints' per-window figures."""
+    import numpy as np
+
+    from lcft.evaluate.stats import mean_difference, resample_counts
+
+    _, long, ctrl = report["checkpoints"]
+
+    def per_window(ck: dict) -> tuple[np.ndarray, np.ndarray]:
+        tok = np.array([w["tokens"] for w in ck["windows"]], dtype=np.float64)  # (n,)
+        loss = np.array([w["loss"] or 0.0 for w in ck["windows"]], dtype=np.float64)  # null: no tokens
+        return loss * tok, tok
+
+    boot = report["bootstrap"]
+    weights = resample_counts(len(long["windows"]), boot["replicates"], boot["seed"])
+    c = mean_difference(*per_window(long), *per_window(ctrl), weights, relative=True, level=boot["level"])
+    return float(c.low), float(c.high)
+
+
+def probe_line(report: dict) -> str | None:
+    """How far back each model reads (the copy probe's effective context), when the probe ran."""
+    if not report.get("probe"):
+        return None
+    parts = [f"{ck['label']} {format_size(ck['effective_context']) if ck['effective_context'] else 'none detected'}"
+             for ck in report["checkpoints"]]
+    return (f"effective context (copy probe, {report['probe']['windows']} windows: farthest copy distance whose "
+            f"loss drop is above zero by its 95% interval): {'; '.join(parts)}")
+
+
 def summary_lines(report: dict) -> list[str]:
     """Plain statements of what the report measured: continued vs base, and continued vs its control overall
-    and in the first and last tenth of the window (the published finding is a gain growing toward the end)."""
+    (with its 95% interval) and in the first and last tenth of the window (the published finding is a gain
+    growing toward the end), and the copy probe's effective context of each model."""
     base, long, ctrl = report["checkpoints"]
-    return [
+    low, high = control_interval(report)
+    lines = [
         "(+ = higher held-out loss than the reference, i.e. worse; - = lower, better)",
         f"continued vs base: {_pct(long['loss'], base['loss'])} overall "
         f"({long['loss']:.4f} vs {base['loss']:.4f} nats; uniform guess {report['uniform']['loss']:.4f})",
         f"continued at the full window vs the same model cut to {format_size(ctrl['max_context'])}: "
         f"{_pct(long['loss'], ctrl['loss'])} overall, {_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
         f"in the first tenth of the window, {_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last",
+        f"95% interval of that overall change (paired bootstrap over {len(long['windows'])} held-out windows): "
+        f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0: no difference detectable)' if low <= 0 <= high else ''}",
     ]
+    probe = probe_line(report)
+    return lines if probe is None else [*lines, probe]
 
 
 def demo_note(report: dict) -> str:
@@ -239,11 +280,17 @@ def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_c
     from lcft.evaluate.config import EvalConfig
 
     short = format_size(cfg.base_context)
+    segment = min(256, cfg.length // 4)
+    top, distances = cfg.length - segment, [segment]
+    while distances[-1] * 4 < top:  # a coarser grid than eval's default (x4, not x2): the probe is costly
+        distances.append(distances[-1] * 4)
     return EvalConfig(
         data=str(paths.data), checkpoints=(str(base_checkpoint), str(long_checkpoint), str(long_checkpoint)),
         labels=(f"base@{short}", f"long@{format_size(cfg.length)}", f"long@{short} (control)"),
         max_context=(cfg.base_context, 0, cfg.base_context), bins=cfg.bins, max_windows=cfg.eval_windows,
-        batch_size=cfg.eval_batch, device="cpu", out=str(paths.report))
+        batch_size=cfg.eval_batch, device="cpu", out=str(paths.report),
+        probe="copy" if cfg.probe_windows else "none", probe_segment=segment,
+        probe_distances=(*distances, top), probe_mutation=0.0, probe_windows=cfg.probe_windows)
 
 
 def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, Any], str]:
@@ -254,7 +301,8 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, A
     if report is not None:
         return report, "done before with the same options and weights, skipped"
     report = evaluate(ecfg, progress=progress)
-    return report, f"{report['data']['windows']} held-out windows x 3"
+    probe = f", copy probe on {report['probe']['windows']}" if report.get("probe") else ""
+    return report, f"{report['data']['windows']} held-out windows x 3{probe}"
 
 
 def timed(number: int, title: str, fn: Callable[[], tuple[Any, str]], log: Callable[[str], None]

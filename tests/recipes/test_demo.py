@@ -11,12 +11,16 @@ from lcft.config import ConfigError
 from lcft.recipes.demo import DemoConfig, demo_note, summary_lines
 
 
-def _report(base: float, long: tuple[float, float, float], ctrl: tuple[float, float, float]) -> dict:
-    def ck(loss: float, first: float, last: float, ctx: int) -> dict:
-        return {"loss": loss, "first_tenth_loss": first, "last_tenth_loss": last, "max_context": ctx}
+def _report(base: float, long: tuple[float, float, float], ctrl: tuple[float, float, float],
+            spread: float = 0.0) -> dict:
+    def ck(loss: float, first: float, last: float, ctx: int, k: int) -> dict:
+        # Six windows of 100 tokens whose losses average to `loss` (spread apart by window for k > 0).
+        wins = [{"tokens": 100, "loss": loss + k * spread * (i - 2.5)} for i in range(6)]
+        return {"loss": loss, "first_tenth_loss": first, "last_tenth_loss": last, "max_context": ctx,
+                "label": f"ck{k}", "windows": wins, "effective_context": 0}
 
-    return {"checkpoints": [ck(base, base, base, 256), ck(*long, 0), ck(*ctrl, 256)],
-            "uniform": {"loss": math.log(4.0)}}
+    return {"checkpoints": [ck(base, base, base, 256, 0), ck(*long, 0, 1), ck(*ctrl, 256, 2)],
+            "uniform": {"loss": math.log(4.0)}, "bootstrap": {"replicates": 500, "seed": 3, "level": 0.95}}
 
 
 def test_note_states_the_figures_of_the_report_it_is_given():
@@ -38,6 +42,20 @@ def test_summary_lines_compare_continued_with_base_and_control():
     lines = summary_lines(_report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25)))
     assert "continued vs base: -4.00% overall (1.2000 vs 1.2500 nats; uniform guess 1.3863)" in lines[1]
     assert "cut to 256: -4.00% overall, +4.00% in the first tenth of the window, -12.00% in the last" in lines[2]
+
+
+def test_summary_states_the_interval_of_the_change_against_the_control():
+    import numpy as np
+
+    rep = _report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25), spread=0.01)
+    line = summary_lines(rep)[3]
+    long, ctrl = (np.array([w["loss"] for w in rep["checkpoints"][k]["windows"]]) for k in (1, 2))
+    draws = np.random.default_rng(3).integers(0, 6, size=(500, 6))  # the report's seed and replicates
+    rel = np.array([long[d].mean() / ctrl[d].mean() - 1 for d in draws])  # equal tokens per window
+    lo, hi = np.percentile(rel, [2.5, 97.5])
+    assert f"paired bootstrap over 6 held-out windows): [{100 * lo:+.2f}%, {100 * hi:+.2f}%]" in line
+    same = summary_lines(_report(1.25, (1.25, 1.25, 1.25), (1.25, 1.25, 1.25)))[3]
+    assert "[+0.00%, +0.00%] (includes 0: no difference detectable)" in same
 
 
 @pytest.mark.parametrize(("changes", "message"), [
