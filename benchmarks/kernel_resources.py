@@ -70,11 +70,11 @@ def selection_source(head_dim: int, top_k: int) -> tuple:
     return fn, sig, consts, attrs, {"num_warps": 4, "num_stages": 3}
 
 
-QUICK = [  # the test's worst cases: the largest tiles (fp32, head_dim 128, block 128) and GQA 8 at head_dim 96
-    dict(arch=(8, 0), kind="sparse", dtype=torch.float32, head_dim=128, block=128, group=1, kernels=("dkv",)),
-    dict(arch=(9, 0), kind="sparse", dtype=torch.float32, head_dim=128, block=128, group=1, kernels=("dkv",)),
-    dict(arch=(9, 0), kind="sparse", dtype=torch.bfloat16, head_dim=96, block=128, group=8),
+QUICK = [  # the test's worst cases: largest tiles (fp32, head_dim 128, block 128), GQA 8 at head_dim 96, sm_89
+    dict(arch=(8, 0), kind="sparse", dtype=torch.float32, head_dim=128, block=128, group=1, kernels=("fwd", "dkv")),
+    dict(arch=(9, 0), kind="sparse", dtype=torch.bfloat16, head_dim=96, block=128, group=8, kernels=("dq", "dkv")),
     dict(arch=(10, 0), kind="sparse", dtype=torch.bfloat16, head_dim=128, block=128, group=1, kernels=("dkv",)),
+    dict(arch=(8, 9), kind="sparse", dtype=torch.bfloat16, head_dim=128, block=128, group=1, kernels=("dq",)),
     dict(arch=(8, 0), kind="selection", dtype=torch.float32, head_dim=128, block=0, group=0, top_k=32),
 ]
 

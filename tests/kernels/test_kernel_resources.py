@@ -23,7 +23,8 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 @pytest.mark.slow
 @needs_triton
 def test_worst_case_kernels_compile_within_each_targets_shared_memory(tmp_path):
-    """fp32 / head_dim 128 / block 128 on sm_80 and sm_90, bf16 GQA 8 at head_dim 96 on sm_90, sm_100, selection."""
+    """fp32 / head_dim 128 / block 128 on sm_80, bf16 GQA 8 at head_dim 96 on sm_90, head_dim 128 on sm_100, sm_89,
+    selection; and no kernel spills more than a few registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # a real compile each time, not a cached result
     out = tmp_path / "rows.json"
@@ -32,12 +33,12 @@ def test_worst_case_kernels_compile_within_each_targets_shared_memory(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = json.loads(out.read_text())
     seen = {(r["arch"], r["kernel"]) for r in rows}
-    assert {("sm_80", "dkv"), ("sm_90", "fwd"), ("sm_90", "dkv"), ("sm_100", "dkv"),
+    assert {("sm_80", "fwd"), ("sm_80", "dkv"), ("sm_89", "dq"), ("sm_90", "dq"), ("sm_90", "dkv"), ("sm_100", "dkv"),
             ("sm_80", "selection")} <= seen
     for r in rows:
         limit = SMEM_LIMIT[(int(r["arch"][3:-1]), int(r["arch"][-1]))]
         assert 0 < r["shared"] <= limit, r
-        assert r["spill_bytes"] is None or r["dtype"] == "fp32" or r["spill_bytes"] <= 1024, r  # at most a few spills
+        assert r["spill_bytes"] is None or r["spill_bytes"] <= 1024, r  # at most a few spilled registers
 
 
 def test_resource_check_is_a_no_op_off_cuda():
