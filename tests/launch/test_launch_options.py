@@ -1,0 +1,53 @@
+"""The launch options (--nnodes, --node-rank, --rdzv-endpoint, --max-restarts, --collective-timeout): checked when
+a config is built, neutral for the trajectory, and the exit code a finished command reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from lcft.config import ConfigError
+from lcft.launch import exit_code
+from lcft.parallel.config import ParallelConfig
+from lcft.train.config import TrainConfig, resolve_config
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(nnodes=0), "nnodes must be at least 1"),
+    (dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), r"node_rank must be within .* = \[0, 1\], got 2"),
+    (dict(node_rank=-1), "node_rank must be within"),
+    (dict(nnodes=2), "rdzv_endpoint: give node 0's HOST:PORT"),
+    (dict(nnodes=2, rdzv_endpoint="host"), "rdzv_endpoint must be HOST:PORT"),
+    (dict(nnodes=2, rdzv_endpoint="host:0"), "rdzv_endpoint must be HOST:PORT"),
+    (dict(max_restarts=-1), "max_restarts must not be negative"),
+    (dict(collective_timeout=0.0), "collective_timeout must be a positive number"),
+    (dict(collective_timeout=float("inf")), "collective_timeout must be a positive number"),
+    (dict(collective_timeout=float("nan")), "collective_timeout must be a positive number"),
+])
+def test_bad_launch_options_are_refused(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        ParallelConfig(**changes)
+
+
+def test_launch_options_from_flags_and_who_launches():
+    cfg = resolve_config(flags=dict(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500", max_restarts=3,
+                                    collective_timeout=30.0))
+    assert (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.max_restarts, cfg.collective_timeout) == (
+        2, 1, "10.0.0.1:29500", 3, 30.0)
+    assert cfg.multiprocess and TrainConfig(max_restarts=1).multiprocess and TrainConfig(nproc=2).multiprocess
+    assert not TrainConfig().multiprocess
+
+
+def test_launch_options_do_not_define_the_run():
+    """A run continued on another layout, timeout or restart budget is the same run."""
+    a = TrainConfig(data="d", out="o")
+    b = TrainConfig(data="d", out="o", nproc=2, nnodes=2, node_rank=1, rdzv_endpoint="h:1", max_restarts=2,
+                    collective_timeout=5.0)
+    assert a.run_defining() == b.run_defining()
+
+
+def test_exit_code_of_a_summary():
+    assert exit_code({"stopped": "done", "signal": None}) == 0
+    assert exit_code({"stopped": "stop_after", "signal": None}) == 0
+    assert exit_code({"stopped": "signal", "signal": "SIGTERM"}) == 143
+    assert exit_code({"stopped": "signal", "signal": "SIGINT"}) == 130
+    assert exit_code({"run_dir": "x", "node_rank": 1, "stopped": "done"}) == 0
