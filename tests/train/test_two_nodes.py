@@ -1,0 +1,52 @@
+"""Two nodes on one machine: two `lcft train --nnodes 2 --node-rank 0|1` launchers meeting at a c10d rendezvous
+on 127.0.0.1, one process each, cp=2 across them. Killing node 1 ends node 0 within the collective timeout with
+a message naming node 1; a rerun of both with --resume auto finishes the run with the losses of one process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from lcft.train import TrainConfig, latest_checkpoint, train
+from tests.train.launching import error_lines, free_port, kill_tree, losses, start_train, wait_for_step
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TIMEOUT = 60  # --collective-timeout of the two-node runs
+
+
+def _nodes(data_dir, init_dir, run, port, *extra):
+    return [start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node,
+                        "--rdzv-endpoint", f"127.0.0.1:{port}", "--cp", 2, "--steps", 6, "--save-every", 2,
+                        "--collective-timeout", TIMEOUT, *extra) for node in (0, 1)]
+
+
+def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data_dir, init_dir):
+    one = tmp_path / "one"
+    train(TrainConfig(data=str(data_dir), init=str(init_dir), out=str(one), seq_len=512, steps=6, global_batch=2,
+                      warmup=2, lr=1e-3, precision="fp32", save_every=0, progress=False))
+    run = tmp_path / "two-nodes"
+    node0, node1 = _nodes(data_dir, init_dir, run, free_port())
+    wait_for_step(run, 3, [node0, node1])
+    kill_tree(node1)
+    t0 = time.monotonic()
+    _, err = node0.communicate(timeout=TIMEOUT + 60)
+    node1.communicate()
+    assert node0.returncode == 75, err[-3000:]
+    assert time.monotonic() - t0 < TIMEOUT
+    errors = error_lines(err)
+    assert len(errors) == 1 and "(node 1 lost)" in errors[0] and "stopped answering" in errors[0], err[-3000:]
+    saved = latest_checkpoint(run)
+    assert saved is not None and saved.name in ("step-00000002", "step-00000004")
+
+    node0, node1 = _nodes(data_dir, init_dir, run, free_port(), "--resume", "auto")
+    (out0, err0), (out1, err1) = node0.communicate(timeout=300), node1.communicate(timeout=300)
+    assert node0.returncode == 0 and node1.returncode == 0, err0[-2000:] + err1[-2000:]
+    assert f"resumed from {saved}" in out0 + err0 + out1 + err1  # rank 0 may run on either node
+    # Node 1 prints rank 0's summary when the run folder is shared and it is already there, else a short note.
+    assert "done at step 6/6" in out0 and ("done at step 6/6" in out1 or "node 1: done" in out1)
+    assert latest_checkpoint(run).name == "step-00000006"
+    # cp=2 splits each sequence over the two nodes: the same losses as one process, up to rounding.
+    torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
