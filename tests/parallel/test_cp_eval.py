@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes
 def _cfg(data, model, out, **changes) -> EvalConfig:
     # The same checkpoint twice: the whole window, and the control cut into independent 512-token pieces.
     return EvalConfig(data=str(data), checkpoints=(str(model), str(model)), labels=("full", "control"),
-                      max_context=(0, 512), max_windows=3, out=str(out), **changes)
+                      max_context=(0, 512), max_windows=3, out=str(out), probe="copy", probe_segment=128,
+                      probe_distances=(256, 1024), probe_windows=1, **changes)
 
 
 def test_dp2_cp2_eval_equals_one_process(tmp_path, cp_data_dir, cp_init_dir):
@@ -28,6 +29,9 @@ def test_dp2_cp2_eval_equals_one_process(tmp_path, cp_data_dir, cp_init_dir):
         assert b["bins"]["loss"] == pytest.approx(a["bins"]["loss"], rel=1e-6)
         assert [w["index"] for w in b["windows"]] == [w["index"] for w in a["windows"]] == [0, 1, 2]
         assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
+        # The copy probe's planted windows take the same path: the same drops by distance.
+        assert b["probe"]["drop"] == pytest.approx(a["probe"]["drop"], rel=1e-4, abs=1e-6)
+        assert b["probe"]["loss_without"] == pytest.approx(a["probe"]["loss_without"], rel=1e-6)
 
 
 def test_eval_cp_without_enough_processes_fails_before_any_work(tmp_path, cp_data_dir, cp_init_dir):
