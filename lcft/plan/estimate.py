@@ -233,6 +233,11 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
     shape = Shape.of(cfg)
     params, grads, optim, host = state_bytes(shape, lay)
     held, transient = activation_bytes(shape, lay)
+    if lay.device == "cpu" and lay.seq_len < LONG_WINDOW:
+        # The gradients are freed after every step (zero_grad(set_to_none)) and allocated again in the next
+        # backward; with glibc's adaptive mmap threshold (below LONG_WINDOW, lcft.train.memory) the freed ones
+        # stay in the heap.
+        transient += grads if lay.shard == "fsdp" else 4 * shape.params  # DDP's buckets persist
     if lay.offload_activations:
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
     runtime = CUDA_RUNTIME
