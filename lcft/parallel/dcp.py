@@ -31,6 +31,7 @@ from lcft.model import Llama
 from lcft.model.config import AttentionConfig
 from lcft.model.hf import MAX_SHARD_BYTES, shards
 from lcft.model.io import from_pretrained, read_config, write_model_folder
+from lcft.runs import read_model_meta
 
 DCP_DIR = "dcp"
 METADATA = ".metadata"
@@ -163,7 +164,8 @@ def export_sharded(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: to
     model = _model_on_meta(ckpt, None)  # names, shapes and the shard plan; no storage
     stored = next(iter(_model_metadata(ckpt).values())).properties.dtype
     files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(ckpt, names))
-    return write_model_folder(out, model.config, files, dtype or stored)
+    tokenizer = read_model_meta(ckpt).get("tokenizer")  # keep the recorded vocabulary
+    return write_model_folder(out, model.config, files, dtype or stored, tokenizer)
 
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:

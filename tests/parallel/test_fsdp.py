@@ -12,8 +12,10 @@ import torch
 from lcft.config import ConfigError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
+from lcft.genomics.shards import read_manifest
 from lcft.model import from_pretrained
 from lcft.parallel.dcp import is_sharded_checkpoint, read_model
+from lcft.runs import read_model_meta
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 
@@ -66,7 +68,7 @@ def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_fsdp_two_ranks_equals_one_process(runs):
+def test_fsdp_two_ranks_equals_one_process(runs, cp_data_dir):
     one, two = _losses(runs / "one"), _losses(runs / "fsdp2")
     assert sorted(two) == [1, 2, 3]
     for step in (1, 2, 3):
@@ -77,6 +79,7 @@ def test_fsdp_two_ranks_equals_one_process(runs):
     ckpt = runs / "fsdp2" / STEP.format(3)
     assert is_sharded_checkpoint(ckpt) and not list(ckpt.glob("*.safetensors"))  # no rank gathered the model
     assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # each rank wrote its own shards
+    assert read_model_meta(ckpt)["tokenizer"] == read_manifest(cp_data_dir)["tokenizer"]
     _same_weights(_weights(ckpt), _weights(runs / "one" / STEP.format(3)))
 
 
