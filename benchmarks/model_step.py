@@ -7,7 +7,8 @@ dense with --long-backend dense; bf16 where the CPU has native bf16, else fp32) 
 
 Peak RSS: each side in a fresh subprocess (both import torch, transformers and lcft, so the import footprint
 is the same). Speed: both sides in one process, steps alternating, so both see the same load on a shared
-machine. `--quick` = 4K only.
+machine. `--quick` = 4K only. `--family qwen3|mixtral`: the same comparison for a Qwen3-style (qk-norm, GQA,
+head_dim 96) or Mixtral-style (8 experts, top-2) shape against transformers' Qwen3/Mixtral classes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ from pathlib import Path
 GIB = 1 << 30
 SHAPE = dict(vocab_size=16, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=4, rope_theta=1e6, max_position_embeddings=1 << 20, tie_word_embeddings=False)
+# --family: (transformers config and model class, shape changes shared by both sides, lcft-only config fields)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, {}),
+    # Qwen3-style: qk-norm, GQA 4:2, an explicit head_dim (not hidden / heads)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"num_key_value_heads": 2, "head_dim": 96},
+              {"model_type": "qwen3", "qk_norm": True}),
+    # Mixtral-style: 8 experts of the tiny MLP's width, top-2, GQA 4:2
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_key_value_heads": 2, "num_local_experts": 8,
+                                                         "num_experts_per_tok": 2},
+                {"model_type": "mixtral"}),
+}
 
 
 def build(impl: str, case: dict):
@@ -38,16 +50,19 @@ def build(impl: str, case: dict):
     n = case["length"]
     ids = torch.randint(4, 8, (1, n))
     labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100)], 1)  # next token; the last one has no label
+    cfg_cls, model_cls, shape, ours_only = FAMILIES[case.get("family", "llama")]
+    shape = {**SHAPE, **shape}
     if impl == "hf":
-        cfg = transformers.LlamaConfig(**SHAPE, use_cache=False, rope_parameters={"rope_type": "default",
-                                                                                  "rope_theta": SHAPE["rope_theta"]})
-        model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+        extra = {"sliding_window": None} if "sliding_window" in getattr(transformers, cfg_cls)().to_dict() else {}
+        cfg = getattr(transformers, cfg_cls)(**shape, **extra, use_cache=False, rope_parameters={
+            "rope_type": "default", "rope_theta": SHAPE["rope_theta"]})
+        model = getattr(transformers, model_cls)._from_config(cfg, attn_implementation="sdpa")
 
         def loss_fn():
             return model(input_ids=ids, labels=ids, use_cache=False).loss  # HF shifts the labels itself
     else:
         attention = lm.AttentionConfig(backend="sparse" if case["sparse"] else "dense")
-        model = lm.Llama(lm.LlamaConfig(**SHAPE, attention=attention))
+        model = lm.Llama(lm.LlamaConfig(**shape, **ours_only, attention=attention))
         if case["checkpoint"]:
             model.set_activation_checkpointing("block", seq_chunk=case["seq_chunk"] or DEFAULT_SEQ_CHUNK)
 
@@ -124,7 +139,7 @@ def case(mode: str, impl: str, dtype: str, length: int, checkpoint: bool, args: 
          sparse: bool = False, warmup: int = 1) -> dict:
     return {"mode": mode, "impl": impl, "dtype": dtype, "length": length, "checkpoint": checkpoint,
             "sparse": sparse, "warmup": warmup, "steps": args.steps, "threads": args.threads,
-            "seq_chunk": args.seq_chunk}
+            "seq_chunk": args.seq_chunk, "family": args.family}
 
 
 def main() -> int:
@@ -132,6 +147,9 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4K only (< 1 minute)")
+    ap.add_argument("--family", default="llama", choices=list(FAMILIES),
+                    help="model shape: llama (the tiny preset), qwen3 (qk-norm, GQA, head_dim 96) or mixtral "
+                    "(8 experts, top-2, GQA), against transformers' own class of that family")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per case after one warm-up step "
                     "(tokens/s from the fastest)")
