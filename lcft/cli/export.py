@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         import torch  # after argument parsing: `lcft export --help` stays fast
 
         from lcft.files import LOCK_NAME, folder_lock
+        from lcft.genomics.hf_tokenizer import export_tokenizer
         from lcft.model.io import export_pretrained
         from lcft.parallel.dcp import export_sharded, is_sharded_checkpoint
         from lcft.runs import resolve_checkpoint
@@ -45,6 +46,7 @@ def register(app: typer.Typer) -> None:
                     path = export_sharded(source, out, dtype=cast, force=True)
                 else:
                     path = export_pretrained(source, out, dtype=cast, force=True)
+                export_tokenizer(source, path)  # tokenizer.json + config: AutoTokenizer encodes DNA to its ids
             except Exception as e:
                 _fail_cleanly(e, out, before, _export_bytes(source, cast))
         console.print(f"wrote {path} (from {source})", highlight=False)

@@ -23,6 +23,9 @@ def _summary(manifest: dict) -> Table:
         size = sum(f["bytes"] for f in info["files"].values())
         t.add_row(split, ",".join(info["chroms"]) or "-", f"{info['windows']:,}", f"{info['skipped_n']:,}",
                   f"{info['tokens']:,}", f"{size:,}")
+    t.caption = f"tokenizer {manifest['tokenizer'].get('name', '?')}; " + "; ".join(
+        f"{split}: {info.get('bases', 0):,} bases, {info.get('oov', 0):,} unknown tokens"
+        for split, info in manifest["splits"].items())
     return t
 
 

@@ -87,6 +87,8 @@ class TrainConfig(ParallelConfig, GuardConfig):
     """PaLM z-loss coefficient: adds z_loss x logsumexp^2 per counted token."""
     softmask_loss_weight: float = 1.0
     """Loss weight of tokens whose base is soft-masked (lower case, repeats) in the FASTA; Evo 2 used 0.1."""
+    rc_augment: float = 0.0
+    """Reverse-complement each training sample with this probability (decided by seed and sample id: a resumed run flips the same samples). Cost per flipped sample: char none (ids reversed and complemented); kmer:K one numpy pass over its bases; a tokenizer.json one tokenizer call over its bases (BPE: a few Mbp/s, about 0.1 s for 64K tokens)."""
     loss_chunk: int = 8192
     """Tokens per chunk of the chunked cross-entropy (never L x vocab logits at once)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -159,6 +161,8 @@ class TrainConfig(ParallelConfig, GuardConfig):
                 raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
+        if isinstance(self.rc_augment, bool) or not 0 <= self.rc_augment <= 1:
+            raise ConfigError(f"rc_augment must be a probability within [0, 1] (got {self.rc_augment!r})")
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be within [0, 1) (got {getattr(self, name)})")

@@ -11,7 +11,7 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
-from lcft.model.io import read_config
+from lcft.model.io import read_config, save_pretrained
 from lcft.parallel.dcp import read_model
 from lcft.runs import check_tokenizer
 from lcft.train.config import TrainConfig, parse_rope_scaling
@@ -44,6 +44,8 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
     rank reads its part (lcft.parallel.dcp.load_state)."""
     if source is None:
         model_cfg = preset(cfg.preset)
+        if "sha256" in tokenizer:  # a model tokenizer: the fresh model's embedding has its vocabulary's rows
+            model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer["vocab_size"])
         if model_cfg.vocab_size != tokenizer["vocab_size"]:
             raise LcftError(f"preset {cfg.preset!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
                             f"{tokenizer['vocab_size']}")
@@ -84,3 +86,14 @@ def declare_context(model_cfg: LlamaConfig, seq_len: int) -> str | None:
     model_cfg.max_position_embeddings = seq_len
     hint = "" if scaling else f" (RoPE is not rescaled; --rope-scaling yarn:{seq_len / old:g}:{old} would interpolate)"
     return f"{head}; the checkpoints record max_position_embeddings {seq_len}{hint}"
+
+
+def save_model(model: Llama, folder: Path, windows: Any) -> Path:
+    """Weights and config, lcft.json recording the data's tokenizer, and for a model tokenizer its files
+    (lcft.genomics.hf_tokenizer), so the checkpoint also loads with transformers.AutoTokenizer."""
+    from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+
+    path = save_pretrained(model, folder, tokenizer=windows.manifest["tokenizer"])
+    if getattr(windows, "per_base", False):
+        save_hf_tokenizer(windows.tokenizer, folder)
+    return path

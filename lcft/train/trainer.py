@@ -28,7 +28,6 @@ from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import JOBS, launch, launched
-from lcft.model import save_pretrained
 from lcft.parallel.mesh import init_world
 from lcft.runs import latest_checkpoint, resolve_checkpoint
 from lcft.shapes import check_batch, check_length, check_world
@@ -47,7 +46,7 @@ from lcft.train.config import TrainConfig, absolute_paths
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
-from lcft.train.model_setup import build_model, declare_context
+from lcft.train.model_setup import build_model, declare_context, save_model
 from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
 from lcft.train.sharded import clip, prepare, restore_optimizer, save_sharded, shard_for_training
@@ -109,7 +108,8 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
         self._setup_model(manifest["tokenizer"], windows.length)
-        self.samples = TrainSamples(windows, DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight))
+        data_cfg = DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight, cfg.rc_augment)
+        self.samples = TrainSamples(windows, data_cfg)
         self._setup_optimizer()
         self._restore()
         self.guard = SpikeGuard(GuardConfig(cfg.spike_sigma, cfg.spike_window, cfg.spike_min_history,
@@ -363,7 +363,7 @@ class Trainer:
                                 self.hooks.during_save, self.samples.windows.manifest["tokenizer"])
         elif self.is_main:
             need = 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, 2 moments
-            path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_pretrained(self.model, tmp), write_rest,
+            path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_model(self.model, tmp, self.samples.windows), write_rest,
                                     self.hooks.during_save, expected_bytes=need)
         if self.is_main:
             prune(self.run_dir, self.cfg.keep_last)
