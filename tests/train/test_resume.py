@@ -109,8 +109,8 @@ def test_kill_while_saving_keeps_previous_checkpoint(tmp_path, base_cfg):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_and_stops(tmp_path, base_cfg, sig):
     """A real SIGTERM/SIGINT to this process at step 3 (from a hook, so the timing is exact): the step finishes,
-    a checkpoint is written, train() returns normally (the CLI then exits 128 + the signal, test_elastic_exit_codes), and the run
-    resumes from there."""
+    a checkpoint is written, train() returns normally (the CLI then exits 128 + the signal, see
+    test_elastic_exit_codes), and the run resumes from there."""
     run = tmp_path / "run"
     cfg = {**base_cfg, "steps": 100}
 
