@@ -79,3 +79,32 @@ def test_model_of_another_tokenizer_is_refused(hf_model, tmp_path):
                           global_batch=1, micro_batch=1, precision="fp32", save_every=0, progress=False))
     assert "\n" not in str(e.value) and "kmer:4" in str(e.value) and "bpe" in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_fresh_preset_with_kmers_then_export_carries_the_tokenizer(tmp_path):
+    """A fresh preset takes the data's vocabulary; `lcft export` writes tokenizer files that AutoTokenizer loads
+    and that encode a window's bases to the ids lcft trained on."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lcft.train import TrainConfig, train
+
+    data = tmp_path / "data"
+    prepare_windows(fasta=str(sample_fasta()), out=str(data), length=WINDOW, train="chr2", eval="chr22",
+                    tokenizer="kmer:4")
+    s = train(TrainConfig(data=str(data), preset="tiny", out=str(tmp_path / "run"), seq_len=SEQ, steps=1,
+                          global_batch=1, micro_batch=1, precision="fp32", save_every=0, progress=False))
+    ckpt = Path(s["checkpoint"])
+    assert json.loads((ckpt / "config.json").read_text())["vocab_size"] == 4 + 5 + 1 + 4**4
+    out = tmp_path / "export"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "lcft", "export", str(ckpt), "--out", str(out)], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    auto = transformers.AutoTokenizer.from_pretrained(str(out))
+    ws = open_windows(data, "eval")
+    assert auto(ws.sequence(0), add_special_tokens=False)["input_ids"] == ws[0].tolist()
+    assert json.loads((out / "lcft.json").read_text())["tokenizer"] == ws.manifest["tokenizer"]
