@@ -70,11 +70,12 @@ def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict 
 
 def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,
                  write_rest: Callable[[Path], None], between: Callable[[int, Path], None] | None,
-                 tokenizer: dict[str, Any] | None = None) -> Path:
+                 windows: Any = None) -> Path:
     """Collective: every rank writes its shards of the model and optimizer into the checkpoint's temp folder
-    (`dcp/`); rank 0 adds config.json, lcft.json (recording the data's `tokenizer` spec) and the trainer state,
-    then renames the folder (atomic, as write_checkpoint). Nothing is gathered on one rank. The folder must be
-    on a filesystem all ranks share."""
+    (`dcp/`); rank 0 adds config.json, lcft.json (recording the tokenizer of `windows`, the training data),
+    for a model tokenizer its files (as a plain checkpoint, so AutoTokenizer and `lcft export` find them) and
+    the trainer state, then renames the folder (atomic, as write_checkpoint). Nothing is gathered on one rank.
+    The folder must be on a filesystem all ranks share."""
     final = checkpoints_dir(run_dir) / step_name(step)
     raw = getattr(optimizer, "optimizer", optimizer)
     tmp = checkpoints_dir(run_dir) / (TMP_PREFIX + step_name(step))
@@ -83,7 +84,11 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
         (path / DCP_DIR).mkdir()
         dist.barrier()  # the temp folder exists: the other ranks write into it now
         save_state(model, raw, path)
-        write_model_folder(path, model.config, {}, torch.float32, tokenizer)
+        write_model_folder(path, model.config, {}, torch.float32, windows.manifest["tokenizer"] if windows else None)
+        if getattr(windows, "per_base", False):
+            from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+
+            save_hf_tokenizer(windows.tokenizer, path)
 
     if is_main:
         return write_checkpoint(run_dir, step, write_model, write_rest, between)

@@ -360,7 +360,7 @@ class Trainer:
 
         if self.fsdp:
             path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
-                                self.hooks.during_save, self.samples.windows.manifest["tokenizer"])
+                                self.hooks.during_save, self.samples.windows)
         elif self.is_main:
             need = 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, 2 moments
             path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_model(self.model, tmp, self.samples.windows), write_rest,
