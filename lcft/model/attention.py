@@ -7,27 +7,14 @@ context-parallel core from outside, which is why the core sees only q/k/v and no
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lcft.model.config import AttentionConfig, LlamaConfig
-from lcft.model.layers import RMSNorm
+from lcft.model.layers import RMSNorm, flash_attn_func
 from lcft.model.rope import apply_rope
 from lcft.model.window import SlidingWindowCore
-
-
-@functools.cache
-def _flash_attn_func() -> Callable | None:
-    """flash-attn's function when the package is installed (imported lazily, only for CUDA tensors)."""
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:
-        return None
-    return flash_attn_func
 
 
 class DenseCore(nn.Module):
@@ -37,7 +24,7 @@ class DenseCore(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q (B, Hq, L, D); k, v (B, Hkv, L, D) -> (B, Hq, L, D)
         if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-            flash = _flash_attn_func()
+            flash = flash_attn_func()
             if flash is not None:  # flash-attn wants (B, L, H, D) and handles GQA itself
                 out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
                 return out.transpose(1, 2)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,3 +64,13 @@ class MLP(nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)  # (..., I) each
         return self.down_proj(F.silu(gate) * up)  # (..., H)
+
+
+@functools.cache
+def flash_attn_func() -> Callable | None:
+    """flash-attn's function when the package is installed (imported lazily, only for CUDA tensors)."""
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func

@@ -6,26 +6,15 @@ O(chunk · (chunk + W)) per head instead of O(L²), whatever the sequence length
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcft.model.layers import flash_attn_func
+
 # Queries per chunk of the masked path: the mask and the attention weights of a chunk are then
 # QUERY_CHUNK x (QUERY_CHUNK + W) per head.
 QUERY_CHUNK = 1024
-
-
-@functools.cache
-def _flash_attn_func() -> Callable | None:
-    """flash-attn's function when the package is installed (imported lazily, only for CUDA tensors)."""
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:
-        return None
-    return flash_attn_func
 
 
 class SlidingWindowCore(nn.Module):
@@ -43,7 +32,7 @@ class SlidingWindowCore(nn.Module):
         if n <= w:  # the window reaches back to the first token: plain causal attention
             return self._dense(q, k, v)
         if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-            flash = _flash_attn_func()
+            flash = flash_attn_func()
             if flash is not None:  # window_size=(left, right) counts keys besides the query's own
                 out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
                             window_size=(w - 1, 0))
