@@ -16,9 +16,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from lcft.errors import LcftError
 
@@ -134,11 +136,11 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
     hb.stop()
     cause = _short(error)
     try:
-        lost, alive = hb.lost()
-        nodes = hb.nodes_lost(lost, alive)
+        lost, alive, nodes = _within(lambda: (*(r := hb.lost()), hb.nodes_lost(*r)), BEAT_S * LOST_AFTER + 10)
     except Exception:  # the store itself does not answer: it is served by rank 0
         first = hb.peers.get(0, Peer(0, None, hb.host, 0))
-        where = f" (node {first.node} lost)" if first.node is not None else ""
+        mine = os.environ.get(NODE_RANK_ENV)
+        where = f" (node {first.node} lost)" if first.node is not None and str(first.node) != mine else ""
         return (f"{first}, which serves the run's store at {hb.host}:{hb.port}, stopped answering{where} "
                 f"({cause}); the run ended without a new checkpoint: start it again with --resume auto", True)
     if not lost:
@@ -147,6 +149,28 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
     return (f"{', '.join(map(str, lost))} stopped answering{where} after a collective failed or waited "
             f"{hb.timeout_s:g} s ({cause}); the run ended without a new checkpoint: start it again with "
             "--resume auto", min(alive) == hb.rank)
+
+
+def _within(fn: Callable[[], Any], seconds: float) -> Any:
+    """fn() on a thread of its own, or TimeoutError after `seconds`: a store served by a frozen process accepts
+    the connection and never replies, whatever the client's timeout."""
+    box: list[Any] = []
+    worker = threading.Thread(target=lambda: box.append(_outcome(fn)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not box:
+        raise TimeoutError(f"no reply within {seconds:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[bool, Any]:
+    try:
+        return True, fn()
+    except Exception as e:
+        return False, e
 
 
 def _short(error: BaseException) -> str:
