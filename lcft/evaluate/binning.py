@@ -40,15 +40,20 @@ class PositionSums:
     """(L,) float64: summed per-token loss of the token at each position."""
     count: np.ndarray
     """(L,) int64: how many tokens were counted at each position (N positions and position 0 are not)."""
+    bases: np.ndarray
+    """(L,) int64: bases of the counted tokens at each position (= count for char)."""
 
     @classmethod
     def zeros(cls, length: int) -> PositionSums:
-        return cls(np.zeros(length, dtype=np.float64), np.zeros(length, dtype=np.int64))
+        return cls(np.zeros(length, dtype=np.float64), np.zeros(length, dtype=np.int64),
+                   np.zeros(length, dtype=np.int64))
 
-    def add(self, loss: np.ndarray, mask: np.ndarray) -> None:
-        """Add one window's per-token loss `(L,)` at the positions where `mask` `(L,)` is True."""
+    def add(self, loss: np.ndarray, mask: np.ndarray, bases: np.ndarray | None = None) -> None:
+        """Add one window's per-token loss `(L,)` at the positions where `mask` `(L,)` is True; `bases` `(L,)`:
+        the bases of the token at each position (None: one each)."""
         self.loss_sum += np.where(mask, loss, 0.0)
         self.count += mask
+        self.bases += mask if bases is None else np.where(mask, bases, 0)
 
     def total(self) -> tuple[float, int]:
         return float(self.loss_sum.sum()), int(self.count.sum())
@@ -65,6 +70,14 @@ class PositionSums:
         with np.errstate(invalid="ignore", divide="ignore"):
             means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         return means, counts
+
+    def binned_bits_per_base(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-bin bits per base (nats summed over the bin / bases of its counted tokens / ln 2; NaN without
+        tokens) and bases, for the bins given by `edges`."""
+        sums = np.add.reduceat(self.loss_sum, edges[:-1])  # (nbins,) the same sums as `binned`
+        bases = np.add.reduceat(self.bases, edges[:-1])  # (nbins,)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(bases > 0, sums / np.maximum(bases, 1) / LN2, np.nan), bases
 
     def range_mean(self, start: int, end: int) -> float:
         """Mean loss over positions start <= p < end (token-count weighted); NaN without tokens."""
@@ -85,17 +98,21 @@ class WindowBins:
         self.starts = np.asarray(edges[:-1], dtype=np.int64)
         self._loss: list[np.ndarray] = []
         self._count: list[np.ndarray] = []
+        self._bases: list[np.ndarray] = []
 
-    def add(self, loss: np.ndarray, counted: np.ndarray, softmask: np.ndarray | None
-            ) -> tuple[np.ndarray, np.ndarray]:
+    def add(self, loss: np.ndarray, counted: np.ndarray, softmask: np.ndarray | None,
+            bases: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Add one window: per-token loss `(L,)`, counted `(L,)` bool, soft-mask bit of each position `(L,)`
-        (None: no soft mask, every base counts as unique). Returns its (subsets, bins) loss sums and counts."""
+        (None: no soft mask, every base counts as unique), bases of the token at each position `(L,)` (None:
+        one each). Returns its (subsets, bins) loss sums and counts."""
         counted = np.asarray(counted, dtype=bool)
         soft = np.zeros_like(counted) if softmask is None else np.asarray(softmask, dtype=bool)
         loss64 = np.asarray(loss, dtype=np.float64)  # (L,) sums in fp64, as PositionSums
+        per = np.ones(counted.shape, dtype=np.int64) if bases is None else np.asarray(bases, dtype=np.int64)  # (L,)
         masks = (counted, counted & soft, counted & ~soft)  # in SUBSETS order
         self._loss.append(np.stack([np.add.reduceat(np.where(m, loss64, 0.0), self.starts) for m in masks]))
         self._count.append(np.stack([np.add.reduceat(m.astype(np.int64), self.starts) for m in masks]))
+        self._bases.append(np.stack([np.add.reduceat(np.where(m, per, 0), self.starts) for m in masks]))
         return self._loss[-1], self._count[-1]
 
     def __len__(self) -> int:
@@ -112,6 +129,32 @@ class WindowBins:
         """(windows, subsets, bins) int64 token counts."""
         k = len(self.starts)
         return np.stack(self._count) if self._count else np.zeros((0, len(SUBSETS), k), dtype=np.int64)
+
+    @property
+    def bases(self) -> np.ndarray:
+        """(windows, subsets, bins) int64 bases of the counted tokens."""
+        k = len(self.starts)
+        return np.stack(self._bases) if self._bases else np.zeros((0, len(SUBSETS), k), dtype=np.int64)
+
+
+def to_base_positions(length: int, offsets: np.ndarray, loss: np.ndarray, counted: np.ndarray,
+                      softmask: np.ndarray | None, bases: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """One window's per-token arrays `(L,)` moved to base positions `(length,)`: each counted token's loss,
+    counted bit, soft-mask bit and bases at the base offset of its first base (`offsets` `(L,)`), every other
+    base position uncounted. A counted token covers at least one base, so no two share an offset."""
+    at = np.asarray(offsets)[counted]  # (n_counted,) base offsets of the counted tokens
+    out_loss = np.zeros(length, dtype=np.float64)  # (length,)
+    out_loss[at] = np.asarray(loss, dtype=np.float64)[counted]
+    out_counted = np.zeros(length, dtype=bool)  # (length,)
+    out_counted[at] = True
+    out_bases = np.zeros(length, dtype=np.int64)  # (length,)
+    out_bases[at] = np.asarray(bases)[counted]
+    out_soft = None
+    if softmask is not None:
+        out_soft = np.zeros(length, dtype=bool)  # (length,)
+        out_soft[at] = np.asarray(softmask, dtype=bool)[counted]
+    return out_loss, out_counted, out_soft, out_bases
 
 
 def tenths(length: int) -> tuple[tuple[int, int], tuple[int, int]]:

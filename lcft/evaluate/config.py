@@ -27,6 +27,11 @@ class EvalConfig(ParallelConfig):
     """Number of position bins over the window."""
     bin_scale: Literal["linear", "log"] = "linear"
     """Position bins of equal width (linear) or growing geometrically (log; detail near the window start)."""
+    position: Literal["tokens", "bases"] = "tokens"
+    """What a position counts: tokens (the predicted token's index in the window), or bases (the offset of the
+    predicted token's first base in the window; bins span the split's longest window in bases, and per-bin
+    bits per base are nats over the bases of the bin's tokens), so runs with different tokenizers share an
+    axis. With char, bases and tokens give the same figures."""
     max_context: tuple[Size, ...] = ()
     """Cut each window into independent pieces of this many tokens, each with positions from 0 (the control
     that separates the gain of a longer context from the gain of more training). One value applies to every

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import datetime
 import io
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from lcft import __version__
@@ -40,20 +37,26 @@ def _nums(x: np.ndarray) -> list[float | None]:
     return [_num(v) for v in np.asarray(x).ravel()]
 
 
-def _split(loss: np.ndarray, count: np.ndarray, per_bin: Change, overall: Change, s: int) -> dict[str, Any]:
-    """Figures of one soft-mask subset `s` from per-window bin sums `loss`, `count` `(n, subsets, k)`."""
+def _split(loss: np.ndarray, count: np.ndarray, per_bin: Change, overall: Change, s: int,
+           bases: np.ndarray | None = None) -> dict[str, Any]:
+    """Figures of one soft-mask subset `s` from per-window bin sums `loss`, `count` `(n, subsets, k)`; with
+    `bases` `(n, subsets, k)` (--position bases) bits per base are over the tokens' bases."""
     tok = count[:, s].sum(0)  # (k,)
+    per = tok if bases is None else bases[:, s].sum(0)  # (k,) what bits are counted per
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(tok > 0, loss[:, s].sum(0) / np.maximum(tok, 1), np.nan)  # (k,)
+        bits = np.where(per > 0, loss[:, s].sum(0) / np.maximum(per, 1) / LN2, np.nan)  # (k,)
     total = float(loss[:, s].sum()) / int(tok.sum()) if tok.sum() else math.nan
-    return {"tokens": int(tok.sum()), "loss": _num(total), "bits_per_base": _num(total / LN2),
+    bpb = float(loss[:, s].sum()) / int(per.sum()) / LN2 if per.sum() else math.nan
+    return {"tokens": int(tok.sum()), "loss": _num(total), "bits_per_base": _num(bpb),
             "relative_change": _num(overall.value[s]), "ci_low": _num(overall.low[s]), "ci_high": _num(overall.high[s]),
-            "bins": {"loss": _nums(means), "bits_per_base": _nums(means / LN2), "tokens": [int(c) for c in tok],
+            "bins": {"loss": _nums(means), "bits_per_base": _nums(bits), "tokens": [int(c) for c in tok],
                      "relative_change": _nums(per_bin.value[s]), "ci_low": _nums(per_bin.low[s]),
                      "ci_high": _nums(per_bin.high[s])}}
 
 
-def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, is_ref: bool) -> dict[str, Any]:
+def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, is_ref: bool, by_bases: bool
+               ) -> dict[str, Any]:
     """Bootstrap intervals of one checkpoint's change against the reference (overall, per bin, per subset) and
     the trend of its per-bin change with log position."""
     loss, count = res.bins.loss, res.bins.count  # (n, subsets, k)
@@ -69,7 +72,7 @@ def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, i
         out["trend"] = {"slope_per_doubling": _num(t.slope), "ci_low": _num(t.low), "ci_high": _num(t.high),
                         "verdict": t.verdict}
     for s, name in enumerate(SPLITS, start=1):
-        out[name] = _split(loss, count, per_bin, overall, s)
+        out[name] = _split(loss, count, per_bin, overall, s, res.bins.bases if by_bases else None)
     return out
 
 
@@ -107,7 +110,7 @@ def _bits_per_base(loss_sum: float, windows: list[dict[str, Any]]) -> float:
 
 def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, edges: np.ndarray) -> dict[str, Any]:
     """Every figure of the evaluation as plain JSON-able data (see README: eval.json)."""
-    length = ws.length
+    length, by_bases = int(edges[-1]), getattr(cfg, "position", "tokens") == "bases"  # positions the bins span
     (f0, f1), (l0, l1) = tenths(length)
     ref_bins, _ = results[0].sums.binned(edges)
     ref_loss = results[0].sums.mean()
@@ -116,6 +119,7 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
     checkpoints = []
     for i, (info, res) in enumerate(zip(infos, results, strict=True)):
         means, counts = res.sums.binned(edges)
+        bits, bases = res.sums.binned_bits_per_base(edges) if by_bases else (means / LN2, None)
         loss_sum, tokens = res.sums.total()
         loss = loss_sum / tokens if tokens else math.nan
         rec = info.describe()
@@ -126,15 +130,12 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
             "first_tenth_loss": _num(res.sums.range_mean(f0, f1)),
             "last_tenth_loss": _num(res.sums.range_mean(l0, l1)),
             "relative_change": _num(relative_change(loss, ref_loss)),
-            "bins": {
-                "loss": [_num(v) for v in means],
-                "bits_per_base": [_num(v / LN2) for v in means],
-                "tokens": [int(c) for c in counts],
-                "relative_change": [_num(v) for v in relative_change(means, ref_bins)],
-            },
+            "bins": {"loss": _nums(means), "bits_per_base": _nums(bits), "tokens": [int(c) for c in counts],
+                     **({"bases": [int(c) for c in bases]} if by_bases else {}),
+                     "relative_change": _nums(relative_change(means, ref_bins))},
             "windows": [{k: _num(v) if isinstance(v, float) else v for k, v in w.items()} for w in res.windows],
         })
-        extra = _intervals(res, results[0], weights, positions, is_ref=i == 0)
+        extra = _intervals(res, results[0], weights, positions, i == 0, by_bases)
         rec["bins"].update(extra.pop("bins"))
         rec.update(extra, **_probe_figures(res.probe, cfg))
         checkpoints.append(rec)
@@ -146,13 +147,15 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
         "data": {
             "folder": str(cfg.data),
             "split": cfg.split,
-            "window_length": length,
+            "window_length": ws.length,
             "windows": n_windows,
             "windows_in_split": len(ws),
             "tokenizer": ws.manifest.get("tokenizer"),
         },
         "positions": {
-            "note": "position p = index in the window of the predicted token (it sees the p tokens before it)",
+            "unit": "bases" if by_bases else "tokens",
+            "note": "position p = offset in bases of the predicted token's first base in the window" if by_bases else
+                    "position p = index in the window of the predicted token (it sees the p tokens before it)",
             "bin_scale": cfg.bin_scale,
             "edges": [int(e) for e in edges],
             "first_tenth": [f0, f1],
@@ -258,7 +261,7 @@ def plot(report: dict[str, Any]) -> bytes:
     bottom.set_ylabel(f"change vs {ref} (%)\nrepeats vs unique")
     if len(report["checkpoints"]) > 1:
         bottom.legend(fontsize="small")
-    bottom.set_xlabel("position in window (tokens)")
+    bottom.set_xlabel(f"position in window ({report['positions'].get('unit', 'tokens')})")
     if log:
         bottom.set_xscale("log")
     for ax in (top, middle, bottom):
@@ -381,14 +384,3 @@ def print_table(report: dict[str, Any], console: Console | None = None) -> None:
     probe = probe_table(report)
     if probe is not None:
         console.print(probe)
-
-
-@contextlib.contextmanager
-def progress_bar(show: bool) -> Iterator[Progress | None]:
-    """A rich progress bar over windows (one task per checkpoint), or None when not shown."""
-    if not show:
-        yield None
-        return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("windows"), TimeRemainingColumn(), transient=False) as progress:
-        yield progress

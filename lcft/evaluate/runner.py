@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
-from lcft.evaluate.binning import PositionSums, WindowBins, bin_edges
+from lcft.evaluate.binning import PositionSums, WindowBins, bin_edges, to_base_positions
 from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
@@ -182,14 +182,34 @@ def open_split(cfg: EvalConfig):
     return ws
 
 
+def position_length(ws: Any, position: str) -> int:
+    """Positions the bins span: the window length in tokens, or in bases the split's longest window."""
+    if position == "bases" and getattr(ws, "records", None):
+        return max(int(r["end"]) - int(r["start"]) for r in ws.records)
+    return int(ws.length)
+
+
+def _at_positions(ws: Any, i: int, loss: np.ndarray, counted: np.ndarray, position: str, length: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Window i's loss, counted bits, soft mask and bases per token `(L,)`, by token position, or moved to
+    base positions `(length,)` with --position bases."""
+    bases = ws.token_bases(i) if hasattr(ws, "token_bases") else None  # (L,)
+    # The soft-mask bit of each position is that of the base predicted there.
+    soft = ws.softmask(i)  # (L,)
+    if position != "bases":
+        return loss, counted, soft, bases
+    return to_base_positions(length, ws.base_offsets(i), loss, counted, soft, bases)
+
+
 def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalConfig, max_context: int,
                    device: torch.device, advance: Any = None, parallel: EvalParallel | None = None
                    ) -> CheckpointResult:
     """Every window of the split through one model: position sums and per-window figures. With `parallel`
     (several ranks), the dp groups take turns over the batches and every rank gets all results in order."""
-    sums = PositionSums.zeros(ws.length)
+    length = position_length(ws, cfg.position)
+    sums = PositionSums.zeros(length)
     table = torch.from_numpy(np.asarray(ws.counted)).to(device) if hasattr(ws, "counted") else None  # (vocab,)
-    bins = WindowBins(bin_edges(ws.length, cfg.bins, cfg.bin_scale))
+    bins = WindowBins(bin_edges(length, cfg.bins, cfg.bin_scale))
     windows: list[dict[str, Any]] = []
     for batch in (parallel.batches(n_windows, cfg.batch_size) if parallel else _batches(n_windows, cfg.batch_size)):
         loss = counted = None
@@ -201,9 +221,9 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
         results = parallel.gather(batch, loss, counted) if parallel else [
             (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]
         for i, loss_i, counted_i in results:  # loss_i, counted_i (L,)
-            sums.add(loss_i, counted_i)
-            # The soft-mask bit of each position is that of the base predicted there.
-            w_loss, w_count = bins.add(loss_i, counted_i, ws.softmask(i))  # (subsets, bins) each
+            at_loss, at_counted, at_soft, at_bases = _at_positions(ws, i, loss_i, counted_i, cfg.position, length)
+            sums.add(at_loss, at_counted, at_bases)
+            w_loss, w_count = bins.add(at_loss, at_counted, at_soft, at_bases)  # (subsets, bins) each
             n, n_rep = int(w_count[0].sum()), int(w_count[1].sum())
             total, rep = float(w_loss[0].sum()), float(w_loss[1].sum())
             chrom, start, end = ws.coords(i)
@@ -260,7 +280,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
-    edges = bin_edges(ws.length, cfg.bins, cfg.bin_scale)
+    edges = bin_edges(position_length(ws, cfg.position), cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()
     try:
         if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
@@ -282,11 +302,22 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     return report
 
 
+@contextlib.contextmanager
+def progress_bar(show: bool) -> Iterator[Any]:
+    """A rich progress bar over windows (one task per checkpoint), or None when not shown."""
+    if not show:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("windows"), TimeRemainingColumn(), transient=False) as progress:
+        yield progress
+
+
 def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
              parallel: EvalParallel | None, progress: bool) -> list[CheckpointResult]:
     """Every checkpoint in turn over the split, under one progress bar."""
-    from lcft.evaluate.report import progress_bar
-
     results: list[CheckpointResult] = []
     cached: tuple[Path, torch.nn.Module] | None = None
     with progress_bar(progress) as bar:

@@ -1,0 +1,106 @@
+"""`lcft eval --position bases`: bins over base offsets. With char it equals --position tokens exactly; with
+kmer:3 the binned sums equal a direct computation from plain logits + F.cross_entropy and ws.base_offsets."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.genomics import open_windows, prepare_windows, sample_fasta
+from lcft.model import Llama, from_pretrained, save_pretrained
+
+from .conftest import small_config
+
+KMER_WINDOW = 512  # tokens of 3 bases: 1536 bases per window
+
+
+def _cfg(data: Path, out: Path, *ckpts: Path, **kw) -> EvalConfig:
+    return EvalConfig(data=str(data), checkpoints=tuple(str(c) for c in ckpts), out=str(out), **kw)
+
+
+def _figures(report: dict) -> list[dict]:
+    """The per-checkpoint figures (options, creation time and the position unit aside)."""
+    return report["checkpoints"]
+
+
+def test_char_bases_equal_tokens_exactly(data_dir, ckpt_a, ckpt_b, tmp_path):
+    kw = dict(bins=8, max_windows=3, batch_size=3, bootstrap=200, probe="copy", probe_segment=256, probe_windows=2)
+    tokens = evaluate(_cfg(data_dir, tmp_path / "t", ckpt_a, ckpt_b, **kw))
+    bases = evaluate(_cfg(data_dir, tmp_path / "b", ckpt_a, ckpt_b, position="bases", **kw))
+    assert bases["positions"]["unit"] == "bases" and tokens["positions"]["unit"] == "tokens"
+    assert bases["positions"]["edges"] == tokens["positions"]["edges"]
+    for t, b in zip(_figures(tokens), _figures(bases), strict=True):
+        assert b["bins"].pop("bases") == b["bins"]["tokens"]  # one base per char token
+        assert b == t
+    assert bases["checkpoints"][1]["probe"]["drop"] == tokens["checkpoints"][1]["probe"]["drop"]
+    assert bases["checkpoints"][1]["trend"]["verdict"]  # the bootstrap trend is there
+
+
+@pytest.fixture(scope="module")
+def kmer_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("kmer3") / "windows"
+    prepare_windows(fasta=str(sample_fasta()), out=str(out), length=KMER_WINDOW, train=("chr2",), eval=("chr22",),
+                    tokenizer="kmer:3", max_n_frac=0.6)
+    return out
+
+
+@pytest.fixture(scope="module")
+def kmer_model(tmp_path_factory, kmer_data) -> Path:
+    spec = open_windows(kmer_data, "eval").manifest["tokenizer"]
+    torch.manual_seed(3)
+    model = Llama(small_config(vocab_size=int(spec["vocab_size"])))
+    with torch.no_grad():  # away from a uniform guess, so bins differ
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(5.0)
+    out = tmp_path_factory.mktemp("kmer3-model") / "model"
+    save_pretrained(model, out, tokenizer=spec)
+    return out
+
+
+def _direct(ws, model, n: int, edges: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-bin nats, tokens, bases and repeat tokens over base offsets, from plain logits + cross-entropy."""
+    k = len(edges) - 1
+    out = {name: np.zeros(k) for name in ("nats", "tokens", "bases", "repeat")}
+    for i in range(n):
+        ids = torch.from_numpy(np.asarray(ws[i], dtype=np.int64))[None]  # (1, L)
+        with torch.no_grad():
+            logits = model(ids)[0, :-1].double()  # (L-1, V)
+        ce = F.cross_entropy(logits, ids[0, 1:], reduction="none").numpy()  # (L-1,) loss of token p = 1..L-1
+        counted = ws.counted[ids[0, 1:].numpy()]  # (L-1,) tokens made only of A/C/G/T
+        at = ws.base_offsets(i)[1:][counted]  # base offset of each counted predicted token
+        b = np.searchsorted(edges, at, side="right") - 1  # (n_counted,) bin of each
+        np.add.at(out["nats"], b, ce[counted])
+        np.add.at(out["tokens"], b, 1)
+        np.add.at(out["bases"], b, ws.token_bases(i)[1:][counted])
+        np.add.at(out["repeat"], b, ws.softmask(i)[1:][counted])
+    return out
+
+
+def test_kmer_bins_over_bases_equal_a_direct_computation(kmer_data, kmer_model, tmp_path):
+    n = 3
+    rep = evaluate(_cfg(kmer_data, tmp_path / "r", kmer_model, kmer_model, bins=6, max_windows=n, position="bases",
+                        bootstrap=100))
+    ws = open_windows(kmer_data, "eval")
+    span = max(r["end"] - r["start"] for r in ws.records)
+    edges = np.asarray(rep["positions"]["edges"])
+    assert edges[-1] == span > KMER_WINDOW and rep["data"]["window_length"] == KMER_WINDOW
+    d = _direct(ws, from_pretrained(kmer_model).eval(), n, edges)
+    ck = rep["checkpoints"][0]
+    b = ck["bins"]
+    assert b["tokens"] == d["tokens"].astype(int).tolist() and b["bases"] == d["bases"].astype(int).tolist()
+    np.testing.assert_allclose(b["loss"], d["nats"] / d["tokens"], rtol=1e-4)
+    np.testing.assert_allclose(b["bits_per_base"], d["nats"] / d["bases"] / math.log(2), rtol=1e-4)
+    assert ck["repeat"]["bins"]["tokens"] == d["repeat"].astype(int).tolist()
+    assert ck["bases"] == int(d["bases"].sum()) and ck["tokens"] == int(d["tokens"].sum())
+    assert ck["bits_per_base"] == pytest.approx(d["nats"].sum() / d["bases"].sum() / math.log(2), rel=1e-4)
+    assert ck["bits_per_base"] == pytest.approx(sum(w["loss"] * w["tokens"] for w in ck["windows"])
+                                                / ck["bases"] / math.log(2), rel=1e-9)
+    same = rep["checkpoints"][1]  # the same weights again: zero change, a bootstrap interval of zero width
+    assert same["relative_change"] == 0.0 and same["ci_low"] == same["ci_high"] == 0.0
