@@ -5,6 +5,7 @@ losses and weights as an uninterrupted run."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -79,3 +80,21 @@ def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data
     assert latest_checkpoint(run).name == "step-00000006"
     for k in b:
         torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_signal_ends_the_workers_at_once(tmp_path, data_dir, init_dir):
+    """SIGINT then SIGTERM to the launcher (two kinds: the kernel merges a repeated pending signal, and delivers
+    pending ones lowest number first): the first is passed on (finish the step, save), the second ends every
+    worker at once; the command exits 143 (128 + SIGTERM) saying so, and no worker is left."""
+    run = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    wait_for_step(run, 2, [proc])
+    workers = [rank_process(proc, r) for r in (0, 1)]
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "second SIGTERM: ending the workers now, without a checkpoint" in err
+    errors = error_lines(err)
+    assert len(errors) == 1 and "stopped by a second SIGTERM before the workers saved" in errors[0], err[-3000:]
+    assert not any(w.is_running() and w.status() != "zombie" for w in workers)
