@@ -63,6 +63,10 @@ class ParallelConfig:
         for name in ("cp", "nproc", "nnodes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.cp_layout not in ("zigzag", "contiguous"):
+            raise ConfigError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
+        if self.cp_kv not in CP_KV_MODES:
+            raise ConfigError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"node_rank must be within [0, nnodes - 1] = [0, {self.nnodes - 1}], "
                               f"got {self.node_rank}")
