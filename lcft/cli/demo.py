@@ -17,7 +17,7 @@ OPTIONS = {
 
 
 def _run(cfg: DemoConfig, quiet: bool) -> None:
-    from lcft.evaluate.report import print_table
+    from lcft.evaluate.terminal import print_table
     from lcft.recipes.demo import run_demo
 
     res = run_demo(cfg, progress=not quiet, log=lambda m: console.print(m, highlight=False, soft_wrap=True))

@@ -24,8 +24,8 @@ OPTIONS = {
 
 
 def _run(cfg: EvalConfig, quiet: bool) -> None:
-    from lcft.evaluate.report import print_table
     from lcft.evaluate.runner import evaluate
+    from lcft.evaluate.terminal import print_table
 
     report = evaluate(cfg, progress=not quiet)
     if "node_rank" in report:  # a node other than 0 of a multi-node launch: rank 0 wrote the report

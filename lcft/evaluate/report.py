@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from lcft import __version__
 from lcft.config import format_size, save_resolved, to_dict
@@ -108,37 +106,43 @@ def _bits_per_base(loss_sum: float, windows: list[dict[str, Any]]) -> float:
     return loss_sum / bases / LN2 if bases else math.nan
 
 
+def _checkpoint_record(cfg: Any, info: Any, res: Any, ref: Any, is_ref: bool, edges: np.ndarray,
+                       weights: np.ndarray, by_bases: bool) -> dict[str, Any]:
+    """One checkpoint's figures: overall, per bin, per window, intervals against the reference, probe."""
+    (f0, f1), (l0, l1) = tenths(int(edges[-1]))
+    ref_bins, _ = ref.sums.binned(edges)
+    ref_loss = ref.sums.mean()
+    positions = bin_positions(edges)
+    means, counts = res.sums.binned(edges)
+    bits, bases = res.sums.binned_bits_per_base(edges) if by_bases else (means / LN2, None)
+    loss_sum, tokens = res.sums.total()
+    loss = loss_sum / tokens if tokens else math.nan
+    rec = info.describe()
+    rec.update({
+        "tokens": tokens,
+        "loss": _num(loss),
+        "bases": _bases(res.windows), "bits_per_base": _num(_bits_per_base(loss_sum, res.windows)),
+        "first_tenth_loss": _num(res.sums.range_mean(f0, f1)),
+        "last_tenth_loss": _num(res.sums.range_mean(l0, l1)),
+        "relative_change": _num(relative_change(loss, ref_loss)),
+        "bins": {"loss": _nums(means), "bits_per_base": _nums(bits), "tokens": [int(c) for c in counts],
+                 **({"bases": [int(c) for c in bases]} if by_bases else {}),
+                 "relative_change": _nums(relative_change(means, ref_bins))},
+        "windows": [{k: _num(v) if isinstance(v, float) else v for k, v in w.items()} for w in res.windows],
+    })
+    extra = _intervals(res, ref, weights, positions, is_ref, by_bases)
+    rec["bins"].update(extra.pop("bins"))
+    rec.update(extra, **_probe_figures(res.probe, cfg))
+    return rec
+
+
 def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, edges: np.ndarray) -> dict[str, Any]:
     """Every figure of the evaluation as plain JSON-able data (see README: eval.json)."""
     length, by_bases = int(edges[-1]), getattr(cfg, "position", "tokens") == "bases"  # positions the bins span
     (f0, f1), (l0, l1) = tenths(length)
-    ref_bins, _ = results[0].sums.binned(edges)
-    ref_loss = results[0].sums.mean()
     weights = resample_counts(len(results[0].bins), cfg.bootstrap, cfg.seed)  # (reps, n) shared by all
-    positions = bin_positions(edges)
-    checkpoints = []
-    for i, (info, res) in enumerate(zip(infos, results, strict=True)):
-        means, counts = res.sums.binned(edges)
-        bits, bases = res.sums.binned_bits_per_base(edges) if by_bases else (means / LN2, None)
-        loss_sum, tokens = res.sums.total()
-        loss = loss_sum / tokens if tokens else math.nan
-        rec = info.describe()
-        rec.update({
-            "tokens": tokens,
-            "loss": _num(loss),
-            "bases": _bases(res.windows), "bits_per_base": _num(_bits_per_base(loss_sum, res.windows)),
-            "first_tenth_loss": _num(res.sums.range_mean(f0, f1)),
-            "last_tenth_loss": _num(res.sums.range_mean(l0, l1)),
-            "relative_change": _num(relative_change(loss, ref_loss)),
-            "bins": {"loss": _nums(means), "bits_per_base": _nums(bits), "tokens": [int(c) for c in counts],
-                     **({"bases": [int(c) for c in bases]} if by_bases else {}),
-                     "relative_change": _nums(relative_change(means, ref_bins))},
-            "windows": [{k: _num(v) if isinstance(v, float) else v for k, v in w.items()} for w in res.windows],
-        })
-        extra = _intervals(res, results[0], weights, positions, i == 0, by_bases)
-        rec["bins"].update(extra.pop("bins"))
-        rec.update(extra, **_probe_figures(res.probe, cfg))
-        checkpoints.append(rec)
+    checkpoints = [_checkpoint_record(cfg, info, res, results[0], i == 0, edges, weights, by_bases)
+                   for i, (info, res) in enumerate(zip(infos, results, strict=True))]
     return {
         "format_version": FORMAT_VERSION,
         "lcft_version": __version__,
@@ -271,116 +275,3 @@ def plot(report: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
-
-
-def _fmt(x: float | None, spec: str = ".4f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.2f}%"
-
-
-def _pct_ci(rec: dict[str, Any]) -> str:
-    """A relative change with its 95% interval, e.g. -0.42% [-0.90, +0.10]."""
-    if rec.get("ci_low") is None or rec.get("ci_high") is None:
-        return _pct(rec["relative_change"])
-    return f"{_pct(rec['relative_change'])} [{100 * rec['ci_low']:+.2f}, {100 * rec['ci_high']:+.2f}]"
-
-
-def table(report: dict[str, Any]) -> Table:
-    """The terminal summary: overall loss, bits/base, first/last tenth, change vs the first checkpoint."""
-    d = report["data"]
-    t = Table(title=f"held-out loss (nats/base unless noted) on {d['windows']} {d['split']} windows of "
-                    f"{format_size(d['window_length'])} tokens", title_justify="left")
-    t.add_column("checkpoint", no_wrap=True)
-    for col in ("context", "loss", "bits/base", "first 10%", "last 10%", "last-first",
-                f"vs {report['checkpoints'][0]['label']} [95% CI]"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for ck in report["checkpoints"]:
-        first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
-        gap = None if first is None or last is None else last - first
-        t.add_row(ck["label"], format_size(ck["max_context"]) if ck["max_context"] else "window",
-                  _fmt(ck["loss"]), _fmt(ck["bits_per_base"], ".3f"), _fmt(first), _fmt(last),
-                  _fmt(gap, "+.4f"), _pct_ci(ck))
-    u = report["uniform"]
-    t.add_row("uniform guess", "-", _fmt(u["loss"]), _fmt(u["bits_per_base"], ".3f"), _fmt(u["loss"]),
-              _fmt(u["loss"]), "+0.0000", "", style="dim")
-    return t
-
-
-def split_table(report: dict[str, Any]) -> Table | str:
-    """Repeats (soft-masked predicted base) against unique sequence: loss and change with its interval; a
-    one-line note instead when the windows hold no soft-masked base."""
-    if not any(ck["repeat"]["tokens"] for ck in report["checkpoints"]):
-        return "no soft-masked (lower-case) bases in these windows: no split into repeats and unique sequence"
-    ref = report["checkpoints"][0]["label"]
-    t = Table(title=f"repeats (lower case in the FASTA) and unique sequence; change vs {ref}", title_justify="left")
-    t.add_column("checkpoint", no_wrap=True)
-    for col in ("repeats", "repeat loss", "repeat change [95% CI]", "unique loss", "unique change [95% CI]"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for ck in report["checkpoints"]:
-        rep, uni = ck["repeat"], ck["unique"]
-        share = rep["tokens"] / ck["tokens"] if ck["tokens"] else None
-        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(rep["loss"]), _pct_ci(rep), _fmt(uni["loss"]), _pct_ci(uni))
-    return t
-
-
-def probe_table(report: dict[str, Any]) -> Table | None:
-    """Loss drop on the planted copy by distance (nats/base; * = above zero by its 95% interval) and the
-    effective context of each checkpoint; None without --probe."""
-    opts = report.get("probe")
-    if not opts:
-        return None
-    rough = "; with this few windows the intervals are rough" if opts["windows"] < 8 else ""
-    t = Table(title=f"copy probe: loss drop (nats/base) on a {opts['segment']}-token segment copied D tokens "
-                    f"earlier, {opts['windows']} windows (* = above zero by its 95% interval{rough})",
-              title_justify="left")
-    t.add_column("checkpoint", no_wrap=True)
-    for d in opts["distances"]:
-        t.add_column(f"D={format_size(d)}", justify="right", no_wrap=True)
-    t.add_column("effective context", justify="right", no_wrap=True)
-    if opts["mutation"] > 0:
-        t.add_column(f"with {opts['mutation']:.0%} substituted", justify="right", no_wrap=True)
-    for ck in report["checkpoints"]:
-        pr = ck["probe"]
-        cells = [_fmt(v, "+.4f") + ("*" if lo is not None and lo > 0 else "")
-                 for v, lo in zip(pr["drop"], pr["ci_low"], strict=True)]
-        cells.append(_context(pr["effective_context"]))
-        if "mutated" in pr:
-            cells.append(_context(pr["mutated"]["effective_context"]))
-        t.add_row(ck["label"], *cells)
-    return t
-
-
-def _context(d: int) -> str:
-    return format_size(d) if d else "none detected"
-
-
-def trend_lines(report: dict[str, Any]) -> list[str]:
-    """One line per compared checkpoint: the slope of its change with log position, its interval, a verdict."""
-    ref = report["checkpoints"][0]["label"]
-    lines = []
-    for ck in report["checkpoints"][1:]:
-        tr = ck["trend"]
-        if tr is None or tr["slope_per_doubling"] is None:
-            continue
-        lo, hi = (f"{100 * v:+.3f}" if v is not None else "-" for v in (tr["ci_low"], tr["ci_high"]))
-        lines.append(f"{ck['label']} vs {ref}: change {100 * tr['slope_per_doubling']:+.3f}% per doubling of "
-                     f"position [95% CI {lo}, {hi}]: {tr['verdict']}")
-    return lines
-
-
-def print_table(report: dict[str, Any], console: Console | None = None) -> None:
-    """The summary table, the repeat/unique table, the trend verdicts and (with --probe) the probe table."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # a pipe or a log file: no terminal width to respect, keep rows on one line
-            console = Console(width=120)
-    console.print(table(report))
-    console.print(split_table(report), highlight=False)
-    for line in trend_lines(report):
-        console.print(line, highlight=False)
-    probe = probe_table(report)
-    if probe is not None:
-        console.print(probe)

@@ -269,7 +269,7 @@ def make_probe(cfg: EvalConfig, ws: Any, n_windows: int) -> CopyProbe | None:
 def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
     `cfg.out` (nothing is written when an input is bad), and return the report (the content of eval.json).
-    With `progress`, shows a progress bar over windows (print the table with report.print_table)."""
+    With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 
     if cfg.multiprocess and not launched():

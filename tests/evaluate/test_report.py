@@ -13,8 +13,9 @@ import pytest
 from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, WindowBins, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo
 from lcft.evaluate.config import EvalConfig
-from lcft.evaluate.report import CSV_COLUMNS, build_report, table, write_outputs
+from lcft.evaluate.report import CSV_COLUMNS, build_report, write_outputs
 from lcft.evaluate.runner import CheckpointResult
+from lcft.evaluate.terminal import table
 
 
 class FakeWindows:

@@ -1,0 +1,123 @@
+"""The terminal view of an evaluation report: the summary table, repeat/unique table, trend verdicts, probe table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from lcft.config import format_size
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.2f}%"
+
+
+def _pct_ci(rec: dict[str, Any]) -> str:
+    """A relative change with its 95% interval, e.g. -0.42% [-0.90, +0.10]."""
+    if rec.get("ci_low") is None or rec.get("ci_high") is None:
+        return _pct(rec["relative_change"])
+    return f"{_pct(rec['relative_change'])} [{100 * rec['ci_low']:+.2f}, {100 * rec['ci_high']:+.2f}]"
+
+
+def table(report: dict[str, Any]) -> Table:
+    """The terminal summary: overall loss, bits/base, first/last tenth, change vs the first checkpoint."""
+    d = report["data"]
+    t = Table(title=f"held-out loss (nats/base unless noted) on {d['windows']} {d['split']} windows of "
+                    f"{format_size(d['window_length'])} tokens", title_justify="left")
+    t.add_column("checkpoint", no_wrap=True)
+    for col in ("context", "loss", "bits/base", "first 10%", "last 10%", "last-first",
+                f"vs {report['checkpoints'][0]['label']} [95% CI]"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for ck in report["checkpoints"]:
+        first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
+        gap = None if first is None or last is None else last - first
+        t.add_row(ck["label"], format_size(ck["max_context"]) if ck["max_context"] else "window",
+                  _fmt(ck["loss"]), _fmt(ck["bits_per_base"], ".3f"), _fmt(first), _fmt(last),
+                  _fmt(gap, "+.4f"), _pct_ci(ck))
+    u = report["uniform"]
+    t.add_row("uniform guess", "-", _fmt(u["loss"]), _fmt(u["bits_per_base"], ".3f"), _fmt(u["loss"]),
+              _fmt(u["loss"]), "+0.0000", "", style="dim")
+    return t
+
+
+def split_table(report: dict[str, Any]) -> Table | str:
+    """Repeats (soft-masked predicted base) against unique sequence: loss and change with its interval; a
+    one-line note instead when the windows hold no soft-masked base."""
+    if not any(ck["repeat"]["tokens"] for ck in report["checkpoints"]):
+        return "no soft-masked (lower-case) bases in these windows: no split into repeats and unique sequence"
+    ref = report["checkpoints"][0]["label"]
+    t = Table(title=f"repeats (lower case in the FASTA) and unique sequence; change vs {ref}", title_justify="left")
+    t.add_column("checkpoint", no_wrap=True)
+    for col in ("repeats", "repeat loss", "repeat change [95% CI]", "unique loss", "unique change [95% CI]"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for ck in report["checkpoints"]:
+        rep, uni = ck["repeat"], ck["unique"]
+        share = rep["tokens"] / ck["tokens"] if ck["tokens"] else None
+        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(rep["loss"]), _pct_ci(rep), _fmt(uni["loss"]), _pct_ci(uni))
+    return t
+
+
+def probe_table(report: dict[str, Any]) -> Table | None:
+    """Loss drop on the planted copy by distance (nats/base; * = above zero by its 95% interval) and the
+    effective context of each checkpoint; None without --probe."""
+    opts = report.get("probe")
+    if not opts:
+        return None
+    rough = "; with this few windows the intervals are rough" if opts["windows"] < 8 else ""
+    t = Table(title=f"copy probe: loss drop (nats/base) on a {opts['segment']}-token segment copied D tokens "
+                    f"earlier, {opts['windows']} windows (* = above zero by its 95% interval{rough})",
+              title_justify="left")
+    t.add_column("checkpoint", no_wrap=True)
+    for d in opts["distances"]:
+        t.add_column(f"D={format_size(d)}", justify="right", no_wrap=True)
+    t.add_column("effective context", justify="right", no_wrap=True)
+    if opts["mutation"] > 0:
+        t.add_column(f"with {opts['mutation']:.0%} substituted", justify="right", no_wrap=True)
+    for ck in report["checkpoints"]:
+        pr = ck["probe"]
+        cells = [_fmt(v, "+.4f") + ("*" if lo is not None and lo > 0 else "")
+                 for v, lo in zip(pr["drop"], pr["ci_low"], strict=True)]
+        cells.append(_context(pr["effective_context"]))
+        if "mutated" in pr:
+            cells.append(_context(pr["mutated"]["effective_context"]))
+        t.add_row(ck["label"], *cells)
+    return t
+
+
+def _context(d: int) -> str:
+    return format_size(d) if d else "none detected"
+
+
+def trend_lines(report: dict[str, Any]) -> list[str]:
+    """One line per compared checkpoint: the slope of its change with log position, its interval, a verdict."""
+    ref = report["checkpoints"][0]["label"]
+    lines = []
+    for ck in report["checkpoints"][1:]:
+        tr = ck["trend"]
+        if tr is None or tr["slope_per_doubling"] is None:
+            continue
+        lo, hi = (f"{100 * v:+.3f}" if v is not None else "-" for v in (tr["ci_low"], tr["ci_high"]))
+        lines.append(f"{ck['label']} vs {ref}: change {100 * tr['slope_per_doubling']:+.3f}% per doubling of "
+                     f"position [95% CI {lo}, {hi}]: {tr['verdict']}")
+    return lines
+
+
+def print_table(report: dict[str, Any], console: Console | None = None) -> None:
+    """The summary table, the repeat/unique table, the trend verdicts and (with --probe) the probe table."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a pipe or a log file: no terminal width to respect, keep rows on one line
+            console = Console(width=120)
+    console.print(table(report))
+    console.print(split_table(report), highlight=False)
+    for line in trend_lines(report):
+        console.print(line, highlight=False)
+    probe = probe_table(report)
+    if probe is not None:
+        console.print(probe)
