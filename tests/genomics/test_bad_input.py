@@ -1,4 +1,4 @@
-"""Every bad input of issue 2: a one-line LcftError, and nothing half-written in the output folder."""
+"""Every bad input of lcft prepare: a one-line LcftError, and nothing half-written in the output folder."""
 
 from __future__ import annotations
 
