@@ -29,6 +29,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated accelerator memory on CUDA; peak resident set size of this process on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    # VmHWM is this process's own high-water mark. ru_maxrss is not: Linux carries the parent's peak over
+    # fork + exec, so a run started from a large process (a test runner, a notebook) reported the parent's.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
     return int(rss_kib) * 1024
 
