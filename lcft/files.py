@@ -76,6 +76,14 @@ def file_hash(path: str | os.PathLike, algorithm: str = "sha256", upto: int | No
     return h
 
 
+def files_sha256(paths: list[Path]) -> str:
+    """sha256 over several files in name order: each file's name and its own sha256 (one digest per folder)."""
+    h = hashlib.sha256()
+    for f in sorted(paths, key=lambda p: p.name):
+        h.update(f.name.encode() + b"\0" + file_hash(f).hexdigest().encode())
+    return h.hexdigest()
+
+
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON object from a file; a one-line LcftError naming the file when it is unreadable, not JSON, or not
     an object."""

@@ -60,3 +60,16 @@ def test_read_json_errors_name_the_file(tmp_path):
         assert str(p) in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(LcftError, match="cannot read"):
         read_json(tmp_path / "missing.json")
+
+
+def test_files_sha256_is_the_name_ordered_digest_of_names_and_file_hashes(tmp_path):
+    import hashlib
+
+    from lcft.files import files_sha256
+
+    a, b = tmp_path / "b.bin", tmp_path / "a.bin"
+    a.write_bytes(b"second"), b.write_bytes(b"first")
+    want = hashlib.sha256()
+    for f in (b, a):  # name order: a.bin, b.bin
+        want.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).hexdigest().encode())
+    assert files_sha256([a, b]) == want.hexdigest()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 from lcft.config import format_size
 from lcft.errors import LcftError
-from lcft.files import file_hash
+from lcft.files import file_hash, files_sha256
 from lcft.runs import check_tokenizer, read_model_config, read_model_meta, resolve_checkpoint
 from lcft.shapes import check_length
 
@@ -29,10 +28,7 @@ def weights_sha256(ckpt: Path) -> str:
         raise LcftError(f"unreadable checkpoint {ckpt}: no *{WEIGHT_SUFFIX} weights file")
     if len(files) == 1:
         return file_hash(files[0]).hexdigest()
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0" + file_hash(f).hexdigest().encode())
-    return h.hexdigest()
+    return files_sha256(files)
 
 
 def check_weights_readable(ckpt: Path) -> None:

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lcft.errors import LcftError
-from lcft.files import file_hash
+from lcft.files import files_sha256
 from lcft.model import Llama
 from lcft.model.config import AttentionConfig
 from lcft.model.hf import MAX_SHARD_BYTES, shards
@@ -170,9 +170,4 @@ def export_sharded(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: to
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:
     """sha256 over the files of `<ckpt>/dcp/` in name order (names and file hashes)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted(p for p in _dcp_dir(ckpt).iterdir() if p.is_file()):
-        h.update(f.name.encode() + b"\0" + file_hash(f).hexdigest().encode())
-    return h.hexdigest()
+    return files_sha256([p for p in _dcp_dir(ckpt).iterdir() if p.is_file()])
