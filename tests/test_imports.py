@@ -1,5 +1,5 @@
 """Import rules of the package: no cycle between modules, and the layering (model/kernels below parallel below
-train/evaluate below cli; genomics independent of the model; only the CLI entry point imports lcft.cli).
+train/evaluate below cli; genomics and the model independent of each other; only the CLI entry point imports lcft.cli).
 
 The graph is read from the sources with `ast`: module-level and function-level imports, relative imports
 resolved, lazy re-export tables (`_EXPORTS = {"name": "lcft.x.y"}`) read as imports of their package.
@@ -23,12 +23,15 @@ ROOT = Path(lcft.__file__).parent
 
 # (importer prefix, forbidden target prefixes)
 LAYERS = [
-    ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
+    # the model takes its vocabulary from its config: it never reads a tokenizer
+    ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli", "lcft.genomics")),
     ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
     ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli")),
     ("lcft.genomics", ("lcft.model",)),
     # the run layout serves train, eval and export alike; file helpers sit below everything
     ("lcft.runs", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),
+    ("lcft.vocab", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
+                    "lcft.cli", "lcft.runs")),
     ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                     "lcft.cli", "lcft.runs")),
 ]

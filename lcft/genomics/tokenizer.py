@@ -1,4 +1,4 @@
-"""The DNA vocabulary and a vectorised byte lookup table: bytes -> uint8 token ids, and back."""
+"""The DNA vocabulary's byte lookup tables (vectorised): bytes -> uint8 token ids, and back."""
 
 from __future__ import annotations
 
@@ -6,12 +6,24 @@ from collections.abc import Iterable
 
 import numpy as np
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
-A, C, G, T, N = 4, 5, 6, 7, 8
-BASES = "ACGTN"
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-VOCAB: tuple[str, ...] = SPECIALS + tuple(BASES)
-VOCAB_SIZE = 16  # padded to 16 (embedding rows beyond len(VOCAB) are never produced)
+# The vocabulary lives below every layer (the model reads its defaults too); re-exported here for genomics.
+from lcft.vocab import (  # noqa: F401
+    BASES,
+    BOS,
+    EOS,
+    PAD,
+    SPECIALS,
+    UNK,
+    VOCAB,
+    VOCAB_SIZE,
+    A,
+    C,
+    G,
+    N,
+    T,
+    tokenizer_spec,
+)
+
 IUPAC_AMBIGUOUS = "RYSWKMBDHVU"  # everything here becomes N (U too: DNA alphabet only)
 
 
@@ -50,11 +62,6 @@ def decode(ids: np.ndarray, softmask: np.ndarray | None = None) -> str:
     if softmask is not None:
         out = np.where(np.asarray(softmask, dtype=bool), out | 0x20, out)  # ASCII lower-case bit
     return out.tobytes().decode("ascii")
-
-
-def tokenizer_spec() -> dict:
-    """What a manifest or checkpoint records so a data set and a model can be checked for compatibility."""
-    return {"name": "dna-char", "vocab": list(VOCAB), "vocab_size": VOCAB_SIZE, "case_free": True}
 
 
 # Streaming form of the same LUT: one bytes.translate pass per file chunk maps every byte to

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from lcft.errors import LcftError
-from lcft.genomics.tokenizer import BOS, EOS, VOCAB_SIZE
 from lcft.kernels.spec import SparseSpec
+from lcft.vocab import BOS, EOS, VOCAB_SIZE
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")

@@ -15,7 +15,6 @@ from safetensors.torch import save_file
 
 from lcft.errors import LcftError
 from lcft.files import read_json, replacing, respect_umask
-from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import (
     MAX_SHARD_BYTES,
@@ -29,6 +28,7 @@ from lcft.model.hf import (
 )
 from lcft.model.hf import weight_files as _weight_files
 from lcft.model.llama import Llama
+from lcft.vocab import tokenizer_spec
 
 __all__ = ["CONFIG", "LCFT", "WEIGHTS", "config_from_hf", "config_to_hf", "export_pretrained", "from_pretrained",
            "read_config", "save_pretrained", "to_hf_name", "write_model_folder"]
