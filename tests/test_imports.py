@@ -27,6 +27,9 @@ LAYERS = [
     ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli", "lcft.genomics")),
     ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
     ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli")),
+    # train and evaluate are peers: what both need sits below them (lcft.parallel, lcft.units, ...)
+    ("lcft.train", ("lcft.evaluate",)),
+    ("lcft.evaluate", ("lcft.train",)),
     ("lcft.genomics", ("lcft.model",)),
     # the run layout serves train, eval and export alike; file helpers sit below everything
     ("lcft.runs", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LN2 = math.log(2.0)
+from lcft.units import LN2
+
 UNIFORM_LOSS = math.log(4.0)  # nats per base of a uniform guess over A, C, G, T (= 2 bits/base)
 
 

@@ -14,9 +14,10 @@ import numpy as np
 
 from lcft import __version__
 from lcft.config import format_size, save_resolved, to_dict
-from lcft.evaluate.binning import LN2, SUBSETS, UNIFORM_LOSS, relative_change, tenths
+from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
 from lcft.evaluate.stats import LEVEL, Change, bin_positions, mean_difference, resample_counts, trend
 from lcft.files import atomic_open
+from lcft.units import LN2
 
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"

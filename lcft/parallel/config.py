@@ -86,7 +86,3 @@ class ParallelConfig:
     def multiprocess(self) -> bool:
         """True when the launcher (torchrun) starts the processes: several of them, or elastic restarts."""
         return self.nproc > 1 or self.nnodes > 1 or self.max_restarts > 0
-        if self.cp_layout not in ("zigzag", "contiguous"):
-            raise ConfigError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
-        if self.cp_kv not in CP_KV_MODES:
-            raise ConfigError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")

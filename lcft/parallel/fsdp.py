@@ -83,7 +83,3 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, sharded: boo
             torch._foreach_mul_(grads, coef)
     return norm
 
-
-def is_sharded(module: nn.Module) -> bool:
-    """True when any parameter of `module` is a DTensor (FSDP2-managed)."""
-    return any(isinstance(p, DTensor) for p in module.parameters())

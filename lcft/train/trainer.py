@@ -22,7 +22,6 @@ from accelerate.state import AcceleratorState, GradientState
 
 from lcft.config import ConfigError, save_resolved, to_dict
 from lcft.errors import LcftError
-from lcft.evaluate.binning import LN2
 from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
@@ -51,6 +50,7 @@ from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
 from lcft.train.sharded import clip, prepare, restore_optimizer, save_sharded, shard_for_training
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
+from lcft.units import LN2
 
 SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folder
 
