@@ -86,14 +86,16 @@ class PositionSums:
         return float(self.loss_sum[start:end].sum()) / n if n else math.nan
 
 
-SUBSETS = ("all", "repeat", "unique")
-"""Token subsets of the per-window bin sums: every counted token, soft-masked (lower-case, RepeatMasker
-repeat) predicted bases, and upper-case ones."""
+SUBSETS = ("all", "repeat", "unique", "recurring", "nonrecurring")
+"""Token subsets of the per-window bin sums: every counted token; soft-masked (lower-case, RepeatMasker
+repeat) predicted bases and upper-case ones; tokens whose k-mer occurred earlier in the window (see
+lcft.evaluate.recurrence) and the others."""
 
 
 class WindowBins:
-    """Loss sums and token counts per position bin of each window, in window order, for every counted token
-    and split by the soft-mask bit of the predicted base (the figures the bootstrap resamples)."""
+    """Loss sums and token counts per position bin of each window, in window order, for every counted token,
+    split by the soft-mask bit of the predicted base and by in-window recurrence (the figures the bootstrap
+    resamples)."""
 
     def __init__(self, edges: np.ndarray) -> None:
         self.starts = np.asarray(edges[:-1], dtype=np.int64)
@@ -102,15 +104,17 @@ class WindowBins:
         self._bases: list[np.ndarray] = []
 
     def add(self, loss: np.ndarray, counted: np.ndarray, softmask: np.ndarray | None,
-            bases: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+            bases: np.ndarray | None = None, recur: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Add one window: per-token loss `(L,)`, counted `(L,)` bool, soft-mask bit of each position `(L,)`
         (None: no soft mask, every base counts as unique), bases of the token at each position `(L,)` (None:
-        one each). Returns its (subsets, bins) loss sums and counts."""
+        one each), nearest-copy distance of each position `(L,)` (> 0 = recurring; None: none recurs).
+        Returns its (subsets, bins) loss sums and counts."""
         counted = np.asarray(counted, dtype=bool)
         soft = np.zeros_like(counted) if softmask is None else np.asarray(softmask, dtype=bool)
+        again = np.zeros_like(counted) if recur is None else np.asarray(recur) > 0  # (L,)
         loss64 = np.asarray(loss, dtype=np.float64)  # (L,) sums in fp64, as PositionSums
         per = np.ones(counted.shape, dtype=np.int64) if bases is None else np.asarray(bases, dtype=np.int64)  # (L,)
-        masks = (counted, counted & soft, counted & ~soft)  # in SUBSETS order
+        masks = (counted, counted & soft, counted & ~soft, counted & again, counted & ~again)  # SUBSETS order
         self._loss.append(np.stack([np.add.reduceat(np.where(m, loss64, 0.0), self.starts) for m in masks]))
         self._count.append(np.stack([np.add.reduceat(m.astype(np.int64), self.starts) for m in masks]))
         self._bases.append(np.stack([np.add.reduceat(np.where(m, per, 0), self.starts) for m in masks]))
@@ -138,23 +142,27 @@ class WindowBins:
         return np.stack(self._bases) if self._bases else np.zeros((0, len(SUBSETS), k), dtype=np.int64)
 
 
+def at_base_offsets(length: int, offsets: np.ndarray, counted: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per-token `values` `(L,)` of the counted tokens at the base offset of their first base (`offsets`
+    `(L,)`), zero (False) at every other base position: `(length,)` of the values' dtype."""
+    out = np.zeros(length, dtype=np.asarray(values).dtype)  # (length,)
+    out[np.asarray(offsets)[counted]] = np.asarray(values)[counted]
+    return out
+
+
 def to_base_positions(length: int, offsets: np.ndarray, loss: np.ndarray, counted: np.ndarray,
                       softmask: np.ndarray | None, bases: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """One window's per-token arrays `(L,)` moved to base positions `(length,)`: each counted token's loss,
     counted bit, soft-mask bit and bases at the base offset of its first base (`offsets` `(L,)`), every other
     base position uncounted. A counted token covers at least one base, so no two share an offset."""
-    at = np.asarray(offsets)[counted]  # (n_counted,) base offsets of the counted tokens
-    out_loss = np.zeros(length, dtype=np.float64)  # (length,)
-    out_loss[at] = np.asarray(loss, dtype=np.float64)[counted]
-    out_counted = np.zeros(length, dtype=bool)  # (length,)
-    out_counted[at] = True
-    out_bases = np.zeros(length, dtype=np.int64)  # (length,)
-    out_bases[at] = np.asarray(bases)[counted]
+    counted = np.asarray(counted, dtype=bool)
+    out_loss = at_base_offsets(length, offsets, counted, np.asarray(loss, dtype=np.float64))  # (length,)
+    out_counted = at_base_offsets(length, offsets, counted, counted)  # (length,)
+    out_bases = at_base_offsets(length, offsets, counted, np.asarray(bases, dtype=np.int64))  # (length,)
     out_soft = None
     if softmask is not None:
-        out_soft = np.zeros(length, dtype=bool)  # (length,)
-        out_soft[at] = np.asarray(softmask, dtype=bool)[counted]
+        out_soft = at_base_offsets(length, offsets, counted, np.asarray(softmask, dtype=bool))  # (length,)
     return out_loss, out_counted, out_soft, out_bases
 
 

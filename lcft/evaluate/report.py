@@ -15,6 +15,7 @@ import numpy as np
 from lcft import __version__
 from lcft.config import format_size, save_resolved, to_dict
 from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
+from lcft.evaluate.recurrence import K
 from lcft.evaluate.stats import LEVEL, Change, bin_positions, mean_difference, resample_counts, trend
 from lcft.files import atomic_open
 from lcft.units import LN2
@@ -23,7 +24,10 @@ FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
 CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "tokens", "loss", "bits_per_base", "relative_change",
                "ci_low", "ci_high")
-SPLITS = SUBSETS[1:]  # repeat, unique: the soft-mask split reported next to every figure over all tokens
+SPLITS = SUBSETS[1:]  # the soft-mask and the recurrence split reported next to every figure over all tokens
+PANELS = ((("repeat", "repeats (soft-masked)", "-"), ("unique", "unique", "--")),
+          (("recurring", f"recurring {K}-mers", "-"), ("nonrecurring", "non-recurring", "--")))
+"""The split panels of the plot: each (subset, legend name, line style) pair, drawn only where it has tokens."""
 
 
 def _num(x: float) -> float | None:
@@ -73,6 +77,16 @@ def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, i
     for s, name in enumerate(SPLITS, start=1):
         out[name] = _split(loss, count, per_bin, overall, s, res.bins.bases if by_bases else None)
     return out
+
+
+def _recurrence(res: Any) -> dict[str, Any] | None:
+    """The distance histogram of the recurring tokens (the same windows for every checkpoint)."""
+    if res.recurrence is None:
+        return None
+    edges, tokens = res.recurrence
+    return {"k": K, "distance_edges": [int(e) for e in edges], "tokens": [int(t) for t in tokens],
+            "note": "counted tokens whose k-mer last occurred d bases earlier in the window, "
+                    "distance_edges[c] <= d < distance_edges[c + 1] (the last class takes anything farther)"}
 
 
 def _probe_options(cfg: Any, results: list) -> dict[str, Any] | None:
@@ -169,7 +183,10 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
         "uniform": {"loss": UNIFORM_LOSS, "bits_per_base": UNIFORM_LOSS / LN2},
         "bootstrap": {"replicates": cfg.bootstrap, "seed": cfg.seed, "level": LEVEL, "resampled": "windows",
                       "note": "paired percentile intervals of each change against the first checkpoint"},
-        "subsets": {"repeat": "predicted base soft-masked (lower case in the FASTA)", "unique": "upper case"},
+        "subsets": {"repeat": "predicted base soft-masked (lower case in the FASTA)", "unique": "upper case",
+                    "recurring": f"the {K}-mer ending at the predicted token's last base occurs earlier in the window",
+                    "nonrecurring": f"its {K}-mer does not (or holds a base other than A/C/G/T)"},
+        "recurrence": _recurrence(results[0]),
         "probe": _probe_options(cfg, results),
         "checkpoints": checkpoints,
     }
@@ -233,10 +250,17 @@ def _change_panel(ax: Any, mid: np.ndarray, b: dict[str, Any], label: str, **sty
                     alpha=0.15, linewidth=0)
 
 
-def plot(report: dict[str, Any]) -> bytes:
-    """PNG bytes: bits/base against position (one line per checkpoint, the uniform guess dashed); below it the
-    relative change of each checkpoint against the first with its 95% interval as a band; at the bottom the
-    same change in repeats (soft-masked, solid) and in unique sequence (dashed)."""
+def _split_panels(report: dict[str, Any]) -> list[tuple[tuple[str, str, str], ...]]:
+    """The split panels with data: a split whose first subset has no tokens in any compared checkpoint
+    (e.g. no soft-masked base) gets no panel."""
+    compared = report["checkpoints"][1:]
+    return [p for p in PANELS if any(ck[p[0][0]]["tokens"] for ck in compared)]
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """The plot as a matplotlib Figure: bits/base against position (one line per checkpoint, the uniform guess
+    dashed); below it the relative change of each checkpoint against the first with its 95% interval as a
+    band; then one panel per split with data, the same change in each of its subsets (solid, dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede pyplot's import
@@ -245,16 +269,19 @@ def plot(report: dict[str, Any]) -> bytes:
     edges = np.asarray(report["positions"]["edges"], dtype=np.float64)
     log = report["positions"]["bin_scale"] == "log"
     mid = np.sqrt(np.maximum(edges[:-1], 1) * edges[1:]) if log else (edges[:-1] + edges[1:]) / 2
-    fig = Figure(figsize=(9, 9), dpi=100, layout="constrained")
-    top, middle, bottom = fig.subplots(3, 1, sharex=True, height_ratios=(3, 2, 2))
+    panels = _split_panels(report)
+    fig = Figure(figsize=(9, 6 + 2 * len(panels)), dpi=100, layout="constrained")
+    axes = fig.subplots(2 + len(panels), 1, sharex=True, height_ratios=(3, 2, *(2 for _ in panels)), squeeze=False)
+    top, middle, splits = axes[0, 0], axes[1, 0], list(axes[2:, 0])
     ref = report["checkpoints"][0]["label"]
     for k, ck in enumerate(report["checkpoints"]):
         color = f"C{k}"
         top.plot(mid, _series(ck["bins"]["bits_per_base"]), marker=".", color=color, label=ck["label"])
         _change_panel(middle, mid, ck["bins"], f"{ck['label']} vs {ref}", marker=".", color=color)
-        if k:
-            _change_panel(bottom, mid, ck["repeat"]["bins"], f"{ck['label']}: repeats", color=color)
-            _change_panel(bottom, mid, ck["unique"]["bins"], f"{ck['label']}: unique", color=color, linestyle="--")
+        for ax, panel in zip(splits, panels, strict=True):
+            for subset, name, style in panel:
+                if k and ck[subset]["tokens"]:
+                    _change_panel(ax, mid, ck[subset]["bins"], f"{ck['label']}: {name}", color=color, linestyle=style)
     top.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="uniform guess (2 bits/base)")
     top.set_ylabel("held-out loss (bits/base)")
     d = report["data"]
@@ -263,16 +290,22 @@ def plot(report: dict[str, Any]) -> bytes:
     top.legend(fontsize="small")
     middle.set_ylabel(f"change vs {ref} (%)\n(band: 95% interval)")
     middle.legend(fontsize="small")
-    bottom.set_ylabel(f"change vs {ref} (%)\nrepeats vs unique")
-    if len(report["checkpoints"]) > 1:
-        bottom.legend(fontsize="small")
+    for ax, panel in zip(splits, panels, strict=True):
+        ax.set_ylabel(f"change vs {ref} (%)\n{panel[0][1]} vs {panel[1][1]}")
+        ax.legend(fontsize="small")
+    bottom = axes[-1, 0]
     bottom.set_xlabel(f"position in window ({report['positions'].get('unit', 'tokens')})")
     if log:
         bottom.set_xscale("log")
-    for ax in (top, middle, bottom):
+    for ax in axes[:, 0]:
         ax.grid(alpha=0.3)
-    for ax in (middle, bottom):
+    for ax in (middle, *splits):
         ax.axhline(0.0, color="grey", linewidth=1)
+    return fig
+
+
+def plot(report: dict[str, Any]) -> bytes:
+    """PNG bytes of `figure(report)`."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    figure(report).savefig(buf, format="png")
     return buf.getvalue()

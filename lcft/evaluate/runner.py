@@ -14,11 +14,12 @@ import numpy as np
 import torch
 
 from lcft.errors import LcftError
-from lcft.evaluate.binning import PositionSums, WindowBins, bin_edges, to_base_positions
+from lcft.evaluate.binning import PositionSums, WindowBins, at_base_offsets, bin_edges, to_base_positions
 from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import CopyProbe, check_probe, default_distances
+from lcft.evaluate.recurrence import distance_classes, histogram, nearest_copy, token_distances, window_codes
 from lcft.files import folder_lock
 from lcft.genomics.tokenizer import A, T
 from lcft.kernels.triton_tiles import check_model_kernels_fit
@@ -104,6 +105,9 @@ class CheckpointResult:
     """Per-window loss sums by position bin, all tokens and split by the soft mask (what the bootstrap draws)."""
     probe: CopyProbe | None = None
     """The copy probe's target losses (with --probe copy)."""
+    recurrence: tuple[np.ndarray, np.ndarray] | None = None
+    """Distance class edges (classes + 1,) in bases and the counted recurring tokens of each class (classes,):
+    the histogram of how far back the k-mer ending at each token occurred earlier in its window."""
 
 
 def _device(name: str) -> torch.device:
@@ -189,16 +193,38 @@ def position_length(ws: Any, position: str) -> int:
     return int(ws.length)
 
 
+def recurrence_distances(ws: Any, i: int) -> np.ndarray:
+    """(L,) int64 per token of window i: bases back to the nearest earlier occurrence of the k-mer ending at
+    the token's last base (0 = it does not recur in the window)."""
+    per_base = ws.token_bases(i) if getattr(ws, "per_base", False) else None  # (L,) or None: one base each
+    return token_distances(nearest_copy(window_codes(ws, i)), per_base)
+
+
 def _at_positions(ws: Any, i: int, loss: np.ndarray, counted: np.ndarray, position: str, length: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Window i's loss, counted bits, soft mask and bases per token `(L,)`, by token position, or moved to
-    base positions `(length,)` with --position bases."""
+                  ) -> tuple[np.ndarray, ...]:
+    """Window i's loss, counted bits, soft mask, bases and recurrence distance per token `(L,)`, by token
+    position, or moved to base positions `(length,)` with --position bases."""
     bases = ws.token_bases(i) if hasattr(ws, "token_bases") else None  # (L,)
     # The soft-mask bit of each position is that of the base predicted there.
     soft = ws.softmask(i)  # (L,)
+    recur = recurrence_distances(ws, i)  # (L,)
     if position != "bases":
-        return loss, counted, soft, bases
-    return to_base_positions(length, ws.base_offsets(i), loss, counted, soft, bases)
+        return loss, counted, soft, bases, recur
+    offsets = ws.base_offsets(i)  # (L,)
+    return (*to_base_positions(length, offsets, loss, counted, soft, bases),
+            at_base_offsets(length, offsets, np.asarray(counted, dtype=bool), recur))
+
+
+def _window_record(ws: Any, i: int, counted_i: np.ndarray, w_loss: np.ndarray, w_count: np.ndarray
+                   ) -> dict[str, Any]:
+    """One window's figures in the report from its (subsets, bins) loss sums and counts."""
+    n, n_rep, n_rec = int(w_count[0].sum()), int(w_count[1].sum()), int(w_count[3].sum())
+    total, rep = float(w_loss[0].sum()), float(w_loss[1].sum())
+    chrom, start, end = ws.coords(i)
+    return {"index": i, "chrom": chrom, "start": int(start), "end": int(end),
+            "tokens": n, "loss": total / n if n else math.nan, "repeat_tokens": n_rep,
+            "repeat_loss": rep / n_rep if n_rep else math.nan, "recurring_tokens": n_rec,
+            "bases": int(ws.token_bases(i)[counted_i].sum()) if hasattr(ws, "token_bases") else n}
 
 
 def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalConfig, max_context: int,
@@ -210,6 +236,8 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
     sums = PositionSums.zeros(length)
     table = torch.from_numpy(np.asarray(ws.counted)).to(device) if hasattr(ws, "counted") else None  # (vocab,)
     bins = WindowBins(bin_edges(length, cfg.bins, cfg.bin_scale))
+    classes = distance_classes(position_length(ws, "bases"))
+    recurring = np.zeros(len(classes) - 1, dtype=np.int64)  # (classes,)
     windows: list[dict[str, Any]] = []
     for batch in (parallel.batches(n_windows, cfg.batch_size) if parallel else _batches(n_windows, cfg.batch_size)):
         loss = counted = None
@@ -221,19 +249,15 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
         results = parallel.gather(batch, loss, counted) if parallel else [
             (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]
         for i, loss_i, counted_i in results:  # loss_i, counted_i (L,)
-            at_loss, at_counted, at_soft, at_bases = _at_positions(ws, i, loss_i, counted_i, cfg.position, length)
+            at_loss, at_counted, at_soft, at_bases, at_recur = _at_positions(ws, i, loss_i, counted_i,
+                                                                             cfg.position, length)
             sums.add(at_loss, at_counted, at_bases)
-            w_loss, w_count = bins.add(at_loss, at_counted, at_soft, at_bases)  # (subsets, bins) each
-            n, n_rep = int(w_count[0].sum()), int(w_count[1].sum())
-            total, rep = float(w_loss[0].sum()), float(w_loss[1].sum())
-            chrom, start, end = ws.coords(i)
-            windows.append({"index": i, "chrom": chrom, "start": int(start), "end": int(end),
-                            "tokens": n, "loss": total / n if n else math.nan, "repeat_tokens": n_rep,
-                            "repeat_loss": rep / n_rep if n_rep else math.nan,
-                            "bases": int(ws.token_bases(i)[counted_i].sum()) if hasattr(ws, "token_bases") else n})
+            w_loss, w_count = bins.add(at_loss, at_counted, at_soft, at_bases, at_recur)  # (subsets, bins) each
+            recurring += histogram(at_recur, at_counted, classes)
+            windows.append(_window_record(ws, i, counted_i, w_loss, w_count))
         if advance is not None:
             advance(len(results))
-    return CheckpointResult(sums, windows, bins)
+    return CheckpointResult(sums, windows, bins, recurrence=(classes, recurring))
 
 
 def run_probe(model: torch.nn.Module, probe: CopyProbe, cfg: EvalConfig, max_context: int, device: torch.device,

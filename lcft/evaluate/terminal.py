@@ -1,4 +1,4 @@
-"""The terminal view of an evaluation report: the summary table, repeat/unique table, trend verdicts, probe table."""
+"""The terminal view of an evaluation report: summary, repeat/unique and recurrence tables, trends, probe table."""
 
 from __future__ import annotations
 
@@ -46,21 +46,52 @@ def table(report: dict[str, Any]) -> Table:
     return t
 
 
+def _split_rows(report: dict[str, Any], title: str, a: str, b: str, names: tuple[str, str]) -> Table:
+    """Subsets `a` and `b` of every checkpoint: the share of `a`, loss and change with its interval of each."""
+    t = Table(title=title, title_justify="left")
+    t.add_column("checkpoint", no_wrap=True)
+    for col in (names[0], f"{names[0]} loss", f"{names[0]} change [95% CI]", f"{names[1]} loss",
+                f"{names[1]} change [95% CI]"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for ck in report["checkpoints"]:
+        x, y = ck[a], ck[b]
+        share = x["tokens"] / ck["tokens"] if ck["tokens"] else None
+        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(x["loss"]), _pct_ci(x), _fmt(y["loss"]), _pct_ci(y))
+    return t
+
+
 def split_table(report: dict[str, Any]) -> Table | str:
     """Repeats (soft-masked predicted base) against unique sequence: loss and change with its interval; a
     one-line note instead when the windows hold no soft-masked base."""
     if not any(ck["repeat"]["tokens"] for ck in report["checkpoints"]):
         return "no soft-masked (lower-case) bases in these windows: no split into repeats and unique sequence"
     ref = report["checkpoints"][0]["label"]
-    t = Table(title=f"repeats (lower case in the FASTA) and unique sequence; change vs {ref}", title_justify="left")
-    t.add_column("checkpoint", no_wrap=True)
-    for col in ("repeats", "repeat loss", "repeat change [95% CI]", "unique loss", "unique change [95% CI]"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for ck in report["checkpoints"]:
-        rep, uni = ck["repeat"], ck["unique"]
-        share = rep["tokens"] / ck["tokens"] if ck["tokens"] else None
-        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(rep["loss"]), _pct_ci(rep), _fmt(uni["loss"]), _pct_ci(uni))
-    return t
+    return _split_rows(report, f"repeats (lower case in the FASTA) and unique sequence; change vs {ref}",
+                       "repeat", "unique", ("repeats", "unique"))
+
+
+def recurrence_table(report: dict[str, Any]) -> Table | str:
+    """Recurring tokens (their k-mer occurred earlier in the window) against the others: loss and change with
+    its interval; a one-line note instead when no k-mer recurs."""
+    k = report["recurrence"]["k"]
+    if not any(ck["recurring"]["tokens"] for ck in report["checkpoints"]):
+        return f"no {k}-mer occurs twice in any of these windows: no split into recurring and non-recurring tokens"
+    ref = report["checkpoints"][0]["label"]
+    return _split_rows(report, f"recurring (the {k}-mer ending at the token occurred earlier in the window) and "
+                               f"non-recurring tokens; change vs {ref}", "recurring", "nonrecurring",
+                       ("recurring", "non-recurring"))
+
+
+def distance_line(report: dict[str, Any]) -> str | None:
+    """How far back the recurring tokens' k-mers occurred: the distance histogram as shares of counted tokens."""
+    rec, ck = report["recurrence"], report["checkpoints"][0]
+    if not sum(rec["tokens"]) or not ck["tokens"]:
+        return None
+    e = rec["distance_edges"]
+    parts = [f"{format_size(e[c])}-{format_size(e[c + 1])}{'+' if c == len(e) - 2 else ''}: "
+             f"{n / ck['tokens']:.2%}" for c, n in enumerate(rec["tokens"])]
+    return (f"nearest earlier copy of the recurring tokens' {rec['k']}-mers, bases back (share of counted "
+            f"tokens): {', '.join(parts)}")
 
 
 def probe_table(report: dict[str, Any]) -> Table | None:
@@ -109,13 +140,19 @@ def trend_lines(report: dict[str, Any]) -> list[str]:
 
 
 def print_table(report: dict[str, Any], console: Console | None = None) -> None:
-    """The summary table, the repeat/unique table, the trend verdicts and (with --probe) the probe table."""
+    """The summary table, the repeat/unique and recurring/non-recurring tables (with the distance histogram),
+    the trend verdicts and (with --probe) the probe table."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # a pipe or a log file: no terminal width to respect, keep rows on one line
             console = Console(width=120)
     console.print(table(report))
     console.print(split_table(report), highlight=False)
+    if report.get("recurrence"):
+        console.print(recurrence_table(report), highlight=False)
+        line = distance_line(report)
+        if line:
+            console.print(line, highlight=False)
     for line in trend_lines(report):
         console.print(line, highlight=False)
     probe = probe_table(report)

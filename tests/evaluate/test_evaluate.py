@@ -47,7 +47,7 @@ def test_eval_writes_all_outputs_and_the_figures_agree(data_dir, ckpt_a, ckpt_b,
     assert on_disk["checkpoints"][0]["loss"] == rep["checkpoints"][0]["loss"]
     assert on_disk["data"]["windows"] == 5 and on_disk["data"]["window_length"] == WINDOW
     rows = list(csv.DictReader((out / "loss_by_position.csv").open()))
-    assert len(rows) == 2 * 3 * 8  # every checkpoint's bins over all tokens, repeats and unique sequence
+    assert len(rows) == 2 * 5 * 8  # every checkpoint's bins: all tokens, repeats, unique, recurring, non-recurring
     for ck in on_disk["checkpoints"]:
         b = ck["bins"]
         # Token-count-weighted bin means and window means both give back the overall mean.

@@ -64,10 +64,18 @@ def kmer_model(tmp_path_factory, kmer_data) -> Path:
     return out
 
 
+def _token_recurrence(ws, i: int) -> np.ndarray:
+    """(L,) per token: the direct nearest-copy distance of the k-mer ending at its last base."""
+    from .test_recurrence import direct_distances
+
+    d = direct_distances(ws.sequence(i))  # (bases,)
+    return np.array([d[e - 1] for e in np.cumsum(ws.token_bases(i))])
+
+
 def _direct(ws, model, n: int, edges: np.ndarray) -> dict[str, np.ndarray]:
     """Per-bin nats, tokens, bases and repeat tokens over base offsets, from plain logits + cross-entropy."""
     k = len(edges) - 1
-    out = {name: np.zeros(k) for name in ("nats", "tokens", "bases", "repeat")}
+    out = {name: np.zeros(k) for name in ("nats", "tokens", "bases", "repeat", "recurring")}
     for i in range(n):
         ids = torch.from_numpy(np.asarray(ws[i], dtype=np.int64))[None]  # (1, L)
         with torch.no_grad():
@@ -80,6 +88,7 @@ def _direct(ws, model, n: int, edges: np.ndarray) -> dict[str, np.ndarray]:
         np.add.at(out["tokens"], b, 1)
         np.add.at(out["bases"], b, ws.token_bases(i)[1:][counted])
         np.add.at(out["repeat"], b, ws.softmask(i)[1:][counted])
+        np.add.at(out["recurring"], b, (_token_recurrence(ws, i) > 0)[1:][counted])
     return out
 
 
@@ -98,9 +107,22 @@ def test_kmer_bins_over_bases_equal_a_direct_computation(kmer_data, kmer_model, 
     np.testing.assert_allclose(b["loss"], d["nats"] / d["tokens"], rtol=1e-4)
     np.testing.assert_allclose(b["bits_per_base"], d["nats"] / d["bases"] / math.log(2), rtol=1e-4)
     assert ck["repeat"]["bins"]["tokens"] == d["repeat"].astype(int).tolist()
+    assert ck["recurring"]["bins"]["tokens"] == d["recurring"].astype(int).tolist()
     assert ck["bases"] == int(d["bases"].sum()) and ck["tokens"] == int(d["tokens"].sum())
     assert ck["bits_per_base"] == pytest.approx(d["nats"].sum() / d["bases"].sum() / math.log(2), rel=1e-4)
     assert ck["bits_per_base"] == pytest.approx(sum(w["loss"] * w["tokens"] for w in ck["windows"])
                                                 / ck["bases"] / math.log(2), rel=1e-9)
     same = rep["checkpoints"][1]  # the same weights again: zero change, a bootstrap interval of zero width
     assert same["relative_change"] == 0.0 and same["ci_low"] == same["ci_high"] == 0.0
+
+
+def test_kmer_window_recurrence_equals_the_direct_computation_over_bases(kmer_data):
+    from lcft.evaluate.runner import recurrence_distances
+
+    ws = open_windows(kmer_data, "eval")
+    hits = 0
+    for i in range(3):
+        want = _token_recurrence(ws, i)  # (L,)
+        assert recurrence_distances(ws, i).tolist() == want.tolist()
+        hits += int((want > 0).sum())
+    assert hits > 0

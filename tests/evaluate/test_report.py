@@ -67,7 +67,7 @@ def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
         assert weighted == pytest.approx(ck["loss"], rel=1e-12)
         assert len(ck["windows"]) == 3
     rows = list(csv.DictReader(paths["csv"].open()))
-    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 2 * 3 * (len(on_disk["positions"]["edges"]) - 1)
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 2 * 5 * (len(on_disk["positions"]["edges"]) - 1)
     for row in (r for r in rows if r["subset"] == "all"):
         ck = next(c for c in on_disk["checkpoints"] if c["label"] == row["label"])
         i = int(row["bin"])
