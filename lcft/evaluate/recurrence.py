@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from lcft.genomics.tokenizer import A, C, G, T
+from lcft.vocab import A, C, G, T
 
 K = 20
 """Bases of the k-mer that must recur: at 20 bases a chance match in a 1M-base window is rare (4^20 ~ 1e12
