@@ -86,11 +86,13 @@ def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dty
 
 
 def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: dict[str, Any],
-                       saved_dtype: torch.dtype, tokenizer: dict[str, Any] | None = None) -> Path:
+                       saved_dtype: torch.dtype, tokenizer: dict[str, Any] | None = None,
+                       meta: dict[str, Any] | None = None) -> Path:
     """Write a model folder from its config and {weight file name: tensor dict | function returning one |
-    index bytes} (as lcft.model.hf.shards builds them): config.json, lcft.json, the weights; atomically."""
+    index bytes} (as lcft.model.hf.shards builds them): config.json, lcft.json (plus `meta`), the weights;
+    atomically."""
     extra = {"format_version": LCFT_FORMAT_VERSION, "attention": cfg.attention.to_dict(),
-             "tokenizer": tokenizer or tokenizer_spec()}
+             "tokenizer": tokenizer or tokenizer_spec(), **(meta or {})}
     files = {**weights, CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
              LCFT: json.dumps(extra, indent=2).encode()}
     directory = Path(directory)

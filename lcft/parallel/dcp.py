@@ -1,22 +1,28 @@
 """Checkpoints of a sharded run through torch.distributed.checkpoint (DCP): each rank writes its own shards of
 the model and the optimizer into `<checkpoint>/dcp/`, keyed by parameter name, so they load back on any layout
 (fsdp on N ranks, fsdp on M, one process, DDP, any cp size). Reading a whole model (eval) or streaming it into
-HF safetensors shards (export) needs no process group. Nothing here loads a pickle.
+HF safetensors shards (export) needs no process group. Nothing here runs code from a file: DCP's `.metadata`
+is read by lcft.checkpoint.dcp_metadata's restricted unpickler, only tensors are stored in `dcp/`, and the
+optimizer's param groups (numbers, flags, parameter names) are kept as JSON (`dcp/param_groups.json`).
 
-Beside `dcp/` a sharded checkpoint holds config.json and lcft.json (no weights), so every tool that reads a
-model folder's config reads it too.
+Beside `dcp/` a sharded checkpoint holds config.json and lcft.json (no weights; lcft.json's "weights" says
+"dcp"), so every tool that reads a model folder's config reads it too. A folder counts as sharded only when its
+lcft.json says so: a stray `dcp/.metadata` in a downloaded folder is never read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -25,22 +31,28 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from lcft.checkpoint.dcp_metadata import METADATA, SafePlanner, SafeReader, read_metadata_file
 from lcft.errors import LcftError
-from lcft.files import files_sha256
+from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model import Llama
 from lcft.model.config import AttentionConfig
 from lcft.model.hf import MAX_SHARD_BYTES, shards
 from lcft.model.io import from_pretrained, read_config, write_model_folder
-from lcft.runs import read_model_meta
+from lcft.runs import MODEL_META, read_model_meta
 
 DCP_DIR = "dcp"
-METADATA = ".metadata"
+PARAM_GROUPS = "param_groups.json"  # in dcp/: the optimizer's param groups, as JSON
 MODEL, OPTIM = "model", "optim"  # top-level keys: DCP stores "model.<parameter name>" and "optim.state...."
+SHARDED_META = {"weights": DCP_DIR}  # lcft.json of a sharded checkpoint says so
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a checkpoint folder written through DCP (`dcp/.metadata` present)."""
-    return (Path(path) / DCP_DIR / METADATA).is_file()
+    """True for a checkpoint folder written through DCP: its lcft.json says "weights": "dcp" (a `dcp/.metadata`
+    alone does not make one) and `dcp/.metadata` is present."""
+    meta = Path(path) / MODEL_META
+    if not meta.is_file() or not (Path(path) / DCP_DIR / METADATA).is_file():
+        return False
+    return read_json(meta).get("weights") == DCP_DIR
 
 
 def _dcp_dir(path: str | os.PathLike) -> Path:
@@ -51,8 +63,36 @@ def save_state(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: str | o
     """Collective: every rank writes its shards of `model`'s parameters and the optimizer state (keyed by
     parameter name) into `<ckpt>/dcp/`. `model` is the module whose names the checkpoint keeps (the Llama,
     not a wrapper)."""
-    state = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=str(_dcp_dir(ckpt)))
+    optim = get_optimizer_state_dict(model, optimizer)
+    groups = optim.pop("param_groups")  # numbers and names: JSON, so that dcp/ holds tensors only
+    dcp.save({MODEL: get_model_state_dict(model), OPTIM: optim}, checkpoint_id=str(_dcp_dir(ckpt)))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        atomic_write(_dcp_dir(ckpt) / PARAM_GROUPS, json.dumps(groups, indent=1))
+
+
+def _param_groups(ckpt: str | os.PathLike, built: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved param groups (JSON) over this optimizer's own (`built`): same parameter names, each saved
+    option that this optimizer has, as its type (a tuple stays a tuple). No file (a checkpoint written before
+    they were kept as JSON): the groups as built (the schedule sets the learning rate again)."""
+    path = _dcp_dir(ckpt) / PARAM_GROUPS
+    if not path.is_file():
+        return built
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LcftError(f"{path}: unreadable ({type(e).__name__})") from None
+    if not isinstance(saved, list) or len(saved) != len(built) or not all(isinstance(g, dict) for g in saved):
+        raise LcftError(f"{path}: not {len(built)} param group(s) of this optimizer")
+    out = []
+    for have, got in zip(built, saved, strict=True):
+        if got.get("params") != have["params"]:
+            raise LcftError(f"{path}: the param groups name other parameters than this model's")
+        group = dict(have)
+        for k, v in got.items():
+            if k != "params" and k in have:
+                group[k] = tuple(v) if isinstance(have[k], tuple) and isinstance(v, list) else v
+        out.append(group)
+    return out
 
 
 def load_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, ckpt: str | os.PathLike,
@@ -61,14 +101,14 @@ def load_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, ckpt: 
     any world size, or whole tensors (no_dist: each process reads on its own, no collective). Parameters
     must be materialised (not on the meta device)."""
     state: dict[str, Any] = {MODEL: get_model_state_dict(model)}
+    groups: list[dict[str, Any]] = []
     if optimizer is not None:
         state[OPTIM] = get_optimizer_state_dict(model, optimizer)  # creates the AdamW moments to read into
-    try:
-        _load(state, ckpt, no_dist)
-    except Exception as e:  # CheckpointException wraps per-rank errors: a missing key, a torn file
-        raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {str(e)[:300]})") from None
+        groups = state[OPTIM].pop("param_groups")  # not from dcp/: JSON beside it
+    _load(state, ckpt, no_dist)
     set_model_state_dict(model, state[MODEL])
     if optimizer is not None:
+        state[OPTIM]["param_groups"] = _param_groups(ckpt, groups)
         set_optimizer_state_dict(model, optimizer, state[OPTIM])
 
 
@@ -93,7 +133,7 @@ def _model_on_meta(ckpt: Path, attention: AttentionConfig | None) -> Llama:
 
 def read_tensors(ckpt: str | os.PathLike, names: list[str]) -> dict[str, torch.Tensor]:
     """The named parameters (whole, as stored) of a sharded checkpoint, read in this process alone."""
-    md = dcp.FileSystemReader(str(_dcp_dir(ckpt))).read_metadata().state_dict_metadata
+    md = read_metadata_file(_dcp_dir(ckpt) / METADATA).state_dict_metadata
     out: dict[str, torch.Tensor] = {}
     for n in names:
         meta = md.get(f"{MODEL}.{n}")
@@ -105,9 +145,29 @@ def read_tensors(ckpt: str | os.PathLike, names: list[str]) -> dict[str, torch.T
 
 
 def _load(dcp_state: dict[str, Any], ckpt: str | os.PathLike, no_dist: bool) -> None:
-    with warnings.catch_warnings():  # DCP warns that it reads in one process: that is what no_dist asks
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(dcp_state, checkpoint_id=str(_dcp_dir(ckpt)), no_dist=no_dist)
+    """dcp.load through the restricted reader and planner; every failure is one LcftError (CheckpointException,
+    which wraps each rank's error, derives from BaseException: an `except Exception` never sees it)."""
+    try:
+        with warnings.catch_warnings():  # DCP warns that it reads in one process: that is what no_dist asks
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(dcp_state, storage_reader=SafeReader(str(_dcp_dir(ckpt))), planner=SafePlanner(),
+                     no_dist=no_dist)
+    except CheckpointException as e:
+        raise _one_line(ckpt, e) from None
+    except LcftError:
+        raise
+    except Exception as e:  # a missing key, a torn shard file, a shape that does not fit
+        raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {str(e)[:300]})") from None
+
+
+def _one_line(ckpt: str | os.PathLike, e: CheckpointException) -> LcftError:
+    """The first rank's own error of a CheckpointException, as one line (an LcftError as it is)."""
+    errors = [exc for exc, _ in e.failures.values()]
+    first = next((x for x in errors if isinstance(x, LcftError)), errors[0] if errors else e)
+    if isinstance(first, LcftError):
+        return first
+    text = " ".join(str(first).split())[:300]
+    return LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(first).__name__}: {text})")
 
 
 def read_model(ckpt: str | os.PathLike, attention: AttentionConfig | None = None, *,
@@ -127,10 +187,7 @@ def read_model(ckpt: str | os.PathLike, attention: AttentionConfig | None = None
 
 def _model_metadata(ckpt: Path) -> dict[str, Any]:
     """{parameter name: DCP tensor metadata (size, dtype)} of the model in a sharded checkpoint."""
-    try:
-        md = dcp.FileSystemReader(str(_dcp_dir(ckpt))).read_metadata()
-    except Exception as e:  # a torn or foreign .metadata
-        raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {e})") from None
+    md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
     prefix = MODEL + "."
     return {k[len(prefix):]: v for k, v in md.state_dict_metadata.items() if k.startswith(prefix)}
 
@@ -146,7 +203,7 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> None:
         if tuple(stored[name].size) != tuple(p.shape):
             raise LcftError(f"unreadable checkpoint {ckpt}: weight {name} has shape {tuple(stored[name].size)}, "
                             f"config.json implies {tuple(p.shape)}")
-    md = dcp.FileSystemReader(str(_dcp_dir(ckpt))).read_metadata()
+    md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
     files = {getattr(s, "relative_path", None) for s in (md.storage_data or {}).values()} - {None}
     missing = sorted(f for f in files if not (_dcp_dir(ckpt) / f).is_file())
     if missing:
@@ -169,5 +226,5 @@ def export_sharded(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: to
 
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:
-    """sha256 over the files of `<ckpt>/dcp/` in name order (names and file hashes)."""
-    return files_sha256([p for p in _dcp_dir(ckpt).iterdir() if p.is_file()])
+    """sha256 over the files of `<ckpt>/dcp/` in name order (names and file hashes), param groups aside."""
+    return files_sha256([p for p in _dcp_dir(ckpt).iterdir() if p.is_file() and p.name != PARAM_GROUPS])

@@ -23,6 +23,7 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.files import atomic_write, disk_full_error, file_hash, free_bytes, read_json
+from lcft.parallel.dcp import is_sharded_checkpoint
 from lcft.runs import (
     CHECKSUMS,
     STATE_DIR,
@@ -274,7 +275,7 @@ def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict | No
     LcftError naming the file when one is missing, garbled or not plain data."""
     d = Path(ckpt) / STATE_DIR
     state = read_state(ckpt)
-    sharded = not (d / "optimizer.pt").exists() and (Path(ckpt) / "dcp").is_dir()  # optimizer state in dcp/
+    sharded = not (d / "optimizer.pt").exists() and is_sharded_checkpoint(ckpt)  # optimizer state in dcp/
     optim = None if sharded else _load(d / "optimizer.pt")
     sched, rng = _load(d / "scheduler.pt"), _load(d / "rng.pt")
     for name, value, keys in (("optimizer.pt", optim, ("state", "param_groups")), ("scheduler.pt", sched, ()),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lcft.model.io import write_model_folder
-from lcft.parallel.dcp import DCP_DIR, load_full_optimizer, load_state, save_state
+from lcft.parallel.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
 from lcft.parallel.fsdp import apply_fsdp, clip_grad_norm, shard_mesh
 from lcft.runs import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.train.checkpoint import write_checkpoint
@@ -84,7 +84,8 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
         (path / DCP_DIR).mkdir()
         dist.barrier()  # the temp folder exists: the other ranks write into it now
         save_state(model, raw, path)
-        write_model_folder(path, model.config, {}, torch.float32, windows.manifest["tokenizer"] if windows else None)
+        write_model_folder(path, model.config, {}, torch.float32, windows.manifest["tokenizer"] if windows else None,
+                           meta=SHARDED_META)
         if getattr(windows, "per_base", False):
             from lcft.genomics.hf_tokenizer import save_hf_tokenizer
 

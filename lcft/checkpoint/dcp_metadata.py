@@ -1,0 +1,103 @@
+"""Reading torch.distributed.checkpoint (DCP) folders without running code from them: its `.metadata` (a pickle
+torch reads with plain `pickle.load`) is read by an unpickler that admits only DCP's metadata classes, torch's
+sizes, dtypes and layouts, and paths; the load planner refuses the pickled "bytes" entries DCP would load with
+`torch.load(weights_only=False)`. lcft never stores such entries (non-tensor optimizer state is JSON)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint.metadata as dcp_md
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import ReadItem
+
+from lcft.errors import LcftError
+
+METADATA = ".metadata"
+MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
+
+# Every global a `.metadata` torch writes names (module, name); torch dtypes are admitted by type below.
+_ALLOWED = {
+    *(("torch.distributed.checkpoint.metadata", n) for n in (*dcp_md.__all__, "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """pickle.Unpickler whose globals are limited to `_ALLOWED` and torch dtypes: no callable that could run
+    code is reachable, so a planted payload fails at its first reference."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def _refuse(path: Path, why: str) -> LcftError:
+    return LcftError(f"{path}: refused: {why} (not the metadata of a sharded checkpoint; nothing in it was run)")
+
+
+def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
+    """The DCP Metadata in `path`, read with the restricted unpickler and checked: every shard file it names is
+    a plain file name inside its folder. A one-line LcftError naming the file otherwise."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
+                raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
+            md = _MetadataUnpickler(fh).load()
+    except LcftError:
+        raise
+    except OSError as e:
+        raise LcftError(f"{path}: cannot read ({e.strerror or e})") from None
+    except pickle.UnpicklingError as e:
+        raise _refuse(path, str(e)) from None
+    except Exception as e:  # a torn pickle raises EOFError, ValueError, TypeError, IndexError...
+        raise _refuse(path, f"corrupt ({type(e).__name__})") from None
+    _check(path, md)
+    return md
+
+
+def _check(path: Path, md: Any) -> None:
+    if not isinstance(md, dcp_md.Metadata) or not isinstance(md.state_dict_metadata, dict):
+        raise _refuse(path, "it holds no DCP Metadata")
+    kinds = (dcp_md.TensorStorageMetadata, dcp_md.BytesStorageMetadata)
+    if not all(isinstance(k, str) and isinstance(v, kinds) for k, v in md.state_dict_metadata.items()):
+        raise _refuse(path, "an entry is not tensor metadata")
+    for info in (md.storage_data or {}).values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(info, _StorageInfo) or not isinstance(name, str) or Path(name).name != name \
+                or name in ("", ".", "..") or info.transform_descriptors:
+            raise _refuse(path, f"shard file {name!r} is not a plain file of its folder")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's FileSystemReader with `read_metadata_file` in place of its plain pickle.load."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_md.Metadata:
+        if kwargs.get("rank") is not None:  # per-rank metadata files: lcft writes one .metadata only
+            raise LcftError(f"{self.path}: per-rank DCP metadata is not read")
+        md = read_metadata_file(Path(self.path) / METADATA)
+        md.storage_meta = dcp_md.StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's default load planner that never unpickles a bytes entry (DCP would use weights_only=False)."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        raise LcftError(f"sharded checkpoint entry {read_item.dest_index.fqn!r} is pickled data; refused "
+                        "(lcft stores only tensors in dcp/)")
