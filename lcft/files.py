@@ -26,6 +26,15 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
+def fresh_file(path: Path, mode: int = 0o666) -> int:
+    """Create `path` as a new, empty regular file of ours and return its open descriptor (write only): whatever
+    was there (a stale file, a symlink pointing anywhere) is unlinked first, and O_EXCL | O_NOFOLLOW make the
+    kernel refuse to write through a link that appears in between. The caller closes the descriptor."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # unlinks a symlink itself, never its target
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]:
     """Yield a temp path next to `path`; when the block ends normally the file written there (given the mode
@@ -34,6 +43,7 @@ def replacing(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]
     path = Path(path)
     tmp = temp_name(path)
     try:
+        os.close(fresh_file(tmp))  # a link planted under the temp name is removed, never written through
         yield tmp
         respect_umask(tmp, folder=False)  # some writers (safetensors) create 0600 files whatever the umask
         if fsync:
@@ -102,7 +112,9 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
 def _holder(folder: Path) -> tuple[str | None, str | None]:
     """(pid, command) recorded by the process that holds `folder`'s lock, when readable."""
     try:
-        pid, _, command = (folder / LOCK_NAME).read_text().strip().partition(" ")
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)  # a planted link is not read through
+        with os.fdopen(fd, "rb") as fh:
+            pid, _, command = fh.read(4096).decode().strip().partition(" ")
     except (OSError, UnicodeDecodeError):
         return None, None
     return (pid or None), (command or None)
@@ -132,7 +144,8 @@ def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
                         "or choose another output folder") from None
     info = folder / LOCK_NAME
     try:
-        info.write_text(f"{os.getpid()} {command}\n")  # over the pid of a holder that was killed
+        with os.fdopen(fresh_file(info, 0o644), "w") as fh:  # over a killed holder's pid, or a planted link
+            fh.write(f"{os.getpid()} {command}\n")
         yield folder
     finally:
         info.unlink(missing_ok=True)

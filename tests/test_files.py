@@ -73,3 +73,38 @@ def test_files_sha256_is_the_name_ordered_digest_of_names_and_file_hashes(tmp_pa
     for f in (b, a):  # name order: a.bin, b.bin
         want.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).hexdigest().encode())
     assert files_sha256([a, b]) == want.hexdigest()
+
+
+def _outside(tmp_path):
+    """A file outside the output folder, and the folder."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    return victim, out
+
+
+def test_atomic_write_never_writes_through_a_planted_temp_link(tmp_path):
+    victim, out = _outside(tmp_path)
+    (out / ".a.json.tmp").symlink_to(victim)
+    atomic_write(out / "a.json", "{}\n")
+    assert victim.read_text() == "keep me\n"
+    assert (out / "a.json").read_text() == "{}\n" and not (out / "a.json").is_symlink()
+    assert sorted(os.listdir(out)) == ["a.json"]
+
+
+def test_a_link_at_the_target_is_replaced_not_followed(tmp_path):
+    victim, out = _outside(tmp_path)
+    (out / "a.json").symlink_to(victim)
+    atomic_write(out / "a.json", "{}\n")
+    assert victim.read_text() == "keep me\n" and not (out / "a.json").is_symlink()
+
+
+def test_folder_lock_never_writes_through_a_planted_lock_link(tmp_path):
+    victim, out = _outside(tmp_path)
+    (out / files.LOCK_NAME).symlink_to(victim)
+    with files.folder_lock(out, "lcft test"):
+        lock = out / files.LOCK_NAME
+        assert not lock.is_symlink() and lock.read_text() == f"{os.getpid()} lcft test\n"
+    assert victim.read_text() == "keep me\n"
+    assert not (out / files.LOCK_NAME).exists()
