@@ -235,24 +235,19 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
                     f"(longest: {longest}, {fasta.length(longest)} bp); use a smaller --length"
                 )
         options = _options(cfg, fasta, length, stride, tok)
-        done = _check_existing(out, options, cfg.overwrite) if out.is_dir() else None
-        if done is not None:
-            if con:
-                con.print(f"[green]{out} is already prepared with these options: nothing to do[/]")
-            return done
         created = not out.exists()
-        try:
-            (out / PARTIAL).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise LcftError(f"cannot write to output folder {out}: {e.strerror or e}") from None
-        try:
-            with folder_lock(out, "lcft prepare"):  # two runs writing into one folder would interleave windows
-                manifest = _run_locked(cfg, fasta, options, out, chosen, con, tok)
-        except LcftError:
-            if created and out.is_dir() and not any(out.iterdir()):
-                out.rmdir()
-            raise
-    return manifest
+        # the lock first: a second run must not delete (--overwrite) what the first is writing
+        with folder_lock(out, "lcft prepare"):  # (removes a folder it created that stays empty)
+            done = None if created else _check_existing(out, options, cfg.overwrite)
+            if done is not None:
+                if con:
+                    con.print(f"[green]{out} is already prepared with these options: nothing to do[/]")
+                return done
+            try:
+                (out / PARTIAL).mkdir(exist_ok=True)
+            except OSError as e:
+                raise LcftError(f"cannot write to output folder {out}: {e.strerror or e}") from None
+            return _run_locked(cfg, fasta, options, out, chosen, con, tok)
 
 
 def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,

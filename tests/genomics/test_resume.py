@@ -189,3 +189,29 @@ def test_second_writer_into_the_same_folder_is_refused(genome, tmp_path):
     finally:
         os.close(fd)
     prep(genome, out)
+
+
+def test_overwrite_into_a_folder_being_written_is_refused_before_deleting(genome, tmp_path, monkeypatch):
+    """A second `prepare --overwrite` starts while the first is cutting (called from inside the first's window
+    writer): refused by the lock, it deletes nothing; the first finishes complete and equal to a clean run."""
+    from lcft.genomics.shards import SplitWriter
+
+    out, real_add, seen = tmp_path / "o", SplitWriter.add, {"adds": 0, "refused": ""}
+
+    def add_then_race(self, ids, soft):
+        real_add(self, ids, soft)
+        seen["adds"] += 1
+        if seen["adds"] == 3:
+            self.flush()
+            with pytest.raises(LcftError) as e:
+                prep(genome, out, overwrite=True)
+            seen["refused"] = str(e.value)
+
+    monkeypatch.setattr(SplitWriter, "add", add_then_race)
+    prep(genome, out)
+    monkeypatch.setattr(SplitWriter, "add", real_add)
+    assert "another `lcft prepare` is writing" in seen["refused"]
+    verify_windows(out)
+    prep(genome, tmp_path / "clean")
+    for name in OUTPUTS:
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
