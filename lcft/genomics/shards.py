@@ -220,9 +220,32 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
         m = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LcftError(f"{p}: corrupt manifest ({e})") from None
+    if not isinstance(m, dict):
+        raise LcftError(f"{p}: corrupt manifest (not a JSON object)")
     if m.get("format_version") != FORMAT_VERSION:
         raise LcftError(f"{p}: format_version {m.get('format_version')!r}, this lcft reads {FORMAT_VERSION}")
+    _check_names(p, m)
     return m
+
+
+def _plain_name(name: Any) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
+
+
+def _check_names(p: Path, m: dict) -> None:
+    """Every file the manifest names is a plain file name of its folder (never `../x` or `/etc/x`): readers
+    open them under the folder, and verify hashes them."""
+    tok = m.get("tokenizer")
+    names = [tok["file"]] if isinstance(tok, dict) and "file" in tok else []
+    splits = m.get("splits", {})
+    if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
+        raise LcftError(f"{p}: corrupt manifest ('splits' is not an object of objects)")
+    files = [m.get("files", {}), *(info.get("files", {}) for info in splits.values())]
+    if not all(isinstance(f, dict) for f in files):
+        raise LcftError(f"{p}: corrupt manifest (a 'files' entry is not an object)")
+    for name in [*names, *(n for f in files for n in f)]:
+        if not _plain_name(name):
+            raise LcftError(f"{p}: names file {name!r}, which is not a file of the windows folder (refused)")
 
 
 def expected_sizes(m: dict, split: str) -> dict[str, int]:

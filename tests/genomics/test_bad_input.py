@@ -209,3 +209,30 @@ def test_iupac_codes_become_n(tmp_path):
     want = "".join(c if c.upper() in "ACGT" else ("n" if c.islower() else "N") for c in seq)
     assert decode(ws[0], ws.softmask(0)) == want
     assert bio_records(p)["c1"] == seq  # the oracle read the file as written
+
+
+@pytest.mark.parametrize("where", ["tokenizer", "files", "split"])
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "sub/tokenizer.json", ".."])
+def test_manifest_naming_a_file_outside_the_folder_is_refused(good, tmp_path, where, name):
+    """manifest.json's tokenizer.file (or a listed file) pointing outside the folder: `prepare verify` and
+    opening the windows refuse it in one line naming it; nothing outside is read."""
+    import json
+
+    from lcft.genomics import verify_windows
+
+    out = tmp_path / "out"
+    run(good, out, tokenizer="kmer:3", length=1024, max_n_frac=1.0)
+    path = out / "manifest.json"
+    m = json.loads(path.read_text())
+    if where == "tokenizer":
+        m["tokenizer"]["file"] = name
+    elif where == "files":
+        m["files"][name] = m["files"].pop(next(iter(m["files"])))
+    else:
+        files = m["splits"]["train"]["files"]
+        files[name] = files.pop("train.bin")
+    path.write_text(json.dumps(m))
+    for read in (verify_windows, lambda d: open_windows(d, "train").tokenizer):
+        with pytest.raises(LcftError) as e:
+            read(out)
+        assert repr(name) in str(e.value) and "refused" in str(e.value) and "\n" not in str(e.value)
