@@ -10,7 +10,7 @@ import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.model_tokenizer import SeqTokenizer
+from lcft.genomics.seq_tokenizer import SeqTokenizer
 from lcft.genomics.shards import SplitWriter
 from lcft.genomics.token_windows import iter_token_windows
 from lcft.genomics.tokenizer import IUPAC_AMBIGUOUS, UNK

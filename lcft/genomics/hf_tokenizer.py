@@ -15,11 +15,9 @@ from typing import Any
 
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.model_tokenizer import TOKENIZER_FILE, SeqTokenizer, char_tokenizer, load_tokenizer
+from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, load_tokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.tokenizer_hash import RUNS_SPLIT, replace_rule, upper_rules
-
-SPECIAL_ROLES = {"pad_token": ("<pad>", "[PAD]"), "bos_token": ("<bos>", "<s>", "[CLS]"),
-                 "eos_token": ("<eos>", "</s>", "[SEP]"), "unk_token": ("<unk>", "[UNK]", "<oov>", "<UNK>")}
 
 
 def _char_json() -> dict[str, Any]:
@@ -43,7 +41,7 @@ def hf_tokenizer_json(tok: SeqTokenizer) -> str:
     data = json.loads(tok.json_text)
     norms = upper_rules() + ([data["normalizer"]] if data.get("normalizer") else [])
     data["normalizer"] = {"type": "Sequence", "normalizers": norms}
-    if data.get("model", {}).get("type") != "WordLevel":  # k-mers split runs in their own regex already
+    if data.get("model", {}).get("type") != "WordLevel":  # k-mers read across runs (N inside K-mers)
         pre = data.get("pre_tokenizer")
         data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [RUNS_SPLIT] + ([pre] if pre else [])}
     data["truncation"] = data["padding"] = None
@@ -51,12 +49,11 @@ def hf_tokenizer_json(tok: SeqTokenizer) -> str:
 
 
 def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`."""
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`; the special-token
+    roles are the tokenizer's own (read from the published files, or lcft's vocabularies' fixed ones)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    names = set(tok.vocab)
-    specials = {role: next(n for n in cands if n in names) for role, cands in SPECIAL_ROLES.items()
-                if any(n in names for n in cands)}
+    specials = dict(tok.roles)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30,
               "clean_up_tokenization_spaces": False, **specials}
     files = {"tokenizer.json": hf_tokenizer_json(tok), "tokenizer_config.json": json.dumps(config, indent=1),
@@ -65,9 +62,11 @@ def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:
 
 
 def folder_tokenizer_spec(folder: str | Path) -> dict[str, Any] | None:
-    """The spec of the tokenizer.json in a model folder (a published model, or an lcft export); None without one."""
-    path = Path(folder) / TOKENIZER_FILE
-    return load_tokenizer(str(path)).spec() if path.is_file() else None
+    """The spec of the tokenizer in a model folder (a published model, or an lcft export): its tokenizer.json, else
+    its k-mer vocab.txt; None without either."""
+    folder = Path(folder)
+    found = (folder / TOKENIZER_FILE).is_file() or (folder / VOCAB_FILE).is_file()
+    return load_tokenizer(str(folder)).spec() if found else None
 
 
 def same_tokenizer(a: dict[str, Any], b: dict[str, Any]) -> bool:

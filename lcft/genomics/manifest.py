@@ -6,7 +6,7 @@ import numpy as np
 
 from lcft import __version__
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.model_tokenizer import SeqTokenizer
+from lcft.genomics.seq_tokenizer import SeqTokenizer
 from lcft.genomics.shards import FORMAT_VERSION, SPLITS
 from lcft.genomics.window_set import BASES_DTYPE
 

@@ -1,15 +1,18 @@
 """The model's own tokenizer for prepare: `char` (lcft's bases), `kmer:K[:VOCAB]` and any `tokenizers` tokenizer.json.
 
-Every tokenizer sees a record as a sequence of *pieces* (see `split_pieces`) and encodes each piece on its own,
-returning token ids and the number of bases each token covers, so every token maps back to its bases.
+Files are read as published (`vocab_file`): every id bounded before a table is built, special-token roles from
+the special_tokens_map.json / tokenizer_config.json beside the vocabulary. A folder holding only a vocab.txt is
+a k-mer vocabulary (K from tokenizer_config.json's `k`, else the length of its A/C/G/T tokens).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-from dataclasses import dataclass, field
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,197 +20,68 @@ import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.tokenizer_hash import content_sha256
+from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
+from lcft.genomics.tokenizer_hash import RUNS_SPLIT
+from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
 
 BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
-MAX_K = 12
-UNK_NAMES = ("<unk>", "<oov>", "[UNK]", "<UNK>", "<OOV>", "[OOV]")
-KMER_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-TOKENIZER_FILE = "tokenizer.json"  # the copy kept with prepared windows (and exported with a model)
-
-_ACGT = np.zeros(256, dtype=bool)
-_ACGT[[ord(c) for c in "ACGTacgt"]] = True
-_DIGIT = np.zeros(256, dtype=np.int64)  # A C G T -> 0 1 2 3 (either case)
-for _i, _c in enumerate("ACGT"):
-    _DIGIT[ord(_c)] = _DIGIT[ord(_c.lower())] = _i
-UPPER = np.arange(256, dtype=np.uint8)
-UPPER[ord("a") : ord("z") + 1] -= 32
+VOCAB_FILE = "vocab.txt"
+# a regex lcft did not write is first run in a child process on these probes: a catastrophic pattern makes the
+# regex engine give up, which `tokenizers` turns into a Rust panic (a BaseException, and a backtrace on stderr)
+_PROBE = ("import sys\nfrom tokenizers import Tokenizer\ntk = Tokenizer.from_str(sys.stdin.read())\n"
+          "for s in ('A' * 4096, 'ACGT' * 1024, 'N' * 4096, 'ACGTN' * 820, 'acgtn' * 820, 'AAAAC' * 820):\n"
+          "    tk.encode(s, add_special_tokens=False)\n")
+_OWN_REGEXES = {RUNS_SPLIT["pattern"]["Regex"]}
 
 
-def acgt_mask(raw: np.ndarray) -> np.ndarray:
-    """(n,) bool: the byte is A/C/G/T in either case."""
-    return _ACGT[raw]
+def guarded(call: Callable[[], Any], source: str) -> Any:
+    """Run a `tokenizers` call; its Rust panics (PanicException derives from BaseException) become one line."""
+    try:
+        return call()
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise LcftError(f"tokenizer {source}: the tokenizers library failed on this sequence "
+                        f"({str(e).splitlines()[0][:200] if str(e) else 'panic'})") from None
 
 
-def ids_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned dtype holding every id: uint8 for char (today's files), uint16/uint32 otherwise."""
-    for dt in (np.uint8, np.uint16, np.uint32):
-        if vocab_size <= np.iinfo(dt).max + 1:
-            return np.dtype(dt)
-    raise LcftError(f"vocabulary of {vocab_size} tokens does not fit uint32 ids")
+def _regexes(node: Any, where: str) -> list[tuple[str, str]]:
+    """(field, pattern) of every regex in a tokenizer.json's pipeline."""
+    if isinstance(node, dict):
+        if isinstance(node.get("Regex"), str):
+            return [(where, node["Regex"])]
+        return [r for k, v in node.items() for r in _regexes(v, f"{where}.{k}")]
+    if isinstance(node, list):
+        return [r for j, v in enumerate(node) for r in _regexes(v, f"{where}[{j}]")]
+    return []
 
 
-def split_pieces(acgt: np.ndarray, start: int, block: int) -> np.ndarray:
-    """Piece boundaries (offsets into the chunk, first 0, last n) of a chunk of bases beginning at record
-    position `start`: a piece is a maximal run of A/C/G/T bases or of other letters, and never crosses a
-    record position that is a multiple of `block` (0 = no such cut)."""
-    n = acgt.size
-    cuts = [np.flatnonzero(acgt[1:] != acgt[:-1]) + 1]  # where a run of one kind ends
-    if block:
-        first = -(-start // block) * block - start
-        cuts.append(np.arange(first if first else block, n, block))  # (offset 0 is a boundary already)
-    inner = np.unique(np.concatenate(cuts)) if n else np.zeros(0, np.int64)
-    return np.concatenate(([0], inner, [n])).astype(np.int64)
-
-
-def token_bases_of(name: str) -> str:
-    """The bases a vocabulary entry spells, upper case ('' for specials and anything not made of letters):
-    word-boundary marks of SentencePiece and byte-level BPE ('▁', 'Ġ', '##') are dropped."""
-    s = name.replace("\u2581", "").replace("\u0120", "")
-    s = s[2:] if s.startswith("##") else s
-    return s.upper() if s.isascii() and s.isalpha() else ""
-
-
-@dataclass
-class SeqTokenizer:
-    """What prepare needs of a tokenizer; `encode_chunk` is implemented per kind."""
-
-    name: str
-    vocab: list[str]  # token string per id
-    unk_id: int | None
-    block: int = 0  # pieces never cross a multiple of this many bases (0: none)
-    carry: int = 1  # a run cut at a read boundary must be cut at a multiple of this from its start
-    json_text: str = ""  # canonical tokenizer.json kept with the data ('' for char)
-    specials: frozenset[int] = field(default_factory=frozenset)
-    _bases: list[str] = field(default_factory=list, repr=False)
-    _table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return ids_dtype(self.vocab_size)
-
-    def sha256(self) -> str:
-        """Content hash of the tokenizer (hf_tokenizer.content_sha256): what data and models compare."""
-        return content_sha256(self.json_text)
-
-    def spec(self) -> dict[str, Any]:
-        """What a manifest records: equal specs = same ids for the same bases."""
-        data = self.json_text.encode()
-        return {"name": self.name, "vocab_size": self.vocab_size, "sha256": self.sha256(), "file": TOKENIZER_FILE,
-                "file_sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "ids_dtype": self.dtype.name,
-                "block": self.block, "unk_id": self.unk_id, "case_free": True}
-
-    def bases(self) -> list[str]:
-        """Per id, the bases the token spells ('' for specials and the unknown token)."""
-        if len(self._bases) != len(self.vocab):
-            self._bases = ["" if i in self.specials or i == self.unk_id else token_bases_of(t)
-                           for i, t in enumerate(self.vocab)]
-        return self._bases
-
-    def spelling(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The bases of every vocabulary entry as one uint8 table, each entry's offset into it, its length."""
-        if self._table is None:
-            bases = self.bases()
-            lens = np.array([len(b) for b in bases], dtype=np.int64)  # (V,)
-            offsets = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)  # (V,)
-            table = np.frombuffer("".join(bases).encode("ascii") or b"N", dtype=np.uint8)
-            self._table = table, offsets, lens
-        return self._table
-
-    def spell(self, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """(sum(counts),) uint8: the bases of tokens `ids` covering `counts` bases each, upper case; N for the
-        bases of a token that does not spell that many (the unknown token, specials)."""
-        table, offsets, lens = self.spelling()
-        starts = np.cumsum(counts) - counts  # (n_tok,) output offset of each token
-        src = np.repeat(offsets[ids] - starts, counts) + np.arange(int(counts.sum()))  # (span,) table index
-        spelled = np.repeat(lens[ids] == counts, counts)  # (span,)
-        return np.where(spelled, table[np.where(spelled, src, 0)], np.uint8(ord("N"))).astype(np.uint8)
-
-    def counted(self) -> np.ndarray:
-        """(vocab_size,) bool: tokens made only of A/C/G/T (the ones that carry loss)."""
-        return np.array([bool(b) and set(b) <= set("ACGT") for b in self.bases()], dtype=bool)
-
-    def encode_chunk(self, upper: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids (n_tok,) int64 and bases per token (n_tok,) int64 of the pieces [bounds[j], bounds[j+1])
-        of `upper` (upper-case bytes)."""
-        raise NotImplementedError
-
-
-class KmerTokenizer(SeqTokenizer):
-    """Non-overlapping K-mers from the start of each piece; the last < K bases of a piece are single-base
-    tokens. A K-mer or letter missing from the vocabulary becomes the unknown token."""
-
-    def __init__(self, k: int, vocab: list[str], source: str):
-        index = {t: i for i, t in enumerate(vocab)}
-        unk = next((index[u] for u in UNK_NAMES if u in index), None)
-        specials = frozenset(i for i, t in enumerate(vocab) if not token_bases_of(t))
-        super().__init__(f"kmer:{k}", list(vocab), unk, 0, k, "", specials)
-        self.k, self.index = k, index
-        missing = [b for b in "ACGT" if not any(b in token_bases_of(t) for t in vocab)]
-        if missing:
-            raise LcftError(f"{source} has no token for base {', '.join(missing)}")
-        fill = -1 if unk is None else unk
-        self._kmer = np.full(4**k, fill, dtype=np.int64)  # base-4 code of an A/C/G/T K-mer -> id
-        for t, i in index.items():
-            if len(t) == k and set(t) <= set("ACGT"):
-                self._kmer[int("".join(str("ACGT".index(c)) for c in t), 4)] = i
-        self._single = np.full(256, fill, dtype=np.int64)  # letter -> id of the single-letter token
-        for t, i in index.items():
-            if len(t) == 1:
-                self._single[ord(t)] = i
-        self.json_text = self._to_json()
-
-    def _to_json(self) -> str:
-        """The same rule as a `tokenizers` WordLevel model behind a regex pre-tokenizer (what export writes)."""
-        k = self.k
-        pattern = f"[ACGT]{{{k}}}|[^ACGT]{{{k}}}|(?m:.)" if k > 1 else "(?m:.)"
-        return json.dumps({
-            "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-            "post_processor": None, "decoder": None,
-            "model": {"type": "WordLevel", "vocab": {t: i for i, t in enumerate(self.vocab)},
-                      "unk_token": self.vocab[self.unk_id] if self.unk_id is not None else "<unk>"},
-        }, sort_keys=False)
-
-    def encode_chunk(self, upper: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = self.k
-        fill = -1 if self.unk_id is None else self.unk_id
-        ids: list[Any] = []
-        counts: list[np.ndarray] = []
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            seg = upper[a:b]  # (len,) one piece
-            m = (b - a) // k  # whole K-mers of the piece
-            if k == 1:
-                m = 0
-            elif _ACGT[seg[0]]:
-                digits = _DIGIT[seg[: m * k]].reshape(m, k)  # (m, K)
-                code = np.zeros(m, dtype=np.int64)  # (m,) base-4 value of each K-mer
-                for j in range(k):
-                    code = (code << 2) | digits[:, j]
-                ids.append(self._kmer[code])
-            else:  # other letters (N runs): a dictionary look-up per K-mer
-                raw = seg[: m * k].tobytes().decode("latin-1")
-                ids.append(np.array([self.index.get(raw[i : i + k], fill) for i in range(0, m * k, k)], np.int64))
-            counts.append(np.full(m, k, dtype=np.int64))
-            ids.append(self._single[seg[m * k :]])  # the tail: single-letter tokens
-            counts.append(np.ones(b - a - m * k, dtype=np.int64))
-        out = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-        if (out < 0).any():
-            bad = sorted(set(chr(c) for c in np.unique(upper)) - set(self.vocab))
-            raise LcftError(f"{self.name}: no token for {', '.join(bad) or 'some K-mers'} and no unknown token "
-                            "in the vocabulary")
-        return out, (np.concatenate(counts) if counts else np.zeros(0, np.int64))
+def probe_regexes(data: dict[str, Any], text: str, source: str) -> None:
+    """Refuse, in one line, a tokenizer.json whose regex the engine gives up on (see _PROBE)."""
+    found = [r for key in ("normalizer", "pre_tokenizer") for r in _regexes(data.get(key), key)
+             if r[1] not in _OWN_REGEXES and kmer_k_of(r[1]) is None]
+    if not found:
+        return
+    env = {**os.environ, "RUST_BACKTRACE": "0"}
+    try:
+        res = subprocess.run([sys.executable, "-c", _PROBE], input=text, capture_output=True, text=True,
+                             timeout=120, env=env, check=False)
+        failed = res.returncode != 0
+        why = next((ln.strip() for ln in res.stderr.splitlines() if "rror" in ln), "it failed") if failed else ""
+    except subprocess.TimeoutExpired:
+        failed, why = True, "no answer within 120 s"
+    if failed:
+        fields = ", ".join(f"{f} {p[:60]!r}" for f, p in found)
+        raise LcftError(f"tokenizer {source}: the regex engine gives up on {fields} for a {BPE_BLOCK}-base "
+                        f"sequence ({why[:160]}); lcft cannot tokenize with it")
 
 
 class JsonTokenizer(SeqTokenizer):
     """A `tokenizers` tokenizer.json (BPE, WordPiece, Unigram, ...): each piece is encoded on its own
     (encode_batch, no special tokens, no truncation); bases per token come from the token offsets."""
 
-    def __init__(self, tk: Any, source: str):
+    def __init__(self, tk: Any, source: str, roles: dict[str, str] | None = None):
         tk.no_truncation()
         tk.no_padding()
         vocab_map = tk.get_vocab(with_added_tokens=True)
@@ -220,7 +94,7 @@ class JsonTokenizer(SeqTokenizer):
         unk = vocab_map.get(unk_name) if unk_name else None
         specials = frozenset(i for i, t in tk.get_added_tokens_decoder().items() if t.special)
         kind = str(model.get("type", "json")).lower()
-        super().__init__(kind, vocab, unk, BPE_BLOCK, 1, tk.to_str(), specials)
+        super().__init__(kind, vocab, unk, BPE_BLOCK, 1, tk.to_str(), specials, dict(roles or {}))
         self.tk, self.source = tk, source
         self.plain = json.loads(self.json_text).get("normalizer") is None
         missing = [b for b in "ACGT" if self._spells(b) != b]
@@ -228,14 +102,14 @@ class JsonTokenizer(SeqTokenizer):
             raise LcftError(f"tokenizer {source} has no token for base {', '.join(missing)}")
 
     def _spells(self, bases: str) -> str:
-        enc = self.tk.encode(bases, add_special_tokens=False)
+        enc = guarded(lambda: self.tk.encode(bases, add_special_tokens=False), self.source)
         table = self.bases()
         return "".join(table[i] for i in enc.ids) if self.unk_id not in enc.ids else ""
 
     def encode_chunk(self, upper: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         text = upper.tobytes().decode("latin-1")
         pieces = [text[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
-        encs = self.tk.encode_batch(pieces, add_special_tokens=False)
+        encs = guarded(lambda: self.tk.encode_batch(pieces, add_special_tokens=False), self.source)
         lens = np.array([len(e.ids) for e in encs], dtype=np.int64)  # (pieces,)
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lens.sum()))
         # fast path: the tokens spell their piece exactly, so bases per token = length of its spelling (reading
@@ -269,12 +143,13 @@ class JsonTokenizer(SeqTokenizer):
 def char_tokenizer() -> SeqTokenizer:
     """lcft's own vocabulary (one token per base); prepare keeps its dedicated fast path."""
     return SeqTokenizer("dna-char", list(char_vocab.VOCAB) + ["?"] * (char_vocab.VOCAB_SIZE - len(char_vocab.VOCAB)),
-                        char_vocab.UNK, specials=frozenset(range(4)))
+                        char_vocab.UNK, specials=frozenset(range(4)), roles=dict(BUILTIN_ROLES))
 
 
 def load_tokenizer(spec: str) -> SeqTokenizer:
     """`char`, `kmer:K` (built-in vocabulary), `kmer:K:PATH` (ids from a vocab.txt, a folder holding one, or a
-    WordLevel tokenizer.json), or a path to a tokenizer.json / a model folder holding one. Offline only."""
+    WordLevel tokenizer.json), or a path to a tokenizer.json / a model folder holding one (or only a vocab.txt).
+    Special-token roles come from the files beside the vocabulary. Offline only."""
     spec = (spec or "char").strip()
     if spec == "char":
         return char_tokenizer()
@@ -282,81 +157,96 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
         k_text, _, path = spec[5:].partition(":")
         if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
             raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
-        k = int(k_text)
-        return KmerTokenizer(k, read_vocab(Path(path)) if path else builtin_kmer_vocab(k), path or spec)
-    return tokenizer_from_json_text(_read_json_tokenizer(Path(spec)).to_str(), spec)
+        if not path:
+            return KmerTokenizer(int(k_text), builtin_kmer_vocab(int(k_text)), spec, BUILTIN_ROLES)
+        vocab, folder = read_vocab(Path(path))
+        return KmerTokenizer(int(k_text), vocab, path, read_roles(folder, vocab))
+    folder = Path(spec)
+    if folder.is_dir() and not (folder / TOKENIZER_FILE).is_file() and (folder / VOCAB_FILE).is_file():
+        vocab = read_vocab_txt(folder / VOCAB_FILE)
+        return KmerTokenizer(_folder_k(folder, vocab), vocab, spec, read_roles(folder, vocab))
+    path = _json_path(folder)
+    tok = tokenizer_from_json_text(_canonical(path), spec)
+    tok.roles = read_roles(path.parent, tok.vocab)
+    return tok
 
 
-def builtin_kmer_vocab(k: int) -> list[str]:
-    """Specials, the single letters A C G T N, N*K, then every A/C/G/T K-mer in lexicographic order."""
-    if k == 1:
-        return [*KMER_SPECIALS, *"ACGTN"]
-    return [*KMER_SPECIALS, *"ACGTN", "N" * k, *("".join(p) for p in itertools.product("ACGT", repeat=k))]
+def _folder_k(folder: Path, vocab: list[str]) -> int:
+    """K of a folder's k-mer vocab.txt: tokenizer_config.json's `k`, else the one length of its A/C/G/T tokens."""
+    config = folder / "tokenizer_config.json"
+    k = _json_object(config).get("k") if config.is_file() else None
+    if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K:
+        return k
+    lengths = sorted({len(t) for t in vocab if t and set(t) <= set("ACGT")})
+    if len(lengths) != 1 or not 1 <= lengths[0] <= MAX_K:
+        raise LcftError(f"tokenizer folder {folder}: cannot tell K of its {VOCAB_FILE} (A/C/G/T tokens of lengths "
+                        f"{lengths[:6]}); give it as kmer:K:{folder}")
+    return lengths[0]
 
 
-def read_vocab(path: Path) -> list[str]:
-    """Token per id from a vocab.txt (one token a line), a folder holding one, or a tokenizer.json's vocab."""
+def read_vocab(path: Path) -> tuple[list[str], Path]:
+    """Token per id from a vocab.txt (vocab_file.read_vocab_txt), a folder holding one, or a tokenizer.json's
+    WordLevel vocabulary; with the folder whose role files apply."""
     if path.is_dir():
-        path = path / "vocab.txt" if (path / "vocab.txt").is_file() else path / TOKENIZER_FILE
+        path = path / VOCAB_FILE if (path / VOCAB_FILE).is_file() else path / TOKENIZER_FILE
     if not path.is_file():
         raise LcftError(f"tokenizer vocabulary {path}: no such file")
     if path.suffix == ".json":
-        vocab = _json_object(path).get("model", {}).get("vocab")
+        data = _json_object(path)
+        vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
         if not isinstance(vocab, dict):
             raise LcftError(f"{path}: no WordLevel vocabulary (model.vocab) in this tokenizer.json")
-        out = [""] * (max(vocab.values()) + 1)
-        for t, i in vocab.items():
-            out[i] = t
-        return out
-    try:
-        return [line.rstrip("\r\n") for line in path.read_text().splitlines()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise LcftError(f"tokenizer vocabulary {path}: cannot read it ({e})") from None
+        return tokens_by_id(vocab, f"{path}: model.vocab"), path.parent
+    return read_vocab_txt(path), path.parent
 
 
 def _json_object(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        raise LcftError(f"{path} is not a tokenizer.json (not text)") from None
+        data = json.loads(read_text(path, "tokenizer"))
     except json.JSONDecodeError as e:
         raise LcftError(f"{path} is not a tokenizer.json (not JSON: {e.msg} at line {e.lineno})") from None
-    except OSError as e:
-        raise LcftError(f"tokenizer {path}: cannot read it ({e.strerror or e})") from None
     if not isinstance(data, dict):
         raise LcftError(f"{path} is not a tokenizer.json (JSON but not an object)")
     return data
 
 
-def _read_json_tokenizer(path: Path) -> Any:
+def _json_path(path: Path) -> Path:
     if path.is_dir():
         if not (path / TOKENIZER_FILE).is_file():
-            raise LcftError(f"tokenizer folder {path} holds no {TOKENIZER_FILE} (a k-mer vocab.txt is given as "
-                            f"kmer:K:{path})")
+            raise LcftError(f"tokenizer folder {path} holds no {TOKENIZER_FILE} or {VOCAB_FILE} (a k-mer vocab.txt "
+                            f"elsewhere is given as kmer:K:PATH)")
         path = path / TOKENIZER_FILE
     if not path.is_file():
         raise LcftError(f"tokenizer {path}: no such file or folder (give char, kmer:K, or a tokenizer.json)")
-    _json_object(path)
+    return path
+
+
+def _canonical(path: Path) -> str:
+    """The tokenizer.json at `path` as `tokenizers` writes it back (what is kept with the data)."""
+    data = _json_object(path)
+    check_json_ids(data, str(path))
+    return _parse(json.dumps(data), str(path)).to_str()
+
+
+def _parse(text: str, source: str) -> Any:
+    """A `tokenizers` Tokenizer from tokenizer.json text whose ids are bounded; its regexes probed first."""
+    probe_regexes(json.loads(text), text, source)
     from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
 
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception with serde's message
-        raise LcftError(f"{path} is not a tokenizers tokenizer.json ({str(e).splitlines()[0][:200]})") from None
+        raise LcftError(f"{source} is not a tokenizers tokenizer.json ({str(e).splitlines()[0][:200]})") from None
 
 
-def tokenizer_from_json_text(text: str, source: str) -> SeqTokenizer:
-    """The tokenizer kept with prepared data (or a model) from its tokenizer.json text."""
+def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | None = None) -> SeqTokenizer:
+    """The tokenizer kept with prepared data (or a model) from its tokenizer.json text and special-token roles."""
     data = json.loads(text)
+    check_json_ids(data, source)
     model = data.get("model", {})
     pre = data.get("pre_tokenizer") or {}
     pattern = (pre.get("pattern") or {}).get("Regex", "") if pre.get("type") == "Split" else ""
-    if model.get("type") == "WordLevel" and pattern.endswith("(?m:.)"):
-        k = int(pattern[len("[ACGT]{"):].split("}")[0]) if pattern.startswith("[ACGT]{") else 1
-        vocab = [""] * (max(model["vocab"].values()) + 1)
-        for t, i in model["vocab"].items():
-            vocab[i] = t
-        return KmerTokenizer(k, vocab, source)
-    from tokenizers import Tokenizer
-
-    return JsonTokenizer(Tokenizer.from_str(text), source)
+    k = kmer_k_of(pattern) if model.get("type") == "WordLevel" else None
+    if k is not None:
+        return KmerTokenizer(k, tokens_by_id(model["vocab"], f"{source}: model.vocab"), source, roles)
+    return JsonTokenizer(_parse(text, source), source, roles)

@@ -20,7 +20,8 @@ from lcft.files import folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.manifest import build_manifest, is_char
-from lcft.genomics.model_tokenizer import TOKENIZER_FILE, SeqTokenizer, load_tokenizer
+from lcft.genomics.model_tokenizer import load_tokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.shards import (
     FORMAT_VERSION,
     MANIFEST,

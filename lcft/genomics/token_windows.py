@@ -1,6 +1,6 @@
 """Windows of L model tokens over one chromosome (k-mer and tokenizer.json vocabularies), streamed.
 
-The record is read in chunks, cut into pieces (`model_tokenizer.split_pieces`), tokenized, and the token stream
+The record is read in chunks, cut into pieces (`SeqTokenizer.pieces`), tokenized, and the token stream
 is cut into windows of `length` tokens every `stride` tokens. Each token keeps its number of bases, so a window
 knows its base span; per-token soft mask and N rules are in `_Tokens.append`.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.model_tokenizer import UPPER, SeqTokenizer, acgt_mask, split_pieces
+from lcft.genomics.seq_tokenizer import UPPER, SeqTokenizer, acgt_mask
 from lcft.genomics.tokenizer import encode_pieces
 
 DEFAULT_CHUNK = 1 << 21  # bases per read (a multiple of the tokenizer.json block size)
@@ -73,8 +73,8 @@ class _Tokens:
     def append(self, raw: np.ndarray, at: int, ids: np.ndarray, counts: np.ndarray, letters: Counter) -> None:
         """Add the tokens of raw bytes `raw` (record positions [at, at + raw.size)).
 
-        Rules: a token's bases are all A/C/G/T or all other letters (pieces split at every change), and a token
-        of other letters carries no loss (its id is not counted, see SeqTokenizer.counted). A token is
+        Rules: a token of other letters (or a k-mer holding one) carries no loss (its id is not counted, see
+        SeqTokenizer.counted), and its bases other than A/C/G/T count toward the window's N share. A token is
         soft-masked when at least half its bases are lower case: repeat annotations run for hundreds of bases,
         so few tokens straddle an edge, and the majority keeps the masked share of tokens close to that of bases
         (any-base would over-count every edge, all-bases would under-count)."""
@@ -84,10 +84,9 @@ class _Tokens:
         starts = ends - counts  # (n_tok,)
         if ends.size and ends[-1] != raw.size:
             raise LcftError(f"tokens cover {ends[-1]} bases of a {raw.size}-base chunk")
-        acgt = acgt_mask(raw)  # (n,)
         low_cs = np.concatenate(([0], np.cumsum(raw >= ord("a"))))  # (n+1,) lower-case bases before each offset
         gc_cs = np.concatenate(([0], np.cumsum(_GC[raw])))  # (n+1,)
-        tok_acgt = acgt[np.minimum(starts, max(raw.size - 1, 0))] & (counts > 0) if raw.size else counts > 0
+        other_cs = np.concatenate(([0], np.cumsum(~acgt_mask(raw))))  # (n+1,) bases not A/C/G/T before each offset
         oov = ids == self.unk  # (n_tok,)
         if oov.any():
             letters.update(UPPER[raw[np.repeat(oov, counts)]].tobytes().decode("latin-1"))
@@ -95,7 +94,7 @@ class _Tokens:
         self.ids = np.concatenate((self.ids, ids))
         self.counts = np.concatenate((self.counts, counts))
         self.first = np.concatenate((self.first, starts + at))  # record position of each token's first base
-        self.non_acgt = np.concatenate((self.non_acgt, np.where(tok_acgt, 0, counts)))
+        self.non_acgt = np.concatenate((self.non_acgt, other_cs[ends] - other_cs[starts]))
         self.gc = np.concatenate((self.gc, gc_cs[ends] - gc_cs[starts]))
         self.soft = np.concatenate((self.soft, (2 * lows >= counts) & (counts > 0)))
         self.oov = np.concatenate((self.oov, oov))
@@ -135,7 +134,7 @@ def read_bases(fasta: FastaFile, chrom: str, lo: int, hi: int, out: np.ndarray) 
 def _cut(raw: np.ndarray, at: int, tok: SeqTokenizer, final: bool) -> tuple[np.ndarray, np.ndarray]:
     """Piece boundaries of the part of `raw` to tokenize now; the rest (an unfinished run, cut at a multiple of
     `tok.carry` from its start so k-mer frames do not move) is carried into the next read."""
-    bounds = split_pieces(acgt_mask(raw), at, tok.block)
+    bounds = tok.pieces(raw, at)
     if final or tok.carry <= 1 or bounds.size < 2:
         return bounds, raw[:0]
     last = int(bounds[-2])

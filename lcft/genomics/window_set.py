@@ -106,7 +106,7 @@ class WindowSet:
         return out.astype(np.uint8).tobytes().decode("ascii")
 
     @functools.cached_property
-    def tokenizer(self):  # -> model_tokenizer.SeqTokenizer
+    def tokenizer(self):  # -> seq_tokenizer.SeqTokenizer
         """The tokenizer the windows were cut with (char, or the tokenizer.json kept in the folder)."""
         from lcft.genomics.model_tokenizer import char_tokenizer, tokenizer_from_json_text
 
@@ -117,7 +117,7 @@ class WindowSet:
             text = (self.dir / name).read_text()
         except OSError as e:
             raise LcftError(f"{self.dir / name}: cannot read the windows' tokenizer ({e.strerror or e})") from None
-        return tokenizer_from_json_text(text, str(self.dir / name))
+        return tokenizer_from_json_text(text, str(self.dir / name), self.manifest["tokenizer"].get("roles"))
 
     @functools.cached_property
     def counted(self) -> np.ndarray:

@@ -1,0 +1,130 @@
+"""Tokenizer files as published, read with every declared count bounded: vocab.txt (both layouts), the ids of a
+tokenizer.json, and the special-token roles of special_tokens_map.json / tokenizer_config.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from lcft.errors import LcftError
+
+MAX_VOCAB = 1 << 24  # ids 0..16,777,215: 16x the largest published genome vocabulary, a 128 MiB id table at most
+MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is not a DNA tokenizer
+ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "sep_token", "cls_token")
+ROLE_FILES = ("special_tokens_map.json", "tokenizer_config.json")  # the first naming a role decides it
+_PAIR = re.compile(r"^(\S+)[ \t]+(\d+)$")  # one `TOKEN ID` line (GENERator's current layout)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A tokenizer file's text, refused past MAX_FILE_BYTES before it is read."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise LcftError(f"{what} {path} is {size} bytes, over the limit of {MAX_FILE_BYTES}")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LcftError(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def check_id(value: Any, where: str) -> int:
+    """One declared token id: a whole number in [0, MAX_VOCAB)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_VOCAB:
+        raise LcftError(f"{where}: id {value!r} is not a whole number from 0 to {MAX_VOCAB - 1} (the id limit)")
+    return value
+
+
+def tokens_by_id(ids: dict[str, int], where: str) -> list[str]:
+    """Token per id from a token -> id map whose ids are bounded and distinct (gaps read as '')."""
+    seen: dict[int, str] = {}
+    for token, i in ids.items():
+        check_id(i, f"{where} token {token!r}")
+        if i in seen:
+            raise LcftError(f"{where}: id {i} is given to both {seen[i]!r} and {token!r}")
+        seen[i] = token
+    out = [""] * (max(seen) + 1 if seen else 0)
+    for i, token in seen.items():
+        out[i] = token
+    return out
+
+
+def check_json_ids(data: dict[str, Any], source: str) -> None:
+    """Bound every id a tokenizer.json declares (model.vocab, added_tokens) before `tokenizers` or lcft builds a
+    table from them: an id of 10^9 in a 388-byte file must not allocate gigabytes."""
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        tokens_by_id(vocab, f"{source}: model.vocab")
+    elif isinstance(vocab, list) and len(vocab) > MAX_VOCAB:
+        raise LcftError(f"{source}: model.vocab has {len(vocab)} entries, over the limit of {MAX_VOCAB}")
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise LcftError(f"{source}: added_tokens is not a list")
+    for j, tok in enumerate(added):
+        check_id(tok.get("id") if isinstance(tok, dict) else tok, f"{source}: added_tokens[{j}]")
+
+
+def read_vocab_txt(path: Path) -> list[str]:
+    """Token per id of a vocab.txt: one token a line (the line number is the id, DNABERT) or one `TOKEN ID` pair
+    a line (GENERator); the first line decides the layout. Duplicate tokens or ids, a line of the other layout,
+    an empty line or an id past the limit are refused naming the line."""
+    lines = read_text(path, "tokenizer vocabulary").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise LcftError(f"tokenizer vocabulary {path} is empty")
+    pairs = _PAIR.match(lines[0]) is not None
+    ids: dict[str, int] = {}
+    token_line: dict[str, int] = {}
+    id_line: dict[int, int] = {}
+    for n, line in enumerate(lines, 1):
+        m = _PAIR.match(line)
+        if not line.strip():
+            raise LcftError(f"tokenizer vocabulary {path}: line {n} is empty")
+        if (m is not None) != pairs:
+            layout = "`TOKEN ID` pairs" if pairs else "one token a line"
+            raise LcftError(f"tokenizer vocabulary {path}: line {n} ({line[:40]!r}) does not follow the layout of "
+                            f"line 1 ({layout}): mixed layouts")
+        token, i = (m.group(1), check_id(int(m.group(2)), f"{path} line {n}")) if m else (line, n - 1)
+        if token in token_line:
+            raise LcftError(f"tokenizer vocabulary {path}: line {n} repeats token {token!r} of line {token_line[token]}")
+        if i in id_line:
+            raise LcftError(f"tokenizer vocabulary {path}: line {n} repeats id {i} of line {id_line[i]}")
+        ids[token], token_line[token], id_line[i] = i, n, n
+    return tokens_by_id(ids, str(path))
+
+
+def _role_value(value: Any) -> str | None:
+    """A role's token: a string, or an AddedToken-like object with `content`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def read_roles(folder: Path, vocab: list[str]) -> dict[str, str]:
+    """Special-token roles (bos, eos, pad, unk, mask, sep, cls) as the folder's special_tokens_map.json and
+    tokenizer_config.json give them ({} without either); a role naming a token the vocabulary lacks is refused
+    (an exported tokenizer would add it under a new id)."""
+    roles: dict[str, str] = {}
+    names = set(vocab)
+    for name in ROLE_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(read_text(path, "tokenizer file"))
+        except json.JSONDecodeError as e:
+            raise LcftError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, dict):
+            raise LcftError(f"{path} is not a JSON object")
+        for role in ROLES:
+            token = _role_value(data.get(role))
+            if token is None or role in roles:
+                continue
+            if token not in names:
+                raise LcftError(f"{path}: {role} {token!r} is not a token of the vocabulary")
+            roles[role] = token
+    return roles
