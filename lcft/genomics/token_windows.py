@@ -88,8 +88,9 @@ class _Tokens:
         gc_cs = np.concatenate(([0], np.cumsum(_GC[raw])))  # (n+1,)
         other_cs = np.concatenate(([0], np.cumsum(~acgt_mask(raw))))  # (n+1,) bases not A/C/G/T before each offset
         oov = ids == self.unk  # (n_tok,)
-        if oov.any():
-            letters.update(UPPER[raw[np.repeat(oov, counts)]].tobytes().decode("latin-1"))
+        if oov.any():  # the letters without a token (not the A/C/G/T beside them in an unknown k-mer)
+            behind = raw[np.repeat(oov, counts)]
+            letters.update(UPPER[behind[~acgt_mask(behind)]].tobytes().decode("latin-1"))
         lows = low_cs[ends] - low_cs[starts]  # (n_tok,)
         self.ids = np.concatenate((self.ids, ids))
         self.counts = np.concatenate((self.counts, counts))

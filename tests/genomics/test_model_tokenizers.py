@@ -57,10 +57,10 @@ def oracle_tokens(kind: str, seq: str, bpe_file, kmer_vocab) -> tuple[list[int],
     if kind == "bpe":
         tk = Tokenizer.from_file(str(bpe_file))
         pieces = [m.group() for b in range(0, len(up), BLOCK) for m in re.finditer("[ACGT]+|[^ACGT]+", up[b : b + BLOCK])]
-    else:  # non-overlapping 6-mers from the start of each run, single letters for a run's last < 6
+    else:  # non-overlapping 6-mers from the record's start, N inside them; single letters for the last < 6
         _, vocab = kmer_vocab
         tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-        tk.pre_tokenizer = pre_tokenizers.Split(Regex("[ACGT]{6}|[^ACGT]{6}|."), behavior="isolated")
+        tk.pre_tokenizer = pre_tokenizers.Split(Regex(".{6}|."), behavior="isolated")
         pieces = [up]
     ids, counts = [], []
     for p in pieces:
