@@ -17,7 +17,8 @@ def _run(cfg: TrainConfig) -> None:
     if "node_rank" in s:  # a node other than 0 of a multi-node launch: rank 0 wrote the summary
         console.print(f"node {s['node_rank']}: done; node 0 wrote the summary", highlight=False)
         return
-    loss = f"loss {s['loss']:.4f} ({s['bits_per_base']:.3f} bits/base)" if s.get("loss") is not None else ""
+    bits = f" ({s['bits_per_base']:.3f} bits/base)" if s.get("bits_per_base") is not None else ""
+    loss = f"loss {s['loss']:.4f} nats/token{bits}" if s.get("loss") is not None else ""
     console.print(f"[bold]{s['stopped']}[/] at step {s['step']}/{s['steps']} {loss}; "
                   f"checkpoint {s['checkpoint']}", highlight=False, soft_wrap=True)
     if code := exit_code(s):  # stopped by a signal after its checkpoint: not a finished run (128 + signal)

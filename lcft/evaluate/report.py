@@ -97,7 +97,7 @@ def _probe_options(cfg: Any, results: list) -> dict[str, Any] | None:
             "mutation": probe.mutation, "windows": probe.n_windows,
             "target": [probe.length - probe.segment, probe.length],
             "note": "the window's last `segment` tokens are overwritten by the segment `distance` tokens earlier; "
-                    "drop = loss on them with that source shuffled minus with it intact (nats/base; > 0 = read back); "
+                    "drop = loss on them with that source shuffled minus with it intact (nats/token; > 0 = read back); "
                     "rebuild a planted window with lcft.evaluate.probe.plant(ids, window, segment, distance, "
                     "mutation, seed)"}
 

@@ -28,11 +28,12 @@ def _pct_ci(rec: dict[str, Any]) -> str:
 def table(report: dict[str, Any]) -> Table:
     """The terminal summary: overall loss, bits/base, first/last tenth, change vs the first checkpoint."""
     d = report["data"]
-    t = Table(title=f"held-out loss (nats/base unless noted) on {d['windows']} {d['split']} windows of "
+    t = Table(title=f"held-out loss on {d['windows']} {d['split']} windows of "
                     f"{format_size(d['window_length'])} tokens", title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
-    for col in ("context", "loss", "bits/base", "first 10%", "last 10%", "last-first",
-                f"vs {report['checkpoints'][0]['label']} [95% CI]"):
+    # every header names its unit on a second line (keeps the columns as narrow as their figures)
+    for col in ("context\ntokens", "loss\nnats/token", "loss\nbits/base", "first 10%\nnats/token",
+                "last 10%\nnats/token", "last-first\nnats/token", f"vs {report['checkpoints'][0]['label']} [95% CI]\n%"):
         t.add_column(col, justify="right", no_wrap=True)
     for ck in report["checkpoints"]:
         first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
@@ -50,8 +51,8 @@ def _split_rows(report: dict[str, Any], title: str, a: str, b: str, names: tuple
     """Subsets `a` and `b` of every checkpoint: the share of `a`, loss and change with its interval of each."""
     t = Table(title=title, title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
-    for col in (names[0], f"{names[0]} loss", f"{names[0]} change [95% CI]", f"{names[1]} loss",
-                f"{names[1]} change [95% CI]"):
+    for col in (f"{names[0]}\nshare of tokens", f"{names[0]} loss\nnats/token", f"{names[0]} change [95% CI]\n%",
+                f"{names[1]} loss\nnats/token", f"{names[1]} change [95% CI]\n%"):
         t.add_column(col, justify="right", no_wrap=True)
     for ck in report["checkpoints"]:
         x, y = ck[a], ck[b]
@@ -95,19 +96,19 @@ def distance_line(report: dict[str, Any]) -> str | None:
 
 
 def probe_table(report: dict[str, Any]) -> Table | None:
-    """Loss drop on the planted copy by distance (nats/base; * = above zero by its 95% interval) and the
+    """Loss drop on the planted copy by distance (nats/token; * = above zero by its 95% interval) and the
     effective context of each checkpoint; None without --probe."""
     opts = report.get("probe")
     if not opts:
         return None
     rough = "; with this few windows the intervals are rough" if opts["windows"] < 8 else ""
-    t = Table(title=f"copy probe: loss drop (nats/base) on a {opts['segment']}-token segment copied D tokens "
+    t = Table(title=f"copy probe: loss drop (nats/token) on a {opts['segment']}-token segment copied D tokens "
                     f"earlier, {opts['windows']} windows (* = above zero by its 95% interval{rough})",
               title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     for d in opts["distances"]:
-        t.add_column(f"D={format_size(d)}", justify="right", no_wrap=True)
-    t.add_column("effective context", justify="right", no_wrap=True)
+        t.add_column(f"D={format_size(d)}\nnats/token", justify="right", no_wrap=True)
+    t.add_column("effective context\ntokens", justify="right", no_wrap=True)
     if opts["mutation"] > 0:
         t.add_column(f"with {opts['mutation']:.0%} substituted", justify="right", no_wrap=True)
     for ck in report["checkpoints"]:

@@ -67,6 +67,7 @@ class TrainSamples:
             raise LcftError("the data has no training windows")
         self.windows, self.cfg = windows, cfg
         self.counted: np.ndarray = getattr(windows, "counted", _COUNTED)  # (vocab,) bool: labels with loss
+        self.label_bases = label_bases_table(windows, self.counted)  # (vocab,) int64: bases a counted label covers
         self.pieces = windows.length // cfg.seq_len  # aligned sub-windows per window (a shorter tail is unused)
         self.num_samples = len(windows) * self.pieces
 
@@ -116,6 +117,29 @@ class TrainSamples:
 def counted_tokens(batch: dict[str, Any]) -> int:
     """Labels that carry loss in a batch (known before the forward, so the global normaliser is too)."""
     return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
+def label_bases_table(windows: Any, counted: np.ndarray) -> np.ndarray:
+    """(vocab,) int64: the bases a counted label covers (a counted token spells only A/C/G/T, so its spelling's
+    length is its base count: 1 for char, K for a K-mer), 0 for labels without loss."""
+    tok = getattr(windows, "tokenizer", None) if getattr(windows, "per_base", False) else None
+    if tok is None:
+        return counted.astype(np.int64)
+    lens = np.array([len(b) for b in tok.bases()], dtype=np.int64)  # (vocab,)
+    out = np.zeros(counted.size, dtype=np.int64)
+    out[: lens.size] = np.where(counted[: lens.size], lens, 0)
+    return out
+
+
+def counted_bases(batch: dict[str, Any], table: np.ndarray) -> int:
+    """Bases covered by the labels that carry loss in a batch (the denominator of bits per base)."""
+    labels = batch["labels"].numpy() if hasattr(batch["labels"], "numpy") else np.asarray(batch["labels"])
+    return int(table[labels[labels != IGNORE_INDEX]].sum())
+
+
+def batch_counts(batches: list[dict[str, Any]], table: np.ndarray) -> list[float]:
+    """[counted tokens, bases they cover] over a step's batches (`table`: TrainSamples.label_bases)."""
+    return [float(sum(counted_tokens(b) for b in batches)), float(sum(counted_bases(b, table) for b in batches))]
 
 
 def step_indices(first: int, global_batch: int, micro_batch: int, dp_rank: int, dp_size: int) -> list[list[int]]:

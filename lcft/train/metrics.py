@@ -80,7 +80,7 @@ def _fmt(record: dict[str, Any]) -> str:
     loss = record.get("loss")
     if loss is None:
         return ""
-    return (f"loss {loss:.4f} · {record['bits_per_base']:.3f} bits/base · lr {record['lr']:.2e} · "
+    return (f"loss {loss:.4f} nats/token · {record['bits_per_base']:.3f} bits/base · lr {record['lr']:.2e} · "
             f"|g| {record['grad_norm']:.3g} · {record['tokens_per_s']:,.0f} tok/s · "
             f"{record['peak_mem'] / 2**30:.2f} GiB · skipped {record['skipped']}")
 

@@ -24,7 +24,7 @@ from lcft.config import ConfigError, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
-from lcft.genomics.dataset import DataConfig, TrainSamples, counted_tokens, step_indices
+from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import JOBS, launch, launched
 from lcft.parallel.mesh import init_world
@@ -50,7 +50,7 @@ from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
 from lcft.train.sharded import clip, prepare, restore_optimizer, save_sharded, shard_for_training
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
-from lcft.units import LN2
+from lcft.units import bits_per_base
 
 SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folder
 
@@ -283,7 +283,7 @@ class Trainer:
         ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
         summary = {
             "run_dir": str(self.run_dir), "checkpoint": str(ckpt), "step": st.step, "steps": cfg.steps,
-            "loss": st.last_loss, "bits_per_base": None if st.last_loss is None else st.last_loss / LN2,
+            "loss": st.last_loss, "bits_per_base": record["bits_per_base"] if done_here else None,
             "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
             "seq_len": self.seq_len, "precision": self.precision,
             "signal": signal.Signals(self._signal).name if stopped == "signal" else None,
@@ -305,7 +305,7 @@ class Trainer:
         batches = [self.samples.batch(m) for m in ids]
         # Normaliser of the whole global batch, known before any forward: every counted token weighs the same
         # whatever the split over ranks and micro-steps. cp ranks of one group hold the same batch: / cp.
-        count = self._sum([float(sum(counted_tokens(b) for b in batches))])[0] / cfg.cp
+        count, bases = (v / cfg.cp for v in self._sum(batch_counts(batches, self.samples.label_bases)))
         # DDP averages gradients over the world and backward() divides by the accumulation steps; undo both.
         scale = self.world * self.accum / max(count, 1.0)
         loss_sum = z_sum = 0.0
@@ -341,9 +341,9 @@ class Trainer:
         samples = self._gather_samples(mine)
         peak = self._max([peak_memory_bytes(self.acc.device)])[0]
         dt = time.perf_counter() - t0
-        record = {"step": step, "loss": loss, "bits_per_base": loss / LN2, "lr": lr, "grad_norm": grad_norm,
-                  "tokens_per_s": cfg.global_batch * self.seq_len / dt, "peak_mem": peak, "skipped": st.skipped,
-                  "elapsed": 0.0, "samples": samples}
+        record = {"step": step, "loss": loss, "bits_per_base": bits_per_base(loss, count, bases), "lr": lr,
+                  "grad_norm": grad_norm, "tokens_per_s": cfg.global_batch * self.seq_len / dt, "peak_mem": peak,
+                  "skipped": st.skipped, "elapsed": 0.0, "samples": samples}
         if verdict != "ok":
             record["skip"] = verdict if verdict != "empty" else "empty (every label ignored: all-N windows?)"
         return record

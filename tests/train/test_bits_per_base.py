@@ -1,0 +1,55 @@
+"""Train's bits per base are the step's nats over the bases its counted tokens cover: a 6-mer model's train
+figure equals `lcft eval`'s on the same weights and windows (one step over every window, a learning rate too
+small to move the weights), not nats per token / ln 2 (six times larger)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.evaluate.terminal import table
+from lcft.genomics import open_windows, prepare_windows
+from lcft.model import Llama, save_pretrained
+from lcft.train import TrainConfig, train
+from lcft.train.metrics import read_metrics
+
+from .conftest import small_model_config
+
+WINDOW = 256  # 6-mer tokens: 1536 bases a window
+
+
+def test_train_bits_per_base_equal_eval_for_kmers(genomes_dir, tmp_path):
+    data = tmp_path / "data"
+    prepare_windows(fasta=str(genomes_dir / "lambda_phage_NC_001416.1.fa"), out=str(data), length=WINDOW,
+                    train=("gi|9626243|ref|NC_001416.1|",), eval=(), tokenizer="kmer:6")
+    ws = open_windows(data, "train")
+    spec = ws.manifest["tokenizer"]
+    torch.manual_seed(5)
+    model = Llama(small_model_config(vocab_size=int(spec["vocab_size"])))
+    with torch.no_grad():  # away from a uniform guess, so windows differ
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    save_pretrained(model, tmp_path / "init", tokenizer=spec)
+    n = len(ws)
+    s = train(TrainConfig(data=str(data), init=str(tmp_path / "init"), out=str(tmp_path / "run"), seq_len=WINDOW,
+                          steps=1, global_batch=n, micro_batch=n, warmup=0, lr=1e-12, precision="fp32",
+                          save_every=0, progress=False))
+    rec = read_metrics(tmp_path / "run")[-1]
+    rep = evaluate(EvalConfig(data=str(data), checkpoints=(s["checkpoint"],), out=str(tmp_path / "eval"),
+                              split="train", bootstrap=10, bins=4))
+    ck = rep["checkpoints"][0]
+    assert ck["tokens"] > 0 and ck["bases"] == pytest.approx(6 * ck["tokens"], rel=0.01)
+    assert rec["loss"] == pytest.approx(ck["loss"], rel=1e-3)  # nats per token, the same tokens
+    assert rec["bits_per_base"] == pytest.approx(ck["bits_per_base"], rel=0.05)
+    assert rec["bits_per_base"] == pytest.approx(rec["loss"] / 6 / math.log(2), rel=0.01)
+    heads = [c.header for c in table(rep).columns]  # every column names its unit
+    assert heads[1:7] == ["context\ntokens", "loss\nnats/token", "loss\nbits/base", "first 10%\nnats/token",
+                          "last 10%\nnats/token", "last-first\nnats/token"], heads
+    summary = json.loads((Path(s["run_dir"]) / "summary.json").read_text())
+    assert summary["bits_per_base"] == rec["bits_per_base"] and summary["loss"] == rec["loss"]
