@@ -4,17 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench bench-quick lint clean
+.PHONY: setup demo test test-fast bench bench-quick lint clean wheelhouse
 
 setup: $(STAMP)
 
 # torch is pinned and installed first: on this machine torch==2.13.0 is a local CPU wheel,
 # while an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): setup.cfg pyproject.toml
+# Every other package is pinned by constraints.txt (the versions the tests ran with).
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,kernels]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,kernels]'
 	touch $(STAMP)
 
 demo: setup
@@ -38,7 +39,26 @@ lint: setup
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
 
-# One NVIDIA GPU: CUDA torch + triton into .venv-gpu, pytest -m gpu, GPU benchmarks -> gpu-check-out/ (docs/cuda.md).
+# Wheels for an offline GPU node: every line of constraints.txt not marked "not carried", as manylinux x86-64
+# builds for the node's Python (WHEEL_PYTHONS; pure-Python and abi3 wheels serve every version). Needs a package
+# index here; copy the clone with wheelhouse/ to the node and run `make gpu-check` there (README, GPU).
+WHEEL_PYTHONS ?= 3.12
+WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux1_x86_64
+wheelhouse:
+	rm -rf wheelhouse.tmp && mkdir wheelhouse.tmp
+	grep -v 'not carried' constraints.txt > wheelhouse.tmp/requirements.txt
+	for v in $(WHEEL_PYTHONS); do \
+	  $(PY) -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version $$v \
+	    $(addprefix --platform ,$(WHEEL_PLATFORMS)) -d wheelhouse.tmp -r wheelhouse.tmp/requirements.txt || exit 1; \
+	done
+	echo $(WHEEL_PYTHONS) > wheelhouse.tmp/pythons
+	rm -rf wheelhouse && mv wheelhouse.tmp wheelhouse
+	@echo "wheelhouse: $$(ls wheelhouse/*.whl | wc -l) wheels for Python $(WHEEL_PYTHONS), $$(du -sm wheelhouse | cut -f1) MiB"
+
+# One NVIDIA GPU: .venv-gpu over PY's own CUDA torch (lcft and the rest from wheelhouse/ when it exists, else from
+# the index), pytest -m gpu and the GPU benchmarks -> gpu-check-out/ (README, GPU; docs/cuda.md). PY must be the
+# python whose torch sees the GPU. GPU_CHECK_ARGS=--full runs the long sizes.
 .PHONY: gpu-check
 gpu-check:
-	PY=$(PY) bash benchmarks/gpu_check.sh
+	PY=$(PY) bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)

@@ -1,25 +1,71 @@
 #!/usr/bin/env bash
-# `make gpu-check`: from a fresh clone on a machine with one NVIDIA GPU, install CUDA torch and triton into
-# .venv-gpu, then run benchmarks/gpu_check.py (pytest -m gpu, attention and 1b-preset training benchmarks).
+# `make gpu-check`: on a machine with one NVIDIA GPU, make .venv-gpu over PY's own CUDA torch and triton, install
+# lcft and the rest into it, then run benchmarks/gpu_check.py (pytest -m gpu, attention, 1b steps, the 1M plan).
+# With wheelhouse/ (`make wheelhouse` where there is a package index) nothing is fetched: pip --no-index from it.
+# Without it, packages come from the index, and so does TORCH_SPEC when PY has no torch.
 # Results: gpu-check-out/gpu-check.json and gpu-check.md. Non-zero exit on a failed test or numeric mismatch.
-#   PY=python3.12 TORCH_SPEC='torch==2.13.0' bash benchmarks/gpu_check.sh [--quick]
+#   PY=/path/to/python-with-cuda-torch bash benchmarks/gpu_check.sh [--install-only] [--full] [gpu_check.py options]
+# --install-only: the install step alone (no CUDA assertion, nothing measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 VENV=${VENV:-.venv-gpu}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}  # the CUDA build of the version the CPU venv pins (PyPI's Linux wheel)
+WHEELHOUSE=${WHEELHOUSE:-wheelhouse}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}  # only when PY has no torch: PyPI's Linux (CUDA) wheel of the CPU pin
+install_only=0
+args=()
+for a in "$@"; do
+  if [ "$a" = --install-only ]; then install_only=1; else args+=("$a"); fi
+done
+say() { echo "gpu-check: $*" >&2; }
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu-check: no NVIDIA GPU found (nvidia-smi); this check needs one." >&2
+  say "no NVIDIA GPU found (nvidia-smi); this check needs one."
   exit 2
 fi
 nvidia-smi -L
 start=$(date +%s)
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q "$TORCH_SPEC"  # pulls the matching triton and CUDA runtime wheels
-"$VENV/bin/pip" install -q -e '.[dev,kernels]'
+base_torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+floor=$(sed -n 's/^ *torch>=\([0-9][0-9.]*\).*/\1/p' setup.cfg)
+pip_from=()
+if [ -d "$WHEELHOUSE" ]; then
+  pip_from=(--no-index --find-links "$WHEELHOUSE")
+  if [ -z "$base_torch" ]; then
+    say "$PY has no torch and $WHEELHOUSE/ carries none: set PY to the python whose CUDA torch sees the GPU."
+    exit 2
+  fi
+  tag=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  grep -qw "$tag" "$WHEELHOUSE/pythons" 2>/dev/null ||
+    say "note: $WHEELHOUSE/ holds compiled wheels for Python $(cat "$WHEELHOUSE/pythons" 2>/dev/null), this is $tag;" \
+        "if pip misses one, rebuild it with: make wheelhouse WHEEL_PYTHONS=$tag"
+fi
+if [ -n "$base_torch" ]; then
+  "$PY" - "$floor" <<'EOF' || exit 2
+import sys, torch
+have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+need = tuple(int(x) for x in sys.argv[1].split(".")[:2])
+if have < need:
+    sys.exit(f"gpu-check: torch {torch.__version__} here is older than {sys.argv[1]}, the oldest lcft is tested "
+             f"with (setup.cfg); use a python with a newer torch (PY=...).")
+EOF
+  test -x "$VENV/bin/python" || "$PY" -m venv --system-site-packages "$VENV"
+  # A PY that is itself a venv (e.g. /opt/torch/.venv) hands on nothing through --system-site-packages (that means
+  # its base interpreter's packages): its own site folders go on .venv-gpu's path through a .pth file.
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/lcft-base-python.pth"
+  say "using $PY's torch $base_torch"
+else
+  test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "$TORCH_SPEC"  # pulls the matching triton and CUDA runtime wheels
+fi
+if ! "$VENV/bin/pip" install -q "${pip_from[@]}" -e '.[kernels,test]'; then
+  [ ${#pip_from[@]} -eq 0 ] ||
+    say "pip found no wheel in $WHEELHOUSE/ for something $PY lacks: add its pin to constraints.txt, make wheelhouse."
+  exit 1
+fi
+say "installed in $(( $(date +%s) - start )) s"
+[ "$install_only" = 1 ] && exit 0
 "$VENV/bin/python" -c "import torch, triton; assert torch.cuda.is_available(), 'torch has no CUDA'; \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-echo "gpu-check: installed in $(( $(date +%s) - start )) s"
-"$VENV/bin/python" benchmarks/gpu_check.py --out gpu-check-out "$@"
-echo "gpu-check: done in $(( $(date +%s) - start )) s"
+"$VENV/bin/python" benchmarks/gpu_check.py --out gpu-check-out "${args[@]}"
+say "done in $(( $(date +%s) - start )) s"

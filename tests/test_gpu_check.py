@@ -1,11 +1,15 @@
-"""The CPU side of benchmarks/gpu_check.py: options, lengths, the markdown table, the no-GPU exit."""
+"""The CPU side of `make gpu-check`: gpu_check.py's options, table and no-GPU exit; the offline install step."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,3 +41,84 @@ def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "o")],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "no CUDA" in res.stderr and not (tmp_path / "o").exists()
+
+
+def _needed_distributions() -> set[str]:
+    """Every distribution lcft[kernels,test] needs, as installed here, walked through their metadata."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[str] = set()
+    todo = [(r, extra) for extra in ("", "kernels", "test", "dev") for r in importlib.metadata.requires("lcft") or []]
+    while todo:
+        text, extra = todo.pop()
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen or name == "lcft":
+            continue
+        seen.add(name)
+        todo += [(r, e) for e in [""] + sorted(req.extras) for r in importlib.metadata.requires(name) or []]
+    return seen
+
+
+def _constraints() -> dict[str, bool]:
+    """constraints.txt: canonical name -> carried into wheelhouse/ (not marked "not carried")."""
+    from packaging.utils import canonicalize_name
+
+    lines = [ln for ln in (ROOT / "constraints.txt").read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    return {canonicalize_name(ln.split("==")[0]): "not carried" not in ln for ln in lines}
+
+
+def test_constraints_pin_every_installed_dependency_and_carry_no_cuda():
+    pins = _constraints()
+    needed = {n for n in _needed_distributions() if n != "torch" and not n.startswith(("nvidia-", "cuda-"))}
+    assert needed - pins.keys() == set(), "constraints.txt misses these"
+    for name in ("setuptools", "wheel", "pyfaidx", "biopython", "tokenizers", "transformers", "pytest"):
+        assert pins[name], name
+    assert not any(carried for name, carried in pins.items()
+                   if name in ("torch", "triton", "numpy") or name.startswith(("nvidia-", "cuda-")))
+
+
+def _repo_copy(dest: Path) -> Path:
+    """The files git would give a clone (tracked and not ignored), copied under dest."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    return dest
+
+
+@pytest.mark.slow
+def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(tmp_path):
+    """`gpu_check.sh --install-only` as on an offline node: a stand-in nvidia-smi, no index, no pip config."""
+    repo = _repo_copy(tmp_path / "repo")
+    if (ROOT / "wheelhouse").is_dir():
+        shutil.copytree(ROOT / "wheelhouse", repo / "wheelhouse")
+    else:  # a fresh clone: build it (needs the package index, as `make wheelhouse` does)
+        py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        subprocess.run(["make", "-s", "wheelhouse", f"PY={sys.executable}", f"WHEEL_PYTHONS={py}"], cwd=repo,
+                       check=True)
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in (no GPU here)'\n")
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    env |= {"PATH": f"{tmp_path / 'bin'}:{env['PATH']}", "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
+            "PY": sys.executable}
+    script = ["bash", "benchmarks/gpu_check.sh", "--install-only"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = subprocess.run(script, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
+    assert res.returncode == 1 and "add its pin to constraints.txt" in res.stderr  # nothing else to install from
+    res = subprocess.run(script, cwd=repo, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "stand-in" in res.stdout and "installed in" in res.stderr
+    venv_py = repo / ".venv-gpu" / "bin" / "python"
+    probe = "import lcft, pyfaidx, torch, triton, transformers; print(lcft.__file__)"
+    out = subprocess.run([str(venv_py), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert Path(out.stdout.strip()).is_relative_to(repo / "lcft")
+    assert (repo / ".venv-gpu" / "bin" / "lcft").is_file()
