@@ -219,11 +219,12 @@ def _window_record(ws: Any, i: int, counted_i: np.ndarray, w_loss: np.ndarray, w
                    ) -> dict[str, Any]:
     """One window's figures in the report from its (subsets, bins) loss sums and counts."""
     n, n_rep, n_rec = int(w_count[0].sum()), int(w_count[1].sum()), int(w_count[3].sum())
-    total, rep = float(w_loss[0].sum()), float(w_loss[1].sum())
+    total, rep, rec = float(w_loss[0].sum()), float(w_loss[1].sum()), float(w_loss[3].sum())
     chrom, start, end = ws.coords(i)
     return {"index": i, "chrom": chrom, "start": int(start), "end": int(end),
             "tokens": n, "loss": total / n if n else math.nan, "repeat_tokens": n_rep,
             "repeat_loss": rep / n_rep if n_rep else math.nan, "recurring_tokens": n_rec,
+            "recurring_loss": rec / n_rec if n_rec else math.nan,
             "bases": int(ws.token_bases(i)[counted_i].sum()) if hasattr(ws, "token_bases") else n}
 
 

@@ -145,24 +145,57 @@ def _pct(a: float, b: float) -> str:
     return f"{100 * (a / b - 1):+.2f}%"
 
 
-def control_interval(report: dict) -> tuple[float, float]:
-    """95% interval of the continued model's overall change against its control: the paired window bootstrap
-    of the report (its replicates and seed) over the two checkpoints' per-window figures."""
+def _per_window(ck: dict, subset: str) -> tuple[Any, Any]:
+    """Per-window loss sums and token counts `(n,)` of one checkpoint: all tokens, the recurring ones, or the
+    non-recurring ones (all minus recurring)."""
     import numpy as np
 
+    def figures(tokens: str, loss: str) -> tuple[np.ndarray, np.ndarray]:
+        tok = np.array([w.get(tokens, 0) for w in ck["windows"]], dtype=np.float64)  # (n,)
+        nats = np.array([w.get(loss) or 0.0 for w in ck["windows"]], dtype=np.float64)  # null: no tokens
+        return nats * tok, tok
+
+    if subset == "all":
+        return figures("tokens", "loss")
+    rec = figures("recurring_tokens", "recurring_loss")
+    if subset == "recurring":
+        return rec
+    total = figures("tokens", "loss")
+    return total[0] - rec[0], total[1] - rec[1]
+
+
+def control_interval(report: dict, subset: str = "all") -> tuple[float, float, float]:
+    """The continued model's change against its control over `subset` (all, recurring, nonrecurring) with
+    its 95% interval: the paired window bootstrap of the report (its replicates and seed) over the two
+    checkpoints' per-window figures. Returns (change, low, high)."""
     from lcft.evaluate.stats import mean_difference, resample_counts
 
     _, long, ctrl = report["checkpoints"]
-
-    def per_window(ck: dict) -> tuple[np.ndarray, np.ndarray]:
-        tok = np.array([w["tokens"] for w in ck["windows"]], dtype=np.float64)  # (n,)
-        loss = np.array([w["loss"] or 0.0 for w in ck["windows"]], dtype=np.float64)  # null: no tokens
-        return loss * tok, tok
-
     boot = report["bootstrap"]
     weights = resample_counts(len(long["windows"]), boot["replicates"], boot["seed"])
-    c = mean_difference(*per_window(long), *per_window(ctrl), weights, relative=True, level=boot["level"])
-    return float(c.low), float(c.high)
+    c = mean_difference(*_per_window(long, subset), *_per_window(ctrl, subset), weights, relative=True,
+                        level=boot["level"])
+    return float(c.value), float(c.low), float(c.high)
+
+
+def _ci(low: float, high: float) -> str:
+    return f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0)' if low <= 0 <= high else ''}"
+
+
+def recurrence_line(report: dict) -> str | None:
+    """The continued model against its control on recurring tokens (their k-mer occurred earlier in the
+    window: where a copy lies to read back) and on the others, each with its interval; None before the split."""
+    rec = report.get("recurrence")
+    if not rec:
+        return None
+    long = report["checkpoints"][1]
+    if not long["recurring"]["tokens"]:
+        return f"no {rec['k']}-mer occurs twice in these windows: no split into recurring and non-recurring tokens"
+    share = long["recurring"]["tokens"] / long["tokens"]
+    (r, rl, rh), (u, ul, uh) = (control_interval(report, s) for s in ("recurring", "nonrecurring"))
+    return (f"continued vs its control on recurring tokens (the {rec['k']}-mer ending at the token occurred "
+            f"earlier in its window; {share:.1%} of tokens): {100 * r:+.2f}% {_ci(rl, rh)}; on the others: "
+            f"{100 * u:+.2f}% {_ci(ul, uh)}")
 
 
 def probe_line(report: dict) -> str | None:
@@ -178,9 +211,10 @@ def probe_line(report: dict) -> str | None:
 def summary_lines(report: dict) -> list[str]:
     """Plain statements of what the report measured: continued vs base, and continued vs its control overall
     (with its 95% interval) and in the first and last tenth of the window (the published finding is a gain
-    growing toward the end), and the copy probe's effective context of each model."""
+    growing toward the end), the same on recurring and non-recurring tokens, and the copy probe's effective
+    context of each model."""
     base, long, ctrl = report["checkpoints"]
-    low, high = control_interval(report)
+    _, low, high = control_interval(report)
     lines = [
         "(+ = higher held-out loss than the reference, i.e. worse; - = lower, better)",
         f"continued vs base: {_pct(long['loss'], base['loss'])} overall "
@@ -191,8 +225,8 @@ def summary_lines(report: dict) -> list[str]:
         f"95% interval of that overall change (paired bootstrap over {len(long['windows'])} held-out windows): "
         f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0: no difference detectable)' if low <= 0 <= high else ''}",
     ]
-    probe = probe_line(report)
-    return lines if probe is None else [*lines, probe]
+    extra = [line for line in (recurrence_line(report), probe_line(report)) if line is not None]
+    return [*lines, *extra]
 
 
 def demo_note(report: dict) -> str:

@@ -66,3 +66,46 @@ def test_summary_states_the_interval_of_the_change_against_the_control():
 def test_bad_options_fail_when_the_config_is_made(changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         DemoConfig(**changes)
+
+
+def test_recurrence_line_states_the_change_on_recurring_tokens_with_its_interval():
+    import numpy as np
+
+    from lcft.recipes.demo import recurrence_line
+
+    rep = _report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25), spread=0.01)
+    for k, ck in enumerate(rep["checkpoints"]):
+        for i, w in enumerate(ck["windows"]):  # 30 of each window's 100 tokens recur, at a loss of its own
+            w["recurring_tokens"], w["recurring_loss"] = 30, 0.5 + 0.1 * k + 0.01 * i * k
+        ck["tokens"], ck["recurring"] = 600, {"tokens": 180}
+    rep["recurrence"] = {"k": 20}
+    long, ctrl = (np.array([w["recurring_loss"] for w in rep["checkpoints"][k]["windows"]]) for k in (1, 2))
+    draws = np.random.default_rng(3).integers(0, 6, size=(500, 6))  # the report's seed and replicates
+    lo, hi = np.percentile([long[d].mean() / ctrl[d].mean() - 1 for d in draws], [2.5, 97.5])
+    line = recurrence_line(rep)
+    assert f"30.0% of tokens): {100 * (long.mean() / ctrl.mean() - 1):+.2f}% [{100 * lo:+.2f}%, {100 * hi:+.2f}%]" in line
+    rep["checkpoints"][1]["recurring"]["tokens"] = 0
+    assert recurrence_line(rep).startswith("no 20-mer occurs twice")
+
+
+@pytest.mark.slow  # the whole demo in miniature: ~15 s on 2 idle cores
+def test_the_demo_reports_a_non_empty_recurrence_split(tmp_path):
+    from lcft.genomics import open_windows
+    from lcft.recipes.demo import run_demo
+
+    out = run_demo(DemoConfig(out=str(tmp_path / "demo"), length=2048, base_context=512, steps=2, long_steps=1,
+                              base_batch=2, eval_windows=3, probe_windows=0, bins=4), log=lambda s: None)
+    rep = out["report"]
+    ws = open_windows(tmp_path / "demo" / "data", "eval")
+    recurring = 0
+    for i in range(3):  # counted tokens (A/C/G/T, not position 0) whose 20-mer is in the set of earlier ones
+        s, seen = ws.sequence(i).upper(), set()
+        for p in range(19, len(s)):
+            kmer = s[p - 19:p + 1]
+            recurring += kmer in seen and not set(kmer) - set("ACGT")
+            seen.add(kmer)
+    for ck in rep["checkpoints"]:
+        assert ck["recurring"]["tokens"] == recurring > 0
+        assert ck["nonrecurring"]["tokens"] == ck["tokens"] - recurring > 0
+    assert sum(rep["recurrence"]["tokens"]) == recurring
+    assert any(line.startswith("continued vs its control on recurring tokens") for line in out["summary"])
