@@ -65,7 +65,10 @@ def save_state(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: str | o
     not a wrapper)."""
     optim = get_optimizer_state_dict(model, optimizer)
     groups = optim.pop("param_groups")  # numbers and names: JSON, so that dcp/ holds tensors only
-    dcp.save({MODEL: get_model_state_dict(model), OPTIM: optim}, checkpoint_id=str(_dcp_dir(ckpt)))
+    try:
+        dcp.save({MODEL: get_model_state_dict(model), OPTIM: optim}, checkpoint_id=str(_dcp_dir(ckpt)))
+    except CheckpointException as e:  # a BaseException: give the caller the rank's own error (ENOSPC...)
+        raise first_failure(e) from None
     if not dist.is_initialized() or dist.get_rank() == 0:
         atomic_write(_dcp_dir(ckpt) / PARAM_GROUPS, json.dumps(groups, indent=1))
 
@@ -160,10 +163,16 @@ def _load(dcp_state: dict[str, Any], ckpt: str | os.PathLike, no_dist: bool) -> 
         raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {str(e)[:300]})") from None
 
 
+def first_failure(e: CheckpointException) -> BaseException:
+    """The error a CheckpointException wraps (an LcftError first, else the lowest rank's): torch's exception
+    derives from BaseException, so `except Exception` (a save's cleanup, the CLI) would never see it."""
+    errors = [exc for _, (exc, _) in sorted(e.failures.items())]
+    return next((x for x in errors if isinstance(x, LcftError)), errors[0] if errors else RuntimeError(str(e)))
+
+
 def _one_line(ckpt: str | os.PathLike, e: CheckpointException) -> LcftError:
     """The first rank's own error of a CheckpointException, as one line (an LcftError as it is)."""
-    errors = [exc for exc, _ in e.failures.values()]
-    first = next((x for x in errors if isinstance(x, LcftError)), errors[0] if errors else e)
+    first = first_failure(e)
     if isinstance(first, LcftError):
         return first
     text = " ".join(str(first).split())[:300]

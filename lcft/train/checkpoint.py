@@ -148,6 +148,12 @@ def _fsync_dir(p: Path) -> None:
         os.close(fd)
 
 
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About the bytes a checkpoint of `model` takes: its weights and AdamW's two moments (whole tensors: a
+    sharded model's DTensors count at their global size, what all ranks write together)."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callable[[Path], None],
                      write_rest: Callable[[Path], None],
                      between: Callable[[int, Path], None] | None = None, expected_bytes: int | None = None) -> Path:

@@ -16,11 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lcft.errors import LcftError
+from lcft.files import disk_full_error
 from lcft.model.io import write_model_folder
 from lcft.parallel.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
 from lcft.parallel.fsdp import apply_fsdp, clip_grad_norm, shard_mesh
 from lcft.runs import TMP_PREFIX, checkpoints_dir, step_name
-from lcft.train.checkpoint import write_checkpoint
+from lcft.train.checkpoint import checkpoint_bytes, write_checkpoint
 
 
 def shard_for_training(loss_model: nn.Module, device: torch.device, precision: str, offload: bool,
@@ -91,8 +93,15 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
 
             save_hf_tokenizer(windows.tokenizer, path)
 
-    if is_main:
-        return write_checkpoint(run_dir, step, write_model, write_rest, between)
+    need = checkpoint_bytes(model)
+    if is_main:  # a failed save (every rank's, DCP gathers them) is one line; the temp folder goes
+        return write_checkpoint(run_dir, step, write_model, write_rest, between, expected_bytes=need)
     dist.barrier()
-    save_state(model, raw, tmp)
+    try:
+        save_state(model, raw, tmp)
+    except Exception as e:
+        err = disk_full_error(e, tmp.parent, need)
+        if err is None:
+            raise
+        raise LcftError(f"cannot save step {step}: {err}") from None
     return final

@@ -32,6 +32,7 @@ from lcft.runs import latest_checkpoint, resolve_checkpoint
 from lcft.shapes import check_batch, check_length, check_world
 from lcft.train.checkpoint import (
     TrainerState,
+    checkpoint_bytes,
     optimizer_options,
     prune,
     read_trainer_state,
@@ -362,9 +363,8 @@ class Trainer:
             path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
                                 self.hooks.during_save, self.samples.windows)
         elif self.is_main:
-            need = 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, 2 moments
             path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_model(self.model, tmp, self.samples.windows), write_rest,
-                                    self.hooks.during_save, expected_bytes=need)
+                                    self.hooks.during_save, expected_bytes=checkpoint_bytes(self.model))
         if self.is_main:
             prune(self.run_dir, self.cfg.keep_last)
         self.acc.wait_for_everyone()

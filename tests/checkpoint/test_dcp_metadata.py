@@ -38,25 +38,6 @@ class Payload:
         return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
 
 
-@pytest.fixture(scope="module")
-def sharded_run(tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path, dict]:
-    cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=2, global_batch=2, micro_batch=1,
-               warmup=1, lr=1e-3, precision="fp32", save_every=1, progress=False)
-    run = tmp_path_factory.mktemp("sharded") / "run"
-    train(TrainConfig(out=str(run), nproc=2, shard="fsdp", **cfg))
-    return run, cfg
-
-
-@pytest.fixture
-def ckpt(tmp_path, sharded_run) -> Path:
-    """A copy of the run's step 2 (sharded: lcft.json says so)."""
-    dst = tmp_path / "run"
-    shutil.copytree(sharded_run[0], dst)
-    path = dst / "checkpoints" / "step-00000002"
-    assert is_sharded_checkpoint(path)
-    return path
-
-
 def _plant_in_metadata(folder: Path, marker: Path) -> Path:
     """The real metadata with a payload attached, written as torch writes it (plain pickle)."""
     path = folder / "dcp" / ".metadata"
