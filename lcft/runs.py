@@ -178,6 +178,10 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
     spec = read_model_meta(ckpt).get("tokenizer")
     if spec is None and "sha256" in data_tokenizer:
         spec = folder_tokenizer_spec(ckpt)
+        if spec is None:  # the vocabulary size alone would let another vocabulary of the same size through
+            raise LcftError(f"{ckpt} holds no tokenizer (tokenizer.json, vocab.txt or lcft.json's record), so its ids "
+                            f"cannot be checked against the data's ({describe(data_tokenizer)}); copy the model's "
+                            "tokenizer files into it")
     if spec is not None and not same_tokenizer(spec, data_tokenizer):
         raise LcftError(f"checkpoint {ckpt} was trained with a different tokenizer than the data "
                         f"({describe(spec)} vs {describe(data_tokenizer)}); prepare the data with the model's "

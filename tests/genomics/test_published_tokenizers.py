@@ -177,6 +177,10 @@ def test_content_check_refuses_two_ids_swapped(tmp_path):
     check_tokenizer(tmp_path / "same", m["tokenizer"])
     with pytest.raises(LcftError, match="different tokenizer"):
         check_tokenizer(tmp_path / "swapped", m["tokenizer"])
+    (tmp_path / "bare").mkdir()  # a model folder without tokenizer files: the size alone proves nothing
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({"vocab_size": len(GEN_VOCAB)}))
+    with pytest.raises(LcftError, match="holds no tokenizer"):
+        check_tokenizer(tmp_path / "bare", m["tokenizer"])
 
 
 def bomb(tmp_path: Path, vocab: dict, pattern: str = "(?m:.)") -> Path:
