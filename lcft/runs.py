@@ -18,6 +18,7 @@ from typing import Any
 
 from lcft.errors import LcftError
 from lcft.files import file_hash, read_json
+from lcft.hub import local_path
 from lcft.model.io import CONFIG as MODEL_CONFIG
 from lcft.model.io import LCFT as MODEL_META
 
@@ -116,8 +117,9 @@ def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A model folder (a checkpoint, or any HF folder with config.json) -> itself; a run folder -> its latest
-    checkpoint. A checkpoint with checksums is verified (an error names the corrupt file)."""
-    p = Path(path)
+    checkpoint; a Hub id ORG/NAME[@REVISION] -> its snapshot in the Hub cache (lcft.hub). A checkpoint with
+    checksums is verified (an error names the corrupt file)."""
+    p = local_path(path)
     if not p.exists():
         raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)")
     if not p.is_dir():

@@ -33,6 +33,8 @@ LAYERS = [
     ("lcft.genomics", ("lcft.model",)),
     # the run layout serves train, eval and export alike; file helpers sit below everything
     ("lcft.runs", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),
+    ("lcft.hub", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
+                  "lcft.cli", "lcft.runs")),
     ("lcft.vocab", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                     "lcft.cli", "lcft.runs")),
     ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",

@@ -24,6 +24,7 @@ from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, bu
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.tokenizer_hash import RUNS_SPLIT
 from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
+from lcft.hub import local_path
 
 BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
 VOCAB_FILE = "vocab.txt"
@@ -149,7 +150,8 @@ def char_tokenizer() -> SeqTokenizer:
 def load_tokenizer(spec: str) -> SeqTokenizer:
     """`char`, `kmer:K` (built-in vocabulary), `kmer:K:PATH` (ids from a vocab.txt, a folder holding one, or a
     WordLevel tokenizer.json), or a path to a tokenizer.json / a model folder holding one (or only a vocab.txt).
-    Special-token roles come from the files beside the vocabulary. Offline only."""
+    Special-token roles come from the files beside the vocabulary. A folder may be a Hub id ORG/NAME[@REVISION]
+    (lcft.hub: read from its cache, or downloaded)."""
     spec = (spec or "char").strip()
     if spec == "char":
         return char_tokenizer()
@@ -159,9 +161,9 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
             raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
         if not path:
             return KmerTokenizer(int(k_text), builtin_kmer_vocab(int(k_text)), spec, BUILTIN_ROLES)
-        vocab, folder = read_vocab(Path(path))
+        vocab, folder = read_vocab(local_path(path))
         return KmerTokenizer(int(k_text), vocab, path, read_roles(folder, vocab))
-    folder = Path(spec)
+    folder = local_path(spec)  # a Hub id ORG/NAME[@REVISION] is its cached snapshot (lcft.hub)
     if folder.is_dir() and not (folder / TOKENIZER_FILE).is_file() and (folder / VOCAB_FILE).is_file():
         vocab = read_vocab_txt(folder / VOCAB_FILE)
         return KmerTokenizer(_folder_k(folder, vocab), vocab, spec, read_roles(folder, vocab))

@@ -11,6 +11,14 @@ from lcft.vocab import BOS, EOS, VOCAB_SIZE
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
+# Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a
+# file we are handed): each is well above every published model (largest hidden 16384, head_dim 256, 126
+# layers, 256 experts, vocabularies of 256K) and low enough that no single count can ask for an absurd tensor.
+COUNT_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_size": 1 << 19,
+                "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+                "head_dim": 2048, "num_local_experts": 1024, "num_experts_per_tok": 1024,
+                "max_position_embeddings": 1 << 34, "sliding_window": 1 << 34}
+POSITIVE_REALS = {"rope_theta", "rms_norm_eps"}
 
 
 @dataclass
@@ -109,15 +117,20 @@ class LlamaConfig:
     embedding's padding_idx (a row that never gets a gradient), so its continued training would differ."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """Attention backend and sparse parameters (lcft's own; saved in lcft.json, not config.json)."""
+    carried: dict[str, Any] = field(default_factory=dict)
+    """config.json keys the model's transformers class does not read (a published model's extra token ids,
+    its own bookkeeping): unused here, written back unchanged into every config.json lcft saves."""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig.from_dict(self.attention)
+        check_counts({f.name: getattr(self, f.name) for f in fields(self)})
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise LcftError(f"hidden_size {self.hidden_size} is not a multiple of "
                                 f"num_attention_heads {self.num_attention_heads} (give head_dim)")
             self.head_dim = self.hidden_size // self.num_attention_heads
+            check_count("head_dim", self.head_dim)  # derived: hidden_size / num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise LcftError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                             f"num_key_value_heads {self.num_key_value_heads}")
@@ -144,6 +157,27 @@ class LlamaConfig:
                 self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts):
             raise LcftError(f"num_experts_per_tok {self.num_experts_per_tok} must be between 1 and "
                             f"num_local_experts {self.num_local_experts}")
+
+
+def check_counts(values: dict[str, Any]) -> None:
+    """Every count of `values` within its COUNT_LIMITS range and every POSITIVE_REALS entry a positive number,
+    before any tensor is sized from them: one line naming the field and the limit."""
+    for name in COUNT_LIMITS.keys() & values.keys():
+        if values[name] is not None or name not in ("head_dim", "sliding_window"):  # None: derived / off
+            check_count(name, values[name])
+    for name in POSITIVE_REALS & values.keys():
+        v = values[name]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
+            raise LcftError(f"model config: {name} must be a positive number, got {v!r}")
+
+
+def check_count(name: str, v: Any) -> None:
+    """One count: a whole number in 1..COUNT_LIMITS[name] (num_local_experts from 0, a plain MLP)."""
+    low, limit = (0 if name == "num_local_experts" else 1), COUNT_LIMITS[name]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise LcftError(f"model config: {name} must be a whole number, got {v!r}")
+    if not low <= v <= limit:
+        raise LcftError(f"model config: {name}={v} is outside {low}..{limit} (lcft's limit for {name})")
 
 
 def normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:

@@ -1,10 +1,12 @@
 """HuggingFace checkpoints of the five families lcft trains (Llama, Mistral, Qwen2, Qwen3, Mixtral): one table of
 config.json fields used both ways, parameter names, and safetensors weights read and written tensor by tensor
-(single file or shards with an index, fp32/bf16/fp16)."""
+(single file or shards with an index, fp32/bf16/fp16; pytorch_model.bin read with weights_only where a folder
+has no safetensors)."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,9 +18,11 @@ from safetensors import SafetensorError, safe_open
 
 from lcft.errors import LcftError
 from lcft.files import read_json
-from lcft.model.config import AttentionConfig, LlamaConfig, normalize_rope_scaling
+from lcft.model.config import AttentionConfig, LlamaConfig, check_counts, normalize_rope_scaling
+from lcft.model.hf_classes import shipped_classes
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
 MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
 
 # config.json keys that every family reads and writes under the same name as the LlamaConfig field.
@@ -26,13 +30,16 @@ COMMON = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
           "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# The network's shape: a config.json must give it (transformers would fall back to its 7B default shape).
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-# Keys that describe the file or generation, not the network: read past, never an error.
+# Keys that describe the file, its own code or generation, not the network: read past, never written back (an
+# export names the standard class, so transformers needs no remote code).
 METADATA = frozenset({"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype",
                       "dtype", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
                       "tokenizer_class", "max_length", "min_length", "do_sample", "temperature", "top_p",
-                      "top_k", "num_beams", "_attn_implementation_autoset", "bad_words_ids"})
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+                      "top_k", "num_beams", "_attn_implementation_autoset", "bad_words_ids", "auto_map",
+                      "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"})
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
 QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 
 
@@ -54,30 +61,37 @@ class Family:
     """'plain' = `sliding_window` for every layer (Mistral, Mixtral); 'qwen' = use_sliding_window +
     max_window_layers / layer_types."""
     defaults: dict[str, Any] = field(default_factory=dict)
-    """transformers' defaults of this class for keys a config.json may leave out."""
+    """transformers' defaults of this class (its __init__'s) for keys a config.json leaves out; None for
+    num_key_value_heads / head_dim = derived (num_attention_heads; hidden_size / num_attention_heads)."""
 
 
 _NO_MOE = {"num_local_experts": 0, "output_router_logits": False}
 _PLAIN_ATTN = {"attention_bias": False, "o_proj_bias": False, "qk_norm": False}
 _BASE_FIXED = {"hidden_act": "silu", "attention_dropout": 0.0}
+_SHAPE = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": None,
+          "initializer_range": 0.02, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+          "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2}
+_MISTRAL = {**_SHAPE, "vocab_size": 32000, "intermediate_size": 14336, "num_key_value_heads": 8,
+            "max_position_embeddings": 131072}
+_QWEN = {**_SHAPE, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
+         "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None}
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (
     Family("llama", "LlamaForCausalLM", fixed={**_BASE_FIXED, "mlp_bias": False, "pretraining_tp": 1},
            implied={**_NO_MOE, "qk_norm": False, "sliding_window": None}, shared_bias=True,
-           defaults={"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}),
+           defaults={**_SHAPE, "vocab_size": 32000, "intermediate_size": 11008, "num_key_value_heads": None,
+                     "max_position_embeddings": 2048}),
     Family("mistral", "MistralForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, **_PLAIN_ATTN},
-           window="plain", defaults={"max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
-                                     "rope_theta": 10000.0, "sliding_window": 4096}),
+           window="plain", defaults={**_MISTRAL, "sliding_window": 4096}),
     Family("qwen2", "Qwen2ForCausalLM", fixed=dict(_BASE_FIXED),
            implied={**_NO_MOE, "attention_bias": True, "o_proj_bias": False, "qk_norm": False}, window="qwen",
-           defaults={"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}),
+           defaults=_QWEN),
     Family("qwen3", "Qwen3ForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, "qk_norm": True},
-           shared_bias=True, window="qwen",
-           defaults={"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}),
+           shared_bias=True, window="qwen", defaults={**_QWEN, "head_dim": 128}),
     Family("mixtral", "MixtralForCausalLM",
            fields=("num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef"),
            fixed={**_BASE_FIXED, "router_jitter_noise": 0.0}, implied=dict(_PLAIN_ATTN), window="plain",
-           defaults={"max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+           defaults={**_MISTRAL, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None,
                      "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
                      "router_aux_loss_coef": 0.001}),
 )}
@@ -85,17 +99,40 @@ BY_TYPE = {f.model_type: f for f in FAMILIES.values()}
 
 
 def family_of(d: dict[str, Any]) -> Family:
-    """The family a config.json names in `architectures` (else by model_type, as old files may omit it)."""
+    """The family of a config.json: its `architectures` class when lcft knows it, else its model_type's (a
+    custom class name, GENERatorForCausalLM say, loads as the class transformers would build for that
+    model_type; its own code is never run)."""
     archs = d.get("architectures") or []
-    if archs:
-        if len(archs) != 1 or archs[0] not in FAMILIES:
-            raise LcftError(f"architectures {archs}: not a Llama checkpoint or one of the other classes lcft "
-                            f"trains ({', '.join(FAMILIES)})")
+    if len(archs) == 1 and archs[0] in FAMILIES:
         return FAMILIES[archs[0]]
-    if d.get("model_type") not in BY_TYPE:
-        raise LcftError(f"model_type {d.get('model_type')!r}: not a Llama checkpoint or one of the other "
-                        f"families lcft trains ({', '.join(BY_TYPE)})")
-    return BY_TYPE[d["model_type"]]
+    model_type = d.get("model_type")
+    other = [a for a in archs if shipped_classes().get(a, model_type) != model_type]
+    if model_type not in BY_TYPE or other or len(archs) > 1:
+        raise LcftError(f"architectures {archs} (model_type {model_type!r}): not a Llama checkpoint or one of "
+                        f"the other classes lcft trains ({', '.join(FAMILIES)})")
+    return BY_TYPE[model_type]
+
+
+def config_notes(d: dict[str, Any]) -> list[str]:
+    """The lines to show when a config.json is loaded: a custom class loaded as its model_type's, and the keys
+    carried without being used (each listed once)."""
+    fam, notes = family_of(d), []
+    archs = d.get("architectures") or []
+    if archs != [fam.architecture] and archs:
+        code = f" (auto_map {sorted(set((d.get('auto_map') or {}).values()))})" if d.get("auto_map") else ""
+        notes.append(f"architectures {archs} loaded as {fam.architecture} (model_type {fam.model_type}); the "
+                     f"model's own code{code} was not run")
+    carried = sorted(set(d) - _known_keys(fam))
+    if carried:
+        notes.append(f"config.json keys {fam.architecture} does not read, carried unchanged into every saved "
+                     f"config.json: {', '.join(carried)}")
+    return notes
+
+
+def _known_keys(fam: Family) -> set[str]:
+    known = set(COMMON) | set(fam.fields) | set(fam.fixed) | METADATA | set(ROPE_KEYS)
+    known |= {"attention_bias"} if fam.shared_bias else set()
+    return known | ({"sliding_window"} if fam.window == "plain" else set(QWEN_WINDOW_KEYS) if fam.window else set())
 
 
 def _rope_to_hf(cfg: LlamaConfig) -> dict[str, Any]:
@@ -112,7 +149,11 @@ def _rope_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
                            "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
                            "low_freq_factor", "high_freq_factor"}
     if extra:
-        raise LcftError(f"rope_parameters field {sorted(extra)[0]!r} is not supported")
+        raise LcftError(f"rope_parameters field {sorted(extra)[0]!r}")
+    if d.get("partial_rotary_factor", 1.0) not in (1, None):  # transformers' rope reads it beside rope_theta
+        raise LcftError(f"partial_rotary_factor={d['partial_rotary_factor']!r} (lcft rotates every dimension)")
+    if isinstance(theta, bool) or not isinstance(theta, int | float):
+        raise LcftError(f"rope_theta={theta!r} (a number)")
     return {"rope_theta": float(theta), "rope_scaling": normalize_rope_scaling(scaling) if scaling else None}
 
 
@@ -131,34 +172,32 @@ def _window_from_hf(d: dict[str, Any], fam: Family) -> int | None:
     """The one window every layer uses; a per-layer pattern we do not implement is an error naming its field."""
     if fam.window == "plain":
         if d.get("layer_types") is not None:
-            raise LcftError("config field layer_types (per-layer attention patterns) is not supported")
+            raise LcftError("layer_types (per-layer attention patterns)")
         return d.get("sliding_window", fam.defaults.get("sliding_window"))
     if fam.window != "qwen":
         return None
-    n, w = d["num_hidden_layers"], d.get("sliding_window")
+    n, w = d.get("num_hidden_layers", fam.defaults["num_hidden_layers"]), d.get("sliding_window")
     if d.get("layer_types") is not None:
         kinds = set(d["layer_types"])
         if len(d["layer_types"]) != n or not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
-            raise LcftError(f"config field layer_types {sorted(kinds)} is not supported (lcft applies one "
-                            "attention kind to every layer)")
+            raise LcftError(f"layer_types {sorted(kinds)} (lcft applies one attention kind to every layer)")
         return w if kinds == {"sliding_attention"} else None
     if not d.get("use_sliding_window", False) or w is None:
         return None
     first = d.get("max_window_layers", 28)  # transformers: layers >= max_window_layers slide
     if 0 < first < n:
-        raise LcftError(f"config field max_window_layers={first} (sliding window in some layers only) is not "
-                        "supported")
+        raise LcftError(f"max_window_layers={first} (sliding window in some layers only)")
     return w if first <= 0 else None
 
 
 def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """config.json of the model's own class, loadable by transformers 5.x and 4.x."""
+    """config.json of the model's own class, loadable by transformers 5.x and 4.x (carried keys written back)."""
     fam = BY_TYPE[cfg.model_type]
     for name, want in fam.implied.items():
         if getattr(cfg, name) != want:
             raise LcftError(f"{fam.architecture} cannot express {name}={getattr(cfg, name)!r} (model_type "
                             f"{cfg.model_type})")
-    out: dict[str, Any] = {"architectures": [fam.architecture], "model_type": fam.model_type}
+    out: dict[str, Any] = {"architectures": [fam.architecture], "model_type": fam.model_type, **cfg.carried}
     out.update({k: getattr(cfg, k) for k in COMMON + fam.fields})
     out.update(fam.fixed)
     if fam.shared_bias:
@@ -172,33 +211,45 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[s
     return out
 
 
+def _unsupported(d: dict[str, Any], fam: Family) -> tuple[list[str], dict[str, Any]]:
+    """(every field lcft cannot honour, the rope and window fields read where they can be)."""
+    problems = [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
+                if d.get(k) is not None and d[k] != want]
+    kw: dict[str, Any] = {}
+    for key, read in (("rope", _rope_from_hf), ("sliding_window", _window_from_hf)):
+        try:
+            got = read(d, fam)
+        except LcftError as e:  # gathered: one message names every field
+            problems.append(str(e))
+            continue
+        kw.update(got if key == "rope" else {key: got})
+    return problems, kw
+
+
 def config_from_hf(d: dict[str, Any], attention: AttentionConfig | None = None) -> LlamaConfig:
-    """LlamaConfig from a config.json written by us or by transformers 4.x/5.x; any field lcft cannot honour
-    (an unknown key, a value other than the one supported) is a one-line error naming it."""
+    """LlamaConfig from a config.json written by us or by transformers 4.x/5.x, read as transformers' class for
+    its model_type reads it (its defaults for absent keys, head_dim derived). Keys that class does not read are
+    carried (LlamaConfig.carried); every value lcft cannot honour is named in one error."""
+    if not isinstance(d, dict):
+        raise LcftError("config.json is not a JSON object")
     fam = family_of(d)
     for key in REQUIRED:
         if key not in d:
             raise LcftError(f"config.json has no {key!r}")
-    known = set(COMMON) | set(fam.fields) | set(fam.fixed) | METADATA | set(ROPE_KEYS)
-    known |= {"attention_bias"} if fam.shared_bias else set()
-    known |= {"sliding_window"} if fam.window == "plain" else set(QWEN_WINDOW_KEYS) if fam.window else set()
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise LcftError(f"config field {unknown[0]!r} is not supported for {fam.architecture}")
-    for key, want in fam.fixed.items():
-        if d.get(key) is not None and d[key] != want:
-            raise LcftError(f"config field {key}={d[key]!r} is not supported (lcft supports {key}={want!r})")
-    kw: dict[str, Any] = {k: d[k] for k in COMMON + fam.fields if d.get(k) is not None}
-    kw.update({k: d.get(k) for k in TOKEN_IDS})  # null stays null: the export writes back what came in
-    kw.update({k: v for k, v in fam.defaults.items() if k in COMMON + fam.fields and k not in kw})
-    kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+    kw = {k: d[k] if k in d else fam.defaults.get(k) for k in COMMON + fam.fields}  # null stays null, as there
+    if kw["num_key_value_heads"] is None:
+        kw["num_key_value_heads"] = kw["num_attention_heads"]
+    check_counts(kw)  # first: everything below (and LlamaConfig's own checks) computes with these
+    problems, read = _unsupported(d, fam)
+    if problems:
+        raise LcftError(f"{fam.architecture} config: lcft cannot honour {'; '.join(problems)}")
+    kw.update(read)
     kw.update(fam.implied)
     if fam.shared_bias:
         kw["attention_bias"] = kw["o_proj_bias"] = bool(d.get("attention_bias", False))
-    kw["sliding_window"] = _window_from_hf(d, fam)
-    kw.update(_rope_from_hf(d, fam))
-    kw["tie_word_embeddings"] = bool(kw.get("tie_word_embeddings", False))
-    return LlamaConfig(model_type=fam.model_type, attention=attention or AttentionConfig(), **kw)
+    kw["tie_word_embeddings"] = bool(kw["tie_word_embeddings"])
+    carried = {k: d[k] for k in sorted(set(d) - _known_keys(fam))}
+    return LlamaConfig(model_type=fam.model_type, attention=attention or AttentionConfig(), carried=carried, **kw)
 
 
 # Our parameter names -> HF's (the block-level names differ: attn vs self_attn, norms, Mixtral's experts).
@@ -227,23 +278,37 @@ def to_hf_name(name: str) -> str:
 
 
 def weight_files(directory: Path) -> list[Path]:
-    """The safetensors file(s) of a folder: model.safetensors, or the shards its index names (all present)."""
-    if (directory / WEIGHTS).is_file():
-        return [directory / WEIGHTS]
-    if (directory / INDEX).is_file():
-        shards = sorted(set(read_json(directory / INDEX).get("weight_map", {}).values()))
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing or not shards:
-            raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
-        return [directory / s for s in shards]
-    if (directory / "pytorch_model.bin").is_file():
-        raise LcftError(f"{directory}: only pytorch_model.bin found; lcft reads safetensors weights "
-                        "(re-save with transformers' save_pretrained(safe_serialization=True))")
+    """The weight file(s) of a folder: model.safetensors, or the shards its index names (all present); only
+    where a folder has no safetensors, pytorch_model.bin (or its index's shards)."""
+    for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
+        if (directory / single).is_file():
+            return [directory / single]
+        if (directory / index).is_file():
+            shards = sorted(set(read_json(directory / index).get("weight_map", {}).values()))
+            missing = [s for s in shards if not (directory / s).is_file()]
+            if missing or not shards:
+                raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
+            return [directory / s for s in shards]
     raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
 
 
+def _tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Callable[[], torch.Tensor]]]:
+    """(name, shape, read) per tensor of a weight file. A pytorch_model.bin is read with torch.load's
+    weights_only unpickler (tensors and plain containers only: no code from the file runs), memory-mapped."""
+    if f.suffix == ".bin":
+        state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError("not a dict of tensors")
+        for key, t in state.items():
+            yield key, tuple(t.shape), lambda t=t: t
+        return
+    with safe_open(str(f), framework="pt") as sf:
+        for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+            yield key, tuple(sf.get_slice(key).get_shape()), lambda key=key: sf.get_tensor(key)
+
+
 def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
-    """Assign every parameter of a model built on the meta device from the folder's safetensors, one tensor at a
+    """Assign every parameter of a model built on the meta device from the folder's weights, one tensor at a
     time (as stored, or cast to dtype as it is read), so the peak is about one copy of the model plus one tensor."""
     params = dict(model.named_parameters())
     expected = {to_hf_name(n): n for n in params}
@@ -251,23 +316,21 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
     loaded: set[str] = set()
     for f in weight_files(directory):
         try:
-            with safe_open(str(f), framework="pt") as sf:
-                for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if key not in expected:
-                        if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
-                            continue
-                        raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
-                                        "checkpoint of this config.json?)")
-                    name = expected[key]
-                    shape = tuple(sf.get_slice(key).get_shape())
-                    if shape != tuple(params[name].shape):
-                        raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
-                                        f"{tuple(params[name].shape)}")
-                    tensor = sf.get_tensor(key)
-                    _assign(model, name, tensor if dtype is None else tensor.to(dtype))
-                    loaded.add(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # truncated or corrupt file
-            raise LcftError(f"{f}: cannot read weights ({e})") from None
+            for key, shape, read in _tensors(f):
+                if key not in expected:
+                    if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
+                        continue
+                    raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
+                                    "checkpoint of this config.json?)")
+                name = expected[key]
+                if shape != tuple(params[name].shape):
+                    raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
+                                    f"{tuple(params[name].shape)}")
+                tensor = read()
+                _assign(model, name, tensor if dtype is None else tensor.to(dtype))
+                loaded.add(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:  # corrupt file
+            raise LcftError(f"{f}: cannot read weights ({str(e).splitlines()[0] if str(e) else e!r})") from None
     missing = sorted(set(params) - loaded)
     if missing:
         names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")

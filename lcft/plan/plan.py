@@ -39,6 +39,14 @@ def model_config(cfg: PlanConfig) -> LlamaConfig:
     return model
 
 
+def init_notes(cfg: PlanConfig) -> list[str]:
+    """What loading --init's config.json has to say (a custom class loaded as its model_type's, carried keys)."""
+    from lcft.model.hf import config_notes
+    from lcft.runs import read_model_config, resolve_checkpoint
+
+    return config_notes(read_model_config(resolve_checkpoint(cfg.init))) if cfg.init else []
+
+
 def _seq_len(cfg: PlanConfig) -> int:
     if cfg.seq_len:
         return int(cfg.seq_len)
@@ -138,7 +146,8 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
     budget = cfg.gpu_bytes
     shape = Shape.of(model)
     dp = lay.world // lay.cp
-    lines = [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
+    lines = [f"note: {n}" for n in init_notes(cfg)]
+    lines += [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
              f"{model.attention.backend} attention)",
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
              f"{' + offload-params' if lay.offload_params else ''}; {lay.seq_len:,} tokens x micro-batch "

@@ -4,6 +4,7 @@ attention and RoPE overrides applied and the vocabulary checked against the data
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,10 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
+from lcft.model.hf import config_notes
 from lcft.model.io import read_config, save_pretrained
 from lcft.parallel.dcp import read_model
-from lcft.runs import check_tokenizer
+from lcft.runs import check_tokenizer, read_model_config
 from lcft.train.config import TrainConfig, parse_rope_scaling
 
 
@@ -38,10 +40,12 @@ def _rope_changes(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict[str, Any]:
     return changes
 
 
-def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None, materialize: bool = True) -> Llama:
+def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None, materialize: bool = True,
+                note: Callable[[str], None] | None = None) -> Llama:
     """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded).
     materialize=False: a sharded (DCP) source's model stays on the meta device, for FSDP to shard before each
-    rank reads its part (lcft.parallel.dcp.load_state)."""
+    rank reads its part (lcft.parallel.dcp.load_state). note: shows what loading the source's config.json has to
+    say (a custom class loaded as its model_type's, keys carried unread)."""
     if source is None:
         model_cfg = preset(cfg.preset)
         if "sha256" in tokenizer:  # a model tokenizer: the fresh model's embedding has its vocabulary's rows
@@ -56,6 +60,8 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
     if not source.is_dir():
         raise LcftError(f"checkpoint folder not found: {source}")
     check_tokenizer(source, tokenizer)
+    for line in config_notes(read_model_config(source)) if note else []:
+        note(f"note: {line}")
     # fp32 master weights whatever the checkpoint's dtype (published ones are mostly bf16; --precision bf16 is
     # autocast over fp32 weights)
     model = read_model(source, attention_override(cfg, read_config(source).attention), materialize=materialize,

@@ -150,7 +150,7 @@ class Trainer:
         cfg = self.cfg
         init = resolve_checkpoint(cfg.init) if cfg.init else None  # a run folder means its latest checkpoint
         self.source = self.resume_from or init
-        self.model = build_model(cfg, tokenizer, self.source, materialize=not self.fsdp)
+        self.model = build_model(cfg, tokenizer, self.source, materialize=not self.fsdp, note=self._note)
         self._check_lengths(window)
         if cfg.cp > 1:
             from lcft.parallel import ContextParallelRunner, apply_context_parallel

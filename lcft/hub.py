@@ -1,0 +1,77 @@
+"""Hugging Face Hub ids (ORG/NAME[@REVISION]) as local folders: every option that takes a model or tokenizer folder
+resolves through here (huggingface_hub's cache, HF_HOME, HF_TOKEN, HF_HUB_OFFLINE; safetensors preferred)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from lcft.errors import LcftError
+
+# ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
+HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<revision>[\w./-]{1,200}))?")
+# What lcft reads from a model repository: its config, weights, and the tokenizer files.
+MODEL_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "generation_config.json"]
+TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+
+
+def hub_id(text: str | os.PathLike) -> tuple[str, str | None] | None:
+    """(repo id, revision) when `text` names a Hub repository and no local path of that name exists."""
+    text = str(text)
+    m = HUB_ID.fullmatch(text)
+    # runs/typo, where runs/ is a local folder, is a missing local path, not a repository of user "runs"
+    if m is None or text.startswith((".", "/")) or Path(text).exists() or Path(m["repo"].split("/")[0]).exists():
+        return None
+    return m["repo"], m["revision"]
+
+
+def local_path(text: str | os.PathLike) -> Path:
+    """A local path as given; a Hub id -> its snapshot folder in the cache (downloaded, with a progress bar, unless
+    HF_HUB_OFFLINE is set: then only the cache is read)."""
+    got = hub_id(text)
+    return Path(text) if got is None else snapshot(*got)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cache_dir() -> str | None:
+    """HF_HUB_CACHE, else HF_HOME/hub, read now (huggingface_hub reads them once, at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    return str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None
+
+
+def snapshot(repo: str, revision: str | None = None) -> Path:
+    """The cached snapshot of a model repository at `revision` (default main): config, tokenizer files and
+    safetensors weights, or pytorch_model.bin only where the repository has no safetensors."""
+    try:
+        import huggingface_hub as hh
+        from huggingface_hub import errors
+    except ImportError:
+        raise LcftError(f"{repo}: Hub ids need the huggingface_hub package (pip install huggingface_hub)") from None
+    offline, cache = _offline(), _cache_dir()
+    token = os.environ.get("HF_TOKEN") or None
+    try:
+        patterns = list(MODEL_FILES)
+        if offline:
+            patterns += TORCH_WEIGHTS  # whatever the cache holds; from_pretrained prefers safetensors
+        else:
+            files = hh.HfApi(token=token).list_repo_files(repo, revision=revision)
+            if not any(f.endswith(".safetensors") for f in files):
+                patterns += TORCH_WEIGHTS
+        path = hh.snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
+                                    allow_patterns=patterns, token=token)
+    except errors.LocalEntryNotFoundError:
+        raise LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache "
+                        f"({cache or 'the default cache'}) and HF_HUB_OFFLINE is set") from None
+    except (errors.RepositoryNotFoundError, errors.GatedRepoError):
+        raise LcftError(f"{repo}: no such Hub repository, or it needs access (log in or set HF_TOKEN)") from None
+    except errors.RevisionNotFoundError:
+        raise LcftError(f"{repo}: no revision {revision!r} on the Hub") from None
+    except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)
+        raise LcftError(f"{repo}: not a local folder, and the Hub cannot be read ({str(e).splitlines()[0]})") from None
+    return Path(path)

@@ -1,0 +1,146 @@
+"""config.json read the way transformers reads it: for each family lcft trains, the same defaults and derived
+fields as transformers' config class from the same dict; keys that class does not read carried through export;
+custom class names loaded as their model_type's class; every value lcft cannot honour named in one line."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from lcft.errors import LcftError
+from lcft.model.hf import BY_TYPE, COMMON, _known_keys, config_from_hf, config_notes, config_to_hf
+
+transformers = pytest.importorskip("transformers")
+
+PUBLISHED = Path(__file__).resolve().parents[3] / "shared" / "published"
+CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+           "mixtral": "MixtralConfig"}
+# A GenomeOcean-like config (Mistral with the keys its published config.json adds: auto_map, classifier_dropout,
+# is_causal), built here from that description.
+GENOMEOCEAN = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 768,
+               "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+               "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 10240,
+               "sliding_window": None, "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2,
+               "pad_token_id": 3, "classifier_dropout": 0.1, "is_causal": True, "torch_dtype": "bfloat16",
+               "auto_map": {"AutoModelForCausalLM": "modeling_mistral.MistralForCausalLM"}}
+
+
+def published(name: str) -> dict:
+    path = PUBLISHED / name / "config.json"
+    if not path.is_file():
+        pytest.skip(f"published files not found at {PUBLISHED}")
+    return json.loads(path.read_text())
+
+
+def transformers_view(d: dict) -> dict:
+    """What transformers' class for the model_type computes from d: lcft's field names, values as it holds them."""
+    cls = getattr(transformers, CLASSES[d["model_type"]])
+    c = cls(**{k: v for k, v in d.items() if k != "model_type"})
+    out = {k: getattr(c, k, None) for k in COMMON}
+    out["head_dim"] = out["head_dim"] or c.hidden_size // c.num_attention_heads  # as its attention computes it
+    out["rope_theta"] = c.rope_parameters["rope_theta"]
+    if d["model_type"] in ("mistral", "mixtral"):
+        out["sliding_window"] = c.sliding_window
+    if d["model_type"] == "mixtral":
+        out.update({k: getattr(c, k) for k in ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef")})
+    return out
+
+
+def cases() -> list[tuple[str, dict]]:
+    shape = {"vocab_size": 64, "hidden_size": 1024, "intermediate_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 32}  # what a config.json must give; everything else defaults
+    minimal = [(f"{t}-defaults", {"model_type": t, **shape}) for t in CLASSES]
+    given = [("llama-gqa", {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8,
+                            "num_key_value_heads": 2, "vocab_size": 100, "bos_token_id": None,
+                            "intermediate_size": 96, "num_hidden_layers": 2}),
+             ("qwen3-derived-kv", {"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 4,
+                                  "num_key_value_heads": None, "head_dim": 32, "vocab_size": 64,
+                                  "intermediate_size": 96, "num_hidden_layers": 2}),
+             ("mixtral-small", {"model_type": "mixtral", "num_local_experts": 4, "rope_theta": 5e5, "vocab_size": 64,
+                               "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                               "num_attention_heads": 8}),
+             ("genomeocean", GENOMEOCEAN)]
+    return minimal + given
+
+
+@pytest.mark.parametrize("name,d", cases(), ids=[n for n, _ in cases()])
+def test_fields_equal_transformers_class(name, d):
+    cfg = config_from_hf(d)
+    want = transformers_view(d)
+    assert {k: getattr(cfg, k) for k in want} == want
+
+
+@pytest.mark.parametrize("folder", ["metagene-1", "generator-eukaryote-3b-base"])
+def test_published_configs_equal_transformers_class(folder):
+    d = published(folder)
+    cfg = config_from_hf(d)
+    want = transformers_view(d)
+    assert {k: getattr(cfg, k) for k in want} == want
+
+
+@pytest.mark.parametrize("model_type", list(CLASSES))
+def test_every_key_the_class_reads_is_read_or_dropped(model_type):
+    """A key the transformers class takes in its __init__ is never carried unread (it may change the math)."""
+    params = set(inspect.signature(getattr(transformers, CLASSES[model_type]).__init__).parameters) - {"self"}
+    params |= {"rope_theta", "rope_scaling", "partial_rotary_factor"}  # popped by its RoPE mixin from kwargs
+    assert params - _known_keys(BY_TYPE[model_type]) == set()
+
+
+def test_metagene_extra_keys_are_carried_through_export():
+    d = published("metagene-1")
+    cfg = config_from_hf(d)
+    extra = {"mask_token_id": 5, "max_sequence_length": 2048, "sep_token_id": 2, "unk_token_id": 1}
+    assert cfg.carried == extra
+    out = config_to_hf(cfg)
+    assert {k: out[k] for k in extra} == extra and config_from_hf(out) == cfg
+    assert config_notes(d) == ["config.json keys LlamaForCausalLM does not read, carried unchanged into every "
+                               "saved config.json: mask_token_id, max_sequence_length, sep_token_id, unk_token_id"]
+    assert config_notes(out) == config_notes(d)  # listed once per load, the same on every later load
+
+
+def test_custom_class_loads_as_its_model_type_and_exports_the_standard_class():
+    d = published("generator-eukaryote-3b-base")
+    cfg = config_from_hf(d)
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.intermediate_size) == \
+        ("llama", 30, 4, 8448)
+    assert cfg.carried == {}
+    assert config_notes(d) == ["architectures ['GENERatorForCausalLM'] loaded as LlamaForCausalLM (model_type "
+                               "llama); the model's own code (auto_map ['modeling_generator.GENERatorForCausalLM']) "
+                               "was not run"]
+    out = config_to_hf(cfg)
+    assert out["architectures"] == ["LlamaForCausalLM"] and "auto_map" not in out
+    assert config_notes(out) == []
+    without_code = {k: v for k, v in d.items() if k != "auto_map"}
+    assert config_from_hf(without_code) == cfg
+    assert config_notes(without_code)[0].endswith("the model's own code was not run")
+
+
+def test_genomeocean_keys_load_and_are_carried():
+    cfg = config_from_hf(GENOMEOCEAN)
+    assert cfg.carried == {"classifier_dropout": 0.1, "is_causal": True}
+    assert config_to_hf(cfg)["is_causal"] is True and "auto_map" not in config_to_hf(cfg)
+
+
+def test_every_unsupported_value_is_named_in_one_line():
+    d = {**published("generator-eukaryote-3b-base"), "hidden_act": "gelu", "attention_dropout": 0.1,
+         "rope_scaling": {"rope_type": "longrope", "factor": 2.0}}
+    with pytest.raises(LcftError) as e:
+        config_from_hf(d)
+    msg = str(e.value)
+    assert "\n" not in msg and "hidden_act='gelu'" in msg and "attention_dropout=0.1" in msg and "longrope" in msg
+    mistral = {**GENOMEOCEAN, "layer_types": ["sliding_attention"] * 12, "hidden_act": "relu"}
+    with pytest.raises(LcftError, match=r"hidden_act='relu'.*layer_types"):
+        config_from_hf(mistral)
+
+
+def test_another_familys_class_is_refused_a_custom_one_is_not():
+    d = published("generator-eukaryote-3b-base")
+    for archs in (["FalconForCausalLM"], ["GPT2LMHeadModel"], ["MyDNAForCausalLM", "LlamaForCausalLM"]):
+        with pytest.raises(LcftError, match="not a Llama checkpoint"):  # another family's class, or two
+            config_from_hf({**d, "architectures": archs})
+    assert config_from_hf({**d, "architectures": ["MyDNAForCausalLM"]}).model_type == "llama"
+    with pytest.raises(LcftError, match="partial_rotary_factor=0.5"):
+        config_from_hf({**d, "partial_rotary_factor": 0.5})

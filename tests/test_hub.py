@@ -1,0 +1,138 @@
+"""Hub ids offline, against a Hub cache this test writes by hand (models--ORG--NAME/{refs,snapshots,blobs},
+HF_HUB_OFFLINE=1, HF_HOME): --init and --tokenizer ORG/NAME[@REVISION] resolve to the cached snapshot; a pinned
+revision; pytorch_model.bin read with weights_only (a planted pickle never runs); missing ids are one line."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.errors import LcftError
+from lcft.genomics.model_tokenizer import load_tokenizer
+from lcft.hub import hub_id, local_path
+from lcft.model import from_pretrained
+from lcft.runs import resolve_checkpoint
+
+transformers = pytest.importorskip("transformers")
+METAGENE = Path(__file__).resolve().parents[2] / "shared" / "published" / "metagene-1"
+COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+
+
+def cache_repo(home: Path, repo: str, commit: str, files: dict[str, bytes], refs: tuple[str, ...] = ("main",)):
+    """One snapshot of a model repository in huggingface_hub's cache layout: content-addressed blobs, the
+    snapshot's files as relative symlinks to them, refs/<name> holding the commit."""
+    root = home / "hub" / f"models--{repo.replace('/', '--')}"
+    for name, data in files.items():
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = root / "snapshots" / commit / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    for ref in refs:
+        (root / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (root / "refs" / ref).write_text(commit)
+
+
+def hf_model(tmp_path: Path, seed: int, safe: bool = True) -> tuple[dict[str, bytes], object]:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    out = tmp_path / f"hf{seed}{safe}"
+    model.save_pretrained(out)
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    if not safe:  # the layout transformers 4 wrote with safe_serialization=False: a torch.save'd state dict
+        del files["model.safetensors"]
+        torch.save(model.state_dict(), out / "pytorch_model.bin")
+        files["pytorch_model.bin"] = (out / "pytorch_model.bin").read_bytes()
+    return files, model
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return tmp_path / "hf-home"
+
+
+def same_logits(ours, theirs) -> bool:
+    ids = torch.randint(0, 16, (1, 12))
+    with torch.no_grad():
+        return torch.allclose(ours(ids).float(), theirs(ids).logits, atol=1e-5)
+
+
+def test_init_id_resolves_to_the_cached_snapshot_and_pins_a_revision(hub, tmp_path):
+    files_a, model_a = hf_model(tmp_path, 0)
+    files_b, model_b = hf_model(tmp_path, 1)
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, files_a)
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_B, files_b, refs=("v2",))
+    main = resolve_checkpoint("dna-org/tiny-llama")
+    assert main.parent.name == "snapshots" and main.name == COMMIT_A
+    assert same_logits(from_pretrained(main), model_a)
+    assert resolve_checkpoint(f"dna-org/tiny-llama@{COMMIT_B}").name == COMMIT_B
+    assert same_logits(from_pretrained(resolve_checkpoint("dna-org/tiny-llama@v2")), model_b)
+    r = CliRunner().invoke(app, ["plan", "--init", "dna-org/tiny-llama@v2", "--seq-len", "4096"])
+    assert r.exit_code == 0 and "blocks" in r.output, r.output
+
+
+def test_uncached_id_offline_and_unknown_revision_are_one_line(hub, tmp_path):
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, files)
+    for text in ("dna-org/not-cached", "dna-org/tiny-llama@v9"):
+        with pytest.raises(LcftError, match="not in the Hub cache") as e:
+            resolve_checkpoint(text)
+        assert "\n" not in str(e.value)
+    r = CliRunner().invoke(app, ["plan", "--init", "dna-org/not-cached", "--seq-len", "4096"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and "HF_HUB_OFFLINE" in r.output
+
+
+def test_local_paths_are_never_hub_ids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert hub_id("runs/typo") is None and hub_id("./a/b") is None and hub_id("/abs/path") is None
+    assert hub_id("org/name@refs/pr/1") == ("org/name", "refs/pr/1") and hub_id("a/b/c") is None
+    assert local_path("runs") == Path("runs")
+
+
+def test_pytorch_bin_is_read_with_weights_only(hub, tmp_path):
+    files, model = hf_model(tmp_path, 2, safe=False)
+    assert "pytorch_model.bin" in files and not any(n.endswith(".safetensors") for n in files)
+    cache_repo(hub, "dna-org/bin-llama", COMMIT_A, files)
+    assert same_logits(from_pretrained(resolve_checkpoint("dna-org/bin-llama")), model)
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    planted = dict(files, **{"pytorch_model.bin": pickle.dumps({"model.embed_tokens.weight": Payload()})})
+    cache_repo(hub, "dna-org/planted", COMMIT_A, planted)
+    with pytest.raises(LcftError, match="pytorch_model.bin: cannot read weights") as e:
+        from_pretrained(resolve_checkpoint("dna-org/planted"))
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+def test_tokenizer_id_reads_the_cached_tokenizer(hub):
+    if not METAGENE.is_dir():
+        pytest.skip(f"published files not found at {METAGENE}")
+    files = {n: (METAGENE / n).read_bytes() for n in ("tokenizer.json", "tokenizer_config.json",
+                                                       "special_tokens_map.json", "config.json")}
+    cache_repo(hub, "metagene-ai/METAGENE-1", COMMIT_A, files)
+    via_hub = load_tokenizer(f"metagene-ai/METAGENE-1@{COMMIT_A}")
+    local = load_tokenizer(str(METAGENE))
+    assert via_hub.sha256() == local.sha256()
+    seq = np.frombuffer(b"ACGTTGCAAGGCTTAACCGGTTAAACGTAGGCT", dtype=np.uint8)
+    bounds = np.array([0, len(seq)])
+    ids, _ = via_hub.encode_chunk(seq, bounds)
+    assert len(ids) > 0 and ids.tolist() == local.encode_chunk(seq, bounds)[0].tolist()
