@@ -24,7 +24,8 @@ def child(name: str, length: int, steps: int) -> dict:
     import torch
 
     from lcft.model import Llama, preset
-    from lcft.train.compile import compile_blocks
+    from lcft.parallel.activations import apply_activation_checkpointing
+    from lcft.parallel.compile import compile_blocks
     from lcft.train.precision import bench_dtype
     from lcft.train.step import LossModel
 
@@ -32,7 +33,7 @@ def child(name: str, length: int, steps: int) -> dict:
     models = [Llama(preset(name)) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     for m in models:
-        m.set_activation_checkpointing("block" if length > 4096 else "none")
+        apply_activation_checkpointing(m, "block" if length > 4096 else "none")
     compile_blocks(models[1], torch.device("cpu"))
     lms = [LossModel(m, 1e-4, 8192) for m in models]
     ids = torch.randint(4, 8, (1, length))  # (1, L)

@@ -55,6 +55,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     from lcft.kernels.spec import SparseSpec
     from lcft.model import AttentionConfig, Llama, preset
     from lcft.parallel import ContextParallelRunner, ParallelConfig, apply_context_parallel, init_parallel
+    from lcft.parallel.activations import apply_activation_checkpointing
     from lcft.parallel.comms import STATS
 
     cuda = args.device == "cuda"
@@ -70,7 +71,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     cfg.attention = AttentionConfig(backend="sparse", sparse=spec, impl="auto")
     torch.manual_seed(0)
     model = Llama(cfg).to(device)
-    model.set_activation_checkpointing("block")
+    apply_activation_checkpointing(model, "block")
     pcfg = ParallelConfig(cp=args.world, cp_layout=args.layout, cp_kv=args.kv)
     state = init_parallel(pcfg)
     apply_context_parallel(model, state, pcfg)

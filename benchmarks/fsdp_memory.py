@@ -61,9 +61,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     model = Llama(preset(args.preset))
     lm = LossModel(model, 1e-4, 8192)
     if fsdp:
-        from lcft.parallel.fsdp import apply_fsdp, shard_mesh
+        from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
 
-        apply_fsdp(lm, model.layers, shard_mesh("cpu"))
+        parallelize(model, init_parallel(ParallelConfig(), fsdp=True), ParallelizeConfig(), root=lm)
     opt = torch.optim.AdamW(lm.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size, (1, args.seq))  # (1, L)
     loss_sum, count, _ = lm(ids, ids)
@@ -94,15 +94,15 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
 
     from lcft.model import Llama, preset
     from lcft.model.io import write_model_folder
+    from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
     from lcft.parallel.dcp import save_state
-    from lcft.parallel.fsdp import apply_fsdp, shard_mesh
     from lcft.train.step import LossModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = Llama(preset(preset_name))
-    apply_fsdp(LossModel(model, 0.0, 8192), model.layers, shard_mesh("cpu"))
+    parallelize(model, init_parallel(ParallelConfig(), fsdp=True), ParallelizeConfig(), root=LossModel(model, 0.0, 8192))
     opt = torch.optim.AdamW(model.parameters())
     save_state(model, opt, ckpt)
     if rank == 0:

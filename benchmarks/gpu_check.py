@@ -87,13 +87,14 @@ def bench_train(length: int) -> dict:
 
     import lcft.model as lm
     from lcft.kernels import SparseSpec, chunked_cross_entropy
+    from lcft.parallel.activations import apply_activation_checkpointing
 
     cfg = lm.preset("1b")
     cfg.vocab_size = 16
     cfg.attention = lm.AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=128, top_k=16))
     torch.manual_seed(0)
     model = lm.Llama(cfg).cuda()
-    model.set_activation_checkpointing("block")
+    apply_activation_checkpointing(model, "block")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = torch.randint(4, 8, (1, length), device="cuda")
     labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100, device="cuda")], 1)

@@ -44,7 +44,7 @@ def build(impl: str, case: dict):
 
     import lcft.model as lm
     from lcft.kernels import chunked_cross_entropy
-    from lcft.model.llama import DEFAULT_SEQ_CHUNK
+    from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, apply_activation_checkpointing
 
     torch.manual_seed(0)
     n = case["length"]
@@ -64,7 +64,7 @@ def build(impl: str, case: dict):
         attention = lm.AttentionConfig(backend="sparse" if case["sparse"] else "dense")
         model = lm.Llama(lm.LlamaConfig(**shape, **ours_only, attention=attention))
         if case["checkpoint"]:
-            model.set_activation_checkpointing("block", seq_chunk=case["seq_chunk"] or DEFAULT_SEQ_CHUNK)
+            apply_activation_checkpointing(model, "block", seq_chunk=case["seq_chunk"] or DEFAULT_SEQ_CHUNK)
 
         def loss_fn():
             loss_sum, count = chunked_cross_entropy(model.hidden_states(ids), model.lm_head_weight, labels)
@@ -167,7 +167,7 @@ def main() -> int:
                     "process (it fails with an out-of-memory error instead of swapping a shared machine)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--seq-chunk", type=int, default=0, help="tokens per chunk of a block's token-wise work "
-                    "under block checkpointing (0 = lcft's default, lcft.model.DEFAULT_SEQ_CHUNK)")
+                    "under block checkpointing (0 = lcft's default, lcft.parallel.activations.DEFAULT_SEQ_CHUNK)")
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))))

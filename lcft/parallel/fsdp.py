@@ -1,5 +1,6 @@
-"""FSDP2 for a built model, applied from outside as torchtitan's parallelize: `fully_shard` on every decoder block
-and on the root module, over every rank of the dp x cp layout, and the global gradient norm across the shards.
+"""FSDP2 for a built model, applied from outside by lcft.parallel.parallelize: `fully_shard` on every decoder block
+and on the root module, over the layout mesh's flattened dp x cp dimension (every rank), and the global gradient
+norm across the shards.
 
 The cp ranks of one window hold the same weights, so sharding over the whole world (dp x cp flattened, as
 torchtitan's dp_shard x cp mesh) spreads parameters, gradients and optimizer state over all ranks. Every
@@ -14,18 +15,11 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from lcft.errors import LcftError
-
-
-def shard_mesh(device_type: str) -> DeviceMesh:
-    """A 1-D mesh of every rank of the default process group (dp x cp flattened)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise LcftError("--shard fsdp needs a process group (start with --nproc N, N > 1, or under torchrun)")
-    return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("shard",))
 
 
 def mixed_precision(bf16: bool) -> MixedPrecisionPolicy:

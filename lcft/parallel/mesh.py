@@ -1,22 +1,32 @@
-"""The dp x cp process layout: which ranks share a window (cp group) and which hold the same tokens (dp group)."""
+"""The dp x cp layout of a run: one DeviceMesh ("dp", "cp") whose cp groups split a window and whose flattened
+dp x cp dimension FSDP shards over."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lcft.launch import liveness
 from lcft.parallel.config import ParallelConfig
 from lcft.shapes import check_world
 
+MESH_DIMS = ("dp", "cp")
+"""Names of the mesh's dimensions, outer to inner: ranks dp_rank * cp + cp_rank."""
+SHARD_DIM = "dp_cp"
+"""The flattened dp x cp dimension FSDP shards parameters over (every rank holds one part)."""
+
 
 @dataclass(frozen=True)
 class ParallelState:
-    """Where this process sits in the dp x cp mesh (rank = dp_rank * cp + cp_rank) and its process groups."""
+    """The layout of a run: where this process sits in the dp x cp grid (rank = dp_rank * cp + cp_rank), the one
+    DeviceMesh ("dp", "cp") its context-parallel group and FSDP both come from, and whether parameters are
+    sharded over it. Built once per run (init_parallel); every component reads its degrees and ranks here."""
 
     world: int
     """Total number of processes."""
@@ -31,9 +41,11 @@ class ParallelState:
     dp_rank: int
     """Index of this rank's data-parallel replica: which window it reads."""
     cp_group: dist.ProcessGroup | None = None
-    """Process group of the cp ranks sharing this rank's window (None when cp == 1)."""
-    dp_group: dist.ProcessGroup | None = None
-    """Process group of the ranks with the same cp_rank across replicas (None when dp == 1)."""
+    """The mesh's "cp" group: the ranks sharing this rank's window (None when cp == 1)."""
+    mesh: DeviceMesh | None = None
+    """The ("dp", "cp") mesh of every rank (None in a single process)."""
+    fsdp: bool = False
+    """Parameters, gradients and optimizer state sharded over the flattened mesh (--shard fsdp)."""
 
     @property
     def cp_enabled(self) -> bool:
@@ -41,9 +53,20 @@ class ParallelState:
         return self.cp > 1
 
     @property
-    def cp_ranks(self) -> list[int]:
-        """Global ranks of this rank's cp group, in cp_rank order."""
-        return [self.dp_rank * self.cp + r for r in range(self.cp)]
+    def fsdp_enabled(self) -> bool:
+        """True when parameters are sharded: --shard fsdp with more than one process (one holds everything)."""
+        return self.fsdp and self.mesh is not None and self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes the run's shared files and talks to the user."""
+        return self.rank == 0
+
+    def shard_mesh(self) -> DeviceMesh:
+        """The 1-D flattened dp x cp view of the mesh that FSDP shards over (made by init_parallel)."""
+        if not self.fsdp_enabled:
+            raise ValueError("shard_mesh: this layout does not shard parameters")
+        return self.mesh[SHARD_DIM]
 
 
 def single_process_state() -> ParallelState:
@@ -65,29 +88,21 @@ def init_world(collective_timeout: float) -> bool:
     return True
 
 
-def init_parallel(cfg: ParallelConfig) -> ParallelState:
-    """Build the dp x cp layout on top of the default process group (already initialised by the launcher,
-    Accelerate or `torch.distributed.init_process_group`). Every rank must call it, in the same order,
-    because `new_group` is collective. Raises before any collective if the world does not split."""
+def init_parallel(cfg: ParallelConfig, fsdp: bool = False) -> ParallelState:
+    """Build the run's layout on top of the default process group (already initialised by the launcher,
+    Accelerate or `torch.distributed.init_process_group`): one DeviceMesh ("dp", "cp") over every rank, and
+    with `fsdp` its flattened dp x cp dimension. Every rank must call it, in the same order (making the mesh's
+    groups is collective). Raises before any collective if the world does not split."""
     if not (dist.is_available() and dist.is_initialized()):
         check_world(1, cfg.cp)
-        return single_process_state()
+        return dataclasses.replace(single_process_state(), fsdp=fsdp)
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = check_world(world, cfg.cp)
-    cp_rank, dp_rank = rank % cfg.cp, rank // cfg.cp
-    cp_group = dp_group = None
-    # new_group is collective over the whole world: every rank creates every group, keeping its own.
-    for d in range(dp):
-        ranks = [d * cfg.cp + r for r in range(cfg.cp)]
-        group = dist.new_group(ranks) if cfg.cp > 1 else None
-        if d == dp_rank:
-            cp_group = group
-    for c in range(cfg.cp):
-        ranks = [d * cfg.cp + c for d in range(dp)]
-        group = dist.new_group(ranks) if dp > 1 else None
-        if c == cp_rank:
-            dp_group = group
+    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"  # gloo: a CPU mesh
+    mesh = init_device_mesh(device_type, (dp, cfg.cp), mesh_dim_names=MESH_DIMS)
+    if fsdp:
+        mesh._flatten(SHARD_DIM)  # torchtitan's dp_shard x cp: the cp ranks of a window hold the same weights
     return ParallelState(
-        world=world, rank=rank, cp=cfg.cp, dp=dp, cp_rank=cp_rank, dp_rank=dp_rank,
-        cp_group=cp_group, dp_group=dp_group,
+        world=world, rank=rank, cp=cfg.cp, dp=dp, cp_rank=rank % cfg.cp, dp_rank=rank // cfg.cp,
+        cp_group=mesh.get_group("cp") if cfg.cp > 1 else None, mesh=mesh, fsdp=fsdp,
     )

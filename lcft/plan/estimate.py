@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lcft.model.config import LlamaConfig
-from lcft.model.llama import DEFAULT_SEQ_CHUNK
+from lcft.parallel.activations import DEFAULT_SEQ_CHUNK
 from lcft.parallel.cp_stream import DEFAULT_PIECES
 from lcft.train.memory import LONG_WINDOW
 

@@ -1,9 +1,9 @@
-"""`--shard fsdp` in the trainer: FSDP2 applied to the loss model from outside (lcft.parallel.fsdp), and its
+"""`--shard fsdp` in the trainer: the loss model after FSDP2 sharded it (lcft.parallel.parallelize), and its
 checkpoints written and read shard by shard through torch.distributed.checkpoint (lcft.parallel.dcp).
 
 Accelerate keeps launch, accumulation and trackers; it does not wrap a sharded model (it would put DDP
 around it), and its own FSDP2 path builds its mesh from its own parallelism config, which knows nothing of
-lcft's cp groups and ContextParallelCore, so fully_shard is applied here instead.
+lcft's cp groups and ContextParallelCore, so lcft applies fully_shard itself, over its own mesh.
 """
 
 from __future__ import annotations
@@ -20,20 +20,19 @@ from lcft.errors import LcftError
 from lcft.files import disk_full_error
 from lcft.model.io import write_model_folder
 from lcft.parallel.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
-from lcft.parallel.fsdp import apply_fsdp, clip_grad_norm, shard_mesh
+from lcft.parallel.fsdp import clip_grad_norm
+from lcft.parallel.mesh import ParallelState
 from lcft.runs import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.train.checkpoint import checkpoint_bytes, write_checkpoint
 
 
-def shard_for_training(loss_model: nn.Module, device: torch.device, precision: str, offload: bool,
-                       init: Path | None = None) -> None:
-    """fully_shard every block of `loss_model.model` and the loss model itself (in place), over all ranks.
-    bf16 on CUDA: FSDP2's mixed precision (bf16 compute, fp32 master weights and reduction); bf16 on CPU:
-    autocast around the forward, as Accelerate does unsharded. A model built on the meta device (a sharded
-    checkpoint to read) gets empty local shards, filled from `init` when given (else by the resume)."""
+def materialize_sharded(loss_model: nn.Module, device: torch.device, precision: str, offload: bool,
+                        init: Path | None = None) -> None:
+    """After lcft.parallel.parallelize sharded `loss_model` (in place): bf16 on CPU is autocast around the
+    forward, as Accelerate does unsharded (on CUDA FSDP2's mixed precision does it). A model built on the meta
+    device (a sharded checkpoint to read) gets empty local shards, filled from `init` when given (else by the
+    resume)."""
     cuda = device.type == "cuda"
-    apply_fsdp(loss_model, loss_model.model.layers, shard_mesh(device.type), bf16=precision == "bf16" and cuda,
-               offload=offload and cuda)
     if precision == "bf16" and not cuda:
         loss_model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(loss_model.forward)
     if any(p.is_meta for p in loss_model.parameters()):
@@ -42,17 +41,18 @@ def shard_for_training(loss_model: nn.Module, device: torch.device, precision: s
             load_state(loss_model.model, None, init, no_dist=False)
 
 
-def prepare(acc: Any, loss_model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> tuple[nn.Module, Any]:
-    """(model, optimizer) through Accelerate; under fsdp only the optimizer (it would wrap DDP around the
-    sharded model)."""
-    if fsdp:
+def prepare(acc: Any, loss_model: nn.Module, optimizer: torch.optim.Optimizer, layout: ParallelState
+            ) -> tuple[nn.Module, Any]:
+    """(model, optimizer) through Accelerate; when the layout shards, only the optimizer (it would wrap DDP
+    around the sharded model)."""
+    if layout.fsdp_enabled:
         return loss_model, acc.prepare(optimizer)
     return acc.prepare(loss_model, optimizer)
 
 
-def clip(acc: Any, model: nn.Module, max_norm: float, fsdp: bool) -> float:
-    """Clip to the global gradient norm and return it: over the shards under fsdp, else Accelerate's."""
-    if fsdp:
+def clip(acc: Any, model: nn.Module, max_norm: float, layout: ParallelState) -> float:
+    """Clip to the global gradient norm and return it: over the shards when the layout shards, else Accelerate's."""
+    if layout.fsdp_enabled:
         return clip_grad_norm(model.parameters(), max_norm, sharded=True)
     return float(acc.clip_grad_norm_(model.parameters(), max_norm))
 

@@ -27,9 +27,10 @@ from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.launch import JOBS, launch, launched
+from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
 from lcft.runs import latest_checkpoint, resolve_checkpoint
-from lcft.shapes import check_batch, check_length, check_world
+from lcft.shapes import check_batch, check_length
 from lcft.train.checkpoint import (
     TrainerState,
     checkpoint_bytes,
@@ -41,7 +42,6 @@ from lcft.train.checkpoint import (
     write_checkpoint,
     write_trainer_state,
 )
-from lcft.train.compile import compile_blocks
 from lcft.train.config import TrainConfig, absolute_paths
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
@@ -49,7 +49,7 @@ from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context, save_model
 from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
-from lcft.train.sharded import clip, prepare, restore_optimizer, save_sharded, shard_for_training
+from lcft.train.sharded import clip, materialize_sharded, prepare, restore_optimizer, save_sharded
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 from lcft.units import bits_per_base
 
@@ -124,17 +124,12 @@ class Trainer:
         self.cpu = not torch.cuda.is_available()
         init_world(cfg.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
         ps = PartialState(cpu=self.cpu)  # joins the torchrun process group (gloo on CPU) when launched
-        self.world, self.rank = ps.num_processes, ps.process_index
-        self.is_main = ps.is_main_process
-        self.dp_size, self.dp_rank = check_world(self.world, cfg.cp), self.rank // cfg.cp
-        self.cp_runner = None  # context parallelism: this rank's shard of each sequence (lcft.parallel)
-        if cfg.cp > 1:
-            from lcft.parallel import ParallelConfig, init_parallel
-
-            self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
-            self.pstate = init_parallel(self.pcfg)  # collective: the dp x cp process groups
-        self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.dp_size)
-        self.fsdp = cfg.shard == "fsdp" and self.world > 1  # one process: nothing to shard
+        self.device = ps.device
+        # collective: the ("dp", "cp") mesh every rank and FSDP share; one process: nothing to shard
+        self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
+        self.layout = init_parallel(self.pcfg, fsdp=cfg.shard == "fsdp")
+        self.world, self.rank, self.is_main = self.layout.world, self.layout.rank, self.layout.is_main
+        self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.layout.dp)
         self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
         if warning:
             self._note(warning)
@@ -145,24 +140,25 @@ class Trainer:
                 raise LcftError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
 
     def _setup_model(self, tokenizer: dict[str, Any], window: int) -> None:
-        """The model to train (resumed, --init or fresh), checked against the data, wrapped for context
-        parallelism and activation checkpointing."""
+        """The model to train (resumed, --init or fresh), checked against the data, and its loss model, with
+        context parallelism, activation checkpointing, compile and FSDP applied (lcft.parallel.parallelize)."""
         cfg = self.cfg
         init = resolve_checkpoint(cfg.init) if cfg.init else None  # a run folder means its latest checkpoint
         self.source = self.resume_from or init
-        self.model = build_model(cfg, tokenizer, self.source, materialize=not self.fsdp, note=self._note)
+        self.model = build_model(cfg, tokenizer, self.source, materialize=not self.layout.fsdp_enabled,
+                                 note=self._note)
         self._check_lengths(window)
-        if cfg.cp > 1:
-            from lcft.parallel import ContextParallelRunner, apply_context_parallel
-
-            apply_context_parallel(self.model, self.pstate, self.pcfg)  # swaps each block's attention core
-            self.cp_runner = ContextParallelRunner(self.pstate, self.pcfg, self.model.config.attention.sparse.block_size)
-        self.model.set_activation_checkpointing(cfg.checkpointing, cfg.offload_activations)
-        if cfg.compile:  # last: it compiles around the core a block holds now (CP swap included)
-            compile_blocks(self.model, torch.device("cpu" if self.cpu else "cuda"))
+        self.loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
+        pcfg = ParallelizeConfig(self.pcfg, cfg.checkpointing, cfg.offload_activations,
+                                 compile=cfg.compile, device=self.device, bf16_params=self.precision == "bf16",
+                                 offload_params=cfg.offload_params)
+        self.cp_runner = parallelize(self.model, self.layout, pcfg, root=self.loss_model)
+        if self.layout.fsdp_enabled:  # a sharded --init is read shard by shard here, a resumed checkpoint in _restore
+            materialize_sharded(self.loss_model, self.device, self.precision, cfg.offload_params,
+                                None if self.resume_from else self.source)
         return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
         expandable_cuda_segments(self.seq_len)  # and CUDA's allocator grows segments in place
-        check_model_kernels_fit(self.model.config, torch.device("cpu" if self.cpu else "cuda"),
+        check_model_kernels_fit(self.model.config, self.device,
                                 self.precision)  # a tile too big for this GPU fails here, not mid-step
 
     def _setup_optimizer(self) -> None:
@@ -174,13 +170,9 @@ class Trainer:
             log_with="tensorboard" if cfg.tensorboard else None,
             project_dir=str(self.run_dir / "tensorboard") if cfg.tensorboard else None,
         )
-        loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
-        if self.fsdp:  # a sharded --init is read shard by shard here, a resumed checkpoint in _restore
-            shard_for_training(loss_model, self.acc.device, self.precision, cfg.offload_params,
-                               None if self.resume_from else self.source)
-        optimizer = make_optimizer(loss_model, cfg)
+        optimizer = make_optimizer(self.loss_model, cfg)
         self.scheduler = make_scheduler(optimizer, cfg)
-        self.lm, self.opt = prepare(self.acc, loss_model, optimizer, self.fsdp)
+        self.lm, self.opt = prepare(self.acc, self.loss_model, optimizer, self.layout)
 
     def _restore(self) -> None:
         """Trainer state, optimizer, schedule and RNGs of the checkpoint resumed from (a fresh state otherwise)."""
@@ -188,7 +180,7 @@ class Trainer:
         if self.resume_from is not None:
             built = optimizer_options(self.opt)
             self.state, optim, sched, rng = read_trainer_state(self.resume_from)
-            restore_optimizer(self.model, self.opt, self.resume_from, optim, self.fsdp)
+            restore_optimizer(self.model, self.opt, self.resume_from, optim, self.layout.fsdp_enabled)
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)
             reapply_options(self.opt, self.scheduler, built)  # changed options apply from the next step
@@ -301,7 +293,7 @@ class Trainer:
         if self.hooks.before_step:
             self.hooks.before_step(step)
         t0 = time.perf_counter()
-        groups = step_indices(st.samples_seen, cfg.global_batch, cfg.micro_batch, self.dp_rank, self.dp_size)
+        groups = step_indices(st.samples_seen, cfg.global_batch, cfg.micro_batch, self.layout.dp_rank, self.layout.dp)
         ids = [[self.samples.sample_id(g) for g in micro] for micro in groups]
         batches = [self.samples.batch(m) for m in ids]
         # Normaliser of the whole global batch, known before any forward: every counted token weighs the same
@@ -322,7 +314,7 @@ class Trainer:
         objective = loss_sum / max(count, 1.0)
         loss = (loss_sum - cfg.z_loss * z_sum) / max(count, 1.0)  # cross-entropy alone (nats per token)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        grad_norm = clip(self.acc, self.lm, max_norm, self.fsdp)  # fsdp: the global norm over the shards
+        grad_norm = clip(self.acc, self.lm, max_norm, self.layout)  # fsdp: the global norm over the shards
         lr = self.opt.param_groups[0]["lr"]
         verdict = "empty" if count == 0 else self.guard.check(objective, grad_norm)
         if verdict == "ok":
@@ -356,10 +348,10 @@ class Trainer:
 
         def write_rest(tmp: Path) -> None:
             save_resolved(tmp / "config.toml", to_dict(self.cfg))
-            optim = None if self.fsdp else self.opt.state_dict()  # fsdp: sharded in dcp/
+            optim = None if self.layout.fsdp_enabled else self.opt.state_dict()  # fsdp: sharded in dcp/
             write_trainer_state(tmp, st, optim, self.scheduler.state_dict())
 
-        if self.fsdp:
+        if self.layout.fsdp_enabled:
             path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
                                 self.hooks.during_save, self.samples.windows)
         elif self.is_main:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import lcft.model as lm
 from lcft.model.attention import DenseCore
+from lcft.parallel.activations import apply_activation_checkpointing
 from lcft.train.checkpoint import rng_state, set_rng_state
 from lcft.train.memory import expandable_cuda_segments
 from lcft.train.metrics import peak_memory_bytes
@@ -34,7 +35,7 @@ def test_offloaded_block_inputs_pinned_on_cuda_give_the_same_gradients():
     for offload in (False, True):
         torch.manual_seed(0)
         model = lm.Llama(cfg).cuda()
-        model.set_activation_checkpointing("none", offload=offload)  # offload: save_on_cpu(pin_memory=True)
+        apply_activation_checkpointing(model, "none", offload=offload)  # offload: save_on_cpu(pin_memory=True)
         model(ids).float().pow(2).mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)

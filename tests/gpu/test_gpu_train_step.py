@@ -7,6 +7,7 @@ import torch
 
 import lcft.model as lm
 from lcft.kernels import SparseSpec, chunked_cross_entropy
+from lcft.parallel.activations import apply_activation_checkpointing
 
 pytestmark = pytest.mark.gpu
 
@@ -18,7 +19,7 @@ def _step(device: str, impl: str) -> tuple[float, dict[str, torch.Tensor]]:
                          num_attention_heads=8, num_key_value_heads=2, rope_theta=1e6,
                          attention=lm.AttentionConfig(backend="sparse", impl=impl, sparse=spec))
     model = lm.Llama(cfg).to(device)
-    model.set_activation_checkpointing("block")
+    apply_activation_checkpointing(model, "block")
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(4, 8, (1, 4096), generator=gen).to(device)
     labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100, device=device)], 1)

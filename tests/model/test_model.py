@@ -13,6 +13,7 @@ from lcft.kernels import chunked_cross_entropy
 from lcft.kernels.spec import SparseSpec
 from lcft.model import PRESETS, AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.attention import DenseCore, SparseCore
+from lcft.parallel.activations import apply_activation_checkpointing
 
 
 def cfg(**kw) -> LlamaConfig:
@@ -158,7 +159,7 @@ def test_checkpointing_and_offload_change_no_number(mode, offload):
     ids = torch.randint(0, 16, (2, 80))
     labels = torch.randint(0, 16, (2, 80))
     ref_loss, ref_grads = loss_and_grads(m, ids, labels)
-    m.set_activation_checkpointing(mode, offload=offload)
+    apply_activation_checkpointing(m, mode, offload=offload)
     loss, grads = loss_and_grads(m, ids, labels)
     assert (m.checkpointing, m.offload) == (mode, offload)
     assert (loss - ref_loss).abs().item() <= 1e-6
@@ -183,10 +184,10 @@ def test_block_checkpointing_keeps_only_block_inputs():
         return total[0]
 
     plain = saved_bytes()
-    m.set_activation_checkpointing("block")
+    apply_activation_checkpointing(m, "block")
     assert saved_bytes() < plain / 3
     with pytest.raises(LcftError):
-        m.set_activation_checkpointing("layer")
+        apply_activation_checkpointing(m, "layer")
 
 
 def test_sparse_backend_equals_dense_when_every_block_fits_the_budget():

@@ -13,6 +13,7 @@ from lcft.errors import LcftError
 from lcft.kernels import chunked_cross_entropy
 from lcft.model import Llama, LlamaConfig
 from lcft.model.config import AttentionConfig
+from lcft.parallel.activations import apply_activation_checkpointing
 from tests.parallel.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -62,7 +63,7 @@ def cp_steps(rank: int, world: int, cases: list[tuple], batch: dict[str, torch.T
         pcfg = ParallelConfig(cp=world, cp_layout=layout, cp_kv=kv)
         state = init_parallel(pcfg)
         model = apply_context_parallel(family_model(family, backend), state, pcfg)
-        model.set_activation_checkpointing(checkpointing, seq_chunk=32)
+        apply_activation_checkpointing(model, checkpointing, seq_chunk=32)
         runner = ContextParallelRunner(state, pcfg, 16)
         ddp = DistributedDataParallel(WindowLoss(model, runner))  # held: its reducer syncs in backward
         loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
@@ -102,6 +103,6 @@ def test_context_parallel_refuses_a_dense_sliding_window():
 
     model = Llama(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
                               num_key_value_heads=2, model_type="mistral", sliding_window=64))
-    state = ParallelState(world=2, rank=0, cp=2, dp=1, cp_rank=0, dp_rank=0, cp_group=None, dp_group=None)
+    state = ParallelState(world=2, rank=0, cp=2, dp=1, cp_rank=0, dp_rank=0, cp_group=None)
     with pytest.raises(LcftError, match="sliding_window"):
         apply_context_parallel(model, state, ParallelConfig(cp=2))

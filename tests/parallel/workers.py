@@ -8,6 +8,7 @@ import torch
 
 from lcft.model.config import AttentionConfig
 from lcft.parallel import ContextParallelCore, ParallelConfig, ShardLayout, comms, init_parallel
+from lcft.parallel.activations import apply_activation_checkpointing
 
 
 def attention_cases(rank: int, world: int, cases: list[dict], full: dict[str, torch.Tensor],
@@ -68,7 +69,7 @@ def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], b
         pcfg = ParallelConfig(cp=world, cp_layout=layout, cp_kv=kv)
         state = init_parallel(pcfg)
         model = apply_context_parallel(tiny_model(backend), state, pcfg)
-        model.set_activation_checkpointing(checkpointing)  # 'block' re-runs the collectives in backward
+        apply_activation_checkpointing(model, checkpointing)  # 'block' re-runs the collectives in backward
         runner = ContextParallelRunner(state, pcfg, model.config.attention.sparse.block_size)
         ddp = DistributedDataParallel(WindowLoss(model, runner))
         loss_bw, loss = ddp(batch["input_ids"], batch["labels"])

@@ -13,8 +13,9 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.model import Llama
+from lcft.parallel.activations import apply_activation_checkpointing
+from lcft.parallel.compile import compile_blocks
 from lcft.parallel.dcp import read_model
-from lcft.train.compile import compile_blocks
 from lcft.train.config import TrainConfig
 from lcft.train.step import LossModel
 from lcft.train.trainer import train
@@ -65,14 +66,14 @@ def test_compiled_run_equals_eager_on_two_ranks(base_cfg: dict[str, Any], tmp_pa
 
 @pytest.mark.slow
 def test_compiled_seq_chunk_gradients_equal_eager() -> None:
-    """Block checkpointing with seq_chunk (the chunked path through Block._qkv/_tail) plus a last shorter chunk:
+    """Block checkpointing with seq_chunk (the chunked path through Block.qkv/tail) plus a last shorter chunk:
     loss and every gradient as eager's."""
     torch.manual_seed(0)
     eager = Llama(small_model_config())
     compiled = Llama(small_model_config())
     compiled.load_state_dict(eager.state_dict())
     for m in (eager, compiled):
-        m.set_activation_checkpointing("block", seq_chunk=192)
+        apply_activation_checkpointing(m, "block", seq_chunk=192)
     assert compile_blocks(compiled, torch.device("cpu")) == 2
     ids = torch.randint(4, 8, (1, 512))  # (1, L): chunks of 192, 192 and 128 tokens
     grads = []

@@ -3,9 +3,10 @@
 Compiled per block: the attention norm, the fused q/k/v projection with RoPE (`attn.qkv`), the output
 projection (`attn.out_proj`), the MLP norm and the MLP. The attention core stays eager, so whatever core a block
 holds (dense SDPA, the sparse kernels, the context-parallel core with its collectives) runs as it is, and the
-compiled regions are the same whether a block runs whole or seq_chunk tokens at a time (`Block._qkv` and
-`Block._tail` call these same pieces). Parameters, their names and checkpoints do not change. Activation
-checkpointing recomputes through the compiled regions; FSDP2's per-block hooks sit around them.
+compiled regions are the same whether a block runs whole or seq_chunk tokens at a time (`Block.qkv` and
+`Block.tail`, which lcft.parallel.activations runs per chunk, call these same pieces). Parameters, their names
+and checkpoints do not change. Activation checkpointing recomputes through the compiled regions; FSDP2's
+per-block hooks sit around them.
 
 Every block runs the same code on same-shaped weights, so one graph per region serves all blocks (nn.Module
 inlining makes parameters graph inputs instead of guarded constants); `dynamic=False` keeps the graphs static:
@@ -41,7 +42,8 @@ def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def compile_blocks(model: nn.Module, device: torch.device) -> int:
     """Compile the token-wise regions of every block of an lcft Llama in place for `device`; returns the number
-    of blocks. Apply it last (after the context-parallel core swap and activation checkpointing settings)."""
+    of blocks. lcft.parallel.parallelize applies it after the context-parallel core swap and activation
+    checkpointing, before FSDP."""
     check_compiler(device)
     layers = getattr(model, "layers", None)
     if layers is None:

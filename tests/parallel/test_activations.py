@@ -10,7 +10,7 @@ from lcft.errors import LcftError
 from lcft.kernels import chunked_cross_entropy
 from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig
-from lcft.model.llama import DEFAULT_SEQ_CHUNK
+from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, apply_activation_checkpointing
 from tests.probes import LargestTensor
 
 SPARSE = AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=16, top_k=2, local_blocks=1, sink_blocks=1),
@@ -45,7 +45,7 @@ def test_chunked_block_equals_plain_model(attention, seq_chunk, offload):
     ref_loss, ref_grads = loss_and_grads(m, ids, labels)
     with torch.no_grad():
         ref_logits = m(ids)
-    m.set_activation_checkpointing("block", offload=offload, seq_chunk=seq_chunk)
+    apply_activation_checkpointing(m, "block", offload=offload, seq_chunk=seq_chunk)
     assert m.seq_chunk == seq_chunk
     loss, grads = loss_and_grads(m, ids, labels)
     assert (loss - ref_loss).abs().item() <= 1e-6
@@ -67,19 +67,19 @@ def test_chunking_keeps_mlp_intermediates_chunk_sized():
     intermediate, n = 512, 256
     m = model(intermediate=intermediate, attention=SPARSE)  # the dense core's (L, L) scores would dominate
     ids = torch.randint(0, 16, (1, n))
-    m.set_activation_checkpointing("block", seq_chunk=0)
+    apply_activation_checkpointing(m, "block", seq_chunk=0)
     assert largest_tensor(m, ids) >= n * 2 * intermediate
-    m.set_activation_checkpointing("block", seq_chunk=32)
+    apply_activation_checkpointing(m, "block", seq_chunk=32)
     # a chunk's gate/up, an (L, hidden) activation or the fused (2I, hidden) weight, all 4x below (L, 2I)
     assert largest_tensor(m, ids) <= max(32 * 2 * intermediate, n * 64, 2 * intermediate * 64)
 
 
 def test_seq_chunk_is_validated_and_only_applies_to_block_mode():
     m = model()
-    m.set_activation_checkpointing("block")
+    apply_activation_checkpointing(m, "block")
     assert m.seq_chunk == DEFAULT_SEQ_CHUNK
-    m.set_activation_checkpointing("none", seq_chunk=16)
+    apply_activation_checkpointing(m, "none", seq_chunk=16)
     assert m.seq_chunk == 0
     for bad in (-1, 1.5, True):
         with pytest.raises(LcftError, match="seq_chunk"):
-            m.set_activation_checkpointing("block", seq_chunk=bad)
+            apply_activation_checkpointing(m, "block", seq_chunk=bad)
