@@ -155,14 +155,6 @@ def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
                 folder.rmdir()  # only succeeds when empty
 
 
-def tree_size(path: str | os.PathLike) -> int:
-    """Bytes of the files under a folder (or of one file); 0 when missing."""
-    p = Path(path)
-    if p.is_file():
-        return p.stat().st_size
-    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
-
-
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 

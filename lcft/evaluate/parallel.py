@@ -17,11 +17,10 @@ from torch import nn
 
 from lcft.errors import LcftError
 from lcft.launch import launched
-from lcft.parallel import comms
-from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
+from lcft.parallel.apply import ContextParallelRunner
 from lcft.parallel.config import ParallelConfig
 from lcft.parallel.mesh import init_parallel, init_world
-from lcft.parallel.sharding import check_length
+from lcft.parallel.parallelize import ParallelizeConfig, parallelize
 
 
 class EvalParallel:
@@ -29,41 +28,35 @@ class EvalParallel:
 
     def __init__(self, cfg: ParallelConfig, device: torch.device) -> None:
         init_world(cfg.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
-        self.cfg = cfg
+        self.cfg, self.device = cfg, device
         self.state = init_parallel(cfg)  # clear error when the world does not split into cp groups
-        self.is_main = self.state.rank == 0
+        self.is_main = self.state.is_main
 
     def check(self, window: int, block_size: int, max_contexts: list[int]) -> None:
         """Every sequence the model will see (the window, or its --max-context pieces) must split over cp."""
         if self.state.cp == 1:
             return
+        runner = ContextParallelRunner(self.state, self.cfg, block_size)
         for ctx in {c for c in max_contexts if c} | {window}:
             if window % ctx:
                 raise LcftError(f"--max-context {ctx} does not divide the window ({window}) under --cp "
                                 f"{self.state.cp}: every piece must split over the cp ranks")
-            check_length(ctx, self.state.cp, block_size)
+            runner.check(ctx)
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """Swap the model's attention cores for context-parallel ones (no-op for cp=1)."""
-        apply_context_parallel(model, self.state, self.cfg)
-        self.runner = ContextParallelRunner(self.state, self.cfg, model.config.attention.sparse.block_size)
+        """The training run's parallelize step on the model (for eval only its context-parallel core swap, a
+        no-op for cp=1) and its runner."""
+        self.runner = parallelize(model, self.state, ParallelizeConfig(self.cfg, device=self.device))
         return model
 
-    def piece_losses(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor
-                     ) -> torch.Tensor:
-        """Per-token loss (N, C) fp32 of full sequences x (N, C) with labels y and positions pos (C,):
-        each cp rank runs its shard, then the shards are all-gathered back into sequence order."""
+    def piece_losses(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per-token loss (N, C) fp32 of full sequences x (N, C) at positions 0..C-1 with labels y: each cp rank
+        runs its shard (the runner's, as in training), then the shards are gathered back into sequence order."""
         from lcft.kernels import per_token_loss
 
-        c, r = x.shape[1], self.state.cp_rank
-        layout = self.runner.layout(c)
-        local_pos = layout.shard(pos.view(1, -1), r)[0]  # (C/cp,) positions of this rank's tokens
-        hidden = model.hidden_states(layout.shard(x, r), position_ids=local_pos, rope_seq_len=c)  # (N, C/cp, H)
-        loss = per_token_loss(hidden, model.lm_head_weight, layout.shard(y, r)).float()  # (N, C/cp)
-        if self.state.cp == 1:
-            return loss
-        parts = comms.all_gather_nograd(loss.contiguous(), self.state.cp_group, tag="eval")  # (cp, N, C/cp)
-        return layout.unshard(list(parts), dim=1)  # (N, C)
+        hidden, _ = self.runner.hidden_states(model, x)  # (N, C/cp, H)
+        loss = per_token_loss(hidden, model.lm_head_weight, self.runner.local(y)).float()  # (N, C/cp)
+        return self.runner.gather(loss)  # (N, C)
 
     def batches(self, n_windows: int, batch_size: int) -> Iterator[list[int]]:
         """This dp group's batch of each round (round i: batch i*dp + dp_rank); every group runs the same

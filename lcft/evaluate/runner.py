@@ -82,7 +82,7 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
             y = torch.cat([labels[:, s:s + size] for s in starts])  # (B * n, C)
             pos = torch.arange(size, device=device)  # (C,) every piece starts at position 0
             if parallel is not None:  # context parallel: each cp rank runs its shard, losses gathered back
-                loss = parallel.piece_losses(model, x, y, pos)  # (B * n, C)
+                loss = parallel.piece_losses(model, x, y)  # (B * n, C), positions 0..C-1 as below
             else:
                 hidden = model.hidden_states(x, position_ids=pos)  # (B * n, C, H)
                 loss = per_token_loss(hidden, model.lm_head_weight, y).float()  # (B * n, C)

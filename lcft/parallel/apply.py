@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lcft.errors import LcftError
-from lcft.parallel.comms import cp_window_loss
+from lcft.parallel.comms import all_gather_nograd, cp_window_loss
 from lcft.parallel.config import ParallelConfig
 from lcft.parallel.cp_attention import ContextParallelCore
 from lcft.parallel.mesh import ParallelState
@@ -52,8 +52,9 @@ def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: Parallel
 
 
 class ContextParallelRunner:
-    """This rank's view of a window under cp: shards batches, runs the model with global positions, and
-    turns the rank's loss share into the window loss (see comms.cp_window_loss for the gradient scaling)."""
+    """This rank's view of a window under cp, the same for train and eval (lcft.parallel.parallelize returns
+    it): shards batches, runs the model with global positions, gathers per-token results back, and turns the
+    rank's loss share into the window loss (see comms.cp_window_loss for the gradient scaling)."""
 
     def __init__(self, state: ParallelState, cfg: ParallelConfig, block_size: int) -> None:
         self.state, self.cfg, self.block = state, cfg, int(block_size)
@@ -88,6 +89,20 @@ class ContextParallelRunner:
         # Dynamic RoPE scaling depends on the whole window's length, not the shard's.
         h = model.hidden_states(local["input_ids"], position_ids=pos, rope_seq_len=input_ids.shape[1])
         return h, pos
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a full-window tensor (B, L, ...) -> (B, L/cp, ...); cp == 1: x itself."""
+        if self.state.cp == 1:
+            return x
+        return self.layout(x.shape[1]).shard(x, self.state.cp_rank, dim=1)
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Inverse of `local` over the cp group (all-gather, no gradient): every rank's (B, L/cp, ...) part back
+        as the whole window (B, L, ...) in window order, on every rank; cp == 1: local itself."""
+        if self.state.cp == 1:
+            return local
+        parts = all_gather_nograd(local.contiguous(), self.state.cp_group, tag="window")  # (cp, B, L/cp, ...)
+        return self.layout(local.shape[1] * self.state.cp).unshard(list(parts), dim=1)
 
     def window_loss(self, loss_sum: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate, the window's loss for reporting) from this rank's summed loss and count."""

@@ -57,10 +57,6 @@ class ShardLayout:
         """Global chunk ids held by `cp_rank`, in local order."""
         return rank_chunks(cp_rank, self.cp, self.layout)
 
-    def chunk_order(self) -> list[int]:
-        """Global chunk ids in the order an all-gather of every rank's local tokens lays them out."""
-        return [c for r in range(self.cp) for c in self.chunks(r)]
-
     def owner(self, chunk: int) -> tuple[int, int]:
         """(cp_rank, local slot 0|1) holding global chunk `chunk`."""
         for r in range(self.cp):

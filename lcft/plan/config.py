@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.config import ConfigError, resolve
+from lcft.config import ConfigError
 from lcft.train.config import TrainConfig
 
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
@@ -53,7 +53,3 @@ class PlanConfig(TrainConfig):
     def world(self) -> int:
         return self.nnodes * (self.gpus_per_node or self.nproc)
 
-
-def resolve_plan(config_file: str | None = None, flags: dict | None = None) -> PlanConfig:
-    """defaults < TOML file (flat, or a [plan] table) < flags."""
-    return resolve(PlanConfig, config_file, flags, where="plan config", table="plan")

@@ -1,0 +1,74 @@
+"""`parallelize` against the plain single-process model (the oracle): activation checkpointing with sequence
+chunks and offload on one process, and FSDP2 over 2 gloo ranks around checkpointed, chunked blocks (FSDP's hooks
+outermost, the recompute inside them): the same loss and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from lcft.model import Llama, LlamaConfig
+from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize, single_process_state
+from lcft.train.step import LossModel
+from tests.parallel.harness import run_ranks
+
+TOL = 1e-5
+
+
+def _model() -> Llama:
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(vocab_size=16, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0))
+
+
+def _loss_and_grads(m: Llama, ids: torch.Tensor, root: nn.Module | None = None
+                    ) -> tuple[float, dict[str, torch.Tensor]]:
+    """Mean token loss of predicting ids shifted by one, through the train step's loss model (FSDP's root)."""
+    loss, count, _ = (root or LossModel(m, 0.0, 37))(ids, ids.roll(-1, 1))
+    (loss / count).backward()
+    grads = {}
+    for n, p in m.named_parameters():
+        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad  # FSDP: gather the shards
+        grads[n] = g.detach().clone()
+    return float((loss / count).detach()), grads
+
+
+def _batch() -> torch.Tensor:
+    return torch.randint(0, 16, (2, 80), generator=torch.Generator().manual_seed(1))  # (B, L)
+
+
+def _max_diffs(loss: float, grads: dict, ref_loss: float, ref: dict) -> tuple[float, float]:
+    assert grads.keys() == ref.keys()  # parameter names unchanged: checkpoints load either way
+    return abs(loss - ref_loss), max((grads[n] - ref[n]).abs().max().item() for n in ref)
+
+
+def test_checkpointing_chunks_and_offload_equal_the_plain_model():
+    ref_loss, ref = _loss_and_grads(_model(), _batch())
+    m = _model()
+    cfg = ParallelizeConfig(checkpointing="block", offload_activations=True, seq_chunk=24)  # 80 = 3 chunks + 8
+    runner = parallelize(m, single_process_state(), cfg)
+    assert (m.checkpointing, m.offload, m.seq_chunk) == ("block", True, 24)
+    local, pos = runner.shard({"input_ids": _batch()})
+    assert pos is None and torch.equal(local["input_ids"], _batch())  # one process: the plain window
+    loss_diff, grad_diff = _max_diffs(*_loss_and_grads(m, _batch()), ref_loss, ref)
+    assert loss_diff <= 1e-6 and grad_diff <= 1e-6
+
+
+def _fsdp_rank(rank: int, world: int) -> tuple[float, float, bool]:
+    ref_loss, ref = _loss_and_grads(_model(), _batch())  # the oracle, on this process
+    m = _model()
+    root = LossModel(m, 0.0, 37)
+    layout = init_parallel(ParallelConfig(), fsdp=True)
+    parallelize(m, layout, ParallelizeConfig(checkpointing="block", seq_chunk=24), root=root)
+    sharded = all(isinstance(p, DTensor) for p in m.parameters())
+    # every rank reads the same batch, so the ranks' mean gradient FSDP reduces is the one-process gradient
+    return (*_max_diffs(*_loss_and_grads(m, _batch(), root), ref_loss, ref), sharded)
+
+
+@pytest.mark.distributed
+def test_fsdp_around_checkpointed_chunked_blocks_equals_one_process():
+    for loss_diff, grad_diff, sharded in run_ranks(_fsdp_rank, 2):
+        assert sharded
+        assert loss_diff <= TOL and grad_diff <= TOL
