@@ -61,7 +61,7 @@ class KmerTokenizer(SeqTokenizer):
                 self._kmer[int("".join(str("ACGT".index(c)) for c in t), 4)] = i
         self._single = np.full(256, fill, dtype=np.int64)  # letter -> id of the single-letter token
         for t, i in index.items():
-            if len(t) == 1:
+            if len(t) == 1 and ord(t) < 256:  # (a letter outside Latin-1 never occurs in a FASTA read)
                 self._single[ord(t)] = i
         self.tail_single = k == 1 or all(b in index for b in "ACGT")
         self.json_text = self._to_json()
@@ -88,9 +88,11 @@ class KmerTokenizer(SeqTokenizer):
         for j in range(k):
             code = (code << 2) | DIGIT[whole[:, j]]
         ids = self._kmer[code]  # (m,)
-        other = np.flatnonzero(~acgt_mask(whole).all(axis=1))  # (n_other,) K-mers holding another letter
+        fill = -1 if self.unk_id is None else self.unk_id
+        all_n = (whole == ord("N")).all(axis=1)  # (m,) inside an N run: one look-up for all of them
+        ids[all_n] = self.index.get("N" * k, fill)
+        other = np.flatnonzero(~acgt_mask(whole).all(axis=1) & ~all_n)  # (n_other,) K-mers holding another letter
         if other.size:
-            fill = -1 if self.unk_id is None else self.unk_id
             texts = whole[other].tobytes().decode("latin-1")
             ids[other] = [self.index.get(texts[j : j + k], fill) for j in range(0, other.size * k, k)]
         return ids

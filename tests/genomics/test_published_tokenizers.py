@@ -96,8 +96,9 @@ def test_generator_token_id_vocab_windows_follow_its_rule(genome, genomes_dir, t
     assert load_tokenizer(f"kmer:6:{folder / 'vocab.txt'}").sha256() == tok.sha256()  # both ways of naming it
 
 
-def test_metagene_windows_equal_its_published_tokenizer(genomes_dir, tmp_path):
-    name, chrom = CHR22
+@pytest.mark.parametrize("genome", [CHR22, CHR2])
+def test_metagene_windows_equal_its_published_tokenizer(genome, genomes_dir, tmp_path):
+    name, chrom = genome
     seq = bio_records(genomes_dir / name)[chrom]
     out = tmp_path / "out"
     prepare_windows(fasta=str(genomes_dir / name), out=str(out), length=1024, stride=8192, train=(chrom,), eval=(),
