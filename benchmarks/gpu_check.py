@@ -1,8 +1,9 @@
-"""One-GPU check: `pytest -m gpu`, then Triton sparse vs dense flash attention and 1b-preset training steps.
+"""One-GPU check: `pytest -m gpu`, Triton sparse vs flash attention, 1b-preset steps, 1M tokens as `lcft plan` lays them.
 
-Writes <out>/gpu-check.json and <out>/gpu-check.md; exits 1 on any failed test or numeric mismatch, 0 otherwise.
+Prints one markdown table (also <out>/gpu-check.md; the numbers in <out>/gpu-check.json). Exits 1 on a failed GPU
+test or a non-finite benchmark output, 0 otherwise (a missed target shows in the table, not in the exit code).
 Without CUDA it says so and exits 2 (nothing measured). Run by `make gpu-check` (benchmarks/gpu_check.sh), which
-installs CUDA torch and triton into .venv-gpu first.
+installs lcft into .venv-gpu over the GPU's own torch first. Quick by default; --full runs the long sizes.
 """
 
 from __future__ import annotations
@@ -12,26 +13,40 @@ import json
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 K = 1024
+GIB = 2**30
 # Dense bf16 tensor-core peak, FLOP/s, by device-name fragment (MFU denominator).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
+# What the table is read against (README, GPU).
+TARGET_SPARSE_VS_FLASH = 0.5  # at the longest quick length, 128K
+TARGET_MFU = 0.35  # 1b preset at 128K
+PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
+FLOPS_PER_PAIR = 10  # x head_dim x heads: attention forward + backward per (query, key) pair (attention_gpu.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "gpu-check-out", help="folder of the JSON and markdown")
-    ap.add_argument("--quick", action="store_true", help="32K attention and a 128K step only")
+    ap.add_argument("--quick", action="store_true", help="the default sizes (under 8 minutes on one H100/H200)")
+    ap.add_argument("--full", action="store_true", help="also 512K and 1M attention and a timed 1M step")
     ap.add_argument("--skip-tests", action="store_true", help="benchmarks only")
-    ap.add_argument("--attention", default="32K,128K,512K,1M", help="attention benchmark lengths")
-    ap.add_argument("--train", default="128K,1M", help="1b-preset training-step lengths")
+    ap.add_argument("--attention", default=None, help="attention lengths (default 32K,128K; --full 32K-1M)")
+    ap.add_argument("--train", default=None, help="timed 1b-step lengths (default 128K; --full 128K,1M)")
+    ap.add_argument("--plan-length", default="1M", help="length laid out by `lcft plan` for one GPU ('' = skip)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repeats per attention case")
     ap.add_argument("--dense-max", default="512K", help="longest length dense attention is timed at (budget)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.quick and args.full:
+        ap.error("--quick and --full exclude each other")
+    args.attention = args.attention or ("32K,128K,512K,1M" if args.full else "32K,128K")
+    args.train = args.train or ("128K,1M" if args.full else "128K")
+    return args
 
 
 def lengths(text: str) -> list[int]:
@@ -40,20 +55,56 @@ def lengths(text: str) -> list[int]:
     return [int(t[:-1]) * mult[t[-1].upper()] if t[-1].upper() in mult else int(t) for t in text.split(",") if t]
 
 
-def run_tests() -> dict:
-    """`pytest -m gpu tests/gpu` in a subprocess: pass/fail and the summary line."""
+def run_tests(out: Path) -> dict:
+    """`pytest -m gpu tests/gpu` in a subprocess: each test's outcome (from its JUnit XML) and the summary line."""
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(ROOT / "tests" / "gpu")],
-                         capture_output=True, text=True, cwd=ROOT)
-    tail = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-500:]
-    print(res.stdout[-4000:], flush=True)
-    return {"ok": res.returncode == 0, "summary": tail, "seconds": time.perf_counter() - t0}
+    xml = out / "gpu-tests.xml"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(ROOT / "tests" / "gpu"),
+                          f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT)
+    print(res.stdout[-4000:], res.stderr[-2000:], flush=True)
+    lines = res.stdout.strip().splitlines()
+    cases = []
+    if xml.is_file():  # our own pytest's report
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            kinds = {child.tag for child in case}
+            outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+            cases.append({"name": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome})
+    return {"ok": res.returncode == 0 and bool(cases), "summary": lines[-1] if lines else res.stderr[-300:],
+            "cases": cases, "seconds": time.perf_counter() - t0}
+
+
+def dense_attention(q, k, v):
+    """The dense baseline: flash-attn when installed, else SDPA held to its flash backend; (name, fn)."""
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        from flash_attn import flash_attn_func
+
+        qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))  # (B, L, H, D)
+        return "flash-attn", (qt, kt, vt), lambda: flash_attn_func(qt, kt, vt, causal=True).transpose(1, 2)
+    except ImportError:
+        pass
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(a, b, c, gqa: bool):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=gqa)
+
+    try:
+        short = [t[:, :, :256].detach() for t in (q, k, v)]
+        sdpa(*short, gqa=True)
+        return "SDPA flash", (q, k, v), lambda: sdpa(q, k, v, gqa=True)
+    except RuntimeError:  # this flash backend takes no GQA: the K/V heads repeated, the same FLOPs
+        g = q.shape[1] // k.shape[1]
+        kr, vr = (t.detach().repeat_interleave(g, dim=1).requires_grad_() for t in (k, v))  # (B, Hq, L, D)
+        torch.cuda.empty_cache()
+        return "SDPA flash (K/V repeated)", (q, kr, vr), lambda: sdpa(q, kr, vr, gqa=False)
 
 
 def bench_attention(length: int, repeat: int, dense_max: int) -> dict:
-    """Triton sparse fwd+bwd vs dense (flash-attn, else SDPA) fwd+bwd, bf16, the 1b preset's heads at D=128."""
+    """Triton sparse fwd+bwd vs dense (flash-attn, else SDPA's flash) fwd+bwd, bf16, the 1b preset's heads at D=128."""
     import torch
-    import torch.nn.functional as F
     from attention_gpu import BLOCK, DIM, HKV, HQ, LOCAL, SINK, TOP_K, causal_pairs, sparse_pairs, timed
 
     from lcft.kernels import SparseSpec, select_blocks, sparse_attention_with_indices
@@ -64,26 +115,31 @@ def bench_attention(length: int, repeat: int, dense_max: int) -> dict:
                      for h in (HQ, HKV, HKV, HQ))
     q, k, v = q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     idx = select_blocks(q.detach(), k.detach(), spec)
-    sparse = lambda: sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton")  # noqa: E731
-    dense = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-    t_s = timed(lambda: torch.autograd.grad(sparse(), (q, k, v), dout), repeat)
-    t_d = float("nan")
+    grads = torch.autograd.grad(sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton"),
+                                (q, k, v), dout)
+    finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    t_s = timed(lambda: torch.autograd.grad(
+        sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton"), (q, k, v), dout), repeat)
+    name, t_d = "dense", float("nan")
     if length <= dense_max:
         try:
-            t_d = timed(lambda: torch.autograd.grad(dense(), (q, k, v), dout), repeat)
+            name, inputs, dense = dense_attention(q, k, v)
+            t_d = timed(lambda: torch.autograd.grad(dense(), inputs, dout), repeat)
         except torch.OutOfMemoryError:
             pass
     sp, dp = sparse_pairs(length, BLOCK, spec.budget), causal_pairs(length)
-    row = {"length": length, "sparse_ms": t_s * 1e3, "dense_ms": t_d * 1e3,
-           "sparse_tflops": 10 * DIM * HQ * sp / t_s / 1e12, "dense_tflops": 10 * DIM * HQ * dp / t_d / 1e12,
-           "speedup": t_d / t_s, "flop_ratio": dp / sp}
+    row = {"length": length, "dense": name, "finite": finite, "sparse_ms": t_s * 1e3, "dense_ms": t_d * 1e3,
+           "sparse_tflops": FLOPS_PER_PAIR * DIM * HQ * sp / t_s / 1e12,
+           "dense_tflops": FLOPS_PER_PAIR * DIM * HQ * dp / t_d / 1e12, "flop_ratio": dp / sp}
     print(json.dumps(row), flush=True)
     return row
 
 
-def bench_train(length: int) -> dict:
-    """One 1b-preset step (sparse attention, block checkpointing, chunked CE, bf16 autocast, AdamW) after a warm-up."""
+def bench_train(length: int, checkpointing: str = "block", offload: bool = False, warmup: bool = True) -> dict:
+    """A 1b-preset step (sparse attention, chunked CE, bf16 autocast, AdamW): time, tokens/s, MFU, peak memory.
+    With warmup, the second step is timed; without it the first (the optimizer state's allocation included)."""
     import torch
+    from attention_gpu import sparse_pairs
 
     import lcft.model as lm
     from lcft.kernels import SparseSpec, chunked_cross_entropy
@@ -94,53 +150,155 @@ def bench_train(length: int) -> dict:
     cfg.attention = lm.AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=128, top_k=16))
     torch.manual_seed(0)
     model = lm.Llama(cfg).cuda()
-    apply_activation_checkpointing(model, "block")
+    apply_activation_checkpointing(model, checkpointing, offload=offload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = torch.randint(4, 8, (1, length), device="cuda")
     labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100, device="cuda")], 1)
 
-    def step() -> float:
+    def step() -> tuple[float, float]:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss_sum, count = chunked_cross_entropy(model.hidden_states(ids), model.lm_head_weight, labels)
-        (loss_sum / count).backward()
+        loss = loss_sum / count
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, loss.item()
 
-    step()
+    if warmup:
+        step()
     torch.cuda.reset_peak_memory_stats()
-    seconds = step()
+    seconds, loss = step()
     n_params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    from attention_gpu import sparse_pairs
-
-    attn = 12 * cfg.num_hidden_layers * heads * d * sparse_pairs(length, 128, 19)  # 4·D fwd + 8·D bwd per pair
-    flops = 6 * n_params * length + attn
+    attn = 12 * cfg.num_hidden_layers * heads * d * sparse_pairs(length, 128, cfg.attention.sparse.budget)
     peak = next((v for name, v in PEAK_BF16.items() if name in torch.cuda.get_device_name()), None)
-    row = {"length": length, "step_s": seconds, "tokens_per_s": length / seconds,
-           "mfu": flops / seconds / peak if peak else None,
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    row = {"length": length, "step_s": seconds, "tokens_per_s": length / seconds, "loss": loss,
+           "finite": loss == loss and abs(loss) != float("inf"),
+           "mfu": (6 * n_params * length + attn) / seconds / peak if peak else None,  # 4·D fwd + 8·D bwd per pair
+           "peak_gib": torch.cuda.max_memory_allocated() / GIB}
     print(json.dumps(row), flush=True)
     return row
 
 
-def markdown(res: dict) -> str:
-    """The results as markdown tables (the JSON holds the same numbers)."""
-    out = [f"# gpu-check on {res['device']}", "", f"tests: {res['tests'].get('summary', 'skipped')}", "",
-           "| L | sparse f+b ms | dense f+b ms | sparse TFLOP/s | dense TFLOP/s | speedup | FLOP ratio |",
-           "|---|---|---|---|---|---|---|"]
+def plan_for_one_gpu(length: int) -> tuple[str, object, object]:
+    """What `lcft plan --preset 1b --attention sparse --seq-len L --gpu-memory 141GB` picks: the layout as given
+    when it fits, else its first fitting change set; (flags, Layout, Estimate)."""
+    from lcft.plan.config import resolve_plan
+    from lcft.plan.estimate import estimate
+    from lcft.plan.plan import fitting_changes, layout, model_config
+
+    base = {"preset": "1b", "attention": "sparse", "seq_len": length, "gpu_memory": PLAN_GPU_MEMORY}
+    cfg = resolve_plan(flags=base)
+    model = model_config(cfg)
+    lay = layout(cfg, model)
+    est = estimate(model, lay)
+    if est.total <= cfg.gpu_bytes:
+        return "(as given)", lay, est
+    changes = fitting_changes(model, lay, cfg.gpu_bytes)
+    if not changes:
+        return "(nothing fits)", lay, est
+    flags, est = changes[0]
+    words, extra = flags.split(), {}
+    for i, w in enumerate(words):  # '--checkpointing block --offload-activations' -> the config's fields
+        if w.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+            extra[w[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
+    cfg = resolve_plan(flags=base | extra)
+    return flags, layout(cfg, model), est
+
+
+def bench_plan(length: int) -> dict:
+    """One 1b step at `length` with the settings `lcft plan` picks for one GPU: fits or not, peak vs the plan."""
+    import torch
+
+    flags, lay, est = plan_for_one_gpu(length)
+    row = {"length": length, "flags": flags, "plan_gib": est.total / GIB,
+           "gpu_gib": torch.cuda.get_device_properties(0).total_memory / GIB}
+    if lay.cp != 1 or lay.micro_batch != 1 or lay.shard != "none":
+        return row | {"error": f"the plan needs more than one GPU ({flags})"}
+    try:
+        got = bench_train(length, lay.checkpointing, lay.offload_activations, warmup=False)
+        return row | {"fits": True, **{k: got[k] for k in ("step_s", "peak_gib", "finite")}}
+    except torch.OutOfMemoryError as e:
+        return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
+
+
+def _yes(ok: bool | None) -> str:
+    return "" if ok is None else "yes" if ok else "NO"
+
+
+def _attention_rows(res: dict) -> list[str]:
+    out, longest = [], max((r["length"] for r in res["attention"]), default=0)
     for r in res["attention"]:
-        out.append(f"| {r['length'] // K}K | {r['sparse_ms']:.1f} | {r['dense_ms']:.1f} | {r['sparse_tflops']:.0f} | "
-                   f"{r['dense_tflops']:.0f} | {r['speedup']:.2f}x | {r['flop_ratio']:.2f} |")
-    out += ["", "| 1b step L | s/step | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|"]
+        ratio = r["sparse_tflops"] / r["dense_tflops"] if r["dense_ms"] == r["dense_ms"] else None
+        vs = (f"{r['dense']}: {r['dense_tflops']:.0f} TFLOP/s, {r['dense_ms']:.1f} ms; sparse = {100 * ratio:.0f}%"
+              if ratio is not None else "dense not timed")
+        target = r["length"] == min(longest, 128 * K)
+        met = ratio is not None and ratio >= TARGET_SPARSE_VS_FLASH and r["finite"] if target else None
+        out.append(f"| sparse attention f+b (Triton, bf16) | {r['length'] // K}K | {r['sparse_tflops']:.0f} TFLOP/s, "
+                   f"{r['sparse_ms']:.1f} ms | {vs} | {'>= 50% of flash' if target else ''} | {_yes(met)} |")
+    return out
+
+
+def _train_rows(res: dict) -> list[str]:
+    out = []
     for r in res["train"]:
-        mfu = f"{100 * r['mfu']:.0f}%" if r.get("mfu") is not None else "n/a"
-        out.append(f"| {r['length'] // K}K | {r['step_s']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
-                   f"{r['peak_gib']:.1f} |" if "step_s" in r else f"| {r['length'] // K}K | {r['error']} | | | |")
+        if "error" in r:
+            out.append(f"| 1b train step | {r['length'] // K}K | {r['error']} | | | NO |")
+            continue
+        mfu = f"MFU {100 * r['mfu']:.0f}%" if r.get("mfu") is not None else "MFU n/a (unknown GPU peak)"
+        target = r["length"] == 128 * K
+        met = r.get("mfu") is not None and r["mfu"] >= TARGET_MFU and r["finite"] if target else None
+        out.append(f"| 1b train step (sparse, block checkpointing, bf16) | {r['length'] // K}K | "
+                   f"{r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_gib']:.1f} GiB | {r['step_s']:.2f} s/step "
+                   f"| {'>= 35% MFU' if target else ''} | {_yes(met)} |")
+    return out
+
+
+def _plan_row(res: dict) -> list[str]:
+    r = res.get("plan")
+    if not r:
+        return []
+    head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {r['length'] // K}K | "
+    if "error" in r:
+        return [head + f"does not fit: {r['error']} | plan {r['plan_gib']:.1f} GiB | fits one 141 GiB GPU | NO |"]
+    return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB, {r['step_s']:.1f} s/step | "
+            f"plan {r['plan_gib']:.1f} GiB | fits one 141 GiB GPU | {_yes(r['fits'] and r['finite'])} |"]
+
+
+def markdown(res: dict) -> str:
+    """The results as one markdown table (the JSON holds the same numbers)."""
+    tests = res["tests"]
+    out = [f"# gpu-check on {res['device']} (torch {res.get('torch', '?')})", "",
+           "| check | size | result | against | target | met |", "|---|---|---|---|---|---|"]
+    out += _attention_rows(res) + _train_rows(res) + _plan_row(res)
+    if tests:
+        out.append(f"| pytest -m gpu tests/gpu | {len(tests['cases'])} tests | {tests['summary']} | "
+                   f"{tests['seconds']:.0f} s | all pass | {_yes(tests['ok'])} |")
+        out += [f"| {c['name']} | | {c['outcome']} | | | |" for c in tests["cases"]]
     return "\n".join(out) + "\n"
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every benchmark of the run, each in its own CUDA memory (the cache emptied between them)."""
+    import torch
+
+    res: dict = {"attention": [], "train": []}
+    for n in lengths(args.attention):
+        res["attention"].append(bench_attention(n, args.repeat, lengths(args.dense_max)[0]))
+        torch.cuda.empty_cache()
+    for n in lengths(args.train):
+        try:
+            res["train"].append(bench_train(n))
+        except torch.OutOfMemoryError as e:
+            res["train"].append({"length": n, "error": f"out of memory: {str(e).splitlines()[0][:80]}"})
+        torch.cuda.empty_cache()
+    if args.plan_length:
+        res["plan"] = bench_plan(lengths(args.plan_length)[0])
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,22 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible to torch; nothing measured.", file=sys.stderr)
         return 2
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "attention": [], "train": [],
-           "tests": {} if args.skip_tests else run_tests()}
-    for n in lengths("32K" if args.quick else args.attention):
-        res["attention"].append(bench_attention(n, args.repeat, lengths(args.dense_max)[0]))
-        torch.cuda.empty_cache()
-    for n in lengths("128K" if args.quick else args.train):
-        try:
-            res["train"].append(bench_train(n))
-        except torch.OutOfMemoryError as e:
-            res["train"].append({"length": n, "error": f"out of memory: {str(e).splitlines()[0][:80]}"})
-        torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "tests": {} if args.skip_tests else run_tests(args.out)}
+    res |= measure(args)
     (args.out / "gpu-check.json").write_text(json.dumps(res, indent=1))
     (args.out / "gpu-check.md").write_text(markdown(res))
     print(markdown(res))
-    return 0 if res["tests"].get("ok", True) else 1
+    finite = all(r.get("finite", True) for r in res["attention"] + res["train"] + [res.get("plan") or {}])
+    return 0 if res["tests"].get("ok", True) and finite else 1
 
 
 if __name__ == "__main__":

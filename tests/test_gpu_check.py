@@ -24,15 +24,47 @@ def test_lengths_and_options():
     assert args.quick and args.out == Path("x") and gpu_check.lengths(args.dense_max) == [131072]
 
 
-def test_markdown_lists_every_row():
-    res = {"device": "GPU", "tests": {"summary": "9 passed"}, "attention": [
-        {"length": 32768, "sparse_ms": 1.0, "dense_ms": 2.0, "sparse_tflops": 100, "dense_tflops": 300,
-         "speedup": 2.0, "flop_ratio": 8.0}],
-        "train": [{"length": 131072, "step_s": 3.0, "tokens_per_s": 43690, "mfu": 0.4, "peak_gib": 30.0},
-                  {"length": 1 << 20, "error": "out of memory"}]}
+def test_default_is_quick_and_full_adds_the_long_sizes():
+    quick, full = gpu_check.parse_args([]), gpu_check.parse_args(["--full"])
+    assert gpu_check.lengths(quick.attention) == [32 * 1024, 128 * 1024] and quick.train == "128K"
+    assert gpu_check.lengths(full.attention)[-1] == 1 << 20 and gpu_check.lengths(full.train) == [131072, 1 << 20]
+    assert quick.plan_length == full.plan_length == "1M"
+
+
+def test_markdown_is_one_table_with_every_row_and_the_targets():
+    res = {"device": "GPU", "torch": "2.x", "attention": [
+        {"length": 32768, "dense": "SDPA flash", "finite": True, "sparse_ms": 1.0, "dense_ms": 2.0,
+         "sparse_tflops": 100, "dense_tflops": 300, "flop_ratio": 8.0},
+        {"length": 131072, "dense": "SDPA flash", "finite": True, "sparse_ms": 3.0, "dense_ms": 30.0,
+         "sparse_tflops": 200, "dense_tflops": 350, "flop_ratio": 30.0}],
+        "train": [{"length": 131072, "step_s": 3.0, "tokens_per_s": 43690, "mfu": 0.4, "peak_gib": 30.0,
+                   "finite": True}],
+        "plan": {"length": 1 << 20, "flags": "--checkpointing block", "plan_gib": 60.0, "gpu_gib": 139.8,
+                 "fits": True, "step_s": 40.0, "peak_gib": 66.0, "finite": True},
+        "tests": {"ok": False, "summary": "1 failed, 1 passed", "seconds": 60.0, "cases": [
+            {"name": "tests.gpu.a::test_x", "outcome": "passed"}, {"name": "tests.gpu.a::test_y",
+                                                                  "outcome": "failed"}]}}
     md = gpu_check.markdown(res)
-    assert "| 32K | 1.0 | 2.0 | 100 | 300 | 2.00x | 8.00 |" in md
-    assert "| 128K | 3.0 | 43690 | 40% | 30.0 |" in md and "| 1024K | out of memory |" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert len(rows) == 2 + 2 + 1 + 1 + 1 + 2 and all(r.count("|") == 7 for r in rows)  # one table
+    assert "| 32K | 100 TFLOP/s, 1.0 ms | SDPA flash: 300 TFLOP/s, 2.0 ms; sparse = 33% |  |  |" in md
+    assert "| 128K | 200 TFLOP/s, 3.0 ms | SDPA flash: 350 TFLOP/s, 30.0 ms; sparse = 57% | >= 50% of flash | yes |" in md
+    assert "43,690 tokens/s, MFU 40%, peak 30.0 GiB" in md and "| >= 35% MFU | yes |" in md
+    assert "fits: peak 66.0 GiB of 139.8 GiB" in md and "| fits one 141 GiB GPU | yes |" in md
+    assert "| 2 tests | 1 failed, 1 passed | 60 s | all pass | NO |" in md and "| tests.gpu.a::test_y | | failed |" in md
+
+
+def test_the_1m_layout_is_what_lcft_plan_prints():
+    from lcft.plan.config import resolve_plan
+    from lcft.plan.plan import report
+
+    flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20)
+    text, fits = report(resolve_plan(flags={"preset": "1b", "attention": "sparse", "seq_len": 1 << 20,
+                                            "gpu_memory": gpu_check.PLAN_GPU_MEMORY}))
+    first = text.split("it would fit with:")[1].strip().splitlines()[0]
+    assert not fits and first.startswith(flags) and lay.seq_len == 1 << 20 and lay.cp == 1
+    assert (lay.checkpointing, lay.offload_activations) == ("block", "--offload-activations" in flags)
+    assert f"{est.total / 2**30:.2f} GiB" in first
 
 
 def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
