@@ -186,12 +186,13 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
 def plan_for_one_gpu(length: int) -> tuple[str, object, object]:
     """What `lcft plan --preset 1b --attention sparse --seq-len L --gpu-memory 141GB` picks: the layout as given
     when it fits, else its first fitting change set; (flags, Layout, Estimate)."""
-    from lcft.plan.config import resolve_plan
+    from lcft.config import resolve
+    from lcft.plan.config import PlanConfig
     from lcft.plan.estimate import estimate
     from lcft.plan.plan import fitting_changes, layout, model_config
 
     base = {"preset": "1b", "attention": "sparse", "seq_len": length, "gpu_memory": PLAN_GPU_MEMORY}
-    cfg = resolve_plan(flags=base)
+    cfg = resolve(PlanConfig, None, base)
     model = model_config(cfg)
     lay = layout(cfg, model)
     est = estimate(model, lay)
@@ -206,7 +207,7 @@ def plan_for_one_gpu(length: int) -> tuple[str, object, object]:
         if w.startswith("--"):
             value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
             extra[w[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
-    cfg = resolve_plan(flags=base | extra)
+    cfg = resolve(PlanConfig, None, base | extra)
     return flags, layout(cfg, model), est
 
 

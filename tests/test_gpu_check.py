@@ -55,11 +55,12 @@ def test_markdown_is_one_table_with_every_row_and_the_targets():
 
 
 def test_the_1m_layout_is_what_lcft_plan_prints():
-    from lcft.plan.config import resolve_plan
+    from lcft.config import resolve
+    from lcft.plan.config import PlanConfig
     from lcft.plan.plan import report
 
     flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20)
-    text, fits = report(resolve_plan(flags={"preset": "1b", "attention": "sparse", "seq_len": 1 << 20,
+    text, fits = report(resolve(PlanConfig, None, {"preset": "1b", "attention": "sparse", "seq_len": 1 << 20,
                                             "gpu_memory": gpu_check.PLAN_GPU_MEMORY}))
     first = text.split("it would fit with:")[1].strip().splitlines()[0]
     assert not fits and first.startswith(flags) and lay.seq_len == 1 << 20 and lay.cp == 1
