@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.config import ConfigError, Size, format_size, save_resolved, to_dict
+from lcft.recipes.summary import demo_note, summary_lines
 
 
 @dataclass
@@ -59,6 +60,11 @@ class DemoConfig:
     """Windows per forward pass in the evaluation."""
     bins: int = 16
     """Position bins of the report."""
+    control_steps: int = 120
+    """Steps of the positive control: the base trained on chr2 windows whose second half copies their first,
+    evaluated cut to control_context; what the copy probe must detect (0 = no positive control)."""
+    control_context: Size = 2048
+    """Window of the positive control's training (copies control_context / 2 back) and its evaluation context."""
     probe_windows: int = 4
     """Held-out windows of the copy probe (how far back each model reads; 0 = no probe). Each costs two
     forward passes per distance (distances 256, 1K, 4K, ... up to the window)."""
@@ -73,6 +79,9 @@ class DemoConfig:
             raise ConfigError(f"base_context {self.base_context} is longer than the window ({self.length})")
         if self.length % self.base_context:
             raise ConfigError(f"length {self.length} is not a multiple of base_context {self.base_context}")
+        if self.control_steps < 0 or self.control_context > self.length or self.control_context % 2:
+            raise ConfigError(f"control_steps must be >= 0 and control_context even and at most the window "
+                              f"(got {self.control_steps}, {self.control_context})")
         if self.probe_windows < 0:
             raise ConfigError(f"probe_windows must be 0 (no probe) or positive (got {self.probe_windows})")
 
@@ -141,113 +150,6 @@ def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
     return report if hashes == [c["weights_sha256"] for c in report["checkpoints"]] else None
 
 
-def _pct(a: float, b: float) -> str:
-    return f"{100 * (a / b - 1):+.2f}%"
-
-
-def _per_window(ck: dict, subset: str) -> tuple[Any, Any]:
-    """Per-window loss sums and token counts `(n,)` of one checkpoint: all tokens, the recurring ones, or the
-    non-recurring ones (all minus recurring)."""
-    import numpy as np
-
-    def figures(tokens: str, loss: str) -> tuple[np.ndarray, np.ndarray]:
-        tok = np.array([w.get(tokens, 0) for w in ck["windows"]], dtype=np.float64)  # (n,)
-        nats = np.array([w.get(loss) or 0.0 for w in ck["windows"]], dtype=np.float64)  # null: no tokens
-        return nats * tok, tok
-
-    if subset == "all":
-        return figures("tokens", "loss")
-    rec = figures("recurring_tokens", "recurring_loss")
-    if subset == "recurring":
-        return rec
-    total = figures("tokens", "loss")
-    return total[0] - rec[0], total[1] - rec[1]
-
-
-def control_interval(report: dict, subset: str = "all") -> tuple[float, float, float]:
-    """The continued model's change against its control over `subset` (all, recurring, nonrecurring) with
-    its 95% interval: the paired window bootstrap of the report (its replicates and seed) over the two
-    checkpoints' per-window figures. Returns (change, low, high)."""
-    from lcft.evaluate.stats import mean_difference, resample_counts
-
-    _, long, ctrl = report["checkpoints"]
-    boot = report["bootstrap"]
-    weights = resample_counts(len(long["windows"]), boot["replicates"], boot["seed"])
-    c = mean_difference(*_per_window(long, subset), *_per_window(ctrl, subset), weights, relative=True,
-                        level=boot["level"])
-    return float(c.value), float(c.low), float(c.high)
-
-
-def _ci(low: float, high: float) -> str:
-    return f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0)' if low <= 0 <= high else ''}"
-
-
-def recurrence_line(report: dict) -> str | None:
-    """The continued model against its control on recurring tokens (their k-mer occurred earlier in the
-    window: where a copy lies to read back) and on the others, each with its interval; None before the split."""
-    rec = report.get("recurrence")
-    if not rec:
-        return None
-    long = report["checkpoints"][1]
-    if not long["recurring"]["tokens"]:
-        return f"no {rec['k']}-mer occurs twice in these windows: no split into recurring and non-recurring tokens"
-    share = long["recurring"]["tokens"] / long["tokens"]
-    (r, rl, rh), (u, ul, uh) = (control_interval(report, s) for s in ("recurring", "nonrecurring"))
-    return (f"continued vs its control on recurring tokens (the {rec['k']}-mer ending at the token occurred "
-            f"earlier in its window; {share:.1%} of tokens): {100 * r:+.2f}% {_ci(rl, rh)}; on the others: "
-            f"{100 * u:+.2f}% {_ci(ul, uh)}")
-
-
-def probe_line(report: dict) -> str | None:
-    """How far back each model reads (the copy probe's effective context), when the probe ran."""
-    if not report.get("probe"):
-        return None
-    parts = [f"{ck['label']} {format_size(ck['effective_context']) if ck['effective_context'] else 'none detected'}"
-             for ck in report["checkpoints"]]
-    return (f"effective context (copy probe, {report['probe']['windows']} windows: farthest copy distance whose "
-            f"loss drop is above zero by its 95% interval): {'; '.join(parts)}")
-
-
-def summary_lines(report: dict) -> list[str]:
-    """Plain statements of what the report measured: continued vs base, and continued vs its control overall
-    (with its 95% interval) and in the first and last tenth of the window (the published finding is a gain
-    growing toward the end), the same on recurring and non-recurring tokens, and the copy probe's effective
-    context of each model."""
-    base, long, ctrl = report["checkpoints"]
-    _, low, high = control_interval(report)
-    lines = [
-        "(+ = higher held-out loss than the reference, i.e. worse; - = lower, better)",
-        f"continued vs base: {_pct(long['loss'], base['loss'])} overall "
-        f"({long['loss']:.4f} vs {base['loss']:.4f} nats; uniform guess {report['uniform']['loss']:.4f})",
-        f"continued at the full window vs the same model cut to {format_size(ctrl['max_context'])}: "
-        f"{_pct(long['loss'], ctrl['loss'])} overall, {_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
-        f"in the first tenth of the window, {_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last",
-        f"95% interval of that overall change (paired bootstrap over {len(long['windows'])} held-out windows): "
-        f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0: no difference detectable)' if low <= 0 <= high else ''}",
-    ]
-    extra = [line for line in (recurrence_line(report), probe_line(report)) if line is not None]
-    return [*lines, *extra]
-
-
-def demo_note(report: dict) -> str:
-    """What the demo shows and what it cannot, with this run's own figures from its report."""
-    _, long, ctrl = report["checkpoints"]
-    uniform = report["uniform"]["loss"]
-    return (
-        "What this demo shows: the whole pipeline runs (prepare -> train at a short context -> continue at a long "
-        "context with sparse attention -> held-out loss by position). What it cannot show: a long-context gain. "
-        f"A model this small trained for minutes learns little: this run's continued model scores "
-        f"{long['loss']:.3f} nats per base, {_pct(long['loss'], uniform)} against a uniform guess "
-        f"({uniform:.3f}), and {_pct(long['loss'], ctrl['loss'])} against its short-context control "
-        f"({_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} in the first tenth of the window, "
-        f"{_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last). "
-        "'continued vs base' mixes more training with longer context; only 'vs control' (the same weights cut to "
-        "the base context) isolates the context, and at this scale expect no gain from it, least of all one "
-        "growing toward the window end. The settings were chosen to fit the time budget, not tuned for a gain; "
-        "the finding needs the full-scale run (see README)."
-    )
-
-
 @dataclass(frozen=True)
 class DemoPaths:
     """Where each stage writes, under the demo's --out folder."""
@@ -265,6 +167,10 @@ class DemoPaths:
     @property
     def runs(self) -> Path:
         return self.out / "runs"
+
+    @property
+    def copies(self) -> Path:
+        return self.out / "copies"
 
     @property
     def report(self) -> Path:
@@ -308,9 +214,10 @@ def _train_common(cfg: DemoConfig, paths: DemoPaths, progress: bool, steps: int)
                 precision="fp32", warmup=max(1, steps // 10))
 
 
-def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_checkpoint: Path) -> Any:
-    """Base at its own context, the continued model at the full window, and the continued model cut to the
-    base context (the control)."""
+def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_checkpoint: Path,
+                control_checkpoint: Path | None = None) -> Any:
+    """Base at its own context, the continued model at the full window, the continued model cut to the
+    base context (the control), and the positive control cut to its own context."""
     from lcft.evaluate.config import EvalConfig
 
     short = format_size(cfg.base_context)
@@ -318,10 +225,14 @@ def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_c
     top, distances = cfg.length - segment, [segment]
     while distances[-1] * 4 < top:  # a coarser grid than eval's default (x4, not x2): the probe is costly
         distances.append(distances[-1] * 4)
+    extra = () if control_checkpoint is None else (
+        (str(control_checkpoint), f"copy@{format_size(cfg.control_context)} (positive control)", cfg.control_context),)
     return EvalConfig(
-        data=str(paths.data), checkpoints=(str(base_checkpoint), str(long_checkpoint), str(long_checkpoint)),
-        labels=(f"base@{short}", f"long@{format_size(cfg.length)}", f"long@{short} (control)"),
-        max_context=(cfg.base_context, 0, cfg.base_context), bins=cfg.bins, max_windows=cfg.eval_windows,
+        data=str(paths.data),
+        checkpoints=(str(base_checkpoint), str(long_checkpoint), str(long_checkpoint), *(e[0] for e in extra)),
+        labels=(f"base@{short}", f"long@{format_size(cfg.length)}", f"long@{short} (control)", *(e[1] for e in extra)),
+        max_context=(cfg.base_context, 0, cfg.base_context, *(e[2] for e in extra)), bins=cfg.bins,
+        max_windows=cfg.eval_windows,
         batch_size=cfg.eval_batch, device="cpu", out=str(paths.report),
         probe="copy" if cfg.probe_windows else "none", probe_segment=segment,
         probe_distances=(*distances, top), probe_mutation=0.0, probe_windows=cfg.probe_windows)
@@ -336,13 +247,13 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, A
         return report, "done before with the same options and weights, skipped"
     report = evaluate(ecfg, progress=progress)
     probe = f", copy probe on {report['probe']['windows']}" if report.get("probe") else ""
-    return report, f"{report['data']['windows']} held-out windows x 3{probe}"
+    return report, f"{report['data']['windows']} held-out windows x {len(report['checkpoints'])}{probe}"
 
 
 def timed(number: int, title: str, fn: Callable[[], tuple[Any, str]], log: Callable[[str], None]
           ) -> tuple[Any, dict[str, Any]]:
     """Run one stage under its heading: (its result, {"seconds", "cpu_seconds", "result": what happened})."""
-    log(f"[bold]{number}/5 {title}[/]")
+    log(f"[bold]{number}/6 {title}[/]")
     t0, c0 = time.perf_counter(), time.process_time()
     value, how = fn()
     # CPU seconds (all threads) next to wall seconds: on a shared machine the wall time says little.
@@ -370,16 +281,33 @@ def run_demo(cfg: DemoConfig, *, progress: bool = False, log: Callable[[str], No
     long, stages["long"] = timed(4, f"continue it at {length} tokens with sparse attention", lambda: _described(
         train_stage(long_train_config(cfg, paths, base, progress)),
         f"{cfg.long_steps} steps x {cfg.long_batch} x {length} tokens, sparse attention"), log)
-    report, stages["eval"] = timed(5, "evaluate on the held-out chr22 windows", lambda: eval_stage(
-        eval_config(cfg, paths, base, long), paths.report, progress), log)
+    control, stages["control"] = timed(5, "positive control: train the base on windows holding a copy",
+                                       lambda: control_stage(cfg, paths, base, progress), log)
+    report, stages["eval"] = timed(6, "evaluate on the held-out chr22 windows", lambda: eval_stage(
+        eval_config(cfg, paths, base, long, control), paths.report, progress), log)
 
     summary = {"total_seconds": round(time.perf_counter() - t_all, 1),
                "total_cpu_seconds": round(sum(v["cpu_seconds"] for v in stages.values()), 1),
                "stages": stages, "report_dir": str(paths.report),
-               "plot": str(paths.report / "loss_by_position.png"), "summary": summary_lines(report),
+               "plot": str(paths.report / "loss_by_position.png"), "summary": summary_lines(report, cfg.control_steps),
                "note": demo_note(report)}
     (paths.out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
     return {**summary, "report": report}
+
+
+def control_stage(cfg: DemoConfig, paths: DemoPaths, base: Path, progress: bool) -> tuple[Path | None, str]:
+    """The positive control (skipped with control_steps 0): planted windows from chr2, then the base trained on
+    them at control_context with dense attention."""
+    from lcft.recipes.copies import control_train_config, copies_stage
+
+    if not cfg.control_steps:
+        return None, "none (control_steps 0)"
+    data = copies_stage(cfg, paths.copies)
+    tcfg = control_train_config(cfg, _train_common(cfg, paths, progress, cfg.control_steps), paths.copies,
+                                paths.runs / "copy", base)
+    checkpoint, how = train_stage(tcfg)
+    return checkpoint, (f"{data}; {how}: {cfg.control_steps} steps x {tcfg.global_batch} x "
+                        f"{format_size(cfg.control_context)} tokens, dense")
 
 
 def _described(result: tuple[Path, str], what: str) -> tuple[Path, str]:

@@ -71,7 +71,7 @@ def test_bad_options_fail_when_the_config_is_made(changes, message):
 def test_recurrence_line_states_the_change_on_recurring_tokens_with_its_interval():
     import numpy as np
 
-    from lcft.recipes.demo import recurrence_line
+    from lcft.recipes.summary import recurrence_line
 
     rep = _report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25), spread=0.01)
     for k, ck in enumerate(rep["checkpoints"]):
@@ -94,7 +94,8 @@ def test_the_demo_reports_a_non_empty_recurrence_split(tmp_path):
     from lcft.recipes.demo import run_demo
 
     out = run_demo(DemoConfig(out=str(tmp_path / "demo"), length=2048, base_context=512, steps=2, long_steps=1,
-                              base_batch=2, eval_windows=3, probe_windows=0, bins=4), log=lambda s: None)
+                              base_batch=2, eval_windows=3, probe_windows=0, bins=4, control_steps=1,
+                              control_context=1024), log=lambda s: None)
     rep = out["report"]
     ws = open_windows(tmp_path / "demo" / "data", "eval")
     recurring = 0
@@ -109,3 +110,46 @@ def test_the_demo_reports_a_non_empty_recurrence_split(tmp_path):
         assert ck["nonrecurring"]["tokens"] == ck["tokens"] - recurring > 0
     assert sum(rep["recurrence"]["tokens"]) == recurring
     assert any(line.startswith("continued vs its control on recurring tokens") for line in out["summary"])
+    # The positive control's training windows: the second half of each is its first half, base for base.
+    copies = open_windows(tmp_path / "demo" / "copies", "train")
+    for i in (0, len(copies) // 2, len(copies) - 1):
+        s = copies.sequence(i)
+        assert s[512:] == s[:512] and len(s) == 1024
+    assert rep["checkpoints"][3]["label"] == "copy@1K (positive control)"
+    assert rep["checkpoints"][3]["max_context"] == 1024
+
+
+def test_plant_copies_overwrites_the_second_half_of_every_whole_chunk():
+    from lcft.recipes.copies import plant_copies
+
+    seq = bytes(range(65, 91)) * 3  # 78 letters: 9 whole chunks of 8, a tail of 6
+    out = plant_copies(seq, 8)
+    want = b"".join(seq[c:c + 4] * 2 for c in range(0, 72, 8)) + seq[72:]
+    assert out == want and len(out) == len(seq)
+    with pytest.raises(ValueError):
+        plant_copies(seq, 7)
+
+
+def _with_control(effective: int) -> dict:
+    rep = _report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25))
+    ctl = {"label": "copy@2K (positive control)", "effective_context": effective, "loss": 1.5,
+           "probe": {"distances": [256, 1024], "drop": [0.01, 3.5], "ci_low": [-0.02, 3.1], "ci_high": [0.03, 3.9]},
+           "recurring": {"tokens": 5, "relative_change": -0.1, "ci_low": -0.2, "ci_high": -0.05}}
+    rep["checkpoints"].append(ctl)
+    return rep
+
+
+def test_the_positive_control_line_and_note_state_its_figures():
+    from lcft.recipes.summary import control_line
+
+    line = control_line(_with_control(1024), 120)
+    assert line.startswith("copy@2K (positive control), the base trained 120 more steps on chr2 windows")
+    assert "effective context 1K against the base's none detected" in line
+    assert "copy-probe loss drop 1K back: +3.500 nats/token [95% interval +3.100, +3.900]" in line
+    assert "on recurring held-out tokens -10.00% [-20.00%, -5.00%] against the base" in line
+    note = demo_note(_with_control(1024))
+    assert "finds it reading back 1K tokens" in note and "does not show that hg38 context helps" in note
+    assert "It shows that the probe and its interval detect a model that uses its context" in note
+    missed = demo_note(_with_control(0))
+    assert "did not detect it reading back" in missed and "this run does not show that the probe detects" in missed
+    assert control_line(_report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25)), 120) is None
