@@ -34,7 +34,7 @@ class EvalParallel:
 
     def check(self, window: int, block_size: int, max_contexts: list[int]) -> None:
         """Every sequence the model will see (the window, or its --max-context pieces) must split over cp."""
-        if self.state.cp == 1:
+        if not self.state.cp_enabled:
             return
         runner = ContextParallelRunner(self.state, self.cfg, block_size)
         for ctx in {c for c in max_contexts if c} | {window}:

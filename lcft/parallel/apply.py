@@ -34,7 +34,7 @@ def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: Parallel
     written under any cp load under any other."""
     if cfg.cp != state.cp:
         raise LcftError(f"ParallelConfig.cp={cfg.cp} but the process layout has cp={state.cp}")
-    if state.cp == 1:
+    if not state.cp_enabled:
         return model
     attention = _attention_config(model)
     window = getattr(model.config, "sliding_window", None)
@@ -65,14 +65,14 @@ class ContextParallelRunner:
 
     def check(self, length: int) -> None:
         """Raise LcftError before any work when a window of `length` cannot be split."""
-        if self.state.cp > 1:
+        if self.state.cp_enabled:
             check_length(length, self.state.cp, self.block)
 
     def shard(self, batch: Mapping[str, torch.Tensor], length: int | None = None
               ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         """(this rank's part of every (B, L, ...) tensor, its global positions (L/cp,)); cp == 1: unchanged,
         positions None. `length` defaults to input_ids' length."""
-        if self.state.cp == 1:
+        if not self.state.cp_enabled:
             return dict(batch), None
         length = int(length if length is not None else batch["input_ids"].shape[1])
         layout = self.layout(length)
@@ -92,21 +92,21 @@ class ContextParallelRunner:
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's part of a full-window tensor (B, L, ...) -> (B, L/cp, ...); cp == 1: x itself."""
-        if self.state.cp == 1:
+        if not self.state.cp_enabled:
             return x
         return self.layout(x.shape[1]).shard(x, self.state.cp_rank, dim=1)
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """Inverse of `local` over the cp group (all-gather, no gradient): every rank's (B, L/cp, ...) part back
         as the whole window (B, L, ...) in window order, on every rank; cp == 1: local itself."""
-        if self.state.cp == 1:
+        if not self.state.cp_enabled:
             return local
         parts = all_gather_nograd(local.contiguous(), self.state.cp_group, tag="window")  # (cp, B, L/cp, ...)
         return self.layout(local.shape[1] * self.state.cp).unshard(list(parts), dim=1)
 
     def window_loss(self, loss_sum: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate, the window's loss for reporting) from this rank's summed loss and count."""
-        if self.state.cp == 1:
+        if not self.state.cp_enabled:
             denom = count.to(loss_sum.dtype).clamp_min(1.0)
             return loss_sum / denom, (loss_sum / denom).detach()
         return cp_window_loss(loss_sum, count, self.state.cp_group, self.state.cp)

@@ -50,7 +50,7 @@ def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor],
     rank's tokens of input_ids/labels/weights (B, L) and passes their global position_ids and the full
     rope_seq_len; the trainer divides by the global count of the whole step and DDP averages over all ranks.
     """
-    if cp is not None and cp.state.cp > 1:
+    if cp is not None and cp.state.cp_enabled:
         # `cp` holds this rank's place in its cp group. The sums cover only this rank's tokens: the trainer's
         # normaliser (global count, x world size against DDP's average) makes the summed gradient exact.
         local, positions = cp.shard(batch)

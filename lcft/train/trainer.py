@@ -187,8 +187,8 @@ class Trainer:
             self.state.world_size = self.world
 
     def _check_lengths(self, window: int) -> None:
-        cp, attn = self.cfg.cp, self.model.config.attention
-        blocks = attn.backend == "sparse" or cp > 1  # dense attention at cp=1 takes any length
+        cp, attn = self.layout.cp, self.model.config.attention
+        blocks = attn.backend == "sparse" or self.layout.cp_enabled  # dense attention at cp=1 takes any length
         check_length(self.seq_len, cp, attn.sparse.block_size if blocks else 1, what="--seq-len", window=window,
                      block_name="sparse attention block")
         if (warning := declare_context(self.model.config, self.seq_len)) is not None:
