@@ -56,11 +56,14 @@ def _export_bytes(source: Path, dtype: object) -> int:
     """About the bytes an export writes: the source's weights (safetensors or dcp/ shards), scaled to --dtype."""
     import torch
 
+    from lcft.parallel.dcp import DCP_DIR, PARAM_GROUPS
     from lcft.runs import read_model_config
 
     size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
-    size = size or sum(f.stat().st_size for f in source.glob("dcp/*") if f.is_file()) // 3  # weights + 2 moments
-    stored = getattr(torch, str(read_model_config(source).get("torch_dtype", "float32")), torch.float32)
+    shards = [f for f in (source / DCP_DIR).glob("*") if f.is_file() and f.name != PARAM_GROUPS]
+    size = size or sum(f.stat().st_size for f in shards) // 3  # weights + 2 moments
+    config = read_model_config(source)  # transformers 5 (and lcft) write "dtype", earlier ones "torch_dtype"
+    stored = getattr(torch, str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
     if isinstance(dtype, torch.dtype) and isinstance(stored, torch.dtype):
         size = size * dtype.itemsize // stored.itemsize
     return size
