@@ -67,6 +67,10 @@ def verify_checkpoint(ckpt: str | os.PathLike) -> bool:
     if not isinstance(files, dict):
         raise LcftError(f"{listed}: no 'files' object (corrupt checkpoint)")
     for name, meta in sorted(files.items()):
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts or not isinstance(meta, dict):
+            raise LcftError(f"{listed}: entry {name!r} is not a file of the checkpoint with its size and sha256 "
+                            "(corrupt checkpoint)")
         f = ckpt / name
         if not f.is_file():
             raise LcftError(f"checkpoint {ckpt} is incomplete: {f} is missing")

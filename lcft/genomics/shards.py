@@ -225,7 +225,32 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     if m.get("format_version") != FORMAT_VERSION:
         raise LcftError(f"{p}: format_version {m.get('format_version')!r}, this lcft reads {FORMAT_VERSION}")
     _check_names(p, m)
+    _check_fields(p, m)
     return m
+
+
+def _whole(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < 1 << 62
+
+
+def _check_fields(p: Path, m: dict) -> None:
+    """The fields readers compute with have their types and ranges (one line naming the first that does not)."""
+    def bad(what: str) -> LcftError:
+        return LcftError(f"{p}: corrupt manifest ({what})")
+
+    if not _whole(m.get("length"), 1) or m.get("ids_dtype", "uint8") not in ("uint8", "uint16", "uint32"):
+        raise bad("'length' or 'ids_dtype' is not what prepare writes")
+    if not isinstance(m.get("tokenizer", {}), dict):
+        raise bad("'tokenizer' is not an object")
+    records = m.get("records")
+    if not isinstance(records, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("split"), str) and isinstance(r.get("chrom"), str)
+            and _whole(r.get("start")) and _whole(r.get("end")) and r["start"] <= r["end"] for r in records):
+        raise bad("'records' is not a list of windows with split, chrom, start <= end")
+    for files in [m.get("files", {}), *(info.get("files", {}) for info in m["splits"].values())]:
+        if not all(isinstance(f, dict) and _whole(f.get("bytes")) and isinstance(f.get("sha256"), str)
+                   for f in files.values()):
+            raise bad("a listed file has no whole 'bytes' or no 'sha256'")
 
 
 def _plain_name(name: Any) -> bool:
@@ -237,7 +262,7 @@ def _check_names(p: Path, m: dict) -> None:
     open them under the folder, and verify hashes them."""
     tok = m.get("tokenizer")
     names = [tok["file"]] if isinstance(tok, dict) and "file" in tok else []
-    splits = m.get("splits", {})
+    splits = m.get("splits")
     if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
         raise LcftError(f"{p}: corrupt manifest ('splits' is not an object of objects)")
     files = [m.get("files", {}), *(info.get("files", {}) for info in splits.values())]

@@ -18,7 +18,7 @@ COUNT_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_siz
                 "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
                 "head_dim": 2048, "num_local_experts": 1024, "num_experts_per_tok": 1024,
                 "max_position_embeddings": 1 << 34, "sliding_window": 1 << 34}
-POSITIVE_REALS = {"rope_theta", "rms_norm_eps"}
+POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
 
 
 @dataclass

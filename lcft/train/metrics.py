@@ -55,12 +55,14 @@ class MetricsLog:
     def _truncate_after(self, step: int) -> None:
         """Drop records of steps after the checkpoint we resume from: they are recomputed."""
         keep = []
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(errors="replace").splitlines():
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a crash
+            at = record.get("step", 0) if isinstance(record, dict) else None
+            if isinstance(at, int | float) and not isinstance(at, bool) and at <= step:
+                keep.append(line)  # (not a step record, or garbled: dropped like a cut line)
         atomic_write(self.path, "".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:
