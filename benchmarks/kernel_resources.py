@@ -1,8 +1,12 @@
 """Compile every Triton kernel for sm_80/86/89/90/100 without a GPU; table of shared memory, registers, spills.
 
 Usage: python benchmarks/kernel_resources.py [--quick] [--json out.json] [--bytes]
-Exits non-zero when a configuration needs more shared memory than its target allows (sm_86/89: warning only).
---bytes prints the modelled HBM bytes one sparse fwd+bwd step moves, per-head (before) vs group-centric tiles.
+Each row is the tiles `tile_config` chooses (the compiled-ahead table where it has them) and, beside the
+resources, the kernel's modelled roofline for one sparse fwd+bwd step at 128K tokens, 8 KV heads x group query
+heads, budget 19 blocks: HBM bytes, FLOPs, their ratio and the ceiling time on the target's nominal bandwidth and
+tensor-core rate. Exits non-zero when a configuration needs more shared memory than its target allows (sm_86/89:
+warning only). --bytes prints the modelled HBM bytes one sparse fwd+bwd step moves, per-head (before) vs
+group-centric tiles.
 """
 
 from __future__ import annotations
@@ -79,6 +83,15 @@ QUICK = [  # the test's worst cases: largest tiles (fp32, head_dim 128, block 12
 ]
 
 
+CHOSEN_CHECK = [  # compiled-ahead choices that replaced spilling tiles (bf16, and fp16 taking bf16's choice)
+    dict(arch=(9, 0), kind="sparse", dtype=torch.bfloat16, head_dim=64, block=128, group=8, kernels=("fwd", "dq")),
+    dict(arch=(9, 0), kind="sparse", dtype=torch.float16, head_dim=128, block=128, group=4, kernels=("dkv",)),
+    dict(arch=(9, 0), kind="sparse", dtype=torch.float16, head_dim=96, block=64, group=2, kernels=("dkv",)),
+    dict(arch=(10, 0), kind="sparse", dtype=torch.bfloat16, head_dim=64, block=64, group=4, kernels=("fwd", "dq")),
+    dict(arch=(8, 0), kind="sparse", dtype=torch.float16, head_dim=64, block=64, group=1, kernels=("dkv",)),
+]
+
+
 def grid(quick: bool, archs: list[tuple[int, int]] | None = None) -> list[dict]:
     """Configurations to compile: the full CLI grid (optionally for some archs only), or the test's subset."""
     if quick:
@@ -106,12 +119,14 @@ def measure(cfg: dict) -> list[dict]:
         k = compile_for(src, arch)
         reg, local = _usage(k)
         limit = SMEM_LIMIT[arch]
+        roof = roofline(tiles, name, arch, cfg["dtype"]) if cfg["kind"] == "sparse" else {}
+        params = tiles.kernel_params(name) if cfg["kind"] == "sparse" else None
         status = "ok" if k.metadata.shared <= limit else "warn" if arch in WARN_ONLY else "OVER"
         out.append({"arch": f"sm_{arch[0]}{arch[1]}", "kernel": name, "dtype": DTYPES[cfg["dtype"]],
                     "block": cfg["block"], "head_dim": cfg["head_dim"], "group": cfg["group"],
                     "top_k": cfg.get("top_k"), "shared": k.metadata.shared, "limit": limit, "regs": reg,
                     "spill_bytes": local, "warps": src[4]["num_warps"], "compile_s": time.perf_counter() - t0,
-                    "status": status})
+                    "status": status, "tiles": params, **roof})
     return out
 
 
@@ -138,6 +153,46 @@ def modelled_bytes(seq_len: int, hq: int, hkv: int, head_dim: int, block: int, b
             "total": 2 * kv_fwd + dkv_q_loads + dense_io}
 
 
+# Nominal dense peaks per target (vendor data sheets, SXM parts): bf16/fp16 tensor-core TFLOP/s, fp32 (FMA units:
+# the fp32 kernels use IEEE dots) TFLOP/s, HBM TB/s.
+PEAKS = {(8, 0): (312, 19.5, 2.04), (9, 0): (989, 67, 4.8), (10, 0): (2250, 80, 8.0), (8, 6): (71, 35.6, 0.94),
+         (8, 9): (165, 82.6, 1.0)}
+ROOF = dict(seq_len=131072, hkv=8, budget=19)
+
+
+def roofline(tiles, kernel: str, arch: tuple[int, int], dtype: torch.dtype, seq_len: int = ROOF["seq_len"],
+             hkv: int = ROOF["hkv"], budget: int = ROOF["budget"]) -> dict:
+    """Modelled HBM bytes and FLOPs of one kernel over a step (no cache reuse; the whole own block counted).
+
+    A (query row, key) pair costs 4·D FLOPs in forward (QK^T, PV), 6·D in dQ (QK^T, dO·V^T, dS·K) and 8·D in
+    dK/dV (K·Q^T, P^T·dO, V·dO^T, dS^T·Q). Bytes: forward and dQ programs load their rows' q (and dO, lse, delta)
+    once and every chosen K/V block once per program; a dK/dV program loads its keys' K and V once and, per query
+    block that chose its key block, the group's q, dO, lse and delta for the block's tokens.
+    """
+    e, group = torch.finfo(dtype).bits // 8, tiles.gp
+    d, block, hq = tiles.d, tiles.block, hkv * group
+    n_q = seq_len // block
+    pairs = hq * seq_len * budget * block
+    rows_io = hq * seq_len * d * e  # one (Hq, L, D) tensor
+    kv_io = hkv * seq_len * d * e
+    kv_blocks = 2 * block * d * e
+    if kernel == "fwd":
+        programs = hkv * n_q * (block // tiles.m)
+        moved, flops = programs * budget * kv_blocks + 2 * rows_io + hq * seq_len * 4, 4 * d * pairs
+    elif kernel == "dq":
+        programs = hkv * n_q * (block // tiles.dq_m)
+        moved, flops = programs * budget * kv_blocks + 3 * rows_io + hq * seq_len * 8, 6 * d * pairs
+    else:
+        chosen = hkv * n_q * budget  # (kv head, key block, query block) pairs, each walked by block/kn programs
+        per_pair = group * block * (2 * d * e + 8)  # the group's q and dO rows, lse and delta
+        moved, flops = chosen * (block // tiles.kn) * per_pair + 4 * kv_io, 8 * d * pairs
+    tensor, fp32, bandwidth = PEAKS[arch]
+    rate = (fp32 if dtype == torch.float32 else tensor) * 1e12
+    t_mem, t_math = moved / (bandwidth * 1e12), flops / rate
+    return {"gb": moved / 1e9, "gflop": flops / 1e9, "intensity": flops / moved,
+            "bound": "memory" if t_mem > t_math else "compute", "ceiling_ms": 1e3 * max(t_mem, t_math)}
+
+
 def _bytes_table() -> str:
     """Markdown: modelled GB per fwd+bwd step before/after for the presets' attention shapes."""
     lines = ["| shape | dtype | block | GB per-head | GB group-centric | ratio |", "|---|---|---|---|---|---|"]
@@ -150,15 +205,25 @@ def _bytes_table() -> str:
     return "\n".join(lines)
 
 
+HEADER = ("| arch | kernel | dtype | block | head_dim | group | tiles (tokens, keys, warps, stages) | shared B | "
+          "limit B | regs | spill B | GB | GFLOP | FLOP/B | bound | ceiling ms | compile s | status |\n"
+          + "|---" * 18 + "|")
+
+
 def _row_text(r: dict) -> str:
     grp = r["group"] if r["kernel"] != "selection" else f"top_k {r['top_k']}"
-    return (f"| {r['arch']} | {r['kernel']} | {r['dtype']} | {r['block']} | {r['head_dim']} | {grp} | "
-            f"{r['shared']} | {r['limit']} | {r['regs']} | {r['spill_bytes']} | {r['compile_s']:.1f} | {r['status']} |")
+    roof = (f"{r['gb']:.2f} | {r['gflop']:,.0f} | {r['intensity']:.0f} | {r['bound']} | {r['ceiling_ms']:.2f}"
+            if "gb" in r else "- | - | - | - | -")
+    tiles = "-" if r.get("tiles") is None else ", ".join(map(str, r["tiles"]))
+    return (f"| {r['arch']} | {r['kernel']} | {r['dtype']} | {r['block']} | {r['head_dim']} | {grp} | {tiles} | "
+            f"{r['shared']} | {r['limit']} | {r['regs']} | {r['spill_bytes']} | {roof} | {r['compile_s']:.1f} | "
+            f"{r['status']} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="worst-case subset (the test's)")
+    ap.add_argument("--chosen", action="store_true", help="only compiled-ahead choices that replaced spilling tiles")
     ap.add_argument("--arch", action="append", type=int, help="only this target, e.g. 90 (repeatable)")
     ap.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     ap.add_argument("--json", type=Path, help="write every row here")
@@ -169,16 +234,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     archs = [(a // 10, a % 10) for a in args.arch] if args.arch else None
-    print("| arch | kernel | dtype | block | head_dim | group | shared B | limit B | regs | spill B | compile s "
-          "| status |\n|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print(HEADER, flush=True)
     rows = []
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for res in pool.imap(measure, grid(args.quick, archs)):
+        for res in pool.imap(measure, CHOSEN_CHECK if args.chosen else grid(args.quick, archs)):
             for r in res:
                 print(_row_text(r), flush=True)
             rows += res
     over = [r for r in rows if r["status"] == "OVER"]
-    print(f"{len(rows)} kernels compiled in {time.perf_counter() - t0:.0f} s; {len(over)} over their limit")
+    spill = sum(1 for r in rows if r["spill_bytes"])
+    capped = sum(1 for r in rows if (r["regs"] or 0) >= 255)
+    print(f"{len(rows)} kernels compiled in {time.perf_counter() - t0:.0f} s; {len(over)} over their limit; "
+          f"{spill} spill registers, {capped} use 255 registers")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if over else 0

@@ -99,7 +99,7 @@ class SparseAttentionTriton(torch.autograd.Function):
         delta = (dout.float() * out.float()).sum(-1)  # (B, Hq, Lq) rowsum(dO · O)
         scale = 1.0 / math.sqrt(d)
         dq = torch.empty_like(q)
-        dq_kernel[(lq // t.m, b * hkv)](
+        dq_kernel[(lq // t.dq_m, b * hkv)](
             q, k, v, dout, dq, lse, delta, indices, hq, hq // hkv, lq, lk, indices.shape[-1], offset, scale,
             **t.dq_consts())
         tix = TransposedIndex(indices, n_k)

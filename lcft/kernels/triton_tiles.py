@@ -1,18 +1,21 @@
 """Tile sizes of the Triton sparse-attention kernels per (GPU arch, dtype, head_dim, block, group), and their limits.
 
-Every configuration the CLI can produce is compiled ahead of time for sm_80/86/89/90/100 by
-benchmarks/kernel_resources.py (and its test), which checks the shared memory of each against `SMEM_LIMIT`.
+A heuristic gives every shape its tiles; for bf16/fp16 on sm_80/90/100 at head_dim 64/96/128, the choices in
+`triton_tile_table` replace the heuristic's per kernel where it spilled registers (found by compiling candidates
+ahead of time: benchmarks/kernel_tile_search.py). Every configuration the CLI can produce is compiled for
+sm_80/86/89/90/100 by benchmarks/kernel_resources.py, which checks the shared memory of each against `SMEM_LIMIT`.
 `check_sparse_kernels_fit` repeats that check for the GPU at hand before a run starts, so a configuration that
 does not fit is a one-line LcftError naming the option to change instead of an OutOfResources mid-run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from lcft.errors import LcftError
+from lcft.kernels.triton_tile_table import CHOSEN
 
 # Largest dynamic shared memory one block may opt into, in bytes (CUDA programming guide, compute capabilities).
 SMEM_LIMIT = {(8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376, (9, 0): 232_448,
@@ -41,6 +44,16 @@ class TileConfig:
     num_stages: int
     dkv_warps: int
     dkv_stages: int
+    dq_m: int = 0  # dQ's own tokens / keys / warps / stages (0: the forward's)
+    dq_block_n: int = 0
+    dq_warps: int = 0
+    dq_stages: int = 0
+
+    def __post_init__(self) -> None:
+        for name, fwd in (("dq_m", self.m), ("dq_block_n", self.block_n), ("dq_warps", self.num_warps),
+                          ("dq_stages", self.num_stages)):
+            if not getattr(self, name):
+                object.__setattr__(self, name, fwd)
 
     @property
     def rows(self) -> int:
@@ -52,7 +65,21 @@ class TileConfig:
                 "BD": self.bd, "PREC": self.prec, "num_warps": self.num_warps, "num_stages": self.num_stages}
 
     def dq_consts(self) -> dict:
-        return self.fwd_consts()
+        return {**self.fwd_consts(), "M": self.dq_m, "BLOCK_N": self.dq_block_n, "num_warps": self.dq_warps,
+                "num_stages": self.dq_stages}
+
+    def with_kernel(self, kernel: str, tokens: int, keys: int, warps: int, stages: int) -> TileConfig:
+        """These tiles with one kernel's (query tokens, keys per step or program, warps, stages) changed."""
+        names = {"fwd": ("m", "block_n", "num_warps", "num_stages"),
+                 "dq": ("dq_m", "dq_block_n", "dq_warps", "dq_stages"),
+                 "dkv": ("dkv_m", "kn", "dkv_warps", "dkv_stages")}[kernel]
+        return replace(self, **dict(zip(names, (tokens, keys, warps, stages), strict=True)))
+
+    def kernel_params(self, kernel: str) -> tuple[int, int, int, int]:
+        """(query tokens, keys, warps, stages) of one kernel: the values `with_kernel` takes."""
+        return {"fwd": (self.m, self.block_n, self.num_warps, self.num_stages),
+                "dq": (self.dq_m, self.dq_block_n, self.dq_warps, self.dq_stages),
+                "dkv": (self.dkv_m, self.kn, self.dkv_warps, self.dkv_stages)}[kernel]
 
     def dkv_consts(self) -> dict:
         return {"BLOCK": self.block, "KN": self.kn, "M": self.dkv_m, "GP": self.gp, "D": self.d, "BD": self.bd,
@@ -61,7 +88,21 @@ class TileConfig:
 
 def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, block_size: int,
                 group: int) -> TileConfig:
-    """The tiles for a GPU of this compute capability (major, minor); LcftError for shapes no tile can take."""
+    """The tiles for a GPU of this compute capability (major, minor): the heuristic's, with the compiled-ahead
+    choices of `triton_tile_table` where it has them; LcftError for shapes no tile can take."""
+    tiles = heuristic_tiles(capability, dtype, head_dim, block_size, group)
+    sm = capability[0] * 10 + capability[1]
+    chosen = CHOSEN.get((sm, DTYPES[dtype], head_dim, block_size, tiles.gp))
+    if chosen is None and dtype == torch.float16:  # 2-byte elements as bf16: the same registers (checked in tests)
+        chosen = CHOSEN.get((sm, "bf16", head_dim, block_size, tiles.gp))
+    for kernel, params in (chosen or {}).items():
+        tiles = tiles.with_kernel(kernel, *params)
+    return tiles
+
+
+def heuristic_tiles(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, block_size: int,
+                    group: int) -> TileConfig:
+    """Tiles from the sizes alone (what `tile_config` starts from)."""
     if dtype not in DTYPES:
         raise LcftError(f"the Triton sparse kernels take fp32, bf16 or fp16 tensors, not {dtype}")
     if block_size < 16 or block_size & (block_size - 1):

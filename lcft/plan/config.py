@@ -38,6 +38,8 @@ class PlanConfig(TrainConfig):
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
     device: Literal["cuda", "cpu"] = "cuda"
     """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; fp32 unless --precision bf16)."""
+    explain: bool = False
+    """Print where each figure comes from: the formula, or the measured or assumed constant."""
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)

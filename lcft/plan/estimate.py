@@ -13,13 +13,31 @@ from lcft.train.memory import LONG_WINDOW
 
 GIB = 1 << 30
 CUDA_RUNTIME = 1 * GIB
-"""CUDA context, NCCL buffers and caching-allocator slack per GPU process, beyond the tensors counted here."""
+"""Assumed, not measurable without a GPU: the CUDA context with the kernels' module images (about 0.5 GiB on
+recent drivers), cuBLAS and Triton workspaces, per GPU process."""
+CUDA_NCCL = 512 << 20
+"""Assumed: NCCL's communicator buffers of a rank of a multi-GPU run (4 MiB per channel and direction, up to 32
+channels, ring and tree peers)."""
+CUDA_MARGIN = 0.10
+"""Assumed safety margin on CUDA: the caching allocator's rounding and fragmentation (2 MiB / 20 MiB segments;
+expandable segments from 64K tokens, lcft.train.memory), as a fraction of what a step allocates and frees again
+(activations, K/V, transient)."""
 CPU_RUNTIME = 128 << 20
 """Allocator, autograd and oneDNN working memory of a CPU training process beyond its tensors and beyond the
 imports (measured at 512-2K tokens on the tiny preset; benchmarks/plan.py)."""
 CPU_PROCESS_GROUP = 64 << 20
 """A CPU rank of a multi-process run: torch.distributed, gloo and the launcher's state (measured: DDP on 2
 ranks against one process at 4K tokens, tiny preset)."""
+CPU_THREAD = 128 << 20
+"""Below LONG_WINDOW tokens, each compute thread of a CPU process beyond its first: glibc's per-thread malloc arena
+keeps what the thread's share of the matmuls and of the attention kernel's per-head workers freed (measured:
+118-154 MiB at 16K tokens, tiny and small presets, 2 threads against 1; from LONG_WINDOW on, the fixed mmap
+threshold returns those buffers)."""
+CPU_LONG_TRANSIENT = 0.5
+"""From LONG_WINDOW tokens on, the share of the formula's block transient and cp K/V a CPU step's peak holds: the
+fixed mmap threshold (lcft.train.memory) hands each freed whole-length buffer back at once, so the recompute's,
+the gradients' and the gathered K/V's buffers are not all resident together (measured 0.41-0.49, tiny preset at
+64K tokens, one rank, fsdp and cp on 2 ranks; 0.5 keeps the plan above the measurement)."""
 CPU_SPARSE_KERNEL = 96 << 20
 """Working memory of the chunked CPU attention kernel (the sparse backend, and every core under cp > 1) in
 backward beyond q, k, v and their gradients: measured 64-163 MiB at 4K-16K keys, tiny preset's heads."""
@@ -42,6 +60,7 @@ class Layout:
     precision: Literal["fp32", "bf16"] = "bf16"
     device: Literal["cuda", "cpu"] = "cuda"
     loss_chunk: int = 8192
+    threads: int = 1  # compute threads per process (CPU)
 
     @property
     def local_tokens(self) -> int:
@@ -62,16 +81,17 @@ class Estimate:
     transient: int
     runtime: int
     host: int
+    margin: int = 0
 
     @property
     def total(self) -> int:
         return (self.parameters + self.gradients + self.optimizer + self.weight_copies + self.activations
-                + self.kv + self.transient + self.runtime)
+                + self.kv + self.transient + self.runtime + self.margin)
 
     def rows(self) -> list[tuple[str, int]]:
         """(label, bytes) in the order a report shows them."""
         names = ("parameters", "gradients", "optimizer", "weight_copies", "activations", "kv", "transient",
-                 "runtime")
+                 "runtime", "margin")
         return [(n, getattr(self, n)) for n in names]
 
 
@@ -240,13 +260,66 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         transient += grads if lay.shard == "fsdp" else 4 * shape.params  # DDP's buckets persist
     if lay.offload_activations:
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
-    runtime = CUDA_RUNTIME
+    kv = kv_bytes(shape, lay)
     if lay.device == "cpu":
+        long = lay.seq_len >= LONG_WINDOW
         runtime = (CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
-                   + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0))
-    return Estimate(params, grads, optim, weight_copy_bytes(shape, lay), held, kv_bytes(shape, lay), transient,
-                    runtime, host)
+                   + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0)
+                   + (0 if long else CPU_THREAD * (lay.threads - 1)))
+        if long:
+            transient, kv = int(CPU_LONG_TRANSIENT * transient), int(CPU_LONG_TRANSIENT * kv)
+        margin = 0
+    else:
+        runtime = CUDA_RUNTIME + (CUDA_NCCL if lay.world > 1 else 0)
+        margin = int(CUDA_MARGIN * (held + kv + transient))
+    return Estimate(params, grads, optim, weight_copy_bytes(shape, lay), held, kv, transient, runtime, host,
+                    margin)
 
 
 def with_changes(lay: Layout, **changes: object) -> Layout:
     return dataclasses.replace(lay, **changes)
+
+
+def sources(shape: Shape, lay: Layout) -> dict[str, str]:
+    """Where each figure of `estimate` comes from, one or more lines per term (`lcft plan --explain`)."""
+    a = _bytes(lay.precision)
+    per = f"⌈P/{lay.world}⌉" if lay.shard == "fsdp" else "P"
+    out = {"parameters": f"formula: 4 B x {per}, P = {shape.params:,} (fp32 master weights)",
+           "gradients": f"formula: 4 B x {per} (fp32)" + (" + 4 B x P (DDP's buckets)" if lay.shard == "none"
+                                                           and lay.world > 1 else ""),
+           "optimizer": f"formula: 8 B x {per} (AdamW's two fp32 moments)",
+           "weight_copies": f"formula: fused qkv + gate|up of {1 if lay.checkpointing == 'block' else shape.layers} "
+                            f"block(s) at {a} B" + (" + 2 all-gathered blocks and the root (fsdp)"
+                                                    if lay.shard == "fsdp" else ""),
+           "kv": "formula: remote K/V and their gradients (docs/plan.md)" if lay.cp > 1 else "formula: 0 (cp 1)"}
+    if lay.checkpointing == "block":
+        out["activations"] = (f"formula: {lay.micro_batch * lay.local_tokens:,} tokens x (N·H block inputs"
+                              f"{' offloaded' if lay.offload_activations else ''} + 3H + RoPE) at {a} B")
+    else:
+        out["activations"] = (f"formula: {lay.micro_batch * lay.local_tokens:,} tokens x (N·S = "
+                              f"{shape.layers * shape.saved_per_token:,} values saved per token + 3H + RoPE) at {a} B")
+    out["transient"] = ("formula: the recomputed block and its gradients, the hidden state's fp32 gradient, three "
+                        "fp32 logit chunks of the loss")
+    if lay.device == "cpu":
+        out["runtime"] = (f"measured constants (benchmarks/plan.py): {CPU_RUNTIME >> 20} MiB per process"
+                          + (f" + {CPU_PROCESS_GROUP >> 20} MiB per rank of a multi-process run" if lay.world > 1
+                             else "")
+                          + (f" + {CPU_SPARSE_KERNEL >> 20} MiB chunked attention kernel" if shape.sparse or lay.cp > 1
+                             else "")
+                          + (f" + {CPU_THREAD >> 20} MiB x {lay.threads - 1} threads beyond the first"
+                             if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
+        if lay.seq_len >= LONG_WINDOW:
+            out["transient"] += (f"\nmeasured factor: x {CPU_LONG_TRANSIENT} on CPU from {LONG_WINDOW:,} tokens "
+                                 "(freed buffers go back to the OS at once)")
+            out["kv"] += f"\nmeasured factor: x {CPU_LONG_TRANSIENT} on CPU from {LONG_WINDOW:,} tokens"
+        else:
+            out["transient"] += ("\nmeasured: + the recompute and the gradients again on CPU below "
+                                 f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap)")
+        out["margin"] = "none on CPU: the constants above are measured"
+    else:
+        out["runtime"] = (f"assumed (not measurable without a GPU): {CUDA_RUNTIME / GIB:.2f} GiB CUDA context, "
+                          "kernel images, cuBLAS/Triton workspaces"
+                          + (f" + {CUDA_NCCL >> 20} MiB NCCL buffers" if lay.world > 1 else ""))
+        out["margin"] = (f"assumed safety margin: {CUDA_MARGIN:.0%} of activations, K/V and transient (the caching "
+                         "allocator's rounding and fragmentation)")
+    return out

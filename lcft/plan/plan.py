@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
 from lcft.plan.config import PlanConfig
-from lcft.plan.estimate import GIB, Estimate, Layout, Shape, estimate, with_changes
+from lcft.plan.estimate import GIB, Estimate, Layout, Shape, estimate, sources, with_changes
 
 LABELS = {
     "parameters": "parameters (fp32 master)",
@@ -20,6 +20,7 @@ LABELS = {
     "kv": "K/V from other cp ranks",
     "transient": "block transient (backward)",
     "runtime": "runtime (context, allocator)",
+    "margin": "safety margin",
 }
 
 
@@ -73,7 +74,17 @@ def layout(cfg: PlanConfig, model: LlamaConfig) -> Layout:
     return Layout(seq_len=seq, world=world, cp=cfg.cp, micro_batch=cfg.micro_batch, shard=shard,
                   offload_params=bool(getattr(cfg, "offload_params", False)) and shard == "fsdp",
                   checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations, cp_kv=cfg.cp_kv,
-                  precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk)
+                  precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
+                  threads=cpu_threads(world) if cfg.device == "cpu" else 1)
+
+
+def cpu_threads(ranks: int) -> int:
+    """Compute threads a CPU rank gets by default here: torch's count alone, the cores / ranks under the launcher."""
+    import os
+
+    import torch
+
+    return torch.get_num_threads() if ranks == 1 else max(1, (os.cpu_count() or 1) // ranks)
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,11 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
              f"{lay.micro_batch}; checkpointing {lay.checkpointing}"
              f"{' + offload' if lay.offload_activations else ''}; cp-kv {lay.cp_kv}; {lay.precision}",
              "per rank:"]
-    lines += [f"  {LABELS[name]:<32}{_gib(value)}" for name, value in est.rows()]
+    why = sources(shape, lay) if cfg.explain else {}
+    for name, value in est.rows():
+        if value or name != "margin":
+            lines.append(f"  {LABELS[name]:<32}{_gib(value)}")
+            lines += [f"      {line}" for line in why.get(name, "").splitlines()]
     lines.append(f"  {'total':<32}{_gib(est.total)}   of {budget / GIB:.2f} GiB")
     if est.host:
         lines.append(f"  {'host memory (offloaded)':<32}{_gib(est.host)}")

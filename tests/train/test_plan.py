@@ -19,6 +19,10 @@ from lcft.plan.estimate import Layout, Shape, activation_bytes, estimate
 from lcft.train.step import LossModel
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan.py"
+RECORDED = json.loads((BENCH.parent / "plan_cases.json").read_text())
+# Recorded cases the plan over-estimates by more than 10% (docs/plan.md, Accuracy): cp 2 at 64K on CPU holds
+# less of the gathered K/V and the block transient at its peak than the formulas count.
+OVER_ESTIMATED = {("tiny", 65536, "cp 2")}
 runner = CliRunner()
 
 SHAPES = {
@@ -98,6 +102,21 @@ def test_estimate_within_25_percent_of_measured_rss(case: tuple[str, int, str], 
     m = bench.measure(spec, timeout=600)
     measured, planned = m["peak"] - m["base"], bench.planned(spec)
     assert abs(planned / measured - 1) <= 0.25, (planned, measured)
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=lambda c: f"{c['preset']}-{c['seq_len'] // 1024}K-{c['layout']}")
+def test_recorded_cpu_runs_stay_within_the_plans_bounds(case: dict) -> None:
+    """The measured peak of every recorded run (benchmarks/plan_cases.json) against today's formulas: within
+    10%, and never more than 5% under the measurement."""
+    sys.path.insert(0, str(BENCH.parent))
+    import plan as bench
+
+    spec = bench.spec_of({k: case[k] for k in ("preset", "seq_len", "layout")})
+    planned = bench.planned({**spec, "threads": case["threads"]})  # the run's threads, not this machine's
+    ratio = planned / (case["peak"] - case["base"])
+    assert ratio >= 0.95, ratio  # never more than 5% under the measurement
+    key = (case["preset"], case["seq_len"], case["layout"])
+    assert ratio <= (1.25 if key in OVER_ESTIMATED else 1.10), ratio
 
 
 def test_cli_fits_and_does_not_fit(tmp_path: Path) -> None:

@@ -1,0 +1,146 @@
+"""Choose spill-free tiles for the Triton sparse kernels by compiling candidates ahead of time (no GPU needed).
+
+Usage: python benchmarks/kernel_tile_search.py [--jobs N] [--arch 90] [--dtype bf16] [--write]
+For each (arch, dtype, head_dim, block, group) of bf16/fp16 on sm_80/90/100 and each kernel (fwd, dq, dkv), the
+candidates are compiled in order of preference (the heuristic's tiles first, then more warps, then fewer keys
+per step, fewer query tokens, one stage) until one uses fewer than 255 registers and spills nothing. Results
+go to benchmarks/kernel_tiles.jsonl (one line per kernel, resumable); --write turns them into
+lcft/kernels/triton_tile_table.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+import kernel_resources as kr  # first: drops TRITON_INTERPRET, puts the repo on sys.path)
+
+from lcft.kernels.triton_tiles import DTYPES, SMEM_LIMIT, compile_for, heuristic_tiles, sparse_kernel_sources
+
+RESULTS = Path(__file__).with_name("kernel_tiles.jsonl")
+TABLE = Path(__file__).resolve().parents[1] / "lcft" / "kernels" / "triton_tile_table.py"
+ARCHS, DTYPE_NAMES = ((9, 0), (10, 0), (8, 0)), ("bf16", "fp16")  # H100/H200 first
+HEAD_DIMS = (64, 128, 96)  # the presets' head_dim first
+KERNELS = ("fwd", "dq", "dkv")
+REG_CAP = 255  # a kernel at the cap is register-limited to one small occupancy and likely to spill on change
+BY_NAME = {v: k for k, v in DTYPES.items()}
+
+
+def candidates(tiles, kernel: str) -> list[tuple[int, int, int, int]]:
+    """(query tokens, keys, warps, stages) to try, best first: the heuristic's, then less register pressure."""
+    tok, keys, warps, stages = tiles.kernel_params(kernel)
+    out = []
+    for dt, dk, w, s in [(1, 1, warps, stages), (1, 1, 8, stages), (1, 2, 8, stages), (2, 1, 8, stages),
+                         (1, 1, 8, 1), (2, 2, 8, stages), (1, 2, 4, stages), (2, 1, 4, stages), (2, 2, 4, stages),
+                         (4, 2, 8, stages), (2, 2, 8, 1), (4, 4, 4, 1)]:
+        c = (tok // dt, keys // dk, w, s)
+        if c not in out and c[0] >= 1 and c[0] * tiles.gp >= 16 and c[1] >= 16:
+            out.append(c)
+    return out
+
+
+def usage(arch, dtype, tiles, kernel: str) -> dict:
+    t0 = time.perf_counter()
+    k = compile_for(sparse_kernel_sources(tiles, dtype)[kernel], arch)
+    regs, spill = kr._usage(k)
+    return {"regs": regs, "spill": spill, "shared": k.metadata.shared, "s": round(time.perf_counter() - t0, 1)}
+
+
+def clean(u: dict, arch) -> bool:
+    return u["spill"] == 0 and u["regs"] is not None and u["regs"] < REG_CAP and u["shared"] <= SMEM_LIMIT[arch]
+
+
+def search(task: dict) -> dict:
+    """Compile one kernel's candidates until one is clean; the heuristic's usage, the choice and its usage."""
+    arch, dtype, kernel = tuple(task["arch"]), BY_NAME[task["dtype"]], task["kernel"]
+    base = heuristic_tiles(arch, dtype, task["head_dim"], task["block"], task["group"])
+    tried = []
+    order = candidates(base, kernel)
+    if task.get("hint") and tuple(task["hint"]) in order:  # fp16: bf16's choice next (2-byte elements as well)
+        order.insert(1, order.pop(order.index(tuple(task["hint"]))))
+    for c in order:
+        u = usage(arch, dtype, base.with_kernel(kernel, *c), kernel)
+        tried.append({"params": c, **u})
+        if clean(u, arch):
+            break
+    fits = [t for t in tried if t["shared"] <= SMEM_LIMIT[arch]]
+    best = min(fits or tried, key=lambda t: (not clean(t, arch), t["spill"] or 0, t["regs"] or 0))
+    return {**task, "gp": base.gp, "heuristic": tried[0], "chosen": best, "clean": clean(best, arch),
+            "tried": len(tried)}
+
+
+def tasks(archs, dtypes) -> list[dict]:
+    """Every kernel to search, most used first: the CLI's default block size (64), sm_90, head_dim 64."""
+    return [dict(arch=a, dtype=t, head_dim=d, block=b, group=g, kernel=k) for t, b, a, d, g, k in
+            itertools.product(dtypes, kr.BLOCKS, archs, HEAD_DIMS, kr.GROUPS, KERNELS)]
+
+
+def _key(r: dict) -> tuple:
+    return tuple(r["arch"]), r["dtype"], r["head_dim"], r["block"], r["group"], r["kernel"]
+
+
+def load() -> list[dict]:
+    return [json.loads(line) for line in RESULTS.read_text().splitlines()] if RESULTS.exists() else []
+
+
+def write_table(rows: list[dict]) -> None:
+    """lcft/kernels/triton_tile_table.py from the search results: the choices that differ from the heuristic."""
+    chosen: dict[tuple, dict] = {}
+    no_clean: dict[tuple, dict] = {}
+    for r in sorted(rows, key=_key):
+        key = (r["arch"][0] * 10 + r["arch"][1], r["dtype"], r["head_dim"], r["block"], r["gp"])
+        if r["chosen"]["params"] != r["heuristic"]["params"]:
+            chosen.setdefault(key, {})[r["kernel"]] = tuple(r["chosen"]["params"])
+        if not r["clean"]:
+            c = r["chosen"]
+            no_clean.setdefault(key, {})[r["kernel"]] = (
+                f"{r['tried']} candidates; least: {c['regs']} registers, {c['spill']} B/thread spilled")
+    lines = TABLE.read_text().split("CHOSEN")[0].splitlines()
+    head = "\n".join(line for line in lines if not line.startswith("#")).rstrip("\n")
+    out = [head, "", "# (sm, dtype, head_dim, block, padded group): {kernel: (query tokens, keys, warps, stages)} "
+           "where they differ", "# from the heuristic's (lcft.kernels.triton_tiles.heuristic_tiles), which "
+           "spilled registers there.", "CHOSEN: dict[tuple[int, str, int, int, int], dict[str, tuple[int, int, "
+           "int, int]]] = {"]
+    out += [f"    {k!r}: {v!r}," for k, v in chosen.items()]
+    out += ["}", "", "# (sm, dtype, head_dim, block, padded group): {kernel: why no candidate compiles without "
+            "spills}.", "NO_CLEAN: dict[tuple[int, str, int, int, int], dict[str, str]] = {"]
+    out += [f"    {k!r}: {v!r}," for k, v in no_clean.items()]
+    TABLE.write_text("\n".join(out + ["}", ""]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--arch", action="append", type=int, help="only this target, e.g. 90 (repeatable)")
+    ap.add_argument("--dtype", action="append", choices=DTYPE_NAMES)
+    ap.add_argument("--write", action="store_true", help="write lcft/kernels/triton_tile_table.py and exit")
+    args = ap.parse_args(argv)
+    if args.write:
+        write_table(load())
+        return 0
+    archs = [(a // 10, a % 10) for a in args.arch] if args.arch else list(ARCHS)
+    rows = load()
+    done = {_key(r) for r in rows}
+    hints = {_key(r)[:1] + _key(r)[2:]: r["chosen"]["params"] for r in rows if r["dtype"] == "bf16" and r["clean"]}
+    todo = [t for t in tasks(archs, args.dtype or DTYPE_NAMES) if _key(t) not in done]
+    for t in todo:
+        if t["dtype"] == "fp16":
+            t["hint"] = hints.get(_key(t)[:1] + _key(t)[2:])
+    print(f"{len(todo)} kernels to search ({len(done)} done)", flush=True)
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool, RESULTS.open("a") as f:
+        for r in pool.imap_unordered(search, todo):
+            f.write(json.dumps(r) + "\n")
+            f.flush()
+            h, c = r["heuristic"], r["chosen"]
+            print(f"{_key(r)}: {h['regs']} regs {h['spill']} B -> {tuple(c['params'])} {c['regs']} regs "
+                  f"{c['spill']} B{'' if r['clean'] else ' (NOT CLEAN)'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
