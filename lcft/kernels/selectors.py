@@ -42,7 +42,7 @@ def register_selector(name: str, cls: type) -> None:
     """Make `cls` (constructed without arguments, following `Selector`) available as SparseSpec.selector=name."""
     known = _SELECTORS.get(name)
     if known is not None and known is not cls:
-        raise LcftError(f"selector name {name!r} is already taken by {known.__qualname__}")
+        raise ValueError(f"selector name {name!r} is already taken by {known.__qualname__}")
     _SELECTORS[name] = cls
 
 

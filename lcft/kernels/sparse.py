@@ -27,20 +27,21 @@ def _resolve_impl(impl: str, device: torch.device) -> str:
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> None:
-    """Raise LcftError on shapes, head counts, dtypes or lengths the kernels do not accept."""
+    """Raise ValueError on shapes, head counts, dtypes or lengths the kernels do not accept (an internal contract:
+    the user's options are checked before any tensor reaches a kernel)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise LcftError("q, k, v must be 4-D (batch, heads, length, head_dim)")
+        raise ValueError("q, k, v must be 4-D (batch, heads, length, head_dim)")
     if k.shape != v.shape:
-        raise LcftError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise LcftError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head_dim")
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head_dim")
     if q.shape[1] % k.shape[1]:
-        raise LcftError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
     if not (q.dtype == k.dtype == v.dtype):
-        raise LcftError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     for name, length in (("query", q.shape[2]), ("key", k.shape[2])):
         if length % block_size:
-            raise LcftError(f"{name} length {length} is not a multiple of block_size {block_size}; pad the sequence")
+            raise ValueError(f"{name} length {length} is not a multiple of block_size {block_size}; pad the sequence")
 
 
 def select_blocks(
@@ -60,19 +61,19 @@ def select_blocks(
     selector = get_selector(spec.selector)
     block_size = spec.block_size
     if q.dim() != 4 or q.shape[2] % block_size:
-        raise LcftError(f"q must be (B, H, L, D) with L a multiple of block_size {block_size}; got {tuple(q.shape)}")
+        raise ValueError(f"q must be (B, H, L, D) with L a multiple of block_size {block_size}; got {tuple(q.shape)}")
     if k_summary is None:
         if k is None:
-            raise LcftError("select_blocks needs k or k_summary")
+            raise ValueError("select_blocks needs k or k_summary")
         if k.shape[2] % block_size:
-            raise LcftError(f"key length {k.shape[2]} is not a multiple of block_size {block_size}")
+            raise ValueError(f"key length {k.shape[2]} is not a multiple of block_size {block_size}")
         k_summary = selector.summarise(k, spec)  # (B, Hkv, nK, ...)
     hkv, n_k = k_summary.shape[1], k_summary.shape[2]
     if q.shape[1] % hkv:
-        raise LcftError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({hkv})")
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({hkv})")
     if q_block_offset < 0 or q_block_offset + q.shape[2] // block_size > n_k:
-        raise LcftError(f"query blocks {q_block_offset}..{q_block_offset + q.shape[2] // block_size - 1} "
-                        f"reach past the {n_k} key blocks")
+        raise ValueError(f"query blocks {q_block_offset}..{q_block_offset + q.shape[2] // block_size - 1} "
+                         f"reach past the {n_k} key blocks")
     with torch.no_grad():
         return selector.select(q, k_summary, spec, q_block_offset)
 
@@ -84,20 +85,20 @@ def _check_indices(
     b, hkv = k.shape[0], k.shape[1]
     n_q, n_k = q.shape[2] // block_size, k.shape[2] // block_size
     if indices.dim() != 4 or tuple(indices.shape[:3]) != (b, hkv, n_q):
-        raise LcftError(f"indices must be (B, Hkv, nQ, budget) = ({b}, {hkv}, {n_q}, *); got {tuple(indices.shape)}")
+        raise ValueError(f"indices must be (B, Hkv, nQ, budget) = ({b}, {hkv}, {n_q}, *); got {tuple(indices.shape)}")
     if q_block_offset < 0 or q_block_offset + n_q > n_k:
-        raise LcftError(f"query blocks {q_block_offset}..{q_block_offset + n_q - 1} reach past the {n_k} key blocks")
+        raise ValueError(f"query blocks {q_block_offset}..{q_block_offset + n_q - 1} reach past the {n_k} key blocks")
     if indices.device.type == "cuda":
         return  # the checks below synchronise; selection output is valid by construction
     own = torch.arange(q_block_offset, q_block_offset + n_q, device=indices.device)[:, None]  # (nQ, 1)
     idx = indices.long()
     if bool((idx < -1).any()) or bool((idx > own).any()):
-        raise LcftError("indices hold a future key block (after the query's own block) or a value below -1")
+        raise ValueError("indices hold a future key block (after the query's own block) or a value below -1")
     if not bool(((idx == own).sum(-1) == 1).all()):
-        raise LcftError("each index row must contain its own (diagonal) key block exactly once")
+        raise ValueError("each index row must contain its own (diagonal) key block exactly once")
     valid = torch.where(idx < 0, -1 - torch.arange(idx.shape[-1], device=idx.device), idx)  # padding made unique
     if bool((valid.sort(dim=-1).values.diff(dim=-1) == 0).any()):
-        raise LcftError("index rows contain a key block twice")
+        raise ValueError("index rows contain a key block twice")
 
 
 def sparse_attention_with_indices(
@@ -147,7 +148,7 @@ def sparse_attention(
     """
     _check_qkv(q, k, v, spec.block_size)
     if q.shape[2] != k.shape[2]:
-        raise LcftError(f"q and k lengths differ ({q.shape[2]} vs {k.shape[2]}); use sparse_attention_with_indices")
+        raise ValueError(f"q and k lengths differ ({q.shape[2]} vs {k.shape[2]}); use sparse_attention_with_indices")
     resolved = _resolve_impl(impl, q.device)
     # A selector that takes every earlier block when the budget covers them all: dense causal attention is the
     # identical result, and faster.

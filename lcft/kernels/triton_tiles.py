@@ -104,7 +104,7 @@ def heuristic_tiles(capability: tuple[int, int], dtype: torch.dtype, head_dim: i
                     group: int) -> TileConfig:
     """Tiles from the sizes alone (what `tile_config` starts from)."""
     if dtype not in DTYPES:
-        raise LcftError(f"the Triton sparse kernels take fp32, bf16 or fp16 tensors, not {dtype}")
+        raise ValueError(f"the Triton sparse kernels take fp32, bf16 or fp16 tensors, not {dtype}")
     if block_size < 16 or block_size & (block_size - 1):
         raise LcftError(f"the Triton sparse kernels need a power-of-two block size >= 16, got {block_size}; "
                         "change --block-size")

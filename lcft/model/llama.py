@@ -98,9 +98,9 @@ class Llama(nn.Module):
         if position_ids is None:
             return torch.arange(input_ids.shape[-1], device=input_ids.device) + position_offset  # (L,)
         if position_offset:
-            raise LcftError("give either position_ids or position_offset, not both")
+            raise ValueError("give either position_ids or position_offset, not both")
         if position_ids.shape[-1] != input_ids.shape[-1]:
-            raise LcftError(f"position_ids cover {position_ids.shape[-1]} tokens, input_ids {input_ids.shape[-1]}")
+            raise ValueError(f"position_ids cover {position_ids.shape[-1]} tokens, input_ids {input_ids.shape[-1]}")
         return position_ids.to(input_ids.device)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, *,

@@ -23,7 +23,7 @@ from lcft.parallel.sharding import ShardLayout, check_length
 def _attention_config(model: nn.Module):
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "attention"):
-        raise LcftError("apply_context_parallel needs an lcft Llama model (with .config.attention)")
+        raise ValueError("apply_context_parallel needs an lcft Llama model (with .config.attention)")
     return cfg.attention
 
 
@@ -33,7 +33,7 @@ def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: Parallel
     With cp == 1 the model is left untouched. Parameters and their names do not change, so checkpoints
     written under any cp load under any other."""
     if cfg.cp != state.cp:
-        raise LcftError(f"ParallelConfig.cp={cfg.cp} but the process layout has cp={state.cp}")
+        raise ValueError(f"ParallelConfig.cp={cfg.cp} but the process layout has cp={state.cp}")
     if not state.cp_enabled:
         return model
     attention = _attention_config(model)
@@ -47,7 +47,7 @@ def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: Parallel
             module.core = ContextParallelCore(attention, state, cfg)
             n += 1
     if n == 0:
-        raise LcftError("apply_context_parallel found no attention block with a swappable `core`")
+        raise ValueError("apply_context_parallel found no attention block with a swappable `core`")
     return model
 
 

@@ -19,8 +19,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from lcft.errors import LcftError
-
 
 def mixed_precision(bf16: bool) -> MixedPrecisionPolicy:
     """bf16 compute with fp32 master weights and fp32 gradient reduction; plain fp32 otherwise."""
@@ -41,7 +39,7 @@ def apply_fsdp(root: nn.Module, blocks: Iterable[nn.Module], mesh: DeviceMesh, *
     kw = dict(mesh=mesh, mp_policy=mixed_precision(bf16), offload_policy=policy)
     blocks = list(blocks)
     if not blocks:
-        raise LcftError("apply_fsdp found no decoder block to shard")
+        raise ValueError("apply_fsdp found no decoder block to shard")
     for i, block in enumerate(blocks):
         # The last block's parameters are gathered again at once by backward: keep them (torchtitan does too).
         fully_shard(block, reshard_after_forward=i < len(blocks) - 1, **kw)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from lcft.errors import LcftError
 from lcft.shapes import check_length
 
 
@@ -18,7 +17,7 @@ def rank_chunks(cp_rank: int, cp: int, layout: str) -> tuple[int, int]:
         return cp_rank, 2 * cp - 1 - cp_rank
     if layout == "contiguous":
         return 2 * cp_rank, 2 * cp_rank + 1
-    raise LcftError(f"unknown cp layout {layout!r} (use 'zigzag' or 'contiguous')")
+    raise ValueError(f"unknown cp layout {layout!r} (use 'zigzag' or 'contiguous')")
 
 
 @dataclass(frozen=True)
@@ -83,8 +82,8 @@ class ShardLayout:
     def shard(self, x: torch.Tensor, cp_rank: int, dim: int = 1) -> torch.Tensor:
         """`cp_rank`'s tokens of a full-window tensor, cut along `dim` (size `length`)."""
         if x.shape[dim] != self.length:
-            raise LcftError(f"cannot shard a tensor of length {x.shape[dim]} along dim {dim}: "
-                            f"the window length is {self.length}")
+            raise ValueError(f"cannot shard a tensor of length {x.shape[dim]} along dim {dim}: "
+                             f"the window length is {self.length}")
         a, b = self.chunks(cp_rank)
         c = self.chunk
         return torch.cat([x.narrow(dim, a * c, c), x.narrow(dim, b * c, c)], dim=dim)

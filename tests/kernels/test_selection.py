@@ -116,10 +116,10 @@ def test_offset_and_summary_equal_slice_of_full_call():
 
 def test_selection_bad_input():
     q = torch.randn(1, 2, 100, 8)
-    with pytest.raises(LcftError, match="multiple of block_size"):
+    with pytest.raises(ValueError, match="multiple of block_size"):
         select_blocks(q, q, SparseSpec(block_size=16, top_k=1, local_blocks=0, sink_blocks=0))
     q = torch.randn(1, 2, 64, 8)
-    with pytest.raises(LcftError, match="reach past"):
+    with pytest.raises(ValueError, match="reach past"):
         select_blocks(q, q, SparseSpec(block_size=16, top_k=1, local_blocks=0, sink_blocks=0), q_block_offset=2)
     with pytest.raises(LcftError, match="top_k"):
         select_blocks(q, q, SparseSpec(block_size=16, top_k=-1, local_blocks=0, sink_blocks=0))

@@ -73,7 +73,7 @@ def test_position_ids_forms_are_equivalent():
     # RoPE is relative: a uniform shift changes nothing but rounding; other spacings do change the output
     torch.testing.assert_close(m(ids), ref, rtol=1e-4, atol=1e-4)
     assert (m(ids, position_ids=torch.arange(48) * 3) - ref).abs().max() > 1e-2
-    with pytest.raises(LcftError):
+    with pytest.raises(ValueError):
         m(ids, position_ids=torch.arange(48), position_offset=3)
 
 
