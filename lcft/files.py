@@ -18,6 +18,7 @@ from lcft.errors import LcftError
 
 HASH_CHUNK = 1 << 24  # 16 MiB reads: few system calls per GB of windows, a bounded buffer
 LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
+HELD_LOCK_ENV = "LCFT_HELD_LOCK"  # "PID FOLDER": a launcher holds FOLDER's lock for the workers it started
 
 
 def temp_name(path: Path) -> Path:
@@ -120,6 +121,19 @@ def _holder(folder: Path) -> tuple[str | None, str | None]:
     return (pid or None), (command or None)
 
 
+def _held_by_launcher(folder: Path) -> bool:
+    """True when HELD_LOCK_ENV names `folder` and a pid that is an ancestor of this process and still holds
+    the lock (its pid in LOCK_NAME): a worker of the launch that holds it."""
+    import psutil
+
+    pid, _, path = os.environ.get(HELD_LOCK_ENV, "").partition(" ")
+    if not pid.isdigit() or not folder.is_dir() or path != str(folder.resolve()) or _holder(folder)[0] != pid:
+        return False
+    with contextlib.suppress(psutil.Error):
+        return int(pid) in {p.pid for p in psutil.Process().parents()}
+    return False
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
     """Hold an exclusive lock on an output folder (created when missing) while the block runs: a second
@@ -128,6 +142,9 @@ def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
     the holder's pid is kept in LOCK_NAME inside, removed at the end. A folder created here and still empty
     at the end is removed (nothing half-written on an error)."""
     folder = Path(folder)
+    if _held_by_launcher(folder):  # the launcher took the lock before it wrote anything; its worker re-enters
+        yield folder
+        return
     created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""Which ranks still answer: every process of a launch beats a counter in the launch's rendezvous store, and a
-process whose collective failed reads the counters to name the ranks (and nodes) that stopped.
+"""Whether this process is one rank of a launch, and which ranks still answer: every process of a launch beats a
+counter in the launch's rendezvous store, and a process whose collective failed reads the counters to name the
+ranks (and nodes) that stopped.
 
 A frozen process (SIGSTOP, a hung driver) and a dead one look alike to its peers: a collective that never
 completes (gloo: the collective timeout; a closed connection when the process or its node died). The
@@ -29,6 +30,11 @@ LOST_AFTER = 3
 FAILURE_FILE_ENV = "LCFT_FAILURE_FILE"  # set by the launcher: where the first survivor writes the diagnosis
 NODE_RANK_ENV = "LCFT_NODE_RANK"  # the user's --node-rank (torchrun's own node numbering may differ)
 EXIT_LOST = 75  # a rank or node stopped answering; the latest checkpoint stands (sysexits EX_TEMPFAIL)
+
+
+def launched() -> bool:
+    """True inside a torchrun (or similar) launch: the process group is described by the environment."""
+    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
 
 
 class PeerLost(LcftError):

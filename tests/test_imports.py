@@ -1,5 +1,6 @@
 """Import rules of the package: no cycle between modules, and the layering (model/kernels below parallel below
-train/evaluate below cli; genomics and the model independent of each other; only the CLI entry point imports lcft.cli).
+train/evaluate below launch below cli; genomics and the model independent of each other; only the CLI entry point
+imports lcft.cli).
 
 The graph is read from the sources with `ast`: module-level and function-level imports, relative imports
 resolved, lazy re-export tables (`_EXPORTS = {"name": "lcft.x.y"}`) read as imports of their package.
@@ -26,10 +27,11 @@ LAYERS = [
     # the model takes its vocabulary from its config: it never reads a tokenizer
     ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli", "lcft.genomics")),
     ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
-    ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli")),
-    # train and evaluate are peers: what both need sits below them (lcft.parallel, lcft.units, ...)
-    ("lcft.train", ("lcft.evaluate",)),
-    ("lcft.evaluate", ("lcft.train",)),
+    ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.launch")),
+    # train and evaluate are peers: what both need sits below them (lcft.parallel, lcft.units, ...); they run in
+    # the process they are called in: only the CLI decides to launch
+    ("lcft.train", ("lcft.evaluate", "lcft.launch")),
+    ("lcft.evaluate", ("lcft.train", "lcft.launch")),
     ("lcft.genomics", ("lcft.model",)),
     # the run layout serves train, eval and export alike; file helpers sit below everything
     ("lcft.runs", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),

@@ -24,10 +24,10 @@ OPTIONS = {
 
 
 def _run(cfg: EvalConfig, quiet: bool) -> None:
-    from lcft.evaluate.runner import evaluate
     from lcft.evaluate.terminal import print_table
+    from lcft.launch import run
 
-    report = evaluate(cfg, progress=not quiet)
+    report = run("eval", cfg, progress=not quiet)  # in this process, or --nproc N launched ones
     if "node_rank" in report:  # a node other than 0 of a multi-node launch: rank 0 wrote the report
         console.print(f"node {report['node_rank']}: done; node 0 wrote the report", highlight=False)
         return

@@ -1,4 +1,4 @@
-"""`lcft train`: one flag per TrainConfig field (same names as the --config TOML keys), then lcft.train.train."""
+"""`lcft train`: one flag per TrainConfig field (same names as the --config TOML keys), then lcft.launch.run."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from lcft.train.config import TrainConfig
 
 
 def _run(cfg: TrainConfig) -> None:
-    from lcft.launch import exit_code
-    from lcft.train import train  # torch/accelerate load only when a run starts
+    from lcft.launch import exit_code, run  # torch/accelerate load only when a run starts
 
-    s = train(cfg)
+    s = run("train", cfg)  # in this process, or --nproc N launched ones
     if "node_rank" in s:  # a node other than 0 of a multi-node launch: rank 0 wrote the summary
         console.print(f"node {s['node_rank']}: done; node 0 wrote the summary", highlight=False)
         return

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lcft.errors import LcftError
-from lcft.launch import launched
+from lcft.liveness import launched
 from lcft.parallel.apply import ContextParallelRunner
 from lcft.parallel.config import ParallelConfig
 from lcft.parallel.mesh import init_parallel, init_world

@@ -23,8 +23,9 @@ from lcft.evaluate.recurrence import distance_classes, histogram, nearest_copy, 
 from lcft.files import folder_lock
 from lcft.genomics.tokenizer import A, T
 from lcft.kernels.triton_tiles import check_model_kernels_fit
-from lcft.launch import launch, launched
+from lcft.liveness import launched
 from lcft.parallel.config import ParallelConfig
+from lcft.shapes import check_world
 
 IGNORE = -100
 
@@ -291,6 +292,13 @@ def make_probe(cfg: EvalConfig, ws: Any, n_windows: int) -> CopyProbe | None:
     return CopyProbe(ws, n, cfg.probe_segment, distances, cfg.probe_mutation, cfg.seed)
 
 
+def check_launch(cfg: EvalConfig, world: int) -> None:
+    """What a launch of `world` processes checks before it starts any or writes anything: the world splits
+    into context-parallel groups, the split opens."""
+    check_world(world, cfg.cp)
+    open_split(cfg)
+
+
 def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
     `cfg.out` (nothing is written when an input is bad), and return the report (the content of eval.json).
@@ -298,7 +306,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     from lcft.evaluate.report import build_report, write_outputs
 
     if cfg.multiprocess and not launched():
-        return launch("eval", cfg)  # torchrun starts the ranks; they run this function again
+        raise ValueError("cfg asks for several processes (nproc, nnodes or max_restarts): run it through "
+                         "lcft.launch.run('eval', cfg), which starts them")
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
     n_windows = len(ws) if not cfg.max_windows else min(cfg.max_windows, len(ws))

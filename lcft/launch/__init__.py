@@ -1,19 +1,23 @@
-"""`--nproc N` (and `--nnodes`, `--max-restarts`) for `lcft train` and `lcft eval`: start the processes of a
-run through torchrun's elastic agent (c10d rendezvous), gloo on CPU.
+"""`--nproc N` (and `--nnodes`, `--max-restarts`) for `lcft train` and `lcft eval`: `run(job, cfg)` runs the job
+in this process, or starts the processes of a run through torchrun's elastic agent (c10d rendezvous), gloo on CPU.
 
-The parent writes the resolved config into the output folder, runs `python -m torch.distributed.run
---standalone|--rdzv-* --nproc-per-node N --max-restarts R -m lcft.launch JOB CONFIG.toml` (the worker entry is
-lcft/launch/__main__.py), passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint
-and exit), ends them at once on a second signal or when one of them is frozen, and returns the summary rank 0
-wrote. Several nodes: the same command on every node with its own `--node-rank` and node 0's
-`--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are ignored.
+Before a launch writes anything, every check that needs no process group runs here (the world splits into
+context-parallel groups, the batch into replicas, the run folder takes the run); then node 0's launcher takes
+the output folder's lock, which its rank 0 re-enters, so a second launch into the folder is refused from the
+first byte. The resolved config goes to a private temporary folder of this launch with the workers' reports;
+the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R -m
+lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
+passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit), ends them at once
+on a second signal or when one of them is frozen, and returns the summary rank 0 handed back. The agent and the
+workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
+ignored.
 
 Exit codes of `lcft train` (what a scheduler sees): 0 the run finished (or --stop-after was reached);
 1 a user error (fix the command; a rerun fails the same way); 128 + N stopped by signal N after saving a
-checkpoint (143 SIGTERM, 130 SIGINT; or killed by it before saving); 75 a rank or node stopped answering or
-died (no new checkpoint). After 143, 130 and 75, `--resume auto` continues from the latest verified checkpoint.
-
-This module imports nothing from lcft.train or lcft.evaluate (they call it); only the worker entry does.
+checkpoint (143 SIGTERM, 130 SIGINT; or killed by it before saving); 75 a rank or node stopped answering,
+died or was killed by a signal (no new checkpoint). After 143, 130 and 75, `--resume auto` continues from the
+latest verified checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,35 +39,12 @@ import psutil
 
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
-from lcft.launch.liveness import EXIT_LOST, FAILURE_FILE_ENV, NODE_RANK_ENV, PeerLost, read_report
+from lcft.files import HELD_LOCK_ENV, folder_lock
+from lcft.launch.jobs import JOBS, Entry, job
+from lcft.launch.process import FAILURES_ENV, RESULT_FILE_ENV
+from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, NODE_RANK_ENV, PeerLost, launched, read_report
 
-__all__ = ["EXIT_LOST", "JOBS", "Job", "PeerLost", "Stopped", "exit_code", "launch", "launched"]
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the parent needs to know of one kind of launched work (the worker side is in __main__.py)."""
-
-    summary: str
-    """File rank 0 writes into cfg.out; the parent returns its content."""
-    spec: str
-    """The resolved config the workers read, written into cfg.out."""
-    what: str
-    """The work, for error messages ("training processes failed ...")."""
-    keep_spec: bool
-    """Leave the spec in cfg.out afterwards (a run folder keeps it; a report folder does not)."""
-
-
-JOBS = {
-    "train": Job(summary="summary.json", spec="launch.toml", what="training", keep_spec=True),
-    "eval": Job(summary="eval.json", spec="eval-launch.toml", what="evaluation", keep_spec=False),
-}
-
-
-def launched() -> bool:
-    """True inside a torchrun (or similar) launch: the process group is described by the environment."""
-    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
-
+__all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "Stopped", "exit_code", "launch", "run"]
 
 class Stopped(LcftError):
     """The workers were ended by a signal before they could save (a second signal); exit code 128 + signal."""
@@ -81,47 +61,85 @@ def exit_code(summary: dict[str, Any]) -> int:
     return 128 + int(signal.Signals[name]) if summary.get("stopped") == "signal" and name else 0
 
 
-def launch(job: str, cfg: Any) -> dict[str, Any]:
-    """Run `job` ("train" or "eval") with cfg in cfg.nproc processes on this node (of cfg.nnodes); returns
-    rank 0's summary. Raises PeerLost (exit code 75) when a rank stopped answering, Stopped on a second signal."""
-    if job not in JOBS:
-        raise ValueError(f"unknown job {job!r} (one of {', '.join(JOBS)})")
-    j = JOBS[job]
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    node0 = cfg.node_rank == 0
-    spec = save_resolved(out / (j.spec if node0 else f"node{cfg.node_rank}-{j.spec}"), to_dict(cfg))
-    summary = out / j.summary
-    if node0:
-        summary.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
-           f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", job, str(spec)]
-    env = dict(os.environ)
+def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run job `name` ("train" or "eval") as cfg says and return its summary: in this process (kwargs go to
+    the job: hooks, progress), or, when cfg asks for several processes (--nproc, --nnodes, --max-restarts)
+    and this process is not already one of a launch, in cfg.nproc launched processes on this node."""
+    entry = job(name).entry()
+    cfg = entry.resolve(cfg)
+    if not cfg.multiprocess or launched():
+        return entry.work(cfg, **kwargs)
+    entry.check(cfg, cfg.nproc * cfg.nnodes)  # nothing is created or written before these pass
+    return launch(name, cfg, entry)
+
+
+def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
+    """Run job `name` in cfg.nproc processes on this node (of cfg.nnodes); returns rank 0's summary. On one
+    node, the output folder's lock is taken first (across nodes rank 0 takes it, wherever torchrun placed it),
+    then node 0 runs `entry.check_out(cfg)`. Raises PeerLost (exit code 75) when a rank stopped answering or was
+    killed by a signal, Stopped on a second signal."""
+    j = job(name)
+    started = time.time()
+    with contextlib.ExitStack() as stack:
+        if cfg.nnodes == 1:  # one writer from the first byte
+            stack.enter_context(folder_lock(cfg.out, j.command))
+        if cfg.node_rank == 0:
+            entry.check_out(cfg)
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lcft-launch-")))  # mode 0700
+        spec = save_resolved(tmp / "spec.toml", to_dict(cfg))
+        files = {FAILURE_FILE_ENV: tmp / "failure.txt", FAILURES_ENV: tmp / "failures.json",
+                 RESULT_FILE_ENV: tmp / "result.json"}
+        cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
+               f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", name, str(spec)]
+        env = _environment(cfg, {k: str(v) for k, v in files.items()})
+        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], elastic=cfg.max_restarts > 0)
+        rc = supervisor.run()
+        # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
+        killed = _killed(files[FAILURES_ENV], cfg.node_rank) if rc != 0 and not supervisor.ended else None
+        lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 else None
+        result = files[RESULT_FILE_ENV]
+        summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
+    if killed or lost:
+        raise PeerLost(killed or lost)
+    if rc != 0:
+        raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
+    return summary or _elsewhere(Path(cfg.out) / entry.summary, started, cfg.node_rank)
+
+
+def _elsewhere(written: Path, since: float, node: int) -> dict[str, Any]:
+    """The summary when rank 0 ran on another node: the file it wrote into the run folder during this launch
+    (a shared file system), else a note."""
+    with contextlib.suppress(OSError, ValueError):
+        if written.stat().st_mtime >= since:
+            return json.loads(written.read_text())
+    return {"run_dir": str(written.parent), "node_rank": node, "stopped": "done"}
+
+
+def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
+    """The agent's and workers' environment: this launch's private files, the lock rank 0 re-enters."""
+    env = dict(os.environ, **files)
     # One thread per process unless the user chose: N processes x all cores each would oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
     env[NODE_RANK_ENV] = str(cfg.node_rank)
+    if cfg.nnodes == 1:  # launch() holds the lock
+        env[HELD_LOCK_ENV] = f"{os.getpid()} {Path(cfg.out).resolve()}"
     # torchrun's agent otherwise keeps one store for every restart of the group, and a restarted rank can read
     # the address a dead one published (gloo: "connectFullMesh failed ... Connection refused"); a store per
     # round (served by rank 0) starts each restart clean.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    with tempfile.TemporaryDirectory(prefix="lcft-launch-") as tmp:
-        failure = Path(tmp) / "failure.txt"
-        env[FAILURE_FILE_ENV] = str(failure)
-        try:
-            rc = _Supervisor(cmd, env, failure, elastic=cfg.max_restarts > 0).run()
-        finally:
-            if not (j.keep_spec and node0):
-                spec.unlink(missing_ok=True)
-        lost = read_report(failure) if rc != 0 else None
-    if lost:
-        raise PeerLost(lost)
-    if rc != 0:
-        raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
-    if summary.is_file():
-        return json.loads(summary.read_text())
-    if not node0:  # rank 0 runs on node 0 and writes the summary there
-        return {"run_dir": str(out), "node_rank": cfg.node_rank, "stopped": "done"}
-    raise LcftError(f"{j.what} processes ended without writing {summary}")
+    return env
+
+
+def _killed(path: Path, node: int) -> str | None:
+    """A one-line diagnosis when the agent saw a worker killed by a signal (SIGKILL: the OOM killer, a
+    scheduler), from the failures it recorded; None when every failed worker exited by itself."""
+    with contextlib.suppress(OSError, ValueError):
+        failed = [f for f in json.loads(path.read_text()) if f.get("signal") and not f.get("stopped")]
+        if failed:
+            who = ", ".join(f"rank {f['rank']} on node {node} (pid {f['pid']}) was killed by {f['signal']}"
+                            for f in failed)
+            return f"{who}; the run ended without a new checkpoint: start it again with --resume auto"
+    return None
 
 
 def _rendezvous_args(cfg: Any) -> list[str]:
@@ -151,6 +169,7 @@ class _Supervisor:
         self.cmd, self.env, self.failure, self.elastic = cmd, env, failure, elastic
         self.signals: list[int] = []
         self.killed_by: int | None = None
+        self.ended = False  # True once _kill ended the agent and the workers
 
     def run(self) -> int:
         self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
@@ -219,6 +238,7 @@ class _Supervisor:
 
     def _kill(self) -> None:
         """SIGKILL torchrun and its workers (each in a session of its own; a stopped process takes SIGKILL too)."""
+        self.ended = True
         for p in [*self._workers(), psutil.Process(self.proc.pid)]:
             with contextlib.suppress(psutil.Error):
                 p.kill()

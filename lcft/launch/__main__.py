@@ -1,60 +1,35 @@
-"""Worker entry of `--nproc N`: `python -m lcft.launch JOB CONFIG.toml`, started once per rank by torchrun."""
+"""Worker entry of `--nproc N`: `python -m lcft.launch JOB SPEC.toml`, started once per rank by torchrun."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
+from lcft import liveness
 from lcft.errors import LcftError
-from lcft.launch import JOBS, liveness
-
-Entry = tuple[Callable[[str], Any], Callable[[Any], Any]]  # (config loader, the work)
-
-
-def _train_entry() -> Entry:
-    from lcft.runs import latest_checkpoint
-    from lcft.train.config import load_run_config
-    from lcft.train.trainer import train
-
-    def load(path: str) -> Any:
-        cfg = load_run_config(path)
-        # An elastic restart (the agent restarted the group after a process died) continues the run from its
-        # latest verified checkpoint, whatever the first start was told.
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and latest_checkpoint(cfg.out) is not None:
-            cfg = dataclasses.replace(cfg, resume="auto")
-        return cfg
-
-    return load, train
-
-
-def _eval_entry() -> Entry:
-    from lcft.config import build, load_toml
-    from lcft.evaluate.config import EvalConfig
-    from lcft.evaluate.runner import evaluate
-
-    return (lambda path: build(EvalConfig, load_toml(path))), evaluate
-
-
-# job -> its entry; imported only when the job runs, so the launcher stays below train and evaluate.
-ENTRIES: dict[str, Callable[[], Entry]] = {"train": _train_entry, "eval": _eval_entry}
+from lcft.files import atomic_write
+from lcft.launch.jobs import JOBS
+from lcft.launch.process import RESULT_FILE_ENV, die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load JOB's config from CONFIG.toml and run it on this rank; 1 on a user error (printed by rank 0)."""
+    """Load JOB's config from SPEC.toml and run it on this rank; rank 0 hands its summary back to the launcher
+    (the file RESULT_FILE_ENV names). 1 on a user error (printed by rank 0)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] not in ENTRIES:
+    if len(args) != 2 or args[0] not in JOBS:
         print(f"usage: python -m lcft.launch {{{','.join(JOBS)}}} CONFIG.toml "
               "(started by `lcft train|eval --nproc N`)", file=sys.stderr)
         return 2
-    job, spec = args
+    name, spec = args
+    rank0 = os.environ.get("RANK", "0") == "0"
     try:
-        load, run = ENTRIES[job]()
-        run(load(spec))
+        entry = JOBS[name].entry()
+        summary = entry.work(entry.resolve(entry.load(spec)))
+        if rank0 and (result := os.environ.get(RESULT_FILE_ENV)):
+            atomic_write(result, json.dumps(summary, default=str))
     except LcftError as e:
-        if os.environ.get("RANK", "0") == "0":
+        if rank0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:
@@ -82,4 +57,5 @@ def _destroy_process_group() -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # a launcher (and its agent) killed by SIGKILL leaves no worker running
     sys.exit(main())

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcft.errors import LcftError
 from lcft.model.attention import Attention
 from lcft.model.config import LlamaConfig
 from lcft.model.layers import MLP, RMSNorm

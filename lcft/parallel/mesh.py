@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from lcft.launch import liveness
+from lcft import liveness
 from lcft.parallel.config import ParallelConfig
 from lcft.shapes import check_world
 

@@ -235,3 +235,12 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     if cfg.resume and cfg.resume != "auto":
         changes["resume"] = str(Path(cfg.resume).expanduser().resolve())
     return dataclasses.replace(cfg, **changes)
+
+
+def resolve_folders(cfg: TrainConfig) -> TrainConfig:
+    """cfg with its folders given and made absolute (the same in every process of a launch)."""
+    if not cfg.data:
+        raise ConfigError("data: give the prepared data folder (--data)")
+    if not cfg.out:
+        raise ConfigError("out: give the run folder (--out)")
+    return absolute_paths(cfg)

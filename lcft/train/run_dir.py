@@ -11,6 +11,7 @@ from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import folder_lock
 from lcft.runs import RUN_CONFIG, latest_checkpoint, resolve_resume
+from lcft.shapes import check_batch, check_world
 from lcft.train.checkpoint import clean_partial, supersede_after
 from lcft.train.config import TrainConfig, diff, load_run_config
 
@@ -30,6 +31,17 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
         raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
                         "continue that run, or choose another --out")
     return None
+
+
+def check_launch(cfg: TrainConfig, world: int) -> None:
+    """What a launch of `world` processes checks before it creates anything: the world splits into
+    context-parallel groups and the batch into data-parallel replicas."""
+    check_batch(cfg.global_batch, cfg.micro_batch, check_world(world, cfg.cp))
+
+
+def check_run_folder(cfg: TrainConfig) -> None:
+    """A launch's check, under its lock, that the run folder takes this run (rank 0 then says what it finds)."""
+    check_run_dir(cfg, Path(cfg.out), lambda _message: None)
 
 
 def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, lock: contextlib.ExitStack,

@@ -20,13 +20,13 @@ import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
-from lcft.config import ConfigError, save_resolved, to_dict
+from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
-from lcft.launch import JOBS, launch, launched
+from lcft.liveness import launched
 from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
 from lcft.runs import latest_checkpoint, resolve_checkpoint
@@ -42,7 +42,7 @@ from lcft.train.checkpoint import (
     write_checkpoint,
     write_trainer_state,
 )
-from lcft.train.config import TrainConfig, absolute_paths
+from lcft.train.config import TrainConfig, resolve_folders
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
@@ -53,7 +53,7 @@ from lcft.train.sharded import clip, materialize_sharded, prepare, restore_optim
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 from lcft.units import bits_per_base
 
-SUMMARY = JOBS["train"].summary  # the launcher reads it back from the run folder
+SUMMARY = "summary.json"  # in the run folder: how the latest invocation ended
 
 
 @dataclass
@@ -70,15 +70,11 @@ class TrainHooks:
 
 
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict[str, Any]:
-    """Train as `cfg` says; returns a summary (run_dir, checkpoint, step, loss, stopped, signal, ...). Outside a
-    torchrun launch, cfg.multiprocess (--nproc, --nnodes, --max-restarts) starts the processes (no hooks then)."""
-    if not cfg.data:
-        raise ConfigError("data: give the prepared data folder (--data)")
-    if not cfg.out:
-        raise ConfigError("out: give the run folder (--out)")
-    cfg = absolute_paths(cfg)
+    """Train as `cfg` says in this process (one rank of a launch, or the only one; lcft.launch.run starts
+    several); returns a summary (run_dir, checkpoint, step, loss, stopped, signal, ...)."""
+    cfg = resolve_folders(cfg)
     if cfg.multiprocess and not launched():
-        return launch("train", cfg)
+        raise ValueError("cfg asks for several processes: lcft.launch.run('train', cfg) starts them")
     trainer = Trainer(cfg, hooks or TrainHooks())
     try:
         return trainer.run()

@@ -1,5 +1,5 @@
 """The launcher's worker entry (`python -m lcft.launch JOB CONFIG.toml`) and an eval launch that fails on
-every rank: one error line (rank 0's), the temporary config removed, no stale report."""
+every rank: one error line (rank 0's), the temporary config removed, the report from before kept as it was."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
+from lcft.launch import run
 from lcft.launch.__main__ import main
 
 
@@ -43,14 +44,14 @@ def test_eval_launch_failing_on_every_rank(tmp_path, capfd):
                                       num_attention_heads=2, num_key_value_heads=2)), tmp_path / "model")
     out = tmp_path / "report"
     out.mkdir()
-    (out / "eval.json").write_text("{}")  # a report from before must not be taken for this run's
+    (out / "eval.json").write_text("{}")  # a report from before: neither taken for this run's nor lost
     # 768 does not divide the 2048-token window: every rank refuses it once the cp group is known.
     cfg = EvalConfig(data=str(data), checkpoints=(str(tmp_path / "model"),), max_context=(768,), max_windows=1,
                      out=str(out), nproc=2, cp=2)
     capfd.readouterr()
     with pytest.raises(LcftError, match=r"evaluation processes failed \(torchrun exit code 1\)"):
-        evaluate(cfg)
+        run("eval", cfg)
     err = capfd.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "768" in errors[0], err[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == []
+    assert sorted(p.name for p in out.iterdir()) == ["eval.json"] and (out / "eval.json").read_text() == "{}"

@@ -7,6 +7,7 @@ import pytest
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
+from lcft.launch import run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes: ~35 s
 
@@ -20,7 +21,7 @@ def _cfg(data, model, out, **changes) -> EvalConfig:
 
 def test_dp2_cp2_eval_equals_one_process(tmp_path, cp_data_dir, cp_init_dir):
     one = evaluate(_cfg(cp_data_dir, cp_init_dir, tmp_path / "one"))
-    four = evaluate(_cfg(cp_data_dir, cp_init_dir, tmp_path / "four", nproc=4, cp=2, cp_kv="selected"))
+    four = run("eval", _cfg(cp_data_dir, cp_init_dir, tmp_path / "four", nproc=4, cp=2, cp_kv="selected"))
     assert (tmp_path / "four" / "eval.json").is_file()
     for a, b in zip(one["checkpoints"], four["checkpoints"], strict=True):
         assert b["tokens"] == a["tokens"]

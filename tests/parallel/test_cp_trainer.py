@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lcft.errors import LcftError
+from lcft.launch import run
 from lcft.model import from_pretrained
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
@@ -29,10 +30,10 @@ def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
     root = tmp_path_factory.mktemp("cp-train")
     base = _base(cp_data_dir, cp_init_dir)
     train(TrainConfig(out=str(root / "one"), **base))
-    s = train(TrainConfig(out=str(root / "dpcp"), nproc=4, cp=2, **base))
+    s = run("train", TrainConfig(out=str(root / "dpcp"), nproc=4, cp=2, **base))
     assert s["world_size"] == 4 and s["step"] == 2
     train(TrainConfig(out=str(root / "cp2to1"), resume=str(root / "dpcp/checkpoints/step-00000001"), **base))
-    s = train(TrainConfig(out=str(root / "cp1to2"), resume=str(root / "one/checkpoints/step-00000001"), nproc=2,
+    s = run("train", TrainConfig(out=str(root / "cp1to2"), resume=str(root / "one/checkpoints/step-00000001"), nproc=2,
                           cp=2, cp_layout="contiguous", cp_kv="stream", **base))
     assert s["world_size"] == 2 and s["step"] == 2
     return root

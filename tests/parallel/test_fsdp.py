@@ -13,6 +13,7 @@ from lcft.config import ConfigError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.genomics.shards import read_manifest
+from lcft.launch import run
 from lcft.model import from_pretrained
 from lcft.parallel.dcp import is_sharded_checkpoint, read_model
 from lcft.runs import read_model_meta
@@ -38,19 +39,19 @@ def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
     root = tmp_path_factory.mktemp("fsdp")
     base = _base(cp_data_dir, cp_init_dir)
     train(TrainConfig(out=str(root / "one"), **base))
-    s = train(TrainConfig(out=str(root / "fsdp2"), nproc=2, shard="fsdp", **base))
+    s = run("train", TrainConfig(out=str(root / "fsdp2"), nproc=2, shard="fsdp", **base))
     assert s["world_size"] == 2 and s["step"] == 3
-    s = train(TrainConfig(out=str(root / "fsdp_dpcp"), nproc=4, cp=2, shard="fsdp", **base))
+    s = run("train", TrainConfig(out=str(root / "fsdp_dpcp"), nproc=4, cp=2, shard="fsdp", **base))
     assert s["world_size"] == 4 and s["step"] == 3
-    train(TrainConfig(out=str(root / "fsdp_cp2"), nproc=2, cp=2, shard="fsdp", **base))
+    run("train", TrainConfig(out=str(root / "fsdp_cp2"), nproc=2, cp=2, shard="fsdp", **base))
     train(TrainConfig(out=str(root / "to_one"), resume=str(root / "fsdp2" / STEP.format(1)), **base))
-    train(TrainConfig(out=str(root / "from_one"), resume=str(root / "one" / STEP.format(1)), nproc=2,
+    run("train", TrainConfig(out=str(root / "from_one"), resume=str(root / "one" / STEP.format(1)), nproc=2,
                       shard="fsdp", **base))
-    train(TrainConfig(out=str(root / "cp2_to_cp1"), resume=str(root / "fsdp_dpcp" / STEP.format(1)), nproc=2,
+    run("train", TrainConfig(out=str(root / "cp2_to_cp1"), resume=str(root / "fsdp_dpcp" / STEP.format(1)), nproc=2,
                       shard="fsdp", **base))
     init = dict(base, init=str(root / "fsdp2" / STEP.format(1)), steps=1)
     train(TrainConfig(out=str(root / "init_one"), **init))
-    train(TrainConfig(out=str(root / "init_fsdp"), nproc=2, shard="fsdp", **init))
+    run("train", TrainConfig(out=str(root / "init_fsdp"), nproc=2, shard="fsdp", **init))
     return root
 
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from lcft.errors import LcftError
+from lcft.launch import run
 from lcft.model import Llama
 from lcft.parallel.activations import apply_activation_checkpointing
 from lcft.parallel.compile import compile_blocks
 from lcft.parallel.dcp import read_model
 from lcft.train.config import TrainConfig
 from lcft.train.step import LossModel
-from lcft.train.trainer import train
 from tests.train.conftest import small_model_config
 
 TOL = 1e-5
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") 
 
 
 def _run(base: dict[str, Any], out: Path, **changes: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
-    s = train(TrainConfig(**{**base, "steps": 3, "out": str(out), **changes}))
+    s = run("train", TrainConfig(**{**base, "steps": 3, "out": str(out), **changes}))
     losses = [json.loads(line)["loss"] for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     weights = read_model(s["checkpoint"]).state_dict()  # safetensors or a sharded (DCP) checkpoint
     assert weights

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.launch import run
 from lcft.model import from_pretrained
 from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.checkpoint import read_state
@@ -28,7 +29,7 @@ def runs(tmp_path_factory, data_dir, init_dir):
     root = tmp_path_factory.mktemp("dp")
     base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
                 warmup=2, lr=1e-3, precision="fp32", save_every=3, keep_last=0, progress=False)
-    two = train(TrainConfig(out=str(root / "two"), nproc=2, stop_after=3, **base))
+    two = run("train", TrainConfig(out=str(root / "two"), nproc=2, stop_after=3, **base))
     assert two["world_size"] == 2 and two["step"] == 3 and two["stopped"] == "stop_after"
     two_metrics = read_metrics(root / "two")
     resumed = train(TrainConfig(out=str(root / "two"), resume="auto", **base))

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from lcft.train import TrainConfig, latest_checkpoint, train
+from lcft.launch import run as launch_run
+from lcft.train import TrainConfig, latest_checkpoint
 from tests.train.launching import error_lines, losses, rank_process, start_train, wait_for_step, weights
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -67,7 +68,7 @@ def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data
     base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
                 warmup=2, lr=1e-3, precision="fp32", save_every=2, keep_last=0, progress=False)
     straight = tmp_path / "straight"
-    assert train(TrainConfig(out=str(straight), nproc=2, **base))["step"] == 6
+    assert launch_run("train", TrainConfig(out=str(straight), nproc=2, **base))["step"] == 6
     run = tmp_path / "elastic"
     proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 6, "--save-every", 2, "--max-restarts", 1)
     wait_for_step(run, 3, [proc])

@@ -1,0 +1,43 @@
+"""torchrun's elastic agent as the launcher starts it (`python -m lcft.launch.agent TORCHRUN-ARGS`): it ends
+when its launcher dies, and records how each failed worker ended (an exit code, or the signal that killed it)
+for the launcher to name, instead of torchrun's traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from lcft.launch.process import FAILURES_ENV, STOP_SIGNALS, die_with_parent
+
+
+def failures(error: BaseException) -> list[dict[str, Any]]:
+    """The failed workers of a ChildFailedError: global rank, pid, exit code, the signal that killed it, and
+    whether that signal is one a launch stops its workers with (the agent ends the others with SIGTERM)."""
+    out = []
+    for rank, f in sorted(error.failures.items()):  # type: ignore[attr-defined]
+        sig = signal.Signals(-f.exitcode) if f.exitcode < 0 and -f.exitcode in signal.valid_signals() else None
+        out.append({"rank": int(rank), "pid": int(f.pid), "exitcode": int(f.exitcode),
+                    "signal": sig.name if sig else None, "stopped": sig in STOP_SIGNALS})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as e:
+        if path := os.environ.get(FAILURES_ENV):
+            with open(path, "w") as f:
+                json.dump(failures(e), f)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,79 @@
+"""The jobs a launch can run (train, eval): how a worker reads its config, the work itself, and what the
+launcher checks before it starts any process or writes anything. train and evaluate are imported only when a
+job runs, so `lcft.launch` loads without torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kind of launched work."""
+
+    what: str
+    """The work, for error messages ("training processes failed ...")."""
+    command: str
+    """The command that owns the output folder while the job runs (named when a second one is refused)."""
+    entry: Callable[[], Entry]
+    """Imports the job's modules: its config loader, checks and work."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    load: Callable[[str], Any]
+    """A worker's config from the launch's spec file."""
+    resolve: Callable[[Any], Any]
+    """The config as given, checked and made absolute (both in this process and before a launch)."""
+    check: Callable[[Any, int], None]
+    """What needs no process group, for a world of N processes: run before a launch creates anything."""
+    check_out: Callable[[Any], None]
+    """What the output folder must allow: run under the launch's lock, before a process starts."""
+    work: Callable[..., dict[str, Any]]
+    """The job in this process (one rank of a launch, or the only process); returns its summary."""
+    summary: str
+    """The file in the output folder where rank 0 also writes the summary (read back when it ran elsewhere)."""
+
+
+def _train() -> Entry:
+    from lcft.runs import latest_checkpoint
+    from lcft.train.config import load_run_config, resolve_folders
+    from lcft.train.run_dir import check_launch, check_run_folder
+    from lcft.train.trainer import SUMMARY, train
+
+    def load(path: str) -> Any:
+        cfg = load_run_config(path)
+        # An elastic restart (the agent restarted the group after a process died) continues the run from its
+        # latest verified checkpoint, whatever the first start was told.
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and latest_checkpoint(cfg.out) is not None:
+            cfg = dataclasses.replace(cfg, resume="auto")
+        return cfg
+
+    return Entry(load, resolve_folders, check_launch, check_run_folder, train, SUMMARY)
+
+
+def _eval() -> Entry:
+    from lcft.config import build, load_toml
+    from lcft.evaluate.config import EvalConfig
+    from lcft.evaluate.report import JSON_NAME
+    from lcft.evaluate.runner import check_launch, evaluate
+
+    return Entry(lambda path: build(EvalConfig, load_toml(path)), lambda cfg: cfg, check_launch, lambda _cfg: None,
+                 evaluate, JSON_NAME)
+
+
+JOBS = {
+    "train": Job(what="training", command="lcft train", entry=_train),
+    "eval": Job(what="evaluation", command="lcft eval", entry=_eval),
+}
+
+
+def job(name: str) -> Job:
+    if name not in JOBS:
+        raise ValueError(f"unknown job {name!r} (one of {', '.join(JOBS)})")
+    return JOBS[name]
+

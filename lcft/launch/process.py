@@ -1,0 +1,27 @@
+"""What the launcher, torchrun's agent and the workers share of a launch's processes: the files the launcher
+names in their environment, and ending with the parent."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
+# The signals a launch stops workers with (the agent SIGTERMs the rest of a failed group; the launcher passes
+# SIGTERM/SIGINT on): a worker they end was stopped, not lost.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux prctl PR_SET_PDEATHSIG), so that a
+    launcher killed by SIGKILL (the OOM killer, a scheduler) leaves no agent and no worker behind. Where prctl
+    is missing, a parent that is already gone ends this process at once."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)

@@ -1,0 +1,139 @@
+"""The launcher from outside, as a scheduler and a second user see it: every check before the first byte
+(`--cp 3 --nproc 2` is one line and leaves no folder), one launch per folder from the first byte (a second one
+0.3 s or more after the first took its folder is refused naming the holder, and the first trains its own
+config), a rank killed by SIGKILL is exit 75 naming it, and a SIGKILLed launcher leaves no worker running."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.config import ConfigError
+from lcft.files import LOCK_NAME
+from lcft.launch import run
+from lcft.train import TrainConfig, train
+from lcft.train.config import load_run_config
+from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
+from tests.train.launching import RUN, error_lines, rank_process, start_train, wait_for_step
+
+
+def test_a_world_that_does_not_split_is_one_line_and_leaves_nothing(tmp_path, data_dir, init_dir):  # noqa: F811
+    out = tmp_path / "new" / "run"
+    r = CliRunner().invoke(app, ["train", "--data", str(data_dir), "--init", str(init_dir), "--out", str(out),
+                                 "--cp", "3", "--nproc", "2", *RUN])
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: world size 2 is not divisible by cp=3"), r.stderr
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(ConfigError, match="not divisible by cp=3"):  # the library's one entry checks the same
+        run("train", TrainConfig(data=str(data_dir), out=str(out), cp=3, nproc=2))
+    assert not (tmp_path / "new").exists()
+
+
+def test_the_library_runs_in_the_process_it_is_called_in(tmp_path, data_dir):  # noqa: F811
+    """train() never starts processes: several are lcft.launch.run's (or the CLI's) to start."""
+    with pytest.raises(ValueError, match=r"lcft.launch.run\('train', cfg\)"):
+        train(TrainConfig(data=str(data_dir), out=str(tmp_path / "run"), nproc=2))
+    assert not (tmp_path / "run").exists()
+
+
+def _holding(first: subprocess.Popen, out: Path, timeout: float = 120) -> None:
+    """Until the first launch holds `out` (its pid in the lock file): from then on it is the one writer."""
+    deadline = time.monotonic() + timeout
+    while not ((out / LOCK_NAME).is_file() and (out / LOCK_NAME).read_text().startswith(f"{first.pid} ")):
+        assert first.poll() is None and time.monotonic() < deadline, "the first launch never took its folder"
+        time.sleep(0.02)
+
+
+def _second_launches(cmd: list[str], delays: tuple[float, ...]) -> list[subprocess.CompletedProcess]:
+    """`lcft CMD` started `delays` seconds from now (each while the others start), once each has ended."""
+    t0, procs = time.monotonic(), []
+    for delay in delays:
+        time.sleep(max(0.0, t0 + delay - time.monotonic()))
+        procs.append(subprocess.Popen([sys.executable, "-m", "lcft", *cmd], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    ended = [(p, *p.communicate(timeout=300)) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, out, err in ended]
+
+
+def _refused(second: subprocess.CompletedProcess, command: str, out, pid: int) -> None:
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert error_lines(second.stderr) == [f"error: another `{command}` is writing into {out} (pid {pid}); wait for "
+                                          "it to finish or choose another output folder"], second.stderr[-3000:]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_second_train_launch_is_refused_and_the_first_trains_its_own_config(tmp_path, data_dir, init_dir):  # noqa: F811
+    """Second launches 0.3, 1 and 3 s after the first took its folder (long before its rank 0 starts), with
+    another learning rate: each is refused naming the first's pid, and the first run trains (and records) its
+    own learning rate, then stops on SIGTERM."""
+    out = tmp_path / "run"
+    first = start_train(data_dir, init_dir, out, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    _holding(first, out)
+    for second in _second_launches(["train", "--data", str(data_dir), "--init", str(init_dir), "--out", str(out),
+                                    "--nproc", "2", "--steps", "3", *RUN, "--lr", "5e-4"], (0.3, 1.0, 3.0)):
+        _refused(second, "lcft train", out, first.pid)
+    wait_for_step(out, 2, [first])
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 143, err[-3000:]
+    assert load_run_config(out / "config.toml").lr == 1e-3
+    assert json.loads((out / "summary.json").read_text())["stopped"] == "signal"
+    assert not (out / ".lcft.lock").exists()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_second_eval_launch_is_refused_and_the_first_reports_its_own_checkpoint(tmp_path, data_dir, init_dir):  # noqa: F811
+    out = tmp_path / "report"
+    cmd = ["eval", "--data", str(data_dir), "--checkpoint", str(init_dir), "--max-windows", "2", "--out", str(out),
+           "--nproc", "2", "--quiet"]
+    first = subprocess.Popen([sys.executable, "-m", "lcft", *cmd, "--label", "first"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    _holding(first, out)
+    for second in _second_launches([*cmd, "--label", "second"], (0.3, 1.0)):
+        _refused(second, "lcft eval", out, first.pid)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert [c["label"] for c in json.loads((out / "eval.json").read_text())["checkpoints"]] == ["first"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_mid_step_is_exit_75_naming_it(tmp_path, data_dir, init_dir):  # noqa: F811
+    """What the OOM killer does: SIGKILL to rank 1 after step 2. The launcher exits 75 (a scheduler requeues
+    it) naming the rank, its node and the signal, and --resume auto would continue."""
+    out = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, out, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    wait_for_step(out, 2, [proc])
+    victim = rank_process(proc, 1)
+    victim.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 75, err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1, err[-3000:]
+    assert f"rank 1 on node 0 (pid {victim.pid}) was killed by SIGKILL" in errors[0], errors
+    assert "--resume auto" in errors[0]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_sigkilled_launcher_leaves_no_worker_running(tmp_path, data_dir, init_dir):  # noqa: F811
+    out = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, out, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    wait_for_step(out, 1, [proc])
+    below = psutil.Process(proc.pid).children(recursive=True)  # the agent and both workers
+    assert len(below) >= 3
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    gone, alive = psutil.wait_procs(below, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
