@@ -38,6 +38,11 @@ CPU_LONG_TRANSIENT = 0.5
 fixed mmap threshold (lcft.train.memory) hands each freed whole-length buffer back at once, so the recompute's,
 the gradients' and the gathered K/V's buffers are not all resident together (measured 0.41-0.49, tiny preset at
 64K tokens, one rank, fsdp and cp on 2 ranks; 0.5 keeps the plan above the measurement)."""
+CPU_FSDP_HEAP_COPIES = 4
+"""Below LONG_WINDOW tokens, the unsharded fp32 copies of the whole model an fsdp CPU rank's heap keeps after
+they are freed block by block: the parameters all-gathered in forward and again in backward, the unsharded
+gradients before their reduce-scatter, and gloo's staging copies (measured: small preset at 16K on 2 ranks,
+354 MiB above the plan without them = 3.7 x 4 B x P)."""
 CPU_SPARSE_KERNEL = 96 << 20
 """Working memory of the chunked CPU attention kernel (the sparse backend, and every core under cp > 1) in
 backward beyond q, k, v and their gradients: measured 64-163 MiB at 4K-16K keys, tiny preset's heads."""
@@ -254,10 +259,10 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
     params, grads, optim, host = state_bytes(shape, lay)
     held, transient = activation_bytes(shape, lay)
     if lay.device == "cpu" and lay.seq_len < LONG_WINDOW:
-        # The gradients are freed after every step (zero_grad(set_to_none)) and allocated again in the next
-        # backward; with glibc's adaptive mmap threshold (below LONG_WINDOW, lcft.train.memory) the freed ones
-        # stay in the heap.
-        transient += grads if lay.shard == "fsdp" else 4 * shape.params  # DDP's buckets persist
+        # With glibc's adaptive mmap threshold (below LONG_WINDOW, lcft.train.memory) freed buffers stay in the
+        # heap: the gradients, freed after every step and allocated again in the next backward; under fsdp every
+        # block's unsharded fp32 buffers, freed block by block (CPU_FSDP_HEAP_COPIES).
+        transient += CPU_FSDP_HEAP_COPIES * 4 * shape.params if lay.shard == "fsdp" else 4 * shape.params
     if lay.offload_activations:
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
     kv = kv_bytes(shape, lay)
@@ -314,7 +319,9 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
             out["kv"] += f"\nmeasured factor: x {CPU_LONG_TRANSIENT} on CPU from {LONG_WINDOW:,} tokens"
         else:
             out["transient"] += ("\nmeasured: + the recompute and the gradients again on CPU below "
-                                 f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap)")
+                                 f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap)"
+                                 + (f"; fsdp: {CPU_FSDP_HEAP_COPIES} unsharded fp32 copies of the model"
+                                    if lay.shard == "fsdp" else ""))
         out["margin"] = "none on CPU: the constants above are measured"
     else:
         out["runtime"] = (f"assumed (not measurable without a GPU): {CUDA_RUNTIME / GIB:.2f} GiB CUDA context, "
