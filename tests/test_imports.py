@@ -13,6 +13,7 @@ they count for the layering rules but not for cycles.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,13 +35,13 @@ LAYERS = [
     ("lcft.evaluate", ("lcft.train", "lcft.launch")),
     ("lcft.genomics", ("lcft.model",)),
     # the run layout serves train, eval and export alike; file helpers sit below everything
-    ("lcft.runs", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),
+    ("lcft.checkpoint", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),
     ("lcft.hub", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                  "lcft.cli", "lcft.runs")),
+                  "lcft.cli", "lcft.checkpoint")),
     ("lcft.vocab", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                    "lcft.cli", "lcft.runs")),
+                    "lcft.cli", "lcft.checkpoint")),
     ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                    "lcft.cli", "lcft.runs")),
+                    "lcft.cli", "lcft.checkpoint")),
 ]
 # Only the CLI itself and `python -m lcft` may import lcft.cli.
 CLI_ALLOWED = ("lcft.cli", "lcft.__main__")
@@ -301,3 +302,18 @@ def test_checker_reports_cycles_and_violations(tmp_path):
     assert any(b.startswith("lcft.genomics -> lcft.cli.app") for b in bad), bad
     assert not any(b.startswith(("lcft.__main__", "lcft.cli.app")) for b in bad), bad
     assert ("lcft.cli.app", "lcft.model.core") in {(e.src, e.dst) for e in edges}
+
+
+def test_checkpoint_layout_is_named_only_inside_lcft_checkpoint():
+    """The run/checkpoint layout constants are defined, and the checksums file named, only in lcft/checkpoint/
+    (everyone else imports them): a source scan."""
+    defined = re.compile(r"^(CHECKPOINTS|STEP_DIR|TMP_PREFIX|STATE_DIR|RUN_CONFIG|CHECKSUMS|SUPERSEDED)\s*=", re.M)
+    outside = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.relative_to(ROOT).parts[0] == "checkpoint":
+            continue
+        text = path.read_text()
+        outside += [f"{path.relative_to(ROOT)}: {m.group(1)} =" for m in defined.finditer(text)]
+        outside += [f"{path.relative_to(ROOT)}: checksums.json"] if "checksums.json" in text else []
+    assert not outside, outside
+    assert "checksums.json" in (ROOT / "checkpoint" / "layout.py").read_text()  # the scan sees the real home

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lcft.checkpoint.layout import check_tokenizer, read_model_config, read_model_meta, resolve_checkpoint
 from lcft.config import format_size
 from lcft.errors import LcftError
 from lcft.files import file_hash, files_sha256
-from lcft.runs import check_tokenizer, read_model_config, read_model_meta, resolve_checkpoint
 from lcft.shapes import check_length
 
 WEIGHT_SUFFIX = ".safetensors"
@@ -75,7 +75,7 @@ class CheckpointInfo:
         return cls(label, given, path, max_context, config, lcft, train_config)
 
     def check_tokenizer(self, data_tokenizer: dict[str, Any]) -> None:
-        """The checkpoint must read the data's vocabulary (lcft.runs.check_tokenizer)."""
+        """The checkpoint must read the data's vocabulary (lcft.checkpoint.layout.check_tokenizer)."""
         check_tokenizer(self.path, data_tokenizer)
 
     def block_size(self, default: int) -> int:

@@ -40,7 +40,7 @@ class Entry:
 
 
 def _train() -> Entry:
-    from lcft.runs import latest_checkpoint
+    from lcft.checkpoint.layout import latest_checkpoint
     from lcft.train.config import load_run_config, resolve_folders
     from lcft.train.run_dir import check_launch, check_run_folder
     from lcft.train.trainer import SUMMARY, train

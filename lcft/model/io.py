@@ -137,7 +137,7 @@ def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | N
 def export_pretrained(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | None = None,
                       force: bool = False) -> Path:
     """Write the model of a checkpoint folder to `out` as an HF Llama folder (a run folder is resolved to its
-    latest checkpoint by lcft.runs.resolve_checkpoint, before this is called)."""
+    latest checkpoint by lcft.checkpoint.layout.resolve_checkpoint, before this is called)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")

@@ -32,13 +32,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lcft.checkpoint.dcp_metadata import METADATA, SafePlanner, SafeReader, read_metadata_file
+from lcft.checkpoint.layout import MODEL_META, read_model_meta
 from lcft.errors import LcftError
 from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model import Llama
 from lcft.model.config import AttentionConfig
 from lcft.model.hf import MAX_SHARD_BYTES, shards
 from lcft.model.io import from_pretrained, read_config, write_model_folder
-from lcft.runs import MODEL_META, read_model_meta
 
 DCP_DIR = "dcp"
 PARAM_GROUPS = "param_groups.json"  # in dcp/: the optimizer's param groups, as JSON

@@ -27,9 +27,9 @@ LABELS = {
 def model_config(cfg: PlanConfig) -> LlamaConfig:
     """The model of the plan: --init's config.json (a run folder means its latest checkpoint), else the preset;
     with the attention options applied. No weights are read."""
+    from lcft.checkpoint.layout import resolve_checkpoint
     from lcft.model import preset
     from lcft.model.io import read_config
-    from lcft.runs import resolve_checkpoint
     from lcft.train.model_setup import attention_override
 
     if cfg.init:
@@ -42,8 +42,8 @@ def model_config(cfg: PlanConfig) -> LlamaConfig:
 
 def init_notes(cfg: PlanConfig) -> list[str]:
     """What loading --init's config.json has to say (a custom class loaded as its model_type's, carried keys)."""
+    from lcft.checkpoint.layout import read_model_config, resolve_checkpoint
     from lcft.model.hf import config_notes
-    from lcft.runs import read_model_config, resolve_checkpoint
 
     return config_notes(read_model_config(resolve_checkpoint(cfg.init))) if cfg.init else []
 

@@ -134,8 +134,8 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
 
 def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
     """The existing report when it was made with the same options from the same weights (a re-run skips)."""
+    from lcft.checkpoint.layout import resolve_checkpoint
     from lcft.evaluate.checkpoints import weights_sha256
-    from lcft.runs import resolve_checkpoint
 
     p = report_dir / "eval.json"
     if not p.is_file():

@@ -1,6 +1,6 @@
 """`lcft train`: Accelerate-driven, resumable training of the decoder on prepared genome windows."""
 
-from lcft.runs import latest_checkpoint
+from lcft.checkpoint.layout import latest_checkpoint
 from lcft.train.config import TrainConfig
 from lcft.train.trainer import TrainHooks, train
 

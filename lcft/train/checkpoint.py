@@ -1,7 +1,7 @@
 """Writing checkpoints: atomic folders (temp folder, then rename) with checksums, trainer state, pruning,
 partial-save cleanup, superseding the checkpoints after a resume point.
 
-The folder layout (and finding a run's checkpoints) is lcft.runs'. `trainer_state/` holds `state.json` (step,
+The folder layout (and finding a run's checkpoints) is lcft.checkpoint.layout'. `trainer_state/` holds `state.json` (step,
 data position, spike-guard history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`: plain tensors, numbers
 and strings only, read with `torch.load(weights_only=True)`, so a crafted file is refused, never run.
 """
@@ -21,10 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcft.errors import LcftError
-from lcft.files import atomic_write, disk_full_error, file_hash, free_bytes, read_json
-from lcft.parallel.dcp import is_sharded_checkpoint
-from lcft.runs import (
+from lcft.checkpoint.layout import (
     CHECKSUMS,
     STATE_DIR,
     SUPERSEDED,
@@ -36,6 +33,9 @@ from lcft.runs import (
     step_name,
     verify_checkpoint,
 )
+from lcft.errors import LcftError
+from lcft.files import atomic_write, disk_full_error, file_hash, free_bytes, read_json
+from lcft.parallel.dcp import is_sharded_checkpoint
 
 
 @dataclass
@@ -123,7 +123,7 @@ def supersede_after(run_dir: str | os.PathLike, step: int) -> list[Path]:
 
 
 def write_checksums(folder: Path) -> None:
-    """checksums.json: size and sha256 of every file under `folder` (written last: its presence and match mean
+    """The checksums file (CHECKSUMS): size and sha256 of every file under `folder` (written last: its presence and match mean
     the checkpoint is whole)."""
     files = {}
     for f in sorted(folder.rglob("*")):

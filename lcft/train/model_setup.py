@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
+from lcft.checkpoint.layout import check_tokenizer, read_model_config
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.hf import config_notes
 from lcft.model.io import read_config, save_pretrained
 from lcft.parallel.dcp import read_model
-from lcft.runs import check_tokenizer, read_model_config
 from lcft.train.config import TrainConfig, parse_rope_scaling
 
 

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lcft.checkpoint.layout import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.errors import LcftError
 from lcft.files import disk_full_error
 from lcft.model.io import write_model_folder
 from lcft.parallel.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
 from lcft.parallel.fsdp import clip_grad_norm
 from lcft.parallel.mesh import ParallelState
-from lcft.runs import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.train.checkpoint import checkpoint_bytes, write_checkpoint
 
 

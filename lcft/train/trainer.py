@@ -20,6 +20,7 @@ import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
+from lcft.checkpoint.layout import latest_checkpoint, resolve_checkpoint
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import atomic_write
@@ -29,7 +30,6 @@ from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
 from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
-from lcft.runs import latest_checkpoint, resolve_checkpoint
 from lcft.shapes import check_batch, check_length
 from lcft.train.checkpoint import (
     TrainerState,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from lcft.checkpoint.layout import CHECKSUMS, list_checkpoints, verify_checkpoint
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
-from lcft.runs import CHECKSUMS, list_checkpoints, verify_checkpoint
 from lcft.train import TrainConfig, train
 from tests.checkpoint.test_dcp_metadata import _cli
 from tests.checkpoint.workers import save_with_full_disk

@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
+from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.checkpoints import default_labels
-from lcft.runs import resolve_checkpoint
 
 from .conftest import small_config
 

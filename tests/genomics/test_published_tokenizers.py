@@ -165,8 +165,8 @@ def test_token_id_layout_is_not_mistaken_for_missing_bases(tmp_path):
 
 def test_content_check_refuses_two_ids_swapped(tmp_path):
     """Data cut with one vocabulary, a model folder with the same size but two ids swapped: refused."""
+    from lcft.checkpoint.layout import check_tokenizer
     from lcft.genomics import sample_fasta
-    from lcft.runs import check_tokenizer
 
     m = prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "data"), length=512, train="chr2", eval=(),
                         max_n_frac=1.0, max_oov_frac=1.0, tokenizer=str(generator_folder(tmp_path / "a")))

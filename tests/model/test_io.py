@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, save_pretrained
-from lcft.runs import resolve_checkpoint
 
 runner = CliRunner()
 

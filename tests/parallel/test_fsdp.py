@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.layout import read_model_meta
 from lcft.config import ConfigError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
@@ -16,7 +17,6 @@ from lcft.genomics.shards import read_manifest
 from lcft.launch import run
 from lcft.model import from_pretrained
 from lcft.parallel.dcp import is_sharded_checkpoint, read_model
-from lcft.runs import read_model_meta
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 

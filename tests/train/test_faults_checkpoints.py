@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from lcft.checkpoint.layout import CHECKSUMS, list_checkpoints, resolve_checkpoint, verify_checkpoint
 from lcft.errors import LcftError
-from lcft.runs import CHECKSUMS, list_checkpoints, resolve_checkpoint, verify_checkpoint
 from lcft.train import TrainConfig, train
 from lcft.train.checkpoint import prune, read_trainer_state, write_checkpoint, write_checksums
 from lcft.train.metrics import read_metrics

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.files import LOCK_NAME
-from lcft.runs import list_checkpoints, verify_checkpoint
 from lcft.train import TrainConfig, TrainHooks, train
 
 HOLD = """

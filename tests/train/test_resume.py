@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.layout import list_checkpoints
 from lcft.config import load_toml
 from lcft.model import from_pretrained
-from lcft.runs import list_checkpoints
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.checkpoint import read_trainer_state
 from lcft.train.metrics import read_metrics

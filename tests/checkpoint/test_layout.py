@@ -1,4 +1,4 @@
-"""lcft.runs: which folder a path means (run -> latest checkpoint), resume lookup, and the tokenizer check."""
+"""lcft.checkpoint.layout: which folder a path means (run -> latest checkpoint), resume lookup, and the tokenizer check."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from lcft.checkpoint.layout import (
+    check_tokenizer,
+    latest_checkpoint,
+    list_checkpoints,
+    resolve_checkpoint,
+    resolve_resume,
+)
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
-from lcft.runs import check_tokenizer, latest_checkpoint, list_checkpoints, resolve_checkpoint, resolve_resume
 
 
 def model_folder(p: Path, vocab_size: int = 16, tokenizer: dict | None = None, state: bool = False) -> Path:
