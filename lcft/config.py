@@ -140,6 +140,34 @@ def check_keys(values: Mapping[str, Any], known: Iterable[str], where: str = "co
             raise ConfigError(f"unknown {where} key {k!r}{hint}")
 
 
+def check_choice(value: Any, tp: Any, name: str) -> Any:
+    """The one check of a Literal field's value, for flags, TOML and configs built in Python alike."""
+    choices = typing.get_args(tp)
+    if isinstance(value, list | dict) or value not in choices:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}")
+    return value
+
+
+@functools.cache
+def _literal_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(field, its Literal) of every dataclass field typed as a Literal alias or an optional one."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        for tp in (hints[f.name], *typing.get_args(hints[f.name])):
+            if typing.get_origin(tp) is typing.Literal:
+                out.append((f.name, tp))
+                break
+    return tuple(out)
+
+
+def check_choices(cfg: Any) -> None:
+    """check_choice on every Literal field of a config dataclass (None is 'not given' for optional ones)."""
+    for name, tp in _literal_fields(type(cfg)):
+        if getattr(cfg, name) is not None:
+            check_choice(getattr(cfg, name), tp, name)
+
+
 def _kind(value: Any) -> str:
     """How a value read from TOML is described in an error ('a list', 'a float 1.7')."""
     if isinstance(value, list | tuple):
@@ -159,9 +187,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             return None
         return _coerce(value, args[0], name) if len(args) == 1 else value
     if origin is typing.Literal:
-        if isinstance(value, list | dict) or value not in typing.get_args(tp):
-            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, typing.get_args(tp)))}")
-        return value
+        return check_choice(value, tp, name)
     if origin is Annotated:
         return _coerce(value, typing.get_args(tp)[0], name)
     if origin in (tuple, list):

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+import typing
 
 import torch
 import torch.nn.functional as F
 
 from lcft.errors import LcftError
 from lcft.kernels.selectors import get_selector
-from lcft.kernels.spec import SparseSpec
+from lcft.kernels.spec import AttentionImpl, SparseSpec
 
-IMPLS = ("auto", "reference", "cpu", "triton")
+IMPLS: tuple[str, ...] = typing.get_args(AttentionImpl)
 
 
 def _resolve_impl(impl: str, device: torch.device) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from lcft.errors import LcftError
+
+AttentionImpl = Literal["auto", "reference", "cpu", "triton"]  # the sparse kernels' implementations
 
 
 @dataclass(frozen=True)

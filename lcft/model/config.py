@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -9,7 +10,8 @@ from lcft.errors import LcftError
 from lcft.kernels.spec import SparseSpec
 from lcft.vocab import BOS, EOS, VOCAB_SIZE
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
+ROPE_TYPES: tuple[str, ...] = typing.get_args(RopeType)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
 # Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a
 # file we are handed): each is well above every published model (largest hidden 16384, head_dim 256, 126

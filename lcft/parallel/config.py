@@ -8,14 +8,15 @@ keys, are declared and documented once, here.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.config import ConfigError
+from lcft.config import ConfigError, check_choices
 
 CpLayout = Literal["zigzag", "contiguous"]
 CpKv = Literal["all", "selected", "stream"]
-CP_KV_MODES = ("all", "selected", "stream")
+CP_KV_MODES: tuple[str, ...] = typing.get_args(CpKv)
 
 
 @dataclass
@@ -63,10 +64,7 @@ class ParallelConfig:
         for name in ("cp", "nproc", "nnodes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.cp_layout not in ("zigzag", "contiguous"):
-            raise ConfigError(f"cp_layout must be 'zigzag' or 'contiguous', got {self.cp_layout!r}")
-        if self.cp_kv not in CP_KV_MODES:
-            raise ConfigError(f"cp_kv must be one of {', '.join(CP_KV_MODES)}; got {self.cp_kv!r}")
+        check_choices(self)  # every Literal field of this config and of those extending it, checked once
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"node_rank must be within [0, nnodes - 1] = [0, {self.nnodes - 1}], "
                               f"got {self.node_rank}")

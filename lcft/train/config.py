@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lcft.config import ConfigError, Size, build, load_toml, resolve, to_dict
+from lcft.kernels.spec import AttentionImpl
+from lcft.model.config import ROPE_TYPES
 from lcft.parallel.config import ParallelConfig
 from lcft.shapes import check_batch
 from lcft.train.guard import GuardConfig
@@ -54,7 +56,7 @@ class TrainConfig(ParallelConfig, GuardConfig):
     """Sparse attention: always-attended key blocks right before each query block (default: the model's own)."""
     sink_blocks: int | None = None
     """Sparse attention: always-attended first key blocks (default: the model's own)."""
-    attention_impl: str | None = None
+    attention_impl: AttentionImpl | None = None
     """Sparse attention implementation: auto, reference, cpu or triton (default: the model's own)."""
     seq_len: Size | None = None
     """Tokens per training sequence (e.g. 512K); shorter than the data's windows takes aligned sub-windows;
@@ -142,8 +144,6 @@ class TrainConfig(ParallelConfig, GuardConfig):
         check_batch(self.global_batch, self.micro_batch)
         if self.offload_activations and self.checkpointing != "block":
             raise ConfigError("offload_activations needs checkpointing = 'block'")
-        if self.shard not in ("none", "fsdp"):
-            raise ConfigError(f"shard must be 'none' or 'fsdp', got {self.shard!r}")
         if self.offload_params and self.shard != "fsdp":
             raise ConfigError("offload_params needs shard = 'fsdp'")
         if self.rope_scaling is not None:
@@ -194,8 +194,8 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
     if len(parts) not in (2, 3):
         raise ConfigError(f"rope_scaling: {text!r} is not TYPE:FACTOR[:ORIGINAL_LENGTH] (e.g. yarn:8:65536)")
     kind = parts[0].strip().lower()
-    if kind not in ("linear", "dynamic", "yarn", "llama3"):
-        raise ConfigError(f"rope_scaling: type {kind!r} is not one of linear, dynamic, yarn, llama3")
+    if kind not in ROPE_TYPES or kind == "default":  # 'default' is plain RoPE, written 'none' here
+        raise ConfigError(f"rope_scaling: type {kind!r} is not one of {', '.join(ROPE_TYPES[1:])}")
     try:
         out = {"rope_type": kind, "factor": float(parts[1])}
         if len(parts) == 3:

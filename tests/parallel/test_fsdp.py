@@ -139,5 +139,5 @@ def test_eval_reads_a_sharded_checkpoint(runs, tmp_path, cp_data_dir):
 def test_offload_params_needs_fsdp():
     with pytest.raises(ConfigError, match="offload_params needs shard = 'fsdp'"):
         TrainConfig(offload_params=True)
-    with pytest.raises(ConfigError, match="shard must be"):
+    with pytest.raises(ConfigError, match="shard: .zero3. is not one of none, fsdp"):
         TrainConfig(shard="zero3")
