@@ -39,7 +39,7 @@ def run(fn, q, k, v, idx, dout, **kw):
     return (out.detach(), *torch.autograd.grad(out, t, dout))
 
 
-@pytest.mark.parametrize("tiles", ["fp32", "bf16"])
+@pytest.mark.parametrize("tiles", ["fp32", "bf16", "per-kernel"])
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 def test_group_centric_kernels_equal_reference(group, tiles, monkeypatch):
     import lcft.kernels.sparse_triton as st
@@ -49,6 +49,14 @@ def test_group_centric_kernels_equal_reference(group, tiles, monkeypatch):
     if tiles == "bf16":  # the 2-byte tile shapes (more rows, whole-block dK/dV programs) on exact fp32 data
         bs, orig = 32, st.tile_config
         monkeypatch.setattr(st, "tile_config", lambda cap, dt, *a: replace(orig(cap, torch.bfloat16, *a), prec="ieee"))
+    if tiles == "per-kernel":  # as the compiled-ahead table sets them: dQ and dK/dV tiles unlike the forward's
+        bs, orig = 32, st.tile_config
+
+        def split(cap, dt, *a):
+            t = replace(orig(cap, torch.bfloat16, *a), prec="ieee")
+            t = t.with_kernel("dq", max(16 // t.gp, t.m // 2), t.block_n // 2, 8, 1)
+            return t.with_kernel("dkv", t.dkv_m, t.kn // 2, 8, 1)
+        monkeypatch.setattr(st, "tile_config", split)
     b, hkv, d, n_blk, first = 1, 2, 24, 6, 2  # D=24: not a power of two (padded to 32)
     gen = torch.Generator().manual_seed(group)
     lk, lq = n_blk * bs, (n_blk - first) * bs  # a query slice starting at block 2, as context parallelism uses
