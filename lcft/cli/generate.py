@@ -29,6 +29,8 @@ class Opt:
     """Text appended to the field docstring in the help."""
     commas: bool = False
     """A tuple field given once as 'a,b' instead of by repeating the option."""
+    panel: str | None = None
+    """The help panel (section) the option is listed in; None: the command's plain Options panel."""
 
 
 @dataclass(frozen=True)
@@ -79,14 +81,16 @@ def _field_parameter(cls: type, f: dataclasses.Field, tp: Any, opt: Opt) -> insp
     help_text = text + (f" (default: {shown})" if shown else "")  # parentheses: rich help reads [..] as markup
     flag = opt.flag or flag_name(f.name)
     if tp is bool:
-        option = typer.Option(None, f"{flag}/--no-{flag[2:]}", *opt.aliases, help=help_text, show_default=False)
+        option = typer.Option(None, f"{flag}/--no-{flag[2:]}", *opt.aliases, help=help_text, show_default=False,
+                              rich_help_panel=opt.panel)
         ann: Any = bool | None
     else:
         repeat = _is_tuple(tp) and not opt.commas
         metavar = opt.metavar or _metavar(typing.get_args(tp)[0] if _is_tuple(tp) else tp)
         if repeat and not opt.note:
             help_text = help_text.replace(text, text + " Repeat the option.", 1)
-        option = typer.Option(None, flag, *opt.aliases, help=help_text, show_default=False, metavar=metavar)
+        option = typer.Option(None, flag, *opt.aliases, help=help_text, show_default=False, metavar=metavar,
+                              rich_help_panel=opt.panel)
         ann = list[str] | None if repeat else str | None
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=ann)
 

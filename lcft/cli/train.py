@@ -6,7 +6,7 @@ import typer
 
 from lcft.cli.common import console
 from lcft.cli.generate import Opt, command_from_config
-from lcft.train.config import TrainConfig
+from lcft.train.config import SECTIONS, TrainConfig
 
 
 def _run(cfg: TrainConfig) -> None:
@@ -24,9 +24,16 @@ def _run(cfg: TrainConfig) -> None:
         raise typer.Exit(code)
 
 
+def _options() -> dict[str, Opt]:
+    """Each option in its section's help panel; the folder options show PATH."""
+    paths = ("data", "out", "init", "resume")
+    return {n: Opt(metavar="PATH" if n in paths else None, panel=panel) for panel, names in SECTIONS.items()
+            for n in names}
+
+
 def register(app: typer.Typer) -> None:
     command_from_config(
-        app, "train", TrainConfig, _run, options={n: Opt(metavar="PATH") for n in ("data", "out", "init", "resume")},
+        app, "train", TrainConfig, _run, options=_options(),
         help="Train (or continue training) the decoder on prepared windows: Accelerate, checkpoints, "
              "resume, metrics.jsonl. --nproc N starts N local processes (torchrun, gloo on CPU). Exit codes: 0 "
              "finished, 1 user error, 128+N stopped by signal N after a checkpoint (143 SIGTERM), 75 a rank or "

@@ -26,6 +26,21 @@ RUN_NEUTRAL = frozenset({
     "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "collective_timeout",  # where and how it is launched
 })
 
+# The sections of `lcft train --help` (one panel each): every option in exactly one.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Data": ("data", "seq_len", "softmask_loss_weight", "rc_augment", "seed"),
+    "Model overrides": ("init", "preset", "rope_theta", "rope_scaling", "attention", "block_size", "top_k",
+                        "local_blocks", "sink_blocks", "attention_impl"),
+    "Optimizer": ("steps", "global_batch", "micro_batch", "lr", "min_lr_ratio", "warmup", "weight_decay",
+                  "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "z_loss", "loss_chunk"),
+    "Parallel and memory": ("cp", "cp_layout", "cp_kv", "shard", "offload_params", "checkpointing",
+                            "offload_activations", "precision", "compile"),
+    "Launch": ("nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "collective_timeout"),
+    "Guard": ("spike_sigma", "spike_window", "spike_min_history", "max_consecutive_skips"),
+    "Checkpoint": ("out", "resume", "save_every", "keep_last", "stop_after"),
+    "Logging": ("tensorboard", "progress"),
+}
+
 
 @dataclass
 class TrainConfig(ParallelConfig, GuardConfig):

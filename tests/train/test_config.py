@@ -63,3 +63,21 @@ def test_cli_config_file_and_flags(tmp_path, base_cfg):
     saved = load_toml(out / "config.toml")
     assert saved["lr"] == 2e-3 and saved["steps"] == 2 and saved["warmup"] == 0 and saved["seq_len"] == 512
     assert read_metrics(out)[0]["lr"] == 2e-3  # warmup 0: the peak lr at once
+
+
+def test_every_option_is_in_exactly_one_help_section():
+    """`lcft train --help` lists the options in one panel per section; each option in the panel of its section."""
+    import re
+
+    from lcft.train.config import SECTIONS
+
+    listed = [n for names in SECTIONS.values() for n in names]
+    assert sorted(listed) == sorted(f.name for f in dataclasses.fields(TrainConfig))  # each once, none left out
+    text = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
+    panels = {m.group(1).strip(): m.start() for m in re.finditer(r"╭─ ([^─]+) ─", text)}
+    assert set(SECTIONS) <= set(panels), panels
+    for section, names in SECTIONS.items():
+        start = panels[section]
+        end = min([p for p in panels.values() if p > start], default=len(text))
+        for n in names:
+            assert re.search(rf"--{n.replace('_', '-')}\b", text[start:end]), (section, n)
