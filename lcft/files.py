@@ -232,3 +232,9 @@ def umask() -> int:
 def respect_umask(path: str | os.PathLike, folder: bool = True) -> None:
     """Give a folder (or file) made by tempfile (0700/0600) the mode a plain mkdir/open would have."""
     os.chmod(path, (0o777 if folder else 0o666) & ~umask())
+
+
+def refuse_nonempty_output(out: Path, force: bool) -> None:
+    """An output folder must be new or empty (this writer's own lock file aside) unless `force`."""
+    if out.exists() and (not out.is_dir() or any(f.name != LOCK_NAME for f in out.iterdir())) and not force:
+        raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")

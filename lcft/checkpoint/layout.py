@@ -21,6 +21,7 @@ from lcft.files import file_hash, read_json
 from lcft.hub import local_path
 from lcft.model.io import CONFIG as MODEL_CONFIG
 from lcft.model.io import LCFT as MODEL_META
+from lcft.model.io import config_file
 
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"step-(\d{8,})")  # step_name's output; temp folders of interrupted saves do not match
@@ -164,9 +165,7 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str],
 
 def read_model_config(ckpt: Path) -> dict[str, Any]:
     """config.json of a model folder, as recorded."""
-    if not (ckpt / MODEL_CONFIG).is_file():
-        raise LcftError(f"{ckpt}: no {MODEL_CONFIG}; not a model checkpoint folder")
-    return read_json(ckpt / MODEL_CONFIG)
+    return read_json(config_file(ckpt))
 
 
 def read_model_meta(ckpt: Path) -> dict[str, Any]:

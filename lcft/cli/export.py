@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         import torch  # after argument parsing: `lcft export --help` stays fast
 
         from lcft.checkpoint.layout import resolve_checkpoint
-        from lcft.files import LOCK_NAME, folder_lock
+        from lcft.files import folder_lock, refuse_nonempty_output
         from lcft.genomics.hf_tokenizer import export_tokenizer
         from lcft.model.io import export_pretrained
         from lcft.parallel.dcp import export_sharded, is_sharded_checkpoint
@@ -36,8 +36,7 @@ def register(app: typer.Typer) -> None:
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file
-        if out.exists() and (not out.is_dir() or any(f.name != LOCK_NAME for f in out.iterdir())) and not force:
-            raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
+        refuse_nonempty_output(out, force)
         cast = getattr(torch, dtype) if dtype else None
         before = set(out.iterdir()) if out.is_dir() else set()
         with folder_lock(out, "lcft export"), console.status(f"exporting {source} ..."):

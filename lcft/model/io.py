@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from lcft.errors import LcftError
-from lcft.files import read_json, replacing, respect_umask
+from lcft.files import read_json, refuse_nonempty_output, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import (
     MAX_SHARD_BYTES,
@@ -100,13 +100,19 @@ def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: 
     return directory
 
 
+def config_file(directory: Path) -> Path:
+    """`directory`'s config.json; a one-line error when it has none."""
+    if not (directory / CONFIG).is_file():
+        raise LcftError(f"{directory}: no {CONFIG}; not a model checkpoint folder")
+    return directory / CONFIG
+
+
 def read_config(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> LlamaConfig:
     """The LlamaConfig of a checkpoint folder (attention from the argument, else lcft.json, else dense)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise LcftError(f"checkpoint folder not found: {directory}")
-    if not (directory / CONFIG).is_file():
-        raise LcftError(f"{directory}: no {CONFIG}; not a model checkpoint folder")
+    config_file(directory)
     if attention is None and (directory / LCFT).is_file():
         extra = read_json(directory / LCFT)
         try:
@@ -139,8 +145,7 @@ def export_pretrained(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     """Write the model of a checkpoint folder to `out` as an HF Llama folder (a run folder is resolved to its
     latest checkpoint by lcft.checkpoint.layout.resolve_checkpoint, before this is called)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
+    refuse_nonempty_output(out, force)
     model = from_pretrained(checkpoint)
     meta = Path(checkpoint) / LCFT
     tokenizer = read_json(meta).get("tokenizer") if meta.is_file() else None  # keep the recorded vocabulary

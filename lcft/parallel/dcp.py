@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from lcft.checkpoint.dcp_metadata import METADATA, SafePlanner, SafeReader, read_metadata_file
 from lcft.checkpoint.layout import MODEL_META, read_model_meta
 from lcft.errors import LcftError
-from lcft.files import atomic_write, files_sha256, read_json
+from lcft.files import atomic_write, files_sha256, read_json, refuse_nonempty_output
 from lcft.model import Llama
 from lcft.model.config import AttentionConfig
 from lcft.model.hf import MAX_SHARD_BYTES, shards
@@ -224,8 +224,7 @@ def export_sharded(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: to
     """Write a sharded checkpoint's model as an HF folder, one safetensors shard at a time (peak memory: about
     one output shard plus the largest tensor; the whole model is never in memory)."""
     ckpt, out = Path(ckpt), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")
+    refuse_nonempty_output(out, force)
     check_sharded_readable(ckpt)
     model = _model_on_meta(ckpt, None)  # names, shapes and the shard plan; no storage
     stored = next(iter(_model_metadata(ckpt).values())).properties.dtype
