@@ -66,6 +66,18 @@ def test_chunking_keeps_mlp_intermediates_chunk_sized():
     sequence-sized, in forward or in the backward recompute."""
     intermediate, n = 512, 256
     m = model(intermediate=intermediate, attention=SPARSE)  # the dense core's (L, L) scores would dominate
+    # The CPU sparse kernel gives each worker thread its own (batch, KV head) rows, so its score scratch
+    # grows with the rows per worker: pin two threads (one row each), or a test that left one thread set
+    # would make the attention scratch, not the MLP, the largest tensor.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _check_chunked_mlp(m, n, intermediate)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_chunked_mlp(m: Llama, n: int, intermediate: int) -> None:
     ids = torch.randint(0, 16, (1, n))
     apply_activation_checkpointing(m, "block", seq_chunk=0)
     assert largest_tensor(m, ids) >= n * 2 * intermediate
