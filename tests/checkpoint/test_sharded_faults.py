@@ -5,9 +5,7 @@ export and --init (torch's CheckpointException derives from BaseException: nothi
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from lcft.train import TrainConfig, train
 from tests.checkpoint.test_dcp_metadata import _cli
 from tests.checkpoint.workers import save_with_full_disk
 from tests.parallel.harness import run_ranks
+from tests.train.test_faults_folders import tmpfs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -37,20 +36,6 @@ def test_full_disk_on_one_rank_during_a_sharded_save_is_one_line(tmp_path):
     assert "step-00000001 is kept" in results[0]["msg"]
     assert [s for s, _ in list_checkpoints(run)] == [1] and not _left(run)
     assert verify_checkpoint(run / "checkpoints" / "step-00000001")
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str):
-    path.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True,
-                       capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
