@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from lcft.launch import run as launch
 from lcft.parallel.dcp import is_sharded_checkpoint
-from lcft.train import TrainConfig, train
+from lcft.train import TrainConfig
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 
@@ -18,7 +19,7 @@ def sharded_run(tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path,
     cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=2, global_batch=2, micro_batch=1,
                warmup=1, lr=1e-3, precision="fp32", save_every=1, progress=False)
     run = tmp_path_factory.mktemp("sharded") / "run"
-    train(TrainConfig(out=str(run), nproc=2, shard="fsdp", **cfg))
+    launch("train", TrainConfig(out=str(run), nproc=2, shard="fsdp", **cfg))
     return run, cfg
 
 

@@ -14,6 +14,7 @@ from lcft.checkpoint.layout import CHECKSUMS, list_checkpoints, verify_checkpoin
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
+from lcft.launch import run as launch
 from lcft.train import TrainConfig, train
 from tests.checkpoint.test_dcp_metadata import _cli
 from tests.checkpoint.workers import save_with_full_disk
@@ -46,7 +47,7 @@ def test_real_full_disk_during_an_fsdp_save(tmp_path, sharded_run, capfd):
     with tmpfs(tmp_path / "small", "2000k") as small:
         run = small / "run"
         with pytest.raises(LcftError):
-            train(TrainConfig(**{**cfg, "out": str(run), "nproc": 2, "shard": "fsdp"}))
+            launch("train", TrainConfig(**{**cfg, "out": str(run), "nproc": 2, "shard": "fsdp"}))
         out = capfd.readouterr()
         lines = [ln for ln in (out.out + out.err).splitlines() if "cannot save step 2" in ln]
         assert lines and all("no space left" in ln and "needs about" in ln for ln in lines), out

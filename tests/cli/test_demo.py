@@ -12,7 +12,8 @@ from lcft.cli.app import app
 runner = CliRunner()
 
 SMALL = ["--length", "2K", "--base-context", "256", "--steps", "3", "--long-steps", "2", "--base-batch", "2",
-         "--eval-windows", "2", "--hidden-size", "32", "--intermediate-size", "64", "--bins", "4", "--quiet"]
+         "--eval-windows", "2", "--hidden-size", "32", "--intermediate-size", "64", "--bins", "4", "--quiet",
+         "--control-steps", "0"]  # the positive-control stage has its own test (tests/recipes/test_demo.py)
 
 
 @pytest.mark.slow
@@ -31,7 +32,7 @@ def test_demo_runs_every_stage_then_skips_them(tmp_path):
     assert long["train_config"]["seq_len"] == 2048 and base["train_config"]["seq_len"] == 256
     assert rep["data"]["windows"] == 2 and (out / "report" / "loss_by_position.png").stat().st_size > 10_000
     demo = json.loads((out / "demo.json").read_text())
-    assert set(demo["stages"]) == {"prepare", "init", "base", "long", "eval"}
+    assert set(demo["stages"]) == {"prepare", "init", "base", "long", "control", "eval"}
 
     again = runner.invoke(app, ["demo", "--out", str(out), *SMALL])
     assert again.exit_code == 0, again.output
