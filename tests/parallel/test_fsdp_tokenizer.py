@@ -10,8 +10,9 @@ import pytest
 import transformers
 
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
+from lcft.launch import run
 from lcft.parallel.dcp import is_sharded_checkpoint
-from lcft.train import TrainConfig, train
+from lcft.train import TrainConfig
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one 2-rank run of one step
 
@@ -20,9 +21,9 @@ def test_sharded_checkpoint_keeps_the_kmer_tokenizer(tmp_path: Path) -> None:
     data = tmp_path / "data"
     prepare_windows(fasta=str(sample_fasta()), out=str(data), length=1024, train="chr2", eval="chr22",
                     tokenizer="kmer:3")
-    s = train(TrainConfig(data=str(data), preset="tiny", out=str(tmp_path / "run"), seq_len=512, steps=1,
-                          global_batch=2, micro_batch=1, precision="fp32", save_every=0, progress=False,
-                          nproc=2, shard="fsdp"))
+    s = run("train", TrainConfig(data=str(data), preset="tiny", out=str(tmp_path / "run"), seq_len=512, steps=1,
+                                 global_batch=2, micro_batch=1, precision="fp32", save_every=0, progress=False,
+                                 nproc=2, shard="fsdp"))
     ckpt = Path(s["checkpoint"])
     assert is_sharded_checkpoint(ckpt) and not list(ckpt.glob("*.safetensors"))
     ws = open_windows(data, "eval")
