@@ -6,6 +6,7 @@ config), a rank killed by SIGKILL is exit 75 naming it, and a SIGKILLed launcher
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -100,7 +101,14 @@ def test_a_second_eval_launch_is_refused_and_the_first_reports_its_own_checkpoin
     first = subprocess.Popen([sys.executable, "-m", "lcft", *cmd, "--label", "first"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     _holding(first, out)
-    for second in _second_launches([*cmd, "--label", "second"], (0.3, 1.0)):
+    # Two windows take the first well under a second once its ranks run: its launcher is paused (it keeps the
+    # lock) while the second launches try, so that they meet it holding the folder on any machine.
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        seconds = _second_launches([*cmd, "--label", "second"], (0.3, 1.0))
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    for second in seconds:
         _refused(second, "lcft eval", out, first.pid)
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-3000:]
