@@ -1,7 +1,8 @@
 """The launcher from outside, as a scheduler and a second user see it: every check before the first byte
 (`--cp 3 --nproc 2` is one line and leaves no folder), one launch per folder from the first byte (a second one
 0.3 s or more after the first took its folder is refused naming the holder, and the first trains its own
-config), a rank killed by SIGKILL is exit 75 naming it, and a SIGKILLed launcher leaves no worker running."""
+config), a rank killed by SIGKILL mid-step or inside a sharded save is exit 75 naming it, and a SIGKILLed
+launcher leaves no worker running."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from lcft.checkpoint.layout import verify_checkpoint
 from lcft.cli.app import app
 from lcft.config import ConfigError
 from lcft.files import LOCK_NAME
@@ -131,6 +133,52 @@ def test_a_rank_killed_by_sigkill_mid_step_is_exit_75_naming_it(tmp_path, data_d
     assert len(errors) == 1, err[-3000:]
     assert f"rank 1 on node 0 (pid {victim.pid}) was killed by SIGKILL" in errors[0], errors
     assert "--resume auto" in errors[0]
+
+
+# Put first on the workers' PYTHONPATH: rank 1 SIGKILLs itself as it enters its second sharded save (step 4's),
+# while rank 0 is inside the same collective save with the temp folder open. torch's own `dcp.save` is wrapped, so
+# the fault sits where the OOM killer would strike whichever lcft module calls it.
+KILL_RANK1_IN_SECOND_SAVE = """
+import os, signal
+if os.environ.get("RANK") == "1":
+    import torch.distributed.checkpoint as dcp
+    _save, _calls = dcp.save, []
+    def save(*args, **kwargs):
+        _calls.append(1)
+        if len(_calls) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _save(*args, **kwargs)
+    dcp.save = save
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_during_a_sharded_save_is_exit_75_and_resumes(tmp_path, data_dir, init_dir):  # noqa: F811
+    """--shard fsdp, checkpoints every 2 steps: rank 1 SIGKILLed inside step 4's sharded save. The launcher exits
+    75 naming the rank and the signal; step 2 stays complete (its checksums verify), no step 4 appears; --resume
+    auto continues from step 2 and leaves no temp folder of the interrupted save (rank 0 removes it when it sees the
+    collective fail, the resume when rank 0 was ended first)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_RANK1_IN_SECOND_SAVE)
+    out = tmp_path / "run"
+    args = ("--nproc", 2, "--shard", "fsdp", "--save-every", 2)
+    path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = start_train(data_dir, init_dir, out, *args, "--steps", 6, env={"PYTHONPATH": path})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and "rank 1 on node 0" in errors[0] and "killed by SIGKILL" in errors[0], err[-3000:]
+    assert "--resume auto" in errors[0]
+    assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002"]
+    assert verify_checkpoint(out / "checkpoints" / "step-00000002")
+
+    resumed = start_train(data_dir, init_dir, out, *args, "--steps", 4, "--resume", "auto")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert "resumed from" in err and "step-00000002" in err, err[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
 
 
 @pytest.mark.distributed

@@ -21,12 +21,13 @@ RUN = ["--seq-len", "512", "--global-batch", "2", "--precision", "fp32", "--warm
        "--keep-last", "0", "--no-progress"]
 
 
-def start_train(data: Path, init: Path, out: Path, *args: Any) -> subprocess.Popen:
-    """`python -m lcft train` with the small run's options and `args`, stdout and stderr captured."""
+def start_train(data: Path, init: Path, out: Path, *args: Any, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m lcft train` with the small run's options and `args`, stdout and stderr captured; `env` adds to
+    the environment."""
     cmd = [sys.executable, "-m", "lcft", "train", "--data", str(data), "--init", str(init), "--out", str(out), *RUN,
            *map(str, args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
 
 
 def wait_for_step(run: Path, step: int, procs: list[subprocess.Popen], timeout: float = 240) -> None:
