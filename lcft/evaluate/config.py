@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lcft.config import ConfigError, Size, parse_size
-from lcft.parallel.config import ParallelConfig
+from lcft.parallel.config import ParallelConfig, Precision
 
 
 @dataclass
@@ -40,7 +40,7 @@ class EvalConfig(ParallelConfig):
     """Evaluate only the first N windows of the split (0 = all of them)."""
     batch_size: int = 1
     """Windows per forward pass."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Precision = "fp32"
     """Compute precision of the forward pass (losses are always accumulated in fp32/fp64)."""
     device: str = "auto"
     """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""

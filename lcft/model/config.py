@@ -7,11 +7,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from lcft.errors import LcftError
-from lcft.kernels.spec import SparseSpec
+from lcft.kernels.spec import AttentionImpl, SparseSpec
 from lcft.vocab import BOS, EOS, VOCAB_SIZE
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
 ROPE_TYPES: tuple[str, ...] = typing.get_args(RopeType)
+AttentionBackend = Literal["dense", "sparse"]
+BACKENDS: tuple[str, ...] = typing.get_args(AttentionBackend)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
 # Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a
 # file we are handed): each is well above every published model (largest hidden 16384, head_dim 256, 126
@@ -27,13 +29,13 @@ POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
 class AttentionConfig:
     """Which attention runs inside each block (not part of HF's config; saved in lcft.json)."""
 
-    backend: Literal["dense", "sparse"] = "dense"
+    backend: AttentionBackend = "dense"
     """dense = causal scaled-dot-product attention (flash-attn on CUDA when installed); sparse = block-sparse
     attention from lcft.kernels."""
     sparse: SparseSpec = field(default_factory=SparseSpec)
     """Sparse backend: block size, top-k, local and sink blocks, selector (its block size is also the unit
     context parallelism cuts a window into, for either backend)."""
-    impl: str = "auto"
+    impl: AttentionImpl = "auto"
     """Sparse backend implementation: auto, reference, cpu or triton."""
 
     def __post_init__(self) -> None:
@@ -138,8 +140,8 @@ class LlamaConfig:
                             f"num_key_value_heads {self.num_key_value_heads}")
         if self.head_dim % 2:
             raise LcftError(f"head_dim {self.head_dim} must be even for RoPE")
-        if self.attention.backend not in ("dense", "sparse"):
-            raise LcftError(f"attention backend {self.attention.backend!r} is not one of dense, sparse")
+        if self.attention.backend not in BACKENDS:  # lcft.json is a file we are handed: its value is checked here
+            raise LcftError(f"attention backend {self.attention.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.rope_scaling is not None:
             self.rope_scaling = normalize_rope_scaling(self.rope_scaling)
         if self.rope_scaling is not None and self.rope_scaling["rope_type"] in ("yarn", "llama3"):

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lcft.errors import LcftError
-
-Checkpointing = Literal["none", "block"]
+from lcft.parallel.config import Checkpointing
 
 # Tokens per chunk of a block's token-wise work under block checkpointing: the tiny preset's chunk transients
 # are then ~50 MiB (fp32) whatever the sequence length. Measured on the tiny shape at 16K tokens, fp32: peak RSS
@@ -38,8 +37,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: Checkpointing = "bloc
     in place, returns the model. Applying it again replaces the settings; ('none', no offload) restores the plain
     blocks. The settings are recorded on the model as `checkpointing`, `offload`, `seq_chunk`. Apply it before
     compile and FSDP (lcft.parallel.parallelize): their hooks then sit around the rerouted forward."""
-    if mode not in ("none", "block"):
-        raise LcftError(f"activation checkpointing mode {mode!r} is not one of none, block")
     if isinstance(seq_chunk, bool) or not isinstance(seq_chunk, int) or seq_chunk < 0:
         raise LcftError(f"seq_chunk must be a non-negative integer, got {seq_chunk!r}")
     n = seq_chunk if mode == "block" else 0

@@ -8,7 +8,6 @@ keys, are declared and documented once, here.
 from __future__ import annotations
 
 import math
-import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,7 +15,10 @@ from lcft.config import ConfigError, check_choices
 
 CpLayout = Literal["zigzag", "contiguous"]
 CpKv = Literal["all", "selected", "stream"]
-CP_KV_MODES: tuple[str, ...] = typing.get_args(CpKv)
+Shard = Literal["none", "fsdp"]  # how ranks hold the weights: whole (DDP) or sharded (FSDP2)
+Checkpointing = Literal["none", "block"]  # activation checkpointing (lcft.parallel.activations)
+Precision = Literal["fp32", "bf16"]  # compute precision (weights stay fp32)
+PrecisionChoice = Literal["auto", Precision]  # what a user may ask for: auto picks by device (lcft.train.precision)
 
 
 @dataclass

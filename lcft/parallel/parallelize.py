@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, Checkpointing, apply_activation_checkpointing
+from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, apply_activation_checkpointing
 from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
 from lcft.parallel.compile import compile_blocks
-from lcft.parallel.config import ParallelConfig
+from lcft.parallel.config import Checkpointing, ParallelConfig
 from lcft.parallel.fsdp import apply_fsdp
 from lcft.parallel.mesh import ParallelState
 

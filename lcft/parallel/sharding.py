@@ -7,17 +7,18 @@ from dataclasses import dataclass
 
 import torch
 
+from lcft.parallel.config import CpLayout
 from lcft.shapes import check_length
 
 
-def rank_chunks(cp_rank: int, cp: int, layout: str) -> tuple[int, int]:
+def rank_chunks(cp_rank: int, cp: int, layout: CpLayout) -> tuple[int, int]:
     """The two global chunk ids (of 2*cp) rank `cp_rank` holds, in local order."""
     if layout == "zigzag":
         # Causal work grows with position; pairing chunk r with its mirror 2cp-1-r equalises it.
         return cp_rank, 2 * cp - 1 - cp_rank
     if layout == "contiguous":
         return 2 * cp_rank, 2 * cp_rank + 1
-    raise ValueError(f"unknown cp layout {layout!r} (use 'zigzag' or 'contiguous')")
+    raise AssertionError(f"unknown cp layout {layout!r}")  # the names are checked once, by config coercion
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,11 @@ class ShardLayout:
     """Number of ranks sharing the window."""
     block: int
     """Attention block size (chunks hold whole blocks)."""
-    layout: str = "zigzag"
+    layout: CpLayout = "zigzag"
     """'zigzag' or 'contiguous' (see ParallelConfig.cp_layout)."""
 
     def __post_init__(self) -> None:
         check_length(self.length, self.cp, self.block)
-        rank_chunks(0, self.cp, self.layout)  # validates the layout name
 
     @property
     def chunk(self) -> int:

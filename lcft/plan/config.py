@@ -9,6 +9,8 @@ from typing import Literal
 from lcft.config import ConfigError
 from lcft.train.config import TrainConfig
 
+PlanDevice = Literal["cuda", "cpu"]  # what a plan is made for (the runtime terms differ)
+
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
 
 
@@ -36,7 +38,7 @@ class PlanConfig(TrainConfig):
     """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes."""
     gpus_per_node: int | None = None
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
-    device: Literal["cuda", "cpu"] = "cuda"
+    device: PlanDevice = "cuda"
     """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; fp32 unless --precision bf16)."""
     explain: bool = False
     """Print where each figure comes from: the formula, or the measured or assumed constant."""

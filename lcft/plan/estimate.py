@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
 
 from lcft.model.config import LlamaConfig
 from lcft.parallel.activations import DEFAULT_SEQ_CHUNK
+from lcft.parallel.config import Checkpointing, CpKv, Precision, Shard
 from lcft.parallel.cp_stream import DEFAULT_PIECES
+from lcft.plan.config import PlanDevice
 from lcft.train.memory import LONG_WINDOW
 
 GIB = 1 << 30
@@ -56,14 +57,14 @@ class Layout:
     world: int = 1
     cp: int = 1
     micro_batch: int = 1
-    shard: Literal["none", "fsdp"] = "none"
+    shard: Shard = "none"
     offload_params: bool = False
-    checkpointing: Literal["none", "block"] = "none"
+    checkpointing: Checkpointing = "none"
     offload_activations: bool = False
     seq_chunk: int = DEFAULT_SEQ_CHUNK
-    cp_kv: Literal["all", "selected", "stream"] = "all"
-    precision: Literal["fp32", "bf16"] = "bf16"
-    device: Literal["cuda", "cpu"] = "cuda"
+    cp_kv: CpKv = "all"
+    precision: Precision = "bf16"
+    device: PlanDevice = "cuda"
     loss_chunk: int = 8192
     threads: int = 1  # compute threads per process (CPU)
 

@@ -8,12 +8,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from lcft.config import ConfigError, Size, build, load_toml, resolve, to_dict
 from lcft.kernels.spec import AttentionImpl
-from lcft.model.config import ROPE_TYPES
-from lcft.parallel.config import ParallelConfig
+from lcft.model.config import ROPE_TYPES, AttentionBackend
+from lcft.parallel.config import Checkpointing, ParallelConfig, PrecisionChoice, Shard
 from lcft.shapes import check_batch
 from lcft.train.guard import GuardConfig
 
@@ -61,7 +61,7 @@ class TrainConfig(ParallelConfig, GuardConfig):
     rope_scaling: str | None = None
     """Override the model's RoPE scaling: TYPE:FACTOR[:ORIGINAL_LENGTH] (types linear, dynamic, yarn, llama3;
     e.g. yarn:8:65536), 'none', or an HF JSON object."""
-    attention: Literal["dense", "sparse"] | None = None
+    attention: AttentionBackend | None = None
     """Attention backend: dense or sparse (block top-k); default: the model's own (dense for a preset)."""
     block_size: int | None = None
     """Sparse attention: tokens per block (default: the model's own, 64)."""
@@ -108,17 +108,17 @@ class TrainConfig(ParallelConfig, GuardConfig):
     """Reverse-complement each training sample with this probability (decided by seed and sample id: a resumed run flips the same samples). Cost per flipped sample: char none (ids reversed and complemented); kmer:K one numpy pass over its bases; a tokenizer.json one tokenizer call over its bases (BPE: a few Mbp/s, about 0.1 s for 64K tokens)."""
     loss_chunk: int = 8192
     """Tokens per chunk of the chunked cross-entropy (never L x vocab logits at once)."""
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: PrecisionChoice = "auto"
     """Mixed precision: bf16 autocast or fp32; auto = bf16 on CUDA and on CPUs with native bf16 (AVX-512 BF16,
     AMX, Arm BF16), fp32 on other CPUs (emulated bf16 is far slower there). Weights stay fp32."""
     compile: bool = False
     """Regional torch.compile of every decoder block's token-wise work (norms, projections, RoPE, MLP; the
     attention core stays eager); CPU (inductor, needs a C++ compiler) and CUDA. Compiling costs time once."""
-    checkpointing: Literal["none", "block"] = "none"
+    checkpointing: Checkpointing = "none"
     """Activation checkpointing: none, or block (recompute each decoder block in backward)."""
     offload_activations: bool = False
     """With block checkpointing: keep the saved block inputs in CPU memory."""
-    shard: Literal["none", "fsdp"] = "none"
+    shard: Shard = "none"
     """How ranks hold the weights: 'none' = every rank holds the whole model and its AdamW state (DDP; fastest
     while it fits, checkpoints as plain safetensors); 'fsdp' = FSDP2 shards parameters, gradients and optimizer
     state over every rank of the dp x cp layout (per-rank model state / world size; checkpoints written

@@ -10,11 +10,10 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Literal
 
 import torch
 
-Precision = Literal["fp32", "bf16"]
+from lcft.parallel.config import Precision, PrecisionChoice
 
 # /proc/cpuinfo flags of native bf16 arithmetic: x86 AVX-512 BF16 and AMX BF16 tiles, Arm's BF16 extension.
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
@@ -60,7 +59,7 @@ def cpu_describe() -> str:
     return f"{name or 'unknown CPU'} ({cap}, {bf16})"
 
 
-def choose_precision(requested: str, cpu: bool) -> tuple[Precision, str | None]:
+def choose_precision(requested: PrecisionChoice, cpu: bool) -> tuple[Precision, str | None]:
     """(precision to run, warning or None) for --precision auto|fp32|bf16 on a CPU or CUDA run: auto = bf16 on
     CUDA and on CPUs with native bf16, fp32 on other CPUs; an explicit bf16 on such a CPU is honoured with a
     warning saying how slow it will be."""
