@@ -47,7 +47,8 @@ from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, NODE_RANK_ENV, PeerLost, 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "Stopped", "exit_code", "launch", "run"]
 
 class Stopped(LcftError):
-    """The workers were ended by a signal before they could save (a second signal); exit code 128 + signal."""
+    """Stopped by a signal: the workers ended before they could save (a second signal), or a demo stage stopped
+    after its checkpoint (the demo ends there, not only the stage); exit code 128 + signal."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)

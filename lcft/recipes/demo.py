@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,12 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
     if latest is not None:
         tcfg = dataclasses.replace(tcfg, resume="auto")
     summary = train(tcfg)
+    if summary["stopped"] == "signal":  # the user asked the whole demo to stop, not just this stage
+        from lcft.launch import Stopped
+
+        name = summary["signal"]
+        raise Stopped(f"stopped by {name} at step {summary['step']} of {run} (checkpoint {summary['checkpoint']}); "
+                      "run the same `lcft demo` again to continue", int(signal.Signals[name]))
     return Path(summary["checkpoint"]), how
 
 

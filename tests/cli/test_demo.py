@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -48,3 +52,23 @@ def test_demo_refuses_a_base_context_that_does_not_divide_the_window(tmp_path):
     r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), "--length", "2K", "--base-context", "768"])
     assert r.exit_code == 1 and "not a multiple of base_context" in r.output
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_training_stage_ends_the_demo(tmp_path):
+    """SIGTERM while the base model trains: that stage saves and the whole demo stops there with 143 (128 +
+    SIGTERM) and one line saying how to continue; no later stage starts."""
+    out = tmp_path / "demo"
+    steps = [a if a != "3" else "100000" for a in SMALL]  # a base run far longer than the test
+    proc = subprocess.Popen([sys.executable, "-m", "lcft", "demo", "--out", str(out), *steps],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = out / "runs" / "base" / "metrics.jsonl", time.monotonic() + 240
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "stopped by SIGTERM" in errors[0] and "run the same `lcft demo` again" in errors[0]
+    assert "4/6" not in stdout and not (out / "runs" / "long").exists(), stdout
