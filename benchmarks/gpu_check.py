@@ -189,26 +189,17 @@ def plan_for_one_gpu(length: int) -> tuple[str, object, object]:
     from lcft.config import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.estimate import estimate
-    from lcft.plan.plan import fitting_changes, layout, model_config
+    from lcft.plan.plan import layout, model_config, pick
 
-    base = {"preset": "1b", "attention": "sparse", "seq_len": length, "gpu_memory": PLAN_GPU_MEMORY}
-    cfg = resolve(PlanConfig, None, base)
+    cfg = resolve(PlanConfig, None, {"preset": "1b", "attention": "sparse", "seq_len": length,
+                                     "gpu_memory": PLAN_GPU_MEMORY})
     model = model_config(cfg)
     lay = layout(cfg, model)
-    est = estimate(model, lay)
-    if est.total <= cfg.gpu_bytes:
-        return "(as given)", lay, est
-    changes = fitting_changes(model, lay, cfg.gpu_bytes)
-    if not changes:
-        return "(nothing fits)", lay, est
-    flags, est = changes[0]
-    words, extra = flags.split(), {}
-    for i, w in enumerate(words):  # '--checkpointing block --offload-activations' -> the config's fields
-        if w.startswith("--"):
-            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
-            extra[w[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
-    cfg = resolve(PlanConfig, None, base | extra)
-    return flags, layout(cfg, model), est
+    picked = pick(model, lay, cfg.gpu_bytes)
+    if picked is None:
+        return "(nothing fits)", lay, estimate(model, lay)
+    flags, lay, est = picked
+    return flags or "(as given)", lay, est
 
 
 def bench_plan(length: int) -> dict:

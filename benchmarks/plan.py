@@ -98,46 +98,6 @@ def prepare(root: Path, length: int) -> str:
     return str(out)
 
 
-# Published shapes a user would continue (dims as in their config.json; vocabularies as their tokenizers).
-SHAPED = {
-    "1b preset": dict(),
-    "GENERator-3B-shaped": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                                num_attention_heads=32, num_key_value_heads=8, vocab_size=4128),
-    "7B Llama-shaped": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                            num_attention_heads=32, num_key_value_heads=32, vocab_size=1024),
-}
-
-
-def _min_cp(model, seq: int, budget: int, **kw) -> str:
-    """The smallest cp (of 1, 2, 4, 8 on 8 GPUs) at which a block-checkpointed layout fits, with its GiB."""
-    from lcft.plan.estimate import GIB, Layout, estimate
-
-    for cp in (1, 2, 4, 8):
-        for kv in (("all",) if cp == 1 else ("all", "stream")):
-            est = estimate(model, Layout(seq, world=8, cp=cp, checkpointing="block", cp_kv=kv, **kw))
-            if est.total <= budget:
-                return f"cp {cp}{' stream' if kv == 'stream' else ''} ({est.total / GIB:.0f} GiB)"
-    return "does not fit"
-
-
-def readme_table() -> str:
-    """Markdown: for each shape, length and GPU, the smallest cp that fits under DDP, FSDP, FSDP + offload."""
-    from lcft.model import LlamaConfig, preset
-    from lcft.plan.config import parse_bytes
-
-    rows = ["| model | tokens | GPUs | --shard none | --shard fsdp | fsdp + --offload-params |",
-            "|---|---|---|---|---|---|"]
-    for label, dims in SHAPED.items():
-        model = preset("1b") if not dims else LlamaConfig(rope_theta=1e6, **dims)
-        for seq in (512 << 10, 1 << 20):
-            for gpu in ("80GiB", "141GB"):
-                budget = parse_bytes(gpu)
-                cells = [_min_cp(model, seq, budget), _min_cp(model, seq, budget, shard="fsdp"),
-                         _min_cp(model, seq, budget, shard="fsdp", offload_params=True)]
-                rows.append(f"| {label} | {seq >> 10}K | 8 x {gpu} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
 def _row(case: dict, m: dict) -> str:
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
     return (f"| {case['preset']} | {case['seq_len'] // 1024}K | {case['layout']} | {want / 2**20:,.0f} | "
@@ -162,14 +122,10 @@ def main() -> int:
                     help="run only cases matching PRESET:TOKENS[:LAYOUT], e.g. small:65536:fsdp 2 (repeatable)")
     ap.add_argument("--record", action="store_true", help="write each measured case to benchmarks/plan_cases.json")
     ap.add_argument("--table", action="store_true", help="print the recorded cases against the plan (no runs)")
-    ap.add_argument("--readme", action="store_true", help="print the README's GPU table (no runs)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
         print(json.dumps(child(json.loads(args.case))))
-        return 0
-    if args.readme:
-        print(readme_table())
         return 0
     print("| preset | tokens | layout | planned MiB | measured MiB | planned/measured | step s |")
     print("|---|---|---|---|---|---|---|")

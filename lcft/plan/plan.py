@@ -122,27 +122,44 @@ def _valid(lay: Layout) -> bool:
     return not (lay.cp_kv == "stream" and lay.cp == 1)  # stream only changes a cp run
 
 
-def fitting_changes(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5) -> list[tuple[str, Estimate]]:
+def fitting_layouts(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5
+                    ) -> list[tuple[str, Layout, Estimate]]:
     """Up to `limit` sets of at most three changes (fewest first, then least memory) under which `lay` fits
-    in `budget` bytes per GPU; a set that contains a smaller fitting set is not listed."""
+    in `budget` bytes per GPU, as (flags, changed layout, estimate); a set that contains a smaller fitting set
+    is not listed."""
     opts = list(_options(lay, model))
-    found: list[tuple[frozenset[str], str, Estimate]] = []
+    found: list[tuple[frozenset[str], str, Layout, Estimate]] = []
     for size in (1, 2, 3):
         for combo in itertools.combinations(opts, size):
             keys_set = [k for o in combo for k in o.changes]
             if len(keys_set) != len(set(keys_set)):
                 continue  # two options setting the same thing (two --cp values; offload implying a mode)
             keys = frozenset(o.flags for o in combo)
-            if any(prev <= keys for prev, _, _ in found):
+            if any(prev <= keys for prev, _, _, _ in found):
                 continue
             changed = with_changes(lay, **{k: v for o in combo for k, v in o.changes.items()})
             if not _valid(changed):
                 continue
             est = estimate(model, changed)
             if est.total <= budget:
-                found.append((keys, " ".join(o.flags for o in combo), est))
-    found.sort(key=lambda f: (len(f[0]), f[2].total))
-    return [(flags, est) for _, flags, est in found[:limit]]
+                found.append((keys, " ".join(o.flags for o in combo), changed, est))
+    found.sort(key=lambda f: (len(f[0]), f[3].total))
+    return [(flags, changed, est) for _, flags, changed, est in found[:limit]]
+
+
+def fitting_changes(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5) -> list[tuple[str, Estimate]]:
+    """`fitting_layouts` as (flags, estimate): what `lcft plan` lists under "it would fit with"."""
+    return [(flags, est) for flags, _, est in fitting_layouts(model, lay, budget, limit)]
+
+
+def pick(model: LlamaConfig, lay: Layout, budget: int) -> tuple[str, Layout, Estimate] | None:
+    """What `lcft plan` advises for `lay`: ('', lay, its estimate) when it fits as given, else the first change
+    set it lists (flags, changed layout, estimate); None when no set of up to three changes fits."""
+    est = estimate(model, lay)
+    if est.total <= budget:
+        return "", lay, est
+    options = fitting_layouts(model, lay, budget, limit=1)
+    return options[0] if options else None
 
 
 def _gib(n: int) -> str:

@@ -1,0 +1,128 @@
+"""docs/models.md and README's plan table: what benchmarks/models_table.py writes from the published config.json
+files, every row loaded through lcft's reader (or listed refused with its message), every printed train command
+planned again through `lcft plan`'s CLI, and the fields held for a model not in ../shared/published rebuilding its
+published file's sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.model.hf import METADATA, config_from_hf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def table():
+    spec = importlib.util.spec_from_file_location("models_table", ROOT / "benchmarks" / "models_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(mod)
+    if not mod.SHARED.is_dir():
+        pytest.skip(f"published files not found at {mod.SHARED}")
+    return mod
+
+
+def test_docs_are_what_the_script_writes(table):
+    assert (ROOT / "docs" / "models.md").read_text() == table.document(), \
+        "docs/models.md is stale: run python benchmarks/models_table.py"
+    readme = (ROOT / "README.md").read_text()
+    assert readme == table.readme_text(readme), "README's plan table is stale: run python benchmarks/models_table.py"
+    assert table.readme_table() in readme and "GENERator-3B-shaped" not in readme
+
+
+def test_every_row_loads_through_lcfts_reader_or_shows_its_refusal(table):
+    doc = (ROOT / "docs" / "models.md").read_text()
+    rows = table.loaded()
+    assert {m.name for m, *_ in rows} == {"GENERator-eukaryote-1.2B", "GENERator-eukaryote-3B", "METAGENE-1"}
+    for m, model, notes, refusal in rows:
+        d = table.config_json(m)
+        if model is None:
+            assert refusal and f"refused: {refusal}" in doc
+            continue
+        assert config_from_hf(d) == model and not refusal
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {m.name} | {d['model_type']} / "))
+        assert f"| {model.rope_theta:g} |" in row and f"{model.max_position_embeddings:,} tokens" in row
+        assert all(f"`note: {n}`" in doc for n in notes)
+    gen3b = next(model for m, model, *_ in rows if m.name == "GENERator-eukaryote-3B")
+    # the published 3B model, not README's former hand-made shape (28 layers, 8 KV heads, intermediate 8192)
+    assert (gen3b.num_hidden_layers, gen3b.num_key_value_heads, gen3b.intermediate_size) == (30, 4, 8448)
+    assert "not found: Genos" in doc and "not found: GenomeOcean" in doc
+
+
+def test_held_fields_rebuild_the_published_config_json(table):
+    """GENERator-eukaryote-1.2B's config.json is the 3B file with three counts changed: substituting the table's
+    values into the published 3B text must give the 1.2B file's published sha256 byte for byte."""
+    m = next(m for m in table.MODELS if m.name == "GENERator-eukaryote-1.2B")
+    text = (table.SHARED / "generator-eukaryote-3b-base" / "config.json").read_text()
+    published = json.loads(text)
+    assert set(m.fields) <= set(published) and set(published) - set(m.fields) <= METADATA  # only what lcft reads
+    changed = {k: v for k, v in m.fields.items() if published[k] != v}
+    assert set(changed) == {"hidden_size", "intermediate_size", "num_hidden_layers"}
+    for key, value in changed.items():
+        old = f'"{key}": {json.dumps(published[key])},'
+        assert text.count(old) == 1
+        text = text.replace(old, f'"{key}": {json.dumps(value)},')
+    assert hashlib.sha256(text.encode()).hexdigest() == m.sha256
+
+
+def _plan_argv(line: str, init: Path) -> list[str]:
+    """A printed train command as `lcft plan` options: --init pointed at a folder holding the config.json, the
+    GPU memory from its trailing comment, and the data and run folders (which plan does not read) left out."""
+    command, _, comment = line.partition("#")
+    words = shlex.split(command)[2:]
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if w in ("--data", "--out", "--init"):
+            skip = True
+            out += ["--init", str(init)] if w == "--init" else []
+            continue
+        out.append(w)
+    return ["plan", *out, "--gpu-memory", comment.split(" x ")[1].strip()]
+
+
+def test_every_printed_train_command_fits_when_lcft_plan_reads_it(table, tmp_path):
+    """The commands are planned again by the `lcft plan` CLI from a config.json folder (the path a user takes):
+    each fits, with the figure the layout table gives."""
+    doc = (ROOT / "docs" / "models.md").read_text()
+    runner = CliRunner()
+    for m, model, _, _ in table.loaded():
+        folder = tmp_path / m.slug
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(table.config_json(m)))
+        lines = [c for c in table.commands(m, model) if c.startswith("lcft train")]
+        assert len(lines) == len(table.LENGTHS) * len(table.GPUS)
+        for line in lines:
+            assert line in doc
+            result = runner.invoke(app, _plan_argv(line, folder))
+            assert result.exit_code == 0, result.output
+            assert "verdict: fits" in result.output, (line, result.output)
+            total = float(re.search(r"total\s+([\d.]+) GiB", result.output).group(1))
+            seq, gpu = re.search(r"--seq-len (\S+)", line).group(1), line.split(" x ")[-1]
+            want = f"| {m.name} | {seq} | {table.NPROC} x {gpu} |"
+            row = next(r for r in doc.splitlines() if r.startswith(want))
+            assert row.endswith(f"| yes | {total:.1f} |"), (row, total)
+
+
+def test_every_printed_prepare_command_parses_as_lcft_prepare_windows(table):
+    windows = typer.main.get_command(app).commands["prepare"].commands["windows"]
+    for m, model, _, _ in table.loaded():
+        lines = [c for c in table.commands(m, model) if c.startswith("lcft prepare windows")]
+        assert len(lines) == len(table.LENGTHS)
+        for line in lines:
+            params = windows.make_context("windows", shlex.split(line)[3:]).params  # unknown flags raise
+            assert params["tokenizer"] == m.hub and params["length"] in ("512K", "1M")
