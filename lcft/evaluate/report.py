@@ -121,6 +121,13 @@ def _bits_per_base(loss_sum: float, windows: list[dict[str, Any]]) -> float:
     return loss_sum / bases / LN2 if bases else math.nan
 
 
+def _uniform(ref: dict[str, Any]) -> dict[str, Any]:
+    """A uniform guess over A, C, G, T: 2 bits per base, so per token ln 4 times the bases a token covers on
+    average (1 for char; about k for a k-mer tokenizer)."""
+    per_token = ref["bases"] / ref["tokens"] if ref["tokens"] else 1.0
+    return {"loss": UNIFORM_LOSS * per_token, "bits_per_base": UNIFORM_LOSS / LN2}
+
+
 def _checkpoint_record(cfg: Any, info: Any, res: Any, ref: Any, is_ref: bool, edges: np.ndarray,
                        weights: np.ndarray, by_bases: bool) -> dict[str, Any]:
     """One checkpoint's figures: overall, per bin, per window, intervals against the reference, probe."""
@@ -129,7 +136,7 @@ def _checkpoint_record(cfg: Any, info: Any, res: Any, ref: Any, is_ref: bool, ed
     ref_loss = ref.sums.mean()
     positions = bin_positions(edges)
     means, counts = res.sums.binned(edges)
-    bits, bases = res.sums.binned_bits_per_base(edges) if by_bases else (means / LN2, None)
+    bits, bases = res.sums.binned_bits_per_base(edges)  # over each bin's bases (= its tokens for char)
     loss_sum, tokens = res.sums.total()
     loss = loss_sum / tokens if tokens else math.nan
     rec = info.describe()
@@ -180,7 +187,7 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
             "first_tenth": [f0, f1],
             "last_tenth": [l0, l1],
         },
-        "uniform": {"loss": UNIFORM_LOSS, "bits_per_base": UNIFORM_LOSS / LN2},
+        "uniform": _uniform(checkpoints[0]),
         "bootstrap": {"replicates": cfg.bootstrap, "seed": cfg.seed, "level": LEVEL, "resampled": "windows",
                       "note": "paired percentile intervals of each change against the first checkpoint"},
         "subsets": {"repeat": "predicted base soft-masked (lower case in the FASTA)", "unique": "upper case",

@@ -51,5 +51,13 @@ def test_train_bits_per_base_equal_eval_for_kmers(genomes_dir, tmp_path):
     heads = [c.header for c in table(rep).columns]  # every column names its unit
     assert heads[1:7] == ["context\ntokens", "loss\nnats/token", "loss\nbits/base", "first 10%\nnats/token",
                           "last 10%\nnats/token", "last-first\nnats/token"], heads
+    # A uniform guess over A, C, G, T is 2 bits per base: per 6-mer token that is the bases it covers x ln 4.
+    assert rep["uniform"]["bits_per_base"] == 2.0
+    assert rep["uniform"]["loss"] == pytest.approx(ck["bases"] / ck["tokens"] * math.log(4), rel=1e-12)
+    assert rep["uniform"]["loss"] == pytest.approx(6 * math.log(4), rel=0.01)
+    # Per-bin bits per base are over the bin's bases too (the bins' nats per token / ln 2 are per token).
+    bins = ck["bins"]
+    assert [b for b in bins["bits_per_base"]] == pytest.approx(
+        [loss / 6 / math.log(2) for loss in bins["loss"]], rel=0.01)
     summary = json.loads((Path(s["run_dir"]) / "summary.json").read_text())
     assert summary["bits_per_base"] == rec["bits_per_base"] and summary["loss"] == rec["loss"]
