@@ -77,7 +77,9 @@ MODELS = (
     Published("GENERator-eukaryote-3B", "GenerTeam/GENERator-eukaryote-3b-base@7515b17659f092997335226c3fb6aafd06c0add9",
               "huggingface.co/GenerTeam/GENERator-eukaryote-3b-base at that revision",
               folder="generator-eukaryote-3b-base", tokenizer=GENERATOR_TOKENIZER, card="98 kbp (card)"),
-    Published("METAGENE-1", "metagene-ai/METAGENE-1",
+    # The revision: metagene-ai/METAGENE-1's main as a third party pins it (config.json 903 bytes, sha256
+    # dc3751f8...; the fields it lists agree with the file read here).
+    Published("METAGENE-1", "metagene-ai/METAGENE-1@ad8a1e0ee62b85058bfc05d823d8e8d4759edc48",
               "huggingface.co/metagene-ai/METAGENE-1, as shown for metagene-ai/METAGENE-1-AWQ-4Bit without its "
               "quantization_config", folder="metagene-1"),
 )
