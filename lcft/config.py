@@ -168,6 +168,30 @@ def check_choices(cfg: Any) -> None:
             check_choice(getattr(cfg, name), tp, name)
 
 
+def at_least_one(cfg: Any, *names: str) -> None:
+    """Optional counts given must be at least 1."""
+    for name in names:
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"{name} must be at least 1 (got {v})")
+
+
+def not_negative(cfg: Any, *names: str) -> None:
+    """Options given must not be negative."""
+    for name in names:
+        v = getattr(cfg, name)
+        if v is not None and v < 0:
+            raise ConfigError(f"{name} must not be negative (got {v})")
+
+
+def finite(cfg: Any, *names: str) -> None:
+    """Every float option finite (inf/nan would train to NaN weights or skip every step)."""
+    for name in names:
+        v = getattr(cfg, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
+            raise ConfigError(f"{name} must be a finite number (got {v!r})")
+
+
 def _kind(value: Any) -> str:
     """How a value read from TOML is described in an error ('a list', 'a float 1.7')."""
     if isinstance(value, list | tuple):

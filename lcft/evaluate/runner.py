@@ -318,7 +318,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     parallel, lock = None, contextlib.ExitStack()
     try:
         if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
-            pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv, collective_timeout=cfg.collective_timeout)
+            pcfg = ParallelConfig(cp=cfg.cp, cp_layout=cfg.cp_layout, cp_kv=cfg.cp_kv, collective_timeout=cfg.collective_timeout)
             parallel = EvalParallel(pcfg, device)
             for info in infos:
                 parallel.check(ws.length, info.block_size(_default_block_size()), [info.max_context])

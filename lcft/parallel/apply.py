@@ -14,7 +14,7 @@ from torch import nn
 
 from lcft.errors import LcftError
 from lcft.parallel.comms import all_gather_nograd, cp_window_loss
-from lcft.parallel.config import ParallelConfig
+from lcft.parallel.config import CpConfig
 from lcft.parallel.cp_attention import ContextParallelCore
 from lcft.parallel.mesh import ParallelState
 from lcft.parallel.sharding import ShardLayout, check_length
@@ -27,13 +27,13 @@ def _attention_config(model: nn.Module):
     return cfg.attention
 
 
-def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: ParallelConfig) -> nn.Module:
+def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: CpConfig) -> nn.Module:
     """Swap every block's `attn.core` for a ContextParallelCore (in place; returns the model).
 
     With cp == 1 the model is left untouched. Parameters and their names do not change, so checkpoints
     written under any cp load under any other."""
     if cfg.cp != state.cp:
-        raise ValueError(f"ParallelConfig.cp={cfg.cp} but the process layout has cp={state.cp}")
+        raise ValueError(f"CpConfig.cp={cfg.cp} but the process layout has cp={state.cp}")
     if not state.cp_enabled:
         return model
     attention = _attention_config(model)
@@ -56,7 +56,7 @@ class ContextParallelRunner:
     it): shards batches, runs the model with global positions, gathers per-token results back, and turns the
     rank's loss share into the window loss (see comms.cp_window_loss for the gradient scaling)."""
 
-    def __init__(self, state: ParallelState, cfg: ParallelConfig, block_size: int) -> None:
+    def __init__(self, state: ParallelState, cfg: CpConfig, block_size: int) -> None:
         self.state, self.cfg, self.block = state, cfg, int(block_size)
 
     def layout(self, length: int) -> ShardLayout:

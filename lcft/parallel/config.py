@@ -1,8 +1,10 @@
-"""ParallelConfig: how many processes a run starts and how one window is split across ranks (context parallelism).
+"""How a run is spread: `CpConfig` (how one window is split across ranks), `LaunchConfig` (how many processes on
+how many nodes), and `ParallelConfig`, the two together, which EvalConfig extends.
 
-TrainConfig and EvalConfig extend it, so `--nproc`, `--cp`, `--cp-layout`, `--cp-kv` and the launch options
-(`--nnodes`, `--node-rank`, `--rdzv-endpoint`, `--max-restarts`, `--collective-timeout`), with their flat TOML
-keys, are declared and documented once, here.
+TrainConfig takes CpConfig (in its parallel section) and LaunchConfig (its launch section) and EvalConfig
+ParallelConfig, so `--nproc`, `--cp`, `--cp-layout`, `--cp-kv` and the launch options (`--nnodes`, `--node-rank`,
+`--rdzv-endpoint`, `--max-restarts`, `--collective-timeout`), with their flat TOML keys, are declared and
+documented once, here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ PrecisionChoice = Literal["auto", Precision]  # what a user may ask for: auto pi
 
 
 @dataclass
-class ParallelConfig:
+class CpConfig:
     """Context parallelism: cp ranks share one window; data parallelism dp = world size / cp."""
 
     cp: int = 1
@@ -39,6 +41,16 @@ class ParallelConfig:
     attention; 'stream' sends the other ranks' K/V a piece at a time and merges partial attention by
     log-sum-exp, so no rank holds the whole window's K/V (least memory, more bytes: pieces travel again in
     backward)."""
+
+    def __post_init__(self) -> None:
+        if int(self.cp) < 1:
+            raise ConfigError(f"cp must be at least 1, got {self.cp}")
+        check_choices(self)  # every Literal field of this config and of those extending it, checked once
+
+
+@dataclass
+class LaunchConfig:
+    """How many processes a run starts, on how many nodes, and how long they wait for each other."""
 
     nproc: int = 1
     """Processes to start on this node (torchrun; gloo on CPU); the world size is nnodes x nproc and
@@ -63,10 +75,9 @@ class ParallelConfig:
     ends, naming the ranks and nodes that stopped answering (exit code 75)."""
 
     def __post_init__(self) -> None:
-        for name in ("cp", "nproc", "nnodes"):
+        for name in ("nproc", "nnodes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        check_choices(self)  # every Literal field of this config and of those extending it, checked once
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"node_rank must be within [0, nnodes - 1] = [0, {self.nnodes - 1}], "
                               f"got {self.node_rank}")
@@ -86,3 +97,12 @@ class ParallelConfig:
     def multiprocess(self) -> bool:
         """True when the launcher (torchrun) starts the processes: several of them, or elastic restarts."""
         return self.nproc > 1 or self.nnodes > 1 or self.max_restarts > 0
+
+
+@dataclass
+class ParallelConfig(CpConfig, LaunchConfig):
+    """The window split and the launch together: what `lcft eval` takes (lcft train takes them as two sections)."""
+
+    def __post_init__(self) -> None:
+        CpConfig.__post_init__(self)
+        LaunchConfig.__post_init__(self)

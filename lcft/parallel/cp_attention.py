@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcft.parallel import comms
-from lcft.parallel.config import ParallelConfig
+from lcft.parallel.config import CpConfig
 from lcft.parallel.cp_stream import stream_attention
 from lcft.parallel.mesh import ParallelState
 from lcft.parallel.sharding import ShardLayout, renumber_blocks
@@ -177,7 +177,7 @@ class StreamKV(KVMode):
 
 
 KV_MODES: dict[str, type[KVMode]] = {"all": AllKV, "selected": SelectedKV, "stream": StreamKV}
-"""The --cp-kv strategies by name (ParallelConfig.cp_kv)."""
+"""The --cp-kv strategies by name (CpConfig.cp_kv)."""
 
 
 class ContextParallelCore(nn.Module):
@@ -186,7 +186,7 @@ class ContextParallelCore(nn.Module):
     `attention` is the model's AttentionConfig (backend, impl, sparse spec). q (B, Hq, L/cp, D) and
     k, v (B, Hkv, L/cp, D) are this rank's tokens in local order."""
 
-    def __init__(self, attention: Any, state: ParallelState, cfg: ParallelConfig) -> None:
+    def __init__(self, attention: Any, state: ParallelState, cfg: CpConfig) -> None:
         super().__init__()
         self.state, self.cfg = state, cfg
         self.selection = Selection(attention, state)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lcft import liveness
-from lcft.parallel.config import ParallelConfig
+from lcft.parallel.config import CpConfig
 from lcft.shapes import check_world
 
 MESH_DIMS = ("dp", "cp")
@@ -88,7 +88,7 @@ def init_world(collective_timeout: float) -> bool:
     return True
 
 
-def init_parallel(cfg: ParallelConfig, fsdp: bool = False) -> ParallelState:
+def init_parallel(cfg: CpConfig, fsdp: bool = False) -> ParallelState:
     """Build the run's layout on top of the default process group (already initialised by the launcher,
     Accelerate or `torch.distributed.init_process_group`): one DeviceMesh ("dp", "cp") over every rank, and
     with `fsdp` its flattened dp x cp dimension. Every rank must call it, in the same order (making the mesh's

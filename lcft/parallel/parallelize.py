@@ -19,7 +19,7 @@ from torch import nn
 from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, apply_activation_checkpointing
 from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
 from lcft.parallel.compile import compile_blocks
-from lcft.parallel.config import Checkpointing, ParallelConfig
+from lcft.parallel.config import Checkpointing, CpConfig
 from lcft.parallel.fsdp import apply_fsdp
 from lcft.parallel.mesh import ParallelState
 
@@ -28,7 +28,7 @@ from lcft.parallel.mesh import ParallelState
 class ParallelizeConfig:
     """What parallelize applies beyond the layout's own degrees (the defaults change nothing)."""
 
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    parallel: CpConfig = field(default_factory=CpConfig)
     """cp, cp_layout, cp_kv: how one window is split (cp must be the layout's)."""
     checkpointing: Checkpointing = "none"
     """'block': recompute each block in backward, keeping only its input."""

@@ -32,7 +32,7 @@ class ShardLayout:
     block: int
     """Attention block size (chunks hold whole blocks)."""
     layout: CpLayout = "zigzag"
-    """'zigzag' or 'contiguous' (see ParallelConfig.cp_layout)."""
+    """'zigzag' or 'contiguous' (see CpConfig.cp_layout)."""
 
     def __post_init__(self) -> None:
         check_length(self.length, self.cp, self.block)

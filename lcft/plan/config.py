@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.config import ConfigError
+from lcft.config import ConfigError, check_choice
 from lcft.train.config import TrainConfig
 
 PlanDevice = Literal["cuda", "cpu"]  # what a plan is made for (the runtime terms differ)
@@ -45,6 +45,7 @@ class PlanConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         TrainConfig.__post_init__(self)
+        check_choice(self.device, PlanDevice, "device")  # the sections checked theirs
         parse_bytes(self.gpu_memory)
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise ConfigError(f"gpus_per_node must be at least 1 (got {self.gpus_per_node})")

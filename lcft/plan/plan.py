@@ -36,7 +36,7 @@ def model_config(cfg: PlanConfig) -> LlamaConfig:
         model = read_config(resolve_checkpoint(cfg.init))
     else:
         model = preset(cfg.preset)
-    model.attention = attention_override(cfg, model.attention)
+    model.attention = attention_override(cfg.model, model.attention)
     return model
 
 

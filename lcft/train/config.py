@@ -1,19 +1,29 @@
-"""The trainer's one flat config (`TrainConfig`): every `lcft train` option, its TOML twin, and its checks."""
+"""`TrainConfig`: every `lcft train` option (flat flags and TOML keys), declared and validated by section."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from lcft.config import ConfigError, Size, build, load_toml, resolve, to_dict
+from lcft.config import (
+    ConfigError,
+    Size,
+    at_least_one,
+    build,
+    check_choices,
+    finite,
+    load_toml,
+    not_negative,
+    resolve,
+    to_dict,
+)
 from lcft.kernels.spec import AttentionImpl
 from lcft.model.config import ROPE_TYPES, AttentionBackend
-from lcft.parallel.config import Checkpointing, ParallelConfig, PrecisionChoice, Shard
+from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, PrecisionChoice, Shard
 from lcft.shapes import check_batch
 from lcft.train.guard import GuardConfig
 
@@ -26,31 +36,55 @@ RUN_NEUTRAL = frozenset({
     "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "collective_timeout",  # where and how it is launched
 })
 
-# The sections of `lcft train --help` (one panel each): every option in exactly one.
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "Data": ("data", "seq_len", "softmask_loss_weight", "rc_augment", "seed"),
-    "Model overrides": ("init", "preset", "rope_theta", "rope_scaling", "attention", "block_size", "top_k",
-                        "local_blocks", "sink_blocks", "attention_impl"),
-    "Optimizer": ("steps", "global_batch", "micro_batch", "lr", "min_lr_ratio", "warmup", "weight_decay",
-                  "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "z_loss", "loss_chunk"),
-    "Parallel and memory": ("cp", "cp_layout", "cp_kv", "shard", "offload_params", "checkpointing",
-                            "offload_activations", "precision", "compile"),
-    "Launch": ("nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "collective_timeout"),
-    "Guard": ("spike_sigma", "spike_window", "spike_min_history", "max_consecutive_skips"),
-    "Checkpoint": ("out", "resume", "save_every", "keep_last", "stop_after"),
-    "Logging": ("tensorboard", "progress"),
-}
-
 
 @dataclass
-class TrainConfig(ParallelConfig, GuardConfig):
-    """Everything `lcft train` needs; defaults < `--config run.toml` < command-line flags. The parallel
-    options (nproc, cp, cp_layout, cp_kv) come from ParallelConfig, the spike guard's from GuardConfig."""
+class DataOptions:
+    """The training data: which prepared windows, how long a sequence, how tokens are weighted and flipped."""
 
     data: str = ""
     """Prepared data folder (from `lcft prepare`); its train split is used."""
+    seq_len: Size | None = None
+    """Tokens per training sequence (e.g. 512K); shorter than the data's windows takes aligned sub-windows;
+    default: the window length."""
+    softmask_loss_weight: float = 1.0
+    """Loss weight of tokens whose base is soft-masked (lower case, repeats) in the FASTA; Evo 2 used 0.1."""
+    rc_augment: float = 0.0
+    """Reverse-complement each training sample with this probability (decided by seed and sample id: a resumed run flips the same samples). Cost per flipped sample: char none (ids reversed and complemented); kmer:K one numpy pass over its bases; a tokenizer.json one tokenizer call over its bases (BPE: a few Mbp/s, about 0.1 s for 64K tokens)."""
+    seed: int = 0
+    """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
+
+    def __post_init__(self) -> None:
+        at_least_one(self, "seq_len")
+        finite(self, "softmask_loss_weight")
+        not_negative(self, "softmask_loss_weight")
+        if isinstance(self.rc_augment, bool) or not 0 <= self.rc_augment <= 1:
+            raise ConfigError(f"rc_augment must be a probability within [0, 1] (got {self.rc_augment!r})")
+
+
+@dataclass
+class CheckpointOptions:
+    """Where the run lives, when it writes checkpoints, how many it keeps, and where it continues from."""
+
     out: str = ""
     """Run folder: config.toml, metrics.jsonl, checkpoints/step-NNNNNNNN/."""
+    stop_after: int | None = None
+    """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later."""
+    save_every: int = 50
+    """Write a checkpoint every this many steps (0 = only at the end and on SIGTERM/SIGINT)."""
+    keep_last: int = 3
+    """Keep only this many newest checkpoints (0 = keep all)."""
+    resume: str | None = None
+    """Continue a run: 'auto' = the latest checkpoint in --out, or a checkpoint folder."""
+
+    def __post_init__(self) -> None:
+        at_least_one(self, "stop_after")
+        not_negative(self, "save_every", "keep_last")
+
+
+@dataclass
+class ModelOverrides:
+    """The model to start from (a checkpoint or a preset) and what of its shape and attention to change."""
+
     init: str | None = None
     """Continue from this HF-format checkpoint folder (ours or one transformers wrote); default: a fresh model
     from --preset."""
@@ -73,13 +107,24 @@ class TrainConfig(ParallelConfig, GuardConfig):
     """Sparse attention: always-attended first key blocks (default: the model's own)."""
     attention_impl: AttentionImpl | None = None
     """Sparse attention implementation: auto, reference, cpu or triton (default: the model's own)."""
-    seq_len: Size | None = None
-    """Tokens per training sequence (e.g. 512K); shorter than the data's windows takes aligned sub-windows;
-    default: the window length."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        at_least_one(self, "block_size", "top_k")
+        not_negative(self, "local_blocks", "sink_blocks")
+        finite(self, "rope_theta")
+        if self.rope_theta is not None and self.rope_theta <= 0:
+            raise ConfigError(f"rope_theta must be positive (got {self.rope_theta})")
+        if self.rope_scaling is not None:
+            parse_rope_scaling(self.rope_scaling)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, its schedule and the loss: what one optimizer step does and how many there are."""
+
     steps: int = 80
     """Total optimizer steps of the run (the learning-rate schedule spans them)."""
-    stop_after: int | None = None
-    """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later."""
     global_batch: int = 8
     """Sequences per optimizer step over all processes; = micro_batch x data-parallel ranks x accumulation."""
     micro_batch: int = 1
@@ -102,12 +147,32 @@ class TrainConfig(ParallelConfig, GuardConfig):
     """Clip the global gradient norm to this (0 = no clipping; the norm is still logged)."""
     z_loss: float = 1e-4
     """PaLM z-loss coefficient: adds z_loss x logsumexp^2 per counted token."""
-    softmask_loss_weight: float = 1.0
-    """Loss weight of tokens whose base is soft-masked (lower case, repeats) in the FASTA; Evo 2 used 0.1."""
-    rc_augment: float = 0.0
-    """Reverse-complement each training sample with this probability (decided by seed and sample id: a resumed run flips the same samples). Cost per flipped sample: char none (ids reversed and complemented); kmer:K one numpy pass over its bases; a tokenizer.json one tokenizer call over its bases (BPE: a few Mbp/s, about 0.1 s for 64K tokens)."""
     loss_chunk: int = 8192
     """Tokens per chunk of the chunked cross-entropy (never L x vocab logits at once)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "global_batch", "micro_batch", "loss_chunk"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        not_negative(self, "warmup")
+        finite(self, "lr", "min_lr_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip",
+               "z_loss")
+        not_negative(self, "lr", "weight_decay", "grad_clip", "z_loss")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be within [0, 1) (got {getattr(self, name)})")
+        if self.adam_eps <= 0:
+            raise ConfigError(f"adam_eps must be positive (got {self.adam_eps})")
+        check_batch(self.global_batch, self.micro_batch)
+
+
+@dataclass
+class TrainParallelConfig(CpConfig):
+    """How one window is split over ranks (cp, cp_layout, cp_kv from CpConfig), how the ranks hold the weights,
+    and what trades compute for memory."""
+
     precision: PrecisionChoice = "auto"
     """Mixed precision: bf16 autocast or fp32; auto = bf16 on CUDA and on CPUs with native bf16 (AVX-512 BF16,
     AMX, Arm BF16), fp32 on other CPUs (emulated bf16 is far slower there). Weights stay fp32."""
@@ -126,65 +191,83 @@ class TrainConfig(ParallelConfig, GuardConfig):
     offload_params: bool = False
     """With --shard fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
     CPU offload; the optimizer step runs on the CPU). Nothing to move on a CPU-only run."""
-    save_every: int = 50
-    """Write a checkpoint every this many steps (0 = only at the end and on SIGTERM/SIGINT)."""
-    keep_last: int = 3
-    """Keep only this many newest checkpoints (0 = keep all)."""
-    resume: str | None = None
-    """Continue a run: 'auto' = the latest checkpoint in --out, or a checkpoint folder."""
-    seed: int = 0
-    """Seed of the model initialisation and of the data order (a function of seed, epoch and sample index)."""
+
+    def __post_init__(self) -> None:
+        CpConfig.__post_init__(self)  # cp, and every Literal of this section
+        if self.offload_activations and self.checkpointing != "block":
+            raise ConfigError("offload_activations needs checkpointing = 'block'")
+        if self.offload_params and self.shard != "fsdp":
+            raise ConfigError("offload_params needs shard = 'fsdp'")
+
+
+@dataclass
+class LoggingOptions:
+    """Where the metrics go besides metrics.jsonl, and what the terminal shows."""
+
     tensorboard: bool = False
     """Also log the metrics to TensorBoard (Accelerate tracker) under <out>/tensorboard."""
     progress: bool = True
     """Show the rich live progress view (only on a terminal, and only on rank 0)."""
 
-    def __post_init__(self) -> None:
-        """Value checks that need no files (files are checked when training starts)."""
-        ParallelConfig.__post_init__(self)
-        GuardConfig.__post_init__(self)
-        positive = ("steps", "global_batch", "micro_batch", "loss_chunk")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        for name in ("seq_len", "stop_after", "block_size", "top_k"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {v})")
-        for name in ("warmup", "save_every", "keep_last", "local_blocks", "sink_blocks"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ConfigError(f"{name} must not be negative (got {v})")
-        self._check_numbers()
-        check_batch(self.global_batch, self.micro_batch)
-        if self.offload_activations and self.checkpointing != "block":
-            raise ConfigError("offload_activations needs checkpointing = 'block'")
-        if self.offload_params and self.shard != "fsdp":
-            raise ConfigError("offload_params needs shard = 'fsdp'")
-        if self.rope_scaling is not None:
-            parse_rope_scaling(self.rope_scaling)
 
-    def _check_numbers(self) -> None:
-        """Every float option finite and in its range (inf/nan would train to NaN weights or skip every step)."""
-        for name in ("lr", "min_lr_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip",
-                     "z_loss", "softmask_loss_weight", "spike_sigma", "rope_theta"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
-                raise ConfigError(f"{name} must be a finite number (got {v!r})")
-        for name in ("lr", "weight_decay", "grad_clip", "z_loss", "softmask_loss_weight"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"min_lr_ratio must be within [0, 1] (got {self.min_lr_ratio})")
-        if isinstance(self.rc_augment, bool) or not 0 <= self.rc_augment <= 1:
-            raise ConfigError(f"rc_augment must be a probability within [0, 1] (got {self.rc_augment!r})")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be within [0, 1) (got {getattr(self, name)})")
-        if self.adam_eps <= 0:
-            raise ConfigError(f"adam_eps must be positive (got {self.adam_eps})")
-        if self.rope_theta is not None and self.rope_theta <= 0:
-            raise ConfigError(f"rope_theta must be positive (got {self.rope_theta})")
+# TrainConfig's sections: attribute, `lcft train --help` panel, dataclass; in the order the panels are listed.
+_SECTIONS: tuple[tuple[str, str, type], ...] = (
+    ("dataset", "Data", DataOptions), ("checkpoint", "Checkpoint", CheckpointOptions),
+    ("model", "Model overrides", ModelOverrides), ("optim", "Optimizer", OptimConfig),
+    ("parallel", "Parallel and memory", TrainParallelConfig), ("logging", "Logging", LoggingOptions),
+    ("launch", "Launch", LaunchConfig), ("guard", "Guard", GuardConfig))
+# The panels of `lcft train --help` (one per section): every option in exactly one.
+SECTIONS: dict[str, tuple[str, ...]] = {title: tuple(f.name for f in dataclasses.fields(cls))
+                                         for _, title, cls in _SECTIONS}
+
+
+@dataclass
+class TrainConfig(DataOptions, CheckpointOptions, ModelOverrides, OptimConfig, TrainParallelConfig, LoggingOptions,
+                  LaunchConfig, GuardConfig):
+    """Everything `lcft train` needs; defaults < `--config run.toml` < command-line flags. One flat set of
+    options (flags and TOML keys), declared and checked by section: `cfg.optim`, `cfg.guard`, ... are the
+    section dataclasses, built (and so validated) once when the config is; a component takes its section.
+    Change a config with dataclasses.replace (a new config, its sections built again)."""
+
+    sections: ClassVar[tuple[tuple[str, str, type], ...]] = _SECTIONS
+
+    def __post_init__(self) -> None:
+        """Each section validates its own options once, when it is built here (no files: those are checked when
+        training starts); no check spans two sections."""
+        self._sections = {name: cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+                          for name, _, cls in self.sections}
+
+    @property
+    def dataset(self) -> DataOptions:
+        return self._sections["dataset"]
+
+    @property
+    def checkpoint(self) -> CheckpointOptions:
+        return self._sections["checkpoint"]
+
+    @property
+    def model(self) -> ModelOverrides:
+        return self._sections["model"]
+
+    @property
+    def optim(self) -> OptimConfig:
+        return self._sections["optim"]
+
+    @property
+    def parallel(self) -> TrainParallelConfig:
+        return self._sections["parallel"]
+
+    @property
+    def logging(self) -> LoggingOptions:
+        return self._sections["logging"]
+
+    @property
+    def launch(self) -> LaunchConfig:
+        return self._sections["launch"]
+
+    @property
+    def guard(self) -> GuardConfig:
+        return self._sections["guard"]
 
     def run_defining(self) -> dict[str, Any]:
         """The options that shape the trajectory: two runs with equal values are the same run."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lcft.config import ConfigError
+from lcft.config import ConfigError, finite
 
 
 @dataclass
 class GuardConfig:
-    """When an update counts as a spike (TrainConfig extends it: the flat options --spike-sigma etc.)."""
+    """When an update counts as a spike (the guard section of TrainConfig: the flat options --spike-sigma etc.)."""
 
     spike_sigma: float = 6.0
     """Skip an update whose loss exceeds the running mean by this many standard deviations (0 = off);
@@ -28,6 +28,7 @@ class GuardConfig:
         for name in ("spike_sigma", "spike_min_history", "max_consecutive_skips"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative (got {getattr(self, name)})")
+        finite(self, "spike_sigma")
 
 
 class SpikeGuard:

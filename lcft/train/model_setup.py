@@ -16,10 +16,10 @@ from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.hf import config_notes
 from lcft.model.io import read_config, save_pretrained
 from lcft.parallel.dcp import read_model
-from lcft.train.config import TrainConfig, parse_rope_scaling
+from lcft.train.config import ModelOverrides, TrainConfig, parse_rope_scaling
 
 
-def attention_override(cfg: TrainConfig, base: AttentionConfig) -> AttentionConfig:
+def attention_override(cfg: ModelOverrides, base: AttentionConfig) -> AttentionConfig:
     """The model's attention settings with the options the user gave (None = keep the model's): the one place
     where the flat train options become the attention config and its SparseSpec."""
     spec = {"block_size": cfg.block_size, "top_k": cfg.top_k, "local_blocks": cfg.local_blocks,
@@ -29,7 +29,7 @@ def attention_override(cfg: TrainConfig, base: AttentionConfig) -> AttentionConf
     return dataclasses.replace(base, sparse=sparse, **{k: v for k, v in top.items() if v is not None})
 
 
-def _rope_changes(cfg: TrainConfig, model_cfg: LlamaConfig) -> dict[str, Any]:
+def _rope_changes(cfg: ModelOverrides, model_cfg: LlamaConfig) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if cfg.rope_theta is not None and cfg.rope_theta != model_cfg.rope_theta:
         changes["rope_theta"] = float(cfg.rope_theta)
@@ -53,8 +53,8 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
         if model_cfg.vocab_size != tokenizer["vocab_size"]:
             raise LcftError(f"preset {cfg.preset!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
                             f"{tokenizer['vocab_size']}")
-        model_cfg.attention = attention_override(cfg, model_cfg.attention)
-        model_cfg = dataclasses.replace(model_cfg, **_rope_changes(cfg, model_cfg))
+        model_cfg.attention = attention_override(cfg.model, model_cfg.attention)
+        model_cfg = dataclasses.replace(model_cfg, **_rope_changes(cfg.model, model_cfg))
         torch.manual_seed(cfg.seed)
         return Llama(model_cfg)
     if not source.is_dir():
@@ -64,9 +64,9 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
         note(f"note: {line}")
     # fp32 master weights whatever the checkpoint's dtype (published ones are mostly bf16; --precision bf16 is
     # autocast over fp32 weights)
-    model = read_model(source, attention_override(cfg, read_config(source).attention), materialize=materialize,
+    model = read_model(source, attention_override(cfg.model, read_config(source).attention), materialize=materialize,
                        dtype=torch.float32)
-    rope = _rope_changes(cfg, model.config)
+    rope = _rope_changes(cfg.model, model.config)
     if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are
         on_meta = next(model.parameters()).is_meta
         with torch.device("meta" if on_meta else "cpu"):

@@ -10,7 +10,7 @@ from torch import nn
 
 from lcft.kernels import chunked_cross_entropy
 from lcft.model import Llama
-from lcft.train.config import TrainConfig
+from lcft.train.config import OptimConfig, TrainConfig
 
 if TYPE_CHECKING:
     from lcft.parallel import ContextParallelRunner
@@ -66,7 +66,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                              betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
 
@@ -81,7 +81,7 @@ def lr_factor(update: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """Stepped once per applied update (skipped updates leave it where it is)."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, cfg.min_lr_ratio))

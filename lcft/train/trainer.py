@@ -28,7 +28,7 @@ from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
-from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
+from lcft.parallel import ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
 from lcft.shapes import check_batch, check_length
 from lcft.train.checkpoint import (
@@ -43,7 +43,7 @@ from lcft.train.checkpoint import (
     write_trainer_state,
 )
 from lcft.train.config import TrainConfig, resolve_folders
-from lcft.train.guard import GuardConfig, SpikeGuard
+from lcft.train.guard import SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context, save_model
@@ -105,12 +105,12 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
         self._setup_model(manifest["tokenizer"], windows.length)
-        data_cfg = DataConfig(self.seq_len, cfg.seed, cfg.softmask_loss_weight, cfg.rc_augment)
+        data = cfg.dataset
+        data_cfg = DataConfig(self.seq_len, data.seed, data.softmask_loss_weight, data.rc_augment)
         self.samples = TrainSamples(windows, data_cfg)
         self._setup_optimizer()
         self._restore()
-        self.guard = SpikeGuard(GuardConfig(cfg.spike_sigma, cfg.spike_window, cfg.spike_min_history,
-                                            cfg.max_consecutive_skips), self.state.guard_history)
+        self.guard = SpikeGuard(cfg.guard, self.state.guard_history)
         self._start_run_dir()
 
     def _setup_processes(self) -> None:
@@ -118,12 +118,11 @@ class Trainer:
         cfg = self.cfg
         _reset_accelerate()
         self.cpu = not torch.cuda.is_available()
-        init_world(cfg.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
+        init_world(cfg.launch.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
         ps = PartialState(cpu=self.cpu)  # joins the torchrun process group (gloo on CPU) when launched
         self.device = ps.device
         # collective: the ("dp", "cp") mesh every rank and FSDP share; one process: nothing to shard
-        self.pcfg = ParallelConfig(cfg.cp, cfg.cp_layout, cfg.cp_kv)
-        self.layout = init_parallel(self.pcfg, fsdp=cfg.shard == "fsdp")
+        self.layout = init_parallel(cfg.parallel, fsdp=cfg.parallel.shard == "fsdp")
         self.world, self.rank, self.is_main = self.layout.world, self.layout.rank, self.layout.is_main
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.layout.dp)
         self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
@@ -145,9 +144,10 @@ class Trainer:
                                  note=self._note)
         self._check_lengths(window)
         self.loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
-        pcfg = ParallelizeConfig(self.pcfg, cfg.checkpointing, cfg.offload_activations,
-                                 compile=cfg.compile, device=self.device, bf16_params=self.precision == "bf16",
-                                 offload_params=cfg.offload_params)
+        par = cfg.parallel
+        pcfg = ParallelizeConfig(par, par.checkpointing, par.offload_activations, compile=par.compile,
+                                 device=self.device, bf16_params=self.precision == "bf16",
+                                 offload_params=par.offload_params)
         self.cp_runner = parallelize(self.model, self.layout, pcfg, root=self.loss_model)
         if self.layout.fsdp_enabled:  # a sharded --init is read shard by shard here, a resumed checkpoint in _restore
             materialize_sharded(self.loss_model, self.device, self.precision, cfg.offload_params,
@@ -166,8 +166,8 @@ class Trainer:
             log_with="tensorboard" if cfg.tensorboard else None,
             project_dir=str(self.run_dir / "tensorboard") if cfg.tensorboard else None,
         )
-        optimizer = make_optimizer(self.loss_model, cfg)
-        self.scheduler = make_scheduler(optimizer, cfg)
+        optimizer = make_optimizer(self.loss_model, cfg.optim)
+        self.scheduler = make_scheduler(optimizer, cfg.optim)
         self.lm, self.opt = prepare(self.acc, self.loss_model, optimizer, self.layout)
 
     def _restore(self) -> None:
