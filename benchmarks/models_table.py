@@ -88,9 +88,12 @@ MODELS = (
 NOT_FOUND = (
     "GENERator-prokaryote 1.2B / 3B: the GENERator repository lists them as \"coming soon\"; the published "
     "prokaryote models are GENERator-v2-prokaryote-1.2b-base / -3b-base, whose config.json was not found",
-    "GenomeOcean 100M / 500M / 4B (pGenomeOcean/GenomeOcean-*, MistralForCausalLM per third-party notes)",
-    "Genos 1.2B / 10B (BGI-HangzhouAI/Genos-*; the card describes a mixture of experts, 8 experts, top-2, "
-    "12 layers): without its config.json lcft's reader cannot say whether it loads",
+    "GenomeOcean 100M / 500M / 4B (pGenomeOcean/GenomeOcean-*): config.json not found (MistralForCausalLM by "
+    "third-party notes)",
+    "Genos 1.2B / 10B (BGI-HangzhouAI/Genos-*): a mixture of experts by its card; its Megatron pretraining "
+    "script (github.com/BGI-HangzhouAI/Genos @ 22b574f6, Code/Genos_pretrain_10B.sh) gives 12 layers, hidden 4096, "
+    "16 heads in 8 query groups, rotary base 5e7, 8 experts top-2 of width 8192, but without the Hub config.json "
+    "lcft's reader cannot say whether it loads (lcft's mixture of experts is Mixtral's)",
 )
 
 
