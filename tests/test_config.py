@@ -80,3 +80,24 @@ def test_shared_option_groups_are_declared_once_and_stay_flat(tmp_path):
                         (lambda: TrainConfig(global_batch=3, micro_batch=2), "not a multiple of micro_batch")]:
         with pytest.raises(ConfigError, match=match):
             make()
+
+
+def test_each_enum_is_declared_once():
+    """No two `Literal[...]` in the package spell out the same choices: each enum is one alias, imported where
+    it is used (a second spelling would drift from the first)."""
+    import ast
+    from pathlib import Path
+
+    import lcft
+
+    seen: dict[frozenset, str] = {}
+    for path in sorted(Path(lcft.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Literal"):
+                continue
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            values = frozenset(i.value for i in items if isinstance(i, ast.Constant))
+            where = f"{path.name}:{node.lineno}"
+            assert values not in seen, f"{sorted(values)} declared at {seen.get(values)} and {where}"
+            seen[values] = where
+    assert len(seen) >= 10  # the scan saw the package's enums

@@ -81,3 +81,48 @@ def test_every_option_is_in_exactly_one_help_section():
         end = min([p for p in panels.values() if p > start], default=len(text))
         for n in names:
             assert re.search(rf"--{n.replace('_', '-')}\b", text[start:end]), (section, n)
+
+
+def test_each_section_is_built_once_with_the_flat_values():
+    """cfg.optim, cfg.guard, ... are the section dataclasses holding exactly their panel's options and the
+    config's values; a section built alone refuses a value with the config's own message."""
+    from lcft.train.config import SECTIONS, OptimConfig
+    from lcft.train.guard import GuardConfig
+
+    cfg = TrainConfig(data="d", lr=0.01, spike_window=7, cp=2, nproc=2, seed=3, top_k=4, tensorboard=True,
+                      save_every=5, shard="fsdp", offload_params=True)
+    assert [title for _, title, _ in TrainConfig.sections] == list(SECTIONS)
+    for name, title, cls in TrainConfig.sections:
+        section = getattr(cfg, name)
+        assert type(section) is cls, name
+        assert tuple(f.name for f in dataclasses.fields(section)) == SECTIONS[title]
+        assert all(getattr(section, n) == getattr(cfg, n) for n in SECTIONS[title]), name
+    assert (cfg.optim.lr, cfg.guard.spike_window, cfg.parallel.cp, cfg.launch.nproc, cfg.dataset.seed,
+            cfg.model.top_k, cfg.logging.tensorboard, cfg.checkpoint.save_every) == (0.01, 7, 2, 2, 3, 4, True, 5)
+    assert cfg.parallel is cfg.parallel  # built once, not per access
+    assert dataclasses.replace(cfg, lr=0.5).optim.lr == 0.5  # a changed config builds its sections again
+    for alone, whole, match in [(lambda: OptimConfig(steps=0), lambda: TrainConfig(steps=0), "steps must be at least 1"),
+                                (lambda: GuardConfig(spike_sigma=float("nan")),
+                                 lambda: TrainConfig(spike_sigma=float("nan")), "spike_sigma must be a finite number")]:
+        for make in (alone, whole):
+            with pytest.raises(ConfigError, match=match):
+                make()
+
+
+def test_a_flat_config_toml_loads_into_its_sections(tmp_path):
+    """A run's config.toml keeps the flat keys (one per option, as every earlier version wrote them) and reads
+    back into the same sections."""
+    from lcft.config import save_resolved, to_dict
+    from lcft.train.config import load_run_config
+
+    path = tmp_path / "config.toml"
+    path.write_text('data = "/d"\nout = "/o"\nseq_len = 1024\nlr = 0.002\nwarmup = 0\ncp = 2\ncp_kv = "stream"\n'
+                    'shard = "fsdp"\nnproc = 2\nspike_window = 9\nkeep_last = 1\nprogress = false\nattention = "sparse"\n')
+    cfg = load_run_config(path)
+    assert (cfg.dataset.seq_len, cfg.optim.lr, cfg.optim.warmup, cfg.parallel.cp_kv, cfg.parallel.shard,
+            cfg.launch.nproc, cfg.guard.spike_window, cfg.checkpoint.keep_last, cfg.logging.progress,
+            cfg.model.attention) == (1024, 0.002, 0, "stream", "fsdp", 2, 9, 1, False, "sparse")
+    saved = to_dict(cfg)
+    assert sorted(saved) == sorted(f.name for f in dataclasses.fields(TrainConfig))  # flat: no section tables
+    save_resolved(tmp_path / "again.toml", saved)
+    assert load_run_config(tmp_path / "again.toml") == cfg
