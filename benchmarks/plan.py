@@ -43,8 +43,8 @@ def child(spec: dict) -> dict:
     """Inside the fresh process: baseline RSS after the imports, then a real run; returns both."""
     import torch
 
+    from lcft.launch import run
     from lcft.train.config import TrainConfig
-    from lcft.train.trainer import train
 
     x = torch.randn(64, 64, requires_grad=True)  # (64, 64): autograd's and the matmul's first-use state
     (x @ x).sum().backward()
@@ -55,7 +55,7 @@ def child(spec: dict) -> dict:
                       shard=spec.get("shard", "none"), attention=spec.get("attention"), precision="fp32", save_every=0, warmup=1,
                       progress=False)
     t0 = time.perf_counter()
-    s = train(cfg)
+    s = run("train", cfg)  # in this process for one rank; several ranks are launched as `lcft train` launches them
     records = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     from lcft.plan.plan import cpu_threads
 
@@ -122,6 +122,7 @@ def main() -> int:
                     help="run only cases matching PRESET:TOKENS[:LAYOUT], e.g. small:65536:fsdp 2 (repeatable)")
     ap.add_argument("--record", action="store_true", help="write each measured case to benchmarks/plan_cases.json")
     ap.add_argument("--table", action="store_true", help="print the recorded cases against the plan (no runs)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds one case may run (default 3600)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
@@ -140,7 +141,7 @@ def main() -> int:
         root = Path(tmp)
         for i, case in enumerate(cases):
             spec = {**spec_of(case), "data": prepare(root, case["seq_len"]), "out": str(root / f"run{i}")}
-            m = measure(spec)
+            m = measure(spec, timeout=args.timeout)
             print(_row(case, m), flush=True)
             if args.record:
                 _record(case, m)
