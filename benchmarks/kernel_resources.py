@@ -1,11 +1,13 @@
 """Compile every Triton kernel for sm_80/86/89/90/100 without a GPU; table of shared memory, registers, spills.
 
-Usage: python benchmarks/kernel_resources.py [--quick] [--json out.json] [--bytes]
+Usage: python benchmarks/kernel_resources.py [--quick] [--table [--quick]] [--json out.json] [--bytes]
 Each row is the tiles `tile_config` chooses (the compiled-ahead table where it has them) and, beside the
 resources, the kernel's modelled roofline for one sparse fwd+bwd step at 128K tokens, 8 KV heads x group query
 heads, budget 19 blocks: HBM bytes, FLOPs, their ratio and the ceiling time on the target's nominal bandwidth and
 tensor-core rate. Exits non-zero when a configuration needs more shared memory than its target allows (sm_86/89:
-warning only). --bytes prints the modelled HBM bytes one sparse fwd+bwd step moves, per-head (before) vs
+warning only), or when a bf16/fp16 kernel on a target of the tile table (sm_80/90/100) spills or uses 255
+registers (status SPILL) unless the table records that no candidate avoids it. --table compiles every bf16/fp16
+configuration of those targets (432 kernels; --quick: a fixed sample, the test's). --bytes prints the modelled HBM bytes one sparse fwd+bwd step moves, per-head (before) vs
 group-centric tiles.
 """
 
@@ -28,6 +30,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # AOT compile needs real JIT functions
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lcft.kernels.triton_tile_table import NO_CLEAN  # noqa: E402
 from lcft.kernels.triton_tiles import (  # noqa: E402
     DTYPES,
     SMEM_LIMIT,
@@ -39,6 +42,9 @@ from lcft.kernels.triton_tiles import (  # noqa: E402
 
 TARGETS = {(8, 0): "A100", (9, 0): "H100/H200", (10, 0): "B200", (8, 6): "sm_86 (warn)", (8, 9): "sm_89 (warn)"}
 WARN_ONLY = {(8, 6), (8, 9)}
+TABLE_TARGETS = ((9, 0), (10, 0), (8, 0))  # the tile table's: bf16/fp16 kernels there must not spill (H100/H200 first)
+CLEAN_DTYPES = (torch.bfloat16, torch.float16)
+REG_CAP = 255  # a kernel at the cap is register-limited to one small occupancy and likely to spill on change
 DTYPE_LIST = (torch.bfloat16, torch.float16, torch.float32)
 HEAD_DIMS, BLOCKS, GROUPS = (64, 96, 128), (64, 128), (1, 2, 4, 8)  # groups 3, 5-7 pad to the next of these
 TOP_KS = (16, 32)  # selection kernel: CLI default top_k and a wide one
@@ -83,19 +89,23 @@ QUICK = [  # the test's worst cases: largest tiles (fp32, head_dim 128, block 12
 ]
 
 
-CHOSEN_CHECK = [  # compiled-ahead choices that replaced spilling tiles (bf16, and fp16 taking bf16's choice)
+TABLE_SAMPLE = [  # compiled-ahead choices that replaced spilling tiles, bf16 and fp16 (--table --quick)
     dict(arch=(9, 0), kind="sparse", dtype=torch.bfloat16, head_dim=64, block=128, group=8, kernels=("fwd", "dq")),
-    dict(arch=(9, 0), kind="sparse", dtype=torch.float16, head_dim=128, block=128, group=4, kernels=("dkv",)),
+    dict(arch=(8, 0), kind="sparse", dtype=torch.float16, head_dim=96, block=128, group=8, kernels=("dkv",)),
     dict(arch=(9, 0), kind="sparse", dtype=torch.float16, head_dim=96, block=64, group=2, kernels=("dkv",)),
     dict(arch=(10, 0), kind="sparse", dtype=torch.bfloat16, head_dim=64, block=64, group=4, kernels=("fwd", "dq")),
     dict(arch=(8, 0), kind="sparse", dtype=torch.float16, head_dim=64, block=64, group=1, kernels=("dkv",)),
 ]
 
 
-def grid(quick: bool, archs: list[tuple[int, int]] | None = None) -> list[dict]:
-    """Configurations to compile: the full CLI grid (optionally for some archs only), or the test's subset."""
+def grid(quick: bool, archs: list[tuple[int, int]] | None = None, table: bool = False) -> list[dict]:
+    """Configurations to compile: the full CLI grid or the tile table's (optionally for some archs only), or the
+    tests' subsets of either."""
     if quick:
-        return [c for c in QUICK if archs is None or c["arch"] in archs]
+        return [c for c in (TABLE_SAMPLE if table else QUICK) if archs is None or c["arch"] in archs]
+    if table:
+        return [dict(arch=a, kind="sparse", dtype=t, head_dim=d, block=b, group=g) for a, t, d, b, g in
+                itertools.product(archs or TABLE_TARGETS, CLEAN_DTYPES, HEAD_DIMS, BLOCKS, GROUPS)]
     archs = archs or list(TARGETS)
     rows = [dict(arch=a, kind="sparse", dtype=t, head_dim=d, block=b, group=g)
             for a, t, d, b, g in itertools.product(archs, DTYPE_LIST, HEAD_DIMS, BLOCKS, GROUPS)]
@@ -122,12 +132,22 @@ def measure(cfg: dict) -> list[dict]:
         roof = roofline(tiles, name, arch, cfg["dtype"]) if cfg["kind"] == "sparse" else {}
         params = tiles.kernel_params(name) if cfg["kind"] == "sparse" else None
         status = "ok" if k.metadata.shared <= limit else "warn" if arch in WARN_ONLY else "OVER"
+        if status == "ok" and (local or (reg or 0) >= REG_CAP) and _must_be_clean(cfg, tiles, name):
+            status = "SPILL"
         out.append({"arch": f"sm_{arch[0]}{arch[1]}", "kernel": name, "dtype": DTYPES[cfg["dtype"]],
                     "block": cfg["block"], "head_dim": cfg["head_dim"], "group": cfg["group"],
                     "top_k": cfg.get("top_k"), "shared": k.metadata.shared, "limit": limit, "regs": reg,
                     "spill_bytes": local, "warps": src[4]["num_warps"], "compile_s": time.perf_counter() - t0,
                     "status": status, "tiles": params, **roof})
     return out
+
+
+def _must_be_clean(cfg: dict, tiles, kernel: str) -> bool:
+    """A bf16/fp16 sparse kernel on a tile-table target, unless the table records that no candidate is clean."""
+    if cfg["kind"] != "sparse" or cfg["arch"] not in TABLE_TARGETS or cfg["dtype"] not in CLEAN_DTYPES:
+        return False
+    sm = cfg["arch"][0] * 10 + cfg["arch"][1]
+    return kernel not in NO_CLEAN.get((sm, DTYPES[cfg["dtype"]], cfg["head_dim"], cfg["block"], tiles.gp), {})
 
 
 def modelled_bytes(seq_len: int, hq: int, hkv: int, head_dim: int, block: int, budget: int,
@@ -220,10 +240,16 @@ def _row_text(r: dict) -> str:
             f"{r['status']} |")
 
 
+def _counts_line(rows: list[dict], head: str) -> str:
+    spill = sum(1 for r in rows if r["spill_bytes"])
+    capped = sum(1 for r in rows if (r["regs"] or 0) >= REG_CAP)
+    return f"{head}: {len(rows)} kernels, {spill} spill registers, {capped} use 255 registers"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="worst-case subset (the test's)")
-    ap.add_argument("--chosen", action="store_true", help="only compiled-ahead choices that replaced spilling tiles")
+    ap.add_argument("--table", action="store_true", help="every bf16/fp16 configuration of the tile table's targets")
     ap.add_argument("--arch", action="append", type=int, help="only this target, e.g. 90 (repeatable)")
     ap.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     ap.add_argument("--json", type=Path, help="write every row here")
@@ -237,15 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     rows = []
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for res in pool.imap(measure, CHOSEN_CHECK if args.chosen else grid(args.quick, archs)):
+        for res in pool.imap(measure, grid(args.quick, archs, args.table)):
             for r in res:
                 print(_row_text(r), flush=True)
             rows += res
-    over = [r for r in rows if r["status"] == "OVER"]
-    spill = sum(1 for r in rows if r["spill_bytes"])
-    capped = sum(1 for r in rows if (r["regs"] or 0) >= 255)
-    print(f"{len(rows)} kernels compiled in {time.perf_counter() - t0:.0f} s; {len(over)} over their limit; "
-          f"{spill} spill registers, {capped} use 255 registers")
+    over = [r for r in rows if r["status"] in ("OVER", "SPILL")]
+    print(_counts_line(rows, f"{len(rows)} kernels compiled in {time.perf_counter() - t0:.0f} s; "
+                             f"{len(over)} over their limit or spilling where they must not"))
+    for dtype in sorted({r["dtype"] for r in rows}):
+        print(_counts_line([r for r in rows if r["dtype"] == dtype], dtype))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if over else 0

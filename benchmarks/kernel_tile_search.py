@@ -1,11 +1,13 @@
 """Choose spill-free tiles for the Triton sparse kernels by compiling candidates ahead of time (no GPU needed).
 
-Usage: python benchmarks/kernel_tile_search.py [--jobs N] [--arch 90] [--dtype bf16] [--write]
+Usage: python benchmarks/kernel_tile_search.py [--jobs N] [--arch 90] [--dtype bf16] [--block 64] [--kernel fwd]
+       [--write | --summary]
 For each (arch, dtype, head_dim, block, group) of bf16/fp16 on sm_80/90/100 and each kernel (fwd, dq, dkv), the
 candidates are compiled in order of preference (the heuristic's tiles first, then more warps, then fewer keys
 per step, fewer query tokens, one stage) until one uses fewer than 255 registers and spills nothing. Results
 go to benchmarks/kernel_tiles.jsonl (one line per kernel, resumable); --write turns them into
-lcft/kernels/triton_tile_table.py.
+lcft/kernels/triton_tile_table.py, --summary counts them before/after. fp32 (exact FMA dots, slow to compile) is
+searched only when asked for (--dtype fp32).
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from lcft.kernels.triton_tiles import DTYPES, SMEM_LIMIT, compile_for, heuristic
 
 RESULTS = Path(__file__).with_name("kernel_tiles.jsonl")
 TABLE = Path(__file__).resolve().parents[1] / "lcft" / "kernels" / "triton_tile_table.py"
-ARCHS, DTYPE_NAMES = ((9, 0), (10, 0), (8, 0)), ("bf16", "fp16")  # H100/H200 first
+DTYPE_NAMES, DEFAULT_DTYPES = ("bf16", "fp16", "fp32"), ("bf16", "fp16")
 HEAD_DIMS = (64, 128, 96)  # the presets' head_dim first
 KERNELS = ("fwd", "dq", "dkv")
-REG_CAP = 255  # a kernel at the cap is register-limited to one small occupancy and likely to spill on change
 BY_NAME = {v: k for k, v in DTYPES.items()}
 
 
@@ -52,7 +53,7 @@ def usage(arch, dtype, tiles, kernel: str) -> dict:
 
 
 def clean(u: dict, arch) -> bool:
-    return u["spill"] == 0 and u["regs"] is not None and u["regs"] < REG_CAP and u["shared"] <= SMEM_LIMIT[arch]
+    return u["spill"] == 0 and u["regs"] is not None and u["regs"] < kr.REG_CAP and u["shared"] <= SMEM_LIMIT[arch]
 
 
 def search(task: dict) -> dict:
@@ -61,7 +62,7 @@ def search(task: dict) -> dict:
     base = heuristic_tiles(arch, dtype, task["head_dim"], task["block"], task["group"])
     tried = []
     order = candidates(base, kernel)
-    if task.get("hint") and tuple(task["hint"]) in order:  # fp16: bf16's choice next (2-byte elements as well)
+    if task.get("hint") and tuple(task["hint"]) in order[1:]:  # fp16: bf16's choice next (2-byte elements)
         order.insert(1, order.pop(order.index(tuple(task["hint"]))))
     for c in order:
         u = usage(arch, dtype, base.with_kernel(kernel, *c), kernel)
@@ -110,7 +111,39 @@ def write_table(rows: list[dict]) -> None:
     out += ["}", "", "# (sm, dtype, head_dim, block, padded group): {kernel: why no candidate compiles without "
             "spills}.", "NO_CLEAN: dict[tuple[int, str, int, int, int], dict[str, str]] = {"]
     out += [f"    {k!r}: {v!r}," for k, v in no_clean.items()]
-    TABLE.write_text("\n".join(out + ["}", ""]))
+    kernels: dict[tuple, set] = {}
+    for r in rows:
+        if r["dtype"] == "fp16":
+            kernels.setdefault((r["arch"][0] * 10 + r["arch"][1], r["head_dim"], r["block"], r["gp"]), set()).add(
+                r["kernel"])
+    searched = sorted(k for k, v in kernels.items() if v == set(KERNELS))
+    out += ["}", "", "# (sm, head_dim, block, padded group) whose three fp16 kernels were compiled; other fp16 "
+            "shapes take", "# bf16's choices (2-byte elements as well).",
+            "FP16_SEARCHED: frozenset[tuple[int, int, int, int]] = frozenset({"]
+    out += [f"    {k!r}," for k in searched]
+    TABLE.write_text("\n".join(out + ["})", ""]))
+
+
+def _counts(rs: list[dict], side: str) -> tuple[int, int]:
+    """(spilling, at the register cap) among these results' heuristic or chosen tiles."""
+    return (sum(1 for r in rs if r[side]["spill"]), sum(1 for r in rs if (r[side]["regs"] or 0) >= kr.REG_CAP))
+
+
+def summary(rows: list[dict]) -> str:
+    """Markdown: per dtype and target, kernels spilling / at 255 registers with the heuristic's tiles and the
+    table's choices."""
+    lines = ["| dtype | target | kernels | spill before | 255 regs before | worst spill B | spill after | "
+             "255 regs after | changed | no clean candidate |", "|---" * 10 + "|"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dtype"], r["arch"][0] * 10 + r["arch"][1]), []).append(r)
+    for (dtype, sm), rs in sorted(groups.items(), key=lambda kv: (DTYPE_NAMES.index(kv[0][0]), kv[0][1])):
+        (sb, cb), (sa, ca) = _counts(rs, "heuristic"), _counts(rs, "chosen")
+        worst = max(r["heuristic"]["spill"] or 0 for r in rs)
+        changed = sum(r["chosen"]["params"] != r["heuristic"]["params"] for r in rs)
+        lines.append(f"| {dtype} | sm_{sm} | {len(rs)} | {sb} | {cb} | {worst} | {sa} | {ca} | {changed} | "
+                     f"{sum(not r['clean'] for r in rs)} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,16 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--arch", action="append", type=int, help="only this target, e.g. 90 (repeatable)")
     ap.add_argument("--dtype", action="append", choices=DTYPE_NAMES)
+    ap.add_argument("--block", action="append", type=int, help="only this block size (repeatable)")
+    ap.add_argument("--kernel", action="append", choices=KERNELS, help="only this kernel (repeatable)")
     ap.add_argument("--write", action="store_true", help="write lcft/kernels/triton_tile_table.py and exit")
+    ap.add_argument("--summary", action="store_true", help="print the before/after counts of the results and exit")
     args = ap.parse_args(argv)
-    if args.write:
-        write_table(load())
+    if args.write or args.summary:
+        write_table(load()) if args.write else print(summary(load()))
         return 0
-    archs = [(a // 10, a % 10) for a in args.arch] if args.arch else list(ARCHS)
+    archs = [(a // 10, a % 10) for a in args.arch] if args.arch else list(kr.TABLE_TARGETS)
     rows = load()
     done = {_key(r) for r in rows}
     hints = {_key(r)[:1] + _key(r)[2:]: r["chosen"]["params"] for r in rows if r["dtype"] == "bf16" and r["clean"]}
-    todo = [t for t in tasks(archs, args.dtype or DTYPE_NAMES) if _key(t) not in done]
+    todo = [t for t in tasks(archs, args.dtype or DEFAULT_DTYPES) if _key(t) not in done
+            and (not args.block or t["block"] in args.block) and (not args.kernel or t["kernel"] in args.kernel)]
     for t in todo:
         if t["dtype"] == "fp16":
             t["hint"] = hints.get(_key(t)[:1] + _key(t)[2:])

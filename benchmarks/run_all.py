@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-# Order matters only for reading the output: data, model, kernels, trainer, parallel, eval.
-SCRIPTS = ["prepare.py", "model_step.py", "attention.py", "compile.py", "train.py", "plan.py", "context_parallel.py",
-           "eval.py"]
+# Order matters only for reading the output: data, model, kernels, trainer, parallel, eval. A script's own
+# arguments follow its name (kernel_resources.py --table: every tile-table choice compiled, none may spill).
+SCRIPTS = ["prepare.py", "model_step.py", "attention.py", "kernel_resources.py --table --jobs 2", "compile.py",
+           "train.py", "plan.py", "context_parallel.py", "eval.py"]
 
 
 def main() -> int:
@@ -24,12 +25,14 @@ def main() -> int:
     args = ap.parse_args()
     here = Path(__file__).parent
     failed = []
-    for name in args.only or SCRIPTS:
+    entries = {entry.split()[0]: entry for entry in SCRIPTS}
+    for name in args.only or list(entries):
+        name, *own = entries.get(name, name).split()
         path = here / name
         if not path.exists():
             print(f"== {name}: missing, skipped")
             continue
-        cmd = [sys.executable, str(path)] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, str(path), *own] + (["--quick"] if args.quick else [])
         print(f"\n== {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         rc = subprocess.call(cmd)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from lcft.errors import LcftError
-from lcft.kernels.triton_tile_table import CHOSEN
+from lcft.kernels.triton_tile_table import CHOSEN, FP16_SEARCHED
 
 # Largest dynamic shared memory one block may opt into, in bytes (CUDA programming guide, compute capabilities).
 SMEM_LIMIT = {(8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376, (9, 0): 232_448,
@@ -93,8 +93,8 @@ def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, 
     tiles = heuristic_tiles(capability, dtype, head_dim, block_size, group)
     sm = capability[0] * 10 + capability[1]
     chosen = CHOSEN.get((sm, DTYPES[dtype], head_dim, block_size, tiles.gp))
-    if chosen is None and dtype == torch.float16:  # 2-byte elements as bf16: the same registers (checked in tests)
-        chosen = CHOSEN.get((sm, "bf16", head_dim, block_size, tiles.gp))
+    if chosen is None and dtype == torch.float16 and (sm, head_dim, block_size, tiles.gp) not in FP16_SEARCHED:
+        chosen = CHOSEN.get((sm, "bf16", head_dim, block_size, tiles.gp))  # 2-byte elements as well
     for kernel, params in (chosen or {}).items():
         tiles = tiles.with_kernel(kernel, *params)
     return tiles

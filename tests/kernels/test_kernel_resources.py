@@ -44,20 +44,21 @@ def test_worst_case_kernels_compile_within_each_targets_shared_memory(tmp_path):
 @pytest.mark.triton
 @needs_triton
 def test_compiled_ahead_tile_choices_do_not_spill(tmp_path):
-    """The table's choices for bf16 and fp16 where the heuristic's tiles spilled: compiled for their targets,
-    each uses fewer than 255 registers and spills nothing."""
+    """A fixed sample of the table's bf16 and fp16 choices where the heuristic's tiles spilled, compiled for their
+    targets: each uses fewer than 255 registers and spills nothing (`make bench` compiles all 432 bf16/fp16 kernels
+    of sm_80/90/100 with `kernel_resources.py --table`, which fails on the same condition)."""
     from lcft.kernels.triton_tile_table import CHOSEN
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     out = tmp_path / "rows.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_resources.py"), "--chosen", "--json",
-                          str(out)], capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_resources.py"), "--table", "--quick",
+                          "--json", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert {r["dtype"] for r in rows} == {"bf16", "fp16"} and len(rows) >= 6
-    for r in rows:  # each is a table entry (fp16 takes bf16's), so the test exercises the table, not the heuristic
-        assert (int(r["arch"][3:]), "bf16", r["head_dim"], r["block"], r["group"]) in CHOSEN, r
+    for r in rows:  # each is a table entry, so the test exercises the table, not the heuristic
+        assert (int(r["arch"][3:]), r["dtype"], r["head_dim"], r["block"], r["group"]) in CHOSEN, r
         assert r["spill_bytes"] == 0 and r["regs"] is not None and r["regs"] < 255, r
 
 
