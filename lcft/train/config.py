@@ -27,15 +27,6 @@ from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, Precisio
 from lcft.shapes import check_batch
 from lcft.train.guard import GuardConfig
 
-# Options that do not change the training trajectory: a run folder may be continued with different values.
-RUN_NEUTRAL = frozenset({
-    "out", "resume", "nproc", "stop_after", "save_every", "keep_last", "tensorboard", "progress",
-    "compile",  # same numbers up to rounding
-    "cp", "cp_layout", "cp_kv",  # how a sequence is split over ranks: same trajectory up to rounding
-    "shard", "offload_params",  # where the weights live: same trajectory up to rounding
-    "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "collective_timeout",  # where and how it is launched
-})
-
 
 @dataclass
 class DataOptions:
@@ -216,6 +207,12 @@ _SECTIONS: tuple[tuple[str, str, type], ...] = (
     ("model", "Model overrides", ModelOverrides), ("optim", "Optimizer", OptimConfig),
     ("parallel", "Parallel and memory", TrainParallelConfig), ("logging", "Logging", LoggingOptions),
     ("launch", "Launch", LaunchConfig), ("guard", "Guard", GuardConfig))
+# Options that do not change the training trajectory: a run folder may be continued with different values. Whole
+# sections: where the run is checkpointed and logged, where and how it is launched, how a sequence is split over
+# ranks (cp, cp_layout, cp_kv: the same trajectory up to rounding); and where the weights live (shard,
+# offload_params: up to rounding) and compile (the same numbers up to rounding).
+RUN_NEUTRAL = frozenset({f.name for cls in (CheckpointOptions, LoggingOptions, LaunchConfig, CpConfig)
+                         for f in dataclasses.fields(cls)} | {"compile", "shard", "offload_params"})
 # The panels of `lcft train --help` (one per section): every option in exactly one.
 SECTIONS: dict[str, tuple[str, ...]] = {title: tuple(f.name for f in dataclasses.fields(cls))
                                          for _, title, cls in _SECTIONS}
