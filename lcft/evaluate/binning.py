@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lcft.evaluate.config import BinScale
 from lcft.units import LN2
 
 UNIFORM_LOSS = math.log(4.0)  # nats per base of a uniform guess over A, C, G, T (= 2 bits/base)
 
 
-def bin_edges(length: int, bins: int, scale: str = "linear") -> np.ndarray:
+def bin_edges(length: int, bins: int, scale: BinScale = "linear") -> np.ndarray:
     """Integer edges `e` (int64, increasing, e[0] = 0, e[-1] = length): bin b holds positions e[b] <= p < e[b+1].
 
     Linear bins have equal widths (up to rounding). Log bins grow geometrically from position 1, and
@@ -27,7 +28,7 @@ def bin_edges(length: int, bins: int, scale: str = "linear") -> np.ndarray:
         raw = np.geomspace(1, length, bins + 1)
         raw[0] = 0
     else:
-        raise ValueError(f"unknown bin scale {scale!r} (linear or log)")
+        raise ValueError(f"unknown bin scale {scale!r} (linear or log)")  # a caller's contract: configs check it once
     edges = np.unique(np.rint(raw).astype(np.int64))
     edges[0], edges[-1] = 0, length
     return edges

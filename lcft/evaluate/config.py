@@ -8,6 +8,10 @@ from typing import Literal
 from lcft.config import ConfigError, Size, parse_size
 from lcft.parallel.config import ParallelConfig, Precision
 
+BinScale = Literal["linear", "log"]  # position bins of equal width or growing geometrically
+Position = Literal["tokens", "bases"]  # what a position counts
+Probe = Literal["none", "copy"]  # the effective-context probe
+
 
 @dataclass
 class EvalConfig(ParallelConfig):
@@ -25,9 +29,9 @@ class EvalConfig(ParallelConfig):
     """Which split of the data folder to evaluate."""
     bins: int = 32
     """Number of position bins over the window."""
-    bin_scale: Literal["linear", "log"] = "linear"
+    bin_scale: BinScale = "linear"
     """Position bins of equal width (linear) or growing geometrically (log; detail near the window start)."""
-    position: Literal["tokens", "bases"] = "tokens"
+    position: Position = "tokens"
     """What a position counts: tokens (the predicted token's index in the window), or bases (the offset of the
     predicted token's first base in the window; bins span the split's longest window in bases, and per-bin
     bits per base are nats over the bases of the bin's tokens), so runs with different tokenizers share an
@@ -54,7 +58,7 @@ class EvalConfig(ParallelConfig):
     across checkpoints)."""
     seed: int = 0
     """Seed of the bootstrap draws and of the copy probe's shuffles and substitutions."""
-    probe: Literal["none", "copy"] = "none"
+    probe: Probe = "none"
     """copy: also measure how far back each checkpoint reads: a segment planted again D tokens later, the loss
     on that second occurrence with and without the first (effective_context in eval.json)."""
     probe_segment: Size = 256
