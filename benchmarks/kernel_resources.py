@@ -6,9 +6,10 @@ resources, the kernel's modelled roofline for one sparse fwd+bwd step at 128K to
 heads, budget 19 blocks: HBM bytes, FLOPs, their ratio and the ceiling time on the target's nominal bandwidth and
 tensor-core rate. Exits non-zero when a configuration needs more shared memory than its target allows (sm_86/89:
 warning only), or when a bf16/fp16 kernel on a target of the tile table (sm_80/90/100) spills or uses 255
-registers (status SPILL) unless the table records that no candidate avoids it. --table compiles every bf16/fp16
-configuration of those targets (432 kernels; --quick: a fixed sample, the test's). --bytes prints the modelled HBM bytes one sparse fwd+bwd step moves, per-head (before) vs
-group-centric tiles.
+registers (status SPILL), as does a kernel whose tiles the table chose (fp32 too), unless the table records that
+no candidate avoids it. --table compiles every bf16/fp16 configuration of those targets (432 kernels) and the
+fp32 kernels the table chose (--quick: a fixed sample, the test's). --bytes prints the modelled HBM bytes one
+sparse fwd+bwd step moves, per-head (before) vs group-centric tiles.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # AOT compile needs real JIT functions
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lcft.kernels.triton_tile_table import NO_CLEAN  # noqa: E402
+from lcft.kernels.triton_tile_table import CHOSEN, NO_CLEAN  # noqa: E402
 from lcft.kernels.triton_tiles import (  # noqa: E402
     DTYPES,
     SMEM_LIMIT,
@@ -89,12 +90,13 @@ QUICK = [  # the test's worst cases: largest tiles (fp32, head_dim 128, block 12
 ]
 
 
-TABLE_SAMPLE = [  # compiled-ahead choices that replaced spilling tiles, bf16 and fp16 (--table --quick)
+TABLE_SAMPLE = [  # compiled-ahead choices that replaced spilling tiles, bf16, fp16, fp32 (--table --quick)
     dict(arch=(9, 0), kind="sparse", dtype=torch.bfloat16, head_dim=64, block=128, group=8, kernels=("fwd", "dq")),
     dict(arch=(8, 0), kind="sparse", dtype=torch.float16, head_dim=96, block=128, group=8, kernels=("dkv",)),
     dict(arch=(9, 0), kind="sparse", dtype=torch.float16, head_dim=96, block=64, group=2, kernels=("dkv",)),
     dict(arch=(10, 0), kind="sparse", dtype=torch.bfloat16, head_dim=64, block=64, group=4, kernels=("fwd", "dq")),
     dict(arch=(8, 0), kind="sparse", dtype=torch.float16, head_dim=64, block=64, group=1, kernels=("dkv",)),
+    dict(arch=(9, 0), kind="sparse", dtype=torch.float32, head_dim=64, block=64, group=1, kernels=("fwd",)),
 ]
 
 
@@ -104,8 +106,12 @@ def grid(quick: bool, archs: list[tuple[int, int]] | None = None, table: bool = 
     if quick:
         return [c for c in (TABLE_SAMPLE if table else QUICK) if archs is None or c["arch"] in archs]
     if table:
-        return [dict(arch=a, kind="sparse", dtype=t, head_dim=d, block=b, group=g) for a, t, d, b, g in
-                itertools.product(archs or TABLE_TARGETS, CLEAN_DTYPES, HEAD_DIMS, BLOCKS, GROUPS)]
+        archs = archs or list(TABLE_TARGETS)
+        rows = [dict(arch=a, kind="sparse", dtype=t, head_dim=d, block=b, group=g) for a, t, d, b, g in
+                itertools.product(archs, CLEAN_DTYPES, HEAD_DIMS, BLOCKS, GROUPS)]
+        return rows + [dict(arch=(sm // 10, sm % 10), kind="sparse", dtype=torch.float32, head_dim=d, block=b,
+                            group=g, kernels=tuple(kernels)) for (sm, dt, d, b, g), kernels in CHOSEN.items()
+                       if dt == "fp32" and (sm // 10, sm % 10) in archs]
     archs = archs or list(TARGETS)
     rows = [dict(arch=a, kind="sparse", dtype=t, head_dim=d, block=b, group=g)
             for a, t, d, b, g in itertools.product(archs, DTYPE_LIST, HEAD_DIMS, BLOCKS, GROUPS)]
@@ -143,11 +149,14 @@ def measure(cfg: dict) -> list[dict]:
 
 
 def _must_be_clean(cfg: dict, tiles, kernel: str) -> bool:
-    """A bf16/fp16 sparse kernel on a tile-table target, unless the table records that no candidate is clean."""
-    if cfg["kind"] != "sparse" or cfg["arch"] not in TABLE_TARGETS or cfg["dtype"] not in CLEAN_DTYPES:
+    """A bf16/fp16 sparse kernel on a tile-table target, or one whose tiles the table chose (fp32 too), unless the
+    table records that no candidate is clean."""
+    if cfg["kind"] != "sparse" or cfg["arch"] not in TABLE_TARGETS:
         return False
-    sm = cfg["arch"][0] * 10 + cfg["arch"][1]
-    return kernel not in NO_CLEAN.get((sm, DTYPES[cfg["dtype"]], cfg["head_dim"], cfg["block"], tiles.gp), {})
+    key = (cfg["arch"][0] * 10 + cfg["arch"][1], DTYPES[cfg["dtype"]], cfg["head_dim"], cfg["block"], tiles.gp)
+    if kernel in NO_CLEAN.get(key, {}):
+        return False
+    return cfg["dtype"] in CLEAN_DTYPES or kernel in CHOSEN.get(key, {})
 
 
 def modelled_bytes(seq_len: int, hq: int, hkv: int, head_dim: int, block: int, budget: int,

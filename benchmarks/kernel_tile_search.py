@@ -111,17 +111,7 @@ def write_table(rows: list[dict]) -> None:
     out += ["}", "", "# (sm, dtype, head_dim, block, padded group): {kernel: why no candidate compiles without "
             "spills}.", "NO_CLEAN: dict[tuple[int, str, int, int, int], dict[str, str]] = {"]
     out += [f"    {k!r}: {v!r}," for k, v in no_clean.items()]
-    kernels: dict[tuple, set] = {}
-    for r in rows:
-        if r["dtype"] == "fp16":
-            kernels.setdefault((r["arch"][0] * 10 + r["arch"][1], r["head_dim"], r["block"], r["gp"]), set()).add(
-                r["kernel"])
-    searched = sorted(k for k, v in kernels.items() if v == set(KERNELS))
-    out += ["}", "", "# (sm, head_dim, block, padded group) whose three fp16 kernels were compiled; other fp16 "
-            "shapes take", "# bf16's choices (2-byte elements as well).",
-            "FP16_SEARCHED: frozenset[tuple[int, int, int, int]] = frozenset({"]
-    out += [f"    {k!r}," for k in searched]
-    TABLE.write_text("\n".join(out + ["})", ""]))
+    TABLE.write_text("\n".join(out + ["}", ""]))
 
 
 def _counts(rs: list[dict], side: str) -> tuple[int, int]:

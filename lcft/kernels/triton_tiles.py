@@ -1,9 +1,10 @@
 """Tile sizes of the Triton sparse-attention kernels per (GPU arch, dtype, head_dim, block, group), and their limits.
 
-A heuristic gives every shape its tiles; for bf16/fp16 on sm_80/90/100 at head_dim 64/96/128, the choices in
-`triton_tile_table` replace the heuristic's per kernel where it spilled registers (found by compiling candidates
-ahead of time: benchmarks/kernel_tile_search.py). Every configuration the CLI can produce is compiled for
-sm_80/86/89/90/100 by benchmarks/kernel_resources.py, which checks the shared memory of each against `SMEM_LIMIT`.
+A heuristic gives every shape its tiles; for bf16/fp16 on sm_80/90/100 at head_dim 64/96/128 (and fp32 on sm_90),
+the choices in `triton_tile_table` replace the heuristic's per kernel where it spilled registers (found by
+compiling candidates ahead of time: benchmarks/kernel_tile_search.py). Every configuration the CLI can produce
+is compiled for sm_80/86/89/90/100 by benchmarks/kernel_resources.py, which checks the shared memory of each
+against `SMEM_LIMIT`.
 `check_sparse_kernels_fit` repeats that check for the GPU at hand before a run starts, so a configuration that
 does not fit is a one-line LcftError naming the option to change instead of an OutOfResources mid-run.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from lcft.errors import LcftError
-from lcft.kernels.triton_tile_table import CHOSEN, FP16_SEARCHED
+from lcft.kernels.triton_tile_table import CHOSEN
 
 # Largest dynamic shared memory one block may opt into, in bytes (CUDA programming guide, compute capabilities).
 SMEM_LIMIT = {(8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376, (9, 0): 232_448,
@@ -92,10 +93,7 @@ def tile_config(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, 
     choices of `triton_tile_table` where it has them; LcftError for shapes no tile can take."""
     tiles = heuristic_tiles(capability, dtype, head_dim, block_size, group)
     sm = capability[0] * 10 + capability[1]
-    chosen = CHOSEN.get((sm, DTYPES[dtype], head_dim, block_size, tiles.gp))
-    if chosen is None and dtype == torch.float16 and (sm, head_dim, block_size, tiles.gp) not in FP16_SEARCHED:
-        chosen = CHOSEN.get((sm, "bf16", head_dim, block_size, tiles.gp))  # 2-byte elements as well
-    for kernel, params in (chosen or {}).items():
+    for kernel, params in CHOSEN.get((sm, DTYPES[dtype], head_dim, block_size, tiles.gp), {}).items():
         tiles = tiles.with_kernel(kernel, *params)
     return tiles
 
