@@ -97,7 +97,10 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         rc = supervisor.run()
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
         killed = _killed(files[FAILURES_ENV], cfg.node_rank) if rc != 0 and not supervisor.ended else None
-        lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 else None
+        # A rank that ended with an error of its own is the cause; the others then see it gone ("stopped
+        # answering"), which is its consequence, not a lost rank.
+        erred = rc != 0 and not supervisor.ended and _erred(files[FAILURES_ENV])
+        lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 and not erred else None
         result = files[RESULT_FILE_ENV]
         summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
     if killed or lost:
@@ -141,6 +144,13 @@ def _killed(path: Path, node: int) -> str | None:
                             for f in failed)
             return f"{who}; the run ended without a new checkpoint: start it again with --resume auto"
     return None
+
+
+def _erred(path: Path) -> bool:
+    """True when the agent recorded a worker that exited by itself with an error (not lost: exit code 75)."""
+    with contextlib.suppress(OSError, ValueError):
+        return any(f.get("exitcode", 0) > 0 and f["exitcode"] != EXIT_LOST for f in json.loads(path.read_text()))
+    return False
 
 
 def _rendezvous_args(cfg: Any) -> list[str]:
