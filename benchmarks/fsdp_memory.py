@@ -92,10 +92,10 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
     """One rank: the preset, sharded over `world` ranks, saved through DCP with config.json beside it."""
     import torch.distributed as dist
 
+    from lcft.checkpoint.dcp import save_state
     from lcft.model import Llama, preset
     from lcft.model.io import write_model_folder
     from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
-    from lcft.parallel.dcp import save_state
     from lcft.train.step import LossModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -112,7 +112,7 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
 
 EXPORT_CHILD = """
 import json, resource, sys, torch
-from lcft.parallel.dcp import export_sharded
+from lcft.checkpoint.dcp import export_sharded
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 export_sharded(sys.argv[1], sys.argv[2], max_shard_size=int(sys.argv[3]))
 print(json.dumps({"base": base, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))

@@ -27,11 +27,11 @@ def register(app: typer.Typer) -> None:
         """Export a trained model in HuggingFace's Llama layout."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
+        from lcft.checkpoint.dcp import export_sharded, is_sharded_checkpoint
         from lcft.checkpoint.layout import resolve_checkpoint
         from lcft.files import folder_lock, refuse_nonempty_output
         from lcft.genomics.hf_tokenizer import export_tokenizer
         from lcft.model.io import export_pretrained
-        from lcft.parallel.dcp import export_sharded, is_sharded_checkpoint
 
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -55,8 +55,8 @@ def _export_bytes(source: Path, dtype: object) -> int:
     """About the bytes an export writes: the source's weights (safetensors or dcp/ shards), scaled to --dtype."""
     import torch
 
+    from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS
     from lcft.checkpoint.layout import read_model_config
-    from lcft.parallel.dcp import DCP_DIR, PARAM_GROUPS
 
     size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
     shards = [f for f in (source / DCP_DIR).glob("*") if f.is_file() and f.name != PARAM_GROUPS]

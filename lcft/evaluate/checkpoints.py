@@ -19,7 +19,7 @@ WEIGHT_SUFFIX = ".safetensors"
 def weights_sha256(ckpt: Path) -> str:
     """sha256 over the checkpoint's weight files in name order (one file: the plain sha256 of that file; a
     sharded checkpoint: over the files of its dcp/ folder)."""
-    from lcft.parallel.dcp import is_sharded_checkpoint, sharded_weights_sha256
+    from lcft.checkpoint.dcp import is_sharded_checkpoint, sharded_weights_sha256
 
     if is_sharded_checkpoint(ckpt):
         return sharded_weights_sha256(ckpt)
@@ -36,7 +36,7 @@ def check_weights_readable(ckpt: Path) -> None:
     reported before any evaluation runs rather than after the checkpoints listed before it."""
     from safetensors import safe_open
 
-    from lcft.parallel.dcp import check_sharded_readable, is_sharded_checkpoint
+    from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint
 
     if is_sharded_checkpoint(ckpt):
         check_sharded_readable(ckpt)

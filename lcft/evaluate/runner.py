@@ -125,7 +125,7 @@ def _device(name: str) -> torch.device:
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
     """The checkpoint's model in eval mode on `device`; any read failure is a user error naming the folder."""
-    from lcft.parallel.dcp import read_model  # safetensors or a sharded (DCP) checkpoint
+    from lcft.checkpoint.dcp import read_model  # safetensors or a sharded (DCP) checkpoint
 
     try:
         model = read_model(info.path)

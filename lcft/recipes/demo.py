@@ -112,9 +112,9 @@ def _write_init(cfg: DemoConfig, folder: Path) -> bool:
 
 def train_stage(tcfg: Any) -> tuple[Path, str]:
     """Run (or finish, or skip) one training run; returns its final checkpoint and what happened."""
+    from lcft.checkpoint.state import checkpoint_step
     from lcft.errors import LcftError
     from lcft.train import latest_checkpoint, train
-    from lcft.train.checkpoint import checkpoint_step
     from lcft.train.config import absolute_paths, diff, load_run_config
 
     run = Path(tcfg.out)

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
+from lcft.checkpoint.dcp import read_model
 from lcft.checkpoint.layout import check_tokenizer, read_model_config
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.hf import config_notes
 from lcft.model.io import read_config, save_pretrained
-from lcft.parallel.dcp import read_model
 from lcft.train.config import ModelOverrides, TrainConfig, parse_rope_scaling
 
 
@@ -44,7 +44,7 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
                 note: Callable[[str], None] | None = None) -> Llama:
     """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded).
     materialize=False: a sharded (DCP) source's model stays on the meta device, for FSDP to shard before each
-    rank reads its part (lcft.parallel.dcp.load_state). note: shows what loading the source's config.json has to
+    rank reads its part (lcft.checkpoint.dcp.load_state). note: shows what loading the source's config.json has to
     say (a custom class loaded as its model_type's, keys carried unread)."""
     if source is None:
         model_cfg = preset(cfg.preset)

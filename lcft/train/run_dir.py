@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lcft.checkpoint.layout import RUN_CONFIG, latest_checkpoint, resolve_resume
+from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import folder_lock
 from lcft.shapes import check_batch, check_world
-from lcft.train.checkpoint import clean_partial, supersede_after
 from lcft.train.config import TrainConfig, diff, load_run_config
 
 

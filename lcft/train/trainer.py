@@ -21,6 +21,16 @@ from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
 from lcft.checkpoint.layout import latest_checkpoint, resolve_checkpoint
+from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
+from lcft.checkpoint.sharded import restore_optimizer, save_sharded
+from lcft.checkpoint.state import (
+    TrainerState,
+    optimizer_options,
+    read_trainer_state,
+    reapply_options,
+    set_rng_state,
+    write_trainer_state,
+)
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import atomic_write
@@ -31,17 +41,6 @@ from lcft.liveness import launched
 from lcft.parallel import ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
 from lcft.shapes import check_batch, check_length
-from lcft.train.checkpoint import (
-    TrainerState,
-    checkpoint_bytes,
-    optimizer_options,
-    prune,
-    read_trainer_state,
-    reapply_options,
-    set_rng_state,
-    write_checkpoint,
-    write_trainer_state,
-)
 from lcft.train.config import TrainConfig, resolve_folders
 from lcft.train.guard import SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
@@ -49,7 +48,7 @@ from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context, save_model
 from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
-from lcft.train.sharded import clip, materialize_sharded, prepare, restore_optimizer, save_sharded
+from lcft.train.sharded import clip, materialize_sharded, prepare
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 from lcft.units import bits_per_base
 

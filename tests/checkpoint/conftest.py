@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from lcft.checkpoint.dcp import is_sharded_checkpoint
 from lcft.launch import run as launch
-from lcft.parallel.dcp import is_sharded_checkpoint
 from lcft.train import TrainConfig
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 

@@ -17,13 +17,13 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 from typer.testing import CliRunner
 
+from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.save import write_checksums
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
-from lcft.parallel.dcp import is_sharded_checkpoint
 from lcft.train import TrainConfig, train
-from lcft.train.checkpoint import write_checksums
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one 2-rank fsdp run of 2 steps, then 1-process reads
 

@@ -15,8 +15,8 @@ from tests.train.conftest import small_model_config
 def save_with_full_disk(rank: int, world: int, run_dir: str) -> dict:
     """Step 1 saved through DCP on every rank, then step 2 with rank 1's shard write failing as a full disk
     fails (ENOSPC); returns this rank's error type and text."""
+    from lcft.checkpoint.sharded import save_sharded
     from lcft.errors import LcftError
-    from lcft.train.sharded import save_sharded
 
     torch.manual_seed(0)
     model = Llama(small_model_config())

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import lcft.model as lm
+from lcft.checkpoint.state import rng_state, set_rng_state
 from lcft.model.attention import DenseCore
 from lcft.parallel.activations import apply_activation_checkpointing
-from lcft.train.checkpoint import rng_state, set_rng_state
 from lcft.train.memory import expandable_cuda_segments
 from lcft.train.metrics import peak_memory_bytes
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.dcp import is_sharded_checkpoint, read_model
 from lcft.checkpoint.layout import read_model_meta
 from lcft.config import ConfigError
 from lcft.evaluate.config import EvalConfig
@@ -16,7 +17,6 @@ from lcft.evaluate.runner import evaluate
 from lcft.genomics.shards import read_manifest
 from lcft.launch import run
 from lcft.model import from_pretrained
-from lcft.parallel.dcp import is_sharded_checkpoint, read_model
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import transformers
 
+from lcft.checkpoint.dcp import is_sharded_checkpoint
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
 from lcft.launch import run
-from lcft.parallel.dcp import is_sharded_checkpoint
 from lcft.train import TrainConfig
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one 2-rank run of one step

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from lcft.checkpoint.dcp import read_model
 from lcft.errors import LcftError
 from lcft.launch import run
 from lcft.model import Llama
 from lcft.parallel.activations import apply_activation_checkpointing
 from lcft.parallel.compile import compile_blocks
-from lcft.parallel.dcp import read_model
 from lcft.train.config import TrainConfig
 from lcft.train.step import LossModel
 from tests.train.conftest import small_model_config

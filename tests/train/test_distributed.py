@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.state import read_state
 from lcft.launch import run
 from lcft.model import from_pretrained
 from lcft.train import TrainConfig, latest_checkpoint, train
-from lcft.train.checkpoint import read_state
 from lcft.train.metrics import read_metrics
 
 pytestmark = pytest.mark.distributed

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
+from lcft.checkpoint.state import read_state
 from lcft.train import latest_checkpoint
-from lcft.train.checkpoint import read_state
 from lcft.train.metrics import read_metrics
 from tests.train.launching import error_lines, start_train, wait_for_step
 

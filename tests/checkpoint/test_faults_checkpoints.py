@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from lcft.checkpoint.layout import CHECKSUMS, list_checkpoints, resolve_checkpoint, verify_checkpoint
+from lcft.checkpoint.save import prune, write_checkpoint, write_checksums
+from lcft.checkpoint.state import read_trainer_state
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
-from lcft.train.checkpoint import prune, read_trainer_state, write_checkpoint, write_checksums
 from lcft.train.metrics import read_metrics
 
 STATE = "trainer_state"

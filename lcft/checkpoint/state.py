@@ -1,10 +1,7 @@
-"""Writing checkpoints: atomic folders (temp folder, then rename) with checksums, trainer state, pruning,
-partial-save cleanup, superseding the checkpoints after a resume point.
-
-The folder layout (and finding a run's checkpoints) is lcft.checkpoint.layout'. `trainer_state/` holds `state.json` (step,
-data position, spike-guard history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`: plain tensors, numbers
-and strings only, read with `torch.load(weights_only=True)`, so a crafted file is refused, never run.
-"""
+"""A checkpoint's trainer state: `trainer_state/` holds `state.json` (step, data position, spike-guard
+history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`: plain tensors, numbers and strings only, read with
+`torch.load(weights_only=True)`, so a crafted file is refused, never run. Also the options a resumed optimizer
+keeps from this run."""
 
 from __future__ import annotations
 
@@ -12,8 +9,6 @@ import json
 import os
 import pickle
 import random
-import shutil
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,21 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcft.checkpoint.layout import (
-    CHECKSUMS,
-    STATE_DIR,
-    SUPERSEDED,
-    TMP_PREFIX,
-    checkpoints_dir,
-    latest_checkpoint,
-    list_checkpoints,
-    previous_checkpoint,
-    step_name,
-    verify_checkpoint,
-)
+from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.layout import STATE_DIR, previous_checkpoint
 from lcft.errors import LcftError
-from lcft.files import atomic_write, disk_full_error, file_hash, free_bytes, read_json
-from lcft.parallel.dcp import is_sharded_checkpoint
+from lcft.files import read_json
 
 
 @dataclass
@@ -67,136 +51,6 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return read_state(path).step
 
 
-def clean_partial(run_dir: str | os.PathLike) -> list[Path]:
-    """Remove temp folders left by saves that were interrupted (crash, SIGKILL); returns what was removed."""
-    root = checkpoints_dir(run_dir)
-    removed = []
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith(TMP_PREFIX):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
-    return removed
-
-
-def prune(run_dir: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints (0 = keep all); the newest checkpoint that verifies is
-    kept even when older than those (so a run always keeps one good checkpoint to resume from)."""
-    if keep_last <= 0:
-        return
-    found = list_checkpoints(run_dir)
-    doomed, kept = found[:-keep_last], found[-keep_last:]
-    if doomed and not any(_verifies(p) for _, p in reversed(kept)):
-        good = next((i for i in range(len(doomed) - 1, -1, -1) if _verifies(doomed[i][1])), None)
-        if good is not None:
-            doomed.pop(good)
-    for _, p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-
-
-_WRITTEN: set[Path] = set()  # checkpoints this process hashed as it wrote them: not read back to prune
-
-
-def _verifies(ckpt: Path) -> bool:
-    if ckpt in _WRITTEN and ckpt.is_dir():
-        return True
-    try:
-        return verify_checkpoint(ckpt)
-    except LcftError:
-        return False
-
-
-def supersede_after(run_dir: str | os.PathLike, step: int) -> list[Path]:
-    """Move the run's checkpoints of steps after `step` to <run>/superseded/ (a run resumed from `step` owns
-    every later step: those belong to the earlier trajectory); returns their new paths."""
-    moved = []
-    for s, p in list_checkpoints(run_dir):
-        if s > step:
-            dest = Path(run_dir) / SUPERSEDED / p.name
-            n = 1
-            while dest.exists():
-                dest, n = dest.with_name(f"{p.name}.{n}"), n + 1
-            dest.parent.mkdir(exist_ok=True)
-            os.rename(p, dest)
-            moved.append(dest)
-    return moved
-
-
-def write_checksums(folder: Path) -> None:
-    """The checksums file (CHECKSUMS): size and sha256 of every file under `folder` (written last: its presence and match mean
-    the checkpoint is whole)."""
-    files = {}
-    for f in sorted(folder.rglob("*")):
-        if f.is_file() and f.name != CHECKSUMS:
-            files[f.relative_to(folder).as_posix()] = {"bytes": f.stat().st_size, "sha256": file_hash(f).hexdigest()}
-    atomic_write(folder / CHECKSUMS, json.dumps({"files": files}, indent=1) + "\n")
-
-
-def _fsync_tree(root: Path) -> None:
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def checkpoint_bytes(model: torch.nn.Module) -> int:
-    """About the bytes a checkpoint of `model` takes: its weights and AdamW's two moments (whole tensors: a
-    sharded model's DTensors count at their global size, what all ranks write together)."""
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callable[[Path], None],
-                     write_rest: Callable[[Path], None],
-                     between: Callable[[int, Path], None] | None = None, expected_bytes: int | None = None) -> Path:
-    """Write `<run>/checkpoints/.tmp-step-N/` with its checksums, flush it to disk, then rename it to `step-N`
-    (atomic on POSIX; an existing `step-N` is replaced). A crash at any point leaves either no new `step-N` or a
-    complete one; earlier checkpoints are untouched. A failed write (e.g. disk full: a one-line error naming the
-    folder and `expected_bytes`) removes the temp folder. `between(step, tmp)` runs after the model is written
-    and before the rest (TrainHooks.during_save)."""
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / step_name(step)
-    tmp = root / (TMP_PREFIX + step_name(step))
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        write_model(tmp)
-        if between is not None:
-            between(step, tmp)
-        write_rest(tmp)
-        write_checksums(tmp)
-        _fsync_tree(tmp)
-    except Exception as e:
-        free = free_bytes(root)  # before the temp folder's space comes back
-        shutil.rmtree(tmp, ignore_errors=True)
-        err = disk_full_error(e, root, expected_bytes, free)
-        if err is None:
-            raise
-        last = latest_checkpoint(run_dir)
-        kept = f"; the last good checkpoint {last} is kept" if last is not None else ""
-        raise LcftError(f"cannot save step {step}: {err}{kept}") from None
-    if final.exists():  # this step saved before (a resumed run replaces what it recomputed)
-        old = root / (TMP_PREFIX + "old-" + final.name)
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    _fsync_dir(root)
-    _WRITTEN.add(final)
-    return final
-
-
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch RNG states (CUDA too when present) as tensors, ints, floats and strings only."""
     version, mt, gauss = random.getstate()
@@ -225,7 +79,7 @@ def write_trainer_state(ckpt: Path, state: TrainerState, optimizer: dict | None,
     d = ckpt / STATE_DIR
     d.mkdir(exist_ok=True)
     (d / "state.json").write_text(json.dumps(asdict(state), indent=1) + "\n")
-    if optimizer is not None:  # None: sharded optimizer state, written by lcft.train.sharded
+    if optimizer is not None:  # None: sharded optimizer state, written by lcft.checkpoint.sharded
         torch.save(optimizer, d / "optimizer.pt")
     torch.save(scheduler, d / "scheduler.pt")
     torch.save(rng_state(), d / "rng.pt")

@@ -1,0 +1,70 @@
+"""Checkpoints of a sharded (`--shard fsdp`) run: every rank writes its own shards through
+torch.distributed.checkpoint (lcft.checkpoint.dcp) into the checkpoint's temp folder, rank 0 the rest and the
+rename (lcft.checkpoint.save); and the optimizer state of any checkpoint put back onto this run's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lcft.checkpoint.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
+from lcft.checkpoint.layout import TMP_PREFIX, checkpoints_dir, step_name
+from lcft.checkpoint.save import checkpoint_bytes, write_checkpoint
+from lcft.errors import LcftError
+from lcft.files import disk_full_error
+from lcft.model.io import write_model_folder
+
+
+def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool) -> None:
+    """Optimizer state of the checkpoint resumed from, onto this run's layout. saved = its optimizer.pt (None:
+    the checkpoint is sharded, and the weights are read again with it, resharded). `optimizer` may be
+    Accelerate's wrapper."""
+    raw = getattr(optimizer, "optimizer", optimizer)
+    if saved is None:
+        load_state(model, raw, ckpt, no_dist=not sharded)
+    elif sharded:
+        load_full_optimizer(model, raw, saved)
+    else:
+        optimizer.load_state_dict(saved)
+
+
+def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,
+                 write_rest: Callable[[Path], None], between: Callable[[int, Path], None] | None,
+                 windows: Any = None) -> Path:
+    """Collective: every rank writes its shards of the model and optimizer into the checkpoint's temp folder
+    (`dcp/`); rank 0 adds config.json, lcft.json (recording the tokenizer of `windows`, the training data),
+    for a model tokenizer its files (as a plain checkpoint, so AutoTokenizer and `lcft export` find them) and
+    the trainer state, then renames the folder (atomic, as write_checkpoint). Nothing is gathered on one rank.
+    The folder must be on a filesystem all ranks share."""
+    final = checkpoints_dir(run_dir) / step_name(step)
+    raw = getattr(optimizer, "optimizer", optimizer)
+    tmp = checkpoints_dir(run_dir) / (TMP_PREFIX + step_name(step))
+
+    def write_model(path: Path) -> None:
+        (path / DCP_DIR).mkdir()
+        dist.barrier()  # the temp folder exists: the other ranks write into it now
+        save_state(model, raw, path)
+        write_model_folder(path, model.config, {}, torch.float32, windows.manifest["tokenizer"] if windows else None,
+                           meta=SHARDED_META)
+        if getattr(windows, "per_base", False):
+            from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+
+            save_hf_tokenizer(windows.tokenizer, path)
+
+    need = checkpoint_bytes(model)
+    if is_main:  # a failed save (every rank's, DCP gathers them) is one line; the temp folder goes
+        return write_checkpoint(run_dir, step, write_model, write_rest, between, expected_bytes=need)
+    dist.barrier()
+    try:
+        save_state(model, raw, tmp)
+    except Exception as e:
+        err = disk_full_error(e, tmp.parent, need)
+        if err is None:
+            raise
+        raise LcftError(f"cannot save step {step}: {err}") from None
+    return final
