@@ -102,12 +102,12 @@ def costs(length: int, attention: str, windows: int, reps: int) -> None:
     """Bootstrap and copy-probe cost against a plain eval of the same windows, printed as rows."""
     import dataclasses
 
+    from lcft.checkpoint.hf_folder import save_pretrained
     from lcft.evaluate.binning import bin_edges
     from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.probe import CopyProbe, default_distances
     from lcft.evaluate.report import build_report
     from lcft.evaluate.runner import open_split, prepare_checkpoints, run_checkpoint, run_probe
-    from lcft.model import save_pretrained
 
     model, cut = _model(attention), length // 8
     ck = Path(tempfile.mkdtemp(prefix="lcft-bench-eval-")) / "tiny"

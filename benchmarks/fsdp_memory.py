@@ -6,7 +6,7 @@ block and at the root over all ranks), run one training step of a short window i
 the distinct tensors this rank holds: parameters and gradients after backward, AdamW state after the step.
 Targets: fsdp 2 ranks <= 0.55x, 4 ranks <= 0.3x of --shard none.
 
-`--export`: a sharded checkpoint of the preset written by 2 ranks, then `export_sharded` in a fresh process
+`--export`: a sharded checkpoint of the preset written by 2 ranks, then `lcft.checkpoint.export_model` in a fresh process
 with small output shards; its peak RSS above the interpreter's baseline against the model, the largest
 tensor and one shard.
 
@@ -93,8 +93,8 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
     import torch.distributed as dist
 
     from lcft.checkpoint.dcp import save_state
+    from lcft.checkpoint.hf_folder import write_model_folder
     from lcft.model import Llama, preset
-    from lcft.model.io import write_model_folder
     from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
     from lcft.train.step import LossModel
 
@@ -112,9 +112,9 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
 
 EXPORT_CHILD = """
 import json, resource, sys, torch
-from lcft.checkpoint.dcp import export_sharded
+from lcft.checkpoint import export_model, load
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-export_sharded(sys.argv[1], sys.argv[2], max_shard_size=int(sys.argv[3]))
+export_model(load(sys.argv[1], materialize=False), sys.argv[2], max_shard_size=int(sys.argv[3]))
 print(json.dumps({"base": base, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 

@@ -17,14 +17,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint, verify_checkpoint
 from lcft.checkpoint.save import write_checksums
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta, verify_windows
 from lcft.genomics.hf_tokenizer import hf_tokenizer_json
 from lcft.genomics.model_tokenizer import load_tokenizer
-from lcft.model import Llama, LlamaConfig, from_pretrained, save_pretrained
-from lcft.model.io import read_config
+from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import MetricsLog
 
 EXAMPLES = 30  # per file: 8 files in about a minute on 2 busy cores

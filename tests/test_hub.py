@@ -14,12 +14,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.hub import hub_id, local_path
-from lcft.model import from_pretrained
 
 transformers = pytest.importorskip("transformers")
 METAGENE = Path(__file__).resolve().parents[2] / "shared" / "published" / "metagene-1"

@@ -16,9 +16,9 @@ import torch
 from tokenizers import Tokenizer, models, trainers
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.cli.app import app
 from lcft.genomics import open_windows, sample_fasta
-from lcft.model import from_pretrained
 from tests.genomics.conftest import bio_records
 from tests.genomics.test_published_tokenizers import PUBLISHED, ROLES, generator_folder, generator_rule
 from tests.model.test_hf_config import GENOMEOCEAN

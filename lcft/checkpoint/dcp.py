@@ -1,7 +1,7 @@
 """Checkpoints of a sharded run through torch.distributed.checkpoint (DCP): each rank writes its own shards of
 the model and the optimizer into `<checkpoint>/dcp/`, keyed by parameter name, so they load back on any layout
 (fsdp on N ranks, fsdp on M, one process, DDP, any cp size). Reading a whole model (eval) or streaming it into
-HF safetensors shards (export) needs no process group. Nothing here runs code from a file: DCP's `.metadata`
+HF safetensors shards (lcft.checkpoint.export) needs no process group. Nothing here runs code from a file: DCP's `.metadata`
 is read by lcft.checkpoint.dcp_metadata's restricted unpickler, only tensors are stored in `dcp/`, and the
 optimizer's param groups (numbers, flags, parameter names) are kept as JSON (`dcp/param_groups.json`).
 
@@ -32,13 +32,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lcft.checkpoint.dcp_metadata import METADATA, SafePlanner, SafeReader, read_metadata_file
-from lcft.checkpoint.layout import MODEL_META, read_model_meta
+from lcft.checkpoint.hf_folder import read_config
+from lcft.checkpoint.layout import MODEL_META
 from lcft.errors import LcftError
-from lcft.files import atomic_write, files_sha256, read_json, refuse_nonempty_output
-from lcft.model import Llama
+from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model.config import AttentionConfig
-from lcft.model.hf import MAX_SHARD_BYTES, shards
-from lcft.model.io import from_pretrained, read_config, write_model_folder
+from lcft.model.llama import Llama
 
 DCP_DIR = "dcp"
 PARAM_GROUPS = "param_groups.json"  # in dcp/: the optimizer's param groups, as JSON
@@ -129,7 +128,8 @@ def load_full_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, save
     set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
 
 
-def _model_on_meta(ckpt: Path, attention: AttentionConfig | None) -> Llama:
+def model_on_meta(ckpt: Path, attention: AttentionConfig | None) -> Llama:
+    """The model config.json describes, on the meta device (names and shapes; no storage)."""
     with torch.device("meta"):
         return Llama(read_config(ckpt, attention))
 
@@ -179,22 +179,7 @@ def _one_line(ckpt: str | os.PathLike, e: CheckpointException) -> LcftError:
     return LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(first).__name__}: {text})")
 
 
-def read_model(ckpt: str | os.PathLike, attention: AttentionConfig | None = None, *,
-               materialize: bool = True, dtype: torch.dtype | None = None) -> Llama:
-    """The model of any checkpoint folder: HF safetensors (lcft.model.from_pretrained) or sharded DCP.
-    materialize=False leaves a sharded checkpoint's model on the meta device, for a caller that shards it
-    first and then fills each rank's part with load_state (no rank holds the whole model)."""
-    ckpt = Path(ckpt)
-    if not is_sharded_checkpoint(ckpt):
-        return from_pretrained(ckpt, attention=attention, dtype=dtype)
-    model = _model_on_meta(ckpt, attention)
-    if materialize:
-        model.to_empty(device="cpu")
-        load_state(model, None, ckpt, no_dist=True)
-    return model
-
-
-def _model_metadata(ckpt: Path) -> dict[str, Any]:
+def model_metadata(ckpt: Path) -> dict[str, Any]:
     """{parameter name: DCP tensor metadata (size, dtype)} of the model in a sharded checkpoint."""
     md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
     prefix = MODEL + "."
@@ -205,8 +190,8 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> None:
     """Cheap checks before any evaluation: the metadata reads, it holds every parameter of config.json's model
     with its shape, and every shard file it names is present."""
     ckpt = Path(ckpt)
-    stored = _model_metadata(ckpt)
-    for name, p in _model_on_meta(ckpt, None).named_parameters():
+    stored = model_metadata(ckpt)
+    for name, p in model_on_meta(ckpt, None).named_parameters():
         if name not in stored:
             raise LcftError(f"unreadable checkpoint {ckpt}: no weight {name!r} in {DCP_DIR}/")
         if tuple(stored[name].size) != tuple(p.shape):
@@ -217,20 +202,6 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> None:
     missing = sorted(f for f in files if not (_dcp_dir(ckpt) / f).is_file())
     if missing:
         raise LcftError(f"unreadable checkpoint {ckpt}: shard file(s) missing in {DCP_DIR}/: {', '.join(missing)}")
-
-
-def export_sharded(ckpt: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                   force: bool = False, max_shard_size: int = MAX_SHARD_BYTES) -> Path:
-    """Write a sharded checkpoint's model as an HF folder, one safetensors shard at a time (peak memory: about
-    one output shard plus the largest tensor; the whole model is never in memory)."""
-    ckpt, out = Path(ckpt), Path(out)
-    refuse_nonempty_output(out, force)
-    check_sharded_readable(ckpt)
-    model = _model_on_meta(ckpt, None)  # names, shapes and the shard plan; no storage
-    stored = next(iter(_model_metadata(ckpt).values())).properties.dtype
-    files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(ckpt, names))
-    tokenizer = read_model_meta(ckpt).get("tokenizer")  # keep the recorded vocabulary
-    return write_model_folder(out, model.config, files, dtype or stored, tokenizer)
 
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:

@@ -19,9 +19,6 @@ from typing import Any
 from lcft.errors import LcftError
 from lcft.files import file_hash, read_json
 from lcft.hub import local_path
-from lcft.model.io import CONFIG as MODEL_CONFIG
-from lcft.model.io import LCFT as MODEL_META
-from lcft.model.io import config_file
 
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"step-(\d{8,})")  # step_name's output; temp folders of interrupted saves do not match
@@ -30,6 +27,8 @@ STATE_DIR = "trainer_state"
 RUN_CONFIG = "config.toml"
 CHECKSUMS = "checksums.json"
 SUPERSEDED = "superseded"
+MODEL_CONFIG = "config.json"  # a model folder's HF config
+MODEL_META = "lcft.json"  # lcft's own part of a model folder: attention settings, tokenizer spec, "weights"
 
 
 def step_name(step: int) -> str:
@@ -161,6 +160,13 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str],
     if p.is_dir() and (ckpt := latest_checkpoint(p)) is not None:
         return _checked(ckpt)
     raise LcftError(f"--resume {resume}: not a checkpoint folder (no {STATE_DIR}/) nor a run with checkpoints")
+
+
+def config_file(directory: Path) -> Path:
+    """`directory`'s config.json; a one-line error when it has none."""
+    if not (directory / MODEL_CONFIG).is_file():
+        raise LcftError(f"{directory}: no {MODEL_CONFIG}; not a model checkpoint folder")
+    return directory / MODEL_CONFIG
 
 
 def read_model_config(ckpt: Path) -> dict[str, Any]:

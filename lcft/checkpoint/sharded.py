@@ -13,11 +13,11 @@ import torch.distributed as dist
 from torch import nn
 
 from lcft.checkpoint.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
+from lcft.checkpoint.hf_folder import hf_tokenizer_of, write_model_folder
 from lcft.checkpoint.layout import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.checkpoint.save import checkpoint_bytes, write_checkpoint
 from lcft.errors import LcftError
 from lcft.files import disk_full_error
-from lcft.model.io import write_model_folder
 
 
 def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool) -> None:
@@ -50,11 +50,7 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
         dist.barrier()  # the temp folder exists: the other ranks write into it now
         save_state(model, raw, path)
         write_model_folder(path, model.config, {}, torch.float32, windows.manifest["tokenizer"] if windows else None,
-                           meta=SHARDED_META)
-        if getattr(windows, "per_base", False):
-            from lcft.genomics.hf_tokenizer import save_hf_tokenizer
-
-            save_hf_tokenizer(windows.tokenizer, path)
+                           meta=SHARDED_META, hf_tokenizer=hf_tokenizer_of(windows) if windows else None)
 
     need = checkpoint_bytes(model)
     if is_main:  # a failed save (every rank's, DCP gathers them) is one line; the temp folder goes

@@ -27,11 +27,10 @@ def register(app: typer.Typer) -> None:
         """Export a trained model in HuggingFace's Llama layout."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
-        from lcft.checkpoint.dcp import export_sharded, is_sharded_checkpoint
+        from lcft.checkpoint.export import export_bytes, export_model
         from lcft.checkpoint.layout import resolve_checkpoint
+        from lcft.checkpoint.reader import load
         from lcft.files import folder_lock, refuse_nonempty_output
-        from lcft.genomics.hf_tokenizer import export_tokenizer
-        from lcft.model.io import export_pretrained
 
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -41,31 +40,11 @@ def register(app: typer.Typer) -> None:
         before = set(out.iterdir()) if out.is_dir() else set()
         with folder_lock(out, "lcft export"), console.status(f"exporting {source} ..."):
             try:  # force: emptiness checked above (the folder now holds the lock's pid file)
-                if is_sharded_checkpoint(source):  # streamed shard by shard, never the whole model in memory
-                    path = export_sharded(source, out, dtype=cast, force=True)
-                else:
-                    path = export_pretrained(source, out, dtype=cast, force=True)
-                export_tokenizer(source, path)  # tokenizer.json + config: AutoTokenizer encodes DNA to its ids
+                # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
+                path = export_model(load(source, materialize=False), out, dtype=cast, force=True)
             except Exception as e:
-                _fail_cleanly(e, out, before, _export_bytes(source, cast))
+                _fail_cleanly(e, out, before, export_bytes(source, cast))
         console.print(f"wrote {path} (from {source})", highlight=False)
-
-
-def _export_bytes(source: Path, dtype: object) -> int:
-    """About the bytes an export writes: the source's weights (safetensors or dcp/ shards), scaled to --dtype."""
-    import torch
-
-    from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS
-    from lcft.checkpoint.layout import read_model_config
-
-    size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
-    shards = [f for f in (source / DCP_DIR).glob("*") if f.is_file() and f.name != PARAM_GROUPS]
-    size = size or sum(f.stat().st_size for f in shards) // 3  # weights + 2 moments
-    config = read_model_config(source)  # transformers 5 (and lcft) write "dtype", earlier ones "torch_dtype"
-    stored = getattr(torch, str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
-    if isinstance(dtype, torch.dtype) and isinstance(stored, torch.dtype):
-        size = size * dtype.itemsize // stored.itemsize
-    return size
 
 
 def _fail_cleanly(e: Exception, out: Path, before: set[Path], needed: int) -> None:

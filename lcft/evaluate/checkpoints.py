@@ -1,4 +1,5 @@
-"""Describing checkpoints for eval: metadata, weight hashes and the checks before any evaluation runs."""
+"""Describing checkpoints for eval: what the report records of each, and the checks before any evaluation runs
+(weight hashes and readability: lcft.checkpoint.weights)."""
 
 from __future__ import annotations
 
@@ -7,46 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lcft.checkpoint.layout import check_tokenizer, read_model_config, read_model_meta, resolve_checkpoint
+from lcft.checkpoint.layout import check_tokenizer, resolve_checkpoint
+from lcft.checkpoint.reader import load
 from lcft.config import format_size
 from lcft.errors import LcftError
-from lcft.files import file_hash, files_sha256
 from lcft.shapes import check_length
-
-WEIGHT_SUFFIX = ".safetensors"
-
-
-def weights_sha256(ckpt: Path) -> str:
-    """sha256 over the checkpoint's weight files in name order (one file: the plain sha256 of that file; a
-    sharded checkpoint: over the files of its dcp/ folder)."""
-    from lcft.checkpoint.dcp import is_sharded_checkpoint, sharded_weights_sha256
-
-    if is_sharded_checkpoint(ckpt):
-        return sharded_weights_sha256(ckpt)
-    files = sorted(f for f in ckpt.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIX))
-    if not files:
-        raise LcftError(f"unreadable checkpoint {ckpt}: no *{WEIGHT_SUFFIX} weights file")
-    if len(files) == 1:
-        return file_hash(files[0]).hexdigest()
-    return files_sha256(files)
-
-
-def check_weights_readable(ckpt: Path) -> None:
-    """Open the header of every weights file (cheap: no tensor is read), so a truncated or foreign file is
-    reported before any evaluation runs rather than after the checkpoints listed before it."""
-    from safetensors import safe_open
-
-    from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint
-
-    if is_sharded_checkpoint(ckpt):
-        check_sharded_readable(ckpt)
-        return
-    for f in sorted(ckpt.glob(f"*{WEIGHT_SUFFIX}")):
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                sf.keys()
-        except Exception as e:  # SafetensorError is not exported under a stable name
-            raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {e}") from None
 
 
 @dataclass
@@ -65,7 +31,8 @@ class CheckpointInfo:
     @classmethod
     def read(cls, given: str, label: str, max_context: int) -> CheckpointInfo:
         path = resolve_checkpoint(given)
-        config, lcft = read_model_config(path), read_model_meta(path)
+        read = load(path, model=False)
+        config, lcft = read.config, read.meta
         train_config: dict[str, Any] = {}
         if (path / "config.toml").is_file():
             try:

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.errors import LcftError
 from lcft.evaluate.binning import PositionSums, WindowBins, at_base_offsets, bin_edges, to_base_positions
-from lcft.evaluate.checkpoints import CheckpointInfo, check_weights_readable, default_labels, weights_sha256
+from lcft.evaluate.checkpoints import CheckpointInfo, default_labels
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import CopyProbe, check_probe, default_distances
@@ -125,10 +126,10 @@ def _device(name: str) -> torch.device:
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
     """The checkpoint's model in eval mode on `device`; any read failure is a user error naming the folder."""
-    from lcft.checkpoint.dcp import read_model  # safetensors or a sharded (DCP) checkpoint
+    from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 
     try:
-        model = read_model(info.path)
+        model = load(info.path).model
     except LcftError:
         raise
     except Exception as e:  # safetensors, json, shape and key errors all mean "this folder is not usable"

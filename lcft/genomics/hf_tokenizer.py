@@ -82,9 +82,13 @@ def describe(spec: dict[str, Any]) -> str:
     return f"{spec.get('name', '?')} with {spec.get('vocab_size', '?')} tokens{sha}"
 
 
-def export_tokenizer(source: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write the tokenizer files of the model in `source` (a checkpoint) into `out_dir`: its own tokenizer.json
-    when it has one (checkpoints of model tokenizers carry it), else lcft's char vocabulary."""
+def checkpoint_tokenizer(source: str | Path) -> SeqTokenizer:
+    """The tokenizer of the model in `source` (a checkpoint): its own tokenizer.json when it has one
+    (checkpoints of model tokenizers carry it), else lcft's char vocabulary."""
     src = Path(source) / TOKENIZER_FILE
-    tok = load_tokenizer(str(src)) if src.is_file() else char_tokenizer()
-    return save_hf_tokenizer(tok, out_dir)
+    return load_tokenizer(str(src)) if src.is_file() else char_tokenizer()
+
+
+def export_tokenizer(source: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write the tokenizer files of the model in `source` (a checkpoint) into `out_dir` (checkpoint_tokenizer)."""
+    return save_hf_tokenizer(checkpoint_tokenizer(source), out_dir)

@@ -27,9 +27,9 @@ LABELS = {
 def model_config(cfg: PlanConfig) -> LlamaConfig:
     """The model of the plan: --init's config.json (a run folder means its latest checkpoint), else the preset;
     with the attention options applied. No weights are read."""
+    from lcft.checkpoint.hf_folder import read_config
     from lcft.checkpoint.layout import resolve_checkpoint
     from lcft.model import preset
-    from lcft.model.io import read_config
     from lcft.train.model_setup import attention_override
 
     if cfg.init:

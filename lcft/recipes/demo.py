@@ -103,7 +103,8 @@ def _write_init(cfg: DemoConfig, folder: Path) -> bool:
         return False
     import torch
 
-    from lcft.model import Llama, save_pretrained
+    from lcft.checkpoint.hf_folder import save_pretrained
+    from lcft.model import Llama
 
     torch.manual_seed(cfg.seed)
     save_pretrained(Llama(_model_config(cfg)), folder)
@@ -142,7 +143,7 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
 def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
     """The existing report when it was made with the same options from the same weights (a re-run skips)."""
     from lcft.checkpoint.layout import resolve_checkpoint
-    from lcft.evaluate.checkpoints import weights_sha256
+    from lcft.checkpoint.weights import weights_sha256
 
     p = report_dir / "eval.json"
     if not p.is_file():

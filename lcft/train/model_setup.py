@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import read_model
+from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import check_tokenizer, read_model_config
+from lcft.checkpoint.reader import load
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.hf import config_notes
-from lcft.model.io import read_config, save_pretrained
 from lcft.train.config import ModelOverrides, TrainConfig, parse_rope_scaling
 
 
@@ -64,8 +64,8 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
         note(f"note: {line}")
     # fp32 master weights whatever the checkpoint's dtype (published ones are mostly bf16; --precision bf16 is
     # autocast over fp32 weights)
-    model = read_model(source, attention_override(cfg.model, read_config(source).attention), materialize=materialize,
-                       dtype=torch.float32)
+    model = load(source, attention=attention_override(cfg.model, read_config(source).attention),
+                 materialize=materialize, dtype=torch.float32).model
     rope = _rope_changes(cfg.model, model.config)
     if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are
         on_meta = next(model.parameters()).is_meta
@@ -92,14 +92,3 @@ def declare_context(model_cfg: LlamaConfig, seq_len: int) -> str | None:
     model_cfg.max_position_embeddings = seq_len
     hint = "" if scaling else f" (RoPE is not rescaled; --rope-scaling yarn:{seq_len / old:g}:{old} would interpolate)"
     return f"{head}; the checkpoints record max_position_embeddings {seq_len}{hint}"
-
-
-def save_model(model: Llama, folder: Path, windows: Any) -> Path:
-    """Weights and config, lcft.json recording the data's tokenizer, and for a model tokenizer its files
-    (lcft.genomics.hf_tokenizer), so the checkpoint also loads with transformers.AutoTokenizer."""
-    from lcft.genomics.hf_tokenizer import save_hf_tokenizer
-
-    path = save_pretrained(model, folder, tokenizer=windows.manifest["tokenizer"])
-    if getattr(windows, "per_base", False):
-        save_hf_tokenizer(windows.tokenizer, folder)
-    return path

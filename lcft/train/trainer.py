@@ -20,13 +20,14 @@ import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
+from lcft.checkpoint.hf_folder import save_model
 from lcft.checkpoint.layout import latest_checkpoint, resolve_checkpoint
+from lcft.checkpoint.reader import load
 from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import restore_optimizer, save_sharded
 from lcft.checkpoint.state import (
     TrainerState,
     optimizer_options,
-    read_trainer_state,
     reapply_options,
     set_rng_state,
     write_trainer_state,
@@ -45,7 +46,7 @@ from lcft.train.config import TrainConfig, resolve_folders
 from lcft.train.guard import SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
-from lcft.train.model_setup import build_model, declare_context, save_model
+from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_dir, open_run_dir
 from lcft.train.sharded import clip, materialize_sharded, prepare
@@ -174,7 +175,7 @@ class Trainer:
         self.state = TrainerState(world_size=self.world)
         if self.resume_from is not None:
             built = optimizer_options(self.opt)
-            self.state, optim, sched, rng = read_trainer_state(self.resume_from)
+            self.state, optim, sched, rng = load(self.resume_from, model=False, trainer_state=True).trainer
             restore_optimizer(self.model, self.opt, self.resume_from, optim, self.layout.fsdp_enabled)
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.genomics import prepare_windows, sample_fasta
-from lcft.model import Llama, LlamaConfig, save_pretrained
+from lcft.model import Llama, LlamaConfig
 
 WINDOW = 2048
 

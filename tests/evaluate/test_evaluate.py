@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.config import build, load_toml
 from lcft.evaluate import EvalConfig, evaluate, token_losses
 from lcft.genomics import open_windows
 from lcft.genomics.tokenizer import N
-from lcft.model import from_pretrained
 
 from .conftest import WINDOW
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
-from lcft.model import Llama, from_pretrained, save_pretrained
+from lcft.model import Llama
 
 from .conftest import small_config
 

@@ -119,7 +119,8 @@ def _train_copier(path, lag: int = 300, length: int = 600, max_steps: int = 200)
     import torch
     import torch.nn.functional as F
 
-    from lcft.model import Llama, LlamaConfig, save_pretrained
+    from lcft.checkpoint.hf_folder import save_pretrained
+    from lcft.model import Llama, LlamaConfig
 
     torch.manual_seed(0)
     model = Llama(LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,

@@ -198,8 +198,8 @@ def _window_bin_sums(model, ws, n, edges, max_context):
 
 
 def test_self_against_a_short_context_matches_a_direct_bootstrap(data_dir, ckpt_a, tmp_path):
+    from lcft.checkpoint.hf_folder import from_pretrained
     from lcft.genomics import open_windows
-    from lcft.model import from_pretrained
 
     n, reps = 4, 300
     rep = _eval(data_dir, tmp_path / "r", ckpt_a, ckpt_a, max_context=(0, 256), bins=4, max_windows=n,

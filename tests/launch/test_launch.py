@@ -34,8 +34,9 @@ def test_worker_prints_a_user_error_on_rank_0_only(tmp_path, capsys, monkeypatch
 
 @pytest.mark.distributed
 def test_eval_launch_failing_on_every_rank(tmp_path, capfd):
+    from lcft.checkpoint.hf_folder import save_pretrained
     from lcft.genomics import prepare_windows, sample_fasta
-    from lcft.model import Llama, LlamaConfig, save_pretrained
+    from lcft.model import Llama, LlamaConfig
 
     data = tmp_path / "data"
     prepare_windows(fasta=str(sample_fasta()), out=str(data), length=2048, train=("chr2",), eval=("chr22",))

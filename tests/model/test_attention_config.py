@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
 from lcft.errors import LcftError
 from lcft.kernels.spec import SparseSpec
-from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, save_pretrained
-from lcft.model.io import read_config
+from lcft.model import AttentionConfig, Llama, LlamaConfig
 
 # The attention object as checkpoints wrote it before the selector existed.
 OLD_FORMAT = {"backend": "sparse", "block_size": 32, "top_k": 4, "local_blocks": 2, "sink_blocks": 0, "impl": "cpu"}

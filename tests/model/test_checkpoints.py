@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
-from lcft.model import Llama, LlamaConfig, from_pretrained, save_pretrained
+from lcft.model import Llama, LlamaConfig
 from lcft.model.hf import config_to_hf, to_hf_name
 
 transformers = pytest.importorskip("transformers")
@@ -61,7 +62,7 @@ def test_export_is_sharded_above_the_limit_and_loads_in_transformers(tmp_path):
 
 PEAK_SCRIPT = textwrap.dedent("""
     import resource, sys, torch
-    from lcft.model import from_pretrained
+    from lcft.checkpoint.hf_folder import from_pretrained
     torch.ones(1) + 1  # warm up the allocator and torch's lazy state before the baseline
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model = from_pretrained(sys.argv[1])

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
-from lcft.model import from_pretrained
 from lcft.model.config import COUNT_LIMITS
 
 runner = CliRunner()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.kernels import chunked_cross_entropy
-from lcft.model import from_pretrained, save_pretrained
 from lcft.parallel.activations import apply_activation_checkpointing
 
 transformers = pytest.importorskip("transformers")

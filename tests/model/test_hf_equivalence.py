@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lcft.model import Llama, LlamaConfig, from_pretrained, save_pretrained
+from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
+from lcft.model import Llama, LlamaConfig
 from lcft.model.rope import rope_frequencies
 
 transformers = pytest.importorskip("transformers")
@@ -84,7 +85,7 @@ def test_gradients_equal_transformers(tmp_path):
     """Backward too (our fused projections and RoPE's own backward): parameter gradients of the same
     next-token loss match transformers' for every weight."""
     from lcft.kernels import chunked_cross_entropy
-    from lcft.model.io import to_hf_name
+    from lcft.model.hf import to_hf_name
 
     torch.manual_seed(1)
     ours = Llama(small_config(SCALINGS["yarn"], tied=False))

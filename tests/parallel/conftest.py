@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.kernels.spec import SparseSpec
-from lcft.model import AttentionConfig, Llama, LlamaConfig, save_pretrained
+from lcft.model import AttentionConfig, Llama, LlamaConfig
 
 
 @pytest.fixture(scope="session")

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint, read_model
+from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import read_model_meta
+from lcft.checkpoint.reader import load
 from lcft.config import ConfigError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.genomics.shards import read_manifest
 from lcft.launch import run
-from lcft.model import from_pretrained
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 
@@ -60,7 +61,7 @@ def _losses(run: Path) -> dict[int, float]:
 
 
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    return read_model(ckpt).state_dict()
+    return load(ckpt).model.state_dict()
 
 
 def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

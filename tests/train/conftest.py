@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.genomics import prepare_windows, sample_fasta
-from lcft.model import Llama, LlamaConfig, save_pretrained
+from lcft.model import Llama, LlamaConfig
 
 WINDOW = 2048  # prepared window length; tests train on 512-token aligned sub-windows of it
 SEQ = 512

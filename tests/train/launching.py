@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import torch
 
-from lcft.model import from_pretrained
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.train.metrics import read_metrics
 
 # The small run of these tests: 512-token sequences, 2 per step, fp32, checkpoints every 2 steps, all kept.

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.terminal import table
 from lcft.genomics import open_windows, prepare_windows
-from lcft.model import Llama, save_pretrained
+from lcft.model import Llama
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from lcft.checkpoint.dcp import read_model
+from lcft.checkpoint.reader import load
 from lcft.errors import LcftError
 from lcft.launch import run
 from lcft.model import Llama
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++") 
 def _run(base: dict[str, Any], out: Path, **changes: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
     s = run("train", TrainConfig(**{**base, "steps": 3, "out": str(out), **changes}))
     losses = [json.loads(line)["loss"] for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    weights = read_model(s["checkpoint"]).state_dict()  # safetensors or a sharded (DCP) checkpoint
+    weights = load(s["checkpoint"]).model.state_dict()  # safetensors or a sharded (DCP) checkpoint
     assert weights
     return losses, weights
 

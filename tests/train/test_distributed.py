@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.state import read_state
 from lcft.launch import run
-from lcft.model import from_pretrained
 from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
 

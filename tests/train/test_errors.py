@@ -10,10 +10,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
 from lcft.config import ConfigError
 from lcft.errors import LcftError
-from lcft.model import Llama, save_pretrained
+from lcft.model import Llama
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
 

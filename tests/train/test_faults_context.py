@@ -9,8 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
-from lcft.model import Llama, save_pretrained
+from lcft.model import Llama
 from lcft.model.rope import rope_frequencies
 from lcft.train import TrainConfig, train
 from lcft.train.model_setup import declare_context

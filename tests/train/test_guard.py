@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.state import read_state
 from lcft.errors import LcftError
-from lcft.model import from_pretrained
 from lcft.train import TrainConfig, TrainHooks, train
 from lcft.train.guard import GuardConfig, SpikeGuard
 from lcft.train.metrics import read_metrics

@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.cli.app import app
-from lcft.model import from_pretrained
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 

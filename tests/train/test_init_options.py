@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.errors import LcftError
-from lcft.model import from_pretrained
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 

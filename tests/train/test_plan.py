@@ -12,8 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
-from lcft.model import Llama, LlamaConfig, preset, save_pretrained
+from lcft.model import Llama, LlamaConfig, preset
 from lcft.plan.config import parse_bytes
 from lcft.plan.estimate import Layout, Shape, activation_bytes, estimate
 from lcft.train.step import LossModel

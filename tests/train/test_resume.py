@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import list_checkpoints
 from lcft.checkpoint.state import read_trainer_state
 from lcft.config import load_toml
-from lcft.model import from_pretrained
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
 

@@ -1,5 +1,6 @@
-"""Checkpoint folders in HuggingFace's layout: config.json + model.safetensors (or shards) + lcft.json for lcft's
-own attention settings and the tokenizer spec. Folders written by transformers load too (lcft.model.hf)."""
+"""Model folders in HuggingFace's layout, the one writer and reader: config.json + model.safetensors (or shards) +
+lcft.json for lcft's own attention settings and the tokenizer spec, + the tokenizer files of a model tokenizer.
+Folders written by transformers load too (lcft.model.hf maps the format)."""
 
 from __future__ import annotations
 
@@ -13,28 +14,23 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
 from lcft.errors import LcftError
-from lcft.files import read_json, refuse_nonempty_output, replacing, respect_umask
+from lcft.files import read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import (
     MAX_SHARD_BYTES,
-    WEIGHTS,
     config_from_hf,
     config_to_hf,
     load_weights,
     shards,
     stale_weight_files,
-    to_hf_name,
 )
 from lcft.model.hf import weight_files as _weight_files
 from lcft.model.llama import Llama
 from lcft.vocab import tokenizer_spec
 
-__all__ = ["CONFIG", "LCFT", "WEIGHTS", "config_from_hf", "config_to_hf", "export_pretrained", "from_pretrained",
-           "read_config", "save_pretrained", "to_hf_name", "write_model_folder"]
-
 LCFT_FORMAT_VERSION = 1
-CONFIG, LCFT = "config.json", "lcft.json"
 
 
 def _write_folder(directory: Path, files: dict[str, Any]) -> None:
@@ -51,7 +47,7 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
         else:
             dst.write_bytes(value)
 
-    order = sorted(files, key=lambda n: n == CONFIG)
+    order = sorted(files, key=lambda n: n == MODEL_CONFIG)
     if not directory.exists():
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
@@ -68,7 +64,7 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
     if not directory.is_dir():
         raise LcftError(f"{directory} exists and is not a folder")
     for name in order:
-        if name == CONFIG:
+        if name == MODEL_CONFIG:
             for stale in stale_weight_files(directory, set(files)):
                 stale.unlink()
         with replacing(directory / name) as tmp:
@@ -76,35 +72,47 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
 
 
 def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None,
-                    max_shard_size: int = MAX_SHARD_BYTES, tokenizer: dict[str, Any] | None = None) -> Path:
+                    max_shard_size: int = MAX_SHARD_BYTES, tokenizer: dict[str, Any] | None = None,
+                    hf_tokenizer: Any = None) -> Path:
     """Write config.json (the model's own HF class), model.safetensors (HF names; sharded with an index above
     max_shard_size bytes, as transformers does) and lcft.json; loadable by transformers' from_pretrained and by
     from_pretrained here. dtype: cast weights (None = keep). tokenizer: the data's tokenizer spec lcft.json
-    records (default: lcft's char vocabulary)."""
+    records (default: lcft's char vocabulary); hf_tokenizer: a model tokenizer whose files go beside it."""
     saved_dtype = dtype or next(model.parameters()).dtype
-    return write_model_folder(directory, model.config, shards(model, dtype, max_shard_size), saved_dtype, tokenizer)
+    return write_model_folder(directory, model.config, shards(model, dtype, max_shard_size), saved_dtype, tokenizer,
+                              hf_tokenizer=hf_tokenizer)
+
+
+def save_model(model: Llama, folder: Path, windows: Any) -> Path:
+    """A plain checkpoint's model: weights and config, lcft.json recording the tokenizer of `windows` (the
+    training data), for a model tokenizer its files."""
+    return save_pretrained(model, folder, tokenizer=windows.manifest["tokenizer"], hf_tokenizer=hf_tokenizer_of(windows))
+
+
+def hf_tokenizer_of(windows: Any) -> Any:
+    """The model tokenizer of a run's windows, whose files (lcft.genomics.hf_tokenizer) a checkpoint carries so
+    that it also loads with transformers.AutoTokenizer and `lcft export` finds them; None for lcft's own
+    vocabularies."""
+    return windows.tokenizer if getattr(windows, "per_base", False) else None
 
 
 def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: dict[str, Any],
                        saved_dtype: torch.dtype, tokenizer: dict[str, Any] | None = None,
-                       meta: dict[str, Any] | None = None) -> Path:
+                       meta: dict[str, Any] | None = None, hf_tokenizer: Any = None) -> Path:
     """Write a model folder from its config and {weight file name: tensor dict | function returning one |
     index bytes} (as lcft.model.hf.shards builds them): config.json, lcft.json (plus `meta`), the weights;
-    atomically."""
+    atomically; then the files of `hf_tokenizer` (a model tokenizer: the one place they are saved)."""
     extra = {"format_version": LCFT_FORMAT_VERSION, "attention": cfg.attention.to_dict(),
              "tokenizer": tokenizer or tokenizer_spec(), **(meta or {})}
-    files = {**weights, CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
-             LCFT: json.dumps(extra, indent=2).encode()}
+    files = {**weights, MODEL_CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
+             MODEL_META: json.dumps(extra, indent=2).encode()}
     directory = Path(directory)
     _write_folder(directory, files)
+    if hf_tokenizer is not None:
+        from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+
+        save_hf_tokenizer(hf_tokenizer, directory)
     return directory
-
-
-def config_file(directory: Path) -> Path:
-    """`directory`'s config.json; a one-line error when it has none."""
-    if not (directory / CONFIG).is_file():
-        raise LcftError(f"{directory}: no {CONFIG}; not a model checkpoint folder")
-    return directory / CONFIG
 
 
 def read_config(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> LlamaConfig:
@@ -113,16 +121,16 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
     if not directory.is_dir():
         raise LcftError(f"checkpoint folder not found: {directory}")
     config_file(directory)
-    if attention is None and (directory / LCFT).is_file():
-        extra = read_json(directory / LCFT)
+    if attention is None and (directory / MODEL_META).is_file():
+        extra = read_json(directory / MODEL_META)
         try:
             attention = AttentionConfig.from_dict(extra.get("attention", {}))
         except TypeError as e:
-            raise LcftError(f"{directory / LCFT}: bad attention block ({e})") from None
+            raise LcftError(f"{directory / MODEL_META}: bad attention block ({e})") from None
     try:
-        return config_from_hf(read_json(directory / CONFIG), attention)
+        return config_from_hf(read_json(directory / MODEL_CONFIG), attention)
     except KeyError as e:
-        raise LcftError(f"{directory / CONFIG}: missing field {e.args[0]!r}") from None
+        raise LcftError(f"{directory / MODEL_CONFIG}: missing field {e.args[0]!r}") from None
 
 
 def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | None = None,
@@ -138,15 +146,3 @@ def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | N
         model = Llama(cfg)  # no init cost: every parameter is assigned from the files, tensor by tensor
     load_weights(model, directory, dtype)
     return model
-
-
-def export_pretrained(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                      force: bool = False) -> Path:
-    """Write the model of a checkpoint folder to `out` as an HF Llama folder (a run folder is resolved to its
-    latest checkpoint by lcft.checkpoint.layout.resolve_checkpoint, before this is called)."""
-    out = Path(out)
-    refuse_nonempty_output(out, force)
-    model = from_pretrained(checkpoint)
-    meta = Path(checkpoint) / LCFT
-    tokenizer = read_json(meta).get("tokenizer") if meta.is_file() else None  # keep the recorded vocabulary
-    return save_pretrained(model, out, dtype=dtype, tokenizer=tokenizer)

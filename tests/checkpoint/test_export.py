@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from lcft.cli.export import _export_bytes
-from lcft.model import Llama, LlamaConfig, save_pretrained
+from lcft.checkpoint.export import export_bytes
+from lcft.checkpoint.hf_folder import save_pretrained
+from lcft.model import Llama, LlamaConfig
 
 
 @pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
@@ -22,5 +23,5 @@ def test_export_estimate_scales_from_the_recorded_dtype(tmp_path, key):
     config[key] = config.pop("dtype")
     (folder / "config.json").write_text(json.dumps(config))
     stored = (folder / "model.safetensors").stat().st_size
-    assert _export_bytes(folder, torch.float32) == stored * 2
-    assert _export_bytes(folder, None) == stored
+    assert export_bytes(folder, torch.float32) == stored * 2
+    assert export_bytes(folder, None) == stored

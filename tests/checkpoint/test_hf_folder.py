@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.kernels.spec import SparseSpec
-from lcft.model import AttentionConfig, Llama, LlamaConfig, from_pretrained, save_pretrained
+from lcft.model import AttentionConfig, Llama, LlamaConfig
 
 runner = CliRunner()
 
@@ -74,7 +75,7 @@ def test_reads_transformers_sharded_folder(tmp_path):
 
 
 def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
-    import lcft.model.io as io
+    import lcft.checkpoint.hf_folder as io
 
     def boom(*a, **k):
         raise OSError("disk full")

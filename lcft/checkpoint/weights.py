@@ -1,0 +1,44 @@
+"""The weight files of a checkpoint folder, plain safetensors or DCP shards: their sha256 (eval's report) and a cheap
+check that every one of them opens, before any evaluation runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lcft.errors import LcftError
+from lcft.files import file_hash, files_sha256
+
+WEIGHT_SUFFIX = ".safetensors"
+
+
+def weights_sha256(ckpt: Path) -> str:
+    """sha256 over the checkpoint's weight files in name order (one file: the plain sha256 of that file; a
+    sharded checkpoint: over the files of its dcp/ folder)."""
+    from lcft.checkpoint.dcp import is_sharded_checkpoint, sharded_weights_sha256  # torch.distributed: on use
+
+    if is_sharded_checkpoint(ckpt):
+        return sharded_weights_sha256(ckpt)
+    files = sorted(f for f in ckpt.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIX))
+    if not files:
+        raise LcftError(f"unreadable checkpoint {ckpt}: no *{WEIGHT_SUFFIX} weights file")
+    if len(files) == 1:
+        return file_hash(files[0]).hexdigest()
+    return files_sha256(files)
+
+
+def check_weights_readable(ckpt: Path) -> None:
+    """Open the header of every weights file (cheap: no tensor is read), so a truncated or foreign file is
+    reported before any evaluation runs rather than after the checkpoints listed before it."""
+    from safetensors import safe_open
+
+    from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint
+
+    if is_sharded_checkpoint(ckpt):
+        check_sharded_readable(ckpt)
+        return
+    for f in sorted(ckpt.glob(f"*{WEIGHT_SUFFIX}")):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                sf.keys()
+        except Exception as e:  # SafetensorError is not exported under a stable name
+            raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {e}") from None
