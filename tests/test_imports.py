@@ -25,17 +25,20 @@ ROOT = Path(lcft.__file__).parent
 
 # (importer prefix, forbidden target prefixes)
 LAYERS = [
-    # the model takes its vocabulary from its config: it never reads a tokenizer
-    ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli", "lcft.genomics")),
-    ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli")),
+    # the model takes its vocabulary from its config: it never reads a tokenizer; model folders and checkpoints
+    # are read and written by lcft.checkpoint, above the model: the model never imports it
+    ("lcft.model", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli", "lcft.genomics", "lcft.checkpoint")),
+    ("lcft.kernels", ("lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli", "lcft.checkpoint")),
     ("lcft.parallel", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.launch")),
     # train and evaluate are peers: what both need sits below them (lcft.parallel, lcft.units, ...); they run in
     # the process they are called in: only the CLI decides to launch
     ("lcft.train", ("lcft.evaluate", "lcft.launch")),
     ("lcft.evaluate", ("lcft.train", "lcft.launch")),
     ("lcft.genomics", ("lcft.model",)),
-    # the run layout serves train, eval and export alike; file helpers sit below everything
-    ("lcft.checkpoint", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel")),
+    # the checkpoint component (layout, saves, load, the HF folder) serves train, eval and export alike, above the
+    # model and below them; it takes nothing from the parallel layout (DCP and process groups from torch directly);
+    # file helpers sit below everything
+    ("lcft.checkpoint", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel", "lcft.launch")),
     ("lcft.hub", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                   "lcft.cli", "lcft.checkpoint")),
     ("lcft.vocab", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
@@ -317,3 +320,31 @@ def test_checkpoint_layout_is_named_only_inside_lcft_checkpoint():
         outside += [f"{path.relative_to(ROOT)}: checksums.json"] if "checksums.json" in text else []
     assert not outside, outside
     assert "checksums.json" in (ROOT / "checkpoint" / "layout.py").read_text()  # the scan sees the real home
+
+
+LAYOUT_LITERALS = ("dcp", "checksums.json", "lcft.json", ".tmp-")  # DCP_DIR, CHECKSUMS, MODEL_META, TMP_PREFIX
+
+
+def _code_strings(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, value) of the string constants of a module that are not docstrings (f-string pieces included)."""
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_checkpoint_layout_literals_appear_only_inside_lcft_checkpoint():
+    """The layout's names as string literals ("dcp", "checksums.json", "lcft.json", the temp prefix ".tmp-")
+    appear only under lcft/checkpoint/: everyone else imports the constant (docstrings and prose may name them)."""
+    outside, inside = [], set()
+    for path in sorted(ROOT.rglob("*.py")):
+        home = path.relative_to(ROOT).parts[0] == "checkpoint"
+        for line, value in _code_strings(ast.parse(path.read_text())):
+            if value in LAYOUT_LITERALS:
+                inside.add(value) if home else outside.append(f"{path.relative_to(ROOT)}:{line}: {value!r}")
+    assert not outside, outside
+    assert inside == set(LAYOUT_LITERALS)  # the scan sees each one at its home
+
+
+def test_layout_literal_scan_skips_docstrings_and_sees_fstrings():
+    tree = ast.parse('"""names lcft.json"""\ndef f(d):\n    """dcp"""\n    return f"{d}.tmp-", "dcp"\n')
+    assert sorted(v for _, v in _code_strings(tree) if v in LAYOUT_LITERALS) == [".tmp-", "dcp"]

@@ -1,0 +1,66 @@
+"""lcft.checkpoint.load: one reader of plain and sharded folders, giving each caller what it asks for; only lcft.json's
+"weights": "dcp" makes a folder sharded."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from lcft.checkpoint import load, save_pretrained
+from lcft.errors import LcftError
+from lcft.model import Llama, LlamaConfig
+
+
+def tiny(tmp_path: Path) -> tuple[Llama, Path]:
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=2))
+    spec = {"kind": "test", "vocab_size": 16}
+    return model, save_pretrained(model, tmp_path / "m", tokenizer=spec)
+
+
+def test_a_plain_folder_gives_config_meta_tokenizer_and_the_saved_weights(tmp_path):
+    model, folder = tiny(tmp_path)
+    got = load(folder)
+    assert not got.sharded and got.trainer is None
+    assert got.config == json.loads((folder / "config.json").read_text())
+    assert got.tokenizer == {"kind": "test", "vocab_size": 16} == got.meta["tokenizer"]
+    ours, saved = got.model.state_dict(), model.state_dict()
+    assert ours.keys() == saved.keys() and all(torch.equal(ours[k], saved[k]) for k in saved)
+    assert load(folder, model=False).model is None
+
+
+def test_a_stray_dcp_folder_does_not_make_a_folder_sharded(tmp_path):
+    model, folder = tiny(tmp_path)
+    (folder / "dcp").mkdir()
+    (folder / "dcp" / ".metadata").write_bytes(b"not read")
+    got = load(folder)
+    assert not got.sharded
+    assert torch.equal(got.model.state_dict()["embed_tokens.weight"], model.state_dict()["embed_tokens.weight"])
+
+
+def test_trainer_state_of_a_model_folder_is_a_one_line_error(tmp_path):
+    _, folder = tiny(tmp_path)
+    with pytest.raises(LcftError, match="not a trainer checkpoint"):
+        load(folder, model=False, trainer_state=True)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_sharded_checkpoint_reads_as_torch_reads_its_shards(ckpt):
+    got = load(ckpt, trainer_state=True)
+    assert got.sharded and got.meta["weights"] == "dcp"
+    state, optim, _, _ = got.trainer
+    assert state.step == 2 and optim is None  # the optimizer state is in dcp/, read with the weights on resume
+    ours = got.model.state_dict()
+    theirs = {f"model.{k}": torch.empty_like(v) for k, v in ours.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP says it reads in one process: what no_dist asks
+        dcp.load(theirs, checkpoint_id=str(ckpt / "dcp"), no_dist=True)  # torch's own reader: the oracle
+    assert all(torch.equal(ours[k], theirs[f"model.{k}"]) for k in ours)
+    assert all(p.is_meta for p in load(ckpt, materialize=False).model.parameters())
