@@ -103,6 +103,8 @@ def family_of(d: dict[str, Any]) -> Family:
     custom class name, GENERatorForCausalLM say, loads as the class transformers would build for that
     model_type; its own code is never run)."""
     archs = d.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise LcftError(f"architectures {archs!r}: not a list of class names")
     if len(archs) == 1 and archs[0] in FAMILIES:
         return FAMILIES[archs[0]]
     model_type = d.get("model_type")
@@ -142,6 +144,9 @@ def _rope_to_hf(cfg: LlamaConfig) -> dict[str, Any]:
 
 
 def _rope_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
+    for key in ("rope_parameters", "rope_scaling"):
+        if d.get(key) and not isinstance(d[key], dict):
+            raise LcftError(f"{key}={d[key]!r} (an object)")
     params = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or params
     theta = params.get("rope_theta", d.get("rope_theta", fam.defaults["rope_theta"]))
