@@ -101,17 +101,21 @@ def prepare(root: Path, length: int) -> str:
 def _row(case: dict, m: dict) -> str:
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
     return (f"| {case['preset']} | {case['seq_len'] // 1024}K | {case['layout']} | {want / 2**20:,.0f} | "
-            f"{got / 2**20:,.0f} | {want / got:.2f} | {m['seconds']:.0f} |")
+            f"{got / 2**20:,.0f} | {want / got:.2f} | {m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
+
+
+def _cpu() -> str:
+    from lcft.train.precision import cpu_describe
+
+    return cpu_describe()
 
 
 def _record(case: dict, m: dict) -> None:
     """Add (or replace) one measured case in benchmarks/plan_cases.json."""
-    from lcft.train.precision import cpu_describe
-
     rows = json.loads(RECORD.read_text()) if RECORD.exists() else []
     rows = [r for r in rows if {k: r[k] for k in case} != case]
     rows.append({**case, "base": m["base"], "peak": m["peak"], "threads": m["threads"],
-                 "step_s": round(m["seconds"], 1), "cpu": cpu_describe()})
+                 "step_s": round(m["seconds"], 1), "cpu": _cpu()})
     RECORD.write_text(json.dumps(rows, indent=1) + "\n")
 
 
@@ -128,8 +132,8 @@ def main() -> int:
     if args.case:
         print(json.dumps(child(json.loads(args.case))))
         return 0
-    print("| preset | tokens | layout | planned MiB | measured MiB | planned/measured | step s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| preset | tokens | layout | planned MiB | measured MiB | planned/measured | run s | CPU |")
+    print("|---|---|---|---|---|---|---|---|")
     if args.table:
         rows = json.loads(RECORD.read_text())
         for r in rows:

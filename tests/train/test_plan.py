@@ -21,9 +21,14 @@ from lcft.train.step import LossModel
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan.py"
 RECORDED = json.loads((BENCH.parent / "plan_cases.json").read_text())
-# Recorded cases the plan over-estimates by more than 10% (docs/plan.md, Accuracy): cp 2 at 64K on CPU holds
-# less of the gathered K/V and the block transient at its peak than the formulas count.
-OVER_ESTIMATED = {("tiny", 65536, "cp 2")}
+# Recorded cases the plan over-estimates by more than 10% (docs/plan.md, Accuracy), each with the bound it is held
+# to; all from 64K, where freed buffers go back to the OS at once. Each run records its first step, whose peak
+# (RSS sampled every 2 s) is in the backward, before AdamW creates its moments: the plan's total is a later
+# step's and counts them (8P = 192 MiB on small, P = 25M; 25 MiB on tiny), and all gradients (only the last
+# block's exist then). cp 2 besides: the small run's peak is 340 MiB above its end of forward where the plan
+# counts 833 MiB (moments, gradients, 0.5 x the block transient and gathered K/V; that share was measured on one
+# rank and fsdp): the last block's attention backward holds less than the formulas count there.
+OVER_ESTIMATED = {("tiny", 65536, "cp 2"): 1.25, ("small", 65536, "cp 2"): 1.45, ("small", 65536, "1 rank"): 1.20}
 runner = CliRunner()
 
 SHAPES = {
@@ -117,7 +122,7 @@ def test_recorded_cpu_runs_stay_within_the_plans_bounds(case: dict) -> None:
     ratio = planned / (case["peak"] - case["base"])
     assert ratio >= 0.95, ratio  # never more than 5% under the measurement
     key = (case["preset"], case["seq_len"], case["layout"])
-    assert ratio <= (1.25 if key in OVER_ESTIMATED else 1.10), ratio
+    assert ratio <= OVER_ESTIMATED.get(key, 1.10), ratio
 
 
 def test_cli_fits_and_does_not_fit(tmp_path: Path) -> None:
