@@ -1,7 +1,7 @@
 """Tile sizes of the Triton sparse-attention kernels per (GPU arch, dtype, head_dim, block, group), and their limits.
 
-A heuristic gives every shape its tiles; for bf16/fp16 on sm_80/90/100 at head_dim 64/96/128 (and fp32 on sm_90),
-the choices in `triton_tile_table` replace the heuristic's per kernel where it spilled registers (found by
+A heuristic gives every shape its tiles; for bf16/fp16 on sm_80/90/100 at head_dim 64/96/128 (and fp32 on sm_90 and
+sm_100), the choices in `triton_tile_table` replace the heuristic's per kernel where it spilled registers (found by
 compiling candidates ahead of time: benchmarks/kernel_tile_search.py). Every configuration the CLI can produce
 is compiled for sm_80/86/89/90/100 by benchmarks/kernel_resources.py, which checks the shared memory of each
 against `SMEM_LIMIT`.
