@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import nn
@@ -39,6 +39,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: Checkpointing = "bloc
     compile and FSDP (lcft.parallel.parallelize): their hooks then sit around the rerouted forward."""
     if isinstance(seq_chunk, bool) or not isinstance(seq_chunk, int) or seq_chunk < 0:
         raise LcftError(f"seq_chunk must be a non-negative integer, got {seq_chunk!r}")
+    if mode not in get_args(Checkpointing):  # the config coerced the user's choice: anything else is a bug
+        raise ValueError(f"checkpointing mode must be one of {get_args(Checkpointing)}, got {mode!r}")
     n = seq_chunk if mode == "block" else 0
     for block in model.layers:
         block.__dict__.pop("forward", None)  # the class's forward again (a previous call's routing undone)
