@@ -21,11 +21,16 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/lcft demo --out demo-out
 
+# Tests run in one pytest-xdist worker per core (at most 4), each module whole in one worker (its fixtures built
+# once): most tests run one thread or wait on processes they start (README, Tests, has the time it takes).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+
 test: setup
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: setup
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
