@@ -348,3 +348,24 @@ def test_checkpoint_layout_literals_appear_only_inside_lcft_checkpoint():
 def test_layout_literal_scan_skips_docstrings_and_sees_fstrings():
     tree = ast.parse('"""names lcft.json"""\ndef f(d):\n    """dcp"""\n    return f"{d}.tmp-", "dcp"\n')
     assert sorted(v for _, v in _code_strings(tree) if v in LAYOUT_LITERALS) == [".tmp-", "dcp"]
+
+
+def _calls(path: Path) -> set[str]:
+    """Names of the functions a module calls (`f(` or `x.f(`)."""
+    return {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)}
+
+
+def test_process_groups_come_from_the_one_device_mesh():
+    """No module builds process groups by hand (`new_group`): the cp groups and FSDP's shard dimension are
+    views of the one ("dp", "cp") DeviceMesh that lcft/parallel/mesh.py builds."""
+    hand_made = [str(p.relative_to(ROOT)) for p in sorted(ROOT.rglob("*.py")) if "new_group" in _calls(p)]
+    assert not hand_made, hand_made
+    assert "init_device_mesh" in _calls(ROOT / "parallel" / "mesh.py")  # the scan sees the real home
+
+
+def test_the_model_holds_no_activation_checkpointing():
+    """Activation checkpointing and offload are applied from outside (lcft/parallel/activations.py)."""
+    used = _calls(ROOT / "model" / "llama.py") | _calls(ROOT / "model" / "layers.py")
+    assert not used & {"checkpoint", "save_on_cpu", "checkpoint_sequential"}, used
+    assert "checkpoint" in _calls(ROOT / "parallel" / "activations.py")
