@@ -7,7 +7,9 @@ candidates are compiled in order of preference (the heuristic's tiles first, the
 per step, fewer query tokens, one stage) until one uses fewer than 255 registers and spills nothing. Results
 go to benchmarks/kernel_tiles.jsonl (one line per kernel, resumable); --write turns them into
 lcft/kernels/triton_tile_table.py, --summary counts them before/after. fp32 (exact FMA dots, slow to compile) is
-searched only when asked for (--dtype fp32).
+searched only when asked for (--dtype fp32). A choice must be clean under every triton lcft supports (3.6, with
+torch 2.11, and 3.9): one a compiler version pushes to the cap is replaced by hand in the results, with a
+"rejected" note.
 """
 
 from __future__ import annotations
