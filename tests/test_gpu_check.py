@@ -77,7 +77,8 @@ def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
 
 
 def _needed_distributions() -> set[str]:
-    """Every distribution lcft[kernels,test] needs, as installed here, walked through their metadata."""
+    """Every distribution lcft[kernels,test] needs, as installed here, walked through their metadata; CUDA
+    packages (nvidia-*, cuda-*) are named but not walked: a CUDA torch in a CPU venv runs without most of them."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -92,6 +93,8 @@ def _needed_distributions() -> set[str]:
         if name in seen or name == "lcft":
             continue
         seen.add(name)
+        if name.startswith(("nvidia-", "cuda-")):
+            continue
         todo += [(r, e) for e in [""] + sorted(req.extras) for r in importlib.metadata.requires(name) or []]
     return seen
 
