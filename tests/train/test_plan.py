@@ -25,10 +25,9 @@ RECORDED = json.loads((BENCH.parent / "plan_cases.json").read_text())
 # to; all from 64K, where freed buffers go back to the OS at once. Each run records its first step, whose peak
 # (RSS sampled every 2 s) is in the backward, before AdamW creates its moments: the plan's total is a later
 # step's and counts them (8P = 192 MiB on small, P = 25M, half on a rank of fsdp 2; 25 MiB on tiny), and all
-# gradients (only the last
-# block's exist then). cp 2 besides: the small run's peak is 340 MiB above its end of forward where the plan
-# counts 833 MiB (moments, gradients, 0.5 x the block transient and gathered K/V; that share was measured on one
-# rank and fsdp): the last block's attention backward holds less than the formulas count there.
+# gradients (only the last block's exist then). cp 2 besides: the small run's peak is 340 MiB above its end of
+# forward where the plan counts 833 MiB (moments, gradients, 0.5 x the block transient and gathered K/V; that
+# share was measured on one rank and fsdp): the last block's attention backward holds less than the formulas count.
 OVER_ESTIMATED = {("tiny", 65536, "cp 2"): 1.25, ("small", 65536, "cp 2"): 1.45, ("small", 65536, "1 rank"): 1.20,
                   ("small", 65536, "fsdp 2"): 1.15}
 runner = CliRunner()
