@@ -84,8 +84,8 @@ class Heartbeat:
                 if len(self.peers) < self.world:  # who is where, read while the store answers
                     self.peers.update({r: self._peer(r) for r in range(self.world) if r not in self.peers
                                        and self.store.check([f"{self.prefix}/who/{r}"])})
-            except Exception:  # the store went away (its node died): the diagnosis will say so
-                return
+            except Exception:  # the store went away (its node died: the diagnosis will say so), or answered late
+                pass  # on a loaded machine: beat again, so that who is where is still read once it answers
             self._stop.wait(BEAT_S)
 
     def stop(self) -> None:
