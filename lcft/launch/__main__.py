@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 
 from lcft import liveness
 from lcft.errors import LcftError
@@ -48,14 +49,28 @@ def main(argv: list[str] | None = None) -> int:
 def _destroy_process_group() -> None:
     """Tear the process group down while the interpreter is still whole, after success and after an error.
     Left to interpreter shutdown, gloo's worker threads can still hold tensors whose release needs the GIL,
-    and the process dies with SIGABRT ("terminate called without an active exception"), seen in CI,
-    pytorch#190489."""
+    and the process dies with SIGABRT ("terminate called without an active exception"; pytorch PR 179291)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
+def _exit(code: int) -> None:
+    """End the worker without interpreter finalization, where native threads' destructors run. A worker
+    that had destroyed its process group still died with SIGABRT once in CI while the run around it passed
+    its steps, and the launcher then rightly reported a lost rank. A worker holds no atexit duty: every file
+    it writes is written (atomic_write) and every thread it starts is stopped before main() returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     die_with_parent()  # a launcher (and its agent) killed by SIGKILL leaves no worker running
-    sys.exit(main())
+    try:
+        rc = main()
+    except BaseException:  # a bug: its traceback, then the same exit as Python's own
+        traceback.print_exc()
+        rc = 1
+    _exit(rc)
