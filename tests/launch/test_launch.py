@@ -3,6 +3,12 @@ every rank: one error line (rank 0's), the temporary config removed, the report 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +18,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.launch import run
 from lcft.launch.__main__ import main
+from lcft.launch.process import RESULT_FILE_ENV
 
 
 def test_worker_refuses_a_bad_command_line(capsys):
@@ -30,6 +37,41 @@ def test_worker_prints_a_user_error_on_rank_0_only(tmp_path, capsys, monkeypatch
     assert main(["eval", str(spec)]) == 1
     err = capsys.readouterr().err
     assert err == (f"error: {direct.value}\n" if rank == "0" else "")
+
+
+# Stands in for the job's work in a worker process: a summary (success) or an internal error (a bug).
+FAKE_WORK = """
+import os
+import lcft.evaluate.runner as runner
+
+def work(cfg):
+    if os.environ["FAKE_WORK"] == "bug":
+        raise RuntimeError("a broken internal contract")
+    return {"checkpoints": 0}
+
+runner.evaluate = work
+"""
+
+
+@pytest.mark.parametrize("outcome", ["ok", "bug"])
+def test_a_worker_process_exits_with_its_outcome(tmp_path, outcome):
+    """As torchrun starts it: a finished job exits 0 with its summary handed back; a bug exits 1 with its
+    traceback (the worker ends with os._exit, so nothing of Python's own exit path may be relied on)."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(FAKE_WORK)
+    cfg = EvalConfig(data=str(tmp_path / "d"), checkpoints=(str(tmp_path / "m"),), out=str(tmp_path / "r"))
+    spec = save_resolved(tmp_path / "eval.toml", to_dict(cfg))
+    result = tmp_path / "result.json"
+    path = os.pathsep.join([str(tmp_path / "hook"), str(Path(__file__).resolve().parents[2])])
+    env = dict(os.environ, PYTHONPATH=path, RANK="0", FAKE_WORK=outcome, **{RESULT_FILE_ENV: str(result)})
+    res = subprocess.run([sys.executable, "-m", "lcft.launch", "eval", str(spec)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    if outcome == "ok":
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert json.loads(result.read_text()) == {"checkpoints": 0}
+    else:
+        assert res.returncode == 1 and not result.exists()
+        assert "Traceback" in res.stderr and "RuntimeError: a broken internal contract" in res.stderr
 
 
 @pytest.mark.distributed
