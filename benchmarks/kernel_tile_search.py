@@ -8,8 +8,9 @@ per step, fewer query tokens, one stage) until one uses fewer than 255 registers
 go to benchmarks/kernel_tiles.jsonl (one line per kernel, resumable); --write turns them into
 lcft/kernels/triton_tile_table.py, --summary counts them before/after. fp32 (exact FMA dots, slow to compile) is
 searched only when asked for (--dtype fp32). A choice must be clean under every triton lcft supports (3.6, with
-torch 2.11, and 3.9): one a compiler version pushes to the cap is replaced by hand in the results, with a
-"rejected" note.
+torch 2.11, and 3.9): --recheck compiles the recorded choices with the running triton (run it with each venv's
+python) and replaces one that is not clean there by the first candidate that is, with a "rejected" note; each
+result keeps its usage per triton version under "checked".
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def candidates(tiles, kernel: str) -> list[tuple[int, int, int, int]]:
     out = []
     for dt, dk, w, s in [(1, 1, warps, stages), (1, 1, 8, stages), (1, 2, 8, stages), (2, 1, 8, stages),
                          (1, 1, 8, 1), (2, 2, 8, stages), (1, 2, 4, stages), (2, 1, 4, stages), (2, 2, 4, stages),
-                         (4, 2, 8, stages), (2, 2, 8, 1), (4, 4, 4, 1)]:
+                         (4, 2, 8, stages), (2, 2, 8, 1), (4, 4, 4, 1),
+                         # last resorts, tried only where none above is clean under both tritons
+                         (4, 2, 4, stages), (4, 2, 8, 1), (4, 2, 4, 1), (8, 2, 8, stages), (2, 4, 8, stages)]:
         c = (tok // dt, keys // dk, w, s)
         if c not in out and c[0] >= 1 and c[0] * tiles.gp >= 16 and c[1] >= 16:
             out.append(c)
@@ -77,6 +80,30 @@ def search(task: dict) -> dict:
             "tried": len(tried)}
 
 
+def recheck(row: dict) -> dict:
+    """A result's choice compiled with the running triton (its usage under "checked"); where it is not clean
+    there, the first clean candidate replaces it and the rejected choice is noted. Run again with the other
+    triton: a replacement is kept only when it is clean under both."""
+    import triton
+
+    arch, dtype, kernel, ver = tuple(row["arch"]), BY_NAME[row["dtype"]], row["kernel"], triton.__version__
+    base = heuristic_tiles(arch, dtype, row["head_dim"], row["block"], row["group"])
+    params = tuple(row["chosen"]["params"])
+    u = usage(arch, dtype, base.with_kernel(kernel, *params), kernel)
+    checked = {**row.get("checked", {}), ver: u}
+    if clean(u, arch):
+        return {**row, "checked": checked, "clean": True}
+    note = f"{params}: {u['regs']} registers, {u['spill']} B/thread spilled with triton {ver}"
+    rejected = "; ".join(filter(None, [row.get("rejected"), note]))
+    # A candidate one triton rejected is never taken again, so alternating runs end.
+    out = [*row.get("rejected_params", []), list(params)]
+    for c in candidates(base, kernel):
+        if list(c) not in out and clean(cu := usage(arch, dtype, base.with_kernel(kernel, *c), kernel), arch):
+            return {**row, "chosen": {"params": list(c), **cu}, "checked": {ver: cu}, "clean": True,
+                    "rejected": rejected, "rejected_params": out}
+    return {**row, "checked": checked, "clean": False, "rejected": rejected, "rejected_params": out}
+
+
 def tasks(archs, dtypes) -> list[dict]:
     """Every kernel to search, most used first: the CLI's default block size (64), sm_90, head_dim 64."""
     return [dict(arch=a, dtype=t, head_dim=d, block=b, group=g, kernel=k) for t, b, a, d, g, k in
@@ -101,7 +128,7 @@ def write_table(rows: list[dict]) -> None:
             chosen.setdefault(key, {})[r["kernel"]] = tuple(r["chosen"]["params"])
         if not r["clean"]:
             c = r["chosen"]
-            no_clean.setdefault(key, {})[r["kernel"]] = (
+            no_clean.setdefault(key, {})[r["kernel"]] = r.get("no_clean") or (
                 f"{r['tried']} candidates; least: {c['regs']} registers, {c['spill']} B/thread spilled")
     lines = TABLE.read_text().split("CHOSEN")[0].splitlines()
     head = "\n".join(line for line in lines if not line.startswith("#")).rstrip("\n")
@@ -121,11 +148,15 @@ def _counts(rs: list[dict], side: str) -> tuple[int, int]:
     return (sum(1 for r in rs if r[side]["spill"]), sum(1 for r in rs if (r[side]["regs"] or 0) >= kr.REG_CAP))
 
 
+def _clean_usage(u: dict) -> bool:
+    return u["spill"] == 0 and u["regs"] is not None and u["regs"] < kr.REG_CAP
+
+
 def summary(rows: list[dict]) -> str:
     """Markdown: per dtype and target, kernels spilling / at 255 registers with the heuristic's tiles and the
     table's choices."""
     lines = ["| dtype | target | kernels | spill before | 255 regs before | worst spill B | spill after | "
-             "255 regs after | changed | no clean candidate |", "|---" * 10 + "|"]
+             "255 regs after | changed | no clean candidate | choices clean per triton |", "|---" * 11 + "|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["dtype"], r["arch"][0] * 10 + r["arch"][1]), []).append(r)
@@ -133,8 +164,11 @@ def summary(rows: list[dict]) -> str:
         (sb, cb), (sa, ca) = _counts(rs, "heuristic"), _counts(rs, "chosen")
         worst = max(r["heuristic"]["spill"] or 0 for r in rs)
         changed = sum(r["chosen"]["params"] != r["heuristic"]["params"] for r in rs)
+        versions = sorted({v for r in rs for v in r.get("checked", {})})
+        per = ", ".join(f"{v}: {sum(1 for r in rs if v in r.get('checked', {}) and _clean_usage(r['checked'][v]))}"
+                        f"/{len(rs)}" for v in versions)
         lines.append(f"| {dtype} | sm_{sm} | {len(rs)} | {sb} | {cb} | {worst} | {sa} | {ca} | {changed} | "
-                     f"{sum(not r['clean'] for r in rs)} |")
+                     f"{sum(not r['clean'] for r in rs)} | {per or '-'} |")
     return "\n".join(lines)
 
 
@@ -147,11 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="only this kernel (repeatable)")
     ap.add_argument("--write", action="store_true", help="write lcft/kernels/triton_tile_table.py and exit")
     ap.add_argument("--summary", action="store_true", help="print the before/after counts of the results and exit")
+    ap.add_argument("--recheck", action="store_true",
+                    help="compile the recorded choices with this python's triton; replace those not clean there")
     args = ap.parse_args(argv)
     if args.write or args.summary:
         write_table(load()) if args.write else print(summary(load()))
         return 0
     archs = [(a // 10, a % 10) for a in args.arch] if args.arch else list(kr.TABLE_TARGETS)
+    if args.recheck:
+        return _recheck_all(args, archs)
     rows = load()
     done = {_key(r) for r in rows}
     hints = {_key(r)[:1] + _key(r)[2:]: r["chosen"]["params"] for r in rows if r["dtype"] == "bf16" and r["clean"]}
@@ -169,6 +207,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{_key(r)}: {h['regs']} regs {h['spill']} B -> {tuple(c['params'])} {c['regs']} regs "
                   f"{c['spill']} B{'' if r['clean'] else ' (NOT CLEAN)'}", flush=True)
     return 0
+
+
+def _recheck_all(args, archs) -> int:
+    """--recheck over the selected results not yet checked with this triton; the results file is rewritten
+    after each one (resumable). 1 when a choice has no clean candidate under this triton."""
+    import triton
+
+    rows, ver = load(), triton.__version__
+    index = {_key(r): i for i, r in enumerate(rows)}
+    todo = [r for r in rows if (ver not in r.get("checked", {}) or not r["clean"]) and tuple(r["arch"]) in archs
+            and r["dtype"] in (args.dtype or DEFAULT_DTYPES) and (not args.block or r["block"] in args.block)
+            and (not args.kernel or r["kernel"] in args.kernel)]
+    print(f"{len(todo)} choices to compile with triton {ver}", flush=True)
+    bad = 0
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for r in pool.imap_unordered(recheck, todo):
+            old = rows[index[_key(r)]]["chosen"]["params"]
+            rows[index[_key(r)]] = r
+            tmp = RESULTS.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(x) + "\n" for x in rows))
+            tmp.replace(RESULTS)
+            bad += not r["clean"]
+            if r["chosen"]["params"] != old or not r["clean"]:
+                c = r["chosen"]
+                print(f"{_key(r)}: {tuple(old)} -> {tuple(c['params'])} {c['regs']} regs {c['spill']} B"
+                      f"{'' if r['clean'] else ' (NOT CLEAN)'}", flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
