@@ -1,11 +1,13 @@
 """`lcft plan`'s per-rank estimates against the measured peak RSS of real CPU training runs, one table row per case.
 
-Each case runs `lcft.train.train` (fp32, sparse attention, block checkpointing, the default thread count as a
-user gets it) in a fresh process that first imports the trainer and runs a small autograd op; the measured
-figure is the first step's peak_mem in metrics.jsonl (the busiest rank's peak RSS, its process's high-water
-mark, which includes the AdamW state the first step creates) minus that process's RSS after the imports (what no
-plan counts: Python, torch, lcft). The estimate is `lcft.plan.estimate` with device cpu. Results go to
-benchmarks/plan_cases.json (--record), which tests/train/test_plan.py checks against the current formulas.
+Each case runs `lcft.train.train` for 2 steps (fp32, sparse attention, block checkpointing, the default thread
+count as a user gets it) in a fresh process that first imports the trainer and runs a small autograd op; the
+measured figure is the second step's peak_mem in metrics.jsonl (the busiest rank's VmHWM, its process's
+high-water mark) minus that process's RSS after the imports (what no plan counts: Python, torch, lcft). The
+second step is the one a plan describes: the first step's backward, its peak, runs before AdamW creates its
+moments (8 B per parameter), every later one with them. The first step's figure is kept too. The estimate is
+`lcft.plan.estimate` with device cpu. Results go to benchmarks/plan_cases.json (--record; a case recorded before
+the second step was measured has steps 1), which tests/train/test_plan.py checks against the current formulas.
 `--quick` runs the tiny preset at 4K only.
 """
 
@@ -25,6 +27,7 @@ LAYOUTS = {"1 rank": dict(nproc=1, cp=1, shard="none"), "cp 2": dict(nproc=2, cp
 CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n in (16384, 65536, 262144)
          for lay in LAYOUTS]
 QUICK = [dict(preset="tiny", seq_len=4096, layout="1 rank")]
+STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exist from the first step's end)
 
 
 def spec_of(case: dict) -> dict:
@@ -50,7 +53,7 @@ def child(spec: dict) -> dict:
     (x @ x).sum().backward()
     base = _rss()
     gb = spec["nproc"] // spec["cp"]
-    cfg = TrainConfig(data=spec["data"], out=spec["out"], preset=spec["preset"], seq_len=spec["seq_len"], steps=1,
+    cfg = TrainConfig(data=spec["data"], out=spec["out"], preset=spec["preset"], seq_len=spec["seq_len"], steps=STEPS,
                       global_batch=gb, cp=spec["cp"], nproc=spec["nproc"], checkpointing=spec["checkpointing"],
                       shard=spec.get("shard", "none"), attention=spec.get("attention"), precision="fp32", save_every=0, warmup=1,
                       progress=False)
@@ -59,8 +62,8 @@ def child(spec: dict) -> dict:
     records = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     from lcft.plan.plan import cpu_threads
 
-    return {"base": base, "peak": records[0]["peak_mem"], "first_step_peak": records[0]["peak_mem"],
-            "threads": cpu_threads(spec["nproc"]), "seconds": time.perf_counter() - t0}
+    return {"base": base, "peak": records[-1]["peak_mem"], "first_step_peak": records[0]["peak_mem"],
+            "steps": len(records), "threads": cpu_threads(spec["nproc"]), "seconds": time.perf_counter() - t0}
 
 
 def planned(spec: dict) -> int:
@@ -100,8 +103,10 @@ def prepare(root: Path, length: int) -> str:
 
 def _row(case: dict, m: dict) -> str:
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
+    first = m.get("first_step_peak", m["peak"]) - m["base"]
     return (f"| {case['preset']} | {case['seq_len'] // 1024}K | {case['layout']} | {want / 2**20:,.0f} | "
-            f"{got / 2**20:,.0f} | {want / got:.2f} | {m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
+            f"{first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
+            f"{m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
 
 
 def _cpu() -> str:
@@ -114,8 +119,9 @@ def _record(case: dict, m: dict) -> None:
     """Add (or replace) one measured case in benchmarks/plan_cases.json."""
     rows = json.loads(RECORD.read_text()) if RECORD.exists() else []
     rows = [r for r in rows if {k: r[k] for k in case} != case]
-    rows.append({**case, "base": m["base"], "peak": m["peak"], "threads": m["threads"],
-                 "step_s": round(m["seconds"], 1), "cpu": _cpu()})
+    rows.append({**case, "base": m["base"], "peak": m["peak"], "first_step_peak": m["first_step_peak"],
+                 "steps": m["steps"], "threads": m["threads"], "run_s": round(m["seconds"], 1),
+                 "cpu": _cpu()})
     RECORD.write_text(json.dumps(rows, indent=1) + "\n")
 
 
@@ -132,12 +138,13 @@ def main() -> int:
     if args.case:
         print(json.dumps(child(json.loads(args.case))))
         return 0
-    print("| preset | tokens | layout | planned MiB | measured MiB | planned/measured | run s | CPU |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| preset | tokens | layout | planned MiB | first step MiB | steps | measured MiB (last step) | "
+          "planned/measured | run s | CPU |")
+    print("|---" * 10 + "|")
     if args.table:
         rows = json.loads(RECORD.read_text())
         for r in rows:
-            print(_row({k: r[k] for k in ("preset", "seq_len", "layout")}, {**r, "seconds": r["step_s"]}))
+            print(_row({k: r[k] for k in ("preset", "seq_len", "layout")}, {**r, "seconds": r.get("run_s", r.get("step_s"))}))
         return 0
     cases = QUICK if args.quick else [c for c in CASES if not args.only or any(
         f"{c['preset']}:{c['seq_len']}:{c['layout']}".startswith(o) for o in args.only)]

@@ -39,11 +39,21 @@ CPU_LONG_TRANSIENT = 0.5
 fixed mmap threshold (lcft.train.memory) hands each freed whole-length buffer back at once, so the recompute's,
 the gradients' and the gathered K/V's buffers are not all resident together (measured 0.41-0.49, tiny preset at
 64K tokens, one rank, fsdp and cp on 2 ranks; 0.5 keeps the plan above the measurement)."""
+CPU_LONG_TRANSIENT_CP = 0.25
+"""CPU_LONG_TRANSIENT under cp > 1: what the last block's backward holds of the transient and the gathered K/V
+under cp is less than on one rank (measured, second step: tiny and small presets at 64K on cp 2, each 1.25 x
+its peak with 0.5, 1.00 and 1.08 with 0.25; the cause within that backward is not isolated)."""
 CPU_FSDP_HEAP_COPIES = 4
 """Below LONG_WINDOW tokens, the unsharded fp32 copies of the whole model an fsdp CPU rank's heap keeps after
 they are freed block by block: the parameters all-gathered in forward and again in backward, the unsharded
 gradients before their reduce-scatter, and gloo's staging copies (measured: small preset at 16K on 2 ranks,
 354 MiB above the plan without them = 3.7 x 4 B x P)."""
+CPU_LATER_STEP = 1
+"""Below LONG_WINDOW tokens, what a later step's peak holds beyond the other terms, in fp32 copies of the (local)
+parameters: fitted, cause not isolated (the heap as the first optimizer step leaves it; AdamW on CPU updates one
+parameter at a time, so its own temporaries are one parameter's). The plan describes a later step: the first
+one peaks in its backward, before AdamW's moments exist. Measured (benchmarks/plan.py, second step): small preset
+at 16K on one rank 132 MiB = 1.4 x 4 B x P above the plan without this term, 244 MiB above its own first step."""
 CPU_SPARSE_KERNEL = 96 << 20
 """Working memory of the chunked CPU attention kernel (the sparse backend, and every core under cp > 1) in
 backward beyond q, k, v and their gradients: measured 64-163 MiB at 4K-16K keys, tiny preset's heads."""
@@ -264,16 +274,23 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         # heap: the gradients, freed after every step and allocated again in the next backward; under fsdp every
         # block's unsharded fp32 buffers, freed block by block (CPU_FSDP_HEAP_COPIES).
         transient += CPU_FSDP_HEAP_COPIES * 4 * shape.params if lay.shard == "fsdp" else 4 * shape.params
+        local = -(-shape.params // lay.world) if lay.shard == "fsdp" else shape.params
+        transient += CPU_LATER_STEP * 4 * local
     if lay.offload_activations:
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
     kv = kv_bytes(shape, lay)
+    if lay.device == "cpu" and lay.seq_len < LONG_WINDOW:
+        # Fitted (tiny preset at 16K on cp 2: 70 MiB above the plan without it, 64 MiB of K/V): likely glibc's heap
+        # keeping the forward's gathered K/V while the recompute gathers them again; not isolated.
+        kv *= 2
     if lay.device == "cpu":
         long = lay.seq_len >= LONG_WINDOW
         runtime = (CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
                    + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0)
                    + (0 if long else CPU_THREAD * (lay.threads - 1)))
         if long:
-            transient, kv = int(CPU_LONG_TRANSIENT * transient), int(CPU_LONG_TRANSIENT * kv)
+            share = CPU_LONG_TRANSIENT_CP if lay.cp > 1 else CPU_LONG_TRANSIENT
+            transient, kv = int(share * transient), int(share * kv)
         margin = 0
     else:
         runtime = CUDA_RUNTIME + (CUDA_NCCL if lay.world > 1 else 0)
@@ -315,12 +332,17 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                           + (f" + {CPU_THREAD >> 20} MiB x {lay.threads - 1} threads beyond the first"
                              if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
         if lay.seq_len >= LONG_WINDOW:
-            out["transient"] += (f"\nmeasured factor: x {CPU_LONG_TRANSIENT} on CPU from {LONG_WINDOW:,} tokens "
-                                 "(freed buffers go back to the OS at once)")
-            out["kv"] += f"\nmeasured factor: x {CPU_LONG_TRANSIENT} on CPU from {LONG_WINDOW:,} tokens"
+            share = CPU_LONG_TRANSIENT_CP if lay.cp > 1 else CPU_LONG_TRANSIENT
+            out["transient"] += (f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens "
+                                 f"{'under cp ' if lay.cp > 1 else ''}(freed buffers go back to the OS at once)")
+            out["kv"] += f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens"
         else:
+            if lay.cp > 1:
+                out["kv"] += (f"\nmeasured: x 2 on CPU below {LONG_WINDOW:,} tokens (fitted to a later step's "
+                              "peak; glibc keeps freed buffers in its heap)")
             out["transient"] += ("\nmeasured: + the recompute and the gradients again on CPU below "
-                                 f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap)"
+                                 f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap), + 4 B x {per} "
+                                 "fitted to a later step's peak"
                                  + (f"; fsdp: {CPU_FSDP_HEAP_COPIES} unsharded fp32 copies of the model"
                                     if lay.shard == "fsdp" else ""))
         out["margin"] = "none on CPU: the constants above are measured"

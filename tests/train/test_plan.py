@@ -22,14 +22,10 @@ from lcft.train.step import LossModel
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan.py"
 RECORDED = json.loads((BENCH.parent / "plan_cases.json").read_text())
 # Recorded cases the plan over-estimates by more than 10% (docs/plan.md, Accuracy), each with the bound it is held
-# to; all from 64K, where freed buffers go back to the OS at once. Each run records its first step, whose peak
-# (RSS sampled every 2 s) is in the backward, before AdamW creates its moments: the plan's total is a later
-# step's and counts them (8P = 192 MiB on small, P = 25M, half on a rank of fsdp 2; 25 MiB on tiny), and all
-# gradients (only the last block's exist then). cp 2 besides: the small run's peak is 340 MiB above its end of
-# forward where the plan counts 833 MiB (moments, gradients, 0.5 x the block transient and gathered K/V; that
-# share was measured on one rank and fsdp): the last block's attention backward holds less than the formulas count.
-OVER_ESTIMATED = {("tiny", 65536, "cp 2"): 1.25, ("small", 65536, "cp 2"): 1.45, ("small", 65536, "1 rank"): 1.20,
-                  ("small", 65536, "fsdp 2"): 1.15}
+# to. tiny at 16K on fsdp 2: 1.15 against its second step of 2026-12-02 (902 MiB); the same case's first step
+# measured 992 MiB on 2026-12-01 on a loaded machine and 872 MiB here: the heap two ranks leave varies by more
+# than the 10% band, and the fsdp heap term fitted to small (CPU_FSDP_HEAP_COPIES) keeps the higher figure.
+OVER_ESTIMATED = {("tiny", 16384, "fsdp 2"): 1.20}
 runner = CliRunner()
 
 SHAPES = {
@@ -113,8 +109,9 @@ def test_estimate_within_25_percent_of_measured_rss(case: tuple[str, int, str], 
 
 @pytest.mark.parametrize("case", RECORDED, ids=lambda c: f"{c['preset']}-{c['seq_len'] // 1024}K-{c['layout']}")
 def test_recorded_cpu_runs_stay_within_the_plans_bounds(case: dict) -> None:
-    """The measured peak of every recorded run (benchmarks/plan_cases.json) against today's formulas: within
-    10%, and never more than 5% under the measurement."""
+    """The measured peak of every recorded run (benchmarks/plan_cases.json; a later step's, as a plan describes)
+    against today's formulas: within 10%, and never more than 5% under the measurement."""
+    assert case["steps"] >= 2, case  # a first step peaks before AdamW's moments exist
     sys.path.insert(0, str(BENCH.parent))
     import plan as bench
 
