@@ -43,6 +43,18 @@ CPU_LONG_TRANSIENT_CP = 0.25
 """CPU_LONG_TRANSIENT under cp > 1: what the last block's backward holds of the transient and the gathered K/V
 under cp is less than on one rank (measured, second step: tiny and small presets at 64K on cp 2, each 1.25 x
 its peak with 0.5, 1.00 and 1.08 with 0.25; the cause within that backward is not isolated)."""
+CPU_LONG_GROWTH = 1 / 6
+"""The long-window shares above grow with the window as (tokens / LONG_WINDOW) ** this, capped at 1: tiny preset on
+one rank, second step, needs 0.46 at 64K and 0.63 at 256K (0.5 x 4 ** (1/6) = 0.63). Fitted to that one 256K case;
+beyond it the growth is an extrapolation on the safe side."""
+
+
+def long_share(lay: Layout) -> float:
+    """The share of the block transient and cp K/V a CPU step's peak holds from LONG_WINDOW tokens on."""
+    base = CPU_LONG_TRANSIENT_CP if lay.cp > 1 else CPU_LONG_TRANSIENT
+    return min(1.0, base * (lay.seq_len / LONG_WINDOW) ** CPU_LONG_GROWTH)
+
+
 CPU_FSDP_HEAP_COPIES = 4
 """Below LONG_WINDOW tokens, the unsharded fp32 copies of the whole model an fsdp CPU rank's heap keeps after
 they are freed block by block: the parameters all-gathered in forward and again in backward, the unsharded
@@ -289,7 +301,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
                    + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0)
                    + (0 if long else CPU_THREAD * (lay.threads - 1)))
         if long:
-            share = CPU_LONG_TRANSIENT_CP if lay.cp > 1 else CPU_LONG_TRANSIENT
+            share = long_share(lay)
             transient, kv = int(share * transient), int(share * kv)
         margin = 0
     else:
@@ -332,7 +344,7 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                           + (f" + {CPU_THREAD >> 20} MiB x {lay.threads - 1} threads beyond the first"
                              if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
         if lay.seq_len >= LONG_WINDOW:
-            share = CPU_LONG_TRANSIENT_CP if lay.cp > 1 else CPU_LONG_TRANSIENT
+            share = f"{long_share(lay):.2f}"
             out["transient"] += (f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens "
                                  f"{'under cp ' if lay.cp > 1 else ''}(freed buffers go back to the OS at once)")
             out["kv"] += f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens"
