@@ -56,7 +56,8 @@ def cpu_describe() -> str:
                 break
     cap = torch.backends.cpu.get_cpu_capability()
     bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
-    return f"{name or 'unknown CPU'} ({cap}, {bf16})"
+    amx = ", AMX" if "amx_bf16" in _cpuinfo_flags() else ""  # torch's capability reports AMX CPUs as AVX512
+    return f"{name or 'unknown CPU'} ({cap}, {bf16}{amx})"
 
 
 def choose_precision(requested: PrecisionChoice, cpu: bool) -> tuple[Precision, str | None]:
