@@ -58,10 +58,28 @@ else
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q "$TORCH_SPEC"  # pulls the matching triton and CUDA runtime wheels
 fi
-if ! "$VENV/bin/pip" install -q "${pip_from[@]}" -e '.[kernels,test]'; then
-  [ ${#pip_from[@]} -eq 0 ] ||
+if [ ${#pip_from[@]} -eq 0 ]; then
+  "$VENV/bin/pip" install -q -e '.[kernels,test]' || exit 1
+else
+  # The wheelhouse holds the pinned closure of what lcft and its tests need beyond the node's torch: installed as
+  # pinned, without resolving torch's own requirements (a node's torch may name CUDA wheels that its system
+  # libraries stand in for), then pip check for what lcft's own packages still miss.
+  req="$WHEELHOUSE/requirements.txt"
+  [ -f "$req" ] || { say "$WHEELHOUSE/ has no requirements.txt: rebuild it with make wheelhouse."; exit 1; }
+  if ! "$VENV/bin/pip" install -q "${pip_from[@]}" --no-deps -r "$req" ||
+     ! "$VENV/bin/pip" install -q "${pip_from[@]}" --no-deps -e .; then
     say "pip found no wheel in $WHEELHOUSE/ for something $PY lacks: add its pin to constraints.txt, make wheelhouse."
-  exit 1
+    exit 1
+  fi
+  ours=$( (echo lcft; sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' "$req") | sed 's/[_.]/-/g' | tr 'A-Z\n' 'a-z ')
+  missing=$("$VENV/bin/pip" check 2>/dev/null | awk -v ours="$ours" 'BEGIN { n = split(ours, a, " ");
+    for (i = 1; i <= n; i++) keep[a[i]] = 1 } { name = tolower($1); gsub(/[_.]/, "-", name) } keep[name]' || true)
+  if [ -n "$missing" ]; then
+    say "what lcft needs is not all here (the node's python must bring torch's needs, numpy and matplotlib;" \
+        "anything else: add its pin to constraints.txt, make wheelhouse):"
+    echo "$missing" >&2
+    exit 1
+  fi
 fi
 say "installed in $(( $(date +%s) - start )) s"
 [ "$install_only" = 1 ] && exit 0

@@ -128,29 +128,43 @@ def _repo_copy(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.slow
-def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(tmp_path):
-    """`gpu_check.sh --install-only` as on an offline node: a stand-in nvidia-smi, no index, no pip config."""
-    repo = _repo_copy(tmp_path / "repo")
+@pytest.fixture(scope="module")
+def offline_node(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
+    """(tmp folder, a clone with wheelhouse/, the environment of an offline node): a stand-in nvidia-smi on PATH,
+    no index, no pip config; PY = this test's python (its torch stands in for the node's CUDA torch)."""
+    tmp = tmp_path_factory.mktemp("node")
+    repo = _repo_copy(tmp / "repo")
     if (ROOT / "wheelhouse").is_dir():
         shutil.copytree(ROOT / "wheelhouse", repo / "wheelhouse")
     else:  # a fresh clone: build it (needs the package index, as `make wheelhouse` does)
         py = f"{sys.version_info[0]}.{sys.version_info[1]}"
         subprocess.run(["make", "-s", "wheelhouse", f"PY={sys.executable}", f"WHEEL_PYTHONS={py}"], cwd=repo,
                        check=True)
-    (tmp_path / "bin").mkdir()
-    smi = tmp_path / "bin" / "nvidia-smi"
+    (tmp / "bin").mkdir()
+    smi = tmp / "bin" / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in (no GPU here)'\n")
     smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
-    env |= {"PATH": f"{tmp_path / 'bin'}:{env['PATH']}", "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
+    env |= {"PATH": f"{tmp / 'bin'}:{env['PATH']}", "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
             "PY": sys.executable}
-    script = ["bash", "benchmarks/gpu_check.sh", "--install-only"]
+    return tmp, repo, env
+
+
+INSTALL = ["bash", "benchmarks/gpu_check.sh", "--install-only"]
+
+
+@pytest.mark.slow
+def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(offline_node):
+    """`gpu_check.sh --install-only` as on an offline node."""
+    tmp_path, repo, env = offline_node
     empty = tmp_path / "empty"
     empty.mkdir()
-    res = subprocess.run(script, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
-    assert res.returncode == 1 and "add its pin to constraints.txt" in res.stderr  # nothing else to install from
-    res = subprocess.run(script, cwd=repo, env=env, capture_output=True, text=True)
+    res = subprocess.run(INSTALL, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
+    assert res.returncode == 1 and "no requirements.txt" in res.stderr
+    shutil.copy2(repo / "wheelhouse" / "requirements.txt", empty)  # the pins, and no wheel to install them from
+    res = subprocess.run(INSTALL, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
+    assert res.returncode == 1 and "add its pin to constraints.txt" in res.stderr
+    res = subprocess.run(INSTALL, cwd=repo, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "stand-in" in res.stdout and "installed in" in res.stderr
     venv_py = repo / ".venv-gpu" / "bin" / "python"
@@ -158,3 +172,57 @@ def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(tmp_path):
     out = subprocess.run([str(venv_py), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert Path(out.stdout.strip()).is_relative_to(repo / "lcft")
     assert (repo / ".venv-gpu" / "bin" / "lcft").is_file()
+
+
+def _torch_closure() -> set[str]:
+    """torch, triton and what torch's metadata requires, installed here (CUDA packages left out)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen, todo = set(), ["torch", "triton"]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen or name.startswith(("nvidia-", "cuda-")):
+            continue
+        seen.add(name)
+        for text in importlib.metadata.requires(name) or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+@pytest.mark.slow
+def test_what_neither_the_node_nor_the_wheelhouse_brings_is_named(offline_node):
+    """A node python with torch and torch's own needs only, and a wheelhouse that lacks pyfaidx's pin: the install
+    names each package lcft still misses (pyfaidx; matplotlib and numpy where the interpreter below that python
+    has none) and exits 1, instead of a failure at the first import."""
+    tmp_path, repo, env = offline_node
+    base = tmp_path / "bare-python"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
+    site = next((base / "lib").glob("python3*/site-packages"))
+    for name in _torch_closure():
+        dist = importlib.metadata.distribution(name)
+        for root in {Path(str(f)).parts[0] for f in dist.files or []} - {".."}:
+            src = Path(str(dist.locate_file(root)))
+            if src.exists() and not (site / root).exists():
+                (site / root).symlink_to(src)
+    house = tmp_path / "wheelhouse-without-pyfaidx"
+    house.mkdir()
+    for wheel in (repo / "wheelhouse").glob("*.whl"):
+        (house / wheel.name).symlink_to(wheel)
+    pins = (repo / "wheelhouse" / "requirements.txt").read_text().splitlines()
+    (house / "requirements.txt").write_text("\n".join(ln for ln in pins if not ln.startswith("pyfaidx==")) + "\n")
+    shutil.copy2(repo / "wheelhouse" / "pythons", house)
+    venv = tmp_path / "venv-bare"
+    env = env | {"PY": str(base / "bin" / "python"), "VENV": str(venv), "WHEELHOUSE": str(house)}
+    res = subprocess.run(INSTALL, cwd=repo, env=env, capture_output=True, text=True)
+    # the venv also sees the interpreter's own site-packages (--system-site-packages): what it cannot import is missing
+    lacks = [m for m in ("pyfaidx", "matplotlib", "numpy")
+             if subprocess.run([venv / "bin" / "python", "-c", f"import {m}"], capture_output=True).returncode]
+    if "pyfaidx" not in lacks:
+        pytest.skip("this interpreter's own site-packages has pyfaidx")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "not all here" in res.stderr, res.stderr
+    for m in lacks:
+        assert f"requires {m}, which is not installed" in res.stderr, (m, res.stderr)

@@ -150,16 +150,18 @@ def read_tensors(ckpt: str | os.PathLike, names: list[str]) -> dict[str, torch.T
 def _load(dcp_state: dict[str, Any], ckpt: str | os.PathLike, no_dist: bool) -> None:
     """dcp.load through the restricted reader and planner; every failure is one LcftError (CheckpointException,
     which wraps each rank's error, derives from BaseException: an `except Exception` never sees it)."""
+    reader = SafeReader(str(_dcp_dir(ckpt)))
     try:
         with warnings.catch_warnings():  # DCP warns that it reads in one process: that is what no_dist asks
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(dcp_state, storage_reader=SafeReader(str(_dcp_dir(ckpt))), planner=SafePlanner(),
-                     no_dist=no_dist)
+            dcp.load(dcp_state, storage_reader=reader, planner=SafePlanner(), no_dist=no_dist)
     except CheckpointException as e:
-        raise _one_line(ckpt, e) from None
+        raise reader.refusal or _one_line(ckpt, e) from None
     except LcftError:
         raise
     except Exception as e:  # a missing key, a torn shard file, a shape that does not fit
+        if reader.refusal:
+            raise reader.refusal from None
         raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {str(e)[:300]})") from None
 
 

@@ -86,10 +86,17 @@ def _check(path: Path, md: Any) -> None:
 class SafeReader(FileSystemReader):
     """DCP's FileSystemReader with `read_metadata_file` in place of its plain pickle.load."""
 
+    refusal: LcftError | None = None
+    """The refusal read_metadata raised: torch before 2.13 catches it and fails with "metadata is None"."""
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_md.Metadata:
         if kwargs.get("rank") is not None:  # per-rank metadata files: lcft writes one .metadata only
             raise LcftError(f"{self.path}: per-rank DCP metadata is not read")
-        md = read_metadata_file(Path(self.path) / METADATA)
+        try:
+            md = read_metadata_file(Path(self.path) / METADATA)
+        except LcftError as e:
+            self.refusal = e
+            raise
         md.storage_meta = dcp_md.StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
