@@ -80,7 +80,7 @@ CUDA13_LIBS := nvidia-cublas==13.1.1.3 nvidia-cuda-cupti==13.0.85 nvidia-cuda-nv
 	nvidia-cudnn-cu13==9.24.0.43 nvidia-cufft==12.0.0.61 nvidia-cufile==1.15.1.6 nvidia-curand==10.4.0.35 \
 	nvidia-cusolver==12.0.4.66 nvidia-cusparse==12.6.3.3 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 \
 	nvidia-nvjitlink==13.4.92 nvidia-nvshmem-cu13==3.4.5 nvidia-nvtx==13.0.85 nvidia-cuda-runtime==13.5.37
-OLDEST_TESTS ?= -m "not slow and not distributed and not gpu" tests
+OLDEST_TESTS ?= -m "not gpu" tests
 test-oldest-torch:
 	test -x .venv-oldest/bin/python || $(PY) -m venv .venv-oldest
 	.venv-oldest/bin/pip install -q --no-deps $(OLDEST_TORCH) $(CUDA13_LIBS)
@@ -88,4 +88,4 @@ test-oldest-torch:
 	  | sed 's/^numpy==.*/$(OLDEST_NUMPY)/' > .venv-oldest/req.txt
 	.venv-oldest/bin/pip install -q --no-deps -r .venv-oldest/req.txt
 	.venv-oldest/bin/pip install -q --no-deps -e .
-	TRITON_INTERPRET=1 .venv-oldest/bin/python -m pytest -q $(OLDEST_TESTS)
+	TRITON_INTERPRET=1 .venv-oldest/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope $(OLDEST_TESTS)
