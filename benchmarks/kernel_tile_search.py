@@ -91,8 +91,8 @@ def recheck(row: dict) -> dict:
     params = tuple(row["chosen"]["params"])
     u = usage(arch, dtype, base.with_kernel(kernel, *params), kernel)
     checked = {**row.get("checked", {}), ver: u}
-    if clean(u, arch):
-        return {**row, "checked": checked, "clean": True}
+    if clean(u, arch):  # clean only when clean under every triton it was compiled with
+        return {**row, "checked": checked, "clean": all(clean(x, arch) for x in checked.values())}
     note = f"{params}: {u['regs']} registers, {u['spill']} B/thread spilled with triton {ver}"
     rejected = "; ".join(filter(None, [row.get("rejected"), note]))
     # A candidate one triton rejected is never taken again, so alternating runs end.
@@ -128,7 +128,10 @@ def write_table(rows: list[dict]) -> None:
             chosen.setdefault(key, {})[r["kernel"]] = tuple(r["chosen"]["params"])
         if not r["clean"]:
             c = r["chosen"]
+            per = "; ".join(f"triton {v}: {u['regs']} registers, {u['spill']} B/thread spilled"
+                            for v, u in sorted(r.get("checked", {}).items()))
             no_clean.setdefault(key, {})[r["kernel"]] = r.get("no_clean") or (
+                f"no candidate is clean under both tritons; kept {tuple(c['params'])}: {per}" if per else
                 f"{r['tried']} candidates; least: {c['regs']} registers, {c['spill']} B/thread spilled")
     lines = TABLE.read_text().split("CHOSEN")[0].splitlines()
     head = "\n".join(line for line in lines if not line.startswith("#")).rstrip("\n")
@@ -216,7 +219,8 @@ def _recheck_all(args, archs) -> int:
 
     rows, ver = load(), triton.__version__
     index = {_key(r): i for i, r in enumerate(rows)}
-    todo = [r for r in rows if (ver not in r.get("checked", {}) or not r["clean"]) and tuple(r["arch"]) in archs
+    todo = [r for r in rows if (ver not in r.get("checked", {}) or not r["clean"]
+                                or not all(map(_clean_usage, r["checked"].values()))) and tuple(r["arch"]) in archs
             and r["dtype"] in (args.dtype or DEFAULT_DTYPES) and (not args.block or r["block"] in args.block)
             and (not args.kernel or r["kernel"] in args.kernel)]
     print(f"{len(todo)} choices to compile with triton {ver}", flush=True)
