@@ -71,9 +71,12 @@ else
     say "pip found no wheel in $WHEELHOUSE/ for something $PY lacks: add its pin to constraints.txt, make wheelhouse."
     exit 1
   fi
-  ours=$( (echo lcft; sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' "$req") | sed 's/[_.]/-/g' | tr 'A-Z\n' 'a-z ')
-  missing=$("$VENV/bin/pip" check 2>/dev/null | awk -v ours="$ours" 'BEGIN { n = split(ours, a, " ");
-    for (i = 1; i <= n; i++) keep[a[i]] = 1 } { name = tolower($1); gsub(/[_.]/, "-", name) } keep[name]' || true)
+  report=$("$VENV/bin/pip" check 2>/dev/null || true)  # exit 1 whenever anything in reach misses something
+  missing=$(printf '%s\n' "$report" | "$VENV/bin/python" -c '
+import re, sys
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+ours = {"lcft"} | {norm(line.split("==")[0]) for line in open(sys.argv[1]) if "==" in line}
+print("".join(line for line in sys.stdin if line.split() and norm(line.split()[0]) in ours), end="")' "$req")
   if [ -n "$missing" ]; then
     say "what lcft needs is not all here (the node's python must bring torch's needs, numpy and matplotlib;" \
         "anything else: add its pin to constraints.txt, make wheelhouse):"

@@ -76,14 +76,14 @@ def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
     assert res.returncode == 2 and "no CUDA" in res.stderr and not (tmp_path / "o").exists()
 
 
-def _needed_distributions() -> set[str]:
-    """Every distribution lcft[kernels,test] needs, as installed here, walked through their metadata; CUDA
-    packages (nvidia-*, cuda-*) are named but not walked: a CUDA torch in a CPU venv runs without most of them."""
+def _closure(roots: list[tuple[str, str]]) -> set[str]:
+    """Every distribution the (requirement, extra) roots need, as installed here, walked through their metadata;
+    CUDA packages (nvidia-*, cuda-*) are named but not walked: a CUDA torch in a CPU venv runs without most of them."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     seen: set[str] = set()
-    todo = [(r, extra) for extra in ("", "kernels", "test", "dev") for r in importlib.metadata.requires("lcft") or []]
+    todo = list(roots)
     while todo:
         text, extra = todo.pop()
         req = Requirement(text)
@@ -97,6 +97,12 @@ def _needed_distributions() -> set[str]:
             continue
         todo += [(r, e) for e in [""] + sorted(req.extras) for r in importlib.metadata.requires(name) or []]
     return seen
+
+
+def _needed_distributions() -> set[str]:
+    """Every distribution lcft[kernels,test] needs (lcft's extras "", kernels, test, dev)."""
+    lcft = importlib.metadata.requires("lcft") or []
+    return _closure([(r, extra) for extra in ("", "kernels", "test", "dev") for r in lcft])
 
 
 def _constraints() -> dict[str, bool]:
@@ -174,24 +180,6 @@ def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(offline_node
     assert (repo / ".venv-gpu" / "bin" / "lcft").is_file()
 
 
-def _torch_closure() -> set[str]:
-    """torch, triton and what torch's metadata requires, installed here (CUDA packages left out)."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    seen, todo = set(), ["torch", "triton"]
-    while todo:
-        name = canonicalize_name(todo.pop())
-        if name in seen or name.startswith(("nvidia-", "cuda-")):
-            continue
-        seen.add(name)
-        for text in importlib.metadata.requires(name) or []:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return seen
-
-
 @pytest.mark.slow
 def test_what_neither_the_node_nor_the_wheelhouse_brings_is_named(offline_node):
     """A node python with torch and torch's own needs only, and a wheelhouse that lacks pyfaidx's pin: the install
@@ -201,7 +189,9 @@ def test_what_neither_the_node_nor_the_wheelhouse_brings_is_named(offline_node):
     base = tmp_path / "bare-python"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
     site = next((base / "lib").glob("python3*/site-packages"))
-    for name in _torch_closure():
+    for name in _closure([("torch", ""), ("triton", "")]):  # torch, triton and torch's own needs
+        if name.startswith(("nvidia-", "cuda-")):
+            continue
         dist = importlib.metadata.distribution(name)
         for root in {Path(str(f)).parts[0] for f in dist.files or []} - {".."}:
             src = Path(str(dist.locate_file(root)))
