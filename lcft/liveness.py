@@ -73,6 +73,11 @@ class Heartbeat:
         me = {"node": None if node is None else int(node), "host": socket.gethostname(), "pid": os.getpid()}
         self.store.set(f"{self.prefix}/who/{rank}", json.dumps(me))
         self.peers: dict[int, Peer] = {}
+        try:  # who is where, read before the first step: a store that dies with rank 0 can tell it no later
+            self.store.wait([f"{self.prefix}/who/{r}" for r in range(world)], timedelta(seconds=60))
+            self.peers = {r: self._peer(r) for r in range(world)}
+        except Exception:  # a rank slow to start: the beat below reads who is where as it comes
+            pass
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lcft-heartbeat", daemon=True)
         self._thread.start()
