@@ -259,8 +259,8 @@ def document() -> str:
              "file differs from what it writes). Each row is the model's published `config.json` read by lcft's "
              "own reader (`lcft.model.hf`, as transformers reads it), and each layout is what `lcft plan` "
              f"(`lcft.plan.plan.pick`) gives for one node of {NPROC} GPUs from `{BASE_FLAGS}`: the layout as given "
-             "when it fits, else the first change set it lists (fewest changes, then least memory). 141GB is "
-             "141 x 10^9 bytes = 131.32 GiB (an H200).", "",
+             "when it fits, else the first change set it lists (the cheapest in step time, compared by its costliest "
+             "change). 141GB is 141 x 10^9 bytes = 131.32 GiB (an H200).", "",
              "| model | class (model_type / architectures) | tokenizer | native context (max_position_embeddings) "
              "| rope_theta | shape as lcft reads it |", "|---|---|---|---|---|---|"]
     lines += [model_row(m, model, refusal) for m, model, _, refusal in models]

@@ -7,7 +7,7 @@ high-water mark) minus that process's RSS after the imports (what no plan counts
 second step is the one a plan describes: the first step's backward, its peak, runs before AdamW creates its
 moments (8 B per parameter), every later one with them. The first step's figure is kept too. The estimate is
 `lcft.plan.estimate` with device cpu. Results go to benchmarks/plan_cases.json (--record; a case recorded before
-the second step was measured has steps 1), which tests/train/test_plan.py checks against the current formulas.
+the second step was measured has steps 1), which tests/plan/test_plan.py checks against the current formulas.
 `--quick` runs the tiny preset at 4K only.
 """
 

@@ -96,6 +96,9 @@ class Option:
 
 
 def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
+    """The single changes that shrink `lay`, in the order `lcft plan` prefers them, least step time lost first:
+    one sequence per micro-batch, one block recomputed, the smallest cp that divides the world (K/V traffic
+    grows with cp), streamed K/V, parameters all-gathered per block, then host offloads (PCIe every block)."""
     block = model.attention.sparse.block_size
     if lay.micro_batch > 1:
         yield Option("--micro-batch 1", {"micro_batch": 1})
@@ -124,26 +127,26 @@ def _valid(lay: Layout) -> bool:
 
 def fitting_layouts(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5
                     ) -> list[tuple[str, Layout, Estimate]]:
-    """Up to `limit` sets of at most three changes (fewest first, then least memory) under which `lay` fits
-    in `budget` bytes per GPU, as (flags, changed layout, estimate); a set that contains a smaller fitting set
-    is not listed."""
+    """Up to `limit` sets of at most three changes under which `lay` fits in `budget` bytes per GPU, as (flags,
+    changed layout, estimate), cheapest first: sets are compared by their costliest change (`_options`' order),
+    then by the next, so `--cp 8 --shard fsdp` comes before a host offload and a set before itself plus more; a
+    set containing a smaller fitting set is not listed."""
     opts = list(_options(lay, model))
-    found: list[tuple[frozenset[str], str, Layout, Estimate]] = []
+    found: list[tuple[tuple[int, ...], str, Layout, Estimate]] = []
     for size in (1, 2, 3):
-        for combo in itertools.combinations(opts, size):
-            keys_set = [k for o in combo for k in o.changes]
+        for combo in itertools.combinations(range(len(opts)), size):
+            keys_set = [k for i in combo for k in opts[i].changes]
             if len(keys_set) != len(set(keys_set)):
                 continue  # two options setting the same thing (two --cp values; offload implying a mode)
-            keys = frozenset(o.flags for o in combo)
-            if any(prev <= keys for prev, _, _, _ in found):
+            if any(set(prev) <= set(combo) for prev, _, _, _ in found):
                 continue
-            changed = with_changes(lay, **{k: v for o in combo for k, v in o.changes.items()})
+            changed = with_changes(lay, **{k: v for i in combo for k, v in opts[i].changes.items()})
             if not _valid(changed):
                 continue
             est = estimate(model, changed)
             if est.total <= budget:
-                found.append((keys, " ".join(o.flags for o in combo), changed, est))
-    found.sort(key=lambda f: (len(f[0]), f[3].total))
+                found.append((combo[::-1], " ".join(opts[i].flags for i in combo), changed, est))
+    found.sort(key=lambda f: f[0])  # costliest change first, then the next (a prefix sorts first)
     return [(flags, changed, est) for _, flags, changed, est in found[:limit]]
 
 
