@@ -29,11 +29,12 @@ imports (measured at 512-2K tokens on the tiny preset; benchmarks/plan.py)."""
 CPU_PROCESS_GROUP = 64 << 20
 """A CPU rank of a multi-process run: torch.distributed, gloo and the launcher's state (measured: DDP on 2
 ranks against one process at 4K tokens, tiny preset)."""
-CPU_THREAD = 128 << 20
-"""Below LONG_WINDOW tokens, each compute thread of a CPU process beyond its first: glibc's per-thread malloc arena
-keeps what the thread's share of the matmuls and of the attention kernel's per-head workers freed (measured:
-118-154 MiB at 16K tokens, tiny and small presets, 2 threads against 1; from LONG_WINDOW on, the fixed mmap
-threshold returns those buffers)."""
+CPU_THREAD_SHARE = 0.1
+"""Below LONG_WINDOW tokens, what each compute thread of a CPU process beyond its first adds, as a share of the
+block transient: glibc's per-thread malloc arena keeps what that thread's share of the block's matmuls and attention
+workers freed (measured, second step, 2 threads against 1 on an idle machine: tiny at 2K +6 MiB, tiny at 16K -38
+to +2 MiB, small at 16K +21 to +120 MiB, against transients of 70, 570 and 1,190 MiB; from LONG_WINDOW on, the
+fixed mmap threshold returns those buffers)."""
 CPU_LONG_TRANSIENT = 0.5
 """From LONG_WINDOW tokens on, the share of the formula's block transient and cp K/V a CPU step's peak holds: the
 fixed mmap threshold (lcft.train.memory) hands each freed whole-length buffer back at once, so the recompute's,
@@ -304,7 +305,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         long = lay.seq_len >= LONG_WINDOW
         runtime = (CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
                    + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0)
-                   + (0 if long else CPU_THREAD * (lay.threads - 1)))
+                   + (0 if long else int(CPU_THREAD_SHARE * transient) * (lay.threads - 1)))
         if long:
             share = long_share(lay)
             transient, kv = int(share * transient), int(share * kv)
@@ -346,8 +347,8 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                              else "")
                           + (f" + {CPU_SPARSE_KERNEL >> 20} MiB chunked attention kernel" if shape.sparse or lay.cp > 1
                              else "")
-                          + (f" + {CPU_THREAD >> 20} MiB x {lay.threads - 1} threads beyond the first"
-                             if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
+                          + (f" + {CPU_THREAD_SHARE} x the block transient x {lay.threads - 1} threads beyond "
+                             "the first" if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
         if lay.seq_len >= LONG_WINDOW:
             share = f"{long_share(lay):.2f}"
             out["transient"] += (f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens "
