@@ -24,13 +24,20 @@ def sparse_pairs(length: int, block: int, budget: int) -> int:
     return sum((min(i + 1, budget) - 1) * block * block + block * (block + 1) // 2 for i in range(n))
 
 
-def timed(fn, repeat: int) -> float:
-    """Median seconds of fn() over `repeat` runs, after one warm-up, with CUDA events."""
+def timed(fn, repeat: int, device: str = "cuda") -> float:
+    """Median seconds of fn() over `repeat` runs, after one warm-up, with CUDA events (the wall clock on CPU)."""
+    import time
+
     import torch
 
     fn()
     times = []
     for _ in range(repeat):
+        if device == "cpu":
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

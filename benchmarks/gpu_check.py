@@ -41,11 +41,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plan-length", default="1M", help="length laid out by `lcft plan` for one GPU ('' = skip)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repeats per attention case")
     ap.add_argument("--dense-max", default="512K", help="longest length dense attention is timed at (budget)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a rehearsal of the same code at small sizes (Triton under TRITON_INTERPRET=1), "
+                         "without the GPU tests or the plan's 1M step; nothing it measures is a GPU figure")
+    ap.add_argument("--preset", default=None, help="model of the timed train steps (default 1b; tiny on cpu)")
     args = ap.parse_args(argv)
     if args.quick and args.full:
         ap.error("--quick and --full exclude each other")
+    if args.device == "cpu":  # a rehearsal: every step of the run, at sizes a CPU finishes in seconds
+        args.attention, args.train = args.attention or "256", args.train or "1K"
+        args.preset, args.plan_length, args.skip_tests = args.preset or "tiny", "", True
     args.attention = args.attention or ("32K,128K,512K,1M" if args.full else "32K,128K")
     args.train = args.train or ("128K,1M" if args.full else "128K")
+    args.preset = args.preset or "1b"
     return args
 
 
@@ -102,7 +110,7 @@ def dense_attention(q, k, v):
         return "SDPA flash (K/V repeated)", (q, kr, vr), lambda: sdpa(q, kr, vr, gqa=False)
 
 
-def bench_attention(length: int, repeat: int, dense_max: int) -> dict:
+def bench_attention(length: int, repeat: int, dense_max: int, device: str = "cuda") -> dict:
     """Triton sparse fwd+bwd vs dense (flash-attn, else SDPA's flash) fwd+bwd, bf16, the 1b preset's heads at D=128."""
     import torch
     from attention_gpu import BLOCK, DIM, HKV, HQ, LOCAL, SINK, TOP_K, causal_pairs, sparse_pairs, timed
@@ -110,8 +118,8 @@ def bench_attention(length: int, repeat: int, dense_max: int) -> dict:
     from lcft.kernels import SparseSpec, select_blocks, sparse_attention_with_indices
 
     spec = SparseSpec(block_size=BLOCK, top_k=TOP_K, local_blocks=LOCAL, sink_blocks=SINK)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(1, h, length, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, dout = (torch.randn(1, h, length, DIM, device=device, dtype=torch.bfloat16, generator=gen)
                      for h in (HQ, HKV, HKV, HQ))
     q, k, v = q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     idx = select_blocks(q.detach(), k.detach(), spec)
@@ -119,12 +127,13 @@ def bench_attention(length: int, repeat: int, dense_max: int) -> dict:
                                 (q, k, v), dout)
     finite = all(bool(torch.isfinite(g).all()) for g in grads)
     t_s = timed(lambda: torch.autograd.grad(
-        sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton"), (q, k, v), dout), repeat)
+        sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton"), (q, k, v), dout), repeat,
+        device)
     name, t_d = "dense", float("nan")
     if length <= dense_max:
         try:
             name, inputs, dense = dense_attention(q, k, v)
-            t_d = timed(lambda: torch.autograd.grad(dense(), inputs, dout), repeat)
+            t_d = timed(lambda: torch.autograd.grad(dense(), inputs, dout), repeat, device)
         except torch.OutOfMemoryError:
             pass
     sp, dp = sparse_pairs(length, BLOCK, spec.budget), causal_pairs(length)
@@ -135,8 +144,9 @@ def bench_attention(length: int, repeat: int, dense_max: int) -> dict:
     return row
 
 
-def bench_train(length: int, checkpointing: str = "block", offload: bool = False, warmup: bool = True) -> dict:
-    """A 1b-preset step (sparse attention, chunked CE, bf16 autocast, AdamW): time, tokens/s, MFU, peak memory.
+def bench_train(length: int, checkpointing: str = "block", offload: bool = False, warmup: bool = True,
+                device: str = "cuda", preset: str = "1b") -> dict:
+    """A `preset` step (sparse attention, chunked CE, bf16 autocast, AdamW): time, tokens/s, MFU, peak memory.
     With warmup, the second step is timed; without it the first (the optimizer state's allocation included)."""
     import torch
     from attention_gpu import sparse_pairs
@@ -144,41 +154,46 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     import lcft.model as lm
     from lcft.kernels import SparseSpec, chunked_cross_entropy
     from lcft.parallel.activations import apply_activation_checkpointing
+    from lcft.train.metrics import peak_memory_bytes
 
-    cfg = lm.preset("1b")
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = lm.preset(preset)
     cfg.vocab_size = 16
     cfg.attention = lm.AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=128, top_k=16))
     torch.manual_seed(0)
-    model = lm.Llama(cfg).cuda()
+    model = lm.Llama(cfg).to(device)
     apply_activation_checkpointing(model, checkpointing, offload=offload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    ids = torch.randint(4, 8, (1, length), device="cuda")
-    labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100, device="cuda")], 1)
+    ids = torch.randint(4, 8, (1, length), device=device)
+    labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100, device=device)], 1)
 
     def step() -> tuple[float, float]:
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             loss_sum, count = chunked_cross_entropy(model.hidden_states(ids), model.lm_head_weight, labels)
         loss = loss_sum / count
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t0, loss.item()
 
     if warmup:
         step()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     seconds, loss = step()
     n_params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     attn = 12 * cfg.num_hidden_layers * heads * d * sparse_pairs(length, 128, cfg.attention.sparse.budget)
-    peak = next((v for name, v in PEAK_BF16.items() if name in torch.cuda.get_device_name()), None)
-    row = {"length": length, "step_s": seconds, "tokens_per_s": length / seconds, "loss": loss,
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    peak = next((v for fragment, v in PEAK_BF16.items() if fragment in name), None)
+    row = {"length": length, "preset": preset, "step_s": seconds, "tokens_per_s": length / seconds, "loss": loss,
            "finite": loss == loss and abs(loss) != float("inf"),
            "mfu": (6 * n_params * length + attn) / seconds / peak if peak else None,  # 4·D fwd + 8·D bwd per pair
-           "peak_gib": torch.cuda.max_memory_allocated() / GIB}
+           "peak_gib": peak_memory_bytes(torch.device(device)) / GIB}
     print(json.dumps(row), flush=True)
     return row
 
@@ -218,6 +233,10 @@ def bench_plan(length: int) -> dict:
         return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
 
 
+def _size(n: int) -> str:
+    return f"{n // K}K" if n >= K and n % K == 0 else str(n)
+
+
 def _yes(ok: bool | None) -> str:
     return "" if ok is None else "yes" if ok else "NO"
 
@@ -228,9 +247,9 @@ def _attention_rows(res: dict) -> list[str]:
         ratio = r["sparse_tflops"] / r["dense_tflops"] if r["dense_ms"] == r["dense_ms"] else None
         vs = (f"{r['dense']}: {r['dense_tflops']:.0f} TFLOP/s, {r['dense_ms']:.1f} ms; sparse = {100 * ratio:.0f}%"
               if ratio is not None else "dense not timed")
-        target = r["length"] == min(longest, 128 * K)
+        target = r["length"] == min(longest, 128 * K) and not res.get("rehearsal")
         met = ratio is not None and ratio >= TARGET_SPARSE_VS_FLASH and r["finite"] if target else None
-        out.append(f"| sparse attention f+b (Triton, bf16) | {r['length'] // K}K | {r['sparse_tflops']:.0f} TFLOP/s, "
+        out.append(f"| sparse attention f+b (Triton, bf16) | {_size(r['length'])} | {r['sparse_tflops']:.0f} TFLOP/s, "
                    f"{r['sparse_ms']:.1f} ms | {vs} | {'>= 50% of flash' if target else ''} | {_yes(met)} |")
     return out
 
@@ -239,12 +258,12 @@ def _train_rows(res: dict) -> list[str]:
     out = []
     for r in res["train"]:
         if "error" in r:
-            out.append(f"| 1b train step | {r['length'] // K}K | {r['error']} | | | NO |")
+            out.append(f"| {r.get('preset', '1b')} train step | {_size(r['length'])} | {r['error']} | | | NO |")
             continue
         mfu = f"MFU {100 * r['mfu']:.0f}%" if r.get("mfu") is not None else "MFU n/a (unknown GPU peak)"
         target = r["length"] == 128 * K
         met = r.get("mfu") is not None and r["mfu"] >= TARGET_MFU and r["finite"] if target else None
-        out.append(f"| 1b train step (sparse, block checkpointing, bf16) | {r['length'] // K}K | "
+        out.append(f"| {r.get('preset', '1b')} train step (sparse, block checkpointing, bf16) | {_size(r['length'])} | "
                    f"{r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_gib']:.1f} GiB | {r['step_s']:.2f} s/step "
                    f"| {'>= 35% MFU' if target else ''} | {_yes(met)} |")
     return out
@@ -254,7 +273,7 @@ def _plan_row(res: dict) -> list[str]:
     r = res.get("plan")
     if not r:
         return []
-    head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {r['length'] // K}K | "
+    head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {_size(r['length'])} | "
     if "error" in r:
         return [head + f"does not fit: {r['error']} | plan {r['plan_gib']:.1f} GiB | fits one 141 GiB GPU | NO |"]
     return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB, {r['step_s']:.1f} s/step | "
@@ -280,11 +299,11 @@ def measure(args: argparse.Namespace) -> dict:
 
     res: dict = {"attention": [], "train": []}
     for n in lengths(args.attention):
-        res["attention"].append(bench_attention(n, args.repeat, lengths(args.dense_max)[0]))
+        res["attention"].append(bench_attention(n, args.repeat, lengths(args.dense_max)[0], args.device))
         torch.cuda.empty_cache()
     for n in lengths(args.train):
         try:
-            res["train"].append(bench_train(n))
+            res["train"].append(bench_train(n, device=args.device, preset=args.preset))
         except torch.OutOfMemoryError as e:
             res["train"].append({"length": n, "error": f"out of memory: {str(e).splitlines()[0][:80]}"})
         torch.cuda.empty_cache()
@@ -297,11 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible to torch; nothing measured.", file=sys.stderr)
         return 2
+    if args.device == "cpu":
+        from lcft.train.precision import cpu_describe
+
+        name = f"a CPU, rehearsal only: no figure here is a GPU's ({cpu_describe()})"
+    else:
+        name = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    res = {"device": name, "torch": torch.__version__, "rehearsal": args.device == "cpu",
            "tests": {} if args.skip_tests else run_tests(args.out)}
     res |= measure(args)
     (args.out / "gpu-check.json").write_text(json.dumps(res, indent=1))

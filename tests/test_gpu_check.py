@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -74,6 +76,25 @@ def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "o")],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "no CUDA" in res.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs triton and TRITON_INTERPRET=1 on CPU")
+def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path):
+    """`gpu_check.py --device cpu`: the GPU run's attention and train-step code (the Triton kernels under the
+    interpreter, SDPA's flash backend, the chunked loss, AdamW) at small sizes, so a renamed lcft API fails here
+    and not in a GPU slot; one table, finite figures, nothing claimed against the GPU targets."""
+    out = tmp_path / "o"
+    assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--out", str(out)]) == 0
+    res = json.loads((out / "gpu-check.json").read_text())
+    assert res["rehearsal"] and not res["tests"] and "plan" not in res
+    (att,), (step,) = res["attention"], res["train"]
+    assert att["finite"] and att["dense"].startswith("SDPA flash") and att["sparse_ms"] > 0 and att["dense_ms"] > 0
+    assert step["finite"] and step["preset"] == "tiny" and step["tokens_per_s"] > 0 and step["peak_gib"] > 0
+    md = (out / "gpu-check.md").read_text()
+    assert "rehearsal only" in md and "| 256 |" in md and "| tiny train step" in md
+    assert not any(ln.endswith(("| yes |", "| NO |")) for ln in md.splitlines())  # no target judged on CPU
 
 
 def _closure(roots: list[tuple[str, str]]) -> set[str]:
