@@ -1,9 +1,10 @@
 """One-GPU check: `pytest -m gpu`, Triton sparse vs flash attention, 1b-preset steps, 1M tokens as `lcft plan` lays them.
 
-Prints one markdown table (also <out>/gpu-check.md; the numbers in <out>/gpu-check.json). Exits 1 on a failed GPU
-test or a non-finite benchmark output, 0 otherwise (a missed target shows in the table, not in the exit code).
-Without CUDA it says so and exits 2 (nothing measured). Run by `make gpu-check` (benchmarks/gpu_check.sh), which
-installs lcft into .venv-gpu over the GPU's own torch first. Quick by default; --full runs the long sizes.
+Prints one markdown table (also <out>/gpu-check.md; the numbers in <out>/gpu-check.json). Exits 1 on a failed or
+skipped GPU test or a non-finite benchmark output, 0 otherwise (a missed target shows in the table, not in the exit
+code). Without CUDA it says so and exits 2 (nothing measured). Run by `make gpu-check` (benchmarks/gpu_check.sh),
+which installs lcft into .venv-gpu over the GPU's own torch first. Quick by default; --full runs the long sizes.
+`--device cpu` rehearses the same code on the CPU at small sizes (no GPU figure; docs/cuda.md).
 """
 
 from __future__ import annotations
