@@ -10,6 +10,7 @@ which installs lcft into .venv-gpu over the GPU's own torch first. Quick by defa
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a rehearsal of the same code at small sizes (Triton under TRITON_INTERPRET=1), "
                          "without the GPU tests or the plan's 1M step; nothing it measures is a GPU figure")
+    ap.add_argument("--plan-step", type=int, help=argparse.SUPPRESS)  # bench_plan in a child (plan_step_in_child)
     ap.add_argument("--preset", default=None, help="model of the timed train steps (default 1b; tiny on cpu)")
     args = ap.parse_args(argv)
     if args.quick and args.full:
@@ -225,7 +227,7 @@ def bench_plan(length: int) -> dict:
     import torch
 
     flags, lay, est = plan_for_one_gpu(length)
-    row = {"length": length, "flags": flags, "plan_gib": est.total / GIB,
+    row = {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
            "gpu_gib": torch.cuda.get_device_properties(0).total_memory / GIB}
     if lay.cp != 1 or lay.micro_batch != 1 or lay.shard != "none":
         return row | {"error": f"the plan needs more than one GPU ({flags})"}
@@ -234,6 +236,22 @@ def bench_plan(length: int) -> dict:
         return row | {"fits": True, **{k: got[k] for k in ("step_s", "peak_gib", "finite")}}
     except torch.OutOfMemoryError as e:
         return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
+
+
+def plan_step_in_child(length: int) -> dict:
+    """bench_plan in a fresh process: at 1M the plan offloads 88 GiB of block inputs to host memory, and a process
+    the kernel kills for running out of it must not take the rest of the run's results with it."""
+    res = subprocess.run([sys.executable, __file__, "--plan-step", str(length)], capture_output=True, text=True,
+                         cwd=ROOT)
+    lines = res.stdout.strip().splitlines()
+    if res.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    flags, _, est = plan_for_one_gpu(length)
+    why = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit {res.returncode}"
+    last = (res.stderr.strip().splitlines() or [""])[-1][:120]
+    return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
+            "fits": False, "error": f"its process ended ({why}{', host memory?' if res.returncode == -9 else ''}): "
+                                    f"{last}"}
 
 
 def _size(n: int) -> str:
@@ -277,10 +295,11 @@ def _plan_row(res: dict) -> list[str]:
     if not r:
         return []
     head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {_size(r['length'])} | "
+    plan = f"plan {r['plan_gib']:.1f} GiB" + (f" (+ {r['host_gib']:.1f} GiB host)" if r.get("host_gib") else "")
     if "error" in r:
-        return [head + f"does not fit: {r['error']} | plan {r['plan_gib']:.1f} GiB | fits one 141 GiB GPU | NO |"]
+        return [head + f"does not fit: {r['error']} | {plan} | fits one 141 GiB GPU | NO |"]
     return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB, {r['step_s']:.1f} s/step | "
-            f"plan {r['plan_gib']:.1f} GiB | fits one 141 GiB GPU | {_yes(r['fits'] and r['finite'])} |"]
+            f"{plan} | fits one 141 GiB GPU | {_yes(r['fits'] and r['finite'])} |"]
 
 
 def markdown(res: dict) -> str:
@@ -296,23 +315,28 @@ def markdown(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """Every benchmark of the run, each in its own CUDA memory (the cache emptied between them)."""
+def measure(args: argparse.Namespace, res: dict, save) -> None:
+    """Every benchmark of the run into `res`, each in its own CUDA memory (the cache emptied between them), `save()`
+    after each, so a run cut short keeps what it measured; the 1M plan step in its own process."""
     import torch
 
-    res: dict = {"attention": [], "train": []}
+    res |= {"attention": [], "train": []}
     for n in lengths(args.attention):
         res["attention"].append(bench_attention(n, args.repeat, lengths(args.dense_max)[0], args.device))
         torch.cuda.empty_cache()
+        save()
     for n in lengths(args.train):
         try:
             res["train"].append(bench_train(n, device=args.device, preset=args.preset))
         except torch.OutOfMemoryError as e:
             res["train"].append({"length": n, "error": f"out of memory: {str(e).splitlines()[0][:80]}"})
         torch.cuda.empty_cache()
+        save()
     if args.plan_length:
-        res["plan"] = bench_plan(lengths(args.plan_length)[0])
-    return res
+        gc.collect()  # nothing of this process's own runs left on the GPU beside the child
+        torch.cuda.empty_cache()
+        res["plan"] = plan_step_in_child(lengths(args.plan_length)[0])
+        save()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible to torch; nothing measured.", file=sys.stderr)
         return 2
+    if args.plan_step:
+        print(json.dumps(bench_plan(args.plan_step)))
+        return 0
     if args.device == "cpu":
         from lcft.train.precision import cpu_describe
 
@@ -331,8 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"device": name, "torch": torch.__version__, "rehearsal": args.device == "cpu",
            "tests": {} if args.skip_tests else run_tests(args.out, args.device == "cuda")}
-    res |= measure(args)
-    (args.out / "gpu-check.json").write_text(json.dumps(res, indent=1))
+
+    def save() -> None:
+        (args.out / "gpu-check.json").write_text(json.dumps(res, indent=1))
+
+    save()
+    measure(args, res, save)
     (args.out / "gpu-check.md").write_text(markdown(res))
     print(markdown(res))
     finite = all(r.get("finite", True) for r in res["attention"] + res["train"] + [res.get("plan") or {}])

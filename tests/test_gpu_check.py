@@ -101,6 +101,19 @@ def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path):
     assert not any(ln.endswith(("| yes |", "| NO |")) for ln in md.splitlines())  # no target judged on CPU
 
 
+def test_the_1m_step_runs_in_its_own_process_and_its_death_is_a_row(tmp_path):
+    """The plan's 1M step offloads tens of GiB to host memory: it runs in a child process, and a child that ends
+    without a result (here: no CUDA, exit 2) becomes a "does not fit" row naming why, not a lost run."""
+    if torch.cuda.is_available():
+        return  # the real run is `make gpu-check`
+    row = gpu_check.plan_step_in_child(1 << 20)
+    flags, _, est = gpu_check.plan_for_one_gpu(1 << 20)
+    assert row["flags"] == flags and not row["fits"] and row["host_gib"] == est.host / 2**30 > 0
+    assert row["error"].startswith("its process ended (exit 2)") and "no CUDA" in row["error"], row
+    md = gpu_check.markdown({"device": "GPU", "attention": [], "train": [], "plan": row, "tests": {}})
+    assert f"does not fit: {row['error']} | plan {row['plan_gib']:.1f} GiB (+ {row['host_gib']:.1f} GiB host)" in md
+
+
 def _closure(roots: list[tuple[str, str]]) -> set[str]:
     """Every distribution the (requirement, extra) roots need, as installed here, walked through their metadata;
     CUDA packages (nvidia-*, cuda-*) are named but not walked: a CUDA torch in a CPU venv runs without most of them."""
