@@ -44,8 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=3, help="timed repeats per attention case")
     ap.add_argument("--dense-max", default="512K", help="longest length dense attention is timed at (budget)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: a rehearsal of the same code at small sizes (Triton under TRITON_INTERPRET=1), "
-                         "without the GPU tests or the plan's 1M step; nothing it measures is a GPU figure")
+                    help="cpu: a rehearsal of the same code at small sizes (Triton under TRITON_INTERPRET=1; the "
+                         "GPU tests report skipped), without the plan's 1M step; nothing it measures is a GPU figure")
     ap.add_argument("--plan-step", type=int, help=argparse.SUPPRESS)  # bench_plan in a child (plan_step_in_child)
     ap.add_argument("--preset", default=None, help="model of the timed train steps (default 1b; tiny on cpu)")
     args = ap.parse_args(argv)
