@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from lcft.config import format_size, parse_size  # noqa: E402 (standard library only; the path above finds lcft)
+
 K = 1024
 GIB = 2**30
 # Dense bf16 tensor-core peak, FLOP/s, by device-name fragment (MFU denominator).
@@ -62,8 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def lengths(text: str) -> list[int]:
     """'32K,1M' -> [32768, 1048576]."""
-    mult = {"K": K, "M": K * K}
-    return [int(t[:-1]) * mult[t[-1].upper()] if t[-1].upper() in mult else int(t) for t in text.split(",") if t]
+    return [parse_size(t) for t in text.split(",") if t]
 
 
 def run_tests(out: Path, on_gpu: bool = True) -> dict:
@@ -254,10 +255,6 @@ def plan_step_in_child(length: int) -> dict:
                                     f"{last}"}
 
 
-def _size(n: int) -> str:
-    return f"{n // K}K" if n >= K and n % K == 0 else str(n)
-
-
 def _yes(ok: bool | None) -> str:
     return "" if ok is None else "yes" if ok else "NO"
 
@@ -270,7 +267,7 @@ def _attention_rows(res: dict) -> list[str]:
               if ratio is not None else "dense not timed")
         target = r["length"] == min(longest, 128 * K) and not res.get("rehearsal")
         met = ratio is not None and ratio >= TARGET_SPARSE_VS_FLASH and r["finite"] if target else None
-        out.append(f"| sparse attention f+b (Triton, bf16) | {_size(r['length'])} | {r['sparse_tflops']:.0f} TFLOP/s, "
+        out.append(f"| sparse attention f+b (Triton, bf16) | {format_size(r['length'])} | {r['sparse_tflops']:.0f} TFLOP/s, "
                    f"{r['sparse_ms']:.1f} ms | {vs} | {'>= 50% of flash' if target else ''} | {_yes(met)} |")
     return out
 
@@ -279,12 +276,12 @@ def _train_rows(res: dict) -> list[str]:
     out = []
     for r in res["train"]:
         if "error" in r:
-            out.append(f"| {r.get('preset', '1b')} train step | {_size(r['length'])} | {r['error']} | | | NO |")
+            out.append(f"| {r.get('preset', '1b')} train step | {format_size(r['length'])} | {r['error']} | | | NO |")
             continue
         mfu = f"MFU {100 * r['mfu']:.0f}%" if r.get("mfu") is not None else "MFU n/a (unknown GPU peak)"
         target = r["length"] == 128 * K
         met = r.get("mfu") is not None and r["mfu"] >= TARGET_MFU and r["finite"] if target else None
-        out.append(f"| {r.get('preset', '1b')} train step (sparse, block checkpointing, bf16) | {_size(r['length'])} | "
+        out.append(f"| {r.get('preset', '1b')} train step (sparse, block checkpointing, bf16) | {format_size(r['length'])} | "
                    f"{r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_gib']:.1f} GiB | {r['step_s']:.2f} s/step "
                    f"| {'>= 35% MFU' if target else ''} | {_yes(met)} |")
     return out
@@ -294,7 +291,7 @@ def _plan_row(res: dict) -> list[str]:
     r = res.get("plan")
     if not r:
         return []
-    head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {_size(r['length'])} | "
+    head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {format_size(r['length'])} | "
     plan = f"plan {r['plan_gib']:.1f} GiB" + (f" (+ {r['host_gib']:.1f} GiB host)" if r.get("host_gib") else "")
     if "error" in r:
         return [head + f"does not fit: {r['error']} | {plan} | fits one 141 GiB GPU | NO |"]
