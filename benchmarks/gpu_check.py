@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L
 TARGET_SPARSE_VS_FLASH = 0.5  # at the longest quick length, 128K
 TARGET_MFU = 0.35  # 1b preset at 128K
 PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
+NOTHING_FITS = "(nothing fits)"  # plan_for_one_gpu's flags when no layout fits
 FLOPS_PER_PAIR = 10  # x head_dim x heads: attention forward + backward per (query, key) pair (attention_gpu.py)
 
 
@@ -43,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--attention", default=None, help="attention lengths (default 32K,128K; --full 32K-1M)")
     ap.add_argument("--train", default=None, help="timed 1b-step lengths (default 128K; --full 128K,1M)")
     ap.add_argument("--plan-length", default="1M", help="length laid out by `lcft plan` for one GPU ('' = skip)")
+    ap.add_argument("--host-memory", default=None,
+                    help="host memory the 1M plan must fit beside the GPU's (default: this node's physical memory)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repeats per attention case")
     ap.add_argument("--dense-max", default="512K", help="longest length dense attention is timed at (budget)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -56,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device == "cpu":  # a rehearsal: every step of the run, at sizes a CPU finishes in seconds
         args.attention, args.train = args.attention or "256", args.train or "1K"
         args.preset, args.plan_length = args.preset or "tiny", ""
+    args.host_memory = args.host_memory or str(node_memory())
     args.attention = args.attention or ("32K,128K,512K,1M" if args.full else "32K,128K")
     args.train = args.train or ("128K,1M" if args.full else "128K")
     args.preset = args.preset or "1b"
@@ -204,32 +209,43 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     return row
 
 
-def plan_for_one_gpu(length: int) -> tuple[str, object, object]:
-    """What `lcft plan --preset 1b --attention sparse --seq-len L --gpu-memory 141GB` picks: the layout as given
-    when it fits, else its first fitting change set; (flags, Layout, Estimate)."""
+def node_memory() -> int:
+    """This machine's physical memory, bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def plan_for_one_gpu(length: int, host_memory: str) -> tuple[str, object, object]:
+    """What `lcft plan --preset 1b --attention sparse --seq-len L --gpu-memory 141GB --host-memory H` picks: the
+    layout as given when it fits, else its first fitting change set; (flags, Layout, Estimate)."""
     from lcft.config import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.estimate import estimate
-    from lcft.plan.plan import layout, model_config, pick
+    from lcft.plan.plan import Budget, layout, model_config, pick
 
     cfg = resolve(PlanConfig, None, {"preset": "1b", "attention": "sparse", "seq_len": length,
-                                     "gpu_memory": PLAN_GPU_MEMORY})
+                                     "gpu_memory": PLAN_GPU_MEMORY, "host_memory": host_memory})
     model = model_config(cfg)
     lay = layout(cfg, model)
-    picked = pick(model, lay, cfg.gpu_bytes)
+    picked = pick(model, lay, Budget.of(cfg))
     if picked is None:
-        return "(nothing fits)", lay, estimate(model, lay)
+        return NOTHING_FITS, lay, estimate(model, lay)
     flags, lay, est = picked
     return flags or "(as given)", lay, est
 
 
-def bench_plan(length: int) -> dict:
-    """One 1b step at `length` with the settings `lcft plan` picks for one GPU: fits or not, peak vs the plan."""
+def bench_plan(length: int, host_memory: str) -> dict:
+    """One 1b step at `length` with the settings `lcft plan` picks for one GPU and this node's host memory: fits or
+    not, peak vs the plan."""
     import torch
 
-    flags, lay, est = plan_for_one_gpu(length)
+    flags, lay, est = plan_for_one_gpu(length, host_memory)
     row = {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
            "gpu_gib": torch.cuda.get_device_properties(0).total_memory / GIB}
+    if flags == NOTHING_FITS:
+        from lcft.plan.config import parse_bytes
+
+        return row | {"fits": False, "error": f"lcft plan fits no layout in one GPU and "
+                                              f"{parse_bytes(host_memory) / GIB:.0f} GiB of host memory"}
     if lay.cp != 1 or lay.micro_batch != 1 or lay.shard != "none":
         return row | {"error": f"the plan needs more than one GPU ({flags})"}
     try:
@@ -239,15 +255,15 @@ def bench_plan(length: int) -> dict:
         return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
 
 
-def plan_step_in_child(length: int) -> dict:
+def plan_step_in_child(length: int, host_memory: str) -> dict:
     """bench_plan in a fresh process: at 1M the plan offloads 88 GiB of block inputs to host memory, and a process
     the kernel kills for running out of it must not take the rest of the run's results with it."""
-    res = subprocess.run([sys.executable, __file__, "--plan-step", str(length)], capture_output=True, text=True,
-                         cwd=ROOT)
+    res = subprocess.run([sys.executable, __file__, "--plan-step", str(length), "--host-memory", host_memory],
+                         capture_output=True, text=True, cwd=ROOT)
     lines = res.stdout.strip().splitlines()
     if res.returncode == 0 and lines:
         return json.loads(lines[-1])
-    flags, _, est = plan_for_one_gpu(length)
+    flags, _, est = plan_for_one_gpu(length, host_memory)
     why = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit {res.returncode}"
     last = (res.stderr.strip().splitlines() or [""])[-1][:120]
     return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
@@ -332,7 +348,7 @@ def measure(args: argparse.Namespace, res: dict, save) -> None:
     if args.plan_length:
         gc.collect()  # nothing of this process's own runs left on the GPU beside the child
         torch.cuda.empty_cache()
-        res["plan"] = plan_step_in_child(lengths(args.plan_length)[0])
+        res["plan"] = plan_step_in_child(lengths(args.plan_length)[0], args.host_memory)
         save()
 
 
@@ -344,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: no CUDA GPU visible to torch; nothing measured.", file=sys.stderr)
         return 2
     if args.plan_step:
-        print(json.dumps(bench_plan(args.plan_step)))
+        print(json.dumps(bench_plan(args.plan_step, args.host_memory)))
         return 0
     if args.device == "cpu":
         from lcft.train.precision import cpu_describe

@@ -156,13 +156,13 @@ def plan(model: Any, seq: int, gpu: str) -> Plan:
     from lcft.config import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.estimate import estimate
-    from lcft.plan.plan import layout, pick
+    from lcft.plan.plan import Budget, layout, pick
     from lcft.train.model_setup import attention_override
 
     cfg = resolve(PlanConfig, None, {**BASE, "seq_len": seq, "gpu_memory": gpu})
     model = dataclasses.replace(model, attention=attention_override(cfg, model.attention))
     lay = layout(cfg, model)
-    picked = pick(model, lay, cfg.gpu_bytes)
+    picked = pick(model, lay, Budget.of(cfg))
     if picked is None:
         return Plan("", None, estimate(model, lay))
     return Plan(*picked)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+H200_NODE = "128GiB"  # host memory of the one-H200 nodes seen so far
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
@@ -61,13 +62,22 @@ def test_the_1m_layout_is_what_lcft_plan_prints():
     from lcft.plan.config import PlanConfig
     from lcft.plan.plan import report
 
-    flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20)
+    flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)
     text, fits = report(resolve(PlanConfig, None, {"preset": "1b", "attention": "sparse", "seq_len": 1 << 20,
-                                            "gpu_memory": gpu_check.PLAN_GPU_MEMORY}))
+                                            "gpu_memory": gpu_check.PLAN_GPU_MEMORY, "host_memory": H200_NODE}))
     first = text.split("it would fit with:")[1].strip().splitlines()[0]
     assert not fits and first.startswith(flags) and lay.seq_len == 1 << 20 and lay.cp == 1
     assert (lay.checkpointing, lay.offload_activations) == ("block", "--offload-activations" in flags)
     assert f"{est.total / 2**30:.2f} GiB" in first
+
+
+def test_the_1m_layout_must_fit_the_nodes_host_memory():
+    """The 1M plan is made for this node's physical memory unless told otherwise; with too little for the offloaded
+    block inputs (88 GiB) lcft plan has no layout for one GPU, and the row says so without running a step."""
+    assert gpu_check.parse_args([]).host_memory == str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    assert gpu_check.parse_args(["--host-memory", "64GiB"]).host_memory == "64GiB"
+    flags, lay, _ = gpu_check.plan_for_one_gpu(1 << 20, "64GiB")
+    assert flags == gpu_check.NOTHING_FITS and lay.checkpointing == "none"
 
 
 def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
@@ -106,8 +116,8 @@ def test_the_1m_step_runs_in_its_own_process_and_its_death_is_a_row(tmp_path):
     without a result (here: no CUDA, exit 2) becomes a "does not fit" row naming why, not a lost run."""
     if torch.cuda.is_available():
         return  # the real run is `make gpu-check`
-    row = gpu_check.plan_step_in_child(1 << 20)
-    flags, _, est = gpu_check.plan_for_one_gpu(1 << 20)
+    row = gpu_check.plan_step_in_child(1 << 20, H200_NODE)
+    flags, _, est = gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)
     assert row["flags"] == flags and not row["fits"] and row["host_gib"] == est.host / 2**30 > 0
     assert row["error"].startswith("its process ended (exit 2)") and "no CUDA" in row["error"], row
     md = gpu_check.markdown({"device": "GPU", "attention": [], "train": [], "plan": row, "tests": {}})

@@ -1,4 +1,5 @@
-"""`PlanConfig`: every `lcft train` option plus the GPUs a plan is made for (memory per GPU, GPUs per node)."""
+"""`PlanConfig`: every `lcft train` option plus the machines a plan is made for (GPU memory, GPUs and host memory
+per node)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,17 @@ PlanDevice = Literal["cuda", "cpu"]  # what a plan is made for (the runtime term
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
 
 
-def parse_bytes(text: str) -> int:
-    """'80GiB' / '80G' -> 80 x 2^30, '80GB' -> 80 x 10^9, '512MiB' -> 512 x 2^20."""
+def parse_bytes(text: str, name: str = "gpu_memory") -> int:
+    """'80GiB' / '80G' -> 80 x 2^30, '80GB' -> 80 x 10^9, '512MiB' -> 512 x 2^20 (`name`: the option, for errors)."""
     m = _BYTES.match(str(text))
     if not m:
-        raise ConfigError(f"gpu_memory: not a memory size: {text!r} (use e.g. 80GiB, 141GB, 24G)")
+        raise ConfigError(f"{name}: not a memory size: {text!r} (use e.g. 80GiB, 141GB, 24G)")
     num, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
     power = " KMGT".index(unit) if unit else 0
     decimal = bool(unit) and not binary and str(text).strip().upper().endswith("B")
     out = num * (1000 ** power if decimal else 1024 ** power)
     if out <= 0:
-        raise ConfigError(f"gpu_memory must be positive, got {text!r}")
+        raise ConfigError(f"{name} must be positive, got {text!r}")
     return int(out)
 
 
@@ -38,6 +39,9 @@ class PlanConfig(TrainConfig):
     """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes."""
     gpus_per_node: int | None = None
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
+    host_memory: str | None = None
+    """Host (CPU) memory of one node, e.g. 128GiB: what its ranks offload, plus each process's own (an assumed
+    constant; --explain names it), must fit in it too (default: not checked). CUDA plans only."""
     device: PlanDevice = "cuda"
     """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; fp32 unless --precision bf16)."""
     explain: bool = False
@@ -47,6 +51,11 @@ class PlanConfig(TrainConfig):
         TrainConfig.__post_init__(self)
         check_choice(self.device, PlanDevice, "device")  # the sections checked theirs
         parse_bytes(self.gpu_memory)
+        if self.host_memory is not None:
+            if self.device == "cpu":
+                raise ConfigError("host_memory is for CUDA plans: on CPU the ranks' memory is the host's "
+                                  "(give it as --gpu-memory, per rank)")
+            parse_bytes(self.host_memory, "host_memory")
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise ConfigError(f"gpus_per_node must be at least 1 (got {self.gpus_per_node})")
 
@@ -55,6 +64,14 @@ class PlanConfig(TrainConfig):
         return parse_bytes(self.gpu_memory)
 
     @property
+    def host_bytes(self) -> int | None:
+        return None if self.host_memory is None else parse_bytes(self.host_memory, "host_memory")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node or self.nproc
+
+    @property
     def world(self) -> int:
-        return self.nnodes * (self.gpus_per_node or self.nproc)
+        return self.nnodes * self.ranks_per_node
 

@@ -19,6 +19,9 @@ recent drivers), cuBLAS and Triton workspaces, per GPU process."""
 CUDA_NCCL = 512 << 20
 """Assumed: NCCL's communicator buffers of a rank of a multi-GPU run (4 MiB per channel and direction, up to 32
 channels, ring and tree peers)."""
+HOST_PROCESS = 4 * GIB
+"""Assumed, not measurable without a GPU: the host memory of one CUDA training process beside what it offloads
+(the interpreter, torch and the CUDA libraries it maps, the data windows, the checkpointer's staging)."""
 CUDA_MARGIN = 0.10
 """Assumed safety margin on CUDA: the caching allocator's rounding and fragmentation (2 MiB / 20 MiB segments;
 expandable segments from 64K tokens, lcft.train.memory), as a fraction of what a step allocates and frees again

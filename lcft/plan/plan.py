@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
 from lcft.plan.config import PlanConfig
-from lcft.plan.estimate import GIB, Estimate, Layout, Shape, estimate, sources, with_changes
+from lcft.plan.estimate import GIB, HOST_PROCESS, Estimate, Layout, Shape, estimate, sources, with_changes
 
 LABELS = {
     "parameters": "parameters (fp32 master)",
@@ -88,6 +88,27 @@ def cpu_threads(ranks: int) -> int:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """What a plan must fit in: `device` bytes per GPU and, when `host` is given, one node's host memory for its
+    `ranks_per_node` processes (each what it offloads plus HOST_PROCESS)."""
+
+    device: int
+    host: int | None = None
+    ranks_per_node: int = 1
+
+    @classmethod
+    def of(cls, cfg: PlanConfig) -> Budget:
+        return cls(cfg.gpu_bytes, cfg.host_bytes, cfg.ranks_per_node)
+
+    def host_need(self, est: Estimate) -> int:
+        """Host bytes the node's ranks need under `est`."""
+        return self.ranks_per_node * (est.host + HOST_PROCESS)
+
+    def admits(self, est: Estimate) -> bool:
+        return est.total <= self.device and (self.host is None or self.host_need(est) <= self.host)
+
+
+@dataclass(frozen=True)
 class Option:
     """One change to a layout, as the flags that make it."""
 
@@ -125,9 +146,9 @@ def _valid(lay: Layout) -> bool:
     return not (lay.cp_kv == "stream" and lay.cp == 1)  # stream only changes a cp run
 
 
-def fitting_layouts(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5
+def fitting_layouts(model: LlamaConfig, lay: Layout, budget: Budget, limit: int = 5
                     ) -> list[tuple[str, Layout, Estimate]]:
-    """Up to `limit` sets of at most three changes under which `lay` fits in `budget` bytes per GPU, as (flags,
+    """Up to `limit` sets of at most three changes under which `lay` fits `budget`, as (flags,
     changed layout, estimate), cheapest first: sets are compared by their costliest change (`_options`' order),
     then by the next, so `--cp 8 --shard fsdp` comes before a host offload and a set before itself plus more; a
     set containing a smaller fitting set is not listed."""
@@ -144,22 +165,23 @@ def fitting_layouts(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5
             if not _valid(changed):
                 continue
             est = estimate(model, changed)
-            if est.total <= budget:
+            if budget.admits(est):
                 found.append((combo[::-1], " ".join(opts[i].flags for i in combo), changed, est))
     found.sort(key=lambda f: f[0])  # costliest change first, then the next (a prefix sorts first)
     return [(flags, changed, est) for _, flags, changed, est in found[:limit]]
 
 
-def fitting_changes(model: LlamaConfig, lay: Layout, budget: int, limit: int = 5) -> list[tuple[str, Estimate]]:
+def fitting_changes(model: LlamaConfig, lay: Layout, budget: Budget, limit: int = 5
+                    ) -> list[tuple[str, Estimate]]:
     """`fitting_layouts` as (flags, estimate): what `lcft plan` lists under "it would fit with"."""
     return [(flags, est) for flags, _, est in fitting_layouts(model, lay, budget, limit)]
 
 
-def pick(model: LlamaConfig, lay: Layout, budget: int) -> tuple[str, Layout, Estimate] | None:
+def pick(model: LlamaConfig, lay: Layout, budget: Budget) -> tuple[str, Layout, Estimate] | None:
     """What `lcft plan` advises for `lay`: ('', lay, its estimate) when it fits as given, else the first change
     set it lists (flags, changed layout, estimate); None when no set of up to three changes fits."""
     est = estimate(model, lay)
-    if est.total <= budget:
+    if budget.admits(est):
         return "", lay, est
     options = fitting_layouts(model, lay, budget, limit=1)
     return options[0] if options else None
@@ -169,12 +191,37 @@ def _gib(n: int) -> str:
     return f"{n / GIB:8.2f} GiB"
 
 
+def _host_lines(budget: Budget, est: Estimate, explain: bool) -> list[str]:
+    """What offloading puts in host memory per rank and, when the node's is given, what its ranks need of it."""
+    lines = [f"  {'host memory (offloaded)':<32}{_gib(est.host)}"] if est.host else []
+    if budget.host is not None:
+        lines.append(f"host, one node: {budget.ranks_per_node} rank(s) x ({est.host / GIB:.2f} GiB offloaded + "
+                     f"{HOST_PROCESS / GIB:.2f} GiB process) = {budget.host_need(est) / GIB:.2f} GiB   of "
+                     f"{budget.host / GIB:.2f} GiB")
+        if explain:
+            lines.append(f"      assumed (not measurable without a GPU): {HOST_PROCESS / GIB:.2f} GiB per process "
+                         "beside what it offloads (the interpreter, torch and the CUDA libraries, the data windows)")
+    return lines
+
+
+def _verdict(budget: Budget, est: Estimate) -> str:
+    over = est.total - budget.device
+    host_over = None if budget.host is None else budget.host_need(est) - budget.host
+    if over <= 0 and (host_over is None or host_over <= 0):
+        spare = f"{-over / GIB:.2f} GiB to spare" + ("" if host_over is None else
+                                                     f", {-host_over / GIB:.2f} GiB of host memory")
+        return f"verdict: fits ({spare})"
+    why = ([f"{over / GIB:.2f} GiB over"] if over > 0 else []) + (
+        [f"host memory {host_over / GIB:.2f} GiB over"] if host_over is not None and host_over > 0 else [])
+    return f"verdict: does not fit ({'; '.join(why)})"
+
+
 def report(cfg: PlanConfig) -> tuple[str, bool]:
     """(the text `lcft plan` prints, whether the layout fits)."""
     model = model_config(cfg)
     lay = layout(cfg, model)
     est = estimate(model, lay)
-    budget = cfg.gpu_bytes
+    budget = Budget.of(cfg)
     shape = Shape.of(model)
     dp = lay.world // lay.cp
     lines = [f"note: {n}" for n in init_notes(cfg)]
@@ -190,20 +237,19 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
         if value or name != "margin":
             lines.append(f"  {LABELS[name]:<32}{_gib(value)}")
             lines += [f"      {line}" for line in why.get(name, "").splitlines()]
-    lines.append(f"  {'total':<32}{_gib(est.total)}   of {budget / GIB:.2f} GiB")
-    if est.host:
-        lines.append(f"  {'host memory (offloaded)':<32}{_gib(est.host)}")
-    fits = est.total <= budget
-    if fits:
-        lines.append(f"verdict: fits ({(budget - est.total) / GIB:.2f} GiB to spare)")
+    lines.append(f"  {'total':<32}{_gib(est.total)}   of {budget.device / GIB:.2f} GiB")
+    lines += _host_lines(budget, est, cfg.explain)
+    lines.append(_verdict(budget, est))
+    if budget.admits(est):
         return "\n".join(lines), True
-    lines.append(f"verdict: does not fit ({(est.total - budget) / GIB:.2f} GiB over)")
     options = fitting_changes(model, lay, budget)
     if options:
         lines.append("it would fit with:")
-        lines += [f"  {flags:<60}{_gib(e.total)}" for flags, e in options]
+        lines += [f"  {flags:<60}{_gib(e.total)}" + ("" if budget.host is None else
+                                                     f"   host {budget.host_need(e) / GIB:.2f} GiB")
+                  for flags, e in options]
     else:
         lines.append("no combination of up to three of --checkpointing block, --cp, --cp-kv stream, --shard fsdp, "
                      "--offload-activations, --offload-params, --micro-batch 1 fits: more GPUs or a shorter "
-                     "--seq-len")
+                     "--seq-len" + ("" if budget.host is None else ", or more host memory"))
     return "\n".join(lines), False

@@ -16,8 +16,8 @@ from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
 from lcft.model import Llama, LlamaConfig, preset
 from lcft.plan.config import parse_bytes
-from lcft.plan.estimate import GIB, Layout, Shape, activation_bytes, estimate
-from lcft.plan.plan import fitting_changes
+from lcft.plan.estimate import GIB, HOST_PROCESS, Layout, Shape, activation_bytes, estimate
+from lcft.plan.plan import Budget, fitting_changes, pick
 from lcft.train.step import LossModel
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan.py"
@@ -137,10 +137,10 @@ def test_the_cheapest_changes_are_listed_first() -> None:
     model = preset("1b")
     model.attention.backend = "sparse"
     lay = Layout(1 << 20, world=8)
-    at80 = fitting_changes(model, lay, 80 * GIB)
+    at80 = fitting_changes(model, lay, Budget(80 * GIB))
     assert [f for f, _ in at80] == ["--checkpointing block --cp 4", "--checkpointing block --cp 8",
                                     "--checkpointing block --offload-activations"]
-    at40 = [f for f, e in fitting_changes(model, lay, 40 * GIB) if e.total <= 40 * GIB]
+    at40 = [f for f, e in fitting_changes(model, lay, Budget(40 * GIB)) if e.total <= 40 * GIB]
     offloads = [i for i, f in enumerate(at40) if "offload" in f]
     assert offloads and at40.index("--checkpointing block --cp 8 --shard fsdp") < min(offloads), at40
     assert len(at40) == 5  # the limit, all fitting
@@ -157,6 +157,35 @@ def test_cli_reads_only_config_json_of_init(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert f"{Shape.of(SHAPES['qwen3']).params / 1e9:.3f}B parameters" in r.output
     assert json.loads((bare / "config.json").read_text())["model_type"] == "qwen3"
+
+
+def test_host_memory_counts_what_the_nodes_ranks_offload() -> None:
+    """1b at 1M on one 141 GB GPU fits only with the block inputs in host memory: 2^20 tokens x N blocks x H x 2 B
+    (bf16), plus HOST_PROCESS per process. 128 GiB of host memory takes it; 64 GiB leaves nothing that fits."""
+    model = preset("1b")
+    model.attention.backend = "sparse"
+    lay, gpu = Layout(1 << 20), 141 * 10**9
+    offloaded = (1 << 20) * model.num_hidden_layers * model.hidden_size * 2
+    flags, changed, est = pick(model, lay, Budget(gpu))
+    assert flags == "--checkpointing block --offload-activations" and est.host == offloaded
+    assert pick(model, lay, Budget(gpu, 128 * GIB)) == (flags, changed, est)
+    assert Budget(gpu, 128 * GIB).host_need(est) == offloaded + HOST_PROCESS
+    assert pick(model, lay, Budget(gpu, 64 * GIB)) is None
+    assert Budget(gpu, 8 * HOST_PROCESS, ranks_per_node=8).admits(estimate(model, Layout(1 << 12, world=8)))
+    assert not Budget(gpu, 8 * HOST_PROCESS - 1, ranks_per_node=8).admits(estimate(model, Layout(1 << 12, world=8)))
+
+
+def test_cli_host_memory_verdict() -> None:
+    base = ["plan", "--preset", "1b", "--attention", "sparse", "--seq-len", "1M", "--gpu-memory", "141GB",
+            "--checkpointing", "block", "--offload-activations"]
+    ok = runner.invoke(app, [*base, "--host-memory", "128GiB"])
+    assert ok.exit_code == 0, ok.output
+    assert "1 rank(s) x (88.00 GiB offloaded + 4.00 GiB process) = 92.00 GiB   of 128.00 GiB" in ok.output, ok.output
+    assert "verdict: fits (" in ok.output and ", 36.00 GiB of host memory)" in ok.output, ok.output
+    short = runner.invoke(app, [*base, "--host-memory", "90GiB"])
+    assert short.exit_code == 1 and "verdict: does not fit (host memory 2.00 GiB over)" in short.output, short.output
+    cpu = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4K", "--device", "cpu", "--host-memory", "1G"])
+    assert cpu.exit_code != 0 and "host_memory" in cpu.output and len(cpu.output.strip().splitlines()) == 1
 
 
 def test_cli_errors_are_one_line() -> None:
