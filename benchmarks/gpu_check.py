@@ -250,7 +250,10 @@ def bench_plan(length: int, host_memory: str) -> dict:
         return row | {"error": f"the plan needs more than one GPU ({flags})"}
     try:
         got = bench_train(length, lay.checkpointing, lay.offload_activations, warmup=False)
-        return row | {"fits": True, **{k: got[k] for k in ("step_s", "peak_gib", "finite")}}
+        from lcft.train.metrics import peak_memory_bytes
+
+        host_peak = peak_memory_bytes(torch.device("cpu")) / GIB  # this process's VmHWM: the plan's host need
+        return row | {"fits": True, "host_peak_gib": host_peak, **{k: got[k] for k in ("step_s", "peak_gib", "finite")}}
     except torch.OutOfMemoryError as e:
         return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
 
@@ -308,10 +311,14 @@ def _plan_row(res: dict) -> list[str]:
     if not r:
         return []
     head = f"| 1b, `lcft plan` for one GPU: {r['flags']} | {format_size(r['length'])} | "
-    plan = f"plan {r['plan_gib']:.1f} GiB" + (f" (+ {r['host_gib']:.1f} GiB host)" if r.get("host_gib") else "")
+    from lcft.plan.estimate import HOST_PROCESS
+
+    plan = f"plan {r['plan_gib']:.1f} GiB" + (f" (+ {r['host_gib']:.1f} GiB host + {HOST_PROCESS / GIB:.0f} for the "
+                                              "process)" if r.get("host_gib") else "")
     if "error" in r:
         return [head + f"does not fit: {r['error']} | {plan} | fits one 141 GiB GPU | NO |"]
-    return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB, {r['step_s']:.1f} s/step | "
+    host = f", host peak {r['host_peak_gib']:.1f} GiB" if r.get("host_peak_gib") else ""
+    return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB{host}, {r['step_s']:.1f} s/step | "
             f"{plan} | fits one 141 GiB GPU | {_yes(r['fits'] and r['finite'])} |"]
 
 

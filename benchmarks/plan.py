@@ -25,7 +25,7 @@ RECORD = Path(__file__).with_name("plan_cases.json")
 LAYOUTS = {"1 rank": dict(nproc=1, cp=1, shard="none"), "cp 2": dict(nproc=2, cp=2, shard="none"),
            "fsdp 2": dict(nproc=2, cp=1, shard="fsdp")}
 CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n in (16384, 65536, 262144)
-         for lay in LAYOUTS]
+         for lay in LAYOUTS] + [dict(preset="tiny", seq_len=524288, layout=lay) for lay in LAYOUTS]
 QUICK = [dict(preset="tiny", seq_len=4096, layout="1 rank")]
 STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exist from the first step's end)
 

@@ -43,7 +43,8 @@ def test_markdown_is_one_table_with_every_row_and_the_targets():
         "train": [{"length": 131072, "step_s": 3.0, "tokens_per_s": 43690, "mfu": 0.4, "peak_gib": 30.0,
                    "finite": True}],
         "plan": {"length": 1 << 20, "flags": "--checkpointing block", "plan_gib": 60.0, "gpu_gib": 139.8,
-                 "fits": True, "step_s": 40.0, "peak_gib": 66.0, "finite": True},
+                 "fits": True, "step_s": 40.0, "peak_gib": 66.0, "finite": True, "host_gib": 88.0,
+                 "host_peak_gib": 90.5},
         "tests": {"ok": False, "summary": "1 failed, 1 passed", "seconds": 60.0, "cases": [
             {"name": "tests.gpu.a::test_x", "outcome": "passed"}, {"name": "tests.gpu.a::test_y",
                                                                   "outcome": "failed"}]}}
@@ -53,7 +54,8 @@ def test_markdown_is_one_table_with_every_row_and_the_targets():
     assert "| 32K | 100 TFLOP/s, 1.0 ms | SDPA flash: 300 TFLOP/s, 2.0 ms; sparse = 33% |  |  |" in md
     assert "| 128K | 200 TFLOP/s, 3.0 ms | SDPA flash: 350 TFLOP/s, 30.0 ms; sparse = 57% | >= 50% of flash | yes |" in md
     assert "43,690 tokens/s, MFU 40%, peak 30.0 GiB" in md and "| >= 35% MFU | yes |" in md
-    assert "fits: peak 66.0 GiB of 139.8 GiB" in md and "| fits one 141 GiB GPU | yes |" in md
+    assert "fits: peak 66.0 GiB of 139.8 GiB, host peak 90.5 GiB, 40.0 s/step" in md
+    assert "| plan 60.0 GiB (+ 88.0 GiB host + 4 for the process) |" in md and "| fits one 141 GiB GPU | yes |" in md
     assert "| 2 tests | 1 failed, 1 passed | 60 s | all pass | NO |" in md and "| tests.gpu.a::test_y | | failed |" in md
 
 
@@ -121,7 +123,7 @@ def test_the_1m_step_runs_in_its_own_process_and_its_death_is_a_row(tmp_path):
     assert row["flags"] == flags and not row["fits"] and row["host_gib"] == est.host / 2**30 > 0
     assert row["error"].startswith("its process ended (exit 2)") and "no CUDA" in row["error"], row
     md = gpu_check.markdown({"device": "GPU", "attention": [], "train": [], "plan": row, "tests": {}})
-    assert f"does not fit: {row['error']} | plan {row['plan_gib']:.1f} GiB (+ {row['host_gib']:.1f} GiB host)" in md
+    assert f"does not fit: {row['error']} | plan {row['plan_gib']:.1f} GiB (+ {row['host_gib']:.1f} GiB host + 4" in md
 
 
 def _closure(roots: list[tuple[str, str]]) -> set[str]:
