@@ -95,21 +95,24 @@ def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
                     reason="needs triton and TRITON_INTERPRET=1 on CPU")
 def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path):
     """`gpu_check.py --device cpu`: the GPU run's attention and train-step code (the Triton kernels under the
-    interpreter, SDPA's flash backend, the chunked loss, AdamW) at small sizes and its GPU-test report (each test
-    skipped here), so a renamed lcft API fails here and not in a GPU slot; one table, finite figures, nothing
+    interpreter, SDPA's flash backend, the chunked loss, AdamW) at small sizes, the plan's step in its own process,
+    and its GPU-test report (each test skipped here), so a renamed lcft API fails here and not in a GPU slot; one table, finite figures, nothing
     claimed against the GPU targets."""
     out = tmp_path / "o"
     assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--out", str(out)]) == 0
     res = json.loads((out / "gpu-check.json").read_text())
-    assert res["rehearsal"] and "plan" not in res
+    assert res["rehearsal"]
     tests = {c["name"].rsplit("::", 1)[-1] for c in res["tests"]["cases"] if c["outcome"] == "skipped"}
     assert "test_sparse_train_step_on_gpu_equals_cpu" in tests and res["tests"]["ok"]  # every GPU test, skipped
     assert not gpu_check.run_tests(tmp_path)["ok"]  # on a GPU a skipped GPU test is a failure
     (att,), (step,) = res["attention"], res["train"]
     assert att["finite"] and att["dense"].startswith("SDPA flash") and att["sparse_ms"] > 0 and att["dense_ms"] > 0
     assert step["finite"] and step["preset"] == "tiny" and step["tokens_per_s"] > 0 and step["peak_gib"] > 0
+    plan = res["plan"]  # the plan's step, in a child process as on the GPU, for tiny at 1K
+    assert plan["preset"] == "tiny" and plan["length"] == 1024 and plan["fits"] and plan["finite"], plan
+    assert plan["flags"] == "(as given)" and plan["host_peak_gib"] >= plan["peak_gib"] > 0, plan
     md = (out / "gpu-check.md").read_text()
-    assert "rehearsal only" in md and "| 256 |" in md and "| tiny train step" in md
+    assert "rehearsal only" in md and "| 256 |" in md and "| tiny train step" in md and "| tiny, `lcft plan`" in md
     assert not any(ln.endswith(("| yes |", "| NO |")) for ln in md.splitlines())  # no target judged on CPU
 
 
