@@ -22,15 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from lcft.config import format_size, parse_size  # noqa: E402 (standard library only; the path above finds lcft)
+from gpu_check_table import GIB, markdown  # noqa: E402
 
-K = 1024
-GIB = 2**30
+from lcft.config import parse_size  # noqa: E402 (standard library only; the path above finds lcft)
+
 # Dense bf16 tensor-core peak, FLOP/s, by device-name fragment (MFU denominator).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
-# What the table is read against (README, GPU).
-TARGET_SPARSE_VS_FLASH = 0.5  # at the longest quick length, 128K
-TARGET_MFU = 0.35  # 1b preset at 128K
 PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
 NOTHING_FITS = "(nothing fits)"  # plan_for_one_gpu's flags when no layout fits
 FLOPS_PER_PAIR = 10  # x head_dim x heads: attention forward + backward per (query, key) pair (attention_gpu.py)
@@ -277,69 +274,6 @@ def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", pres
     return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
             "fits": False, "error": f"its process ended ({why}{', host memory?' if res.returncode == -9 else ''}): "
                                     f"{last}"}
-
-
-def _yes(ok: bool | None) -> str:
-    return "" if ok is None else "yes" if ok else "NO"
-
-
-def _attention_rows(res: dict) -> list[str]:
-    out, longest = [], max((r["length"] for r in res["attention"]), default=0)
-    for r in res["attention"]:
-        ratio = r["sparse_tflops"] / r["dense_tflops"] if r["dense_ms"] == r["dense_ms"] else None
-        vs = (f"{r['dense']}: {r['dense_tflops']:.0f} TFLOP/s, {r['dense_ms']:.1f} ms; sparse = {100 * ratio:.0f}%"
-              if ratio is not None else "dense not timed")
-        target = r["length"] == min(longest, 128 * K) and not res.get("rehearsal")
-        met = ratio is not None and ratio >= TARGET_SPARSE_VS_FLASH and r["finite"] if target else None
-        out.append(f"| sparse attention f+b (Triton, bf16) | {format_size(r['length'])} | {r['sparse_tflops']:.0f} TFLOP/s, "
-                   f"{r['sparse_ms']:.1f} ms | {vs} | {'>= 50% of flash' if target else ''} | {_yes(met)} |")
-    return out
-
-
-def _train_rows(res: dict) -> list[str]:
-    out = []
-    for r in res["train"]:
-        if "error" in r:
-            out.append(f"| {r.get('preset', '1b')} train step | {format_size(r['length'])} | {r['error']} | | | NO |")
-            continue
-        mfu = f"MFU {100 * r['mfu']:.0f}%" if r.get("mfu") is not None else "MFU n/a (unknown GPU peak)"
-        target = r["length"] == 128 * K
-        met = r.get("mfu") is not None and r["mfu"] >= TARGET_MFU and r["finite"] if target else None
-        out.append(f"| {r.get('preset', '1b')} train step (sparse, block checkpointing, bf16) | {format_size(r['length'])} | "
-                   f"{r['tokens_per_s']:,.0f} tokens/s, {mfu}, peak {r['peak_gib']:.1f} GiB | {r['step_s']:.2f} s/step "
-                   f"| {'>= 35% MFU' if target else ''} | {_yes(met)} |")
-    return out
-
-
-def _plan_row(res: dict) -> list[str]:
-    from lcft.plan.estimate import HOST_PROCESS
-
-    r = res.get("plan")
-    if not r:
-        return []
-    head = f"| {r.get('preset', '1b')}, `lcft plan` for one GPU: {r['flags']} | {format_size(r['length'])} | "
-    plan = f"plan {r['plan_gib']:.1f} GiB" + (f" (+ {r['host_gib']:.1f} GiB host + {HOST_PROCESS / GIB:.0f} for the "
-                                              "process)" if r.get("host_gib") else "")
-    target = "" if res.get("rehearsal") else "fits one 141 GiB GPU"
-    if "error" in r:
-        return [head + f"does not fit: {r['error']} | {plan} | {target} | {'' if res.get('rehearsal') else 'NO'} |"]
-    host = f", host peak {r['host_peak_gib']:.1f} GiB" if r.get("host_peak_gib") else ""
-    met = None if res.get("rehearsal") else r["fits"] and r["finite"]
-    return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB{host}, {r['step_s']:.1f} s/step | "
-            f"{plan} | {target} | {_yes(met)} |"]
-
-
-def markdown(res: dict) -> str:
-    """The results as one markdown table (the JSON holds the same numbers)."""
-    tests = res["tests"]
-    out = [f"# gpu-check on {res['device']} (torch {res.get('torch', '?')})", "",
-           "| check | size | result | against | target | met |", "|---|---|---|---|---|---|"]
-    out += _attention_rows(res) + _train_rows(res) + _plan_row(res)
-    if tests:
-        out.append(f"| pytest -m gpu tests/gpu | {len(tests['cases'])} tests | {tests['summary']} | "
-                   f"{tests['seconds']:.0f} s | all pass | {'' if res.get('rehearsal') else _yes(tests['ok'])} |")
-        out += [f"| {c['name']} | | {c['outcome']} | | | |" for c in tests["cases"]]
-    return "\n".join(out) + "\n"
 
 
 def measure(args: argparse.Namespace, res: dict, save) -> None:
