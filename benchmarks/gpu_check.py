@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="cpu: a rehearsal of the same code at small sizes (Triton under TRITON_INTERPRET=1; the "
                          "GPU tests report skipped; the plan's step at 1K); nothing it measures is a GPU figure")
     ap.add_argument("--plan-step", type=int, help=argparse.SUPPRESS)  # bench_plan in a child (plan_step_in_child)
-    ap.add_argument("--preset", default=None, help="model of the timed train steps (default 1b; tiny on cpu)")
+    ap.add_argument("--preset", default=None, help="model of the timed train steps and the plan step (default 1b; tiny on cpu)")
     args = ap.parse_args(argv)
     if args.quick and args.full:
         ap.error("--quick and --full exclude each other")
