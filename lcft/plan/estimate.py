@@ -379,4 +379,7 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                           + (f" + {CUDA_NCCL >> 20} MiB NCCL buffers" if lay.world > 1 else ""))
         out["margin"] = (f"assumed safety margin: {CUDA_MARGIN:.0%} of activations, K/V and transient (the caching "
                          "allocator's rounding and fragmentation)")
+        out["host"] = (f"assumed (not measurable without a GPU): {HOST_PROCESS / GIB:.2f} GiB per process beside what "
+                       "it offloads (the interpreter, torch and the CUDA libraries, the data windows, checkpoint "
+                       "staging)")
     return out

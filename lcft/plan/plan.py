@@ -191,16 +191,14 @@ def _gib(n: int) -> str:
     return f"{n / GIB:8.2f} GiB"
 
 
-def _host_lines(budget: Budget, est: Estimate, explain: bool) -> list[str]:
+def _host_lines(budget: Budget, est: Estimate, why: str) -> list[str]:
     """What offloading puts in host memory per rank and, when the node's is given, what its ranks need of it."""
     lines = [f"  {'host memory (offloaded)':<32}{_gib(est.host)}"] if est.host else []
     if budget.host is not None:
         lines.append(f"host, one node: {budget.ranks_per_node} rank(s) x ({est.host / GIB:.2f} GiB offloaded + "
                      f"{HOST_PROCESS / GIB:.2f} GiB process) = {budget.host_need(est) / GIB:.2f} GiB   of "
                      f"{budget.host / GIB:.2f} GiB")
-        if explain:
-            lines.append(f"      assumed (not measurable without a GPU): {HOST_PROCESS / GIB:.2f} GiB per process "
-                         "beside what it offloads (the interpreter, torch and the CUDA libraries, the data windows)")
+        lines += [f"      {line}" for line in why.splitlines()]
     return lines
 
 
@@ -238,7 +236,7 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
             lines.append(f"  {LABELS[name]:<32}{_gib(value)}")
             lines += [f"      {line}" for line in why.get(name, "").splitlines()]
     lines.append(f"  {'total':<32}{_gib(est.total)}   of {budget.device / GIB:.2f} GiB")
-    lines += _host_lines(budget, est, cfg.explain)
+    lines += _host_lines(budget, est, why.get("host", ""))
     lines.append(_verdict(budget, est))
     if budget.admits(est):
         return "\n".join(lines), True
