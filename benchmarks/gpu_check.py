@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="length laid out by `lcft plan` for one GPU (default 1M; 1K on cpu; '' = skip)")
     ap.add_argument("--host-memory", default=None,
                     help="host memory the 1M plan must fit beside the GPU's (default: this node's physical memory)")
+    ap.add_argument("--gpu-memory", default=None,
+                    help=f"one GPU's memory the plan step is laid out for (default {PLAN_GPU_MEMORY}; on cpu just "
+                         "enough for the layout with offloaded block inputs, the flags the 1M run takes)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repeats per attention case")
     ap.add_argument("--dense-max", default="512K", help="longest length dense attention is timed at (budget)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -59,7 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.attention, args.train = args.attention or "256", args.train or "1K"
         args.preset = args.preset or "tiny"
         args.plan_length = "1K" if args.plan_length is None else args.plan_length
+        if args.plan_length and not args.gpu_memory:
+            args.gpu_memory = str(offload_budget(lengths(args.plan_length)[0], args.preset))
     args.host_memory = args.host_memory or str(node_memory())
+    args.gpu_memory = args.gpu_memory or PLAN_GPU_MEMORY
     args.attention = args.attention or ("32K,128K,512K,1M" if args.full else "32K,128K")
     args.train = args.train or ("128K,1M" if args.full else "128K")
     args.preset = args.preset or "1b"
@@ -214,18 +220,39 @@ def node_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def plan_for_one_gpu(length: int, host_memory: str, preset: str = "1b") -> tuple[str, object, object]:
-    """What `lcft plan --preset P --attention sparse --seq-len L --gpu-memory 141GB --host-memory H` picks: the
-    layout as given when it fits, else its first fitting change set; (flags, Layout, Estimate)."""
+def _plan_inputs(length: int, host_memory: str | None, preset: str, gpu_memory: str):
+    """(PlanConfig, LlamaConfig, Layout) of `lcft plan` for one GPU: sparse attention, `length` tokens."""
     from lcft.config import resolve
     from lcft.plan.config import PlanConfig
-    from lcft.plan.estimate import estimate
-    from lcft.plan.plan import Budget, layout, model_config, pick
+    from lcft.plan.plan import layout, model_config
 
     cfg = resolve(PlanConfig, None, {"preset": preset, "attention": "sparse", "seq_len": length,
-                                     "gpu_memory": PLAN_GPU_MEMORY, "host_memory": host_memory})
+                                     "gpu_memory": gpu_memory, "host_memory": host_memory})
     model = model_config(cfg)
-    lay = layout(cfg, model)
+    return cfg, model, layout(cfg, model)
+
+
+def offload_budget(length: int, preset: str) -> int:
+    """GPU bytes halfway between what `preset` at `length` needs with block checkpointing and with its block inputs
+    offloaded too: a plan for that GPU picks `--checkpointing block --offload-activations`, as the 1M run's does."""
+    from lcft.plan.estimate import estimate
+    from lcft.plan.plan import with_changes
+
+    _, model, lay = _plan_inputs(length, None, preset, PLAN_GPU_MEMORY)
+    block = estimate(model, with_changes(lay, checkpointing="block")).total
+    offloaded = estimate(model, with_changes(lay, checkpointing="block", offload_activations=True)).total
+    assert offloaded < block, (length, preset, offloaded, block)  # offloading must free something at this length
+    return (block + offloaded) // 2
+
+
+def plan_for_one_gpu(length: int, host_memory: str, preset: str = "1b",
+                     gpu_memory: str = PLAN_GPU_MEMORY) -> tuple[str, object, object]:
+    """What `lcft plan --preset P --attention sparse --seq-len L --gpu-memory G --host-memory H` picks: the
+    layout as given when it fits, else its first fitting change set; (flags, Layout, Estimate)."""
+    from lcft.plan.estimate import estimate
+    from lcft.plan.plan import Budget, pick
+
+    cfg, model, lay = _plan_inputs(length, host_memory, preset, gpu_memory)
     picked = pick(model, lay, Budget.of(cfg))
     if picked is None:
         return NOTHING_FITS, lay, estimate(model, lay)
@@ -233,12 +260,13 @@ def plan_for_one_gpu(length: int, host_memory: str, preset: str = "1b") -> tuple
     return flags or "(as given)", lay, est
 
 
-def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str = "1b") -> dict:
+def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str = "1b",
+               gpu_memory: str = PLAN_GPU_MEMORY) -> dict:
     """One `preset` step at `length` with the settings `lcft plan` picks for one GPU and this node's host memory:
     fits or not, peak vs the plan (device cpu: the rehearsal of the same code)."""
     import torch
 
-    flags, lay, est = plan_for_one_gpu(length, host_memory, preset)
+    flags, lay, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)
     total = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else node_memory()
     row = {"length": length, "preset": preset, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
            "gpu_gib": total / GIB}
@@ -260,15 +288,17 @@ def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str 
         return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
 
 
-def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", preset: str = "1b") -> dict:
+def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", preset: str = "1b",
+                       gpu_memory: str = PLAN_GPU_MEMORY) -> dict:
     """bench_plan in a fresh process: at 1M the plan offloads 88 GiB of block inputs to host memory, and a process
     the kernel kills for running out of it must not take the rest of the run's results with it."""
     res = subprocess.run([sys.executable, __file__, "--plan-step", str(length), "--host-memory", host_memory,
-                          "--device", device, "--preset", preset], capture_output=True, text=True, cwd=ROOT)
+                          "--device", device, "--preset", preset, "--gpu-memory", gpu_memory],
+                         capture_output=True, text=True, cwd=ROOT)
     lines = res.stdout.strip().splitlines()
     if res.returncode == 0 and lines:
         return json.loads(lines[-1])
-    flags, _, est = plan_for_one_gpu(length, host_memory, preset)
+    flags, _, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)
     why = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit {res.returncode}"
     last = (res.stderr.strip().splitlines() or [""])[-1][:120]
     return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
@@ -296,7 +326,8 @@ def measure(args: argparse.Namespace, res: dict, save) -> None:
     if args.plan_length:
         gc.collect()  # nothing of this process's own runs left on the GPU beside the child
         torch.cuda.empty_cache()
-        res["plan"] = plan_step_in_child(lengths(args.plan_length)[0], args.host_memory, args.device, args.preset)
+        res["plan"] = plan_step_in_child(lengths(args.plan_length)[0], args.host_memory, args.device, args.preset,
+                                         args.gpu_memory)
         save()
 
 
@@ -308,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: no CUDA GPU visible to torch; nothing measured.", file=sys.stderr)
         return 2
     if args.plan_step:
-        print(json.dumps(bench_plan(args.plan_step, args.host_memory, args.device, args.preset)))
+        print(json.dumps(bench_plan(args.plan_step, args.host_memory, args.device, args.preset, args.gpu_memory)))
         return 0
     if args.device == "cpu":
         from lcft.train.precision import cpu_describe
