@@ -104,6 +104,7 @@ class Layout:
     device: PlanDevice = "cuda"
     loss_chunk: int = 8192
     threads: int = 1  # compute threads per process (CPU)
+    sharded_source: bool = False  # the weights come from a sharded (DCP) checkpoint
 
     @property
     def local_tokens(self) -> int:
@@ -113,7 +114,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes per rank on the device, by what holds them; `host` = what offloading moved to CPU memory."""
+    """Bytes per rank on the device, by what holds them; `host` = what offloading moved to CPU memory, `load` =
+    the host memory a CUDA rank holds while it reads its weights, before the first step (freed by then)."""
 
     parameters: int
     gradients: int
@@ -125,6 +127,7 @@ class Estimate:
     runtime: int
     host: int
     margin: int = 0
+    load: int = 0
 
     @property
     def total(self) -> int:
@@ -323,7 +326,15 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         runtime = CUDA_RUNTIME + (CUDA_NCCL if lay.world > 1 else 0)
         margin = int(CUDA_MARGIN * (held + kv + transient))
     return Estimate(params, grads, optim, weight_copy_bytes(shape, lay), held, kv, transient, runtime, host,
-                    margin)
+                    margin, load_bytes(shape, lay))
+
+
+def load_bytes(shape: Shape, lay: Layout) -> int:
+    """Host bytes of a CUDA rank reading its weights: the whole model in fp32 (a fresh preset, or safetensors read
+    whole) on the CPU before it moves to the GPU or is sharded; none when fsdp reads a sharded checkpoint."""
+    if lay.device == "cpu" or (lay.shard == "fsdp" and lay.sharded_source):
+        return 0
+    return 4 * shape.params
 
 
 def with_changes(lay: Layout, **changes: object) -> Layout:
@@ -381,5 +392,6 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                          "allocator's rounding and fragmentation)")
         out["host"] = (f"assumed (not measurable without a GPU): {HOST_PROCESS / GIB:.2f} GiB per process beside what "
                        "it offloads (the interpreter, torch and the CUDA libraries, the data windows, checkpoint "
-                       "staging)")
+                       "staging)\nformula: + the larger of what it offloads and the weights it reads at start ("
+                       + ("0: fsdp reads the sharded checkpoint shard by shard)" if not load_bytes(shape, lay) else "4 B x P: the whole model in fp32 before it leaves the CPU)"))
     return out

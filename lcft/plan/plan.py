@@ -75,7 +75,15 @@ def layout(cfg: PlanConfig, model: LlamaConfig) -> Layout:
                   offload_params=bool(getattr(cfg, "offload_params", False)) and shard == "fsdp",
                   checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations, cp_kv=cfg.cp_kv,
                   precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
-                  threads=cpu_threads(world) if cfg.device == "cpu" else 1)
+                  threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=_sharded_init(cfg))
+
+
+def _sharded_init(cfg: PlanConfig) -> bool:
+    """Whether --init is a sharded (DCP) checkpoint (fsdp then reads it shard by shard)."""
+    from lcft.checkpoint.dcp import is_sharded_checkpoint
+    from lcft.checkpoint.layout import resolve_checkpoint
+
+    return bool(cfg.init) and is_sharded_checkpoint(resolve_checkpoint(cfg.init))
 
 
 def cpu_threads(ranks: int) -> int:
@@ -90,7 +98,8 @@ def cpu_threads(ranks: int) -> int:
 @dataclass(frozen=True)
 class Budget:
     """What a plan must fit in: `device` bytes per GPU and, when `host` is given, one node's host memory for its
-    `ranks_per_node` processes (each what it offloads plus HOST_PROCESS)."""
+    `ranks_per_node` processes (each the larger of what it offloads and of the weights it reads at start, plus
+    HOST_PROCESS)."""
 
     device: int
     host: int | None = None
@@ -102,7 +111,7 @@ class Budget:
 
     def host_need(self, est: Estimate) -> int:
         """Host bytes the node's ranks need under `est`."""
-        return self.ranks_per_node * (est.host + HOST_PROCESS)
+        return self.ranks_per_node * (max(est.host, est.load) + HOST_PROCESS)
 
     def admits(self, est: Estimate) -> bool:
         return est.total <= self.device and (self.host is None or self.host_need(est) <= self.host)
@@ -195,9 +204,9 @@ def _host_lines(budget: Budget, est: Estimate, why: str) -> list[str]:
     """What offloading puts in host memory per rank and, when the node's is given, what its ranks need of it."""
     lines = [f"  {'host memory (offloaded)':<32}{_gib(est.host)}"] if est.host else []
     if budget.host is not None:
-        lines.append(f"host, one node: {budget.ranks_per_node} rank(s) x ({est.host / GIB:.2f} GiB offloaded + "
-                     f"{HOST_PROCESS / GIB:.2f} GiB process) = {budget.host_need(est) / GIB:.2f} GiB   of "
-                     f"{budget.host / GIB:.2f} GiB")
+        lines.append(f"host, one node: {budget.ranks_per_node} rank(s) x (max({est.host / GIB:.2f} GiB offloaded, "
+                     f"{est.load / GIB:.2f} GiB of weights read at start) + {HOST_PROCESS / GIB:.2f} GiB process) "
+                     f"= {budget.host_need(est) / GIB:.2f} GiB   of {budget.host / GIB:.2f} GiB")
         lines += [f"      {line}" for line in why.splitlines()]
     return lines
 

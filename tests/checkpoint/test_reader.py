@@ -64,3 +64,21 @@ def test_a_sharded_checkpoint_reads_as_torch_reads_its_shards(ckpt):
         dcp.load(theirs, checkpoint_id=str(ckpt / "dcp"), no_dist=True)  # torch's own reader: the oracle
     assert all(torch.equal(ours[k], theirs[f"model.{k}"]) for k in ours)
     assert all(p.is_meta for p in load(ckpt, materialize=False).model.parameters())
+
+
+def test_lcft_plan_counts_no_whole_model_copy_for_a_sharded_init_under_fsdp(ckpt):
+    """`lcft plan --host-memory`: under fsdp each rank reads its own shards of a sharded --init onto its device
+    (lcft.train.sharded), so no rank holds the whole model in host memory; one process reads it whole (4 B x P,
+    P the loaded model's)."""
+    from lcft.config import resolve
+    from lcft.plan.config import PlanConfig
+    from lcft.plan.estimate import estimate
+    from lcft.plan.plan import layout, model_config
+
+    def weights_read(**opts) -> int:
+        cfg = resolve(PlanConfig, None, {"init": str(ckpt), "seq_len": 1024, "host_memory": "100GiB", **opts})
+        model = model_config(cfg)
+        return estimate(model, layout(cfg, model)).load
+
+    assert weights_read(nproc=2, shard="fsdp") == 0
+    assert weights_read(nproc=1) == 4 * load(ckpt).model.num_parameters() > 0

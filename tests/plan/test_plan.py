@@ -171,8 +171,9 @@ def test_host_memory_counts_what_the_nodes_ranks_offload() -> None:
     assert pick(model, lay, Budget(gpu, 128 * GIB)) == (flags, changed, est)
     assert Budget(gpu, 128 * GIB).host_need(est) == offloaded + HOST_PROCESS
     assert pick(model, lay, Budget(gpu, 64 * GIB)) is None
-    assert Budget(gpu, 8 * HOST_PROCESS, ranks_per_node=8).admits(estimate(model, Layout(1 << 12, world=8)))
-    assert not Budget(gpu, 8 * HOST_PROCESS - 1, ranks_per_node=8).admits(estimate(model, Layout(1 << 12, world=8)))
+    short = estimate(model, Layout(1 << 12, world=8))  # nothing offloaded: the weights read at start count
+    need = 8 * (4 * Shape.of(model).params + HOST_PROCESS)
+    assert Budget(gpu, need, ranks_per_node=8).admits(short) and not Budget(gpu, need - 1, ranks_per_node=8).admits(short)
 
 
 def test_cli_host_memory_verdict() -> None:
@@ -180,12 +181,43 @@ def test_cli_host_memory_verdict() -> None:
             "--checkpointing", "block", "--offload-activations"]
     ok = runner.invoke(app, [*base, "--host-memory", "128GiB"])
     assert ok.exit_code == 0, ok.output
-    assert "1 rank(s) x (88.00 GiB offloaded + 4.00 GiB process) = 92.00 GiB   of 128.00 GiB" in ok.output, ok.output
+    weights = 4 * Shape.of(preset("1b")).params / GIB  # under the 88 GiB offloaded: not what the node needs
+    assert (f"1 rank(s) x (max(88.00 GiB offloaded, {weights:.2f} GiB of weights read at start) + 4.00 GiB process) "
+            "= 92.00 GiB   of 128.00 GiB") in ok.output, ok.output
     assert "verdict: fits (" in ok.output and ", 36.00 GiB of host memory)" in ok.output, ok.output
     short = runner.invoke(app, [*base, "--host-memory", "90GiB"])
     assert short.exit_code == 1 and "verdict: does not fit (host memory 2.00 GiB over)" in short.output, short.output
     cpu = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4K", "--device", "cpu", "--host-memory", "1G"])
     assert cpu.exit_code != 0 and "host_memory" in cpu.output and len(cpu.output.strip().splitlines()) == 1
+
+
+def test_each_rank_reads_the_whole_model_into_host_memory_at_start() -> None:
+    """A CUDA rank builds the whole model in fp32 on the CPU before it moves to the GPU or FSDP shards it (a fresh
+    preset, or safetensors read whole: one copy, tests/model/test_checkpoints.py measures it), fsdp included:
+    GENERator-3B as published on an 8-GPU node needs 8 x (4 B x P + HOST_PROCESS), P counted by transformers'
+    own model; one byte less does not fit. A sharded checkpoint under fsdp is read shard by shard: nothing."""
+    from transformers import LlamaConfig as HFConfig
+    from transformers import LlamaForCausalLM
+
+    from tests.genomics.test_published_tokenizers import PUBLISHED
+
+    folder = PUBLISHED / "generator-eukaryote-3b-base"
+    if not folder.is_dir():
+        pytest.skip(f"published model files not found at {PUBLISHED}")
+    with torch.device("meta"):
+        p = sum(t.numel() for t in LlamaForCausalLM(HFConfig.from_pretrained(folder)).parameters())
+    need = 8 * (4 * p + HOST_PROCESS)
+    base = ["plan", "--init", str(folder), "--seq-len", "64K", "--nproc", "8", "--gpu-memory", "80GiB", "--cp", "8",
+            "--shard", "fsdp", "--checkpointing", "block"]
+    ok = runner.invoke(app, [*base, "--host-memory", str(need)])
+    assert ok.exit_code == 0 and f"(max(0.00 GiB offloaded, {4 * p / GIB:.2f} GiB of weights read at start)" in ok.output
+    assert "verdict: fits (" in ok.output and ", 0.00 GiB of host memory)" in ok.output, ok.output
+    short = runner.invoke(app, [*base, "--host-memory", str(need - 1)])
+    assert short.exit_code == 1 and "verdict: does not fit (host memory 0.00 GiB over)" in short.output, short.output
+    model = preset("1b")
+    assert estimate(model, Layout(1 << 16, world=8, shard="fsdp")).load == 4 * Shape.of(model).params
+    assert estimate(model, Layout(1 << 16, world=8, shard="fsdp", sharded_source=True)).load == 0
+    assert estimate(model, Layout(1 << 16, sharded_source=True)).load == 4 * Shape.of(model).params  # read whole
 
 
 def test_cli_errors_are_one_line() -> None:
