@@ -40,8 +40,9 @@ class PlanConfig(TrainConfig):
     gpus_per_node: int | None = None
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
     host_memory: str | None = None
-    """Host (CPU) memory of one node, e.g. 128GiB: what its ranks offload, plus each process's own (an assumed
-    constant; --explain names it), must fit in it too (default: not checked). CUDA plans only."""
+    """Host (CPU) memory of one node, e.g. 128GiB: what its ranks offload (or the fp32 model each reads at start,
+    when larger), plus each process's own (an assumed constant; --explain names it), must fit in it too (default:
+    not checked). CUDA plans only."""
     device: PlanDevice = "cuda"
     """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; fp32 unless --precision bf16)."""
     explain: bool = False
