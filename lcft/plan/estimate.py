@@ -393,5 +393,6 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
         out["host"] = (f"assumed (not measurable without a GPU): {HOST_PROCESS / GIB:.2f} GiB per process beside what "
                        "it offloads (the interpreter, torch and the CUDA libraries, the data windows, checkpoint "
                        "staging)\nformula: + the larger of what it offloads and the weights it reads at start ("
-                       + ("0: fsdp reads the sharded checkpoint shard by shard)" if not load_bytes(shape, lay) else "4 B x P: the whole model in fp32 before it leaves the CPU)"))
+                       + ("0: fsdp reads the sharded checkpoint shard by shard)" if not load_bytes(shape, lay)
+                          else "4 B x P: the whole model in fp32 before it leaves the CPU)"))
     return out
