@@ -27,7 +27,8 @@ LAYOUTS = {"1 rank": dict(nproc=1, cp=1, shard="none"), "cp 2": dict(nproc=2, cp
 CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n in (16384, 65536, 262144)
          for lay in LAYOUTS] + [dict(preset="tiny", seq_len=524288, layout=lay) for lay in LAYOUTS] + [
     dict(preset="tiny", seq_len=1 << 20, layout="1 rank"),  # 1M on 2 ranks needs more than 24 GiB
-    dict(preset="small", seq_len=524288, layout="1 rank")]  # small 512K on 2 ranks: about 2 x 10 GiB
+    dict(preset="small", seq_len=524288, layout="1 rank"), dict(preset="small", seq_len=524288, layout="cp 2")]
+# small 512K on fsdp 2 would need 2 x 18 GiB
 QUICK = [dict(preset="tiny", seq_len=4096, layout="1 rank")]
 STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exist from the first step's end)
 
