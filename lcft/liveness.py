@@ -27,6 +27,7 @@ from lcft.errors import LcftError
 
 BEAT_S = 1.0  # seconds between beats; a rank is lost when its counter stands still for LOST_AFTER beats
 LOST_AFTER = 3
+DIAGNOSE_S = BEAT_S * LOST_AFTER + 10  # the most a survivor spends naming the lost ranks (a silent store included)
 FAILURE_FILE_ENV = "LCFT_FAILURE_FILE"  # set by the launcher: where the first survivor writes the diagnosis
 NODE_RANK_ENV = "LCFT_NODE_RANK"  # the user's --node-rank (torchrun's own node numbering may differ)
 EXIT_LOST = 75  # a rank or node stopped answering; the latest checkpoint stands (sysexits EX_TEMPFAIL)
@@ -147,7 +148,7 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
     hb.stop()
     cause = _short(error)
     try:
-        lost, alive, nodes = _within(lambda: (*(r := hb.lost()), hb.nodes_lost(*r)), BEAT_S * LOST_AFTER + 10)
+        lost, alive, nodes = _within(lambda: (*(r := hb.lost()), hb.nodes_lost(*r)), DIAGNOSE_S)
     except Exception:  # the store itself does not answer: it is served by rank 0
         first = hb.peers.get(0, Peer(0, None, hb.host, 0))
         mine = os.environ.get(NODE_RANK_ENV)
