@@ -220,7 +220,7 @@ def node_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _plan_inputs(length: int, host_memory: str | None, preset: str, gpu_memory: str):
+def _plan_inputs(length: int, host_memory: str | None, preset: str, gpu_memory: str) -> tuple[object, object, object]:
     """(PlanConfig, LlamaConfig, Layout) of `lcft plan` for one GPU: sparse attention, `length` tokens."""
     from lcft.config import resolve
     from lcft.plan.config import PlanConfig

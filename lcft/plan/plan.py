@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
@@ -24,28 +25,33 @@ LABELS = {
 }
 
 
-def model_config(cfg: PlanConfig) -> LlamaConfig:
-    """The model of the plan: --init's config.json (a run folder means its latest checkpoint), else the preset;
-    with the attention options applied. No weights are read."""
-    from lcft.checkpoint.hf_folder import read_config
+def init_folder(cfg: PlanConfig) -> Path | None:
+    """--init's checkpoint folder (a run folder means its latest checkpoint; verified against its checksums), or
+    None for a preset. Resolve it once and hand it to the functions below: each verification hashes the weights."""
     from lcft.checkpoint.layout import resolve_checkpoint
+
+    return resolve_checkpoint(cfg.init) if cfg.init else None
+
+
+def model_config(cfg: PlanConfig, folder: Path | None = None) -> LlamaConfig:
+    """The model of the plan: config.json of `folder` (default: init_folder(cfg)), else the preset; with the
+    attention options applied. No weights are read."""
+    from lcft.checkpoint.hf_folder import read_config
     from lcft.model import preset
     from lcft.train.model_setup import attention_override
 
-    if cfg.init:
-        model = read_config(resolve_checkpoint(cfg.init))
-    else:
-        model = preset(cfg.preset)
+    folder = folder or init_folder(cfg)
+    model = read_config(folder) if folder else preset(cfg.preset)
     model.attention = attention_override(cfg.model, model.attention)
     return model
 
 
-def init_notes(cfg: PlanConfig) -> list[str]:
+def init_notes(folder: Path | None) -> list[str]:
     """What loading --init's config.json has to say (a custom class loaded as its model_type's, carried keys)."""
-    from lcft.checkpoint.layout import read_model_config, resolve_checkpoint
+    from lcft.checkpoint.layout import read_model_config
     from lcft.model.hf import config_notes
 
-    return config_notes(read_model_config(resolve_checkpoint(cfg.init))) if cfg.init else []
+    return config_notes(read_model_config(folder)) if folder else []
 
 
 def _seq_len(cfg: PlanConfig) -> int:
@@ -58,8 +64,10 @@ def _seq_len(cfg: PlanConfig) -> int:
     raise LcftError("give --seq-len (or --data, whose window length is the default)")
 
 
-def layout(cfg: PlanConfig, model: LlamaConfig) -> Layout:
-    """The Layout of a plan config (precision auto = bf16 on CUDA; on CPU as `lcft train` would choose)."""
+def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> Layout:
+    """The Layout of a plan config (precision auto = bf16 on CUDA; on CPU as `lcft train` would choose); `folder`:
+    as for model_config, to tell a sharded (DCP) --init, which fsdp reads shard by shard."""
+    from lcft.checkpoint.dcp import is_sharded_checkpoint
     from lcft.train.precision import choose_precision
 
     world = cfg.world
@@ -71,19 +79,12 @@ def layout(cfg: PlanConfig, model: LlamaConfig) -> Layout:
         raise LcftError(f"--seq-len {seq} is not a multiple of 2 x cp x block = {2 * cfg.cp * block}")
     precision = choose_precision(cfg.precision, cfg.device == "cpu")[0]
     shard = getattr(cfg, "shard", "none") if world > 1 else "none"
+    folder = folder or init_folder(cfg)
     return Layout(seq_len=seq, world=world, cp=cfg.cp, micro_batch=cfg.micro_batch, shard=shard,
                   offload_params=bool(getattr(cfg, "offload_params", False)) and shard == "fsdp",
                   checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations, cp_kv=cfg.cp_kv,
                   precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
-                  threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=_sharded_init(cfg))
-
-
-def _sharded_init(cfg: PlanConfig) -> bool:
-    """Whether --init is a sharded (DCP) checkpoint (fsdp then reads it shard by shard)."""
-    from lcft.checkpoint.dcp import is_sharded_checkpoint
-    from lcft.checkpoint.layout import resolve_checkpoint
-
-    return bool(cfg.init) and is_sharded_checkpoint(resolve_checkpoint(cfg.init))
+                  threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=folder is not None and is_sharded_checkpoint(folder))
 
 
 def cpu_threads(ranks: int) -> int:
@@ -225,13 +226,14 @@ def _verdict(budget: Budget, est: Estimate) -> str:
 
 def report(cfg: PlanConfig) -> tuple[str, bool]:
     """(the text `lcft plan` prints, whether the layout fits)."""
-    model = model_config(cfg)
-    lay = layout(cfg, model)
+    folder = init_folder(cfg)
+    model = model_config(cfg, folder)
+    lay = layout(cfg, model, folder)
     est = estimate(model, lay)
     budget = Budget.of(cfg)
     shape = Shape.of(model)
     dp = lay.world // lay.cp
-    lines = [f"note: {n}" for n in init_notes(cfg)]
+    lines = [f"note: {n}" for n in init_notes(folder)]
     lines += [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
              f"{model.attention.backend} attention)",
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
