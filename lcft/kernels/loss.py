@@ -2,7 +2,8 @@
 
 The forward pass computes logits chunk by chunk (fp32) and keeps only each token's log-sum-exp; the backward
 pass recomputes one chunk of logits at a time to form its gradient. Memory beyond the inputs is
-O(chunk x vocab) instead of O(L x vocab).
+O(chunk x vocab) instead of O(L x vocab). Autocast is off inside: under it the fp32 matmuls would run in bf16
+(the forward's log-sum-exp from bf16 logits, the backward's softmax from others).
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+
+def _exact(t: torch.Tensor) -> torch.autocast:
+    """Autocast off on `t`'s device: every matmul here is the fp32 one it is written as."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 def _flatten(hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None
@@ -30,6 +36,12 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                 chunk: int, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
+        with _exact(h):
+            return _ChunkedCrossEntropy._forward(ctx, h, weight, y, w, chunk, z_loss)
+
+    @staticmethod
+    def _forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                 chunk: int, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
         n = h.shape[0]
         lse = torch.zeros(n, dtype=torch.float32, device=h.device)  # (N,)
         ce_sum = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -52,6 +64,11 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_loss: torch.Tensor, g_z: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with _exact(g_loss):
+            return _ChunkedCrossEntropy._backward(ctx, g_loss, g_z)
+
+    @staticmethod
+    def _backward(ctx: Any, g_loss: torch.Tensor, g_z: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h, weight, y, w, lse = ctx.saved_tensors
         chunk, z_loss = ctx.chunk, ctx.z_loss
         wf = weight.float()  # (V, H)
@@ -104,11 +121,12 @@ def per_token_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: t
     h, y, _ = _flatten(hidden, labels, None)
     wf = lm_head_weight.float()  # (V, H)
     out = []
-    for s in range(0, h.shape[0], chunk):
-        logits = h[s:s + chunk].float() @ wf.T  # (C, V) fp32
-        yc = y[s:s + chunk]
-        keep = yc != ignore_index
-        ce = torch.logsumexp(logits, -1) - logits.gather(1, yc.clamp(min=0)[:, None])[:, 0]  # (C,)
-        out.append(torch.where(keep, ce, 0.0))
+    with _exact(h):
+        for s in range(0, h.shape[0], chunk):
+            logits = h[s:s + chunk].float() @ wf.T  # (C, V) fp32
+            yc = y[s:s + chunk]
+            keep = yc != ignore_index
+            ce = torch.logsumexp(logits, -1) - logits.gather(1, yc.clamp(min=0)[:, None])[:, 0]  # (C,)
+            out.append(torch.where(keep, ce, 0.0))
     flat = torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
     return flat.reshape(labels.shape)

@@ -31,11 +31,8 @@ class LossModel(nn.Module):
         """(loss_sum, count, z_sum): summed weighted token loss incl. z-loss (and the MoE router loss when the
         model has output_router_logits), counted tokens, Σ w·lse²."""
         hidden = self.model.hidden_states(input_ids, position_ids, rope_seq_len=rope_seq_len)  # (B, L, H)
-        # The loss kernel computes fp32 logits chunk by chunk; autocast would push its matmuls back to bf16.
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
-            loss_sum, count, z_sum = chunked_cross_entropy(hidden, self.model.lm_head_weight, labels,
-                                                           weights=weights, chunk=self.chunk, z_loss=self.z_loss,
-                                                           with_z=True)
+        loss_sum, count, z_sum = chunked_cross_entropy(hidden, self.model.lm_head_weight, labels, weights=weights,
+                                                       chunk=self.chunk, z_loss=self.z_loss, with_z=True)
         aux = self.model.aux_loss
         if aux is not None:  # a mean over this micro-batch's tokens (this rank's, under cp): x count to a sum
             loss_sum = loss_sum + self.model.config.router_aux_loss_coef * aux * count

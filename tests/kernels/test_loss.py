@@ -116,3 +116,21 @@ def test_per_token_loss_matches_cross_entropy():
     assert got.shape == labels.shape and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert (got[labels == -100] == 0).all() and torch.isfinite(got).all()
+
+
+def test_autocast_leaves_the_fp32_logits_fp32():
+    """Called under bf16 autocast (lcft eval --precision bf16, a benchmark's step), loss, gradients and per-token
+    losses are still the fp32 ones: autocast would run the chunks' matmuls in bf16."""
+    hidden, weight, labels, weights = make(5)
+    ref, _, _ = oracle(hidden, weight, labels, weights)
+    want = grads(ref, hidden, weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = chunked_cross_entropy(hidden, weight, labels, weights=weights, chunk=64)
+        got = grads(loss, hidden, weight)
+        per_token = per_token_loss(hidden.detach(), weight.detach(), labels, chunk=64)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=0)
+    for a, b in zip(got, want, strict=True):
+        assert_grads_close(a, b)
+    with torch.no_grad():
+        plain = per_token_loss(hidden, weight, labels, chunk=64)
+    torch.testing.assert_close(per_token, plain, rtol=1e-6, atol=1e-6)
