@@ -90,7 +90,9 @@ class Attention(nn.Module):
         k = k.transpose(1, 2)  # (B, Hkv, L, D)
         # v contiguous: then nothing saved for backward points into the fused qkv buffer, which is freed
         v = v.view(b, n, hkv, d).transpose(1, 2).contiguous()  # (B, Hkv, L, D)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        # Under autocast over fp32 weights the q/k norms return fp32 (HF's gain x normed): the core gets v's dtype,
+        # as SDPA's autocast would cast them (the sparse kernels and flash-attn take one dtype).
+        return apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype), v
 
     def out_proj(self, out: torch.Tensor) -> torch.Tensor:
         """The core's output (B, Hq, L, D) -> (B, L, H)."""

@@ -202,3 +202,22 @@ def test_sparse_backend_equals_dense_when_every_block_fits_the_budget():
         long_ids = torch.randint(0, 16, (1, 160))  # 10 blocks > budget: some blocks are skipped
         assert (sparse(long_ids) - dense(long_ids)).abs().max() > 1e-4
 
+
+
+def test_qk_norm_under_bf16_autocast_equals_dense_with_sparse_attention():
+    """Qwen3's q/k norms under bf16 autocast over fp32 weights: the sparse core gets q, k and v in one dtype and,
+    with every block in the budget, gives dense attention's loss and gradients (SDPA casts to bf16 itself)."""
+    dense = model(qk_norm=True)
+    spec = SparseSpec(block_size=16, top_k=2, local_blocks=1, sink_blocks=1)
+    sparse = Llama(cfg(qk_norm=True, attention=AttentionConfig(backend="sparse", sparse=spec, impl="cpu")))
+    sparse.load_state_dict(dense.state_dict())
+    ids = torch.randint(0, 16, (2, 64))  # 4 blocks <= budget
+    losses, grads = [], []
+    for m in (dense, sparse):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, count = chunked_cross_entropy(m.hidden_states(ids), m.lm_head_weight, ids)
+        (loss / count).backward()
+        losses.append(loss / count)
+        grads.append(m.layers[0].attn.q_proj.weight.grad)
+    torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=2e-2 * grads[0].abs().max().item())
