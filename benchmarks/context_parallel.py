@@ -57,6 +57,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     from lcft.parallel import ContextParallelRunner, ParallelConfig, apply_context_parallel, init_parallel
     from lcft.parallel.activations import apply_activation_checkpointing
     from lcft.parallel.comms import STATS
+    from lcft.parallel.mesh import group_backend
 
     cuda = args.device == "cuda"
     if args.torchrun:
@@ -65,7 +66,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     if cuda:
         torch.cuda.set_device(device)
     if args.world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", rank=args.rank, world_size=args.world)
+        dist.init_process_group(group_backend() if cuda else "gloo", rank=args.rank, world_size=args.world)
     cfg = preset("tiny")
     spec = SparseSpec(block_size=args.block, top_k=args.top_k, local_blocks=1, sink_blocks=1)
     cfg.attention = AttentionConfig(backend="sparse", sparse=spec, impl="auto")

@@ -74,6 +74,17 @@ def single_process_state() -> ParallelState:
     return ParallelState(world=1, rank=0, cp=1, dp=1, cp_rank=0, dp_rank=0)
 
 
+def group_backend() -> str:
+    """NCCL for CUDA tensors with gloo beside it for CPU ones (the step's token counts and timings, the norm of
+    gradients offloaded to the CPU): a group of NCCL alone refuses every CPU tensor. gloo alone without CUDA."""
+    return "cuda:nccl,cpu:gloo" if torch.cuda.is_available() else "gloo"
+
+
+def mesh_device_type() -> str:
+    """The device type of the default group's mesh: cuda when it has NCCL (alone or beside gloo)."""
+    return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
+
+
 def init_world(collective_timeout: float) -> bool:
     """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), with
     `collective_timeout` seconds per collective, and start this rank's heartbeat; True when there is a group
@@ -82,8 +93,7 @@ def init_world(collective_timeout: float) -> bool:
     if not dist.is_initialized():
         if world <= 1:
             return False
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout))
+        dist.init_process_group(group_backend(), timeout=timedelta(seconds=collective_timeout))
     liveness.start(dist.get_rank(), dist.get_world_size(), collective_timeout)
     return True
 
@@ -98,8 +108,7 @@ def init_parallel(cfg: CpConfig, fsdp: bool = False) -> ParallelState:
         return dataclasses.replace(single_process_state(), fsdp=fsdp)
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = check_world(world, cfg.cp)
-    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"  # gloo: a CPU mesh
-    mesh = init_device_mesh(device_type, (dp, cfg.cp), mesh_dim_names=MESH_DIMS)
+    mesh = init_device_mesh(mesh_device_type(), (dp, cfg.cp), mesh_dim_names=MESH_DIMS)
     if fsdp:
         mesh._flatten(SHARD_DIM)  # torchtitan's dp_shard x cp: the cp ranks of a window hold the same weights
     return ParallelState(

@@ -58,3 +58,22 @@ def test_cuda_rng_state_round_trips():
 def test_expandable_segments_applied_for_long_windows():
     user_set = "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     assert expandable_cuda_segments(1 << 20) is not user_set
+
+
+def test_the_process_group_reduces_cpu_and_cuda_tensors(tmp_path):
+    """The run's group on a CUDA node (NCCL with gloo beside it) takes the trainer's CPU counters and CUDA
+    tensors alike, and its mesh is a CUDA mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lcft.parallel.mesh import group_backend, mesh_device_type
+
+    dist.init_process_group(group_backend(), init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for t in (torch.ones(3, dtype=torch.float64), torch.ones(3, device="cuda")):
+            dist.all_reduce(t)
+            assert t.tolist() == [1.0, 1.0, 1.0]
+        assert mesh_device_type() == "cuda"
+        assert init_device_mesh(mesh_device_type(), (1, 1), mesh_dim_names=("dp", "cp")).device_type == "cuda"
+    finally:
+        dist.destroy_process_group()
