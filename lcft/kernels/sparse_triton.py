@@ -5,12 +5,14 @@ rows taken from all heads of the group (GP heads x M tokens of one query block) 
 once for all of them. Tile sizes come from `lcft.kernels.triton_tiles` per (GPU arch, dtype, head_dim).
 dK/dV walk a transposed (CSR) index of which query blocks chose each key block, so no atomics are needed. A
 key block chosen by very many query blocks (a sink block is chosen by all) is split into segments of at most
-`_SEG` entries whose partial sums are added afterwards, so one program does not serialise the backward.
+`_SEG` entries whose fp32 partial sums are added afterwards in a fixed order and rounded once, so one program does
+not serialise the backward.
 All offsets are int64 (1M tokens x heads x head_dim overflows int32). `triton` is imported inside functions.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 
@@ -55,7 +57,21 @@ class TransposedIndex:
         self.seg_row, self.seg_start, self.seg_end = seg_row.int(), start.int(), end.int()
         self.seg_out = slot.int()
         self.n_partial = int(multi.sum())
-        self.partial_rows = seg_row[multi]  # (nPartial,) which key block each partial sum belongs to
+        rows, per_row = torch.unique_consecutive(seg_row[multi], return_counts=True)  # a split row's slots are adjacent
+        first = torch.cumsum(per_row, 0) - per_row  # (nSplit,) each split row's first slot
+        order = torch.sort(per_row, descending=True, stable=True).indices  # rows with more slots first
+        self.split_rows, self.split_first = rows[order], first[order]  # (nSplit,)
+        counts = sorted(per_row.tolist())
+        # how many split rows have a slot j, for j = 1, 2, ...: a prefix, as the rows are sorted by their slots
+        self.split_prefix = [len(counts) - bisect.bisect_right(counts, j) for j in range(1, counts[-1])] if counts else []
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """(nPartial, block, D) fp32 partial sums -> (nSplit, block, D) the sum of each split row's, in fp32 and
+        in slot order (deterministic: no atomics, unlike index_add_ on CUDA)."""
+        acc = partial[self.split_first].clone()  # (nSplit, block, D)
+        for j, n in enumerate(self.split_prefix, start=1):
+            acc[:n] += partial[self.split_first[:n] + j]
+        return acc
 
 
 def _tiles(q: torch.Tensor, group: int, block_size: int) -> TileConfig:
@@ -110,10 +126,9 @@ class SparseAttentionTriton(torch.autograd.Function):
             dkv_kernel[(tix.seg_row.numel() * (block_size // t.kn),)](
                 q, k, v, dout, dk, dv, pk, pv, lse, delta, tix.seg_row, tix.seg_start, tix.seg_end, tix.seg_out,
                 tix.col, hq, hq // hkv, lq, lk, n_k, offset, scale, **t.dkv_consts())
-        if tix.n_partial:
-            rows = tix.partial_rows  # sum the split rows' partial results (deterministic, on few blocks)
-            dk.view(-1, block_size, d).index_add_(0, rows, pk.to(k.dtype))
-            dv.view(-1, block_size, d).index_add_(0, rows, pv.to(v.dtype))
+        if tix.n_partial:  # a split row's segments all went to partial slots: its sum, rounded once, is its gradient
+            dk.view(-1, block_size, d).index_copy_(0, tix.split_rows, tix.reduce(pk).to(k.dtype))
+            dv.view(-1, block_size, d).index_copy_(0, tix.split_rows, tix.reduce(pv).to(v.dtype))
         return dq, dk, dv, None, None, None
 
 

@@ -83,3 +83,24 @@ def test_tiles_cover_every_head_of_a_group(group):
 def test_unsupported_block_size_names_the_option():
     with pytest.raises(LcftError, match="--block-size"):
         tile_config((9, 0), torch.bfloat16, 64, 96, 1)
+
+
+def test_split_key_rows_round_once_in_bf16(monkeypatch):
+    """A key block chosen by more query blocks than one dK/dV program takes (the sink, chosen by all) gets the
+    gradient of an unsplit row up to one bf16 rounding: its partial sums are added in fp32 and rounded once."""
+    import lcft.kernels.sparse_triton as st
+
+    b, hkv, group, d, bs, n_blk = 1, 1, 2, 32, 16, 12
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(b, hkv * group, n_blk * bs, d, generator=gen).bfloat16()
+    k, v = (torch.randn(b, hkv, n_blk * bs, d, generator=gen).bfloat16() for _ in range(2))
+    dout = torch.randn(b, hkv * group, n_blk * bs, d, generator=gen).bfloat16()
+    rows = [sorted({0, j - 1, j} - {-1}) for j in range(n_blk)]  # sink, previous and own block
+    idx = torch.tensor([r + [-1] * (3 - len(r)) for r in rows], dtype=torch.int32).view(b, hkv, n_blk, 3)
+    whole = run(st.sparse_attention_triton, q, k, v, idx, dout, block_size=bs)
+    monkeypatch.setattr(st, "_SEG", 1)  # every entry its own segment: the sink row is split n_blk ways
+    split = run(st.sparse_attention_triton, q, k, v, idx, dout, block_size=bs)
+    for name, w, g in zip(("dk", "dv"), whole[2:], split[2:], strict=True):
+        w, g = w.float(), g.float()
+        ulp = torch.exp2(torch.floor(torch.log2(w.abs().clamp(min=1e-30))) - 7)  # bf16: 8 significant bits
+        assert ((g - w).abs() <= ulp).all(), f"{name}: {((g - w).abs() / ulp).max().item():.1f} ulp apart"
