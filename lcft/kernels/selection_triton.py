@@ -15,6 +15,7 @@ import torch
 
 from lcft.kernels.selection import assemble_indices, group_query_sums
 from lcft.kernels.spec import SparseSpec
+from lcft.kernels.triton_tiles import on_device
 
 _QT, _T = 16, 64  # query blocks per program, key blocks per tile
 
@@ -73,7 +74,7 @@ def select_blocks_triton(q: torch.Tensor, summary: torch.Tensor, spec: SparseSpe
     import triton
 
     top_k = spec.top_k
-    with torch.no_grad():
+    with torch.no_grad(), on_device(q):
         summary = summary.float().contiguous()  # (B, Hkv, nK, D)
         b, hkv, n_k, d = summary.shape
         qs = group_query_sums(q, hkv, spec.block_size).contiguous()  # (B, Hkv, nQ, D) fp32

@@ -19,7 +19,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from lcft.kernels.triton_tiles import TileConfig, tile_config
+from lcft.kernels.triton_tiles import TileConfig, on_device, tile_config
 
 _SEG = 64  # max (query block) entries per dK/dV program
 
@@ -85,6 +85,11 @@ class SparseAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, indices, block_size: int, q_block_offset: int):  # type: ignore[override]
+        with on_device(q):
+            return SparseAttentionTriton._forward(ctx, q, k, v, indices, block_size, q_block_offset)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, indices, block_size: int, q_block_offset: int):
         fwd_kernel, _, _ = _kernels()
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         indices = indices.to(torch.int32).contiguous()
@@ -104,6 +109,11 @@ class SparseAttentionTriton(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):  # type: ignore[override]
+        with on_device(dout):
+            return SparseAttentionTriton._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
         _, dq_kernel, dkv_kernel = _kernels()
         q, k, v, out, lse, indices = ctx.saved_tensors
         block_size, offset = ctx.block_size, ctx.q_block_offset

@@ -7,16 +7,25 @@ is compiled for sm_80/86/89/90/100 by benchmarks/kernel_resources.py, which chec
 against `SMEM_LIMIT`.
 `check_sparse_kernels_fit` repeats that check for the GPU at hand before a run starts, so a configuration that
 does not fit is a one-line LcftError naming the option to change instead of an OutOfResources mid-run.
+`on_device` makes a launch run on its tensors' GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 import torch
 
 from lcft.errors import LcftError
 from lcft.kernels.triton_tile_table import CHOSEN
+
+
+def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """`t`'s GPU as the current device: Triton launches on the current device and its stream, not the tensors'
+    (`lcft eval --device cuda:1` would run GPU 0's kernels on GPU 1's memory). Nothing under the interpreter."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
 
 # Largest dynamic shared memory one block may opt into, in bytes (CUDA programming guide, compute capabilities).
 SMEM_LIMIT = {(8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376, (9, 0): 232_448,
