@@ -290,7 +290,7 @@ def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str 
 
 def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", preset: str = "1b",
                        gpu_memory: str = PLAN_GPU_MEMORY) -> dict:
-    """bench_plan in a fresh process: at 1M the plan offloads 88 GiB of block inputs to host memory, and a process
+    """bench_plan in a fresh process: at 1M the plan offloads 176 GiB of block inputs to host memory, and a process
     the kernel kills for running out of it must not take the rest of the run's results with it."""
     res = subprocess.run([sys.executable, __file__, "--plan-step", str(length), "--host-memory", host_memory,
                           "--device", device, "--preset", preset, "--gpu-memory", gpu_memory],

@@ -27,15 +27,17 @@ LAYOUTS = {"1 rank": dict(nproc=1, cp=1, shard="none"), "cp 2": dict(nproc=2, cp
 CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n in (16384, 65536, 262144)
          for lay in LAYOUTS] + [dict(preset="tiny", seq_len=524288, layout=lay) for lay in LAYOUTS] + [
     dict(preset="tiny", seq_len=1 << 20, layout="1 rank"),  # 1M on 2 ranks needs more than 24 GiB
-    dict(preset="small", seq_len=524288, layout="1 rank"), dict(preset="small", seq_len=524288, layout="cp 2")]
+    dict(preset="small", seq_len=524288, layout="1 rank"), dict(preset="small", seq_len=524288, layout="cp 2")] + [
+    dict(preset="tiny", seq_len=65536, layout=lay, precision="bf16") for lay in ("1 rank", "fsdp 2")]
 # small 512K on fsdp 2 would need 2 x 18 GiB
 QUICK = [dict(preset="tiny", seq_len=4096, layout="1 rank")]
 STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exist from the first step's end)
 
 
 def spec_of(case: dict) -> dict:
-    """The full options of a case: its layout's ranks, cp and shard; sparse, block checkpointing, fp32."""
-    return {**case, **LAYOUTS[case["layout"]], "checkpointing": "block", "attention": "sparse"}
+    """The full options of a case: its layout's ranks, cp and shard; sparse, block checkpointing, fp32 unless the
+    case says bf16 (autocast over fp32 weights; under fsdp bf16 parameters)."""
+    return {"precision": "fp32", **case, **LAYOUTS[case["layout"]], "checkpointing": "block", "attention": "sparse"}
 
 
 def _rss() -> int:
@@ -58,7 +60,7 @@ def child(spec: dict) -> dict:
     gb = spec["nproc"] // spec["cp"]
     cfg = TrainConfig(data=spec["data"], out=spec["out"], preset=spec["preset"], seq_len=spec["seq_len"], steps=STEPS,
                       global_batch=gb, cp=spec["cp"], nproc=spec["nproc"], checkpointing=spec["checkpointing"],
-                      shard=spec.get("shard", "none"), attention=spec.get("attention"), precision="fp32", save_every=0, warmup=1,
+                      shard=spec.get("shard", "none"), attention=spec.get("attention"), precision=spec["precision"], save_every=0, warmup=1,
                       progress=False)
     t0 = time.perf_counter()
     s = run("train", cfg)  # in this process for one rank; several ranks are launched as `lcft train` launches them
@@ -78,7 +80,7 @@ def planned(spec: dict) -> int:
     model = preset(spec["preset"])
     model.attention.backend = spec.get("attention", "dense")
     lay = Layout(spec["seq_len"], world=spec["nproc"], cp=spec["cp"], shard=spec.get("shard", "none"),
-                 checkpointing=spec["checkpointing"], precision="fp32", device="cpu",
+                 checkpointing=spec["checkpointing"], precision=spec["precision"], device="cpu",
                  threads=spec.get("threads") or cpu_threads(spec["nproc"]))
     return estimate(model, lay).total
 
@@ -111,7 +113,8 @@ def _row(case: dict, m: dict) -> str:
 
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
     first = m.get("first_step_peak", m["peak"]) - m["base"]
-    return (f"| {case['preset']} | {format_size(case['seq_len'])} | {case['layout']} | {want / 2**20:,.0f} | "
+    return (f"| {case['preset']} | {format_size(case['seq_len'])} | {case['layout']} | {case.get('precision', 'fp32')} | "
+            f"{want / 2**20:,.0f} | "
             f"{first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
             f"{m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
 
@@ -125,7 +128,7 @@ def _cpu() -> str:
 def _record(case: dict, m: dict) -> None:
     """Add (or replace) one measured case in benchmarks/plan_cases.json."""
     rows = json.loads(RECORD.read_text()) if RECORD.exists() else []
-    rows = [r for r in rows if {k: r[k] for k in case} != case]
+    rows = [r for r in rows if {k: r.get(k) for k in case} != case]
     rows.append({**case, "base": m["base"], "peak": m["peak"], "first_step_peak": m["first_step_peak"],
                  "steps": m["steps"], "threads": m["threads"], "run_s": round(m["seconds"], 1),
                  "cpu": _cpu()})
@@ -136,7 +139,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one tiny case at 4K (about a minute)")
     ap.add_argument("--only", action="append", default=[],
-                    help="run only cases matching PRESET:TOKENS[:LAYOUT], e.g. small:65536:fsdp 2 (repeatable)")
+                    help="run only cases matching PRESET:TOKENS[:LAYOUT[:PRECISION]], e.g. small:65536:fsdp 2 "
+                         "(repeatable)")
     ap.add_argument("--record", action="store_true", help="write each measured case to benchmarks/plan_cases.json")
     ap.add_argument("--table", action="store_true", help="print the recorded cases against the plan (no runs)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one case may run (default 3600)")
@@ -145,16 +149,16 @@ def main() -> int:
     if args.case:
         print(json.dumps(child(json.loads(args.case))))
         return 0
-    print("| preset | tokens | layout | planned MiB | first step MiB | steps | measured MiB (last step) | "
+    print("| preset | tokens | layout | precision | planned MiB | first step MiB | steps | measured MiB (last step) | "
           "planned/measured | run s | CPU |")
-    print("|---" * 10 + "|")
+    print("|---" * 11 + "|")
     if args.table:
         rows = json.loads(RECORD.read_text())
         for r in rows:
-            print(_row({k: r[k] for k in ("preset", "seq_len", "layout")}, {**r, "seconds": r.get("run_s", r.get("step_s"))}))
+            print(_row({k: r[k] for k in ("preset", "seq_len", "layout", "precision") if k in r}, {**r, "seconds": r.get("run_s", r.get("step_s"))}))
         return 0
     cases = QUICK if args.quick else [c for c in CASES if not args.only or any(
-        f"{c['preset']}:{c['seq_len']}:{c['layout']}".startswith(o) for o in args.only)]
+        f"{c['preset']}:{c['seq_len']}:{c['layout']}:{c.get('precision', 'fp32')}".startswith(o) for o in args.only)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for i, case in enumerate(cases):

@@ -206,6 +206,14 @@ def _bytes(precision: str) -> int:
     return 2 if precision == "bf16" else 4
 
 
+def residual_bytes(lay: Layout) -> int:
+    """Bytes per value of the residual stream (the embedding output, every block's input and the residual inside
+    it, the final norm): fp32 under bf16 autocast over fp32 weights, as in transformers (one GPU, DDP, every CPU
+    run: the norms' fp32 gains promote); bf16 only where FSDP2 computes with bf16 parameters (bf16 on CUDA under
+    fsdp, which also casts each block's input)."""
+    return 2 if lay.precision == "bf16" and lay.shard == "fsdp" and lay.device == "cuda" else 4
+
+
 def state_bytes(shape: Shape, lay: Layout) -> tuple[int, int, int, int]:
     """(parameters, gradients, optimizer state, host bytes): fp32 master weights (4 B), fp32 gradients
     (4 B), AdamW's two fp32 moments (8 B) per parameter; fsdp divides each by the world (every rank of
@@ -268,15 +276,15 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
     offload_activations) plus the model's own, and while one block is recomputed its saved values; with
     seq_chunk only the attention core's q, k, v, out are whole-length, the rest chunk-sized. The transient is
     the gradients of one block's saved values and of the hidden state (fp32), and the loss chunk's logits."""
-    a, b, n = _bytes(lay.precision), lay.micro_batch, lay.local_tokens
+    a, r, b, n = _bytes(lay.precision), residual_bytes(lay), lay.micro_batch, lay.local_tokens
     tokens = b * n
-    own = 3 * shape.hidden * a * tokens + 4 * shape.head_dim * tokens  # + cos/sin (fp32)
-    per_block = shape.saved_per_token * a
+    own = 3 * shape.hidden * r * tokens + 4 * shape.head_dim * tokens  # + cos/sin (fp32)
+    per_block = shape.saved_per_token * a + 2 * shape.hidden * (r - a)  # its input and residual: the stream's
     if lay.checkpointing == "none":
         held = shape.layers * per_block * tokens + own
         recompute = 0
     else:
-        inputs = 0 if lay.offload_activations else shape.layers * shape.hidden * a * tokens
+        inputs = 0 if lay.offload_activations else shape.layers * shape.hidden * r * tokens
         held = inputs + own
         if lay.seq_chunk and n > lay.seq_chunk:
             core = (2 * shape.q_width + 2 * shape.kv_width) * a * tokens
@@ -307,7 +315,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         local = -(-shape.params // lay.world) if lay.shard == "fsdp" else shape.params
         transient += CPU_LATER_STEP * 4 * local
     if lay.offload_activations:
-        host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * _bytes(lay.precision)
+        host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * residual_bytes(lay)
     kv = kv_bytes(shape, lay)
     if lay.device == "cpu" and lay.seq_len < LONG_WINDOW:
         # Fitted (tiny preset at 16K on cp 2: 70 MiB above the plan without it, 64 MiB of K/V): likely glibc's heap
@@ -339,60 +347,3 @@ def load_bytes(shape: Shape, lay: Layout) -> int:
 
 def with_changes(lay: Layout, **changes: object) -> Layout:
     return dataclasses.replace(lay, **changes)
-
-
-def sources(shape: Shape, lay: Layout) -> dict[str, str]:
-    """Where each figure of `estimate` comes from, one or more lines per term (`lcft plan --explain`)."""
-    a = _bytes(lay.precision)
-    per = f"⌈P/{lay.world}⌉" if lay.shard == "fsdp" else "P"
-    out = {"parameters": f"formula: 4 B x {per}, P = {shape.params:,} (fp32 master weights)",
-           "gradients": f"formula: 4 B x {per} (fp32)" + (" + 4 B x P (DDP's buckets)" if lay.shard == "none"
-                                                           and lay.world > 1 else ""),
-           "optimizer": f"formula: 8 B x {per} (AdamW's two fp32 moments)",
-           "weight_copies": f"formula: fused qkv + gate|up of {1 if lay.checkpointing == 'block' else shape.layers} "
-                            f"block(s) at {a} B" + (" + 2 all-gathered blocks and the root (fsdp)"
-                                                    if lay.shard == "fsdp" else ""),
-           "kv": "formula: remote K/V and their gradients (docs/plan.md)" if lay.cp > 1 else "formula: 0 (cp 1)"}
-    if lay.checkpointing == "block":
-        out["activations"] = (f"formula: {lay.micro_batch * lay.local_tokens:,} tokens x (N·H block inputs"
-                              f"{' offloaded' if lay.offload_activations else ''} + 3H + RoPE) at {a} B")
-    else:
-        out["activations"] = (f"formula: {lay.micro_batch * lay.local_tokens:,} tokens x (N·S = "
-                              f"{shape.layers * shape.saved_per_token:,} values saved per token + 3H + RoPE) at {a} B")
-    out["transient"] = ("formula: the recomputed block and its gradients, the hidden state's fp32 gradient, three "
-                        "fp32 logit chunks of the loss")
-    if lay.device == "cpu":
-        out["runtime"] = (f"measured constants (benchmarks/plan.py): {CPU_RUNTIME >> 20} MiB per process"
-                          + (f" + {CPU_PROCESS_GROUP >> 20} MiB per rank of a multi-process run" if lay.world > 1
-                             else "")
-                          + (f" + {CPU_SPARSE_KERNEL >> 20} MiB chunked attention kernel" if shape.sparse or lay.cp > 1
-                             else "")
-                          + (f" + {CPU_THREAD_SHARE} x the block transient x {lay.threads - 1} threads beyond "
-                             "the first" if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
-        if lay.seq_len >= LONG_WINDOW:
-            share = f"{long_share(lay):.2f}"
-            out["transient"] += (f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens "
-                                 f"{'under cp ' if lay.cp > 1 else ''}(freed buffers go back to the OS at once)")
-            out["kv"] += f"\nmeasured factor: x {share} on CPU from {LONG_WINDOW:,} tokens"
-        else:
-            if lay.cp > 1:
-                out["kv"] += (f"\nmeasured: x 2 on CPU below {LONG_WINDOW:,} tokens (fitted to a later step's "
-                              "peak; glibc keeps freed buffers in its heap)")
-            out["transient"] += ("\nmeasured: + the recompute and the gradients again on CPU below "
-                                 f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap), + 4 B x {per} "
-                                 "fitted to a later step's peak"
-                                 + (f"; fsdp: {CPU_FSDP_HEAP_COPIES} unsharded fp32 copies of the model"
-                                    if lay.shard == "fsdp" else ""))
-        out["margin"] = "none on CPU: the constants above are measured"
-    else:
-        out["runtime"] = (f"assumed (not measurable without a GPU): {CUDA_RUNTIME / GIB:.2f} GiB CUDA context, "
-                          "kernel images, cuBLAS/Triton workspaces"
-                          + (f" + {CUDA_NCCL >> 20} MiB NCCL buffers" if lay.world > 1 else ""))
-        out["margin"] = (f"assumed safety margin: {CUDA_MARGIN:.0%} of activations, K/V and transient (the caching "
-                         "allocator's rounding and fragmentation)")
-        out["host"] = (f"assumed (not measurable without a GPU): {HOST_PROCESS / GIB:.2f} GiB per process beside what "
-                       "it offloads (the interpreter, torch and the CUDA libraries, the data windows, checkpoint "
-                       "staging)\nformula: + the larger of what it offloads and the weights it reads at start ("
-                       + ("0: fsdp reads the sharded checkpoint shard by shard)" if not load_bytes(shape, lay)
-                          else "4 B x P: the whole model in fp32 before it leaves the CPU)"))
-    return out

@@ -10,7 +10,8 @@ from pathlib import Path
 from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
 from lcft.plan.config import PlanConfig
-from lcft.plan.estimate import GIB, HOST_PROCESS, Estimate, Layout, Shape, estimate, sources, with_changes
+from lcft.plan.estimate import GIB, HOST_PROCESS, Estimate, Layout, Shape, estimate, with_changes
+from lcft.plan.explain import sources
 
 LABELS = {
     "parameters": "parameters (fp32 master)",
