@@ -3,7 +3,7 @@
 Needs one CUDA GPU; without one it says so and exits 0 (it is not part of CI). It first checks the compiled
 Triton kernels against the reference on a small shape (the CPU tests only run them under the interpreter),
 then times selection, forward and forward+backward at each length. TFLOP/s counts useful FLOPs: causal pairs
-for dense, the chosen pairs for sparse (4·D FLOPs per pair forward, 10·D forward+backward).
+for dense, the chosen pairs for sparse (FLOPS_PER_PAIR: 4·D FLOPs per pair forward, 12·D forward+backward).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import sys
 
 HQ, HKV, DIM, BLOCK, TOP_K, LOCAL, SINK = 32, 8, 128, 128, 16, 1, 1
 K = 1024
+# x head_dim x heads per (query, key) pair, forward + backward: QK^T and PV forward (2 + 2), dV, dP, dQ and dK
+# backward (4 x 2); the backward's recompute of QK^T is not counted (flash-attn's own figures count it: 14)
+FLOPS_PER_PAIR = 12
 
 
 def causal_pairs(length: int) -> int:
@@ -98,8 +101,8 @@ def bench_length(length: int, dense, repeat: int) -> None:
     except torch.OutOfMemoryError:
         t_df = t_dfb = float("nan")
     sp, dp = sparse_pairs(length, BLOCK, TOP_K + LOCAL + SINK + 1), causal_pairs(length)
-    tf_s = 10 * DIM * HQ * sp / t_sfb / 1e12
-    tf_d = 10 * DIM * HQ * dp / t_dfb / 1e12
+    tf_s = FLOPS_PER_PAIR * DIM * HQ * sp / t_sfb / 1e12
+    tf_d = FLOPS_PER_PAIR * DIM * HQ * dp / t_dfb / 1e12
     print(f"{length // K:>5}K {t_sel * 1e3:>10.2f} {t_sf * 1e3:>9.1f}ms {t_sfb * 1e3:>9.1f}ms "
           f"{t_df * 1e3:>8.1f}ms {t_dfb * 1e3:>8.1f}ms {tf_s:>12.1f} {tf_d:>11.1f} {t_dfb / t_sfb:>7.2f}x "
           f"{dp / sp:>10.2f}", flush=True)

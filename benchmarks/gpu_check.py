@@ -30,7 +30,8 @@ from lcft.config import parse_size  # noqa: E402 (standard library only; the pat
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
 PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
 NOTHING_FITS = "(nothing fits)"  # plan_for_one_gpu's flags when no layout fits
-FLOPS_PER_PAIR = 10  # x head_dim x heads: attention forward + backward per (query, key) pair (attention_gpu.py)
+TESTS_TIMEOUT_S = 300  # pytest -m gpu (about 2 minutes on an H100/H200 with a cold Triton cache: docs/cuda.md)
+PLAN_STEP_TIMEOUT_S = 240  # the 1M step's process (its model built, 176 GiB offloaded and back, one step)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,8 +84,12 @@ def run_tests(out: Path, on_gpu: bool = True) -> dict:
     On a GPU every test must pass: a skip there means a GPU test did not run (they skip only without CUDA)."""
     t0 = time.perf_counter()
     xml = out / "gpu-tests.xml"
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(ROOT / "tests" / "gpu"),
-                          f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT)
+    try:
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(ROOT / "tests" / "gpu"),
+                              f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT, timeout=TESTS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # a hung test must not take the benchmarks' time
+        return {"ok": False, "summary": f"timed out after {TESTS_TIMEOUT_S} s", "cases": [],
+                "seconds": time.perf_counter() - t0}
     print(res.stdout[-4000:], res.stderr[-2000:], flush=True)
     lines = res.stdout.strip().splitlines()
     cases = []
@@ -130,7 +135,19 @@ def dense_attention(q, k, v):
 def bench_attention(length: int, repeat: int, dense_max: int, device: str = "cuda") -> dict:
     """Triton sparse fwd+bwd vs dense (flash-attn, else SDPA's flash) fwd+bwd, bf16, the 1b preset's heads at D=128."""
     import torch
-    from attention_gpu import BLOCK, DIM, HKV, HQ, LOCAL, SINK, TOP_K, causal_pairs, sparse_pairs, timed
+    from attention_gpu import (
+        BLOCK,
+        DIM,
+        FLOPS_PER_PAIR,
+        HKV,
+        HQ,
+        LOCAL,
+        SINK,
+        TOP_K,
+        causal_pairs,
+        sparse_pairs,
+        timed,
+    )
 
     from lcft.kernels import SparseSpec, select_blocks, sparse_attention_with_indices
 
@@ -166,7 +183,7 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     """A `preset` step (sparse attention, chunked CE, bf16 autocast, AdamW): time, tokens/s, MFU, peak memory.
     With warmup, the second step is timed; without it the first (the optimizer state's allocation included)."""
     import torch
-    from attention_gpu import sparse_pairs
+    from attention_gpu import FLOPS_PER_PAIR, sparse_pairs
 
     import lcft.model as lm
     from lcft.kernels import SparseSpec, chunked_cross_entropy
@@ -204,12 +221,12 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     seconds, loss = step()
     n_params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    attn = 12 * cfg.num_hidden_layers * heads * d * sparse_pairs(length, 128, cfg.attention.sparse.budget)
+    attn = FLOPS_PER_PAIR * cfg.num_hidden_layers * heads * d * sparse_pairs(length, 128, cfg.attention.sparse.budget)
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = next((v for fragment, v in PEAK_BF16.items() if fragment in name), None)
     row = {"length": length, "preset": preset, "step_s": seconds, "tokens_per_s": length / seconds, "loss": loss,
            "finite": loss == loss and abs(loss) != float("inf"),
-           "mfu": (6 * n_params * length + attn) / seconds / peak if peak else None,  # 4·D fwd + 8·D bwd per pair
+           "mfu": (6 * n_params * length + attn) / seconds / peak if peak else None,
            "peak_gib": peak_memory_bytes(torch.device(device)) / GIB}
     print(json.dumps(row), flush=True)
     return row
@@ -292,13 +309,17 @@ def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", pres
                        gpu_memory: str = PLAN_GPU_MEMORY) -> dict:
     """bench_plan in a fresh process: at 1M the plan offloads 176 GiB of block inputs to host memory, and a process
     the kernel kills for running out of it must not take the rest of the run's results with it."""
-    res = subprocess.run([sys.executable, __file__, "--plan-step", str(length), "--host-memory", host_memory,
-                          "--device", device, "--preset", preset, "--gpu-memory", gpu_memory],
-                         capture_output=True, text=True, cwd=ROOT)
+    flags, _, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)
+    try:
+        res = subprocess.run([sys.executable, __file__, "--plan-step", str(length), "--host-memory", host_memory,
+                              "--device", device, "--preset", preset, "--gpu-memory", gpu_memory],
+                             capture_output=True, text=True, cwd=ROOT, timeout=PLAN_STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # e.g. a host swapping the offloaded block inputs
+        return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
+                "fits": False, "error": f"its process ran past {PLAN_STEP_TIMEOUT_S} s and was stopped"}
     lines = res.stdout.strip().splitlines()
     if res.returncode == 0 and lines:
         return json.loads(lines[-1])
-    flags, _, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)
     why = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit {res.returncode}"
     last = (res.stderr.strip().splitlines() or [""])[-1][:120]
     return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
@@ -348,15 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         name = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
-    res = {"device": name, "torch": torch.__version__, "rehearsal": args.device == "cpu",
+    res = {"device": name, "torch": torch.__version__, "rehearsal": args.device == "cpu", "attention": [], "train": [],
            "tests": {} if args.skip_tests else run_tests(args.out, args.device == "cuda")}
 
-    def save() -> None:
+    def save() -> None:  # both files after every step: a run cut short keeps its table so far
         (args.out / "gpu-check.json").write_text(json.dumps(res, indent=1))
+        (args.out / "gpu-check.md").write_text(markdown(res))
 
     save()
     measure(args, res, save)
-    (args.out / "gpu-check.md").write_text(markdown(res))
     print(markdown(res))
     finite = all(r.get("finite", True) for r in res["attention"] + res["train"] + [res.get("plan") or {}])
     broken = res["rehearsal"] and "error" in (res.get("plan") or {})  # on CPU the step cannot miss: a failure is a bug

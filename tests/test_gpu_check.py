@@ -273,3 +273,16 @@ def test_what_neither_the_node_nor_the_wheelhouse_brings_is_named(offline_node):
     assert "not all here" in res.stderr, res.stderr
     for m in lacks:
         assert f"requires {m}, which is not installed" in res.stderr, (m, res.stderr)
+
+
+def test_a_hung_step_or_test_run_is_a_row_not_a_lost_slot(tmp_path, monkeypatch):
+    """The GPU tests and the 1M step each run under a time limit: past it, a failed row naming the limit, and the
+    run goes on to the next step."""
+    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(gpu_check, "PLAN_STEP_TIMEOUT_S", 0.01)
+    tests = gpu_check.run_tests(tmp_path)
+    assert not tests["ok"] and tests["summary"] == "timed out after 0.01 s" and tests["cases"] == []
+    row = gpu_check.plan_step_in_child(1 << 20, H200_NODE)
+    assert not row["fits"] and row["error"] == "its process ran past 0.01 s and was stopped", row
+    md = gpu_check.markdown({"device": "GPU", "attention": [], "train": [], "plan": row, "tests": tests})
+    assert "| 0 tests | timed out after 0.01 s |" in md and "does not fit: its process ran past 0.01 s" in md
