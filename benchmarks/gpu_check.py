@@ -26,10 +26,12 @@ from gpu_check_table import GIB, markdown  # noqa: E402
 
 from lcft.config import parse_size  # noqa: E402 (standard library only; the path above finds lcft)
 
-# Dense bf16 tensor-core peak, FLOP/s, by device-name fragment (MFU denominator).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
+# Dense bf16 tensor-core peak, FLOP/s, by device-name fragment, the first that matches (MFU denominator): NVIDIA's
+# data sheets halve their with-sparsity figures (H200 NVL 1,671 -> 835; H100 PCIe 1,513 -> 756; SXM 1,979 -> 989).
+PEAK_BF16 = {"H200 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
 PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
 NOTHING_FITS = "(nothing fits)"  # plan_for_one_gpu's flags when no layout fits
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
 TESTS_TIMEOUT_S = 300  # pytest -m gpu (about 2 minutes on an H100/H200 with a cold Triton cache: docs/cuda.md)
 PLAN_STEP_TIMEOUT_S = 240  # the 1M step's process (its model built, 176 GiB offloaded and back, one step)
 
@@ -45,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plan-length", default=None,
                     help="length laid out by `lcft plan` for one GPU (default 1M; 1K on cpu; '' = skip)")
     ap.add_argument("--host-memory", default=None,
-                    help="host memory the 1M plan must fit beside the GPU's (default: this node's physical memory)")
+                    help="host memory the 1M plan must fit beside the GPU's (default: this node's physical memory, or "
+                         "its container's limit when lower)")
     ap.add_argument("--gpu-memory", default=None,
                     help=f"one GPU's memory the plan step is laid out for (default {PLAN_GPU_MEMORY}; on cpu just "
                          "enough for the layout with offloaded block inputs, the flags the 1M run takes)")
@@ -188,6 +191,7 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     import lcft.model as lm
     from lcft.kernels import SparseSpec, chunked_cross_entropy
     from lcft.parallel.activations import apply_activation_checkpointing
+    from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
     from lcft.train.metrics import peak_memory_bytes
 
     cuda = device == "cuda"
@@ -197,6 +201,8 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     cfg.attention = lm.AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=128, top_k=16))
     torch.manual_seed(0)
     model = lm.Llama(cfg).to(device)
+    return_freed_buffers_to_os(length)  # the allocators as `lcft train` sets them for this window
+    expandable_cuda_segments(length)
     apply_activation_checkpointing(model, checkpointing, offload=offload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = torch.randint(4, 8, (1, length), device=device)
@@ -233,8 +239,17 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
 
 
 def node_memory() -> int:
-    """This machine's physical memory, bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The host memory this process may use, bytes: the machine's physical memory, or its container's limit when
+    lower (a cgroup's memory.max; `max` = none)."""
+    limits = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    for path in CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    return min(limits)
 
 
 def _plan_inputs(length: int, host_memory: str | None, preset: str, gpu_memory: str) -> tuple[object, object, object]:

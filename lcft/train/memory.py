@@ -38,12 +38,13 @@ def expandable_cuda_segments(seq_len: int) -> bool:
 
     Why: the same frees and re-allocations of sequence-chunk buffers of varying sizes fragment the CUDA caching
     allocator's fixed segments; expandable segments grow in place, so freed memory is reused instead of
-    reserved twice. Skipped when the user set expandable_segments in PYTORCH_CUDA_ALLOC_CONF themselves, off
-    CUDA and for short windows. Returns True when the setting was applied.
+    reserved twice. Skipped when the user set expandable_segments in PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF)
+    themselves, off CUDA and for short windows. Returns True when the setting was applied.
     """
     if seq_len < LONG_WINDOW or not torch.cuda.is_available():
         return False
-    if "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    # torch reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF, its older name
+    if any("expandable_segments" in os.environ.get(k, "") for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
         return False  # the user's explicit choice wins
     torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     return True

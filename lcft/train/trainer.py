@@ -328,6 +328,8 @@ class Trainer:
         mine = [(g - (st.samples_seen - cfg.global_batch), s)
                 for grp, sids in zip(groups, ids, strict=True) for g, s in zip(grp, sids, strict=True)]
         samples = self._gather_samples(mine)
+        if self.acc.device.type == "cuda":  # the optimizer's kernels are still queued: count them in this step
+            torch.cuda.synchronize(self.acc.device)
         peak = self._max([peak_memory_bytes(self.acc.device)])[0]
         dt = time.perf_counter() - t0
         record = {"step": step, "loss": loss, "bits_per_base": bits_per_base(loss, count, bases), "lr": lr,

@@ -56,7 +56,7 @@ def test_cuda_rng_state_round_trips():
 
 
 def test_expandable_segments_applied_for_long_windows():
-    user_set = "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    user_set = any("expandable_segments" in os.environ.get(k, "") for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"))
     assert expandable_cuda_segments(1 << 20) is not user_set
 
 
