@@ -20,9 +20,16 @@ _SELECT_CHUNK_ELEMS = 1 << 22
 
 
 def block_means(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Mean over each block of tokens, in fp32: (B, H, L, D) -> (B, H, L/block, D)."""
+    """Mean over each block of tokens, in fp32: (B, H, L, D) -> (B, H, L/block, D). A 2-byte x is upcast one head
+    at a time (the same sums): a whole fp32 copy of q would be 8 GiB at 1M tokens for 32 heads of 64."""
     b, h, length, d = x.shape
-    return x.reshape(b, h, length // block_size, block_size, d).float().mean(dim=3)  # (B, H, nB, D)
+    blocks = x.reshape(b, h, length // block_size, block_size, d)  # (B, H, nB, block, D)
+    if x.dtype == torch.float32:
+        return blocks.mean(dim=3)  # (B, H, nB, D)
+    out = torch.empty(b, h, length // block_size, d, dtype=torch.float32, device=x.device)  # (B, H, nB, D)
+    for i in range(h):
+        out[:, i] = blocks[:, i].float().mean(dim=2)  # (B, nB, D)
+    return out
 
 
 def group_query_sums(q: torch.Tensor, num_kv_heads: int, block_size: int) -> torch.Tensor:

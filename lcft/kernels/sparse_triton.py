@@ -19,6 +19,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from lcft.kernels.sparse_blocks import output_delta
 from lcft.kernels.triton_tiles import TileConfig, on_device, tile_config
 
 _SEG = 64  # max (query block) entries per dK/dV program
@@ -122,7 +123,7 @@ class SparseAttentionTriton(torch.autograd.Function):
         n_k = lk // block_size
         t = _tiles(q, hq // hkv, block_size)
         dout = dout.contiguous()
-        delta = (dout.float() * out.float()).sum(-1)  # (B, Hq, Lq) rowsum(dO · O)
+        delta = output_delta(dout, out)  # (B, Hq, Lq) rowsum(dO · O)
         scale = 1.0 / math.sqrt(d)
         dq = torch.empty_like(q)
         dq_kernel[(lq // t.dq_m, b * hkv)](

@@ -93,12 +93,13 @@ class StreamedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
+        from lcft.kernels.sparse_blocks import output_delta
         from lcft.kernels.sparse_partial import partial_attention_backward
 
         q, k, v, out, lse, rows = ctx.saved_tensors
         stream, blk, n_k = ctx.stream, ctx.stream.block, ctx.stream.n_k
         dout = dout.contiguous()
-        delta = (dout.float() * out.float()).sum(-1)  # (B, Hq, Lq) rowsum(dO · O)
+        delta = output_delta(dout, out)  # (B, Hq, Lq) rowsum(dO · O)
         dq, dk, dv = partial_attention_backward(q, k, v, renumber_blocks(rows, stream.own_ids(), n_k), dout, lse, delta,
                                                 block_size=blk, diag_offset=0)  # fp32
         for p in range(stream.pieces):

@@ -38,3 +38,22 @@ def test_cpu_fwd_bwd_at_64k_stays_far_below_quadratic_memory():
     assert stats["finite"]
     # Unavoidable: out and the q/k/v grads (~16 MiB here); the rest is per-chunk scratch and the index.
     assert stats["growth_mib"] < BOUND_MIB, stats
+
+
+def test_head_by_head_fp32_upcasts_give_the_whole_tensor_sums():
+    """rowsum(dO · O) and the block means of a bf16 q, upcast one head at a time (no whole fp32 copy), are
+    bit for bit the whole-tensor formulas; their peak extra memory is one head's fp32 copies."""
+    import torch
+
+    from lcft.kernels.selection import block_means
+    from lcft.kernels.sparse_blocks import output_delta
+
+    gen = torch.Generator().manual_seed(0)
+    dout, out = (torch.randn(2, 8, 512, 32, generator=gen).bfloat16() for _ in range(2))
+    assert torch.equal(output_delta(dout, out), (dout.float() * out.float()).sum(-1))
+    assert torch.equal(block_means(out, 64), out.reshape(2, 8, 8, 64, 32).float().mean(dim=3))
+    for fn in (lambda: output_delta(dout, out), lambda: block_means(out, 64)):
+        with torch.profiler.profile(profile_memory=True) as prof:
+            fn()
+        biggest = max(e.cpu_memory_usage for e in prof.events())  # bytes of the largest allocation of one op
+        assert biggest <= out.numel() * 4 // 8, biggest  # one head's fp32 copy (8 heads), never the whole
