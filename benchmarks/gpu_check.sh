@@ -93,6 +93,10 @@ for line in sys.stdin:
 fi
 say "installed in $(( $(date +%s) - start )) s"
 [ "$install_only" = 1 ] && exit 0
+# fp32 matmuls as torch asks for them: some CUDA images turn TF32 on for every fp32 cuBLAS call, and the GPU tests
+# hold fp32 results to fp32 tolerances (the benchmarks run in bf16, which this leaves alone)
+unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
+export NVIDIA_TF32_OVERRIDE=0
 "$VENV/bin/python" -c "import torch, triton; assert torch.cuda.is_available(), 'torch has no CUDA'; \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 "$VENV/bin/python" benchmarks/gpu_check.py --out gpu-check-out "${args[@]}"
