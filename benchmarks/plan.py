@@ -60,8 +60,8 @@ def child(spec: dict) -> dict:
     gb = spec["nproc"] // spec["cp"]
     cfg = TrainConfig(data=spec["data"], out=spec["out"], preset=spec["preset"], seq_len=spec["seq_len"], steps=STEPS,
                       global_batch=gb, cp=spec["cp"], nproc=spec["nproc"], checkpointing=spec["checkpointing"],
-                      shard=spec.get("shard", "none"), attention=spec.get("attention"), precision=spec["precision"], save_every=0, warmup=1,
-                      progress=False)
+                      shard=spec.get("shard", "none"), attention=spec.get("attention"),
+                      precision=spec.get("precision", "fp32"), save_every=0, warmup=1, progress=False)
     t0 = time.perf_counter()
     s = run("train", cfg)  # in this process for one rank; several ranks are launched as `lcft train` launches them
     records = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -80,7 +80,7 @@ def planned(spec: dict) -> int:
     model = preset(spec["preset"])
     model.attention.backend = spec.get("attention", "dense")
     lay = Layout(spec["seq_len"], world=spec["nproc"], cp=spec["cp"], shard=spec.get("shard", "none"),
-                 checkpointing=spec["checkpointing"], precision=spec["precision"], device="cpu",
+                 checkpointing=spec["checkpointing"], precision=spec.get("precision", "fp32"), device="cpu",
                  threads=spec.get("threads") or cpu_threads(spec["nproc"]))
     return estimate(model, lay).total
 
@@ -113,9 +113,8 @@ def _row(case: dict, m: dict) -> str:
 
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
     first = m.get("first_step_peak", m["peak"]) - m["base"]
-    return (f"| {case['preset']} | {format_size(case['seq_len'])} | {case['layout']} | {case.get('precision', 'fp32')} | "
-            f"{want / 2**20:,.0f} | "
-            f"{first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
+    return (f"| {case['preset']} | {format_size(case['seq_len'])} | {case['layout']} | "
+            f"{case.get('precision', 'fp32')} | {want / 2**20:,.0f} | {first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
             f"{m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
 
 
@@ -155,7 +154,8 @@ def main() -> int:
     if args.table:
         rows = json.loads(RECORD.read_text())
         for r in rows:
-            print(_row({k: r[k] for k in ("preset", "seq_len", "layout", "precision") if k in r}, {**r, "seconds": r.get("run_s", r.get("step_s"))}))
+            case = {k: r[k] for k in ("preset", "seq_len", "layout", "precision") if k in r}
+            print(_row(case, {**r, "seconds": r.get("run_s", r.get("step_s"))}))
         return 0
     cases = QUICK if args.quick else [c for c in CASES if not args.only or any(
         f"{c['preset']}:{c['seq_len']}:{c['layout']}:{c.get('precision', 'fp32')}".startswith(o) for o in args.only)]

@@ -199,10 +199,11 @@ def offline_node(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
     no index, no pip config; PY = this test's python (its torch stands in for the node's CUDA torch)."""
     tmp = tmp_path_factory.mktemp("node")
     repo = _repo_copy(tmp / "repo")
-    if (ROOT / "wheelhouse").is_dir():
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    pythons = ROOT / "wheelhouse" / "pythons"
+    if pythons.is_file() and py in pythons.read_text().split():  # `make wheelhouse` ran here for this Python
         shutil.copytree(ROOT / "wheelhouse", repo / "wheelhouse")
-    else:  # a fresh clone: build it (needs the package index, as `make wheelhouse` does)
-        py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    else:  # a fresh clone, or one built for the GPU node's Python only: build it (needs the package index)
         subprocess.run(["make", "-s", "wheelhouse", f"PY={sys.executable}", f"WHEEL_PYTHONS={py}"], cwd=repo,
                        check=True)
     (tmp / "bin").mkdir()
