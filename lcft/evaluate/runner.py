@@ -125,11 +125,13 @@ def _device(name: str) -> torch.device:
 
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
-    """The checkpoint's model in eval mode on `device`; any read failure is a user error naming the folder."""
+    """The checkpoint's model in eval mode on `device`, in fp32 whatever the file stores (a bf16 export or a
+    published bf16 model), as training holds it: --precision says how it computes. Any read failure is a user
+    error naming the folder."""
     from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 
     try:
-        model = load(info.path).model
+        model = load(info.path, dtype=torch.float32).model
     except LcftError:
         raise
     except Exception as e:  # safetensors, json, shape and key errors all mean "this folder is not usable"

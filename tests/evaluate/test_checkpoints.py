@@ -42,6 +42,28 @@ def test_a_folder_written_by_transformers_evaluates_like_ours(data_dir, ckpt_a, 
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
 
 
+def test_a_bf16_folder_is_evaluated_in_fp32_unless_asked_for_bf16(data_dir, ckpt_a, tmp_path):
+    """Weights stored in bf16 are read into fp32: the default --precision fp32 computes in fp32, token for token
+    the losses of the same bf16-rounded weights saved in fp32, not bf16 losses under an fp32 label."""
+    import numpy as np
+
+    from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
+    from lcft.evaluate.checkpoints import CheckpointInfo
+    from lcft.evaluate.runner import load_model, token_losses
+    from lcft.genomics import open_windows
+
+    save_pretrained(from_pretrained(ckpt_a), tmp_path / "bf16", dtype=torch.bfloat16)
+    save_pretrained(from_pretrained(tmp_path / "bf16").float(), tmp_path / "fp32")  # the bf16 weights, upcast
+    ids = torch.from_numpy(np.asarray(open_windows(data_dir, "eval")[0]).astype(np.int64))[None]  # (1, L)
+    info = lambda name: CheckpointInfo(name, name, tmp_path / name, 0, {})  # noqa: E731
+    models = [load_model(info(name), torch.device("cpu")) for name in ("fp32", "bf16")]
+    assert all(p.dtype == torch.float32 for m in models for p in m.parameters())
+    (want, _), (got, _) = (token_losses(m, ids) for m in models)
+    assert torch.equal(got, want)
+    (half, _) = token_losses(models[1], ids, precision="bf16")
+    assert not torch.equal(half, want)  # bf16 only when asked for
+
+
 def test_default_labels_are_folder_names_made_unique():
     assert default_labels(["runs/base", "runs/long", "runs/long"], [0, 0, 1024]) == ["base", "long", "long@1K"]
     assert default_labels(["a/x", "b/x"], [0, 0]) == ["x#1", "x#2"]
