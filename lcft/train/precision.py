@@ -62,11 +62,18 @@ def cpu_describe() -> str:
 
 def choose_precision(requested: PrecisionChoice, cpu: bool) -> tuple[Precision, str | None]:
     """(precision to run, warning or None) for --precision auto|fp32|bf16 on a CPU or CUDA run: auto = bf16 on
-    CUDA and on CPUs with native bf16, fp32 on other CPUs; an explicit bf16 on such a CPU is honoured with a
-    warning saying how slow it will be."""
+    GPUs with bf16 tensor cores and on CPUs with native bf16, fp32 on others; an explicit bf16 there is honoured
+    with a warning saying how slow it will be."""
     if requested == "fp32":
         return "fp32", None
     if not cpu:
+        # a GPU without bf16 tensor cores (compute capability < 8.0: V100, T4) emulates it, and Triton's bf16 dots
+        # do not compile there; without a visible GPU (lcft plan for CUDA) bf16 is assumed
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported(including_emulation=False):
+            if requested == "auto":
+                return "fp32", None
+            return "bf16", ("warning: --precision bf16 on a GPU without bf16 tensor cores (compute capability < 8.0): "
+                            "emulated and slow; --precision auto picks fp32 here")
         return "bf16", None
     native = cpu_has_native_bf16()
     if requested == "auto":

@@ -77,3 +77,10 @@ def test_the_process_group_reduces_cpu_and_cuda_tensors(tmp_path):
         assert init_device_mesh(mesh_device_type(), (1, 1), mesh_dim_names=("dp", "cp")).device_type == "cuda"
     finally:
         dist.destroy_process_group()
+
+
+def test_auto_precision_is_bf16_on_a_gpu_with_bf16_tensor_cores():
+    from lcft.train.precision import choose_precision
+
+    native = torch.cuda.get_device_capability() >= (8, 0)
+    assert choose_precision("auto", cpu=False) == ("bf16" if native else "fp32", None)
