@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,14 +114,25 @@ class CheckpointResult:
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """--device as a torch device; under a launch each rank's own GPU (cuda:LOCAL_RANK), made current, since
+    Triton and NCCL work on the current device."""
     try:
-        dev = torch.device(name)
+        dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
     except RuntimeError:
         raise LcftError(f"unknown device {name!r} (auto, cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
         raise LcftError(f"device {name} asked for, but CUDA is not available")
+    if launched():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if dev.index is not None and dev.index != local:
+            raise LcftError(f"--device {name} under a launch: each rank evaluates on its own GPU (cuda:LOCAL_RANK); "
+                            "give --device cuda or auto")
+        dev = torch.device("cuda", local)
+    if (dev.index or 0) >= torch.cuda.device_count():
+        raise LcftError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+    torch.cuda.set_device(dev)
     return dev
 
 
