@@ -85,6 +85,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     local, _ = runner.shard({"labels": labels, "input_ids": ids})
     base_rss = _peak_rss()  # torch, model and data before the first step
     times, compute, sent = [], [], {}
+    STATS.synchronize = cuda  # NCCL returns once a collective is queued: time each to its end
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.bf16)
     for _ in range(args.steps):
         model.zero_grad(set_to_none=True)

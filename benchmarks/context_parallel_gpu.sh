@@ -15,6 +15,8 @@ PY=${PY:-.venv/bin/python}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 LENGTH=${LENGTH:-1M}
 BLOCK=${BLOCK:-128}
+# every case on one window: a multiple of 2 x cp x block for cp = NGPU (1M is not one for 3, 5, 6 or 7 GPUs)
+LENGTH=$("$PY" -c "from lcft.config import parse_size; u = 2 * $NGPU * $BLOCK; print(parse_size('$LENGTH') // u * u)")
 ARGS=(--torchrun --device cuda --bf16 --length "$LENGTH" --block "$BLOCK" --steps 2)
 run() {  # run NPROC LAYOUT KV
   echo "== cp=$1 layout=$2 kv=$3 (window $LENGTH)"

@@ -27,6 +27,9 @@ class CommStats:
         self.seconds = 0.0
         """Wall time inside collectives (transfer plus waiting for slower ranks): step time minus this is
         the rank's own compute, which is what load balance is about."""
+        self.synchronize = False
+        """Time a CUDA collective to its end: NCCL returns once the op is queued, so without a device synchronize
+        around it `seconds` stays near 0 and the wait shows as compute (benchmarks only: it removes overlap)."""
 
     def add(self, tag: str, nbytes: int) -> None:
         self.bytes[tag] += int(nbytes)
@@ -39,10 +42,13 @@ class CommStats:
 
     @contextmanager
     def timed(self) -> Iterator[None]:
+        sync = torch.cuda.synchronize if self.synchronize and torch.cuda.is_available() else (lambda: None)
+        sync()
         t0 = time.perf_counter()
         try:
             yield
         finally:
+            sync()
             self.seconds += time.perf_counter() - t0
 
     @property
