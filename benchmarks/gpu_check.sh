@@ -99,5 +99,5 @@ unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
 export NVIDIA_TF32_OVERRIDE=0
 "$VENV/bin/python" -c "import torch, triton; assert torch.cuda.is_available(), 'torch has no CUDA'; \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-"$VENV/bin/python" benchmarks/gpu_check.py --out gpu-check-out "${args[@]}"
+"$VENV/bin/python" benchmarks/gpu_check.py --out gpu-check-out ${args[@]+"${args[@]}"}  # before bash 4.4 an empty array is unbound under set -u
 say "done in $(( $(date +%s) - start )) s"
