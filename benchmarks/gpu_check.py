@@ -28,7 +28,8 @@ from lcft.config import parse_size  # noqa: E402 (standard library only; the pat
 
 # Dense bf16 tensor-core peak, FLOP/s, by device-name fragment, the first that matches (MFU denominator): NVIDIA's
 # data sheets halve their with-sparsity figures (H200 NVL 1,671 -> 835; H100 PCIe 1,513 -> 756; SXM 1,979 -> 989).
-PEAK_BF16 = {"H200 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
+PEAK_BF16 = {"H200 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12, "H100": 989e12, "A100": 312e12,
+             "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
 PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
 NOTHING_FITS = "(nothing fits)"  # plan_for_one_gpu's flags when no layout fits
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
@@ -324,22 +325,23 @@ def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", pres
                        gpu_memory: str = PLAN_GPU_MEMORY) -> dict:
     """bench_plan in a fresh process: at 1M the plan offloads 176 GiB of block inputs to host memory, and a process
     the kernel kills for running out of it must not take the rest of the run's results with it."""
-    flags, _, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)
+    def failed(error: str) -> dict:  # the plan's figures beside why no step result came back
+        flags, _, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)
+        return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
+                "fits": False, "error": error}
+
     try:
         res = subprocess.run([sys.executable, __file__, "--plan-step", str(length), "--host-memory", host_memory,
                               "--device", device, "--preset", preset, "--gpu-memory", gpu_memory],
                              capture_output=True, text=True, cwd=ROOT, timeout=PLAN_STEP_TIMEOUT_S)
     except subprocess.TimeoutExpired:  # e.g. a host swapping the offloaded block inputs
-        return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
-                "fits": False, "error": f"its process ran past {PLAN_STEP_TIMEOUT_S} s and was stopped"}
+        return failed(f"its process ran past {PLAN_STEP_TIMEOUT_S} s and was stopped")
     lines = res.stdout.strip().splitlines()
     if res.returncode == 0 and lines:
         return json.loads(lines[-1])
     why = f"killed by signal {-res.returncode}" if res.returncode < 0 else f"exit {res.returncode}"
     last = (res.stderr.strip().splitlines() or [""])[-1][:120]
-    return {"length": length, "flags": flags, "plan_gib": est.total / GIB, "host_gib": est.host / GIB,
-            "fits": False, "error": f"its process ended ({why}{', host memory?' if res.returncode == -9 else ''}): "
-                                    f"{last}"}
+    return failed(f"its process ended ({why}{', host memory?' if res.returncode == -9 else ''}): {last}")
 
 
 def measure(args: argparse.Namespace, res: dict, save) -> None:

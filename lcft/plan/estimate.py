@@ -202,7 +202,8 @@ class Shape:
         return 4 * self.hidden + 3 * self.q_width + 2 * self.kv_width + 4 * inter + qk
 
 
-def _bytes(precision: str) -> int:
+def compute_bytes(precision: str) -> int:
+    """Bytes of an activation in the compute dtype: 2 in bf16, 4 in fp32."""
     return 2 if precision == "bf16" else 4
 
 
@@ -235,7 +236,7 @@ def weight_copy_bytes(shape: Shape, lay: Layout) -> int:
     every block's under no checkpointing, one block's under block checkpointing) in the compute dtype; fsdp
     adds the all-gathered unsharded parameters of two blocks (the current one and the prefetched next) and
     of the root (embedding, head) in the compute dtype."""
-    a = _bytes(lay.precision)
+    a = compute_bytes(lay.precision)
     fused = shape.hidden * (shape.q_width + 2 * shape.kv_width) + 2 * shape.hidden * shape.inter * max(1, shape.experts)
     held = 1 if lay.checkpointing == "block" else shape.layers
     out = held * fused * a
@@ -251,7 +252,7 @@ def kv_bytes(shape: Shape, lay: Layout) -> int:
     own blocks per query block, at most the rest of the window); stream: (cp - 1) / pieces of one shard."""
     if lay.cp == 1:
         return 0
-    a, b, n = _bytes(lay.precision), lay.micro_batch, lay.local_tokens
+    a, b, n = compute_bytes(lay.precision), lay.micro_batch, lay.local_tokens
     remote = lay.seq_len  # 'all': the kernel's K/V are the gathered window, the rank's own tokens included
     if lay.cp_kv == "selected" and shape.sparse:
         q_blocks = n // shape.block
@@ -276,7 +277,7 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
     offload_activations) plus the model's own, and while one block is recomputed its saved values; with
     seq_chunk only the attention core's q, k, v, out are whole-length, the rest chunk-sized. The transient is
     the gradients of one block's saved values and of the hidden state (fp32), and the loss chunk's logits."""
-    a, r, b, n = _bytes(lay.precision), residual_bytes(lay), lay.micro_batch, lay.local_tokens
+    a, r, b, n = compute_bytes(lay.precision), residual_bytes(lay), lay.micro_batch, lay.local_tokens
     tokens = b * n
     own = 3 * shape.hidden * r * tokens + 4 * shape.head_dim * tokens  # + cos/sin (fp32)
     per_block = shape.saved_per_token * a + 2 * shape.hidden * (r - a)  # its input and residual: the stream's

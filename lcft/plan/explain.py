@@ -16,7 +16,7 @@ from lcft.plan.estimate import (
     LONG_WINDOW,
     Layout,
     Shape,
-    _bytes,
+    compute_bytes,
     load_bytes,
     long_share,
     residual_bytes,
@@ -25,7 +25,7 @@ from lcft.plan.estimate import (
 
 def sources(shape: Shape, lay: Layout) -> dict[str, str]:
     """Where each figure of `estimate` comes from, one or more lines per term (`lcft plan --explain`)."""
-    a = _bytes(lay.precision)
+    a = compute_bytes(lay.precision)
     per = f"⌈P/{lay.world}⌉" if lay.shard == "fsdp" else "P"
     out = {"parameters": f"formula: 4 B x {per}, P = {shape.params:,} (fp32 master weights)",
            "gradients": f"formula: 4 B x {per} (fp32)" + (" + 4 B x P (DDP's buckets)" if lay.shard == "none"
@@ -42,7 +42,7 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                               f" + 3H, {stream}; RoPE fp32)")
     else:
         out["activations"] = (f"formula: {tokens} x (N·S = {shape.layers * shape.saved_per_token:,} values saved per "
-                              f"token at {a} B, 2N·H of them {stream}; 3H, {stream}; RoPE fp32)")
+                              f"token at {a} B, 2N·H of them and 3H more {stream}; RoPE fp32)")
     out["transient"] = ("formula: the recomputed block and its gradients, the hidden state's fp32 gradient, three "
                         "fp32 logit chunks of the loss")
     if lay.device == "cpu":

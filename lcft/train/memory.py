@@ -33,6 +33,10 @@ def return_freed_buffers_to_os(seq_len: int, threshold: int = 1 << 20) -> bool:
         return False
 
 
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""Where a user sets the CUDA allocator: torch reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF, its older name."""
+
+
 def expandable_cuda_segments(seq_len: int) -> bool:
     """CUDA's counterpart of the setting above: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for long windows.
 
@@ -43,8 +47,7 @@ def expandable_cuda_segments(seq_len: int) -> bool:
     """
     if seq_len < LONG_WINDOW or not torch.cuda.is_available():
         return False
-    # torch reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF, its older name
-    if any("expandable_segments" in os.environ.get(k, "") for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
+    if any("expandable_segments" in os.environ.get(k, "") for k in ALLOC_CONF_VARS):
         return False  # the user's explicit choice wins
     torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     return True

@@ -12,7 +12,7 @@ import lcft.model as lm
 from lcft.checkpoint.state import rng_state, set_rng_state
 from lcft.model.attention import DenseCore
 from lcft.parallel.activations import apply_activation_checkpointing
-from lcft.train.memory import expandable_cuda_segments
+from lcft.train.memory import ALLOC_CONF_VARS, expandable_cuda_segments
 from lcft.train.metrics import peak_memory_bytes
 
 pytestmark = pytest.mark.gpu
@@ -56,7 +56,7 @@ def test_cuda_rng_state_round_trips():
 
 
 def test_expandable_segments_applied_for_long_windows():
-    user_set = any("expandable_segments" in os.environ.get(k, "") for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"))
+    user_set = any("expandable_segments" in os.environ.get(k, "") for k in ALLOC_CONF_VARS)
     assert expandable_cuda_segments(1 << 20) is not user_set
 
 
