@@ -115,7 +115,8 @@ def test_every_printed_train_command_fits_when_lcft_plan_reads_it(table, tmp_pat
             seq, gpu = re.search(r"--seq-len (\S+)", line).group(1), line.split(" x ")[-1]
             want = f"| {m.name} | {seq} | {table.NPROC} x {gpu} |"
             row = next(r for r in doc.splitlines() if r.startswith(want))
-            assert row.endswith(f"| yes | {total:.1f} |"), (row, total)
+            # the CLI prints two decimals, the table one (from the unrounded figure): 71.85 may be 71.9 there
+            assert row.split("|")[-3].strip() == "yes" and abs(float(row.split("|")[-2]) - total) <= 0.0501, (row, total)
 
 
 def test_every_printed_prepare_command_parses_as_lcft_prepare_windows(table):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lcft.errors import LcftError
+from lcft.kernels.selection_memo import remembered
 from lcft.kernels.selectors import get_selector
 from lcft.kernels.spec import AttentionImpl, SparseSpec
 
@@ -157,7 +158,7 @@ def sparse_attention(
     dense = impl == "auto" and covered and q.shape[2] // spec.block_size <= spec.budget
     indices = None
     if return_indices or not dense:
-        indices = select_blocks(q, k, spec)
+        indices = remembered(lambda: select_blocks(q, k, spec))  # a recompute gets its forward's ids
     if dense:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
     else:

@@ -7,7 +7,8 @@ before the checkpoint, back on the fly in forward and recompute), with 'none' ev
 (torch.autograd.graph.save_on_cpu). seq_chunk (with 'block'; 0 = off) runs each block's token-wise work (norms,
 projections, RoPE, MLP) that many tokens at a time, each chunk under its own nested checkpoint, so a block's
 transients in forward and in the backward recompute are chunk-sized instead of sequence-sized; only the attention
-core sees the whole sequence (also without grad). Same numbers as the plain model.
+core sees the whole sequence (also without grad). Same numbers as the plain model. The recompute of a block
+reuses the key blocks its forward selected (lcft.kernels.selection_memo): the selector runs once per step.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lcft.errors import LcftError
+from lcft.kernels.selection_memo import SelectionMemo
 from lcft.parallel.config import Checkpointing
 
 # Tokens per chunk of a block's token-wise work under block checkpointing: the tiny preset's chunk transients
@@ -56,15 +58,23 @@ def _forward(block: nn.Module, plain: Callable[..., BlockOut], mode: Checkpointi
     if not torch.is_grad_enabled():
         return _chunked(block, plain, x, cos, sin, n)
     if mode == "block":
+        memo = SelectionMemo()  # the recompute attends over the blocks this forward selects, selecting nothing
         if offload:
             device = x.device
             # The checkpoint keeps its inputs alive until backward: hand it a CPU copy (autograd sends the
             # gradient back to the device through the copy).
-            return checkpoint(lambda xc, c, s: _chunked(block, plain, xc.to(device, non_blocking=True), c, s, n),
-                              x.to("cpu"), cos, sin, use_reentrant=False)
-        return checkpoint(_chunked, block, plain, x, cos, sin, n, use_reentrant=False)
+            return checkpoint(lambda xc, c, s: _remembering(memo, block, plain, xc.to(device, non_blocking=True),
+                                                            c, s, n), x.to("cpu"), cos, sin, use_reentrant=False)
+        return checkpoint(_remembering, memo, block, plain, x, cos, sin, n, use_reentrant=False)
     with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
         return plain(block, x, cos, sin)
+
+
+def _remembering(memo: SelectionMemo, block: nn.Module, plain: Callable[..., BlockOut], x: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, n: int) -> BlockOut:
+    """_chunked as one run of the checkpointed region `memo` keeps the key-block selections of."""
+    with memo.run():
+        return _chunked(block, plain, x, cos, sin, n)
 
 
 def _chunked(block: nn.Module, plain: Callable[..., BlockOut], x: torch.Tensor, cos: torch.Tensor,

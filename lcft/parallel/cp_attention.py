@@ -18,12 +18,14 @@ rule needs; attention does not depend on the order of the keys, positions being 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcft.kernels.selection_memo import remembered
 from lcft.parallel import comms
 from lcft.parallel.config import CpConfig
 from lcft.parallel.cp_stream import stream_attention
@@ -80,6 +82,15 @@ class Selection:
             return None
         return self.selector.summarise(k_all.detach(), self.spec)[:, :, _window_order(seq_ids)]  # (B,Hkv,nK,...)
 
+    def chosen(self, q: torch.Tensor, summary: Callable[[], torch.Tensor | None], hkv: int, layout: ShardLayout
+               ) -> torch.Tensor:
+        """`rows` against the summaries `summary()` makes, or, in a checkpoint's recompute, the rows its forward
+        chose (lcft.kernels.selection_memo): every rank then skips the summary exchange there alike. Dense rows
+        (every earlier block: W up to the window's blocks) are made again, not kept across the step."""
+        if self.selector is None:
+            return self.rows(q, None, hkv, layout)  # (B, Hkv, 2nb, W)
+        return remembered(lambda: self.rows(q, summary(), hkv, layout))  # (B, Hkv, 2nb, W)
+
     def rows(self, q: torch.Tensor, summary: torch.Tensor | None, hkv: int, layout: ShardLayout) -> torch.Tensor:
         """Selected global key-block ids of every local query block (B, Hkv, 2nb, W), -1 padded: each local
         chunk is selected with its own global query-block offset, against the window-order `summary`
@@ -128,7 +139,7 @@ class AllKV(KVMode):
         order = [(st.cp_rank + 1 + i) % st.cp for i in range(st.cp)]
         seq_ids = torch.cat([layout.block_ids(r) for r in order]).to(q.device)  # (nK,) id at each position
         # Summaries of the gathered keys in window order: the same numbers one process computes.
-        rows = self.sel.rows(q, self.sel.window_summary(k_all, seq_ids), k.shape[1], layout)  # (B,Hkv,2nb,W)
+        rows = self.sel.chosen(q, lambda: self.sel.window_summary(k_all, seq_ids), k.shape[1], layout)  # (B,Hkv,2nb,W)
         return self._one_call(q, k_all, v_all, rows, seq_ids, layout)
 
 
@@ -136,7 +147,7 @@ class SelectedKV(KVMode):
     """'selected': summaries exchanged, then only the remote K/V blocks some local row selected (all_to_all)."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
-        rows = self.sel.rows(q, self.sel.exchanged_summary(k, layout), k.shape[1], layout)  # (B, Hkv, 2nb, W)
+        rows = self.sel.chosen(q, lambda: self.sel.exchanged_summary(k, layout), k.shape[1], layout)  # (B,Hkv,2nb,W)
         k_all, v_all, seq_ids = self._fetch_selected(k, v, rows, layout)
         return self._one_call(q, k_all, v_all, rows, seq_ids, layout)
 
@@ -172,7 +183,7 @@ class StreamKV(KVMode):
     """'stream': summaries exchanged, the other ranks' K/V then arrive a piece at a time (cp_stream.py)."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
-        rows = self.sel.rows(q, self.sel.exchanged_summary(k, layout), k.shape[1], layout)  # (B, Hkv, 2nb, W)
+        rows = self.sel.chosen(q, lambda: self.sel.exchanged_summary(k, layout), k.shape[1], layout)  # (B,Hkv,2nb,W)
         return stream_attention(q, k, v, rows, layout, self.state, self.block)  # (B, Hq, L/cp, D)
 
 

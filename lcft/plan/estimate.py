@@ -269,12 +269,21 @@ def kv_bytes(shape: Shape, lay: Layout) -> int:
     return one_layer + saved
 
 
+def selection_bytes(shape: Shape, lay: Layout) -> int:
+    """One sparse layer's key-block ids, kept from its forward for the recompute under block checkpointing
+    (lcft.kernels.selection_memo): int32 (B, Hkv, local blocks, budget)."""
+    if not shape.sparse:
+        return 0
+    return 4 * lay.micro_batch * (shape.kv_width // shape.head_dim) * (lay.local_tokens // shape.block) * shape.budget
+
+
 def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
     """(activations held across the step, transient of the block being worked on), per rank.
 
     none: every block's saved values (saved_per_token x local tokens) plus the model's own (embedding output,
     final norm input and output: 3H per token). block: each block's input (H per token; 0 with
-    offload_activations) plus the model's own, and while one block is recomputed its saved values; with
+    offload_activations) and sparse selection plus the model's own, and while one block is recomputed its saved
+    values; with
     seq_chunk only the attention core's q, k, v, out are whole-length, the rest chunk-sized. The transient is
     the gradients of one block's saved values and of the hidden state (fp32), and the loss chunk's logits."""
     a, r, b, n = compute_bytes(lay.precision), residual_bytes(lay), lay.micro_batch, lay.local_tokens
@@ -286,7 +295,7 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
         recompute = 0
     else:
         inputs = 0 if lay.offload_activations else shape.layers * shape.hidden * r * tokens
-        held = inputs + own
+        held = inputs + own + shape.layers * selection_bytes(shape, lay)
         if lay.seq_chunk and n > lay.seq_chunk:
             core = (2 * shape.q_width + 2 * shape.kv_width) * a * tokens
             recompute = core + 2 * per_block * b * lay.seq_chunk

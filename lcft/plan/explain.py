@@ -39,7 +39,9 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
     stream = f"the residual stream at {r} B" + (" (fp32 under autocast)" if r != a else "")
     if lay.checkpointing == "block":
         out["activations"] = (f"formula: {tokens} x (N·H block inputs{' offloaded' if lay.offload_activations else ''}"
-                              f" + 3H, {stream}; RoPE fp32)")
+                              f" + 3H, {stream}; RoPE fp32)"
+                              + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head "
+                                 "and block)" if shape.sparse else ""))
     else:
         out["activations"] = (f"formula: {tokens} x (N·S = {shape.layers * shape.saved_per_token:,} values saved per "
                               f"token at {a} B, 2N·H of them and 3H more {stream}; RoPE fp32)")

@@ -1,5 +1,6 @@
 """Sequence chunking of a block's token-wise work under block checkpointing: the same loss and gradients as
-the plain model, and no sequence-sized MLP intermediate is ever allocated."""
+the plain model, and no sequence-sized MLP intermediate is ever allocated; the recompute attends over the key
+blocks its forward selected, and the selector runs once per block."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from lcft.errors import LcftError
-from lcft.kernels import chunked_cross_entropy
+from lcft.kernels import chunked_cross_entropy, register_selector
+from lcft.kernels.selectors import BlockMeanSelector
 from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig
 from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, apply_activation_checkpointing
@@ -95,3 +97,54 @@ def test_seq_chunk_is_validated_and_only_applies_to_block_mode():
     for bad in (-1, 1.5, True):
         with pytest.raises(LcftError, match="seq_chunk"):
             apply_activation_checkpointing(m, "block", seq_chunk=bad)
+
+
+class DriftingSelector:
+    """Own block plus one earlier block that changes with every call (call c picks block i-1-c mod i): a
+    selector whose recompute would not repeat its forward."""
+
+    calls = 0
+
+    def summarise(self, k: torch.Tensor, spec: SparseSpec) -> torch.Tensor:
+        return k.new_zeros(k.shape[0], k.shape[1], k.shape[2] // spec.block_size, 1)  # (B, Hkv, nK, 1)
+
+    def select(self, q: torch.Tensor, summary: torch.Tensor, spec: SparseSpec, q_block_offset: int
+               ) -> torch.Tensor:
+        c, DriftingSelector.calls = DriftingSelector.calls, DriftingSelector.calls + 1
+        own = torch.arange(q_block_offset, q_block_offset + q.shape[2] // spec.block_size)[:, None]  # (nQ, 1)
+        back = torch.where(own > 0, own - 1 - c % own.clamp(min=1), -1)  # (nQ, 1): an earlier block, or none
+        rows = torch.cat([back, own], dim=1).to(torch.int32)  # (nQ, 2) ascending
+        return rows.expand(summary.shape[0], summary.shape[1], -1, -1).contiguous()  # (B, Hkv, nQ, 2)
+
+
+register_selector("drifting_test", DriftingSelector)
+
+
+def test_recompute_attends_over_the_blocks_its_forward_selected():
+    """Oracle: the plain model, whose backward uses the saved forward; a recompute that selected again would
+    get other blocks from this selector and other gradients."""
+    spec = SparseSpec(block_size=16, top_k=1, local_blocks=0, sink_blocks=0, selector="drifting_test")
+    m = model(attention=AttentionConfig(backend="sparse", sparse=spec, impl="cpu"))
+    ids, labels = torch.randint(0, 16, (2, 80)), torch.randint(0, 16, (2, 80))
+    DriftingSelector.calls = 0
+    ref_loss, ref_grads = loss_and_grads(m, ids, labels)
+    apply_activation_checkpointing(m, "block", seq_chunk=32)
+    DriftingSelector.calls = 0
+    loss, grads = loss_and_grads(m, ids, labels)
+    assert DriftingSelector.calls == 2  # one selection per block: none in the recompute
+    assert (loss - ref_loss).abs().item() <= 1e-6
+    for name, g in grads.items():
+        assert (g - ref_grads[name]).abs().max().item() <= 1e-6, name
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_block_checkpointing_selects_once_per_block(monkeypatch, offload):
+    calls = []
+    select = BlockMeanSelector.select
+    monkeypatch.setattr(BlockMeanSelector, "select", lambda self, *a: calls.append(1) or select(self, *a))
+    m = model(attention=SPARSE)
+    apply_activation_checkpointing(m, "block", offload=offload)
+    ids = torch.randint(0, 16, (1, 96))
+    for step in (1, 2):
+        m.hidden_states(ids).square().sum().backward()
+        assert len(calls) == step * m.config.num_hidden_layers

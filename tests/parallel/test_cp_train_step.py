@@ -59,3 +59,12 @@ def test_cp2_step_equals_one_process(cp2, oracle, i):
         assert got["grads"].keys() == want["grads"].keys()
         for name, g in want["grads"].items():
             torch.testing.assert_close(got["grads"][name], g, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("i", [i for i, c in enumerate(CASES) if c[0] == "sparse" and c[2] != "all"],
+                         ids=lambda i: "-".join(CASES[i]))
+def test_key_block_summaries_are_exchanged_once_per_layer(cp2, i):
+    """With block checkpointing too: the recompute reuses its forward's selection, so no second exchange."""
+    layers = tiny_model("sparse").config.num_hidden_layers
+    for rank in cp2:
+        assert rank[i]["calls"]["summary"] == layers

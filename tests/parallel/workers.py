@@ -69,12 +69,14 @@ def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], b
         pcfg = ParallelConfig(cp=world, cp_layout=layout, cp_kv=kv)
         state = init_parallel(pcfg)
         model = apply_context_parallel(tiny_model(backend), state, pcfg)
-        apply_activation_checkpointing(model, checkpointing)  # 'block' re-runs the collectives in backward
+        apply_activation_checkpointing(model, checkpointing)  # 'block' re-runs the K/V collectives in backward
         runner = ContextParallelRunner(state, pcfg, model.config.attention.sparse.block_size)
         ddp = DistributedDataParallel(WindowLoss(model, runner))
+        comms.STATS.reset()
         loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
         loss_bw.backward()
-        out.append({"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
+        out.append({"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                    "calls": dict(comms.STATS.calls)})
     return out
 
 
