@@ -9,13 +9,17 @@ import io
 import os
 import re
 import shutil
+import struct
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyfaidx
 
 from lcft.errors import LcftError
 from lcft.files import atomic_open, file_hash
+from lcft.genomics.fasta_check import index_mismatch
 
 GZIP_MAGIC = b"\x1f\x8b"
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
@@ -105,6 +109,12 @@ def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
         raise LcftError(f"{path}: not a readable FASTA ({e})") from None
 
 
+def _trailing_blanks(head: bytes) -> bool:
+    """Whether a sequence line of `head` (its last, possibly cut, line aside) ends in spaces or tabs."""
+    lines = head.split(b"\n")[:-1]
+    return any(ln[:1] != b">" and ln.rstrip(b"\r").endswith((b" ", b"\t")) for ln in lines)
+
+
 def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
     """Validate a FASTA path before anything is written. Returns (given path, path pyfaidx reads, gzip kind).
 
@@ -125,7 +135,9 @@ def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
     if not body[0].startswith(b">"):
         shown = body[0][:40].decode("ascii", "replace")
         raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
-    if re.search(rb"\r(?!\n)", head.rstrip(b"\r")):  # CR-only line ends: pyfaidx would see one line
+    if re.search(rb"\r(?!\n)", head.rstrip(b"\r")) or _trailing_blanks(head):
+        # CR-only line ends (pyfaidx would see one line), or spaces/tabs ending sequence lines (pyfaidx would
+        # count them as bases): read a normalized copy
         return p, normalize_to_cache(p, kind), kind
     readable = decompress_to_cache(p) if kind == "gzip" else _named_for_pyfaidx(p, kind)
     return p, readable, kind
@@ -137,13 +149,15 @@ def writable_dir(path: Path) -> bool:
     return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
 
 
-def _index_paths(readable: Path, kind: str) -> dict[str, str]:
+def _index_paths(readable: Path, kind: str, stale: bool = False) -> dict[str, str]:
     """Indexes next to the FASTA when that folder is writable (or they are already fresh there); otherwise
-    in the cache (read-only inputs, e.g. an installed package or a shared data folder)."""
+    in the cache (read-only inputs, e.g. an installed package or a shared data folder). stale: the ones next to
+    it do not describe it, however new."""
     fai = Path(str(readable) + ".fai")
     gzi = Path(str(readable) + ".gzi")
     mtime = readable.stat().st_mtime
-    fresh = all(p.is_file() and p.stat().st_mtime >= mtime for p in ([fai, gzi] if kind == "bgzf" else [fai]))
+    fresh = not stale and all(p.is_file() and p.stat().st_mtime >= mtime
+                              for p in ([fai, gzi] if kind == "bgzf" else [fai]))
     if fresh or writable_dir(readable.parent):
         return {}
     base = cache_dir() / "index" / f"{_file_key(readable)}-{readable.name}"
@@ -192,18 +206,35 @@ class FastaFile:
                 self.faidx = self._index()
             except pyfaidx.FastaIndexingError:
                 raise _indexing_error(self.path, e) from None
-        self.index = self.faidx.index
-        self.indexname = Path(self.faidx.indexname)
-        gzi = getattr(self.faidx, "gzi_index", None) or []
-        self._gzi_ustarts = [b.ustart for b in gzi]
+        self._adopt()
+        problem = index_mismatch(self) if self._reused else None
+        if problem:  # an index newer than its FASTA that no longer describes it (a FASTA replaced, mtime kept)
+            self.faidx.close()
+            self.faidx = self._index(stale=True)
+            self._adopt()
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")
 
-    def _index(self) -> pyfaidx.Faidx:
+    def _adopt(self) -> None:
+        """Read what the open index says (again, after a rebuild)."""
+        self.index = self.faidx.index
+        self.indexname = Path(self.faidx.indexname)
+        gzi = getattr(self.faidx, "gzi_index", None) or []
+        self._gzi_ustarts = [b.ustart for b in gzi]
+
+    def _index(self, stale: bool = False) -> pyfaidx.Faidx:
+        """pyfaidx's index of the readable file; stale: the existing one is removed and built again."""
         read_kind = "bgzf" if self.readable.name.endswith((".gz", ".bgz")) else "plain"
+        paths = _index_paths(self.readable, read_kind, stale)
+        fai = Path(paths.get("indexname", str(self.readable) + ".fai"))
+        gzi = Path(paths.get("gzi_indexname", str(self.readable) + ".gzi"))
+        if stale:
+            fai.unlink(missing_ok=True)
+            gzi.unlink(missing_ok=True)
+        self._reused = fai.is_file()  # pyfaidx keeps an index newer than the file without reading the file
         try:
-            return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **_index_paths(self.readable, read_kind))
+            return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **paths)
         except pyfaidx.UnsupportedCompressionFormat as e:
             raise _indexing_error(self.path, e) from None
         except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
@@ -212,6 +243,19 @@ class FastaFile:
             raise _indexing_error(self.path, e) from None
         except OSError as e:
             raise LcftError(f"{self.path}: cannot index FASTA: {e}") from None
+        except (struct.error, zlib.error, EOFError) as e:  # Bio.bgzf on a cut or damaged block
+            raise LcftError(f"{self.path}: truncated or corrupt BGZF ({e or type(e).__name__})") from None
+
+    @contextmanager
+    def _reading(self, name: str = "") -> Iterator[None]:
+        """Reads (of record `name`): a cut or damaged BGZF block (Bio.bgzf raises struct, zlib, EOF and value
+        errors) is a one-line error naming the file."""
+        errors = (struct.error, zlib.error, EOFError) + ((ValueError,) if self.faidx._bgzf else ())
+        try:
+            yield
+        except errors as e:
+            inside = f" inside {name}" if name else ""
+            raise LcftError(f"{self.path}: truncated or corrupt BGZF{inside} ({e or type(e).__name__})") from None
 
     def __enter__(self) -> FastaFile:
         return self
@@ -229,8 +273,9 @@ class FastaFile:
     def length(self, name: str) -> int:
         return self.index[name].rlen
 
-    def fai_md5(self) -> str:
-        return file_hash(self.indexname, "md5").hexdigest()
+    def sha256(self) -> str:
+        """sha256 of the FASTA file as given (compressed bytes for .gz): what its windows are cut from."""
+        return file_hash(self.path).hexdigest()
 
     def require(self, names: list[str] | tuple[str, ...]) -> None:
         """Every name must be a record of this FASTA; the error lists what is there."""
@@ -246,9 +291,20 @@ class FastaFile:
             return rec.offset
         return rec.offset + (pos // rec.lenc) * rec.lenb + pos % rec.lenc
 
+    def read_at(self, b0: int, n: int) -> bytes:
+        """Up to n bytes of the (uncompressed) file from byte b0: fewer at its end."""
+        with self._reading():
+            if not self.faidx._bgzf:
+                return os.pread(self.faidx.file.fileno(), n, b0)
+            self.faidx.file.seek(self._virtual_offset(b0))
+            return self.faidx.file.read(n)
+
     def _seek_offset(self, name: str, pos: int) -> int:
         """Where to seek the open file for base `pos`: the byte offset, or a BGZF virtual offset."""
-        b0 = self._byte_offset(name, pos)
+        return self._virtual_offset(self._byte_offset(name, pos))
+
+    def _virtual_offset(self, b0: int) -> int:
+        """Where to seek the open file for uncompressed byte b0: b0, or its BGZF virtual offset."""
         if not self.faidx._bgzf:
             return b0
         from Bio.bgzf import make_virtual_offset
@@ -267,8 +323,9 @@ class FastaFile:
         b0 = self._byte_offset(name, start)
         b1 = self._byte_offset(name, end - 1) + 1
         fh = self.faidx.file
-        fh.seek(self._seek_offset(name, start))
-        data = fh.read(b1 - b0)
+        with self._reading(name):
+            fh.seek(self._seek_offset(name, start))
+            data = fh.read(b1 - b0)
         if len(data) != b1 - b0:
             raise LcftError(f"{self.path}: file ends early inside {name} (truncated or changed since indexing)")
         return data
@@ -298,14 +355,16 @@ class FastaFile:
         per = max(1, piece_bytes // lenb)
         fd = None if self.faidx._bgzf else self.faidx.file.fileno()
         if fd is None:  # BGZF: sequential reads from the block holding the first whole line
-            self.faidx.file.seek(self._seek_offset(name, first * lenc))
+            with self._reading(name):
+                self.faidx.file.seek(self._seek_offset(name, first * lenc))
         else:  # plain: positioned reads into one buffer
             buf = bytearray(min(per, max(last - first, 1)) * lenb)
         for line in range(first, last, per):
             rows = min(per, last - line)
             want = rows * lenb
             if fd is None:
-                data: bytes | bytearray = self.faidx.file.read(want)
+                with self._reading(name):
+                    data: bytes | bytearray = self.faidx.file.read(want)
             else:
                 view = buf if want == len(buf) else bytearray(want)
                 data = view if os.preadv(fd, [view], rec.offset + line * lenb) == want else b""

@@ -48,7 +48,7 @@ def build_manifest(fasta: FastaFile, options: dict, state: dict, writers: dict, 
         "source": {
             "path": str(fasta.path.resolve()),
             "size": options["fasta"]["size"],
-            "fai_md5": options["fasta"]["fai_md5"],
+            "sha256": options["fasta"]["sha256"],
             "compression": fasta.kind,
         },
         "length": options["length"],

@@ -119,11 +119,11 @@ def _validate(cfg: PrepareConfig) -> tuple[int, int]:
 
 def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok: SeqTokenizer) -> dict[str, Any]:
     """Everything that determines the output bytes; equal options = same output (the source path is not
-    part of it: the same FASTA moved elsewhere gives the same windows)."""
+    part of it: the same FASTA moved elsewhere gives the same windows; its contents are, by their sha256)."""
     return {
         "format_version": FORMAT_VERSION,
         "tokenizer": tokenizer_spec() if _is_char(tok) else tok.spec(),
-        "fasta": {"size": fasta.path.stat().st_size, "fai_md5": fasta.fai_md5()},
+        "fasta": {"size": fasta.path.stat().st_size, "sha256": fasta.sha256()},
         "length": length,
         "stride": stride,
         "train": list(cfg.train),
@@ -166,13 +166,13 @@ def _check_existing(out: Path, options: dict, overwrite: bool) -> dict | None:
         flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
         if key == "tokenizer":
             was, now = (v.get("name") if isinstance(v, dict) else v for v in (was, now))
+        if key == "fasta":  # the same name may hold other contents: show what differs, by sha256
+            was, now = (f"sha256 {v.get('sha256', '?')[:12]}" if isinstance(v, dict) else v for v in (was, now))
         raise LcftError(
             f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, now {now}); "
             "pass --overwrite to replace them, or choose another --out"
         )
-    if overwrite:
-        for name in _outputs():
-            (out / name).unlink(missing_ok=True)
+    if overwrite:  # the old outputs stay until the new ones are complete (_clear_replaced)
         shutil.rmtree(out / PARTIAL, ignore_errors=True)
     elif not (out / PARTIAL).is_dir():
         stray = [n for n in _outputs() if (out / n).exists()]
@@ -203,6 +203,15 @@ def _resume_writers(partial: Path, state: dict, tok: SeqTokenizer) -> dict[str, 
     for w in writers.values():
         w.close()
     return None
+
+
+def _clear_replaced(out: Path, partial: Path) -> None:
+    """Before a finished run moves its outputs in: drop the folder's old manifest (from here it is incomplete
+    until the new one lands) and the old outputs the new run does not replace."""
+    (out / MANIFEST).unlink(missing_ok=True)
+    for name in _outputs():
+        if not (partial / name).exists():
+            (out / name).unlink(missing_ok=True)
 
 
 def _finalize(out: Path, partial: Path) -> None:
@@ -241,6 +250,10 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
         with folder_lock(out, "lcft prepare"):  # (removes a folder it created that stays empty)
             done = None if created else _check_existing(out, options, cfg.overwrite)
             if done is not None:
+                for split in SPLITS:  # max_oov_frac is not an option of the output: checked against it here
+                    info = done["splits"][split]
+                    check_oov(split, info["oov"], info["tokens"], info.get("oov_letters", {}), cfg.max_oov_frac,
+                              tok.name)
                 if con:
                     con.print(f"[green]{out} is already prepared with these options: nothing to do[/]")
                 return done
@@ -353,6 +366,7 @@ def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
     resolved = {**to_dict(cfg), "stride": options["stride"]}
     save_resolved(partial / RESOLVED, {k: v for k, v in resolved.items() if k != "overwrite"})
     write_json_atomic(partial / MANIFEST, manifest)
+    _clear_replaced(out, partial)
     state["finished"] = True
     write_json_atomic(partial / STATE, state)
     _finalize(out, partial)

@@ -236,3 +236,47 @@ def test_manifest_naming_a_file_outside_the_folder_is_refused(good, tmp_path, wh
         with pytest.raises(LcftError) as e:
             read(out)
         assert repr(name) in str(e.value) and "refused" in str(e.value) and "\n" not in str(e.value)
+
+
+def bgzf_fasta(path, recs: dict[str, str]):
+    from Bio import bgzf
+
+    with bgzf.BgzfWriter(str(path), "wb") as w:
+        for name, seq in recs.items():
+            w.write(f">{name}\n" + "\n".join(seq[i : i + 60] for i in range(0, len(seq), 60)) + "\n")
+    return path
+
+
+def test_truncated_bgzf_is_one_line(tmp_path):
+    whole = bgzf_fasta(tmp_path / "w.fa.gz", {"c1": random_genome(9, 40 * L)}).read_bytes()
+    cut = tmp_path / "cut.fa.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    fails(r"cut.fa.gz: truncated or corrupt BGZF", cut, tmp_path / "o")
+
+
+def test_bgzf_truncated_after_indexing_is_one_line_and_leaves_nothing(tmp_path):
+    """The .fai/.gzi made while it was whole stay newer than the file: the index check meets the cut."""
+    p = bgzf_fasta(tmp_path / "w.fa.gz", {"c1": random_genome(9, 40 * L)})
+    run(p, tmp_path / "first")
+    with open(p, "r+b") as fh:
+        fh.truncate(p.stat().st_size // 2)
+    for index in (tmp_path / "w.fa.gz.fai", tmp_path / "w.fa.gz.gzi"):
+        os.utime(index)
+    fails(r"w.fa.gz: truncated or corrupt BGZF \(", p, tmp_path / "o")
+
+
+@pytest.mark.parametrize("blank", [" ", "\t", "  \t"])
+def test_blanks_ending_sequence_lines_are_not_bases(tmp_path, blank):
+    """pyfaidx counts trailing spaces as bases; the windows must be Biopython's sequence (which drops them)."""
+    recs = {"c1": random_genome(6, 3 * L + 11, n_runs=0)}
+    text = "".join(f">{n} desc \n" + "".join(q[i : i + 120] + blank + "\n" for i in range(0, len(q), 120))
+                   for n, q in recs.items())
+    p = tmp_path / "b.fa"
+    p.write_text(text)
+    assert bio_records(p) == recs
+    m = run(p, tmp_path / "o")
+    assert m["splits"]["train"]["oov"] == 0 and m["chroms"][0]["length"] == len(recs["c1"])
+    ws = open_windows(tmp_path / "o", "train")
+    for i in range(len(ws)):
+        _, s, e = ws.coords(i)
+        assert decode(ws[i], ws.softmask(i)) == recs["c1"][s:e]

@@ -27,7 +27,7 @@ from lcft.genomics.tokenizer import (
     encode_pieces,
     softmask_bits,
 )
-from lcft.genomics.windows import chromosome_stats, iter_windows
+from lcft.genomics.windows import chromosome_stats
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
 
@@ -94,8 +94,43 @@ def test_file_changed_after_indexing_is_an_error(tmp_path):
     del data[3 + 61 * 200 + 5]  # one base fewer inside line 201: every later line break moves
     path.write_bytes(bytes(data) + b"A")  # same size, and the old mtime: the index looks current
     os.utime(path, (stamp, stamp))
-    with FastaFile(path) as f, pytest.raises(LcftError, match="changed since indexing"):
-        list(iter_windows(f, "c", 60 * 300, 60 * 300))
+    # the record no longer ends where the index says: indexed again, which finds the short line
+    with pytest.raises(LcftError, match=r"record 'c' has inconsistent line lengths \(pyfaidx reports \(201, 60\)"):
+        FastaFile(path)
+
+
+def replaced_keeping_mtime(path, recs: dict[str, str], width: int = 60) -> None:
+    """Write `recs` over `path` with a modification time older than its index (as `cp -p` of an older file)."""
+    stamp = path.stat().st_mtime - 100
+    write_fasta(path, recs, width=width)
+    os.utime(path, (stamp, stamp))
+
+
+@pytest.mark.parametrize("change", ["grown", "shifted", "shrunk"])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_index_newer_than_a_replaced_fasta_is_built_again(tmp_path, change, readonly):
+    """Oracle: Biopython reads the new file. grown: the first record longer (every later offset moves); shifted:
+    the first record's header longer by a whole line; shrunk: the last record shorter."""
+    old = {"a": random_genome(1, 12_000), "b": random_genome(2, 9_000)}
+    new = {"grown": {"a": random_genome(1, 18_000), "b": old["b"]},
+           "shifted": {"a" + " x" * 30: old["a"], "b": old["b"]},
+           "shrunk": {"a": old["a"], "b": old["b"][:6_000]}}[change]
+    folder = tmp_path / "g"
+    folder.mkdir()
+    path = write_fasta(folder / "x.fa", old)
+    with FastaFile(path):
+        pass  # its .fai beside it
+    replaced_keeping_mtime(path, new)
+    want = bio_records(path)
+    if readonly:
+        folder.chmod(0o555)
+    try:
+        with FastaFile(path) as f:
+            assert {n: f.length(n) for n in f.names} == {n: len(q) for n, q in want.items()}
+            for n, q in want.items():
+                assert f.read_raw(n, 0, len(q)).replace(b"\n", b"").decode() == q
+    finally:
+        folder.chmod(0o755)
 
 
 def test_shared_folder_is_left_untouched(genomes_dir):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -215,3 +216,59 @@ def test_overwrite_into_a_folder_being_written_is_refused_before_deleting(genome
     prep(genome, tmp_path / "clean")
     for name in OUTPUTS:
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+
+
+def test_fasta_with_other_contents_at_the_same_size_is_not_a_noop(genome, tmp_path):
+    """Soft mask removed in place: same size, same line layout, so the same .fai; the contents differ."""
+    fasta = tmp_path / "g.fa"
+    fasta.write_bytes(genome.read_bytes())
+    out = tmp_path / "o"
+    prep(fasta, out)
+    before = (out / "manifest.json").read_bytes()
+    fasta.write_bytes(b"\n".join(ln if ln.startswith(b">") else ln.upper() for ln in genome.read_bytes().split(b"\n")))
+    assert fasta.stat().st_size == genome.stat().st_size
+    with pytest.raises(LcftError, match=r"different fasta \(--fasta: was sha256 \w{12}, now sha256 \w{12}\)"):
+        prep(fasta, out)
+    assert (out / "manifest.json").read_bytes() == before
+    m = prep(fasta, out, overwrite=True)
+    assert m["source"]["sha256"] == hashlib.sha256(fasta.read_bytes()).hexdigest()
+    verify_windows(out)
+
+
+def unknown_letters(tmp_path: Path) -> Path:
+    """One record with every 20th base a 'J' (no token in the char tokenizer): 5% unknown tokens."""
+    seq = list(random_genome(7, 5 * L, n_runs=0))
+    seq[::20] = "J" * len(seq[::20])
+    return write_fasta(tmp_path / "j.fa", {"c1": "".join(seq), "c2": random_genome(8, 2 * L, n_runs=0)})
+
+
+def test_stricter_max_oov_frac_on_a_prepared_folder_is_refused(tmp_path):
+    fasta, out = unknown_letters(tmp_path), tmp_path / "o"
+    kw = {"length": L, "train": ("c1",), "eval": ("c2",)}
+    prepare_windows(fasta=str(fasta), out=str(out), max_oov_frac=1.0, **kw)
+    with pytest.raises(LcftError, match=r"train: 2,048 of 40,960 tokens \(5.00%\).*--max-oov-frac 0.01"):
+        prepare_windows(fasta=str(fasta), out=str(out), **kw)  # the default limit
+
+
+def test_a_failed_overwrite_keeps_the_finished_windows(genome, tmp_path):
+    """The replacement is refused only once cut (its unknown tokens): the folder still holds the old windows."""
+    out = tmp_path / "o"
+    prep(genome, out)
+    before = {n: (out / n).read_bytes() for n in OUTPUTS}
+    with pytest.raises(LcftError, match="max-oov-frac"):
+        prepare_windows(fasta=str(unknown_letters(tmp_path)), out=str(out), length=L, train=("c1",), eval=("c2",),
+                        overwrite=True)
+    assert {n: (out / n).read_bytes() for n in OUTPUTS} == before
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, "prepare.toml"])
+    verify_windows(out)
+
+
+def test_overwrite_removes_the_outputs_the_new_run_does_not_make(tmp_path):
+    """k-mer windows (ids, bases per token) replaced by char windows: no stale bases file is left."""
+    fasta, out = unknown_letters(tmp_path), tmp_path / "o"
+    kw = {"length": L // 4, "train": ("c2",), "eval": (), "max_oov_frac": 1.0}
+    prepare_windows(fasta=str(fasta), out=str(out), tokenizer="kmer:3", **kw)
+    assert (out / "train.bases.bin").exists()
+    prepare_windows(fasta=str(fasta), out=str(out), overwrite=True, **kw)
+    assert not (out / "train.bases.bin").exists() and not (out / "tokenizer.json").exists()
+    verify_windows(out)
