@@ -16,9 +16,10 @@ UNIFORM_LOSS = math.log(4.0)  # nats per base of a uniform guess over A, C, G, T
 def bin_edges(length: int, bins: int, scale: BinScale = "linear") -> np.ndarray:
     """Integer edges `e` (int64, increasing, e[0] = 0, e[-1] = length): bin b holds positions e[b] <= p < e[b+1].
 
-    Linear bins have equal widths (up to rounding). Log bins grow geometrically from position 1, and
-    position 0 joins the first bin. Edges that round to the same integer are merged, so short windows may
-    get fewer bins than asked for (never an empty bin by construction).
+    Linear bins have equal widths (up to rounding). Log bins grow geometrically from position 1. On both
+    scales position 0 (which predicts nothing) shares the first bin with position 1, so every bin holds a
+    predicted position. Edges that round to the same integer are merged, so short windows (or many bins) may
+    get fewer bins than asked for.
     """
     if length < 1 or bins < 1:
         raise ValueError(f"need length >= 1 and bins >= 1, got {length}, {bins}")
@@ -31,6 +32,8 @@ def bin_edges(length: int, bins: int, scale: BinScale = "linear") -> np.ndarray:
         raise ValueError(f"unknown bin scale {scale!r} (linear or log)")  # a caller's contract: configs check it once
     edges = np.unique(np.rint(raw).astype(np.int64))
     edges[0], edges[-1] = 0, length
+    if len(edges) > 2 and edges[1] == 1:  # a bin [0, 1) would hold only position 0: always empty
+        edges = np.delete(edges, 1)
     return edges
 
 

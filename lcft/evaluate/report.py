@@ -16,7 +16,15 @@ from lcft import __version__
 from lcft.config import format_size, save_resolved, to_dict
 from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
 from lcft.evaluate.recurrence import K
-from lcft.evaluate.stats import LEVEL, Change, bin_positions, mean_difference, resample_counts, trend
+from lcft.evaluate.stats import (
+    LEVEL,
+    MIN_WINDOWS,
+    Change,
+    bin_positions,
+    mean_difference,
+    resample_counts,
+    trend,
+)
 from lcft.files import atomic_open
 from lcft.units import LN2
 
@@ -40,12 +48,12 @@ def _nums(x: np.ndarray) -> list[float | None]:
     return [_num(v) for v in np.asarray(x).ravel()]
 
 
-def _split(loss: np.ndarray, count: np.ndarray, per_bin: Change, overall: Change, s: int,
-           bases: np.ndarray | None = None) -> dict[str, Any]:
-    """Figures of one soft-mask subset `s` from per-window bin sums `loss`, `count` `(n, subsets, k)`; with
-    `bases` `(n, subsets, k)` (--position bases) bits per base are over the tokens' bases."""
+def _split(loss: np.ndarray, count: np.ndarray, bases: np.ndarray, per_bin: Change, overall: Change, s: int
+           ) -> dict[str, Any]:
+    """Figures of one subset `s` from per-window bin sums `loss`, `count` and `bases` `(n, subsets, k)`: bits
+    per base are over the bases of the subset's tokens (in either position unit; a k-mer token covers k)."""
     tok = count[:, s].sum(0)  # (k,)
-    per = tok if bases is None else bases[:, s].sum(0)  # (k,) what bits are counted per
+    per = bases[:, s].sum(0)  # (k,) what bits are counted per
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(tok > 0, loss[:, s].sum(0) / np.maximum(tok, 1), np.nan)  # (k,)
         bits = np.where(per > 0, loss[:, s].sum(0) / np.maximum(per, 1) / LN2, np.nan)  # (k,)
@@ -58,8 +66,7 @@ def _split(loss: np.ndarray, count: np.ndarray, per_bin: Change, overall: Change
                      "ci_high": _nums(per_bin.high[s])}}
 
 
-def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, is_ref: bool, by_bases: bool
-               ) -> dict[str, Any]:
+def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, is_ref: bool) -> dict[str, Any]:
     """Bootstrap intervals of one checkpoint's change against the reference (overall, per bin, per subset) and
     the trend of its per-bin change with log position."""
     loss, count = res.bins.loss, res.bins.count  # (n, subsets, k)
@@ -70,12 +77,13 @@ def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, i
     out: dict[str, Any] = {"ci_low": _num(overall.low[0]), "ci_high": _num(overall.high[0]),
                            "bins": {"ci_low": _nums(per_bin.low[0]), "ci_high": _nums(per_bin.high[0])}, "trend": None}
     if not is_ref:
-        all_bins = Change(per_bin.value[0], per_bin.low[0], per_bin.high[0], per_bin.samples[:, 0])
+        all_bins = Change(per_bin.value[0], per_bin.low[0], per_bin.high[0], per_bin.samples[:, 0],
+                          per_bin.support[:, 0])
         t = trend(all_bins, count[:, 0], weights, positions)
         out["trend"] = {"slope_per_doubling": _num(t.slope), "ci_low": _num(t.low), "ci_high": _num(t.high),
                         "verdict": t.verdict}
     for s, name in enumerate(SPLITS, start=1):
-        out[name] = _split(loss, count, per_bin, overall, s, res.bins.bases if by_bases else None)
+        out[name] = _split(loss, count, res.bins.bases, per_bin, overall, s)
     return out
 
 
@@ -152,7 +160,7 @@ def _checkpoint_record(cfg: Any, info: Any, res: Any, ref: Any, is_ref: bool, ed
                  "relative_change": _nums(relative_change(means, ref_bins))},
         "windows": [{k: _num(v) if isinstance(v, float) else v for k, v in w.items()} for w in res.windows],
     })
-    extra = _intervals(res, ref, weights, positions, is_ref, by_bases)
+    extra = _intervals(res, ref, weights, positions, is_ref)
     rec["bins"].update(extra.pop("bins"))
     rec.update(extra, **_probe_figures(res.probe, cfg))
     return rec
@@ -189,7 +197,9 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
         },
         "uniform": _uniform(checkpoints[0]),
         "bootstrap": {"replicates": cfg.bootstrap, "seed": cfg.seed, "level": LEVEL, "resampled": "windows",
-                      "note": "paired percentile intervals of each change against the first checkpoint"},
+                      "note": "paired percentile intervals of each change against the first checkpoint; null where "
+                              f"fewer than {MIN_WINDOWS} windows have tokens in both (the trend verdict then says "
+                              "undefined)"},
         "subsets": {"repeat": "predicted base soft-masked (lower case in the FASTA)", "unique": "upper case",
                     "recurring": f"the {K}-mer ending at the predicted token's last base occurs earlier in the window",
                     "nonrecurring": f"its {K}-mer does not (or holds a base other than A/C/G/T)"},

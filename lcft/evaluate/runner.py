@@ -277,6 +277,13 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
     return CheckpointResult(sums, windows, bins, recurrence=(classes, recurring))
 
 
+def check_finite(label: str, windows: list[dict[str, Any]]) -> None:
+    """Refuse a checkpoint with a non-finite loss in any window: it would turn every figure of it into null."""
+    if bad := [w["index"] for w in windows if w["tokens"] and not math.isfinite(w["loss"])]:
+        raise LcftError(f"{label}: non-finite loss in {len(bad)} window(s) (first: window {bad[0]}): the model's "
+                        "weights or its training diverged")
+
+
 def run_probe(model: torch.nn.Module, probe: CopyProbe, cfg: EvalConfig, max_context: int, device: torch.device,
               advance: Any = None, parallel: EvalParallel | None = None) -> None:
     """Every planted window of `probe` through one model, its target losses recorded in `probe`. In one
@@ -382,6 +389,7 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
             advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
             results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance,
                                           parallel))
+            check_finite(info.label, results[-1].windows)  # before its probe runs
             probe = make_probe(cfg, ws, n_windows)
             if probe is not None:
                 task = bar.add_task(f"{info.label}: copy probe", total=len(probe)) if bar else None

@@ -12,6 +12,8 @@ LEVEL = 0.95  # two-sided coverage of every interval in the report
 GROWS = "the gain grows toward the end of the window"
 SHRINKS = "the gain shrinks toward the end of the window"
 NO_TREND = "no trend detectable at this sample size"
+UNDEFINED = "undefined: fewer than 2 windows"
+MIN_WINDOWS = 2  # a bootstrap over one window redraws that window every time: a zero-width interval, not a 95% one
 
 
 def resample_counts(n: int, reps: int, seed: int) -> np.ndarray:
@@ -55,6 +57,9 @@ class Change:
     high: np.ndarray
     samples: np.ndarray
     """(reps, ...) the bootstrap replicates."""
+    support: np.ndarray
+    """(n, ...) bool: the windows with tokens in both means of each column (NaN low and high where fewer than
+    MIN_WINDOWS)."""
 
 
 def mean_difference(sums: np.ndarray, counts: np.ndarray, ref_sums: np.ndarray, ref_counts: np.ndarray,
@@ -63,7 +68,8 @@ def mean_difference(sums: np.ndarray, counts: np.ndarray, ref_sums: np.ndarray, 
     loss sums and token counts `(n, ...)` of the same windows (a paired comparison: one draw resamples both).
 
     relative=True: mean / ref mean - 1; relative=False: mean - ref mean. Both means of a replicate come from
-    the same arithmetic, so identical inputs give exactly zero in every replicate.
+    the same arithmetic, so identical inputs give exactly zero in every replicate. A column with tokens in both
+    means of fewer than MIN_WINDOWS windows has no interval (NaN low and high), its value stays.
     """
     def means(s: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s, c = np.asarray(s, dtype=np.float64), np.asarray(c, dtype=np.float64)  # (n, ...)
@@ -75,7 +81,10 @@ def mean_difference(sums: np.ndarray, counts: np.ndarray, ref_sums: np.ndarray, 
     with np.errstate(invalid="ignore", divide="ignore"):
         value, samples = (m / r - 1, ms / rs - 1) if relative else (m - r, ms - rs)
     low, high = percentile_interval(samples, level)
-    return Change(np.asarray(value), low, high, samples)
+    support = (np.asarray(counts) > 0) & (np.asarray(ref_counts) > 0)  # (n, ...)
+    few = support.sum(0) < MIN_WINDOWS  # (...)
+    low, high = np.where(few, np.nan, low), np.where(few, np.nan, high)
+    return Change(np.asarray(value), low, high, samples, support)
 
 
 @dataclass
@@ -120,10 +129,13 @@ def bin_positions(edges: np.ndarray) -> np.ndarray:
 def trend(change: Change, counts: np.ndarray, weights: np.ndarray, positions: np.ndarray,
           level: float = LEVEL) -> Trend:
     """Slope of a per-bin relative `change` against log2 `positions` `(k,)`, each bin weighted by its tokens
-    (`counts` `(n, k)`; resampled with the same `weights` `(reps, n)` as the change's replicates)."""
+    (`counts` `(n, k)`; resampled with the same `weights` `(reps, n)` as the change's replicates). No interval
+    and an undefined verdict when fewer than MIN_WINDOWS windows have tokens (in both means) in any bin."""
     x = np.log2(np.asarray(positions, dtype=np.float64))  # (k,)
     n_tok = np.asarray(counts, dtype=np.float64)  # (n, k)
     slope = float(_weighted_slope(x, np.asarray(change.value, dtype=np.float64), n_tok.sum(0)))
+    if int(np.asarray(change.support).any(-1).sum()) < MIN_WINDOWS:
+        return Trend(slope, math.nan, math.nan, UNDEFINED)
     samples = _weighted_slope(x, change.samples, _resampled(weights, n_tok))  # (reps,)
     low, high = (float(v) for v in percentile_interval(samples, level))
     if math.isnan(slope) or math.isnan(low):
@@ -131,7 +143,10 @@ def trend(change: Change, counts: np.ndarray, weights: np.ndarray, positions: np
     return Trend(slope, low, high, verdict(low, high))
 
 
-def effective_context(distances: list[int] | np.ndarray, low: np.ndarray) -> int:
-    """The largest copy distance whose loss drop is above zero by its interval (low > 0); 0 when none is."""
+def effective_context(distances: list[int] | np.ndarray, low: np.ndarray) -> int | None:
+    """The largest copy distance whose loss drop is above zero by its interval (low > 0); 0 when none is; None
+    when no distance has an interval (too few windows to tell)."""
+    if np.all(np.isnan(np.asarray(low, dtype=np.float64))):
+        return None
     above = [int(d) for d, lo in zip(distances, low, strict=True) if not math.isnan(lo) and lo > 0]
     return max(above, default=0)

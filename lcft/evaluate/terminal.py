@@ -122,8 +122,9 @@ def probe_table(report: dict[str, Any]) -> Table | None:
     return t
 
 
-def _context(d: int) -> str:
-    return format_size(d) if d else "none detected"
+def _context(d: int | None) -> str:
+    """An effective context: its size, none detected (0), or - (undefined: no distance has an interval)."""
+    return "-" if d is None else format_size(d) if d else "none detected"
 
 
 def trend_lines(report: dict[str, Any]) -> list[str]:

@@ -153,8 +153,9 @@ def control_line(report: dict[str, Any], steps: int) -> str | None:
         # the farthest distance it reads back, or else where its drop is largest
         k = (pr["distances"].index(ctl["effective_context"]) if ctl["effective_context"] else
              max((j for j, v in enumerate(pr["drop"]) if v is not None), key=lambda j: pr["drop"][j]))
-        line += (f"; copy-probe loss drop {format_size(pr['distances'][k])} back: {pr['drop'][k]:+.3f} nats/token "
-                 f"[95% interval {pr['ci_low'][k]:+.3f}, {pr['ci_high'][k]:+.3f}]")
+        line += f"; copy-probe loss drop {format_size(pr['distances'][k])} back: {pr['drop'][k]:+.3f} nats/token"
+        if pr["ci_low"][k] is not None:  # undefined from fewer than 2 probe windows
+            line += f" [95% interval {pr['ci_low'][k]:+.3f}, {pr['ci_high'][k]:+.3f}]"
     rec = ctl.get("recurring", {})
     if rec.get("tokens") and rec.get("ci_low") is not None:
         line += (f"; on recurring held-out tokens {100 * rec['relative_change']:+.2f}% "

@@ -48,3 +48,42 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
     r = runner.invoke(app, ["eval", "--config", str(toml)])
     assert r.exit_code == 1 and "unknown eval config key 'checkpoint'" in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_eval_cli_refuses_a_checkpoint_with_non_finite_loss(tmp_path):
+    """A model whose embedding of N is NaN: its loss is NaN in exactly the windows holding an N before a base."""
+    import numpy as np
+    import torch
+
+    from lcft.checkpoint.hf_folder import save_pretrained
+    from lcft.genomics import open_windows, prepare_windows
+    from lcft.genomics.tokenizer import N
+    from lcft.model import Llama
+    from tests.evaluate.conftest import small_config
+
+    length, rng = 512, np.random.default_rng(0)
+    ev = list(rng.choice(list("ACGT"), size=8 * length))
+    for w, at in ((2, 300), (5, 100), (6, 200)):
+        ev[w * length + at] = "N"  # windows 2, 5 and 6 hold an N with bases after it
+    train = "".join(rng.choice(list("ACGT"), size=4 * length))
+    fasta = tmp_path / "g.fa"
+    fasta.write_text(f">tr\n{train}\n>ev\n{''.join(ev)}\n")
+    data = tmp_path / "data"
+    prepare_windows(fasta=str(fasta), out=str(data), length=length, train=("tr",), eval=("ev",))
+    ws = open_windows(data, "eval")
+    assert len(ws) == 8 and [i for i in range(8) if (np.asarray(ws[i]) == N).any()] == [2, 5, 6]
+    good = save_model(tmp_path / "good", seed=1)
+    torch.manual_seed(1)
+    model = Llama(small_config())
+    with torch.no_grad():
+        model.embed_tokens.weight[N] = float("nan")
+    bad = save_pretrained(model, tmp_path / "bad")
+    out = tmp_path / "rep"
+    r = runner.invoke(app, ["eval", "--data", str(data), "--checkpoint", str(good), "--checkpoint", str(bad),
+                            "--label", "ref", "--label", "diverged", "--max-windows", "6", "--bins", "4",
+                            "--out", str(out), "--quiet"])
+    assert r.exit_code == 1, r.output
+    msg = "diverged: non-finite loss in 2 window(s) (first: window 2)"  # window 6 is past --max-windows
+    assert msg in r.output and "Traceback" not in r.output
+    assert len([line for line in r.output.splitlines() if line.strip()]) == 1
+    assert not out.exists()  # nothing written, not even the folder

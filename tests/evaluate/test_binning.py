@@ -10,7 +10,7 @@ import pytest
 from lcft.evaluate.binning import PositionSums, bin_edges, relative_change, tenths
 
 
-@pytest.mark.parametrize("length,bins", [(1024, 32), (65536, 32), (1000, 7), (64, 64)])
+@pytest.mark.parametrize("length,bins", [(1024, 32), (65536, 32), (1000, 7), (64, 32)])
 def test_linear_edges_cover_the_window_in_equal_bins(length, bins):
     e = bin_edges(length, bins, "linear")
     assert e[0] == 0 and e[-1] == length and len(e) == bins + 1
@@ -23,6 +23,19 @@ def test_log_edges_grow_geometrically_and_start_at_zero():
     assert e[0] == 0 and e[-1] == 65536 and np.all(np.diff(e) > 0)
     ratios = e[2:] / e[1:-1]
     assert np.allclose(ratios[4:], 2.0, rtol=0.05)  # 65536 = 2**16 over 16 bins: each bin doubles
+
+
+@pytest.mark.parametrize("scale", ["linear", "log"])
+@pytest.mark.parametrize("length,bins", [(65536, 32), (131072, 32), (262144, 32), (1 << 20, 64), (64, 64),
+                                         (100, 80), (1000, 700), (2048, 12), (3, 8)])
+def test_every_bin_holds_a_predicted_position_and_the_bins_partition_the_window(length, bins, scale):
+    e = bin_edges(length, bins, scale)
+    pos = np.arange(length)
+    which = np.searchsorted(e, pos, side="right") - 1  # (L,) the bin of each position: e[b] <= p < e[b + 1]
+    assert e[0] == 0 and e[-1] == length and np.all(np.diff(e) > 0)  # every position in exactly one bin
+    assert which.min() == 0 and which.max() == len(e) - 2
+    predicted = np.bincount(which[pos >= 1], minlength=len(e) - 1)  # position 0 predicts nothing
+    assert predicted.min() >= 1 and which[0] == which[1]
 
 
 def test_short_window_with_many_log_bins_merges_empty_bins():

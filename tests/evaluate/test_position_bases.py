@@ -127,3 +127,42 @@ def test_kmer_window_recurrence_equals_the_direct_computation_over_bases(kmer_da
         assert recurrence_distances(ws, i).tolist() == want.tolist()
         hits += int((want > 0).sum())
     assert hits > 0
+
+
+def test_kmer_subsets_by_token_position_give_bits_per_base(kmer_data, kmer_model, tmp_path):
+    """--position tokens with 3-base tokens: every subset's bits per base is its nats over its tokens' bases."""
+    n, names = 3, ("repeat", "unique", "recurring", "nonrecurring")
+    rep = evaluate(_cfg(kmer_data, tmp_path / "r", kmer_model, bins=4, max_windows=n, bootstrap=20))
+    assert rep["positions"]["unit"] == "tokens"
+    ws, model = open_windows(kmer_data, "eval"), from_pretrained(kmer_model).eval()
+    edges = np.asarray(rep["positions"]["edges"])
+    k = len(edges) - 1
+    nats, tokens, bases = ({s: np.zeros(k) for s in names} for _ in range(3))  # per subset, per bin
+    for i in range(n):
+        ids = torch.from_numpy(np.asarray(ws[i], dtype=np.int64))[None]  # (1, L)
+        with torch.no_grad():
+            logits = model(ids)[0, :-1].double()  # (L-1, V)
+        ce = F.cross_entropy(logits, ids[0, 1:], reduction="none").numpy()  # (L-1,) loss of token p = 1..L-1
+        counted = ws.counted[ids[0, 1:].numpy()]  # (L-1,)
+        soft, again = ws.softmask(i)[1:].astype(bool), (_token_recurrence(ws, i) > 0)[1:]
+        per = ws.token_bases(i)[1:]  # (L-1,) bases of each predicted token
+        b = np.searchsorted(edges, np.arange(1, len(ce) + 1), side="right") - 1  # (L-1,) bin of token p
+        for name, m in zip(names, (soft, ~soft, again, ~again), strict=True):
+            m = m & counted
+            np.add.at(nats[name], b[m], ce[m])
+            np.add.at(tokens[name], b[m], 1)
+            np.add.at(bases[name], b[m], per[m])
+    ck, checked = rep["checkpoints"][0], 0
+    for name in names:
+        got = ck[name]
+        assert got["tokens"] == tokens[name].sum() and got["bins"]["tokens"] == tokens[name].astype(int).tolist()
+        if not tokens[name].sum():
+            continue
+        per_token = bases[name].sum() / tokens[name].sum()  # bases per token: about 3
+        want = nats[name].sum() / tokens[name].sum() / math.log(2) / per_token
+        assert per_token > 2 and got["bits_per_base"] == pytest.approx(want, rel=1e-4)
+        with np.errstate(invalid="ignore"):  # a bin without tokens of the subset: NaN, null in the report
+            by_bin = nats[name] / bases[name] / math.log(2)
+        np.testing.assert_allclose(np.array(got["bins"]["bits_per_base"], dtype=float), by_bin, rtol=1e-4)
+        checked += 1
+    assert checked >= 3  # the sample's chr22 piece is upper case: no repeat tokens

@@ -10,6 +10,7 @@ from lcft.evaluate.stats import (
     GROWS,
     NO_TREND,
     SHRINKS,
+    UNDEFINED,
     bin_positions,
     effective_context,
     mean_difference,
@@ -86,6 +87,38 @@ def test_a_bin_without_tokens_has_no_interval():
     c = mean_difference(other, counts, ref, counts, resample_counts(len(ref), 100, seed=0), relative=True)
     assert np.isnan(c.value[2]) and np.isnan(c.low[2]) and np.isnan(c.high[2])
     assert not np.isnan(c.low[[0, 1, 3]]).any()
+
+
+def test_one_window_gives_no_interval_no_verdict_and_no_effective_context():
+    ref, other, counts = _figures(n=1)
+    w = resample_counts(1, 200, seed=0)
+    c = mean_difference(other, counts, ref, counts, w, relative=True)
+    np.testing.assert_allclose(c.value, other[0] / ref[0] - 1, rtol=1e-12)  # the point estimate stays
+    assert np.isnan(c.low).all() and np.isnan(c.high).all()
+    overall = mean_difference(other.sum(1), counts.sum(1), ref.sum(1), counts.sum(1), w, relative=True)
+    assert np.isnan(overall.low) and np.isnan(overall.high) and not np.isnan(overall.value)
+    t = trend(c, counts, w, np.arange(1, counts.shape[1] + 1) * 100.0)
+    assert t.verdict == UNDEFINED and np.isnan(t.low) and np.isnan(t.high) and not np.isnan(t.slope)
+    drop = mean_difference(ref, counts, other, counts, w, relative=False)  # a copy probe's drops, one window
+    assert effective_context(list(range(256, 256 * (counts.shape[1] + 1), 256)), drop.low) is None
+
+
+def test_a_cell_with_tokens_in_one_window_among_many_has_no_interval():
+    ref, other, counts = _figures(n=14)
+    for x in (ref, other, counts):
+        x[np.arange(14) != 5, 2] = 0  # bin 2 holds tokens of window 5 only
+        x[9, 4] = 0  # bin 4 without window 9: 13 windows left
+    c = mean_difference(other, counts, ref, counts, resample_counts(14, 300, seed=1), relative=True)
+    windows = (counts > 0).sum(0)  # (k,) windows with tokens in each bin (the same in both checkpoints)
+    assert windows[2] == 1 and np.isnan(c.low[2]) and np.isnan(c.high[2])
+    assert c.value[2] == pytest.approx(other[5, 2] / ref[5, 2] - 1, rel=1e-12)  # its point estimate stays
+    defined = windows >= 2
+    assert not np.isnan(c.low[defined]).any() and (c.low[defined] < c.high[defined]).all()
+    # Tokens in both means is what counts: a bin where the reference has tokens in one window only.
+    ref_sums, ref_counts = ref.copy(), counts.copy()
+    ref_sums[1:, 0], ref_counts[1:, 0] = 0, 0
+    c = mean_difference(other, counts, ref_sums, ref_counts, resample_counts(14, 300, seed=1), relative=True)
+    assert np.isnan(c.low[0]) and not np.isnan(c.low[1])
 
 
 def _trended(slope: float, noise: float, seed: int = 0):
@@ -172,12 +205,25 @@ def _eval(data_dir, out, *ckpts, **kw):
 def test_identical_checkpoints_give_zero_width_intervals_at_zero(masked_dir, ckpt_a, tmp_path):
     import shutil
 
+    from lcft.genomics import open_windows
+    from lcft.genomics.tokenizer import decode
+
+    n = 3
     copy = shutil.copytree(ckpt_a, tmp_path / "copy-of-a")
-    rep = _eval(masked_dir, tmp_path / "r", ckpt_a, copy, bins=8, max_windows=3, bootstrap=200)
-    b = rep["checkpoints"][1]
-    for rec in (b, b["repeat"], b["unique"]):
+    rep = _eval(masked_dir, tmp_path / "r", ckpt_a, copy, bins=8, max_windows=n, bootstrap=200)
+    b, edges = rep["checkpoints"][1], rep["positions"]["edges"]
+    ws = open_windows(masked_dir, "eval")
+    texts = [decode(np.asarray(ws[i]), ws.softmask(i)) for i in range(n)]  # lower case = soft-masked repeat
+    seen = set()
+    for rec, bases in ((b, "ACGTacgt"), (b["repeat"], "acgt"), (b["unique"], "ACGT")):
         assert rec["ci_low"] == 0.0 and rec["ci_high"] == 0.0
-        assert all(v == 0.0 for v in rec["bins"]["ci_low"] + rec["bins"]["ci_high"])
+        # A bin's interval needs tokens of the subset in at least 2 windows (counted: position p >= 1).
+        windows = [sum(any(c in bases for c in t[max(lo, 1):hi]) for t in texts)
+                   for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+        for w, lo, hi in zip(windows, rec["bins"]["ci_low"], rec["bins"]["ci_high"], strict=True):
+            assert (lo, hi) == ((0.0, 0.0) if w >= 2 else (None, None))
+            seen.add(w >= 2)
+    assert seen == {True, False}  # these windows have bins of both kinds
     assert b["trend"]["slope_per_doubling"] == 0.0 and b["trend"]["verdict"] == NO_TREND
 
 

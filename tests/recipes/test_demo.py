@@ -153,3 +153,14 @@ def test_the_positive_control_line_and_note_state_its_figures():
     missed = demo_note(_with_control(0))
     assert "did not detect it reading back" in missed and "this run does not show that the probe detects" in missed
     assert control_line(_report(1.25, (1.2, 1.3, 1.1), (1.25, 1.25, 1.25)), 120) is None
+
+
+def test_the_control_line_without_probe_intervals_states_the_drop_alone():
+    """One probe window: no interval (undefined), no effective context; the line keeps the drop."""
+    from lcft.recipes.summary import control_line
+
+    rep = _with_control(0)
+    rep["checkpoints"][-1].update(effective_context=None)
+    rep["checkpoints"][-1]["probe"].update(ci_low=[None, None], ci_high=[None, None])
+    line = control_line(rep, 120)
+    assert "copy-probe loss drop 1K back: +3.500 nats/token;" in line and "95% interval" not in line

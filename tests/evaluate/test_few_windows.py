@@ -1,0 +1,36 @@
+"""An evaluation over one window: figures without intervals, an undefined trend, no effective context."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+from rich.console import Console
+
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.evaluate.stats import UNDEFINED
+from lcft.evaluate.terminal import print_table
+
+
+def test_one_window_reports_no_interval_no_verdict_and_no_effective_context(data_dir, ckpt_a, ckpt_b, tmp_path):
+    out = tmp_path / "r"
+    rep = evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a), str(ckpt_b)), out=str(out), bins=4,
+                              max_windows=1, bootstrap=100, probe="copy", probe_segment=256, probe_windows=1))
+    assert rep["data"]["windows"] == 1
+    for ck in rep["checkpoints"]:
+        for rec in (ck, ck["unique"], ck["nonrecurring"]):
+            assert rec["relative_change"] is not None  # the point estimate is there
+            assert rec["ci_low"] is None and rec["ci_high"] is None
+            assert set(rec["bins"]["ci_low"] + rec["bins"]["ci_high"]) == {None}
+        pr = ck["probe"]
+        assert pr["drop"] and None not in pr["drop"] and set(pr["ci_low"] + pr["ci_high"]) == {None}
+        assert ck["effective_context"] is None and pr["effective_context"] is None
+    tr = rep["checkpoints"][1]["trend"]
+    assert tr["verdict"] == UNDEFINED and tr["ci_low"] is None and tr["ci_high"] is None
+    rows = list(csv.DictReader((out / "loss_by_position.csv").open()))
+    assert rows and all(r["ci_low"] == r["ci_high"] == "" for r in rows)
+    console = Console(width=200, record=True)
+    print_table(rep, console)
+    text = console.export_text()
+    assert UNDEFINED in text and "[95% CI -, -]" in text and "none detected" not in text
+    assert not re.search(r"\d\*", text)  # no drop starred as above zero by its interval
