@@ -135,13 +135,15 @@ def _held_by_launcher(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
+def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLike | None = None) -> Iterator[Path]:
     """Hold an exclusive lock on an output folder (created when missing) while the block runs: a second
     writer gets a one-line error naming the holder's command and pid. The lock is flock(2) on the folder
     itself, so the kernel drops it when its holder dies (kill -9 included) and the next writer takes it over;
     the holder's pid is kept in LOCK_NAME inside, removed at the end. A folder created here and still empty
-    at the end is removed (nothing half-written on an error)."""
+    at the end is removed (nothing half-written on an error). `shown`: the folder the messages name (a
+    writer that locks a hidden work folder of its output names the output)."""
     folder = Path(folder)
+    shown = folder if shown is None else shown
     if _held_by_launcher(folder):  # the launcher took the lock before it wrote anything; its worker re-enters
         yield folder
         return
@@ -150,18 +152,26 @@ def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY)
     except OSError as e:
-        raise LcftError(f"cannot write to output folder {folder}: {e.strerror or e}") from None
+        raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         pid, holder = _holder(folder)
         who = f" (pid {pid})" if pid else ""
-        raise LcftError(f"another `{holder or command}` is writing into {folder}{who}; wait for it to finish "
+        raise LcftError(f"another `{holder or command}` is writing into {shown}{who}; wait for it to finish "
                         "or choose another output folder") from None
     info = folder / LOCK_NAME
+    try:  # over a killed holder's pid, or a planted link; a folder we may read but not write fails here
+        pid_fd = fresh_file(info, 0o644)
+    except OSError as e:
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fresh_file(info, 0o644), "w") as fh:  # over a killed holder's pid, or a planted link
+        with os.fdopen(pid_fd, "w") as fh:
             fh.write(f"{os.getpid()} {command}\n")
         yield folder
     finally:
@@ -234,7 +244,11 @@ def respect_umask(path: str | os.PathLike, folder: bool = True) -> None:
     os.chmod(path, (0o777 if folder else 0o666) & ~umask())
 
 
-def refuse_nonempty_output(out: Path, force: bool) -> None:
-    """An output folder must be new or empty (this writer's own lock file aside) unless `force`."""
-    if out.exists() and (not out.is_dir() or any(f.name != LOCK_NAME for f in out.iterdir())) and not force:
+def refuse_nonempty_output(out: Path, force: bool, leftovers: tuple[str, ...] = ()) -> None:
+    """An output folder must be a folder, new or empty unless `force`: a lock file and the `leftovers` (names
+    of a killed writer's work files, which the next writer removes) do not count."""
+    if out.exists() and not out.is_dir():
+        raise LcftError(f"--out {out} is a file, not a folder")
+    ignored = {LOCK_NAME, *leftovers}
+    if out.is_dir() and any(f.name not in ignored for f in out.iterdir()) and not force:
         raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")

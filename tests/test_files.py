@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -108,3 +111,54 @@ def test_folder_lock_never_writes_through_a_planted_lock_link(tmp_path):
         assert not lock.is_symlink() and lock.read_text() == f"{os.getpid()} lcft test\n"
     assert victim.read_text() == "keep me\n"
     assert not (out / files.LOCK_NAME).exists()
+
+
+# Root may write into any folder whatever its mode: the child runs without the capabilities that allow it (as
+# an ordinary user would), so a read-only folder refuses it.
+UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--inh-caps=-all"]
+
+
+def unprivileged(args: list[str]) -> subprocess.CompletedProcess:
+    """`args` run where folder modes apply: as root through setpriv (skipped without it), else as is."""
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv is needed to run without root's override of folder modes")
+        prefix = UNPRIVILEGED
+    r = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=600)
+    if r.stderr.startswith("setpriv:"):
+        pytest.skip(f"setpriv cannot drop capabilities here ({r.stderr.strip()})")
+    return r
+
+
+LOCK_READ_ONLY = """
+import os, sys
+from lcft.errors import LcftError
+from lcft.files import folder_lock
+fds = sorted(os.listdir("/proc/self/fd"))
+try:
+    with folder_lock(sys.argv[1], "lcft test"):
+        print("locked")
+except LcftError as e:
+    print(e)
+print("descriptors closed" if sorted(os.listdir("/proc/self/fd")) == fds else "a descriptor left open")
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc")
+@pytest.mark.parametrize("stale", [False, True])
+def test_read_only_output_folder_is_one_line_and_closes_its_descriptor(tmp_path, stale):
+    """An existing folder we may not write (with a killed writer's pid file in it, or not): the same one-line
+    error as a read-only parent gives, the folder's descriptor closed, nothing changed."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if stale:
+        (ro / files.LOCK_NAME).write_text("1 lcft train\n")
+    ro.chmod(0o555)
+    try:
+        r = unprivileged([sys.executable, "-c", LOCK_READ_ONLY, str(ro)])
+    finally:
+        ro.chmod(0o755)
+    assert r.stdout.splitlines() == [f"cannot write to output folder {ro}: Permission denied",
+                                     "descriptors closed"], r.stderr[-2000:]
+    assert os.listdir(ro) == ([files.LOCK_NAME] if stale else [])

@@ -1,19 +1,28 @@
 """A checkpoint's model as an HF folder (`lcft export`): from a plain checkpoint's model in memory, or streamed
-from DCP shards one safetensors shard at a time; and the bytes such an export writes (its disk-full message)."""
+from DCP shards one safetensors shard at a time; built in a locked work folder, so a new --out appears complete or
+not at all and a killed export leaves nothing the next one does not remove; and the bytes such an export writes
+(its disk-full message)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, model_metadata, read_tensors
-from lcft.checkpoint.hf_folder import save_pretrained, write_model_folder
+from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
 from lcft.checkpoint.layout import read_model_config
 from lcft.checkpoint.reader import Loaded
-from lcft.files import refuse_nonempty_output
+from lcft.errors import LcftError
+from lcft.files import disk_full_error, folder_lock, free_bytes, refuse_nonempty_output, temp_name
 from lcft.model.hf import MAX_SHARD_BYTES, shards
+
+BUILD = ".export.tmp"  # in the locked folder: the model folder being built, moved to --out once complete
 
 
 def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype | None = None, force: bool = False,
@@ -21,21 +30,86 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     """Write the model of `source` (lcft.checkpoint.load(path, materialize=False)) to `out` as an HF folder,
     keeping the tokenizer spec it records, with the tokenizer files (tokenizer.json + config: AutoTokenizer
     encodes DNA to the model's ids; lcft.genomics.hf_tokenizer.checkpoint_tokenizer). A sharded source is streamed (peak memory: about one output shard
-    plus the largest tensor; the whole model is never in memory)."""
+    plus the largest tensor; the whole model is never in memory). A new `out` appears complete (one rename);
+    into an existing one (`force`, or empty) the files are moved when all are written, config.json last. A full
+    disk is a one-line error; nothing of a failed export stays."""
     out = Path(out)
-    refuse_nonempty_output(out, force)
+    refuse_nonempty_output(out, force, (BUILD,))
     if source.model is None:
         raise ValueError("export_model needs the source's model: load(path, materialize=False)")
+    failed: tuple[Exception, int | None] | None = None
+    with _work_folder(out) as build:
+        refuse_nonempty_output(out, force, (BUILD,))  # again under the lock: another writer may have been first
+        try:
+            _write(source, build, dtype, max_shard_size)
+        except Exception as e:
+            failed = e, free_bytes(build)  # before the partial files' space comes back
+        else:
+            _publish(build, out)
+    if failed is not None:
+        err = disk_full_error(failed[0], out, export_bytes(source.path, dtype), failed[1])
+        if err is None:
+            raise failed[0]
+        raise LcftError(f"cannot export to {out}: {err}") from None
+    return out
+
+
+def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_size: int) -> None:
+    """The model folder of `source` written into the empty folder `build`."""
     from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
 
     tokenizer = checkpoint_tokenizer(source.path)
     if not source.sharded:
-        return save_pretrained(source.model, out, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
+        save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
+        return
     check_sharded_readable(source.path)
     model = source.model  # on the meta device: names, shapes and the shard plan; no storage
     stored = next(iter(model_metadata(source.path).values())).properties.dtype
     files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(source.path, names))
-    return write_model_folder(out, model.config, files, dtype or stored, source.tokenizer, hf_tokenizer=tokenizer)
+    write_model_folder(build, model.config, files, dtype or stored, source.tokenizer, hf_tokenizer=tokenizer)
+
+
+@contextlib.contextmanager
+def _work_folder(out: Path) -> Iterator[Path]:
+    """An empty folder to build the export of `out` in, held under a lock: `out`'s own when it exists (the lock
+    every lcft writer takes), else that of its hidden sibling '.NAME.tmp' (so `out` itself appears only
+    complete). What a killed export left there (its partial folder, the writers' temp files in it) is removed
+    first; the work folder, and the sibling, when the block ends."""
+    holder, held = (out if out.is_dir() else temp_name(out)), False
+    try:
+        with folder_lock(holder, "lcft export", shown=out):
+            held, build = True, holder / BUILD
+            _remove(build)
+            build.mkdir()  # existing: the writers put their temp files inside it, never beside it
+            try:
+                yield build
+            finally:
+                _remove(build)
+    finally:
+        if held and holder != out:  # (never the sibling of an export this one was refused by)
+            with contextlib.suppress(OSError):
+                holder.rmdir()  # also the sibling a killed export left (the lock removes only one it made)
+
+
+def _publish(build: Path, out: Path) -> None:
+    """The complete folder `build` becomes `out`: its files moved into `out` when that existed (under its lock),
+    else renamed to it in one step."""
+    if build.parent == out:
+        move_model_files(build, out)
+        return
+    try:
+        os.replace(build, out)  # over nothing, or over an empty folder made meanwhile
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise LcftError(f"another writer created {out} during this export; nothing was written to it") from None
+        raise LcftError(f"cannot export to {out}: {e.strerror or e}") from None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def export_bytes(source: Path, dtype: object) -> int:

@@ -71,6 +71,19 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
             write(tmp, name)
 
 
+def move_model_files(src: Path, dst: Path) -> None:
+    """Move the files of the complete model folder `src` into the existing folder `dst` (same filesystem: one
+    rename each). `dst`'s config.json goes first and comes back last, after the other files and after the
+    weight files of an earlier save are removed, so a half-moved folder never looks loadable (nor mixes two
+    models)."""
+    names = sorted((p.name for p in src.iterdir()), key=lambda n: n == MODEL_CONFIG)
+    (dst / MODEL_CONFIG).unlink(missing_ok=True)
+    for stale in stale_weight_files(dst, set(names)):
+        stale.unlink()
+    for name in names:
+        os.replace(src / name, dst / name)
+
+
 def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None,
                     max_shard_size: int = MAX_SHARD_BYTES, tokenizer: dict[str, Any] | None = None,
                     hf_tokenizer: Any = None) -> Path:

@@ -44,6 +44,10 @@ class TrainerState:
     """Processes of the invocation that wrote the checkpoint (informational: resuming on another size works)."""
     last_loss: float | None = None
     """Loss (nats per counted token) of the last step."""
+    data: dict[str, Any] | None = None
+    """The training data's identity: window length, stride and the sha256 of each train-split file, as the data's
+    manifest records them (lcft.train.run_dir.data_identity); None in checkpoints of an lcft that did not record
+    it."""
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -111,6 +115,8 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     if not isinstance(state.guard_history, list) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in [*state.guard_history, *numbers]):
         raise _broken(p, "corrupt trainer state (guard_history, elapsed or last_loss is not a number)")
+    if state.data is not None and not (isinstance(state.data, dict) and isinstance(state.data.get("sha256", {}), dict)):
+        raise _broken(p, "corrupt trainer state (data is not the identity lcft records)")
     return state
 
 

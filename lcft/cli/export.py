@@ -27,37 +27,17 @@ def register(app: typer.Typer) -> None:
         """Export a trained model in HuggingFace's Llama layout."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
-        from lcft.checkpoint.export import export_bytes, export_model
+        from lcft.checkpoint.export import BUILD, export_model
         from lcft.checkpoint.layout import resolve_checkpoint
         from lcft.checkpoint.reader import load
-        from lcft.files import folder_lock, refuse_nonempty_output
+        from lcft.files import refuse_nonempty_output
 
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file
-        refuse_nonempty_output(out, force)
+        refuse_nonempty_output(out, force, (BUILD,))  # before the checkpoint is read
         cast = getattr(torch, dtype) if dtype else None
-        before = set(out.iterdir()) if out.is_dir() else set()
-        with folder_lock(out, "lcft export"), console.status(f"exporting {source} ..."):
-            try:  # force: emptiness checked above (the folder now holds the lock's pid file)
-                # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
-                path = export_model(load(source, materialize=False), out, dtype=cast, force=True)
-            except Exception as e:
-                _fail_cleanly(e, out, before, export_bytes(source, cast))
+        with console.status(f"exporting {source} ..."):
+            # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
+            path = export_model(load(source, materialize=False), out, dtype=cast, force=force)
         console.print(f"wrote {path} (from {source})", highlight=False)
-
-
-def _fail_cleanly(e: Exception, out: Path, before: set[Path], needed: int) -> None:
-    """Remove what this export wrote into `out`; a full disk becomes a one-line error (others re-raise)."""
-    import shutil
-
-    from lcft.files import LOCK_NAME, disk_full_error, free_bytes
-
-    free = free_bytes(out)  # before the partial files' space comes back
-    for p in set(out.iterdir()) - before:
-        if p.name != LOCK_NAME:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    err = disk_full_error(e, out, needed, free)
-    if err is None:
-        raise e
-    raise LcftError(f"cannot export to {out}: {err}") from None

@@ -1,11 +1,14 @@
 """A run folder as an invocation starts: which checkpoint it continues (or none), then taking the folder over:
-its lock, interrupted saves cleared, checkpoints after the resumed step superseded, changed options said."""
+its lock, interrupted saves cleared, checkpoints after the resumed step superseded, changed options and changed
+data said."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lcft.checkpoint.layout import RUN_CONFIG, latest_checkpoint, resolve_resume
 from lcft.checkpoint.save import clean_partial, supersede_after
@@ -15,22 +18,72 @@ from lcft.files import folder_lock
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
 
+if TYPE_CHECKING:
+    from lcft.checkpoint.state import TrainerState
+
+# Options a resume ignores: the model is the checkpoint's; they only choose where a new run starts from.
+IGNORED_ON_RESUME = ("init", "preset")
+
 
 def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Path | None:
     """The checkpoint to resume from (--resume auto passes over corrupt ones, saying so), or None for a new
-    run; refuses to mix or overwrite runs. Writes nothing."""
+    run; refuses to mix or overwrite runs (a folder without checkpoints holds nothing to lose: a new run with
+    other options may start there). Writes nothing."""
     saved = run / RUN_CONFIG
     if cfg.resume:
         return resolve_resume(cfg.resume, run, say=say)
-    if saved.is_file():
-        changed = diff(load_run_config(saved).run_defining(), cfg.run_defining())
-        if changed:
-            raise LcftError(f"{run} holds a run with a different config ({'; '.join(changed[:4])}); "
-                            "pass --resume auto to continue it with these options, or choose another --out")
-    if (ckpt := latest_checkpoint(run)) is not None:
-        raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
-                        "continue that run, or choose another --out")
-    return None
+    if (ckpt := latest_checkpoint(run)) is None:
+        return None
+    changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
+    if changed:
+        raise LcftError(f"{run} holds a run with a different config ({'; '.join(changed[:4])}); "
+                        "pass --resume auto to continue it with these options, or choose another --out")
+    raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
+                    "continue that run, or choose another --out")
+
+
+def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None]) -> TrainConfig:
+    """`cfg` with the options a resume ignores (IGNORED_ON_RESUME) set back to the resumed run's own (from the
+    checkpoint's config.toml), so the configs saved from now on still describe the model; values given other
+    than the run's and the defaults are named as ignored, in one line."""
+    saved = ckpt / RUN_CONFIG
+    if not saved.is_file():
+        return cfg
+    run = load_run_config(saved)
+    kept = {k: getattr(run, k) for k in IGNORED_ON_RESUME}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in IGNORED_ON_RESUME}
+    ignored = [f"--{k} {getattr(cfg, k)!r} (the run's: {kept[k]!r})" for k in IGNORED_ON_RESUME
+               if getattr(cfg, k) not in (kept[k], defaults[k])]
+    if ignored:
+        say(f"ignored with --resume (the model is the checkpoint's): {'; '.join(ignored)}")
+    return dataclasses.replace(cfg, **kept)
+
+
+def data_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What identifies the training windows of a prepared data folder: their length and stride and the sha256 of
+    each file of its train split, as its manifest records them (verify_windows checked them against the files)."""
+    files = manifest["splits"]["train"].get("files", {})
+    return {"length": manifest.get("length"), "stride": manifest.get("stride"),
+            "sha256": {name: meta["sha256"] for name, meta in sorted(files.items())}}
+
+
+def record_data(state: TrainerState, manifest: dict[str, Any]) -> list[str]:
+    """Record in `state` the identity of the data this invocation trains on; returns how it differs from the
+    data the resumed checkpoint recorded, as a 'data contents: ...' line (none when equal, for a new run, or for
+    a checkpoint of an lcft that did not record it)."""
+    saved, state.data = state.data, data_identity(manifest)
+    if not isinstance(saved, dict) or saved == state.data:
+        return []
+    now = state.data
+    parts = [f"{k} {saved.get(k)} -> {now[k]}" for k in ("length", "stride") if saved.get(k) != now[k]]
+    old, new = saved.get("sha256", {}), now["sha256"]
+    parts += [f"{name} sha256 {_short(old.get(name))} -> {_short(new.get(name))}"
+              for name in sorted({*old, *new}) if old.get(name) != new.get(name)]
+    return [f"data contents: {', '.join(parts)}"]
+
+
+def _short(digest: str | None) -> str:
+    return digest[:12] if digest else "none"
 
 
 def check_launch(cfg: TrainConfig, world: int) -> None:
@@ -45,18 +98,24 @@ def check_run_folder(cfg: TrainConfig) -> None:
 
 
 def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, lock: contextlib.ExitStack,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], data_changes: list[str] | None = None) -> None:
     """Rank 0 takes the run folder: its lock (held until `lock` closes; a second writer is refused, naming this
     pid), temp folders of interrupted saves removed; on a resume the checkpoints after `resume_step` moved to
-    superseded/ (the resumed run owns those steps) and changed options reported; then the resolved config."""
+    superseded/ (the resumed run owns those steps) and changed options (with `data_changes`, from record_data)
+    reported; a new run says when it replaces an earlier one's config; then the resolved config."""
     lock.enter_context(folder_lock(run, "lcft train"))
     clean_partial(run)
-    if resume_step is not None:
+    saved = run / RUN_CONFIG
+    changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
+    if resume_step is None:
+        if changed:  # check_run_dir let it through: no checkpoint there, so nothing of that run to continue
+            say(f"{run} holds no checkpoint (nothing to resume): this new run with other options "
+                f"({'; '.join(changed[:4])}) replaces its config.toml and metrics.jsonl")
+    else:
         for moved in supersede_after(run, resume_step):
             say(f"{moved.name} is after the resumed step {resume_step}: moved to {moved}")
-        if (run / RUN_CONFIG).is_file():
-            changed = diff(load_run_config(run / RUN_CONFIG).run_defining(), cfg.run_defining())
-            if changed:
-                say(f"resuming with changed options: {'; '.join(changed)} (they apply from the next step; "
-                    "the schedule continues from its position)")
+        changed = [c for c in changed if c.split(":")[0] not in IGNORED_ON_RESUME] + list(data_changes or [])
+        if changed:
+            say(f"resuming with changed options: {'; '.join(changed)} (they apply from the next step; "
+                "the schedule continues from its position)")
     save_resolved(run / RUN_CONFIG, to_dict(cfg))

@@ -48,7 +48,7 @@ from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision
-from lcft.train.run_dir import check_run_dir, open_run_dir
+from lcft.train.run_dir import check_run_dir, keep_resumed_model, open_run_dir, record_data
 from lcft.train.sharded import clip, materialize_sharded, prepare
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
 from lcft.units import bits_per_base
@@ -104,12 +104,15 @@ class Trainer:
         self.seq_len = cfg.seq_len or windows.length
         self.run_dir = Path(cfg.out)
         self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
+        if self.resume_from is not None:  # the model is the checkpoint's: --init and --preset keep the run's values
+            self.cfg = cfg = keep_resumed_model(cfg, self.resume_from, self._note)
         self._setup_model(manifest["tokenizer"], windows.length)
         data = cfg.dataset
         data_cfg = DataConfig(self.seq_len, data.seed, data.softmask_loss_weight, data.rc_augment)
         self.samples = TrainSamples(windows, data_cfg)
         self._setup_optimizer()
         self._restore()
+        self.data_changes = record_data(self.state, manifest)  # the checkpoints record what they were trained on
         self.guard = SpikeGuard(cfg.guard, self.state.guard_history)
         self._start_run_dir()
 
@@ -138,7 +141,7 @@ class Trainer:
         """The model to train (resumed, --init or fresh), checked against the data, and its loss model, with
         context parallelism, activation checkpointing, compile and FSDP applied (lcft.parallel.parallelize)."""
         cfg = self.cfg
-        init = resolve_checkpoint(cfg.init) if cfg.init else None  # a run folder means its latest checkpoint
+        init = resolve_checkpoint(cfg.init) if cfg.init and not self.resume_from else None  # a run: its latest
         self.source = self.resume_from or init
         self.model = build_model(cfg, tokenizer, self.source, materialize=not self.layout.fsdp_enabled,
                                  note=self._note)
@@ -194,7 +197,7 @@ class Trainer:
         cfg = self.cfg
         if self.is_main:
             resume_step = self.state.step if self.resume_from is not None else None
-            open_run_dir(cfg, self.run_dir, resume_step, self._lock, self._note)  # lock, superseded steps
+            open_run_dir(cfg, self.run_dir, resume_step, self._lock, self._note, self.data_changes)
             self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step)
             self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
             if self.resume_from is not None:

@@ -1,15 +1,24 @@
-"""`lcft export`'s size estimate (what it names on a full disk) reads the stored dtype that config.json records:
-"dtype" as lcft and transformers 5 write it, "torch_dtype" as earlier transformers did."""
+"""`lcft export`: its size estimate (what it names on a full disk) reads the stored dtype that config.json records
+("dtype" as lcft and transformers 5 write it, "torch_dtype" as earlier transformers did); an export killed
+half-way leaves nothing that a rerun does not remove."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
 
 from lcft.checkpoint.export import export_bytes
 from lcft.checkpoint.hf_folder import save_pretrained
+from lcft.cli.app import app
 from lcft.model import Llama, LlamaConfig
 
 
@@ -25,3 +34,69 @@ def test_export_estimate_scales_from_the_recorded_dtype(tmp_path, key):
     stored = (folder / "model.safetensors").stat().st_size
     assert export_bytes(folder, torch.float32) == stored * 2
     assert export_bytes(folder, None) == stored
+
+
+# `lcft export` in a fresh process, SIGKILLed half-way through writing the weights: the writer's hidden temp file
+# beside its target holds half of them, as safetensors' own does until it renames it over the target.
+KILL_EXPORT = """
+import os, signal, sys, tempfile
+import safetensors.torch
+import lcft.checkpoint.hf_folder as hf_folder
+from lcft.cli.app import app
+
+def torn(tensors, filename, metadata=None):
+    data = safetensors.torch.save(tensors, metadata)
+    fd, _ = tempfile.mkstemp(prefix=".tmp", dir=os.path.dirname(filename))
+    os.write(fd, data[: len(data) // 2])
+    os.fsync(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+hf_folder.save_file = torn
+app(sys.argv[1:])
+"""
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("before", ["new", "empty", "earlier export"])
+def test_killed_export_leaves_nothing_a_rerun_keeps(tmp_path, init_dir, before):
+    """A new --out appears complete or not at all; an existing one keeps its files; the rerun (--force only over
+    an earlier export) gives the model, and no hidden leftover of the killed export stays anywhere."""
+    parent = tmp_path / "exports"
+    parent.mkdir()
+    out = parent / "hf"
+    force = ["--force"] if before == "earlier export" else []
+    if before == "empty":
+        out.mkdir()
+    if force:
+        torch.manual_seed(1)
+        save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=2)), out)
+    kept = {p.name: p.read_bytes() for p in out.iterdir()} if out.is_dir() else None
+    proc = subprocess.run([sys.executable, "-c", KILL_EXPORT, "export", str(init_dir), "--out", str(out), *force],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    if kept is None:
+        assert not out.exists()
+    else:
+        assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")} == kept
+
+    r = CliRunner().invoke(app, ["export", str(init_dir), "--out", str(out), *force])
+    assert r.exit_code == 0, r.output
+    want = _weights(init_dir)
+    got = _weights(out)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert os.listdir(parent) == ["hf"]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_export_onto_a_file_says_so(tmp_path, init_dir, force):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep\n")
+    r = CliRunner().invoke(app, ["export", str(init_dir), "--out", str(target), *force])
+    assert r.exit_code == 1 and " ".join(r.output.split()) == f"error: --out {target} is a file, not a folder"
+    assert target.read_text() == "keep\n" and sorted(os.listdir(tmp_path)) == ["notes.txt"]

@@ -91,6 +91,7 @@ def test_crafted_pickle_in_trainer_state_is_refused_and_not_run(run_copy, tmp_pa
     ("state.json", b'{"step": "six"}', "state.json"),
     ("scheduler.pt", b"", "scheduler.pt: corrupt"),
     ("state.json", b'{"step": 6, "guard_history": "abc"}', "state.json: corrupt"),
+    ("state.json", b'{"step": 6, "data": "train.bin"}', "state.json: corrupt"),
     ("rng.pt", "wrong-layout", "rng.pt: corrupt"),
 ])
 def test_corrupt_trainer_state_is_one_line_naming_file_and_previous(run_copy, name, damage, word):

@@ -21,6 +21,9 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.files import LOCK_NAME
 from lcft.train import TrainConfig, TrainHooks, train
+from tests.test_files import unprivileged
+
+from .launching import RUN
 
 HOLD = """
 import sys, time
@@ -145,3 +148,30 @@ def test_outputs_respect_the_umask(tmp_path, base_cfg, mask):
         for p in [root, *root.rglob("*")]:
             want = (0o777 if p.is_dir() else 0o666) & ~mask
             assert stat.S_IMODE(p.stat().st_mode) == want, (p, oct(p.stat().st_mode))
+
+
+def test_read_only_output_folders_are_one_line(tmp_path, base_cfg, data_dir, init_dir):
+    """`lcft export` and `lcft train` (new, and --resume) into an existing folder that may not be written: one
+    line naming it, exit 1, no traceback, nothing changed there."""
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1}))
+    (run / LOCK_NAME).unlink(missing_ok=True)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    before = sorted(str(p) for p in run.rglob("*"))
+    folders = [ro, run, *(p for p in run.rglob("*") if p.is_dir())]
+    for f in folders:
+        f.chmod(0o555)
+    lcft = [sys.executable, "-m", "lcft"]
+    train_args = ["train", "--data", str(data_dir), "--init", str(init_dir), *RUN, "--steps", "2"]
+    try:
+        for out, args in ((ro, ["export", str(init_dir)]), (ro, train_args),
+                          (run, [*train_args, "--resume", "auto"])):
+            r = unprivileged([*lcft, *args, "--out", str(out)])
+            lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+            assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+            assert lines[-1] == f"error: cannot write to output folder {out}: Permission denied", lines
+    finally:
+        for f in folders:
+            f.chmod(0o755)
+    assert os.listdir(ro) == [] and sorted(str(p) for p in run.rglob("*")) == before

@@ -1,0 +1,119 @@
+"""A run folder used again with other options or other data: a folder without checkpoints takes a new run; a
+resume names data re-prepared under the same path, and keeps the run's own --init and --preset (ignored there)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.checkpoint.layout import STATE_DIR
+from lcft.checkpoint.save import write_checksums
+from lcft.config import load_toml
+from lcft.genomics import prepare_windows, sample_fasta
+from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
+from lcft.train.metrics import read_metrics
+
+from .conftest import WINDOW
+
+
+class Crash(Exception):
+    """Ends a run between two steps, as a kill would: no checkpoint written."""
+
+
+def _crash_at(step: int) -> TrainHooks:
+    def before(s: int) -> None:
+        if s == step:
+            raise Crash
+
+    return TrainHooks(before_step=before)
+
+
+def _lines(capsys: pytest.CaptureFixture, words: str) -> list[str]:
+    return [line for line in capsys.readouterr().out.splitlines() if words in line]
+
+
+def test_a_folder_without_checkpoints_takes_a_new_run_with_other_options(tmp_path, base_cfg, capsys):
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(TrainConfig(out=str(run), **{**base_cfg, "save_every": 4}), _crash_at(3))
+    assert latest_checkpoint(run) is None and len(read_metrics(run)) == 2
+    capsys.readouterr()
+
+    changed = {**base_cfg, "lr": 5e-4}
+    s = train(TrainConfig(out=str(run), **changed))
+    said = _lines(capsys, "nothing to resume")
+    assert len(said) == 1 and "lr: 0.001 -> 0.0005" in said[0] and "replaces its config.toml" in said[0]
+    assert s["step"] == 6 and load_toml(run / "config.toml")["lr"] == 5e-4
+    fresh = train(TrainConfig(out=str(tmp_path / "fresh"), **changed))  # the same options in a new folder
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(tmp_path / "fresh")]
+    assert s["loss"] == fresh["loss"]
+
+
+def _prepare(out: Path, **options) -> str:
+    """Windows of the bundled sample at `out` (replacing what is there); the sha256 of their train.bin."""
+    prepare_windows(fasta=str(sample_fasta()), out=str(out), length=WINDOW, train=("chr2",), eval=("chr22",),
+                    overwrite=True, **options)
+    return hashlib.sha256((out / "train.bin").read_bytes()).hexdigest()
+
+
+def test_resume_names_data_prepared_again_under_the_same_path(tmp_path, base_cfg, capsys):
+    data = tmp_path / "data"
+    first = _prepare(data)
+    cfg = {**base_cfg, "data": str(data), "steps": 2, "save_every": 2}
+    train(TrainConfig(out=str(tmp_path / "run"), **cfg))
+    older = tmp_path / "older"  # a checkpoint of an lcft that did not record its data
+    shutil.copytree(tmp_path / "run", older)
+    state = latest_checkpoint(older) / STATE_DIR / "state.json"
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "data"}))
+    write_checksums(latest_checkpoint(older))
+
+    train(TrainConfig(out=str(tmp_path / "same"), **{**cfg, "steps": 1}))
+    capsys.readouterr()
+    train(TrainConfig(out=str(tmp_path / "same"), resume="auto", **cfg))  # the same data: nothing said
+    assert not _lines(capsys, "data contents")
+
+    second = _prepare(data, stride=WINDOW // 2)
+    assert second != first
+    s = train(TrainConfig(out=str(tmp_path / "run"), resume="auto", **{**cfg, "steps": 3}))
+    said = _lines(capsys, "resuming with changed options")
+    assert len(said) == 1 and s["step"] == 3
+    assert f"stride {WINDOW} -> {WINDOW // 2}" in said[0]
+    assert f"train.bin sha256 {first[:12]} -> {second[:12]}" in said[0]
+
+    s = train(TrainConfig(out=str(older), resume="auto", **{**cfg, "steps": 3}))
+    assert s["step"] == 3 and not _lines(capsys, "data contents")
+
+
+def test_options_ignored_on_resume_keep_the_runs_values(tmp_path, base_cfg, init_dir, capsys):
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 2, "save_every": 2}))
+    straight = tmp_path / "straight"
+    shutil.copytree(run, straight)
+    other = tmp_path / "other-init"
+    shutil.copytree(init_dir, other)
+    capsys.readouterr()
+
+    s = train(TrainConfig(out=str(run), resume="auto", **{**base_cfg, "init": str(other), "preset": "small",
+                                                           "steps": 3}))
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "ignored with --resume" in line]
+    assert len(said) == 1 and "'small'" in said[0] and str(other) in said[0], out
+    changed = [line for line in out.splitlines() if "resuming with changed options" in line]
+    assert changed and "preset" not in changed[0] and "init" not in changed[0]
+    for config in (run / "config.toml", Path(s["checkpoint"]) / "config.toml"):
+        saved = load_toml(config)
+        assert (saved["init"], saved.get("preset", "tiny")) == (str(init_dir), "tiny"), config
+
+    # without --init: the run's is kept, and nothing is said (not given is not a change)
+    s2 = train(TrainConfig(out=str(straight), resume="auto", **{**base_cfg, "init": None, "steps": 3}))
+    assert not _lines(capsys, "ignored with --resume")
+    assert load_toml(Path(s2["checkpoint"]) / "config.toml")["init"] == str(init_dir)
+    assert s["loss"] == s2["loss"]  # the same model went on both times
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in read_metrics(run)]),
+                               torch.tensor([r["loss"] for r in read_metrics(straight)]), rtol=0, atol=0)
