@@ -1,9 +1,9 @@
 """Block checkpointing with the forward's key-block selection reused by the recompute, against selecting again.
 
 One decoder block of the tiny preset's shape (hidden 256, 4 heads of 64, 4 KV heads), sparse attention on the
-CPU kernel (block 64, budget 19), block checkpointing, fp32: forward + backward of the loss at 256K and 1M
-tokens (`--quick`: 64K). Each side runs in a fresh process (its own peak RSS): one warm-up step, then the
-fastest of `--steps` timed steps. "select again" is the same code with the memo bypassed (SelectionMemo.take
+CPU kernel (block 64, budget 19), block checkpointing, fp32: forward + backward of the loss at 64K and 256K
+tokens (`--quick`: 16K), with the trainer's allocator setting for the length (lcft.train.memory). Each side runs
+in a fresh process (its own peak RSS): one warm-up step, then the fastest of `--steps` timed steps. "select again" is the same code with the memo bypassed (SelectionMemo.take
 calls the selector every time), which is what block checkpointing did before the recompute reused selections.
 Prints the selector calls per step, the step time of each side, their ratio and each side's peak RSS.
 """
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-LENGTHS = [262144, 1048576]
+LENGTHS = [65536, 262144]
 
 
 def child(length: int, reuse: bool, steps: int) -> dict:
@@ -28,7 +28,10 @@ def child(length: int, reuse: bool, steps: int) -> dict:
     from lcft.kernels.selectors import BlockMeanSelector
     from lcft.model import AttentionConfig, Llama, preset
     from lcft.parallel.activations import apply_activation_checkpointing
+    from lcft.train.memory import return_freed_buffers_to_os
     from lcft.train.step import LossModel
+
+    return_freed_buffers_to_os(length)  # as `lcft train` does for this length
 
     if not reuse:
         SelectionMemo.take = lambda self, select: select()  # every run selects, the recompute too
@@ -65,8 +68,8 @@ def child(length: int, reuse: bool, steps: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="64K only")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps of each side per length")
+    ap.add_argument("--quick", action="store_true", help="16K only")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps of each side per length")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
@@ -83,7 +86,7 @@ def main() -> int:
           "peak RSS GiB, reuse | peak RSS GiB, again |")
     print("|---|---|---|---|---|---|---|")
     failed = False
-    for length in [65536] if args.quick else LENGTHS:
+    for length in [16384] if args.quick else LENGTHS:
         res = {}
         for reuse in (True, False):
             cmd = [sys.executable, __file__, "--case", json.dumps([length, reuse]), "--steps", str(args.steps)]
