@@ -19,7 +19,7 @@ import pyfaidx
 
 from lcft.errors import LcftError
 from lcft.files import atomic_open, file_hash
-from lcft.genomics.fasta_check import index_mismatch
+from lcft.genomics.fasta_check import scan_index
 
 GZIP_MAGIC = b"\x1f\x8b"
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
@@ -109,12 +109,6 @@ def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
         raise LcftError(f"{path}: not a readable FASTA ({e})") from None
 
 
-def _trailing_blanks(head: bytes) -> bool:
-    """Whether a sequence line of `head` (its last, possibly cut, line aside) ends in spaces or tabs."""
-    lines = head.split(b"\n")[:-1]
-    return any(ln[:1] != b">" and ln.rstrip(b"\r").endswith((b" ", b"\t")) for ln in lines)
-
-
 def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
     """Validate a FASTA path before anything is written. Returns (given path, path pyfaidx reads, gzip kind).
 
@@ -135,9 +129,7 @@ def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
     if not body[0].startswith(b">"):
         shown = body[0][:40].decode("ascii", "replace")
         raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
-    if re.search(rb"\r(?!\n)", head.rstrip(b"\r")) or _trailing_blanks(head):
-        # CR-only line ends (pyfaidx would see one line), or spaces/tabs ending sequence lines (pyfaidx would
-        # count them as bases): read a normalized copy
+    if re.search(rb"\r(?!\n)", head.rstrip(b"\r")):  # CR-only line ends: pyfaidx would see one line
         return p, normalize_to_cache(p, kind), kind
     readable = decompress_to_cache(p) if kind == "gzip" else _named_for_pyfaidx(p, kind)
     return p, readable, kind
@@ -151,16 +143,18 @@ def writable_dir(path: Path) -> bool:
 
 def _index_paths(readable: Path, kind: str, stale: bool = False) -> dict[str, str]:
     """Indexes next to the FASTA when that folder is writable (or they are already fresh there); otherwise
-    in the cache (read-only inputs, e.g. an installed package or a shared data folder). stale: the ones next to
-    it do not describe it, however new."""
-    fai = Path(str(readable) + ".fai")
-    gzi = Path(str(readable) + ".gzi")
+    in the cache (read-only inputs, e.g. an installed package or a shared data folder), which a read-only
+    folder's own index gives way to once the cache holds one for this file. stale: the ones next to it do not
+    describe it, however new."""
     mtime = readable.stat().st_mtime
-    fresh = not stale and all(p.is_file() and p.stat().st_mtime >= mtime
-                              for p in ([fai, gzi] if kind == "bgzf" else [fai]))
-    if fresh or writable_dir(readable.parent):
-        return {}
+
+    def fresh(stem: str) -> bool:
+        return all(p.is_file() and p.stat().st_mtime >= mtime
+                   for p in [Path(stem + ".fai")] + ([Path(stem + ".gzi")] if kind == "bgzf" else []))
+
     base = cache_dir() / "index" / f"{_file_key(readable)}-{readable.name}"
+    if writable_dir(readable.parent) or (not stale and fresh(str(readable)) and not fresh(str(base))):
+        return {}
     base.parent.mkdir(parents=True, exist_ok=True)
     out = {"indexname": str(base) + ".fai"}
     if kind == "bgzf":
@@ -207,10 +201,16 @@ class FastaFile:
             except pyfaidx.FastaIndexingError:
                 raise _indexing_error(self.path, e) from None
         self._adopt()
-        problem = index_mismatch(self) if self._reused else None
-        if problem:  # an index newer than its FASTA that no longer describes it (a FASTA replaced, mtime kept)
+        found = scan_index(self)
+        if found.mismatch and self._reused:  # an index newer than its FASTA that no longer describes it
             self.faidx.close()
             self.faidx = self._index(stale=True)
+            self._adopt()
+            found = scan_index(self)
+        if found.blanks and not self.readable.name.endswith(".lf.fa"):  # pyfaidx counted the blanks as bases
+            self.faidx.close()
+            self.readable = normalize_to_cache(self.path, self.kind)
+            self.faidx = self._index()
             self._adopt()
         if not self.index:
             self.close()

@@ -1,42 +1,63 @@
-"""Whether a FASTA's .fai still describes the file: each record's header line right before its first base, only
-line breaks and the next header (or the end of the file) right after its last base.
+"""Whether a FASTA's .fai still describes the file, and whether its sequence lines end in blanks pyfaidx counts as
+bases: one small read per record (its header and first line).
 
 pyfaidx keeps an index that is newer than its FASTA without reading the FASTA: a new FASTA copied over an old
 one with its own (older) modification time (`cp -p`, `rsync -a`, `tar x`) beside the old index would be read
-through offsets that no longer fit: records cut short, or bases from the wrong place. One small read per
-record tells (the header's bytes between two records), far cheaper than indexing again.
+through offsets that no longer fit: records cut short, or bases from the wrong place. The index fits when each
+record's header line ends right before its first base, only line breaks lie between a record's last base and
+the next header, and only line breaks follow the last record. A space or tab ending a record's first line is a
+blank pyfaidx took for a base (the file is then read from a normalized copy).
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from typing import Any
 
 MAX_GAP = 1 << 20  # bytes between two records (line breaks and a header): a larger gap is not a header
-TAIL = 4096  # bytes read after the last record: line breaks only, then the end of the file
+TAIL = 4096  # bytes read after the last record: line breaks only
 
 
-def index_mismatch(fasta: Any) -> str | None:
-    """The first thing the index of `fasta` (a FastaFile) says that the file contradicts; None when it fits."""
+@dataclass(frozen=True)
+class IndexScan:
+    """What one pass over the records' headers and first lines found."""
+
+    mismatch: str | None
+    """The first thing the index says that the file contradicts; None when it fits."""
+    blanks: str | None
+    """A record whose first line ends in a space or tab; None when none does."""
+
+
+def _header_names(line: bytes, name: str) -> bool:
+    """Whether `line` is a header pyfaidx names `name`: '>' then its first whitespace-separated word."""
+    s = line.rstrip(b"\r")
+    return s[:1] == b">" and s[1:].split()[:1] == [name.encode()]
+
+
+def scan_index(fasta: Any) -> IndexScan:
+    """One read per record of `fasta` (a FastaFile): from the end of the record before it (at most MAX_GAP back)
+    through the end of its first line."""
     records = sorted(fasta.index.items(), key=lambda kv: kv[1].offset)
-    end = 0  # byte after the previous record's last base
+    if not records:
+        return IndexScan("an empty index", None)
+    end, blanks = 0, None  # byte after the previous record's last base
     for i, (name, rec) in enumerate(records):
-        if rec.offset < end or rec.offset - end > MAX_GAP:
-            return f"record {name!r} starts at byte {rec.offset}, not after the record before it"
-        gap = fasta.read_at(end, rec.offset - end)
-        head = gap.rsplit(b"\n", 2)
-        line = head[-2] if len(head) >= 2 else b""
-        header = rb">" + re.escape(name.encode()) + rb"(\s[^\n]*)?"
-        if not gap.endswith(b"\n") or not re.fullmatch(header, line.rstrip(b"\r")):
-            return f"no header line '>{name}' right before its first base"
-        before = gap[: len(gap) - len(line) - 1]
-        if i > 0 and before.strip(b"\r\n"):
-            return f"record {name!r}: bases between its header and the record before it"
+        if rec.offset < end or (i > 0 and rec.offset - end > MAX_GAP):
+            return IndexScan(f"record {name!r} starts at byte {rec.offset}, not after the record before it", None)
+        start = max(end, rec.offset - MAX_GAP)
+        first = min(rec.lenc, rec.rlen)  # bases on its first line
+        data = fasta.read_at(start, rec.offset - start + first)
+        gap, line1 = data[: rec.offset - start], data[rec.offset - start:]
+        lines = gap.rsplit(b"\n", 2)
+        if not gap.endswith(b"\n") or len(lines) < 2 or not _header_names(lines[-2], name):
+            return IndexScan(f"no header line '>{name}' right before its first base", None)
+        if i > 0 and gap[: len(gap) - len(lines[-2]) - 1].strip(b"\r\n"):
+            return IndexScan(f"record {name!r}: bases between its header and the record before it", None)
+        if blanks is None and line1[-1:] in (b" ", b"\t"):
+            blanks = name
         end = fasta._byte_offset(name, rec.rlen - 1) + 1 if rec.rlen else rec.offset
-    last = fasta.read_at(end - 1, 1) if records[-1][1].rlen else b"A"  # the last base must still be there
-    tail = fasta.read_at(end, TAIL)
-    if not last or last in b"\r\n>":
-        return f"the file ends before the last base of {records[-1][0]!r}"
-    if len(tail) == TAIL or tail.strip(b"\r\n"):
-        return f"bases after the end of the last record, {records[-1][0]!r}"
-    return None
+    if records[-1][1].rlen and fasta.read_at(end - 1, 1) in (b"", b"\r", b"\n", b">"):
+        return IndexScan(f"the file ends before the last base of {records[-1][0]!r}", blanks)
+    if fasta.read_at(end, TAIL).strip(b"\r\n"):
+        return IndexScan(f"bases after the end of the last record, {records[-1][0]!r}", blanks)
+    return IndexScan(None, blanks)

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from lcft.config import Size, build, save_resolved, to_dict
 from lcft.errors import LcftError
-from lcft.files import folder_lock
+from lcft.files import file_hash, folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.manifest import build_manifest, is_char
@@ -155,13 +155,26 @@ def _outputs(split_names: tuple[str, ...] = SPLITS) -> list[str]:
     return names + [TOKENIZER_FILE, RESOLVED, MANIFEST]
 
 
-def _check_existing(out: Path, options: dict, overwrite: bool) -> dict | None:
-    """The manifest when `out` already holds exactly this job (no-op); None when there is work to do."""
+def _recorded(old: dict[str, Any], options: dict[str, Any], fasta: FastaFile) -> dict[str, Any]:
+    """A manifest's options as this version writes them: folders from before the FASTA's sha256 was recorded
+    named it by its size and the md5 of its .fai, which still identify it when they match."""
+    src = old.get("fasta")
+    if isinstance(src, dict) and "sha256" not in src and src.get("size") == options["fasta"]["size"] and \
+            src.get("fai_md5") == file_hash(fasta.indexname, "md5").hexdigest():
+        return {**old, "fasta": options["fasta"]}
+    return old
+
+
+def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile) -> dict | None:
+    """The manifest when `out` already holds exactly this job (no-op); None when there is work to do (a run of
+    these options killed in `.partial`, under --overwrite or not, resumes)."""
     if (out / MANIFEST).is_file() and not overwrite:
         old = read_manifest(out)
-        key = _differing(old.get("options", {}), options)
+        key = _differing(_recorded(old.get("options", {}), options, fasta), options)
         if key is None:
             return old
+        if _load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
+            return None
         was, now = old.get("options", {}).get(key), options[key]
         flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
         if key == "tokenizer":
@@ -172,9 +185,9 @@ def _check_existing(out: Path, options: dict, overwrite: bool) -> dict | None:
             f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, now {now}); "
             "pass --overwrite to replace them, or choose another --out"
         )
-    if overwrite:  # the old outputs stay until the new ones are complete (_clear_replaced)
-        shutil.rmtree(out / PARTIAL, ignore_errors=True)
-    elif not (out / PARTIAL).is_dir():
+    # --overwrite: the old outputs stay until the new ones are complete (_clear_replaced); a `.partial` of other
+    # options is cleared when the run starts (_run)
+    if not overwrite and not (out / PARTIAL).is_dir():
         stray = [n for n in _outputs() if (out / n).exists()]
         if stray:
             raise LcftError(f"{out} already has {stray[0]} but no complete manifest; pass --overwrite to replace it")
@@ -248,7 +261,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
         created = not out.exists()
         # the lock first: a second run must not delete (--overwrite) what the first is writing
         with folder_lock(out, "lcft prepare"):  # (removes a folder it created that stays empty)
-            done = None if created else _check_existing(out, options, cfg.overwrite)
+            done = None if created else _check_existing(out, options, cfg.overwrite, fasta)
             if done is not None:
                 for split in SPLITS:  # max_oov_frac is not an option of the output: checked against it here
                     info = done["splits"][split]

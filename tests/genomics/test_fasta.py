@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
+import pyfaidx
 import pytest
 from Bio import bgzf
 
@@ -219,3 +221,69 @@ def test_bundled_sample_is_the_documented_copy(genomes_dir):
     assert bundled["chr22"] == bio_records(genomes_dir / "grch37_chr22_20000001-21000000.fa")["22:20000001-21000000"]
     assert sample_fasta().stat().st_size < 2_000_000
     assert gzip.decompress(sample_fasta().read_bytes()).startswith(b">chr2\n")
+
+
+def index_builds(monkeypatch) -> list[str]:
+    """The .fai files pyfaidx writes from now on (one per index it builds)."""
+    built, real = [], pyfaidx.Faidx.build_index
+
+    def build(self, *a, **kw):
+        built.append(self.indexname)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(pyfaidx.Faidx, "build_index", build)
+    return built
+
+
+@pytest.mark.parametrize("header", [">a desc", "> a", ">a\tdesc"])
+def test_an_index_that_fits_is_not_built_again(tmp_path, monkeypatch, header):
+    """pyfaidx names a record by the first word after '>', blanks after '>' allowed."""
+    path = tmp_path / "x.fa"
+    seq = random_genome(1, 5_000)
+    path.write_text(f"{header}\n" + "".join(seq[i : i + 60] + "\n" for i in range(0, len(seq), 60)))
+    with FastaFile(path):
+        pass
+    built = index_builds(monkeypatch)
+    for _ in range(2):
+        with FastaFile(path) as f:
+            assert f.names == ["a"] and f.length("a") == len(seq)
+    assert built == []
+
+
+def test_an_empty_index_newer_than_its_fasta_is_built_again(tmp_path):
+    """pyfaidx truncates its .fai before writing it: a kill in between leaves it empty and newer."""
+    path = write_fasta(tmp_path / "x.fa", {"a": random_genome(1, 3_000)})
+    Path(str(path) + ".fai").write_text("")
+    with FastaFile(path) as f:
+        assert f.length("a") == 3_000
+
+
+def test_a_read_only_folders_stale_index_is_built_once_in_the_cache(tmp_path, monkeypatch):
+    folder = tmp_path / "g"
+    folder.mkdir()
+    path = write_fasta(folder / "x.fa", {"a": random_genome(1, 12_000)})
+    with FastaFile(path):
+        pass
+    replaced_keeping_mtime(path, {"a": random_genome(1, 18_000)})
+    folder.chmod(0o555)
+    built = index_builds(monkeypatch)
+    try:
+        for _ in range(3):
+            with FastaFile(path) as f:
+                assert f.length("a") == 18_000
+    finally:
+        folder.chmod(0o755)
+    assert len(built) == 1 and built[0].startswith(str(cache_dir()))
+
+
+def test_blanks_ending_the_lines_of_a_later_record_are_not_bases(tmp_path):
+    """The first 64 KiB are clean; the second record's lines end in a space. Oracle: Biopython."""
+    recs = {"a": random_genome(1, 80_000, n_runs=0), "b": random_genome(2, 600, n_runs=0)}
+    text = write_fasta(tmp_path / "clean.fa", {"a": recs["a"]}).read_text()
+    text += ">b\n" + "".join(recs["b"][i : i + 60] + " \n" for i in range(0, 600, 60))
+    path = tmp_path / "x.fa"
+    path.write_text(text)
+    assert bio_records(path) == recs
+    with FastaFile(path) as f:
+        assert f.length("b") == 600
+        assert f.read_raw("b", 0, 600).replace(b"\n", b"").decode() == recs["b"]

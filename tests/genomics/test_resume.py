@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -272,3 +273,51 @@ def test_overwrite_removes_the_outputs_the_new_run_does_not_make(tmp_path):
     prepare_windows(fasta=str(fasta), out=str(out), overwrite=True, **kw)
     assert not (out / "train.bases.bin").exists() and not (out / "tokenizer.json").exists()
     verify_windows(out)
+
+
+def test_a_killed_overwrite_resumes_with_or_without_the_flag(genome, tmp_path, monkeypatch):
+    """Killed in its 3rd chromosome, an --overwrite with other options leaves the old windows and its .partial:
+    the rerun (with --overwrite or without) cuts only the chromosomes not done, and ends equal to a clean run."""
+    import lcft.genomics.prepare as P
+
+    out, real, cut = tmp_path / "o", P._cut_one, []
+    prep(genome, out)
+    other = write_fasta(tmp_path / "other.fa", {f"c{i}": random_genome(99 + i, 20 * L) for i in range(1, 7)})
+
+    def killed_in_third(fasta, split, chrom, *a):
+        cut.append(chrom)
+        if cut == ["c1", "c2", "c3"]:
+            raise KeyboardInterrupt  # stands in for a kill: nothing catches it
+        real(fasta, split, chrom, *a)
+
+    monkeypatch.setattr(P, "_cut_one", killed_in_third)
+    with pytest.raises(KeyboardInterrupt):
+        prep(other, out, overwrite=True)
+    assert (out / "manifest.json").is_file() and (out / ".partial" / "state.json").is_file()
+    for overwrite in (False, True):
+        case = tmp_path / f"again-{overwrite}"
+        shutil.copytree(out, case)
+        cut.clear()
+        prep(other, case, overwrite=overwrite)
+        assert cut == ["c3", "c4", "c5", "c6"]  # c1 and c2 were done
+    prep(other, tmp_path / "clean")
+    for name in OUTPUTS:
+        for overwrite in (False, True):
+            assert (tmp_path / f"again-{overwrite}" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
+
+
+def test_a_folder_recorded_with_the_index_md5_is_still_current(genome, tmp_path):
+    """Folders written before the FASTA's sha256 was recorded name it by size and .fai md5: still a no-op."""
+    out = tmp_path / "o"
+    prep(genome, out)
+    m = json.loads((out / "manifest.json").read_text())
+    fai = Path(str(genome) + ".fai")
+    m["options"]["fasta"] = {"size": genome.stat().st_size, "fai_md5": hashlib.md5(fai.read_bytes()).hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(m))
+    stamps = {n: (out / n).stat().st_mtime_ns for n in OUTPUTS}
+    assert prep(genome, out) == m
+    assert {n: (out / n).stat().st_mtime_ns for n in OUTPUTS} == stamps
+    m["options"]["fasta"]["fai_md5"] = "0" * 32
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(LcftError, match="different fasta"):
+        prep(genome, out)
