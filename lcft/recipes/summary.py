@@ -3,6 +3,7 @@ intervals), on recurring tokens, the copy probe's effective context, the positiv
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lcft.config import format_size
@@ -45,7 +46,12 @@ def control_interval(report: dict, subset: str = "all") -> tuple[float, float, f
     return float(c.value), float(c.low), float(c.high)
 
 
+NO_INTERVAL = "(no interval: fewer than 2 windows)"
+
+
 def _ci(low: float, high: float) -> str:
+    if math.isnan(low):
+        return NO_INTERVAL
     return f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0)' if low <= 0 <= high else ''}"
 
 
@@ -69,8 +75,7 @@ def probe_line(report: dict) -> str | None:
     """How far back each model reads (the copy probe's effective context), when the probe ran."""
     if not report.get("probe"):
         return None
-    parts = [f"{ck['label']} {format_size(ck['effective_context']) if ck['effective_context'] else 'none detected'}"
-             for ck in report["checkpoints"]]
+    parts = [f"{ck['label']} {_context(ck['effective_context'])}" for ck in report["checkpoints"]]
     return (f"effective context (copy probe, {report['probe']['windows']} windows: farthest copy distance whose "
             f"loss drop is above zero by its 95% interval): {'; '.join(parts)}")
 
@@ -90,7 +95,8 @@ def summary_lines(report: dict, control_steps: int = 0) -> list[str]:
         f"{_pct(long['loss'], ctrl['loss'])} overall, {_pct(long['first_tenth_loss'], ctrl['first_tenth_loss'])} "
         f"in the first tenth of the window, {_pct(long['last_tenth_loss'], ctrl['last_tenth_loss'])} in the last",
         f"95% interval of that overall change (paired bootstrap over {len(long['windows'])} held-out windows): "
-        f"[{100 * low:+.2f}%, {100 * high:+.2f}%]{' (includes 0: no difference detectable)' if low <= 0 <= high else ''}",
+        + (NO_INTERVAL if math.isnan(low) else f"[{100 * low:+.2f}%, {100 * high:+.2f}%]"
+           f"{' (includes 0: no difference detectable)' if low <= 0 <= high else ''}"),
     ]
     extra = [line for line in (recurrence_line(report), probe_line(report), control_line(report, control_steps))
              if line is not None]
@@ -122,6 +128,10 @@ def _control_note(report: dict) -> str:
     if len(cks) < 4:
         return ""
     base, ctl = cks[0], cks[3]
+    if ctl["effective_context"] is None:
+        return (f" The positive control ({ctl['label']}) is the base trained on chr2 windows whose second half "
+                "copies their first; with fewer than 2 copy-probe windows the probe has no interval, so this run "
+                "cannot tell whether it reads back (use more --probe-windows).")
     found = (f"in this run the copy probe finds it reading back {_context(ctl['effective_context'])} tokens (the "
              f"farthest copy whose loss drop is above zero by its interval) against "
              f"{_context(base['effective_context'])} for the base" if ctl["effective_context"] else
@@ -134,7 +144,8 @@ def _control_note(report: dict) -> str:
 
 
 def _context(d: int | None) -> str:
-    return format_size(d) if d else "none detected"
+    """An effective context: its size, 'none detected' (0), or undefined (None: fewer than 2 probe windows)."""
+    return "undefined (fewer than 2 windows)" if d is None else format_size(d) if d else "none detected"
 
 
 def control_line(report: dict[str, Any], steps: int) -> str | None:

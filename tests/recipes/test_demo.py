@@ -164,3 +164,18 @@ def test_the_control_line_without_probe_intervals_states_the_drop_alone():
     rep["checkpoints"][-1]["probe"].update(ci_low=[None, None], ci_high=[None, None])
     line = control_line(rep, 120)
     assert "copy-probe loss drop 1K back: +3.500 nats/token;" in line and "95% interval" not in line
+
+
+def test_one_window_and_one_probe_window_give_no_interval_and_an_undefined_context():
+    """The summary, the probe line and the note say so rather than print nan or 'none detected'."""
+    rep = _with_control(0)
+    for ck in rep["checkpoints"]:
+        ck["windows"] = ck.get("windows", [])[:1]
+        ck["effective_context"] = None
+    rep["probe"] = {"windows": 1}
+    lines = summary_lines(rep)
+    assert lines[3].endswith("over 1 held-out windows): (no interval: fewer than 2 windows)")
+    assert "nan" not in " ".join(lines)
+    assert "ck0 undefined (fewer than 2 windows)" in " ".join(lines)
+    note = demo_note(rep)
+    assert "cannot tell whether it reads back (use more --probe-windows)" in note and "none detected" not in note
