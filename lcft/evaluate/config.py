@@ -12,6 +12,11 @@ BinScale = Literal["linear", "log"]  # position bins of equal width or growing g
 Position = Literal["tokens", "bases"]  # what a position counts
 Probe = Literal["none", "copy"]  # the effective-context probe
 
+# Bounds of the counts the statistics allocate for before any checkpoint runs: the bin edges (bins + 1) and the
+# bootstrap's draws (replicates x windows int64: 100,000 x 10,000 windows is 8 GB).
+MAX_BINS = 1 << 20
+MAX_BOOTSTRAP = 100_000
+
 
 @dataclass
 class EvalConfig(ParallelConfig):
@@ -99,14 +104,14 @@ class EvalConfig(ParallelConfig):
                 f"{len(self.max_context)} --max-context for {n} --checkpoint: give one value for all, or one per checkpoint")
         if any(c < 0 for c in self.max_context):
             raise ConfigError("--max-context must be positive (or 0 for the whole window)")
-        if self.bins < 1:
-            raise ConfigError(f"--bins must be at least 1, got {self.bins}")
+        if not 1 <= self.bins <= MAX_BINS:
+            raise ConfigError(f"--bins must be between 1 and {MAX_BINS:,}, got {self.bins}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.max_windows < 0:
             raise ConfigError(f"--max-windows must be 0 (all) or positive, got {self.max_windows}")
-        if self.bootstrap < 1:
-            raise ConfigError(f"--bootstrap must be at least 1 replicate, got {self.bootstrap}")
+        if not 1 <= self.bootstrap <= MAX_BOOTSTRAP:
+            raise ConfigError(f"--bootstrap must be between 1 and {MAX_BOOTSTRAP:,} replicates, got {self.bootstrap}")
         if self.probe_segment < 1:
             raise ConfigError(f"--probe-segment must be at least 1, got {self.probe_segment}")
         if not 0 <= self.probe_mutation < 1:

@@ -76,6 +76,8 @@ def test_unreadable_checkpoints(data_dir, ckpt_a, tmp_path):
     ({"labels": ("x", "y")}, "2 --label for 1"),
     ({"max_context": (0, 0)}, "2 --max-context for 1"),
     ({"bins": 0}, "bins"),
+    ({"bins": 10**12}, r"--bins must be between 1 and 1,048,576, got 1000000000000"),  # edges bounded before any work
+    ({"bootstrap": 10**12}, r"--bootstrap must be between 1 and 100,000 replicates"),  # before any checkpoint runs
 ])
 def test_bad_options(data_dir, ckpt_a, tmp_path, kw, match):
     _fails(tmp_path, match, data_dir, ckpt_a, **kw)
