@@ -135,9 +135,11 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
         raise LcftError(f"checkpoint folder not found: {directory}")
     config_file(directory)
     if attention is None and (directory / MODEL_META).is_file():
-        extra = read_json(directory / MODEL_META)
+        block = read_json(directory / MODEL_META).get("attention", {})
+        if not isinstance(block, dict):
+            raise LcftError(f"{directory / MODEL_META}: attention is {block!r}, not an object")
         try:
-            attention = AttentionConfig.from_dict(extra.get("attention", {}))
+            attention = AttentionConfig.from_dict(block)
         except TypeError as e:
             raise LcftError(f"{directory / MODEL_META}: bad attention block ({e})") from None
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -23,6 +24,19 @@ COUNT_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_siz
                 "head_dim": 2048, "num_local_experts": 1024, "num_experts_per_tok": 1024,
                 "max_position_embeddings": 1 << 34, "sliding_window": 1 << 34}
 POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
+# What each rope_scaling type reads (transformers' _compute_*_parameters), and what each field must be: "positive"
+# a number in (0, ROPE_LIMIT] (each is divided by or goes into a log), "off-or-positive" one in [0, ROPE_LIMIT]
+# (yarn's mscale: 0 switches it off, a negative one can zero the attention factor's denominator), "positions" a
+# whole number of positions, "bool" true or false. ROPE_LIMIT is far above every published value (factors of 4 to
+# 64, beta_fast 32) and keeps every frequency formula finite. ROPE_OPTIONAL: null = transformers' default.
+ROPE_FIELDS = {"linear": ("factor",), "dynamic": ("factor",),
+               "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                        "mscale", "mscale_all_dim", "truncate"),
+               "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")}
+ROPE_KINDS = {"original_max_position_embeddings": "positions", "truncate": "bool", "mscale": "off-or-positive",
+              "mscale_all_dim": "off-or-positive"}  # every other field: "positive"
+ROPE_OPTIONAL = {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}
+ROPE_LIMIT = 1 << 20
 
 
 @dataclass
@@ -142,15 +156,25 @@ class LlamaConfig:
             raise LcftError(f"head_dim {self.head_dim} must be even for RoPE")
         if self.attention.backend not in BACKENDS:  # lcft.json is a file we are handed: its value is checked here
             raise LcftError(f"attention backend {self.attention.backend!r} is not one of {', '.join(BACKENDS)}")
+        self._check_rope()
+        self._check_variant()
+
+    def _check_rope(self) -> None:
         if self.rope_scaling is not None:
             self.rope_scaling = normalize_rope_scaling(self.rope_scaling)
-        if self.rope_scaling is not None and self.rope_scaling["rope_type"] in ("yarn", "llama3"):
+        kind = self.rope_scaling["rope_type"] if self.rope_scaling is not None else "default"
+        if kind in ("yarn", "llama3"):
             # Spelled out with the defaults lcft.model.rope applies: transformers refuses a llama3 dict without them.
             defaults = {"original_max_position_embeddings": self.max_position_embeddings}
-            if self.rope_scaling["rope_type"] == "llama3":
+            if kind == "llama3":
                 defaults.update(low_freq_factor=1.0, high_freq_factor=4.0)
             self.rope_scaling = {**defaults, **self.rope_scaling}
-        self._check_variant()
+        if kind == "yarn" and self.rope_theta <= 1:
+            raise LcftError(f"rope_theta {self.rope_theta} must be above 1 for yarn RoPE scaling (its ramp divides "
+                            "by log(rope_theta))")
+        if kind == "dynamic" and self.head_dim <= 2:
+            raise LcftError(f"head_dim {self.head_dim} must be above 2 for dynamic RoPE scaling (its base is raised "
+                            "to head_dim / (head_dim - 2))")
 
     def _check_variant(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -171,8 +195,13 @@ def check_counts(values: dict[str, Any]) -> None:
             check_count(name, values[name])
     for name in POSITIVE_REALS & values.keys():
         v = values[name]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
+        if not is_real(v) or v <= 0:
             raise LcftError(f"model config: {name} must be a positive number, got {v!r}")
+
+
+def is_real(v: Any) -> bool:
+    """A finite JSON number that a float holds (an int of 400 digits does not), not a bool."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and -sys.float_info.max <= v <= sys.float_info.max
 
 
 def check_count(name: str, v: Any) -> None:
@@ -184,15 +213,41 @@ def check_count(name: str, v: Any) -> None:
         raise LcftError(f"model config: {name}={v} is outside {low}..{limit} (lcft's limit for {name})")
 
 
-def normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:
-    """HF accepts both `type` (v4) and `rope_type`; keep `rope_type` only, and None for plain RoPE."""
+def normalize_rope_scaling(scaling: dict[str, Any], where: str = "rope_scaling") -> dict[str, Any] | None:
+    """HF accepts both `type` (v4) and `rope_type`; keep `rope_type` only, and None for plain RoPE. Every field
+    the type reads is checked here (ROPE_FIELDS), whether a config.json or a --rope-scaling flag gave it: one line
+    naming `where` (the key it came from) and the field."""
     out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise LcftError(f"rope_scaling type {rope_type!r} is not supported (use one of {', '.join(ROPE_TYPES)})")
+        raise LcftError(f"{where} type {rope_type!r} is not supported (use one of {', '.join(ROPE_TYPES)})")
     if rope_type == "default":
         return None
     if "factor" not in out:
-        raise LcftError(f"rope_scaling type {rope_type!r} needs a 'factor'")
+        raise LcftError(f"{where} type {rope_type!r} needs a 'factor'")
+    for name in ROPE_FIELDS[rope_type]:
+        if name in out:
+            _check_rope_field(where, rope_type, name, out[name])
+    low, high = out.get("low_freq_factor", 1.0), out.get("high_freq_factor", 4.0)  # lcft.model.rope's defaults
+    if rope_type == "llama3" and low == high:
+        raise LcftError(f"{where} low_freq_factor and high_freq_factor are both {low!r} (llama3 divides by their "
+                        "difference)")
     out["rope_type"] = rope_type
     return out
+
+
+def _check_rope_field(where: str, rope_type: str, name: str, v: Any) -> None:
+    if v is None and (name in ROPE_OPTIONAL or (name, rope_type) == ("factor", "yarn")):  # yarn: from the lengths
+        return
+    kind = ROPE_KINDS.get(name, "positive")
+    if kind == "bool":
+        ok, want = isinstance(v, bool), "true or false"
+    elif kind == "positions":
+        limit = COUNT_LIMITS["max_position_embeddings"]
+        ok, want = isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= limit, f"a whole number in 1..{limit}"
+    else:
+        off = kind == "off-or-positive"
+        ok = is_real(v) and (0 <= v if off else 0 < v) and v <= ROPE_LIMIT
+        want = f"a number in {'[' if off else '('}0, {ROPE_LIMIT}]"
+    if not ok:
+        raise LcftError(f"{where} {name}={v!r} (must be {want})")

@@ -1,12 +1,11 @@
 """HuggingFace checkpoints of the five families lcft trains (Llama, Mistral, Qwen2, Qwen3, Mixtral): one table of
 config.json fields used both ways, parameter names, and safetensors weights read and written tensor by tensor
-(single file or shards with an index, fp32/bf16/fp16; pytorch_model.bin read with weights_only where a folder
-has no safetensors)."""
+(single file or shards with an index, fp32/bf16/fp16; pytorch_model.bin where a folder has no safetensors, read
+by lcft.model.hf_weights without unpickling anything but plain data)."""
 
 from __future__ import annotations
 
 import json
-import pickle
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
 from lcft.errors import LcftError
-from lcft.files import read_json
-from lcft.model.config import AttentionConfig, LlamaConfig, check_counts, normalize_rope_scaling
+from lcft.model.config import AttentionConfig, LlamaConfig, check_counts, is_real, normalize_rope_scaling
 from lcft.model.hf_classes import shipped_classes
+from lcft.model.hf_weights import INDEX, WEIGHTS, weight_files, weight_tensors
 
-WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
-TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
 MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
 
 # config.json keys that every family reads and writes under the same name as the LlamaConfig field.
@@ -108,6 +105,8 @@ def family_of(d: dict[str, Any]) -> Family:
     if len(archs) == 1 and archs[0] in FAMILIES:
         return FAMILIES[archs[0]]
     model_type = d.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise LcftError(f"config.json model_type {model_type!r}: not a string (the name of a model type)")
     other = [a for a in archs if shipped_classes().get(a, model_type) != model_type]
     if model_type not in BY_TYPE or other or len(archs) > 1:
         raise LcftError(f"architectures {archs} (model_type {model_type!r}): not a Llama checkpoint or one of "
@@ -121,7 +120,9 @@ def config_notes(d: dict[str, Any]) -> list[str]:
     fam, notes = family_of(d), []
     archs = d.get("architectures") or []
     if archs != [fam.architecture] and archs:
-        code = f" (auto_map {sorted(set((d.get('auto_map') or {}).values()))})" if d.get("auto_map") else ""
+        auto = d.get("auto_map") if isinstance(d.get("auto_map"), dict) else {}  # metadata: a note, never an error
+        refs = {r for v in auto.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)}
+        code = f" (auto_map {sorted(refs)})" if refs else ""  # AutoTokenizer's entry is a [slow, fast] list
         notes.append(f"architectures {archs} loaded as {fam.architecture} (model_type {fam.model_type}); the "
                      f"model's own code{code} was not run")
     carried = sorted(set(d) - _known_keys(fam))
@@ -157,9 +158,10 @@ def _rope_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
         raise LcftError(f"rope_parameters field {sorted(extra)[0]!r}")
     if d.get("partial_rotary_factor", 1.0) not in (1, None):  # transformers' rope reads it beside rope_theta
         raise LcftError(f"partial_rotary_factor={d['partial_rotary_factor']!r} (lcft rotates every dimension)")
-    if isinstance(theta, bool) or not isinstance(theta, int | float):
+    if not is_real(theta):  # its sign is LlamaConfig's check (check_counts)
         raise LcftError(f"rope_theta={theta!r} (a number)")
-    return {"rope_theta": float(theta), "rope_scaling": normalize_rope_scaling(scaling) if scaling else None}
+    where = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    return {"rope_theta": float(theta), "rope_scaling": normalize_rope_scaling(scaling, where) if scaling else None}
 
 
 def _window_to_hf(cfg: LlamaConfig, fam: Family) -> dict[str, Any]:
@@ -183,13 +185,18 @@ def _window_from_hf(d: dict[str, Any], fam: Family) -> int | None:
         return None
     n, w = d.get("num_hidden_layers", fam.defaults["num_hidden_layers"]), d.get("sliding_window")
     if d.get("layer_types") is not None:
-        kinds = set(d["layer_types"])
-        if len(d["layer_types"]) != n or not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
+        types = d["layer_types"]
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise LcftError(f"layer_types={types!r} (a list of attention kinds, one per layer)")
+        kinds = set(types)
+        if len(types) != n or not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
             raise LcftError(f"layer_types {sorted(kinds)} (lcft applies one attention kind to every layer)")
         return w if kinds == {"sliding_attention"} else None
     if not d.get("use_sliding_window", False) or w is None:
         return None
     first = d.get("max_window_layers", 28)  # transformers: layers >= max_window_layers slide
+    if isinstance(first, bool) or not isinstance(first, int):
+        raise LcftError(f"max_window_layers={first!r} (a whole number of layers)")
     if 0 < first < n:
         raise LcftError(f"max_window_layers={first} (sliding window in some layers only)")
     return w if first <= 0 else None
@@ -282,36 +289,6 @@ def to_hf_name(name: str) -> str:
     return "model." + name
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The weight file(s) of a folder: model.safetensors, or the shards its index names (all present); only
-    where a folder has no safetensors, pytorch_model.bin (or its index's shards)."""
-    for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
-        if (directory / single).is_file():
-            return [directory / single]
-        if (directory / index).is_file():
-            shards = sorted(set(read_json(directory / index).get("weight_map", {}).values()))
-            missing = [s for s in shards if not (directory / s).is_file()]
-            if missing or not shards:
-                raise LcftError(f"{directory}: weight shard(s) missing: {', '.join(missing) or 'index is empty'}")
-            return [directory / s for s in shards]
-    raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
-
-
-def _tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Callable[[], torch.Tensor]]]:
-    """(name, shape, read) per tensor of a weight file. A pytorch_model.bin is read with torch.load's
-    weights_only unpickler (tensors and plain containers only: no code from the file runs), memory-mapped."""
-    if f.suffix == ".bin":
-        state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
-            raise ValueError("not a dict of tensors")
-        for key, t in state.items():
-            yield key, tuple(t.shape), lambda t=t: t
-        return
-    with safe_open(str(f), framework="pt") as sf:
-        for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-            yield key, tuple(sf.get_slice(key).get_shape()), lambda key=key: sf.get_tensor(key)
-
-
 def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
     """Assign every parameter of a model built on the meta device from the folder's weights, one tensor at a
     time (as stored, or cast to dtype as it is read), so the peak is about one copy of the model plus one tensor."""
@@ -321,7 +298,7 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
     loaded: set[str] = set()
     for f in weight_files(directory):
         try:
-            for key, shape, read in _tensors(f):
+            for key, shape, read in weight_tensors(f):
                 if key not in expected:
                     if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
                         continue
@@ -334,7 +311,7 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
                 tensor = read()
                 _assign(model, name, tensor if dtype is None else tensor.to(dtype))
                 loaded.add(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:  # corrupt file
+        except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file
             raise LcftError(f"{f}: cannot read weights ({str(e).splitlines()[0] if str(e) else e!r})") from None
     missing = sorted(set(params) - loaded)
     if missing:

@@ -1,0 +1,233 @@
+"""The weight files of a HuggingFace model folder, read without running anything from them: which files
+(model.safetensors, or the shards its index names, each a plain file of the folder; pytorch_model.bin only
+where a folder has no safetensors) and, per file, each tensor's name, shape and reader.
+
+A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl is read by an unpickler that
+builds no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which becomes a record of the
+view it declares, and the floating-point storage types, which become dtypes). Every storage, offset, shape and
+stride it declares is checked against the zip's own records before a byte of weights is read; a tensor is then
+a view of a private memory map of the file, so nothing the file declares is allocated."""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import struct
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+import torch
+from safetensors import safe_open
+
+from lcft.errors import LcftError
+from lcft.files import read_json
+from lcft.genomics.shards import _plain_name
+
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
+MAX_SHARDS = 100_000  # shard files an index may name (the largest published models use a few hundred)
+MAX_PICKLE_BYTES = 16 << 20  # a pytorch_model.bin's data.pkl: ~200 bytes a tensor
+MAX_ZIP_RECORDS = 100_000  # records of a pytorch_model.bin: one a storage, plus a few
+MAX_ZIP_DIRECTORY = 16 << 20  # bytes of its zip directory: ~100 a record
+MAX_DIMS = 16
+_FLOAT_STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16,
+                   "BFloat16Storage": torch.bfloat16, "DoubleStorage": torch.float64}
+
+Reader = Callable[[], torch.Tensor]
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight file(s) of a folder: model.safetensors, or the shards its index names (all present); only
+    where a folder has no safetensors, pytorch_model.bin (or its index's shards)."""
+    for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
+        if (directory / single).is_file():
+            return [directory / single]
+        if (directory / index).is_file():
+            return [directory / s for s in _index_shards(directory / index)]
+    raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
+
+
+def _short(value: Any, limit: int = 80, quoted: bool = False) -> str:
+    """A value of a file for a one-line message: a printable string as it is (unless quoted), else its repr, cut."""
+    if isinstance(value, str) and value.isprintable() and len(value) <= limit and not quoted:
+        return value
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the filesystem
+        return False
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The distinct shard files an index's weight_map names: plain file names of its folder, all present."""
+    weight_map = read_json(index).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
+    for name in weight_map.values():
+        if not _plain_name(name):
+            raise LcftError(f"{index}: names shard {_short(name, quoted=True)}, which is not a file of its folder (refused)")
+    shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise LcftError(f"{index}: the index names no weight shard")
+    if len(shards) > MAX_SHARDS:
+        raise LcftError(f"{index}: names {len(shards)} shard files (at most {MAX_SHARDS} are read)")
+    missing = [s for s in shards if not _is_file(index.parent / s)]
+    if missing:
+        names = ", ".join(_short(s, 120) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise LcftError(f"{index.parent}: {len(missing)} of {len(shards)} weight shard(s) missing: {names}")
+    return shards
+
+
+def weight_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
+    """(name, shape, read) per tensor of a weight file; read() gives the tensor (safetensors: read then;
+    pytorch_model.bin: a view of the file's memory map)."""
+    if f.suffix == ".bin":
+        yield from _bin_tensors(f)
+        return
+    with safe_open(str(f), framework="pt") as sf:
+        for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+            yield key, tuple(sf.get_slice(key).get_shape()), lambda key=key: sf.get_tensor(key)
+
+
+class _Storage(NamedTuple):
+    key: str
+    dtype: torch.dtype
+    numel: int
+
+
+class _Tensor(NamedTuple):
+    storage: _Storage
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+class _StorageType(NamedTuple):
+    """What a storage class named in data.pkl stands for: its dtype (never the class, so never called)."""
+
+    dtype: torch.dtype
+
+
+def _whole(x: Any) -> bool:
+    return type(x) is int and 0 <= x < 2**63
+
+
+class _StateDictUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler (its memo is a dict: the C one allocates for any memo index a pickle names)
+    admitting only what torch.save writes for a state dict of floating-point tensors, building none of them:
+    each tensor becomes a `_Tensor` record, checked against the zip's storage records `sizes` {key: bytes}."""
+
+    def __init__(self, data: bytes, sizes: dict[str, int]):
+        super().__init__(io.BytesIO(data))
+        self.sizes = sizes
+        self.storages: dict[str, _Storage] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return OrderedDict
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return self._declare
+        if module == "torch" and name in _FLOAT_STORAGES:
+            return _StorageType(_FLOAT_STORAGES[name])
+        raise pickle.UnpicklingError(f"refused global {_short(f'{module}.{name}')}")
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        if not (type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)
+                and type(pid[2]) is str and _whole(pid[4])):
+            raise pickle.UnpicklingError(f"persistent id {_short(pid)} is not a floating-point storage")
+        storage = _Storage(pid[2], pid[1].dtype, pid[4])
+        if self.storages.setdefault(storage.key, storage) != storage:
+            raise pickle.UnpicklingError(f"storage {_short(storage.key)} is declared twice, differently")
+        if self.sizes.get(storage.key) != storage.numel * storage.dtype.itemsize:
+            raise pickle.UnpicklingError(f"storage {_short(storage.key)} of {storage.numel} x {storage.dtype} "
+                                         f"does not match the file's record ({self.sizes.get(storage.key)} bytes)")
+        return storage
+
+    def _declare(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
+                 metadata: Any = None) -> _Tensor:
+        if not (isinstance(storage, _Storage) and _whole(offset) and type(size) is tuple and type(stride) is tuple
+                and len(size) == len(stride) <= MAX_DIMS and all(map(_whole, size + stride))
+                and type(requires_grad) is bool and not hooks and not metadata):
+            raise pickle.UnpicklingError("a tensor record is not a plain strided tensor")
+        if 0 not in size and offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) >= storage.numel:
+            raise pickle.UnpicklingError(f"a tensor of shape {size} reaches past its storage of {storage.numel}")
+        return _Tensor(storage, offset, size, stride)
+
+
+def _bad_bin(f: Path, why: str) -> LcftError:
+    return LcftError(f"{f}: cannot read weights ({why}; nothing in the file was run)")
+
+
+def _bin_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
+    try:
+        with open(f, "rb") as fh:
+            data, records = _zip_records(f, fh)
+            state = _StateDictUnpickler(data, {k: n for k, (_, n) in records.items()}).load()
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
+    except LcftError:
+        raise
+    except OSError as e:
+        raise LcftError(f"{f}: cannot read ({e.strerror or e})") from None
+    except pickle.UnpicklingError as e:
+        raise _bad_bin(f, str(e)) from None
+    except Exception as e:  # a torn zip or pickle: BadZipFile, EOFError, struct.error, TypeError...
+        raise _bad_bin(f, f"corrupt: {type(e).__name__}") from None
+    if type(state) not in (dict, OrderedDict) or not all(
+            type(k) is str and isinstance(t, _Tensor) for k, t in state.items()):
+        raise _bad_bin(f, "not a state dict of tensors")
+    bases: dict[str, torch.Tensor] = {}
+
+    def read(t: _Tensor) -> torch.Tensor:
+        key, dtype, numel = t.storage
+        if key not in bases:
+            bases[key] = torch.frombuffer(mm, dtype=dtype, count=numel, offset=records[key][0]) if numel \
+                else torch.empty(0, dtype=dtype)
+        return bases[key].as_strided(t.size, t.stride, t.offset)
+
+    for key, t in state.items():
+        yield key, t.size, lambda t=t: read(t)
+
+
+def _zip_records(f: Path, fh: BinaryIO) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """(data.pkl's bytes, {storage key: (offset of its bytes in the file, bytes)}) of torch.save's zip, each
+    count and size the zip declares bounded, and every storage record stored uncompressed inside the file."""
+    end = zipfile._EndRecData(fh)
+    if end is None:
+        raise _bad_bin(f, "not a zip archive of torch.save; an older torch format is not read")
+    if end[zipfile._ECD_ENTRIES_TOTAL] > MAX_ZIP_RECORDS or end[zipfile._ECD_SIZE] > MAX_ZIP_DIRECTORY:
+        raise _bad_bin(f, f"a zip directory of {end[zipfile._ECD_ENTRIES_TOTAL]} records in "
+                          f"{end[zipfile._ECD_SIZE]} bytes (at most {MAX_ZIP_RECORDS} in {MAX_ZIP_DIRECTORY})")
+    total = os.fstat(fh.fileno()).st_size
+    zf = zipfile.ZipFile(fh)
+    pkl = [i for i in zf.infolist() if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+    if len(pkl) != 1 or pkl[0].file_size > MAX_PICKLE_BYTES:
+        raise _bad_bin(f, f"no single data.pkl of at most {MAX_PICKLE_BYTES >> 20} MiB")
+    prefix = pkl[0].filename[:-len("data.pkl")]
+    order = zf.NameToInfo.get(prefix + "byteorder")
+    if order and (order.file_size > 16 or zf.read(order) != b"little"):
+        raise _bad_bin(f, "tensors not stored little-endian")
+    with zf.open(pkl[0]) as p:
+        data = p.read(MAX_PICKLE_BYTES + 1)
+    records = {}
+    for info in zf.infolist():
+        if not info.filename.startswith(prefix + "data/"):
+            continue
+        fh.seek(info.header_offset)
+        head = fh.read(30)
+        if len(head) < 30 or head[:4] != b"PK\x03\x04":
+            raise _bad_bin(f, f"record {_short(info.filename)} has no local header")
+        start = info.header_offset + 30 + sum(struct.unpack("<HH", head[26:30]))
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1 or info.compress_size != info.file_size \
+                or start + info.file_size > total:
+            raise _bad_bin(f, f"record {_short(info.filename)} is compressed, encrypted or past the file's end")
+        records[info.filename[len(prefix) + 5:]] = (start, info.file_size)
+    return data, records

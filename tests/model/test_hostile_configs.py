@@ -1,0 +1,208 @@
+"""Wrong types and values in a model folder's config files are one line naming the field, from loading and from
+`lcft plan --init`, never a traceback: config.json's model_type, a Qwen model's layer_types and
+max_window_layers, every field of rope_scaling / rope_parameters, lcft.json's attention block. The RoPE scalings
+that published models use still load, with transformers' own frequencies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lcft.checkpoint.hf_folder import read_config, save_pretrained
+from lcft.cli.app import app
+from lcft.errors import LcftError
+from lcft.model import Llama, LlamaConfig
+from lcft.model.hf import config_from_hf, config_notes
+from lcft.model.rope import rope_frequencies
+from lcft.train.config import parse_rope_scaling
+
+runner = CliRunner()
+PUBLISHED = Path(__file__).resolve().parents[3] / "shared" / "published"
+BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 128,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096}
+QWEN = {**BASE, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+QWEN_WINDOW = {**QWEN, "use_sliding_window": True, "sliding_window": 64}
+
+
+def rope(**scaling) -> dict:
+    return {**BASE, "rope_scaling": scaling}
+
+
+# (case, config.json, text its one line must hold: the field and the value it was given)
+BAD_CONFIGS = [
+    ("model_type_list", {**BASE, "architectures": None, "model_type": ["x"]}, "model_type ['x']"),
+    ("model_type_dict", {**BASE, "architectures": None, "model_type": {"a": 1}}, "model_type {'a': 1}"),
+    ("layer_types_int", {**QWEN, "layer_types": 5}, "layer_types=5"),
+    ("layer_types_nested", {**QWEN, "layer_types": [[1], [1]]}, "layer_types=[[1], [1]]"),
+    ("max_window_layers_str", {**QWEN_WINDOW, "max_window_layers": "x"}, "max_window_layers='x'"),
+    ("max_window_layers_bool", {**QWEN_WINDOW, "max_window_layers": True}, "max_window_layers=True (a whole number"),
+    ("max_window_layers_null", {**QWEN_WINDOW, "max_window_layers": None}, "max_window_layers=None"),
+    ("factor_str", rope(rope_type="linear", factor="x"), "rope_scaling factor='x'"),
+    ("factor_nan", rope(rope_type="yarn", factor=float("nan")), "rope_scaling factor=nan"),
+    ("factor_inf", rope(rope_type="linear", factor=float("inf")), "rope_scaling factor=inf"),
+    ("factor_negative", rope(rope_type="linear", factor=-1), "rope_scaling factor=-1"),
+    ("factor_zero", rope(rope_type="llama3", factor=0), "rope_scaling factor=0"),
+    ("factor_bool", rope(rope_type="linear", factor=True), "rope_scaling factor=True"),
+    ("factor_null_linear", rope(rope_type="linear", factor=None), "rope_scaling factor=None"),
+    ("factor_huge_int", rope(rope_type="linear", factor=10**400), "rope_scaling factor=1000"),
+    ("dynamic_factor_str", rope(rope_type="dynamic", factor="2"), "rope_scaling factor='2'"),
+    ("llama3_low_str", rope(rope_type="llama3", factor=2, low_freq_factor="a"), "low_freq_factor='a'"),
+    ("llama3_low_zero", rope(rope_type="llama3", factor=2, low_freq_factor=0), "low_freq_factor=0"),
+    ("llama3_low_is_high", rope(rope_type="llama3", factor=2, low_freq_factor=4.0),
+     "low_freq_factor and high_freq_factor are both 4.0"),
+    ("llama3_original_float", rope(rope_type="llama3", factor=2, original_max_position_embeddings=8192.5),
+     "original_max_position_embeddings=8192.5"),
+    ("yarn_original_zero", rope(rope_type="yarn", factor=4, original_max_position_embeddings=0),
+     "original_max_position_embeddings=0"),
+    ("yarn_null_factor_original_zero", rope(rope_type="yarn", factor=None, original_max_position_embeddings=0),
+     "original_max_position_embeddings=0"),
+    ("yarn_beta_fast_str", rope(rope_type="yarn", factor=4, beta_fast="x"), "beta_fast='x'"),
+    ("yarn_beta_slow_negative", rope(rope_type="yarn", factor=4, beta_slow=-1), "beta_slow=-1"),
+    ("yarn_attention_factor_zero", rope(rope_type="yarn", factor=4, attention_factor=0.0), "attention_factor=0.0"),
+    ("yarn_mscale_all_dim_negative", rope(rope_type="yarn", factor=4, mscale=1.0, mscale_all_dim=-10),
+     "mscale_all_dim=-10"),
+    ("yarn_truncate_str", rope(rope_type="yarn", factor=4, truncate="x"), "truncate='x'"),
+    ("rope_parameters_factor", {**BASE, "rope_parameters": {"rope_type": "linear", "factor": -2.0, "rope_theta": 1e4}},
+     "rope_parameters factor=-2.0"),
+    ("rope_theta_huge_int", {**BASE, "rope_theta": 10**400}, "rope_theta=1000"),
+    ("yarn_rope_theta_one", {**rope(rope_type="yarn", factor=4), "rope_theta": 1.0}, "rope_theta 1.0"),
+    ("dynamic_head_dim_2", {**rope(rope_type="dynamic", factor=2), "head_dim": 2}, "head_dim 2"),
+]
+CASE_IDS = [c[0] for c in BAD_CONFIGS]
+
+
+def folder_with(tmp_path: Path, config: dict, meta: dict | None = None) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))  # NaN and Infinity as Python's json writes them
+    if meta is not None:
+        (folder / "lcft.json").write_text(json.dumps(meta))
+    return folder
+
+
+def plan_error(folder: Path) -> str:
+    """`lcft plan --init` (reads the folder's config files only): exit 1 with one `error:` line."""
+    r = runner.invoke(app, ["plan", "--init", str(folder), "--seq-len", "1K"])
+    assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.output, r.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("case,config,text", BAD_CONFIGS, ids=CASE_IDS)
+def test_bad_config_json_is_one_line(tmp_path, case, config, text):
+    folder = folder_with(tmp_path, config)
+    with pytest.raises(LcftError) as e:
+        read_config(folder)
+    msg = str(e.value)
+    assert text in msg and "\n" not in msg, msg
+    assert text in plan_error(folder)
+
+
+@pytest.mark.parametrize("value", ["x", [1], None, 7], ids=["string", "list", "null", "number"])
+def test_lcft_json_attention_not_an_object_is_one_line(tmp_path, value):
+    folder = folder_with(tmp_path, BASE, {"format_version": 1, "attention": value})
+    with pytest.raises(LcftError) as e:
+        read_config(folder)
+    msg = str(e.value)
+    assert f"lcft.json: attention is {value!r}" in msg and "\n" not in msg, msg
+    assert "lcft.json: attention" in plan_error(folder)
+
+
+def test_export_of_a_folder_with_a_bad_attention_block_is_one_line(tmp_path):
+    """The same reader under `lcft export` of a complete folder (weights present)."""
+    torch.manual_seed(0)
+    folder = save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=2)), tmp_path / "m")
+    meta = json.loads((folder / "lcft.json").read_text())
+    (folder / "lcft.json").write_text(json.dumps({**meta, "attention": "x"}))
+    r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "out")])
+    assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
+    assert r.output.strip() == f"error: {folder / 'lcft.json'}: attention is 'x', not an object"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rope_scaling_flag_meets_the_same_check():
+    """--rope-scaling's JSON form reaches the model through LlamaConfig: checked where config.json's is."""
+    for text, field in (('{"rope_type": "dynamic", "factor": "2"}', "factor='2'"),
+                        ('{"rope_type": "llama3", "factor": 8, "high_freq_factor": 1}', "both 1")):
+        with pytest.raises(LcftError, match=field):
+            dataclasses.replace(LlamaConfig(), rope_scaling=parse_rope_scaling(text))
+
+
+def test_a_custom_class_with_a_list_in_auto_map_loads_with_its_note(tmp_path):
+    """AutoTokenizer's auto_map entry is a [slow, fast] list (null for a missing one): the note lists the names."""
+    d = {**BASE, "architectures": ["FooForCausalLM"],
+         "auto_map": {"AutoModelForCausalLM": "modeling_foo.FooForCausalLM", "AutoTokenizer": ["tok.Foo", None]}}
+    assert config_notes(d)[0] == ("architectures ['FooForCausalLM'] loaded as LlamaForCausalLM (model_type llama); "
+                                  "the model's own code (auto_map ['modeling_foo.FooForCausalLM', 'tok.Foo']) was "
+                                  "not run")
+    assert config_notes({**d, "auto_map": "x"})[0].endswith("the model's own code was not run")
+    r = runner.invoke(app, ["plan", "--init", str(folder_with(tmp_path, d)), "--seq-len", "1K"])
+    assert r.exit_code == 0 and "auto_map ['modeling_foo.FooForCausalLM', 'tok.Foo']" in r.output, r.output
+
+
+@pytest.fixture
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+# rope_scaling as published models give it (the v4 `type` key included), with their rope_theta and
+# max_position_embeddings; edge values transformers computes with (yarn's factor null, mscale 0 = off, factor < 1).
+PUBLISHED_ROPE = {
+    "llama-3.1": (5e5, 131072, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen2.5-yarn": (1e6, 131072, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    "deepseek-yarn": (1e4, 163840, {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                    "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}),
+    "yarn-null-factor": (1e6, 4096, {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 1024}),
+    "yarn-mscale-off": (1e4, 4096, {"rope_type": "yarn", "factor": 2, "mscale": 0, "truncate": False}),
+    "linear": (1e4, 4096, {"type": "linear", "factor": 8.0}),
+    "linear-below-one": (1e4, 4096, {"rope_type": "linear", "factor": 0.5}),
+    "dynamic": (1e4, 4096, {"type": "dynamic", "factor": 2.0}),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_ROPE))
+def test_published_rope_scalings_load_with_transformers_frequencies(tmp_path, transformers, name):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    theta, max_pos, scaling = PUBLISHED_ROPE[name]
+    d = {**BASE, "rope_theta": theta, "max_position_embeddings": max_pos, "rope_scaling": scaling}
+    cfg = read_config(folder_with(tmp_path, d))
+    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
+    kind = hf_cfg.rope_parameters["rope_type"]
+    for seq_len in (None, 3 * max_pos):
+        want, want_scale = ROPE_INIT_FUNCTIONS[kind](hf_cfg, "cpu", seq_len=seq_len)
+        got, got_scale = rope_frequencies(cfg, seq_len)
+        torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+        assert got_scale == pytest.approx(want_scale, rel=1e-12)
+
+
+@pytest.mark.parametrize("d,layers", [
+    ({**QWEN, "layer_types": ["full_attention"] * 2}, ["full_attention"] * 2),
+    ({**QWEN_WINDOW, "max_window_layers": 0}, ["sliding_attention"] * 2),
+    ({**QWEN_WINDOW, "max_window_layers": 2}, ["full_attention"] * 2),
+], ids=["layer_types", "window_from_layer_0", "window_from_layer_2"])
+def test_qwen_window_fields_of_the_right_type_still_load(transformers, d, layers):
+    """The attention kind lcft gives every layer is the one transformers' Qwen2Config gives each."""
+    assert transformers.Qwen2Config(**d).layer_types == layers
+    want = 64 if layers[0] == "sliding_attention" else None
+    assert config_from_hf(d).sliding_window == want
+
+
+@pytest.mark.parametrize("name", ["metagene-1", "generator-eukaryote-3b-base"])
+def test_published_configs_still_load(name):
+    path = PUBLISHED / name / "config.json"
+    if not path.is_file():
+        pytest.skip(f"published files not found at {PUBLISHED}")
+    d = json.loads(path.read_text())
+    cfg = config_from_hf(d)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.rope_theta) == \
+        (d["hidden_size"], d["num_hidden_layers"], d["rope_theta"])

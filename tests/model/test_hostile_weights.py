@@ -1,0 +1,227 @@
+"""Weight files written to attack the reader: an index whose shard names leave the folder or are not names, one
+naming a flood of missing shards, and pytorch_model.bin pickles that name constructors, allocate for sizes they
+declare, or hold meta tensors. Each is a one-line LcftError naming the file (`error: ...` from the CLI), nothing
+outside the folder is read, nothing in a pickle runs, and a declared size allocates nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
+from lcft.cli.app import app
+from lcft.errors import LcftError
+from lcft.model import Llama, LlamaConfig
+from lcft.model.hf import to_hf_name
+
+EMBED = "model.embed_tokens.weight"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    return save_pretrained(Llama(cfg), tmp_path / "model")
+
+
+def one_line_error(f: Path, tmp_path: Path, *names: str) -> str:
+    """The LcftError loading `f` raises, also what `lcft export` prints: one line naming the file."""
+    with pytest.raises(LcftError) as e:
+        from_pretrained(f)
+    r = CliRunner().invoke(app, ["export", str(f), "--out", str(tmp_path / "export")])
+    lines = r.output.strip().splitlines()
+    assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "export").exists()
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 600 and all(n in message for n in names), message
+    return message
+
+
+# --- model.safetensors.index.json -------------------------------------------------------------------------------
+
+def as_index(folder: Path, weight_map_of) -> None:
+    """The folder's model.safetensors moved to a shard named by an index whose weight_map is weight_map_of(keys)."""
+    keys = list(load_file(folder / "model.safetensors"))
+    os.replace(folder / "model.safetensors", folder / "model-00001-of-00001.safetensors")
+    index = {"metadata": {}, "weight_map": weight_map_of(keys)}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def outside(folder: Path) -> Path:
+    """The whole model's weights moved outside the folder: the old reader loaded them and exported (exit 0)."""
+    stolen = folder.parent / "outside" / "stolen.safetensors"
+    stolen.parent.mkdir()
+    os.replace(folder / "model-00001-of-00001.safetensors", stolen)
+    return stolen
+
+
+@pytest.mark.parametrize("shard", ["relative", "absolute", "/proc/self/environ", ".", "", 5, ["a"], None])
+def test_index_shards_must_be_plain_files_of_the_folder(folder, tmp_path, shard):
+    as_index(folder, lambda keys: {k: "model-00001-of-00001.safetensors" for k in keys})
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    if shard in ("relative", "absolute"):  # every tensor from there
+        stolen = outside(folder)
+        name = os.path.relpath(stolen, folder) if shard == "relative" else str(stolen)
+        index["weight_map"] = dict.fromkeys(index["weight_map"], name)
+    else:
+        index["weight_map"][EMBED] = shard
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    message = one_line_error(folder, tmp_path, "model.safetensors.index.json")
+    assert "not a file of its folder" in message
+
+
+def test_a_weight_map_that_is_not_an_object_is_one_line(folder, tmp_path):
+    as_index(folder, lambda keys: list(keys))
+    assert "'weight_map' is not an object" in one_line_error(folder, tmp_path, "model.safetensors.index.json")
+
+
+@pytest.mark.parametrize("count", [5000, 200_000])
+def test_a_flood_of_missing_shards_is_a_short_line_naming_the_count(folder, tmp_path, count):
+    as_index(folder, lambda keys: {f"w{i}": f"model-{i:06d}.safetensors" for i in range(count)})
+    message = one_line_error(folder, tmp_path, str(count))
+    assert message.count(".safetensors") <= 4  # the index and at most three shards
+
+
+# --- pytorch_model.bin ------------------------------------------------------------------------------------------
+
+def to_bin(folder: Path) -> dict[str, torch.Tensor]:
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    return state
+
+
+def with_pickle(folder: Path, pkl: bytes, storage: bytes | None = bytes(512 * 4)) -> None:
+    """The folder's pytorch_model.bin with its data.pkl replaced and, for torch's records of its storages, one
+    storage '0' of `storage` (512 float32 zeros: the embedding's size) or none."""
+    path = folder / "pytorch_model.bin"
+    with zipfile.ZipFile(path) as z:
+        items = [(i.filename, z.read(i)) for i in z.infolist() if "/data/" not in i.filename]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in items:
+            z.writestr(name, pkl if name.endswith("/data.pkl") else data)
+            if storage is not None and name.endswith("/data.pkl"):
+                z.writestr(name.replace("data.pkl", "data/0"), storage)
+
+
+def glob_(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def text(s: str) -> bytes:
+    return b"X" + struct.pack("<I", len(s.encode())) + s.encode()
+
+
+def long(n: int) -> bytes:
+    b = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(b)]) + b
+
+
+def state_pickle(value: bytes) -> bytes:
+    """A protocol-2 pickle of {EMBED: <value>}."""
+    return b"\x80\x02}" + text(EMBED) + value + b"s."
+
+
+def rebuilt(numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> bytes:
+    """torch's own record of a float32 tensor of storage '0' (what torch.save writes)."""
+    pid = b"(" + text("storage") + glob_("torch", "FloatStorage") + text("0") + text("cpu") + long(numel) + b"tQ"
+    tup = b"(" + b"".join(long(n) for n in size) + b"t" + b"(" + b"".join(long(n) for n in stride) + b"t"
+    return glob_("torch._utils", "_rebuild_tensor_v2") + b"(" + pid + long(offset) + tup + b"\x89" + \
+        glob_("collections", "OrderedDict") + b")R" + b"tR"
+
+
+def test_a_torch_saved_state_dict_loads_as_views_of_the_file(folder):
+    state = to_bin(folder)
+    model = from_pretrained(folder)
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), state[to_hf_name(name)]) and p.device.type == "cpu", name
+
+    state = {k: v.clone() for k, v in state.items()}  # two weights sharing one storage, one of them an offset view
+    both = torch.cat([state[EMBED].flatten(), state["lm_head.weight"].flatten()])
+    state[EMBED], state["lm_head.weight"] = both[:512].view(16, 32), both[512:].view(16, 32)
+    torch.save(state, folder / "pytorch_model.bin")
+    model = from_pretrained(folder)
+    assert torch.equal(model.lm_head.weight.detach(), state["lm_head.weight"])
+
+
+def test_a_hand_written_record_of_the_right_size_is_read(folder):
+    """The crafted pickles below are torch's own format: with their fault taken out, they are read."""
+    from lcft.model.hf_weights import weight_tensors
+
+    to_bin(folder)
+    with_pickle(folder, state_pickle(rebuilt(512, 0, (16, 32), (32, 1))), storage=struct.pack("<512f", *range(512)))
+    [(key, shape, read)] = list(weight_tensors(folder / "pytorch_model.bin"))
+    assert key == EMBED and shape == (16, 32) and torch.equal(read(), torch.arange(512.0).view(16, 32))
+
+
+@pytest.mark.parametrize("value, why", [
+    (glob_("builtins", "bytearray") + long(2**62) + b"\x85R", "refused global builtins.bytearray"),
+    (glob_("torch", "FloatStorage") + long(2**40) + b"\x85R", "corrupt"),  # a storage type is never called
+    (glob_("torch._utils", "_rebuild_meta_tensor_no_storage") + b"(" + glob_("torch", "float32") + b"(" + long(16)
+     + long(32) + b"t(" + long(32) + long(1) + b"t\x89tR", "refused global"),
+    (rebuilt(2**40, 0, (16, 32), (32, 1)), "does not match the file's record"),
+    (rebuilt(512, 1, (16, 32), (32, 1)), "reaches past its storage"),
+    (rebuilt(512, 0, (16, 32), (-32, 1)), "not a plain strided tensor"),
+    (b"N", "not a state dict of tensors"),
+])
+def test_a_bin_pickle_builds_nothing_it_declares(folder, tmp_path, value, why):
+    to_bin(folder)
+    with_pickle(folder, state_pickle(value))
+    assert why in one_line_error(folder, tmp_path, "pytorch_model.bin")
+
+
+def test_a_saved_meta_tensor_is_refused_before_export(folder, tmp_path):
+    state = to_bin(folder)
+    state[EMBED] = torch.empty(16, 32, device="meta")  # the right shape: the old reader passed it to export
+    torch.save(state, folder / "pytorch_model.bin")
+    one_line_error(folder, tmp_path, "pytorch_model.bin")
+
+
+def test_a_bin_that_is_not_torch_zip_is_one_line(folder, tmp_path):
+    to_bin(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x02}.")
+    assert "not a zip archive" in one_line_error(folder, tmp_path, "pytorch_model.bin")
+
+
+PEAK = textwrap.dedent("""
+    import resource, sys
+    from lcft.checkpoint.hf_folder import from_pretrained
+    from lcft.errors import LcftError
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        from_pretrained(sys.argv[1])
+    except LcftError as e:
+        print("LcftError", e)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+""")
+
+
+@pytest.mark.parametrize("value", [
+    # torch.FloatTensor(2**28) moved to float64: 1 GiB, then 2 GiB, allocated by a 1 KB file
+    glob_("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") + b"(" + glob_("torch", "FloatTensor")
+    + long(2**28) + b"\x85R" + glob_("torch", "float64") + text("cpu") + b"\x89tR",
+    b"N" + b"r" + struct.pack("<I", 2**28) + b"0" + rebuilt(512, 0, (16, 32), (32, 1)),  # a memo index of 2**28
+])
+def test_a_declared_size_allocates_nothing(folder, value):
+    to_bin(folder)
+    with_pickle(folder, state_pickle(value), storage=None)
+    proc = subprocess.run([sys.executable, "-c", PEAK, str(folder)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith("LcftError") and "pytorch_model.bin" in lines[0], lines
+    assert int(lines[-1].split()[0]) < 256, lines  # MiB above the peak before loading
