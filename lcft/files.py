@@ -1,5 +1,6 @@
 """File helpers shared by every stage: atomic replacement of a file, chunked hashing, JSON reading with one-line
-errors, one writer per output folder (a lock naming its holder), disk-full errors, umask-respecting modes."""
+errors (nesting bounded, for TOML too), one writer per output folder (a lock naming its holder), disk-full errors,
+umask-respecting modes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from lcft.errors import LcftError
 HASH_CHUNK = 1 << 24  # 16 MiB reads: few system calls per GB of windows, a bounded buffer
 LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
 HELD_LOCK_ENV = "LCFT_HELD_LOCK"  # "PID FOLDER": a launcher holds FOLDER's lock for the workers it started
+# lists and tables one JSON or TOML file may nest: every file lcft reads nests under 10, the tokenizers library
+# refuses 128, and readers that walk the data recursively stay far inside Python's recursion limit
+MAX_NESTING = 100
 
 
 def temp_name(path: Path) -> Path:
@@ -95,18 +99,48 @@ def files_sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON object from a file; a one-line LcftError naming the file when it is unreadable, not JSON, or not
-    an object."""
+def is_plain_name(name: Any) -> bool:
+    """Whether `name` names a file directly inside a folder (never `../x`, `/etc/x`, `a/b` or `.`): every
+    file a manifest, an index or a checkpoint's metadata names is opened under its own folder."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
+
+
+def check_nesting(data: Any, where: str, error: type[LcftError] = LcftError) -> None:
+    """Refuse parsed JSON or TOML nested deeper than MAX_NESTING lists and tables (counted level by level, no
+    recursion): readers and the libraries they hand it to walk it recursively."""
+    level = [data] if isinstance(data, dict | list) else []
+    for _ in range(MAX_NESTING):
+        level = [c for node in level for c in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(c, dict | list)]
+        if not level:
+            return
+    raise error(f"{where}: nested deeper than {MAX_NESTING} levels")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """The JSON value of `text` read from `where` (a file, named in the message); a one-line LcftError when it is
+    not JSON or is nested deeper than MAX_NESTING (the parser's own recursion limit included)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise LcftError(f"{where}: nested deeper than {MAX_NESTING} levels") from None
+    except ValueError as e:  # JSONDecodeError, and an integer past Python's limit of digits
+        raise LcftError(f"{where}: not valid JSON ({e})") from None
+    check_nesting(data, where)
+    return data
+
+
+def read_json(path: str | os.PathLike, want: type = dict) -> Any:
+    """A JSON object (or a list, `want=list`) from a file; a one-line LcftError naming the file when it is
+    unreadable, not JSON, nested too deep, or not an object (not a list)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise LcftError(f"{path}: not valid JSON ({e})") from None
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise LcftError(f"{path}: cannot read ({e})") from None
-    if not isinstance(data, dict):
-        raise LcftError(f"{path}: not a JSON object")
+    data = parse_json(text, str(path))
+    if not isinstance(data, want):
+        raise LcftError(f"{path}: not a JSON {'object' if want is dict else want.__name__}")
     return data
 
 

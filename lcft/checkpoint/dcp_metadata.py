@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
 from lcft.errors import LcftError
+from lcft.files import is_plain_name
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
@@ -50,8 +51,9 @@ def _refuse(path: Path, why: str) -> LcftError:
 
 
 def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
-    """The DCP Metadata in `path`, read with the restricted unpickler and checked: every shard file it names is
-    a plain file name inside its folder. A one-line LcftError naming the file otherwise."""
+    """The DCP Metadata in `path`, read with the restricted unpickler and checked: every tensor entry has a
+    floating-point torch dtype and every shard file it names is a plain file name inside its folder. A one-line
+    LcftError naming the file otherwise."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -76,10 +78,15 @@ def _check(path: Path, md: Any) -> None:
     kinds = (dcp_md.TensorStorageMetadata, dcp_md.BytesStorageMetadata)
     if not all(isinstance(k, str) and isinstance(v, kinds) for k, v in md.state_dict_metadata.items()):
         raise _refuse(path, "an entry is not tensor metadata")
+    for key, v in md.state_dict_metadata.items():  # lcft stores weights and AdamW state: floating point only
+        dtype = getattr(getattr(v, "properties", None), "dtype", None)
+        if isinstance(v, dcp_md.TensorStorageMetadata) and not (
+                isinstance(v.properties, dcp_md.TensorProperties) and isinstance(dtype, torch.dtype)
+                and dtype.is_floating_point):
+            raise _refuse(path, f"tensor {key!r} has dtype {dtype!r}, not a floating-point torch dtype")
     for info in (md.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
-        if not isinstance(info, _StorageInfo) or not isinstance(name, str) or Path(name).name != name \
-                or name in ("", ".", "..") or info.transform_descriptors:
+        if not isinstance(info, _StorageInfo) or not is_plain_name(name) or info.transform_descriptors:
             raise _refuse(path, f"shard file {name!r} is not a plain file of its folder")
 
 

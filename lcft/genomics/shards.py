@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError
-from lcft.files import atomic_open, file_hash
+from lcft.files import atomic_open, file_hash, is_plain_name, read_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -216,12 +216,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     p = Path(out_dir) / MANIFEST
     if not p.is_file():
         raise LcftError(f"{p.parent} is not a prepared windows folder (no {MANIFEST}; run `lcft prepare windows`)")
-    try:
-        m = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LcftError(f"{p}: corrupt manifest ({e})") from None
-    if not isinstance(m, dict):
-        raise LcftError(f"{p}: corrupt manifest (not a JSON object)")
+    m = read_json(p)  # unreadable, not JSON, nested too deep, not an object: one line naming it
     if m.get("format_version") != FORMAT_VERSION:
         raise LcftError(f"{p}: format_version {m.get('format_version')!r}, this lcft reads {FORMAT_VERSION}")
     _check_names(p, m)
@@ -253,10 +248,6 @@ def _check_fields(p: Path, m: dict) -> None:
             raise bad("a listed file has no whole 'bytes' or no 'sha256'")
 
 
-def _plain_name(name: Any) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
-
-
 def _check_names(p: Path, m: dict) -> None:
     """Every file the manifest names is a plain file name of its folder (never `../x` or `/etc/x`): readers
     open them under the folder, and verify hashes them."""
@@ -269,7 +260,7 @@ def _check_names(p: Path, m: dict) -> None:
     if not all(isinstance(f, dict) for f in files):
         raise LcftError(f"{p}: corrupt manifest (a 'files' entry is not an object)")
     for name in [*names, *(n for f in files for n in f)]:
-        if not _plain_name(name):
+        if not is_plain_name(name):
             raise LcftError(f"{p}: names file {name!r}, which is not a file of the windows folder (refused)")
 
 

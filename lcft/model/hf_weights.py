@@ -25,8 +25,7 @@ import torch
 from safetensors import safe_open
 
 from lcft.errors import LcftError
-from lcft.files import read_json
-from lcft.genomics.shards import _plain_name
+from lcft.files import is_plain_name, read_json
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
@@ -73,7 +72,7 @@ def _index_shards(index: Path) -> list[str]:
     if not isinstance(weight_map, dict):
         raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
     for name in weight_map.values():
-        if not _plain_name(name):
+        if not is_plain_name(name):
             raise LcftError(f"{index}: names shard {_short(name, quoted=True)}, which is not a file of its folder (refused)")
     shards = sorted(set(weight_map.values()))
     if not shards:
