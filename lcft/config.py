@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from lcft.errors import LcftError
-from lcft.files import atomic_write
+from lcft.files import MAX_NESTING, atomic_write, check_nesting
 
 T = TypeVar("T")
 
@@ -110,14 +110,23 @@ def format_size(n: int) -> str:
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a `--config` TOML file; a clear error if it is missing or malformed."""
+    """Read a TOML file (`--config`, a run's config.toml); a one-line ConfigError naming it when it is missing,
+    unreadable, not UTF-8, not TOML or nested too deep (lcft.files.check_nesting)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read ({e})") from None
+    try:
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{p}: nested deeper than {MAX_NESTING} levels") from None
+    except ValueError as e:  # TOMLDecodeError, and an integer past Python's limit of digits
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    check_nesting(data, str(p), ConfigError)
+    return data
 
 
 def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -79,11 +79,8 @@ def _param_groups(ckpt: str | os.PathLike, built: list[dict[str, Any]]) -> list[
     path = _dcp_dir(ckpt) / PARAM_GROUPS
     if not path.is_file():
         return built
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LcftError(f"{path}: unreadable ({type(e).__name__})") from None
-    if not isinstance(saved, list) or len(saved) != len(built) or not all(isinstance(g, dict) for g in saved):
+    saved = read_json(path, want=list)  # unreadable, not JSON, nested too deep, not a list: one line naming it
+    if len(saved) != len(built) or not all(isinstance(g, dict) for g in saved):
         raise LcftError(f"{path}: not {len(built)} param group(s) of this optimizer")
     out = []
     for have, got in zip(built, saved, strict=True):

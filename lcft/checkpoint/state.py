@@ -21,6 +21,8 @@ from lcft.checkpoint.layout import STATE_DIR, previous_checkpoint
 from lcft.errors import LcftError
 from lcft.files import read_json
 
+MT_WORDS = 624  # words of a Mersenne Twister state (python's state adds its position to them)
+
 
 @dataclass
 class TrainerState:
@@ -68,14 +70,22 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` returned."""
-    version, mt, gauss = state["python"]
-    random.setstate((int(version), tuple(int(x) for x in mt.tolist()), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((str(name), keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    """Restore what `rng_state` returned (checked by `_rng_fits` when read from a file)."""
+    random.setstate(_python_state(state["python"]))
+    np.random.set_state(_numpy_state(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _python_state(saved: list) -> tuple:
+    version, mt, gauss = saved
+    return int(version), tuple(int(x) for x in mt.tolist()), gauss
+
+
+def _numpy_state(saved: list) -> tuple:
+    name, keys, pos, has_gauss, cached = saved
+    return str(name), keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)
 
 
 def write_trainer_state(ckpt: Path, state: TrainerState, optimizer: dict | None, scheduler: dict) -> None:
@@ -156,11 +166,60 @@ def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict | No
 
 
 def _rng_fits(rng: dict[str, Any]) -> bool:
-    """Whether rng.pt has the layout `rng_state` writes (so `set_rng_state` cannot fail half-way)."""
-    py, npy, tor = rng["python"], rng["numpy"], rng["torch"]
-    return (isinstance(py, list | tuple) and len(py) == 3 and isinstance(py[1], torch.Tensor) and py[1].numel() == 625
-            and isinstance(npy, list | tuple) and len(npy) == 5 and isinstance(npy[1], torch.Tensor)
-            and npy[1].numel() == 624 and isinstance(tor, torch.Tensor) and tor.dtype == torch.uint8)
+    """Whether rng.pt holds exactly the layout `rng_state` writes, each state accepted by a scratch generator of
+    its kind, so that `set_rng_state` cannot fail half-way (nor leave numpy reading past its state)."""
+    try:
+        return _python_fits(rng["python"]) and _numpy_fits(rng["numpy"]) and _torch_fits(rng["torch"], rng)
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # what the generators raise for a bad state
+        return False
+
+
+def _is_int(v: Any, low: int, high: int) -> bool:
+    return type(v) is int and low <= v <= high
+
+
+def _words(t: Any, n: int) -> bool:
+    """`n` Mersenne Twister words as rng_state keeps them: an int64 tensor of values in [0, 2**32)."""
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.int64 and tuple(t.shape) == (n,)
+            and bool(((t >= 0) & (t < 1 << 32)).all()))
+
+
+def _python_fits(py: Any) -> bool:
+    """[3, (625,) words and position, None or a float]: random.getstate() of version 3."""
+    if not (isinstance(py, list | tuple) and len(py) == 3 and _is_int(py[0], 3, 3) and _words(py[1], MT_WORDS + 1)
+            and (py[2] is None or type(py[2]) is float)):
+        return False
+    random.Random().setstate(_python_state(py))
+    return True
+
+
+def _numpy_fits(npy: Any) -> bool:
+    """["MT19937", (624,) words, position 0..624, has_gauss 0 or 1, cached gaussian]: numpy's legacy state
+    (numpy does not check the position: one past the words would be read from beyond them)."""
+    if not (isinstance(npy, list | tuple) and len(npy) == 5 and isinstance(npy[0], str) and npy[0] == "MT19937"
+            and _words(npy[1], MT_WORDS) and _is_int(npy[2], 0, MT_WORDS) and _is_int(npy[3], 0, 1)
+            and type(npy[4]) is float):
+        return False
+    np.random.RandomState().set_state(_numpy_state(npy))
+    return True
+
+
+def _torch_fits(state: Any, rng: dict[str, Any]) -> bool:
+    """torch's CPU generator state (its size and content), and the CUDA ones when they would be restored."""
+    if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8
+            and state.shape == torch.get_rng_state().shape):
+        return False
+    torch.Generator().set_state(state)
+    cuda = rng.get("cuda")
+    if cuda is None:
+        return True
+    if not (isinstance(cuda, list | tuple) and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+                                                   for t in cuda)):
+        return False
+    if torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        for i, t in enumerate(cuda):
+            torch.Generator(device=f"cuda:{i}").set_state(t)
+    return True
 
 
 def optimizer_options(optimizer: Any) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError
+from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
@@ -203,12 +204,15 @@ def read_vocab(path: Path) -> tuple[list[str], Path]:
 
 
 def _json_object(path: Path) -> dict:
-    try:
-        data = json.loads(read_text(path, "tokenizer"))
-    except json.JSONDecodeError as e:
-        raise LcftError(f"{path} is not a tokenizer.json (not JSON: {e.msg} at line {e.lineno})") from None
+    """A tokenizer file's JSON object (its size bounded by read_text)."""
+    return _tokenizer_data(read_text(path, "tokenizer"), str(path))
+
+
+def _tokenizer_data(text: str, source: str) -> dict:
+    """The JSON object of a tokenizer file's text (nesting bounded by lcft.files.parse_json), else one line."""
+    data = parse_json(text, f"{source} is not a tokenizer.json")
     if not isinstance(data, dict):
-        raise LcftError(f"{path} is not a tokenizer.json (JSON but not an object)")
+        raise LcftError(f"{source} is not a tokenizer.json (JSON but not an object)")
     return data
 
 
@@ -227,12 +231,13 @@ def _canonical(path: Path) -> str:
     """The tokenizer.json at `path` as `tokenizers` writes it back (what is kept with the data)."""
     data = _json_object(path)
     check_json_ids(data, str(path))
-    return _parse(json.dumps(data), str(path)).to_str()
+    return _parse(json.dumps(data), str(path), data).to_str()
 
 
-def _parse(text: str, source: str) -> Any:
-    """A `tokenizers` Tokenizer from tokenizer.json text whose ids are bounded; its regexes probed first."""
-    probe_regexes(json.loads(text), text, source)
+def _parse(text: str, source: str, data: dict[str, Any]) -> Any:
+    """A `tokenizers` Tokenizer from tokenizer.json text (parsed: `data`) whose ids are bounded; its regexes
+    probed first."""
+    probe_regexes(data, text, source)
     from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
 
     try:
@@ -243,7 +248,7 @@ def _parse(text: str, source: str) -> Any:
 
 def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | None = None) -> SeqTokenizer:
     """The tokenizer kept with prepared data (or a model) from its tokenizer.json text and special-token roles."""
-    data = json.loads(text)
+    data = _tokenizer_data(text, source)
     check_json_ids(data, source)
     model = data.get("model", {})
     pre = data.get("pre_tokenizer") or {}
@@ -251,4 +256,4 @@ def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | Non
     k = kmer_k_of(pattern) if model.get("type") == "WordLevel" else None
     if k is not None:
         return KmerTokenizer(k, tokens_by_id(model["vocab"], f"{source}: model.vocab"), source, roles)
-    return JsonTokenizer(_parse(text, source), source, roles)
+    return JsonTokenizer(_parse(text, source, data), source, roles)

@@ -3,12 +3,12 @@ tokenizer.json, and the special-token roles of special_tokens_map.json / tokeniz
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from lcft.errors import LcftError
+from lcft.files import parse_json
 
 MAX_VOCAB = 1 << 24  # ids 0..16,777,215: 16x the largest published genome vocabulary, a 128 MiB id table at most
 MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is not a DNA tokenizer
@@ -114,10 +114,7 @@ def read_roles(folder: Path, vocab: list[str]) -> dict[str, str]:
         path = folder / name
         if not path.is_file():
             continue
-        try:
-            data = json.loads(read_text(path, "tokenizer file"))
-        except json.JSONDecodeError as e:
-            raise LcftError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
+        data = parse_json(read_text(path, "tokenizer file"), str(path))
         if not isinstance(data, dict):
             raise LcftError(f"{path} is not a JSON object")
         for role in ROLES:

@@ -22,7 +22,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from lcft.files import atomic_write
+from lcft.errors import LcftError
+from lcft.files import atomic_write, parse_json
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -57,9 +58,9 @@ class MetricsLog:
         keep = []
         for line in self.path.read_text(errors="replace").splitlines():
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
+                record = parse_json(line, str(self.path))
+            except LcftError:
+                continue  # a line cut by a crash (or garbled: not JSON, nested too deep)
             at = record.get("step", 0) if isinstance(record, dict) else None
             if isinstance(at, int | float) and not isinstance(at, bool) and at <= step:
                 keep.append(line)  # (not a step record, or garbled: dropped like a cut line)
@@ -75,7 +76,8 @@ class MetricsLog:
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of <run>/metrics.jsonl."""
     p = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    lines = p.read_text().splitlines() if p.exists() else []
+    return [parse_json(line, f"{p} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
 
 
 def _fmt(record: dict[str, Any]) -> str:

@@ -1,0 +1,166 @@
+"""Crafted values in a checkpoint's files, through the paths that read them: a DCP `.metadata` whose tensors claim a
+dtype that is not a floating-point torch dtype (a string, int64), and an rng.pt of plain tensors and strings whose
+values are not the RNG states lcft writes. Each is one line naming the file (exit 1 and `error: ...` on the
+command line), never a traceback, a half-restored RNG or an exported all-zero int64 model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from lcft.checkpoint.dcp_metadata import read_metadata_file
+from lcft.checkpoint.hf_folder import from_pretrained
+from lcft.checkpoint.save import write_checksums
+from lcft.checkpoint.state import read_trainer_state, set_rng_state
+from lcft.cli.app import app
+from lcft.errors import LcftError
+from lcft.train import TrainConfig, train
+
+STATE = "trainer_state"
+
+
+def cli_fails(args: list[str], *needles: str) -> str:
+    """`lcft ARGS` exits 1 with one `error: ...` line (an uncaught exception would leave no such line)."""
+    res = CliRunner().invoke(app, args)
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def sharded(tmp_path, init_dir) -> Path:
+    """The small model as a sharded checkpoint folder: config.json, lcft.json saying "dcp", and dcp/."""
+    out = tmp_path / "sharded"
+    out.mkdir()
+    shutil.copy(init_dir / "config.json", out / "config.json")
+    meta = json.loads((init_dir / "lcft.json").read_text())
+    (out / "lcft.json").write_text(json.dumps({**meta, "weights": "dcp"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": dict(from_pretrained(init_dir).state_dict())}, checkpoint_id=str(out / "dcp"),
+                 no_dist=True)
+    return out
+
+
+def test_sharded_fixture_exports(sharded, tmp_path, init_dir):
+    res = CliRunner().invoke(app, ["export", str(sharded), "--out", str(tmp_path / "hf")])
+    assert res.exit_code == 0, res.output
+    want = load_file(init_dir / "model.safetensors")
+    got = load_file(tmp_path / "hf" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", torch.int64, torch.complex64], ids=["str", "int64", "complex64"])
+def test_dcp_tensor_dtype_not_floating_is_refused(sharded, tmp_path, dtype):
+    path = sharded / "dcp" / ".metadata"
+    md = dcp.FileSystemReader(str(sharded / "dcp")).read_metadata()
+    for v in md.state_dict_metadata.values():
+        v.properties = dataclasses.replace(v.properties, dtype=dtype)
+    path.write_bytes(pickle.dumps(md))
+    with pytest.raises(LcftError) as e:
+        read_metadata_file(path)
+    assert str(path) in str(e.value) and "dtype" in str(e.value) and "\n" not in str(e.value)
+    cli_fails(["export", str(sharded), "--out", str(tmp_path / "hf")], str(path), "dtype")
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """A 2-step run with checkpoints at steps 1 and 2 (copied by each test that damages it)."""
+    cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=2, global_batch=2, micro_batch=1,
+               warmup=1, lr=1e-3, precision="fp32", save_every=1, progress=False)
+    run = tmp_path_factory.mktemp("hostile-rng") / "run"
+    train(TrainConfig(out=str(run), **cfg))
+    return run, cfg
+
+
+@pytest.fixture
+def run_copy(tmp_path, saved_run) -> tuple[Path, dict[str, Any]]:
+    run, cfg = saved_run
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst, {**cfg, "out": str(dst)}
+
+
+def ckpt(run: Path, step: int) -> Path:
+    return run / "checkpoints" / f"step-{step:08d}"
+
+
+def _set(r: dict, key: str, index: int, value: Any) -> None:
+    r[key][index] = value
+
+
+def _word(r: dict, key: str, at: int, value: int) -> None:
+    r[key][1] = r[key][1].clone()
+    r[key][1][at] = value
+
+
+# each: plain tensors, numbers and strings (torch.load(weights_only=True) reads them), not what rng_state writes
+CRAFTED = {
+    "numpy-name": lambda r: _set(r, "numpy", 0, "evil"),
+    "numpy-position": lambda r: _set(r, "numpy", 2, 10**6),  # numpy takes it and reads past its 624 words
+    "numpy-word": lambda r: _word(r, "numpy", 0, 1 << 40),  # would wrap to another state in uint32
+    "numpy-has-gauss": lambda r: _set(r, "numpy", 3, 7),
+    "python-version": lambda r: _set(r, "python", 0, 99),
+    "python-gauss": lambda r: _set(r, "python", 2, "x"),  # random takes it; random.gauss() fails later
+    "python-position": lambda r: _word(r, "python", 624, 700),
+    "python-word": lambda r: _word(r, "python", 0, -1),
+    "torch-size": lambda r: r.__setitem__("torch", torch.zeros(3, dtype=torch.uint8)),
+    "torch-content": lambda r: r.__setitem__("torch", torch.zeros_like(r["torch"])),
+    "cuda-not-tensors": lambda r: r.__setitem__("cuda", ["x"]),
+}
+
+
+@pytest.mark.parametrize("mode", list(CRAFTED))
+def test_crafted_rng_state_is_one_line_naming_it(run_copy, mode):
+    run, cfg = run_copy
+    path = ckpt(run, 2) / STATE / "rng.pt"
+    r = torch.load(path, weights_only=True)
+    CRAFTED[mode](r)
+    torch.save(r, path)
+    write_checksums(ckpt(run, 2))  # the checksums agree: the reader itself must refuse
+    before = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 2)), "steps": 3}))
+    msg = str(e.value)
+    assert str(path) in msg and "corrupt trainer state" in msg and "\n" not in msg
+    assert f"--resume {ckpt(run, 1)}" in msg
+    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
+    assert torch.equal(torch.get_rng_state(), before[2])  # nothing restored half-way
+
+
+def test_crafted_rng_state_on_the_command_line(run_copy, data_dir, init_dir):
+    run, _ = run_copy
+    path = ckpt(run, 2) / STATE / "rng.pt"
+    r = torch.load(path, weights_only=True)
+    CRAFTED["numpy-name"](r)
+    torch.save(r, path)
+    write_checksums(ckpt(run, 2))
+    cli_fails(["train", "--data", str(data_dir), "--init", str(init_dir), "--steps", "3", "--global-batch", "2",
+               "--micro-batch", "1", "--seq-len", "512", "--precision", "fp32", "--out", str(run), "--resume",
+               "auto"], str(path), "corrupt trainer state")
+
+
+def test_untouched_rng_state_restores_exactly(saved_run):
+    """The oracle: what lcft wrote reads back and restores the generators to the saved states."""
+    run, _ = saved_run
+    rng = read_trainer_state(ckpt(run, 2))[3]
+    set_rng_state(rng)
+    version, mt, gauss = random.getstate()
+    assert [version, mt, gauss] == [rng["python"][0], tuple(rng["python"][1].tolist()), rng["python"][2]]
+    assert (np.random.get_state()[1] == rng["numpy"][1].numpy()).all()
+    assert torch.equal(torch.get_rng_state(), rng["torch"])

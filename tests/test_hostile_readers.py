@@ -1,0 +1,183 @@
+"""Crafted JSON and TOML files through the readers that take them: nesting 200,000 levels deep (Python's parsers
+give up with a RecursionError), nesting Python's JSON parser accepts but lcft's tokenizer walk and the tokenizers
+library would not, integers past Python's digit limit, bytes that are not UTF-8. Each is one line naming the file
+(exit 1 and `error: ...` on the command line), never a traceback; nesting up to the documented limit of 100
+levels still reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lcft.checkpoint.dcp import _param_groups
+from lcft.checkpoint.hf_folder import read_config
+from lcft.checkpoint.layout import read_model_meta, verify_checkpoint
+from lcft.checkpoint.state import read_state
+from lcft.cli.app import app
+from lcft.config import ConfigError, load_toml
+from lcft.errors import LcftError
+from lcft.files import read_json
+from lcft.genomics import sample_fasta
+from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text
+from lcft.genomics.shards import read_manifest
+from lcft.genomics.vocab_file import read_roles
+from lcft.train.metrics import MetricsLog, read_metrics
+from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
+
+DEEP = 200_000
+LIMIT = 100  # the nesting lcft documents for a JSON or TOML file (lcft.files.MAX_NESTING)
+HUGE_INT = "1" * 5000  # past Python's 4300-digit limit for int(str)
+
+
+def nested(depth: int) -> str:
+    """A JSON object whose value "a" nests `depth` - 1 lists: `depth` levels in all."""
+    return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+def one_line(call, *needles: str, error: type[Exception] = LcftError) -> str:
+    with pytest.raises(error) as e:
+        call()
+    msg = str(e.value)
+    assert "\n" not in msg and all(n in msg for n in needles), msg
+    return msg
+
+
+def cli_fails(args: list[str], *needles: str) -> str:
+    """`lcft ARGS` exits 1 with one `error: ...` line (an uncaught exception would leave no such line)."""
+    res = CliRunner().invoke(app, args)
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+def _model(tmp_path: Path, init_dir: Path) -> Path:  # noqa: F811
+    folder = tmp_path / "model"
+    shutil.copytree(init_dir, folder)
+    return folder
+
+
+def _state_dir(tmp_path: Path) -> Path:
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "trainer_state").mkdir(parents=True)
+    (ckpt / "dcp").mkdir()
+    return ckpt
+
+
+# (file name, where it goes under tmp_path, the reader that takes it)
+READERS = {
+    "config.json": lambda d: read_config(d / "model"),
+    "lcft.json": lambda d: read_model_meta(d / "model"),
+    "checksums.json": lambda d: verify_checkpoint(d / "model"),
+    "manifest.json": lambda d: read_manifest(d / "windows"),
+    "tokenizer.json": lambda d: load_tokenizer(str(d / "tok" / "tokenizer.json")),
+    "special_tokens_map.json": lambda d: read_roles(d / "tok", ["A", "C", "G", "T"]),
+    "tokenizer_config.json": lambda d: read_roles(d / "tok", ["A", "C", "G", "T"]),
+    "state.json": lambda d: read_state(d / "ckpt"),
+    "param_groups.json": lambda d: _param_groups(d / "ckpt", [{"params": ["w"]}]),
+}
+PLACES = {"config.json": "model", "lcft.json": "model", "checksums.json": "model", "manifest.json": "windows",
+          "tokenizer.json": "tok", "special_tokens_map.json": "tok", "tokenizer_config.json": "tok",
+          "state.json": "ckpt/trainer_state", "param_groups.json": "ckpt/dcp"}
+
+
+@pytest.fixture
+def folders(tmp_path, init_dir, data_dir) -> Path:  # noqa: F811
+    _model(tmp_path, init_dir)
+    shutil.copytree(data_dir, tmp_path / "windows")
+    (tmp_path / "tok").mkdir()
+    _state_dir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text", [nested(DEEP), nested(LIMIT + 1), '{"a": ' + HUGE_INT + "}"],
+                         ids=["200000-deep", "101-deep", "5000-digit-int"])
+@pytest.mark.parametrize("name", list(READERS))
+def test_hostile_json_is_one_line_naming_the_file(folders, name, text):
+    path = folders / PLACES[name] / name
+    path.write_text(text)
+    one_line(lambda: READERS[name](folders), str(path))
+
+
+def test_nesting_up_to_the_limit_reads(tmp_path):
+    assert json.loads(nested(LIMIT + 1))  # Python's parser reads 101 levels: lcft's limit refuses them above
+    p = tmp_path / "x.json"
+    p.write_text(nested(LIMIT))
+    assert read_json(p)["a"] == json.loads(nested(LIMIT))["a"]
+    p.write_text(json.dumps([[1]]))
+    assert read_json(p, want=list) == [[1]]
+    one_line(lambda: read_json(p), str(p), "not a JSON object")
+
+
+def test_tokenizer_nested_within_pythons_parser_is_refused(tmp_path):
+    """A normalizer nesting 300 Sequences (600 JSON levels): Python's JSON parser reads it, the walk for regexes
+    recursed past Python's limit; the tokenizers library itself refuses it (the oracle), so lcft refuses it too."""
+    from tokenizers import Tokenizer, models
+
+    tk = Tokenizer(models.WordLevel({"A": 0, "C": 1, "G": 2, "T": 3, "[UNK]": 4}, unk_token="[UNK]"))
+    seq = '{"type": "Sequence", "normalizers": [' * 300 + '{"type": "Lowercase"}' + "]}" * 300
+    text = tk.to_str().replace('"normalizer":null', '"normalizer":' + seq)
+    assert json.loads(text)["normalizer"]["type"] == "Sequence"
+    with pytest.raises(Exception, match="recursion limit"):
+        Tokenizer.from_str(text)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(text)
+    one_line(lambda: load_tokenizer(str(path)), str(path))
+    # the copy kept with prepared windows is read from its text
+    one_line(lambda: tokenizer_from_json_text(text, str(path)), str(path))
+    one_line(lambda: tokenizer_from_json_text(nested(DEEP), str(path)), str(path))
+
+
+def test_deep_metrics_line_is_dropped_like_a_garbled_one(tmp_path):
+    """Resuming at step 2 keeps the records of steps 1 and 2; a line nested 200,000 deep is not a step record."""
+    path = tmp_path / "metrics.jsonl"
+    records = [json.dumps({"step": s, "loss": 1.0}) for s in (1, 2)]
+    path.write_text("\n".join([records[0], nested(DEEP), records[1], json.dumps({"step": 3})]) + "\n")
+    one_line(lambda: read_metrics(tmp_path), f"{path} line 2")
+    MetricsLog(path, resume_step=2).close()
+    assert path.read_text().splitlines() == records
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+@pytest.mark.parametrize("data", [("a = " + "[" * DEEP + "]" * DEEP + "\n").encode(),
+                                  ("a = " + "[" * LIMIT + "]" * LIMIT + "\n").encode(),
+                                  b'length = "\xff\xfe"\n', ("length = " + HUGE_INT + "\n").encode()],
+                         ids=["200000-deep", "101-deep", "not-utf8", "5000-digit-int"])
+def test_hostile_toml_is_one_line_naming_the_file(tmp_path, data):
+    path = tmp_path / "c.toml"
+    path.write_bytes(data)
+    one_line(lambda: load_toml(path), str(path), error=ConfigError)
+    prepare = ["prepare", "windows", "--fasta", str(sample_fasta()), "--length", "1024", "--train", "chr2",
+               "--eval", "chr22", "--out", str(tmp_path / "out")]
+    cli_fails([*prepare, "--config", str(path)], str(path))
+    assert not (tmp_path / "out").exists()
+
+
+def test_nested_toml_up_to_the_limit_reads(tmp_path):
+    path = tmp_path / "c.toml"
+    text = "a = " + "[" * (LIMIT - 1) + "]" * (LIMIT - 1) + "\n"  # the table and 99 lists
+    path.write_text(text)
+    assert load_toml(path) == tomllib.loads(text)
+
+
+def test_deep_json_on_the_command_line(tmp_path, init_dir, data_dir):  # noqa: F811
+    """`lcft export` (config.json), `lcft eval --data` (manifest.json), `lcft prepare windows --tokenizer`."""
+    model = _model(tmp_path, init_dir)
+    (model / "config.json").write_text(nested(DEEP))
+    cli_fails(["export", str(model), "--out", str(tmp_path / "hf")], str(model / "config.json"))
+    assert not (tmp_path / "hf").exists()
+    windows = tmp_path / "windows"
+    shutil.copytree(data_dir, windows)
+    (windows / "manifest.json").write_text(nested(DEEP))
+    cli_fails(["eval", "--data", str(windows), "--checkpoint", str(init_dir), "--out", str(tmp_path / "ev")],
+              str(windows / "manifest.json"))
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(nested(DEEP))
+    cli_fails(["prepare", "windows", "--fasta", str(sample_fasta()), "--length", "1024", "--train", "chr2",
+               "--eval", "chr22", "--out", str(tmp_path / "out"), "--tokenizer", str(tok)], str(tok / "tokenizer.json"))
