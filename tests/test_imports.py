@@ -43,6 +43,8 @@ LAYERS = [
                   "lcft.cli", "lcft.checkpoint")),
     ("lcft.vocab", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                     "lcft.cli", "lcft.checkpoint")),
+    ("lcft.pickles", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
+                      "lcft.cli", "lcft.checkpoint", "lcft.files")),
     ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                     "lcft.cli", "lcft.checkpoint")),
 ]

@@ -1,10 +1,11 @@
 """Reading torch.distributed.checkpoint (DCP) folders without running code from them: its `.metadata` (a pickle
-torch reads with plain `pickle.load`) is read by an unpickler that admits only DCP's metadata classes, torch's
-sizes, dtypes and layouts, and paths; the load planner refuses the pickled "bytes" entries DCP would load with
-`torch.load(weights_only=False)`. lcft never stores such entries (non-tensor optimizer state is JSON)."""
+torch reads with plain `pickle.load`) is read by lcft.pickles' restricted unpickler, admitting only DCP's metadata
+classes, torch's sizes, dtypes and layouts, and paths; the load planner refuses the pickled "bytes" entries DCP
+would load with `torch.load(weights_only=False)`. lcft never stores such entries (non-tensor optimizer state is JSON)."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
@@ -19,6 +20,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from lcft.errors import LcftError
 from lcft.files import is_plain_name
+from lcft.pickles import RestrictedUnpickler
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
@@ -34,16 +36,12 @@ _ALLOWED = {
 }
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """pickle.Unpickler whose globals are limited to `_ALLOWED` and torch dtypes: no callable that could run
-    code is reachable, so a planted payload fails at its first reference."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+def _metadata_global(module: str, name: str) -> Any:
+    """The object a `.metadata` global stands for: `_ALLOWED` (imported as pickle would) and torch dtypes only."""
+    if (module, name) in _ALLOWED:
+        return getattr(importlib.import_module(module), name)
+    found = getattr(torch, name, None) if module == "torch" else None
+    return found if isinstance(found, torch.dtype) else None
 
 
 def _refuse(path: Path, why: str) -> LcftError:
@@ -59,7 +57,7 @@ def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
         with open(path, "rb") as fh:
             if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
                 raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
-            md = _MetadataUnpickler(fh).load()
+            md = RestrictedUnpickler(fh.read(), _metadata_global).load()
     except LcftError:
         raise
     except OSError as e:

@@ -2,15 +2,14 @@
 (model.safetensors, or the shards its index names, each a plain file of the folder; pytorch_model.bin only
 where a folder has no safetensors) and, per file, each tensor's name, shape and reader.
 
-A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl is read by an unpickler that
-builds no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which becomes a record of the
-view it declares, and the floating-point storage types, which become dtypes). Every storage, offset, shape and
+A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl is read by lcft.pickles'
+restricted unpickler building no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which
+becomes a record of the view it declares, and the floating-point storage types, which become dtypes). Every storage, offset, shape and
 stride it declares is checked against the zip's own records before a byte of weights is read; a tensor is then
 a view of a private memory map of the file, so nothing the file declares is allocated."""
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 import pickle
@@ -24,8 +23,9 @@ from typing import Any, BinaryIO, NamedTuple
 import torch
 from safetensors import safe_open
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import is_plain_name, read_json
+from lcft.pickles import RestrictedUnpickler
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
@@ -51,14 +51,6 @@ def weight_files(directory: Path) -> list[Path]:
     raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
 
 
-def _short(value: Any, limit: int = 80, quoted: bool = False) -> str:
-    """A value of a file for a one-line message: a printable string as it is (unless quoted), else its repr, cut."""
-    if isinstance(value, str) and value.isprintable() and len(value) <= limit and not quoted:
-        return value
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
@@ -73,7 +65,7 @@ def _index_shards(index: Path) -> list[str]:
         raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
     for name in weight_map.values():
         if not is_plain_name(name):
-            raise LcftError(f"{index}: names shard {_short(name, quoted=True)}, which is not a file of its folder (refused)")
+            raise LcftError(f"{index}: names shard {shown(name, quoted=True)}, which is not a file of its folder (refused)")
     shards = sorted(set(weight_map.values()))
     if not shards:
         raise LcftError(f"{index}: the index names no weight shard")
@@ -81,7 +73,7 @@ def _index_shards(index: Path) -> list[str]:
         raise LcftError(f"{index}: names {len(shards)} shard files (at most {MAX_SHARDS} are read)")
     missing = [s for s in shards if not _is_file(index.parent / s)]
     if missing:
-        names = ", ".join(_short(s, 120) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        names = ", ".join(shown(s, 120) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise LcftError(f"{index.parent}: {len(missing)} of {len(shards)} weight shard(s) missing: {names}")
     return shards
 
@@ -120,34 +112,34 @@ def _whole(x: Any) -> bool:
     return type(x) is int and 0 <= x < 2**63
 
 
-class _StateDictUnpickler(pickle._Unpickler):
-    """The pure-Python unpickler (its memo is a dict: the C one allocates for any memo index a pickle names)
-    admitting only what torch.save writes for a state dict of floating-point tensors, building none of them:
-    each tensor becomes a `_Tensor` record, checked against the zip's storage records `sizes` {key: bytes}."""
+class _StateDictUnpickler(RestrictedUnpickler):
+    """An unpickler admitting only what torch.save writes for a state dict of floating-point tensors, building
+    none of them: each tensor becomes a `_Tensor` record, checked against the zip's storage records `sizes`
+    {key: bytes}."""
 
     def __init__(self, data: bytes, sizes: dict[str, int]):
-        super().__init__(io.BytesIO(data))
+        super().__init__(data, self._global)
         self.sizes = sizes
         self.storages: dict[str, _Storage] = {}
 
-    def find_class(self, module: str, name: str) -> Any:
+    def _global(self, module: str, name: str) -> Any:
         if (module, name) == ("collections", "OrderedDict"):
             return OrderedDict
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return self._declare
         if module == "torch" and name in _FLOAT_STORAGES:
             return _StorageType(_FLOAT_STORAGES[name])
-        raise pickle.UnpicklingError(f"refused global {_short(f'{module}.{name}')}")
+        return None
 
     def persistent_load(self, pid: Any) -> _Storage:
         if not (type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)
                 and type(pid[2]) is str and _whole(pid[4])):
-            raise pickle.UnpicklingError(f"persistent id {_short(pid)} is not a floating-point storage")
+            raise pickle.UnpicklingError(f"persistent id {shown(pid)} is not a floating-point storage")
         storage = _Storage(pid[2], pid[1].dtype, pid[4])
         if self.storages.setdefault(storage.key, storage) != storage:
-            raise pickle.UnpicklingError(f"storage {_short(storage.key)} is declared twice, differently")
+            raise pickle.UnpicklingError(f"storage {shown(storage.key)} is declared twice, differently")
         if self.sizes.get(storage.key) != storage.numel * storage.dtype.itemsize:
-            raise pickle.UnpicklingError(f"storage {_short(storage.key)} of {storage.numel} x {storage.dtype} "
+            raise pickle.UnpicklingError(f"storage {shown(storage.key)} of {storage.numel} x {storage.dtype} "
                                          f"does not match the file's record ({self.sizes.get(storage.key)} bytes)")
         return storage
 
@@ -223,10 +215,10 @@ def _zip_records(f: Path, fh: BinaryIO) -> tuple[bytes, dict[str, tuple[int, int
         fh.seek(info.header_offset)
         head = fh.read(30)
         if len(head) < 30 or head[:4] != b"PK\x03\x04":
-            raise _bad_bin(f, f"record {_short(info.filename)} has no local header")
+            raise _bad_bin(f, f"record {shown(info.filename)} has no local header")
         start = info.header_offset + 30 + sum(struct.unpack("<HH", head[26:30]))
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1 or info.compress_size != info.file_size \
                 or start + info.file_size > total:
-            raise _bad_bin(f, f"record {_short(info.filename)} is compressed, encrypted or past the file's end")
+            raise _bad_bin(f, f"record {shown(info.filename)} is compressed, encrypted or past the file's end")
         records[info.filename[len(prefix) + 5:]] = (start, info.file_size)
     return data, records
