@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from lcft.errors import LcftError
-from lcft.files import MAX_NESTING, atomic_write, check_nesting
+from lcft.files import atomic_write, parse_text
 
 T = TypeVar("T")
 
@@ -111,7 +111,7 @@ def format_size(n: int) -> str:
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a TOML file (`--config`, a run's config.toml); a one-line ConfigError naming it when it is missing,
-    unreadable, not UTF-8, not TOML or nested too deep (lcft.files.check_nesting)."""
+    unreadable, not UTF-8, not TOML or nested too deep (lcft.files.parse_text)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -119,14 +119,7 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read ({e})") from None
-    try:
-        data = tomllib.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{p}: nested deeper than {MAX_NESTING} levels") from None
-    except ValueError as e:  # TOMLDecodeError, and an integer past Python's limit of digits
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
-    check_nesting(data, str(p), ConfigError)
-    return data
+    return parse_text(tomllib.loads, "TOML", text, str(p), ConfigError)
 
 
 def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -117,17 +117,24 @@ def check_nesting(data: Any, where: str, error: type[LcftError] = LcftError) -> 
     raise error(f"{where}: nested deeper than {MAX_NESTING} levels")
 
 
-def parse_json(text: str, where: str) -> Any:
-    """The JSON value of `text` read from `where` (a file, named in the message); a one-line LcftError when it is
-    not JSON or is nested deeper than MAX_NESTING (the parser's own recursion limit included)."""
+def parse_text(loads: Callable[[str], Any], kind: str, text: str, where: str,
+               error: type[LcftError] = LcftError) -> Any:
+    """`loads(text)` (json.loads, tomllib.loads) of text read from `where` (a file, named in the message); a
+    one-line `error` when it is not `kind` or is nested deeper than MAX_NESTING (the parser's own recursion
+    limit included)."""
     try:
-        data = json.loads(text)
+        data = loads(text)
     except RecursionError:
-        raise LcftError(f"{where}: nested deeper than {MAX_NESTING} levels") from None
-    except ValueError as e:  # JSONDecodeError, and an integer past Python's limit of digits
-        raise LcftError(f"{where}: not valid JSON ({e})") from None
-    check_nesting(data, where)
+        raise error(f"{where}: nested deeper than {MAX_NESTING} levels") from None
+    except ValueError as e:  # JSONDecodeError, TOMLDecodeError, and an integer past Python's limit of digits
+        raise error(f"{where}: not valid {kind} ({e})") from None
+    check_nesting(data, where, error)
     return data
+
+
+def parse_json(text: str, where: str) -> Any:
+    """The JSON value of `text` read from `where`; a one-line LcftError as `parse_text` says."""
+    return parse_text(json.loads, "JSON", text, where)
 
 
 def read_json(path: str | os.PathLike, want: type = dict) -> Any:

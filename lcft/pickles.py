@@ -3,12 +3,14 @@ whose globals are only those its caller admits (DCP's `.metadata`, a pytorch_mod
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from lcft.errors import shown
+from lcft.errors import LcftError, shown
 
 Resolve = Callable[[str, str], Any]  # (module, name) -> the object to use for it, or None to refuse it
 
@@ -28,3 +30,20 @@ class RestrictedUnpickler(pickle._Unpickler):
         if found is None:
             raise pickle.UnpicklingError(f"refused global {shown(f'{module}.{name}')}")
         return found
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike, refused: Callable[[str], LcftError]) -> Iterator[None]:
+    """Whatever reading the pickled file `path` raises, as one line: an OSError says it cannot be read, an
+    UnpicklingError (a refused global, a check of the caller's) is `refused(why)`, anything else a torn file
+    raises (EOFError, ValueError, struct.error, BadZipFile...) is `refused("corrupt (...)")`."""
+    try:
+        yield
+    except LcftError:
+        raise
+    except OSError as e:
+        raise LcftError(f"{path}: cannot read ({e.strerror or e})") from None
+    except pickle.UnpicklingError as e:
+        raise refused(str(e)) from None
+    except Exception as e:  # a torn file: what the parser of its bytes happens to raise
+        raise refused(f"corrupt ({type(e).__name__})") from None

@@ -12,21 +12,19 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from lcft.checkpoint.dcp import _param_groups
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import read_model_meta, verify_checkpoint
 from lcft.checkpoint.state import read_state
-from lcft.cli.app import app
 from lcft.config import ConfigError, load_toml
-from lcft.errors import LcftError
 from lcft.files import read_json
 from lcft.genomics import sample_fasta
 from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text
 from lcft.genomics.shards import read_manifest
 from lcft.genomics.vocab_file import read_roles
 from lcft.train.metrics import MetricsLog, read_metrics
+from tests.one_line import cli_fails, one_line
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 DEEP = 200_000
@@ -37,23 +35,6 @@ HUGE_INT = "1" * 5000  # past Python's 4300-digit limit for int(str)
 def nested(depth: int) -> str:
     """A JSON object whose value "a" nests `depth` - 1 lists: `depth` levels in all."""
     return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
-
-
-def one_line(call, *needles: str, error: type[Exception] = LcftError) -> str:
-    with pytest.raises(error) as e:
-        call()
-    msg = str(e.value)
-    assert "\n" not in msg and all(n in msg for n in needles), msg
-    return msg
-
-
-def cli_fails(args: list[str], *needles: str) -> str:
-    """`lcft ARGS` exits 1 with one `error: ...` line (an uncaught exception would leave no such line)."""
-    res = CliRunner().invoke(app, args)
-    lines = res.output.strip().splitlines()
-    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
-    assert all(n in lines[0] for n in needles), lines[0]
-    return lines[0]
 
 
 def _model(tmp_path: Path, init_dir: Path) -> Path:  # noqa: F811

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import io
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from lcft.errors import LcftError
 from lcft.files import is_plain_name
-from lcft.pickles import RestrictedUnpickler
+from lcft.pickles import RestrictedUnpickler, reading
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
@@ -53,19 +52,10 @@ def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
     floating-point torch dtype and every shard file it names is a plain file name inside its folder. A one-line
     LcftError naming the file otherwise."""
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
-                raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
-            md = RestrictedUnpickler(fh.read(), _metadata_global).load()
-    except LcftError:
-        raise
-    except OSError as e:
-        raise LcftError(f"{path}: cannot read ({e.strerror or e})") from None
-    except pickle.UnpicklingError as e:
-        raise _refuse(path, str(e)) from None
-    except Exception as e:  # a torn pickle raises EOFError, ValueError, TypeError, IndexError...
-        raise _refuse(path, f"corrupt ({type(e).__name__})") from None
+    with reading(path, lambda why: _refuse(path, why)), open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
+            raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
+        md = RestrictedUnpickler(fh.read(), _metadata_global).load()
     _check(path, md)
     return md
 

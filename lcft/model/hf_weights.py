@@ -25,7 +25,7 @@ from safetensors import safe_open
 
 from lcft.errors import LcftError, shown
 from lcft.files import is_plain_name, read_json
-from lcft.pickles import RestrictedUnpickler
+from lcft.pickles import RestrictedUnpickler, reading
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
@@ -159,19 +159,10 @@ def _bad_bin(f: Path, why: str) -> LcftError:
 
 
 def _bin_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
-    try:
-        with open(f, "rb") as fh:
-            data, records = _zip_records(f, fh)
-            state = _StateDictUnpickler(data, {k: n for k, (_, n) in records.items()}).load()
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
-    except LcftError:
-        raise
-    except OSError as e:
-        raise LcftError(f"{f}: cannot read ({e.strerror or e})") from None
-    except pickle.UnpicklingError as e:
-        raise _bad_bin(f, str(e)) from None
-    except Exception as e:  # a torn zip or pickle: BadZipFile, EOFError, struct.error, TypeError...
-        raise _bad_bin(f, f"corrupt: {type(e).__name__}") from None
+    with reading(f, lambda why: _bad_bin(f, why)), open(f, "rb") as fh:
+        data, records = _zip_records(f, fh)
+        state = _StateDictUnpickler(data, {k: n for k, (_, n) in records.items()}).load()
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
     if type(state) not in (dict, OrderedDict) or not all(
             type(k) is str and isinstance(t, _Tensor) for k, t in state.items()):
         raise _bad_bin(f, "not a state dict of tensors")

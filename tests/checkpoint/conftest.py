@@ -1,16 +1,18 @@
-"""Checkpoint test fixtures: the trainer's small windows and model (tests/train/conftest.py), and one sharded
-(`--shard fsdp`, 2 gloo ranks) run with checkpoints at steps 1 and 2."""
+"""Checkpoint test fixtures: the trainer's small windows and model (tests/train/conftest.py), one one-process run
+with checkpoints per module (and a copy of it per test), and one sharded (`--shard fsdp`, 2 gloo ranks) run with
+checkpoints at steps 1 and 2."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lcft.checkpoint.dcp import is_sharded_checkpoint
 from lcft.launch import run as launch
-from lcft.train import TrainConfig
+from lcft.train import TrainConfig, train
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 
@@ -31,3 +33,24 @@ def ckpt(tmp_path, sharded_run) -> Path:
     path = dst / "checkpoints" / "step-00000002"
     assert is_sharded_checkpoint(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def saved_run(request, tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path, dict[str, Any]]:  # noqa: F811
+    """A one-process run, trained once per module: 6 steps with checkpoints at 2, 4 and 6, or what the module's
+    SAVED_RUN (steps, warmup, save_every) says. Tests that damage it take `run_copy`."""
+    cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
+               warmup=2, lr=1e-3, precision="fp32", save_every=2, progress=False)
+    cfg.update(getattr(request.module, "SAVED_RUN", {}))
+    run = tmp_path_factory.mktemp("saved") / "run"
+    train(TrainConfig(out=str(run), **cfg))
+    return run, cfg
+
+
+@pytest.fixture
+def run_copy(tmp_path, saved_run) -> tuple[Path, dict[str, Any]]:
+    """A copy of `saved_run` and its config aimed at the copy."""
+    run, cfg = saved_run
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst, {**cfg, "out": str(dst)}

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,24 +19,6 @@ from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 
 STATE = "trainer_state"
-
-
-@pytest.fixture(scope="module")
-def saved_run(tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """One 6-step run with checkpoints at steps 2, 4 and 6 (copied by each test that damages it)."""
-    cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
-               warmup=2, lr=1e-3, precision="fp32", save_every=2, progress=False)
-    run = tmp_path_factory.mktemp("faults") / "run"
-    train(TrainConfig(out=str(run), **cfg))
-    return run, cfg
-
-
-@pytest.fixture
-def run_copy(tmp_path, saved_run) -> tuple[Path, dict[str, Any]]:
-    run, cfg = saved_run
-    dst = tmp_path / "run"
-    shutil.copytree(run, dst)
-    return dst, {**cfg, "out": str(dst)}
 
 
 def ckpt(run: Path, step: int) -> Path:

@@ -28,17 +28,9 @@ from lcft.checkpoint.state import read_trainer_state, set_rng_state
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
+from tests.one_line import cli_fails
 
 STATE = "trainer_state"
-
-
-def cli_fails(args: list[str], *needles: str) -> str:
-    """`lcft ARGS` exits 1 with one `error: ...` line (an uncaught exception would leave no such line)."""
-    res = CliRunner().invoke(app, args)
-    lines = res.output.strip().splitlines()
-    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
-    assert all(n in lines[0] for n in needles), lines[0]
-    return lines[0]
 
 
 @pytest.fixture
@@ -78,22 +70,7 @@ def test_dcp_tensor_dtype_not_floating_is_refused(sharded, tmp_path, dtype):
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.fixture(scope="module")
-def saved_run(tmp_path_factory, data_dir: Path, init_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """A 2-step run with checkpoints at steps 1 and 2 (copied by each test that damages it)."""
-    cfg = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=2, global_batch=2, micro_batch=1,
-               warmup=1, lr=1e-3, precision="fp32", save_every=1, progress=False)
-    run = tmp_path_factory.mktemp("hostile-rng") / "run"
-    train(TrainConfig(out=str(run), **cfg))
-    return run, cfg
-
-
-@pytest.fixture
-def run_copy(tmp_path, saved_run) -> tuple[Path, dict[str, Any]]:
-    run, cfg = saved_run
-    dst = tmp_path / "run"
-    shutil.copytree(run, dst)
-    return dst, {**cfg, "out": str(dst)}
+SAVED_RUN = dict(steps=2, warmup=1, save_every=1)  # checkpoints at steps 1 and 2 (conftest.saved_run)
 
 
 def ckpt(run: Path, step: int) -> Path:

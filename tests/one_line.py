@@ -1,0 +1,30 @@
+"""Checks shared across test packages: an error a user can fix is one line naming what it should."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.errors import LcftError
+
+
+def one_line(call: Callable[[], Any], *needles: str, error: type[Exception] = LcftError) -> str:
+    """`call()` raises `error` with a one-line message holding every needle; the message."""
+    with pytest.raises(error) as e:
+        call()
+    msg = str(e.value)
+    assert "\n" not in msg and all(n in msg for n in needles), msg
+    return msg
+
+
+def cli_fails(args: list[str], *needles: str) -> str:
+    """`lcft ARGS` exits 1 with one `error: ...` line (an uncaught exception would leave no such line)."""
+    res = CliRunner().invoke(app, args)
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
