@@ -83,7 +83,7 @@ def test_a_memo_index_allocates_nothing(tmp_path):
     path = tmp_path / ".metadata"
     path.write_bytes(memo_put(10**8))
     first, mib = peak(path, "C")  # the oracle this guards against: pickle.Unpickler allocates for the index
-    assert first == "C unpickler None" and mib > 700, (first, mib)
+    assert first == "C unpickler None" and mib > 256, (first, mib)  # 0.6-1.5 GiB, as the kernel maps it
     first, mib = peak(path, "lcft")
     assert first.startswith("LcftError") and str(path) in first and "not" in first, first
     assert mib < 64, (first, mib)
