@@ -150,6 +150,14 @@ class CopyProbe:
         self.sums[v, window, d] = float(np.asarray(loss[-self.segment:], dtype=np.float64)[m].sum())
         self.counts[v, window, d] = int(m.sum())
 
+    def checked(self, label: str) -> CopyProbe:
+        """This probe once every recorded target loss is finite; a one-line LcftError naming checkpoint `label`
+        otherwise (a NaN would read as "no tokens" in every figure of it)."""
+        if bad := sorted({int(w) for w in np.nonzero(~np.isfinite(self.sums))[1]}):
+            raise LcftError(f"{label}: non-finite loss on the copy probe in {len(bad)} window(s) (first: window "
+                            f"{bad[0]}): the model's weights or its training diverged")
+        return self
+
     def summary(self, weights: np.ndarray) -> dict[str, Any]:
         """Loss drop by distance (control minus copy, nats/token; > 0 = the copy was read back) with bootstrap
         intervals under the window draw counts `weights` `(reps, n_windows)`, and the effective context."""

@@ -395,5 +395,5 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
                 task = bar.add_task(f"{info.label}: copy probe", total=len(probe)) if bar else None
                 advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
                 run_probe(cached[1], probe, cfg, info.max_context, device, advance, parallel)
-                results[-1].probe = probe
+                results[-1].probe = probe.checked(info.label)
     return results

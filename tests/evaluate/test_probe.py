@@ -83,6 +83,23 @@ def test_probe_items_record_target_losses_and_reduce_to_drops():
     assert out["effective_context"] == 512 and out["mutated"]["effective_context"] == 512
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_target_loss_is_a_one_line_error_naming_its_window(bad):
+    probe = CopyProbe([_window(seed=i) for i in range(3)], 3, segment=64, distances=(64, 512), mutation=0.0, seed=0)
+    counted = np.ones(2048, dtype=bool)
+    for k in range(len(probe)):
+        loss = np.ones(2048, dtype=np.float32)
+        loss[:-64] = bad  # before the target: never counted in it
+        probe.record(k, loss, counted)
+    assert probe.checked("ckpt") is probe
+    loss = np.ones(2048, dtype=np.float32)
+    loss[-1] = bad
+    probe.record(7, loss, counted)  # window 1 (2 distances x 2 variants a window), distance 512, exact copy
+    with pytest.raises(LcftError, match=r"^ckpt: non-finite loss on the copy probe in 1 window\(s\) \(first: "
+                                        r"window 1\)"):
+        probe.checked("ckpt")
+
+
 def test_first_position_keeps_every_piece_the_target_depends_on():
     probe = CopyProbe([_window()], 1, segment=256, distances=(256,), mutation=0.0, seed=0)
     assert probe.variants == ("control", "exact") and len(probe) == 2
