@@ -1,14 +1,43 @@
-"""User-facing errors: the CLI prints their message on one line and exits non-zero, without a traceback."""
+"""User-facing errors: the CLI prints their message on one line and exits non-zero, without a traceback; and how a
+value read from a file is shown in one."""
+
+import reprlib
 
 
 class LcftError(Exception):
     """A problem with the user's input or environment that they can fix; the message says how."""
 
 
+class _Bounded(reprlib.Repr):
+    """reprlib's repr with every limit small (three levels, four items a container, cut strings and numbers):
+    plain data shown as Python writes it, anything else only by its type name (its own repr could be anything)."""
+
+    PLAIN = (bool, float, complex, type(None), bytes, bytearray)
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxarray = self.maxdict = self.maxset = self.maxfrozenset = 4
+        self.maxdeque = 4
+        self.maxstring = self.maxlong = self.maxother = limit
+
+    def repr_int(self, x: int, level: int) -> str:
+        return repr(x) if x.bit_length() <= 128 else f"<int of {x.bit_length()} bits>"
+
+    def repr_instance(self, x: object, level: int) -> str:
+        if type(x) in self.PLAIN:
+            return repr(x[:self.maxstring] if isinstance(x, bytes | bytearray) else x)
+        return f"<{type(x).__name__}>"
+
+
 def shown(value: object, limit: int = 80, quoted: bool = False) -> str:
     """A value read from a file, for a one-line message: a printable string as it is (unless `quoted`), anything
-    else as its repr; cut to `limit` characters, since a crafted file can name anything, at any length."""
+    else as a bounded repr (_Bounded: a crafted file can nest, share and repeat anything at any length); cut to
+    `limit` characters."""
     if isinstance(value, str) and value.isprintable() and len(value) <= limit and not quoted:
         return value
-    text = repr(value)
+    try:
+        text = _Bounded(limit).repr(value)
+    except Exception:  # a value whose parts refuse even a bounded repr: named by its type
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit - 3] + "..."

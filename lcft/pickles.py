@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import pickle
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,8 +19,10 @@ Resolve = Callable[[str, str], Any]  # (module, name) -> the object to use for i
 class RestrictedUnpickler(pickle._Unpickler):
     """pickle's pure-Python unpickler, whose memo is a dict: the C one sizes an array by the largest memo index a
     pickle names (11 bytes asking for index 10^9 took 15 GiB). It reads from bytes in memory, so a length a
-    pickle declares is bounded by what is there. A global resolves only through `resolve`; anything else, and
-    every persistent id unless a subclass reads them, is an UnpicklingError at its first reference."""
+    pickle declares is bounded by what is there: every opcode reads its bytes before building from them, once
+    BYTEARRAY8 does too (pickle's own allocates the declared length first). A global resolves only through
+    `resolve`; anything else, and every persistent id unless a subclass reads them, is an UnpicklingError at its
+    first reference."""
 
     def __init__(self, data: bytes, resolve: Resolve):
         super().__init__(io.BytesIO(data))
@@ -30,6 +33,15 @@ class RestrictedUnpickler(pickle._Unpickler):
         if found is None:
             raise pickle.UnpicklingError(f"refused global {shown(f'{module}.{name}')}")
         return found
+
+    def _load_bytearray8(self) -> None:
+        (n,) = struct.unpack("<Q", self.read(8))
+        data = self.read(n)  # in-memory reads stop at the end of what is there
+        if len(data) != n:
+            raise pickle.UnpicklingError(f"a bytearray of {n} bytes runs past the end of the pickle")
+        self.append(bytearray(data))
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BYTEARRAY8[0]: _load_bytearray8}
 
 
 @contextlib.contextmanager

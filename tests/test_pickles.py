@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorProperties, TensorStorageMetadata
 
 from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.errors import LcftError
@@ -57,10 +57,10 @@ def test_dcp_metadata_as_torch_writes_it_reads(tmp_path):
 
 def traced_peak(call: Callable[[], Any]) -> int:
     """The most bytes Python's allocators held at once during `call()` (tracemalloc: what is asked for, whether
-    or not the kernel has mapped it yet); an LcftError it raises is part of the call."""
+    or not the kernel has mapped it yet); what it raises is part of the call (each test checks that apart)."""
     tracemalloc.start()
     try:
-        with contextlib.suppress(LcftError):
+        with contextlib.suppress(Exception):
             call()
         return tracemalloc.get_traced_memory()[1]
     finally:
@@ -77,7 +77,42 @@ def test_a_memo_index_allocates_nothing(tmp_path):
     assert traced_peak(lambda: read_metadata_file(path)) < 1 << 20
 
 
-def test_a_declared_length_past_the_file_is_one_line(tmp_path):
+def test_a_declared_bytearray_length_allocates_nothing():
+    data = b"\x80\x05\x96" + struct.pack("<Q", 200 << 20) + b"."  # BYTEARRAY8 of 200 MiB, then nothing: 12 bytes
+    stock = traced_peak(lambda: pickle._Unpickler(io.BytesIO(data)).load())  # the oracle: pickle's own allocates
+    assert stock > 200 << 20, stock
+    with pytest.raises(pickle.UnpicklingError, match="runs past the end"):
+        RestrictedUnpickler(data, lambda m, n: None).load()
+    assert traced_peak(lambda: RestrictedUnpickler(data, lambda m, n: None).load()) < 1 << 20
+    whole = pickle.dumps([bytearray(b"abc"), b"x"], protocol=5)  # what the opcode is for still reads
+    assert RestrictedUnpickler(whole, lambda m, n: None).load() == [bytearray(b"abc"), b"x"]
+
+
+def shared(levels: int) -> list:
+    """A list holding itself twice, `levels` deep: a few bytes pickled, 2**levels items to a plain repr."""
+    x: list = []
+    for _ in range(levels):
+        x = [x, x]
+    return x
+
+
+@pytest.mark.parametrize("dtype", [10**5000, shared(40), "x" * 1_000_000], ids=["5000-digit", "shared", "1MB-str"])
+def test_a_crafted_dtype_is_a_short_line(tmp_path, dtype):
+    """The refusal names what the file holds without building its repr (a 5000-digit int cannot be printed, a
+    shared list of 40 levels would print 2**40 items)."""
+    props = TensorProperties()
+    props.dtype = dtype
+    md = Metadata(state_dict_metadata={"w" * 10_000: TensorStorageMetadata(props, torch.Size([2]), [])})
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(md))
+    assert len(path.read_bytes()) < 1_100_000
+    with pytest.raises(LcftError) as e:
+        read_metadata_file(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "not a floating-point torch dtype" in msg and len(msg) < 400, msg
+
+
+def test_a_declared_length_past_the_file_is_one_line(tmp_path):  # BINBYTES8 reads before it builds
     path = tmp_path / ".metadata"
     path.write_bytes(b"\x80\x04\x8e" + struct.pack("<Q", 1 << 62) + b"ab")  # BINBYTES8 of 2**62 bytes
     with pytest.raises(LcftError) as e:

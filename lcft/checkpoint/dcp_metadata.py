@@ -17,7 +17,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import is_plain_name
 from lcft.pickles import RestrictedUnpickler, reading
 
@@ -71,11 +71,12 @@ def _check(path: Path, md: Any) -> None:
         if isinstance(v, dcp_md.TensorStorageMetadata) and not (
                 isinstance(v.properties, dcp_md.TensorProperties) and isinstance(dtype, torch.dtype)
                 and dtype.is_floating_point):
-            raise _refuse(path, f"tensor {key!r} has dtype {dtype!r}, not a floating-point torch dtype")
+            named = dtype if isinstance(dtype, torch.dtype) else shown(dtype)  # torch's own dtypes name themselves
+            raise _refuse(path, f"tensor {shown(key, quoted=True)} has dtype {named}, not a floating-point torch dtype")
     for info in (md.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
         if not isinstance(info, _StorageInfo) or not is_plain_name(name) or info.transform_descriptors:
-            raise _refuse(path, f"shard file {name!r} is not a plain file of its folder")
+            raise _refuse(path, f"shard file {shown(name, quoted=True)} is not a plain file of its folder")
 
 
 class SafeReader(FileSystemReader):

@@ -1,0 +1,50 @@
+"""How a value read from a file is shown in a one-line error (lcft.errors.shown): plain data as Python writes it,
+bounded in depth, items and length whatever the file built; anything else by its type name."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lcft.errors import shown
+
+
+def deep(levels: int) -> list:
+    x: list = []
+    for _ in range(levels):
+        x = [x]
+    return x
+
+
+def shared(levels: int) -> list:
+    x: list = []
+    for _ in range(levels):
+        x = [x, x]
+    return x
+
+
+class Loud:
+    def __repr__(self) -> str:  # what a crafted object's own repr could do
+        raise AssertionError("its own repr was asked for")
+
+
+@pytest.mark.parametrize("value", [10**5000, deep(200_000), shared(24), "x" * 10**7, b"\0" * 10**7, Loud(),
+                                   {"k": [Loud()] * 10**6}], ids=["int", "deep", "shared", "str", "bytes", "obj",
+                                                                  "dict"])
+def test_anything_a_file_builds_is_shown_short_and_fast(value):
+    start = time.process_time()
+    text = shown(value)
+    assert len(text) <= 80 and "\n" not in text, text
+    # a bound on the work, not a benchmark: a plain repr of shared(24) takes ~3 s and 100 MB, of deep() it recurses
+    # past Python's limit, of the int it refuses
+    assert time.process_time() - start < 1.0
+
+
+def test_plain_data_reads_as_python_writes_it():
+    assert shown("chr1") == "chr1" and shown("chr1", quoted=True) == "'chr1'" and shown("a\nb") == "'a\\nb'"
+    assert shown((2.5, None, True, b"x")) == "(2.5, None, True, b'x')" == repr((2.5, None, True, b"x"))
+    assert shown({"k": [1, 2]}) == "{'k': [1, 2]}"
+    assert shown(list(range(10))) == "[0, 1, 2, 3, ...]"
+    assert shown(10**5000) == "<int of 16610 bits>" and shown(Loud()) == "<Loud>"
+    assert "..." in shown("y" * 200) and len(shown("y" * 200)) <= 80
