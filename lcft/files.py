@@ -105,7 +105,7 @@ def is_plain_name(name: Any) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
 
 
-def check_nesting(data: Any, where: str, error: type[LcftError] = LcftError) -> None:
+def _check_nesting(data: Any, where: str, error: type[LcftError] = LcftError) -> None:
     """Refuse parsed JSON or TOML nested deeper than MAX_NESTING lists and tables (counted level by level, no
     recursion): readers and the libraries they hand it to walk it recursively."""
     level = [data] if isinstance(data, dict | list) else []
@@ -128,7 +128,7 @@ def parse_text(loads: Callable[[str], Any], kind: str, text: str, where: str,
         raise error(f"{where}: nested deeper than {MAX_NESTING} levels") from None
     except ValueError as e:  # JSONDecodeError, TOMLDecodeError, and an integer past Python's limit of digits
         raise error(f"{where}: not valid {kind} ({e})") from None
-    check_nesting(data, where, error)
+    _check_nesting(data, where, error)
     return data
 
 

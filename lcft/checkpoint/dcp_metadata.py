@@ -67,10 +67,11 @@ def _check(path: Path, md: Any) -> None:
     if not all(isinstance(k, str) and isinstance(v, kinds) for k, v in md.state_dict_metadata.items()):
         raise _refuse(path, "an entry is not tensor metadata")
     for key, v in md.state_dict_metadata.items():  # lcft stores weights and AdamW state: floating point only
-        dtype = getattr(getattr(v, "properties", None), "dtype", None)
-        if isinstance(v, dcp_md.TensorStorageMetadata) and not (
-                isinstance(v.properties, dcp_md.TensorProperties) and isinstance(dtype, torch.dtype)
-                and dtype.is_floating_point):
+        if not isinstance(v, dcp_md.TensorStorageMetadata):
+            continue
+        props = getattr(v, "properties", None)  # an unpickled object holds only the attributes its file gave
+        dtype = getattr(props, "dtype", None) if isinstance(props, dcp_md.TensorProperties) else None
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             named = dtype if isinstance(dtype, torch.dtype) else shown(dtype)  # torch's own dtypes name themselves
             raise _refuse(path, f"tensor {shown(key, quoted=True)} has dtype {named}, not a floating-point torch dtype")
     for info in (md.storage_data or {}).values():

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import atomic_open, file_hash, is_plain_name, read_json
 
 FORMAT_VERSION = 1
@@ -218,7 +218,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
         raise LcftError(f"{p.parent} is not a prepared windows folder (no {MANIFEST}; run `lcft prepare windows`)")
     m = read_json(p)  # unreadable, not JSON, nested too deep, not an object: one line naming it
     if m.get("format_version") != FORMAT_VERSION:
-        raise LcftError(f"{p}: format_version {m.get('format_version')!r}, this lcft reads {FORMAT_VERSION}")
+        raise LcftError(f"{p}: format_version {shown(m.get('format_version'))}, this lcft reads {FORMAT_VERSION}")
     _check_names(p, m)
     _check_fields(p, m)
     return m
@@ -261,7 +261,7 @@ def _check_names(p: Path, m: dict) -> None:
         raise LcftError(f"{p}: corrupt manifest (a 'files' entry is not an object)")
     for name in [*names, *(n for f in files for n in f)]:
         if not is_plain_name(name):
-            raise LcftError(f"{p}: names file {name!r}, which is not a file of the windows folder (refused)")
+            raise LcftError(f"{p}: names file {shown(name, quoted=True)}, which is not a file of the windows folder (refused)")
 
 
 def expected_sizes(m: dict, split: str) -> dict[str, int]:

@@ -4,9 +4,10 @@ where a folder has no safetensors) and, per file, each tensor's name, shape and 
 
 A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl is read by lcft.pickles'
 restricted unpickler building no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which
-becomes a record of the view it declares, and the floating-point storage types, which become dtypes). Every storage, offset, shape and
-stride it declares is checked against the zip's own records before a byte of weights is read; a tensor is then
-a view of a private memory map of the file, so nothing the file declares is allocated."""
+becomes a record of the view it declares, and the floating-point storage types, which become dtypes). Every
+storage, offset, shape and stride it declares is checked against the zip's own records before a byte of weights
+is read; a tensor is then a view of a private memory map of the file, so nothing the file declares is
+allocated."""
 
 from __future__ import annotations
 
