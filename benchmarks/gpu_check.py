@@ -34,7 +34,7 @@ PLAN_GPU_MEMORY = "141GB"  # the 1M run is laid out for one GPU of this size
 NOTHING_FITS = "(nothing fits)"  # plan_for_one_gpu's flags when no layout fits
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
 TESTS_TIMEOUT_S = 300  # pytest -m gpu (about 2 minutes on an H100/H200 with a cold Triton cache: docs/cuda.md)
-PLAN_STEP_TIMEOUT_S = 240  # the 1M step's process (its model built, 176 GiB offloaded and back, one step)
+PLAN_STEP_TIMEOUT_S = 240  # the 1M step's process (its model built, 88-176 GiB offloaded and back, one step)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -183,9 +183,10 @@ def bench_attention(length: int, repeat: int, dense_max: int, device: str = "cud
 
 
 def bench_train(length: int, checkpointing: str = "block", offload: bool = False, warmup: bool = True,
-                device: str = "cuda", preset: str = "1b") -> dict:
+                device: str = "cuda", preset: str = "1b", offload_bf16: bool = False) -> dict:
     """A `preset` step (sparse attention, chunked CE, bf16 autocast, AdamW): time, tokens/s, MFU, peak memory.
-    With warmup, the second step is timed; without it the first (the optimizer state's allocation included)."""
+    With warmup, the second step is timed; without it the first (the optimizer state's allocation included).
+    offload_bf16: the offloaded block inputs in bf16 (`--offload-bf16`)."""
     import torch
     from attention_gpu import FLOPS_PER_PAIR, sparse_pairs
 
@@ -204,7 +205,8 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     model = lm.Llama(cfg).to(device)
     return_freed_buffers_to_os(length)  # the allocators as `lcft train` sets them for this window
     expandable_cuda_segments(length)
-    apply_activation_checkpointing(model, checkpointing, offload=offload)
+    apply_activation_checkpointing(model, checkpointing, offload=offload,
+                                   offload_dtype=torch.bfloat16 if offload_bf16 else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     ids = torch.randint(4, 8, (1, length), device=device)
     labels = torch.cat([ids[:, 1:], torch.full((1, 1), -100, device=device)], 1)
@@ -312,7 +314,7 @@ def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str 
         return row | {"error": f"the plan needs more than one GPU ({flags})"}
     try:
         got = bench_train(length, lay.checkpointing, lay.offload_activations, warmup=False, device=device,
-                          preset=preset)
+                          preset=preset, offload_bf16=lay.offload_bf16)
         from lcft.train.metrics import peak_memory_bytes
 
         host_peak = peak_memory_bytes(torch.device("cpu")) / GIB  # this process's VmHWM: the plan's host need
@@ -323,7 +325,7 @@ def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str 
 
 def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", preset: str = "1b",
                        gpu_memory: str = PLAN_GPU_MEMORY) -> dict:
-    """bench_plan in a fresh process: at 1M the plan offloads 176 GiB of block inputs to host memory, and a process
+    """bench_plan in a fresh process: at 1M the plan offloads 88-176 GiB of block inputs to host memory, and a process
     the kernel kills for running out of it must not take the rest of the run's results with it."""
     def failed(error: str) -> dict:  # the plan's figures beside why no step result came back
         flags, _, est = plan_for_one_gpu(length, host_memory, preset, gpu_memory)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_NODE = "256GiB"  # host memory per GPU of an 8 x H200 node with 2 TiB (a one-GPU node with 128 GiB gets no 1M layout)
+H200_NODE = "256GiB"  # host memory per GPU of an 8 x H200 node with 2 TiB (a one-GPU node with 128 GiB offloads bf16)
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
@@ -74,14 +74,18 @@ def test_the_1m_layout_is_what_lcft_plan_prints():
 
 
 def test_the_1m_layout_must_fit_the_nodes_host_memory():
-    """The 1M plan is made for this node's physical memory unless told otherwise; with too little for the offloaded
-    block inputs (176 GiB: fp32 under bf16 autocast) lcft plan has no layout for one GPU, and the row says so
-    without running a step."""
+    """The 1M plan is made for this node's physical memory unless told otherwise. With too little for the offloaded
+    block inputs (176 GiB: fp32 under bf16 autocast) it keeps them in bf16 (88 GiB, + 4 for the process: a one-GPU
+    node with 128 GiB); with too little for those, lcft plan has no layout for one GPU, and the row says so without
+    running a step."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert gpu_check.parse_args([]).host_memory == str(gpu_check.node_memory()) and gpu_check.node_memory() <= physical
     assert gpu_check.parse_args(["--host-memory", "64GiB"]).host_memory == "64GiB"
     assert gpu_check.parse_args([]).gpu_memory == gpu_check.PLAN_GPU_MEMORY == "141GB"
-    flags, lay, _ = gpu_check.plan_for_one_gpu(1 << 20, "128GiB")
+    flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20, "128GiB")
+    assert flags == "--checkpointing block --offload-activations --offload-bf16" and lay.offload_bf16, flags
+    assert est.host == 88 * 2**30 and gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)[2].host == 176 * 2**30
+    flags, lay, _ = gpu_check.plan_for_one_gpu(1 << 20, "64GiB")
     assert flags == gpu_check.NOTHING_FITS and lay.checkpointing == "none"
 
 

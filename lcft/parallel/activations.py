@@ -2,12 +2,14 @@
 from outside (as torchtitan's apply_ac): the model keeps only its math, each block's forward is rerouted here.
 
 'block' keeps only each block's input and recomputes the block in backward (non-reentrant
-torch.utils.checkpoint). offload keeps what is saved in CPU memory: with 'block' the block inputs (moved to CPU
-before the checkpoint, back on the fly in forward and recompute), with 'none' every activation a block saves
-(torch.autograd.graph.save_on_cpu). seq_chunk (with 'block'; 0 = off) runs each block's token-wise work (norms,
+torch.utils.checkpoint). offload keeps what is saved in CPU memory: with 'block' the block inputs (a host copy
+taken in forward, brought back for the recompute; offload_dtype bf16 keeps it in bf16), with 'none' every
+activation a block saves (torch.autograd.graph.save_on_cpu). seq_chunk (with 'block'; 0 = off) runs each block's token-wise work (norms,
 projections, RoPE, MLP) that many tokens at a time, each chunk under its own nested checkpoint, so a block's
 transients in forward and in the backward recompute are chunk-sized instead of sequence-sized; only the attention
-core sees the whole sequence (also without grad). Same numbers as the plain model. The recompute of a block
+core sees the whole sequence (also without grad). Same numbers as the plain model, but for the recompute of a bf16
+host copy: the forward and the gradient's path are the plain block's, the backward is taken at the input rounded
+to bf16 (what its matmuls see after the norm under autocast anyway). The recompute of a block
 reuses the key blocks its forward selected (lcft.kernels.selection_memo): the selector runs once per step.
 """
 
@@ -34,40 +36,61 @@ BlockOut = tuple[torch.Tensor, torch.Tensor | None]  # (output (B, L, H), MoE ro
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: Checkpointing = "block", offload: bool = False,
-                                   seq_chunk: int = DEFAULT_SEQ_CHUNK) -> nn.Module:
+                                   seq_chunk: int = DEFAULT_SEQ_CHUNK, offload_dtype: torch.dtype | None = None
+                                   ) -> nn.Module:
     """Route every block of an lcft Llama through `mode` / `offload` / `seq_chunk` (see the module docstring);
-    in place, returns the model. Applying it again replaces the settings; ('none', no offload) restores the plain
-    blocks. The settings are recorded on the model as `checkpointing`, `offload`, `seq_chunk`. Apply it before
-    compile and FSDP (lcft.parallel.parallelize): their hooks then sit around the rerouted forward."""
+    in place, returns the model. `offload_dtype`: with 'block' and offload, the dtype of the host copies (None =
+    the block input's own). Applying it again replaces the settings; ('none', no offload) restores the plain
+    blocks. The settings are recorded on the model as `checkpointing`, `offload`, `seq_chunk`, `offload_dtype`.
+    Apply it before compile and FSDP (lcft.parallel.parallelize): their hooks then sit around the rerouted
+    forward."""
     if isinstance(seq_chunk, bool) or not isinstance(seq_chunk, int) or seq_chunk < 0:
         raise LcftError(f"seq_chunk must be a non-negative integer, got {seq_chunk!r}")
     if mode not in get_args(Checkpointing):  # the config coerced the user's choice: anything else is a bug
         raise ValueError(f"checkpointing mode must be one of {get_args(Checkpointing)}, got {mode!r}")
     n = seq_chunk if mode == "block" else 0
+    stash = offload_dtype if mode == "block" and offload else None
     for block in model.layers:
         block.__dict__.pop("forward", None)  # the class's forward again (a previous call's routing undone)
         if mode == "block" or offload:
-            block.forward = functools.partial(_forward, block, type(block).forward, mode, bool(offload), n)
-    model.checkpointing, model.offload, model.seq_chunk = mode, bool(offload), n
+            block.forward = functools.partial(_forward, block, type(block).forward, mode, bool(offload), n, stash)
+    model.checkpointing, model.offload, model.seq_chunk, model.offload_dtype = mode, bool(offload), n, stash
     return model
 
 
 def _forward(block: nn.Module, plain: Callable[..., BlockOut], mode: Checkpointing, offload: bool, n: int,
-             x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> BlockOut:
+             stash: torch.dtype | None, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> BlockOut:
     """One block's forward under the settings: x (B, L, H), cos/sin (B or 1, 1, L, D/2)."""
     if not torch.is_grad_enabled():
         return _chunked(block, plain, x, cos, sin, n)
     if mode == "block":
         memo = SelectionMemo()  # the recompute attends over the blocks this forward selects, selecting nothing
         if offload:
-            device = x.device
-            # The checkpoint keeps its inputs alive until backward: hand it a CPU copy (autograd sends the
-            # gradient back to the device through the copy).
-            return checkpoint(lambda xc, c, s: _remembering(memo, block, plain, xc.to(device, non_blocking=True),
-                                                            c, s, n), x.to("cpu"), cos, sin, use_reentrant=False)
+            return _offloaded(memo, block, plain, x, cos, sin, n, stash or x.dtype)
         return checkpoint(_remembering, memo, block, plain, x, cos, sin, n, use_reentrant=False)
     with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
         return plain(block, x, cos, sin)
+
+
+def _offloaded(memo: SelectionMemo, block: nn.Module, plain: Callable[..., BlockOut], x: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, n: int, dtype: torch.dtype) -> BlockOut:
+    """A block checkpoint whose saved input is a host copy in `dtype`. The forward runs on x itself, so its output
+    and the gradient's path back to x (x's own dtype, not the copy's) are the plain block's; x is not an input
+    of the checkpoint, which would keep it alive on the device until backward. Only the recompute reads the
+    copy, brought back to x's device and dtype: its saved values replace the forward's, as they do for any
+    non-reentrant checkpoint."""
+    device, like = x.device, x.dtype
+    # Rounded on the device, then copied: a copy that also converts would stage the whole fp32 input on the host.
+    host = x.detach().to(dtype).to("cpu")  # (B, L, H); on CPU in its own dtype, the input itself
+    given = [x]  # the forward's input, handed over once; the closure must not hold x
+
+    def run(c: torch.Tensor, s: torch.Tensor) -> BlockOut:
+        # non_blocking: CUDA converts on the device (a bf16 staging copy there), not through an fp32 host copy
+        xin = given.pop() if given else host.to(device, like, non_blocking=True)  # (B, L, H)
+        return _remembering(memo, block, plain, xin, c, s, n)
+
+    del x
+    return checkpoint(run, cos, sin, use_reentrant=False)
 
 
 def _remembering(memo: SelectionMemo, block: nn.Module, plain: Callable[..., BlockOut], x: torch.Tensor,

@@ -34,6 +34,8 @@ class ParallelizeConfig:
     """'block': recompute each block in backward, keeping only its input."""
     offload_activations: bool = False
     """Keep what backward needs in CPU memory."""
+    offload_dtype: torch.dtype | None = None
+    """With 'block' and offload: the dtype of the host copies of the block inputs (None = their own)."""
     seq_chunk: int = DEFAULT_SEQ_CHUNK
     """With 'block': tokens per chunk of a block's token-wise work (0 = whole sequence)."""
     compile: bool = False
@@ -53,7 +55,7 @@ def parallelize(model: nn.Module, layout: ParallelState, cfg: ParallelizeConfig,
     forward the step calls (the train step's loss model around `model`; default `model`), which FSDP shards
     last so its hooks gather the parameters outside the blocks."""
     apply_context_parallel(model, layout, cfg.parallel)
-    apply_activation_checkpointing(model, cfg.checkpointing, cfg.offload_activations, cfg.seq_chunk)
+    apply_activation_checkpointing(model, cfg.checkpointing, cfg.offload_activations, cfg.seq_chunk, cfg.offload_dtype)
     if cfg.compile:
         compile_blocks(model, cfg.device)
     if layout.fsdp_enabled:

@@ -98,6 +98,7 @@ class Layout:
     offload_params: bool = False
     checkpointing: Checkpointing = "none"
     offload_activations: bool = False
+    offload_bf16: bool = False  # the offloaded block inputs kept in bf16
     seq_chunk: int = DEFAULT_SEQ_CHUNK
     cp_kv: CpKv = "all"
     precision: Precision = "bf16"
@@ -215,6 +216,11 @@ def residual_bytes(lay: Layout) -> int:
     return 2 if lay.precision == "bf16" and lay.shard == "fsdp" and lay.device == "cuda" else 4
 
 
+def offload_bytes(lay: Layout) -> int:
+    """Bytes per value of an offloaded block input: the residual stream's, or bf16's with offload_bf16."""
+    return 2 if lay.offload_bf16 else residual_bytes(lay)
+
+
 def state_bytes(shape: Shape, lay: Layout) -> tuple[int, int, int, int]:
     """(parameters, gradients, optimizer state, host bytes): fp32 master weights (4 B), fp32 gradients
     (4 B), AdamW's two fp32 moments (8 B) per parameter; fsdp divides each by the world (every rank of
@@ -325,7 +331,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         local = -(-shape.params // lay.world) if lay.shard == "fsdp" else shape.params
         transient += CPU_LATER_STEP * 4 * local
     if lay.offload_activations:
-        host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * residual_bytes(lay)
+        host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * offload_bytes(lay)
     kv = kv_bytes(shape, lay)
     if lay.device == "cpu" and lay.seq_len < LONG_WINDOW:
         # Fitted (tiny preset at 16K on cp 2: 70 MiB above the plan without it, 64 MiB of K/V): likely glibc's heap

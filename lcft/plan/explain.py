@@ -39,6 +39,7 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
     stream = f"the residual stream at {r} B" + (" (fp32 under autocast)" if r != a else "")
     if lay.checkpointing == "block":
         out["activations"] = (f"formula: {tokens} x (N·H block inputs{' offloaded' if lay.offload_activations else ''}"
+                              f"{' (in bf16)' if lay.offload_bf16 else ''}"
                               f" + 3H, {stream}; RoPE fp32)"
                               + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head "
                                  "and block)" if shape.sparse else ""))

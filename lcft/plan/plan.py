@@ -10,7 +10,16 @@ from pathlib import Path
 from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
 from lcft.plan.config import PlanConfig
-from lcft.plan.estimate import GIB, HOST_PROCESS, Estimate, Layout, Shape, estimate, with_changes
+from lcft.plan.estimate import (
+    GIB,
+    HOST_PROCESS,
+    Estimate,
+    Layout,
+    Shape,
+    estimate,
+    residual_bytes,
+    with_changes,
+)
 from lcft.plan.explain import sources
 
 LABELS = {
@@ -69,7 +78,7 @@ def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> L
     """The Layout of a plan config (precision auto = bf16 on CUDA; on CPU as `lcft train` would choose); `folder`:
     as for model_config, to tell a sharded (DCP) --init, which fsdp reads shard by shard."""
     from lcft.checkpoint.dcp import is_sharded_checkpoint
-    from lcft.train.precision import choose_precision
+    from lcft.train.precision import choose_precision, offload_dtype
 
     world = cfg.world
     if world % cfg.cp:
@@ -83,7 +92,8 @@ def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> L
     folder = folder or init_folder(cfg)
     return Layout(seq_len=seq, world=world, cp=cfg.cp, micro_batch=cfg.micro_batch, shard=shard,
                   offload_params=bool(getattr(cfg, "offload_params", False)) and shard == "fsdp",
-                  checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations, cp_kv=cfg.cp_kv,
+                  checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations,
+                  offload_bf16=offload_dtype(cfg.offload_bf16, precision) is not None, cp_kv=cfg.cp_kv,
                   precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
                   threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=folder is not None and is_sharded_checkpoint(folder))
 
@@ -130,7 +140,9 @@ class Option:
 def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
     """The single changes that shrink `lay`, in the order `lcft plan` prefers them, least step time lost first:
     one sequence per micro-batch, one block recomputed, the smallest cp that divides the world (K/V traffic
-    grows with cp), streamed K/V, parameters all-gathered per block, then host offloads (PCIe every block)."""
+    grows with cp), streamed K/V, parameters all-gathered per block, then host offloads (PCIe every block): block
+    inputs exact, then in bf16 under bf16 autocast (half the host memory; backward taken at rounded inputs), then
+    parameters."""
     block = model.attention.sparse.block_size
     if lay.micro_batch > 1:
         yield Option("--micro-batch 1", {"micro_batch": 1})
@@ -145,9 +157,13 @@ def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
         yield Option("--cp-kv stream", {"cp_kv": "stream"})
     if lay.shard == "none" and lay.world > 1:
         yield Option("--shard fsdp", {"shard": "fsdp"})
+    block_flag = "--checkpointing block " if lay.checkpointing == "none" else ""
+    offload = {"offload_activations": True, "checkpointing": "block"}
     if not lay.offload_activations:
-        block_flag = "--checkpointing block " if lay.checkpointing == "none" else ""
-        yield Option(f"{block_flag}--offload-activations", {"offload_activations": True, "checkpointing": "block"})
+        yield Option(f"{block_flag}--offload-activations", offload)
+    if not lay.offload_bf16 and lay.precision == "bf16" and residual_bytes(lay) > 2:
+        also = "" if lay.offload_activations else "--offload-activations "
+        yield Option(f"{block_flag}{also}--offload-bf16", offload | {"offload_bf16": True})
     if not lay.offload_params and lay.world > 1:
         shard_flag = "--shard fsdp " if lay.shard == "none" else ""
         yield Option(f"{shard_flag}--offload-params", {"offload_params": True, "shard": "fsdp"})
@@ -240,7 +256,7 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
              f"{' + offload-params' if lay.offload_params else ''}; {lay.seq_len:,} tokens x micro-batch "
              f"{lay.micro_batch}; checkpointing {lay.checkpointing}"
-             f"{' + offload' if lay.offload_activations else ''}; cp-kv {lay.cp_kv}; {lay.precision}",
+             f"{' + offload' if lay.offload_activations else ''}{' (bf16)' if lay.offload_bf16 else ''}; cp-kv {lay.cp_kv}; {lay.precision}",
              "per rank:"]
     why = sources(shape, lay) if cfg.explain else {}
     for name, value in est.rows():
@@ -260,6 +276,6 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
                   for flags, e in options]
     else:
         lines.append("no combination of up to three of --checkpointing block, --cp, --cp-kv stream, --shard fsdp, "
-                     "--offload-activations, --offload-params, --micro-batch 1 fits: more GPUs or a shorter "
+                     "--offload-activations, --offload-bf16, --offload-params, --micro-batch 1 fits: more GPUs or a shorter "
                      "--seq-len" + ("" if budget.host is None else ", or more host memory"))
     return "\n".join(lines), False

@@ -174,6 +174,10 @@ class TrainParallelConfig(CpConfig):
     """Activation checkpointing: none, or block (recompute each decoder block in backward)."""
     offload_activations: bool = False
     """With block checkpointing: keep the saved block inputs in CPU memory."""
+    offload_bf16: bool = False
+    """With --offload-activations under bf16: keep the offloaded block inputs in bf16, half the host memory of
+    the fp32 residual stream. The forward and the loss are the plain model's; backward recomputes each block
+    from its input rounded to bf16, so gradients differ from the exact ones by rounding (docs/plan.md)."""
     shard: Shard = "none"
     """How ranks hold the weights: 'none' = every rank holds the whole model and its AdamW state (DDP; fastest
     while it fits, checkpoints as plain safetensors); 'fsdp' = FSDP2 shards parameters, gradients and optimizer
@@ -187,6 +191,8 @@ class TrainParallelConfig(CpConfig):
         CpConfig.__post_init__(self)  # cp, and every Literal of this section
         if self.offload_activations and self.checkpointing != "block":
             raise ConfigError("offload_activations needs checkpointing = 'block'")
+        if self.offload_bf16 and not self.offload_activations:
+            raise ConfigError("offload_bf16 needs offload_activations")
         if self.offload_params and self.shard != "fsdp":
             raise ConfigError("offload_params needs shard = 'fsdp'")
 

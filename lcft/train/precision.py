@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from lcft.errors import LcftError
 from lcft.parallel.config import Precision, PrecisionChoice
 
 # /proc/cpuinfo flags of native bf16 arithmetic: x86 AVX-512 BF16 and AMX BF16 tiles, Arm's BF16 extension.
@@ -88,3 +89,14 @@ def bench_dtype() -> str:
     """'bf16' where this machine runs bf16 fast (CUDA, or a CPU with native bf16), else 'fp32': the default
     dtype of benchmarks that would otherwise assume bf16."""
     return choose_precision("auto", cpu=not torch.cuda.is_available())[0]
+
+
+def offload_dtype(offload_bf16: bool, precision: Precision) -> torch.dtype | None:
+    """The dtype offloaded block inputs are kept in: bf16 when asked for, which only a bf16 run may (an fp32 run
+    would lose the precision it computes in); None = the inputs' own."""
+    if not offload_bf16:
+        return None
+    if precision != "bf16":
+        raise LcftError("--offload-bf16 needs bf16 precision: this run computes in fp32 (--precision bf16, on CUDA "
+                        "or a CPU with native bf16)")
+    return torch.bfloat16

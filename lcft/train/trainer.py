@@ -47,7 +47,7 @@ from lcft.train.guard import SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context
-from lcft.train.precision import choose_precision
+from lcft.train.precision import choose_precision, offload_dtype
 from lcft.train.run_dir import check_run_dir, keep_resumed_model, open_run_dir, record_data
 from lcft.train.sharded import clip, materialize_sharded, prepare
 from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
@@ -129,6 +129,7 @@ class Trainer:
         self.world, self.rank, self.is_main = self.layout.world, self.layout.rank, self.layout.is_main
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.layout.dp)
         self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
+        self.offload_dtype = offload_dtype(cfg.offload_bf16, self.precision)  # bf16 host copies: bf16 runs only
         if warning:
             self._note(warning)
         if cfg.tensorboard:
@@ -148,7 +149,8 @@ class Trainer:
         self._check_lengths(window)
         self.loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
         par = cfg.parallel
-        pcfg = ParallelizeConfig(par, par.checkpointing, par.offload_activations, compile=par.compile,
+        pcfg = ParallelizeConfig(par, par.checkpointing, par.offload_activations,
+                                 offload_dtype=self.offload_dtype, compile=par.compile,
                                  device=self.device, bf16_params=self.precision == "bf16",
                                  offload_params=par.offload_params)
         self.cp_runner = parallelize(self.model, self.layout, pcfg, root=self.loss_model)

@@ -41,6 +41,33 @@ def test_offloaded_block_inputs_pinned_on_cuda_give_the_same_gradients():
     assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["exact", "bf16"])
+def test_block_inputs_offloaded_from_cuda_leave_the_device(dtype):
+    """Block checkpointing under bf16 autocast, the block inputs (fp32) offloaded or not: between forward and
+    backward the device holds N x L x H x 4 B less with them offloaded, and the gradients are those of the run that
+    kept them (an exact host copy: the same recompute; a bf16 one: its rounding)."""
+    cfg = lm.LlamaConfig(vocab_size=16, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2)
+    ids = torch.randint(4, 8, (1, 4096), device="cuda")
+    held, grads = [], []
+    for offload in (False, True):
+        torch.manual_seed(0)
+        model = lm.Llama(cfg).cuda()
+        apply_activation_checkpointing(model, "block", offload=offload, offload_dtype=dtype if offload else None)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids)  # (1, L, V)
+        held.append(torch.cuda.memory_allocated() - before)
+        logits.float().pow(2).mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        del model, logits
+    inputs = cfg.num_hidden_layers * ids.numel() * cfg.hidden_size * 4
+    assert held[0] - held[1] >= 0.9 * inputs, (held, inputs)
+    distance = ((grads[1] - grads[0]).norm() / grads[0].norm()).item()
+    assert distance < (1e-3 if dtype is None else 5e-2), distance
+
+
 def test_cuda_peak_memory_counts_an_allocation():
     torch.cuda.reset_peak_memory_stats()
     before = peak_memory_bytes(torch.device("cuda"))

@@ -57,6 +57,58 @@ def test_chunked_block_equals_plain_model(attention, seq_chunk, offload):
         torch.testing.assert_close(m(ids), ref_logits, rtol=1e-5, atol=1e-5)  # logits ~3: fp32 rounding
 
 
+def autocast_loss_and_grads(m: Llama, ids: torch.Tensor, labels: torch.Tensor, enabled: bool = True):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+        return loss_and_grads(m, ids, labels)
+
+
+def grad_distance(a: dict, b: dict) -> float:
+    return torch.sqrt(sum(((a[n] - b[n]) ** 2).sum() for n in a)).item()
+
+
+def test_bf16_host_copies_keep_the_forward_and_round_only_the_recompute():
+    """Under bf16 autocast (the block inputs fp32). Oracles: the plain model, and its gradients in fp32. The
+    loss is the plain model's to the bit and an exact host copy changes no gradient (seq_chunk 0: the same
+    matmuls); a bf16 copy moves the gradients, by less than bf16 autocast's own rounding moves them from fp32."""
+    m = model()
+    ids, labels = torch.randint(0, 16, (2, 80)), torch.randint(0, 16, (2, 80))
+    fp32_loss, fp32_grads = autocast_loss_and_grads(m, ids, labels, enabled=False)
+    ref_loss, ref = autocast_loss_and_grads(m, ids, labels)
+    autocast_noise = grad_distance(ref, fp32_grads)
+    apply_activation_checkpointing(m, "block", offload=True, seq_chunk=0)
+    loss, grads = autocast_loss_and_grads(m, ids, labels)
+    assert loss.item() == ref_loss.item() and grad_distance(grads, ref) == 0.0
+    apply_activation_checkpointing(m, "block", offload=True, seq_chunk=0, offload_dtype=torch.bfloat16)
+    assert m.offload_dtype == torch.bfloat16
+    loss, grads = autocast_loss_and_grads(m, ids, labels)
+    assert loss.item() == ref_loss.item()  # the forward ran on the input itself
+    assert 0 < grad_distance(grads, ref) < autocast_noise, (grad_distance(grads, ref), autocast_noise)
+    assert abs(loss.item() - fp32_loss.item()) < 0.05  # and autocast is close to fp32 at all (loss ~3)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_offloaded_block_inputs_are_not_held_by_the_checkpoint(dtype):
+    """Between forward and backward the checkpoint holds only the host copies: in bf16 the fp32 inputs' own
+    storage is freed (on CPU an exact copy is the input itself). Before, every input was the checkpoint's
+    argument, held until backward (on a GPU: the input back on the device in forward, too)."""
+    m = model()
+    apply_activation_checkpointing(m, "block", offload=True, offload_dtype=dtype)
+    seen = []
+    hooks = [b.register_forward_pre_hook(lambda _, args: seen.append(args[0].untyped_storage()._weak_ref()))
+             for b in m.layers]
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = m.hidden_states(torch.randint(0, 16, (1, 64)))  # (1, 64, H)
+        freed = [torch.UntypedStorage._expired(ref) for ref in seen]
+        h.float().square().sum().backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for ref in seen:
+            torch.UntypedStorage._free_weak_ref(ref)
+    assert freed == [dtype is not None] * m.config.num_hidden_layers, freed
+
+
 def largest_tensor(m: Llama, ids: torch.Tensor) -> int:
     with LargestTensor() as mode:
         m.hidden_states(ids).square().sum().backward()

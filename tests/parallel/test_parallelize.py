@@ -4,6 +4,8 @@ outermost, the recompute inside them): the same loss and gradients."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -48,8 +50,13 @@ def test_checkpointing_chunks_and_offload_equal_the_plain_model():
     ref_loss, ref = _loss_and_grads(_model(), _batch())
     m = _model()
     cfg = ParallelizeConfig(checkpointing="block", offload_activations=True, seq_chunk=24)  # 80 = 3 chunks + 8
+    parallelize(_model(), single_process_state(), ParallelizeConfig(checkpointing="block", offload_activations=True,
+                                                                    offload_dtype=torch.bfloat16))
     runner = parallelize(m, single_process_state(), cfg)
-    assert (m.checkpointing, m.offload, m.seq_chunk) == ("block", True, 24)
+    assert (m.checkpointing, m.offload, m.seq_chunk, m.offload_dtype) == ("block", True, 24, None)
+    bf16 = _model()
+    parallelize(bf16, single_process_state(), dataclasses.replace(cfg, offload_dtype=torch.bfloat16))
+    assert bf16.offload_dtype == torch.bfloat16  # what the host copies are kept in (tests/parallel/test_activations)
     local, pos = runner.shard({"input_ids": _batch()})
     assert pos is None and torch.equal(local["input_ids"], _batch())  # one process: the plain window
     loss_diff, grad_diff = _max_diffs(*_loss_and_grads(m, _batch()), ref_loss, ref)

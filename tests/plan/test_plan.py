@@ -170,7 +170,7 @@ def test_cli_reads_only_config_json_of_init(tmp_path: Path) -> None:
 def test_host_memory_counts_what_the_nodes_ranks_offload() -> None:
     """1b at 1M on one 141 GB GPU fits only with the block inputs in host memory: 2^20 tokens x N blocks x H x 4 B
     (bf16 autocast keeps the residual stream fp32), plus HOST_PROCESS per process. 192 GiB of host memory takes
-    it; 128 GiB leaves nothing that fits."""
+    it; 128 GiB takes them in bf16 (--offload-bf16: 2 B each), 64 GiB nothing."""
     model = preset("1b")
     model.attention.backend = "sparse"
     lay, gpu = Layout(1 << 20), 141 * 10**9
@@ -179,10 +179,36 @@ def test_host_memory_counts_what_the_nodes_ranks_offload() -> None:
     assert flags == "--checkpointing block --offload-activations" and est.host == offloaded
     assert pick(model, lay, Budget(gpu, 192 * GIB)) == (flags, changed, est)
     assert Budget(gpu, 192 * GIB).host_need(est) == offloaded + HOST_PROCESS
-    assert pick(model, lay, Budget(gpu, 128 * GIB)) is None
+    flags16, changed16, est16 = pick(model, lay, Budget(gpu, 128 * GIB))
+    assert flags16 == f"{flags} --offload-bf16" and changed16.offload_bf16 and est16.host == offloaded // 2
+    assert est16.total == est.total  # the GPU holds the same: the recompute brings each input back in fp32
+    assert pick(model, lay, Budget(gpu, 64 * GIB)) is None
     short = estimate(model, Layout(1 << 12, world=8))  # nothing offloaded: the weights read at start count
     need = 8 * (4 * Shape.of(model).params + HOST_PROCESS)
     assert Budget(gpu, need, ranks_per_node=8).admits(short) and not Budget(gpu, need - 1, ranks_per_node=8).admits(short)
+
+
+def test_offload_bf16_is_offered_only_where_it_halves_something() -> None:
+    """Under bf16 autocast over fp32 weights (one GPU, DDP) the block inputs are fp32 and --offload-bf16 is one of
+    the changes; not in an fp32 plan (it would round what the run computes in: refused when asked for), nor where
+    FSDP2's bf16 parameters already make the residual stream bf16."""
+    from lcft.plan.plan import _options
+
+    model = preset("1b")
+    flags = [o.flags for o in _options(Layout(1 << 20, checkpointing="block"), model)]
+    assert "--offload-activations --offload-bf16" in flags and "--offload-activations" in flags
+    assert not any("bf16" in o.flags for o in _options(Layout(1 << 20, precision="fp32"), model))
+    assert not any("bf16" in o.flags for o in _options(Layout(1 << 20, world=8, shard="fsdp"), model))
+    on = ["plan", "--preset", "1b", "--seq-len", "1M", "--gpu-memory", "141GB", "--checkpointing", "block",
+          "--offload-activations", "--offload-bf16"]
+    ok = runner.invoke(app, on)
+    assert ok.exit_code == 0 and "checkpointing block + offload (bf16)" in ok.output, ok.output
+    assert "host memory (offloaded)            88.00 GiB" in ok.output, ok.output
+    fp32 = runner.invoke(app, [*on, "--precision", "fp32"])
+    assert fp32.exit_code != 0 and "--offload-bf16 needs bf16 precision" in fp32.output, fp32.output
+    assert len(fp32.output.strip().splitlines()) == 1
+    alone = runner.invoke(app, ["plan", "--preset", "1b", "--seq-len", "1M", "--offload-bf16"])
+    assert alone.exit_code != 0 and "offload_bf16 needs offload_activations" in alone.output, alone.output
 
 
 def test_cli_host_memory_verdict() -> None:

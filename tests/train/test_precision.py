@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from lcft.config import ConfigError
 from lcft.train import precision as prec
 from lcft.train.config import TrainConfig
 from lcft.train.trainer import train
+from tests.one_line import one_line
 
 
 def _matmul_seconds(dtype: torch.dtype, n: int = 512) -> float:
@@ -82,3 +85,34 @@ def test_explicit_bf16_warns(base_cfg: dict[str, Any], tmp_path: Path, capsys: p
     assert summary["precision"] == "bf16"
     out = capsys.readouterr().out
     assert "--precision bf16 on a CPU without native bf16" in out
+
+
+def test_bf16_host_copies_need_a_bf16_run(base_cfg: dict[str, Any], tmp_path: Path) -> None:
+    """--offload-bf16 rounds the block inputs of a run computing in bf16; an fp32 run is refused before anything
+    is written, and it needs --offload-activations at all."""
+    assert prec.offload_dtype(False, "fp32") is None and prec.offload_dtype(False, "bf16") is None
+    assert prec.offload_dtype(True, "bf16") == torch.bfloat16
+    one_line(lambda: prec.offload_dtype(True, "fp32"), "--offload-bf16 needs bf16 precision")
+    out = tmp_path / "r"
+    cfg = TrainConfig(**{**base_cfg, "checkpointing": "block", "offload_activations": True, "offload_bf16": True,
+                         "steps": 1, "global_batch": 1, "out": str(out)})
+    one_line(lambda: train(cfg), "--offload-bf16 needs bf16 precision")
+    assert not out.exists()
+    one_line(lambda: TrainConfig(**{**base_cfg, "checkpointing": "block", "offload_bf16": True}),
+             "offload_bf16 needs offload_activations", error=ConfigError)
+
+
+def test_a_bf16_run_keeps_its_offloaded_inputs_in_bf16(base_cfg: dict[str, Any], tmp_path: Path) -> None:
+    """Oracle: the same run with exact host copies. The forward runs on each block's input itself, so the first
+    step's loss (taken before any update) is the same to the bit; the gradients see the rounded copies, so the
+    second step's is not."""
+    base = {**base_cfg, "precision": "bf16", "seq_len": 64, "steps": 2, "global_batch": 1, "checkpointing": "block",
+            "offload_activations": True}
+    runs = {}
+    for name, bf16 in (("exact", False), ("bf16", True)):
+        out = tmp_path / name
+        assert train(TrainConfig(**{**base, "offload_bf16": bf16, "out": str(out)}))["precision"] == "bf16"
+        runs[name] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
+                      if '"loss"' in line]
+    assert len(runs["exact"]) == 2 and runs["bf16"][0] == runs["exact"][0], runs
+    assert runs["bf16"][1] != runs["exact"][1], runs
