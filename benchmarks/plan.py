@@ -28,7 +28,9 @@ CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n 
          for lay in LAYOUTS] + [dict(preset="tiny", seq_len=524288, layout=lay) for lay in LAYOUTS] + [
     dict(preset="tiny", seq_len=1 << 20, layout="1 rank"),  # 1M on 2 ranks needs more than 24 GiB
     dict(preset="small", seq_len=524288, layout="1 rank"), dict(preset="small", seq_len=524288, layout="cp 2")] + [
-    dict(preset="tiny", seq_len=65536, layout=lay, precision="bf16") for lay in ("1 rank", "fsdp 2")]
+    dict(preset="tiny", seq_len=65536, layout=lay, precision="bf16") for lay in ("1 rank", "fsdp 2")] + [
+    dict(preset="tiny", seq_len=65536, layout="1 rank", precision="bf16", offload=o) for o in ("exact", "bf16")]
+CASE_KEYS = ("preset", "seq_len", "layout", "precision", "offload")  # what names a case (offload: of block inputs)
 # small 512K on fsdp 2 would need 2 x 18 GiB
 QUICK = [dict(preset="tiny", seq_len=4096, layout="1 rank")]
 STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exist from the first step's end)
@@ -36,7 +38,8 @@ STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exi
 
 def spec_of(case: dict) -> dict:
     """The full options of a case: its layout's ranks, cp and shard; sparse, block checkpointing, fp32 unless the
-    case says bf16 (autocast over fp32 weights; under fsdp bf16 parameters)."""
+    case says bf16 (autocast over fp32 weights; under fsdp bf16 parameters); offload 'exact' or 'bf16': the block
+    inputs offloaded (`--offload-activations`, with `--offload-bf16`)."""
     return {"precision": "fp32", **case, **LAYOUTS[case["layout"]], "checkpointing": "block", "attention": "sparse"}
 
 
@@ -61,7 +64,8 @@ def child(spec: dict) -> dict:
     cfg = TrainConfig(data=spec["data"], out=spec["out"], preset=spec["preset"], seq_len=spec["seq_len"], steps=STEPS,
                       global_batch=gb, cp=spec["cp"], nproc=spec["nproc"], checkpointing=spec["checkpointing"],
                       shard=spec.get("shard", "none"), attention=spec.get("attention"),
-                      precision=spec.get("precision", "fp32"), save_every=0, warmup=1, progress=False)
+                      precision=spec.get("precision", "fp32"), save_every=0, warmup=1, progress=False,
+                      offload_activations="offload" in spec, offload_bf16=spec.get("offload") == "bf16")
     t0 = time.perf_counter()
     s = run("train", cfg)  # in this process for one rank; several ranks are launched as `lcft train` launches them
     records = [json.loads(line) for line in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -81,6 +85,7 @@ def planned(spec: dict) -> int:
     model.attention.backend = spec.get("attention", "dense")
     lay = Layout(spec["seq_len"], world=spec["nproc"], cp=spec["cp"], shard=spec.get("shard", "none"),
                  checkpointing=spec["checkpointing"], precision=spec.get("precision", "fp32"), device="cpu",
+                 offload_activations="offload" in spec, offload_bf16=spec.get("offload") == "bf16",
                  threads=spec.get("threads") or cpu_threads(spec["nproc"]))
     return estimate(model, lay).total
 
@@ -114,8 +119,13 @@ def _row(case: dict, m: dict) -> str:
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
     first = m.get("first_step_peak", m["peak"]) - m["base"]
     return (f"| {case['preset']} | {format_size(case['seq_len'])} | {case['layout']} | "
-            f"{case.get('precision', 'fp32')} | {want / 2**20:,.0f} | {first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
+            f"{case.get('precision', 'fp32')}{', offload ' + case['offload'] if 'offload' in case else ''} | {want / 2**20:,.0f} | {first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
             f"{m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
+
+
+def _name(case: dict) -> str:
+    """PRESET:TOKENS:LAYOUT:PRECISION[:OFFLOAD], what --only matches."""
+    return ":".join(str(case.get(k, "fp32" if k == "precision" else "")) for k in CASE_KEYS).rstrip(":")
 
 
 def _cpu() -> str:
@@ -138,8 +148,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one tiny case at 4K (about a minute)")
     ap.add_argument("--only", action="append", default=[],
-                    help="run only cases matching PRESET:TOKENS[:LAYOUT[:PRECISION]], e.g. small:65536:fsdp 2 "
-                         "(repeatable)")
+                    help="run only cases matching PRESET:TOKENS[:LAYOUT[:PRECISION[:OFFLOAD]]], e.g. "
+                         "small:65536:fsdp 2 (repeatable)")
     ap.add_argument("--record", action="store_true", help="write each measured case to benchmarks/plan_cases.json")
     ap.add_argument("--table", action="store_true", help="print the recorded cases against the plan (no runs)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one case may run (default 3600)")
@@ -154,11 +164,11 @@ def main() -> int:
     if args.table:
         rows = json.loads(RECORD.read_text())
         for r in rows:
-            case = {k: r[k] for k in ("preset", "seq_len", "layout", "precision") if k in r}
+            case = {k: r[k] for k in CASE_KEYS if k in r}
             print(_row(case, {**r, "seconds": r.get("run_s", r.get("step_s"))}))
         return 0
     cases = QUICK if args.quick else [c for c in CASES if not args.only or any(
-        f"{c['preset']}:{c['seq_len']}:{c['layout']}:{c.get('precision', 'fp32')}".startswith(o) for o in args.only)]
+        _name(c).startswith(o) for o in args.only)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for i, case in enumerate(cases):

@@ -217,8 +217,15 @@ def residual_bytes(lay: Layout) -> int:
 
 
 def offload_bytes(lay: Layout) -> int:
-    """Bytes per value of an offloaded block input: the residual stream's, or bf16's with offload_bf16."""
-    return 2 if lay.offload_bf16 else residual_bytes(lay)
+    """Bytes per value of a saved block input: the residual stream's, or bf16's when offloaded with offload_bf16."""
+    return 2 if lay.offload_activations and lay.offload_bf16 else residual_bytes(lay)
+
+
+def moves_to_host(lay: Layout) -> bool:
+    """Whether an offload moves anything off the device: on a CPU run the host is the device, so what is offloaded
+    stays in the same memory and counts there (an exact copy of a block input is the input itself; bf16 copies
+    count at offload_bytes; fsdp's offloaded parameters are where they were)."""
+    return lay.device == "cuda"
 
 
 def state_bytes(shape: Shape, lay: Layout) -> tuple[int, int, int, int]:
@@ -230,7 +237,7 @@ def state_bytes(shape: Shape, lay: Layout) -> tuple[int, int, int, int]:
     if lay.shard == "fsdp":
         per = -(-p // lay.world)  # ceil: the last shard is padded
         params, grads, optim = 4 * per, 4 * per, 8 * per
-        if lay.offload_params:
+        if lay.offload_params and moves_to_host(lay):
             return 0, 0, 0, params + grads + optim
         return params, grads, optim, 0
     buckets = 4 * p if lay.world > 1 else 0
@@ -300,7 +307,7 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
         held = shape.layers * per_block * tokens + own
         recompute = 0
     else:
-        inputs = 0 if lay.offload_activations else shape.layers * shape.hidden * r * tokens
+        inputs = 0 if lay.offload_activations and moves_to_host(lay) else shape.layers * shape.hidden * offload_bytes(lay) * tokens
         held = inputs + own + shape.layers * selection_bytes(shape, lay)
         if lay.seq_chunk and n > lay.seq_chunk:
             core = (2 * shape.q_width + 2 * shape.kv_width) * a * tokens
@@ -330,7 +337,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
         transient += CPU_FSDP_HEAP_COPIES * 4 * shape.params if lay.shard == "fsdp" else 4 * shape.params
         local = -(-shape.params // lay.world) if lay.shard == "fsdp" else shape.params
         transient += CPU_LATER_STEP * 4 * local
-    if lay.offload_activations:
+    if lay.offload_activations and moves_to_host(lay):
         host += lay.micro_batch * lay.local_tokens * shape.layers * shape.hidden * offload_bytes(lay)
     kv = kv_bytes(shape, lay)
     if lay.device == "cpu" and lay.seq_len < LONG_WINDOW:

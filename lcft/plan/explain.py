@@ -19,6 +19,7 @@ from lcft.plan.estimate import (
     compute_bytes,
     load_bytes,
     long_share,
+    moves_to_host,
     residual_bytes,
 )
 
@@ -38,8 +39,9 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
     r, tokens = residual_bytes(lay), f"{lay.micro_batch * lay.local_tokens:,} tokens"
     stream = f"the residual stream at {r} B" + (" (fp32 under autocast)" if r != a else "")
     if lay.checkpointing == "block":
-        out["activations"] = (f"formula: {tokens} x (N·H block inputs{' offloaded' if lay.offload_activations else ''}"
-                              f"{' (in bf16)' if lay.offload_bf16 else ''}"
+        moved = " offloaded" if lay.offload_activations and moves_to_host(lay) else ""
+        in_bf16 = " (in bf16)" if lay.offload_bf16 and lay.offload_activations else ""
+        out["activations"] = (f"formula: {tokens} x (N·H block inputs{moved}{in_bf16}"
                               f" + 3H, {stream}; RoPE fp32)"
                               + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head "
                                  "and block)" if shape.sparse else ""))

@@ -17,6 +17,7 @@ from lcft.plan.estimate import (
     Layout,
     Shape,
     estimate,
+    moves_to_host,
     residual_bytes,
     with_changes,
 )
@@ -141,8 +142,8 @@ def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
     """The single changes that shrink `lay`, in the order `lcft plan` prefers them, least step time lost first:
     one sequence per micro-batch, one block recomputed, the smallest cp that divides the world (K/V traffic
     grows with cp), streamed K/V, parameters all-gathered per block, then host offloads (PCIe every block): block
-    inputs exact, then in bf16 under bf16 autocast (half the host memory; backward taken at rounded inputs), then
-    parameters."""
+    inputs exact, then in bf16 under bf16 autocast (half the host memory; backward taken at rounded inputs; on a
+    CPU run the only offload that frees anything), then parameters."""
     block = model.attention.sparse.block_size
     if lay.micro_batch > 1:
         yield Option("--micro-batch 1", {"micro_batch": 1})
@@ -159,12 +160,12 @@ def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
         yield Option("--shard fsdp", {"shard": "fsdp"})
     block_flag = "--checkpointing block " if lay.checkpointing == "none" else ""
     offload = {"offload_activations": True, "checkpointing": "block"}
-    if not lay.offload_activations:
+    if not lay.offload_activations and moves_to_host(lay):
         yield Option(f"{block_flag}--offload-activations", offload)
     if not lay.offload_bf16 and lay.precision == "bf16" and residual_bytes(lay) > 2:
         also = "" if lay.offload_activations else "--offload-activations "
         yield Option(f"{block_flag}{also}--offload-bf16", offload | {"offload_bf16": True})
-    if not lay.offload_params and lay.world > 1:
+    if not lay.offload_params and lay.world > 1 and moves_to_host(lay):
         shard_flag = "--shard fsdp " if lay.shard == "none" else ""
         yield Option(f"{shard_flag}--offload-params", {"offload_params": True, "shard": "fsdp"})
 

@@ -16,7 +16,7 @@ from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
 from lcft.model import Llama, LlamaConfig, preset
 from lcft.plan.config import parse_bytes
-from lcft.plan.estimate import GIB, HOST_PROCESS, Layout, Shape, activation_bytes, estimate
+from lcft.plan.estimate import GIB, HOST_PROCESS, Layout, Shape, activation_bytes, estimate, with_changes
 from lcft.plan.plan import Budget, fitting_changes, pick
 from lcft.train.step import LossModel
 
@@ -119,7 +119,7 @@ def test_recorded_cpu_runs_stay_within_the_plans_bounds(case: dict) -> None:
     sys.path.insert(0, str(BENCH.parent))
     import plan as bench
 
-    spec = bench.spec_of({k: case[k] for k in ("preset", "seq_len", "layout", "precision") if k in case})
+    spec = bench.spec_of({k: case[k] for k in bench.CASE_KEYS if k in case})
     planned = bench.planned({**spec, "threads": case["threads"]})  # the run's threads, not this machine's
     ratio = planned / (case["peak"] - case["base"])
     assert ratio >= 0.95, ratio  # never more than 5% under the measurement
@@ -209,6 +209,27 @@ def test_offload_bf16_is_offered_only_where_it_halves_something() -> None:
     assert len(fp32.output.strip().splitlines()) == 1
     alone = runner.invoke(app, ["plan", "--preset", "1b", "--seq-len", "1M", "--offload-bf16"])
     assert alone.exit_code != 0 and "offload_bf16 needs offload_activations" in alone.output, alone.output
+
+
+def test_on_a_cpu_run_an_offload_stays_in_the_same_memory() -> None:
+    """A CPU run's host copies of its block inputs are in the memory the plan budgets (an exact copy is the input
+    itself), and fsdp's offloaded parameters stay where they were (the trainer moves nothing on CPU): neither
+    frees anything there, and neither is offered; bf16 copies hold N x n x H x 2 B instead of 4."""
+    from lcft.plan.plan import _options
+
+    model = preset("tiny")
+    n = 1 << 16
+    block = Layout(n, checkpointing="block", precision="bf16", device="cpu")
+    exact, bf16 = (with_changes(block, offload_activations=True, offload_bf16=b) for b in (False, True))
+    assert estimate(model, exact) == estimate(model, block) and estimate(model, exact).host == 0
+    saved = estimate(model, block).activations - estimate(model, bf16).activations
+    assert saved == n * model.num_hidden_layers * model.hidden_size * 2 and estimate(model, bf16).host == 0
+    fsdp = Layout(n, world=2, shard="fsdp", checkpointing="block", device="cpu")
+    assert estimate(model, with_changes(fsdp, offload_params=True)) == estimate(model, fsdp)
+    flags = [o.flags for o in _options(with_changes(fsdp, precision="bf16"), model)]
+    assert flags[-1] == "--offload-activations --offload-bf16" and not any("params" in f for f in flags), flags
+    cuda = [o.flags for o in _options(with_changes(fsdp, device="cuda", shard="none"), model)]
+    assert "--offload-activations" in cuda and cuda[-1] == "--shard fsdp --offload-params", cuda
 
 
 def test_cli_host_memory_verdict() -> None:
