@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import bisect
 import gzip
-import hashlib
-import io
 import os
 import re
-import shutil
 import struct
 import zlib
 from collections.abc import Iterator
@@ -18,84 +15,17 @@ from pathlib import Path
 import pyfaidx
 
 from lcft.errors import LcftError
-from lcft.files import atomic_open, file_hash
+from lcft.files import file_hash
+from lcft.genomics.fasta_cache import (
+    decompress_to_cache,
+    gzip_kind,
+    index_paths,
+    named_for_pyfaidx,
+    normalize_to_cache,
+)
 from lcft.genomics.fasta_check import scan_index
 
-GZIP_MAGIC = b"\x1f\x8b"
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
-
-
-def cache_dir() -> Path:
-    """Where lcft keeps derived files (decompressed FASTA, indexes for read-only inputs): $LCFT_CACHE or
-    ~/.cache/lcft."""
-    root = os.environ.get("LCFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "lcft")
-    return Path(root)
-
-
-def gzip_kind(path: Path) -> str:
-    """'plain' (not compressed), 'bgzf' (block gzip: random access), or 'gzip' (plain gzip: no random access)."""
-    with open(path, "rb") as fh:
-        head = fh.read(18)
-    if not head.startswith(GZIP_MAGIC):
-        return "plain"
-    # BGZF = gzip member with FEXTRA (flag bit 2) holding a 'BC' subfield (SAM spec, section 4.1).
-    if len(head) >= 18 and head[3] & 4 and head[12:14] == b"BC":
-        return "bgzf"
-    return "gzip"
-
-
-def _file_key(path: Path) -> str:
-    st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-
-
-def decompress_to_cache(path: Path) -> Path:
-    """Plain gzip cannot be read at random: decompress it once (streamed) into the cache and reuse that copy
-    while the source file is unchanged."""
-    dest_dir = cache_dir() / "fasta"
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
-    dest = dest_dir / f"{_file_key(path)}-{name}"
-    if dest.is_file():
-        return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        with atomic_open(dest, "wb") as out, gzip.open(path, "rb") as src:
-            shutil.copyfileobj(src, out, 1 << 22)
-    except (OSError, EOFError) as e:
-        raise LcftError(f"{path}: cannot decompress gzip FASTA into {dest_dir}: {e}") from None
-    return dest
-
-
-def _named_for_pyfaidx(path: Path, kind: str) -> Path:
-    """pyfaidx picks its reader from the file name (.gz/.bgz = BGZF); when the name disagrees with the
-    content, give it a symlink in the cache whose name matches the content."""
-    compressed_name = path.name.lower().endswith((".gz", ".bgz"))
-    if compressed_name == (kind == "bgzf"):
-        return path
-    link = cache_dir() / "links" / f"{_file_key(path)}-{path.name}{'.gz' if kind == 'bgzf' else '.fa'}"
-    if not link.is_symlink():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(path.resolve())
-    return link
-
-
-def normalize_to_cache(path: Path, kind: str) -> Path:
-    """A copy with LF line ends and no blank lines, for what pyfaidx mis-indexes: old-Mac CR-only line
-    ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent)."""
-    dest = cache_dir() / "fasta" / f"{_file_key(path)}-{path.name.removesuffix('.gz')}.lf.fa"
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if kind != "plain" else open
-    try:
-        with atomic_open(dest, "w", encoding="latin-1", newline="\n") as out, opener(path, "rb") as raw:
-            # text mode with newline=None turns \r\n and \r into \n
-            for line in io.TextIOWrapper(raw, encoding="latin-1", newline=None):
-                if line.strip():
-                    out.write(line.rstrip() + "\n")
-    except (OSError, EOFError) as e:
-        raise LcftError(f"{path}: cannot normalize line endings into {dest.parent}: {e}") from None
-    return dest
 
 
 def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
@@ -131,35 +61,8 @@ def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
         raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
     if re.search(rb"\r(?!\n)", head.rstrip(b"\r")):  # CR-only line ends: pyfaidx would see one line
         return p, normalize_to_cache(p, kind), kind
-    readable = decompress_to_cache(p) if kind == "gzip" else _named_for_pyfaidx(p, kind)
+    readable = decompress_to_cache(p) if kind == "gzip" else named_for_pyfaidx(p, kind)
     return p, readable, kind
-
-
-def writable_dir(path: Path) -> bool:
-    """Writable for us, and not marked read-only (root passes os.access even on r-x folders such as a
-    shared data folder, which we should still leave alone)."""
-    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
-
-
-def _index_paths(readable: Path, kind: str, stale: bool = False) -> dict[str, str]:
-    """Indexes next to the FASTA when that folder is writable (or they are already fresh there); otherwise
-    in the cache (read-only inputs, e.g. an installed package or a shared data folder), which a read-only
-    folder's own index gives way to once the cache holds one for this file. stale: the ones next to it do not
-    describe it, however new."""
-    mtime = readable.stat().st_mtime
-
-    def fresh(stem: str) -> bool:
-        return all(p.is_file() and p.stat().st_mtime >= mtime
-                   for p in [Path(stem + ".fai")] + ([Path(stem + ".gzi")] if kind == "bgzf" else []))
-
-    base = cache_dir() / "index" / f"{_file_key(readable)}-{readable.name}"
-    if writable_dir(readable.parent) or (not stale and fresh(str(readable)) and not fresh(str(base))):
-        return {}
-    base.parent.mkdir(parents=True, exist_ok=True)
-    out = {"indexname": str(base) + ".fai"}
-    if kind == "bgzf":
-        out["gzi_indexname"] = str(base) + ".gzi"
-    return out
 
 
 def _indexing_error(path: Path, e: Exception) -> LcftError:
@@ -226,7 +129,7 @@ class FastaFile:
     def _index(self, stale: bool = False) -> pyfaidx.Faidx:
         """pyfaidx's index of the readable file; stale: the existing one is removed and built again."""
         read_kind = "bgzf" if self.readable.name.endswith((".gz", ".bgz")) else "plain"
-        paths = _index_paths(self.readable, read_kind, stale)
+        paths = index_paths(self.readable, read_kind, stale)
         fai = Path(paths.get("indexname", str(self.readable) + ".fai"))
         gzi = Path(paths.get("gzi_indexname", str(self.readable) + ".gzi"))
         if stale:

@@ -25,7 +25,8 @@ from rich.progress import (
 
 from lcft.errors import LcftError
 from lcft.files import atomic_open, file_hash
-from lcft.genomics.fasta import FastaFile, gzip_kind
+from lcft.genomics.fasta import FastaFile
+from lcft.genomics.fasta_cache import gzip_kind
 
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
 BLOCK = 1 << 20

@@ -10,7 +10,7 @@ import pytest
 
 from lcft.errors import LcftError
 from lcft.genomics import decode, open_windows, prepare_windows
-from lcft.genomics.fasta import cache_dir
+from lcft.genomics.fasta_cache import cache_dir
 from lcft.genomics.shards import HashedFile
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 

@@ -14,7 +14,8 @@ from Bio import bgzf
 
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows, sample_fasta
-from lcft.genomics.fasta import FastaFile, cache_dir
+from lcft.genomics.fasta import FastaFile
+from lcft.genomics.fasta_cache import cache_dir
 from lcft.genomics.tokenizer import (
     FLAG_GC,
     FLAG_LOWER,

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from lcft.errors import LcftError
-from lcft.genomics.fasta import FastaFile, gzip_kind
+from lcft.genomics.fasta import FastaFile
+from lcft.genomics.fasta_cache import gzip_kind
 from lcft.genomics.fetch import fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
 
