@@ -8,7 +8,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,10 +39,11 @@ def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
         raise LcftError(f"{path}: not a readable FASTA ({e})") from None
 
 
-def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
+def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Path, Path, str]:
     """Validate a FASTA path before anything is written. Returns (given path, path pyfaidx reads, gzip kind).
 
-    Plain gzip is decompressed into the cache (see `decompress_to_cache`); BGZF is read in place."""
+    Plain gzip is decompressed into the cache (see `decompress_to_cache`); BGZF is read in place. sha256: the
+    file's digest, asked for only when a copy in the cache is named by it."""
     p = Path(path)
     if not p.exists():
         raise LcftError(f"FASTA not found: {p}")
@@ -60,8 +61,8 @@ def check_fasta(path: str | os.PathLike) -> tuple[Path, Path, str]:
         shown = body[0][:40].decode("ascii", "replace")
         raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
     if re.search(rb"\r(?!\n)", head.rstrip(b"\r")):  # CR-only line ends: pyfaidx would see one line
-        return p, normalize_to_cache(p, kind), kind
-    readable = decompress_to_cache(p) if kind == "gzip" else named_for_pyfaidx(p, kind)
+        return p, normalize_to_cache(p, kind, sha256()), kind
+    readable = decompress_to_cache(p, sha256()) if kind == "gzip" else named_for_pyfaidx(p, kind)
     return p, readable, kind
 
 
@@ -90,7 +91,9 @@ class FastaFile:
     """A FASTA opened through pyfaidx's index: names, lengths and raw (line-broken) byte ranges."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path, self.readable, self.kind = check_fasta(path)
+        self.path = Path(path)
+        self._sha256: str | None = None
+        self.path, self.readable, self.kind = check_fasta(self.path, self.sha256)
         try:
             self.faidx = self._index()
         except pyfaidx.FastaIndexingError as e:
@@ -98,7 +101,7 @@ class FastaFile:
             # normalized copy; if that fails too, the original error (with the file's own line numbers) stands.
             if self.readable.name.endswith(".lf.fa"):
                 raise _indexing_error(self.path, e) from None
-            self.readable = normalize_to_cache(self.path, self.kind)
+            self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
             try:
                 self.faidx = self._index()
             except pyfaidx.FastaIndexingError:
@@ -112,7 +115,7 @@ class FastaFile:
             found = scan_index(self)
         if found.blanks and not self.readable.name.endswith(".lf.fa"):  # pyfaidx counted the blanks as bases
             self.faidx.close()
-            self.readable = normalize_to_cache(self.path, self.kind)
+            self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
             self.faidx = self._index()
             self._adopt()
         if not self.index:
@@ -177,8 +180,12 @@ class FastaFile:
         return self.index[name].rlen
 
     def sha256(self) -> str:
-        """sha256 of the FASTA file as given (compressed bytes for .gz): what its windows are cut from."""
-        return file_hash(self.path).hexdigest()
+        """sha256 of the FASTA file as given (compressed bytes for .gz): what its windows are cut from. Read
+        once per open: it also names the copy in the cache that a plain gzip or a normalized file is read from,
+        so the manifest's digest is the one of the bytes read."""
+        if self._sha256 is None:
+            self._sha256 = file_hash(self.path).hexdigest()
+        return self._sha256
 
     def require(self, names: list[str] | tuple[str, ...]) -> None:
         """Every name must be a record of this FASTA; the error lists what is there."""

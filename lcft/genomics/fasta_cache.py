@@ -36,18 +36,25 @@ def gzip_kind(path: Path) -> str:
 
 
 def file_key(path: Path) -> str:
-    """A short name for this path as it is now (resolved path, size, modification time): a cache entry under it
-    follows the path, and a changed size or time gives a new entry."""
+    """A short name for this path as it is now (resolved path, size, modification time), for what follows the
+    path rather than copying its bytes (a link to it, an index of it, which is checked against the file when
+    reused); a changed size or time gives a new one. Copies of the content are named by its sha256 instead:
+    a rewrite may keep both (`cp -p`, `touch -r`, `rsync -t`)."""
     st = path.stat()
     return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def decompress_to_cache(path: Path) -> Path:
-    """Plain gzip cannot be read at random: decompress it once (streamed) into the cache and reuse that copy
-    while the source file is unchanged."""
+def _copy_name(sha256: str, name: str) -> str:
+    """The cache's name for a copy derived from a file with this sha256 (128 bits of it: no two genomes meet)."""
+    return f"{sha256[:32]}-{name}"
+
+
+def decompress_to_cache(path: Path, sha256: str) -> Path:
+    """Plain gzip cannot be read at random: decompress it once (streamed) into the cache, named by the sha256
+    of the compressed file, and reuse that copy for as long as a file with those bytes is opened."""
     dest_dir = cache_dir() / "fasta"
     name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
-    dest = dest_dir / f"{file_key(path)}-{name}"
+    dest = dest_dir / _copy_name(sha256, name)
     if dest.is_file():
         return dest
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -72,10 +79,11 @@ def named_for_pyfaidx(path: Path, kind: str) -> Path:
     return link
 
 
-def normalize_to_cache(path: Path, kind: str) -> Path:
+def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
     """A copy with LF line ends and no blank lines, for what pyfaidx mis-indexes: old-Mac CR-only line
-    ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent)."""
-    dest = cache_dir() / "fasta" / f"{file_key(path)}-{path.name.removesuffix('.gz')}.lf.fa"
+    ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent). Named, like
+    a decompressed copy, by the sha256 of the file as given."""
+    dest = cache_dir() / "fasta" / _copy_name(sha256, f"{path.name.removesuffix('.gz')}.lf.fa")
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,121 @@
+"""The cache's copies follow a FASTA's content: a rewrite that keeps its size and modification time is read anew."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from Bio import bgzf
+
+from lcft.genomics import prepare_windows
+from lcft.genomics.fasta import FastaFile
+from lcft.genomics.fasta_cache import cache_dir
+from tests.genomics.conftest import bio_records, random_genome, write_fasta
+
+SWAP_AC = str.maketrans("ACac", "CAca")  # a rewrite of the bases only: the same bytes long
+
+
+def _swapped(recs: dict[str, str]) -> dict[str, str]:
+    return {n: s.translate(SWAP_AC) for n, s in recs.items()}
+
+
+def _records(f: FastaFile) -> dict[str, str]:
+    return {n: f.read_raw(n, 0, f.length(n)).replace(b"\n", b"").decode() for n in f.names}
+
+
+def _rewrite_keeping_stat(path: Path, data: bytes) -> None:
+    """Write `data` over `path` (which must keep its size) and give it back its modification time, as
+    `cp -p`, `touch -r` or `rsync -t` of another file would."""
+    st = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def _stored_gzip(text: bytes) -> bytes:
+    """gzip without compression (stored blocks), header time 0: the size depends on the length of `text` only."""
+    return gzip.compress(text, compresslevel=0, mtime=0)
+
+
+def test_gzip_rewritten_with_its_size_and_time_is_decompressed_again(tmp_path):
+    """Oracle: Biopython over gzip.open of the new file."""
+    recs = {"a": random_genome(1, 9_000), "b": random_genome(2, 4_000)}
+    gz = tmp_path / "x.fa.gz"
+    gz.write_bytes(_stored_gzip(write_fasta(tmp_path / "old.fa", recs).read_bytes()))
+    with FastaFile(gz) as f:
+        assert _records(f) == bio_records(gz)
+    old = bio_records(gz)
+    _rewrite_keeping_stat(gz, _stored_gzip(write_fasta(tmp_path / "new.fa", _swapped(recs)).read_bytes()))
+    new = bio_records(gz)
+    assert new != old and {n: len(s) for n, s in new.items()} == {n: len(s) for n, s in old.items()}
+    with FastaFile(gz) as f:
+        assert f.kind == "gzip" and _records(f) == new
+        assert f.sha256() == hashlib.sha256(gz.read_bytes()).hexdigest()
+
+
+def test_cr_only_fasta_rewritten_with_its_size_and_time_is_normalized_again(tmp_path):
+    """Old-Mac line ends are read from a normalized copy in the cache, which must follow the content too."""
+    recs = {"c": random_genome(3, 3_000, n_runs=0)}
+    path = write_fasta(tmp_path / "mac.fa", recs, eol="\r")
+    with FastaFile(path) as f:
+        assert f.readable.is_relative_to(cache_dir()) and _records(f) == recs
+    _rewrite_keeping_stat(path, write_fasta(tmp_path / "new.fa", _swapped(recs), eol="\r").read_bytes())
+    with FastaFile(path) as f:
+        assert _records(f) == _swapped(recs) != recs
+
+
+def test_misnamed_bgzf_rewritten_with_its_size_and_time_is_read_anew(tmp_path):
+    """A BGZF named .fa is read through a link in the cache; the link follows the path, so it reads what is
+    there now (Biopython's reading of the decompressed bytes is the oracle)."""
+    recs = {"a": random_genome(4, 20_000)}
+    old, new = write_fasta(tmp_path / "old.fa", recs), write_fasta(tmp_path / "new.fa", _swapped(recs))
+    path = tmp_path / "b.fa"
+
+    def write(data: bytes) -> bytes:
+        with bgzf.BgzfWriter(str(tmp_path / "tmp.bgz"), "wb", compresslevel=0) as w:
+            w.write(data)
+        return (tmp_path / "tmp.bgz").read_bytes()
+
+    path.write_bytes(write(old.read_bytes()))
+    with FastaFile(path) as f:
+        assert f.readable.is_relative_to(cache_dir()) and _records(f) == bio_records(old)
+    _rewrite_keeping_stat(path, write(new.read_bytes()))
+    with FastaFile(path) as f:
+        assert _records(f) == bio_records(new) != bio_records(old)
+
+
+def test_prepare_hashes_a_gzip_fasta_once(tmp_path, monkeypatch):
+    """The sha256 that names the decompressed copy is the one the manifest records: one pass over the file."""
+    import lcft.genomics.fasta as fasta
+
+    gz = tmp_path / "x.fa.gz"
+    gz.write_bytes(gzip.compress(write_fasta(tmp_path / "src.fa", {"a": random_genome(5, 20_000)}).read_bytes()))
+    hashed: list[Path] = []
+    real = fasta.file_hash
+
+    def counting(path, *a, **kw):
+        hashed.append(Path(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(fasta, "file_hash", counting)
+    m = prepare_windows(fasta=str(gz), out=str(tmp_path / "o"), length=1024, train="a", eval=())
+    assert hashed == [gz]
+    assert m["source"]["sha256"] == hashlib.sha256(gz.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_one_decompressed_copy_per_content(tmp_path, same):
+    """Two paths holding the same gzip share one copy; different contents get their own."""
+    recs = {"a": random_genome(6, 3_000)}
+    for i, r in enumerate([recs, recs if same else _swapped(recs)]):
+        (tmp_path / f"{i}").mkdir()
+        (tmp_path / f"{i}" / "x.fa.gz").write_bytes(_stored_gzip(write_fasta(tmp_path / f"{i}.fa", r).read_bytes()))
+    copies = []
+    for i in range(2):
+        with FastaFile(tmp_path / f"{i}" / "x.fa.gz") as f:
+            copies.append(f.readable)
+    assert (copies[0] == copies[1]) == same
