@@ -65,7 +65,7 @@ GENERATOR_1_2B = {
     "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 16384,
     "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "initializer_range": 0.02, "bos_token_id": 1,
     "eos_token_id": 2, "rope_theta": 500000.0, "rope_scaling": None, "hidden_act": "silu",
-    "attention_dropout": 0.0, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+    "attention_dropout": 0.0, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1, "use_cache": True,
 }
 
 MODELS = (

@@ -34,8 +34,8 @@ SCALE = {"metagene-1": (2, 128, 344, 4), "generator-eukaryote-3b": (2, 256, 704,
          "genomeocean-like": (2, 96, 384, 12)}
 STRIDE = {"metagene-1": "128K", "generator-eukaryote-3b": "96K", "genomeocean-like": "80K"}  # 3-5 train windows
 # What export changes on purpose: the standard class for a custom one, no auto_map (no file's code runs), the
-# stored dtype under transformers 5's key, no file metadata, and use_cache true (a cache for generation)
-CHANGED = {"architectures", "auto_map", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "use_cache"}
+# stored dtype under transformers 5's key, no file metadata
+CHANGED = {"architectures", "auto_map", "torch_dtype", "dtype", "transformers_version", "_name_or_path"}
 CARRIED = {"metagene-1": {"mask_token_id", "max_sequence_length", "sep_token_id", "unk_token_id"},
            "generator-eukaryote-3b": set(), "genomeocean-like": {"classifier_dropout", "is_causal"}}
 

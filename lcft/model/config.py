@@ -133,6 +133,9 @@ class LlamaConfig:
     pad_token_id: int | None = None
     """Padding id recorded in config.json. None for lcft's vocabulary: transformers would make it the
     embedding's padding_idx (a row that never gets a gradient), so its continued training would differ."""
+    use_cache: bool = True
+    """Whether transformers keeps a key/value cache when generating, as config.json records it (METAGENE-1 ships
+    false): kept through every config.json lcft saves; lcft's own forward never reads it."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """Attention backend and sparse parameters (lcft's own; saved in lcft.json, not config.json)."""
     carried: dict[str, Any] = field(default_factory=dict)
@@ -154,6 +157,8 @@ class LlamaConfig:
                             f"num_key_value_heads {self.num_key_value_heads}")
         if self.head_dim % 2:
             raise LcftError(f"head_dim {self.head_dim} must be even for RoPE")
+        if not isinstance(self.use_cache, bool):  # written back into config.json, where transformers takes it as is
+            raise LcftError(f"model config: use_cache must be true or false, got {self.use_cache!r}")
         if self.attention.backend not in BACKENDS:  # lcft.json is a file we are handed: its value is checked here
             raise LcftError(f"attention backend {self.attention.backend!r} is not one of {', '.join(BACKENDS)}")
         self._check_rope()

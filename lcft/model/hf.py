@@ -25,14 +25,14 @@ MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
 # config.json keys that every family reads and writes under the same name as the LlamaConfig field.
 COMMON = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-          "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
+          "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache")
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # The network's shape: a config.json must give it (transformers would fall back to its 7B default shape).
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys that describe the file, its own code or generation, not the network: read past, never written back (an
 # export names the standard class, so transformers needs no remote code).
 METADATA = frozenset({"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype",
-                      "dtype", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+                      "dtype", "output_attentions", "output_hidden_states", "return_dict",
                       "tokenizer_class", "max_length", "min_length", "do_sample", "temperature", "top_p",
                       "top_k", "num_beams", "_attn_implementation_autoset", "bad_words_ids", "auto_map",
                       "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"})
@@ -67,7 +67,7 @@ _PLAIN_ATTN = {"attention_bias": False, "o_proj_bias": False, "qk_norm": False}
 _BASE_FIXED = {"hidden_act": "silu", "attention_dropout": 0.0}
 _SHAPE = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": None,
           "initializer_range": 0.02, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-          "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2}
+          "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2, "use_cache": True}
 _MISTRAL = {**_SHAPE, "vocab_size": 32000, "intermediate_size": 14336, "num_key_value_heads": 8,
             "max_position_embeddings": 131072}
 _QWEN = {**_SHAPE, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
@@ -219,7 +219,7 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[s
         out["attention_bias"] = cfg.attention_bias
     out.update(_window_to_hf(cfg, fam))
     out.update(_rope_to_hf(cfg))
-    out.update({"use_cache": True, "dtype": str(dtype).removeprefix("torch.")})
+    out["dtype"] = str(dtype).removeprefix("torch.")
     return out
 
 

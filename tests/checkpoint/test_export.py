@@ -1,6 +1,6 @@
 """`lcft export`: its size estimate (what it names on a full disk) reads the stored dtype that config.json records
 ("dtype" as lcft and transformers 5 write it, "torch_dtype" as earlier transformers did); an export killed
-half-way leaves nothing that a rerun does not remove."""
+half-way leaves nothing that a rerun does not remove; a published model's use_cache is written back."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from lcft.checkpoint.export import export_bytes
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
 from lcft.model import Llama, LlamaConfig
+from lcft.model.hf import config_from_hf
 
 
 @pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
@@ -100,3 +101,31 @@ def test_export_onto_a_file_says_so(tmp_path, init_dir, force):
     r = CliRunner().invoke(app, ["export", str(init_dir), "--out", str(target), *force])
     assert r.exit_code == 1 and " ".join(r.output.split()) == f"error: --out {target} is a file, not a folder"
     assert target.read_text() == "keep\n" and sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("use_cache", [False, True, "absent"])
+def test_export_keeps_the_published_use_cache(tmp_path, use_cache):
+    """METAGENE-1's config.json as published (use_cache false), scaled to one small layer: the exported
+    config.json holds the value transformers' AutoConfig reads from the source folder (its default, true, where
+    the key is absent), and AutoConfig reads that value back from the export."""
+    transformers = pytest.importorskip("transformers")
+    from tests.model.test_hf_config import published
+
+    d = published("metagene-1")
+    assert d["use_cache"] is False
+    d.update(num_hidden_layers=1, hidden_size=64, intermediate_size=96, num_attention_heads=2,
+             num_key_value_heads=2, head_dim=32)
+    if use_cache == "absent":
+        del d["use_cache"]
+    else:
+        d["use_cache"] = use_cache
+    src, out = tmp_path / "src", tmp_path / "out"
+    torch.manual_seed(0)
+    save_pretrained(Llama(config_from_hf(d)), src)  # weights and lcft.json; then config.json as published
+    (src / "config.json").write_text(json.dumps(d))
+    want = transformers.AutoConfig.from_pretrained(str(src)).use_cache
+    assert want is (use_cache is not False)
+    r = CliRunner().invoke(app, ["export", str(src), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "config.json").read_text())["use_cache"] is want
+    assert transformers.AutoConfig.from_pretrained(str(out)).use_cache is want

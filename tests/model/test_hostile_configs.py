@@ -73,6 +73,8 @@ BAD_CONFIGS = [
     ("rope_theta_huge_int", {**BASE, "rope_theta": 10**400}, "rope_theta=1000"),
     ("yarn_rope_theta_one", {**rope(rope_type="yarn", factor=4), "rope_theta": 1.0}, "rope_theta 1.0"),
     ("dynamic_head_dim_2", {**rope(rope_type="dynamic", factor=2), "head_dim": 2}, "head_dim 2"),
+    ("use_cache_str", {**BASE, "use_cache": "false"}, "use_cache must be true or false, got 'false'"),
+    ("use_cache_null", {**BASE, "use_cache": None}, "use_cache must be true or false, got None"),
 ]
 CASE_IDS = [c[0] for c in BAD_CONFIGS]
 
