@@ -60,7 +60,7 @@ def _model(attention: str) -> torch.nn.Module:
 
 
 def _runner(case: str, model: torch.nn.Module, ids: torch.Tensor):
-    from lcft.evaluate.runner import token_losses, window_labels
+    from lcft.evaluate.losses import token_losses, window_labels
     from lcft.kernels import chunked_cross_entropy
 
     if case == "eval":
@@ -104,10 +104,11 @@ def costs(length: int, attention: str, windows: int, reps: int) -> None:
 
     from lcft.checkpoint.hf_folder import save_pretrained
     from lcft.evaluate.binning import bin_edges
+    from lcft.evaluate.checkpoints import prepare_checkpoints
     from lcft.evaluate.config import EvalConfig
-    from lcft.evaluate.probe import CopyProbe, default_distances
+    from lcft.evaluate.probe import CopyProbe, default_distances, run_probe
     from lcft.evaluate.report import build_report
-    from lcft.evaluate.runner import open_split, prepare_checkpoints, run_checkpoint, run_probe
+    from lcft.evaluate.split import open_split, run_checkpoint
 
     model, cut = _model(attention), length // 8
     ck = Path(tempfile.mkdtemp(prefix="lcft-bench-eval-")) / "tiny"

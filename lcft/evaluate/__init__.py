@@ -11,7 +11,7 @@ from typing import Any
 _EXPORTS = {
     "EvalConfig": "lcft.evaluate.config",
     "evaluate": "lcft.evaluate.runner",
-    "token_losses": "lcft.evaluate.runner",
+    "token_losses": "lcft.evaluate.losses",
 }
 
 __all__ = sorted(_EXPORTS)

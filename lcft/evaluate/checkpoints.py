@@ -1,17 +1,22 @@
-"""Describing checkpoints for eval: what the report records of each, and the checks before any evaluation runs
-(weight hashes and readability: lcft.checkpoint.weights)."""
+"""Checkpoints for eval: what the report records of each, the checks before any evaluation runs (weight hashes and
+readability: lcft.checkpoint.weights), and loading each model."""
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lcft.checkpoint.layout import check_tokenizer, resolve_checkpoint
-from lcft.checkpoint.reader import load
+from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
+from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.config import format_size
 from lcft.errors import LcftError
+from lcft.evaluate.config import EvalConfig
 from lcft.shapes import check_length
 
 
@@ -86,3 +91,47 @@ def default_labels(given: list[str], contexts: list[int]) -> list[str]:
         seen[lb] = seen.get(lb, 0) + 1
         out.append(lb if labels.count(lb) == 1 else f"{lb}#{seen[lb]}")
     return out
+
+
+def default_block_size() -> int:
+    """The model's default attention block size (what a folder without one in lcft.json uses)."""
+    from lcft.model.config import AttentionConfig
+
+    return int(AttentionConfig().sparse.block_size)
+
+
+def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any]) -> list[CheckpointInfo]:
+    """Resolve and check every checkpoint before any work, so bad input fails fast and writes nothing."""
+    n = len(cfg.checkpoints)
+    contexts = [cfg.context_of(i) for i in range(n)]
+    labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
+    block = default_block_size()
+    infos: list[CheckpointInfo] = []
+    hashes: dict[Path, str] = {}
+    for given, label, ctx in zip(cfg.checkpoints, labels, contexts, strict=True):
+        info = CheckpointInfo.read(given, label, ctx)
+        info.check_tokenizer(tokenizer)
+        info.check_max_context(window, info.block_size(block))
+        declared = info.config.get("max_position_embeddings")
+        if isinstance(declared, int) and (info.max_context or window) > declared:
+            print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "
+                  f"max_position_embeddings {declared}", file=sys.stderr)
+        if info.path not in hashes:
+            hashes[info.path] = weights_sha256(info.path)
+            check_weights_readable(info.path)
+        info.sha256 = hashes[info.path]
+        infos.append(info)
+    return infos
+
+
+def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
+    """The checkpoint's model in eval mode on `device`, in fp32 whatever the file stores (a bf16 export or a
+    published bf16 model), as training holds it: --precision says how it computes. Any read failure is a user
+    error naming the folder."""
+    try:
+        model = load(info.path, dtype=torch.float32).model
+    except LcftError:
+        raise
+    except Exception as e:  # safetensors, json, shape and key errors all mean "this folder is not usable"
+        raise LcftError(f"unreadable checkpoint {info.path}: {type(e).__name__}: {e}") from None
+    return model.to(device).eval()

@@ -1,4 +1,4 @@
-"""Context- and data-parallel evaluation: `lcft eval --nproc N --cp C` (the hooks lcft.evaluate.runner calls).
+"""Context- and data-parallel evaluation: `lcft eval --nproc N --cp C` (the hooks the eval passes call).
 
 cp ranks share each window (sharded as in training; per-token losses are all-gathered back into window order
 on every rank); the dp groups take turns over the batches of windows, and every rank receives all groups'

@@ -1,17 +1,24 @@
 """The copy probe of effective context: a segment of a held-out window planted again D tokens later, the loss on
-the second occurrence with and without the first, for D on a grid up to the window length."""
+the second occurrence with and without the first, for D on a grid up to the window length. `make_probe` builds it
+from the options, `run_probe` runs its planted windows through one model."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from lcft.errors import LcftError
+from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.losses import batches, token_losses
 from lcft.evaluate.stats import effective_context, mean_difference
 from lcft.genomics.tokenizer import A, T, decode
+
+if TYPE_CHECKING:
+    from lcft.evaluate.parallel import EvalParallel
 
 VARIANTS = ("control", "exact", "mutated")
 """Windows built per (window, distance): the source shuffled (no copy), the exact copy, the mutated copy."""
@@ -182,3 +189,33 @@ class CopyProbe:
 def _floats(x: np.ndarray) -> list[float | None]:
     """JSON-able list: NaN (no tokens) as None."""
     return [None if np.isnan(v) else float(v) for v in np.asarray(x, dtype=np.float64)]
+
+
+def make_probe(cfg: EvalConfig, ws: Any, n_windows: int) -> CopyProbe | None:
+    """A fresh copy probe over the first windows (None without --probe); bad sizes fail before any work."""
+    if cfg.probe == "none":
+        return None
+    distances = cfg.probe_distances or default_distances(ws.length, cfg.probe_segment)
+    check_probe(ws.length, cfg.probe_segment, distances)
+    n = min(cfg.probe_windows or n_windows, n_windows)
+    return CopyProbe(ws, n, cfg.probe_segment, distances, cfg.probe_mutation, cfg.seed)
+
+
+def run_probe(model: torch.nn.Module, probe: CopyProbe, cfg: EvalConfig, max_context: int, device: torch.device,
+              advance: Any = None, parallel: EvalParallel | None = None) -> None:
+    """Every planted window of `probe` through one model, its target losses recorded in `probe`. In one
+    process a checkpoint cut to `max_context` runs only the pieces the target depends on."""
+    first = probe.first_position(max_context) if parallel is None else 0  # cp shards need whole windows
+    n = len(probe)
+    for batch in (parallel.batches(n, cfg.batch_size) if parallel else batches(n, cfg.batch_size)):
+        loss = counted = None
+        if batch:
+            arr = np.stack([probe[k][first:] for k in batch]).astype(np.int64)  # (B, L - first)
+            loss, counted = token_losses(model, torch.from_numpy(arr).to(device), max_context=max_context,
+                                         precision=cfg.precision, parallel=parallel)
+        results = parallel.gather(batch, loss, counted) if parallel else [
+            (k, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, k in enumerate(batch)]
+        for k, loss_k, counted_k in results:  # (L - first,) ending at the window end, where the target is
+            probe.record(k, loss_k, counted_k)
+        if advance is not None:
+            advance(len(results))

@@ -48,8 +48,8 @@ def test_a_bf16_folder_is_evaluated_in_fp32_unless_asked_for_bf16(data_dir, ckpt
     import numpy as np
 
     from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
-    from lcft.evaluate.checkpoints import CheckpointInfo
-    from lcft.evaluate.runner import load_model, token_losses
+    from lcft.evaluate.checkpoints import CheckpointInfo, load_model
+    from lcft.evaluate.losses import token_losses
     from lcft.genomics import open_windows
 
     save_pretrained(from_pretrained(ckpt_a), tmp_path / "bf16", dtype=torch.bfloat16)

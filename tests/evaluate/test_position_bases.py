@@ -118,7 +118,7 @@ def test_kmer_bins_over_bases_equal_a_direct_computation(kmer_data, kmer_model, 
 
 
 def test_kmer_window_recurrence_equals_the_direct_computation_over_bases(kmer_data):
-    from lcft.evaluate.runner import recurrence_distances
+    from lcft.evaluate.split import recurrence_distances
 
     ws = open_windows(kmer_data, "eval")
     hits = 0

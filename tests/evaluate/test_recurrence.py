@@ -16,7 +16,7 @@ from lcft.evaluate.recurrence import (
     token_distances,
 )
 from lcft.evaluate.report import figure
-from lcft.evaluate.runner import recurrence_distances
+from lcft.evaluate.split import recurrence_distances
 from lcft.evaluate.terminal import distance_line, recurrence_table, split_table
 from lcft.genomics import open_windows
 

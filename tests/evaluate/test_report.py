@@ -14,7 +14,7 @@ from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, WindowBins, b
 from lcft.evaluate.checkpoints import CheckpointInfo
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.report import CSV_COLUMNS, build_report, write_outputs
-from lcft.evaluate.runner import CheckpointResult
+from lcft.evaluate.split import CheckpointResult
 from lcft.evaluate.terminal import table
 
 
