@@ -234,6 +234,7 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = next((v for fragment, v in PEAK_BF16.items() if fragment in name), None)
     row = {"length": length, "preset": preset, "step_s": seconds, "tokens_per_s": length / seconds, "loss": loss,
+           "offload": ("bf16" if model.offload_dtype == torch.bfloat16 else "exact") if model.offload else "none",
            "finite": loss == loss and abs(loss) != float("inf"),
            "mfu": (6 * n_params * length + attn) / seconds / peak if peak else None,
            "peak_gib": peak_memory_bytes(torch.device(device)) / GIB}

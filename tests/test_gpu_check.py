@@ -89,6 +89,13 @@ def test_the_1m_layout_must_fit_the_nodes_host_memory():
     assert flags == gpu_check.NOTHING_FITS and lay.checkpointing == "none"
 
 
+def test_the_step_a_128gib_node_runs_at_1m_runs_here():
+    """The flags a one-GPU node with 128 GiB takes at 1M (bf16 host copies), through the function its plan step
+    calls, for tiny at 512 tokens: the rehearsal's own plan step takes the exact copies."""
+    row = gpu_check.bench_train(512, "block", True, warmup=False, device="cpu", preset="tiny", offload_bf16=True)
+    assert row["finite"] and row["preset"] == "tiny" and row["peak_gib"] > 0 and row["offload"] == "bf16", row
+
+
 def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
     if torch.cuda.is_available():
         return  # the real run is `make gpu-check`

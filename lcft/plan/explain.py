@@ -36,18 +36,7 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                             f"block(s) at {a} B" + (" + 2 all-gathered blocks and the root (fsdp)"
                                                     if lay.shard == "fsdp" else ""),
            "kv": "formula: remote K/V and their gradients (docs/plan.md)" if lay.cp > 1 else "formula: 0 (cp 1)"}
-    r, tokens = residual_bytes(lay), f"{lay.micro_batch * lay.local_tokens:,} tokens"
-    stream = f"the residual stream at {r} B" + (" (fp32 under autocast)" if r != a else "")
-    if lay.checkpointing == "block":
-        moved = " offloaded" if lay.offload_activations and moves_to_host(lay) else ""
-        in_bf16 = " (in bf16)" if lay.offload_bf16 and lay.offload_activations else ""
-        out["activations"] = (f"formula: {tokens} x (N·H block inputs{moved}{in_bf16}"
-                              f" + 3H, {stream}; RoPE fp32)"
-                              + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head "
-                                 "and block)" if shape.sparse else ""))
-    else:
-        out["activations"] = (f"formula: {tokens} x (N·S = {shape.layers * shape.saved_per_token:,} values saved per "
-                              f"token at {a} B, 2N·H of them and 3H more {stream}; RoPE fp32)")
+    out["activations"] = _activations(shape, lay, a)
     out["transient"] = ("formula: the recomputed block and its gradients, the hidden state's fp32 gradient, three "
                         "fp32 logit chunks of the loss")
     if lay.device == "cpu":
@@ -85,3 +74,17 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
                        + ("0: fsdp reads the sharded checkpoint shard by shard)" if not load_bytes(shape, lay)
                           else "4 B x P: the whole model in fp32 before it leaves the CPU)"))
     return out
+
+
+def _activations(shape: Shape, lay: Layout, a: int) -> str:
+    """The source of the activations held: block inputs (where they are, in what) or every saved value."""
+    r, tokens = residual_bytes(lay), f"{lay.micro_batch * lay.local_tokens:,} tokens"
+    stream = f"the residual stream at {r} B" + (" (fp32 under autocast)" if r != a else "")
+    if lay.checkpointing != "block":
+        return (f"formula: {tokens} x (N·S = {shape.layers * shape.saved_per_token:,} values saved per token at {a} "
+                f"B, 2N·H of them and 3H more {stream}; RoPE fp32)")
+    moved = " offloaded" if lay.offload_activations and moves_to_host(lay) else ""
+    in_bf16 = " (in bf16)" if lay.offload_bf16 and lay.offload_activations else ""
+    return (f"formula: {tokens} x (N·H block inputs{moved}{in_bf16} + 3H, {stream}; RoPE fp32)"
+            + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head and block)"
+               if shape.sparse else ""))
