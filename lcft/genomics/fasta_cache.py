@@ -8,7 +8,9 @@ import hashlib
 import io
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from lcft.errors import LcftError
 from lcft.files import atomic_open
@@ -49,20 +51,48 @@ def _copy_name(sha256: str, name: str) -> str:
     return f"{sha256[:32]}-{name}"
 
 
+class _Hashed(io.RawIOBase):
+    """A binary file read through sha256: what a copy was made from, to check against the digest it is named by."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh, self.digest = fh, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:
+        n = self.fh.readinto(b)
+        if n:
+            self.digest.update(memoryview(b)[:n])
+        return n or 0
+
+
+def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Callable[[IO[bytes], Path], None]) -> None:
+    """Make the copy `dest` with `write(source, tmp)`, hashing the bytes it reads: a file that changed since its
+    sha256 was taken (rewritten in place while being read) leaves no copy under a name that is not its own."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "rb") as fh, atomic_open(dest, "wb") as out:
+            src = io.BufferedReader(_Hashed(fh), 1 << 20)
+            write(src, out)
+            while src.read(1 << 22):  # what the reader left after its end (gzip's trailing bytes), hashed too
+                pass
+            got = src.raw.digest.hexdigest()
+            if got != sha256:
+                raise LcftError(f"{path} changed while it was read (sha256 {sha256[:12]} when opened, {got[:12]} "
+                                "read): open it again once it is complete")
+    except (OSError, EOFError) as e:
+        raise LcftError(f"{path}: cannot {what} into {dest.parent}: {e}") from None
+
+
 def decompress_to_cache(path: Path, sha256: str) -> Path:
     """Plain gzip cannot be read at random: decompress it once (streamed) into the cache, named by the sha256
     of the compressed file, and reuse that copy for as long as a file with those bytes is opened."""
-    dest_dir = cache_dir() / "fasta"
     name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
-    dest = dest_dir / _copy_name(sha256, name)
-    if dest.is_file():
-        return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        with atomic_open(dest, "wb") as out, gzip.open(path, "rb") as src:
-            shutil.copyfileobj(src, out, 1 << 22)
-    except (OSError, EOFError) as e:
-        raise LcftError(f"{path}: cannot decompress gzip FASTA into {dest_dir}: {e}") from None
+    dest = cache_dir() / "fasta" / _copy_name(sha256, name)
+    if not dest.is_file():
+        _copy_into_cache(path, sha256, dest, "decompress gzip FASTA",
+                         lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22))
     return dest
 
 
@@ -84,18 +114,17 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
     ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent). Named, like
     a decompressed copy, by the sha256 of the file as given."""
     dest = cache_dir() / "fasta" / _copy_name(sha256, f"{path.name.removesuffix('.gz')}.lf.fa")
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if kind != "plain" else open
-    try:
-        with atomic_open(dest, "w", encoding="latin-1", newline="\n") as out, opener(path, "rb") as raw:
-            # text mode with newline=None turns \r\n and \r into \n
-            for line in io.TextIOWrapper(raw, encoding="latin-1", newline=None):
-                if line.strip():
-                    out.write(line.rstrip() + "\n")
-    except (OSError, EOFError) as e:
-        raise LcftError(f"{path}: cannot normalize line endings into {dest.parent}: {e}") from None
+
+    def write(src: IO[bytes], out: IO[bytes]) -> None:
+        raw = gzip.GzipFile(fileobj=src) if kind != "plain" else src
+        text = io.TextIOWrapper(raw, encoding="latin-1", newline=None)  # newline=None: \r\n and \r become \n
+        for line in text:
+            if line.strip():
+                out.write((line.rstrip() + "\n").encode("latin-1"))
+        text.detach()  # the source stays open: what follows its end is hashed too
+
+    if not dest.is_file():
+        _copy_into_cache(path, sha256, dest, "normalize line endings", write)
     return dest
 
 

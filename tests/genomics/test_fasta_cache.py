@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from Bio import bgzf
 
+from lcft.errors import LcftError
 from lcft.genomics import prepare_windows
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import cache_dir
@@ -119,3 +120,36 @@ def test_one_decompressed_copy_per_content(tmp_path, same):
         with FastaFile(tmp_path / f"{i}" / "x.fa.gz") as f:
             copies.append(f.readable)
     assert (copies[0] == copies[1]) == same
+
+
+@pytest.mark.parametrize("kind", ["gzip", "cr"])
+def test_a_fasta_rewritten_while_it_is_copied_leaves_no_copy(tmp_path, monkeypatch, kind):
+    """The file changes between its sha256 and the copy that is named by it (rewritten in place while read): the
+    open is a one-line error and the cache holds no copy under the old digest (a later open of the old bytes
+    would read the new ones from it)."""
+    import lcft.genomics.fasta as fasta
+
+    recs = {"a": random_genome(7, 6_000, n_runs=0)}
+    path = tmp_path / ("x.fa.gz" if kind == "gzip" else "mac.fa")
+    eol = "\r" if kind == "cr" else "\n"
+    old = write_fasta(tmp_path / "old.fa", recs, eol=eol).read_bytes()
+    new = write_fasta(tmp_path / "new.fa", _swapped(recs), eol=eol).read_bytes()
+    path.write_bytes(_stored_gzip(old) if kind == "gzip" else old)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    real = fasta.file_hash
+
+    def then_rewritten(p, *a, **kw):
+        hashed = real(p, *a, **kw)
+        _rewrite_keeping_stat(path, _stored_gzip(new) if kind == "gzip" else new)
+        return hashed
+
+    monkeypatch.setattr(fasta, "file_hash", then_rewritten)
+    with pytest.raises(LcftError, match="changed while it was read") as e:
+        FastaFile(path)
+    assert "\n" not in str(e.value)
+    named = [p.name for p in (cache_dir() / "fasta").glob(f"{digest[:32]}-*")]
+    assert named == [], named  # nor its temp file: the copy is written atomically
+    assert not [p for p in (cache_dir() / "fasta").iterdir() if p.name.startswith(".")]
+    monkeypatch.setattr(fasta, "file_hash", real)
+    with FastaFile(path) as f:  # opened again once complete: the new bytes
+        assert _records(f) == _swapped(recs)
