@@ -63,19 +63,22 @@ def test_checkpointing_chunks_and_offload_equal_the_plain_model():
     assert loss_diff <= 1e-6 and grad_diff <= 1e-6
 
 
-def _fsdp_rank(rank: int, world: int) -> tuple[float, float, bool]:
+def _fsdp_rank(rank: int, world: int, offload: bool = False) -> tuple[float, float, bool]:
     ref_loss, ref = _loss_and_grads(_model(), _batch())  # the oracle, on this process
     m = _model()
     root = LossModel(m, 0.0, 37)
     layout = init_parallel(ParallelConfig(), fsdp=True)
-    parallelize(m, layout, ParallelizeConfig(checkpointing="block", seq_chunk=24), root=root)
+    parallelize(m, layout, ParallelizeConfig(checkpointing="block", offload_activations=offload, seq_chunk=24),
+                root=root)
     sharded = all(isinstance(p, DTensor) for p in m.parameters())
     # every rank reads the same batch, so the ranks' mean gradient FSDP reduces is the one-process gradient
     return (*_max_diffs(*_loss_and_grads(m, _batch(), root), ref_loss, ref), sharded)
 
 
 @pytest.mark.distributed
-def test_fsdp_around_checkpointed_chunked_blocks_equals_one_process():
-    for loss_diff, grad_diff, sharded in run_ranks(_fsdp_rank, 2):
+@pytest.mark.parametrize("offload", [False, True], ids=["kept", "offloaded"])
+def test_fsdp_around_checkpointed_chunked_blocks_equals_one_process(offload):
+    """offloaded: the block inputs' host copies, which FSDP's hooks never see (the recompute reads them)."""
+    for loss_diff, grad_diff, sharded in run_ranks(_fsdp_rank, 2, offload):
         assert sharded
         assert loss_diff <= TOL and grad_diff <= TOL
