@@ -12,9 +12,10 @@ from tests.parallel.workers import tiny_model, train_steps
 pytestmark = pytest.mark.distributed
 
 L = 512
-# (backend, layout, kv, activation checkpointing)
+# (backend, layout, kv, activation checkpointing; offload = block with the block inputs offloaded)
 CASES = [("sparse", "zigzag", "all", "none"), ("sparse", "contiguous", "selected", "block"),
-         ("dense", "zigzag", "selected", "none"), ("sparse", "zigzag", "stream", "block")]
+         ("dense", "zigzag", "selected", "none"), ("sparse", "zigzag", "stream", "block"),
+         ("sparse", "zigzag", "all", "offload")]
 
 
 def _batch() -> dict[str, torch.Tensor]:

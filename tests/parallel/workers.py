@@ -69,7 +69,9 @@ def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], b
         pcfg = ParallelConfig(cp=world, cp_layout=layout, cp_kv=kv)
         state = init_parallel(pcfg)
         model = apply_context_parallel(tiny_model(backend), state, pcfg)
-        apply_activation_checkpointing(model, checkpointing)  # 'block' re-runs the K/V collectives in backward
+        # 'block' re-runs the K/V collectives in backward; 'offload' too, from the block inputs' host copies
+        apply_activation_checkpointing(model, "block" if checkpointing == "offload" else checkpointing,
+                                       offload=checkpointing == "offload")
         runner = ContextParallelRunner(state, pcfg, model.config.attention.sparse.block_size)
         ddp = DistributedDataParallel(WindowLoss(model, runner))
         comms.STATS.reset()
