@@ -177,7 +177,8 @@ class TrainParallelConfig(CpConfig):
     offload_bf16: bool = False
     """With --offload-activations under bf16: keep the offloaded block inputs in bf16, half the host memory of
     the fp32 residual stream. The forward and the loss are the plain model's; backward recomputes each block
-    from its input rounded to bf16, so gradients differ from the exact ones by rounding (docs/plan.md)."""
+    from its input rounded to bf16, so gradients differ from the exact ones (on a test model by about half of
+    what bf16 autocast's own rounding moves them from fp32)."""
     shard: Shard = "none"
     """How ranks hold the weights: 'none' = every rank holds the whole model and its AdamW state (DDP; fastest
     while it fits, checkpoints as plain safetensors); 'fsdp' = FSDP2 shards parameters, gradients and optimizer
