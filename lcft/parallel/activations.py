@@ -85,8 +85,9 @@ def _offloaded(memo: SelectionMemo, block: nn.Module, plain: Callable[..., Block
     given = [x]  # the forward's input, handed over once; the closure must not hold x
 
     def run(c: torch.Tensor, s: torch.Tensor) -> BlockOut:
-        # non_blocking: CUDA converts on the device (a bf16 staging copy there), not through an fp32 host copy
-        xin = given.pop() if given else host.to(device, like, non_blocking=True)  # (B, L, H)
+        # copied, then converted on the device: no fp32 copy is made on the host (the bf16 one on the device is
+        # freed before the recompute's saved values exist)
+        xin = given.pop() if given else host.to(device, non_blocking=True).to(like)  # (B, L, H)
         return _remembering(memo, block, plain, xin, c, s, n)
 
     del x
