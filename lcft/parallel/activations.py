@@ -77,17 +77,18 @@ def _offloaded(memo: SelectionMemo, block: nn.Module, plain: Callable[..., Block
     """A block checkpoint whose saved input is a host copy in `dtype`. The forward runs on x itself, so its output
     and the gradient's path back to x (x's own dtype, not the copy's) are the plain block's; x is not an input
     of the checkpoint, which would keep it alive on the device until backward. Only the recompute reads the
-    copy, brought back to x's device and dtype: its saved values replace the forward's, as they do for any
-    non-reentrant checkpoint."""
-    device, like = x.device, x.dtype
+    copy, brought back to x's device and dtype and marked as x is (requiring grad or not): the recompute must record
+    the ops the forward did, its saved values then replace the forward's, as for any non-reentrant checkpoint
+    (a compiled region traces again for an input that requires no grad, and saves one value fewer)."""
+    device, like, grad = x.device, x.dtype, x.requires_grad
     # Rounded on the device, then copied: a copy that also converts would stage the whole fp32 input on the host.
     host = x.detach().to(dtype).to("cpu")  # (B, L, H); on CPU in its own dtype, the input itself
     given = [x]  # the forward's input, handed over once; the closure must not hold x
 
     def run(c: torch.Tensor, s: torch.Tensor) -> BlockOut:
-        # copied, then converted on the device: no fp32 copy is made on the host (the bf16 one on the device is
-        # freed before the recompute's saved values exist)
-        xin = given.pop() if given else host.to(device, non_blocking=True).to(like)  # (B, L, H)
+        # (B, L, H): copied, then converted on the device, so no fp32 copy is made on the host (the bf16 one on
+        # the device is freed before the recompute's saved values exist)
+        xin = given.pop() if given else host.to(device, non_blocking=True).to(like).detach().requires_grad_(grad)
         return _remembering(memo, block, plain, xin, c, s, n)
 
     del x

@@ -65,17 +65,19 @@ def test_compiled_run_equals_eager_on_two_ranks(base_cfg: dict[str, Any], tmp_pa
 
 
 @pytest.mark.slow
-def test_compiled_seq_chunk_gradients_equal_eager() -> None:
-    """Block checkpointing with seq_chunk (the chunked path through Block.qkv/tail) plus a last shorter chunk:
-    loss and every gradient as eager's."""
+@pytest.mark.parametrize("seq_chunk,offload", [(192, False), (192, True), (0, True)])
+def test_compiled_seq_chunk_gradients_equal_eager(seq_chunk: int, offload: bool) -> None:
+    """Block checkpointing with seq_chunk (the chunked path through Block.qkv/tail) plus a last shorter chunk,
+    and with the block inputs offloaded, chunked or whole (the recompute's input then is the host copy, which
+    must be traced as the forward's input was): loss and every gradient as eager's."""
     torch.manual_seed(0)
     eager = Llama(small_model_config())
     compiled = Llama(small_model_config())
     compiled.load_state_dict(eager.state_dict())
     for m in (eager, compiled):
-        apply_activation_checkpointing(m, "block", seq_chunk=192)
+        apply_activation_checkpointing(m, "block", offload=offload, seq_chunk=seq_chunk)
     assert compile_blocks(compiled, torch.device("cpu")) == 2
-    ids = torch.randint(4, 8, (1, 512))  # (1, L): chunks of 192, 192 and 128 tokens
+    ids = torch.randint(4, 8, (1, 512))  # (1, L): chunks of 192, 192 and 128 tokens, or the whole
     grads = []
     for m in (eager, compiled):
         loss, _, _ = LossModel(m, 1e-4, 256)(ids, ids)
