@@ -19,6 +19,7 @@ from lcft.evaluate.recurrence import distance_classes, histogram, nearest_copy, 
 
 if TYPE_CHECKING:
     from lcft.evaluate.parallel import EvalParallel
+    from lcft.genomics.window_set import WindowSet
 
 
 @dataclass
@@ -36,7 +37,7 @@ class CheckpointResult:
     the histogram of how far back the k-mer ending at each token occurred earlier in its window."""
 
 
-def open_split(cfg: EvalConfig):
+def open_split(cfg: EvalConfig) -> WindowSet:
     """The split's WindowSet, limited to --max-windows, its files checked against the manifest first (unless
     --no-verify-data); an empty split is an error."""
     from lcft.genomics import open_windows, verify_windows

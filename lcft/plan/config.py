@@ -32,8 +32,8 @@ def parse_bytes(text: str, name: str = "gpu_memory") -> int:
 @dataclass
 class PlanConfig(TrainConfig):
     """`lcft train`'s options (the layout to plan: --nproc/--nnodes or --gpus-per-node, --cp, --cp-kv,
-    --shard, --offload-params, --checkpointing, --offload-activations, --micro-batch, --seq-len, --preset or
-    --init) and the GPUs to plan for. Nothing is read but the model's config.json."""
+    --shard, --offload-params, --checkpointing, --offload-activations, --offload-bf16, --micro-batch, --seq-len,
+    --preset or --init) and the GPUs to plan for. Nothing is read but the model's config.json."""
 
     gpu_memory: str = "80GiB"
     """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes."""

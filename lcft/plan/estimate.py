@@ -294,11 +294,12 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
     """(activations held across the step, transient of the block being worked on), per rank.
 
     none: every block's saved values (saved_per_token x local tokens) plus the model's own (embedding output,
-    final norm input and output: 3H per token). block: each block's input (H per token; 0 with
-    offload_activations) and sparse selection plus the model's own, and while one block is recomputed its saved
-    values; with
-    seq_chunk only the attention core's q, k, v, out are whole-length, the rest chunk-sized. The transient is
-    the gradients of one block's saved values and of the hidden state (fp32), and the loss chunk's logits."""
+    final norm input and output: 3H per token). block: each block's input (H per token; 0 when offloading moves
+    it off the device, at 2 B in bf16 host copies on a CPU run) and sparse selection plus the model's own, and
+    while one block is recomputed its saved values; with seq_chunk only the attention core's q, k, v, out are
+    whole-length, the rest chunk-sized, and an offloaded input is brought back whole for the recompute (on a CPU
+    run an exact copy is read in place). The transient is the gradients of one block's saved values and of the
+    hidden state (fp32), and the loss chunk's logits."""
     a, r, b, n = compute_bytes(lay.precision), residual_bytes(lay), lay.micro_batch, lay.local_tokens
     tokens = b * n
     own = 3 * shape.hidden * r * tokens + 4 * shape.head_dim * tokens  # + cos/sin (fp32)
@@ -307,7 +308,8 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
         held = shape.layers * per_block * tokens + own
         recompute = 0
     else:
-        inputs = 0 if lay.offload_activations and moves_to_host(lay) else shape.layers * shape.hidden * offload_bytes(lay) * tokens
+        moved = lay.offload_activations and moves_to_host(lay)
+        inputs = 0 if moved else shape.layers * shape.hidden * offload_bytes(lay) * tokens
         held = inputs + own + shape.layers * selection_bytes(shape, lay)
         if lay.seq_chunk and n > lay.seq_chunk:
             core = (2 * shape.q_width + 2 * shape.kv_width) * a * tokens
@@ -322,7 +324,16 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
         # Below LONG_WINDOW the trainer leaves glibc's adaptive mmap threshold alone (lcft.train.memory): the
         # freed buffers of the recompute stay in the heap, so the process holds them a second time.
         transient += recompute
+    if chunked_copy_back(lay):
+        transient += shape.hidden * r * tokens  # the recomputed block's input, back whole from its host copy
     return held, transient
+
+
+def chunked_copy_back(lay: Layout) -> bool:
+    """Whether a chunked recompute starts from a whole-length copy of its block input the chunks do not count:
+    the input offloaded off the device, or kept on the CPU in bf16 (an exact CPU copy is the input itself)."""
+    chunked = lay.checkpointing == "block" and bool(lay.seq_chunk) and lay.local_tokens > lay.seq_chunk
+    return chunked and lay.offload_activations and (moves_to_host(lay) or lay.offload_bf16)
 
 
 def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:

@@ -138,7 +138,7 @@ class Option:
     changes: dict
 
 
-def _options(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
+def single_changes(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
     """The single changes that shrink `lay`, in the order `lcft plan` prefers them, least step time lost first:
     one sequence per micro-batch, one block recomputed, the smallest cp that divides the world (K/V traffic
     grows with cp), streamed K/V, parameters all-gathered per block, then host offloads (PCIe every block): block
@@ -177,10 +177,10 @@ def _valid(lay: Layout) -> bool:
 def fitting_layouts(model: LlamaConfig, lay: Layout, budget: Budget, limit: int = 5
                     ) -> list[tuple[str, Layout, Estimate]]:
     """Up to `limit` sets of at most three changes under which `lay` fits `budget`, as (flags,
-    changed layout, estimate), cheapest first: sets are compared by their costliest change (`_options`' order),
+    changed layout, estimate), cheapest first: sets are compared by their costliest change (`single_changes`' order),
     then by the next, so `--cp 8 --shard fsdp` comes before a host offload and a set before itself plus more; a
     set containing a smaller fitting set is not listed."""
-    opts = list(_options(lay, model))
+    opts = list(single_changes(lay, model))
     found: list[tuple[tuple[int, ...], str, Layout, Estimate]] = []
     for size in (1, 2, 3):
         for combo in itertools.combinations(range(len(opts)), size):

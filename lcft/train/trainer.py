@@ -129,9 +129,9 @@ class Trainer:
         self.world, self.rank, self.is_main = self.layout.world, self.layout.rank, self.layout.is_main
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.layout.dp)
         self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
-        self.offload_dtype = offload_dtype(cfg.offload_bf16, self.precision)  # bf16 host copies: bf16 runs only
         if warning:
             self._note(warning)
+        self.offload_dtype = offload_dtype(cfg.offload_bf16, self.precision)  # bf16 host copies: bf16 runs only
         if cfg.tensorboard:
             try:
                 importlib.import_module("torch.utils.tensorboard")

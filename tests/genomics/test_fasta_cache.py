@@ -90,7 +90,8 @@ def test_misnamed_bgzf_rewritten_with_its_size_and_time_is_read_anew(tmp_path):
 
 
 def test_prepare_hashes_a_gzip_fasta_once(tmp_path, monkeypatch):
-    """The sha256 that names the decompressed copy is the one the manifest records: one pass over the file."""
+    """The sha256 that names the decompressed copy is the one the manifest records, computed once (the copy
+    checks the bytes it reads against it as it decompresses them)."""
     import lcft.genomics.fasta as fasta
 
     gz = tmp_path / "x.fa.gz"

@@ -86,13 +86,14 @@ def test_bf16_host_copies_keep_the_forward_and_round_only_the_recompute():
     assert abs(loss.item() - fp32_loss.item()) < 0.05  # and autocast is close to fp32 at all (loss ~3)
 
 
+@pytest.mark.parametrize("seq_chunk", [0, 16])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_offloaded_block_inputs_are_not_held_by_the_checkpoint(dtype):
+def test_offloaded_block_inputs_are_not_held_by_the_checkpoint(dtype, seq_chunk):
     """Between forward and backward the checkpoint holds only the host copies: in bf16 the fp32 inputs' own
     storage is freed (on CPU an exact copy is the input itself). Before, every input was the checkpoint's
     argument, held until backward (on a GPU: the input back on the device in forward, too)."""
     m = model()
-    apply_activation_checkpointing(m, "block", offload=True, offload_dtype=dtype)
+    apply_activation_checkpointing(m, "block", offload=True, seq_chunk=seq_chunk, offload_dtype=dtype)
     seen = []
     hooks = [b.register_forward_pre_hook(lambda _, args: seen.append(args[0].untyped_storage()._weak_ref()))
              for b in m.layers]

@@ -50,8 +50,6 @@ def test_checkpointing_chunks_and_offload_equal_the_plain_model():
     ref_loss, ref = _loss_and_grads(_model(), _batch())
     m = _model()
     cfg = ParallelizeConfig(checkpointing="block", offload_activations=True, seq_chunk=24)  # 80 = 3 chunks + 8
-    parallelize(_model(), single_process_state(), ParallelizeConfig(checkpointing="block", offload_activations=True,
-                                                                    offload_dtype=torch.bfloat16))
     runner = parallelize(m, single_process_state(), cfg)
     assert (m.checkpointing, m.offload, m.seq_chunk, m.offload_dtype) == ("block", True, 24, None)
     bf16 = _model()

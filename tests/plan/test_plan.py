@@ -192,13 +192,13 @@ def test_offload_bf16_is_offered_only_where_it_halves_something() -> None:
     """Under bf16 autocast over fp32 weights (one GPU, DDP) the block inputs are fp32 and --offload-bf16 is one of
     the changes; not in an fp32 plan (it would round what the run computes in: refused when asked for), nor where
     FSDP2's bf16 parameters already make the residual stream bf16."""
-    from lcft.plan.plan import _options
+    from lcft.plan.plan import single_changes
 
     model = preset("1b")
-    flags = [o.flags for o in _options(Layout(1 << 20, checkpointing="block"), model)]
+    flags = [o.flags for o in single_changes(Layout(1 << 20, checkpointing="block"), model)]
     assert "--offload-activations --offload-bf16" in flags and "--offload-activations" in flags
-    assert not any("bf16" in o.flags for o in _options(Layout(1 << 20, precision="fp32"), model))
-    assert not any("bf16" in o.flags for o in _options(Layout(1 << 20, world=8, shard="fsdp"), model))
+    assert not any("bf16" in o.flags for o in single_changes(Layout(1 << 20, precision="fp32"), model))
+    assert not any("bf16" in o.flags for o in single_changes(Layout(1 << 20, world=8, shard="fsdp"), model))
     on = ["plan", "--preset", "1b", "--seq-len", "1M", "--gpu-memory", "141GB", "--checkpointing", "block",
           "--offload-activations", "--offload-bf16"]
     ok = runner.invoke(app, on)
@@ -215,7 +215,7 @@ def test_on_a_cpu_run_an_offload_stays_in_the_same_memory() -> None:
     """A CPU run's host copies of its block inputs are in the memory the plan budgets (an exact copy is the input
     itself), and fsdp's offloaded parameters stay where they were (the trainer moves nothing on CPU): neither
     frees anything there, and neither is offered; bf16 copies hold N x n x H x 2 B instead of 4."""
-    from lcft.plan.plan import _options
+    from lcft.plan.plan import single_changes
 
     model = preset("tiny")
     n = 1 << 16
@@ -226,9 +226,9 @@ def test_on_a_cpu_run_an_offload_stays_in_the_same_memory() -> None:
     assert saved == n * model.num_hidden_layers * model.hidden_size * 2 and estimate(model, bf16).host == 0
     fsdp = Layout(n, world=2, shard="fsdp", checkpointing="block", device="cpu")
     assert estimate(model, with_changes(fsdp, offload_params=True)) == estimate(model, fsdp)
-    flags = [o.flags for o in _options(with_changes(fsdp, precision="bf16"), model)]
+    flags = [o.flags for o in single_changes(with_changes(fsdp, precision="bf16"), model)]
     assert flags[-1] == "--offload-activations --offload-bf16" and not any("params" in f for f in flags), flags
-    cuda = [o.flags for o in _options(with_changes(fsdp, device="cuda", shard="none"), model)]
+    cuda = [o.flags for o in single_changes(with_changes(fsdp, device="cuda", shard="none"), model)]
     assert "--offload-activations" in cuda and cuda[-1] == "--shard fsdp --offload-params", cuda
 
 
