@@ -86,8 +86,8 @@ def _offloaded(memo: SelectionMemo, block: nn.Module, plain: Callable[..., Block
     given = [x]  # the forward's input, handed over once; the closure must not hold x
 
     def run(c: torch.Tensor, s: torch.Tensor) -> BlockOut:
-        # (B, L, H): copied, then converted on the device, so no fp32 copy is made on the host (the bf16 one on
-        # the device is freed before the recompute's saved values exist)
+        # (B, L, H), converted on the device after the copy; the bf16 one there is freed before the recompute's
+        # saved values exist
         xin = given.pop() if given else host.to(device, non_blocking=True).to(like).detach().requires_grad_(grad)
         return _remembering(memo, block, plain, xin, c, s, n)
 

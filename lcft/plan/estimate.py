@@ -108,6 +108,11 @@ class Layout:
     sharded_source: bool = False  # the weights come from a sharded (DCP) checkpoint
 
     @property
+    def bf16_copies(self) -> bool:
+        """Whether the block inputs are offloaded in bf16 (offload_bf16 means nothing without the offload)."""
+        return self.offload_activations and self.offload_bf16
+
+    @property
     def local_tokens(self) -> int:
         """Tokens of one sequence this rank holds: seq_len / cp."""
         return self.seq_len // self.cp
@@ -218,7 +223,7 @@ def residual_bytes(lay: Layout) -> int:
 
 def offload_bytes(lay: Layout) -> int:
     """Bytes per value of a saved block input: the residual stream's, or bf16's when offloaded with offload_bf16."""
-    return 2 if lay.offload_activations and lay.offload_bf16 else residual_bytes(lay)
+    return 2 if lay.bf16_copies else residual_bytes(lay)
 
 
 def moves_to_host(lay: Layout) -> bool:
@@ -333,7 +338,7 @@ def chunked_copy_back(lay: Layout) -> bool:
     """Whether a chunked recompute starts from a whole-length copy of its block input the chunks do not count:
     the input offloaded off the device, or kept on the CPU in bf16 (an exact CPU copy is the input itself)."""
     chunked = lay.checkpointing == "block" and bool(lay.seq_chunk) and lay.local_tokens > lay.seq_chunk
-    return chunked and lay.offload_activations and (moves_to_host(lay) or lay.offload_bf16)
+    return chunked and lay.offload_activations and (moves_to_host(lay) or lay.bf16_copies)
 
 
 def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:

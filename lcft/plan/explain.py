@@ -84,7 +84,7 @@ def _activations(shape: Shape, lay: Layout, a: int) -> str:
         return (f"formula: {tokens} x (N·S = {shape.layers * shape.saved_per_token:,} values saved per token at {a} "
                 f"B, 2N·H of them and 3H more {stream}; RoPE fp32)")
     moved = " offloaded" if lay.offload_activations and moves_to_host(lay) else ""
-    in_bf16 = " (in bf16)" if lay.offload_bf16 and lay.offload_activations else ""
+    in_bf16 = " (in bf16)" if lay.bf16_copies else ""
     return (f"formula: {tokens} x (N·H block inputs{moved}{in_bf16} + 3H, {stream}; RoPE fp32)"
             + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head and block)"
                if shape.sparse else ""))

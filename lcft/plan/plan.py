@@ -257,7 +257,8 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
              f"{' + offload-params' if lay.offload_params else ''}; {lay.seq_len:,} tokens x micro-batch "
              f"{lay.micro_batch}; checkpointing {lay.checkpointing}"
-             f"{' + offload' if lay.offload_activations else ''}{' (bf16)' if lay.offload_bf16 else ''}; cp-kv {lay.cp_kv}; {lay.precision}",
+             f"{' + offload' if lay.offload_activations else ''}{' (bf16)' if lay.bf16_copies else ''}; "
+             f"cp-kv {lay.cp_kv}; {lay.precision}",
              "per rank:"]
     why = sources(shape, lay) if cfg.explain else {}
     for name, value in est.rows():
@@ -277,6 +278,6 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
                   for flags, e in options]
     else:
         lines.append("no combination of up to three of --checkpointing block, --cp, --cp-kv stream, --shard fsdp, "
-                     "--offload-activations, --offload-bf16, --offload-params, --micro-batch 1 fits: more GPUs or a shorter "
-                     "--seq-len" + ("" if budget.host is None else ", or more host memory"))
+                     "--offload-activations, --offload-bf16, --offload-params, --micro-batch 1 fits: more GPUs or a "
+                     "shorter --seq-len" + ("" if budget.host is None else ", or more host memory"))
     return "\n".join(lines), False
