@@ -1,16 +1,19 @@
-"""`token_losses`: per-token held-out loss of whole windows through one model, aligned to the predicted token."""
+"""`token_losses`: per-token held-out loss of whole windows through one model, aligned to the predicted token;
+`window_losses`: those of many windows, batch by batch, one window at a time in order."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from lcft.genomics.tokenizer import A, T
 
 if TYPE_CHECKING:
+    from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.parallel import EvalParallel
 
 IGNORE = -100
@@ -87,3 +90,23 @@ def batches(n: int, size: int) -> Iterator[list[int]]:
     over dp groups)."""
     for s in range(0, n, size):
         yield list(range(s, min(s + size, n)))
+
+
+def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.ndarray], cfg: EvalConfig,
+                  max_context: int, device: torch.device, advance: Callable[[int], Any] | None = None,
+                  parallel: EvalParallel | None = None, counted_ids: torch.Tensor | None = None
+                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(i, loss (L,), counted (L,)) of windows 0..n-1 through one model in order, `window(i)` giving window i's
+    token ids (L,): batches of --batch-size through `token_losses`, `advance(k)` after each batch's k windows.
+    With `parallel` (several ranks), the dp groups take turns over the batches and every rank gets all windows."""
+    for batch in (parallel.batches(n, cfg.batch_size) if parallel else batches(n, cfg.batch_size)):
+        loss = counted = None
+        if batch:  # a rank with no batch this round still joins the gather below, so the collectives match
+            ids = torch.from_numpy(np.stack([window(i) for i in batch]).astype(np.int64)).to(device)  # (B, L)
+            loss, counted = token_losses(model, ids, max_context=max_context, precision=cfg.precision,
+                                         parallel=parallel, counted_ids=counted_ids)  # (B, L) each
+        results = parallel.gather(batch, loss, counted) if parallel else [
+            (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]  # (L,) each
+        yield from results
+        if advance is not None:  # runs once the caller has taken the batch's last window
+            advance(len(results))

@@ -13,7 +13,7 @@ import torch
 
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
-from lcft.evaluate.losses import batches, token_losses
+from lcft.evaluate.losses import window_losses
 from lcft.evaluate.stats import effective_context, mean_difference
 from lcft.genomics.tokenizer import A, T, decode
 
@@ -206,16 +206,6 @@ def run_probe(model: torch.nn.Module, probe: CopyProbe, cfg: EvalConfig, max_con
     """Every planted window of `probe` through one model, its target losses recorded in `probe`. In one
     process a checkpoint cut to `max_context` runs only the pieces the target depends on."""
     first = probe.first_position(max_context) if parallel is None else 0  # cp shards need whole windows
-    n = len(probe)
-    for batch in (parallel.batches(n, cfg.batch_size) if parallel else batches(n, cfg.batch_size)):
-        loss = counted = None
-        if batch:
-            arr = np.stack([probe[k][first:] for k in batch]).astype(np.int64)  # (B, L - first)
-            loss, counted = token_losses(model, torch.from_numpy(arr).to(device), max_context=max_context,
-                                         precision=cfg.precision, parallel=parallel)
-        results = parallel.gather(batch, loss, counted) if parallel else [
-            (k, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, k in enumerate(batch)]
-        for k, loss_k, counted_k in results:  # (L - first,) ending at the window end, where the target is
-            probe.record(k, loss_k, counted_k)
-        if advance is not None:
-            advance(len(results))
+    for k, loss_k, counted_k in window_losses(model, len(probe), lambda k: probe[k][first:], cfg, max_context,
+                                              device, advance, parallel):
+        probe.record(k, loss_k, counted_k)  # (L - first,) each, ending at the window end, where the target is

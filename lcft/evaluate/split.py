@@ -13,7 +13,7 @@ import torch
 from lcft.errors import LcftError
 from lcft.evaluate.binning import PositionSums, WindowBins, at_base_offsets, bin_edges, to_base_positions
 from lcft.evaluate.config import EvalConfig
-from lcft.evaluate.losses import batches, token_losses
+from lcft.evaluate.losses import window_losses
 from lcft.evaluate.probe import CopyProbe
 from lcft.evaluate.recurrence import distance_classes, histogram, nearest_copy, token_distances, window_codes
 
@@ -107,24 +107,14 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
     classes = distance_classes(position_length(ws, "bases"))
     recurring = np.zeros(len(classes) - 1, dtype=np.int64)  # (classes,)
     windows: list[dict[str, Any]] = []
-    for batch in (parallel.batches(n_windows, cfg.batch_size) if parallel else batches(n_windows, cfg.batch_size)):
-        loss = counted = None
-        if batch:
-            arr = np.stack([np.asarray(ws[i]) for i in batch]).astype(np.int64)  # (B, L)
-            ids = torch.from_numpy(arr).to(device)  # (B, L)
-            loss, counted = token_losses(model, ids, max_context=max_context, precision=cfg.precision,
-                                         parallel=parallel, counted_ids=table)
-        results = parallel.gather(batch, loss, counted) if parallel else [
-            (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]
-        for i, loss_i, counted_i in results:  # loss_i, counted_i (L,)
-            at_loss, at_counted, at_soft, at_bases, at_recur = _at_positions(ws, i, loss_i, counted_i,
-                                                                             cfg.position, length)
-            sums.add(at_loss, at_counted, at_bases)
-            w_loss, w_count = bins.add(at_loss, at_counted, at_soft, at_bases, at_recur)  # (subsets, bins) each
-            recurring += histogram(at_recur, at_counted, classes)
-            windows.append(_window_record(ws, i, counted_i, w_loss, w_count))
-        if advance is not None:
-            advance(len(results))
+    for i, loss_i, counted_i in window_losses(model, n_windows, lambda i: np.asarray(ws[i]), cfg, max_context,
+                                              device, advance, parallel, counted_ids=table):  # (L,) each
+        at_loss, at_counted, at_soft, at_bases, at_recur = _at_positions(ws, i, loss_i, counted_i, cfg.position,
+                                                                         length)
+        sums.add(at_loss, at_counted, at_bases)
+        w_loss, w_count = bins.add(at_loss, at_counted, at_soft, at_bases, at_recur)  # (subsets, bins) each
+        recurring += histogram(at_recur, at_counted, classes)
+        windows.append(_window_record(ws, i, counted_i, w_loss, w_count))
     return CheckpointResult(sums, windows, bins, recurrence=(classes, recurring))
 
 
