@@ -126,12 +126,7 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
     """The checkpoint's model in eval mode on `device`, in fp32 whatever the file stores (a bf16 export or a
-    published bf16 model), as training holds it: --precision says how it computes. Any read failure is a user
-    error naming the folder."""
-    try:
-        model = load(info.path, dtype=torch.float32).model
-    except LcftError:
-        raise
-    except Exception as e:  # safetensors, json, shape and key errors all mean "this folder is not usable"
-        raise LcftError(f"unreadable checkpoint {info.path}: {type(e).__name__}: {e}") from None
+    published bf16 model), as training holds it: --precision says how it computes. A folder that cannot be read
+    is a one-line LcftError from `load`, as for train --init and export."""
+    model = load(info.path, dtype=torch.float32).model
     return model.to(device).eval()

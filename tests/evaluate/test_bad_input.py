@@ -10,6 +10,7 @@ import pytest
 
 from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
+from lcft.evaluate.report import JSON_NAME
 from lcft.genomics import prepare_windows, sample_fasta
 
 from .conftest import WINDOW, save_model
@@ -50,6 +51,20 @@ def test_missing_data_folder(ckpt_a, tmp_path):
 @pytest.mark.parametrize("ctx,match", [(2 * WINDOW, "larger than the window"), (1000, "not a multiple of the attention block size 64")])
 def test_bad_max_context(data_dir, ckpt_a, tmp_path, ctx, match):
     _fails(tmp_path, match, data_dir, ckpt_a, max_context=(ctx,))
+
+
+def test_a_fault_of_lcft_while_a_checkpoint_loads_keeps_its_traceback(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """A readable checkpoint whose model lcft then fails to build (here: the model reader broken on purpose) is a
+    bug of lcft, shown as itself, not a one-line "unreadable checkpoint" blaming the folder."""
+    import lcft.checkpoint.reader as reader
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a contract of lcft's model code broken")
+
+    monkeypatch.setattr(reader, "from_pretrained", broken)
+    with pytest.raises(RuntimeError, match="contract of lcft"):
+        evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a),), out=str(tmp_path / "r"), max_windows=1))
+    assert not (tmp_path / "r" / JSON_NAME).exists()  # nothing written: the report is not complete
 
 
 def test_unreadable_checkpoints(data_dir, ckpt_a, tmp_path):
