@@ -104,29 +104,48 @@ def progress_bar(show: bool) -> Iterator[Any]:
         yield progress
 
 
+def _grouped(infos: list[CheckpointInfo]) -> list[int]:
+    """Indices of `infos` with the entries of one checkpoint path together (paths in order of first listing, each
+    path's entries in listed order): a checkpoint listed more than once (e.g. with and without --max-context,
+    or A, B, A) is then loaded once, with one model in memory at a time."""
+    first: dict[Path, int] = {}
+    for k, info in enumerate(infos):
+        first.setdefault(info.path, k)
+    return sorted(range(len(infos)), key=lambda k: first[infos[k].path])  # stable: listed order within a path
+
+
 def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
              parallel: EvalParallel | None, progress: bool) -> list[CheckpointResult]:
-    """Every checkpoint in turn over the split, under one progress bar."""
-    results: list[CheckpointResult] = []
-    cached: tuple[Path, torch.nn.Module] | None = None
+    """Every checkpoint over the split under one progress bar, each distinct path loaded once; the results in
+    the order of `infos`."""
+    results: dict[int, CheckpointResult] = {}
+    loaded: Path | None = None
+    model: torch.nn.Module | None = None
     with progress_bar(progress) as bar:
-        for info in infos:
-            # The same checkpoint listed twice (e.g. with and without --max-context) is loaded once.
-            if cached is None or cached[0] != info.path:
-                cached = None  # free the previous model before loading the next
-                cached = (info.path, load_model(info, device))
-                check_model_kernels_fit(cached[1].config, device, cfg.precision)  # before any window
+        for k in _grouped(infos):
+            info = infos[k]
+            if model is None or loaded != info.path:
+                model = None  # free the previous model before loading the next
+                model = load_model(info, device)
+                loaded = info.path
+                check_model_kernels_fit(model.config, device, cfg.precision)  # before any window
                 if parallel is not None:
-                    parallel.prepare(cached[1])
-            task = bar.add_task(info.label, total=n_windows) if bar else None
-            advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
-            results.append(run_checkpoint(cached[1], ws, n_windows, cfg, info.max_context, device, advance,
-                                          parallel))
-            check_finite(info.label, results[-1].windows)  # before its probe runs
-            probe = make_probe(cfg, ws, n_windows)
-            if probe is not None:
-                task = bar.add_task(f"{info.label}: copy probe", total=len(probe)) if bar else None
-                advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
-                run_probe(cached[1], probe, cfg, info.max_context, device, advance, parallel)
-                results[-1].probe = probe.checked(info.label)
-    return results
+                    parallel.prepare(model)
+            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar)
+    return [results[k] for k in range(len(infos))]
+
+
+def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, model: torch.nn.Module,
+             device: torch.device, parallel: EvalParallel | None, bar: Any) -> CheckpointResult:
+    """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task."""
+    task = bar.add_task(info.label, total=n_windows) if bar else None
+    advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
+    result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device, advance, parallel)
+    check_finite(info.label, result.windows)  # before its probe runs
+    probe = make_probe(cfg, ws, n_windows)
+    if probe is not None:
+        task = bar.add_task(f"{info.label}: copy probe", total=len(probe)) if bar else None
+        advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
+        run_probe(model, probe, cfg, info.max_context, device, advance, parallel)
+        result.probe = probe.checked(info.label)
+    return result

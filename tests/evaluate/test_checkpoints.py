@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+import lcft.evaluate.runner as runner
 from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.checkpoints import default_labels
@@ -62,6 +63,29 @@ def test_a_bf16_folder_is_evaluated_in_fp32_unless_asked_for_bf16(data_dir, ckpt
     assert torch.equal(got, want)
     (half, _) = token_losses(models[1], ids, precision="bf16")
     assert not torch.equal(half, want)  # bf16 only when asked for
+
+
+def test_a_checkpoint_listed_twice_apart_is_loaded_once_and_reported_in_listed_order(data_dir, ckpt_a, ckpt_b,
+                                                                                     tmp_path, monkeypatch):
+    loads: list[str] = []
+    real = runner.load_model
+
+    def counting_load(info, device):
+        loads.append(info.path.name)
+        return real(info, device)
+
+    monkeypatch.setattr(runner, "load_model", counting_load)
+    rep = evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a), str(ckpt_b), str(ckpt_a)),
+                              labels=("a1", "b", "a2"), out=str(tmp_path / "r"), max_windows=2, bins=4,
+                              probe="copy", probe_segment=128, probe_distances=(256,), probe_windows=1))
+    assert loads == ["model-a", "model-b"]  # A once, though B comes between its two entries
+    a1, b, a2 = rep["checkpoints"]
+    assert [c["label"] for c in (a1, b, a2)] == ["a1", "b", "a2"]
+    assert a1["weights_sha256"] == a2["weights_sha256"] != b["weights_sha256"]
+    for key in ("loss", "bins", "probe"):
+        assert a1[key] == a2[key]  # A's figures in places 1 and 3, B's in place 2
+    assert a1["loss"] != b["loss"] and a1["probe"]["drop"] != b["probe"]["drop"]
+    assert [w["loss"] for w in a1["windows"]] == [w["loss"] for w in a2["windows"]] != [w["loss"] for w in b["windows"]]
 
 
 def test_default_labels_are_folder_names_made_unique():
