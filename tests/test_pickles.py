@@ -118,3 +118,46 @@ def test_a_declared_length_past_the_file_is_one_line(tmp_path):  # BINBYTES8 rea
     with pytest.raises(LcftError) as e:
         read_metadata_file(path)
     assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def reduce_call(module: str, name: str, *args: bytes) -> bytes:
+    """A protocol-2 pickle that calls global `module.name` with the pickled `args` (GLOBAL, a tuple, REDUCE)."""
+    return b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"(" + b"".join(args) + b"tR."
+
+
+@pytest.mark.parametrize("data, kind", [
+    (reduce_call("torch", "Size", b"\x88"), "corrupt (TypeError)"),  # torch.Size(True): raised in C, called by pickle
+    (reduce_call("pathlib", "PosixPath", b"K\x01"), "corrupt (TypeError)"),  # PosixPath(1): raised inside pathlib
+    (b"\x80\x02\x94.", "corrupt (IndexError)"),  # MEMOIZE on an empty stack
+    (b"\x80\x02h\x05.", "Memo value not found"),  # BINGET of a memo entry never put
+    (b"\x80\x02J\x01\x00", "corrupt (struct.error)"),  # BININT cut short
+    (b"\x80\x05\x96\x01\x00\x00", "runs past the end"),  # BYTEARRAY8 whose length is cut short
+], ids=["C call", "stdlib class", "memoize", "memo", "short int", "short length"])
+def test_a_crafted_or_torn_pickle_is_one_line(tmp_path, data, kind):
+    """What the parser (pickle, and the classes it may build with) raises for a crafted or torn file is one
+    line naming the file."""
+    path = tmp_path / ".metadata"
+    path.write_bytes(data)
+    with pytest.raises(LcftError) as e:
+        read_metadata_file(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg, msg
+    assert kind in msg, msg
+
+
+def test_a_fault_of_lcft_inside_the_read_keeps_its_traceback(tmp_path, monkeypatch):
+    """An error raised by lcft's own code while a file is read (here: the metadata's globals resolved by a
+    function that breaks) is a bug of lcft, not of the file: it propagates as itself, with its traceback."""
+    import lcft.checkpoint.dcp_metadata as dcp_metadata
+
+    def broken(module: str, name: str) -> Any:
+        return {}[module]  # a contract of ours broken: a KeyError, whatever the file holds
+
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(Metadata(state_dict_metadata={"w": TensorStorageMetadata(
+        TensorProperties(dtype=torch.float32), torch.Size([2]), [])})))
+    assert read_metadata_file(path).state_dict_metadata  # read whole as it is
+    monkeypatch.setattr(dcp_metadata, "_metadata_global", broken)
+    with pytest.raises(KeyError) as e:
+        read_metadata_file(path)
+    assert e.traceback[-1].name == "broken"
