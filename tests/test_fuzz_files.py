@@ -1,5 +1,6 @@
 """Property-based fuzzing of every file lcft reads from a folder it is handed (config.json, lcft.json,
-tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header, metrics.jsonl on resume):
+tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header, metrics.jsonl on resume, and the
+two pickles it reads without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl):
 random byte and JSON-value mutations of a real file either load or raise the one-line user error (LcftError),
 never another exception, each within a bounded time, and the process's peak memory stays bounded."""
 
@@ -8,15 +9,18 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint, verify_checkpoint
 from lcft.checkpoint.save import write_checksums
@@ -27,7 +31,7 @@ from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import MetricsLog
 
-EXAMPLES = 30  # per file: 8 files in about a minute on 2 busy cores
+EXAMPLES = 30  # per file: 10 files in about a minute on 2 busy cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
@@ -105,7 +109,32 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     run = root / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2, 3, 4)))
-    return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run}
+    sharded = root / "dcp"
+    dcp.save({"w": torch.randn(4, 8), "opt": {"step": torch.tensor(3.0), "exp_avg": torch.zeros(8)}},
+             checkpoint_id=str(sharded), no_dist=True)  # DCP's own .metadata, as a sharded save writes it
+    binned = root / "bin"
+    shutil.copytree(model, binned)
+    state = {k: v.clone() for k, v in from_pretrained(binned).state_dict().items()}
+    (binned / "model.safetensors").unlink()
+    torch.save(state, binned / "pytorch_model.bin")  # torch's own zip, its data.pkl beside it to mutate
+    (binned / "data.pkl").write_bytes(_pkl_of(binned / "pytorch_model.bin").read())
+    return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned}
+
+
+def _pkl_of(path: Path) -> zipfile.ZipExtFile:
+    z = zipfile.ZipFile(path)
+    return z.open(next(i for i in z.infolist() if i.filename.endswith("/data.pkl")))
+
+
+def _read_bin(d: Path) -> None:
+    """The folder's pytorch_model.bin with data.pkl in its zip replaced by the (mutated) file beside it, read."""
+    path = d / "pytorch_model.bin"
+    with zipfile.ZipFile(path) as z:
+        items = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in items:
+            z.writestr(name, (d / "data.pkl").read_bytes() if name.endswith("/data.pkl") else data)
+    from_pretrained(d)
 
 
 def _read_windows(d: Path) -> None:
@@ -129,6 +158,8 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     "vocab.txt": ("vocab", "vocab.txt", lambda d: load_tokenizer(str(d))),
     "manifest.json": ("windows", "manifest.json", _read_windows),
     "metrics.jsonl": ("run", "metrics.jsonl", _metrics),
+    "dcp .metadata": ("dcp", ".metadata", lambda d: read_metadata_file(d / ".metadata")),
+    "bin data.pkl": ("bin", "data.pkl", _read_bin),
 }
 
 

@@ -61,22 +61,25 @@ def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
 
 
 def _check(path: Path, md: Any) -> None:
-    if not isinstance(md, dcp_md.Metadata) or not isinstance(md.state_dict_metadata, dict):
+    # An unpickled object holds only the attributes its file gave (BUILD sets them): each is read with getattr.
+    entries = getattr(md, "state_dict_metadata", None) if isinstance(md, dcp_md.Metadata) else None
+    storage = getattr(md, "storage_data", None)
+    if not isinstance(entries, dict) or not isinstance(storage, dict | None):
         raise _refuse(path, "it holds no DCP Metadata")
     kinds = (dcp_md.TensorStorageMetadata, dcp_md.BytesStorageMetadata)
-    if not all(isinstance(k, str) and isinstance(v, kinds) for k, v in md.state_dict_metadata.items()):
+    if not all(isinstance(k, str) and isinstance(v, kinds) for k, v in entries.items()):
         raise _refuse(path, "an entry is not tensor metadata")
-    for key, v in md.state_dict_metadata.items():  # lcft stores weights and AdamW state: floating point only
+    for key, v in entries.items():  # lcft stores weights and AdamW state: floating point only
         if not isinstance(v, dcp_md.TensorStorageMetadata):
             continue
-        props = getattr(v, "properties", None)  # an unpickled object holds only the attributes its file gave
+        props = getattr(v, "properties", None)
         dtype = getattr(props, "dtype", None) if isinstance(props, dcp_md.TensorProperties) else None
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             named = dtype if isinstance(dtype, torch.dtype) else shown(dtype)  # torch's own dtypes name themselves
             raise _refuse(path, f"tensor {shown(key, quoted=True)} has dtype {named}, not a floating-point torch dtype")
-    for info in (md.storage_data or {}).values():
+    for info in (storage or {}).values():
         name = getattr(info, "relative_path", None)
-        if not isinstance(info, _StorageInfo) or not is_plain_name(name) or info.transform_descriptors:
+        if not isinstance(info, _StorageInfo) or not is_plain_name(name) or getattr(info, "transform_descriptors", None):
             raise _refuse(path, f"shard file {shown(name, quoted=True)} is not a plain file of its folder")
 
 

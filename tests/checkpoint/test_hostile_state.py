@@ -70,6 +70,31 @@ def test_dcp_tensor_dtype_not_floating_is_refused(sharded, tmp_path, dtype):
     assert not (tmp_path / "hf").exists()
 
 
+def _drop(obj: Any, name: str) -> Any:
+    del obj.__dict__[name]  # pickled without it: BUILD gives the unpickled object only what the file holds
+    return obj
+
+
+@pytest.mark.parametrize("damage", [
+    lambda md: _drop(md, "state_dict_metadata"),
+    lambda md: setattr(md, "storage_data", ["0.distcp"]),
+    lambda md: [_drop(v, "properties") for v in md.state_dict_metadata.values()],
+    lambda md: [_drop(v, "relative_path") for v in md.storage_data.values()],
+], ids=["no entries", "storage a list", "no properties", "no shard path"])
+def test_dcp_metadata_missing_a_field_is_refused(sharded, tmp_path, damage):
+    """A Metadata pickled without a field it always has (or with storage data of another kind) is one line
+    naming the file, from the reader and from export, which writes nothing."""
+    path = sharded / "dcp" / ".metadata"
+    md = dcp.FileSystemReader(str(sharded / "dcp")).read_metadata()
+    damage(md)
+    path.write_bytes(pickle.dumps(md))
+    with pytest.raises(LcftError) as e:
+        read_metadata_file(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    cli_fails(["export", str(sharded), "--out", str(tmp_path / "hf")], str(path))
+    assert not (tmp_path / "hf").exists()
+
+
 SAVED_RUN = dict(steps=2, warmup=1, save_every=1)  # checkpoints at steps 1 and 2 (conftest.saved_run)
 
 
