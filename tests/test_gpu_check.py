@@ -19,6 +19,8 @@ H200_NODE = "256GiB"  # host memory per GPU of an 8 x H200 node with 2 TiB (a on
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
+import gpu_check_plan  # noqa: E402
+import gpu_check_train  # noqa: E402
 
 
 def test_lengths_and_options():
@@ -64,9 +66,9 @@ def test_the_1m_layout_is_what_lcft_plan_prints():
     from lcft.plan.config import PlanConfig
     from lcft.plan.plan import report
 
-    flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)
+    flags, lay, est = gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)
     text, fits = report(resolve(PlanConfig, None, {"preset": "1b", "attention": "sparse", "seq_len": 1 << 20,
-                                            "gpu_memory": gpu_check.PLAN_GPU_MEMORY, "host_memory": H200_NODE}))
+                                            "gpu_memory": gpu_check_plan.PLAN_GPU_MEMORY, "host_memory": H200_NODE}))
     first = text.split("it would fit with:")[1].strip().splitlines()[0]
     assert not fits and first.startswith(flags) and lay.seq_len == 1 << 20 and lay.cp == 1
     assert (lay.checkpointing, lay.offload_activations) == ("block", "--offload-activations" in flags)
@@ -79,20 +81,20 @@ def test_the_1m_layout_must_fit_the_nodes_host_memory():
     node with 128 GiB); with too little for those, lcft plan has no layout for one GPU, and the row says so without
     running a step."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert gpu_check.parse_args([]).host_memory == str(gpu_check.node_memory()) and gpu_check.node_memory() <= physical
+    assert gpu_check.parse_args([]).host_memory == str(gpu_check_plan.node_memory()) and gpu_check_plan.node_memory() <= physical
     assert gpu_check.parse_args(["--host-memory", "64GiB"]).host_memory == "64GiB"
-    assert gpu_check.parse_args([]).gpu_memory == gpu_check.PLAN_GPU_MEMORY == "141GB"
-    flags, lay, est = gpu_check.plan_for_one_gpu(1 << 20, "128GiB")
+    assert gpu_check.parse_args([]).gpu_memory == gpu_check_plan.PLAN_GPU_MEMORY == "141GB"
+    flags, lay, est = gpu_check_plan.plan_for_one_gpu(1 << 20, "128GiB")
     assert flags == "--checkpointing block --offload-activations --offload-bf16" and lay.offload_bf16, flags
-    assert est.host == 88 * 2**30 and gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)[2].host == 176 * 2**30
-    flags, lay, _ = gpu_check.plan_for_one_gpu(1 << 20, "64GiB")
-    assert flags == gpu_check.NOTHING_FITS and lay.checkpointing == "none"
+    assert est.host == 88 * 2**30 and gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)[2].host == 176 * 2**30
+    flags, lay, _ = gpu_check_plan.plan_for_one_gpu(1 << 20, "64GiB")
+    assert flags == gpu_check_plan.NOTHING_FITS and lay.checkpointing == "none"
 
 
 def test_the_step_a_128gib_node_runs_at_1m_runs_here():
     """The flags a one-GPU node with 128 GiB takes at 1M (bf16 host copies), through the function its plan step
     calls, for tiny at 512 tokens: the rehearsal's own plan step takes the exact copies."""
-    row = gpu_check.bench_train(512, "block", True, warmup=False, device="cpu", preset="tiny", offload_bf16=True)
+    row = gpu_check_train.bench_train(512, "block", True, warmup=False, device="cpu", preset="tiny", offload_bf16=True)
     assert row["finite"] and row["preset"] == "tiny" and row["peak_gib"] > 0 and row["offload"] == "bf16", row
 
 
@@ -126,7 +128,7 @@ def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path):
     assert plan["preset"] == "tiny" and plan["length"] == 1024 and plan["fits"] and plan["finite"], plan
     assert plan["host_peak_gib"] >= plan["peak_gib"] > 0, plan
     # laid out for a GPU just too small for block checkpointing alone: the flags (and code path) of the 1M run
-    assert plan["flags"] == gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)[0] == "--checkpointing block --offload-activations"
+    assert plan["flags"] == gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)[0] == "--checkpointing block --offload-activations"
     md = (out / "gpu-check.md").read_text()
     assert "rehearsal only" in md and "| 256 |" in md and "| tiny train step" in md and "| tiny, `lcft plan`" in md
     assert not any(ln.endswith(("| yes |", "| NO |")) for ln in md.splitlines())  # no target judged on CPU
@@ -137,8 +139,8 @@ def test_the_1m_step_runs_in_its_own_process_and_its_death_is_a_row(tmp_path):
     without a result (here: no CUDA, exit 2) becomes a "does not fit" row naming why, not a lost run."""
     if torch.cuda.is_available():
         return  # the real run is `make gpu-check`
-    row = gpu_check.plan_step_in_child(1 << 20, H200_NODE)
-    flags, _, est = gpu_check.plan_for_one_gpu(1 << 20, H200_NODE)
+    row = gpu_check_plan.plan_step_in_child(1 << 20, H200_NODE)
+    flags, _, est = gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)
     assert row["flags"] == flags and not row["fits"] and row["host_gib"] == est.host / 2**30 > 0
     assert row["error"].startswith("its process ended (exit 2)") and "no CUDA" in row["error"], row
     md = gpu_check.markdown({"device": "GPU", "attention": [], "train": [], "plan": row, "tests": {}})
@@ -299,10 +301,10 @@ def test_a_hung_step_or_test_run_is_a_row_not_a_lost_slot(tmp_path, monkeypatch)
     """The GPU tests and the 1M step each run under a time limit: past it, a failed row naming the limit, and the
     run goes on to the next step."""
     monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 0.01)
-    monkeypatch.setattr(gpu_check, "PLAN_STEP_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(gpu_check_plan, "PLAN_STEP_TIMEOUT_S", 0.01)
     tests = gpu_check.run_tests(tmp_path)
     assert not tests["ok"] and tests["summary"] == "timed out after 0.01 s" and tests["cases"] == []
-    row = gpu_check.plan_step_in_child(1 << 20, H200_NODE)
+    row = gpu_check_plan.plan_step_in_child(1 << 20, H200_NODE)
     assert not row["fits"] and row["error"] == "its process ran past 0.01 s and was stopped", row
     md = gpu_check.markdown({"device": "GPU", "attention": [], "train": [], "plan": row, "tests": tests})
     assert "| 0 tests | timed out after 0.01 s |" in md and "does not fit: its process ran past 0.01 s" in md
@@ -311,7 +313,7 @@ def test_a_hung_step_or_test_run_is_a_row_not_a_lost_slot(tmp_path, monkeypatch)
 def test_host_memory_is_the_containers_limit_when_lower(tmp_path, monkeypatch):
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = tmp_path / "memory.max"
-    monkeypatch.setattr(gpu_check, "CGROUP_LIMITS", (str(tmp_path / "absent"), str(limit)))
+    monkeypatch.setattr(gpu_check_plan, "CGROUP_LIMITS", (str(tmp_path / "absent"), str(limit)))
     for text, want in (("max\n", physical), (f"{physical // 2}\n", physical // 2), (f"{physical * 2}\n", physical)):
         limit.write_text(text)
-        assert gpu_check.node_memory() == want, text
+        assert gpu_check_plan.node_memory() == want, text
