@@ -1,7 +1,8 @@
-"""`lcft prepare`: windows, inspect, verify, fetch — thin wrappers over lcft.genomics."""
+"""`lcft prepare`: windows, inspect, verify, fetch, cache — thin wrappers over lcft.genomics."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
@@ -92,6 +93,46 @@ def fetch(
 
     ready = fetch_fasta(name, out, url=url, md5=md5, bgzip=bgzip, progress=True)
     console.print(str(ready))
+
+
+@app.command("cache")
+@user_errors
+def cache(
+    days: float | None = typer.Option(
+        None, "--remove-unused", metavar="DAYS", min=0,
+        help="Remove what no FASTA open has used for DAYS days (0: everything), and links to files that are gone. "
+             "Each is made again when a FASTA needs it (a plain gzip copy: decompressed again)."),
+) -> None:
+    """What lcft keeps in its cache ($LCFT_CACHE, default ~/.cache/lcft): decompressed and normalized FASTA
+    copies, links and indexes, largest first, with their size and last use."""
+    from lcft.genomics.fasta_cache import cache_dir, cache_entries, remove_unused
+
+    if days is not None:
+        gone = remove_unused(days)
+        console.print(f"removed {len(gone)} entries ({_size(sum(e.bytes for e in gone))}) from {cache_dir()}",
+                      highlight=False)
+    entries = sorted(cache_entries(), key=lambda e: (-e.bytes, e.name))
+    now = time.time()
+    t = Table("kind", "name", "size", "last used", title=str(cache_dir()))
+    for e in entries:
+        t.add_row(e.kind, e.name, _size(e.bytes), _ago(now - e.last_used))
+    if entries:
+        console.print(t)
+    console.print(f"{len(entries)} entries, {_size(sum(e.bytes for e in entries))}", highlight=False)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.{2 if shift == 30 else 1}f} {unit}"
+    return f"{n / 1024:.0f} KiB"
+
+
+def _ago(seconds: float) -> str:
+    for unit, length in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.0f} {unit} ago"
+    return "just now"
 
 
 def register(root: typer.Typer) -> None:

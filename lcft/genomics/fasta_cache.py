@@ -1,5 +1,6 @@
 """lcft's cache of files derived from a FASTA: decompressed and normalized copies, links named for pyfaidx,
-indexes for read-only inputs; and the gzip kind that decides which of them a FASTA needs."""
+indexes for read-only inputs; the gzip kind that decides which of them a FASTA needs; what the cache holds, when
+each entry was last used, and removing those unused for a while."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import hashlib
 import io
 import os
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 from lcft.errors import LcftError
 from lcft.files import atomic_open
 
 GZIP_MAGIC = b"\x1f\x8b"
+PARTS = ("fasta", "links", "index")  # the cache's folders: every file in them is derived, made again when needed
+INDEX_SUFFIXES = (".fai", ".gzi")  # a file's indexes sit beside it (links/, fasta/) or alone (index/)
+CacheKind = Literal["decompressed", "normalized", "link", "link to a missing file", "index", "unfinished"]
 
 
 def cache_dir() -> Path:
@@ -93,7 +99,7 @@ def decompress_to_cache(path: Path, sha256: str) -> Path:
     if not dest.is_file():
         _copy_into_cache(path, sha256, dest, "decompress gzip FASTA",
                          lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22))
-    return dest
+    return mark_used(dest)
 
 
 def named_for_pyfaidx(path: Path, kind: str) -> Path:
@@ -106,7 +112,7 @@ def named_for_pyfaidx(path: Path, kind: str) -> Path:
     if not link.is_symlink():
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(path.resolve())
-    return link
+    return mark_used(link)
 
 
 def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
@@ -125,7 +131,7 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
 
     if not dest.is_file():
         _copy_into_cache(path, sha256, dest, "normalize line endings", write)
-    return dest
+    return mark_used(dest)
 
 
 def writable_dir(path: Path) -> bool:
@@ -152,4 +158,74 @@ def index_paths(readable: Path, kind: str, stale: bool = False) -> dict[str, str
     out = {"indexname": str(base) + ".fai"}
     if kind == "bgzf":
         out["gzi_indexname"] = str(base) + ".gzi"
+    mark_used(Path(out["indexname"]))
     return out
+
+
+def mark_used(path: Path) -> Path:
+    """Record that a cache entry was served now, in its access time: its modification time is what an index's
+    freshness is judged by, so it stays. Nothing is recorded for an entry not yet written, or a read-only cache."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)
+    except OSError:
+        pass
+    return path
+
+
+@dataclass
+class CacheEntry:
+    """One thing the cache holds: a copy, a link or an index, with the indexes made beside it."""
+
+    name: str  # the copy's, link's or index's name, without index suffixes
+    files: list[Path]
+    bytes: int  # on disk, of all its files (a link: the link itself)
+    last_used: float  # seconds since the epoch: the latest use recorded, or the latest write
+    kind: CacheKind
+
+
+def cache_entries() -> list[CacheEntry]:
+    """Every entry of the cache, by folder and name. A temp file a copy is being written to (or was, when its
+    writer was killed) is "unfinished", dated by its last write."""
+    root = cache_dir()
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for part in PARTS:
+        folder = root / part
+        for f in sorted(folder.iterdir()) if folder.is_dir() else []:
+            stem = next((f.name[: -len(x)] for x in INDEX_SUFFIXES if f.name.endswith(x)), f.name)
+            groups.setdefault((part, stem), []).append(f)
+    return [e for (part, name), files in groups.items() if (e := _entry(part, name, files))]
+
+
+def _entry(part: str, name: str, files: list[Path]) -> CacheEntry | None:
+    """The entry of these files, or None when they are gone (a temp copy renamed to its name meanwhile)."""
+    stats = []
+    for f in list(files):
+        try:
+            stats.append(os.stat(f, follow_symlinks=False))
+        except FileNotFoundError:
+            files.remove(f)
+    if not stats:
+        return None
+    size = sum(st.st_blocks * 512 for st in stats)
+    if name.startswith(".") and name.endswith(".tmp"):
+        return CacheEntry(name, files, size, max(st.st_mtime for st in stats), "unfinished")
+    used = max(max(st.st_atime, st.st_mtime) for st in stats)
+    main = files[0].with_name(name)
+    kind: CacheKind
+    if part == "links":
+        kind = "link" if main.exists() else "link to a missing file"  # exists() follows the link
+    else:
+        kind = "index" if part == "index" else "normalized" if name.endswith(".lf.fa") else "decompressed"
+    return CacheEntry(name, files, size, used, kind)
+
+
+def remove_unused(days: float) -> list[CacheEntry]:
+    """Remove the entries of the cache not used for `days` days (0: all), and links whose file is gone; return
+    them. An entry being read is safe: a file open when it is removed stays readable until closed."""
+    cutoff = time.time() - days * 86400
+    removed = [e for e in cache_entries() if e.last_used <= cutoff or e.kind == "link to a missing file"]
+    for e in removed:
+        for f in e.files:
+            f.unlink(missing_ok=True)
+    return removed

@@ -1,4 +1,4 @@
-"""`lcft prepare windows|verify|inspect|fetch` through typer: options, TOML precedence, exit codes."""
+"""`lcft prepare windows|verify|inspect|fetch|cache` through typer: options, TOML precedence, exit codes."""
 
 from __future__ import annotations
 
@@ -108,3 +108,24 @@ def test_verify_and_inspect(tmp_path):
 def test_fetch_rejects_bad_url(tmp_path):
     r = lcft("prepare", "fetch", "hg38", "--out", tmp_path, "--url", "file:///etc/passwd")
     assert r.exit_code == 1 and "not an http(s) URL" in r.stderr
+
+
+def test_cache_lists_then_removes(tmp_path, monkeypatch):
+    """A plain gzip FASTA inspected leaves its decompressed copy in the cache: listed with its size, then
+    removed by --remove-unused 0; a negative number of days is a usage error."""
+    import gzip
+
+    monkeypatch.setenv("LCFT_CACHE", str(tmp_path / "cache"))
+    r = lcft("prepare", "cache")
+    assert r.exit_code == 0 and "0 entries, 0 KiB" in r.stdout, r.output
+    gz = tmp_path / "s.fa.gz"
+    gz.write_bytes(gzip.compress(gzip.decompress(open(sample_fasta(), "rb").read())))  # plain gzip, not BGZF
+    assert lcft("prepare", "inspect", gz).exit_code == 0
+    r = lcft("prepare", "cache")
+    assert r.exit_code == 0 and "decompressed" in r.stdout and "1 entries, " in r.stdout, r.output
+    assert "just now" in r.stdout and str(tmp_path / "cache") in r.stdout.replace("\n", "")
+    r = lcft("prepare", "cache", "--remove-unused", "0")
+    assert r.exit_code == 0 and "removed 1 entries" in r.stdout and "0 entries, 0 KiB" in r.stdout, r.output
+    assert not list((tmp_path / "cache" / "fasta").iterdir())
+    r = lcft("prepare", "cache", "--remove-unused", "-1")
+    assert r.exit_code == 2 and "--remove-unused" in r.output and "greater than or equal" in r.output

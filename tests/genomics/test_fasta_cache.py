@@ -1,10 +1,12 @@
-"""The cache's copies follow a FASTA's content: a rewrite that keeps its size and modification time is read anew."""
+"""The cache's copies follow a FASTA's content: a rewrite that keeps its size and modification time is read anew.
+What the cache holds is listed with each entry's last use, and entries unused for a while are removed."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from Bio import bgzf
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.fasta_cache import cache_dir
+from lcft.genomics.fasta_cache import cache_dir, cache_entries, mark_used, remove_unused
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
 SWAP_AC = str.maketrans("ACac", "CAca")  # a rewrite of the bases only: the same bytes long
@@ -154,3 +156,100 @@ def test_a_fasta_rewritten_while_it_is_copied_leaves_no_copy(tmp_path, monkeypat
     monkeypatch.setattr(fasta, "file_hash", real)
     with FastaFile(path) as f:  # opened again once complete: the new bytes
         assert _records(f) == _swapped(recs)
+
+
+DAY = 86400
+
+
+def _age(path: Path, days: float) -> None:
+    """Date a cache file's last use (and write) `days` back, as if nothing had opened it since."""
+    t = time.time() - days * DAY
+    os.utime(path, (t, t), follow_symlinks=False)
+
+
+def _opened_cache(tmp_path: Path, monkeypatch) -> tuple[Path, Path, dict[str, str]]:
+    """A private cache holding what opening a plain gzip FASTA and a FASTA in a read-only folder leave: the
+    decompressed copy with its index, and an index of the read-only file."""
+    monkeypatch.setenv("LCFT_CACHE", str(tmp_path / "cache"))
+    recs = {"a": random_genome(3, 5_000)}
+    gz = tmp_path / "g.fa.gz"
+    gz.write_bytes(gzip.compress(write_fasta(tmp_path / "g.fa", recs).read_bytes()))
+    shut = tmp_path / "ro"
+    shut.mkdir()
+    write_fasta(shut / "r.fa", recs)
+    shut.chmod(0o555)
+    for path in (gz, shut / "r.fa"):
+        with FastaFile(path) as f:
+            assert _records(f) == bio_records(path)
+    return gz, shut / "r.fa", recs
+
+
+def test_the_cache_lists_each_copy_with_its_index(tmp_path, monkeypatch):
+    _opened_cache(tmp_path, monkeypatch)
+    entries = {e.kind: e for e in cache_entries()}
+    assert sorted(entries) == ["decompressed", "index"]
+    copy = entries["decompressed"]
+    assert copy.name.endswith("-g.fa") and sorted(f.name for f in copy.files) == [copy.name, copy.name + ".fai"]
+    assert copy.bytes == sum(os.stat(f).st_blocks * 512 for f in copy.files) > 5_000
+    assert entries["index"].name.endswith("-r.fa") and [f.suffix for f in entries["index"].files] == [".fai"]
+    assert all(time.time() - e.last_used < 600 for e in entries.values())
+
+
+def test_a_reuse_is_recorded_without_making_the_copys_index_stale(tmp_path, monkeypatch):
+    """Opening a FASTA again marks its cache entries used (their access time), and leaves the modification
+    time the index's freshness is judged by: the copy's .fai is not rebuilt."""
+    gz, ro, _ = _opened_cache(tmp_path, monkeypatch)
+    for e in cache_entries():
+        for f in e.files:
+            _age(f, 40)
+    fai = next(e for e in cache_entries() if e.kind == "decompressed").files[1]
+    written = fai.stat().st_mtime_ns
+    assert all(e.last_used < time.time() - 39 * DAY for e in cache_entries())
+    for path in (gz, ro):
+        with FastaFile(path):
+            pass
+    assert all(time.time() - e.last_used < 600 for e in cache_entries())
+    assert fai.stat().st_mtime_ns == written  # the index was reused, not written again
+    copy = next(e for e in cache_entries() if e.kind == "decompressed").files[0]
+    assert copy.stat().st_mtime < time.time() - 39 * DAY  # only its access time moved
+
+
+def test_a_use_is_recorded_whether_or_not_the_file_system_records_reads(tmp_path):
+    """mark_used sets the access time itself (a noatime mount records no read), never the modification time,
+    and on a link the link's own, not its target's."""
+    target = tmp_path / "t.fa"
+    target.write_bytes(b">t\nACGT\n")
+    link = tmp_path / "l.fa"
+    link.symlink_to(target)
+    for path in (target, link):
+        _age(path, 40)
+    before = target.stat()
+    mark_used(link)
+    assert time.time() - os.lstat(link).st_atime < 600 and os.lstat(link).st_mtime < time.time() - 39 * DAY
+    assert (target.stat().st_atime_ns, target.stat().st_mtime_ns) == (before.st_atime_ns, before.st_mtime_ns)
+    mark_used(target)
+    assert time.time() - target.stat().st_atime < 600 and target.stat().st_mtime_ns == before.st_mtime_ns
+    assert mark_used(tmp_path / "missing") == tmp_path / "missing"  # nothing to record, no error
+
+
+def test_entries_unused_for_days_are_removed_and_made_again(tmp_path, monkeypatch):
+    gz, ro, recs = _opened_cache(tmp_path, monkeypatch)
+    old = next(e for e in cache_entries() if e.kind == "decompressed")
+    for f in old.files:
+        _age(f, 40)
+    links = cache_dir() / "links"
+    links.mkdir()
+    (links / "x-gone.fa").symlink_to(tmp_path / "gone.fa")  # a link to a file since deleted: removed whatever its age
+    unfinished = cache_dir() / "fasta" / ".y.fa.tmp"  # a copy whose writer was killed 40 days ago, and one now
+    unfinished.write_bytes(b">y\nACGT\n")
+    _age(unfinished, 40)
+    (cache_dir() / "fasta" / ".z.fa.tmp").write_bytes(b">z\nACGT\n")
+    removed = remove_unused(30)
+    assert sorted(e.kind for e in removed) == ["decompressed", "link to a missing file", "unfinished"]
+    assert not any(f.exists() or f.is_symlink() for e in removed for f in e.files)
+    assert sorted(e.kind for e in cache_entries()) == ["index", "unfinished"]  # used just now: kept
+    with FastaFile(gz) as f:  # the copy is made again from the FASTA
+        assert f.kind == "gzip" and _records(f) == recs == bio_records(gz)
+    assert remove_unused(0) and cache_entries() == []
+    with FastaFile(ro) as f:
+        assert _records(f) == recs
