@@ -1,6 +1,7 @@
 """Property-based fuzzing of every file lcft reads from a folder it is handed (config.json, lcft.json,
 tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header, metrics.jsonl on resume, and the
-two pickles it reads without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl):
+two pickles it reads without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl,
+and that .bin's zip around it):
 random byte and JSON-value mutations of a real file either load or raise the one-line user error (LcftError),
 never another exception, each within a bounded time, and the process's peak memory stays bounded."""
 
@@ -31,7 +32,7 @@ from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import MetricsLog
 
-EXAMPLES = 30  # per file: 10 files in about a minute on 2 busy cores
+EXAMPLES = 30  # per file: 11 files in about a minute on 2 busy cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
@@ -160,6 +161,7 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     "metrics.jsonl": ("run", "metrics.jsonl", _metrics),
     "dcp .metadata": ("dcp", ".metadata", lambda d: read_metadata_file(d / ".metadata")),
     "bin data.pkl": ("bin", "data.pkl", _read_bin),
+    "bin zip": ("bin", "pytorch_model.bin", from_pretrained),  # its directory, headers and records as bytes
 }
 
 

@@ -204,8 +204,10 @@ def _zip_records(f: Path, fh: BinaryIO) -> tuple[bytes, dict[str, tuple[int, int
     for info in zf.infolist():
         if not info.filename.startswith(prefix + "data/"):
             continue
-        fh.seek(info.header_offset)
-        head = fh.read(30)
+        head = b""
+        if info.header_offset >= 0:  # zipfile subtracts the bytes it takes to stand before the archive: may be < 0
+            fh.seek(info.header_offset)
+            head = fh.read(30)
         if len(head) < 30 or head[:4] != b"PK\x03\x04":
             raise _bad_bin(f, f"record {shown(info.filename)} has no local header")
         start = info.header_offset + 30 + sum(struct.unpack("<HH", head[26:30]))

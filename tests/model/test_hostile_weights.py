@@ -184,6 +184,33 @@ def test_a_bin_pickle_builds_nothing_it_declares(folder, tmp_path, value, why):
     assert why in one_line_error(folder, tmp_path, "pytorch_model.bin")
 
 
+def test_a_zip_directory_placing_a_record_before_the_file_is_one_line(folder, tmp_path):
+    """A crafted zip: the storage records first, the end record's directory offset raised by 64 (zipfile takes
+    it as 64 bytes before the archive and moves every record's header by -64) and every other record's entry by
+    64, so data.pkl reads as it is while the first storage record's header lies before the file's start."""
+    to_bin(folder)
+    path = folder / "pytorch_model.bin"
+    with zipfile.ZipFile(path) as z:
+        items = sorted(((i.filename, z.read(i)) for i in z.infolist()), key=lambda it: "/data/" not in it[0])
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:  # small: no zip64 record
+        for name, blob in items:
+            z.writestr(name, blob)
+    data = bytearray(path.read_bytes())
+    end = data.rindex(b"PK\x05\x06")
+    (at,) = struct.unpack_from("<I", data, end + 16)
+    struct.pack_into("<I", data, end + 16, at + 64)
+    while data[at:at + 4] == b"PK\x01\x02":  # each directory entry: 46 bytes, then name, extra, comment
+        n, extra, comment = struct.unpack_from("<3H", data, at + 28)
+        if b"/data/" not in data[at + 46:at + 46 + n]:  # data.pkl, byteorder, version: where they are
+            struct.pack_into("<I", data, at + 42, struct.unpack_from("<I", data, at + 42)[0] + 64)
+        at += 46 + n + extra + comment
+    path.write_bytes(bytes(data))
+    with zipfile.ZipFile(path) as z:  # the oracle: what zipfile itself makes of it
+        assert min(i.header_offset for i in z.infolist()) == -64
+        z.read(next(i for i in z.infolist() if i.filename.endswith("/data.pkl")))
+    assert "no local header" in one_line_error(folder, tmp_path, "pytorch_model.bin")
+
+
 def test_a_saved_meta_tensor_is_refused_before_export(folder, tmp_path):
     state = to_bin(folder)
     state[EMBED] = torch.empty(16, 32, device="meta")  # the right shape: the old reader passed it to export
