@@ -6,6 +6,7 @@ keeps from this run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
@@ -18,7 +19,7 @@ import torch
 
 from lcft.checkpoint.dcp import is_sharded_checkpoint
 from lcft.checkpoint.layout import STATE_DIR, previous_checkpoint
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import read_json
 
 MT_WORDS = 624  # words of a Mersenne Twister state (python's state adds its position to them)
@@ -220,6 +221,63 @@ def _torch_fits(state: Any, rng: dict[str, Any]) -> bool:
         for i, t in enumerate(cuda):
             torch.Generator(device=f"cuda:{i}").set_state(t)
     return True
+
+
+def check_restorable(ckpt: str | os.PathLike, optimizer: Any, scheduler: Any, state: TrainerState,
+                     optim: dict | None, sched: dict) -> None:
+    """Before anything is restored: refuse, in one line naming the file, a scheduler.pt or optimizer.pt that
+    torch reads as plain data but that is not what this run's schedule and optimizer write (loaded, it would fail
+    in torch's load_state_dict or in a later step, or set the schedule elsewhere than the trainer state says).
+    The oracle is what this run built: its schedule's state_dict and its optimizer's parameters."""
+    d = Path(ckpt) / STATE_DIR
+    if why := _schedule_misfit(scheduler, sched, state.updates):
+        raise _broken(d / "scheduler.pt", f"corrupt trainer state ({why})")
+    if optim is not None and (why := _optimizer_misfit(getattr(optimizer, "optimizer", optimizer), optim)):
+        raise _broken(d / "optimizer.pt", f"corrupt trainer state ({why})")
+
+
+def _same_kind(saved: Any, built: Any) -> bool:
+    """`saved` has `built`'s type, a list its length and its items' kinds, a float is finite."""
+    if type(saved) is not type(built):
+        return False
+    if isinstance(built, list):
+        return len(saved) == len(built) and all(map(_same_kind, saved, built))
+    return not isinstance(built, float) or math.isfinite(saved)
+
+
+def _schedule_misfit(scheduler: Any, saved: dict, updates: int) -> str | None:
+    built = scheduler.state_dict()
+    for key, value in saved.items():
+        if key in built:
+            if not _same_kind(value, built[key]):
+                return f"{shown(key)} is not what the schedule keeps"
+        elif type(key) is not str or hasattr(scheduler, key) or type(value) not in (bool, int, float, type(None)):
+            return f"entry {shown(key)} is not the schedule's"  # another torch's bookkeeping numbers pass
+    if missing := [k for k in ("base_lrs", "last_epoch", "lr_lambdas") if k not in saved]:
+        return f"no {missing[0]}"
+    if saved["last_epoch"] != updates:
+        return f"the schedule is at update {shown(saved['last_epoch'])}, the trainer state at {updates}"
+    return None
+
+
+def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict) -> str | None:
+    """torch numbers the parameters 0, 1, ... across the groups: each id of the file must be the one this run's
+    optimizer has at that place, and each state tensor a scalar `step` or one of its parameter's shape."""
+    groups, params = saved["param_groups"], [p for g in optimizer.param_groups for p in g["params"]]
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    expected = [list(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(len(sizes))]
+    if not isinstance(groups, list) or [g.get("params") if isinstance(g, dict) else g for g in groups] != expected:
+        return f"not the {len(sizes)} parameter group(s) of {sizes} parameters this model has"
+    if not isinstance(saved["state"], dict):
+        return "its state is not a table of parameters"
+    for i, entry in saved["state"].items():
+        if type(i) is not int or not 0 <= i < len(params) or not isinstance(entry, dict):
+            return f"state of {shown(i)}, not a parameter of this model"
+        for name, t in entry.items():
+            want = () if name == "step" else params[i].shape
+            if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.shape == want):
+                return f"{shown(name)} of parameter {i} is not a float tensor of shape {tuple(want)}"
+    return None
 
 
 def optimizer_options(optimizer: Any) -> list[dict[str, Any]]:

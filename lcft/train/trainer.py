@@ -27,6 +27,7 @@ from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import restore_optimizer, save_sharded
 from lcft.checkpoint.state import (
     TrainerState,
+    check_restorable,
     optimizer_options,
     reapply_options,
     set_rng_state,
@@ -181,6 +182,7 @@ class Trainer:
         if self.resume_from is not None:
             built = optimizer_options(self.opt)
             self.state, optim, sched, rng = load(self.resume_from, model=False, trainer_state=True).trainer
+            check_restorable(self.resume_from, self.opt, self.scheduler, self.state, optim, sched)
             restore_optimizer(self.model, self.opt, self.resume_from, optim, self.layout.fsdp_enabled)
             self.scheduler.load_state_dict(sched)
             set_rng_state(rng)

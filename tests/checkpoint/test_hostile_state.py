@@ -145,6 +145,66 @@ def test_crafted_rng_state_is_one_line_naming_it(run_copy, mode):
     assert torch.equal(torch.get_rng_state(), before[2])  # nothing restored half-way
 
 
+def _first_state(o: dict) -> dict:
+    return next(iter(o["state"].values()))
+
+
+# each: plain data torch.load(weights_only=True) reads, not what this run's schedule or optimizer writes; loaded,
+# each failed in torch's load_state_dict or the first step with a traceback, or set the schedule elsewhere
+CRAFTED_TRAINING = {
+    "scheduler.pt": {
+        "position-text": lambda s: s.__setitem__("last_epoch", "x"),
+        "position-elsewhere": lambda s: s.__setitem__("last_epoch", 10**30),  # trained on at an lr of the far end
+        "lambdas": lambda s: s.__setitem__("lr_lambdas", [{"x": 1}, {"y": 2}, {"z": 3}]),
+        "an-attribute": lambda s: s.__setitem__("optimizer", 5),  # set over the schedule's own optimizer
+        "empty": lambda s: s.clear(),
+        "base-lrs": lambda s: s.__setitem__("base_lrs", [float("nan"), 1.0]),
+    },
+    "optimizer.pt": {
+        "no-groups": lambda o: o.__setitem__("param_groups", []),
+        "ids": lambda o: o["param_groups"][0].__setitem__("params", [999]),
+        "shape": lambda o: _first_state(o).__setitem__("exp_avg", torch.zeros(3)),
+        "step-shape": lambda o: _first_state(o).__setitem__("step", torch.zeros(2)),
+        "not-a-table": lambda o: o.__setitem__("state", "x"),
+        "not-a-parameter": lambda o: o["state"].__setitem__(10**6, {}),
+        "integer-moments": lambda o: _first_state(o).__setitem__("exp_avg_sq",
+                                                                 _first_state(o)["exp_avg_sq"].long()),
+    },
+}
+
+
+@pytest.mark.parametrize("name, mode", [(n, m) for n, modes in CRAFTED_TRAINING.items() for m in modes])
+def test_crafted_schedule_or_optimizer_state_is_one_line_naming_it(run_copy, name, mode):
+    """Checked against what this run built, before anything is restored (the RNGs are still this process's)."""
+    run, cfg = run_copy
+    path = ckpt(run, 2) / STATE / name
+    saved = torch.load(path, weights_only=True)
+    CRAFTED_TRAINING[name][mode](saved)
+    torch.save(saved, path)
+    write_checksums(ckpt(run, 2))  # the checksums agree: the check itself must refuse
+    before = torch.get_rng_state()
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 2)), "steps": 3}))
+    msg = str(e.value)
+    assert str(path) in msg and "corrupt trainer state" in msg and "\n" not in msg, msg
+    assert f"--resume {ckpt(run, 1)}" in msg
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_schedule_saved_by_another_torch_resumes(run_copy):
+    """A field of the schedule that this torch does not keep (another version's bookkeeping number) is not a
+    fault; a missing optional one neither."""
+    run, cfg = run_copy
+    path = ckpt(run, 2) / STATE / "scheduler.pt"
+    saved = torch.load(path, weights_only=True)
+    saved["_a_newer_torchs_flag"] = True
+    saved.pop("_get_lr_called_within_step")
+    torch.save(saved, path)
+    write_checksums(ckpt(run, 2))
+    train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 2)), "steps": 3}))
+    assert (run / "checkpoints" / "step-00000003").is_dir()
+
+
 def test_crafted_rng_state_on_the_command_line(run_copy, data_dir, init_dir):
     run, _ = run_copy
     path = ckpt(run, 2) / STATE / "rng.pt"
