@@ -1,5 +1,6 @@
 """Property-based fuzzing of every file lcft reads from a folder it is handed (config.json, lcft.json,
-tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header, metrics.jsonl on resume, and the
+tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header, metrics.jsonl and a trainer
+state.json on resume, a FASTA's .fai found beside it, and the
 two pickles it reads without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl,
 and that .bin's zip around it):
 random byte and JSON-value mutations of a real file either load or raise the one-line user error (LcftError),
@@ -8,6 +9,7 @@ never another exception, each within a bounded time, and the process's peak memo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import zipfile
@@ -25,14 +27,16 @@ from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint, verify_checkpoint
 from lcft.checkpoint.save import write_checksums
+from lcft.checkpoint.state import TrainerState, read_trainer_state, write_trainer_state
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta, verify_windows
+from lcft.genomics.fasta import FastaFile
 from lcft.genomics.hf_tokenizer import hf_tokenizer_json
 from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import MetricsLog
 
-EXAMPLES = 30  # per file: 11 files in about a minute on 2 busy cores
+EXAMPLES = 30  # per file: 13 files in about a minute on 2 busy cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
@@ -119,7 +123,26 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     (binned / "model.safetensors").unlink()
     torch.save(state, binned / "pytorch_model.bin")  # torch's own zip, its data.pkl beside it to mutate
     (binned / "data.pkl").write_bytes(_pkl_of(binned / "pytorch_model.bin").read())
-    return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned}
+    fasta = root / "fasta"
+    fasta.mkdir()
+    (fasta / "g.fa").write_text(">a first\n" + "ACGTN" * 60 + "\n>b\n" + "acgt\n" * 20)
+    FastaFile(fasta / "g.fa").close()  # pyfaidx writes g.fa.fai beside it
+    resumed = root / "resumed"
+    resumed.mkdir()
+    opt = torch.optim.AdamW(torch.nn.Linear(4, 2).parameters())
+    opt.step()  # a state per parameter, as a run's first update leaves it
+    write_trainer_state(resumed, TrainerState(step=3, updates=3, guard_history=[1.5]), opt.state_dict(),
+                        torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1.0).state_dict())
+    return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned,
+            "fasta": fasta, "resumed": resumed}
+
+
+def _read_fasta(d: Path) -> None:
+    """The FASTA with its (mutated) index found in place: newer than the file, so pyfaidx would use it as is."""
+    os.utime(d / "g.fa.fai")
+    with FastaFile(d / "g.fa") as f:
+        for name in f.names:
+            f.read_raw(name, 0, f.length(name))
 
 
 def _pkl_of(path: Path) -> zipfile.ZipExtFile:
@@ -162,6 +185,8 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     "dcp .metadata": ("dcp", ".metadata", lambda d: read_metadata_file(d / ".metadata")),
     "bin data.pkl": ("bin", "data.pkl", _read_bin),
     "bin zip": ("bin", "pytorch_model.bin", from_pretrained),  # its directory, headers and records as bytes
+    ".fai": ("fasta", "g.fa.fai", _read_fasta),
+    "state.json": ("resumed", "trainer_state/state.json", read_trainer_state),
 }
 
 

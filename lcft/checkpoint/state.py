@@ -10,7 +10,7 @@ import math
 import os
 import pickle
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +114,12 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     if not p.is_file():
         raise LcftError(f"{ckpt}: not a trainer checkpoint ({STATE_DIR}/state.json missing)")
     try:
-        state = TrainerState(**read_json(p))
+        data = read_json(p)
     except LcftError as e:  # not JSON, not an object, unreadable
         raise _broken(p, str(e).removeprefix(f"{p}: ")) from None
-    except TypeError as e:  # a field this version does not know, or one missing
-        raise _broken(p, f"not a trainer state of this lcft version ({e})") from None
+    if unknown := [k for k in data if k not in {f.name for f in fields(TrainerState)}]:  # every field has a default
+        raise _broken(p, f"not a trainer state of this lcft version (field {shown(unknown[0], quoted=True)})")
+    state = TrainerState(**data)
     if not all(isinstance(getattr(state, k), int) and not isinstance(getattr(state, k), bool)
                for k in ("step", "samples_seen", "updates", "skipped", "consecutive_skips")):
         raise _broken(p, "corrupt trainer state (a count is not an integer)")

@@ -73,6 +73,8 @@ def test_crafted_pickle_in_trainer_state_is_refused_and_not_run(run_copy, tmp_pa
     ("state.json", b'{"step": 6, "guard_history": "abc"}', "state.json: corrupt"),
     ("state.json", b'{"step": 6, "data": "train.bin"}', "state.json: corrupt"),
     ("rng.pt", "wrong-layout", "rng.pt: corrupt"),
+    ("state.json", b'{"step": 6, "stepz": 1}', "lcft version (field 'stepz')"),
+    ("state.json", b'{"step": 6, "\\nx\\u001b[2J": 1}', r"lcft version (field '\nx\x1b[2J')"),  # shown, not run
 ])
 def test_corrupt_trainer_state_is_one_line_naming_file_and_previous(run_copy, name, damage, word):
     run, cfg = run_copy
