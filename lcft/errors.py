@@ -1,5 +1,5 @@
 """User-facing errors: the CLI prints their message on one line and exits non-zero, without a traceback; and how a
-value read from a file is shown in one."""
+value read from a file, or what a library's exception says about one, is shown in one."""
 
 import reprlib
 
@@ -40,4 +40,14 @@ def shown(value: object, limit: int = 80, quoted: bool = False) -> str:
         text = _Bounded(limit).repr(value)
     except Exception:  # a value whose parts refuse even a bounded repr: named by its type
         text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def reason(e: BaseException, limit: int = 300) -> str:
+    """What a library's exception says, for a one-line message: its lines joined by spaces, any character that is
+    not printable escaped (a crafted file's record name or key can hold newlines and terminal escapes, which a
+    library quotes as they are), cut to `limit` characters; its type's name when it says nothing."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 
 HASH_CHUNK = 1 << 24  # 16 MiB reads: few system calls per GB of windows, a bounded buffer
 LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
@@ -144,7 +144,7 @@ def read_json(path: str | os.PathLike, want: type = dict) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise LcftError(f"{path}: cannot read ({e})") from None
+        raise LcftError(f"{path}: cannot read ({reason(e)})") from None
     data = parse_json(text, str(path))
     if not isinstance(data, want):
         raise LcftError(f"{path}: not a JSON {'object' if want is dict else want.__name__}")

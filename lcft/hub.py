@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 
 # ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<revision>[\w./-]{1,200}))?")
@@ -73,5 +73,5 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
     except errors.RevisionNotFoundError:
         raise LcftError(f"{repo}: no revision {revision!r} on the Hub") from None
     except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)
-        raise LcftError(f"{repo}: not a local folder, and the Hub cannot be read ({str(e).splitlines()[0]})") from None
+        raise LcftError(f"{repo}: not a local folder, and the Hub cannot be read ({reason(e)})") from None
     return Path(path)

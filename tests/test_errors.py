@@ -1,5 +1,6 @@
 """How a value read from a file is shown in a one-line error (lcft.errors.shown): plain data as Python writes it,
-bounded in depth, items and length whatever the file built; anything else by its type name."""
+bounded in depth, items and length whatever the file built; anything else by its type name. And what a library's
+exception says about a file (lcft.errors.reason): one line, nothing unprintable, bounded."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from lcft.errors import shown
+from lcft.errors import reason, shown
 
 
 def deep(levels: int) -> list:
@@ -48,3 +49,21 @@ def test_plain_data_reads_as_python_writes_it():
     assert shown(list(range(10))) == "[0, 1, 2, 3, ...]"
     assert shown(10**5000) == "<int of 16610 bits>" and shown(Loud()) == "<Loud>"
     assert "..." in shown("y" * 200) and len(shown("y" * 200)) <= 80
+
+
+@pytest.mark.parametrize("error, said", [
+    (ValueError('Duplicate key "a\x1b[2J"'), 'Duplicate key "a\\x1b[2J"'),  # a terminal escape, escaped
+    (RuntimeError("404 Client Error.\n\nRepository Not Found for url: x"),
+     "404 Client Error. Repository Not Found for url: x"),  # every line kept, joined
+    (KeyError("model.\nx"), "'model.\\nx'"),  # KeyError says its key's repr
+    (ValueError("tab\there, é"), "tab\\there, é"),
+    (ValueError(""), "ValueError"),
+    (OSError(), "OSError"),
+], ids=["escape", "lines", "key", "tab", "empty", "bare"])
+def test_a_librarys_message_is_one_printable_line(error, said):
+    assert reason(error) == said
+
+
+def test_a_librarys_message_is_bounded():
+    said = reason(ValueError("x" * 10_000 + "\n" + "y"), limit=50)
+    assert len(said) == 50 and said.endswith("...") and said.isprintable()

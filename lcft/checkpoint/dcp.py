@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from lcft.checkpoint.dcp_metadata import METADATA, SafePlanner, SafeReader, read_metadata_file
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import MODEL_META
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model.config import AttentionConfig
 from lcft.model.llama import Llama
@@ -159,7 +159,7 @@ def _load(dcp_state: dict[str, Any], ckpt: str | os.PathLike, no_dist: bool) -> 
     except Exception as e:  # a missing key, a torn shard file, a shape that does not fit
         if reader.refusal:
             raise reader.refusal from None
-        raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {str(e)[:300]})") from None
+        raise LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(e).__name__}: {reason(e)})") from None
 
 
 def first_failure(e: CheckpointException) -> BaseException:
@@ -174,8 +174,7 @@ def _one_line(ckpt: str | os.PathLike, e: CheckpointException) -> LcftError:
     first = first_failure(e)
     if isinstance(first, LcftError):
         return first
-    text = " ".join(str(first).split())[:300]
-    return LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(first).__name__}: {text})")
+    return LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(first).__name__}: {reason(first)})")
 
 
 def model_metadata(ckpt: Path) -> dict[str, Any]:

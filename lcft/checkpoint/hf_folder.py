@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import (
@@ -141,7 +141,7 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
         try:
             attention = AttentionConfig.from_dict(block)
         except TypeError as e:
-            raise LcftError(f"{directory / MODEL_META}: bad attention block ({e})") from None
+            raise LcftError(f"{directory / MODEL_META}: bad attention block ({reason(e)})") from None
     try:
         return config_from_hf(read_json(directory / MODEL_CONFIG), attention)
     except KeyError as e:

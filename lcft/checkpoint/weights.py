@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import file_hash, files_sha256
 
 WEIGHT_SUFFIX = ".safetensors"
@@ -41,4 +41,4 @@ def check_weights_readable(ckpt: Path) -> None:
             with safe_open(str(f), framework="pt") as sf:
                 sf.keys()
         except Exception as e:  # SafetensorError is not exported under a stable name
-            raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {e}") from None
+            raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {reason(e)}") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyfaidx
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import file_hash
 from lcft.genomics.fasta_cache import (
     decompress_to_cache,
@@ -36,7 +36,7 @@ def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
         with gzip.open(path, "rb") as fh:
             return fh.read(n)
     except (OSError, EOFError) as e:
-        raise LcftError(f"{path}: not a readable FASTA ({e})") from None
+        raise LcftError(f"{path}: not a readable FASTA ({reason(e)})") from None
 
 
 def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Path, Path, str]:
@@ -84,7 +84,7 @@ def _indexing_error(path: Path, e: Exception) -> LcftError:
         )
     if "does not contain a valid sequence" in msg:
         return LcftError(f"empty FASTA: {path} has no sequence records")
-    return LcftError(f"{path}: pyfaidx cannot index this FASTA: {msg.splitlines()[0] if msg else type(e).__name__}")
+    return LcftError(f"{path}: pyfaidx cannot index this FASTA: {reason(e)}")
 
 
 class FastaFile:
@@ -144,11 +144,11 @@ class FastaFile:
         except pyfaidx.UnsupportedCompressionFormat as e:
             raise _indexing_error(self.path, e) from None
         except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
-            raise LcftError(f"{self.path}: {e} (record names must be unique)") from None
+            raise LcftError(f"{self.path}: {reason(e)} (record names must be unique)") from None
         except RuntimeError as e:  # pyfaidx: "Unhandled exception during fasta indexing" (odd line lengths)
             raise _indexing_error(self.path, e) from None
         except OSError as e:
-            raise LcftError(f"{self.path}: cannot index FASTA: {e}") from None
+            raise LcftError(f"{self.path}: cannot index FASTA: {reason(e)}") from None
         except (struct.error, zlib.error, EOFError) as e:  # Bio.bgzf on a cut or damaged block
             raise LcftError(f"{self.path}: truncated or corrupt BGZF ({e or type(e).__name__})") from None
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import atomic_open
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -88,7 +88,7 @@ def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Call
                 raise LcftError(f"{path} changed while it was read (sha256 {sha256[:12]} when opened, {got[:12]} "
                                 "read): open it again once it is complete")
     except (OSError, EOFError) as e:
-        raise LcftError(f"{path}: cannot {what} into {dest.parent}: {e}") from None
+        raise LcftError(f"{path}: cannot {what} into {dest.parent}: {reason(e)}") from None
 
 
 def decompress_to_cache(path: Path, sha256: str) -> Path:

@@ -23,7 +23,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import atomic_open, file_hash
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
@@ -57,7 +57,7 @@ def published_md5(url: str, timeout: float = 60) -> str:
         with _open(md5_url, timeout) as r:
             text = r.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as e:
-        raise LcftError(f"cannot read the published md5 at {md5_url} ({e}); pass --md5 HEX or --md5 {NO_MD5}") from None
+        raise LcftError(f"cannot read the published md5 at {md5_url} ({reason(e)}); pass --md5 HEX or --md5 {NO_MD5}") from None
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].lstrip("*") == name:
@@ -188,7 +188,7 @@ def fetch_fasta(
     try:
         ready = _make_readable(dest, bgzip)
     except (OSError, EOFError) as e:
-        raise LcftError(f"cannot unpack {dest}: {e}") from None
+        raise LcftError(f"cannot unpack {dest}: {reason(e)}") from None
     with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
         n = len(fa.names)
     if con:

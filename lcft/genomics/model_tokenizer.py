@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
@@ -45,7 +45,7 @@ def guarded(call: Callable[[], Any], source: str) -> Any:
         if type(e).__name__ != "PanicException":
             raise
         raise LcftError(f"tokenizer {source}: the tokenizers library failed on this sequence "
-                        f"({str(e).splitlines()[0][:200] if str(e) else 'panic'})") from None
+                        f"({reason(e, 200)})") from None
 
 
 def _regexes(node: Any, where: str) -> list[tuple[str, str]]:
@@ -243,7 +243,7 @@ def _parse(text: str, source: str, data: dict[str, Any]) -> Any:
     try:
         return Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception with serde's message
-        raise LcftError(f"{source} is not a tokenizers tokenizer.json ({str(e).splitlines()[0][:200]})") from None
+        raise LcftError(f"{source} is not a tokenizers tokenizer.json ({reason(e, 200)})") from None
 
 
 def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | None = None) -> SeqTokenizer:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.seq_tokenizer import UPPER, SeqTokenizer, acgt_mask
 from lcft.genomics.tokenizer import encode_pieces
@@ -126,7 +126,7 @@ def read_bases(fasta: FastaFile, chrom: str, lo: int, hi: int, out: np.ndarray) 
     try:
         got = encode_pieces(fasta.line_pieces(chrom, lo, hi), fasta.line_bytes(chrom)[0], out, IDENTITY)
     except ValueError as e:
-        raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi}: {e} (changed since indexing?)") from None
+        raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi}: {reason(e)} (changed since indexing?)") from None
     if got != hi - lo:
         raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi} gave {got} bases, expected {hi - lo}")
     return out[:got]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.tokenizer import FLAG_GC, FLAG_LOWER, FLAG_NOT_ACGT, ID_BITS, encode_lines, encode_pieces
 
@@ -76,7 +76,7 @@ def iter_windows(
         try:
             got = encode_pieces(fasta.line_pieces(chrom, lo, hi), bases_per_line, coded)
         except ValueError as e:  # also numpy's "could not broadcast" when a piece overflows the buffer
-            raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi}: {e} (changed since indexing?)") from None
+            raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi}: {reason(e)} (changed since indexing?)") from None
         if got != hi - lo:
             raise LcftError(f"{fasta.path}: {chrom}:{lo}-{hi} gave {got} bases, expected {hi - lo}")
         for s in batch:

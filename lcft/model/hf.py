@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.model.config import AttentionConfig, LlamaConfig, check_counts, is_real, normalize_rope_scaling
 from lcft.model.hf_classes import shipped_classes
 from lcft.model.hf_weights import INDEX, WEIGHTS, weight_files, weight_tensors
@@ -312,7 +312,7 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
                 _assign(model, name, tensor if dtype is None else tensor.to(dtype))
                 loaded.add(name)
         except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file
-            raise LcftError(f"{f}: cannot read weights ({str(e).splitlines()[0] if str(e) else e!r})") from None
+            raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
     missing = sorted(set(params) - loaded)
     if missing:
         names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")

@@ -98,6 +98,19 @@ def test_duplicate_record_names(tmp_path):
     fails("record names must be unique", p, tmp_path / "out")
 
 
+def test_a_record_name_is_shown_not_run_in_the_error(tmp_path):
+    """pyfaidx quotes the duplicate name as the file has it; a terminal escape in it reaches the one-line error
+    escaped (here, ESC [2J would clear the user's screen), through the library and the CLI alike."""
+    from tests.one_line import cli_fails
+
+    p = write_fasta(tmp_path / "dup.fa", {"c1\x1b[2J": "ACGT" * 10})
+    p.write_text(p.read_text() * 2)
+    msg = fails("record names must be unique", p, tmp_path / "out")
+    assert "c1\\x1b[2J" in msg and msg.isprintable()
+    line = cli_fails(["prepare", "inspect", str(p)], "record names must be unique", "c1\\x1b[2J")
+    assert "\x1b" not in line
+
+
 def test_chromosome_not_found_lists_names(good, tmp_path):
     msg = fails("chromosome chrX not found", good, tmp_path / "out", train=("chrX",))
     assert "available: c1, c2" in msg
