@@ -1,6 +1,6 @@
 """Checkpoints of a sharded (`--shard fsdp`) run: every rank writes its own shards through
 torch.distributed.checkpoint (lcft.checkpoint.dcp) into the checkpoint's temp folder, rank 0 the rest and the
-rename (lcft.checkpoint.save); and the optimizer state of any checkpoint put back onto this run's layout."""
+rename (lcft.checkpoint.save)."""
 
 from __future__ import annotations
 
@@ -12,25 +12,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lcft.checkpoint.dcp import DCP_DIR, SHARDED_META, load_full_optimizer, load_state, save_state
+from lcft.checkpoint.dcp import DCP_DIR, SHARDED_META, save_state
 from lcft.checkpoint.hf_folder import hf_tokenizer_of, write_model_folder
 from lcft.checkpoint.layout import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.checkpoint.save import checkpoint_bytes, write_checkpoint
 from lcft.errors import LcftError
 from lcft.files import disk_full_error
-
-
-def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool) -> None:
-    """Optimizer state of the checkpoint resumed from, onto this run's layout. saved = its optimizer.pt (None:
-    the checkpoint is sharded, and the weights are read again with it, resharded). `optimizer` may be
-    Accelerate's wrapper."""
-    raw = getattr(optimizer, "optimizer", optimizer)
-    if saved is None:
-        load_state(model, raw, ckpt, no_dist=not sharded)
-    elif sharded:
-        load_full_optimizer(model, raw, saved)
-    else:
-        optimizer.load_state_dict(saved)
 
 
 def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,

@@ -1,12 +1,11 @@
 """A checkpoint's trainer state: `trainer_state/` holds `state.json` (step, data position, spike-guard
 history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`: plain tensors, numbers and strings only, read with
-`torch.load(weights_only=True)`, so a crafted file is refused, never run. Also the options a resumed optimizer
-keeps from this run."""
+`torch.load(weights_only=True)`, so a crafted file is refused, never run (lcft.checkpoint.resume checks and
+restores what they hold)."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import random
@@ -100,7 +99,7 @@ def write_trainer_state(ckpt: Path, state: TrainerState, optimizer: dict | None,
     torch.save(rng_state(), d / "rng.pt")
 
 
-def _broken(path: Path, reason: str) -> LcftError:
+def broken(path: Path, reason: str) -> LcftError:
     """A one-line error naming a trainer-state file and the checkpoint to resume from instead."""
     ckpt = path.parent.parent if path.parent.name == STATE_DIR else path.parent
     prev = previous_checkpoint(ckpt)
@@ -116,35 +115,35 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     try:
         data = read_json(p)
     except LcftError as e:  # not JSON, not an object, unreadable
-        raise _broken(p, str(e).removeprefix(f"{p}: ")) from None
+        raise broken(p, str(e).removeprefix(f"{p}: ")) from None
     if unknown := [k for k in data if k not in {f.name for f in fields(TrainerState)}]:  # every field has a default
-        raise _broken(p, f"not a trainer state of this lcft version (field {shown(unknown[0], quoted=True)})")
+        raise broken(p, f"not a trainer state of this lcft version (field {shown(unknown[0], quoted=True)})")
     state = TrainerState(**data)
     if not all(isinstance(getattr(state, k), int) and not isinstance(getattr(state, k), bool)
                for k in ("step", "samples_seen", "updates", "skipped", "consecutive_skips")):
-        raise _broken(p, "corrupt trainer state (a count is not an integer)")
+        raise broken(p, "corrupt trainer state (a count is not an integer)")
     numbers = [state.elapsed, *([state.last_loss] if state.last_loss is not None else [])]
     if not isinstance(state.guard_history, list) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in [*state.guard_history, *numbers]):
-        raise _broken(p, "corrupt trainer state (guard_history, elapsed or last_loss is not a number)")
+        raise broken(p, "corrupt trainer state (guard_history, elapsed or last_loss is not a number)")
     if state.data is not None and not (isinstance(state.data, dict) and isinstance(state.data.get("sha256", {}), dict)):
-        raise _broken(p, "corrupt trainer state (data is not the identity lcft records)")
+        raise broken(p, "corrupt trainer state (data is not the identity lcft records)")
     return state
 
 
 def _load(path: Path) -> Any:
     """torch.load of plain tensors and containers only; anything else (code, other classes) is refused."""
     if not path.is_file():
-        raise _broken(path, "missing (incomplete checkpoint)")
+        raise broken(path, "missing (incomplete checkpoint)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "Unsupported global" not in str(e) and "GLOBAL" not in str(e):  # not a reference to code: garbled
-            raise _broken(path, "corrupt trainer state (not a torch file of plain tensors)") from None
-        raise _broken(path, "refused: it holds objects other than tensors and numbers (a crafted or foreign "
+            raise broken(path, "corrupt trainer state (not a torch file of plain tensors)") from None
+        raise broken(path, "refused: it holds objects other than tensors and numbers (a crafted or foreign "
                             "file; nothing in it was run)") from None
     except Exception as e:  # torch's zip reader and pickle raise many types for a garbled file
-        raise _broken(path, f"corrupt trainer state ({type(e).__name__})") from None
+        raise broken(path, f"corrupt trainer state ({type(e).__name__})") from None
 
 
 def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict | None, dict, dict]:
@@ -161,9 +160,9 @@ def read_trainer_state(ckpt: str | os.PathLike) -> tuple[TrainerState, dict | No
         if value is None and name == "optimizer.pt":
             continue
         if not isinstance(value, dict) or any(k not in value for k in keys):
-            raise _broken(d / name, "corrupt trainer state (not the expected dictionary)")
+            raise broken(d / name, "corrupt trainer state (not the expected dictionary)")
     if not _rng_fits(rng):
-        raise _broken(d / "rng.pt", "corrupt trainer state (not the RNG states lcft writes)")
+        raise broken(d / "rng.pt", "corrupt trainer state (not the RNG states lcft writes)")
     return state, optim, sched, rng
 
 
@@ -222,78 +221,3 @@ def _torch_fits(state: Any, rng: dict[str, Any]) -> bool:
         for i, t in enumerate(cuda):
             torch.Generator(device=f"cuda:{i}").set_state(t)
     return True
-
-
-def check_restorable(ckpt: str | os.PathLike, optimizer: Any, scheduler: Any, state: TrainerState,
-                     optim: dict | None, sched: dict) -> None:
-    """Before anything is restored: refuse, in one line naming the file, a scheduler.pt or optimizer.pt that
-    torch reads as plain data but that is not what this run's schedule and optimizer write (loaded, it would fail
-    in torch's load_state_dict or in a later step, or set the schedule elsewhere than the trainer state says).
-    The oracle is what this run built: its schedule's state_dict and its optimizer's parameters."""
-    d = Path(ckpt) / STATE_DIR
-    if why := _schedule_misfit(scheduler, sched, state.updates):
-        raise _broken(d / "scheduler.pt", f"corrupt trainer state ({why})")
-    if optim is not None and (why := _optimizer_misfit(getattr(optimizer, "optimizer", optimizer), optim)):
-        raise _broken(d / "optimizer.pt", f"corrupt trainer state ({why})")
-
-
-def _same_kind(saved: Any, built: Any) -> bool:
-    """`saved` has `built`'s type, a list its length and its items' kinds, a float is finite."""
-    if type(saved) is not type(built):
-        return False
-    if isinstance(built, list):
-        return len(saved) == len(built) and all(map(_same_kind, saved, built))
-    return not isinstance(built, float) or math.isfinite(saved)
-
-
-def _schedule_misfit(scheduler: Any, saved: dict, updates: int) -> str | None:
-    built = scheduler.state_dict()
-    for key, value in saved.items():
-        if key in built:
-            if not _same_kind(value, built[key]):
-                return f"{shown(key)} is not what the schedule keeps"
-        elif type(key) is not str or hasattr(scheduler, key) or type(value) not in (bool, int, float, type(None)):
-            return f"entry {shown(key)} is not the schedule's"  # another torch's bookkeeping numbers pass
-    if missing := [k for k in ("base_lrs", "last_epoch", "lr_lambdas") if k not in saved]:
-        return f"no {missing[0]}"
-    if saved["last_epoch"] != updates:
-        return f"the schedule is at update {shown(saved['last_epoch'])}, the trainer state at {updates}"
-    return None
-
-
-def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict) -> str | None:
-    """torch numbers the parameters 0, 1, ... across the groups: each id of the file must be the one this run's
-    optimizer has at that place, and each state tensor a scalar `step` or one of its parameter's shape."""
-    groups, params = saved["param_groups"], [p for g in optimizer.param_groups for p in g["params"]]
-    sizes = [len(g["params"]) for g in optimizer.param_groups]
-    expected = [list(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(len(sizes))]
-    if not isinstance(groups, list) or [g.get("params") if isinstance(g, dict) else g for g in groups] != expected:
-        return f"not the {len(sizes)} parameter group(s) of {sizes} parameters this model has"
-    if not isinstance(saved["state"], dict):
-        return "its state is not a table of parameters"
-    for i, entry in saved["state"].items():
-        if type(i) is not int or not 0 <= i < len(params) or not isinstance(entry, dict):
-            return f"state of {shown(i)}, not a parameter of this model"
-        for name, t in entry.items():
-            want = () if name == "step" else params[i].shape
-            if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.shape == want):
-                return f"{shown(name)} of parameter {i} is not a float tensor of shape {tuple(want)}"
-    return None
-
-
-def optimizer_options(optimizer: Any) -> list[dict[str, Any]]:
-    """The options of each param group (lr, betas, eps, weight decay...) as this run built them: taken before
-    a saved state is loaded over them, given back to `reapply_options` after."""
-    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-
-
-def reapply_options(optimizer: Any, scheduler: Any, built: list[dict[str, Any]]) -> None:
-    """After loading a saved optimizer and schedule: put back this run's options, so changed ones apply from
-    the next step; the schedule continues from its position (applied updates) with this run's peak lr,
-    warm-up and decay. Unchanged options give back exactly the saved values (exact resume)."""
-    for group, options in zip(optimizer.param_groups, built, strict=True):
-        group.update(options)
-    scheduler.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
-    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
-        group["lr"] = base * factor(scheduler.last_epoch)  # what LambdaLR computes at this position
-    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]

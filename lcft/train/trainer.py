@@ -22,17 +22,10 @@ from accelerate.state import AcceleratorState, GradientState
 
 from lcft.checkpoint.hf_folder import save_model
 from lcft.checkpoint.layout import latest_checkpoint, resolve_checkpoint
-from lcft.checkpoint.reader import load
+from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
-from lcft.checkpoint.sharded import restore_optimizer, save_sharded
-from lcft.checkpoint.state import (
-    TrainerState,
-    check_restorable,
-    optimizer_options,
-    reapply_options,
-    set_rng_state,
-    write_trainer_state,
-)
+from lcft.checkpoint.sharded import save_sharded
+from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import atomic_write
@@ -180,13 +173,8 @@ class Trainer:
         """Trainer state, optimizer, schedule and RNGs of the checkpoint resumed from (a fresh state otherwise)."""
         self.state = TrainerState(world_size=self.world)
         if self.resume_from is not None:
-            built = optimizer_options(self.opt)
-            self.state, optim, sched, rng = load(self.resume_from, model=False, trainer_state=True).trainer
-            check_restorable(self.resume_from, self.opt, self.scheduler, self.state, optim, sched)
-            restore_optimizer(self.model, self.opt, self.resume_from, optim, self.layout.fsdp_enabled)
-            self.scheduler.load_state_dict(sched)
-            set_rng_state(rng)
-            reapply_options(self.opt, self.scheduler, built)  # changed options apply from the next step
+            self.state = restore_training(self.resume_from, self.model, self.opt, self.scheduler,
+                                          self.layout.fsdp_enabled)
             self.state.world_size = self.world
 
     def _check_lengths(self, window: int) -> None:

@@ -150,7 +150,8 @@ def _first_state(o: dict) -> dict:
 
 
 # each: plain data torch.load(weights_only=True) reads, not what this run's schedule or optimizer writes; loaded,
-# each failed in torch's load_state_dict or the first step with a traceback, or set the schedule elsewhere
+# each failed in torch's load_state_dict or the first step with a traceback, set the schedule elsewhere, or (the
+# values) made every update non-finite
 CRAFTED_TRAINING = {
     "scheduler.pt": {
         "position-text": lambda s: s.__setitem__("last_epoch", "x"),
@@ -169,6 +170,10 @@ CRAFTED_TRAINING = {
         "not-a-parameter": lambda o: o["state"].__setitem__(10**6, {}),
         "integer-moments": lambda o: _first_state(o).__setitem__("exp_avg_sq",
                                                                  _first_state(o)["exp_avg_sq"].long()),
+        # right kinds and shapes, values no update writes: loaded, every later update is non-finite and skipped
+        "nan-moment": lambda o: _first_state(o)["exp_avg"].view(-1).__setitem__(0, float("nan")),
+        "inf-step": lambda o: _first_state(o).__setitem__("step", torch.tensor(float("inf"))),
+        "negative-second-moment": lambda o: _first_state(o)["exp_avg_sq"].view(-1).__setitem__(-1, -1.0),
     },
 }
 
