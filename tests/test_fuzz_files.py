@@ -1,17 +1,20 @@
 """Property-based fuzzing of every file lcft reads from a folder it is handed (config.json, lcft.json,
-tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header, metrics.jsonl and a trainer
-state.json on resume, a FASTA's .fai found beside it, and the
-two pickles it reads without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl,
-and that .bin's zip around it):
-random byte and JSON-value mutations of a real file either load or raise the one-line user error (LcftError),
-never another exception, each within a bounded time, and the process's peak memory stays bounded."""
+tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header and a sharded model's
+index.json, metrics.jsonl, a FASTA's .fai found beside it; on resume the trainer state's state.json,
+optimizer.pt, scheduler.pt and rng.pt, and a sharded checkpoint's param_groups.json; and the two pickles it reads
+without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl, and that .bin's zip
+around it): random byte mutations, and JSON-value or (torch files) value mutations, of a real file either load or
+raise the one-line user error (LcftError), never another exception, each within a bounded time, and the
+process's peak memory stays bounded. A resume is exercised to its end: everything restored, then one update."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import time
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +25,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
+from lcft.checkpoint.dcp import SHARDED_META, save_state
 from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint, verify_checkpoint
+from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import write_checksums
-from lcft.checkpoint.state import TrainerState, read_trainer_state, write_trainer_state
+from lcft.checkpoint.state import TrainerState, rng_state, set_rng_state, write_trainer_state
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta, verify_windows
 from lcft.genomics.fasta import FastaFile
@@ -36,7 +42,10 @@ from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import MetricsLog
 
-EXAMPLES = 30  # per file: 13 files in about a minute on 2 busy cores
+PUBLISHED_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "published" / "dnabert-6" / "vocab.txt"
+TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=2)
+EXAMPLES = 30  # per file: 18 files in about a minute and a half on 2 busy cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
@@ -45,69 +54,100 @@ json_values = st.recursive(
     st.sampled_from([0, -1, 2**31, 2**32 - 1, 10**9, 10**18]) | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=8)
+tensors = st.builds(lambda shape, dtype, fill: torch.full(shape, fill).to(dtype),
+                    st.lists(st.integers(0, 3), max_size=3),
+                    st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8,
+                                     torch.bool]),
+                    st.sampled_from([0.0, 1.0, -1.0, 1e30, float("nan"), float("inf")]))
+torch_values = json_values | tensors  # what torch.load(weights_only=True) gives back: containers, numbers, tensors
 
 
 def _paths(node: Any, at: tuple = ()) -> list[tuple]:
-    """Every path into a JSON value (dict keys, list indices)."""
+    """Every path into a JSON value or a torch file's object (dict keys, list and tuple indices)."""
     out = [at]
     if isinstance(node, dict):
         for k, v in node.items():
             out += _paths(v, (*at, k))
-    elif isinstance(node, list):
+    elif isinstance(node, list | tuple):
         for i, v in enumerate(node[:16]):
             out += _paths(v, (*at, i))
     return out
 
 
-def _set(node: Any, path: tuple, value: Any, delete: bool) -> Any:
+def _replaced(node: Any, path: tuple, value: Any, delete: bool) -> Any:
+    """`node` with the item at `path` set to `value` (or deleted), tuples rebuilt as tuples."""
     if not path:
         return value
-    parent = node
-    for k in path[:-1]:
-        parent = parent[k]
-    if delete:
-        del parent[path[-1]]
+    k, rest = path[0], path[1:]
+    items = dict(node) if isinstance(node, dict) else list(node)
+    if delete and not rest:
+        del items[k]
     else:
-        parent[path[-1]] = value
-    return node
+        items[k] = _replaced(items[k], rest, value, delete)
+    return tuple(items) if isinstance(node, tuple) else items
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+class Mutated(bytes):
+    """A mutated file's bytes, shown in a failure report as the mutation that made them (derandomized: a rerun
+    makes the same ones), not as up to a megabyte of bytes."""
+
+    how: str
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} bytes: {self.how}>"
+
+
+def _made(data: bytes, how: str) -> Mutated:
+    out = Mutated(data)
+    out.how = how[:300]
+    return out
 
 
 @st.composite
-def mutated(draw, original: bytes, is_json: bool) -> bytes:
-    """One mutation of a file's bytes: a JSON value replaced or deleted, bytes overwritten, inserted or cut."""
-    kind = draw(st.sampled_from(["value", "delete", "bytes", "insert", "truncate"] if is_json else
-                                ["bytes", "insert", "truncate"]))
+def mutated(draw, original: bytes, form: str) -> Mutated:
+    """One mutation of a file's bytes: a value of its JSON or torch object replaced or deleted, bytes
+    overwritten, inserted or cut. form: "json", "torch" or "bytes"."""
+    kind = draw(st.sampled_from(["bytes", "insert", "truncate"] + ["value", "delete"] * (form != "bytes")))
     if kind in ("value", "delete"):
-        doc = json.loads(original)
+        doc = json.loads(original) if form == "json" else torch.load(io.BytesIO(original), weights_only=True)
         path = draw(st.sampled_from(_paths(doc)[1:] or [()]))
-        doc = _set(doc, path, draw(json_values), delete=kind == "delete" and bool(path))
-        return json.dumps(doc).encode()
+        value = draw(json_values if form == "json" else torch_values)
+        doc = _replaced(doc, path, value, delete=kind == "delete" and bool(path))
+        return _made(json.dumps(doc).encode() if form == "json" else _torch_bytes(doc), f"{kind} at {path!r}: {value!r}")
     data = bytearray(original)
     at = draw(st.integers(0, max(0, len(data) - 1)))
     if kind == "truncate":
-        return bytes(data[:at])
+        return _made(bytes(data[:at]), f"cut at {at}")
     blob = draw(st.binary(min_size=1, max_size=16))
     if kind == "insert":
-        return bytes(data[:at] + blob + data[at:])
+        return _made(bytes(data[:at] + blob + data[at:]), f"{blob!r} inserted at {at}")
     data[at:at + len(blob)] = blob
-    return bytes(data)
+    return _made(bytes(data), f"{blob!r} written at {at}")
 
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory) -> dict[str, Path]:
-    """Real files of each kind, as lcft writes them (or a published k-mer layout)."""
+    """Real files of each kind, as lcft writes them (or as published: DNABERT-6's vocab.txt)."""
     root = tmp_path_factory.mktemp("fuzz-seeds")
     model = root / "model"
     torch.manual_seed(0)
-    save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2)), model)
+    save_pretrained(Llama(TINY), model)
     write_checksums(model)
+    indexed = root / "indexed"
+    save_pretrained(from_pretrained(model), indexed, max_shard_size=4096)  # several shards and their index.json
     tok = root / "tok"
     tok.mkdir()
     (tok / "tokenizer.json").write_text(hf_tokenizer_json(load_tokenizer("kmer:3")))
     vocab = root / "vocab"
     vocab.mkdir()
-    (vocab / "vocab.txt").write_text("\n".join(load_tokenizer("kmer:2").vocab) + "\n")
+    if PUBLISHED_VOCAB.is_file():  # DNABERT-6's vocab.txt as published: specials, then the 4,096 6-mers
+        shutil.copy(PUBLISHED_VOCAB, vocab / "vocab.txt")
     windows = root / "windows"
     prepare_windows(fasta=str(sample_fasta()), out=str(windows), length=1024, train=("chr2",), eval=("chr22",),
                     tokenizer="kmer:3")
@@ -119,7 +159,7 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
              checkpoint_id=str(sharded), no_dist=True)  # DCP's own .metadata, as a sharded save writes it
     binned = root / "bin"
     shutil.copytree(model, binned)
-    state = {k: v.clone() for k, v in from_pretrained(binned).state_dict().items()}
+    state = load_file(binned / "model.safetensors")  # the HF names a published .bin holds
     (binned / "model.safetensors").unlink()
     torch.save(state, binned / "pytorch_model.bin")  # torch's own zip, its data.pkl beside it to mutate
     (binned / "data.pkl").write_bytes(_pkl_of(binned / "pytorch_model.bin").read())
@@ -127,14 +167,52 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     fasta.mkdir()
     (fasta / "g.fa").write_text(">a first\n" + "ACGTN" * 60 + "\n>b\n" + "acgt\n" * 20)
     FastaFile(fasta / "g.fa").close()  # pyfaidx writes g.fa.fai beside it
-    resumed = root / "resumed"
-    resumed.mkdir()
-    opt = torch.optim.AdamW(torch.nn.Linear(4, 2).parameters())
-    opt.step()  # a state per parameter, as a run's first update leaves it
-    write_trainer_state(resumed, TrainerState(step=3, updates=3, guard_history=[1.5]), opt.state_dict(),
-                        torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1.0).state_dict())
+    resumed, sharded_run = _checkpoint(model, root / "resumed", False), _checkpoint(model, root / "sharded-run", True)
     return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned,
-            "fasta": fasta, "resumed": resumed}
+            "fasta": fasta, "resumed": resumed, "sharded-run": sharded_run, "indexed": indexed}
+
+
+def _trained(model: Path) -> tuple[Llama, torch.optim.Optimizer, Any]:
+    """The model config.json describes, an AdamW over it and its schedule: as `_resume` builds them (the
+    weights do not matter: a resume reads them elsewhere), or (saved) after 3 updates."""
+    net = Llama(read_config(model))
+    opt = torch.optim.AdamW(net.parameters())
+    return net, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1.0)
+
+
+def _checkpoint(model: Path, out: Path, sharded: bool) -> Path:
+    """A checkpoint after 3 updates: model folder and trainer state; sharded: weights and optimizer in dcp/."""
+    shutil.copytree(model, out)
+    net, opt, sched = _trained(model)
+    for _ in range(3):
+        sum(p.sum() for p in net.parameters()).backward()
+        opt.step()
+        sched.step()
+    if sharded:
+        (out / "model.safetensors").unlink()
+        (out / "lcft.json").write_text(json.dumps({**json.loads((out / "lcft.json").read_text()), **SHARDED_META}))
+        with warnings.catch_warnings():  # DCP warns that it saves in one process: that is what is wanted
+            warnings.simplefilter("ignore")
+            save_state(net, opt, out)
+    write_trainer_state(out, TrainerState(step=3, updates=3, guard_history=[1.5]),
+                        None if sharded else opt.state_dict(), sched.state_dict())
+    return out
+
+
+def _resume(d: Path) -> None:
+    """A one-process resume from the folder to its end: everything restored into what this run built (the
+    model read again, a fresh AdamW and schedule), then one update; this process's RNGs put back after."""
+    net, opt, sched = _trained(d)
+    before = rng_state()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            restore_training(d, net, opt, sched, sharded=False)
+        sum(p.sum() for p in net.parameters()).backward()
+        opt.step()
+        sched.step()
+    finally:
+        set_rng_state(before)
 
 
 def _read_fasta(d: Path) -> None:
@@ -186,7 +264,12 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     "bin data.pkl": ("bin", "data.pkl", _read_bin),
     "bin zip": ("bin", "pytorch_model.bin", from_pretrained),  # its directory, headers and records as bytes
     ".fai": ("fasta", "g.fa.fai", _read_fasta),
-    "state.json": ("resumed", "trainer_state/state.json", read_trainer_state),
+    "state.json": ("resumed", "trainer_state/state.json", _resume),
+    "optimizer.pt": ("resumed", "trainer_state/optimizer.pt", _resume),
+    "scheduler.pt": ("resumed", "trainer_state/scheduler.pt", _resume),
+    "rng.pt": ("resumed", "trainer_state/rng.pt", _resume),
+    "param_groups.json": ("sharded-run", "dcp/param_groups.json", _resume),
+    "index.json": ("indexed", "model.safetensors.index.json", from_pretrained),
 }
 
 
@@ -199,17 +282,20 @@ def _peak_rss() -> int:
 def test_a_mutated_file_loads_or_is_a_one_line_error(case, seeds, tmp_path):
     seed, name, load = CASES[case]
     work = tmp_path / "work"
+    if not (seeds[seed] / name).is_file():
+        pytest.skip(f"published files not found at {PUBLISHED_VOCAB.parent.parent}")
     shutil.copytree(seeds[seed], work)
     original = (work / name).read_bytes()
     if name == "model.safetensors":  # the header: its 8-byte length and JSON (the tensor bytes are data)
         original = original[: 8 + int.from_bytes(original[:8], "little")]
-    is_json = name.endswith(".json")
+    form = "json" if name.endswith(".json") else "torch" if name.endswith(".pt") else "bytes"
     rest = (seeds[seed] / name).read_bytes()[len(original):]
+    load(work)  # the file as written loads: the mutations start from a working folder
     before = _peak_rss()
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-    @given(data=mutated(original, is_json))
+    @given(data=mutated(original, form))
     def check(data: bytes) -> None:
         (work / name).write_bytes(data + rest)
         start = time.monotonic()

@@ -17,6 +17,7 @@ from lcft.checkpoint.reader import load
 from lcft.checkpoint.state import TrainerState, broken, set_rng_state
 from lcft.errors import shown
 
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what AdamW keeps per parameter (and max_exp_avg_sq: amsgrad)
 NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")  # Adam's second moments: running means of squares
 
 
@@ -87,17 +88,24 @@ def _schedule_misfit(scheduler: Any, saved: dict, updates: int) -> str | None:
 
 def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict) -> str | None:
     """torch numbers the parameters 0, 1, ... across the groups: each id of the file must be the one this run's
-    optimizer has at that place, and each state tensor a scalar `step` or one of its parameter's shape."""
+    optimizer has at that place, each group option a plain value, each parameter's state none or all of what
+    AdamW keeps (torch indexes each of them), each tensor a scalar `step` or one of its parameter's shape."""
     groups, params = saved["param_groups"], [p for g in optimizer.param_groups for p in g["params"]]
+    kept = [ADAM_STATE + ("max_exp_avg_sq",) * bool(g.get("amsgrad")) for g in optimizer.param_groups
+            for _ in g["params"]]
     sizes = [len(g["params"]) for g in optimizer.param_groups]
     expected = [list(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(len(sizes))]
-    if not isinstance(groups, list) or [g.get("params") if isinstance(g, dict) else g for g in groups] != expected:
+    if not isinstance(groups, list) or [_ids(g) for g in groups] != expected:
         return f"not the {len(sizes)} parameter group(s) of {sizes} parameters this model has"
+    if bad := [k for g in groups for k, v in g.items() if k != "params" and not (type(k) is str and _plain(v))]:
+        return f"param group option {shown(bad[0])} is not a plain value"  # torch's load_state_dict reads some
     if not isinstance(saved["state"], dict):
         return "its state is not a table of parameters"
     for i, entry in saved["state"].items():
         if type(i) is not int or not 0 <= i < len(params) or not isinstance(entry, dict):
             return f"state of {shown(i)}, not a parameter of this model"
+        if entry and set(entry) != set(kept[i]):
+            return f"the state of parameter {i} is not AdamW's ({', '.join(kept[i])})"
         for name, t in entry.items():
             want = () if name == "step" else params[i].shape
             if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.shape == want):
@@ -105,6 +113,19 @@ def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict) -> str | No
             if why := _bad_values(name, t):
                 return f"{shown(name)} of parameter {i} {why}"
     return None
+
+
+def _ids(group: Any) -> list[int] | None:
+    """A saved param group's parameter ids: a list of ints (None for anything else, a tensor among them too)."""
+    ids = group.get("params") if isinstance(group, dict) else None
+    return ids if isinstance(ids, list) and all(type(i) is int for i in ids) else None
+
+
+def _plain(v: Any) -> bool:
+    """What an optimizer option holds: None, a bool, int, finite float or string, or a list or tuple of them."""
+    if isinstance(v, list | tuple):
+        return all(not isinstance(x, list | tuple) and _plain(x) for x in v)
+    return v is None or type(v) in (bool, int, str) or (type(v) is float and math.isfinite(v))
 
 
 def _bad_values(name: str, t: torch.Tensor) -> str | None:

@@ -174,6 +174,11 @@ CRAFTED_TRAINING = {
         "nan-moment": lambda o: _first_state(o)["exp_avg"].view(-1).__setitem__(0, float("nan")),
         "inf-step": lambda o: _first_state(o).__setitem__("step", torch.tensor(float("inf"))),
         "negative-second-moment": lambda o: _first_state(o)["exp_avg_sq"].view(-1).__setitem__(-1, -1.0),
+        # found by fuzzing: a KeyError in Adam's __setstate__, and a tensor where torch's load_state_dict tests a
+        # truth value (an id, an option): RuntimeError
+        "no-step": lambda o: _first_state(o).pop("step"),
+        "id-tensor": lambda o: o["param_groups"][0]["params"].__setitem__(0, torch.tensor([])),
+        "option-tensor": lambda o: o["param_groups"][0].__setitem__("capturable", torch.tensor([])),
     },
 }
 
