@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 
 BEAT_S = 1.0  # seconds between beats; a rank is lost when its counter stands still for LOST_AFTER beats
 LOST_AFTER = 3
@@ -146,7 +146,7 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
     if hb is None:
         return None
     hb.stop()
-    cause = _short(error)
+    said = cause(error)
     try:
         lost, alive, nodes = _within(lambda: (*(r := hb.lost()), hb.nodes_lost(*r)), DIAGNOSE_S)
     except Exception:  # the store itself does not answer: it is served by rank 0
@@ -154,12 +154,12 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
         mine = os.environ.get(NODE_RANK_ENV)
         where = f" (node {first.node} lost)" if first.node is not None and str(first.node) != mine else ""
         return (f"{first}, which serves the run's store at {hb.host}:{hb.port}, stopped answering{where} "
-                f"({cause}); the run ended without a new checkpoint: start it again with --resume auto", True)
+                f"({said}); the run ended without a new checkpoint: start it again with --resume auto", True)
     if not lost:
         return None
     where = f" (node {', '.join(map(str, nodes))} lost)" if nodes else ""
     return (f"{', '.join(map(str, lost))} stopped answering{where} after a collective failed or waited "
-            f"{hb.timeout_s:g} s ({cause}); the run ended without a new checkpoint: start it again with "
+            f"{hb.timeout_s:g} s ({said}); the run ended without a new checkpoint: start it again with "
             "--resume auto", min(alive) == hb.rank)
 
 
@@ -185,10 +185,10 @@ def _outcome(fn: Callable[[], Any]) -> tuple[bool, Any]:
         return False, e
 
 
-def _short(error: BaseException) -> str:
-    """The first line of an error, without the C++ source location gloo puts in front ('[.../pair.cc:534] ')."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return re.sub(r"^\[[^\]]*\]\s*", "", text)[:160]
+def cause(error: BaseException) -> str:
+    """What a failed collective said, as one printable line of at most 200 characters (errors.reason), without
+    the C++ source location gloo puts in front ('[.../pair.cc:534] ')."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", reason(error, 200))
 
 
 def report(message: str, reporter: bool) -> None:
