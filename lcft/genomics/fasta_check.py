@@ -16,6 +16,7 @@ from typing import Any
 
 MAX_GAP = 1 << 20  # bytes between two records (line breaks and a header): a larger gap is not a header
 TAIL = 4096  # bytes read after the last record: line breaks only
+MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,22 @@ def _header_names(line: bytes, name: str) -> bool:
     return s[:1] == b">" and s[1:].split()[:1] == [name.encode()]
 
 
+def _possible(rec: Any) -> bool:
+    """Numbers a FASTA's record can have (pyfaidx takes any integers from an index it reuses): offset and length
+    within MAX_BYTES, bases per line at least 1 for a record with bases, bytes per line those bases and at most
+    two line-break bytes."""
+    return (all(0 <= v < MAX_BYTES for v in (rec.offset, rec.rlen, rec.lenc, rec.lenb))
+            and (rec.lenc >= 1 or rec.rlen == 0) and rec.lenc <= rec.lenb <= rec.lenc + 2)
+
+
 def scan_index(fasta: Any) -> IndexScan:
     """One read per record of `fasta` (a FastaFile): from the end of the record before it (at most MAX_GAP back)
     through the end of its first line."""
     records = sorted(fasta.index.items(), key=lambda kv: kv[1].offset)
     if not records:
         return IndexScan("an empty index", None)
+    if bad := next((f"record {name!r} has impossible numbers" for name, rec in records if not _possible(rec)), None):
+        return IndexScan(bad, None)
     end, blanks = 0, None  # byte after the previous record's last base
     for i, (name, rec) in enumerate(records):
         if rec.offset < end or (i > 0 and rec.offset - end > MAX_GAP):

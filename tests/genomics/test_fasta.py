@@ -259,6 +259,23 @@ def test_an_empty_index_newer_than_its_fasta_is_built_again(tmp_path):
         assert f.length("a") == 3_000
 
 
+@pytest.mark.parametrize("field, value", [(1, "-10"), (2, "-1"), (3, "-60"), (4, "-61"), (3, "0"), (4, "70"),
+                                          (2, str(1 << 64)), (1, str(1 << 62))])
+def test_an_index_with_impossible_numbers_is_built_again(tmp_path, field, value):
+    """pyfaidx takes any integers from a .fai it reuses (a negative length made a read of -1 bytes: OSError,
+    found by fuzzing): one that no FASTA has is not the file's index. Oracle: Biopython."""
+    path = write_fasta(tmp_path / "x.fa", {"a": random_genome(1, 3_000), "b": random_genome(2, 500)})
+    with FastaFile(path):
+        pass
+    fai = Path(str(path) + ".fai")
+    rows = [line.split("\t") for line in fai.read_text().splitlines()]
+    rows[0][field] = value
+    fai.write_text("".join("\t".join(r) + "\n" for r in rows))
+    with FastaFile(path) as f:
+        for name, seq in bio_records(path).items():
+            assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
+
+
 def test_a_read_only_folders_stale_index_is_built_once_in_the_cache(tmp_path, monkeypatch):
     folder = tmp_path / "g"
     folder.mkdir()
