@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from lcft.checkpoint.dcp import load_full_optimizer, load_state
+from lcft.checkpoint.dcp import DCP_DIR, load_full_optimizer, load_state
 from lcft.checkpoint.layout import STATE_DIR
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.state import TrainerState, broken, set_rng_state
-from lcft.errors import shown
+from lcft.errors import LcftError, shown
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what AdamW keeps per parameter (and max_exp_avg_sq: amsgrad)
 NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")  # Adam's second moments: running means of squares
@@ -43,10 +45,32 @@ def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict 
     raw = getattr(optimizer, "optimizer", optimizer)
     if saved is None:
         load_state(model, raw, ckpt, no_dist=not sharded)
+        check_loaded_values(ckpt, raw)
     elif sharded:
         load_full_optimizer(model, raw, saved)
     else:
         optimizer.load_state_dict(saved)
+
+
+def check_loaded_values(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
+    """A sharded checkpoint's moments as DCP put them into this process's optimizer (its shards of them), judged
+    as an optimizer.pt's are before loading (`_bad_values`); every rank holds other shards, so all agree through
+    one all-reduce and stop together."""
+    found = next((f"{shown(name)} {why}" for entry in optimizer.state.values() for name, t in entry.items()
+                  if isinstance(t, torch.Tensor) and (why := _bad_values(name, _local(t)))), None)
+    bad = found is not None
+    if dist.is_initialized():
+        device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([float(bad)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        bad = bool(flag.item())
+    if bad:
+        raise LcftError(f"{ckpt}/{DCP_DIR}: corrupt optimizer state ({found or 'on another rank'})")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP state tensor (a DTensor), or the tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def check_restorable(ckpt: str | os.PathLike, optimizer: Any, scheduler: Any, state: TrainerState,

@@ -5,12 +5,18 @@ export and --init (torch's CheckpointException derives from BaseException: nothi
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
 from lcft.checkpoint.layout import CHECKSUMS, list_checkpoints, verify_checkpoint
+from lcft.checkpoint.save import write_checksums
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
@@ -73,3 +79,43 @@ def test_damaged_shards_without_checksums_are_one_line(ckpt, sharded_run, tmp_pa
         call()
     msg = str(e.value)
     assert "\n" not in msg and str(ckpt) in msg and "unreadable" in msg, msg
+
+
+def _poisoned(ckpt: Path, tmp_path: Path) -> str:
+    """The checkpoint's DCP state rewritten (torch's own converters, one shard file: a sharded checkpoint loads on
+    any layout) with one first-moment value NaN, its checksums agreeing: a value AdamW never writes. Returns
+    the parameter's name."""
+    whole, dcp_dir = tmp_path / "whole.pt", ckpt / "dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP: "torch.distributed is disabled ... a single process"
+        dcp_to_torch_save(dcp_dir, whole)
+        state = torch.load(whole, weights_only=True)
+        name, moments = next(iter(state["optim"]["state"].items()))
+        moments["exp_avg"].view(-1)[0] = float("nan")
+        torch.save(state, whole)
+        groups = (dcp_dir / "param_groups.json").read_bytes()
+        shutil.rmtree(dcp_dir)
+        torch_save_to_dcp(whole, dcp_dir)
+    (dcp_dir / "param_groups.json").write_bytes(groups)
+    write_checksums(ckpt)
+    return name
+
+
+@pytest.mark.parametrize("layout", ["one process", "fsdp on 2"])
+def test_a_non_finite_moment_in_sharded_optimizer_state_is_one_line(ckpt, sharded_run, tmp_path, layout, capfd):
+    """Checked after DCP loads it into each rank's shards, agreed over the ranks: every rank stops with the
+    checkpoint named, none trains on (loaded, every later update was non-finite and skipped)."""
+    _poisoned(ckpt, tmp_path)
+    _, cfg = sharded_run
+    resumed = TrainConfig(**{**cfg, "resume": str(ckpt), "steps": 3, "out": str(ckpt.parent.parent)})
+    with pytest.raises(LcftError) as e:
+        if layout == "one process":
+            train(resumed)
+        else:
+            launch("train", dataclasses.replace(resumed, nproc=2, shard="fsdp"))
+    out = capfd.readouterr()
+    said = [str(e.value)] if layout == "one process" else [
+        ln for ln in (out.out + out.err).splitlines() if "corrupt optimizer state" in ln]  # what the ranks printed
+    assert said and all(str(ckpt / "dcp") in ln for ln in said), (e.value, out)
+    assert "exp_avg holds a non-finite value" in said[0] and "Traceback" not in out.out + out.err, said
+    assert not (ckpt.parent / "step-00000003").exists()
