@@ -9,6 +9,7 @@ process's peak memory stays bounded. A resume is exercised to its end: everythin
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -26,21 +27,26 @@ import torch.distributed.checkpoint as dcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
+from typer.testing import CliRunner
 
 from lcft.checkpoint.dcp import SHARDED_META, save_state
 from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
-from lcft.checkpoint.layout import resolve_checkpoint, verify_checkpoint
+from lcft.checkpoint.layout import check_tokenizer, resolve_checkpoint, verify_checkpoint
+from lcft.checkpoint.reader import load
 from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import write_checksums
 from lcft.checkpoint.state import TrainerState, rng_state, set_rng_state, write_trainer_state
+from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta, verify_windows
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.hf_tokenizer import hf_tokenizer_json
+from lcft.genomics.hf_tokenizer import describe, hf_tokenizer_json
 from lcft.genomics.model_tokenizer import load_tokenizer
+from lcft.genomics.shards import read_manifest
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import MetricsLog
+from lcft.vocab import tokenizer_spec
 
 PUBLISHED_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "published" / "dnabert-6" / "vocab.txt"
 TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -137,7 +143,7 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fuzz-seeds")
     model = root / "model"
     torch.manual_seed(0)
-    save_pretrained(Llama(TINY), model)
+    save_pretrained(Llama(TINY), model, tokenizer=tokenizer_spec())  # lcft.json records the char tokenizer
     write_checksums(model)
     indexed = root / "indexed"
     save_pretrained(from_pretrained(model), indexed, max_shard_size=4096)  # several shards and their index.json
@@ -151,6 +157,9 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     windows = root / "windows"
     prepare_windows(fasta=str(sample_fasta()), out=str(windows), length=1024, train=("chr2",), eval=("chr22",),
                     tokenizer="kmer:3")
+    kmer3 = read_manifest(windows)["tokenizer"]
+    save_pretrained(Llama(dataclasses.replace(TINY, vocab_size=kmer3["vocab_size"])), windows / "model",
+                    tokenizer=kmer3)  # a model of the data's tokenizer, which training checks against it
     run = root / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2, 3, 4)))
@@ -240,10 +249,24 @@ def _read_bin(d: Path) -> None:
 
 
 def _read_windows(d: Path) -> None:
-    verify_windows(d)
-    ws = open_windows(d, "train")
-    ws.tokenizer.vocab_size  # noqa: B018 (the tokenizer file the manifest names is read)
-    _ = ws[0]
+    """What lcft prepare verify and inspect, and a training run before its model, read of a windows folder."""
+    manifest = verify_windows(d)
+    for split in ("train", "eval"):
+        ws = open_windows(d, split)
+        ws.tokenizer.vocab_size  # noqa: B018 (the tokenizer file the manifest names is read)
+        _ = ws[0], ws.sequence(0)
+    check_tokenizer(d / "model", manifest["tokenizer"])
+    for command in (["prepare", "verify", str(d)], ["prepare", "inspect", str(d)]):
+        _cli(command)
+
+
+def _cli(args: list[str]) -> None:
+    """An lcft command: exit 0, or exit 1 with its one-line error; anything else raised as it was."""
+    r = CliRunner().invoke(app, args)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    if r.exit_code:
+        raise LcftError(r.output.strip())  # the line it printed (multi-line fails the caller's check)
 
 
 def _metrics(d: Path) -> None:
@@ -253,7 +276,8 @@ def _metrics(d: Path) -> None:
 CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     # name: (seed folder, file, what lcft does with the folder)
     "config.json": ("model", "config.json", lambda d: (read_config(d), from_pretrained(d))),
-    "lcft.json": ("model", "lcft.json", lambda d: (resolve_checkpoint(d), read_config(d))),
+    "lcft.json": ("model", "lcft.json", lambda d: (resolve_checkpoint(d), read_config(d),
+                                                    check_tokenizer(d, tokenizer_spec()), describe(load(d).tokenizer))),
     "checksums.json": ("model", "checksums.json", verify_checkpoint),
     "safetensors header": ("model", "model.safetensors", from_pretrained),
     "tokenizer.json": ("tok", "tokenizer.json", lambda d: load_tokenizer(str(d))),

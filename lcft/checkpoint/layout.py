@@ -19,6 +19,7 @@ from typing import Any
 from lcft.errors import LcftError
 from lcft.files import file_hash, read_json
 from lcft.hub import local_path
+from lcft.vocab import spec_problem
 
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"step-(\d{8,})")  # step_name's output; temp folders of interrupted saves do not match
@@ -176,7 +177,12 @@ def read_model_config(ckpt: Path) -> dict[str, Any]:
 
 def read_model_meta(ckpt: Path) -> dict[str, Any]:
     """lcft.json of a model folder (attention settings, tokenizer spec); {} for a folder transformers wrote."""
-    return read_json(ckpt / MODEL_META) if (ckpt / MODEL_META).is_file() else {}
+    if not (ckpt / MODEL_META).is_file():
+        return {}
+    meta = read_json(ckpt / MODEL_META)
+    if meta.get("tokenizer") is not None and (why := spec_problem(meta["tokenizer"])):
+        raise LcftError(f"{ckpt / MODEL_META}: corrupt tokenizer record ({why})")
+    return meta
 
 
 def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ def _summary(manifest: dict) -> Table:
     for col in ("split", "chromosomes", "windows", "skipped for N", "tokens", "bytes written"):
         t.add_column(col, justify="left" if col in ("split", "chromosomes") else "right")
     for split, info in manifest["splits"].items():
-        size = sum(f["bytes"] for f in info["files"].values())
+        size = sum(f["bytes"] for f in info.get("files", {}).values())
         t.add_row(split, ",".join(info["chroms"]) or "-", f"{info['windows']:,}", f"{info['skipped_n']:,}",
                   f"{info['tokens']:,}", f"{size:,}")
     t.caption = f"tokenizer {manifest['tokenizer'].get('name', '?')}; " + "; ".join(

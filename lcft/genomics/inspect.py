@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.shards import read_manifest
+from lcft.genomics.shards import SPLIT_COUNTS, read_manifest
 from lcft.genomics.windows import chromosome_stats
 
 
@@ -39,9 +39,9 @@ def summarize_windows(out_dir: str | os.PathLike) -> dict:
         "stride": m["stride"],
         "max_n_frac": m["max_n_frac"],
         "splits": {
-            s: {k: info[k] for k in ("chroms", "windows", "skipped_n", "tokens")}
+            s: {k: info[k] for k in ("chroms", *SPLIT_COUNTS)}
             | {k: info.get(k, 0) for k in ("bases", "oov")}
-            | {"bytes": sum(f["bytes"] for f in info["files"].values())}
+            | {"bytes": sum(f["bytes"] for f in info.get("files", {}).values())}
             for s, info in m["splits"].items()
         },
         "chroms": m["chroms"],

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn,
 from rich.text import Text
 
 from lcft.config import Size, build, save_resolved, to_dict
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import file_hash, folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
@@ -155,6 +155,16 @@ def _outputs(split_names: tuple[str, ...] = SPLITS) -> list[str]:
     return names + [TOKENIZER_FILE, RESOLVED, MANIFEST]
 
 
+def _option_shown(key: str, value: Any) -> str:
+    """An option of a manifest (read from the file: any JSON) or of this run, for the message naming what differs:
+    a tokenizer by its name, a FASTA by its sha256 (the same name may hold other contents)."""
+    if key == "tokenizer" and isinstance(value, dict):
+        value = value.get("name")
+    if key == "fasta" and isinstance(value, dict):
+        return f"sha256 {shown(value.get('sha256', '?'))[:12]}"
+    return shown(value)
+
+
 def _recorded(old: dict[str, Any], options: dict[str, Any], fasta: FastaFile) -> dict[str, Any]:
     """A manifest's options as this version writes them: folders from before the FASTA's sha256 was recorded
     named it by its size and the md5 of its .fai, which still identify it when they match."""
@@ -170,17 +180,14 @@ def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile)
     these options killed in `.partial`, under --overwrite or not, resumes)."""
     if (out / MANIFEST).is_file() and not overwrite:
         old = read_manifest(out)
-        key = _differing(_recorded(old.get("options", {}), options, fasta), options)
+        recorded = old.get("options") if isinstance(old.get("options"), dict) else {}
+        key = _differing(_recorded(recorded, options, fasta), options)
         if key is None:
             return old
         if _load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
             return None
-        was, now = old.get("options", {}).get(key), options[key]
+        was, now = (_option_shown(key, v) for v in (recorded.get(key), options[key]))
         flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
-        if key == "tokenizer":
-            was, now = (v.get("name") if isinstance(v, dict) else v for v in (was, now))
-        if key == "fasta":  # the same name may hold other contents: show what differs, by sha256
-            was, now = (f"sha256 {v.get('sha256', '?')[:12]}" if isinstance(v, dict) else v for v in (was, now))
         raise LcftError(
             f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, now {now}); "
             "pass --overwrite to replace them, or choose another --out"

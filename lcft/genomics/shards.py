@@ -17,10 +17,12 @@ import numpy as np
 
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_open, file_hash, is_plain_name, read_json
+from lcft.vocab import spec_problem
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SPLITS = ("train", "eval")
+SPLIT_COUNTS = ("windows", "skipped_n", "tokens")  # whole numbers each split of a manifest records
 
 
 def bin_name(split: str) -> str:
@@ -235,8 +237,19 @@ def _check_fields(p: Path, m: dict) -> None:
 
     if not _whole(m.get("length"), 1) or m.get("ids_dtype", "uint8") not in ("uint8", "uint16", "uint32"):
         raise bad("'length' or 'ids_dtype' is not what prepare writes")
-    if not isinstance(m.get("tokenizer", {}), dict):
-        raise bad("'tokenizer' is not an object")
+    if why := spec_problem(m.get("tokenizer")):
+        raise bad(f"its tokenizer: {why}")
+    source, chroms = m.get("source"), m.get("chroms")
+    if not (isinstance(source, dict) and isinstance(source.get("path"), str) and _whole(m.get("stride"), 1)
+            and type(m.get("max_n_frac")) in (int, float)):
+        raise bad("'source', 'stride' or 'max_n_frac' is not what prepare writes")
+    if not (isinstance(chroms, list) and all(
+            isinstance(c, dict) and isinstance(c.get("split"), str) and isinstance(c.get("chrom"), str)
+            and all(_whole(c.get(k)) for k in ("length", "windows", "skipped_n")) for c in chroms)):
+        raise bad("'chroms' is not a list of chromosomes with split, chrom, length, windows, skipped_n")
+    if not all(isinstance(info.get("chroms"), list) and all(isinstance(c, str) for c in info["chroms"])
+               and all(_whole(info.get(k)) for k in SPLIT_COUNTS) for info in m["splits"].values()):
+        raise bad(f"a split's chroms or counts ({', '.join(SPLIT_COUNTS)}) are not what prepare writes")
     records = m.get("records")
     if not isinstance(records, list) or not all(
             isinstance(r, dict) and isinstance(r.get("split"), str) and isinstance(r.get("chrom"), str)

@@ -9,8 +9,8 @@ from typing import Any
 
 from lcft.errors import LcftError
 from lcft.files import parse_json
+from lcft.vocab import MAX_VOCAB
 
-MAX_VOCAB = 1 << 24  # ids 0..16,777,215: 16x the largest published genome vocabulary, a 128 MiB id table at most
 MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is not a DNA tokenizer
 ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "sep_token", "cls_token")
 ROLE_FILES = ("special_tokens_map.json", "tokenizer_config.json")  # the first naming a role decides it

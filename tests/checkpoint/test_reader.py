@@ -12,15 +12,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from lcft.checkpoint import load, save_pretrained
+from lcft.checkpoint.layout import check_tokenizer
 from lcft.errors import LcftError
 from lcft.model import Llama, LlamaConfig
+from lcft.vocab import tokenizer_spec
+from tests.one_line import one_line
 
 
 def tiny(tmp_path: Path) -> tuple[Llama, Path]:
     torch.manual_seed(0)
     model = Llama(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                               num_attention_heads=2, num_key_value_heads=2))
-    spec = {"kind": "test", "vocab_size": 16}
+    spec = {"name": "test", "vocab_size": 16}
     return model, save_pretrained(model, tmp_path / "m", tokenizer=spec)
 
 
@@ -29,7 +32,7 @@ def test_a_plain_folder_gives_config_meta_tokenizer_and_the_saved_weights(tmp_pa
     got = load(folder)
     assert not got.sharded and got.trainer is None
     assert got.config == json.loads((folder / "config.json").read_text())
-    assert got.tokenizer == {"kind": "test", "vocab_size": 16} == got.meta["tokenizer"]
+    assert got.tokenizer == {"name": "test", "vocab_size": 16} == got.meta["tokenizer"]
     ours, saved = got.model.state_dict(), model.state_dict()
     assert ours.keys() == saved.keys() and all(torch.equal(ours[k], saved[k]) for k in saved)
     assert load(folder, model=False).model is None
@@ -82,3 +85,16 @@ def test_lcft_plan_counts_no_whole_model_copy_for_a_sharded_init_under_fsdp(ckpt
 
     assert weights_read(nproc=2, shard="fsdp") == 0
     assert weights_read(nproc=1) == 4 * load(ckpt).model.num_parameters() > 0
+
+
+@pytest.mark.parametrize("spec", [["dna-char"], {"name": "x"}, {"name": "x", "vocab_size": "16"},
+                                  {"name": 7, "vocab_size": 16}, {"name": "x", "vocab_size": 16, "sha256": 5},
+                                  {"name": "x", "vocab_size": 16, "roles": ["<pad>"]}])
+def test_a_tokenizer_record_of_other_kinds_is_one_line(tmp_path, spec):
+    """lcft.json's tokenizer record is compared with the data's and shown in errors (its sha256 cut, its name and
+    vocab_size printed): a field of another kind was an AttributeError or TypeError there."""
+    _, folder = tiny(tmp_path)
+    meta = json.loads((folder / "lcft.json").read_text())
+    (folder / "lcft.json").write_text(json.dumps({**meta, "tokenizer": spec}))
+    for read in (lambda: load(folder), lambda: check_tokenizer(folder, tokenizer_spec())):
+        one_line(read, str(folder / "lcft.json"), "corrupt tokenizer record")

@@ -13,6 +13,7 @@ from lcft.genomics import decode, open_windows, prepare_windows
 from lcft.genomics.fasta_cache import cache_dir
 from lcft.genomics.shards import HashedFile
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
+from tests.one_line import cli_fails
 
 L = 4096
 
@@ -249,6 +250,59 @@ def test_manifest_naming_a_file_outside_the_folder_is_refused(good, tmp_path, wh
         with pytest.raises(LcftError) as e:
             read(out)
         assert repr(name) in str(e.value) and "refused" in str(e.value) and "\n" not in str(e.value)
+
+
+MANIFEST_DAMAGE = {  # each: a field a reader uses, gone or of another kind (KeyError or TypeError before)
+    "no-tokenizer": lambda m: m.pop("tokenizer"),  # opening the windows' tokenizer
+    "vocab-size-text": lambda m: m["tokenizer"].__setitem__("vocab_size", "74"),  # a training run sizes by it
+    "sha256-number": lambda m: m["tokenizer"].__setitem__("sha256", 5),  # compared with, and shown in errors
+    "no-source": lambda m: m.pop("source"),  # lcft prepare inspect
+    "no-stride": lambda m: m.pop("stride"),
+    "chrom-entry": lambda m: m["chroms"][0].pop("length"),
+    "split-chroms": lambda m: m["splits"]["train"].__setitem__("chroms", [1, 2]),
+    "split-windows": lambda m: m["splits"]["eval"].pop("windows"),
+}
+
+
+@pytest.mark.parametrize("damage", list(MANIFEST_DAMAGE))
+def test_a_manifest_missing_what_readers_use_is_one_line(good, tmp_path, damage):
+    """Found by fuzzing manifest.json (a deleted 'tokenizer': KeyError when the windows' tokenizer was read): the
+    fields readers compute with are checked when the manifest is read, for every reader."""
+    import json
+
+    from lcft.genomics import verify_windows
+
+    out = tmp_path / "out"
+    run(good, out, tokenizer="kmer:3", length=1024, max_n_frac=1.0)
+    path = out / "manifest.json"
+    m = json.loads(path.read_text())
+    MANIFEST_DAMAGE[damage](m)
+    path.write_text(json.dumps(m))
+    for read in (verify_windows, lambda d: open_windows(d, "train").tokenizer):
+        with pytest.raises(LcftError) as e:
+            read(out)
+        assert str(path) in str(e.value) and "corrupt manifest" in str(e.value) and "\n" not in str(e.value)
+    cli_fails(["prepare", "inspect", str(out)], str(path), "corrupt manifest")
+
+
+@pytest.mark.parametrize("options, said", [
+    (lambda o: [1, 2], "different format_version (--format_version: was None, now 1)"),
+    (lambda o: {**o, "fasta": {"sha256": 5}}, "different fasta (--fasta: was sha256 5, now sha256 "),
+    (lambda o: {**o, "fasta": "\x1b[2J"}, "different fasta (--fasta: was '\\x1b[2J', now sha256 ")])
+def test_a_manifest_recording_options_of_other_kinds_is_one_line_on_prepare(good, tmp_path, options, said):
+    """Preparing into a folder that holds windows: its manifest's recorded options (any JSON) are compared and
+    shown, one printable line (a list was an AttributeError, a numeric sha256 a TypeError)."""
+    import json
+
+    out = tmp_path / "out"
+    run(good, out)
+    path = out / "manifest.json"
+    m = json.loads(path.read_text())
+    path.write_text(json.dumps({**m, "options": options(m["options"])}))
+    with pytest.raises(LcftError) as e:
+        run(good, out)
+    msg = str(e.value)
+    assert "already holds windows prepared with a " + said in msg and msg.isprintable(), msg
 
 
 def bgzf_fasta(path, recs: dict[str, str]):
