@@ -8,20 +8,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from lcft.console import make_console, styled
 from lcft.errors import LcftError
 
-console = Console(stderr=False)
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print `error: message` on stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(styled(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -38,7 +37,7 @@ def user_errors(fn: F) -> F:
         except FileNotFoundError as e:
             raise fail(f"file not found: {e.filename or e}") from None
         except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/]")
+            err_console.print("interrupted", style="yellow")
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]

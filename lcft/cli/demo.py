@@ -25,7 +25,7 @@ def _run(cfg: DemoConfig, quiet: bool) -> None:
     print_table(res["report"])
     for line in res["summary"]:
         console.print(f"  {line}", highlight=False, soft_wrap=True)
-    console.print(f"\n[bold]{res['note']}[/]", highlight=False)
+    console.print(f"\n{res['note']}", style="bold", highlight=False)
     console.print(f"\nplot: {res['plot']}\nfigures: {res['report_dir']}/eval.json, "
                   f"{res['report_dir']}/loss_by_position.csv\ntotal {res['total_seconds']:.0f} s",
                   highlight=False, soft_wrap=True)

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from lcft.cli.common import console, user_errors
 from lcft.cli.generate import Opt, command_from_config
 from lcft.config import format_size
+from lcft.console import styled
 from lcft.genomics.prepare import PrepareConfig
 
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
@@ -35,7 +37,7 @@ def _windows(cfg: PrepareConfig) -> None:
 
     manifest = prepare_windows(cfg, progress=True)
     console.print(_summary(manifest))
-    console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {cfg.out}`")
+    console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {cfg.out}`", soft_wrap=True)
 
 
 command_from_config(app, "windows", PrepareConfig, _windows, table="prepare",
@@ -52,7 +54,7 @@ def verify(out: Path = typer.Argument(..., help="A folder written by `lcft prepa
 
     m = verify_windows(out)
     n = sum(len(s["files"]) for s in m["splits"].values())
-    console.print(f"[green]ok:[/] {n} files in {out} match the manifest")
+    console.print(styled(("ok:", "green"), f" {n} files in {out} match the manifest"), soft_wrap=True)
 
 
 @app.command("inspect")
@@ -64,12 +66,13 @@ def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder wri
     if path.is_dir():
         s = summarize_windows(path)
         console.print(f"{s['dir']}: windows of {s['length']:,} (stride {s['stride']:,}, max N {s['max_n_frac']}) "
-                      f"from {s['source']}")
+                      f"from {s['source']}", soft_wrap=True)
         t = Table("split", "chromosome", "length", "windows", "skipped for N")
         for c in s["chroms"]:
             t.add_row(c["split"], c["chrom"], f"{c['length']:,}", f"{c['windows']:,}", f"{c['skipped_n']:,}")
         for split, info in s["splits"].items():
-            t.add_row(f"[bold]{split}[/]", "all", "", f"[bold]{info['windows']:,}[/]", f"{info['skipped_n']:,}")
+            t.add_row(Text(split, style="bold"), "all", "", Text(f"{info['windows']:,}", style="bold"),
+                      f"{info['skipped_n']:,}")
         console.print(t)
         return
     rows = inspect_fasta(path, progress=True)
@@ -92,7 +95,7 @@ def fetch(
     from lcft.genomics.fetch import fetch_fasta
 
     ready = fetch_fasta(name, out, url=url, md5=md5, bgzip=bgzip, progress=True)
-    console.print(str(ready))
+    console.print(str(ready), soft_wrap=True)
 
 
 @app.command("cache")
@@ -110,7 +113,7 @@ def cache(
     if days is not None:
         gone = remove_unused(days)
         console.print(f"removed {len(gone)} entries ({_size(sum(e.bytes for e in gone))}) from {cache_dir()}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     entries = sorted(cache_entries(), key=lambda e: (-e.bytes, e.name))
     now = time.time()
     t = Table("kind", "name", "size", "last used", title=str(cache_dir()))

@@ -6,6 +6,7 @@ import typer
 
 from lcft.cli.common import console
 from lcft.cli.generate import Opt, command_from_config
+from lcft.console import styled
 from lcft.train.config import SECTIONS, TrainConfig
 
 
@@ -18,8 +19,8 @@ def _run(cfg: TrainConfig) -> None:
         return
     bits = f" ({s['bits_per_base']:.3f} bits/base)" if s.get("bits_per_base") is not None else ""
     loss = f"loss {s['loss']:.4f} nats/token{bits}" if s.get("loss") is not None else ""
-    console.print(f"[bold]{s['stopped']}[/] at step {s['step']}/{s['steps']} {loss}; "
-                  f"checkpoint {s['checkpoint']}", highlight=False, soft_wrap=True)
+    console.print(styled((s["stopped"], "bold"), f" at step {s['step']}/{s['steps']} {loss}; "
+                         f"checkpoint {s['checkpoint']}"), highlight=False, soft_wrap=True)
     if code := exit_code(s):  # stopped by a signal after its checkpoint: not a finished run (128 + signal)
         raise typer.Exit(code)
 

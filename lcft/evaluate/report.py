@@ -277,10 +277,17 @@ def _split_panels(report: dict[str, Any]) -> list[tuple[tuple[str, str, str], ..
 def figure(report: dict[str, Any]) -> Any:
     """The plot as a matplotlib Figure: bits/base against position (one line per checkpoint, the uniform guess
     dashed); below it the relative change of each checkpoint against the first with its 95% interval as a
-    band; then one panel per split with data, the same change in each of its subsets (solid, dashed)."""
+    band; then one panel per split with data, the same change in each of its subsets (solid, dashed). Its texts
+    are shown as written: labels and the data folder's name are the user's, and '$' in one would be read as
+    mathtext (an unknown symbol fails the whole plot)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede pyplot's import
+    with matplotlib.rc_context({"text.parse_math": False}):  # each Text keeps it: savefig later reads them as made
+        return _figure(report)
+
+
+def _figure(report: dict[str, Any]) -> Any:
     from matplotlib.figure import Figure
 
     edges = np.asarray(report["positions"]["edges"], dtype=np.float64)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from lcft.console import text_column
 from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, default_block_size, load_model, prepare_checkpoints
@@ -97,10 +98,10 @@ def progress_bar(show: bool) -> Iterator[Any]:
     if not show:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("windows"), TimeRemainingColumn(), transient=False) as progress:
+    with Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(),
+                  text_column("windows"), TimeRemainingColumn(), transient=False) as progress:
         yield progress
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lcft.config import format_size
+from lcft.console import make_console
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -145,9 +146,9 @@ def print_table(report: dict[str, Any], console: Console | None = None) -> None:
     """The summary table, the repeat/unique and recurring/non-recurring tables (with the distance histogram),
     the trend verdicts and (with --probe) the probe table."""
     if console is None:
-        console = Console()
+        console = make_console()
         if not console.is_terminal:  # a pipe or a log file: no terminal width to respect, keep rows on one line
-            console = Console(width=120)
+            console = make_console(width=120)
     console.print(table(report))
     console.print(split_table(report), highlight=False)
     if report.get("recurrence"):

@@ -13,16 +13,15 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
-    TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
 
+from lcft.console import make_console, styled, text_column
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_open, file_hash
 from lcft.genomics.fasta import FastaFile
@@ -95,8 +94,8 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
     retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete."""
     label = part.name.removesuffix(".part")
     bar = (
-        Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                 console=Console(stderr=True))
+        Progress(text_column(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                 console=make_console(stderr=True))
         if progress else None
     )
     task = bar.add_task("download", total=None) if bar else None
@@ -172,7 +171,7 @@ def fetch_fasta(
     except OSError as e:
         raise LcftError(f"cannot create {out_dir}: {e.strerror or e}") from None
     dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
-    con = Console(stderr=True) if progress else None
+    con = make_console(stderr=True) if progress else None
     if not dest.exists():
         want = None if md5 == NO_MD5 else (md5.lower() if md5 else published_md5(url, timeout))
         part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=progress, timeout=timeout)
@@ -192,5 +191,5 @@ def fetch_fasta(
     with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
         n = len(fa.names)
     if con:
-        con.print(f"[green]ready:[/] {ready} ({n} records) — next: lcft prepare windows --fasta {ready} --out DIR")
+        con.print(styled(("ready:", "green"), f" {ready} ({n} records) — next: lcft prepare windows --fasta {ready} --out DIR"))
     return ready

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn
+from rich.progress import BarColumn, Progress
 
+from lcft.console import make_console, text_column
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.shards import SPLIT_COUNTS, read_manifest
 from lcft.genomics.windows import chromosome_stats
@@ -19,7 +19,7 @@ def inspect_fasta(path: str | os.PathLike, progress: bool = False) -> list[dict]
         if not progress:
             return [chromosome_stats(fasta, c) for c in fasta.names]
         rows = []
-        with Progress(TextColumn("{task.description}"), BarColumn(), console=Console(stderr=True),
+        with Progress(text_column("{task.description}"), BarColumn(), console=make_console(stderr=True),
                       transient=True) as bar:
             task = bar.add_task("scanning", total=len(fasta.names))
             for c in fasta.names:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
 from rich.text import Text
 
 from lcft.config import Size, build, save_resolved, to_dict
+from lcft.console import make_console, text_column
 from lcft.errors import LcftError, shown
 from lcft.files import file_hash, folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
@@ -71,7 +72,7 @@ class PrepareConfig:
 
 
 def _console() -> Console:
-    return Console(stderr=True)
+    return make_console(stderr=True)
 
 
 class BasesPerSecond(ProgressColumn):
@@ -275,7 +276,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
                     check_oov(split, info["oov"], info["tokens"], info.get("oov_letters", {}), cfg.max_oov_frac,
                               tok.name)
                 if con:
-                    con.print(f"[green]{out} is already prepared with these options: nothing to do[/]")
+                    con.print(f"{out} is already prepared with these options: nothing to do", style="green")
                 return done
             try:
                 (out / PARTIAL).mkdir(exist_ok=True)
@@ -318,7 +319,7 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
     finished = {c["chrom"] for c in state["chroms"]}
     bar = (
         Progress(
-            TextColumn("{task.description:>12}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+            text_column("{task.description:>12}"), BarColumn(), text_column("{task.percentage:>5.1f}%"),
             BasesPerSecond(), TimeRemainingColumn(), console=con, transient=False,
         )
         if con else None

@@ -261,7 +261,7 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, A
 def timed(number: int, title: str, fn: Callable[[], tuple[Any, str]], log: Callable[[str], None]
           ) -> tuple[Any, dict[str, Any]]:
     """Run one stage under its heading: (its result, {"seconds", "cpu_seconds", "result": what happened})."""
-    log(f"[bold]{number}/6 {title}[/]")
+    log(f"{number}/6 {title}")
     t0, c0 = time.perf_counter(), time.process_time()
     value, how = fn()
     # CPU seconds (all threads) next to wall seconds: on a shared machine the wall time says little.

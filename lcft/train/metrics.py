@@ -16,12 +16,12 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.text import Text
 
+from lcft.console import make_console, text_column
 from lcft.errors import LcftError
 from lcft.files import atomic_write, parse_json
 
@@ -98,11 +98,11 @@ class LiveView:
         self._live: Live | None = None
         if not self.enabled:
             return
-        self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                  TextColumn("ETA"), TimeRemainingColumn())
+        self._progress = Progress(text_column("train", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                  text_column("ETA"), TimeRemainingColumn())
         self._task = self._progress.add_task("train", total=total, completed=done)
         self._figures = Text("")
-        self._live = Live(Group(self._progress, self._figures), console=console or Console(), refresh_per_second=4)
+        self._live = Live(Group(self._progress, self._figures), console=console or make_console(), refresh_per_second=4)
         self._live.start()
 
     def update(self, step: int, record: dict[str, Any]) -> None:

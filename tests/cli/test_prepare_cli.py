@@ -129,3 +129,27 @@ def test_cache_lists_then_removes(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache" / "fasta").iterdir())
     r = lcft("prepare", "cache", "--remove-unused", "-1")
     assert r.exit_code == 2 and "--remove-unused" in r.output and "greater than or equal" in r.output
+
+
+MARKUP_NAMES = ("chr[/]", "x[bold]y", "z[red]")  # rich markup: a closing tag that closes nothing, two styles
+
+
+def test_names_that_read_as_markup_print_as_written(tmp_path):
+    """Record names from a FASTA (and the folder's own path) reach tables, titles, progress bars and errors as
+    they are written: '[/]' was a MarkupError traceback in `lcft prepare inspect`, '[bold]' restyled the table."""
+    folder = tmp_path / "g[" / "]"  # the path reads '.../g[/]/...'
+    folder.mkdir(parents=True)
+    fasta = folder / "g.fa"
+    fasta.write_text("".join(f">{n}\n" + "ACGT" * 600 + "\n" for n in MARKUP_NAMES))
+    r = lcft("prepare", "inspect", fasta)
+    assert r.exit_code == 0 and all(n in r.stdout for n in MARKUP_NAMES) and "g[/]/g.fa" in r.stdout, r.output
+    out = folder / "w[bold]"
+    r = lcft("prepare", "windows", "--fasta", fasta, "--out", out, "--train", "chr[/],x[bold]y", "--eval",
+             "z[red]", "--length", "1K")
+    assert r.exit_code == 0 and "chr[/],x[bold]y" in r.stdout and "g[/]/w[bold]" in r.stdout, r.output
+    for command in ("inspect", "verify"):
+        r = lcft("prepare", command, out)
+        assert r.exit_code == 0 and "g[/]/w[bold]" in r.stdout, r.output
+    assert all(n in lcft("prepare", "inspect", out).stdout for n in MARKUP_NAMES)
+    r = lcft("prepare", "windows", "--fasta", fasta, "--out", out, "--train", "[/]nope", "--length", "1K")
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "[/]nope" in r.output, r.output
