@@ -47,7 +47,13 @@ def reason(e: BaseException, limit: int = 300) -> str:
     """What a library's exception says, for a one-line message: its lines joined by spaces, any character that is
     not printable escaped (a crafted file's record name or key can hold newlines and terminal escapes, which a
     library quotes as they are), cut to `limit` characters; its type's name when it says nothing."""
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    text = printable(" ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every character that is not printable (a terminal escape, a bell, a newline unless `keep`
+    holds it) written as its Python escape, so text from a handed file cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)

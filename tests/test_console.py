@@ -1,5 +1,5 @@
 """Terminal output prints text as it is: lcft/console.py makes every Console and progress text column, markup
-off; no other library module makes one or writes markup (checked over the sources), and names that read as
+off, unprintable characters escaped; no other library module makes one or writes markup (checked over the sources), and names that read as
 markup render as written (end to end through the CLI: tests/cli/test_prepare_cli.py)."""
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ def test_the_check_can_fail():
 
 def test_tables_titles_and_progress_text_show_markup_as_written():
     console = make_console(width=200)
-    table = Table("chromosome name", title="g[bold]")
-    table.add_row("chr[/]")
+    table = Table("chromosome name", title="g[bold]\x1b[1m")
+    table.add_row("chr[/]\x1b[2J")
     with console.capture() as cap:
         console.print(table)
-        console.print(styled(("ok:", "green"), " x[red]y"))
+        console.print(styled(("ok:", "green"), " x[red]y\x07"))
+        console.print("two\nlines\x1b]0;title\x07")
         with Progress(text_column("{task.description}", "bold"), console=console) as progress:
-            progress.add_task("scanning z[/]", total=1)
+            progress.add_task("scanning z[/]\x1b[2J", total=1)
     text = cap.get()
-    assert "g[bold]" in text and "chr[/]" in text and "ok: x[red]y" in text and "scanning z[/]" in text
+    assert "g[bold]\\x1b[1m" in text and "chr[/]\\x1b[2J" in text and "ok: x[red]y\\x07" in text
+    assert "two\nlines\\x1b]0;title\\x07" in text and "scanning z[/]\\x1b[2J" in text
+    assert "\x1b" not in text and "\x07" not in text  # a terminal escape from a name is shown, never sent

@@ -140,9 +140,10 @@ def test_names_that_read_as_markup_print_as_written(tmp_path):
     folder = tmp_path / "g[" / "]"  # the path reads '.../g[/]/...'
     folder.mkdir(parents=True)
     fasta = folder / "g.fa"
-    fasta.write_text("".join(f">{n}\n" + "ACGT" * 600 + "\n" for n in MARKUP_NAMES))
+    fasta.write_text("".join(f">{n}\n" + "ACGT" * 600 + "\n" for n in (*MARKUP_NAMES, "e\x1b[2Jf")))
     r = lcft("prepare", "inspect", fasta)
     assert r.exit_code == 0 and all(n in r.stdout for n in MARKUP_NAMES) and "g[/]/g.fa" in r.stdout, r.output
+    assert "e\\x1b[2Jf" in r.stdout and "\x1b" not in r.output  # a terminal escape in a name is shown, not sent
     out = folder / "w[bold]"
     r = lcft("prepare", "windows", "--fasta", fasta, "--out", out, "--train", "chr[/],x[bold]y", "--eval",
              "z[red]", "--length", "1K")
