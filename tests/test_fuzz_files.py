@@ -13,8 +13,10 @@ import dataclasses
 import io
 import json
 import os
+import random
 import shutil
 import time
+import tomllib
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from Bio import bgzf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -38,15 +41,19 @@ from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import write_checksums
 from lcft.checkpoint.state import TrainerState, rng_state, set_rng_state, write_trainer_state
 from lcft.cli.app import app
+from lcft.config import build, dumps_toml, load_toml, save_resolved, to_dict
 from lcft.errors import LcftError
+from lcft.evaluate.config import EvalConfig
 from lcft.genomics import open_windows, prepare_windows, sample_fasta, verify_windows
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.hf_tokenizer import describe, hf_tokenizer_json
 from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.genomics.shards import read_manifest
 from lcft.model import Llama, LlamaConfig
+from lcft.train.config import TrainConfig, load_run_config, resolve_config
 from lcft.train.metrics import MetricsLog
 from lcft.vocab import tokenizer_spec
+from tests.genomics.conftest import bio_records
 
 PUBLISHED_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "published" / "dnabert-6" / "vocab.txt"
 TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -99,6 +106,17 @@ def _torch_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+toml_values = st.recursive(  # what lcft's TOML writer writes: no null, tables one level deep
+    st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.floats() | st.text(max_size=12) |
+    st.sampled_from([0, -1, 2**31, 10**18, "512K", "1M", "fsdp", "bf16"]),
+    lambda inner: st.lists(inner, max_size=4), max_leaves=8)
+FORMS: dict[str, tuple[Callable[[bytes], Any], Any, Callable[[Any], bytes]]] = {  # read, values, write
+    "json": (json.loads, json_values, lambda doc: json.dumps(doc).encode()),
+    "torch": (lambda b: torch.load(io.BytesIO(b), weights_only=True), torch_values, lambda doc: _torch_bytes(doc)),
+    "toml": (lambda b: tomllib.loads(b.decode()), toml_values, lambda doc: dumps_toml(doc).encode()),
+}
+
+
 class Mutated(bytes):
     """A mutated file's bytes, shown in a failure report as the mutation that made them (derandomized: a rerun
     makes the same ones), not as up to a megabyte of bytes."""
@@ -121,11 +139,12 @@ def mutated(draw, original: bytes, form: str) -> Mutated:
     overwritten, inserted or cut. form: "json", "torch" or "bytes"."""
     kind = draw(st.sampled_from(["bytes", "insert", "truncate"] + ["value", "delete"] * (form != "bytes")))
     if kind in ("value", "delete"):
-        doc = json.loads(original) if form == "json" else torch.load(io.BytesIO(original), weights_only=True)
+        read, values, write = FORMS[form]
+        doc = read(original)
         path = draw(st.sampled_from(_paths(doc)[1:] or [()]))
-        value = draw(json_values if form == "json" else torch_values)
+        value = draw(values)
         doc = _replaced(doc, path, value, delete=kind == "delete" and bool(path))
-        return _made(json.dumps(doc).encode() if form == "json" else _torch_bytes(doc), f"{kind} at {path!r}: {value!r}")
+        return _made(write(doc), f"{kind} at {path!r}: {value!r}")
     data = bytearray(original)
     at = draw(st.integers(0, max(0, len(data) - 1)))
     if kind == "truncate":
@@ -176,9 +195,21 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     fasta.mkdir()
     (fasta / "g.fa").write_text(">a first\n" + "ACGTN" * 60 + "\n>b\n" + "acgt\n" * 20)
     FastaFile(fasta / "g.fa").close()  # pyfaidx writes g.fa.fai beside it
+    bgzf_fasta = root / "bgzf"
+    bgzf_fasta.mkdir()
+    with bgzf.BgzfWriter(str(bgzf_fasta / "g.fa.gz"), "wb") as w:  # blocks of 64 KiB: several .gzi entries
+        for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+            rng = random.Random(seed)
+            w.write(f">{name}\n" + "".join("".join(rng.choices("ACGT", k=60)) + "\n" for _ in range(1500)))
+    FastaFile(bgzf_fasta / "g.fa.gz").close()  # g.fa.gz.fai and g.fa.gz.gzi beside it
+    configs = root / "configs"
+    configs.mkdir()
+    save_resolved(configs / "config.toml", to_dict(TrainConfig(data=str(windows), init=str(model), seq_len=1024)))
+    save_resolved(configs / "eval.toml", to_dict(EvalConfig(data=str(windows), checkpoints=(str(model),))))
     resumed, sharded_run = _checkpoint(model, root / "resumed", False), _checkpoint(model, root / "sharded-run", True)
     return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned,
-            "fasta": fasta, "resumed": resumed, "sharded-run": sharded_run, "indexed": indexed}
+            "fasta": fasta, "resumed": resumed, "sharded-run": sharded_run, "indexed": indexed, "bgzf": bgzf_fasta,
+            "configs": configs}
 
 
 def _trained(model: Path) -> tuple[Llama, torch.optim.Optimizer, Any]:
@@ -225,11 +256,25 @@ def _resume(d: Path) -> None:
 
 
 def _read_fasta(d: Path) -> None:
-    """The FASTA with its (mutated) index found in place: newer than the file, so pyfaidx would use it as is."""
-    os.utime(d / "g.fa.fai")
-    with FastaFile(d / "g.fa") as f:
-        for name in f.names:
-            f.read_raw(name, 0, f.length(name))
+    _read_as_written(d / "g.fa", ["g.fa.fai"])
+
+
+def _read_bgzf(d: Path) -> None:
+    _read_as_written(d / "g.fa.gz", ["g.fa.gz.fai", "g.fa.gz.gzi"])
+
+
+def _read_as_written(fasta: Path, indexes: list[str]) -> None:
+    """A sound FASTA with (mutated) indexes found in place, newer than it (pyfaidx uses such an index as it is):
+    whatever they say, every base reads as Biopython reads the file; an error would be a fault of lcft's."""
+    for index in indexes:
+        os.utime(fasta.parent / index)
+    want = bio_records(fasta)
+    try:
+        with FastaFile(fasta) as f:
+            got = {n: f.read_raw(n, 0, f.length(n)).replace(b"\n", b"").decode() for n in f.names}
+    except LcftError as e:
+        raise AssertionError(f"a damaged index beside a sound FASTA failed the read: {e}") from None
+    assert got == want, "a damaged index beside a sound FASTA changed what was read"
 
 
 def _pkl_of(path: Path) -> zipfile.ZipExtFile:
@@ -288,6 +333,11 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     "bin data.pkl": ("bin", "data.pkl", _read_bin),
     "bin zip": ("bin", "pytorch_model.bin", from_pretrained),  # its directory, headers and records as bytes
     ".fai": ("fasta", "g.fa.fai", _read_fasta),
+    "bgzf .fai": ("bgzf", "g.fa.gz.fai", _read_bgzf),
+    ".gzi": ("bgzf", "g.fa.gz.gzi", _read_bgzf),  # BGZF block offsets: a declared count, then pairs
+    "train config.toml": ("configs", "config.toml", lambda d: (resolve_config(d / "config.toml", {}),
+                                                              load_run_config(d / "config.toml"))),
+    "eval.toml": ("configs", "eval.toml", lambda d: build(EvalConfig, load_toml(d / "eval.toml"))),
     "state.json": ("resumed", "trainer_state/state.json", _resume),
     "optimizer.pt": ("resumed", "trainer_state/optimizer.pt", _resume),
     "scheduler.pt": ("resumed", "trainer_state/scheduler.pt", _resume),
@@ -312,7 +362,7 @@ def test_a_mutated_file_loads_or_is_a_one_line_error(case, seeds, tmp_path):
     original = (work / name).read_bytes()
     if name == "model.safetensors":  # the header: its 8-byte length and JSON (the tensor bytes are data)
         original = original[: 8 + int.from_bytes(original[:8], "little")]
-    form = "json" if name.endswith(".json") else "torch" if name.endswith(".pt") else "bytes"
+    form = {".json": "json", ".pt": "torch", ".toml": "toml"}.get(Path(name).suffix, "bytes")
     rest = (seeds[seed] / name).read_bytes()[len(original):]
     load(work)  # the file as written loads: the mutations start from a working folder
     before = _peak_rss()

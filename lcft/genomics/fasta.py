@@ -23,7 +23,7 @@ from lcft.genomics.fasta_cache import (
     named_for_pyfaidx,
     normalize_to_cache,
 )
-from lcft.genomics.fasta_check import scan_index
+from lcft.genomics.fasta_check import IndexScan, fai_parses, gzi_fits, scan_index
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
 
@@ -107,7 +107,7 @@ class FastaFile:
             except pyfaidx.FastaIndexingError:
                 raise _indexing_error(self.path, e) from None
         self._adopt()
-        found = scan_index(self)
+        found = self._scan_reused()
         if found.mismatch and self._reused:  # an index newer than its FASTA that no longer describes it
             self.faidx.close()
             self.faidx = self._index(stale=True)
@@ -121,6 +121,17 @@ class FastaFile:
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")
+
+    def _scan_reused(self) -> IndexScan:
+        """scan_index of the index as opened: one reused from beside the file through which a read fails (a .gzi
+        start inside a block, of a size the file can have) does not describe the file, which may be sound; a read
+        that fails through a fresh index is the file's fault and stays an error."""
+        try:
+            return scan_index(self)
+        except LcftError:
+            if not self._reused:
+                raise
+            return IndexScan("a read through it fails", None)
 
     def _adopt(self) -> None:
         """Read what the open index says (again, after a rebuild)."""
@@ -138,6 +149,9 @@ class FastaFile:
         if stale:
             fai.unlink(missing_ok=True)
             gzi.unlink(missing_ok=True)
+        elif (fai.is_file() and not fai_parses(fai)) or (read_kind == "bgzf" and gzi.is_file()
+                                                         and not gzi_fits(gzi, self.readable)):
+            return self._index(stale=True)  # an index that cannot describe the file: pyfaidx reads it as is
         self._reused = fai.is_file()  # pyfaidx keeps an index newer than the file without reading the file
         try:
             return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **paths)

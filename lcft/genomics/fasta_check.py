@@ -11,12 +11,17 @@ blank pyfaidx took for a base (the file is then read from a normalized copy).
 
 from __future__ import annotations
 
+import os
+import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MAX_GAP = 1 << 20  # bytes between two records (line breaks and a header): a larger gap is not a header
 TAIL = 4096  # bytes read after the last record: line breaks only
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
+MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
+BGZF_MIN_BLOCK = 28  # bytes of the smallest BGZF block (the empty end-of-file marker)
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,67 @@ def scan_index(fasta: Any) -> IndexScan:
     if fasta.read_at(end, TAIL).strip(b"\r\n"):
         return IndexScan(f"bases after the end of the last record, {records[-1][0]!r}", blanks)
     return IndexScan(None, blanks)
+
+
+def fai_parses(fai: Path) -> bool:
+    """Whether pyfaidx can read a .fai as it reads one (each line, right-stripped, five tab-separated fields, the
+    last four integers; a repeated name is an error there): UTF-8, at most MAX_FAI_BYTES, each number within
+    MAX_BYTES (pyfaidx computes with them in floating point), names unique. One it cannot read (a torn or
+    garbled index) is built again: pyfaidx's ValueError would name the FASTA, which may be sound."""
+    if fai.stat().st_size > MAX_FAI_BYTES:
+        return False
+    try:
+        text = fai.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # read as pyfaidx reads: universal newlines
+    names: set[str] = set()
+    for line in lines[:-1] if lines[-1] == "" else lines:
+        fields = line.rstrip().split("\t")
+        if len(fields) != 5 or fields[0] in names:
+            return False
+        names.add(fields[0])
+        try:
+            if not all(abs(int(v)) < MAX_BYTES for v in fields[1:]):
+                return False
+        except ValueError:  # not an integer, or too many digits to read
+            return False
+    return True
+
+
+def gzi_fits(gzi: Path, bgzf: Path) -> bool:
+    """Whether a .gzi (htslib's BGZF index: a little-endian count, then that many (compressed, uncompressed)
+    block starts, the first block's (0, 0) left out) describes the BGZF file `bgzf`: as many entries as it
+    declares, no more than the file has blocks, and each start the one the block before it ends at (its header's
+    size, its footer's uncompressed size: two small reads a block). pyfaidx reads a .gzi as it is (a short one is
+    a struct.error, a start past the file an invalid seek, one inside a block garbles the reads through it), so
+    one that does not fit is built again."""
+    size, compressed = gzi.stat().st_size, bgzf.stat().st_size
+    if size < 8 or (size - 8) % 16 or (size - 8) // 16 > compressed // BGZF_MIN_BLOCK:
+        return False
+    data = gzi.read_bytes()
+    if struct.unpack_from("<Q", data)[0] != (size - 8) // 16:
+        return False
+    starts = [(0, 0), *struct.iter_unpack("<QQ", data[8:])]
+    with bgzf.open("rb") as fh:
+        fd = fh.fileno()
+        for (c0, u0), (c1, u1) in zip(starts, starts[1:], strict=False):
+            length = _block_length(fd, c0)
+            if length is None or c0 + length != c1 or u0 + _isize(fd, c1) != u1:
+                return False
+        return starts[-1][0] < compressed and _block_length(fd, starts[-1][0]) is not None
+
+
+def _block_length(fd: int, at: int) -> int | None:
+    """Bytes of the BGZF block starting at byte `at` (its BC extra field's size + 1); None when no BGZF block
+    header starts there."""
+    head = os.pread(fd, 18, at) if at < MAX_BYTES else b""
+    if len(head) < 18 or head[:4] != b"\x1f\x8b\x08\x04" or head[12:14] != b"BC":
+        return None
+    return struct.unpack_from("<H", head, 16)[0] + 1
+
+
+def _isize(fd: int, end: int) -> int:
+    """The uncompressed size a BGZF block ending at byte `end` records in its last 4 bytes."""
+    tail = os.pread(fd, 4, end - 4)
+    return struct.unpack("<I", tail)[0] if len(tail) == 4 else -1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from lcft.genomics.tokenizer import (
 )
 from lcft.genomics.windows import chromosome_stats
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
+from tests.genomics.test_bad_input import bgzf_fasta
 
 
 def _random_slices(seq_len: int, n: int, seed: int) -> list[tuple[int, int]]:
@@ -274,6 +276,60 @@ def test_an_index_with_impossible_numbers_is_built_again(tmp_path, field, value)
     with FastaFile(path) as f:
         for name, seq in bio_records(path).items():
             assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
+
+
+@pytest.mark.parametrize("garble", [lambda t: b"\x80" + t, lambda t: b"\r" + t[1:], lambda t: t.replace(b"\t", b" ", 1),
+                                    lambda t: t + b"\n", lambda t: t + t, lambda t: t.replace(b"3000", b"3e3", 1),
+                                    lambda t: t.replace(b"3000", b"9" * 5000, 1)],
+                         ids=["not-utf8", "cr-first", "four-fields", "blank-line", "names-twice", "not-integer",
+                              "5000-digits"])
+def test_an_index_pyfaidx_cannot_read_is_built_again(tmp_path, garble):
+    """Found by fuzzing with the reads checked against Biopython: pyfaidx's ValueError reading a garbled .fai was
+    reported as the FASTA's fault ('record names must be unique'), though the FASTA was sound."""
+    path = write_fasta(tmp_path / "x.fa", {"a": random_genome(1, 3_000), "b": random_genome(2, 500)})
+    with FastaFile(path):
+        pass
+    fai = Path(str(path) + ".fai")
+    fai.write_bytes(garble(fai.read_bytes()))
+    with FastaFile(path) as f:
+        for name, seq in bio_records(path).items():
+            assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
+
+
+def _gzi(entries: list[tuple[int, int]], count: int | None = None) -> bytes:
+    return struct.pack("<Q", len(entries) if count is None else count) + b"".join(
+        struct.pack("<QQ", c, u) for c, u in entries)
+
+
+GZI_DAMAGE = {  # each: a .gzi beside a sound BGZF FASTA, newer than it (pyfaidx reads it as it is)
+    "cut": lambda e: _gzi(e)[:-5],  # struct.error: reported as a corrupt FASTA
+    "count-over": lambda e: _gzi(e, count=len(e) + 1),
+    "count-huge": lambda e: _gzi(e, count=1 << 60),
+    "past-the-file": lambda e: _gzi([*e[:-1], (1 << 40, e[-1][1])]),  # an invalid seek: OSError
+    "not-increasing": lambda e: _gzi([e[1], e[0], *e[2:]]),
+    "shifted-inside": lambda e: _gzi([(e[0][0] + 7, e[0][1]), *e[1:]]),  # fits every bound: a read fails
+    "empty": lambda e: b"",
+}
+
+
+@pytest.mark.parametrize("damage", list(GZI_DAMAGE))
+def test_a_gzi_that_does_not_describe_its_bgzf_is_built_again(tmp_path, damage):
+    """Found by fuzzing the .gzi (a start past the file: OSError from the seek). Oracle: Biopython reads the
+    BGZF as gzip."""
+    path = bgzf_fasta(tmp_path / "x.fa.gz", {"a": random_genome(1, 150_000), "b": random_genome(2, 90_000)})
+    with FastaFile(path):
+        pass
+    gzi = Path(str(path) + ".gzi")
+    data = gzi.read_bytes()
+    entries = list(struct.iter_unpack("<QQ", data[8:]))
+    assert len(entries) >= 3
+    gzi.write_bytes(GZI_DAMAGE[damage](entries))
+    for index in (gzi, Path(str(path) + ".fai")):
+        os.utime(index)  # newer than the FASTA: pyfaidx would read it without looking at the file
+    with FastaFile(path) as f:
+        for name, seq in bio_records(path).items():
+            assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
+    assert gzi.read_bytes() == data  # built again, as bgzip would
 
 
 def test_a_read_only_folders_stale_index_is_built_once_in_the_cache(tmp_path, monkeypatch):
