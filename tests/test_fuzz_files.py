@@ -1,11 +1,14 @@
 """Property-based fuzzing of every file lcft reads from a folder it is handed (config.json, lcft.json,
 tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header and a sharded model's
-index.json, metrics.jsonl, a FASTA's .fai found beside it; on resume the trainer state's state.json,
-optimizer.pt, scheduler.pt and rng.pt, and a sharded checkpoint's param_groups.json; and the two pickles it reads
-without running them: a sharded checkpoint's DCP .metadata and a pytorch_model.bin's data.pkl, and that .bin's zip
-around it): random byte mutations, and JSON-value or (torch files) value mutations, of a real file either load or
-raise the one-line user error (LcftError), never another exception, each within a bounded time, and the
-process's peak memory stays bounded. A resume is exercised to its end: everything restored, then one update."""
+index.json, metrics.jsonl, a run's config.toml and an eval.toml, a FASTA's .fai and a BGZF FASTA's .fai and .gzi
+found beside it; on resume the trainer state's state.json, optimizer.pt, scheduler.pt and rng.pt, and a sharded
+checkpoint's param_groups.json; and the two pickles it reads without running them: a sharded checkpoint's DCP
+.metadata and a pytorch_model.bin's data.pkl, and that .bin's zip around it): random byte mutations, and JSON,
+TOML or (torch files) value mutations, of a real file that loads either load or raise the one-line user error
+(LcftError), never another exception, each within a bounded time, and the process's peak memory stays bounded.
+A resume is exercised to its end (everything restored, then one update), a windows folder through what
+`prepare verify`/`inspect` and a training run read, and a sound FASTA's bases read exactly as Biopython reads
+them whatever its indexes say."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ from tests.genomics.conftest import bio_records
 PUBLISHED_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "published" / "dnabert-6" / "vocab.txt"
 TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=2)
-EXAMPLES = 30  # per file: 18 files in about a minute and a half on 2 busy cores
+EXAMPLES = 30  # per file: 22 files in about 10 s on 2 AMD EPYC cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
