@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, reason, shown
 from lcft.files import read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import (
@@ -137,10 +137,10 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
     if attention is None and (directory / MODEL_META).is_file():
         block = read_json(directory / MODEL_META).get("attention", {})
         if not isinstance(block, dict):
-            raise LcftError(f"{directory / MODEL_META}: attention is {block!r}, not an object")
+            raise LcftError(f"{directory / MODEL_META}: attention is {shown(block, quoted=True)}, not an object")
         try:
             attention = AttentionConfig.from_dict(block)
-        except TypeError as e:
+        except (TypeError, LcftError) as e:  # an unknown field; a value of another kind or out of range
             raise LcftError(f"{directory / MODEL_META}: bad attention block ({reason(e)})") from None
     try:
         return config_from_hf(read_json(directory / MODEL_CONFIG), attention)

@@ -3,20 +3,23 @@ readability: lcft.checkpoint.weights), and loading each model."""
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import check_tokenizer, resolve_checkpoint
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 from lcft.checkpoint.weights import check_weights_readable, weights_sha256
-from lcft.config import format_size
+from lcft.config import ConfigError, format_size, load_toml
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
+from lcft.model.config import AttentionConfig
 from lcft.shapes import check_length
 
 
@@ -38,26 +41,27 @@ class CheckpointInfo:
         path = resolve_checkpoint(given)
         read = load(path, model=False)
         config, lcft = read.config, read.meta
-        train_config: dict[str, Any] = {}
-        if (path / "config.toml").is_file():
-            try:
-                train_config = tomllib.loads((path / "config.toml").read_text())
-            except (OSError, tomllib.TOMLDecodeError):
-                train_config = {}  # informational only: a damaged run config does not stop the evaluation
-        return cls(label, given, path, max_context, config, lcft, train_config)
+        return cls(label, given, path, max_context, config, lcft, _run_config(path))
 
     def check_tokenizer(self, data_tokenizer: dict[str, Any]) -> None:
         """The checkpoint must read the data's vocabulary (lcft.checkpoint.layout.check_tokenizer)."""
         check_tokenizer(self.path, data_tokenizer)
 
-    def block_size(self, default: int) -> int:
-        """Attention block size recorded in lcft.json (the model's default for a transformers-written folder)."""
-        attn = self.lcft.get("attention") or {}
-        return int(attn.get("block_size", default))
+    @functools.cached_property
+    def attention(self) -> AttentionConfig:
+        """The attention lcft.json records, as the model reads it (checked there; dense for a folder transformers
+        wrote)."""
+        return read_config(self.path).attention
+
+    def block_size(self) -> int:
+        return self.attention.sparse.block_size
 
     def check_max_context(self, window: int, block: int) -> None:
+        """--max-context within the window, of whole blocks; a sparse model's windows of whole blocks too."""
         c = self.max_context
         if not c:
+            if self.attention.backend == "sparse":
+                check_length(window, block=block, what="the data's window length", source=str(self.path))
             return
         if c > window:
             raise LcftError(
@@ -93,11 +97,27 @@ def default_labels(given: list[str], contexts: list[int]) -> list[str]:
     return out
 
 
-def default_block_size() -> int:
-    """The model's default attention block size (what a folder without one in lcft.json uses)."""
-    from lcft.model.config import AttentionConfig
+def _run_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's config.toml, which the report records (informational: {} when it is absent or unreadable,
+    a damaged run config does not stop the evaluation), read with the bounded TOML reader; its values as JSON
+    takes them (a TOML date or time, a nan or inf, as its text): the report is written after every checkpoint
+    was evaluated."""
+    if not (path / "config.toml").is_file():
+        return {}
+    try:
+        return _as_json(load_toml(path / "config.toml"))
+    except ConfigError:
+        return {}
 
-    return int(AttentionConfig().sparse.block_size)
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_json(v) for v in value]
+    if isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return str(value)
 
 
 def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any]) -> list[CheckpointInfo]:
@@ -105,13 +125,12 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     n = len(cfg.checkpoints)
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
-    block = default_block_size()
     infos: list[CheckpointInfo] = []
     hashes: dict[Path, str] = {}
     for given, label, ctx in zip(cfg.checkpoints, labels, contexts, strict=True):
         info = CheckpointInfo.read(given, label, ctx)
         info.check_tokenizer(tokenizer)
-        info.check_max_context(window, info.block_size(block))
+        info.check_max_context(window, info.block_size())
         declared = info.config.get("max_position_embeddings")
         if isinstance(declared, int) and (info.max_context or window) > declared:
             print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "

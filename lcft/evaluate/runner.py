@@ -13,7 +13,7 @@ import torch
 from lcft.console import text_column
 from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
-from lcft.evaluate.checkpoints import CheckpointInfo, default_block_size, load_model, prepare_checkpoints
+from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import make_probe, run_probe
@@ -77,7 +77,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
             pcfg = ParallelConfig(cp=cfg.cp, cp_layout=cfg.cp_layout, cp_kv=cfg.cp_kv, collective_timeout=cfg.collective_timeout)
             parallel = EvalParallel(pcfg, device)
             for info in infos:
-                parallel.check(ws.length, info.block_size(default_block_size()), [info.max_context])
+                parallel.check(ws.length, info.block_size(), [info.max_context])
             progress = progress and parallel.is_main
         if parallel is None or parallel.is_main:
             lock.enter_context(folder_lock(cfg.out, "lcft eval"))  # one writer per output folder

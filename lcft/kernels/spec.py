@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 
 AttentionImpl = Literal["auto", "reference", "cpu", "triton"]  # the sparse kernels' implementations
+MAX_BLOCKS = 1 << 20  # a block's tokens, or blocks attended: one block of the longest sequence lcft trains on
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,13 @@ class SparseSpec:
     """Name of the block selector (lcft.kernels.selectors registry): block_mean = top-k by the dot product
     of the query block's mean with each key block's mean."""
 
-    def __post_init__(self) -> None:
-        if self.block_size <= 0:
-            raise LcftError(f"block_size must be positive, got {self.block_size}")
-        for name in ("top_k", "local_blocks", "sink_blocks"):
-            if getattr(self, name) < 0:
-                raise LcftError(f"{name} must be >= 0, got {getattr(self, name)}")
+    def __post_init__(self) -> None:  # read from lcft.json too: each a whole number, bounded, before any use
+        for name in ("block_size", "top_k", "local_blocks", "sink_blocks"):
+            v, low = getattr(self, name), 1 if name == "block_size" else 0
+            if type(v) is not int or not low <= v <= MAX_BLOCKS:
+                raise LcftError(f"{name} must be a whole number from {low} to {MAX_BLOCKS}, got {shown(v, quoted=True)}")
+        if not isinstance(self.selector, str):
+            raise LcftError(f"selector must be a name, got {shown(self.selector, quoted=True)}")
 
     @property
     def budget(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -11,6 +12,7 @@ import lcft.evaluate.runner as runner
 from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.checkpoints import default_labels
+from tests.one_line import one_line
 
 from .conftest import small_config
 
@@ -91,3 +93,37 @@ def test_a_checkpoint_listed_twice_apart_is_loaded_once_and_reported_in_listed_o
 def test_default_labels_are_folder_names_made_unique():
     assert default_labels(["runs/base", "runs/long", "runs/long"], [0, 0, 1024]) == ["base", "long", "long@1K"]
     assert default_labels(["a/x", "b/x"], [0, 0]) == ["x#1", "x#2"]
+
+
+@pytest.mark.parametrize("text, recorded", [
+    ("when = 1979-05-27T07:32:00Z\nday = 1979-05-27\n", {"when": "1979-05-27 07:32:00+00:00", "day": "1979-05-27"}),
+    ("lr = nan\nsteps = inf\nseq_len = 512\n", {"lr": "nan", "steps": "inf", "seq_len": 512}),
+    ("x = " + "[" * 3000 + "]" * 3000 + "\n", {}),  # deeper than lcft reads: tomllib's recursion ran out
+    ("not = toml = at all\n", {}),
+])
+def test_a_checkpoints_run_config_is_recorded_as_json_whatever_it_holds(data_dir, ckpt_a, tmp_path, text, recorded):
+    """The config.toml beside a checkpoint is informational: the report records it as JSON takes it. A TOML date
+    or a nan in it failed the report after every checkpoint was evaluated (json.dump); a deep one was a
+    RecursionError."""
+    ckpt = tmp_path / "m"
+    shutil.copytree(ckpt_a, ckpt)
+    (ckpt / "config.toml").write_text(text)
+    out = tmp_path / "rep"
+    evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt),), max_windows=1, out=str(out)))
+    report = json.loads((out / "eval.json").read_text())
+    assert report["checkpoints"][0]["train_config"] == recorded
+
+
+@pytest.mark.parametrize("attention", [[1], {"backend": "sparse", "block_size": "x"}, {"block_size": 10**30},
+                                       {"backend": "sparse", "top_k": 1.5}, {"backend": "sparse", "local_blocks": 10**12},
+                                       {"backend": "sparse", "block_size": 96}])  # 2K windows: not whole blocks
+def test_a_checkpoints_attention_record_of_other_kinds_is_one_line(data_dir, ckpt_a, tmp_path, attention):
+    """eval reads the attention lcft.json records through the model's own reader, whose counts are whole and
+    bounded (the raw record: an AttributeError, a ValueError from the kernel, a TypeError from torch.full)."""
+    ckpt = tmp_path / "m"
+    shutil.copytree(ckpt_a, ckpt)
+    meta = json.loads((ckpt / "lcft.json").read_text())
+    (ckpt / "lcft.json").write_text(json.dumps({**meta, "attention": attention}))
+    one_line(lambda: evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt),), max_windows=1,
+                                         out=str(tmp_path / "rep"))), str(ckpt))
+    assert not (tmp_path / "rep").exists()

@@ -52,5 +52,5 @@ def test_bad_attention_objects_are_clear_errors(tmp_path):
     extra_path.write_text(json.dumps(extra))
     with pytest.raises(LcftError, match="bad attention block"):
         read_config(tmp_path / "ckpt")
-    with pytest.raises(LcftError, match="top_k must be >= 0"):
+    with pytest.raises(LcftError, match="top_k must be a whole number from 0"):
         AttentionConfig.from_dict(dict(OLD_FORMAT, top_k=-1))
