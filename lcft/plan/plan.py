@@ -69,9 +69,9 @@ def _seq_len(cfg: PlanConfig) -> int:
     if cfg.seq_len:
         return int(cfg.seq_len)
     if cfg.data:
-        from lcft.files import read_json
+        from lcft.genomics.shards import read_manifest
 
-        return int(read_json(f"{cfg.data}/manifest.json")["length"])
+        return read_manifest(cfg.data)["length"]  # checked there: a whole number of tokens
     raise LcftError("give --seq-len (or --data, whose window length is the default)")
 
 

@@ -283,6 +283,16 @@ def test_cli_errors_are_one_line() -> None:
     assert r.exit_code != 0 and "--cp 2" in r.output
 
 
+@pytest.mark.parametrize("manifest", [None, {"format_version": 1}, {"format_version": 1, "length": "4K"}])
+def test_data_whose_manifest_is_not_as_prepared_is_one_line(tmp_path: Path, manifest: dict | None) -> None:
+    """--data: its window length is read through the manifest's reader (it was read raw: a KeyError or
+    ValueError traceback for a manifest without a whole 'length')."""
+    if manifest is not None:
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(tmp_path)])
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and str(tmp_path) in r.output, r.output
+
+
 def test_parse_bytes() -> None:
     assert parse_bytes("80GiB") == parse_bytes("80G") == 80 << 30
     assert parse_bytes("141GB") == 141 * 10**9
