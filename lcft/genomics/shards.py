@@ -248,8 +248,8 @@ def _check_fields(p: Path, m: dict) -> None:
             and all(_whole(c.get(k)) for k in ("length", "windows", "skipped_n")) for c in chroms)):
         raise bad("'chroms' is not a list of chromosomes with split, chrom, length, windows, skipped_n")
     if not all(isinstance(info.get("chroms"), list) and all(isinstance(c, str) for c in info["chroms"])
-               and all(_whole(info.get(k)) for k in SPLIT_COUNTS) for info in m["splits"].values()):
-        raise bad(f"a split's chroms or counts ({', '.join(SPLIT_COUNTS)}) are not what prepare writes")
+               and all(_whole(info.get(k)) for k in SPLIT_COUNTS) and "files" in info for info in m["splits"].values()):
+        raise bad(f"a split's chroms, counts ({', '.join(SPLIT_COUNTS)}) or files are not what prepare writes")
     records = m.get("records")
     if not isinstance(records, list) or not all(
             isinstance(r, dict) and isinstance(r.get("split"), str) and isinstance(r.get("chrom"), str)

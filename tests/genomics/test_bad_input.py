@@ -261,6 +261,7 @@ MANIFEST_DAMAGE = {  # each: a field a reader uses, gone or of another kind (Key
     "chrom-entry": lambda m: m["chroms"][0].pop("length"),
     "split-chroms": lambda m: m["splits"]["train"].__setitem__("chroms", [1, 2]),
     "split-windows": lambda m: m["splits"]["eval"].pop("windows"),
+    "split-files": lambda m: m["splits"]["train"].pop("files"),  # found by fuzzing: KeyError in prepare verify
 }
 
 
