@@ -6,9 +6,11 @@ checkpoint's param_groups.json; and the two pickles it reads without running the
 .metadata and a pytorch_model.bin's data.pkl, and that .bin's zip around it): random byte mutations, and JSON,
 TOML or (torch files) value mutations, of a real file that loads either load or raise the one-line user error
 (LcftError), never another exception, each within a bounded time, and the process's peak memory stays bounded.
-A resume is exercised to its end (everything restored, then one update), a windows folder through what
-`prepare verify`/`inspect` and a training run read, and a sound FASTA's bases read exactly as Biopython reads
-them whatever its indexes say."""
+Seeds are files lcft writes, or files as published (../shared/published: DNABERT-6's vocab.txt, METAGENE-1's BPE
+tokenizer.json and config.json). A resume is exercised to its end (everything restored, then one update), a
+windows folder through what `prepare verify`/`inspect` and a training run read, a tokenizer by cutting, verifying
+and spelling windows with it, a published config by building its model on the meta device, and a sound FASTA's
+bases read exactly as Biopython reads them whatever its indexes say."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import tempfile
 import time
 import tomllib
 import warnings
@@ -58,10 +61,11 @@ from lcft.train.metrics import MetricsLog
 from lcft.vocab import tokenizer_spec
 from tests.genomics.conftest import bio_records
 
-PUBLISHED_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "published" / "dnabert-6" / "vocab.txt"
+PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "published"
+PUBLISHED_VOCAB = PUBLISHED / "dnabert-6" / "vocab.txt"
 TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=2)
-EXAMPLES = 30  # per file: 22 files in about 10 s on 2 AMD EPYC cores
+EXAMPLES = 30  # per file: 24 files in about 15 s on 2 AMD EPYC cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
@@ -176,6 +180,12 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     vocab.mkdir()
     if PUBLISHED_VOCAB.is_file():  # DNABERT-6's vocab.txt as published: specials, then the 4,096 6-mers
         shutil.copy(PUBLISHED_VOCAB, vocab / "vocab.txt")
+    metagene = root / "metagene"  # METAGENE-1's files as published: a BPE tokenizer.json and its config.json
+    if (PUBLISHED / "metagene-1").is_dir():
+        shutil.copytree(PUBLISHED / "metagene-1", metagene)
+        metagene.chmod(0o755)
+        for f in metagene.iterdir():
+            f.chmod(0o644)
     windows = root / "windows"
     prepare_windows(fasta=str(sample_fasta()), out=str(windows), length=1024, train=("chr2",), eval=("chr22",),
                     tokenizer="kmer:3")
@@ -212,7 +222,7 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     resumed, sharded_run = _checkpoint(model, root / "resumed", False), _checkpoint(model, root / "sharded-run", True)
     return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned,
             "fasta": fasta, "resumed": resumed, "sharded-run": sharded_run, "indexed": indexed, "bgzf": bgzf_fasta,
-            "configs": configs}
+            "configs": configs, "metagene": metagene}
 
 
 def _trained(model: Path) -> tuple[Llama, torch.optim.Optimizer, Any]:
@@ -317,6 +327,26 @@ def _cli(args: list[str]) -> None:
         raise LcftError(r.output.strip())  # the line it printed (multi-line fails the caller's check)
 
 
+def _tokenize_with(d: Path) -> None:
+    """The tokenizer folder as lcft prepare windows uses it: windows cut from a small FASTA, verified, spelled."""
+    load_tokenizer(str(d))
+    out = Path(tempfile.mkdtemp(dir=d))
+    fasta = out.parent / "g.fa"
+    if not fasta.exists():
+        fasta.write_text(">a\n" + "".join(random.Random(0).choices("ACGTN", weights=(9, 9, 9, 9, 1), k=6000)) + "\n")
+    prepare_windows(fasta=str(fasta), out=str(out / "w"), length=256, train=("a",), eval=(), tokenizer=str(d),
+                    max_n_frac=1.0, max_oov_frac=1.0)
+    verify_windows(out / "w")
+    ws = open_windows(out / "w", "train")
+    _ = [ws.sequence(i) for i in range(len(ws))]
+
+
+def _model_of(d: Path) -> None:
+    """The model a published config.json describes, built on the meta device (its sizes, no storage)."""
+    with torch.device("meta"):
+        Llama(read_config(d))
+
+
 def _metrics(d: Path) -> None:
     MetricsLog(d / "metrics.jsonl", resume_step=2).close()
 
@@ -328,8 +358,10 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
                                                     check_tokenizer(d, tokenizer_spec()), describe(load(d).tokenizer))),
     "checksums.json": ("model", "checksums.json", verify_checkpoint),
     "safetensors header": ("model", "model.safetensors", from_pretrained),
-    "tokenizer.json": ("tok", "tokenizer.json", lambda d: load_tokenizer(str(d))),
-    "vocab.txt": ("vocab", "vocab.txt", lambda d: load_tokenizer(str(d))),
+    "tokenizer.json": ("tok", "tokenizer.json", _tokenize_with),
+    "vocab.txt": ("vocab", "vocab.txt", _tokenize_with),
+    "BPE tokenizer.json": ("metagene", "tokenizer.json", _tokenize_with),
+    "published config.json": ("metagene", "config.json", _model_of),
     "manifest.json": ("windows", "manifest.json", _read_windows),
     "metrics.jsonl": ("run", "metrics.jsonl", _metrics),
     "dcp .metadata": ("dcp", ".metadata", lambda d: read_metadata_file(d / ".metadata")),
@@ -360,7 +392,7 @@ def test_a_mutated_file_loads_or_is_a_one_line_error(case, seeds, tmp_path):
     seed, name, load = CASES[case]
     work = tmp_path / "work"
     if not (seeds[seed] / name).is_file():
-        pytest.skip(f"published files not found at {PUBLISHED_VOCAB.parent.parent}")
+        pytest.skip(f"published files not found at {PUBLISHED}")
     shutil.copytree(seeds[seed], work)
     original = (work / name).read_bytes()
     if name == "model.safetensors":  # the header: its 8-byte length and JSON (the tensor bytes are data)
