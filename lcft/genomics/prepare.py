@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections import Counter
@@ -22,6 +21,7 @@ from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.manifest import build_manifest, is_char
 from lcft.genomics.model_tokenizer import load_tokenizer
+from lcft.genomics.prepare_state import STATE, load_state
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.shards import (
     FORMAT_VERSION,
@@ -38,7 +38,6 @@ from lcft.genomics.window_set import basemask_name, bases_name
 from lcft.genomics.windows import window_starts
 
 PARTIAL = ".partial"
-STATE = "state.json"
 RESOLVED = "prepare.toml"
 
 
@@ -185,7 +184,7 @@ def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile)
         key = _differing(_recorded(recorded, options, fasta), options)
         if key is None:
             return old
-        if _load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
+        if load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
             return None
         was, now = (_option_shown(key, v) for v in (recorded.get(key), options[key]))
         flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
@@ -200,14 +199,6 @@ def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile)
         if stray:
             raise LcftError(f"{out} already has {stray[0]} but no complete manifest; pass --overwrite to replace it")
     return None
-
-
-def _load_state(partial: Path, options: dict) -> dict | None:
-    try:
-        state = json.loads((partial / STATE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return state if state.get("options") == options else None
 
 
 def _resume_writers(partial: Path, state: dict, tok: SeqTokenizer) -> dict[str, SplitWriter] | None:
@@ -303,7 +294,7 @@ def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, 
 def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,
          tok: SeqTokenizer) -> dict:
     partial = out / PARTIAL
-    state = _load_state(partial, options)
+    state = load_state(partial, options)
     if state and state.get("finished"):
         _finalize(out, partial)
         return read_manifest(out)

@@ -321,3 +321,32 @@ def test_a_folder_recorded_with_the_index_md5_is_still_current(genome, tmp_path)
     (out / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(LcftError, match="different fasta"):
         prep(genome, out)
+
+
+STATE_DAMAGE = {  # each: the checkpoint of a killed run, of these options, not what prepare writes
+    "sizes-text": lambda s: s["sizes"].__setitem__("train", "many"),  # a TypeError reopening the writers
+    "no-chroms": lambda s: s.pop("chroms"),  # a KeyError
+    "chrom-entry": lambda s: s["chroms"].__setitem__(0, 5),
+    "finished-text": lambda s: s.__setitem__("finished", "no"),  # 'no' is true: the torn run taken as finished
+    "letters-list": lambda s: s.__setitem__("oov_letters", {"train": ["N"]}),
+    "deep": lambda s: None,  # written below as text: 5,000 nested lists, json's RecursionError
+}
+
+
+@pytest.mark.parametrize("damage", list(STATE_DAMAGE))
+def test_a_checkpoint_not_as_prepare_writes_it_starts_over(genome, tmp_path, damage):
+    """The run's own .partial/state.json, damaged but still of these options: the run starts over and ends
+    byte-identical to an uninterrupted one (a traceback before, or a torn run taken as finished)."""
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", KILLER, str(genome), str(out), "2"], env=env, capture_output=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr.decode()
+    path = out / ".partial" / "state.json"
+    state = json.loads(path.read_text())
+    STATE_DAMAGE[damage](state)
+    path.write_text(json.dumps(state) if damage != "deep" else path.read_text().replace(
+        '"records": [', '"records": ' + "[" * 5000 + "]" * 5000 + ', "x": [', 1))
+    prep(genome, out)
+    prep(genome, tmp_path / "clean")
+    for name in OUTPUTS:
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
