@@ -58,14 +58,16 @@ def check_loaded_values(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
     one all-reduce and stop together."""
     found = next((f"{shown(name)} {why}" for entry in optimizer.state.values() for name, t in entry.items()
                   if isinstance(t, torch.Tensor) and (why := _bad_values(name, _local(t)))), None)
-    bad = found is not None
+    first = 0 if found is not None else None  # the lowest rank that found one (each rank judges its own shards)
     if dist.is_initialized():
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([float(bad)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        bad = bool(flag.item())
-    if bad:
-        raise LcftError(f"{ckpt}/{DCP_DIR}: corrupt optimizer state ({found or 'on another rank'})")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        lowest = torch.tensor([rank if found is not None else world], device=device)
+        dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
+        first = int(lowest.item()) if int(lowest.item()) < world else None
+    if first is not None:
+        said = found or f"a moment on rank {first} holds a non-finite or negative value"
+        raise LcftError(f"{ckpt}/{DCP_DIR}: corrupt optimizer state ({said})")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

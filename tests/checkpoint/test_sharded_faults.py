@@ -81,7 +81,7 @@ def test_damaged_shards_without_checksums_are_one_line(ckpt, sharded_run, tmp_pa
     assert "\n" not in msg and str(ckpt) in msg and "unreadable" in msg, msg
 
 
-def _poisoned(ckpt: Path, tmp_path: Path) -> str:
+def _poisoned(ckpt: Path, tmp_path: Path, at: int = 0) -> str:
     """The checkpoint's DCP state rewritten (torch's own converters, one shard file: a sharded checkpoint loads on
     any layout) with one first-moment value NaN, its checksums agreeing: a value AdamW never writes. Returns
     the parameter's name."""
@@ -91,7 +91,7 @@ def _poisoned(ckpt: Path, tmp_path: Path) -> str:
         dcp_to_torch_save(dcp_dir, whole)
         state = torch.load(whole, weights_only=True)
         name, moments = next(iter(state["optim"]["state"].items()))
-        moments["exp_avg"].view(-1)[0] = float("nan")
+        moments["exp_avg"].view(-1)[at] = float("nan")  # 0: in rank 0's shard of 2, -1: in rank 1's
         torch.save(state, whole)
         groups = (dcp_dir / "param_groups.json").read_bytes()
         shutil.rmtree(dcp_dir)
@@ -101,11 +101,15 @@ def _poisoned(ckpt: Path, tmp_path: Path) -> str:
     return name
 
 
-@pytest.mark.parametrize("layout", ["one process", "fsdp on 2"])
-def test_a_non_finite_moment_in_sharded_optimizer_state_is_one_line(ckpt, sharded_run, tmp_path, layout, capfd):
+@pytest.mark.parametrize("layout, at, says", [("one process", 0, "exp_avg holds a non-finite value"),
+                                               ("fsdp on 2", 0, "exp_avg holds a non-finite value"),
+                                               ("fsdp on 2", -1, "a moment on rank 1 holds a non-finite")])
+def test_a_non_finite_moment_in_sharded_optimizer_state_is_one_line(ckpt, sharded_run, tmp_path, layout, at, says,
+                                                                    capfd):
     """Checked after DCP loads it into each rank's shards, agreed over the ranks: every rank stops with the
-    checkpoint named, none trains on (loaded, every later update was non-finite and skipped)."""
-    _poisoned(ckpt, tmp_path)
+    checkpoint named, none trains on (loaded, every later update was non-finite and skipped); rank 0 says which
+    rank found it when it holds none of the damaged values itself."""
+    _poisoned(ckpt, tmp_path, at)
     _, cfg = sharded_run
     resumed = TrainConfig(**{**cfg, "resume": str(ckpt), "steps": 3, "out": str(ckpt.parent.parent)})
     with pytest.raises(LcftError) as e:
@@ -117,5 +121,5 @@ def test_a_non_finite_moment_in_sharded_optimizer_state_is_one_line(ckpt, sharde
     said = [str(e.value)] if layout == "one process" else [
         ln for ln in (out.out + out.err).splitlines() if "corrupt optimizer state" in ln]  # what the ranks printed
     assert said and all(str(ckpt / "dcp") in ln for ln in said), (e.value, out)
-    assert "exp_avg holds a non-finite value" in said[0] and "Traceback" not in out.out + out.err, said
+    assert says in said[0] and "Traceback" not in out.out + out.err, said
     assert not (ckpt.parent / "step-00000003").exists()
