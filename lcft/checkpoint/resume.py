@@ -75,7 +75,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def check_restorable(ckpt: str | os.PathLike, optimizer: Any, scheduler: Any, state: TrainerState,
+def check_restorable(ckpt: str | os.PathLike, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState,
                      optim: dict | None, sched: dict) -> None:
     """Before anything is restored: refuse, in one line naming the file, a scheduler.pt or optimizer.pt that
     torch reads as plain data but that is not what this run's schedule and optimizer write (loaded, it would fail
@@ -84,7 +84,7 @@ def check_restorable(ckpt: str | os.PathLike, optimizer: Any, scheduler: Any, st
     d = Path(ckpt) / STATE_DIR
     if why := _schedule_misfit(scheduler, sched, state.updates):
         raise broken(d / "scheduler.pt", f"corrupt trainer state ({why})")
-    if optim is not None and (why := _optimizer_misfit(getattr(optimizer, "optimizer", optimizer), optim)):
+    if optim is not None and (why := _optimizer_misfit(optimizer, optim)):
         raise broken(d / "optimizer.pt", f"corrupt trainer state ({why})")
 
 

@@ -41,10 +41,10 @@ def _header_names(line: bytes, name: str) -> bool:
 
 
 def _possible(rec: Any) -> bool:
-    """Numbers a FASTA's record can have (pyfaidx takes any integers from an index it reuses): offset and length
-    within MAX_BYTES, bases per line at least 1 for a record with bases, bytes per line those bases and at most
-    two line-break bytes."""
-    return (all(0 <= v < MAX_BYTES for v in (rec.offset, rec.rlen, rec.lenc, rec.lenb))
+    """Numbers a FASTA's record can have (pyfaidx takes any integers from an index it reuses; `fai_parses` bounded
+    them before): none negative, bases per line at least 1 for a record with bases, bytes per line those bases and
+    at most two line-break bytes."""
+    return (all(v >= 0 for v in (rec.offset, rec.rlen, rec.lenc, rec.lenb))
             and (rec.lenc >= 1 or rec.rlen == 0) and rec.lenc <= rec.lenb <= rec.lenc + 2)
 
 
