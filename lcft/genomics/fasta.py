@@ -14,27 +14,30 @@ from pathlib import Path
 
 import pyfaidx
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, reason, shown
 from lcft.files import file_hash
 from lcft.genomics.fasta_cache import (
+    NORMALIZED,
     decompress_to_cache,
     gzip_kind,
     index_paths,
     named_for_pyfaidx,
     normalize_to_cache,
 )
-from lcft.genomics.fasta_check import IndexScan, fai_parses, gzi_fits, scan_index
+from lcft.genomics.fasta_check import BLANKS, IndexScan, fai_parses, first_non_base, gzi_fits, scan_index
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
 
 
-def _first_text(path: Path, kind: str, n: int = 1 << 16) -> bytes:
+def _first_text(path: Path, kind: str, n: int = 1 << 16, most: int = 1 << 24) -> bytes:
+    """The file's first `n` bytes (decompressed), read on until they hold a line break (a header can be longer
+    than `n`: what ends it decides how pyfaidx must be given the file), at most `most`."""
     try:
-        if kind == "plain":
-            with open(path, "rb") as fh:
-                return fh.read(n)
-        with gzip.open(path, "rb") as fh:
-            return fh.read(n)
+        with open(path, "rb") if kind == "plain" else gzip.open(path, "rb") as fh:
+            parts = [fh.read(n)]
+            while len(parts) * n < most and not re.search(rb"[\r\n]", parts[-1]) and (more := fh.read(n)):
+                parts.append(more)
+            return b"".join(parts)
     except (OSError, EOFError) as e:
         raise LcftError(f"{path}: not a readable FASTA ({reason(e)})") from None
 
@@ -99,7 +102,7 @@ class FastaFile:
         except pyfaidx.FastaIndexingError as e:
             # Blank lines, which pyfaidx tolerates only in some places (not with CRLF line ends): retry on a
             # normalized copy; if that fails too, the original error (with the file's own line numbers) stands.
-            if self.readable.name.endswith(".lf.fa"):
+            if self.readable.name.endswith(NORMALIZED):
                 raise _indexing_error(self.path, e) from None
             self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
             try:
@@ -113,10 +116,17 @@ class FastaFile:
             self.faidx = self._index(stale=True)
             self._adopt()
             found = scan_index(self)
-        if found.blanks and not self.readable.name.endswith(".lf.fa"):  # pyfaidx counted the blanks as bases
+        if found.blanks and not self.readable.name.endswith(NORMALIZED):  # pyfaidx counted the blanks as bases
             self.faidx.close()
             self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
-            self.faidx = self._index()
+            try:
+                self.faidx = self._index()
+            except pyfaidx.FastaIndexingError:  # a blank ended some lines of a record and stood for a base in others
+                raise LcftError(
+                    f"{self.path}: its sequence lines are of unequal length once the spaces and tabs ending some of "
+                    f"them (first in record {shown(found.blanks, quoted=True)}) are dropped, as Biopython drops them; "
+                    "remove blanks from the sequence lines, e.g. `sed '/^>/!s/[[:blank:]]//g' in.fa > out.fa`, and "
+                    "re-wrap them, e.g. `seqkit seq -w 60`") from None
             self._adopt()
         if not self.index:
             self.close()
@@ -252,7 +262,28 @@ class FastaFile:
             data = fh.read(b1 - b0)
         if len(data) != b1 - b0:
             raise LcftError(f"{self.path}: file ends early inside {name} (truncated or changed since indexing)")
+        self._bases_only(name, data, b0)
         return data
+
+    def _bases_only(self, name: str, data: bytes | bytearray, b0: int, rows: int = 0) -> None:
+        """`data`, bytes of record `name` from byte b0 (`rows` whole lines, or a fragment ending at a base),
+        holds bases where the index puts bases: no space or tab (pyfaidx counts one as a base, Biopython drops
+        it) and no line that ends otherwise than the record's first in as many bytes (pyfaidx takes a carriage
+        return for a base, or a base for a line break). Every later base would be read one place off. Costs two
+        or three memchr passes (about 0.03 ns a byte); a CRLF record's carriage returns are counted (0.3 ns).
+        (Blanks ending a record's first or last line were seen at open: the file is then read from a copy.)"""
+        rec = self.index[name]
+        crs = rec.lenb - rec.lenc - 1  # carriage returns ending each line: 0 (LF) or 1 (CRLF)
+        if b" " not in data and b"\t" not in data and (
+                b"\r" not in data if crs <= 0 else data.count(b"\r") == crs * (rows or data.count(b"\n"))):
+            return
+        base, found = first_non_base(data, b0 - rec.offset, rec.lenc, rec.lenb)
+        if found in BLANKS.values():
+            fix = "remove blanks from the sequence lines, e.g. `sed '/^>/!s/[[:blank:]]//g' in.fa > out.fa`"
+        else:
+            fix = "give every line one kind of line end, e.g. `dos2unix in.fa`"
+        raise LcftError(f"{self.path}: record {shown(name, quoted=True)} has {found} (at base {base + 1:,}), "
+                        f"which pyfaidx reads as bases otherwise than Biopython; {fix}")
 
     def line_pieces(
         self, name: str, start: int, end: int, piece_bytes: int = PIECE_BYTES
@@ -294,6 +325,7 @@ class FastaFile:
                 data = view if os.preadv(fd, [view], rec.offset + line * lenb) == want else b""
             if len(data) != want:
                 raise LcftError(f"{self.path}: file ends early inside {name} (truncated or changed since indexing)")
+            self._bases_only(name, data, rec.offset + line * lenb, rows)
             yield data, rows
         if last * lenc < end:
             yield self.read_raw(name, last * lenc, end), 0

@@ -52,6 +52,11 @@ def file_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+NORMALIZED = ".lf.fa"  # the name a normalized copy ends with
+NORMALIZED_RULES = "r2"  # in its name: changed whenever what a normalized copy drops changes, so none made under
+# other rules is reused (r1, unnamed: every trailing Unicode blank went; r2: spaces and tabs, as Biopython)
+
+
 def _copy_name(sha256: str, name: str) -> str:
     """The cache's name for a copy derived from a file with this sha256 (128 bits of it: no two genomes meet)."""
     return f"{sha256[:32]}-{name}"
@@ -116,17 +121,18 @@ def named_for_pyfaidx(path: Path, kind: str) -> Path:
 
 
 def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
-    """A copy with LF line ends and no blank lines, for what pyfaidx mis-indexes: old-Mac CR-only line
+    """A copy with LF line ends, no blank lines and no blanks ending a line, for what pyfaidx mis-indexes: old-Mac CR-only line
     ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent). Named, like
     a decompressed copy, by the sha256 of the file as given."""
-    dest = cache_dir() / "fasta" / _copy_name(sha256, f"{path.name.removesuffix('.gz')}.lf.fa")
+    name = f"{path.name.removesuffix('.gz')}.{NORMALIZED_RULES}{NORMALIZED}"
+    dest = cache_dir() / "fasta" / _copy_name(sha256, name)
 
     def write(src: IO[bytes], out: IO[bytes]) -> None:
         raw = gzip.GzipFile(fileobj=src) if kind != "plain" else src
         text = io.TextIOWrapper(raw, encoding="latin-1", newline=None)  # newline=None: \r\n and \r become \n
-        for line in text:
-            if line.strip():
-                out.write((line.rstrip() + "\n").encode("latin-1"))
+        for line in text:  # blanks as Biopython takes them: spaces and tabs (a form feed is kept, as it keeps it)
+            if line := line.rstrip(" \t\n"):
+                out.write((line + "\n").encode("latin-1"))
         text.detach()  # the source stays open: what follows its end is hashed too
 
     if not dest.is_file():
@@ -216,7 +222,7 @@ def _entry(part: str, name: str, files: list[Path]) -> CacheEntry | None:
     if part == "links":
         kind = "link" if main.exists() else "link to a missing file"  # exists() follows the link
     else:
-        kind = "index" if part == "index" else "normalized" if name.endswith(".lf.fa") else "decompressed"
+        kind = "index" if part == "index" else "normalized" if name.endswith(NORMALIZED) else "decompressed"
     return CacheEntry(name, files, size, used, kind)
 
 

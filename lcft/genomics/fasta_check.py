@@ -1,12 +1,12 @@
 """Whether a FASTA's .fai still describes the file, and whether its sequence lines end in blanks pyfaidx counts as
-bases: one small read per record (its header and first line).
+bases: one small read per record (its header and first line, and the last base before it).
 
 pyfaidx keeps an index that is newer than its FASTA without reading the FASTA: a new FASTA copied over an old
 one with its own (older) modification time (`cp -p`, `rsync -a`, `tar x`) beside the old index would be read
 through offsets that no longer fit: records cut short, or bases from the wrong place. The index fits when each
 record's header line ends right before its first base, only line breaks lie between a record's last base and
-the next header, and only line breaks follow the last record. A space or tab ending a record's first line is a
-blank pyfaidx took for a base (the file is then read from a normalized copy).
+the next header, and only line breaks follow the last record. A space or tab ending a record's first or last line
+is a blank pyfaidx took for a base (the file is then read from a normalized copy).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ MAX_GAP = 1 << 20  # bytes between two records (line breaks and a header): a lar
 TAIL = 4096  # bytes read after the last record: line breaks only
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
+CR, LF = 13, 10
+BLANKS = {b" ": "a space", b"\t": "a tab"}  # in sequence lines: pyfaidx counts each as a base, Biopython drops it
 BGZF_MIN_BLOCK = 28  # bytes of the smallest BGZF block (the empty end-of-file marker)
 
 
@@ -31,7 +33,7 @@ class IndexScan:
     mismatch: str | None
     """The first thing the index says that the file contradicts; None when it fits."""
     blanks: str | None
-    """A record whose first line ends in a space or tab; None when none does."""
+    """A record whose first or last line ends in a space or tab; None when none does."""
 
 
 def _header_names(line: bytes, name: str) -> bool:
@@ -49,34 +51,60 @@ def _possible(rec: Any) -> bool:
 
 
 def scan_index(fasta: Any) -> IndexScan:
-    """One read per record of `fasta` (a FastaFile): from the end of the record before it (at most MAX_GAP back)
-    through the end of its first line."""
+    """One read per record of `fasta` (a FastaFile): from the last base of the record before it (at most MAX_GAP
+    back) through the end of its first line."""
     records = sorted(fasta.index.items(), key=lambda kv: kv[1].offset)
     if not records:
         return IndexScan("an empty index", None)
     if bad := next((f"record {name!r} has impossible numbers" for name, rec in records if not _possible(rec)), None):
         return IndexScan(bad, None)
-    end, blanks = 0, None  # byte after the previous record's last base
+    end, blanks, ended = 0, None, False  # byte after the previous record's last base; whether it had bases
     for i, (name, rec) in enumerate(records):
         if rec.offset < end or (i > 0 and rec.offset - end > MAX_GAP):
             return IndexScan(f"record {name!r} starts at byte {rec.offset}, not after the record before it", None)
         start = max(end, rec.offset - MAX_GAP)
         first = min(rec.lenc, rec.rlen)  # bases on its first line
-        data = fasta.read_at(start, rec.offset - start + first)
-        gap, line1 = data[: rec.offset - start], data[rec.offset - start:]
+        back = int(ended)  # the record before's last base too: same read
+        data = fasta.read_at(start - back, rec.offset - start + first + back)
+        if blanks is None and data[:back] in BLANKS:
+            blanks = records[i - 1][0]
+        gap, line1 = data[back: back + rec.offset - start], data[back + rec.offset - start:]
         lines = gap.rsplit(b"\n", 2)
         if not gap.endswith(b"\n") or len(lines) < 2 or not _header_names(lines[-2], name):
             return IndexScan(f"no header line '>{name}' right before its first base", None)
         if i > 0 and gap[: len(gap) - len(lines[-2]) - 1].strip(b"\r\n"):
             return IndexScan(f"record {name!r}: bases between its header and the record before it", None)
-        if blanks is None and line1[-1:] in (b" ", b"\t"):
+        if blanks is None and line1[-1:] in BLANKS:
             blanks = name
         end = fasta._byte_offset(name, rec.rlen - 1) + 1 if rec.rlen else rec.offset
-    if records[-1][1].rlen and fasta.read_at(end - 1, 1) in (b"", b"\r", b"\n", b">"):
+        ended = rec.rlen > 0
+    last = fasta.read_at(end - 1, 1) if ended else b""
+    if ended and last in (b"", b"\r", b"\n", b">"):
         return IndexScan(f"the file ends before the last base of {records[-1][0]!r}", blanks)
+    if blanks is None and last in BLANKS:
+        blanks = records[-1][0]
     if fasta.read_at(end, TAIL).strip(b"\r\n"):
         return IndexScan(f"bases after the end of the last record, {records[-1][0]!r}", blanks)
     return IndexScan(None, blanks)
+
+
+def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tuple[int, str]:
+    """Where bytes of a record's sequence lines, starting `at` bytes into them, first break the layout its index
+    gives (each line `lenc` bases, then `lenb - lenc` bytes of line end: carriage returns, then LF): (bases
+    before it in the record, what is there). A blank anywhere; a carriage return among the bases; a base or
+    anything but the line end where the line should end. Read byte by byte: only for the error's message."""
+    col, base = (at % lenb, at // lenb * lenc + min(at % lenb, lenc)) if lenb else (at, at)
+    for byte in bytes(data):
+        if bytes([byte]) in BLANKS:
+            return base, BLANKS[bytes([byte])]
+        if col < lenc or not lenb:
+            if byte == CR:
+                return base, "a carriage return among its bases"
+            base += 1
+        elif byte != (LF if col == lenb - 1 else CR):
+            return base, "a line that ends otherwise than its first line"
+        col = (col + 1) % lenb if lenb else col + 1
+    raise AssertionError("first_non_base: the bytes fit the layout")  # the caller found them not to
 
 
 def fai_parses(fai: Path) -> bool:
