@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from lcft.errors import LcftError, shown
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what AdamW keeps per parameter (and max_exp_avg_sq: amsgrad)
 NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")  # Adam's second moments: running means of squares
+WRAPPERS = r"^module\.|(?:_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)\."
 
 
 def restore_training(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any, sharded: bool) -> TrainerState:
@@ -30,7 +32,7 @@ def restore_training(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: An
     raw = getattr(optimizer, "optimizer", optimizer)
     built = optimizer_options(raw)
     state, optim, sched, rng = load(ckpt, model=False, trainer_state=True).trainer
-    check_restorable(ckpt, raw, scheduler, state, optim, sched)
+    check_restorable(ckpt, raw, scheduler, state, optim, sched, param_names(model, raw))
     restore_optimizer(model, optimizer, ckpt, optim, sharded)
     scheduler.load_state_dict(sched)
     set_rng_state(rng)
@@ -45,29 +47,41 @@ def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict 
     raw = getattr(optimizer, "optimizer", optimizer)
     if saved is None:
         load_state(model, raw, ckpt, no_dist=not sharded)
-        check_loaded_values(ckpt, raw)
+        check_loaded_values(ckpt, raw, param_names(model, raw))
     elif sharded:
         load_full_optimizer(model, raw, saved)
     else:
         optimizer.load_state_dict(saved)
 
 
-def check_loaded_values(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
+def check_loaded_values(ckpt: Path, optimizer: torch.optim.Optimizer, names: list[str]) -> None:
     """A sharded checkpoint's moments as DCP put them into this process's optimizer (its shards of them), judged
     as an optimizer.pt's are before loading (`_bad_values`); every rank holds other shards, so all agree through
-    one all-reduce and stop together."""
-    found = next((f"{shown(name)} {why}" for entry in optimizer.state.values() for name, t in entry.items()
+    one all-reduce on the first parameter (in the optimizer's order, `names` theirs) any rank found one in, and
+    stop together."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    found = next(((i, f"{shown(name)} of {names[i]} {why}") for i, p in enumerate(params)
+                  for name, t in optimizer.state.get(p, {}).items()
                   if isinstance(t, torch.Tensor) and (why := _bad_values(name, _local(t)))), None)
-    first = 0 if found is not None else None  # the lowest rank that found one (each rank judges its own shards)
+    first = (found[0], 0) if found else None  # (parameter, the lowest rank that found a value in it)
     if dist.is_initialized():
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
         world, rank = dist.get_world_size(), dist.get_rank()
-        lowest = torch.tensor([rank if found is not None else world], device=device)
+        lowest = torch.tensor([found[0] * world + rank if found else len(params) * world], device=device)
         dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
-        first = int(lowest.item()) if int(lowest.item()) < world else None
+        first = divmod(int(lowest.item()), world) if int(lowest.item()) < len(params) * world else None
     if first is not None:
-        said = found or f"a moment on rank {first} holds a non-finite or negative value"
+        said = found[1] if found and found[0] == first[0] else (
+            f"a moment of {names[first[0]]} on rank {first[1]} holds a non-finite or negative value")
         raise LcftError(f"{ckpt}/{DCP_DIR}: corrupt optimizer state ({said})")
+
+
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The optimizer's parameters' names in the model, in its order, as a checkpoint keys them: without the
+    segments wrappers add (DDP's leading `module.`, compile's and activation checkpointing's)."""
+    by_id = {id(p): re.sub(WRAPPERS, "", n) for n, p in model.named_parameters()}
+    return [by_id.get(id(p), f"parameter {i}") for i, p in enumerate(p for g in optimizer.param_groups
+                                                                       for p in g["params"])]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -76,15 +90,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_restorable(ckpt: str | os.PathLike, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState,
-                     optim: dict | None, sched: dict) -> None:
+                     optim: dict | None, sched: dict, names: list[str]) -> None:
     """Before anything is restored: refuse, in one line naming the file, a scheduler.pt or optimizer.pt that
     torch reads as plain data but that is not what this run's schedule and optimizer write (loaded, it would fail
     in torch's load_state_dict or in a later step, or set the schedule elsewhere than the trainer state says).
-    The oracle is what this run built: its schedule's state_dict and its optimizer's parameters."""
+    The oracle is what this run built: its schedule's state_dict and its optimizer's parameters (`names` theirs,
+    as `param_names` gives them, for the message)."""
     d = Path(ckpt) / STATE_DIR
     if why := _schedule_misfit(scheduler, sched, state.updates):
         raise broken(d / "scheduler.pt", f"corrupt trainer state ({why})")
-    if optim is not None and (why := _optimizer_misfit(optimizer, optim)):
+    if optim is not None and (why := _optimizer_misfit(optimizer, optim, names)):
         raise broken(d / "optimizer.pt", f"corrupt trainer state ({why})")
 
 
@@ -112,7 +127,7 @@ def _schedule_misfit(scheduler: Any, saved: dict, updates: int) -> str | None:
     return None
 
 
-def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict) -> str | None:
+def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict, names: list[str]) -> str | None:
     """torch numbers the parameters 0, 1, ... across the groups: each id of the file must be the one this run's
     optimizer has at that place, each group option a plain value, each parameter's state none or all of what
     AdamW keeps (torch indexes each of them), each tensor a scalar `step` or one of its parameter's shape."""
@@ -131,13 +146,13 @@ def _optimizer_misfit(optimizer: torch.optim.Optimizer, saved: dict) -> str | No
         if type(i) is not int or not 0 <= i < len(params) or not isinstance(entry, dict):
             return f"state of {shown(i)}, not a parameter of this model"
         if entry and set(entry) != set(kept[i]):
-            return f"the state of parameter {i} is not AdamW's ({', '.join(kept[i])})"
+            return f"the state of {names[i]} is not AdamW's ({', '.join(kept[i])})"
         for name, t in entry.items():
             want = () if name == "step" else params[i].shape
             if not (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.shape == want):
-                return f"{shown(name)} of parameter {i} is not a float tensor of shape {tuple(want)}"
+                return f"{shown(name)} of {names[i]} is not a float tensor of shape {tuple(want)}"
             if why := _bad_values(name, t):
-                return f"{shown(name)} of parameter {i} {why}"
+                return f"{shown(name)} of {names[i]} {why}"
     return None
 
 

@@ -201,6 +201,24 @@ def test_crafted_schedule_or_optimizer_state_is_one_line_naming_it(run_copy, nam
     assert torch.equal(torch.get_rng_state(), before)
 
 
+@pytest.mark.parametrize("at", [0, -1])
+def test_a_bad_moment_is_named_by_its_parameter(run_copy, init_dir, at):
+    """The message names the parameter as the model does, not torch's number for it. Oracle: the model's own
+    parameters in the optimizer's order (matrices, then vectors), its number `at` in that list."""
+    run, cfg = run_copy
+    path = ckpt(run, 2) / STATE / "optimizer.pt"
+    saved = torch.load(path, weights_only=True)
+    i = sorted(saved["state"])[at]
+    saved["state"][i]["exp_avg"].view(-1)[0] = float("nan")
+    torch.save(saved, path)
+    write_checksums(ckpt(run, 2))
+    params = list(from_pretrained(init_dir).named_parameters())
+    name = [n for n, p in params if p.ndim >= 2] + [n for n, p in params if p.ndim < 2]
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 2)), "steps": 3}))
+    assert f"exp_avg of {name[i]} holds a non-finite value" in str(e.value), str(e.value)
+
+
 def test_a_schedule_saved_by_another_torch_resumes(run_copy):
     """A field of the schedule that this torch does not keep (another version's bookkeeping number) is not a
     fault; a missing optional one neither."""

@@ -101,15 +101,15 @@ def _poisoned(ckpt: Path, tmp_path: Path, at: int = 0) -> str:
     return name
 
 
-@pytest.mark.parametrize("layout, at, says", [("one process", 0, "exp_avg holds a non-finite value"),
-                                               ("fsdp on 2", 0, "exp_avg holds a non-finite value"),
-                                               ("fsdp on 2", -1, "a moment on rank 1 holds a non-finite")])
+@pytest.mark.parametrize("layout, at, says", [("one process", 0, "exp_avg of"),
+                                               ("fsdp on 2", 0, "exp_avg of"),
+                                               ("fsdp on 2", -1, "on rank 1 holds a non-finite")])
 def test_a_non_finite_moment_in_sharded_optimizer_state_is_one_line(ckpt, sharded_run, tmp_path, layout, at, says,
                                                                     capfd):
     """Checked after DCP loads it into each rank's shards, agreed over the ranks: every rank stops with the
     checkpoint named, none trains on (loaded, every later update was non-finite and skipped); rank 0 says which
-    rank found it when it holds none of the damaged values itself."""
-    _poisoned(ckpt, tmp_path, at)
+    rank found it when it holds none of the damaged values itself. Every line names the parameter as DCP keys it."""
+    name = _poisoned(ckpt, tmp_path, at)
     _, cfg = sharded_run
     resumed = TrainConfig(**{**cfg, "resume": str(ckpt), "steps": 3, "out": str(ckpt.parent.parent)})
     with pytest.raises(LcftError) as e:
@@ -122,4 +122,5 @@ def test_a_non_finite_moment_in_sharded_optimizer_state_is_one_line(ckpt, sharde
         ln for ln in (out.out + out.err).splitlines() if "corrupt optimizer state" in ln]  # what the ranks printed
     assert said and all(str(ckpt / "dcp") in ln for ln in said), (e.value, out)
     assert says in said[0] and "Traceback" not in out.out + out.err, said
+    assert all(f" of {name} " in ln for ln in said), (name, said)
     assert not (ckpt.parent / "step-00000003").exists()
