@@ -1,16 +1,18 @@
 """Property-based fuzzing of every file lcft reads from a folder it is handed (config.json, lcft.json,
 tokenizer.json, vocab.txt, manifest.json, checksums.json, the safetensors header and a sharded model's
-index.json, metrics.jsonl, a run's config.toml and an eval.toml, a FASTA's .fai and a BGZF FASTA's .fai and .gzi
+index.json, a tokenizer's tokenizer_config.json and special_tokens_map.json, metrics.jsonl, a run's config.toml
+and an eval.toml, a FASTA's .fai and a BGZF FASTA's .fai and .gzi
 found beside it; on resume the trainer state's state.json, optimizer.pt, scheduler.pt and rng.pt, and a sharded
 checkpoint's param_groups.json; and the two pickles it reads without running them: a sharded checkpoint's DCP
 .metadata and a pytorch_model.bin's data.pkl, and that .bin's zip around it): random byte mutations, and JSON,
 TOML or (torch files) value mutations, of a real file that loads either load or raise the one-line user error
 (LcftError), never another exception, each within a bounded time, and the process's peak memory stays bounded.
-Seeds are files lcft writes, or files as published (../shared/published: DNABERT-6's vocab.txt, METAGENE-1's BPE
-tokenizer.json and config.json). A resume is exercised to its end (everything restored, then one update), a
-windows folder through what `prepare verify`/`inspect` and a training run read, a tokenizer by cutting, verifying
-and spelling windows with it, a published config by building its model on the meta device, and a sound FASTA's
-bases read exactly as Biopython reads them whatever its indexes say."""
+Seeds are files lcft writes, or files as published (../shared/published: DNABERT-6's vocab.txt,
+tokenizer_config.json and special_tokens_map.json, METAGENE-1's BPE tokenizer.json, config.json and the same two).
+A resume is exercised to its end (everything restored, then one update), a windows folder through what `prepare
+verify`/`inspect` and a training run read, a tokenizer by cutting, verifying and spelling windows with it, a
+published config by building its model on the meta device, and a sound FASTA's bases read exactly as Biopython
+reads them whatever its indexes say (the FASTA text itself: tests/genomics/test_fasta_text.py)."""
 
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "published"
 PUBLISHED_VOCAB = PUBLISHED / "dnabert-6" / "vocab.txt"
 TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=2)
-EXAMPLES = 30  # per file: 24 files in about 15 s on 2 AMD EPYC cores
+EXAMPLES = 30  # per file: 28 files in about 15 s on 2 AMD EPYC cores
 SECONDS = 20.0  # one load of a mutated small file; a bomb (an allocation, a loop over a declared count) is far slower
 PEAK_GROWTH = 1 << 30  # bytes of peak RSS the whole fuzz may add
 
@@ -180,12 +182,13 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     vocab.mkdir()
     if PUBLISHED_VOCAB.is_file():  # DNABERT-6's vocab.txt as published: specials, then the 4,096 6-mers
         shutil.copy(PUBLISHED_VOCAB, vocab / "vocab.txt")
-    metagene = root / "metagene"  # METAGENE-1's files as published: a BPE tokenizer.json and its config.json
-    if (PUBLISHED / "metagene-1").is_dir():
-        shutil.copytree(PUBLISHED / "metagene-1", metagene)
-        metagene.chmod(0o755)
-        for f in metagene.iterdir():
-            f.chmod(0o644)
+    metagene, dnabert = root / "metagene", root / "dnabert"  # METAGENE-1's and DNABERT-6's files as published
+    for folder, name in ((metagene, "metagene-1"), (dnabert, "dnabert-6")):
+        if (PUBLISHED / name).is_dir():
+            shutil.copytree(PUBLISHED / name, folder)
+            folder.chmod(0o755)
+            for f in folder.iterdir():
+                f.chmod(0o644)
     windows = root / "windows"
     prepare_windows(fasta=str(sample_fasta()), out=str(windows), length=1024, train=("chr2",), eval=("chr22",),
                     tokenizer="kmer:3")
@@ -222,7 +225,7 @@ def seeds(tmp_path_factory) -> dict[str, Path]:
     resumed, sharded_run = _checkpoint(model, root / "resumed", False), _checkpoint(model, root / "sharded-run", True)
     return {"model": model, "tok": tok, "vocab": vocab, "windows": windows, "run": run, "dcp": sharded, "bin": binned,
             "fasta": fasta, "resumed": resumed, "sharded-run": sharded_run, "indexed": indexed, "bgzf": bgzf_fasta,
-            "configs": configs, "metagene": metagene}
+            "configs": configs, "metagene": metagene, "dnabert": dnabert}
 
 
 def _trained(model: Path) -> tuple[Llama, torch.optim.Optimizer, Any]:
@@ -362,6 +365,10 @@ CASES: dict[str, tuple[str, str, Callable[[Path], Any]]] = {
     "vocab.txt": ("vocab", "vocab.txt", _tokenize_with),
     "BPE tokenizer.json": ("metagene", "tokenizer.json", _tokenize_with),
     "published config.json": ("metagene", "config.json", _model_of),
+    "published tokenizer_config.json": ("metagene", "tokenizer_config.json", _tokenize_with),
+    "published special_tokens_map.json": ("metagene", "special_tokens_map.json", _tokenize_with),
+    "k-mer tokenizer_config.json": ("dnabert", "tokenizer_config.json", _tokenize_with),  # may hold the k
+    "k-mer special_tokens_map.json": ("dnabert", "special_tokens_map.json", _tokenize_with),
     "manifest.json": ("windows", "manifest.json", _read_windows),
     "metrics.jsonl": ("run", "metrics.jsonl", _metrics),
     "dcp .metadata": ("dcp", ".metadata", lambda d: read_metadata_file(d / ".metadata")),
