@@ -9,6 +9,7 @@ import re
 import struct
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -96,6 +97,7 @@ class FastaFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._sha256: str | None = None
+        self._hashing: Future[str] | None = None
         self.path, self.readable, self.kind = check_fasta(self.path, self.sha256)
         try:
             self.faidx = self._index()
@@ -208,8 +210,19 @@ class FastaFile:
         once per open: it also names the copy in the cache that a plain gzip or a normalized file is read from,
         so the manifest's digest is the one of the bytes read."""
         if self._sha256 is None:
-            self._sha256 = file_hash(self.path).hexdigest()
+            try:
+                self._sha256 = self._hashing.result() if self._hashing else file_hash(self.path).hexdigest()
+            except OSError as e:  # (on a thread: gone or unreadable since it was opened)
+                raise LcftError(f"{self.path}: cannot read it to hash it ({reason(e)})") from None
         return self._sha256
+
+    def hash_in_background(self) -> None:
+        """Start `sha256` on a thread, for a caller with other work to do before it needs the digest (reading the
+        file and hashing it release the GIL)."""
+        if self._sha256 is None and self._hashing is None:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="lcft-fasta-sha256")
+            self._hashing = pool.submit(lambda: file_hash(self.path).hexdigest())
+            pool.shutdown(wait=False)  # the thread ends with its one task
 
     def require(self, names: list[str] | tuple[str, ...]) -> None:
         """Every name must be a record of this FASTA; the error lists what is there."""

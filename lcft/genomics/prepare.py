@@ -117,13 +117,15 @@ def _validate(cfg: PrepareConfig) -> tuple[int, int]:
     return length, stride
 
 
-def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok: SeqTokenizer) -> dict[str, Any]:
+def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok: SeqTokenizer,
+             hashed: bool = True) -> dict[str, Any]:
     """Everything that determines the output bytes; equal options = same output (the source path is not
-    part of it: the same FASTA moved elsewhere gives the same windows; its contents are, by their sha256)."""
+    part of it: the same FASTA moved elsewhere gives the same windows; its contents are, by their sha256).
+    hashed=False: the sha256 is left None, for `_run` to fill in before it first records the options."""
     return {
         "format_version": FORMAT_VERSION,
         "tokenizer": tokenizer_spec() if _is_char(tok) else tok.spec(),
-        "fasta": {"size": fasta.path.stat().st_size, "sha256": fasta.sha256()},
+        "fasta": {"size": fasta.path.stat().st_size, "sha256": fasta.sha256() if hashed else None},
         "length": length,
         "stride": stride,
         "train": list(cfg.train),
@@ -256,8 +258,10 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
                     f"window length {length} is longer than every {split} chromosome "
                     f"(longest: {longest}, {fasta.length(longest)} bp); use a smaller --length"
                 )
-        options = _options(cfg, fasta, length, stride, tok)
         created = not out.exists()
+        if created:  # nothing to compare the FASTA's digest with: hashed while the first chromosome is cut
+            fasta.hash_in_background()
+        options = _options(cfg, fasta, length, stride, tok, hashed=not created)
         # the lock first: a second run must not delete (--overwrite) what the first is writing
         with folder_lock(out, "lcft prepare"):  # (removes a folder it created that stays empty)
             done = None if created else _check_existing(out, options, cfg.overwrite, fasta)
@@ -322,6 +326,7 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
             for chrom in chosen[split]:
                 if chrom not in finished:
                     _cut_one(fasta, split, chrom, options, tok, writers[split], state, bar)
+                    options["fasta"]["sha256"] = fasta.sha256()  # (state["options"] is this dict)
                     write_json_atomic(partial / STATE, state, sync=False)
         for w in writers.values():
             w.sync()  # the finished data reaches the disk once, before the manifest declares it complete
@@ -361,6 +366,7 @@ def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
               tok: SeqTokenizer, out: Path) -> dict:
     """Check the splits (windows left, unknown tokens), write tokenizer, resolved options and manifest, finalize."""
     partial = out / PARTIAL
+    options["fasta"]["sha256"] = fasta.sha256()  # (a run that cut nothing has not filled it in)
     manifest = build_manifest(fasta, options, state, writers, tok.dtype.name)
     for split in SPLITS:
         info = manifest["splits"][split]

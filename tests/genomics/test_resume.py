@@ -65,6 +65,8 @@ def test_sigkill_midway_then_resume_is_byte_identical(genome, tmp_path, k):
     assert r.returncode == -signal.SIGKILL, r.stderr.decode()
     state = json.loads((out / ".partial" / "state.json").read_text())
     assert len(state["chroms"]) == k
+    # hashed on a thread beside the first chromosome's cut, and recorded with its checkpoint: the resume matches
+    assert state["options"]["fasta"]["sha256"] == hashlib.sha256(genome.read_bytes()).hexdigest()
     split = "train" if k < 4 else "eval"
     torn = (out / ".partial" / f"{split}.bin").stat().st_size
     assert torn > state["sizes"][split][0], "the killed run had written part of the next chromosome"
