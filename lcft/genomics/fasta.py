@@ -169,8 +169,15 @@ class FastaFile:
             return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **paths)
         except pyfaidx.UnsupportedCompressionFormat as e:
             raise _indexing_error(self.path, e) from None
-        except ValueError as e:  # pyfaidx: 'Duplicate key "chr1"'
-            raise LcftError(f"{self.path}: {reason(e)} (record names must be unique)") from None
+        except ValueError as e:
+            if "Duplicate key" in str(e):  # pyfaidx: 'Duplicate key "chr1"'
+                raise LcftError(f"{self.path}: {reason(e)} (record names must be unique)") from None
+            if read_kind != "bgzf":
+                raise LcftError(f"{self.path}: pyfaidx cannot index this FASTA: {reason(e)}") from None
+            # Bio.bgzf: a member that is not BGZF (`cat a.fa.bgz b.fa.gz`): gzip, read at random only once
+            # decompressed, as Biopython reads it whole
+            self.kind, self.readable = "gzip", decompress_to_cache(self.path, self.sha256())
+            return self._index()
         except RuntimeError as e:  # pyfaidx: "Unhandled exception during fasta indexing" (odd line lengths)
             raise _indexing_error(self.path, e) from None
         except OSError as e:
