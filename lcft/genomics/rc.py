@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.seq_tokenizer import UPPER
+from lcft.genomics.seq_tokenizer import UPPER, prefix_counts
 
 RC_STREAM = 0x5243  # 'RC': keeps the flip draws apart from the permutation's (same seed)
 _CHAR_COMPLEMENT = np.arange(256, dtype=np.int64)
@@ -47,7 +47,7 @@ def flipped_sample(windows: Any, window: int, off: int, length: int) -> tuple[np
     raw = np.frombuffer(flipped.encode("latin-1"), dtype=np.uint8)  # (end,)
     tok = windows.tokenizer
     new_ids, counts = tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))
-    lower = np.concatenate(([0], np.cumsum(raw >= ord("a"))))  # (end+1,)
+    lower = prefix_counts(raw >= ord("a"))  # (end+1,)
     ends = np.cumsum(counts)  # (n_tok,)
     new_soft = (2 * (lower[ends] - lower[ends - counts]) >= counts) & (counts > 0)  # at least half lower case
     out_ids = np.zeros(length, dtype=np.int64)  # (length,)

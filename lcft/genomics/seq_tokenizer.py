@@ -31,6 +31,15 @@ def acgt_mask(raw: np.ndarray) -> np.ndarray:
     return _ACGT[raw]
 
 
+def prefix_counts(mask: np.ndarray) -> np.ndarray:
+    """(n+1,) int32: how many of mask[:i] are set, for each i. Summed as bytes into int32: numpy's cumsum of a
+    bool array casts each element on its own, 15x slower (8 against 0.5 ns an element on an AMD EPYC); a read
+    is far below 2^31 bases."""
+    out = np.zeros(mask.size + 1, dtype=np.int32)
+    np.cumsum(mask.view(np.uint8), dtype=np.int32, out=out[1:])
+    return out
+
+
 def ids_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned dtype holding every id: uint8 for char (today's files), uint16/uint32 otherwise."""
     for dt in (np.uint8, np.uint16, np.uint32):

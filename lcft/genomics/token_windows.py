@@ -15,7 +15,7 @@ import numpy as np
 
 from lcft.errors import LcftError, reason
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.seq_tokenizer import UPPER, SeqTokenizer, acgt_mask
+from lcft.genomics.seq_tokenizer import UPPER, SeqTokenizer, acgt_mask, prefix_counts
 from lcft.genomics.tokenizer import encode_pieces
 
 DEFAULT_CHUNK = 1 << 21  # bases per read (a multiple of the tokenizer.json block size)
@@ -84,9 +84,9 @@ class _Tokens:
         starts = ends - counts  # (n_tok,)
         if ends.size and ends[-1] != raw.size:
             raise LcftError(f"tokens cover {ends[-1]} bases of a {raw.size}-base chunk")
-        low_cs = np.concatenate(([0], np.cumsum(raw >= ord("a"))))  # (n+1,) lower-case bases before each offset
-        gc_cs = np.concatenate(([0], np.cumsum(_GC[raw])))  # (n+1,)
-        other_cs = np.concatenate(([0], np.cumsum(~acgt_mask(raw))))  # (n+1,) bases not A/C/G/T before each offset
+        low_cs = prefix_counts(raw >= ord("a"))  # (n+1,) lower-case bases before each offset
+        gc_cs = prefix_counts(_GC[raw])  # (n+1,)
+        other_cs = prefix_counts(~acgt_mask(raw))  # (n+1,) bases not A/C/G/T before each offset
         oov = ids == self.unk  # (n_tok,)
         if oov.any():  # the letters without a token (not the A/C/G/T beside them in an unknown k-mer)
             behind = raw[np.repeat(oov, counts)]
