@@ -130,6 +130,12 @@ class FastaFile:
                     "remove blanks from the sequence lines, e.g. `sed '/^>/!s/[[:blank:]]//g' in.fa > out.fa`, and "
                     "re-wrap them, e.g. `seqkit seq -w 60`") from None
             self._adopt()
+            found = scan_index(self)
+        if found.mismatch:  # pyfaidx's own index does not fit the file: it checks the lengths of lines in bytes only
+            self.close()
+            raise LcftError(f"{self.path}: its records are not laid out as their first lines say ({found.mismatch}): "
+                            "a record's last line longer than its others does this, or a line with another line end "
+                            "(CRLF among LF) and a base less; re-wrap the file, e.g. `seqkit seq -w 60`")
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")

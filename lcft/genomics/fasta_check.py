@@ -6,7 +6,9 @@ one with its own (older) modification time (`cp -p`, `rsync -a`, `tar x`) beside
 through offsets that no longer fit: records cut short, or bases from the wrong place. The index fits when each
 record's header line ends right before its first base, only line breaks lie between a record's last base and
 the next header, and only line breaks follow the last record. A space or tab ending a record's first or last line
-is a blank pyfaidx took for a base (the file is then read from a normalized copy).
+is a blank pyfaidx took for a base (the file is then read from a normalized copy). pyfaidx's own fresh index
+misfits too where it took a record pyfaidx checks by the bytes of its lines only: a last line longer than the
+others, or a line of another line end with a base more or less; that file is refused.
 """
 
 from __future__ import annotations
@@ -66,9 +68,13 @@ def scan_index(fasta: Any) -> IndexScan:
         first = min(rec.lenc, rec.rlen)  # bases on its first line
         back = int(ended)  # the record before's last base too: same read
         data = fasta.read_at(start - back, rec.offset - start + first + back)
+        if back and data[:back] in (b"\r", b"\n", b">"):
+            return IndexScan(f"the last base of {records[i - 1][0]!r} is where a line ends", None)
         if blanks is None and data[:back] in BLANKS:
             blanks = records[i - 1][0]
         gap, line1 = data[back: back + rec.offset - start], data[back + rec.offset - start:]
+        if not rec.rlen and not gap.endswith(b"\n") and not fasta.read_at(rec.offset, 1):
+            gap += b"\n"  # an empty record whose header line ends the file without a line break
         lines = gap.rsplit(b"\n", 2)
         if not gap.endswith(b"\n") or len(lines) < 2 or not _header_names(lines[-2], name):
             return IndexScan(f"no header line '>{name}' right before its first base", None)
