@@ -6,9 +6,9 @@ one with its own (older) modification time (`cp -p`, `rsync -a`, `tar x`) beside
 through offsets that no longer fit: records cut short, or bases from the wrong place. The index fits when each
 record's header line ends right before its first base, only line breaks lie between a record's last base and
 the next header, and only line breaks follow the last record. A space or tab ending a record's first or last line
-is a blank pyfaidx took for a base (the file is then read from a normalized copy). pyfaidx's own fresh index
-misfits too where it took a record pyfaidx checks by the bytes of its lines only: a last line longer than the
-others, or a line of another line end with a base more or less; that file is refused.
+is a blank pyfaidx took for a base (the file is then read from a normalized copy). A fresh index misfits too,
+since pyfaidx checks the lines of a record by their length in bytes only: a last line longer than the others, or
+a line of another line end with a base more or less; that file is refused.
 """
 
 from __future__ import annotations
