@@ -123,19 +123,20 @@ class FastaFile:
             self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
             try:
                 self.faidx = self._index()
-            except pyfaidx.FastaIndexingError:  # a blank ended some lines of a record and stood for a base in others
+            except pyfaidx.FastaIndexingError:  # blanks ended some lines of a record, stood for bases in others
                 raise LcftError(
-                    f"{self.path}: its sequence lines are of unequal length once the spaces and tabs ending some of "
-                    f"them (first in record {shown(found.blanks, quoted=True)}) are dropped, as Biopython drops them; "
-                    "remove blanks from the sequence lines, e.g. `sed '/^>/!s/[[:blank:]]//g' in.fa > out.fa`, and "
-                    "re-wrap them, e.g. `seqkit seq -w 60`") from None
+                    f"{self.path}: its sequence lines are of unequal length once the spaces and tabs ending some "
+                    f"of them (first in record {shown(found.blanks, quoted=True)}) are dropped, as Biopython drops "
+                    "them; remove blanks from the sequence lines, e.g. `sed '/^>/!s/[[:blank:]]//g' in.fa > "
+                    "out.fa`, and re-wrap them, e.g. `seqkit seq -w 60`") from None
             self._adopt()
             found = scan_index(self)
-        if found.mismatch:  # pyfaidx's own index does not fit the file: it checks the lengths of lines in bytes only
+        if found.mismatch:  # pyfaidx's own index does not fit the file: it checks line lengths in bytes only
             self.close()
-            raise LcftError(f"{self.path}: its records are not laid out as their first lines say ({found.mismatch}): "
-                            "a record's last line longer than its others does this, or a line with another line end "
-                            "(CRLF among LF) and a base less; re-wrap the file, e.g. `seqkit seq -w 60`")
+            raise LcftError(
+                f"{self.path}: its records are not laid out as their first lines say ({found.mismatch}): a "
+                "record's last line longer than its others does this, or a line with another line end (CRLF among "
+                "LF) and a base less; re-wrap the file, e.g. `seqkit seq -w 60`")
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")
@@ -159,7 +160,8 @@ class FastaFile:
         self._gzi_ustarts = [b.ustart for b in gzi]
 
     def _index(self, stale: bool = False) -> pyfaidx.Faidx:
-        """pyfaidx's index of the readable file; stale: the existing one is removed and built again."""
+        """pyfaidx's index of the readable file; stale: the existing one is removed and built again. A gzip
+        that only starts as BGZF is then read as a plain gzip is: from its decompressed copy."""
         read_kind = "bgzf" if self.readable.name.endswith((".gz", ".bgz")) else "plain"
         paths = index_paths(self.readable, read_kind, stale)
         fai = Path(paths.get("indexname", str(self.readable) + ".fai"))

@@ -121,9 +121,10 @@ def named_for_pyfaidx(path: Path, kind: str) -> Path:
 
 
 def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
-    """A copy with LF line ends, no blank lines and no blanks ending a line, for what pyfaidx mis-indexes: old-Mac CR-only line
-    ends (read as one line) and Windows CRLF files with blank lines (rejected as inconsistent). Named, like
-    a decompressed copy, by the sha256 of the file as given."""
+    """A copy with LF line ends, no blank lines and no blanks ending a line, for what pyfaidx mis-indexes:
+    old-Mac CR-only line ends (read as one line), Windows CRLF files with blank lines (rejected as inconsistent)
+    and blanks ending lines (counted as bases). Named, like a decompressed copy, by the sha256 of the file as
+    given, and by the rules it is made under."""
     name = f"{path.name.removesuffix('.gz')}.{NORMALIZED_RULES}{NORMALIZED}"
     dest = cache_dir() / "fasta" / _copy_name(sha256, name)
 
