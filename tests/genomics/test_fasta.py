@@ -14,6 +14,7 @@ import pytest
 from Bio import bgzf
 
 from lcft.errors import LcftError
+from lcft.genomics import fasta as fasta_module
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import cache_dir
@@ -227,14 +228,20 @@ def test_bundled_sample_is_the_documented_copy(genomes_dir):
 
 
 def index_builds(monkeypatch) -> list[str]:
-    """The .fai files pyfaidx writes from now on (one per index it builds)."""
-    built, real = [], pyfaidx.Faidx.build_index
+    """The .fai files built from now on (one per index): by lcft's builder for the plain layout, else pyfaidx."""
+    built, real, ours = [], pyfaidx.Faidx.build_index, fasta_module.build_fai
 
     def build(self, *a, **kw):
         built.append(self.indexname)
         return real(self, *a, **kw)
 
+    def build_ours(fasta, fai):
+        done = ours(fasta, fai)
+        built.extend([str(fai)] * done)
+        return done
+
     monkeypatch.setattr(pyfaidx.Faidx, "build_index", build)
+    monkeypatch.setattr(fasta_module, "build_fai", build_ours)
     return built
 
 
