@@ -34,11 +34,12 @@ class _Records:
         self.blank = False  # its last line so far was blank: nothing may follow
 
     def _named(self, text: bytes) -> str:
-        words = text[1:].split()
-        if len(text) > MAX_HEADER or not words or words[0].decode() in self.names:
+        """The header's first word as pyfaidx splits it: as text (str.split also splits at \\x1c-\\x1f)."""
+        words = text[1:].decode().split() if len(text) <= MAX_HEADER else []
+        if not words or words[0] in self.names:
             raise _Misfit
-        self.names.add(words[0].decode())
-        return words[0].decode()
+        self.names.add(words[0])
+        return words[0]
 
     def open(self, text: bytes, offset: int) -> None:
         """A header line whose record's first base would be at file offset `offset`."""

@@ -40,8 +40,8 @@ class IndexScan:
 
 def _header_names(line: bytes, name: str) -> bool:
     """Whether `line` is a header pyfaidx names `name`: '>' then its first whitespace-separated word."""
-    s = line.rstrip(b"\r")
-    return s[:1] == b">" and s[1:].split()[:1] == [name.encode()]
+    s = line.rstrip(b"\r")  # (pyfaidx splits the decoded text: str.split also splits at \x1c-\x1f)
+    return s[:1] == b">" and s[1:].decode("utf-8", "replace").split()[:1] == [name]
 
 
 def _possible(rec: Any) -> bool:

@@ -48,7 +48,7 @@ def plain_fasta(draw) -> str:
     for r in range(rng.randint(1, 5)):
         n, width = rng.choice([1, 5, 59, 60, 61, 121, 500, 3000]), rng.choice([1, 7, 60, 61, 80])
         seq = "".join(rng.choices("ACGTacgtNn", k=n))
-        parts.append(f">r{r}{rng.choice(['', ' d e s c', chr(9) + 'x', ' ' + 'L' * 300])}\n")
+        parts.append(f">r{r}{rng.choice(['', ' d e s c', chr(9) + 'x', ' ' + 'L' * 300, chr(0x1c) + 'x'])}\n")
         parts += [seq[i:i + width] + "\n" for i in range(0, n, width)] + ["\n"] * (rng.random() < 0.2)
     return "".join(parts)
 
