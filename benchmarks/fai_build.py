@@ -1,8 +1,9 @@
 """Building a FASTA's .fai: lcft's numpy builder (lcft/genomics/fai_build.py) against pyfaidx's, which lcft used for
 every file before and still uses for any file not of the plain layout.
 
-Two generated files: a genome of `--mbp` Mbp in two chromosomes wrapped at 60 (benchmarks/prepare.py's generator:
-soft-masked, N runs), and an assembly of `--contigs` contigs of 100 bases (a header per 101 bytes of bases). Each
+Three generated files: a genome of `--mbp` Mbp in two chromosomes wrapped at 60 (benchmarks/prepare.py's generator:
+soft-masked, N runs), an assembly of `--contigs` contigs of 100 bases (a header per 101 bytes of bases), and the
+genome as BGZF (its .gzi built too). Each
 build runs in its own process, alternating, `--repeat` times; prints the fastest of each, the ratio and each
 side's peak RSS (VmHWM), and checks that both wrote the same bytes.
 """
@@ -17,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from Bio import bgzf
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prepare import write_fasta  # noqa: E402 (the benchmark's generated genome)
 
@@ -24,12 +27,15 @@ BUILD = """
 import json, sys, time
 from pathlib import Path
 import pyfaidx
-from lcft.genomics.fai_build import build_fai
+from lcft.genomics.fai_build import build_bgzf_index, build_fai
 t = time.perf_counter()  # imports done: the build alone
+gz = sys.argv[1].endswith(".gz")  # BGZF: a .gzi too
 if sys.argv[3] == "lcft":
-    assert build_fai(Path(sys.argv[1]), Path(sys.argv[2]))
+    fai = Path(sys.argv[2])
+    assert build_bgzf_index(Path(sys.argv[1]), fai, fai.with_suffix(".gzi")) if gz else build_fai(Path(sys.argv[1]), fai)
 else:
-    pyfaidx.Faidx(sys.argv[1], indexname=sys.argv[2]).close()
+    gzi = {"gzi_indexname": sys.argv[2][:-4] + ".gzi"} if gz else {}
+    pyfaidx.Faidx(sys.argv[1], indexname=sys.argv[2], **gzi).close()
 dt = time.perf_counter() - t
 hwm = [int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM")]
 print(json.dumps({"wall": dt, "rss_kib": hwm[0]}))
@@ -38,6 +44,7 @@ print(json.dumps({"wall": dt, "rss_kib": hwm[0]}))
 
 def build(fasta: Path, fai: Path, who: str) -> dict:
     fai.unlink(missing_ok=True)
+    fai.with_suffix(".gzi").unlink(missing_ok=True)
     r = subprocess.run([sys.executable, "-c", BUILD, str(fasta), str(fai), who], capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(r.stderr)
@@ -63,13 +70,18 @@ def main() -> int:
         genome, assembly = d / "genome.fa", d / "assembly.fa"
         write_fasta(genome, mbp * 1_000_000)
         contigs(assembly, n)
+        packed = d / "genome.fa.gz"  # the genome as BGZF (Biopython's writer: 64 KiB blocks)
+        with bgzf.BgzfWriter(str(packed), "wb") as w:
+            w.write(genome.read_bytes())
         print(f"{'':44}{'lcft s':>9}{'pyfaidx s':>11}{'ratio':>8}{'lcft MiB':>10}{'pyfaidx MiB':>13}")
-        for label, fasta in ((f"genome, {mbp} Mbp in 2 records", genome), (f"assembly, {n:,} contigs", assembly)):
+        for label, fasta in ((f"genome, {mbp} Mbp in 2 records", genome), (f"assembly, {n:,} contigs", assembly),
+                             (f"genome, {mbp} Mbp, BGZF (.fai and .gzi)", packed)):
             ours, theirs = [], []
             for _ in range(args.repeat):
                 ours.append(build(fasta, d / "ours.fai", "lcft"))
                 theirs.append(build(fasta, d / "theirs.fai", "pyfaidx"))
-            same = (d / "ours.fai").read_bytes() == (d / "theirs.fai").read_bytes()
+            same = all((d / f"ours{x}").read_bytes() == (d / f"theirs{x}").read_bytes()
+                       for x in ([".fai", ".gzi"] if fasta == packed else [".fai"]))
             a, b = min(ours, key=lambda r: r["wall"]), min(theirs, key=lambda r: r["wall"])
             print(f"{label:44}{a['wall']:9.3f}{b['wall']:11.3f}{b['wall'] / a['wall']:7.1f}x"
                   f"{a['rss_kib'] / 1024:10.0f}{b['rss_kib'] / 1024:13.0f}   same bytes: {same}")

@@ -1,5 +1,5 @@
-"""A FASTA's .fai built from its line breaks with numpy, for the plain layout nearly every genome has; anything
-else is left to pyfaidx's own builder (Python, one line at a time), which judges it as before.
+"""A FASTA's .fai (a BGZF one's .gzi too) built from its line breaks with numpy, for the plain layout nearly every
+genome has; anything else is left to pyfaidx's own builder (Python, one line at a time), which judges it as before.
 
 The index is the one pyfaidx writes, byte for byte: per record its name (the header's first word), its bases,
 the offset of its first base, and the bases and bytes of its first line. Records are judged as pyfaidx judges
@@ -7,6 +7,8 @@ them: every line of the first line's length but the last, which may be shorter, 
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -94,30 +96,82 @@ class _Records:
             self.rows.append((self._named(text), n, offset, width - 1, width))
 
 
+class _Scan:
+    """The uncompressed file, fed a block at a time."""
+
+    def __init__(self) -> None:
+        self.records, self.tail, self.pos = _Records(), _Tail(), 0
+
+    def feed(self, block: bytes | bytearray) -> None:
+        if not block:
+            return
+        arr = np.frombuffer(block, dtype=np.uint8)  # (n,)
+        if b"\r" in block or arr.max() >= 0x80:
+            raise _Misfit
+        _block_lines(self.records, self.tail, block, self.pos, np.flatnonzero(arr == LF) + self.pos)
+        self.pos += len(block)
+
+    def rows(self) -> list[tuple[str, int, int, int, int]]:
+        if self.pos == 0 or self.tail.at != self.pos:  # empty, or a last line without its LF
+            raise _Misfit
+        self.records.close()
+        return self.records.rows
+
+
 def build_fai(fasta: Path, fai: Path) -> bool:
     """Write `fai` as pyfaidx writes it when `fasta` (uncompressed) is of the plain layout: a header first, LF
     line ends, ASCII only, records judged as pyfaidx judges them, each named and with bases, names unique, the
     last line ended. False, writing nothing, for any other file."""
-    records, tail = _Records(), _Tail()
+    scan = _Scan()
     buf = bytearray(BLOCK)  # reused: a fresh buffer per block costs its page faults (half the read's time)
     try:
         with open(fasta, "rb", buffering=0) as fh:
-            pos = 0
             while got := fh.readinto(buf):
-                block = buf if got == BLOCK else buf[:got]
-                arr = np.frombuffer(block, dtype=np.uint8)  # (n,)
-                if b"\r" in block or arr.max() >= 0x80:
-                    raise _Misfit
-                _block_lines(records, tail, block, pos, np.flatnonzero(arr == LF) + pos)
-                pos += got
-        if pos == 0 or tail.at != pos:  # empty, or a last line without its LF
-            raise _Misfit
-        records.close()
+                scan.feed(buf if got == BLOCK else buf[:got])
+        rows = scan.rows()
     except _Misfit:
         return False
-    with atomic_open(fai, "w") as out:
-        out.writelines(f"{n}\t{b}\t{o}\t{c}\t{w}\n" for n, b, o, c, w in records.rows)
+    _write_fai(fai, rows)
     return True
+
+
+def build_bgzf_index(fasta: Path, fai: Path, gzi: Path) -> bool:
+    """Write `fai` and `gzi` as pyfaidx writes them when `fasta` is BGZF (every block of the standard header, its
+    CRC and size checked, the empty end-of-file block last) of a plain layout: the .fai of what it holds, the .gzi
+    each block's (compressed, uncompressed) start but the first's and the end-of-file block's. False, writing
+    nothing, for any other file (pyfaidx then judges it: a damaged block is its error)."""
+    scan, starts, pending, ustart, held = _Scan(), [], [], 0, 0
+    try:
+        with open(fasta, "rb") as fh:
+            while head := fh.read(18):
+                if len(head) < 18 or head[:4] != b"\x1f\x8b\x08\x04" or head[10:16] != b"\x06\x00BC\x02\x00":
+                    raise _Misfit
+                rest = fh.read(struct.unpack_from("<H", head, 16)[0] + 1 - 18)
+                crc, size = struct.unpack_from("<II", rest, len(rest) - 8) if len(rest) >= 8 else (0, -1)
+                data = zlib.decompress(rest[:-8], -15) if size >= 0 else b""
+                if len(data) != size or zlib.crc32(data) != crc:
+                    raise _Misfit
+                starts.append((fh.tell() - len(head) - len(rest), ustart))
+                ustart, held = ustart + size, held + size
+                pending.append(data)
+                if held >= BLOCK:  # scanned 16 MiB at a time, as a plain file is
+                    scan.feed(b"".join(pending))
+                    pending, held = [], 0
+        scan.feed(b"".join(pending))
+        rows = scan.rows()
+        if len(starts) < 2 or starts[-1][1] != ustart:  # the last block is the empty end-of-file one
+            raise _Misfit
+    except (_Misfit, zlib.error):
+        return False
+    with atomic_open(gzi, "wb") as out:
+        out.write(struct.pack("<Q", len(starts) - 2) + b"".join(struct.pack("<QQ", *s) for s in starts[1:-1]))
+    _write_fai(fai, rows)
+    return True
+
+
+def _write_fai(fai: Path, rows: list[tuple[str, int, int, int, int]]) -> None:
+    with atomic_open(fai, "w") as out:
+        out.writelines(f"{n}\t{b}\t{o}\t{c}\t{w}\n" for n, b, o, c, w in rows)
 
 
 class _Tail:
