@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from lcft.genomics.seq_tokenizer import prefix_counts
 from lcft.vocab import A, C, G, T
 
 K = 20
@@ -52,7 +53,7 @@ def nearest_copy(codes: np.ndarray, k: int = K) -> np.ndarray:
     key = np.zeros(m, dtype=np.int64)  # (m,)
     for t in range(k):  # k vector passes: a rolling 2-bit packing of each k-mer
         key = (key << 2) | (codes[t:t + m] & 3).astype(np.int64)
-    bad = np.concatenate(([0], np.cumsum(codes > 3)))  # (n + 1,) non-ACGT bases before each position
+    bad = prefix_counts(codes > 3)  # (n + 1,) non-ACGT bases before each position
     ok = bad[k:] == bad[:m]  # (m,) k-mers of A/C/G/T only
     where = np.flatnonzero(ok)  # (m_ok,) increasing k-mer index
     order = np.argsort(key[where], kind="stable")  # equal keys keep their position order
