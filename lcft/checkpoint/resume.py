@@ -32,22 +32,24 @@ def restore_training(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: An
     raw = getattr(optimizer, "optimizer", optimizer)
     built = optimizer_options(raw)
     state, optim, sched, rng = load(ckpt, model=False, trainer_state=True).trainer
-    check_restorable(ckpt, raw, scheduler, state, optim, sched, param_names(model, raw))
-    restore_optimizer(model, optimizer, ckpt, optim, sharded)
+    names = param_names(model, raw)
+    check_restorable(ckpt, raw, scheduler, state, optim, sched, names)
+    restore_optimizer(model, optimizer, ckpt, optim, sharded, names)
     scheduler.load_state_dict(sched)
     set_rng_state(rng)
     reapply_options(raw, scheduler, built)
     return state
 
 
-def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool) -> None:
+def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict | None, sharded: bool,
+                      names: list[str]) -> None:
     """Optimizer state of the checkpoint resumed from, onto this run's layout. saved = its optimizer.pt (None:
     the checkpoint is sharded, and the weights are read again with it, resharded). `optimizer` may be
-    Accelerate's wrapper."""
+    Accelerate's wrapper; `names`: its parameters' (`param_names`), for a message."""
     raw = getattr(optimizer, "optimizer", optimizer)
     if saved is None:
         load_state(model, raw, ckpt, no_dist=not sharded)
-        check_loaded_values(ckpt, raw, param_names(model, raw))
+        check_loaded_values(ckpt, raw, names)
     elif sharded:
         load_full_optimizer(model, raw, saved)
     else:
