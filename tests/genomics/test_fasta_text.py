@@ -151,11 +151,13 @@ def test_a_last_line_longer_than_the_others_is_one_line(tmp_path, more, last):
     assert "\n" not in str(e.value) and not (tmp_path / "o").exists()
 
 
-def test_blanks_ending_some_lines_and_standing_for_a_base_in_others_is_one_line(tmp_path):
-    """Blanks ending a record's last line send it to a copy without them; a blank in place of a base in another
-    line then leaves that line short: one line (it was pyfaidx's traceback)."""
+@pytest.mark.parametrize("text", [">r0\nACGTACGTA \nACGTACGTAC\nACGTACGTAC\nACG\n",
+                                  ">r0\nACGTACGTAC\nACGTACGTA \nACGTACGTAC\nACG \n"], ids=["first", "last"])
+def test_blanks_ending_some_lines_and_standing_for_a_base_in_others_is_one_line(tmp_path, text):
+    """Blanks ending a record's first (or last) line send it to a copy without them; a blank in place of a base
+    in another line then leaves that line short: one line (it was pyfaidx's FastaIndexingError, uncaught)."""
     path = tmp_path / "b.fa"
-    path.write_text(">r0\nACGTACGTAC\nACGTACGTA \nACGTACGTAC\nACG \n")
+    path.write_text(text)
     with pytest.raises(LcftError, match=r"unequal length once the spaces and tabs .*first in record 'r0'") as e:
         FastaFile(path)
     assert "\n" not in str(e.value)
