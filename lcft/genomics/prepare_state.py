@@ -21,20 +21,43 @@ def load_state(partial: Path, options: dict) -> dict | None:
         state = read_json(partial / STATE)  # bounded nesting: a deep file is refused, not a RecursionError
     except LcftError:
         return None
-    return state if state.get("options") == options and _state_fits(state) else None
+    return state if state.get("options") == options and _state_fits(state, options["length"]) else None
 
 
-def _state_fits(state: dict) -> bool:
-    """The fields `_run` resumes from have their kinds: per split a list of whole sizes and one of text digests;
-    chromosome and window records as objects; oov letter counts as objects; finished true or false."""
+def _state_fits(state: dict, length: int) -> bool:
+    """The fields `_run` resumes from have their kinds, and agree: per split a list of whole sizes and one of
+    text digests; chromosome and window records as `_cut_one` writes them, as many windows recorded as counted
+    and as the soft-mask file's size (the second of a split's files, `length`/8 bytes a window) holds; letter
+    counts as whole numbers; finished true or false."""
     sizes, digests, letters = state.get("sizes"), state.get("digests", {}), state.get("oov_letters", {})
-    return (isinstance(sizes, dict) and all(_list_of(sizes.get(s), lambda v: type(v) is int and v >= 0)
-                                            for s in SPLITS)
+    chroms, records = state.get("chroms"), state.get("records")
+    if not (isinstance(sizes, dict) and all(_list_of(sizes.get(s), _whole) and len(sizes[s]) >= 2 for s in SPLITS)
             and isinstance(digests, dict) and all(_list_of(d, lambda v: isinstance(v, str)) for d in digests.values())
-            and _list_of(state.get("chroms"), lambda c: isinstance(c, dict) and isinstance(c.get("chrom"), str))
-            and _list_of(state.get("records"), lambda r: isinstance(r, dict))
-            and isinstance(letters, dict) and all(isinstance(v, dict) for v in letters.values())
-            and type(state.get("finished", False)) is bool)
+            and _list_of(chroms, _chrom_fits) and _list_of(records, _record_fits)
+            and isinstance(letters, dict)
+            and all(isinstance(v, dict) and all(map(_whole, v.values())) for v in letters.values())
+            and type(state.get("finished", False)) is bool):
+        return False
+    for split in SPLITS:
+        windows = sum(c["windows"] for c in chroms if c["split"] == split)
+        if windows != sum(r["split"] == split for r in records) or sizes[split][1] != windows * (length // 8):
+            return False
+    return True
+
+
+def _chrom_fits(c: Any) -> bool:
+    return (isinstance(c, dict) and c.get("split") in SPLITS and isinstance(c.get("chrom"), str)
+            and all(_whole(c.get(k)) for k in ("length", "windows", "skipped_n")))
+
+
+def _record_fits(r: Any) -> bool:
+    return (isinstance(r, dict) and r.get("split") in SPLITS and isinstance(r.get("chrom"), str)
+            and all(_whole(r.get(k)) for k in ("start", "end", "oov")) and r["start"] < r["end"]
+            and _whole(r.get("bases", 0)))
+
+
+def _whole(v: Any) -> bool:
+    return type(v) is int and v >= 0
 
 
 def _list_of(value: Any, each: Callable[[Any], bool]) -> bool:

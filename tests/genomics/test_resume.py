@@ -331,6 +331,10 @@ STATE_DAMAGE = {  # each: the checkpoint of a killed run, of these options, not 
     "chrom-entry": lambda s: s["chroms"].__setitem__(0, 5),
     "finished-text": lambda s: s.__setitem__("finished", "no"),  # 'no' is true: the torn run taken as finished
     "letters-list": lambda s: s.__setitem__("oov_letters", {"train": ["N"]}),
+    "letters-text": lambda s: s.__setitem__("oov_letters", {"train": {"N": "many"}}),  # a TypeError adding counts
+    "record-lost": lambda s: s["records"].pop(),  # a manifest of one window fewer than the shards hold
+    "record-shape": lambda s: s["records"][0].pop("end"),  # a KeyError building the manifest
+    "windows-text": lambda s: s["chroms"][0].__setitem__("windows", "2"),  # a TypeError summing windows
     "deep": lambda s: None,  # written below as text: 5,000 nested lists, json's RecursionError
 }
 
