@@ -54,7 +54,10 @@ class EvalConfig(ParallelConfig):
     device: str = "auto"
     """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""
     out: str = "reports/eval"
-    """Output folder for eval.json, loss_by_position.csv, loss_by_position.png and eval.toml."""
+    """Output folder for eval.json, loss_by_position.csv, loss_by_position.png and eval.toml. Per-token losses
+    are kept in its .partial/ while the evaluation runs: run the same command again after a kill and it resumes
+    (checkpoints and windows already evaluated are read back, not computed); .partial/ goes once the report is
+    written."""
     verify_data: bool = True
     """Check the split's files against the manifest's sha256 before evaluating (one full read of them: about
     a second per GB; --no-verify-data skips it for very large sets, then a damaged byte goes unnoticed)."""

@@ -15,6 +15,7 @@ from lcft.genomics.tokenizer import A, T
 if TYPE_CHECKING:
     from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.parallel import EvalParallel
+    from lcft.evaluate.store import LossStore
 
 IGNORE = -100
 
@@ -85,21 +86,31 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
     return loss, counted
 
 
-def batches(n: int, size: int) -> Iterator[list[int]]:
-    """Indices 0..n-1 in batches of `size`, in order: one process's batches (EvalParallel.batches splits them
-    over dp groups)."""
-    for s in range(0, n, size):
+def batches(n: int, size: int, start: int = 0) -> Iterator[list[int]]:
+    """Indices start..n-1 in batches of `size`, in order: one process's batches (EvalParallel.batches splits
+    them over dp groups). `start` is a multiple of `size` (or n): the batches are those of a run from 0."""
+    for s in range(start, n, size):
         yield list(range(s, min(s + size, n)))
 
 
 def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.ndarray], cfg: EvalConfig,
                   max_context: int, device: torch.device, advance: Callable[[int], Any] | None = None,
-                  parallel: EvalParallel | None = None, counted_ids: torch.Tensor | None = None
-                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+                  parallel: EvalParallel | None = None, counted_ids: torch.Tensor | None = None,
+                  store: LossStore | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(i, loss (L,), counted (L,)) of windows 0..n-1 through one model in order, `window(i)` giving window i's
     token ids (L,): batches of --batch-size through `token_losses`, `advance(k)` after each batch's k windows.
-    With `parallel` (several ranks), the dp groups take turns over the batches and every rank gets all windows."""
-    for batch in (parallel.batches(n, cfg.batch_size) if parallel else batches(n, cfg.batch_size)):
+    With `parallel` (several ranks), the dp groups take turns over the batches and every rank gets all windows.
+    With `store` (the main rank's), the items it kept from a killed run are read back (and handed to every
+    rank) instead of computed, and each computed item is added to it."""
+    start = store.resume_at(n, cfg.batch_size) if store is not None else 0
+    if parallel is not None:
+        start = parallel.share(start)
+    for item in store.items(start) if store is not None else (None for _ in range(start)):
+        yield parallel.share(item) if parallel is not None else item
+    if advance is not None and start:
+        advance(start)
+    todo = parallel.batches(n, cfg.batch_size, start) if parallel else batches(n, cfg.batch_size, start)
+    for batch in todo:
         loss = counted = None
         if batch:  # a rank with no batch this round still joins the gather below, so the collectives match
             ids = torch.from_numpy(np.stack([window(i) for i in batch]).astype(np.int64)).to(device)  # (B, L)
@@ -107,6 +118,9 @@ def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.nda
                                          parallel=parallel, counted_ids=counted_ids)  # (B, L) each
         results = parallel.gather(batch, loss, counted) if parallel else [
             (i, loss[j].cpu().numpy(), counted[j].cpu().numpy()) for j, i in enumerate(batch)]  # (L,) each
+        if store is not None:
+            for item in results:
+                store.add(*item)
         yield from results
         if advance is not None:  # runs once the caller has taken the batch's last window
             advance(len(results))

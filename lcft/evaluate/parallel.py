@@ -58,10 +58,10 @@ class EvalParallel:
         loss = per_token_loss(hidden, model.lm_head_weight, self.runner.local(y)).float()  # (N, C/cp)
         return self.runner.gather(loss)  # (N, C)
 
-    def batches(self, n_windows: int, batch_size: int) -> Iterator[list[int]]:
-        """This dp group's batch of each round (round i: batch i*dp + dp_rank); every group runs the same
-        number of rounds (an empty batch when it has none), so the collectives stay matched."""
-        starts = list(range(0, n_windows, batch_size))
+    def batches(self, n_windows: int, batch_size: int, start: int = 0) -> Iterator[list[int]]:
+        """This dp group's batch of each round (round i: batch i*dp + dp_rank) of windows start..n-1; every
+        group runs the same number of rounds (an empty batch when it has none), so the collectives stay matched."""
+        starts = list(range(start, n_windows, batch_size))
         dp, me = self.state.dp, self.state.dp_rank
         for first in range(0, len(starts), dp):
             mine = first + me
@@ -77,6 +77,14 @@ class EvalParallel:
         everyone: list[Any] = [None] * self.state.world
         dist.all_gather_object(everyone, mine if self.state.cp_rank == 0 else [])
         return sorted((item for part in everyone for item in part), key=lambda t: t[0])
+
+    def share(self, obj: Any) -> Any:
+        """Global rank 0's `obj` on every rank (what only the main rank reads: kept losses of a killed run)."""
+        if self.state.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def close(self) -> None:
         """Under a launch (torchrun, `--nproc`), tear the process group down before the interpreter exits."""

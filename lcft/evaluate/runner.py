@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from lcft import __version__
 from lcft.console import text_column
 from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
@@ -18,6 +19,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import make_probe, run_probe
 from lcft.evaluate.split import CheckpointResult, check_finite, open_split, position_length, run_checkpoint
+from lcft.evaluate.store import LossStore, clear
 from lcft.files import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
@@ -85,6 +87,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
         report = build_report(cfg, ws, n_windows, infos, results, edges)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
+            clear(cfg.out)
     finally:
         lock.close()
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
@@ -138,15 +141,45 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
 
 def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, model: torch.nn.Module,
              device: torch.device, parallel: EvalParallel | None, bar: Any) -> CheckpointResult:
-    """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task."""
-    task = bar.add_task(info.label, total=n_windows) if bar else None
-    advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
-    result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device, advance, parallel)
+    """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task;
+    the main rank keeps each pass's losses in the output folder until the report is written."""
+    same = _identity(cfg, ws, info, device)
+    store = _store(cfg, same | {"pass": "windows"}, ws.length, parallel)
+    result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device,
+                            _task(bar, info.label, n_windows, store, cfg.batch_size), parallel, store)
     check_finite(info.label, result.windows)  # before its probe runs
     probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
-        task = bar.add_task(f"{info.label}: copy probe", total=len(probe)) if bar else None
-        advance = (lambda k, t=task: bar.advance(t, k)) if bar else None
-        run_probe(model, probe, cfg, info.max_context, device, advance, parallel)
+        planted = {"segment": probe.segment, "distances": probe.distances, "mutation": probe.mutation,
+                   "seed": probe.seed, "whole_windows": parallel is not None}
+        store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
+        run_probe(model, probe, cfg, info.max_context, device,
+                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size), parallel, store)
         result.probe = probe.checked(info.label)
     return result
+
+
+def _identity(cfg: EvalConfig, ws: Any, info: CheckpointInfo, device: torch.device) -> dict[str, Any]:
+    """Everything a checkpoint's per-token losses depend on, bit for bit: its weights and configs, the split's
+    token files, and the options and versions of the computation (a kept pass of other values is not read)."""
+    return {"lcft": __version__, "torch": torch.__version__, "device": device.type, "weights": info.sha256,
+            "config": info.config, "meta": info.lcft, "max_context": info.max_context, "precision": cfg.precision,
+            "batch_size": cfg.batch_size, "cp": [cfg.cp, cfg.cp_layout, cfg.cp_kv], "split": cfg.split,
+            "data": ws.manifest["splits"][cfg.split]["files"], "length": ws.length}
+
+
+def _store(cfg: EvalConfig, identity: dict[str, Any], keep: int, parallel: EvalParallel | None) -> LossStore | None:
+    """The main rank's store of one pass (the other ranks receive what it reads back)."""
+    return LossStore(cfg.out, identity, keep) if parallel is None or parallel.is_main else None
+
+
+def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int) -> Any:
+    """`advance` of a new progress bar task over `total` items (None without a bar), saying where a killed
+    run's kept items take it up."""
+    if bar is None:
+        return None
+    kept = store.resume_at(total, batch) if store is not None else 0
+    if kept:
+        bar.console.print(f"{name}: resuming, {kept:,} of {total:,} read back from an interrupted run")
+    task = bar.add_task(name, total=total)
+    return lambda k: bar.advance(task, k)

@@ -7,7 +7,9 @@ import pytest
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
+from lcft.evaluate.store import PARTIAL
 from lcft.launch import run
+from tests.evaluate.test_resume import _killed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes: ~35 s
 
@@ -40,3 +42,18 @@ def test_eval_cp_without_enough_processes_fails_before_any_work(tmp_path, cp_dat
     with pytest.raises(LcftError, match="world size 1 is not divisible by cp=2"):
         evaluate(_cfg(cp_data_dir, cp_init_dir, out, cp=2))
     assert not out.exists()
+
+
+def test_dp2_eval_resumes_a_killed_one_process_eval(tmp_path, cp_data_dir, cp_init_dir):
+    """The main rank reads back the windows a killed run kept and hands them to the other rank; both then take
+    the remaining batches in turns: the report is the one-process report."""
+    cfg = dict(data=str(cp_data_dir), checkpoints=[str(cp_init_dir)], out=str(tmp_path / "killed"), max_windows=6)
+    _killed(cfg, 4)  # windows 0-2 kept
+    assert len(list((tmp_path / "killed" / PARTIAL).glob("*.losses"))) == 1
+    two = run("eval", EvalConfig(**{**cfg, "checkpoints": tuple(cfg["checkpoints"]), "nproc": 2}))
+    assert not (tmp_path / "killed" / PARTIAL).exists()
+    one = evaluate(EvalConfig(**{**cfg, "checkpoints": tuple(cfg["checkpoints"]), "out": str(tmp_path / "one")}))
+    (a,), (b,) = one["checkpoints"], two["checkpoints"]
+    assert [w["index"] for w in b["windows"]] == list(range(6))
+    assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
+    assert b["bins"]["loss"] == pytest.approx(a["bins"]["loss"], rel=1e-6)

@@ -1,0 +1,91 @@
+"""Per-window losses of a running `lcft eval`, kept in its output folder's `.partial/` so that a killed
+evaluation resumes where it stopped: one append-only file per pass (a checkpoint's windows, or its copy probe,
+under the options that change a loss), each record checked by its own digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PARTIAL = ".partial"
+FORMAT = 1
+INDEX_BYTES, DIGEST_BYTES = 8, 16
+
+
+def pass_key(identity: dict[str, Any]) -> str:
+    """The file name stem of a pass: 128 bits of the sha256 of everything its losses depend on."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def clear(out: str | os.PathLike) -> None:
+    """Drop every kept pass of the output folder `out` (its report is written: nothing is left to resume)."""
+    shutil.rmtree(Path(out) / PARTIAL, ignore_errors=True)
+
+
+class LossStore:
+    """The losses of one pass, item by item in order: item i is the last `keep` tokens' loss (float32) and
+    counted flags of window (or planted window) i. A record is those bytes, the counted flags packed, the item's
+    index and a blake2b digest of the rest, so a torn or stale tail reads as absent and is computed again."""
+
+    def __init__(self, out: str | os.PathLike, identity: dict[str, Any], keep: int) -> None:
+        folder = Path(out) / PARTIAL
+        folder.mkdir(parents=True, exist_ok=True)
+        key = pass_key({**identity, "format": FORMAT, "keep": keep})
+        self.path = folder / f"{key}.losses"
+        (folder / f"{key}.json").write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")  # for a reader
+        self.keep = keep
+        self.record = keep * 4 + (keep + 7) // 8 + INDEX_BYTES + DIGEST_BYTES
+        self.path.touch()
+        self._start: int | None = None
+        self._next = 0
+
+    def resume_at(self, n: int, batch: int) -> int:
+        """Items 0..start-1 are kept and read back from here: the whole records that check, at most `n`, rounded
+        down to a multiple of `batch` unless all `n` are kept (the batches after them are then those of an
+        uninterrupted run, and give its losses bit for bit). The file is cut to them."""
+        if self._start is None:
+            whole = sum(1 for _ in self._records(n))
+            self._start = whole if whole >= n else whole // batch * batch
+            with open(self.path, "r+b") as fh:
+                fh.truncate(self._start * self.record)
+            self._next = self._start
+        return self._start
+
+    def _records(self, n: int) -> Iterator[bytes]:
+        """Whole records in order up to the first that does not check (its digest, or its index out of place)."""
+        with open(self.path, "rb") as fh:
+            for i in range(n):
+                rec = fh.read(self.record)
+                if len(rec) < self.record:
+                    return
+                body, digest = rec[:-DIGEST_BYTES], rec[-DIGEST_BYTES:]
+                if hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest() != digest or \
+                        int.from_bytes(body[-INDEX_BYTES:], "little") != i:
+                    return
+                yield body
+
+    def items(self, upto: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(i, loss (keep,) float32, counted (keep,) bool) of the kept items 0..upto-1."""
+        k = self.keep
+        for i, body in enumerate(self._records(upto)):
+            loss = np.frombuffer(body, dtype=np.float32, count=k).copy()  # (keep,)
+            counted = np.unpackbits(np.frombuffer(body, np.uint8, (k + 7) // 8, k * 4), count=k).astype(bool)  # (keep,)
+            yield i, loss, counted
+
+    def add(self, i: int, loss: np.ndarray, counted: np.ndarray) -> None:
+        """Append item i (the next one) from its loss and counted, `(L,)` each, of which the last `keep` are kept;
+        one unbuffered write, so a kill loses at most the record being written."""
+        if self._start is None or i != self._next or loss.dtype != np.float32:
+            raise ValueError(f"item {i} ({loss.dtype}) added where item {self._next} (float32) is next")
+        body = (np.ascontiguousarray(loss[-self.keep:]).tobytes()
+                + np.packbits(np.asarray(counted[-self.keep:], dtype=bool)).tobytes() + i.to_bytes(INDEX_BYTES, "little"))
+        with open(self.path, "ab", buffering=0) as fh:
+            fh.write(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
+        self._next += 1

@@ -1,0 +1,172 @@
+"""A killed `lcft eval` resumes from the losses it kept in `<out>/.partial`: the report equals an uninterrupted
+run's, only the missing windows are computed, and a damaged or foreign pass is computed again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lcft.evaluate.losses as losses
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.evaluate.store import PARTIAL, LossStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The eval of argv[1] (a JSON EvalConfig) killed with SIGKILL inside the forward pass of call argv[2].
+KILLER = textwrap.dedent("""
+    import json, os, signal, sys
+    import lcft.evaluate.losses as L
+    from lcft.evaluate import EvalConfig, evaluate
+    stop, seen, real = int(sys.argv[2]), [0], L.token_losses
+    def hook(*a, **kw):
+        seen[0] += 1
+        if seen[0] == stop:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **kw)
+    L.token_losses = hook
+    evaluate(EvalConfig(**json.loads(sys.argv[1])))
+""")
+
+
+def _cfg(data_dir, out, *ckpts, **kw) -> dict:
+    return dict(data=str(data_dir), checkpoints=[str(c) for c in ckpts], out=str(out), max_windows=6,
+                bootstrap=50, **kw)
+
+
+def _killed(cfg: dict, at_call: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", KILLER, json.dumps(cfg), str(at_call)], env=env, capture_output=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr.decode()[-2000:]
+
+
+def _counting(monkeypatch) -> list[int]:
+    """Forward passes of the next evaluations, as window counts per call."""
+    calls: list[int] = []
+    real = losses.token_losses
+
+    def count(model, ids, **kw):
+        calls.append(ids.shape[0])
+        return real(model, ids, **kw)
+
+    monkeypatch.setattr(losses, "token_losses", count)
+    return calls
+
+
+def _figures(out: Path) -> dict:
+    report = json.loads((out / "eval.json").read_text())
+    report.pop("created")
+    report["options"].pop("out")
+    return report
+
+
+def _same_report(a: Path, b: Path) -> None:
+    assert _figures(a) == _figures(b)
+    assert (a / "loss_by_position.csv").read_bytes() == (b / "loss_by_position.csv").read_bytes()
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_killed_eval_resumes_to_the_uninterrupted_report(data_dir, ckpt_a, ckpt_b, tmp_path, monkeypatch,
+                                                         batch_size):
+    """Killed in a forward pass of the second checkpoint: the first checkpoint's windows and the second's first
+    ones are read back, the rest computed; the report equals an uninterrupted run's, bit for bit."""
+    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a, ckpt_b, batch_size=batch_size)
+    k = 4 // batch_size  # the second checkpoint's batch the kill falls in
+    _killed(cfg, 6 // batch_size + k)
+    assert len(list((tmp_path / "killed" / PARTIAL).glob("*.losses"))) == 2
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**cfg))
+    assert sum(calls) == 6 - (k - 1) * batch_size  # the second checkpoint's batches from the killed one on
+    assert not (tmp_path / "killed" / PARTIAL).exists()  # the report is written: nothing left to resume
+    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
+    _same_report(tmp_path / "killed", tmp_path / "clean")
+
+
+def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """Killed inside the copy probe: the windows and the planted windows already run are read back."""
+    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a, probe="copy", probe_segment=256, probe_distances=[256, 1024],
+               probe_windows=2)
+    _killed(cfg, 6 + 5)  # the probe's fifth of 2 windows x 2 distances x 3 variants
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**cfg))
+    assert len(calls) == 12 - 4
+    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
+    _same_report(tmp_path / "killed", tmp_path / "clean")
+
+
+@pytest.mark.parametrize("damage", ["torn", "flipped", "swapped"])
+def test_a_damaged_record_and_those_after_it_are_computed_again(data_dir, ckpt_a, tmp_path, monkeypatch, damage):
+    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a)
+    _killed(cfg, 6)  # windows 0-4 kept
+    (path,) = (tmp_path / "killed" / PARTIAL).glob("*.losses")
+    data = bytearray(path.read_bytes())
+    record = len(data) // 5
+    if damage == "torn":  # window 4's record cut short: a kill while it was written
+        data = data[:-7]
+    elif damage == "flipped":  # one bit of window 2's losses
+        data[2 * record + 100] ^= 4
+    else:  # windows 1 and 2 in each other's place
+        data[record:3 * record] = data[2 * record:3 * record] + data[record:2 * record]
+    path.write_bytes(bytes(data))
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**cfg))
+    assert len(calls) == {"torn": 2, "flipped": 4, "swapped": 5}[damage]
+    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
+    _same_report(tmp_path / "killed", tmp_path / "clean")
+
+
+@pytest.mark.parametrize("change", [{"precision": "bf16"}, {"max_context": ["1K"]}, {"batch_size": 2},
+                                    {"checkpoint": "b"}])
+def test_a_pass_of_other_options_or_weights_is_not_read(data_dir, ckpt_a, ckpt_b, tmp_path, monkeypatch, change):
+    """Kept losses of the same output folder under another option that changes a loss, or of other weights at
+    the same path, are not taken: every window is computed."""
+    out = tmp_path / "killed"
+    cfg = _cfg(data_dir, out, tmp_path / "model")
+    os.symlink(ckpt_a, tmp_path / "model")
+    _killed(cfg, 6)
+    change = dict(change)
+    if change.pop("checkpoint", None):
+        os.unlink(tmp_path / "model")
+        os.symlink(ckpt_b, tmp_path / "model")
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**{**cfg, **change}))
+    assert sum(calls) == 6
+
+
+def test_more_windows_than_kept_and_fewer(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """The kept windows are a prefix: a resumed run with a larger --max-windows computes only the new ones; with
+    a smaller one, none."""
+    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a)
+    _killed(cfg, 6)
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**{**cfg, "max_windows": 3}))
+    assert calls == []
+    _killed(cfg, 6)
+    evaluate(EvalConfig(**{**cfg, "max_windows": 8}))
+    assert len(calls) == 3  # windows 5, 6, 7
+
+
+def test_store_reads_back_what_was_added(tmp_path):
+    """The record format alone: float32 losses and counted flags of the last `keep` tokens, bit for bit, and
+    items added out of order are a bug."""
+    store = LossStore(tmp_path, {"pass": "x"}, keep=13)
+    assert store.resume_at(4, 1) == 0
+    rng = np.random.default_rng(0)
+    items = [(i, rng.standard_normal(20).astype(np.float32), rng.random(20) < 0.5) for i in range(3)]
+    for item in items:
+        store.add(*item)
+    with pytest.raises(ValueError):
+        store.add(5, items[0][1], items[0][2])
+    again = LossStore(tmp_path, {"pass": "x"}, keep=13)
+    assert again.resume_at(4, 2) == 2  # three whole, rounded down to whole batches of 2
+    for (i, loss, counted), (j, got_loss, got_counted) in zip(items, again.items(2), strict=False):
+        assert i == j and got_loss.tobytes() == loss[-13:].tobytes()
+        assert np.array_equal(got_counted, counted[-13:])
+    assert LossStore(tmp_path, {"pass": "y"}, keep=13).resume_at(4, 1) == 0  # another pass, another file
