@@ -134,6 +134,7 @@ def costs(length: int, attention: str, windows: int, reps: int) -> None:
     ok = extra <= 0.05 * plain
     print(f"bootstrap, 1000 replicates (3 subsets x bins, overall, trend): {extra * 1e3:.1f} ms = "
           f"{100 * extra / plain:.2f}% of the plain eval (target < 5%: {'met' if ok else 'NOT met'})")
+    _store_cost(model, ws, n, cfg, each[0], ck.parent / "store")
     distances = default_distances(length, 256)
     for label, c, own in (("whole window", 0, each[0]), (f"cut to {cut:,}", cut, each[1])):
         probe = CopyProbe(ws, 1, 256, distances, 0.1, 0)
@@ -142,6 +143,33 @@ def costs(length: int, attention: str, windows: int, reps: int) -> None:
         per = (time.perf_counter() - t0) / len(distances)
         print(f"copy probe, {label}: {per:.2f} s per distance and window ({len(distances)} distances up to "
               f"{distances[-1]:,}) = {per / (own / n):.1f}x its plain eval of a window")
+
+
+def _store_cost(model: torch.nn.Module, ws, n: int, cfg, plain: float, folder: Path) -> None:
+    """What keeping the whole-window pass's losses for a resume costs (the time inside LossStore.add, in a run
+    of that pass), and how long a resumed run takes to read them back instead."""
+    from lcft.evaluate.split import run_checkpoint
+    from lcft.evaluate.store import LossStore
+
+    store, spent, dev = LossStore(folder, {"bench": 1}, ws.length), [0.0], torch.device("cpu")
+    add = store.add
+
+    def timed(*item) -> None:
+        t0 = time.perf_counter()
+        add(*item)
+        spent[0] += time.perf_counter() - t0
+
+    store.add = timed  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    run_checkpoint(model, ws, n, cfg, 0, dev, store=store)
+    run = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_checkpoint(model, ws, n, cfg, 0, dev, store=LossStore(folder, {"bench": 1}, ws.length))
+    back = time.perf_counter() - t0
+    size = (folder / ".partial" / f"{store.path.name}").stat().st_size
+    print(f"losses kept for a resume ({size / n / ws.length:.3f} bytes a token): {spent[0] * 1e3:.1f} ms of a "
+          f"{run:.2f} s pass = {100 * spent[0] / run:.2f}%; a resumed pass reads them back in {back * 1e3:.0f} ms, "
+          f"{plain / back:.0f}x faster than computing them ({plain:.2f} s)")
 
 
 def main() -> int:
