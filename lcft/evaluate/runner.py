@@ -59,7 +59,9 @@ def check_launch(cfg: EvalConfig, world: int) -> None:
 
 def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
-    `cfg.out` (nothing is written when an input is bad), and return the report (the content of eval.json).
+    `cfg.out` (nothing is written when an input is bad; an evaluation stopped midway, killed or by an error such
+    as a diverged checkpoint, leaves the losses it computed in `cfg.out`/.partial for a rerun), and return the
+    report (the content of eval.json).
     With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 

@@ -35,14 +35,10 @@ class LossStore:
     index and a blake2b digest of the rest, so a torn or stale tail reads as absent and is computed again."""
 
     def __init__(self, out: str | os.PathLike, identity: dict[str, Any], keep: int) -> None:
-        folder = Path(out) / PARTIAL
-        folder.mkdir(parents=True, exist_ok=True)
         key = pass_key({**identity, "format": FORMAT, "keep": keep})
-        self.path = folder / f"{key}.losses"
-        (folder / f"{key}.json").write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")  # for a reader
-        self.keep = keep
+        self.path = Path(out) / PARTIAL / f"{key}.losses"  # made with the first item: a failed start leaves nothing
+        self.identity, self.keep = identity, keep
         self.record = keep * 4 + (keep + 7) // 8 + INDEX_BYTES + DIGEST_BYTES
-        self.path.touch()
         self._start: int | None = None
         self._next = 0
 
@@ -53,13 +49,15 @@ class LossStore:
         if self._start is None:
             whole = sum(1 for _ in self._records(n))
             self._start = whole if whole >= n else whole // batch * batch
-            with open(self.path, "r+b") as fh:
-                fh.truncate(self._start * self.record)
+            if self.path.exists():
+                os.truncate(self.path, self._start * self.record)
             self._next = self._start
         return self._start
 
     def _records(self, n: int) -> Iterator[bytes]:
         """Whole records in order up to the first that does not check (its digest, or its index out of place)."""
+        if not self.path.exists():
+            return
         with open(self.path, "rb") as fh:
             for i in range(n):
                 rec = fh.read(self.record)
@@ -86,6 +84,10 @@ class LossStore:
             raise ValueError(f"item {i} ({loss.dtype}) added where item {self._next} (float32) is next")
         body = (np.ascontiguousarray(loss[-self.keep:]).tobytes()
                 + np.packbits(np.asarray(counted[-self.keep:], dtype=bool)).tobytes() + i.to_bytes(INDEX_BYTES, "little"))
+        if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # what the key stands for, for a person reading the folder (never read back)
+            self.path.with_suffix(".json").write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
         with open(self.path, "ab", buffering=0) as fh:
             fh.write(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
         self._next += 1

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import lcft.evaluate.losses as losses
+from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.store import PARTIAL, LossStore
 
@@ -170,3 +171,32 @@ def test_store_reads_back_what_was_added(tmp_path):
         assert i == j and got_loss.tobytes() == loss[-13:].tobytes()
         assert np.array_equal(got_counted, counted[-13:])
     assert LossStore(tmp_path, {"pass": "y"}, keep=13).resume_at(4, 1) == 0  # another pass, another file
+
+
+def test_an_eval_failing_before_its_first_window_leaves_nothing(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """The kept losses are made with the first window: an evaluation that fails before it leaves no folder."""
+    def fail(*a, **kw):
+        raise LcftError("the device ran out of memory")
+
+    monkeypatch.setattr(losses, "token_losses", fail)
+    with pytest.raises(LcftError, match="out of memory"):
+        evaluate(EvalConfig(**_cfg(data_dir, tmp_path / "out", ckpt_a)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_diverged_checkpoint_leaves_the_others_losses_for_a_rerun(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """The second checkpoint's loss is non-finite: the eval fails in one line, and a rerun without it reads the
+    first checkpoint's windows back."""
+    real = losses.token_losses
+
+    def second_diverges(model, ids, **kw):
+        loss, counted = real(model, ids, **kw)
+        return (loss * float("nan"), counted) if kw.get("max_context") else (loss, counted)
+
+    monkeypatch.setattr(losses, "token_losses", second_diverges)
+    cfg = _cfg(data_dir, tmp_path / "out", ckpt_a, ckpt_a, max_context=[0, 1024])
+    with pytest.raises(LcftError, match="non-finite loss in 6 window"):
+        evaluate(EvalConfig(**cfg))
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**{**cfg, "checkpoints": cfg["checkpoints"][:1], "max_context": [0]}))
+    assert calls == []
