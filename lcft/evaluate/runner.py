@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,12 +177,16 @@ def _store(cfg: EvalConfig, identity: dict[str, Any], keep: int, parallel: EvalP
 
 
 def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int) -> Any:
-    """`advance` of a new progress bar task over `total` items (None without a bar), saying where a killed
-    run's kept items take it up."""
-    if bar is None:
-        return None
+    """`advance` of a new progress bar task over `total` items (None without a bar), after saying where a
+    stopped run's kept items take it up (on the bar's console, else on stderr: a launch's rank 0 has no bar)."""
     kept = store.resume_at(total, batch) if store is not None else 0
     if kept:
-        bar.console.print(f"{name}: resuming, {kept:,} of {total:,} read back from an interrupted run")
+        say = f"{name}: resuming, {kept:,} of {total:,} read back from an interrupted run"
+        if bar is not None:
+            bar.console.print(say)
+        else:
+            print(say, file=sys.stderr)
+    if bar is None:
+        return None
     task = bar.add_task(name, total=total)
     return lambda k: bar.advance(task, k)

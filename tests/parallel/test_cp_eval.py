@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from lcft.errors import LcftError
@@ -10,6 +16,7 @@ from lcft.evaluate.runner import evaluate
 from lcft.evaluate.store import PARTIAL
 from lcft.launch import run
 from tests.evaluate.test_resume import _killed
+from tests.train.launching import rank_process
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes: ~35 s
 
@@ -57,3 +64,28 @@ def test_dp2_eval_resumes_a_killed_one_process_eval(tmp_path, cp_data_dir, cp_in
     assert [w["index"] for w in b["windows"]] == list(range(6))
     assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
     assert b["bins"]["loss"] == pytest.approx(a["bins"]["loss"], rel=1e-6)
+
+
+def test_a_killed_rank_is_restarted_and_the_eval_resumes(tmp_path, cp_data_dir, cp_init_dir):
+    """`lcft eval --nproc 2 --max-restarts 1`, rank 1 SIGKILLed once 8 windows are kept: the agent restarts both
+    ranks, which read those windows back and compute the rest; exit 0 with the one-process report."""
+    out = tmp_path / "elastic"
+    cmd = [sys.executable, "-m", "lcft", "eval", "--data", str(cp_data_dir), "-c", str(cp_init_dir), "--out",
+           str(out), "--max-windows", "48", "--nproc", "2", "--max-restarts", "1", "--bootstrap", "50"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + 240
+    while sum(p.stat().st_size for p in (out / PARTIAL).glob("*.losses")) < 8 * 2048 * 4:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    rank_process(proc, 1).kill()
+    stdout, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "read back from an interrupted run" in stdout + err
+    one = evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(tmp_path / "one"),
+                              max_windows=48, bootstrap=50))
+    two = json.loads((out / "eval.json").read_text())
+    (a,), (b,) = one["checkpoints"], two["checkpoints"]
+    assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
+    assert not (out / PARTIAL).exists()
