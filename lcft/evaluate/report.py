@@ -247,11 +247,15 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
             w.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in row.items()})
 
     png = plot(report)
-    _atomic_write(paths["csv"], write_csv)
-    _atomic_write(paths["png"], lambda fh: fh.write(png), mode="wb")
-    save_resolved(paths["toml"], to_dict(cfg))
-    # eval.json last: its presence means the report is complete.
-    _atomic_write(paths["json"], lambda fh: json.dump(report, fh, indent=1, allow_nan=False))
+    try:
+        _atomic_write(paths["csv"], write_csv)
+        _atomic_write(paths["png"], lambda fh: fh.write(png), mode="wb")
+        save_resolved(paths["toml"], to_dict(cfg))
+        # eval.json last: its presence means the report is complete.
+        _atomic_write(paths["json"], lambda fh: json.dump(report, fh, indent=1, allow_nan=False))
+    except OSError as e:  # the losses stay in .partial (lcft.evaluate.store): a rerun only writes the report
+        raise LcftError(f"cannot write the report into {out}: {e.strerror or e} (errno {e.errno}); fix the cause "
+                        "and re-run the same command (the evaluated losses are kept)") from None
     return paths
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from lcft.errors import LcftError
+
 PARTIAL = ".partial"
 FORMAT = 1
 INDEX_BYTES, DIGEST_BYTES = 8, 16
@@ -84,10 +86,14 @@ class LossStore:
             raise ValueError(f"item {i} ({loss.dtype}) added where item {self._next} (float32) is next")
         body = (np.ascontiguousarray(loss[-self.keep:]).tobytes()
                 + np.packbits(np.asarray(counted[-self.keep:], dtype=bool)).tobytes() + i.to_bytes(INDEX_BYTES, "little"))
-        if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # what the key stands for, for a person reading the folder (never read back)
-            self.path.with_suffix(".json").write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
-        with open(self.path, "ab", buffering=0) as fh:
-            fh.write(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
+        try:
+            if not self.path.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # what the key stands for, for a person reading the folder (never read back)
+                self.path.with_suffix(".json").write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
+            with open(self.path, "ab", buffering=0) as fh:
+                fh.write(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
+        except OSError as e:  # a torn record is not read back: what was kept before it still is
+            raise LcftError(f"cannot keep losses in {self.path.parent}: {e.strerror or e} (errno {e.errno}); fix "
+                            "the cause and re-run the same command to resume") from None
         self._next += 1

@@ -200,3 +200,42 @@ def test_a_diverged_checkpoint_leaves_the_others_losses_for_a_rerun(data_dir, ck
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**{**cfg, "checkpoints": cfg["checkpoints"][:1], "max_context": [0]}))
     assert calls == []
+
+
+def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """ENOSPC keeping the third window's losses, then writing the report: each a one-line error; each rerun
+    computes only what was not kept, and the report equals a clean run's."""
+    import errno
+
+    import lcft.evaluate.report as report
+    import lcft.evaluate.store as store
+
+    def no_space(*a, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    appends = []
+
+    def third_append_fails(path, mode="r", *a, **kw):
+        if mode == "ab":
+            appends.append(path)
+            if len(appends) == 3:
+                no_space()
+        return open(path, mode, *a, **kw)
+
+    cfg = _cfg(data_dir, tmp_path / "out", ckpt_a)
+    monkeypatch.setattr(store, "open", third_append_fails, raising=False)  # the module's `open`, not the builtin
+    with pytest.raises(LcftError, match=r"cannot keep losses in .*No space left on device.*re-run") as e:
+        evaluate(EvalConfig(**cfg))
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    calls = _counting(monkeypatch)
+    monkeypatch.setattr(report.json, "dump", no_space)
+    with pytest.raises(LcftError, match="cannot write the report into .*No space left on device"):
+        evaluate(EvalConfig(**cfg))
+    assert len(calls) == 4  # windows 2-5
+    monkeypatch.undo()
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**cfg))
+    assert calls == []
+    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
+    _same_report(tmp_path / "out", tmp_path / "clean")
