@@ -138,10 +138,10 @@ def stop() -> None:
         _current = None
 
 
-def diagnose(error: BaseException) -> tuple[str, bool] | None:
-    """After `error` in a multi-process run: (a one-line message naming the ranks that stopped answering,
-    whether this process is the one to report it), or None when every rank still beats (the error is then
-    this process's own)."""
+def diagnose(error: BaseException, resume: str) -> tuple[str, bool] | None:
+    """After `error` in a multi-process run: (a one-line message naming the ranks that stopped answering, then
+    `resume` (what is kept, how to resume), whether this process is the one to report it), or None when every
+    rank still beats (the error is then this process's own)."""
     hb = _current
     if hb is None:
         return None
@@ -154,13 +154,12 @@ def diagnose(error: BaseException) -> tuple[str, bool] | None:
         mine = os.environ.get(NODE_RANK_ENV)
         where = f" (node {first.node} lost)" if first.node is not None and str(first.node) != mine else ""
         return (f"{first}, which serves the run's store at {hb.host}:{hb.port}, stopped answering{where} "
-                f"({said}); the run ended without a new checkpoint: start it again with --resume auto", True)
+                f"({said}); {resume}", True)
     if not lost:
         return None
     where = f" (node {', '.join(map(str, nodes))} lost)" if nodes else ""
     return (f"{', '.join(map(str, lost))} stopped answering{where} after a collective failed or waited "
-            f"{hb.timeout_s:g} s ({said}); the run ended without a new checkpoint: start it again with "
-            "--resume auto", min(alive) == hb.rank)
+            f"{hb.timeout_s:g} s ({said}); {resume}", min(alive) == hb.rank)
 
 
 def _within(fn: Callable[[], Any], seconds: float) -> Any:

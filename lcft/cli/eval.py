@@ -25,9 +25,12 @@ OPTIONS = {
 
 def _run(cfg: EvalConfig, quiet: bool) -> None:
     from lcft.evaluate.terminal import print_table
-    from lcft.launch import run
+    from lcft.launch import exit_code, run
 
     report = run("eval", cfg, progress=not quiet)  # in this process, or --nproc N launched ones
+    if code := exit_code(report):  # stopped by a signal, its losses kept: not a finished evaluation
+        console.print(report["note"], highlight=False, soft_wrap=True)
+        raise typer.Exit(code)
     if "node_rank" in report:  # a node other than 0 of a multi-node launch: rank 0 wrote the report
         console.print(f"node {report['node_rank']}: done; node 0 wrote the report", highlight=False)
         return
@@ -42,4 +45,6 @@ def register(app: typer.Typer) -> None:
     command_from_config(
         app, "eval", EvalConfig, _run, options=OPTIONS, epilog=f"Example: {_EXAMPLE}",
         extras={"quiet": Extra(("--quiet", "-q"), "No progress bar or table (the files are still written).")},
-        help="Per-token held-out loss through each checkpoint, by position in the window: table, CSV, JSON, plot.")
+        help="Per-token held-out loss through each checkpoint, by position in the window: table, CSV, JSON, plot. "
+             "Resumes when run again after a stop. Exit codes: 0 finished, 1 user error, 128+N stopped by signal N "
+             "after its batch (143 SIGTERM; the losses kept), 75 a rank or node stopped answering.")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.parallel import EvalParallel
     from lcft.evaluate.store import LossStore
+    from lcft.signals import StopSignals
 
 IGNORE = -100
 
@@ -93,15 +94,25 @@ def batches(n: int, size: int, start: int = 0) -> Iterator[list[int]]:
         yield list(range(s, min(s + size, n)))
 
 
+class Interrupted(Exception):
+    """Signal `signum` ended the evaluation between two batches (every rank at the same one), their losses kept."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.ndarray], cfg: EvalConfig,
                   max_context: int, device: torch.device, advance: Callable[[int], Any] | None = None,
                   parallel: EvalParallel | None = None, counted_ids: torch.Tensor | None = None,
-                  store: LossStore | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+                  store: LossStore | None = None, stop: StopSignals | None = None
+                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(i, loss (L,), counted (L,)) of windows 0..n-1 through one model in order, `window(i)` giving window i's
     token ids (L,): batches of --batch-size through `token_losses`, `advance(k)` after each batch's k windows.
     With `parallel` (several ranks), the dp groups take turns over the batches and every rank gets all windows.
     With `store` (the main rank's), the items it kept from a killed run are read back (and handed to every
-    rank) instead of computed, and each computed item is added to it."""
+    rank) instead of computed, and each computed item is added to it. Once `stop` has noted a signal on any
+    rank, every rank raises Interrupted after the same batch (the signal of the highest number, if several)."""
     start = store.resume_at(n, cfg.batch_size) if store is not None else 0
     if parallel is not None:
         start = parallel.share(start)
@@ -124,3 +135,5 @@ def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.nda
         yield from results
         if advance is not None:  # runs once the caller has taken the batch's last window
             advance(len(results))
+        if stop is not None and (signum := parallel.max(stop.signum or 0) if parallel else stop.signum or 0):
+            raise Interrupted(signum)

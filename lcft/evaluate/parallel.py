@@ -86,6 +86,14 @@ class EvalParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def max(self, value: int) -> int:
+        """The largest of every rank's `value` (every rank calls this at the same point)."""
+        if self.state.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
     def close(self) -> None:
         """Under a launch (torchrun, `--nproc`), tear the process group down before the interpreter exits."""
         if dist.is_initialized() and launched():

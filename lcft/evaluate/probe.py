@@ -20,6 +20,7 @@ from lcft.genomics.tokenizer import A, T, decode
 if TYPE_CHECKING:
     from lcft.evaluate.parallel import EvalParallel
     from lcft.evaluate.store import LossStore
+    from lcft.signals import StopSignals
 
 VARIANTS = ("control", "exact", "mutated")
 """Windows built per (window, distance): the source shuffled (no copy), the exact copy, the mutated copy."""
@@ -203,11 +204,12 @@ def make_probe(cfg: EvalConfig, ws: Any, n_windows: int) -> CopyProbe | None:
 
 
 def run_probe(model: torch.nn.Module, probe: CopyProbe, cfg: EvalConfig, max_context: int, device: torch.device,
-              advance: Any = None, parallel: EvalParallel | None = None, store: LossStore | None = None) -> None:
+              advance: Any = None, parallel: EvalParallel | None = None, store: LossStore | None = None,
+              stop: StopSignals | None = None) -> None:
     """Every planted window of `probe` through one model, its target losses recorded in `probe` (and kept in
     `store`, whose items are its targets: `keep` = the segment). In one process a checkpoint cut to
     `max_context` runs only the pieces the target depends on."""
     first = probe.first_position(max_context) if parallel is None else 0  # cp shards need whole windows
     for k, loss_k, counted_k in window_losses(model, len(probe), lambda k: probe[k][first:], cfg, max_context,
-                                              device, advance, parallel, store=store):
+                                              device, advance, parallel, store=store, stop=stop):
         probe.record(k, loss_k, counted_k)  # (L - first,) each, ending at the window end, where the target is

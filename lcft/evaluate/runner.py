@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +18,17 @@ from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
 from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.losses import Interrupted
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import make_probe, run_probe
 from lcft.evaluate.split import CheckpointResult, check_finite, open_split, position_length, run_checkpoint
-from lcft.evaluate.store import LossStore, clear
+from lcft.evaluate.store import PARTIAL, LossStore, clear
 from lcft.files import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
 from lcft.parallel.config import ParallelConfig
 from lcft.shapes import check_world
+from lcft.signals import StopSignals
 
 
 def _device(name: str) -> torch.device:
@@ -84,9 +87,14 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
             for info in infos:
                 parallel.check(ws.length, info.block_size(), [info.max_context])
             progress = progress and parallel.is_main
-        if parallel is None or parallel.is_main:
+        main = parallel is None or parallel.is_main
+        if main:
             lock.enter_context(folder_lock(cfg.out, "lcft eval"))  # one writer per output folder
-        results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress)
+        stop = lock.enter_context(StopSignals(_say if main else None, "keeping this batch's losses, then stopping"))
+        try:
+            results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress, stop)
+        except Interrupted as e:
+            return _stopped(cfg, e.signum)
         report = build_report(cfg, ws, n_windows, infos, results, edges)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
@@ -96,6 +104,18 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
             parallel.close()
     return report
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _stopped(cfg: EvalConfig, signum: int) -> dict[str, Any]:
+    """The summary of an evaluation a signal stopped (its exit code 128 + signum: lcft.launch.exit_code)."""
+    name = signal.Signals(signum).name
+    return {"stopped": "signal", "signal": name, "out": str(cfg.out),
+            "note": f"stopped by {name}: the losses computed so far are kept in {Path(cfg.out) / PARTIAL}; run the "
+                    "same command again to resume"}
 
 
 @contextlib.contextmanager
@@ -122,7 +142,7 @@ def _grouped(infos: list[CheckpointInfo]) -> list[int]:
 
 
 def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
-             parallel: EvalParallel | None, progress: bool) -> list[CheckpointResult]:
+             parallel: EvalParallel | None, progress: bool, stop: StopSignals) -> list[CheckpointResult]:
     """Every checkpoint over the split under one progress bar, each distinct path loaded once; the results in
     the order of `infos`."""
     results: dict[int, CheckpointResult] = {}
@@ -138,18 +158,18 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
                 check_model_kernels_fit(model.config, device, cfg.precision)  # before any window
                 if parallel is not None:
                     parallel.prepare(model)
-            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar)
+            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar, stop)
     return [results[k] for k in range(len(infos))]
 
 
 def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, model: torch.nn.Module,
-             device: torch.device, parallel: EvalParallel | None, bar: Any) -> CheckpointResult:
+             device: torch.device, parallel: EvalParallel | None, bar: Any, stop: StopSignals) -> CheckpointResult:
     """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task;
     the main rank keeps each pass's losses in the output folder until the report is written."""
     same = _identity(cfg, ws, info, device)
     store = _store(cfg, same | {"pass": "windows"}, ws.length, parallel)
     result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device,
-                            _task(bar, info.label, n_windows, store, cfg.batch_size), parallel, store)
+                            _task(bar, info.label, n_windows, store, cfg.batch_size), parallel, store, stop)
     check_finite(info.label, result.windows)  # before its probe runs
     probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
@@ -157,7 +177,7 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
                    "seed": probe.seed, "whole_windows": parallel is not None}
         store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
         run_probe(model, probe, cfg, info.max_context, device,
-                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size), parallel, store)
+                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size), parallel, store, stop)
         result.probe = probe.checked(info.label)
     return result
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from lcft.evaluate.parallel import EvalParallel
     from lcft.evaluate.store import LossStore
     from lcft.genomics.window_set import WindowSet
+    from lcft.signals import StopSignals
 
 
 @dataclass
@@ -98,10 +99,11 @@ def _window_record(ws: Any, i: int, counted_i: np.ndarray, w_loss: np.ndarray, w
 
 def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalConfig, max_context: int,
                    device: torch.device, advance: Any = None, parallel: EvalParallel | None = None,
-                   store: LossStore | None = None) -> CheckpointResult:
+                   store: LossStore | None = None, stop: StopSignals | None = None) -> CheckpointResult:
     """Every window of the split through one model: position sums and per-window figures. With `parallel`
     (several ranks), the dp groups take turns over the batches and every rank gets all results in order.
-    With `store`, the windows of a killed run are read back from it and the others added (`window_losses`)."""
+    With `store`, the windows of a killed run are read back from it and the others added; `stop` ends it between
+    two batches (`window_losses`)."""
     length = position_length(ws, cfg.position)
     sums = PositionSums.zeros(length)
     table = torch.from_numpy(np.asarray(ws.counted)).to(device) if hasattr(ws, "counted") else None  # (vocab,)
@@ -110,7 +112,8 @@ def run_checkpoint(model: torch.nn.Module, ws: Any, n_windows: int, cfg: EvalCon
     recurring = np.zeros(len(classes) - 1, dtype=np.int64)  # (classes,)
     windows: list[dict[str, Any]] = []
     for i, loss_i, counted_i in window_losses(model, n_windows, lambda i: np.asarray(ws[i]), cfg, max_context,
-                                              device, advance, parallel, counted_ids=table, store=store):  # (L,) each
+                                              device, advance, parallel, counted_ids=table, store=store,
+                                              stop=stop):  # (L,) each
         at_loss, at_counted, at_soft, at_bases, at_recur = _at_positions(ws, i, loss_i, counted_i, cfg.position,
                                                                          length)
         sums.add(at_loss, at_counted, at_bases)

@@ -7,17 +7,17 @@ the output folder's lock, which its rank 0 re-enters, so a second launch into th
 first byte. The resolved config goes to a private temporary folder of this launch with the workers' reports;
 the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R -m
 lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
-passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit), ends them at once
-on a second signal or when one of them is frozen, and returns the summary rank 0 handed back. The agent and the
-workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
+batch, keep its losses and exit), ends them at once on a second signal or when one of them is frozen, and returns
+the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
 node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
 ignored.
 
-Exit codes of `lcft train` (what a scheduler sees): 0 the run finished (or --stop-after was reached);
-1 a user error (fix the command; a rerun fails the same way); 128 + N stopped by signal N after saving a
-checkpoint (143 SIGTERM, 130 SIGINT; or killed by it before saving); 75 a rank or node stopped answering,
-died or was killed by a signal (no new checkpoint). After 143, 130 and 75, `--resume auto` continues from the
-latest verified checkpoint.
+Exit codes of `lcft train` and `lcft eval` (what a scheduler sees): 0 the run finished (or --stop-after was
+reached); 1 a user error (fix the command; a rerun fails the same way); 128 + N stopped by signal N after saving
+(a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it before saving); 75 a rank
+or node stopped answering, died or was killed by a signal (nothing new saved). After 143, 130 and 75, train's
+`--resume auto` continues from the latest verified checkpoint, and eval run again resumes from its kept losses.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from lcft.files import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
 from lcft.launch.process import FAILURES_ENV, RESULT_FILE_ENV
 from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, NODE_RANK_ENV, PeerLost, launched, read_report
+from lcft.signals import STOP_SIGNALS
 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "Stopped", "exit_code", "launch", "run"]
 
@@ -93,10 +94,10 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
                f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", name, str(spec)]
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
-        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], elastic=cfg.max_restarts > 0)
+        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], elastic=cfg.max_restarts > 0, resume=j.resume)
         rc = supervisor.run()
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
-        killed = _killed(files[FAILURES_ENV], cfg.node_rank) if rc != 0 and not supervisor.ended else None
+        killed = _killed(files[FAILURES_ENV], cfg.node_rank, j.resume) if rc != 0 and not supervisor.ended else None
         # A rank that ended with an error of its own is the cause; the others then see it gone ("stopped
         # answering"), which is its consequence, not a lost rank.
         erred = rc != 0 and not supervisor.ended and _erred(files[FAILURES_ENV])
@@ -134,15 +135,16 @@ def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _killed(path: Path, node: int) -> str | None:
+def _killed(path: Path, node: int, resume: str) -> str | None:
     """A one-line diagnosis when the agent saw a worker killed by a signal (SIGKILL: the OOM killer, a
-    scheduler), from the failures it recorded; None when every failed worker exited by itself."""
+    scheduler), from the failures it recorded, ending in the job's `resume`; None when every failed worker
+    exited by itself."""
     with contextlib.suppress(OSError, ValueError):
         failed = [f for f in json.loads(path.read_text()) if f.get("signal") and not f.get("stopped")]
         if failed:
             who = ", ".join(f"rank {f['rank']} on node {node} (pid {f['pid']}) was killed by {f['signal']}"
                             for f in failed)
-            return f"{who}; the run ended without a new checkpoint: start it again with --resume auto"
+            return f"{who}; {resume}"
     return None
 
 
@@ -176,8 +178,8 @@ class _Supervisor:
     POLL_S = 0.2
     LOST_GRACE_S = 3.0  # after a worker reported a lost rank, let torchrun end the group by itself this long
 
-    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, elastic: bool) -> None:
-        self.cmd, self.env, self.failure, self.elastic = cmd, env, failure, elastic
+    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, elastic: bool, resume: str) -> None:
+        self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
         self.signals: list[int] = []
         self.killed_by: int | None = None
         self.ended = False  # True once _kill ended the agent and the workers
@@ -186,7 +188,7 @@ class _Supervisor:
         self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
         # signal.signal works only in the main thread; elsewhere the workers simply get no forwarded signals.
         main = threading.current_thread() is threading.main_thread()
-        old = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in (signal.SIGTERM, signal.SIGINT)
+        old = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in STOP_SIGNALS
                } if main else {}
         try:
             return self._wait()
@@ -205,12 +207,12 @@ class _Supervisor:
             if rc is not None:
                 if self.killed_by is not None:
                     raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
-                                  "saved; --resume auto continues from the latest checkpoint", self.killed_by)
+                                  f"saved; {self.resume}", self.killed_by)
                 return rc
             while self.signals:
                 signum = self.signals.pop(0)
                 if forwarded:
-                    print(f"second {signal.Signals(signum).name}: ending the workers now, without a checkpoint",
+                    print(f"second {signal.Signals(signum).name}: ending the workers now, before they saved",
                           file=sys.stderr, flush=True)
                     self.killed_by = signum
                     self._kill()
@@ -239,8 +241,7 @@ class _Supervisor:
             ranks = ", ".join(_describe(w) for w in frozen)
             if not self.failure.exists():  # a worker's own diagnosis comes first
                 self.failure.write_text(f"{ranks} is stopped (frozen, e.g. SIGSTOP) and cannot save; ended on "
-                                        f"{signal.Signals(signum).name} without a new checkpoint: start it again "
-                                        "with --resume auto\n")
+                                        f"{signal.Signals(signum).name}; {self.resume}\n")
             self._kill()
             return
         for w in workers:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as e:
         # A collective that failed or timed out because another rank stopped: name it instead of a traceback.
-        lost = liveness.diagnose(e)
+        lost = liveness.diagnose(e, JOBS[name].resume)
         if lost is None:
             raise
         liveness.report(*lost)

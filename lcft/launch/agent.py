@@ -10,7 +10,8 @@ import signal
 import sys
 from typing import Any
 
-from lcft.launch.process import FAILURES_ENV, STOP_SIGNALS, die_with_parent
+from lcft.launch.process import FAILURES_ENV, die_with_parent
+from lcft.signals import STOP_SIGNALS
 
 
 def failures(error: BaseException) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ class Job:
     """The command that owns the output folder while the job runs (named when a second one is refused)."""
     entry: Callable[[], Entry]
     """Imports the job's modules: its config loader, checks and work."""
+    resume: str
+    """How a message that the job's processes ended early goes on: what is kept and how to resume."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,11 @@ def _eval() -> Entry:
 
 
 JOBS = {
-    "train": Job(what="training", command="lcft train", entry=_train),
-    "eval": Job(what="evaluation", command="lcft eval", entry=_eval),
+    "train": Job(what="training", command="lcft train", entry=_train,
+                 resume="the run ended without a new checkpoint: start it again with --resume auto"),
+    "eval": Job(what="evaluation", command="lcft eval", entry=_eval,
+                resume="the evaluation ended, the losses of its finished batches kept: run the same command again "
+                      "to resume"),
 }
 
 

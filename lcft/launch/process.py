@@ -11,9 +11,6 @@ import signal
 FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
-# The signals a launch stops workers with (the agent SIGTERMs the rest of a failed group; the launcher passes
-# SIGTERM/SIGINT on): a worker they end was stopped, not lost.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def die_with_parent() -> None:

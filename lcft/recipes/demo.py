@@ -254,6 +254,12 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, A
     if report is not None:
         return report, "done before with the same options and weights, skipped"
     report = evaluate(ecfg, progress=progress)
+    if report.get("stopped") == "signal":  # the user asked the whole demo to stop, not just this stage
+        from lcft.launch import Stopped
+
+        name = report["signal"]
+        raise Stopped(f"stopped by {name} in the evaluation (the losses computed so far are kept in "
+                      f"{report['out']}); run the same `lcft demo` again to continue", int(signal.Signals[name]))
     probe = f", copy probe on {report['probe']['windows']}" if report.get("probe") else ""
     return report, f"{report['data']['windows']} held-out windows x {len(report['checkpoints'])}{probe}"
 

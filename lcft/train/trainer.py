@@ -7,8 +7,6 @@ import contextlib
 import importlib
 import json
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from lcft.liveness import launched
 from lcft.parallel import ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
 from lcft.shapes import check_batch, check_length
+from lcft.signals import StopSignals
 from lcft.train.config import TrainConfig, resolve_folders
 from lcft.train.guard import SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
@@ -87,8 +86,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, hooks: TrainHooks) -> None:
         self.cfg, self.hooks = cfg, hooks
-        self._signal: int | None = None
-        self._old_handlers: dict[int, Any] = {}
+        self._signals = StopSignals(self._note, "saving a checkpoint after this step")
         self.view: LiveView | None = None
         self.metrics: MetricsLog | None = None
         self._lock = contextlib.ExitStack()  # the run folder's lock (rank 0), released in close()
@@ -228,7 +226,7 @@ class Trainer:
     # ---- the loop ----
     def run(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
-        self._install_signals()
+        self._signals.install()
         t_start, elapsed0, done_here, stopped = time.perf_counter(), st.elapsed, 0, "done"
         saved_step = st.step if self.resume_from is not None else -1
         while st.step < cfg.steps:
@@ -249,7 +247,7 @@ class Trainer:
                 self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=st.step)
             if "skip" in record:
                 self._note(f"step {st.step}: update skipped ({record['skip']}, loss {record['loss']:.4g})")
-            signalled = self._max([int(self._signal is not None)])[0]
+            signalled = self._max([int(self._signals.signum is not None)])[0]
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
                 saved_step = st.step
@@ -270,7 +268,7 @@ class Trainer:
             "loss": st.last_loss, "bits_per_base": record["bits_per_base"] if done_here else None,
             "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
             "seq_len": self.seq_len, "precision": self.precision,
-            "signal": signal.Signals(self._signal).name if stopped == "signal" else None,
+            "signal": self._signals.name if stopped == "signal" else None,
         }
         if self.is_main:
             atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")
@@ -355,25 +353,9 @@ class Trainer:
         self.acc.wait_for_everyone()
         return latest_checkpoint(self.run_dir) or path
 
-    # ---- signals and teardown ----
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def handler(signum: int, _frame: Any) -> None:
-            # Repeats are ignored: a launcher may pass on a signal the process also got from the terminal, and
-            # the checkpoint after this step must not be cut short. SIGKILL still stops at once.
-            if self._signal is None:
-                self._signal = signum
-                self._note(f"received {signal.Signals(signum).name}: saving a checkpoint after this step")
-
-        for s in (signal.SIGTERM, signal.SIGINT):
-            self._old_handlers[s] = signal.signal(s, handler)
-
+    # ---- teardown ----
     def close(self) -> None:
-        for s, h in self._old_handlers.items():
-            signal.signal(s, h)
-        self._old_handlers.clear()
+        self._signals.restore()
         if self.view is not None:
             self.view.close()
         if self.metrics is not None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +240,43 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, ckpt_a, tmp_pat
     assert calls == []
     evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
     _same_report(tmp_path / "out", tmp_path / "clean")
+
+
+def _start_cli(data_dir, ckpt, out: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "lcft", "eval", "--data", str(data_dir), "-c", str(ckpt), "--out", str(out),
+           "--max-windows", "200", "--bootstrap", "50", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+
+
+def _wait_for_kept(proc: subprocess.Popen, out: Path, windows: int, length: int) -> None:
+    """Until the output folder keeps `windows` windows' losses (a process that ends first fails the test)."""
+    deadline = time.monotonic() + 240
+    while sum(p.stat().st_size for p in (out / PARTIAL).glob("*.losses")) < windows * length * 4:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_after_the_batch_with_128_plus_n(data_dir, ckpt_a, tmp_path, monkeypatch, sig):
+    """SIGTERM (a scheduler) or SIGINT (Ctrl-C) to `lcft eval`: the batch under way is finished and kept, the
+    command says so and exits 128 + N, no report; run again, it resumes and ends with the uninterrupted report."""
+    out = tmp_path / "stopped"
+    proc = _start_cli(data_dir, ckpt_a, out, "--quiet")
+    _wait_for_kept(proc, out, 3, 2048)
+    proc.send_signal(sig)
+    stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert f"stopped by {sig.name}: the losses computed so far are kept in {out / PARTIAL}" in stdout
+    assert "Traceback" not in err and not (out / "eval.json").exists()
+    (kept,) = (out / PARTIAL).glob("*.losses")
+    record = 2048 * 4 + 2048 // 8 + 8 + 16  # losses, counted flags packed, index, digest
+    done, torn = divmod(kept.stat().st_size, record)
+    assert torn == 0 and 3 <= done < 200  # whole records only
+    calls = _counting(monkeypatch)
+    cfg = _cfg(data_dir, out, ckpt_a) | {"max_windows": 200}
+    evaluate(EvalConfig(**cfg))
+    assert len(calls) == 200 - done
+    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
+    _same_report(out, tmp_path / "clean")

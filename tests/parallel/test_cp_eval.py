@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -15,7 +11,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.evaluate.store import PARTIAL
 from lcft.launch import run
-from tests.evaluate.test_resume import _killed
+from tests.evaluate.test_resume import _killed, _start_cli, _wait_for_kept
 from tests.train.launching import rank_process
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes: ~35 s
@@ -70,22 +66,48 @@ def test_a_killed_rank_is_restarted_and_the_eval_resumes(tmp_path, cp_data_dir, 
     """`lcft eval --nproc 2 --max-restarts 1`, rank 1 SIGKILLed once 8 windows are kept: the agent restarts both
     ranks, which read those windows back and compute the rest; exit 0 with the one-process report."""
     out = tmp_path / "elastic"
-    cmd = [sys.executable, "-m", "lcft", "eval", "--data", str(cp_data_dir), "-c", str(cp_init_dir), "--out",
-           str(out), "--max-windows", "48", "--nproc", "2", "--max-restarts", "1", "--bootstrap", "50"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    deadline = time.monotonic() + 240
-    while sum(p.stat().st_size for p in (out / PARTIAL).glob("*.losses")) < 8 * 2048 * 4:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    proc = _start_cli(cp_data_dir, cp_init_dir, out, "--nproc", "2", "--max-restarts", "1")
+    _wait_for_kept(proc, out, 8, 2048)
     rank_process(proc, 1).kill()
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "read back from an interrupted run" in stdout + err
     one = evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(tmp_path / "one"),
-                              max_windows=48, bootstrap=50))
+                              max_windows=200, bootstrap=50))
     two = json.loads((out / "eval.json").read_text())
     (a,), (b,) = one["checkpoints"], two["checkpoints"]
     assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
     assert not (out / PARTIAL).exists()
+
+
+def test_sigterm_to_a_launched_eval_stops_every_rank_after_the_same_batch(tmp_path, cp_data_dir, cp_init_dir):
+    """`lcft eval --nproc 2`: the launcher passes SIGTERM on, the ranks agree to stop after one batch, the
+    command exits 143 saying the losses are kept (exit 1, "processes failed", before); the rerun resumes."""
+    out = tmp_path / "stopped"
+    proc = _start_cli(cp_data_dir, cp_init_dir, out, "--nproc", "2", "--quiet")
+    _wait_for_kept(proc, out, 4, 2048)
+    proc.terminate()
+    stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM: the losses computed so far are kept" in stdout
+    assert not (out / "eval.json").exists()
+    two = run("eval", EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(out),
+                                 max_windows=200, bootstrap=50, nproc=2))
+    one = evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(tmp_path / "one"),
+                              max_windows=200, bootstrap=50))
+    (a,), (b,) = one["checkpoints"], two["checkpoints"]
+    assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
+
+
+def test_a_killed_rank_ends_a_launched_eval_with_75_and_how_to_resume(tmp_path, cp_data_dir, cp_init_dir):
+    """Without --max-restarts, rank 1 SIGKILLed: exit 75 naming it, and the hint is eval's own (a training run's
+    `--resume auto` before)."""
+    out = tmp_path / "lost"
+    proc = _start_cli(cp_data_dir, cp_init_dir, out, "--nproc", "2", "--quiet")
+    _wait_for_kept(proc, out, 4, 2048)
+    rank_process(proc, 1).kill()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert "rank 1" in line and "killed by SIGKILL" in line, line
+    assert line.endswith("the losses of its finished batches kept: run the same command again to resume"), line

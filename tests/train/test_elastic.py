@@ -95,7 +95,7 @@ def test_a_second_signal_ends_the_workers_at_once(tmp_path, data_dir, init_dir):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
-    assert "second SIGTERM: ending the workers now, without a checkpoint" in err
+    assert "second SIGTERM: ending the workers now, before they saved" in err
     errors = error_lines(err)
     assert len(errors) == 1 and "stopped by a second SIGTERM before the workers saved" in errors[0], err[-3000:]
     assert not any(w.is_running() and w.status() != "zombie" for w in workers)

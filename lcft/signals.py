@@ -1,0 +1,52 @@
+"""The signals that ask a long job to stop (SIGTERM from a scheduler, SIGINT from a terminal): noted, not obeyed at
+once, so that `lcft train` ends after its step's checkpoint and `lcft eval` after its batch's kept losses; the
+command then exits 128 + N. SIGKILL still stops at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""Also what a launch stops workers with (the agent SIGTERMs the rest of a failed group; the launcher passes these
+on): a worker they end was stopped, not lost."""
+
+
+class StopSignals:
+    """While installed (main thread only: elsewhere signals cannot be caught), the first stop signal is noted in
+    `signum` and `note(what)` says so; repeats are ignored (a launcher may pass on a signal the process also got
+    from the terminal, and the work under way must not be cut short). The old handlers come back on `restore`."""
+
+    def __init__(self, note: Callable[[str], None] | None = None, doing: str = "") -> None:
+        self.signum: int | None = None
+        self.note, self.doing = note, doing
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+            if self.note is not None:
+                self.note(f"received {self.name}: {self.doing}")
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old.clear()
+
+    def __enter__(self) -> StopSignals:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()

@@ -1,0 +1,20 @@
+"""StopSignals: the first stop signal is noted once, repeats are ignored, and the old handlers come back."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from lcft.signals import STOP_SIGNALS, StopSignals
+
+
+def test_the_first_signal_is_noted_and_the_old_handlers_come_back():
+    said: list[str] = []
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    with StopSignals(said.append, "finishing the batch") as stop:
+        assert stop.signum is None and stop.name is None
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once in the main thread: no KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)  # a repeat (another kind) changes nothing
+        assert stop.signum == signal.SIGINT and stop.name == "SIGINT"
+    assert said == ["received SIGINT: finishing the batch"]
+    assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before
