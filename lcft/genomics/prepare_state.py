@@ -9,7 +9,7 @@ from typing import Any
 
 from lcft.errors import LcftError
 from lcft.files import read_json
-from lcft.genomics.shards import SPLITS
+from lcft.genomics.shards import SPLITS, is_count
 
 STATE = "state.json"
 
@@ -31,11 +31,11 @@ def _state_fits(state: dict, length: int) -> bool:
     counts as whole numbers; finished true or false."""
     sizes, digests, letters = state.get("sizes"), state.get("digests", {}), state.get("oov_letters", {})
     chroms, records = state.get("chroms"), state.get("records")
-    if not (isinstance(sizes, dict) and all(_list_of(sizes.get(s), _whole) and len(sizes[s]) >= 2 for s in SPLITS)
+    if not (isinstance(sizes, dict) and all(_list_of(sizes.get(s), is_count) and len(sizes[s]) >= 2 for s in SPLITS)
             and isinstance(digests, dict) and all(_list_of(d, lambda v: isinstance(v, str)) for d in digests.values())
             and _list_of(chroms, _chrom_fits) and _list_of(records, _record_fits)
             and isinstance(letters, dict)
-            and all(isinstance(v, dict) and all(map(_whole, v.values())) for v in letters.values())
+            and all(isinstance(v, dict) and all(map(is_count, v.values())) for v in letters.values())
             and type(state.get("finished", False)) is bool):
         return False
     for split in SPLITS:
@@ -47,17 +47,13 @@ def _state_fits(state: dict, length: int) -> bool:
 
 def _chrom_fits(c: Any) -> bool:
     return (isinstance(c, dict) and c.get("split") in SPLITS and isinstance(c.get("chrom"), str)
-            and all(_whole(c.get(k)) for k in ("length", "windows", "skipped_n")))
+            and all(is_count(c.get(k)) for k in ("length", "windows", "skipped_n")))
 
 
 def _record_fits(r: Any) -> bool:
     return (isinstance(r, dict) and r.get("split") in SPLITS and isinstance(r.get("chrom"), str)
-            and all(_whole(r.get(k)) for k in ("start", "end", "oov")) and r["start"] < r["end"]
-            and _whole(r.get("bases", 0)))
-
-
-def _whole(v: Any) -> bool:
-    return type(v) is int and v >= 0
+            and all(is_count(r.get(k)) for k in ("start", "end", "oov")) and r["start"] < r["end"]
+            and is_count(r.get("bases", 0)))
 
 
 def _list_of(value: Any, each: Callable[[Any], bool]) -> bool:

@@ -226,7 +226,8 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     return m
 
 
-def _whole(v: Any, low: int = 0) -> bool:
+def is_count(v: Any, low: int = 0) -> bool:
+    """A whole number a JSON file of ours records (not a bool), in [low, 2^62)."""
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < 1 << 62
 
 
@@ -235,28 +236,28 @@ def _check_fields(p: Path, m: dict) -> None:
     def bad(what: str) -> LcftError:
         return LcftError(f"{p}: corrupt manifest ({what})")
 
-    if not _whole(m.get("length"), 1) or m.get("ids_dtype", "uint8") not in ("uint8", "uint16", "uint32"):
+    if not is_count(m.get("length"), 1) or m.get("ids_dtype", "uint8") not in ("uint8", "uint16", "uint32"):
         raise bad("'length' or 'ids_dtype' is not what prepare writes")
     if why := spec_problem(m.get("tokenizer")):
         raise bad(f"its tokenizer: {why}")
     source, chroms = m.get("source"), m.get("chroms")
-    if not (isinstance(source, dict) and isinstance(source.get("path"), str) and _whole(m.get("stride"), 1)
+    if not (isinstance(source, dict) and isinstance(source.get("path"), str) and is_count(m.get("stride"), 1)
             and type(m.get("max_n_frac")) in (int, float)):
         raise bad("'source', 'stride' or 'max_n_frac' is not what prepare writes")
     if not (isinstance(chroms, list) and all(
             isinstance(c, dict) and isinstance(c.get("split"), str) and isinstance(c.get("chrom"), str)
-            and all(_whole(c.get(k)) for k in ("length", "windows", "skipped_n")) for c in chroms)):
+            and all(is_count(c.get(k)) for k in ("length", "windows", "skipped_n")) for c in chroms)):
         raise bad("'chroms' is not a list of chromosomes with split, chrom, length, windows, skipped_n")
     if not all(isinstance(info.get("chroms"), list) and all(isinstance(c, str) for c in info["chroms"])
-               and all(_whole(info.get(k)) for k in SPLIT_COUNTS) and "files" in info for info in m["splits"].values()):
+               and all(is_count(info.get(k)) for k in SPLIT_COUNTS) and "files" in info for info in m["splits"].values()):
         raise bad(f"a split's chroms, counts ({', '.join(SPLIT_COUNTS)}) or files are not what prepare writes")
     records = m.get("records")
     if not isinstance(records, list) or not all(
             isinstance(r, dict) and isinstance(r.get("split"), str) and isinstance(r.get("chrom"), str)
-            and _whole(r.get("start")) and _whole(r.get("end")) and r["start"] <= r["end"] for r in records):
+            and is_count(r.get("start")) and is_count(r.get("end")) and r["start"] <= r["end"] for r in records):
         raise bad("'records' is not a list of windows with split, chrom, start <= end")
     for files in [m.get("files", {}), *(info.get("files", {}) for info in m["splits"].values())]:
-        if not all(isinstance(f, dict) and _whole(f.get("bytes")) and isinstance(f.get("sha256"), str)
+        if not all(isinstance(f, dict) and is_count(f.get("bytes")) and isinstance(f.get("sha256"), str)
                    for f in files.values()):
             raise bad("a listed file has no whole 'bytes' or no 'sha256'")
 
