@@ -65,7 +65,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
     `cfg.out` (nothing is written when an input is bad; an evaluation stopped midway, killed or by an error such
     as a diverged checkpoint, leaves the losses it computed in `cfg.out`/.partial for a rerun), and return the
-    report (the content of eval.json).
+    report (the content of eval.json); stopped by SIGTERM/SIGINT after a batch, a summary instead ("stopped":
+    "signal", "signal", "out", "note"; lcft.launch.exit_code gives 128 + N).
     With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 
