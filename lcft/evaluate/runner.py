@@ -184,9 +184,12 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
 
 
 def _identity(cfg: EvalConfig, ws: Any, info: CheckpointInfo, device: torch.device) -> dict[str, Any]:
-    """Everything a checkpoint's per-token losses depend on, bit for bit: its weights and configs, the split's
-    token files, and the options and versions of the computation (a kept pass of other values is not read)."""
-    return {"lcft": __version__, "torch": torch.__version__, "device": device.type, "weights": info.sha256,
+    """What a checkpoint's per-token losses depend on: its weights and configs, the split's token files, the options
+    and versions of the computation, and the device's kind (a GPU's model, a CPU's vector extensions), whose kernels
+    may round otherwise; a kept pass of other values is not read. (Thread counts are left out: a rerun with others
+    may differ in the last bits.)"""
+    kind = torch.cuda.get_device_name(device) if device.type == "cuda" else torch.backends.cpu.get_cpu_capability()
+    return {"lcft": __version__, "torch": torch.__version__, "device": [device.type, kind], "weights": info.sha256,
             "config": info.config, "meta": info.lcft, "max_context": info.max_context, "precision": cfg.precision,
             "batch_size": cfg.batch_size, "cp": [cfg.cp, cfg.cp_layout, cfg.cp_kv], "split": cfg.split,
             "data": ws.manifest["splits"][cfg.split]["files"], "length": ws.length}
