@@ -209,7 +209,7 @@ def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int) 
         if bar is not None:
             bar.console.print(say)
         else:
-            print(say, file=sys.stderr)
+            _say(say)
     if bar is None:
         return None
     task = bar.add_task(name, total=total)
