@@ -26,7 +26,8 @@ from lcft.genomics.fasta_cache import (
     named_for_pyfaidx,
     normalize_to_cache,
 )
-from lcft.genomics.fasta_check import BLANKS, IndexScan, fai_parses, first_non_base, gzi_fits, scan_index
+from lcft.genomics.fasta_check import BLANKS, fai_parses, first_non_base, gzi_fits
+from lcft.genomics.fasta_scan import IndexScan, scan_index
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
 
