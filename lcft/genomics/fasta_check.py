@@ -50,9 +50,14 @@ def fai_parses(fai: Path) -> bool:
         text = fai.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         return False
-    if FAI_TEXT.fullmatch(text):
-        names = FAI_NAME.findall(text)
-        return len(set(names)) == len(names)
+    if FAI_TEXT.fullmatch(text):  # the common form, at C speed: what remains is whether names repeat
+        listed = FAI_NAME.findall(text)
+        return len(set(listed)) == len(listed)
+    return fai_text_parses(text)
+
+
+def fai_text_parses(text: str) -> bool:
+    """`fai_parses` of a .fai's text, a line at a time: the reference its regex for the common form is held to."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # read as pyfaidx reads: universal newlines
     names: set[str] = set()
     for line in lines[:-1] if lines[-1] == "" else lines:

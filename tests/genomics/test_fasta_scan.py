@@ -1,6 +1,7 @@
-"""The index check at open (lcft.genomics.fasta_scan): its numpy path gives what its record-by-record check gives,
-on FASTA files as tools write them and on the same files and indexes damaged. Oracle: `_scan_records` with every
-record read on its own (itself held to Biopython's reading by tests/genomics/test_fasta_text.py)."""
+"""The index checks at open (lcft.genomics.fasta_scan, fasta_check): the numpy path says what the record-by-record
+check says, on FASTA files as tools write them and on the same files and indexes damaged, and the .fai regex
+what reading a .fai a line at a time says. Oracles: `_scan_records` with every record read on its own (itself
+held to Biopython's reading by tests/genomics/test_fasta_text.py), `fai_text_parses`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from lcft.errors import LcftError
-from lcft.genomics import fasta_scan
+from lcft.genomics import fasta_check, fasta_scan
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_scan import IndexScan, Reads, scan_index
 
@@ -144,3 +145,19 @@ def test_an_unwrapped_genome_is_not_read_whole_at_open(tmp_path, records, monkey
     with FastaFile(path):
         pass
     assert sum(read) < 1 << 16, read
+
+
+def test_the_fai_regex_says_what_the_line_by_line_reading_says(tmp_path):
+    """`fai_parses` decides a .fai in the common form with one regex; on .fai texts mutated a character at a time
+    it says what reading them a line at a time as pyfaidx does says (`fai_text_parses`)."""
+    rng, fai, common = random.Random(1), tmp_path / "x.fai", 0
+    alphabet = ["a", "\t", "\n", "\r", " ", "0", "9", "-", "+", "_", "\x1c", "é", "٣", "9" * 14, "9" * 15]
+    for _ in range(3000):
+        text = list("".join(f"c{rng.randint(0, 3)}\t{rng.randint(0, 99)}\t1\t2\t3\n" for _ in range(rng.randint(0, 4))))
+        for _ in range(rng.randint(0, 2)):
+            at = rng.randint(0, len(text))
+            text[at: at + rng.randint(0, 1)] = [rng.choice(alphabet)]
+        fai.write_text("".join(text), newline="")
+        assert fasta_check.fai_parses(fai) == fasta_check.fai_text_parses("".join(text)), "".join(text)
+        common += bool(fasta_check.FAI_TEXT.fullmatch("".join(text)))
+    assert 300 < common < 2700  # both ways taken
