@@ -60,7 +60,8 @@ class Records:
     def of(index: Any) -> Records:
         """The records of a pyfaidx index (numbers `fai_parses` bounded far below 2**63), sorted by offset."""
         recs = list(index.values())
-        cols = [np.fromiter(map(attrgetter(f), recs), np.int64, len(recs)) for f in ("offset", "rlen", "lenc", "lenb")]
+        fields = ("offset", "rlen", "lenc", "lenb")
+        cols = [np.fromiter(map(attrgetter(f), recs), np.int64, len(recs)) for f in fields]
         order = np.argsort(cols[0], kind="stable")
         names = list(index)
         return Records([names[k] for k in order.tolist()], *(c[order] for c in cols))
