@@ -10,7 +10,7 @@ Targets: fsdp 2 ranks <= 0.55x, 4 ranks <= 0.3x of --shard none.
 with small output shards; its peak RSS above the interpreter's baseline against the model, the largest
 tensor and one shard.
 
-    python benchmarks/fsdp_memory.py [--preset small] [--worlds 2,4] [--seq 1024] [--export]
+    python benchmarks/fsdp_memory.py [--preset small] [--worlds 2,4] [--seq 1024] [--export] [--quick]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
     """One rank: the preset, sharded over `world` ranks, saved through DCP with config.json beside it."""
     import torch.distributed as dist
 
-    from lcft.checkpoint.dcp import save_state
+    from lcft.checkpoint.dcp import SHARDED_META, save_state
     from lcft.checkpoint.hf_folder import write_model_folder
     from lcft.model import Llama, preset
     from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
@@ -106,7 +106,7 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
     opt = torch.optim.AdamW(model.parameters())
     save_state(model, opt, ckpt)
     if rank == 0:
-        write_model_folder(ckpt, model.config, {}, torch.float32)
+        write_model_folder(ckpt, model.config, {}, torch.float32, meta=SHARDED_META)
     dist.destroy_process_group()
 
 
@@ -147,7 +147,10 @@ def main() -> None:
     ap.add_argument("--worlds", default="2,4", help="comma-separated fsdp world sizes")
     ap.add_argument("--seq", type=int, default=1024, help="tokens of the training step's window")
     ap.add_argument("--export", action="store_true", help="also measure export of a sharded checkpoint")
+    ap.add_argument("--quick", action="store_true", help="the tiny preset on 2 ranks")
     args = ap.parse_args()
+    if args.quick:
+        args.preset, args.worlds = "tiny", "2"
     from lcft.train.precision import cpu_describe
 
     print(f"CPU: {cpu_describe()}; torch {torch.__version__}; preset {args.preset}; fp32; one step of {args.seq}")

@@ -19,12 +19,14 @@ def register(app: typer.Typer) -> None:
         checkpoint: Path = typer.Argument(..., help="A checkpoint folder, or a run folder (its latest "
                                           "checkpoints/step-* is used)."),
         out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors and "
-                                 "lcft.json to (loadable by transformers.LlamaForCausalLM)."),
+                                 "lcft.json to (transformers loads it as the model's own class: Llama, Mistral, "
+                                 "Qwen2, Qwen3 or Mixtral)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Cast weights: float32, bfloat16 or float16 "
                                          "(default: as stored)."),
         force: bool = typer.Option(False, "--force", help="Overwrite the model files in a non-empty --out."),
     ) -> None:
-        """Export a trained model in HuggingFace's Llama layout."""
+        """Export a trained model as a HuggingFace model folder of its own class (Llama, Mistral, Qwen2, Qwen3,
+        Mixtral)."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
         from lcft.checkpoint.export import BUILD, export_model
