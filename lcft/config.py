@@ -28,6 +28,9 @@ from lcft.files import atomic_write, parse_text
 T = TypeVar("T")
 
 
+SEED_LIMIT = 1 << 63  # numpy's generators take no negative seed; torch.manual_seed none at or above 2**64
+
+
 class ConfigError(LcftError, ValueError):
     """A config value or key is wrong; the message names it."""
 
@@ -184,6 +187,12 @@ def not_negative(cfg: Any, *names: str) -> None:
         v = getattr(cfg, name)
         if v is not None and v < 0:
             raise ConfigError(f"{name} must not be negative (got {v})")
+
+
+def check_seed(cfg: Any) -> None:
+    """`cfg.seed` a whole number in [0, 2**63): what numpy's generators and torch.manual_seed both take."""
+    if isinstance(cfg.seed, bool) or not 0 <= cfg.seed < SEED_LIMIT:
+        raise ConfigError(f"seed must be a whole number in [0, 2**63) (got {cfg.seed!r})")
 
 
 def finite(cfg: Any, *names: str) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from lcft.config import ConfigError, build, doc, dumps_toml, format_size, merge, parse_size, tomllib
+from tests.one_line import cli_fails
 
 
 @dataclass
@@ -101,3 +102,14 @@ def test_each_enum_is_declared_once():
             assert values not in seen, f"{sorted(values)} declared at {seen.get(values)} and {where}"
             seen[values] = where
     assert len(seen) >= 10  # the scan saw the package's enums
+
+
+@pytest.mark.parametrize("command", [["train", "--data", "d", "--out", "o"], ["eval", "--data", "d", "-c", "c",
+                                     "--out", "o"], ["demo"]])
+@pytest.mark.parametrize("seed", ["-1", str(1 << 63)])
+def test_a_seed_numpy_or_torch_cannot_take_is_one_line(command, seed, tmp_path, monkeypatch):
+    """numpy's generators refuse a negative seed (eval failed so after computing every loss) and torch one of
+    2**64 or more: each command refuses it before any work."""
+    monkeypatch.chdir(tmp_path)
+    cli_fails([*command, "--seed", seed], "seed must be a whole number in [0, 2**63)")
+    assert not list(tmp_path.iterdir())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.config import ConfigError, Size, parse_size
+from lcft.config import ConfigError, Size, check_seed, parse_size
 from lcft.parallel.config import ParallelConfig, Precision
 
 BinScale = Literal["linear", "log"]  # position bins of equal width or growing geometrically
@@ -121,6 +121,7 @@ class EvalConfig(ParallelConfig):
             raise ConfigError(f"--probe-mutation must be a fraction in [0, 1), got {self.probe_mutation}")
         if self.probe_windows < 0:
             raise ConfigError(f"--probe-windows must be 0 (all) or positive, got {self.probe_windows}")
+        check_seed(self)
 
     def context_of(self, i: int) -> int:
         """The --max-context of checkpoint i (0 = the whole window)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lcft.config import ConfigError, Size, format_size, save_resolved, to_dict
+from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
 from lcft.recipes.summary import demo_note, summary_lines
 
 
@@ -85,6 +85,7 @@ class DemoConfig:
                               f"(got {self.control_steps}, {self.control_context})")
         if self.probe_windows < 0:
             raise ConfigError(f"probe_windows must be 0 (no probe) or positive (got {self.probe_windows})")
+        check_seed(self)
 
 
 def _model_config(cfg: DemoConfig):

@@ -15,6 +15,7 @@ from lcft.config import (
     at_least_one,
     build,
     check_choices,
+    check_seed,
     finite,
     load_toml,
     not_negative,
@@ -46,6 +47,7 @@ class DataOptions:
 
     def __post_init__(self) -> None:
         at_least_one(self, "seq_len")
+        check_seed(self)
         finite(self, "softmask_loss_weight")
         not_negative(self, "softmask_loss_weight")
         if isinstance(self.rc_augment, bool) or not 0 <= self.rc_augment <= 1:

@@ -17,6 +17,7 @@ runner = CliRunner()
     ("--lr", "inf", "lr"), ("--lr", "nan", "lr"), ("--z-loss", "nan", "z_loss"), ("--adam-beta2", "1.5", "adam_beta2"),
     ("--adam-beta1", "-0.1", "adam_beta1"), ("--adam-eps", "0", "adam_eps"), ("--grad-clip", "-inf", "grad_clip"),
     ("--spike-sigma", "nan", "spike_sigma"), ("--min-lr-ratio", "1.5", "min_lr_ratio"), ("--rope-theta", "0", "rope_theta"),
+    ("--seed", "-1", "seed"), ("--seed", str(1 << 63), "seed"),
 ])
 def test_bad_numbers_refused_before_any_work(tmp_path, flag, value, word):
     """The CLI exits 1 with one line naming the option, and writes no run folder."""
