@@ -102,6 +102,12 @@ def test_no_checkpoint(data_dir, tmp_path):
     _fails(tmp_path, "no checkpoint given", data_dir)
 
 
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu"])
+def test_a_device_lcft_does_not_run_on(data_dir, ckpt_a, tmp_path, device):
+    """torch names these devices; the model on them was a traceback (meta: 'unsupported scalarType')."""
+    _fails(tmp_path, f"--device {device}: lcft evaluates on cpu or cuda", data_dir, ckpt_a, device=device)
+
+
 def test_cuda_device_without_cuda(data_dir, ckpt_a, tmp_path):
     import torch
 
