@@ -63,6 +63,27 @@ def replacing(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Path]
 
 
 @contextlib.contextmanager
+def replacing_together(paths: list[Path]) -> Iterator[list[Path]]:
+    """`replacing` for files that belong together: yield a temp path for each; once the block ends normally
+    (every one written, so a full disk has failed none yet) the last path is removed, the others replace
+    theirs in order, and the last comes back last: a reader that takes the last one's presence for "complete"
+    never sees the old set mixed with the new. On an exception every path is untouched."""
+    temps = [temp_name(p) for p in paths]
+    try:
+        for tmp in temps:
+            os.close(fresh_file(tmp))
+        yield temps
+        for tmp in temps:
+            respect_umask(tmp, folder=False)
+        paths[-1].unlink(missing_ok=True)
+        for tmp, path in zip(temps, paths, strict=True):
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", *, fsync: bool = False, **open_kw: Any) -> Iterator[IO]:
     """`open(path, mode)` whose content appears under `path` only once the block ends without an exception
     (see `replacing`). The handle may be closed inside the block (e.g. by a writer that owns it)."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lcft import __version__
-from lcft.config import format_size, save_resolved, to_dict
+from lcft.config import dumps_toml, format_size, to_dict
 from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
 from lcft.evaluate.recurrence import K
 from lcft.evaluate.stats import (
@@ -25,7 +25,7 @@ from lcft.evaluate.stats import (
     resample_counts,
     trend,
 )
-from lcft.files import atomic_open
+from lcft.files import replacing_together
 from lcft.units import LN2
 
 FORMAT_VERSION = 1
@@ -225,13 +225,10 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _atomic_write(path: Path, write: Any, mode: str = "w") -> None:
-    with atomic_open(path, mode, **({"newline": ""} if mode == "w" else {})) as fh:
-        write(fh)
-
-
 def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path]:
-    """Write eval.json, loss_by_position.csv, loss_by_position.png and the resolved eval.toml atomically."""
+    """Write loss_by_position.csv, loss_by_position.png, the resolved eval.toml and eval.json as one set: all are
+    written under temp names before any replaces an earlier report's, eval.json last (its presence means the
+    report is complete)."""
     from lcft.errors import LcftError
 
     try:
@@ -248,11 +245,13 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
 
     png = plot(report)
     try:
-        _atomic_write(paths["csv"], write_csv)
-        _atomic_write(paths["png"], lambda fh: fh.write(png), mode="wb")
-        save_resolved(paths["toml"], to_dict(cfg))
-        # eval.json last: its presence means the report is complete.
-        _atomic_write(paths["json"], lambda fh: json.dump(report, fh, indent=1, allow_nan=False))
+        with replacing_together([paths[k] for k in ("csv", "png", "toml", "json")]) as (csv_tmp, png_tmp, toml, js):
+            with open(csv_tmp, "w", newline="") as fh:
+                write_csv(fh)
+            png_tmp.write_bytes(png)
+            toml.write_text(dumps_toml(to_dict(cfg)))
+            with open(js, "w") as fh:
+                json.dump(report, fh, indent=1, allow_nan=False)
     except OSError as e:  # the losses stay in .partial (lcft.evaluate.store): a rerun only writes the report
         raise LcftError(f"cannot write the report into {out}: {e.strerror or e} (errno {e.errno}); fix the cause "
                         "and re-run the same command (the evaluated losses are kept)") from None

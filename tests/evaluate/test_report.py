@@ -103,3 +103,32 @@ def test_table_has_a_row_per_checkpoint_and_the_uniform_guess(tmp_path):
     text = con.export_text()
     assert "base" in text and "long" in text and "uniform guess" in text and "2.000" in text
     assert f"{UNIFORM_LOSS:.4f}" in text and not math.isnan(report["checkpoints"][1]["loss"])
+
+
+def test_a_report_that_fails_to_write_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """A full disk while the second report's eval.json is written (after its CSV, plot and TOML): every file of
+    the first report is as it was, byte for byte, and no temp file is left. Each file was replaced in turn
+    before, so the folder held the new CSV beside the old eval.json."""
+    import errno
+    import os
+
+    from lcft.errors import LcftError
+    from lcft.evaluate import report as report_module
+
+    cfg, first, _ = _report(tmp_path)
+    out = Path(cfg.out)
+    write_outputs(first, out, cfg)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _, second, _ = _report(tmp_path, "log", second=0.5)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(report_module.json, "dump", no_space)
+    with pytest.raises(LcftError, match="cannot write the report into .*No space left"):
+        write_outputs(second, out, cfg)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.undo()
+    paths = write_outputs(second, out, cfg)
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert json.loads(paths["json"].read_text())["positions"]["bin_scale"] == "log"
