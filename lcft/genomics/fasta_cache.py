@@ -31,6 +31,19 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def cache_folder(part: str) -> Path:
+    """The cache's folder for one kind of entry ("fasta", "index", "links"), made when missing: one that cannot
+    be made (LCFT_CACHE a file, or on a read-only filesystem) is a one-line error naming it. A read-only cache
+    that holds the folder serves what it holds."""
+    folder = cache_dir() / part
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LcftError(f"cannot use the cache folder {folder} ({e.strerror or reason(e)}): set LCFT_CACHE to a writable "
+                        "folder") from None
+    return folder
+
+
 def gzip_kind(path: Path) -> str:
     """'plain' (not compressed), 'bgzf' (block gzip: random access), or 'gzip' (plain gzip: no random access)."""
     with open(path, "rb") as fh:
@@ -81,7 +94,6 @@ class _Hashed(io.RawIOBase):
 def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Callable[[IO[bytes], Path], None]) -> None:
     """Make the copy `dest` with `write(source, tmp)`, hashing the bytes it reads: a file that changed since its
     sha256 was taken (rewritten in place while being read) leaves no copy under a name that is not its own."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(path, "rb") as fh, atomic_open(dest, "wb") as out:
             src = io.BufferedReader(_Hashed(fh), 1 << 20)
@@ -100,7 +112,7 @@ def decompress_to_cache(path: Path, sha256: str) -> Path:
     """Plain gzip cannot be read at random: decompress it once (streamed) into the cache, named by the sha256
     of the compressed file, and reuse that copy for as long as a file with those bytes is opened."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
-    dest = cache_dir() / "fasta" / _copy_name(sha256, name)
+    dest = cache_folder("fasta") / _copy_name(sha256, name)
     if not dest.is_file():
         _copy_into_cache(path, sha256, dest, "decompress gzip FASTA",
                          lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22))
@@ -113,9 +125,8 @@ def named_for_pyfaidx(path: Path, kind: str) -> Path:
     compressed_name = path.name.lower().endswith((".gz", ".bgz"))
     if compressed_name == (kind == "bgzf"):
         return path
-    link = cache_dir() / "links" / f"{file_key(path)}-{path.name}{'.gz' if kind == 'bgzf' else '.fa'}"
+    link = cache_folder("links") / f"{file_key(path)}-{path.name}{'.gz' if kind == 'bgzf' else '.fa'}"
     if not link.is_symlink():
-        link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(path.resolve())
     return mark_used(link)
 
@@ -126,7 +137,7 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
     and blanks ending lines (counted as bases). Named, like a decompressed copy, by the sha256 of the file as
     given, and by the rules it is made under."""
     name = f"{path.name.removesuffix('.gz')}.{NORMALIZED_RULES}{NORMALIZED}"
-    dest = cache_dir() / "fasta" / _copy_name(sha256, name)
+    dest = cache_folder("fasta") / _copy_name(sha256, name)
 
     def write(src: IO[bytes], out: IO[bytes]) -> None:
         raw = gzip.GzipFile(fileobj=src) if kind != "plain" else src
@@ -161,7 +172,7 @@ def index_paths(readable: Path, kind: str, stale: bool = False) -> dict[str, str
     base = cache_dir() / "index" / f"{file_key(readable)}-{readable.name}"
     if writable_dir(readable.parent) or (not stale and fresh(str(readable)) and not fresh(str(base))):
         return {}
-    base.parent.mkdir(parents=True, exist_ok=True)
+    base = cache_folder("index") / base.name
     out = {"indexname": str(base) + ".fai"}
     if kind == "bgzf":
         out["gzi_indexname"] = str(base) + ".gzi"

@@ -253,3 +253,26 @@ def test_entries_unused_for_days_are_removed_and_made_again(tmp_path, monkeypatc
     assert remove_unused(0) and cache_entries() == []
     with FastaFile(ro) as f:
         assert _records(f) == recs
+
+
+@pytest.mark.parametrize("kind", ["gzip", "misnamed bgzf", "read-only folder"])
+def test_a_cache_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, kind):
+    """LCFT_CACHE naming a file (or a folder on a read-only filesystem): the first use of the cache, a gzip's
+    copy, a link naming a BGZF for pyfaidx, or the index of a FASTA in a read-only folder, was a traceback."""
+    fasta = write_fasta(tmp_path / "g.fa", {"c1": "ACGT" * 30})
+    if kind == "gzip":
+        path = tmp_path / "g.fa.gz"
+        path.write_bytes(gzip.compress(fasta.read_bytes()))
+    elif kind == "misnamed bgzf":
+        path = tmp_path / "g.fa"
+        with bgzf.BgzfWriter(str(tmp_path / "b.gz"), "wb") as w:
+            w.write(fasta.read_bytes())
+        os.replace(tmp_path / "b.gz", path)
+    else:
+        path = fasta
+        monkeypatch.setattr("lcft.genomics.fasta_cache.writable_dir", lambda folder: False)  # root writes anywhere
+    (tmp_path / "not_a_folder").write_text("")
+    monkeypatch.setenv("LCFT_CACHE", str(tmp_path / "not_a_folder"))
+    with pytest.raises(LcftError, match=r"^cannot use the cache folder .*not_a_folder.* \(Not a directory\): "
+                                        r"set LCFT_CACHE to a writable folder$"):
+        FastaFile(path)
