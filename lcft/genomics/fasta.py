@@ -93,6 +93,12 @@ def _indexing_error(path: Path, e: Exception) -> LcftError:
     return LcftError(f"{path}: pyfaidx cannot index this FASTA: {reason(e)}")
 
 
+def _not_a_file(path: Path) -> bool:
+    """Something other than a regular file under an index's name (a FIFO would block pyfaidx's read forever, a
+    link to /dev/zero fill memory): never read, built again."""
+    return os.path.lexists(path) and not path.is_file()
+
+
 class FastaFile:
     """A FASTA opened through pyfaidx's index: names, lengths and raw (line-broken) byte ranges."""
 
@@ -169,10 +175,14 @@ class FastaFile:
         fai = Path(paths.get("indexname", str(self.readable) + ".fai"))
         gzi = Path(paths.get("gzi_indexname", str(self.readable) + ".gzi"))
         if stale:
-            fai.unlink(missing_ok=True)
-            gzi.unlink(missing_ok=True)
-        elif (fai.is_file() and not fai_parses(fai)) or (read_kind == "bgzf" and gzi.is_file()
-                                                         and not gzi_fits(gzi, self.readable)):
+            for index in (fai, gzi):
+                try:
+                    index.unlink(missing_ok=True)
+                except OSError as e:  # a folder under the index's name
+                    raise LcftError(f"{index}: cannot replace this index of {self.path} ({e.strerror}); remove "
+                                    "it") from None
+        elif (_not_a_file(fai) or (fai.is_file() and not fai_parses(fai))
+              or (read_kind == "bgzf" and (_not_a_file(gzi) or (gzi.is_file() and not gzi_fits(gzi, self.readable))))):
             return self._index(stale=True)  # an index that cannot describe the file: pyfaidx reads it as is
         self._reused = fai.is_file()  # pyfaidx keeps an index newer than the file without reading the file
         if not self._reused:  # the plain layout, several times faster than pyfaidx; anything else is pyfaidx's

@@ -339,6 +339,31 @@ def test_a_gzi_that_does_not_describe_its_bgzf_is_built_again(tmp_path, damage):
     assert gzi.read_bytes() == data  # built again, as bgzip would
 
 
+@pytest.mark.parametrize("name,index", [("x.fa", ".fai"), ("x.fa.gz", ".fai"), ("x.fa.gz", ".gzi")])
+@pytest.mark.parametrize("thing", ["fifo", "link to /dev/zero", "folder"])
+def test_an_index_name_that_is_not_a_file_is_never_read(tmp_path, name, index, thing):
+    """A FIFO under the index's name blocked pyfaidx's read forever; a link to /dev/zero was written through
+    and read back without end: each is replaced by a built index. A folder there cannot be replaced: one line
+    naming it."""
+    records = {"a": random_genome(1, 20_000), "b": random_genome(2, 900)}
+    path = (bgzf_fasta if name.endswith(".gz") else write_fasta)(tmp_path / name, records)
+    where = Path(str(path) + index)
+    if thing == "fifo":
+        os.mkfifo(where)
+    elif thing == "folder":
+        where.mkdir()
+        with pytest.raises(LcftError, match=rf"{name}{index}: cannot replace this index of .*{name} \(Is a "
+                                            r"directory\); remove it$"):
+            FastaFile(path)
+        return
+    else:
+        where.symlink_to("/dev/zero")
+    with FastaFile(path) as f:
+        for name, seq in bio_records(path).items():
+            assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
+    assert where.is_file() and not where.is_symlink()
+
+
 def test_a_read_only_folders_stale_index_is_built_once_in_the_cache(tmp_path, monkeypatch):
     folder = tmp_path / "g"
     folder.mkdir()
