@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from lcft.errors import LcftError
-from lcft.genomics.shards import bin_name, read_manifest, softmask_name
+from lcft.genomics.shards import MANIFEST, bin_name, read_manifest, softmask_name
 from lcft.genomics.tokenizer import A, C, G, T, decode
 
 BASES_DTYPE = np.uint16  # bases per token in {split}.bases.bin
@@ -37,6 +37,7 @@ class WindowSet:
         self.length: int = self.manifest["length"]
         self.dtype = np.dtype(self.manifest.get("ids_dtype", "uint8"))
         self.records: list[dict] = [r for r in self.manifest["records"] if r["split"] == split]
+        self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         n = len(self.records)
         self._ids = self._map(bin_name(split), n * self.length, self.dtype)
         self._soft = self._map(softmask_name(split), n * self.length // 8)
@@ -46,6 +47,9 @@ class WindowSet:
             self._mask_at = np.concatenate(([0], np.cumsum((spans + 7) // 8)))  # (n+1,) byte offset per window
             self._bases = self._map(bases_name(split), n * self.length, np.dtype(BASES_DTYPE))
             self._basemask = self._map(basemask_name(split), int(self._mask_at[-1]))
+        elif any(r["end"] - r["start"] != self.length for r in self.records):  # a char token is one base
+            raise LcftError(f"{self.dir / MANIFEST}: corrupt manifest (a {split} window spans other than its "
+                            f"{self.length} bases)")
 
     def _map(self, name: str, count: int, dtype: np.dtype = np.dtype(np.uint8)) -> np.ndarray:
         path = self.dir / name
@@ -67,8 +71,15 @@ class WindowSet:
         return i % len(self)
 
     def __getitem__(self, i: int) -> np.ndarray:
+        """(L,) memmap view of window i's token ids, each checked to be in the vocabulary: a file whose sha256
+        the manifest was made to match (or read unverified) must not index past the model's embedding."""
         i = self._check(i)
-        return self._ids[i * self.length : (i + 1) * self.length]  # (L,) memmap view
+        ids = self._ids[i * self.length : (i + 1) * self.length]  # (L,)
+        if len(ids) and (top := int(ids.max())) >= self.vocab_size:
+            raise LcftError(f"{self.dir / bin_name(self.split)}: window {i} holds token id {top}, outside the "
+                            f"windows' vocabulary of {self.vocab_size} (damaged, or not written by lcft prepare); "
+                            "prepare the windows again")
+        return ids
 
     def softmask(self, i: int) -> np.ndarray:
         """(L,) bool: the token is soft-masked (for tokens of several bases: at least half its bases are)."""
@@ -85,7 +96,13 @@ class WindowSet:
         i = self._check(i)
         if not self.per_base:
             return np.ones(self.length, dtype=np.int64)
-        return np.asarray(self._bases[i * self.length : (i + 1) * self.length], dtype=np.int64)
+        counts = np.asarray(self._bases[i * self.length : (i + 1) * self.length], dtype=np.int64)  # (L,)
+        r = self.records[i]
+        if int(counts.sum()) != r["end"] - r["start"]:  # position by base, bits per base read them
+            raise LcftError(f"{self.dir / bases_name(self.split)}: window {i}'s tokens hold {int(counts.sum())} "
+                            f"bases, its record {r['end'] - r['start']} (damaged, or not written by lcft "
+                            "prepare); prepare the windows again")
+        return counts
 
     def base_offsets(self, i: int) -> np.ndarray:
         """(L,) int64: where each token's first base lies, counted from the window's first base
