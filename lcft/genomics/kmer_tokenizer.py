@@ -18,7 +18,7 @@ import numpy as np
 from lcft.errors import LcftError
 from lcft.genomics.seq_tokenizer import DIGIT, SeqTokenizer, acgt_mask, token_bases_of
 
-MAX_K = 12
+MAX_K = 10  # a table of 4^K ids; the built-in vocabulary 4^K + 4 stays within a model's 2^22 (4^11 would not)
 UNK_NAMES = ("<unk>", "<oov>", "[UNK]", "<UNK>", "<OOV>", "[OOV]")  # a bare vocab.txt's unknown token
 KMER_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 BUILTIN_ROLES = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}

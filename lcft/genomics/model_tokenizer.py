@@ -29,6 +29,7 @@ from lcft.hub import local_path
 
 BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
 VOCAB_FILE = "vocab.txt"
+SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above, at most half the ids unused
 # a regex lcft did not write is first run in a child process on these probes: a catastrophic pattern makes the
 # regex engine give up, which `tokenizers` turns into a Rust panic (a BaseException, and a backtrace on stderr)
 _PROBE = ("import sys\nfrom tokenizers import Tokenizer\ntk = Tokenizer.from_str(sys.stdin.read())\n"
@@ -88,6 +89,9 @@ class JsonTokenizer(SeqTokenizer):
         tk.no_padding()
         vocab_map = tk.get_vocab(with_added_tokens=True)
         size = max(vocab_map.values()) + 1
+        if size > SPARSE_FROM and size > 2 * len(vocab_map):  # the embedding gets a row for every id up to it
+            raise LcftError(f"tokenizer {source}: its ids run to {size - 1:,} for {len(vocab_map):,} tokens; lcft "
+                            "gives the model a vocabulary up to the highest id and refuses one over half empty")
         vocab = [""] * size
         for t, i in vocab_map.items():
             vocab[i] = t

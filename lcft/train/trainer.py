@@ -136,8 +136,16 @@ class Trainer:
         cfg = self.cfg
         init = resolve_checkpoint(cfg.init) if cfg.init and not self.resume_from else None  # a run: its latest
         self.source = self.resume_from or init
-        self.model = build_model(cfg, tokenizer, self.source, materialize=not self.layout.fsdp_enabled,
-                                 note=self._note)
+        try:
+            self.model = build_model(cfg, tokenizer, self.source, materialize=not self.layout.fsdp_enabled,
+                                     note=self._note)
+        except (RuntimeError, MemoryError) as e:
+            if not is_oom(e):
+                raise
+            built = f"from {self.source}" if self.source else f"preset {cfg.preset!r}"
+            raise LcftError(f"not enough memory to build the model ({built}, a vocabulary of "
+                            f"{tokenizer['vocab_size']:,}); `lcft plan` with the same options shows what it "
+                            "needs") from None
         self._check_lengths(window)
         self.loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
         par = cfg.parallel

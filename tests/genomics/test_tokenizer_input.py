@@ -62,9 +62,28 @@ def test_tokenizer_without_a_base(fasta, tmp_path):
     assert "A" not in msg.split("base")[-1]
 
 
-@pytest.mark.parametrize("spec", ["kmer:0", "kmer:x", "kmer:13", "kmer:"])
+@pytest.mark.parametrize("spec", ["kmer:0", "kmer:x", "kmer:11", "kmer:12", "kmer:"])
 def test_bad_kmer_spec(fasta, tmp_path, spec):
-    fails("K must be a whole number from 1 to 12", fasta, tmp_path / "out", tokenizer=spec)
+    fails("K must be a whole number from 1 to 10", fasta, tmp_path / "out", tokenizer=spec)
+
+
+def test_the_largest_kmer_vocabulary_fits_a_model():
+    """kmer:11 prepared its windows (29 s, 2 GB), then train refused their vocabulary of 4^11 + 4; kmer:12
+    ran out of memory building its table. The largest K lcft takes makes a vocabulary a model can have."""
+    from lcft.genomics.kmer_tokenizer import MAX_K, builtin_kmer_vocab
+    from lcft.model.config import COUNT_LIMITS
+
+    assert len(builtin_kmer_vocab(MAX_K)) <= COUNT_LIMITS["vocab_size"] < len(builtin_kmer_vocab(MAX_K + 1))
+
+
+def test_a_sparse_tokenizer_is_refused(fasta, tmp_path):
+    """Seven tokens, one of them at id 4,194,303: the model's vocabulary (the highest id + 1) would have made a
+    preset's embedding and head 4M rows each from a 491-byte file."""
+    vocab = {"[UNK]": 3, "A": 4, "C": 5, "G": 6, "T": 7, "N": 8, "[PAD]": (1 << 22) - 1}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.save(str(tmp_path / "tokenizer.json"))
+    fails("its ids run to 4,194,303 for 7 tokens", fasta, tmp_path / "out", tokenizer=str(tmp_path / "tokenizer.json"))
 
 
 def test_kmer_vocab_file_missing(fasta, tmp_path):

@@ -102,6 +102,22 @@ def test_out_of_memory_is_explained_and_loses_nothing(tmp_path, base_cfg):
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
 
 
+def test_no_memory_for_the_model_itself_is_one_line(tmp_path, base_cfg, monkeypatch):
+    """The CPU allocator failing while the model is built (a preset on a small machine; a vocabulary of
+    millions): one line naming what was built, not torch's RuntimeError. The allocator's failure is injected."""
+    import lcft.train.model_setup as model_setup
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(model_setup, "Llama", no_memory)
+    monkeypatch.setattr(model_setup, "load", no_memory)
+    _fails(tmp_path, {**base_cfg, "init": ""}, r"^not enough memory to build the model \(preset 'tiny', a vocabulary "
+           r"of 16\); `lcft plan` with the same options shows what it needs$")
+    _fails(tmp_path, base_cfg, r"^not enough memory to build the model \(from .*init.*, a vocabulary of 16\)")
+
+
 def test_cli_one_line_error_and_exit_code(tmp_path):
     result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
