@@ -25,6 +25,14 @@ from lcft.model.hf import MAX_SHARD_BYTES, shards
 BUILD = ".export.tmp"  # in the locked folder: the model folder being built, moved to --out once complete
 
 
+def check_out(out: Path, source: str | os.PathLike, force: bool) -> None:
+    """`out` may take an export of the checkpoint `source`: not the checkpoint itself or a folder in it (its
+    files would be replaced by the export's, and its checksums no longer hold), and empty unless `force`."""
+    if out.resolve().is_relative_to(Path(source).resolve()):
+        raise LcftError(f"--out {out} is the checkpoint being exported, or inside it: export to another folder")
+    refuse_nonempty_output(out, force, (BUILD,))
+
+
 def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype | None = None, force: bool = False,
                  max_shard_size: int = MAX_SHARD_BYTES) -> Path:
     """Write the model of `source` (lcft.checkpoint.load(path, materialize=False)) to `out` as an HF folder,
@@ -34,7 +42,7 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     into an existing one (`force`, or empty) the files are moved when all are written, config.json last. A full
     disk is a one-line error; nothing of a failed export stays."""
     out = Path(out)
-    refuse_nonempty_output(out, force, (BUILD,))
+    check_out(out, source.path, force)
     if source.model is None:
         raise ValueError("export_model needs the source's model: load(path, materialize=False)")
     failed: tuple[Exception, int | None] | None = None

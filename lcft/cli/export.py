@@ -29,15 +29,14 @@ def register(app: typer.Typer) -> None:
         Mixtral)."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
-        from lcft.checkpoint.export import BUILD, export_model
+        from lcft.checkpoint.export import check_out, export_model
         from lcft.checkpoint.layout import resolve_checkpoint
         from lcft.checkpoint.reader import load
-        from lcft.files import refuse_nonempty_output
 
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file
-        refuse_nonempty_output(out, force, (BUILD,))  # before the checkpoint is read
+        check_out(out, source, force)  # before the checkpoint is read
         cast = getattr(torch, dtype) if dtype else None
         with console.status(f"exporting {source} ..."):
             # a sharded model stays on the meta device: streamed shard by shard, never whole in memory

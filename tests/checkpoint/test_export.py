@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,21 @@ def test_export_onto_a_file_says_so(tmp_path, init_dir, force):
     r = CliRunner().invoke(app, ["export", str(init_dir), "--out", str(target), *force])
     assert r.exit_code == 1 and " ".join(r.output.split()) == f"error: --out {target} is a file, not a folder"
     assert target.read_text() == "keep\n" and sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("inside", ["", "sub"])
+def test_export_into_its_own_checkpoint_is_refused(tmp_path, init_dir, inside):
+    """`--out` the checkpoint itself (or a folder in it) with --force replaced its files: its checksums no
+    longer held and a resume moved it to superseded/."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(init_dir, ckpt)
+    before = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    out = ckpt / inside if inside else ckpt
+    r = CliRunner().invoke(app, ["export", str(ckpt), "--out", str(out), "--force", "--dtype", "bfloat16"])
+    assert r.exit_code == 1, r.output
+    assert " ".join(r.output.split()) == (f"error: --out {out} is the checkpoint being exported, or inside it: "
+                                          "export to another folder")
+    assert {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("use_cache", [False, True, "absent"])
