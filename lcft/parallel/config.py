@@ -10,6 +10,7 @@ documented once, here.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,8 +91,12 @@ class LaunchConfig:
             raise ConfigError("rdzv_endpoint: give node 0's HOST:PORT (--rdzv-endpoint) for a run on several nodes")
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(f"rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
+            host = host[1:-1] if host[:1] == "[" and host[-1:] == "]" else host  # [IPv6]:PORT
+            # torch's parse_rendezvous_endpoint takes a host of these characters only (a traceback in every
+            # worker otherwise)
+            if not (re.fullmatch(r"[\w.:-]+", host) and re.fullmatch(r"[0-9]{1,5}", port) and 0 < int(port) < 65536):
+                raise ConfigError(f"rdzv_endpoint must be HOST:PORT (a host name, IPv4 or [IPv6] address), got "
+                                  f"{self.rdzv_endpoint!r}")
 
     @property
     def multiprocess(self) -> bool:

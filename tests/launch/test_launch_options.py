@@ -18,6 +18,9 @@ from lcft.train.config import TrainConfig, resolve_config
     (dict(nnodes=2), "rdzv_endpoint: give node 0's HOST:PORT"),
     (dict(nnodes=2, rdzv_endpoint="host"), "rdzv_endpoint must be HOST:PORT"),
     (dict(nnodes=2, rdzv_endpoint="host:0"), "rdzv_endpoint must be HOST:PORT"),
+    (dict(nnodes=2, rdzv_endpoint="a b:1"), "rdzv_endpoint must be HOST:PORT"),  # torch's ValueError in each worker
+    (dict(nnodes=2, rdzv_endpoint="h/x:1"), "rdzv_endpoint must be HOST:PORT"),
+    (dict(nnodes=2, rdzv_endpoint="h:١٢"), "rdzv_endpoint must be HOST:PORT"),  # digits, but not ASCII ones
     (dict(max_restarts=-1), "max_restarts must not be negative"),
     (dict(collective_timeout=0.0), "collective_timeout must be a positive number"),
     (dict(collective_timeout=float("inf")), "collective_timeout must be a positive number"),
@@ -51,3 +54,13 @@ def test_exit_code_of_a_summary():
     assert exit_code({"stopped": "signal", "signal": "SIGTERM"}) == 143
     assert exit_code({"stopped": "signal", "signal": "SIGINT"}) == 130
     assert exit_code({"run_dir": "x", "node_rank": 1, "stopped": "done"}) == 0
+
+
+@pytest.mark.parametrize("endpoint", ["node0:29500", "10.0.0.1:29500", "[fe80::1]:29500", "gpu-01.cluster.local:1"])
+def test_every_endpoint_torch_takes_is_taken_as_torch_parses_it(endpoint):
+    """Oracle: torch's own parser of the rendezvous endpoint agrees on host and port."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    cfg = ParallelConfig(nnodes=2, rdzv_endpoint=endpoint)
+    host, port = parse_rendezvous_endpoint(cfg.rdzv_endpoint, 1)
+    assert endpoint.endswith(f":{port}") and host in endpoint
