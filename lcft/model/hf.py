@@ -309,6 +309,9 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
                     raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
                                     f"{tuple(params[name].shape)}")
                 tensor = read()
+                if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
+                    raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
+                                    "floating-point numbers")
                 _assign(model, name, tensor if dtype is None else tensor.to(dtype))
                 loaded.add(name)
         except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file

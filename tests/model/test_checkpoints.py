@@ -147,3 +147,17 @@ def test_a_variant_the_class_cannot_express_is_refused_on_export():
     with pytest.raises(LcftError, match="LlamaForCausalLM cannot express sliding_window=8"):
         config_to_hf(cfg)
     assert config_to_hf(LlamaConfig(**{**cfg.__dict__, "model_type": "mistral"}))["sliding_window"] == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.uint8])
+def test_a_weight_of_integers_is_refused(tmp_path, dtype):
+    """An integer or bool tensor where a weight belongs was cast to float as it was read: train and eval ran
+    on it (export refused it with torch's own message)."""
+    hf_qwen3(tmp_path / "hf")
+    f = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(f)
+    key = next(iter(tensors))
+    save_file({**tensors, key: torch.ones(tensors[key].shape, dtype=dtype)}, str(f))
+    with pytest.raises(LcftError, match=f"model.safetensors: weight {key} holds {str(dtype)[6:]}, not "
+                                        "floating-point numbers$"):
+        from_pretrained(tmp_path / "hf")
