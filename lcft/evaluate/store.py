@@ -49,12 +49,27 @@ class LossStore:
         down to a multiple of `batch` unless all `n` are kept (the batches after them are then those of an
         uninterrupted run, and give its losses bit for bit). The file is cut to them."""
         if self._start is None:
+            self._not_ours()
             whole = sum(1 for _ in self._records(n))
             self._start = whole if whole >= n else whole // batch * batch
             if self.path.exists():
                 os.truncate(self.path, self._start * self.record)
             self._next = self._start
         return self._start
+
+    def _not_ours(self) -> None:
+        """Something other than a regular file under the pass's name (a folder, a FIFO that would block the read,
+        a link that appending would write through) is no record file of ours: it goes, and the pass starts over."""
+        if not self.path.is_symlink() and (self.path.is_file() or not self.path.exists()):
+            return
+        try:
+            if self.path.is_dir() and not self.path.is_symlink():
+                shutil.rmtree(self.path)
+            else:
+                self.path.unlink()
+        except OSError as e:
+            raise LcftError(f"{self.path}: cannot remove what is there to keep losses in ({e.strerror or e}); "
+                            "remove it and re-run") from None
 
     def _records(self, n: int) -> Iterator[bytes]:
         """Whole records in order up to the first that does not check (its digest, or its index out of place)."""

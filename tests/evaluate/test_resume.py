@@ -174,6 +174,27 @@ def test_store_reads_back_what_was_added(tmp_path):
     assert LossStore(tmp_path, {"pass": "y"}, keep=13).resume_at(4, 1) == 0  # another pass, another file
 
 
+@pytest.mark.parametrize("thing", ["folder", "fifo", "link"])
+def test_what_is_not_a_record_file_is_replaced_not_read_or_written_through(tmp_path, thing):
+    """A folder under the pass's file name was an IsADirectoryError traceback; a FIFO would block the read; a
+    link would have the records appended to whatever it points at."""
+    store = LossStore(tmp_path, {"pass": "x"}, keep=4)
+    store.path.parent.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"keep")
+    if thing == "folder":
+        store.path.mkdir()
+        (store.path / "f").write_text("x")
+    elif thing == "fifo":
+        os.mkfifo(store.path)
+    else:
+        store.path.symlink_to(elsewhere)
+    assert store.resume_at(2, 1) == 0
+    store.add(0, np.zeros(8, np.float32), np.ones(8, bool))
+    assert store.path.is_file() and not store.path.is_symlink() and elsewhere.read_bytes() == b"keep"
+    assert LossStore(tmp_path, {"pass": "x"}, keep=4).resume_at(2, 1) == 1
+
+
 def test_an_eval_failing_before_its_first_window_leaves_nothing(data_dir, ckpt_a, tmp_path, monkeypatch):
     """The kept losses are made with the first window: an evaluation that fails before it leaves no folder."""
     def fail(*a, **kw):
