@@ -26,7 +26,7 @@ from lcft.genomics.fasta_cache import (
     named_for_pyfaidx,
     normalize_to_cache,
 )
-from lcft.genomics.fasta_check import BLANKS, fai_parses, first_non_base, gzi_fits
+from lcft.genomics.fasta_check import BLANKS, fai_parses, first_non_base, gzi_fits, non_ascii_line
 from lcft.genomics.fasta_scan import IndexScan, scan_index
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
@@ -113,12 +113,12 @@ class FastaFile:
             # Blank lines, which pyfaidx tolerates only in some places (not with CRLF line ends): retry on a
             # normalized copy; if that fails too, the original error (with the file's own line numbers) stands.
             if self.readable.name.endswith(NORMALIZED):
-                raise _indexing_error(self.path, e) from None
+                raise self._explained(_indexing_error(self.path, e)) from None
             self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
             try:
                 self.faidx = self._index()
             except pyfaidx.FastaIndexingError:
-                raise _indexing_error(self.path, e) from None
+                raise self._explained(_indexing_error(self.path, e)) from None
         self._adopt()
         found = self._scan_reused()
         if found.mismatch and self._reused:  # an index newer than its FASTA that no longer describes it
@@ -141,13 +141,22 @@ class FastaFile:
             found = scan_index(self)
         if found.mismatch:  # pyfaidx's own index does not fit the file: it checks line lengths in bytes only
             self.close()
-            raise LcftError(
+            raise self._explained(LcftError(
                 f"{self.path}: its records are not laid out as their first lines say ({found.mismatch}): a "
                 "record's last line longer than its others does this, or a line with another line end (CRLF among "
-                "LF) and a base less; re-wrap the file, e.g. `seqkit seq -w 60`")
+                "LF) and a base less; re-wrap the file, e.g. `seqkit seq -w 60`"))
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")
+
+    def _explained(self, refusal: LcftError) -> LcftError:
+        """`refusal` of the file's layout, unless a letter of several bytes among the bases is its cause (pyfaidx
+        counts it as one character, so no re-wrap would help): then that, naming the line."""
+        line = non_ascii_line(self.path)
+        if line is None:
+            return refusal
+        return LcftError(f"{self.path}: line {line} holds a non-ASCII character among bases; a FASTA's sequence "
+                         "lines are ASCII letters (IUPAC codes): fix or remove it")
 
     def _scan_reused(self) -> IndexScan:
         """scan_index of the index as opened: one reused from beside the file through which a read fails (a .gzi
@@ -190,7 +199,7 @@ class FastaFile:
         try:
             return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **paths)
         except pyfaidx.UnsupportedCompressionFormat as e:
-            raise _indexing_error(self.path, e) from None
+            raise self._explained(_indexing_error(self.path, e)) from None
         except ValueError as e:
             if "Duplicate key" in str(e):  # pyfaidx: 'Duplicate key "chr1"'
                 raise LcftError(f"{self.path}: {reason(e)} (record names must be unique)") from None
@@ -201,7 +210,7 @@ class FastaFile:
             self.kind, self.readable = "gzip", decompress_to_cache(self.path, self.sha256())
             return self._index()
         except RuntimeError as e:  # pyfaidx: "Unhandled exception during fasta indexing" (odd line lengths)
-            raise _indexing_error(self.path, e) from None
+            raise self._explained(_indexing_error(self.path, e)) from None
         except OSError as e:
             raise LcftError(f"{self.path}: cannot index FASTA: {reason(e)}") from None
         except (struct.error, zlib.error, EOFError) as e:  # Bio.bgzf on a cut or damaged block

@@ -4,6 +4,7 @@ where a record's bytes first break the layout its index gives. Whether the recor
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import struct
@@ -37,6 +38,30 @@ def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tu
             return base, "a line that ends otherwise than its first line"
         col = (col + 1) % lenb if lenb else col + 1
     raise AssertionError("first_non_base: the bytes fit the layout")  # the caller found them not to
+
+
+def non_ascii_line(path: Path, block: int = 1 << 24) -> int | None:
+    """The first line (1-based) of a FASTA that is not a header and holds a byte above 127, or None: a letter
+    pyfaidx counts as one character where its bytes are two or more, so its index does not fit the file, which
+    is then refused; this names the cause. Reads the whole file (plain, or a BGZF/gzip one decompressed): only
+    for an error's message."""
+    with open(path, "rb") as fh:
+        opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
+    lines, first = 0, b""  # newlines before the block; the first byte of the line it starts in (b"": its own)
+    with opener(path, "rb") as fh:
+        while data := fh.read(block):
+            for m in re.finditer(rb"[\x80-\xff]", data):
+                start = data.rfind(b"\n", 0, m.start()) + 1
+                head = data[start:start + 1] if start else (first or data[:1])
+                if head != b">":
+                    return lines + data.count(b"\n", 0, m.start()) + 1
+            last = data.rfind(b"\n")
+            if last >= 0:
+                first = data[last + 1:last + 2]  # b"" when the line starts the next block
+            elif not first:
+                first = data[:1]
+            lines += data.count(b"\n")
+    return None
 
 
 def fai_parses(fai: Path) -> bool:
