@@ -80,10 +80,10 @@ def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> L
     as for model_config, to tell a sharded (DCP) --init, which fsdp reads shard by shard."""
     from lcft.checkpoint.dcp import is_sharded_checkpoint
     from lcft.train.precision import choose_precision, offload_dtype
+    from lcft.train.run_dir import check_launch
 
     world = cfg.world
-    if world % cfg.cp:
-        raise LcftError(f"--cp {cfg.cp} does not divide the world of {world} GPUs")
+    check_launch(cfg, world)  # what `lcft train` refuses before it starts: cp groups, the batch's split
     seq = _seq_len(cfg)
     block = model.attention.sparse.block_size
     if cfg.cp > 1 and seq % (2 * cfg.cp * block):

@@ -280,7 +280,20 @@ def test_cli_errors_are_one_line() -> None:
     r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", "--gpu-memory", "lots"])
     assert r.exit_code != 0 and "gpu_memory" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", "--nproc", "3", "--cp", "2"])
-    assert r.exit_code != 0 and "--cp 2" in r.output
+    assert r.exit_code != 0 and "world size 3 is not divisible by cp=2" in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("args,split", [(["--nproc", "3"], "8 is not a multiple of micro_batch x data-parallel "
+                                          "ranks (1 x 3)"),
+                                        (["--nproc", "4", "--cp", "2", "--global-batch", "3"], "3 is not a multiple "
+                                         "of micro_batch x data-parallel ranks (1 x 2)"),
+                                        (["--nnodes", "3", "--gpus-per-node", "1", "--rdzv-endpoint", "h:1"],
+                                         "8 is not a multiple of micro_batch x data-parallel ranks (1 x 3)")])
+def test_a_layout_train_refuses_is_refused_by_plan(args: list[str], split: str) -> None:
+    """The plan said "fits" for a layout `lcft train` then refused (its default global_batch of 8 does not
+    split over 3 data-parallel ranks): both check it in one place (lcft.train.run_dir.check_launch)."""
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", *args])
+    assert r.exit_code == 1 and " ".join(r.output.split()) == f"error: global_batch {split}", r.output
 
 
 @pytest.mark.parametrize("manifest", [None, {"format_version": 1}, {"format_version": 1, "length": "4K"}])
