@@ -26,7 +26,14 @@ from lcft.genomics.fasta_cache import (
     named_for_pyfaidx,
     normalize_to_cache,
 )
-from lcft.genomics.fasta_check import BLANKS, fai_parses, first_non_base, gzi_fits, non_ascii_line
+from lcft.genomics.fasta_check import (
+    BLANKS,
+    fai_parses,
+    first_non_base,
+    gzi_fits,
+    indexing_error,
+    non_ascii_line,
+)
 from lcft.genomics.fasta_scan import IndexScan, scan_index
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
@@ -72,27 +79,6 @@ def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Pat
     return p, readable, kind
 
 
-def _indexing_error(path: Path, e: Exception) -> LcftError:
-    msg = str(e).strip()
-    if "Inconsistent line found in >" in msg:
-        tail = msg.split("Inconsistent line found in >", 1)[1].rstrip(".")
-        rec, _, line = tail.partition(" at line ")
-        return LcftError(
-            f"{path}: record {rec!r} has inconsistent line lengths at line {line} (every line of a record "
-            "but the last must hold the same number of bases; re-wrap it, e.g. `seqkit seq -w 60`)"
-        )
-    if "Unhandled exception during fasta indexing at entry " in msg:  # pyfaidx's other line-length check
-        rec = msg.split("at entry ", 1)[1].split("Please report", 1)[0]
-        found = msg.rsplit("[", 1)[-1].rstrip("]") if msg.endswith("]") else ""
-        return LcftError(
-            f"{path}: record {rec!r} has inconsistent line lengths (pyfaidx reports {found}); every "
-            "line of a record but the last must hold the same number of bases: re-wrap it, e.g. `seqkit seq -w 60`"
-        )
-    if "does not contain a valid sequence" in msg:
-        return LcftError(f"empty FASTA: {path} has no sequence records")
-    return LcftError(f"{path}: pyfaidx cannot index this FASTA: {reason(e)}")
-
-
 def _not_a_file(path: Path) -> bool:
     """Something other than a regular file under an index's name (a FIFO would block pyfaidx's read forever, a
     link to /dev/zero fill memory): never read, built again."""
@@ -113,12 +99,12 @@ class FastaFile:
             # Blank lines, which pyfaidx tolerates only in some places (not with CRLF line ends): retry on a
             # normalized copy; if that fails too, the original error (with the file's own line numbers) stands.
             if self.readable.name.endswith(NORMALIZED):
-                raise self._explained(_indexing_error(self.path, e)) from None
+                raise self._explained(indexing_error(self.path, e)) from None
             self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
             try:
                 self.faidx = self._index()
             except pyfaidx.FastaIndexingError:
-                raise self._explained(_indexing_error(self.path, e)) from None
+                raise self._explained(indexing_error(self.path, e)) from None
         self._adopt()
         found = self._scan_reused()
         if found.mismatch and self._reused:  # an index newer than its FASTA that no longer describes it
@@ -199,7 +185,7 @@ class FastaFile:
         try:
             return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **paths)
         except pyfaidx.UnsupportedCompressionFormat as e:
-            raise self._explained(_indexing_error(self.path, e)) from None
+            raise self._explained(indexing_error(self.path, e)) from None
         except ValueError as e:
             if "Duplicate key" in str(e):  # pyfaidx: 'Duplicate key "chr1"'
                 raise LcftError(f"{self.path}: {reason(e)} (record names must be unique)") from None
@@ -210,7 +196,7 @@ class FastaFile:
             self.kind, self.readable = "gzip", decompress_to_cache(self.path, self.sha256())
             return self._index()
         except RuntimeError as e:  # pyfaidx: "Unhandled exception during fasta indexing" (odd line lengths)
-            raise self._explained(_indexing_error(self.path, e)) from None
+            raise self._explained(indexing_error(self.path, e)) from None
         except OSError as e:
             raise LcftError(f"{self.path}: cannot index FASTA: {reason(e)}") from None
         except (struct.error, zlib.error, EOFError) as e:  # Bio.bgzf on a cut or damaged block

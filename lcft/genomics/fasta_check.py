@@ -10,6 +10,8 @@ import re
 import struct
 from pathlib import Path
 
+from lcft.errors import LcftError, reason
+
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
 CR, LF = 13, 10
@@ -38,6 +40,28 @@ def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tu
             return base, "a line that ends otherwise than its first line"
         col = (col + 1) % lenb if lenb else col + 1
     raise AssertionError("first_non_base: the bytes fit the layout")  # the caller found them not to
+
+
+def indexing_error(path: Path, e: Exception) -> LcftError:
+    """pyfaidx's error building an index, as one line naming the record and what to do."""
+    msg = str(e).strip()
+    if "Inconsistent line found in >" in msg:
+        tail = msg.split("Inconsistent line found in >", 1)[1].rstrip(".")
+        rec, _, line = tail.partition(" at line ")
+        return LcftError(
+            f"{path}: record {rec!r} has inconsistent line lengths at line {line} (every line of a record "
+            "but the last must hold the same number of bases; re-wrap it, e.g. `seqkit seq -w 60`)"
+        )
+    if "Unhandled exception during fasta indexing at entry " in msg:  # pyfaidx's other line-length check
+        rec = msg.split("at entry ", 1)[1].split("Please report", 1)[0]
+        found = msg.rsplit("[", 1)[-1].rstrip("]") if msg.endswith("]") else ""
+        return LcftError(
+            f"{path}: record {rec!r} has inconsistent line lengths (pyfaidx reports {found}); every "
+            "line of a record but the last must hold the same number of bases: re-wrap it, e.g. `seqkit seq -w 60`"
+        )
+    if "does not contain a valid sequence" in msg:
+        return LcftError(f"empty FASTA: {path} has no sequence records")
+    return LcftError(f"{path}: pyfaidx cannot index this FASTA: {reason(e)}")
 
 
 def non_ascii_line(path: Path, block: int = 1 << 24) -> int | None:
