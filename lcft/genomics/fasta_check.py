@@ -1,5 +1,6 @@
-"""Whether the index files found beside a FASTA can be read as pyfaidx reads them (a .fai, a BGZF's .gzi), and
-where a record's bytes first break the layout its index gives. Whether the records fit the file is fasta_scan's.
+"""Whether the index files found beside a FASTA can be read as pyfaidx reads them (a .fai, a BGZF's .gzi); what
+a refused FASTA's bytes say about why (where a record first breaks the layout its index gives, a letter of several
+bytes among bases, pyfaidx's own indexing errors in one line). Whether the records fit the file is fasta_scan's.
 """
 
 from __future__ import annotations
