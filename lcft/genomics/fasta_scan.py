@@ -32,6 +32,7 @@ READ_MOST = 1 << 23  # bytes of one such read: a read ends where this many bytes
 PLAIN_RECORDS = 16  # records a read holds on average from which numpy is faster than a record at a time
 NAME_SPACE = re.compile(r"\s")  # what str.split() splits at: a record's name has none
 NAME_ENDS = np.frombuffer(b"\n\r \t", np.uint8)  # ASCII bytes ending a header's first word
+BLANK_BYTES = np.frombuffer(b" \t", np.uint8)  # BLANKS, as bytes
 LAST_BASE_NOT = np.frombuffer(b"\r\n> \t", np.uint8)  # a record's last base is none of these
 
 
@@ -197,7 +198,7 @@ def _fits_plainly(recs: Records, reads: Reads) -> bool:
             return False
         a, b = np.searchsorted(line1_read, [k, k + 1])
         at = reads.lo[1::2][a:b] - base  # (records,) each first line's last base
-        if a < b and (at[-1] >= len(buf) or np.isin(buf[at], NAME_ENDS[2:]).any()):
+        if a < b and (at[-1] >= len(buf) or np.isin(buf[at], BLANK_BYTES).any()):
             return False  # the file ends early, or a blank ends a first line
     return True
 
