@@ -15,6 +15,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 on): a worker they end was stopped, not lost."""
 
 
+_early: list[int] = []  # stop signals that came before a StopSignals was installed
+
+
+def note_until_installed() -> None:
+    """From now until a job installs its StopSignals, a stop signal is noted rather than obeyed, and that
+    StopSignals takes it up: a launch's worker still importing torch would die of it (SIGTERM) or print a
+    KeyboardInterrupt (SIGINT), where it should stop as it would a moment later."""
+    if threading.current_thread() is threading.main_thread():
+        for s in STOP_SIGNALS:
+            signal.signal(s, lambda signum, _frame: _early.append(signum))
+
+
 class StopSignals:
     """While installed (main thread only: elsewhere signals cannot be caught), the first stop signal is noted in
     `signum` and `note(what)` says so; repeats are ignored (a launcher may pass on a signal the process also got
@@ -28,6 +40,8 @@ class StopSignals:
     def install(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+            if _early:  # (note_until_installed)
+                self._handle(_early.pop(0), None)
         return self
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:

@@ -104,6 +104,9 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 and not erred else None
         result = files[RESULT_FILE_ENV]
         summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
+    if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
+        raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} while the workers were starting, "
+                      f"before they saved; {j.resume}", supervisor.stop)
     if killed or lost:
         raise PeerLost(killed or lost)
     if rc != 0:
@@ -181,6 +184,8 @@ class _Supervisor:
     def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, elastic: bool, resume: str) -> None:
         self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
         self.signals: list[int] = []
+        self.stop: int | None = None  # the first stop signal, passed on to every worker, those started later too
+        self.told: set[int] = set()  # pids of the workers it was passed on to
         self.killed_by: int | None = None
         self.ended = False  # True once _kill ended the agent and the workers
 
@@ -198,7 +203,6 @@ class _Supervisor:
 
     def _wait(self) -> int:
         reported_at: float | None = None
-        forwarded = False
         while True:
             try:
                 rc = self.proc.wait(timeout=self.POLL_S)
@@ -211,14 +215,15 @@ class _Supervisor:
                 return rc
             while self.signals:
                 signum = self.signals.pop(0)
-                if forwarded:
+                if self.stop is not None:
                     print(f"second {signal.Signals(signum).name}: ending the workers now, before they saved",
                           file=sys.stderr, flush=True)
                     self.killed_by = signum
                     self._kill()
                 else:
-                    forwarded = True
-                    self._forward(signum)
+                    self.stop = signum
+            if self.stop is not None and not self.ended:  # a worker not yet started when it came gets it too
+                self._forward(self.stop)
             if read_report(self.failure) is not None:
                 if self.elastic:  # the agent restarts the group: say why, and clear the way for the next report
                     print(f"restarting: {read_report(self.failure)}", file=sys.stderr, flush=True)
@@ -234,8 +239,9 @@ class _Supervisor:
         return []
 
     def _forward(self, signum: int) -> None:
-        """Pass the signal to every worker, unless one is frozen: then nothing can be saved, end them all."""
-        workers = self._workers()
+        """Pass the signal to every worker not yet told, unless one is frozen: then nothing can be saved, end
+        them all."""
+        workers = [w for w in self._workers() if w.pid not in self.told]
         frozen = [w for w in workers if _status(w) == psutil.STATUS_STOPPED]
         if frozen:
             ranks = ", ".join(_describe(w) for w in frozen)
@@ -245,6 +251,7 @@ class _Supervisor:
             self._kill()
             return
         for w in workers:
+            self.told.add(w.pid)
             with contextlib.suppress(psutil.NoSuchProcess):
                 w.send_signal(signum)
 

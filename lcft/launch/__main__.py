@@ -12,6 +12,7 @@ from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.launch.jobs import JOBS
 from lcft.launch.process import RESULT_FILE_ENV, die_with_parent
+from lcft.signals import note_until_installed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
               "(started by `lcft train|eval --nproc N`)", file=sys.stderr)
         return 2
     name, spec = args
+    note_until_installed()  # a stop passed on while this worker imports is taken up by the job
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
         entry = JOBS[name].entry()

@@ -99,3 +99,36 @@ def test_a_second_signal_ends_the_workers_at_once(tmp_path, data_dir, init_dir):
     errors = error_lines(err)
     assert len(errors) == 1 and "stopped by a second SIGTERM before the workers saved" in errors[0], err[-3000:]
     assert not any(w.is_running() and w.status() != "zombie" for w in workers)
+
+
+def _agent_started(proc) -> bool:
+    import psutil
+
+    return bool(psutil.Process(proc.pid).children())
+
+
+@pytest.mark.parametrize("moment", ["before the workers exist", "as the workers start"])
+def test_a_signal_while_the_workers_start_stops_the_run(tmp_path, data_dir, init_dir, moment):
+    """SIGTERM to the launcher once its agent runs, before any worker exists, was passed to nobody: the run
+    trained to its end and exited 0. A moment later, workers still starting died of it and the run exited 1,
+    'processes failed'. Now every worker gets it, those started later too, and takes it up once it can (a step,
+    then a checkpoint), or the launch says it stopped them before they saved: exit 143 either way."""
+    import psutil
+
+    run = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    deadline = time.monotonic() + 60
+    while not _agent_started(proc) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if moment == "as the workers start":
+        while time.monotonic() < deadline and not any(
+                "lcft.launch" in " ".join(p.cmdline()) and p.ppid() != proc.pid
+                for p in psutil.Process(proc.pid).children(recursive=True)):
+            time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    errors = error_lines(err)
+    saved = latest_checkpoint(run) if (run / "checkpoints").is_dir() else None
+    assert saved is not None or (len(errors) == 1 and "stopped by SIGTERM while the workers were starting, "
+                                 "before they saved" in errors[0]), err[-3000:]
