@@ -150,8 +150,8 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str],
                             "(drop --resume to start a new run)")
         ckpt = newest_good_checkpoint(run_dir, say)
         if ckpt is None:
-            raise LcftError(f"--resume auto: every checkpoint in {checkpoints_dir(run_dir)} is corrupt "
-                            "(drop --resume to start the run again)")
+            raise LcftError(f"--resume auto: every checkpoint in {checkpoints_dir(run_dir)} is corrupt; move that "
+                            "folder aside to start the run again there (without --resume), or choose another --out")
         if say is not None and ckpt != latest_checkpoint(run_dir):
             say(f"resuming from {ckpt.name}, the newest checkpoint that verifies")
         return ckpt

@@ -125,6 +125,21 @@ def test_resume_auto_falls_back_to_newest_good_checkpoint(run_copy, capsys):
     torch.testing.assert_close(torch.tensor(after), torch.tensor(before), rtol=1e-6, atol=0)
 
 
+def test_when_no_checkpoint_verifies_the_advice_given_works(run_copy):
+    """Every checkpoint damaged: --resume auto said to drop --resume, and without it the folder was refused as
+    one holding checkpoints (pass --resume auto): a circle. Its advice now starts the run again."""
+    import shutil
+
+    run, cfg = run_copy
+    for st, _ in list_checkpoints(run):
+        flip_byte(ckpt(run, st) / "model.safetensors")
+    with pytest.raises(LcftError, match=r"every checkpoint in .*checkpoints is corrupt; move that folder aside to "
+                                        r"start the run again there \(without --resume\), or choose another --out"):
+        train(TrainConfig(**{**cfg, "resume": "auto"}))
+    shutil.move(run / "checkpoints", run.parent / "checkpoints.corrupt")
+    assert train(TrainConfig(**{**cfg, "resume": ""}))["step"] == cfg["steps"]
+
+
 def test_resume_auto_passes_over_a_checkpoint_without_checksums(run_copy, capsys):
     """A copy cut short (checksums.json and the optimizer state missing): incomplete, said so, step 4 taken."""
     run, cfg = run_copy
