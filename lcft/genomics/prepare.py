@@ -41,6 +41,15 @@ PARTIAL = ".partial"
 RESOLVED = "prepare.toml"
 
 
+class PreparedOtherwise(LcftError):
+    """The output folder holds windows of other options; `held` says so without the advice (a caller without
+    --overwrite words its own)."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__(f"{held}; pass --overwrite to replace them, or choose another --out")
+        self.held = held
+
+
 @dataclass
 class PrepareConfig:
     """Options of `lcft prepare windows`."""
@@ -190,10 +199,8 @@ def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile)
             return None
         was, now = (_option_shown(key, v) for v in (recorded.get(key), options[key]))
         flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
-        raise LcftError(
-            f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, now {now}); "
-            "pass --overwrite to replace them, or choose another --out"
-        )
+        raise PreparedOtherwise(f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, "
+                                f"now {now})")
     # --overwrite: the old outputs stay until the new ones are complete (_clear_replaced); a `.partial` of other
     # options is cleared when the run starts (_run)
     if not overwrite and not (out / PARTIAL).is_dir():

@@ -44,12 +44,14 @@ def write_copies_fasta(fasta: Path, record: str, out: Path, length: int) -> Path
 def copies_stage(cfg: Any, folder: Path) -> str:
     """Windows of cfg.control_context tokens from the chr2 piece with a copy planted in each (train split
     only: nothing held out is trained on), prepared into `folder`."""
-    from lcft.genomics import prepare_windows, sample_fasta
+    from lcft.genomics import sample_fasta
+    from lcft.recipes import prepare_demo_windows
 
-    fasta = folder.parent / f"{RECORD}.fa"
+    fasta = folder.parent / f"{RECORD}-{cfg.control_context}.fa"  # copies planted for windows of this length
     if not fasta.is_file():
         write_copies_fasta(sample_fasta(), "chr2", fasta, int(cfg.control_context))
-    m = prepare_windows(fasta=str(fasta), out=str(folder), length=cfg.control_context, train=(RECORD,), eval=())
+    m = prepare_demo_windows(fasta=str(fasta), out=str(folder), length=cfg.control_context, train=(RECORD,),
+                             eval=())
     return (f"{m['splits']['train'].get('windows', '?')} chr2 windows of {format_size(cfg.control_context)}, "
             "the second half of each a copy of its first")
 

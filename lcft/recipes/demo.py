@@ -188,10 +188,11 @@ class DemoPaths:
 
 def prepare_stage(cfg: DemoConfig, data: Path, progress: bool) -> str:
     """Windows of cfg.length tokens from the bundled sample: chr2 to train on, chr22 held out."""
-    from lcft.genomics import prepare_windows, sample_fasta
+    from lcft.genomics import sample_fasta
+    from lcft.recipes import prepare_demo_windows
 
-    m = prepare_windows(fasta=str(sample_fasta()), out=str(data), length=cfg.length, train=("chr2",),
-                        eval=("chr22",), progress=progress)
+    m = prepare_demo_windows(fasta=str(sample_fasta()), out=str(data), length=cfg.length, train=("chr2",),
+                             eval=("chr22",), progress=progress)
     n = {s: v.get("windows", "?") for s, v in m["splits"].items()}
     return f"{n.get('train')} train windows (chr2), {n.get('eval')} held-out windows (chr22) of {format_size(cfg.length)}"
 

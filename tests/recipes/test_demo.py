@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 
 from lcft.config import ConfigError
@@ -179,3 +180,27 @@ def test_one_window_and_one_probe_window_give_no_interval_and_an_undefined_conte
     assert "ck0 undefined (fewer than 2 windows)" in " ".join(lines)
     note = demo_note(rep)
     assert "cannot tell whether it reads back (use more --probe-windows)" in note and "none detected" not in note
+
+
+def test_the_copies_stage_plants_copies_for_its_own_window_length(tmp_path):
+    """A demo rerun with another --control-context: the FASTA planted for the old length was reused, so its
+    windows held no copy (the second half of a 2K window matched its first at chance, 0.28). Each length has
+    its own FASTA now; the windows prepared before are refused with the advice that works in the demo."""
+    import shutil
+    from types import SimpleNamespace
+
+    from lcft.errors import LcftError
+    from lcft.genomics import open_windows
+    from lcft.recipes.copies import copies_stage
+
+    folder = tmp_path / "copies"
+    copies_stage(SimpleNamespace(control_context=1024), folder)
+    with pytest.raises(LcftError, match=r"copies already holds windows prepared with a different .*, by an "
+                                        r"earlier demo; choose another --out, or delete .*copies \(and the runs"):
+        copies_stage(SimpleNamespace(control_context=2048), folder)
+    shutil.rmtree(folder)
+    copies_stage(SimpleNamespace(control_context=2048), folder)
+    ws = open_windows(folder, "train")
+    assert ws.length == 2048 and len(ws) > 0
+    for i in range(len(ws)):
+        assert np.array_equal(ws[i][:1024], ws[i][1024:])  # the copy sits half a window back
