@@ -35,9 +35,9 @@ LCFT_FORMAT_VERSION = 1
 
 def _write_folder(directory: Path, files: dict[str, Any]) -> None:
     """Write {name: bytes | tensor dict | function returning one} atomically: a fresh folder appears complete
-    under its name (temp sibling + rename); into an existing folder each file is written to a temp name and
-    renamed, weights first and config.json last (weight files of an earlier save removed before it), so a
-    half-written folder never looks loadable."""
+    under its name (temp sibling + rename); into an existing folder its config.json goes first, then each file
+    is written to a temp name and renamed, weights first and config.json last (weight files of an earlier save
+    removed before it), so a half-written folder never looks loadable (an old config beside new weights did)."""
     def write(dst: Path, name: str) -> None:
         value = files[name]
         if callable(value):  # a weight shard, built only now: one shard's copy in memory at a time
@@ -63,6 +63,7 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
         return
     if not directory.is_dir():
         raise LcftError(f"{directory} exists and is not a folder")
+    (directory / MODEL_CONFIG).unlink(missing_ok=True)
     for name in order:
         if name == MODEL_CONFIG:
             for stale in stale_weight_files(directory, set(files)):

@@ -86,6 +86,31 @@ def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_save_into_a_folder_that_fails_midway_leaves_it_unloadable(tmp_path, monkeypatch):
+    """A sharded save over an earlier one that fails at its second shard: the folder held the old config.json
+    beside the first new shard and the old others (it loaded, a mix of two models); now no config.json until
+    the save is whole."""
+    import lcft.checkpoint.hf_folder as io
+
+    folder = tmp_path / "m"
+    save_pretrained(small(), folder, max_shard_size=20_000)
+    assert len(list(folder.glob("model-*.safetensors"))) > 2
+    real, calls = io.save_file, []
+
+    def second_shard_fails(tensors, path, **kw):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(tensors, path, **kw)
+
+    monkeypatch.setattr(io, "save_file", second_shard_fails)
+    with pytest.raises(OSError):
+        save_pretrained(small(seed=1), folder, max_shard_size=20_000)
+    assert not (folder / "config.json").exists()
+    with pytest.raises(LcftError):
+        from_pretrained(folder)
+
+
 def write_ok(tmp_path):
     save_pretrained(small(), tmp_path / "ok")
     return tmp_path / "ok"
