@@ -39,6 +39,7 @@ class WindowSet:
         self.records: list[dict] = [r for r in self.manifest["records"] if r["split"] == split]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         n = len(self.records)
+        self._ids_checked = np.zeros(n, dtype=bool)  # (n,) windows whose ids were checked once (the map is read-only)
         self._ids = self._map(bin_name(split), n * self.length, self.dtype)
         self._soft = self._map(softmask_name(split), n * self.length // 8)
         self.per_base = "bases_file" in self.manifest  # model tokenizers: tokens of several bases
@@ -75,10 +76,13 @@ class WindowSet:
         the manifest was made to match (or read unverified) must not index past the model's embedding."""
         i = self._check(i)
         ids = self._ids[i * self.length : (i + 1) * self.length]  # (L,)
-        if len(ids) and (top := int(ids.max())) >= self.vocab_size:
+        if self._ids_checked[i] or not len(ids):
+            return ids
+        if (top := int(ids.max())) >= self.vocab_size:
             raise LcftError(f"{self.dir / bin_name(self.split)}: window {i} holds token id {top}, outside the "
                             f"windows' vocabulary of {self.vocab_size} (damaged, or not written by lcft prepare); "
                             "prepare the windows again")
+        self._ids_checked[i] = True  # a sample is a slice of its window: each read of it needs no new pass
         return ids
 
     def softmask(self, i: int) -> np.ndarray:
