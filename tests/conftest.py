@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -24,6 +25,20 @@ def _reset_torch_state():
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+    """Ends what a test left running under this process: a launcher whose test failed or timed out midway keeps
+    its workers training, and they slow every later test of the run."""
+    yield
+    left = psutil.Process().children(recursive=True)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
 
 
 @pytest.fixture
