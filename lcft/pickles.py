@@ -26,7 +26,7 @@ class RestrictedUnpickler(pickle._Unpickler):
     `resolve`; anything else, and every persistent id unless a subclass reads them, is an UnpicklingError at its
     first reference."""
 
-    def __init__(self, data: bytes, resolve: Resolve):
+    def __init__(self, data: bytes, resolve: Resolve) -> None:
         super().__init__(io.BytesIO(data))
         self._resolve = resolve
 

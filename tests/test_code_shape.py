@@ -1,11 +1,18 @@
-"""Size limits of the library's code: no file over 400 lines, no function over 60 lines (Triton kernels aside)."""
+"""Shape rules of the library's code: no file over 400 lines, no function over 60 lines (Triton kernels aside), and
+ruff clean under ruff.toml (which asks type hints of every function in the package)."""
 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-LIB = Path(__file__).resolve().parents[1] / "lcft"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "lcft"
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -54,3 +61,26 @@ def test_the_limits_can_fail(tmp_path: Path) -> None:
     kernel = ast.parse(f"def g():\n    @triton.jit\n    def k():\n{body.replace('    ', '        ')}\n").body[0]
     assert long_fn.end_lineno - long_fn.lineno + 1 > MAX_FUNCTION_LINES and not _defines_kernels(long_fn)
     assert _defines_kernels(kernel)
+
+
+def _ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (the dev extra)")
+    return subprocess.run([ruff, "check", "--no-cache", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_the_tree_is_ruff_clean() -> None:
+    got = _ruff(".")
+    assert got.returncode == 0, got.stdout[-4000:] + got.stderr[-2000:]
+
+
+def test_ruff_asks_type_hints_of_the_package(tmp_path: Path) -> None:
+    """Under the tree's ruff.toml a package function without hints fails; the same in tests/ passes."""
+    for folder in ("lcft", "tests"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "m.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / "ruff.toml").write_text((ROOT / "ruff.toml").read_text())
+    got = _ruff("lcft", cwd=tmp_path)
+    assert got.returncode == 1 and "ANN001" in got.stdout and "ANN201" in got.stdout, got.stdout
+    assert _ruff("tests", cwd=tmp_path).returncode == 0

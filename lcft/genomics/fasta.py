@@ -88,7 +88,7 @@ def _not_a_file(path: Path) -> bool:
 class FastaFile:
     """A FASTA opened through pyfaidx's index: names, lengths and raw (line-broken) byte ranges."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._sha256: str | None = None
         self._hashing: Future[str] | None = None

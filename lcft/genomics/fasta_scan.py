@@ -122,7 +122,7 @@ class Reads:
     assembly of short contigs is then a handful of large reads, not two per record; a genome's chromosomes stay
     apart."""
 
-    def __init__(self, fasta: Any, lo: np.ndarray, hi: np.ndarray):
+    def __init__(self, fasta: Any, lo: np.ndarray, hi: np.ndarray) -> None:
         self.fasta, self.lo, self.hi = fasta, lo, hi  # (m,) each
         top = np.maximum.accumulate(hi)  # (m,) the furthest byte any span so far reaches
         new = np.ones(len(lo), bool)  # (m,) a span that starts a read

@@ -3,6 +3,7 @@ readable by pyfaidx (plain gzip is decompressed, or recompressed as BGZF with --
 
 from __future__ import annotations
 
+import email.message
 import gzip
 import http.client
 import os
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 from rich.progress import (
     BarColumn,
@@ -36,14 +38,15 @@ SCHEMES = ("http", "https")
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Follows a redirect only to another http(s) URL (urllib's default also follows one to ftp://)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's API)
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: email.message.Message, newurl: str) -> urllib.request.Request | None:
         target = urllib.parse.urljoin(req.full_url, newurl)
         if urllib.parse.urlparse(target).scheme not in SCHEMES:
             raise LcftError(f"{req.full_url} redirects to {target}: not an http(s) URL (refused)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _open(req: str | urllib.request.Request, timeout: float):  # -> http.client.HTTPResponse
+def _open(req: str | urllib.request.Request, timeout: float) -> http.client.HTTPResponse:
     """urlopen whose every redirect hop must be http(s)."""
     return urllib.request.build_opener(_HttpOnlyRedirects).open(req, timeout=timeout)
 

@@ -43,7 +43,7 @@ def builtin_kmer_vocab(k: int) -> list[str]:
 class KmerTokenizer(SeqTokenizer):
     """K-mers from the record's start, N inside them; the record's last < K bases as described above."""
 
-    def __init__(self, k: int, vocab: list[str], source: str, roles: dict[str, str] | None = None):
+    def __init__(self, k: int, vocab: list[str], source: str, roles: dict[str, str] | None = None) -> None:
         index = {t: i for i, t in enumerate(vocab) if t}
         roles = dict(roles or {})
         unk_name = roles.get("unk_token") or next((u for u in UNK_NAMES if u in index), None)

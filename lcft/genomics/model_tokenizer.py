@@ -84,7 +84,7 @@ class JsonTokenizer(SeqTokenizer):
     """A `tokenizers` tokenizer.json (BPE, WordPiece, Unigram, ...): each piece is encoded on its own
     (encode_batch, no special tokens, no truncation); bases per token come from the token offsets."""
 
-    def __init__(self, tk: Any, source: str, roles: dict[str, str] | None = None):
+    def __init__(self, tk: Any, source: str, roles: dict[str, str] | None = None) -> None:
         tk.no_truncation()
         tk.no_padding()
         vocab_map = tk.get_vocab(with_added_tokens=True)

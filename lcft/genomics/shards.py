@@ -38,7 +38,7 @@ class HashedFile:
     checkpoint truncates to the recorded size and re-hashes the kept prefix, so a resumed run ends with the
     same bytes and digest."""
 
-    def __init__(self, path: Path, keep: int = 0):
+    def __init__(self, path: Path, keep: int = 0) -> None:
         self.path = path
         if keep and path.is_file() and path.stat().st_size >= keep:
             self.fh = open(path, "r+b")
@@ -88,7 +88,7 @@ class SplitWriter:
     # the run, measured on a 60 Mbp genome).
     SYNC_BYTES = 1 << 23
 
-    def __init__(self, folder: Path, split: str, keep: tuple[int, ...] = (0, 0), names: tuple[str, ...] = ()):
+    def __init__(self, folder: Path, split: str, keep: tuple[int, ...] = (0, 0), names: tuple[str, ...] = ()) -> None:
         self.split = split
         names = names or (bin_name(split), softmask_name(split))
         keep = tuple(keep) + (0,) * (len(names) - len(keep))

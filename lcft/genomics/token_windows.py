@@ -58,7 +58,7 @@ class TokenWindow:
 class _Tokens:
     """The part of a chromosome's token stream not yet cut into windows (bounded by chunk + window)."""
 
-    def __init__(self, unk: int | None):
+    def __init__(self, unk: int | None) -> None:
         self.unk = -1 if unk is None else unk
         self.t0 = 0  # stream index of the first kept token
         self.lb0 = 0  # record position of the first kept base of `lower`

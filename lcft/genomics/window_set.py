@@ -5,12 +5,16 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics.shards import MANIFEST, bin_name, read_manifest, softmask_name
 from lcft.genomics.tokenizer import A, C, G, T, decode
+
+if TYPE_CHECKING:
+    from lcft.genomics.seq_tokenizer import SeqTokenizer
 
 BASES_DTYPE = np.uint16  # bases per token in {split}.bases.bin
 
@@ -28,7 +32,7 @@ class WindowSet:
     ws.softmask(i) (per token), ws.coords(i) -> (chrom, start, end), 0-based end-exclusive in the FASTA
     record's coordinates, ws.base_offsets(i) and ws.sequence(i) for every tokenizer."""
 
-    def __init__(self, out_dir: str | os.PathLike, split: str):
+    def __init__(self, out_dir: str | os.PathLike, split: str) -> None:
         self.dir = Path(out_dir)
         self.manifest = read_manifest(self.dir)
         if split not in self.manifest["splits"]:
@@ -127,7 +131,7 @@ class WindowSet:
         return out.astype(np.uint8).tobytes().decode("ascii")
 
     @functools.cached_property
-    def tokenizer(self):  # -> seq_tokenizer.SeqTokenizer
+    def tokenizer(self) -> SeqTokenizer:
         """The tokenizer the windows were cut with (char, or the tokenizer.json kept in the folder)."""
         from lcft.genomics.model_tokenizer import char_tokenizer, tokenizer_from_json_text
 

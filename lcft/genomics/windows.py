@@ -27,7 +27,7 @@ class Window:
 
     __slots__ = ("chrom", "start", "end", "coded", "n_count", "_scratch")
 
-    def __init__(self, chrom: str, start: int, coded: np.ndarray, scratch: np.ndarray | None = None):
+    def __init__(self, chrom: str, start: int, coded: np.ndarray, scratch: np.ndarray | None = None) -> None:
         self.chrom, self.start, self.end = chrom, start, start + coded.size
         self.coded = coded  # (L,) uint8 id | flags (tokenizer.encode_lines)
         # (L,) uint8 reused by the bit tests: a fresh temporary of L bytes would cost page faults each time

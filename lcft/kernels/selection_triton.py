@@ -10,6 +10,7 @@ as in the PyTorch selection. Mandatory blocks are merged afterwards by `assemble
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -21,12 +22,12 @@ _QT, _T = 16, 64  # query blocks per program, key blocks per tile
 
 
 @functools.cache
-def _kernel():
+def _kernel() -> Any:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def topk_kernel(QS, KS, OUT, n_q, n_k, q_block_offset, local_blocks, sink_blocks,
+    def topk_kernel(QS, KS, OUT, n_q, n_k, q_block_offset, local_blocks, sink_blocks,  # noqa: ANN001, ANN202 (Triton types them)
                     TOPK: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                     QT: tl.constexpr, T: tl.constexpr):
         pid_q = tl.program_id(0)

@@ -13,6 +13,8 @@ op, which dominates when the cores are shared; separate heads also write disjoin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -49,7 +51,7 @@ class SparseAttentionCPU(torch.autograd.Function):
     """Block-sparse causal attention over chosen key blocks; saves only q, k, v and the output."""
 
     @staticmethod
-    def forward(ctx, q, k, v, indices, block_size: int, q_block_offset: int):  # type: ignore[override]
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, block_size: int, q_block_offset: int) -> torch.Tensor:  # type: ignore[override]
         lay = BlockLayout(q, k, block_size)
         b, hkv, d, group, n_q, n_k = lay.b, lay.hkv, lay.d, lay.group, lay.n_q, lay.n_k
         scale, kb, vb, qg = lay.scale, lay.blocks(k), lay.blocks(v), lay.qg
@@ -75,7 +77,7 @@ class SparseAttentionCPU(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:  # type: ignore[override]
         q, k, v, out = ctx.saved_tensors
         plan, block_size = ctx.plan, ctx.block_size
         lay = BlockLayout(q, k, block_size)

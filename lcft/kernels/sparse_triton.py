@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -26,7 +27,7 @@ _SEG = 64  # max (query block) entries per dK/dV program
 
 
 @functools.cache
-def _kernels():
+def _kernels() -> tuple[Any, Any, Any]:
     """The jitted kernels; their module imports triton, so it is imported on first use only."""
     from lcft.kernels.sparse_triton_kernels import dkv_kernel, dq_kernel, fwd_kernel
 
@@ -85,12 +86,12 @@ class SparseAttentionTriton(torch.autograd.Function):
     """Fused Triton block-sparse attention; saves q, k, v, out and the fp32 log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q, k, v, indices, block_size: int, q_block_offset: int):  # type: ignore[override]
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, block_size: int, q_block_offset: int) -> torch.Tensor:  # type: ignore[override]
         with on_device(q):
             return SparseAttentionTriton._forward(ctx, q, k, v, indices, block_size, q_block_offset)
 
     @staticmethod
-    def _forward(ctx, q, k, v, indices, block_size: int, q_block_offset: int):
+    def _forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, block_size: int, q_block_offset: int) -> torch.Tensor:
         fwd_kernel, _, _ = _kernels()
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         indices = indices.to(torch.int32).contiguous()
@@ -109,12 +110,12 @@ class SparseAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:  # type: ignore[override]
         with on_device(dout):
             return SparseAttentionTriton._backward(ctx, dout)
 
     @staticmethod
-    def _backward(ctx, dout):
+    def _backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         _, dq_kernel, dkv_kernel = _kernels()
         q, k, v, out, lse, indices = ctx.saved_tensors
         block_size, offset = ctx.block_size, ctx.q_block_offset

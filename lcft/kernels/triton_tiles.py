@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lcft.errors import LcftError
 from lcft.kernels.triton_tile_table import CHOSEN
+
+if TYPE_CHECKING:
+    from lcft.model.config import LlamaConfig
 
 
 def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -142,7 +146,7 @@ _FP32_PTRS = ("LSE", "DELTA", "PK", "PV", "QS", "KS")
 _I32_PTRS = ("IDX", "SEG_ROW", "SEG_START", "SEG_END", "SEG_OUT", "COL", "OUT")
 
 
-def kernel_signature(fn, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
+def kernel_signature(fn: Any, dtype: torch.dtype, constexprs: dict) -> tuple[dict, dict]:
     """Triton signature and alignment attributes of a kernel as the launcher calls it."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -172,7 +176,7 @@ def sparse_kernel_sources(tiles: TileConfig, dtype: torch.dtype) -> dict:
     return out
 
 
-def compile_for(source: tuple, capability: tuple[int, int]):
+def compile_for(source: tuple, capability: tuple[int, int]) -> Any:
     """Compile one kernel source for a CUDA target without needing that GPU (ptxas ships with triton)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -203,7 +207,7 @@ def check_sparse_kernels_fit(device: torch.device, dtype: torch.dtype, head_dim:
                             f"(limit {limit} B); use a smaller --block-size or --precision bf16")
 
 
-def check_model_kernels_fit(config, device: torch.device, precision: str) -> None:
+def check_model_kernels_fit(config: LlamaConfig, device: torch.device, precision: str) -> None:
     """`check_sparse_kernels_fit` for a model config (an lcft LlamaConfig) about to run on `device`.
 
     A no-op off CUDA, for dense attention and for the PyTorch impls; call it before the first step.

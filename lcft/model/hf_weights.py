@@ -118,7 +118,7 @@ class _StateDictUnpickler(RestrictedUnpickler):
     none of them: each tensor becomes a `_Tensor` record, checked against the zip's storage records `sizes`
     {key: bytes}."""
 
-    def __init__(self, data: bytes, sizes: dict[str, int]):
+    def __init__(self, data: bytes, sizes: dict[str, int]) -> None:
         super().__init__(data, self._global)
         self.sizes = sizes
         self.storages: dict[str, _Storage] = {}

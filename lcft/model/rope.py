@@ -8,6 +8,7 @@ context-parallel shards with non-contiguous global positions cost O(L · head_di
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -135,12 +136,12 @@ class _Rope(torch.autograd.Function):
     the projected q/k need not be kept alive for it (HF's version saves them plus a rotated copy)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(cos, sin)
         return _rotate(x, cos, sin)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cos, sin = ctx.saved_tensors
         return _rotate(grad, cos, -sin), None, None
 

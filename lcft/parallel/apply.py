@@ -8,6 +8,7 @@ imports lcft.parallel.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,8 +20,11 @@ from lcft.parallel.cp_attention import ContextParallelCore
 from lcft.parallel.mesh import ParallelState
 from lcft.parallel.sharding import ShardLayout, check_length
 
+if TYPE_CHECKING:
+    from lcft.model.config import AttentionConfig
 
-def _attention_config(model: nn.Module):
+
+def _attention_config(model: nn.Module) -> AttentionConfig:
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "attention"):
         raise ValueError("apply_context_parallel needs an lcft Llama model (with .config.attention)")

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -112,7 +113,7 @@ class _GatherOwnLast(torch.autograd.Function):
     each piece goes back to its owner, summed over ranks (reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, tag: str) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None, dim: int, tag: str) -> torch.Tensor:
         n, me = group_size(group), dist.get_rank(group)
         ctx.group, ctx.dim, ctx.tag, ctx.n, ctx.me = group, dim, tag, n, me
         gathered = _gather(x, n, group)  # (n, ...) in rank order
@@ -121,7 +122,7 @@ class _GatherOwnLast(torch.autograd.Function):
         return torch.cat([gathered[r] for r in order], dim=dim)  # the gather buffer is freed on return
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # grad: the concatenation's shape
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # grad: the concatenation's shape
         n, me, dim = ctx.n, ctx.me, ctx.dim
         piece = grad.shape[dim] // n
         pos = {(me + 1 + i) % n: i for i in range(n)}  # rank -> its position in the concatenation
@@ -141,7 +142,7 @@ class _AllToAll(torch.autograd.Function):
     """all_to_all_single over dim 0 with split sizes; backward is the same exchange in reverse."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int],
                 group: dist.ProcessGroup | None, tag: str) -> torch.Tensor:
         ctx.splits, ctx.group, ctx.tag = (out_splits, in_splits), group, tag
         out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)  # (N_out, ...)
@@ -152,7 +153,7 @@ class _AllToAll(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # grad (N_out, ...)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # grad (N_out, ...)
         out_splits, in_splits = ctx.splits
         back = torch.empty((sum(in_splits), *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
         with STATS.timed():

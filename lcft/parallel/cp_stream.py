@@ -14,6 +14,8 @@ Runs the chunked PyTorch piece kernel on every device (there is no Triton versio
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from lcft.parallel import comms
@@ -73,7 +75,7 @@ class StreamedAttention(torch.autograd.Function):
     kernel call per received piece, so K/V and their gradients are used in place, never re-laid out."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rows, stream: _Stream):  # type: ignore[override]
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, stream: _Stream) -> torch.Tensor:  # type: ignore[override]
         from lcft.kernels.sparse_partial import partial_attention_forward
 
         blk, n_k = stream.block, stream.n_k
@@ -92,7 +94,7 @@ class StreamedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override]
         from lcft.kernels.sparse_blocks import output_delta
         from lcft.kernels.sparse_partial import partial_attention_backward
 

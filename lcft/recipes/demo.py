@@ -16,10 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
 from lcft.recipes.summary import demo_note, summary_lines
+
+if TYPE_CHECKING:
+    from lcft.model import LlamaConfig
 
 
 @dataclass
@@ -88,7 +91,7 @@ class DemoConfig:
         check_seed(self)
 
 
-def _model_config(cfg: DemoConfig):
+def _model_config(cfg: DemoConfig) -> LlamaConfig:
     from lcft.model import LlamaConfig, preset
 
     if cfg.preset:
