@@ -68,6 +68,26 @@ GENERATOR_1_2B = {
     "attention_dropout": 0.0, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1, "use_cache": True,
 }
 
+# DOEJGI/GenomeOcean-4B and -500M (formerly pGenomeOcean/): the fields that github.com/tcztzy/evo.cpp @ c281681,
+# configs/geneb-decoder-models.json, requires of the config.json whose sha256 it pins for each revision (its
+# converter refuses any other file). The same file pins the sha256 values held here for GENERator-eukaryote-1.2B,
+# -3B and METAGENE-1. head_dim, rope_scaling, attention_bias and mlp_bias are absent or at their defaults there;
+# the published files also hold metadata keys not listed (_name_or_path, transformers_version, ...). Trained
+# context: 10,240 tokens (4B) and 1,024 (500M), from the authors' github.com/jgi-genomeocean/genomeocean,
+# genomeocean/embedding.py (MODEL_TOKEN_LIMITS). Tokenizer: tokenizer.json, BPE of 4,096 tokens (same source).
+GENOMEOCEAN = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 4096,
+    "max_position_embeddings": 32768, "sliding_window": None, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+GENOMEOCEAN_4B = {**GENOMEOCEAN, "hidden_size": 3072, "num_hidden_layers": 24, "num_attention_heads": 12,
+                  "num_key_value_heads": 4, "intermediate_size": 16384}
+GENOMEOCEAN_500M = {**GENOMEOCEAN, "hidden_size": 1536, "num_hidden_layers": 14, "num_attention_heads": 8,
+                    "num_key_value_heads": 8, "intermediate_size": 6144}
+GENOMEOCEAN_SOURCE = ("the fields that github.com/tcztzy/evo.cpp @ c281681 (configs/geneb-decoder-models.json) "
+                      "requires of the Hub file at that revision")
+GENOMEOCEAN_TOKENIZER = "BPE (tokenizer.json): 4,096 tokens"
+
 MODELS = (
     Published("GENERator-eukaryote-1.2B", "GenerTeam/GENERator-eukaryote-1.2b-base@5e872c94264891f9adf59d8ea64e426bb68badb5",
               "huggingface.co/GenerTeam/GENERator-eukaryote-1.2b-base at that revision",
@@ -82,18 +102,27 @@ MODELS = (
     Published("METAGENE-1", "metagene-ai/METAGENE-1@ad8a1e0ee62b85058bfc05d823d8e8d4759edc48",
               "huggingface.co/metagene-ai/METAGENE-1, as shown for metagene-ai/METAGENE-1-AWQ-4Bit without its "
               "quantization_config", folder="metagene-1"),
+    Published("GenomeOcean-500M", "DOEJGI/GenomeOcean-500M@0d9f453925aca9c278505cf0103b6b4311092052",
+              GENOMEOCEAN_SOURCE, fields=GENOMEOCEAN_500M,
+              sha256="658f9bec0142adf8994a7bc11581069e854639ae4643db272b937317ce4cbbf2",
+              tokenizer=GENOMEOCEAN_TOKENIZER, card="trained on 1,024 (authors' code)"),
+    Published("GenomeOcean-4B", "DOEJGI/GenomeOcean-4B@2bed2fc3ed47c5f6955ba3e64563512c9b338dfb",
+              GENOMEOCEAN_SOURCE, fields=GENOMEOCEAN_4B,
+              sha256="a0b5b7abe4c05bc68b7b4d2e58cfb8e4905707bcbf13fab8a3e8368fa410a064",
+              tokenizer=GENOMEOCEAN_TOKENIZER, card="trained on 10,240 (authors' code)"),
 )
 
 # Published genome decoders whose config.json was not found (no copy in reach: Hub pages, GitHub mirrors).
 NOT_FOUND = (
     "GENERator-prokaryote 1.2B / 3B: the GENERator repository lists them as \"coming soon\"; the published "
-    "prokaryote models are GENERator-v2-prokaryote-1.2b-base / -3b-base, whose config.json was not found",
-    "GenomeOcean 100M / 500M / 4B (pGenomeOcean/GenomeOcean-*): config.json not found (MistralForCausalLM by "
-    "third-party notes)",
-    "Genos 1.2B / 10B (BGI-HangzhouAI/Genos-*): a mixture of experts by its card; its Megatron pretraining "
-    "script (github.com/BGI-HangzhouAI/Genos @ 22b574f6, Code/Genos_pretrain_10B.sh) gives 12 layers, hidden 4096, "
-    "16 heads in 8 query groups, rotary base 5e7, 8 experts top-2 of width 8192, but without the Hub config.json "
-    "lcft's reader cannot say whether it loads (lcft's mixture of experts is Mixtral's)",
+    "prokaryote models are GENERator-v2-prokaryote-1.2b-base / -3b-base, whose config.json was not found (the "
+    "parameter counts a third party records for them are those of the eukaryote 1.2B and 3B shapes)",
+    "GenomeOcean 100M (DOEJGI/GenomeOcean-100M): config.json not seen whole (MistralForCausalLM, hidden 768, "
+    "intermediate 3072, 8 heads in its first 24 lines as the Hub's commit page shows them)",
+    "Genos 1.2B / 10B (BGI-HangzhouAI/Genos-*): the authors' notebook (github.com/BGI-HangzhouAI/Genos @ 22b574f6, "
+    "Notebooks/zh/01.embedding_zh.ipynb) prints the 1.2B model as transformers' MixtralModel (12 blocks, hidden "
+    "1024, 16 q / 8 kv heads, 8 experts top-2 of width 4096, vocabulary 128), the layout lcft reads as mixtral; "
+    "its config.json (rope_theta, max_position_embeddings) and tokenizer files were not found",
 )
 
 

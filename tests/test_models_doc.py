@@ -45,7 +45,8 @@ def test_docs_are_what_the_script_writes(table):
 def test_every_row_loads_through_lcfts_reader_or_shows_its_refusal(table):
     doc = (ROOT / "docs" / "models.md").read_text()
     rows = table.loaded()
-    assert {m.name for m, *_ in rows} == {"GENERator-eukaryote-1.2B", "GENERator-eukaryote-3B", "METAGENE-1"}
+    assert {m.name for m, *_ in rows} == {"GENERator-eukaryote-1.2B", "GENERator-eukaryote-3B", "METAGENE-1",
+                                          "GenomeOcean-500M", "GenomeOcean-4B"}
     for m, model, notes, refusal in rows:
         d = table.config_json(m)
         if model is None:
@@ -58,7 +59,35 @@ def test_every_row_loads_through_lcfts_reader_or_shows_its_refusal(table):
     gen3b = next(model for m, model, *_ in rows if m.name == "GENERator-eukaryote-3B")
     # the published 3B model, not README's former hand-made shape (28 layers, 8 KV heads, intermediate 8192)
     assert (gen3b.num_hidden_layers, gen3b.num_key_value_heads, gen3b.intermediate_size) == (30, 4, 8448)
-    assert "not found: Genos" in doc and "not found: GenomeOcean" in doc
+    assert "not found: Genos" in doc and "not found: GenomeOcean 100M" in doc
+
+
+# The published weights of GenomeOcean (bf16, 2 bytes a parameter) as github.com/tcztzy/evo.cpp @ c281681 records
+# them: 4B, the total_size of model.safetensors.index.json and its tensor count
+# (tools/generate_geneb_genome_ocean_4b_upstream_oracle.py); 500M, the size of its one model.safetensors
+# (configs/evidence/geneb-genome-ocean-500m.json), which adds 8 bytes and a JSON header to the data.
+GENOMEOCEAN_4B_BYTES, GENOMEOCEAN_4B_TENSORS = 8_506_349_568, 219
+GENOMEOCEAN_500M_FILE = 1_082_234_168
+
+
+def test_held_genomeocean_fields_give_the_published_weights(table):
+    """The held fields of a config.json not seen whole, checked against the published weights: lcft's model built
+    from them has the 4B's parameter and tensor counts exactly, and the 500M's data fits its file with a header
+    of a few KiB."""
+    import torch
+
+    from lcft.model import Llama
+
+    def built(name: str) -> Llama:
+        m = next(m for m in table.MODELS if m.name == name)
+        with torch.device("meta"):
+            return Llama(config_from_hf(table.config_json(m)))
+
+    big = built("GenomeOcean-4B")
+    assert (2 * big.num_parameters(), len(big.state_dict())) == (GENOMEOCEAN_4B_BYTES, GENOMEOCEAN_4B_TENSORS)
+    small = built("GenomeOcean-500M")
+    header = GENOMEOCEAN_500M_FILE - 8 - 2 * small.num_parameters()
+    assert 100 * len(small.state_dict()) < header < 64 << 10, header
 
 
 def test_held_fields_rebuild_the_published_config_json(table):
