@@ -7,8 +7,7 @@ from pathlib import Path
 
 from lcft.errors import LcftError, reason
 from lcft.files import file_hash, files_sha256
-
-WEIGHT_SUFFIX = ".safetensors"
+from lcft.model.hf_weights import weight_files
 
 
 def weights_sha256(ckpt: Path) -> str:
@@ -18,9 +17,7 @@ def weights_sha256(ckpt: Path) -> str:
 
     if is_sharded_checkpoint(ckpt):
         return sharded_weights_sha256(ckpt)
-    files = sorted(f for f in ckpt.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIX))
-    if not files:
-        raise LcftError(f"unreadable checkpoint {ckpt}: no *{WEIGHT_SUFFIX} weights file")
+    files = _weight_files(ckpt)
     if len(files) == 1:
         return file_hash(files[0]).hexdigest()
     return files_sha256(files)
@@ -36,9 +33,18 @@ def check_weights_readable(ckpt: Path) -> None:
     if is_sharded_checkpoint(ckpt):
         check_sharded_readable(ckpt)
         return
-    for f in sorted(ckpt.glob(f"*{WEIGHT_SUFFIX}")):
+    for f in _weight_files(ckpt):
         try:
             with safe_open(str(f), framework="pt") as sf:
                 sf.keys()
         except Exception as e:  # SafetensorError is not exported under a stable name
             raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {reason(e)}") from None
+
+
+def _weight_files(ckpt: Path) -> list[Path]:
+    """The files a load reads (model.safetensors, or the shards its index names), not whatever else ends in
+    .safetensors there (a FIFO would block the check)."""
+    try:
+        return weight_files(ckpt)
+    except LcftError as e:
+        raise LcftError(f"unreadable checkpoint {e}") from None  # e names the folder first

@@ -305,6 +305,8 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
                     raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
                                     "checkpoint of this config.json?)")
                 name = expected[key]
+                if name in loaded:  # a second copy, in another shard: which one the model is would be chance
+                    raise LcftError(f"{f}: weight {key} is stored twice (in two shard files of {directory})")
                 if shape != tuple(params[name].shape):
                     raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
                                     f"{tuple(params[name].shape)}")

@@ -116,6 +116,48 @@ def write_ok(tmp_path):
     return tmp_path / "ok"
 
 
+def test_a_weight_stored_in_two_shards_is_refused(tmp_path):
+    """transformers' sharded folder with lm_head.weight also planted in another shard (all 7.0): which copy the
+    model got would depend on the order the shards are read; refused with one line instead."""
+    transformers = pytest.importorskip("transformers")
+    save_pretrained(small(), tmp_path / "ours")
+    transformers.LlamaForCausalLM.from_pretrained(tmp_path / "ours").save_pretrained(tmp_path / "sh",
+                                                                                     max_shard_size="20KB")
+    index = json.loads((tmp_path / "sh" / "model.safetensors.index.json").read_text())["weight_map"]
+    other = next(f for f in sorted(set(index.values())) if f != index["lm_head.weight"])
+    tensors = load_file(tmp_path / "sh" / other)
+    head = load_file(tmp_path / "sh" / index["lm_head.weight"])["lm_head.weight"]
+    save_file({**tensors, "lm_head.weight": torch.full_like(head, 7.0)}, str(tmp_path / "sh" / other))
+    with pytest.raises(LcftError, match=r"lm_head.weight is stored twice"):
+        from_pretrained(tmp_path / "sh")
+
+
+def test_the_weight_check_and_hash_read_only_the_files_a_load_reads(tmp_path):
+    """A FIFO named like a weight file blocked eval's check forever, and any stray *.safetensors entered the
+    weights' hash: both now take the files a load reads (model.safetensors, or the shards its index names)."""
+    import os
+    import signal
+
+    from lcft.checkpoint.weights import check_weights_readable, weights_sha256
+    from lcft.files import file_hash
+
+    save_pretrained(small(), tmp_path / "ck")
+    os.mkfifo(tmp_path / "ck" / "zz.safetensors")
+    (tmp_path / "ck" / "old.safetensors").write_bytes(b"a stray file")
+
+    def stuck(*_):
+        raise TimeoutError("the check blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(20)
+    try:
+        check_weights_readable(tmp_path / "ck")
+        assert weights_sha256(tmp_path / "ck") == file_hash(tmp_path / "ck" / "model.safetensors").hexdigest()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_from_pretrained_errors(tmp_path):
     with pytest.raises(LcftError, match="not found"):
         from_pretrained(tmp_path / "nope")
