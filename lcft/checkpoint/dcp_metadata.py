@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from lcft.pickles import RestrictedUnpickler, reading
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
+MAX_CHUNKS = 1 << 16  # chunks of one tensor: one per rank that held a part of it
+MAX_PAIRS = 1 << 20  # chunk pairs compared for overlap, per tensor (sharded on dim 0: none)
 
 # Every global a `.metadata` torch writes names (module, name); torch dtypes are admitted by type below.
 _ALLOWED = {
@@ -49,8 +52,9 @@ def _refuse(path: Path, why: str) -> LcftError:
 
 def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
     """The DCP Metadata in `path`, read with the restricted unpickler and checked: every tensor entry has a
-    floating-point torch dtype and every shard file it names is a plain file name inside its folder. A one-line
-    LcftError naming the file otherwise."""
+    floating-point torch dtype, every shard file it names is a plain file name inside its folder, and the chunks
+    of each tensor cover it exactly once from stored data that fits in their files (`_check_chunks`). A
+    one-line LcftError naming the file otherwise."""
     path = Path(path)
     with reading(path, lambda why: _refuse(path, why)), open(path, "rb") as fh:
         if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
@@ -81,6 +85,69 @@ def _check(path: Path, md: Any) -> None:
         name = getattr(info, "relative_path", None)
         if not isinstance(info, _StorageInfo) or not is_plain_name(name) or getattr(info, "transform_descriptors", None):
             raise _refuse(path, f"shard file {shown(name, quoted=True)} is not a plain file of its folder")
+    reach: dict[str, int] = {}  # shard file -> the end of the last data the metadata places in it
+    for key, v in entries.items():
+        if isinstance(v, dcp_md.TensorStorageMetadata):
+            _check_chunks(path, key, v, storage or {}, reach)
+    for name, end in reach.items():
+        try:
+            size = (path.parent / name).stat().st_size
+        except OSError:  # missing: the caller names every missing shard file
+            continue
+        if size < end:
+            raise LcftError(f"unreadable checkpoint {path.parent.parent}: {path.parent.name}/{name} holds {size} "
+                            f"bytes, fewer than the {end} its metadata places there (the file was cut short?)")
+
+
+def _ints(x: Any, n: int) -> tuple[int, ...] | None:
+    """`x` as n whole numbers >= 0 (a torch.Size, as torch writes them), else None."""
+    ok = isinstance(x, tuple) and len(x) == n and all(type(i) is int and i >= 0 for i in x)
+    return x if ok else None
+
+
+def _check_chunks(path: Path, key: str, v: Any, storage: dict, reach: dict[str, int]) -> None:
+    """The chunks of tensor `key` lie inside it, do not overlap and add up to it (so each element is read
+    exactly once: a missing chunk left memory as it was, read as weights), and each one's stored bytes are at
+    least its elements'; `reach` gets where each file's data ends, which the caller holds against the file (so
+    the sizes a file declares are bounded by the bytes there are, before anything is allocated for them)."""
+    size = getattr(v, "size", None)
+    shape, chunks = _ints(size, len(size)) if isinstance(size, tuple) else None, getattr(v, "chunks", None)
+    name = shown(key, quoted=True)
+    if shape is None or not isinstance(chunks, list) or len(chunks) > MAX_CHUNKS:
+        raise _refuse(path, f"tensor {name} has no size and list of chunks")
+    itemsize, boxes, total = v.properties.dtype.itemsize, [], 0
+    for c in chunks:
+        off, size = _ints(getattr(c, "offsets", None), len(shape)), _ints(getattr(c, "sizes", None), len(shape))
+        if off is None or size is None or any(o + s > n for o, s, n in zip(off, size, shape, strict=True)):
+            raise _refuse(path, f"a chunk of tensor {name} lies outside its size {list(shape)}")
+        info = storage.get(dcp_md.MetadataIndex(key, off))
+        if info is None:
+            raise _refuse(path, f"a chunk of tensor {name} has no stored data")
+        numel = math.prod(size)
+        if not (type(info.offset) is int and type(info.length) is int and 0 <= info.offset
+                and numel * itemsize <= info.length):
+            raise _refuse(path, f"a chunk of tensor {name} ({numel} elements of {itemsize} bytes) has stored data of "
+                          f"{shown(getattr(info, 'length', None))} bytes")
+        reach[info.relative_path] = max(reach.get(info.relative_path, 0), info.offset + info.length)
+        total += numel
+        if numel:
+            boxes.append((off, size))
+    if total != math.prod(shape) or (shape and _overlap(boxes)):
+        raise _refuse(path, f"the chunks of tensor {name} do not cover its size {list(shape)} once")
+
+
+def _overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """Whether two boxes (offsets, sizes) share an element: a sweep along dim 0 compares only boxes whose rows
+    meet (none, for shards of dim 0); past MAX_PAIRS comparisons the layout counts as overlapping."""
+    pairs, active = 0, []
+    for off, size in sorted(boxes):
+        active = [b for b in active if b[0][0] + b[1][0] > off[0]]
+        for o, s in active:
+            pairs += 1
+            if pairs > MAX_PAIRS or all(a < p + q and p < a + z for a, z, p, q in zip(off, size, o, s, strict=True)):
+                return True
+        active.append((off, size))
+    return False
 
 
 class SafeReader(FileSystemReader):

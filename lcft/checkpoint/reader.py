@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint, load_state, model_on_meta
+from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint, load_state, model_on_meta
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import read_model_config, read_model_meta
 from lcft.checkpoint.state import TrainerState, read_trainer_state
@@ -63,6 +63,7 @@ def _read_model(path: Path, sharded: bool, attention: AttentionConfig | None, dt
         return from_pretrained(path, attention=attention, dtype=dtype)
     model = model_on_meta(path, attention)
     if materialize:
+        check_sharded_readable(path)  # shapes as config.json says, stored bytes there: before allocating them
         model.to_empty(device="cpu")
         load_state(model, None, path, no_dist=True)
     return model

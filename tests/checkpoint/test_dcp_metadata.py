@@ -6,6 +6,7 @@ folder with a stray `dcp/.metadata` is read as the HF folder it is. The oracle: 
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -115,6 +116,80 @@ def test_pickled_optimizer_entry_is_refused_and_not_run(ckpt, sharded_run, tmp_p
     oracle = {"optim": {"state": {key.split(".", 2)[2].rsplit(".", 1)[0]: {"step": torch.zeros(())}}}}
     dcp.load(oracle, checkpoint_id=str(ckpt / "dcp"), no_dist=True)  # the oracle: torch's planner runs it
     assert marker.read_text() == "ran"
+
+
+def _damage_chunks(ckpt: Path, damage: str) -> None:
+    """Rewrite the metadata of the model's lm_head (two chunks, one a rank) as a damaged or hostile file would
+    have it; the checksums re-hashed."""
+    d = ckpt / "dcp"
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    key = "model.lm_head.weight"
+    meta, storage = md.state_dict_metadata[key], md.storage_data
+    first, second = meta.chunks
+    at = {i: MetadataIndex(key, c.offsets) for i, c in enumerate(meta.chunks)}
+    if damage == "a chunk dropped":  # its rows were never read: memory as it was, read as weights
+        meta.chunks = [first]
+        del storage[at[1]]
+    elif damage == "a chunk read twice":  # the rows of the second read again, the first's never
+        meta.chunks = [second, dataclasses.replace(second)]
+    elif damage == "a chunk outside":
+        second.offsets = torch.Size([100, 0])
+        storage[MetadataIndex(key, second.offsets)] = storage.pop(at[1])
+    elif damage == "stored data shorter than the chunk":
+        storage[at[0]] = dataclasses.replace(storage[at[0]], length=16)
+    elif damage == "stored data past the file's end":
+        info = storage[at[0]]
+        storage[at[0]] = dataclasses.replace(info, offset=(d / info.relative_path).stat().st_size)
+    md.storage_meta = dataclasses.replace(md.storage_meta, checkpoint_id=None)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    write_checksums(ckpt)
+
+
+@pytest.mark.parametrize("entry", ["export", "eval"])
+@pytest.mark.parametrize("damage, says", [
+    ("a chunk dropped", ("'model.lm_head.weight'", "do not cover its size")),
+    ("a chunk read twice", ("'model.lm_head.weight'", "do not cover its size")),
+    ("a chunk outside", ("'model.lm_head.weight'", "lies outside its size")),
+    ("stored data shorter than the chunk", ("'model.lm_head.weight'", "has stored data of 16 bytes")),
+    ("stored data past the file's end", ("unreadable checkpoint", "the file was cut short"))])
+def test_chunks_that_do_not_cover_a_tensor_once_are_refused(ckpt, sharded_run, tmp_path, data_dir, entry, damage,
+                                                            says):
+    """Export wrote, and eval read, whatever memory held for rows no chunk covered (exit 0, a loss that changed
+    from run to run); stored lengths were never compared with the chunks' sizes or the files' bytes. Now every
+    tensor's chunks must cover it once, from stored data that is there: one line naming the tensor or file."""
+    _damage_chunks(ckpt, damage)
+    _refused(_entry_points(ckpt, sharded_run, tmp_path, data_dir)[entry], *says)
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("entry", ["export", "eval"])
+def test_sizes_past_the_stored_bytes_are_refused_before_anything_is_allocated(ckpt, sharded_run, tmp_path, data_dir,
+                                                                               entry):
+    """config.json and the metadata agree on a model of hidden 65536 (about 140 GB), every size within its own
+    limit, while the shard files hold the small model's 10 MB: export wrote 52 GB of uninitialised memory and
+    eval died allocating 137 GB. The stored bytes bound the sizes before anything is allocated for them."""
+    from lcft.checkpoint.dcp import model_on_meta
+    from lcft.files import read_json
+
+    config = read_json(ckpt / "config.json")
+    config.update(hidden_size=1 << 16, intermediate_size=1 << 19, head_dim=2048)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    shapes = {f"model.{n}": p.shape for n, p in model_on_meta(ckpt, None).named_parameters()}
+    d = ckpt / "dcp"
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    for key, shape in shapes.items():  # the same chunks, stretched: split on dim 0 as before
+        meta = md.state_dict_metadata[key]
+        cut = [c.offsets[0] * shape[0] // meta.size[0] for c in meta.chunks] + [shape[0]]
+        for c, lo, hi in zip(meta.chunks, cut[:-1], cut[1:], strict=True):
+            old = MetadataIndex(key, c.offsets)
+            c.offsets, c.sizes = torch.Size([lo, *[0] * (len(shape) - 1)]), torch.Size([hi - lo, *shape[1:]])
+            md.storage_data[MetadataIndex(key, c.offsets)] = md.storage_data.pop(old)
+        meta.size = shape
+    md.storage_meta = dataclasses.replace(md.storage_meta, checkpoint_id=None)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    write_checksums(ckpt)
+    _refused(_entry_points(ckpt, sharded_run, tmp_path, data_dir)[entry], "has stored data of")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_hf_folder_with_a_stray_dcp_metadata_is_read_as_hf(init_dir, tmp_path, data_dir):
