@@ -186,9 +186,13 @@ def model_metadata(ckpt: Path) -> dict[str, Any]:
 
 def check_sharded_readable(ckpt: str | os.PathLike) -> None:
     """Cheap checks before any evaluation: the metadata reads, it holds every parameter of config.json's model
-    with its shape, and every shard file it names is present."""
+    with its shape, all in one dtype (the one an export writes), and every shard file it names is present."""
     ckpt = Path(ckpt)
     stored = model_metadata(ckpt)
+    dtypes = sorted({str(m.properties.dtype).removeprefix("torch.") for m in stored.values()})
+    if len(dtypes) > 1:
+        raise LcftError(f"unreadable checkpoint {ckpt}: its weights are stored in {len(dtypes)} dtypes "
+                        f"({', '.join(dtypes)}); lcft writes one")
     for name, p in model_on_meta(ckpt, None).named_parameters():
         if name not in stored:
             raise LcftError(f"unreadable checkpoint {ckpt}: no weight {name!r} in {DCP_DIR}/")

@@ -192,6 +192,20 @@ def test_sizes_past_the_stored_bytes_are_refused_before_anything_is_allocated(ck
     assert not (tmp_path / "hf").exists()
 
 
+def test_weights_in_two_dtypes_are_refused(ckpt, tmp_path):
+    """Export took the first tensor's dtype for the whole model: one tensor declared float16 made it write every
+    weight as float16. lcft writes one dtype: two are one line."""
+    d = ckpt / "dcp"
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    meta = md.state_dict_metadata["model.embed_tokens.weight"]
+    meta.properties = dataclasses.replace(meta.properties, dtype=torch.float16)
+    md.storage_meta = dataclasses.replace(md.storage_meta, checkpoint_id=None)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    write_checksums(ckpt)
+    _refused(lambda: _cli(["export", str(ckpt), "--out", str(tmp_path / "hf")]), "2 dtypes (float16, float32)")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_hf_folder_with_a_stray_dcp_metadata_is_read_as_hf(init_dir, tmp_path, data_dir):
     folder = tmp_path / "model"
     shutil.copytree(init_dir, folder)
