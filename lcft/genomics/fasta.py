@@ -34,7 +34,7 @@ from lcft.genomics.fasta_check import (
     indexing_error,
     non_ascii_line,
 )
-from lcft.genomics.fasta_scan import IndexScan, scan_index
+from lcft.genomics.fasta_scan import MAX_GAP, IndexScan, long_header, scan_index
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
 
@@ -126,6 +126,10 @@ class FastaFile:
             self._adopt()
             found = scan_index(self)
         if found.mismatch:  # pyfaidx's own index does not fit the file: it checks line lengths in bytes only
+            if (name := long_header(self.index)) is not None:
+                self.close()
+                raise LcftError(f"{self.path}: the header line of record {shown(name, quoted=True)} is over "
+                                f"{MAX_GAP >> 20} MiB long (not read); shorten it, e.g. `sed '/^>/s/ .*//'`")
             self.close()
             raise self._explained(LcftError(
                 f"{self.path}: its records are not laid out as their first lines say ({found.mismatch}): a "

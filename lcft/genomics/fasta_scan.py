@@ -116,6 +116,17 @@ def scan_index(fasta: Any) -> IndexScan:
     return IndexScan(None, blanks)
 
 
+def long_header(index: Any) -> str | None:
+    """The first record of a fresh index with over MAX_GAP bytes between the record before it and its first base
+    (its header line, for a file pyfaidx indexed): the checks do not read that far, so it fails them as though
+    misplaced; None when there is none."""
+    if not index:
+        return None
+    recs = Records.of(index)
+    far = recs.offset - np.concatenate(([0], recs.end()[:-1])) > MAX_GAP  # (n,)
+    return recs.names[int(far.argmax())] if far.any() else None
+
+
 class Reads:
     """Byte spans of a file, each [lo, hi) with lo at or after the one before's, read through `fasta.read_at` as
     few reads: spans at most READ_GAP apart share a read, which ends where a READ_MOST block of the file ends. An

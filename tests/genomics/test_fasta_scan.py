@@ -163,3 +163,19 @@ def test_the_fai_regex_says_what_the_line_by_line_reading_says(tmp_path):
         assert fasta_check.fai_parses(fai) == fasta_check.fai_text_parses("".join(text)), "".join(text)
         common += bool(fasta_check.FAI_TEXT.fullmatch("".join(text)))
     assert 300 < common < 2700  # both ways taken
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_header_over_the_read_limit_is_named_as_such(tmp_path, which):
+    """A header line of 2 MiB (a description pasted in) was refused as a file whose records are not where its
+    lines say, with advice to re-wrap it: now the header is named, and its length. Biopython reads the file."""
+    from Bio import SeqIO
+
+    head = ["r0", "r1"]
+    head[which] += " " + "x" * (2 << 20)
+    path = tmp_path / "long_header.fa"
+    path.write_text("".join(f">{h}\n{'ACGT' * 50}\n" for h in head))
+    assert [r.id for r in SeqIO.parse(path, "fasta")] == ["r0", "r1"]
+    with pytest.raises(LcftError, match=rf"header line of record 'r{which}' is over 1 MiB long") as e:
+        FastaFile(path)
+    assert "re-wrap" not in str(e.value)
