@@ -51,6 +51,14 @@ def reason(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def is_oom(e: BaseException) -> bool:
+    """Whether `e` is running out of memory: Python's MemoryError, or torch's (a RuntimeError: CUDA's
+    OutOfMemoryError, 'CUDA out of memory', or the CPU allocator's 'can't allocate memory')."""
+    msg = str(e).lower()
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
+        type(e).__name__ == "OutOfMemoryError" or "out of memory" in msg or "can't allocate memory" in msg))
+
+
 def printable(text: str, keep: str = "") -> str:
     """`text` with every character that is not printable (a terminal escape, a bell, a newline unless `keep`
     holds it) written as its Python escape, so text from a handed file cannot drive the terminal."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lcft.errors import reason, shown
+from lcft.errors import is_oom, reason, shown
 
 
 def deep(levels: int) -> list:
@@ -67,3 +67,12 @@ def test_a_librarys_message_is_one_printable_line(error, said):
 def test_a_librarys_message_is_bounded():
     said = reason(ValueError("x" * 10_000 + "\n" + "y"), limit=50)
     assert len(said) == 50 and said.endswith("...") and said.isprintable()
+
+
+def test_is_oom():
+    import torch
+
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory"))
+    assert is_oom(MemoryError())
+    assert not is_oom(RuntimeError("shape mismatch")) and not is_oom(ValueError("out of memory"))

@@ -14,6 +14,7 @@ from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint, l
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import read_model_config, read_model_meta
 from lcft.checkpoint.state import TrainerState, read_trainer_state
+from lcft.errors import LcftError, is_oom
 from lcft.model import Llama
 from lcft.model.config import AttentionConfig
 
@@ -64,6 +65,12 @@ def _read_model(path: Path, sharded: bool, attention: AttentionConfig | None, dt
     model = model_on_meta(path, attention)
     if materialize:
         check_sharded_readable(path)  # shapes as config.json says, stored bytes there: before allocating them
-        model.to_empty(device="cpu")
-        load_state(model, None, path, no_dist=True)
+        try:
+            model.to_empty(device="cpu")
+            load_state(model, None, path, no_dist=True)
+        except (RuntimeError, MemoryError) as e:
+            if not is_oom(e):
+                raise
+            raise LcftError(f"{path}: not enough memory to read the model ({model.num_parameters():,} "
+                            "parameters)") from None
     return model

@@ -84,15 +84,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.
         optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, cfg.min_lr_ratio))
 
 
-def is_oom(e: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's failure (RuntimeError 'can't allocate memory')."""
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    msg = str(e).lower()
-    return isinstance(e, RuntimeError | MemoryError) and (
-        "out of memory" in msg or "can't allocate memory" in msg or isinstance(e, MemoryError))
-
-
 def oom_message(cfg: TrainConfig, seq_len: int, precision: str, backend: str) -> str:
     """What to say when a step runs out of memory: the sizes that matter and the options that reduce it."""
     tips = []

@@ -25,7 +25,7 @@ from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import save_sharded
 from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config import save_resolved, to_dict
-from lcft.errors import LcftError
+from lcft.errors import LcftError, is_oom
 from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
@@ -43,7 +43,7 @@ from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision, offload_dtype
 from lcft.train.run_dir import check_run_dir, keep_resumed_model, open_run_dir, record_data
 from lcft.train.sharded import clip, materialize_sharded, prepare
-from lcft.train.step import LossModel, compute_loss, is_oom, make_optimizer, make_scheduler, oom_message
+from lcft.train.step import LossModel, compute_loss, make_optimizer, make_scheduler, oom_message
 from lcft.units import bits_per_base
 
 SUMMARY = "summary.json"  # in the run folder: how the latest invocation ended

@@ -98,3 +98,15 @@ def test_a_tokenizer_record_of_other_kinds_is_one_line(tmp_path, spec):
     (folder / "lcft.json").write_text(json.dumps({**meta, "tokenizer": spec}))
     for read in (lambda: load(folder), lambda: check_tokenizer(folder, tokenizer_spec())):
         one_line(read, str(folder / "lcft.json"), "corrupt tokenizer record")
+
+
+def test_running_out_of_memory_reading_a_sharded_model_is_one_line(ckpt, monkeypatch):
+    """The allocator failing while a sharded model is laid out in memory (a model larger than this host) was
+    torch's traceback; it is one line naming the folder and the model's size. The failure is torch's own
+    message, raised where the allocation happens."""
+    def no_memory(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 137438953472 bytes. Error code 12")
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", no_memory)
+    one_line(lambda: load(ckpt), f"{ckpt}: not enough memory to read the model (", " parameters)")

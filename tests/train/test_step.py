@@ -1,4 +1,4 @@
-"""The per-micro-batch loss against a plain full-logits computation, the learning-rate schedule, OOM detection."""
+"""The per-micro-batch loss against a plain full-logits computation and the learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from lcft.model import Llama
 from lcft.train.config import TrainConfig
-from lcft.train.step import LossModel, compute_loss, is_oom, lr_factor, make_optimizer, make_scheduler
+from lcft.train.step import LossModel, compute_loss, lr_factor, make_optimizer, make_scheduler
 
 from .conftest import small_model_config
 
@@ -53,8 +53,3 @@ def test_lr_schedule():
     assert [g["weight_decay"] for g in opt.param_groups] == [cfg.weight_decay, 0.0]
     assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])
 
-
-def test_is_oom():
-    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
-    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory"))
-    assert not is_oom(RuntimeError("shape mismatch"))
