@@ -37,6 +37,9 @@ ROPE_KINDS = {"original_max_position_embeddings": "positions", "truncate": "bool
               "mscale_all_dim": "off-or-positive"}  # every other field: "positive"
 ROPE_OPTIONAL = {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}
 ROPE_LIMIT = 1 << 20
+# Fields that are true or false: a config.json must give a JSON boolean (transformers 5 refuses anything else; a
+# string "false" or a 0 would otherwise be read by truthiness, the opposite of what the file says).
+BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "o_proj_bias", "qk_norm", "output_router_logits", "use_cache")
 
 
 @dataclass
@@ -157,8 +160,8 @@ class LlamaConfig:
                             f"num_key_value_heads {self.num_key_value_heads}")
         if self.head_dim % 2:
             raise LcftError(f"head_dim {self.head_dim} must be even for RoPE")
-        if not isinstance(self.use_cache, bool):  # written back into config.json, where transformers takes it as is
-            raise LcftError(f"model config: use_cache must be true or false, got {self.use_cache!r}")
+        for name in BOOL_FIELDS:  # use_cache is written back into config.json, where transformers takes it as is
+            check_bool(name, getattr(self, name))
         if self.attention.backend not in BACKENDS:  # lcft.json is a file we are handed: its value is checked here
             raise LcftError(f"attention backend {self.attention.backend!r} is not one of {', '.join(BACKENDS)}")
         self._check_rope()
@@ -216,6 +219,12 @@ def check_count(name: str, v: Any) -> None:
         raise LcftError(f"model config: {name} must be a whole number, got {v!r}")
     if not low <= v <= limit:
         raise LcftError(f"model config: {name}={v} is outside {low}..{limit} (lcft's limit for {name})")
+
+
+def check_bool(name: str, v: Any) -> None:
+    """One boolean field: a real true or false, not a string, number or null."""
+    if not isinstance(v, bool):
+        raise LcftError(f"model config: {name} must be true or false, got {v!r}")
 
 
 def normalize_rope_scaling(scaling: dict[str, Any], where: str = "rope_scaling") -> dict[str, Any] | None:

@@ -16,7 +16,14 @@ import torch
 from safetensors import SafetensorError
 
 from lcft.errors import LcftError, reason
-from lcft.model.config import AttentionConfig, LlamaConfig, check_counts, is_real, normalize_rope_scaling
+from lcft.model.config import (
+    AttentionConfig,
+    LlamaConfig,
+    check_bool,
+    check_counts,
+    is_real,
+    normalize_rope_scaling,
+)
 from lcft.model.hf_classes import shipped_classes
 from lcft.model.hf_weights import INDEX, WEIGHTS, weight_files, weight_tensors
 
@@ -38,6 +45,9 @@ METADATA = frozenset({"architectures", "model_type", "transformers_version", "_n
                       "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"})
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
 QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+# config.json keys read as true or false (where the family reads them): each must be a JSON boolean.
+BOOL_KEYS = ("tie_word_embeddings", "use_cache", "attention_bias", "output_router_logits", "use_sliding_window",
+             "mlp_bias")
 
 
 @dataclass(frozen=True)
@@ -252,15 +262,18 @@ def config_from_hf(d: dict[str, Any], attention: AttentionConfig | None = None) 
     if kw["num_key_value_heads"] is None:
         kw["num_key_value_heads"] = kw["num_attention_heads"]
     check_counts(kw)  # first: everything below (and LlamaConfig's own checks) computes with these
+    known = _known_keys(fam)
+    for key in BOOL_KEYS:
+        if key in d and key in known:  # a key the family does not read is carried as it is
+            check_bool(key, d[key])
     problems, read = _unsupported(d, fam)
     if problems:
         raise LcftError(f"{fam.architecture} config: lcft cannot honour {'; '.join(problems)}")
     kw.update(read)
     kw.update(fam.implied)
     if fam.shared_bias:
-        kw["attention_bias"] = kw["o_proj_bias"] = bool(d.get("attention_bias", False))
-    kw["tie_word_embeddings"] = bool(kw["tie_word_embeddings"])
-    carried = {k: d[k] for k in sorted(set(d) - _known_keys(fam))}
+        kw["attention_bias"] = kw["o_proj_bias"] = d.get("attention_bias", False)
+    carried = {k: d[k] for k in sorted(set(d) - known)}
     return LlamaConfig(model_type=fam.model_type, attention=attention or AttentionConfig(), carried=carried, **kw)
 
 

@@ -75,6 +75,16 @@ BAD_CONFIGS = [
     ("dynamic_head_dim_2", {**rope(rope_type="dynamic", factor=2), "head_dim": 2}, "head_dim 2"),
     ("use_cache_str", {**BASE, "use_cache": "false"}, "use_cache must be true or false, got 'false'"),
     ("use_cache_null", {**BASE, "use_cache": None}, "use_cache must be true or false, got None"),
+    ("tie_str", {**BASE, "tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
+    ("tie_int", {**BASE, "tie_word_embeddings": 2}, "tie_word_embeddings must be true or false, got 2"),
+    ("tie_null", {**BASE, "tie_word_embeddings": None}, "tie_word_embeddings must be true or false, got None"),
+    ("attention_bias_str", {**BASE, "attention_bias": "false"}, "attention_bias must be true or false, got 'false'"),
+    ("attention_bias_int", {**BASE, "attention_bias": 1}, "attention_bias must be true or false, got 1"),
+    ("mlp_bias_int", {**BASE, "mlp_bias": 0}, "mlp_bias must be true or false, got 0"),
+    ("use_sliding_window_str", {**QWEN_WINDOW, "use_sliding_window": "false"},
+     "use_sliding_window must be true or false, got 'false'"),
+    ("router_logits_str", {**BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                           "output_router_logits": "false"}, "output_router_logits must be true or false, got 'false'"),
 ]
 CASE_IDS = [c[0] for c in BAD_CONFIGS]
 
@@ -127,6 +137,20 @@ def test_export_of_a_folder_with_a_bad_attention_block_is_one_line(tmp_path):
     r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "out")])
     assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
     assert r.output.strip() == f"error: {folder / 'lcft.json'}: attention is 'x', not an object"
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_folder_whose_tie_word_embeddings_is_a_string_is_one_line(tmp_path):
+    """"false" as a string is not read as true (which would drop the folder's own lm_head from the export)."""
+    torch.manual_seed(0)
+    folder = save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=2)), tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": "false"}))
+    r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "out")])
+    assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "tie_word_embeddings must be true or false, got 'false'" in lines[0], r.output
     assert not (tmp_path / "out").exists()
 
 
@@ -185,6 +209,30 @@ def test_published_rope_scalings_load_with_transformers_frequencies(tmp_path, tr
         got, got_scale = rope_frequencies(cfg, seq_len)
         torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
         assert got_scale == pytest.approx(want_scale, rel=1e-12)
+
+
+BOOL_KEYS = [("LlamaConfig", BASE, "tie_word_embeddings"), ("LlamaConfig", BASE, "attention_bias"),
+             ("LlamaConfig", BASE, "use_cache"), ("Qwen2Config", {**QWEN_WINDOW, "max_window_layers": 0}, "use_sliding_window"),
+             ("MixtralConfig", {**BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral"},
+              "output_router_logits")]
+
+
+@pytest.mark.parametrize("cls,base,key", BOOL_KEYS, ids=[k[2] for k in BOOL_KEYS])
+def test_boolean_fields_are_read_as_transformers_reads_them(transformers, cls, base, key):
+    """true and false load as transformers' class loads them; every value its class refuses, lcft refuses."""
+    fields = {k: v for k, v in base.items() if k not in ("architectures", "model_type")}
+    for value in (True, False):
+        d = {**base, key: value}
+        theirs, ours = getattr(transformers, cls)(**{**fields, key: value}), config_from_hf(d)
+        if key == "use_sliding_window":
+            assert ours.sliding_window == (64 if theirs.layer_types[0] == "sliding_attention" else None)
+        else:
+            assert getattr(ours, key) is getattr(theirs, key) is value
+    for value in ("false", "true", 0, 1, 2, None):
+        with pytest.raises(Exception):  # noqa: B017 (transformers' strict dataclass error)
+            getattr(transformers, cls)(**{**fields, key: value})
+        with pytest.raises(LcftError, match=f"{key} must be true or false, got {value!r}"):
+            config_from_hf({**base, key: value})
 
 
 @pytest.mark.parametrize("d,layers", [
