@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fractions
 import functools
 import inspect
 import json
@@ -97,9 +98,11 @@ def parse_size(value: int | str) -> int:
     m = _SIZE.match(str(value))
     if not m:
         raise ConfigError(f"not a size: {value!r} (use e.g. 65536, 512K, 1M)")
-    num, unit = float(m.group(1)), m.group(2).upper()
-    out = num * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
-    if out != int(out) or out <= 0:
+    try:  # exact: a float would round a long number, and overflow to infinity
+        out = fractions.Fraction(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+    except ValueError:  # more digits than Python converts
+        raise ConfigError(f"not a size: {value!r} (too many digits)") from None
+    if out.denominator != 1 or out <= 0:
         raise ConfigError(f"not a whole positive size: {value!r}")
     return int(out)
 

@@ -37,6 +37,20 @@ def test_parse_size_bad(bad):
         parse_size(bad)
 
 
+def test_parse_size_is_exact_arithmetic():
+    """A size as long as a user types it is read exactly (Fraction as the oracle): no float overflow to inf, no
+    rounding of a long number, a fraction of a token refused, more digits than Python converts refused."""
+    from fractions import Fraction
+
+    huge = "9" * 400
+    assert parse_size(huge + "K") == int(Fraction(huge) * 1024)
+    assert parse_size("9007199254740993") == 9007199254740993  # 2**53 + 1: a float reads 2**53
+    assert parse_size("1.5K") == 1536
+    for bad in (huge + ".5", huge + ".3K", "9" * 5000):
+        with pytest.raises(ConfigError, match="size"):
+            parse_size(bad)
+
+
 def test_format_size_roundtrip():
     for n in (1024, 524288, 1048576, 1000):
         assert parse_size(format_size(n)) == n

@@ -37,6 +37,8 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
     a = save_model(tmp_path / "a", seed=1)
     cases = [
         (["--checkpoint", str(a), "--max-context", str(2 * WINDOW)], "larger than the window"),
+        (["--checkpoint", str(a), "--max-context", "9" * 400 + "K"], "larger than the window"),
+        (["--checkpoint", str(a), "--max-context", "9" * 400 + ".5"], "max_context: not an integer"),
         (["--checkpoint", str(tmp_path / "missing")], "checkpoint not found"),
         (["--checkpoint", str(a), "--bin-scale", "cubic"], "bin_scale"),
         ([], "no checkpoint given"),
@@ -44,6 +46,7 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
     for extra, msg in cases:
         r = runner.invoke(app, ["eval", "--data", str(data_dir), "--out", str(tmp_path / "o"), *extra])
         assert r.exit_code == 1, (extra, r.output)
+        assert isinstance(r.exception, SystemExit) and len(r.output.strip().splitlines()) == 1, (extra, r.output)
         assert msg in r.output and "Traceback" not in r.output
     toml = tmp_path / "bad.toml"
     toml.write_text('checkpoint = ["x"]\n')
