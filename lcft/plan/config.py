@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 from lcft.config import ConfigError, check_choice
@@ -12,21 +13,29 @@ from lcft.train.config import TrainConfig
 
 PlanDevice = Literal["cuda", "cpu"]  # what a plan is made for (the runtime terms differ)
 
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
+# A number, then K/M/G/T alone or with iB (powers of 1024) or with B (powers of 1000); or a number of bytes (with
+# B or without). Nothing else: a lowercase b (bits), an iB without a multiple, is refused.
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kKmMgGtT])(iB|B)?|B?)\s*$")
+MAX_MEMORY = 1 << 60  # 1 EiB, of one GPU or one node: far above any machine, and a float holds every figure below it
 
 
 def parse_bytes(text: str, name: str = "gpu_memory") -> int:
-    """'80GiB' / '80G' -> 80 x 2^30, '80GB' -> 80 x 10^9, '512MiB' -> 512 x 2^20 (`name`: the option, for errors)."""
+    """'80GiB' / '80G' -> 80 x 2^30, '80GB' -> 80 x 10^9, '512MiB' -> 512 x 2^20, '4096' -> 4096 bytes (`name`:
+    the option, for errors). Exact: whole bytes, at least 1, at most MAX_MEMORY."""
     m = _BYTES.match(str(text))
     if not m:
-        raise ConfigError(f"{name}: not a memory size: {text!r} (use e.g. 80GiB, 141GB, 24G)")
-    num, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
-    power = " KMGT".index(unit) if unit else 0
-    decimal = bool(unit) and not binary and str(text).strip().upper().endswith("B")
-    out = num * (1000 ** power if decimal else 1024 ** power)
-    if out <= 0:
-        raise ConfigError(f"{name} must be positive, got {text!r}")
-    return int(out)
+        raise ConfigError(f"{name}: not a memory size: {text!r} (use e.g. 80GiB, 141GB, 24G, or a number of bytes)")
+    unit = (m.group(2) or "").upper()
+    base = 1000 if m.group(3) == "B" else 1024
+    try:  # a Fraction: a float would overflow to infinity on a long number
+        out = int(Fraction(m.group(1)) * base ** " KMGT".index(unit or " "))
+    except ValueError:  # more digits than Python converts
+        raise ConfigError(f"{name}: not a memory size: {text!r} (too many digits)") from None
+    if out < 1:
+        raise ConfigError(f"{name} must be at least 1 byte, got {text!r}")
+    if out > MAX_MEMORY:
+        raise ConfigError(f"{name} {text!r} is above lcft's limit of 1 EiB (2^60 bytes)")
+    return out
 
 
 @dataclass
@@ -36,7 +45,8 @@ class PlanConfig(TrainConfig):
     --preset or --init) and the GPUs to plan for. Nothing is read but the model's config.json."""
 
     gpu_memory: str = "80GiB"
-    """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes."""
+    """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes (K, M, G, T; a bare number
+    is bytes)."""
     gpus_per_node: int | None = None
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
     host_memory: str | None = None
