@@ -184,6 +184,14 @@ def at_least_one(cfg: Any, *names: str) -> None:
             raise ConfigError(f"{name} must be at least 1 (got {v})")
 
 
+def at_most(cfg: Any, limit: int, why: str, *names: str) -> None:
+    """Counts given must not exceed `limit` (`why`: what the limit is, for the message)."""
+    for name in names:
+        v = getattr(cfg, name)
+        if v is not None and v > limit:
+            raise ConfigError(f"{name} must be at most {limit:,} ({why}), got {v}")
+
+
 def not_negative(cfg: Any, *names: str) -> None:
     """Options given must not be negative."""
     for name in names:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from lcft.config import ConfigError, check_choices
+from lcft.config import ConfigError, at_most, check_choices
 
 CpLayout = Literal["zigzag", "contiguous"]
 CpKv = Literal["all", "selected", "stream"]
@@ -22,6 +22,7 @@ Shard = Literal["none", "fsdp"]  # how ranks hold the weights: whole (DDP) or sh
 Checkpointing = Literal["none", "block"]  # activation checkpointing (lcft.parallel.activations)
 Precision = Literal["fp32", "bf16"]  # compute precision (weights stay fp32)
 PrecisionChoice = Literal["auto", Precision]  # what a user may ask for: auto picks by device (lcft.train.precision)
+MAX_PROCESSES = 1 << 20  # processes per node, or nodes: far above any cluster, and a plan's figures stay finite
 
 
 @dataclass
@@ -79,6 +80,7 @@ class LaunchConfig:
         for name in ("nproc", "nnodes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        at_most(self, MAX_PROCESSES, "lcft's limit of processes or nodes", "nproc", "nnodes")
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"node_rank must be within [0, nnodes - 1] = [0, {self.nnodes - 1}], "
                               f"got {self.node_rank}")

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from lcft.config import ConfigError, check_choice
+from lcft.config import ConfigError, at_least_one, at_most, check_choice
+from lcft.parallel.config import MAX_PROCESSES
 from lcft.train.config import TrainConfig
 
 PlanDevice = Literal["cuda", "cpu"]  # what a plan is made for (the runtime terms differ)
@@ -67,8 +68,8 @@ class PlanConfig(TrainConfig):
                 raise ConfigError("host_memory is for CUDA plans: on CPU the ranks' memory is the host's "
                                   "(give it as --gpu-memory, per rank)")
             parse_bytes(self.host_memory, "host_memory")
-        if self.gpus_per_node is not None and self.gpus_per_node < 1:
-            raise ConfigError(f"gpus_per_node must be at least 1 (got {self.gpus_per_node})")
+        at_least_one(self, "gpus_per_node")
+        at_most(self, MAX_PROCESSES, "lcft's limit of processes per node", "gpus_per_node")
 
     @property
     def gpu_bytes(self) -> int:

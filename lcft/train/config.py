@@ -13,6 +13,7 @@ from lcft.config import (
     ConfigError,
     Size,
     at_least_one,
+    at_most,
     build,
     check_choices,
     check_seed,
@@ -23,10 +24,12 @@ from lcft.config import (
     to_dict,
 )
 from lcft.kernels.spec import AttentionImpl
-from lcft.model.config import ROPE_TYPES, AttentionBackend
+from lcft.model.config import COUNT_LIMITS, ROPE_TYPES, AttentionBackend
 from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, PrecisionChoice, Shard
 from lcft.shapes import check_batch
 from lcft.train.guard import GuardConfig
+
+MAX_BATCH = 1 << 31  # sequences in a batch: far above any run, and every figure computed from it stays finite
 
 
 @dataclass
@@ -47,6 +50,7 @@ class DataOptions:
 
     def __post_init__(self) -> None:
         at_least_one(self, "seq_len")
+        at_most(self, COUNT_LIMITS["max_position_embeddings"], "lcft's limit of positions", "seq_len")
         check_seed(self)
         finite(self, "softmask_loss_weight")
         not_negative(self, "softmask_loss_weight")
@@ -147,6 +151,7 @@ class OptimConfig:
         for name in ("steps", "global_batch", "micro_batch", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        at_most(self, MAX_BATCH, "lcft's limit of sequences in a batch", "global_batch", "micro_batch")
         not_negative(self, "warmup")
         finite(self, "lr", "min_lr_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip",
                "z_loss")

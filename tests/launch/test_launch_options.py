@@ -13,6 +13,8 @@ from lcft.train.config import TrainConfig, resolve_config
 
 @pytest.mark.parametrize(("changes", "message"), [
     (dict(nnodes=0), "nnodes must be at least 1"),
+    (dict(nproc=2**20 + 1), r"nproc must be at most 1,048,576 \(lcft's limit of processes or nodes\), got 1048577"),
+    (dict(nnodes=10**320, rdzv_endpoint="h:1"), "nnodes must be at most 1,048,576"),
     (dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), r"node_rank must be within .* = \[0, 1\], got 2"),
     (dict(node_rank=-1), "node_rank must be within"),
     (dict(nnodes=2), "rdzv_endpoint: give node 0's HOST:PORT"),
@@ -29,6 +31,11 @@ from lcft.train.config import TrainConfig, resolve_config
 def test_bad_launch_options_are_refused(changes, message):
     with pytest.raises(ConfigError, match=message):
         ParallelConfig(**changes)
+
+
+def test_the_largest_counts_of_processes_and_nodes_are_accepted():
+    cfg = ParallelConfig(nproc=2**20, nnodes=2**20, rdzv_endpoint="h:1")
+    assert (cfg.nproc, cfg.nnodes) == (2**20, 2**20)
 
 
 def test_launch_options_from_flags_and_who_launches():

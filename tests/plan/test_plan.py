@@ -336,6 +336,28 @@ def test_cli_memory_sizes_are_one_line(option, value) -> None:
     cli_fails(["plan", "--preset", "tiny", "--seq-len", "4K", option, value], option.removeprefix("--").replace("-", "_"))
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--seq-len", "1" + "0" * 330], "seq_len must be at most 17,179,869,184"),
+    (["--seq-len", "9" * 400 + "K"], "seq_len must be at most 17,179,869,184"),
+    (["--nproc", str(10**320), "--global-batch", str(10**320)], "global_batch must be at most 2,147,483,648"),
+    (["--nproc", str(10**320)], "nproc must be at most 1,048,576"),
+    (["--gpus-per-node", str(2**20 + 1)], "gpus_per_node must be at most 1,048,576"),
+    (["--gpus-per-node", "0"], "gpus_per_node must be at least 1"),
+])
+def test_cli_counts_no_run_reaches_are_one_line(args, needle) -> None:
+    """These were an OverflowError in the estimate, or a plan that fits."""
+    cli_fails(["plan", "--preset", "tiny", *(["--seq-len", "4K"] if "--seq-len" not in args else []), *args], needle)
+
+
+def test_the_largest_counts_are_planned() -> None:
+    """At every limit at once the figures stay finite: a verdict, not a traceback."""
+    base = ["plan", "--preset", "tiny", "--seq-len", "16G", "--global-batch", str(2**31), "--gpu-memory", str(2**60)]
+    for args in (["--micro-batch", str(2**31)],
+                 ["--micro-batch", "2048", "--nproc", str(2**20), "--host-memory", str(2**60)]):
+        r = runner.invoke(app, [*base, *args])
+        assert isinstance(r.exception, SystemExit) and "verdict: does not fit" in r.output, (r.exception, r.output)
+
+
 def test_bench_child_is_importable() -> None:
     p = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "peak RSS" in p.stdout

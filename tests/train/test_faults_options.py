@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -34,6 +36,22 @@ def test_bad_numbers_refused_before_any_work(tmp_path, flag, value, word):
 def test_bad_numbers_refused_when_built_in_python(name, value):
     with pytest.raises(ConfigError, match=name):
         TrainConfig(data="d", out="o", **{name: value})
+
+
+@pytest.mark.parametrize("name,limit,word", [
+    ("seq_len", 2**34, "17,179,869,184 (lcft's limit of positions)"),  # max_position_embeddings' limit
+    ("micro_batch", 2**31, "2,147,483,648 (lcft's limit of sequences in a batch)"),
+    ("global_batch", 2**31, "2,147,483,648 (lcft's limit of sequences in a batch)"),
+    ("nproc", 2**20, "1,048,576 (lcft's limit of processes or nodes)"),
+])
+def test_counts_are_bounded_above(name, limit, word):
+    """A count no run reaches is refused by name (a seq_len of 331 digits overflowed a float in the plan's
+    estimate; 10**320 processes were planned as fitting); the limit itself is accepted."""
+    base = {"micro_batch": 1, "global_batch": 2**31} if "batch" in name else {}  # a valid batch at the limit
+    assert getattr(TrainConfig(data="d", out="o", **{**base, name: limit}), name) == limit
+    for value in (limit + 1, 10**330):
+        with pytest.raises(ConfigError, match=re.escape(f"{name} must be at most {word}, got {value}")):
+            TrainConfig(data="d", out="o", **{**base, name: value})
 
 
 @pytest.mark.parametrize("line,word", [
