@@ -100,6 +100,9 @@ class EvalConfig(ParallelConfig):
         n = len(self.checkpoints)
         if self.labels and len(self.labels) != n:
             raise ConfigError(f"{len(self.labels)} --label for {n} --checkpoint: give one label per checkpoint")
+        blank = [i for i, lb in enumerate(self.labels, 1) if not lb.strip()]
+        if blank:  # a label heads the checkpoint's table row, CSV rows and plot legend
+            raise ConfigError(f"--label {blank[0]} of {n} is empty: give each checkpoint a name")
         if self.labels and len(set(self.labels)) != n:
             raise ConfigError(f"labels must be distinct: {', '.join(self.labels)}")
         if len(self.max_context) not in (0, 1, n):

@@ -41,6 +41,8 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
         (["--checkpoint", str(a), "--max-context", "9" * 400 + ".5"], "max_context: not an integer"),
         (["--checkpoint", str(tmp_path / "missing")], "checkpoint not found"),
         (["--checkpoint", str(a), "--bin-scale", "cubic"], "bin_scale"),
+        (["--checkpoint", str(a), "--label", ""], "--label 1 of 1 is empty"),
+        (["--checkpoint", str(a), "--checkpoint", str(a), "--label", "a", "--label", "  "], "--label 2 of 2 is empty"),
         ([], "no checkpoint given"),
     ]
     for extra, msg in cases:

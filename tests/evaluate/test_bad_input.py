@@ -89,6 +89,8 @@ def test_unreadable_checkpoints(data_dir, ckpt_a, tmp_path):
 
 @pytest.mark.parametrize("kw,match", [
     ({"labels": ("x", "y")}, "2 --label for 1"),
+    ({"labels": ("",)}, "--label 1 of 1 is empty"),
+    ({"labels": (" \t",)}, "--label 1 of 1 is empty"),
     ({"max_context": (0, 0)}, "2 --max-context for 1"),
     ({"bins": 0}, "bins"),
     ({"bins": 10**12}, r"--bins must be between 1 and 1,048,576, got 1000000000000"),  # edges bounded before any work
