@@ -81,7 +81,7 @@ def test_unreadable_checkpoints(data_dir, ckpt_a, tmp_path):
     _fails(tmp_path, "unreadable checkpoint .*truncated.*model.safetensors", data_dir, ckpt_a, truncated)
     no_weights = shutil.copytree(ckpt_a, tmp_path / "no-weights")
     (no_weights / "model.safetensors").unlink()
-    _fails(tmp_path, "no \\*.safetensors", data_dir, no_weights)
+    _fails(tmp_path, "unreadable checkpoint .*no-weights: no model.safetensors", data_dir, no_weights)
     bad_json = shutil.copytree(ckpt_a, tmp_path / "bad-json")
     (bad_json / "config.json").write_text("{not json")
     _fails(tmp_path, "config.json", data_dir, bad_json)
