@@ -63,6 +63,7 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
         return
     if not directory.is_dir():
         raise LcftError(f"{directory} exists and is not a folder")
+    refuse_non_files(directory, set(files))
     (directory / MODEL_CONFIG).unlink(missing_ok=True)
     for name in order:
         if name == MODEL_CONFIG:
@@ -78,11 +79,26 @@ def move_model_files(src: Path, dst: Path) -> None:
     weight files of an earlier save are removed, so a half-moved folder never looks loadable (nor mixes two
     models)."""
     names = sorted((p.name for p in src.iterdir()), key=lambda n: n == MODEL_CONFIG)
-    (dst / MODEL_CONFIG).unlink(missing_ok=True)
-    for stale in stale_weight_files(dst, set(names)):
-        stale.unlink()
-    for name in names:
-        os.replace(src / name, dst / name)
+    refuse_non_files(dst, set(names))
+    try:
+        (dst / MODEL_CONFIG).unlink(missing_ok=True)
+        for stale in stale_weight_files(dst, set(names)):
+            stale.unlink()
+        for name in names:
+            os.replace(src / name, dst / name)
+    except OSError as e:
+        raise LcftError(f"cannot move the model files into {dst}: {reason(e)}") from None
+
+
+def refuse_non_files(directory: Path, names: set[str]) -> None:
+    """Before a save into the existing `directory` replaces or removes anything: each of its files the save
+    replaces (`names`) or removes (an earlier save's weight files) must be a file or a link, never a folder (which
+    a rename or unlink cannot replace: the save would stop half-done)."""
+    for path in sorted({*(directory / n for n in names), *stale_weight_files(directory, names)}):
+        if os.path.lexists(path) and not (path.is_symlink() or path.is_file()):
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise LcftError(f"{path} is {kind}, where the model folder has a file: move it out of {directory} "
+                           "first (nothing was changed)")
 
 
 def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None,

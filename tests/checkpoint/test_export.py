@@ -22,6 +22,7 @@ from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
 from lcft.model import Llama, LlamaConfig
 from lcft.model.hf import config_from_hf
+from tests.one_line import cli_fails
 
 
 @pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
@@ -145,3 +146,23 @@ def test_export_keeps_the_published_use_cache(tmp_path, use_cache):
     assert r.exit_code == 0, r.output
     assert json.loads((out / "config.json").read_text())["use_cache"] is want
     assert transformers.AutoConfig.from_pretrained(str(out)).use_cache is want
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json",
+                                  "model-00001-of-00002.safetensors"])
+def test_export_over_a_folder_named_like_a_model_file_changes_nothing(tmp_path, init_dir, name):
+    """--force over an earlier export where a folder stands under a name the export writes (or removes, an
+    earlier save's weight shard): refused, naming it, before anything in --out is replaced or removed."""
+    out = tmp_path / "hf"
+    assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(out)]).exit_code == 0
+    (out / name).unlink(missing_ok=True)
+    (out / name).mkdir()
+    (out / name / "notes.txt").write_text("keep\n")
+    before = _tree(out)
+    cli_fails(["export", str(init_dir), "--out", str(out), "--force"], str(out / name), "is a folder")
+    assert _tree(out) == before

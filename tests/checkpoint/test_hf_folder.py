@@ -17,6 +17,7 @@ from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig
+from tests.one_line import one_line
 
 runner = CliRunner()
 
@@ -109,6 +110,19 @@ def test_a_save_into_a_folder_that_fails_midway_leaves_it_unloadable(tmp_path, m
     assert not (folder / "config.json").exists()
     with pytest.raises(LcftError):
         from_pretrained(folder)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "model-00002-of-00009.safetensors"])
+def test_a_save_over_a_folder_named_like_a_model_file_changes_nothing(tmp_path, name):
+    """A save into an existing folder where a folder stands under a name it writes (or removes: an earlier
+    save's shard): a one-line error naming it, before any file there is replaced or removed."""
+    folder = tmp_path / "m"
+    save_pretrained(small(), folder)
+    (folder / name).unlink(missing_ok=True)
+    (folder / name).mkdir()
+    before = {p.name: p.is_dir() or p.read_bytes() for p in folder.iterdir()}
+    one_line(lambda: save_pretrained(small(seed=1), folder), str(folder / name), "is a folder")
+    assert {p.name: p.is_dir() or p.read_bytes() for p in folder.iterdir()} == before
 
 
 def write_ok(tmp_path):
