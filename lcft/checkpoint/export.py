@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,11 +46,15 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     check_out(out, source.path, force)
     if source.model is None:
         raise ValueError("export_model needs the source's model: load(path, materialize=False)")
+    from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
+
+    # the tokenizer lcft.json records, checked against the folder's tokenizer.json and the embedding's rows
+    tokenizer = checkpoint_tokenizer(source.path, source.tokenizer, source.model.config.vocab_size)
     failed: tuple[Exception, int | None] | None = None
     with _work_folder(out) as build:
         refuse_nonempty_output(out, force, (BUILD,))  # again under the lock: another writer may have been first
         try:
-            _write(source, build, dtype, max_shard_size)
+            _write(source, build, dtype, max_shard_size, tokenizer)
         except Exception as e:
             failed = e, free_bytes(build)  # before the partial files' space comes back
         else:
@@ -62,11 +67,9 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     return out
 
 
-def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_size: int) -> None:
-    """The model folder of `source` written into the empty folder `build`."""
-    from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
-
-    tokenizer = checkpoint_tokenizer(source.path)
+def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_size: int, tokenizer: Any) -> None:
+    """The model folder of `source` written into the empty folder `build`, with the model tokenizer `tokenizer`'s
+    files."""
     if not source.sharded:
         save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
         return

@@ -13,8 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lcft.errors import LcftError, shown
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
+from lcft.genomics.kmer_tokenizer import MAX_K
+from lcft.genomics.manifest import is_char
 from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, load_tokenizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.tokenizer_hash import RUNS_SPLIT, replace_rule, upper_rules
@@ -82,11 +85,83 @@ def describe(spec: dict[str, Any]) -> str:
     return f"{spec.get('name', '?')} with {spec.get('vocab_size', '?')} tokens{sha}"
 
 
-def checkpoint_tokenizer(source: str | Path) -> SeqTokenizer:
-    """The tokenizer of the model in `source` (a checkpoint): its own tokenizer.json when it has one
-    (checkpoints of model tokenizers carry it), else lcft's char vocabulary."""
+def _field(key: str, value: Any) -> str:
+    if value is None:
+        return "none"
+    return value[:12] if key.endswith("sha256") and isinstance(value, str) else shown(value, 40, quoted=True)
+
+
+def spec_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What tells two tokenizer specs apart, in a few words: the first of their name, size, first differing token
+    (specs that list their vocabulary), content hash, or any other field that differs."""
+    for key in ("name", "vocab_size"):
+        if a.get(key) != b.get(key):
+            return f"{key} {_field(key, a.get(key))} vs {_field(key, b.get(key))}"
+    va, vb = a.get("vocab"), b.get("vocab")
+    if isinstance(va, list) and isinstance(vb, list) and va != vb:
+        i = next((i for i, (x, y) in enumerate(zip(va, vb, strict=False)) if x != y), min(len(va), len(vb)))
+        at = [_field("", v[i] if i < len(v) else None) for v in (va, vb)]
+        return f"token {i} {at[0]} vs {at[1]}"
+    for key in sorted({*a, *b}, key=lambda k: (k != "sha256", str(k))):
+        if a.get(key) != b.get(key):
+            return f"{key} {_field(str(key), a.get(key))} vs {_field(str(key), b.get(key))}"
+    return "no field differs"
+
+
+def rebuilt(spec: dict[str, Any]) -> SeqTokenizer | None:
+    """lcft's own vocabulary that `spec` records (char; kmer:K, the built-in one), rebuilt; None for any other."""
+    if same_tokenizer(spec, char_vocab.tokenizer_spec()):
+        return char_tokenizer()
+    name = spec.get("name", "")
+    k = name.removeprefix("kmer:")
+    if name.startswith("kmer:") and k.isdigit() and 1 <= int(k) <= MAX_K and "sha256" in spec:
+        tok = load_tokenizer(f"kmer:{int(k)}")
+        return tok if tok.sha256() == spec["sha256"] else None
+    return None
+
+
+def _mismatch(tok: SeqTokenizer, spec: dict[str, Any]) -> str | None:
+    """How the tokenizer `tok` (a checkpoint's tokenizer.json) gives other ids than `spec` (its lcft.json's
+    record); None when it gives the same: equal content hashes, or for a record without one (lcft's char
+    vocabulary) the tokens it lists, in order, within its size."""
+    if "sha256" in spec:
+        return None if tok.sha256() == spec["sha256"] else spec_difference(tok.spec(), spec)
+    listed = spec.get("vocab", tok.vocab)
+    if tok.vocab != listed or tok.vocab_size > spec["vocab_size"]:
+        return spec_difference({"vocab": tok.vocab, "vocab_size": tok.vocab_size},
+                               {"vocab": listed, "vocab_size": spec["vocab_size"]})
+    return None
+
+
+def checkpoint_tokenizer(source: str | Path, spec: dict[str, Any] | None = None,
+                         vocab_size: int | None = None) -> SeqTokenizer:
+    """The tokenizer of the model in `source` (a checkpoint) whose lcft.json records `spec` and whose config.json
+    `vocab_size` (None: a folder that records none, as transformers writes them). With a spec: its tokenizer.json
+    (checkpoints of model tokenizers carry it) when that gives the spec's ids, else the vocabulary rebuilt from
+    the spec (lcft's own: char, kmer:K); without: its tokenizer.json, else lcft's char vocabulary. A
+    tokenizer.json of other ids, a spec that cannot be rebuilt without one, or more tokens than the model's
+    embedding has rows: a one-line error."""
     src = Path(source) / TOKENIZER_FILE
-    return load_tokenizer(str(src)) if src.is_file() else char_tokenizer()
+    found = load_tokenizer(str(src)) if src.is_file() else None
+    tok = found or char_tokenizer()
+    if spec is not None:
+        own = rebuilt(spec)
+        if found is not None and (why := _mismatch(found, spec)):
+            raise LcftError(f"{src} gives other ids than the tokenizer the model was trained with, which lcft.json "
+                            f"records ({describe(found.spec())} vs {describe(spec)}: {why}); copy that tokenizer's files "
+                            "into the checkpoint (for lcft's char and kmer:K vocabularies, removing the "
+                            "tokenizer.json is enough)")
+        if found is None and own is None:
+            raise LcftError(f"{source} has no {TOKENIZER_FILE}, and the tokenizer its lcft.json records "
+                            f"({describe(spec)}) is not one lcft can rebuild; copy the files of the tokenizer the "
+                            "model was trained with (its tokenizer.json) into the checkpoint")
+        # lcft's char vocabulary rebuilt even beside its tokenizer.json: read back, that maps no ambiguity code to N
+        tok = own if own is not None and (found is None or is_char(own)) else found
+    if vocab_size is not None and tok.vocab_size > vocab_size:
+        spec_of = char_vocab.tokenizer_spec() if is_char(tok) else tok.spec()
+        raise LcftError(f"the tokenizer of {source} ({describe(spec_of)}) has more tokens than the model's "
+                        f"embedding has rows (config.json vocab_size {vocab_size})")
+    return tok
 
 
 def export_tokenizer(source: str | Path, out_dir: str | Path) -> list[Path]:

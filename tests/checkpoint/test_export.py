@@ -12,14 +12,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from lcft.checkpoint.export import export_bytes
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
+from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+from lcft.genomics.model_tokenizer import load_tokenizer
+from lcft.genomics.seq_tokenizer import SeqTokenizer
+from lcft.genomics.tokenizer import encode as char_encode
+from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.model import Llama, LlamaConfig
 from lcft.model.hf import config_from_hf
 from tests.one_line import cli_fails
@@ -166,3 +173,77 @@ def test_export_over_a_folder_named_like_a_model_file_changes_nothing(tmp_path, 
     before = _tree(out)
     cli_fails(["export", str(init_dir), "--out", str(out), "--force"], str(out / name), "is a folder")
     assert _tree(out) == before
+
+
+DNA = "ACGTTGCAnnACGTRYACGGATTACAgg"  # mixed case, an N run and ambiguity codes: one record of 28 bases
+
+
+def _checkpoint(folder: Path, tok: SeqTokenizer, vocab_size: int | None = None) -> Path:
+    """A model trained on windows of `tok` as the trainer saves it (hf_folder.save_model): lcft.json records the
+    tokenizer's spec as prepare does, the files of a model tokenizer beside; config.json's vocab_size its size."""
+    char = tok.name == "dna-char"
+    torch.manual_seed(0)
+    save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=vocab_size or tok.vocab_size)),
+                    folder, tokenizer=tokenizer_spec() if char else tok.spec(), hf_tokenizer=None if char else tok)
+    return folder
+
+
+def _ids(tok: SeqTokenizer, seq: str) -> list[int]:
+    """The ids lcft trains on for the record `seq` (its char vocabulary's own encoder, or the tokenizer's)."""
+    if tok.name == "dna-char":
+        return char_encode(seq).tolist()
+    return tok.encode_chunk(np.frombuffer(seq.upper().encode(), np.uint8), np.array([0, len(seq)]))[0].tolist()
+
+
+@pytest.mark.parametrize("kind", ["kmer:3", "char"])
+def test_export_writes_the_recorded_tokenizer(tmp_path, kind):
+    """The tokenizer.json an export writes, read by the `tokenizers` library, encodes DNA to the ids lcft trains
+    on, for the export of an export too. A k-mer checkpoint whose tokenizer.json was gone exported lcft's char
+    vocabulary (9 tokens for a model of 74, lcft.json saying kmer:3); an export of a char export lost the
+    mapping of ambiguity codes to N (the tokenizer.json read back as a 1-mer vocabulary)."""
+    tok = load_tokenizer(kind)
+    ckpt = _checkpoint(tmp_path / "ckpt", tok)
+    (ckpt / "tokenizer.json").unlink(missing_ok=True)  # (a char checkpoint carries none)
+    out, again = tmp_path / "hf", tmp_path / "hf2"
+    for src, dst in ((ckpt, out), (out, again)):
+        r = CliRunner().invoke(app, ["export", str(src), "--out", str(dst)])
+        assert r.exit_code == 0, r.output
+        got = Tokenizer.from_file(str(dst / "tokenizer.json"))
+        assert json.loads((dst / "config.json").read_text())["vocab_size"] == tok.vocab_size
+        assert got.get_vocab_size() == len([t for t in tok.vocab if t != "?"])
+        assert got.encode(DNA).ids == _ids(tok, DNA), dst.name
+
+
+def _foreign(tmp_path: Path, kind: str) -> tuple[Path, tuple[str, ...]]:
+    """A checkpoint whose tokenizer files are not the tokenizer its lcft.json records, or are missing where
+    lcft cannot rebuild them; what the error names."""
+    kmer, char = load_tokenizer("kmer:3"), load_tokenizer("char")
+    if kind == "char file in a kmer checkpoint":
+        ckpt = _checkpoint(tmp_path / "ckpt", kmer)
+        save_hf_tokenizer(char, tmp_path / "char")
+        shutil.copy(tmp_path / "char" / "tokenizer.json", ckpt / "tokenizer.json")
+        return ckpt, ("tokenizer.json gives other ids", "name 'kmer:1' vs 'kmer:3'")
+    if kind == "kmer file in a char checkpoint":
+        torch.manual_seed(0)
+        ckpt = save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                 num_attention_heads=2, num_key_value_heads=2)), tmp_path / "ckpt")
+        save_hf_tokenizer(kmer, ckpt)
+        return ckpt, ("tokenizer.json gives other ids", "dna-char with 16 tokens", "vocab_size 74 vs 16")
+    if kind == "kmer vocab.txt of its own, tokenizer.json gone":
+        vocab = tmp_path / "vocab.txt"
+        vocab.write_text("\n".join(kmer.vocab[:10] + kmer.vocab[10:][::-1]) + "\n")
+        ckpt = _checkpoint(tmp_path / "ckpt", load_tokenizer(f"kmer:3:{vocab}"))
+        (ckpt / "tokenizer.json").unlink()
+        return ckpt, ("has no tokenizer.json", "kmer:3 with 74 tokens", "not one lcft can rebuild")
+    ckpt = _checkpoint(tmp_path / "ckpt", kmer, vocab_size=16)  # the embedding has fewer rows than tokens
+    return ckpt, ("kmer:3 with 74 tokens", "more tokens than the model's embedding has rows", "vocab_size 16")
+
+
+@pytest.mark.parametrize("kind", ["char file in a kmer checkpoint", "kmer file in a char checkpoint",
+                                  "kmer vocab.txt of its own, tokenizer.json gone", "more tokens than rows"])
+def test_export_refuses_a_tokenizer_other_than_the_recorded_one(tmp_path, kind):
+    ckpt, needles = _foreign(tmp_path, kind)
+    before = sorted(os.listdir(tmp_path))
+    cli_fails(["export", str(ckpt), "--out", str(tmp_path / "hf")], *needles)
+    assert sorted(os.listdir(tmp_path)) == before  # no --out, nor a work folder beside it
