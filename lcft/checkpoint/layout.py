@@ -190,7 +190,7 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
     published model by its own tokenizer.json, when the data was cut with a model tokenizer) gives the same ids
     (same content hash, lcft.genomics.hf_tokenizer.same_tokenizer), and config.json's vocab_size equals the
     data's (both checked: a spec alone would let a resized embedding through)."""
-    from lcft.genomics.hf_tokenizer import describe, folder_tokenizer_spec, same_tokenizer
+    from lcft.genomics.hf_tokenizer import describe, folder_tokenizer_spec, same_tokenizer, spec_difference
 
     spec = read_model_meta(ckpt).get("tokenizer")
     if spec is None and "sha256" in data_tokenizer:
@@ -201,7 +201,8 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
                             "tokenizer files into it")
     if spec is not None and not same_tokenizer(spec, data_tokenizer):
         raise LcftError(f"checkpoint {ckpt} was trained with a different tokenizer than the data "
-                        f"({describe(spec)} vs {describe(data_tokenizer)}); prepare the data with the model's "
+                        f"({describe(spec)} vs {describe(data_tokenizer)}: {spec_difference(spec, data_tokenizer)}); "
+                        "prepare the data with the model's "
                         "tokenizer (--tokenizer) or start from a model of the data's")
     vocab, want = read_model_config(ckpt).get("vocab_size"), data_tokenizer.get("vocab_size")
     if vocab != want:

@@ -16,6 +16,7 @@ from lcft.checkpoint.layout import (
 )
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
+from tests.one_line import one_line
 
 
 def model_folder(p: Path, vocab_size: int = 16, tokenizer: dict | None = None, state: bool = False) -> Path:
@@ -86,3 +87,16 @@ def test_tokenizer_check_needs_equal_spec_and_equal_vocab_size(tmp_path):
     (tmp_path / "ours" / "lcft.json").write_text("{cut")
     with pytest.raises(LcftError, match="lcft.json: not valid JSON"):
         check_tokenizer(tmp_path / "ours", data)
+
+
+@pytest.mark.parametrize("change,difference", [
+    ({"vocab": [*tokenizer_spec()["vocab"][:5], "X", *tokenizer_spec()["vocab"][6:]]}, "token 5 'X' vs 'C'"),
+    ({"case_free": False}, "case_free False vs True"),
+])
+def test_tokenizer_mismatch_names_what_differs(tmp_path, change, difference):
+    """Two specs of one name and size (the message said `dna-char with 16 tokens vs dna-char with 16 tokens`):
+    the error names the first field or token in which they differ."""
+    data = tokenizer_spec()
+    ckpt = model_folder(tmp_path / "m", tokenizer={**data, **change})
+    one_line(lambda: check_tokenizer(ckpt, data), "dna-char with 16 tokens vs dna-char with 16 tokens", difference)
+
