@@ -149,6 +149,7 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
     """Every checkpoint over the split under one progress bar, each distinct path loaded once; the results in
     the order of `infos`."""
     results: dict[int, CheckpointResult] = {}
+    ran: dict[Path, str] = {}  # the file of each pass this run computed or read back -> its entry's label
     loaded: Path | None = None
     model: torch.nn.Module | None = None
     with progress_bar(progress) as bar:
@@ -161,18 +162,21 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
                 check_model_kernels_fit(model.config, device, cfg.precision)  # before any window
                 if parallel is not None:
                     parallel.prepare(model)
-            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar, stop)
+            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar, stop, ran)
     return [results[k] for k in range(len(infos))]
 
 
 def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, model: torch.nn.Module,
-             device: torch.device, parallel: EvalParallel | None, bar: Any, stop: StopSignals) -> CheckpointResult:
+             device: torch.device, parallel: EvalParallel | None, bar: Any, stop: StopSignals,
+             ran: dict[Path, str]) -> CheckpointResult:
     """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task;
-    the main rank keeps each pass's losses in the output folder until the report is written."""
+    the main rank keeps each pass's losses in the output folder until the report is written (`ran`: the passes
+    of earlier entries, whose losses an entry of the same weights and options reads back)."""
     same = _identity(cfg, ws, info, device)
     store = _store(cfg, same | {"pass": "windows"}, ws.length, parallel)
     result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device,
-                            _task(bar, info.label, n_windows, store, cfg.batch_size), parallel, store, stop)
+                            _task(bar, info.label, n_windows, store, cfg.batch_size, (ran, info.label)), parallel,
+                            store, stop)
     check_finite(info.label, result.windows)  # before its probe runs
     probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
@@ -180,7 +184,8 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
                    "seed": probe.seed, "whole_windows": parallel is not None}
         store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
         run_probe(model, probe, cfg, info.max_context, device,
-                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size), parallel, store, stop)
+                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size, (ran, info.label)),
+                  parallel, store, stop)
         result.probe = probe.checked(info.label)
     return result
 
@@ -202,12 +207,20 @@ def _store(cfg: EvalConfig, identity: dict[str, Any], keep: int, parallel: EvalP
     return LossStore(cfg.out, identity, keep) if parallel is None or parallel.is_main else None
 
 
-def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int) -> Any:
+def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int,
+          entry: tuple[dict[Path, str], str]) -> Any:
     """`advance` of a new progress bar task over `total` items (None without a bar), after saying where a
-    stopped run's kept items take it up (on the bar's console, else on stderr: a launch's rank 0 has no bar)."""
+    stopped run's kept items take it up, or which earlier entry's losses it reuses (`entry`: the passes this run
+    ran, by the label of their entry, and this entry's label; a checkpoint listed twice under the same options)
+    (on the bar's console, else on stderr: a launch's rank 0 has no bar)."""
     kept = store.resume_at(total, batch) if store is not None else 0
+    ran, label = entry
+    earlier = ran.get(store.path) if store is not None else None
+    if store is not None:
+        ran.setdefault(store.path, label)
     if kept:
-        say = f"{name}: resuming, {kept:,} of {total:,} read back from an interrupted run"
+        say = (f"{name}: the same weights and options as {earlier}: its losses reused" if earlier else
+               f"{name}: resuming, {kept:,} of {total:,} read back from an interrupted run")
         if bar is not None:
             bar.console.print(say)
         else:

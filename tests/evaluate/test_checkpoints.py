@@ -90,6 +90,18 @@ def test_a_checkpoint_listed_twice_apart_is_loaded_once_and_reported_in_listed_o
     assert [w["loss"] for w in a1["windows"]] == [w["loss"] for w in a2["windows"]] != [w["loss"] for w in b["windows"]]
 
 
+def test_a_checkpoint_listed_twice_says_its_losses_are_reused_not_resumed(data_dir, ckpt_a, tmp_path, capsys):
+    """The second entry of the same weights and options reads back the first's losses: it said `resuming, 2 of 2
+    read back from an interrupted run` in a run nothing had interrupted."""
+    rep = evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a), str(ckpt_a)), out=str(tmp_path / "r"),
+                              max_windows=2, probe="copy", probe_segment=128, probe_distances=(256,), probe_windows=1))
+    first, second = rep["checkpoints"]
+    assert (first["label"], second["label"]) == ("model-a#1", "model-a#2") and first["loss"] == second["loss"]
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["model-a#2: the same weights and options as model-a#1: its losses reused",
+                    "model-a#2: copy probe: the same weights and options as model-a#1: its losses reused"]
+
+
 def test_default_labels_are_folder_names_made_unique():
     assert default_labels(["runs/base", "runs/long", "runs/long"], [0, 0, 1024]) == ["base", "long", "long@1K"]
     assert default_labels(["a/x", "b/x"], [0, 0]) == ["x#1", "x#2"]
