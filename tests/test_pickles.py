@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, TensorProperties, TensorStorageMetadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
 from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.errors import LcftError
@@ -154,8 +161,10 @@ def test_a_fault_of_lcft_inside_the_read_keeps_its_traceback(tmp_path, monkeypat
         return {}[module]  # a contract of ours broken: a KeyError, whatever the file holds
 
     path = tmp_path / ".metadata"
-    path.write_bytes(pickle.dumps(Metadata(state_dict_metadata={"w": TensorStorageMetadata(
-        TensorProperties(dtype=torch.float32), torch.Size([2]), [])})))
+    whole = ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([2]))
+    path.write_bytes(pickle.dumps(Metadata(
+        state_dict_metadata={"w": TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([2]), [whole])},
+        storage_data={MetadataIndex("w", whole.offsets): _StorageInfo("__0_0.distcp", 0, 8)})))
     assert read_metadata_file(path).state_dict_metadata  # read whole as it is
     monkeypatch.setattr(dcp_metadata, "_metadata_global", broken)
     with pytest.raises(KeyError) as e:
