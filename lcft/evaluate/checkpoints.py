@@ -129,6 +129,9 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     hashes: dict[Path, str] = {}
     for given, label, ctx in zip(cfg.checkpoints, labels, contexts, strict=True):
         info = CheckpointInfo.read(given, label, ctx)
+        if Path(cfg.out).resolve().is_relative_to(info.path.resolve()):  # a pruned checkpoint takes it along
+            raise LcftError(f"--out {cfg.out} is the checkpoint {info.path}, or inside it: write the report to "
+                            "another folder")
         info.check_tokenizer(tokenizer)
         info.check_max_context(window, info.block_size())
         declared = info.config.get("max_position_embeddings")

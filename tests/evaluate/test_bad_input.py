@@ -116,3 +116,18 @@ def test_cuda_device_without_cuda(data_dir, ckpt_a, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     _fails(tmp_path, "CUDA is not available", data_dir, ckpt_a, device="cuda")
+
+
+def test_a_report_inside_a_checkpoint_is_refused(data_dir, ckpt_a, tmp_path):
+    """--out inside a checkpoint put the report among its files, where pruning the checkpoint (--keep-last)
+    deletes it; refused as export refuses it. A run folder (the checkpoints' parent) stays a place for it."""
+    ckpt = shutil.copytree(ckpt_a, tmp_path / "run" / "checkpoints" / "step-00000002")
+    before = sorted(p.name for p in ckpt.iterdir())
+    for out in (ckpt, ckpt / "eval"):
+        with pytest.raises(LcftError, match=r"--out .* is the checkpoint .*, or inside it") as e:
+            evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(tmp_path / "run"),), out=str(out),
+                                max_windows=1))
+        assert "\n" not in str(e.value) and sorted(p.name for p in ckpt.iterdir()) == before
+    evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(tmp_path / "run"),), out=str(tmp_path / "run" / "eval"),
+                        max_windows=1, bootstrap=10))
+    assert (tmp_path / "run" / "eval" / "eval.json").is_file()
