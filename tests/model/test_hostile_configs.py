@@ -127,30 +127,22 @@ def test_lcft_json_attention_not_an_object_is_one_line(tmp_path, value):
     assert "lcft.json: attention" in plan_error(folder)
 
 
-def test_export_of_a_folder_with_a_bad_attention_block_is_one_line(tmp_path):
-    """The same reader under `lcft export` of a complete folder (weights present)."""
+@pytest.mark.parametrize("file, change, says", [
+    ("lcft.json", {"attention": "x"}, "{folder}/lcft.json: attention is 'x', not an object"),
+    # "false" as a string was read as true, which dropped the folder's own lm_head from the export
+    ("config.json", {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
+])
+def test_export_of_a_folder_with_a_bad_field_is_one_line(tmp_path, file, change, says):
+    """The same readers under `lcft export` of a complete folder (weights present)."""
     torch.manual_seed(0)
     folder = save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                num_attention_heads=2, num_key_value_heads=2)), tmp_path / "m")
-    meta = json.loads((folder / "lcft.json").read_text())
-    (folder / "lcft.json").write_text(json.dumps({**meta, "attention": "x"}))
-    r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "out")])
-    assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
-    assert r.output.strip() == f"error: {folder / 'lcft.json'}: attention is 'x', not an object"
-    assert not (tmp_path / "out").exists()
-
-
-def test_export_of_a_folder_whose_tie_word_embeddings_is_a_string_is_one_line(tmp_path):
-    """"false" as a string is not read as true (which would drop the folder's own lm_head from the export)."""
-    torch.manual_seed(0)
-    folder = save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                               num_attention_heads=2, num_key_value_heads=2)), tmp_path / "m")
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": "false"}))
+    data = json.loads((folder / file).read_text())
+    (folder / file).write_text(json.dumps({**data, **change}))
     r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "out")])
     assert isinstance(r.exception, SystemExit) and r.exit_code == 1, (r.exception, r.output)
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and "tie_word_embeddings must be true or false, got 'false'" in lines[0], r.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says.format(folder=folder) in lines[0], r.output
     assert not (tmp_path / "out").exists()
 
 
