@@ -3,8 +3,12 @@ resolves through here (huggingface_hub's cache, HF_HOME, HF_TOKEN, HF_HUB_OFFLIN
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 from lcft.errors import LcftError, reason
@@ -15,6 +19,7 @@ HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(
 MODEL_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "generation_config.json"]
 TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def hub_id(text: str | os.PathLike) -> tuple[str, str | None] | None:
@@ -45,26 +50,58 @@ def _cache_dir() -> str | None:
     return str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None
 
 
+def _unreachable(endpoint: str) -> str | None:
+    """Why the Hub at `endpoint` cannot be reached at all: its host name does not resolve (no network, or a
+    mistyped HF_ENDPOINT), which huggingface_hub retries for about 25 s; None where it resolves, or a proxy
+    resolves names."""
+    host = urllib.parse.urlparse(endpoint).hostname
+    if not host or any(os.environ.get(k) for k in PROXIES):
+        return None
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        return f"{host} does not resolve ({reason(e)}); set HF_HUB_OFFLINE=1 to read only the Hub cache"
+    return None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """huggingface_hub's log warnings (each retry of a failed request, two lines) left out: what fails is
+    one line of lcft's."""
+    from huggingface_hub.utils import logging as hub_logging  # its import sets the level: first, then ours
+
+    level = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(level)
+
+
 def snapshot(repo: str, revision: str | None = None) -> Path:
     """The cached snapshot of a model repository at `revision` (default main): config, tokenizer files and
     safetensors weights, or pytorch_model.bin only where the repository has no safetensors."""
     try:
         import huggingface_hub as hh
-        from huggingface_hub import errors
+        from huggingface_hub import constants, errors
     except ImportError:
         raise LcftError(f"{repo}: Hub ids need the huggingface_hub package (pip install huggingface_hub)") from None
     offline, cache = _offline(), _cache_dir()
     token = os.environ.get("HF_TOKEN") or None
+    if not offline and (why := _unreachable(constants.ENDPOINT)):
+        raise LcftError(f"{repo}: not a local folder, and the Hub cannot be reached: {why}")
     try:
         patterns = list(MODEL_FILES)
         if offline:
             patterns += TORCH_WEIGHTS  # whatever the cache holds; from_pretrained prefers safetensors
         else:
-            files = hh.HfApi(token=token).list_repo_files(repo, revision=revision)
+            with _quiet():
+                files = hh.HfApi(token=token).list_repo_files(repo, revision=revision)
             if not any(f.endswith(".safetensors") for f in files):
                 patterns += TORCH_WEIGHTS
-        path = hh.snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
-                                    allow_patterns=patterns, token=token)
+        with _quiet():
+            path = hh.snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
+                                        allow_patterns=patterns, token=token)
     except errors.LocalEntryNotFoundError:
         raise LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache "
                         f"({cache or 'the default cache'}) and HF_HUB_OFFLINE is set") from None

@@ -136,3 +136,42 @@ def test_tokenizer_id_reads_the_cached_tokenizer(hub):
     bounds = np.array([0, len(seq)])
     ids, _ = via_hub.encode_chunk(seq, bounds)
     assert len(ids) > 0 and ids.tolist() == local.encode_chunk(seq, bounds)[0].tolist()
+
+
+def _plan_of_an_id(tmp_path, **env: str):
+    """`lcft plan --init org/name` in a process of its own (huggingface_hub reads HF_ENDPOINT on import), with no
+    proxy but those `env` names."""
+    import subprocess
+    import sys
+
+    from lcft.hub import PROXIES
+
+    base = {k: v for k, v in os.environ.items() if k not in PROXIES and k != "HF_HUB_OFFLINE"}
+    return subprocess.run([sys.executable, "-m", "lcft", "plan", "--init", "nosuchorg/nosuchmodel", "--seq-len", "4K"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**base, "HF_HOME": str(tmp_path / "hf"), **env})
+
+
+def test_a_hub_whose_name_does_not_resolve_is_one_line_at_once(tmp_path):
+    """No network (or a mistyped HF_ENDPOINT): huggingface_hub retried the request five times, printing two
+    lines a try, before lcft's one; the name is looked up first and its failure is the one line."""
+    got = _plan_of_an_id(tmp_path, HF_ENDPOINT="https://hub.invalid")
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr
+    assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be reached: "
+                               "hub.invalid does not resolve (") and "HF_HUB_OFFLINE=1" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_hub_that_refuses_connections_is_one_line_after_its_retries(tmp_path):
+    """Through a proxy that refuses connections (names are then the proxy's to resolve): huggingface_hub's five
+    retries (about 25 s) print nothing; lcft's one line says what failed."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got = _plan_of_an_id(tmp_path, HTTPS_PROXY=f"http://127.0.0.1:{port}")
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr
+    assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be read ("), lines
