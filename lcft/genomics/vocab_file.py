@@ -3,7 +3,9 @@ tokenizer.json, and the special-token roles of special_tokens_map.json / tokeniz
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,17 @@ _PAIR = re.compile(r"^(\S+)[ \t]+(\d+)$")  # one `TOKEN ID` line (GENERator's cu
 
 
 def read_text(path: Path, what: str) -> str:
-    """A tokenizer file's text, refused past MAX_FILE_BYTES before it is read."""
+    """A tokenizer file's text, refused past MAX_FILE_BYTES before it is read, and refused when it is not a
+    regular file (opened without blocking: a FIFO in its place must not hang the reader)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise LcftError(f"{what} {path} is {size} bytes, over the limit of {MAX_FILE_BYTES}")
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LcftError(f"{what} {path} is not a regular file")
+            if st.st_size > MAX_FILE_BYTES:
+                raise LcftError(f"{what} {path} is {st.st_size} bytes, over the limit of {MAX_FILE_BYTES}")
+            return fh.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise LcftError(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
 

@@ -137,11 +137,10 @@ class WindowSet:
 
         if not self.per_base:
             return char_tokenizer()
+        from lcft.genomics.vocab_file import read_text
+
         name = self.manifest["tokenizer"].get("file", "tokenizer.json")
-        try:
-            text = (self.dir / name).read_text()
-        except OSError as e:
-            raise LcftError(f"{self.dir / name}: cannot read the windows' tokenizer ({e.strerror or e})") from None
+        text = read_text(self.dir / name, "the windows' tokenizer")  # bounded, a regular file, UTF-8
         return tokenizer_from_json_text(text, str(self.dir / name), self.manifest["tokenizer"].get("roles"))
 
     @functools.cached_property

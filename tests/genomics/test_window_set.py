@@ -98,3 +98,36 @@ def test_a_char_window_spanning_other_than_its_length_is_one_line(prepared, tmp_
     (folder / MANIFEST).write_text(json.dumps(manifest))
     one_line(lambda: open_windows(folder, "eval"), "corrupt manifest (a eval window spans other than its 1024 bases)")
     assert len(open_windows(folder, "train")) > 0
+
+
+def _with_tokenizer_file(prepared: Path, tmp_path: Path, write) -> Path:
+    """A copy of the kmer2 folder whose tokenizer.json is replaced by `write(path)`; the manifest lists no file for
+    it (as a folder prepared by someone else may), so only the reader stands between it and the model."""
+    folder = tmp_path / "kmer2"
+    shutil.copytree(prepared / "kmer2", folder)
+    (folder / "tokenizer.json").unlink()
+    write(folder / "tokenizer.json")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"] = {}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_tokenizer_json_not_in_utf8_is_one_line(prepared, tmp_path):
+    """(It was a UnicodeDecodeError traceback out of the counted-label table train and eval build.)"""
+    folder = _with_tokenizer_file(prepared, tmp_path, lambda p: p.write_bytes(b"\xff\xfe{}"))
+    one_line(lambda: open_windows(folder, "eval").counted, "tokenizer.json: cannot read it")
+
+
+def test_a_fifo_in_place_of_the_tokenizer_json_is_one_line_not_a_hang(prepared, tmp_path):
+    """(Reading it blocked forever: `lcft eval --data` hung before the first window.)"""
+    import os
+    import signal
+
+    folder = _with_tokenizer_file(prepared, tmp_path, os.mkfifo)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the reader blocked on the FIFO"))
+    signal.alarm(20)
+    try:
+        one_line(lambda: open_windows(folder, "eval").counted, "tokenizer.json is not a regular file")
+    finally:
+        signal.alarm(0)
