@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.genomics.shards import MANIFEST, bin_name, read_manifest, softmask_name
 from lcft.genomics.tokenizer import A, C, G, T, decode
 
@@ -141,7 +141,14 @@ class WindowSet:
 
         name = self.manifest["tokenizer"].get("file", "tokenizer.json")
         text = read_text(self.dir / name, "the windows' tokenizer")  # bounded, a regular file, UTF-8
-        return tokenizer_from_json_text(text, str(self.dir / name), self.manifest["tokenizer"].get("roles"))
+        spec = self.manifest["tokenizer"]
+        tok = tokenizer_from_json_text(text, str(self.dir / name), spec.get("roles"))
+        # its tables (counted labels, spellings) are indexed by ids checked against the manifest's vocab_size
+        if tok.vocab_size != self.vocab_size or tok.sha256() != spec.get("sha256"):
+            raise LcftError(f"{self.dir / name} is not the tokenizer {self.dir / MANIFEST} records ({tok.vocab_size:,} "
+                            f"tokens, sha256 {tok.sha256()[:12]} vs {self.vocab_size:,}, "
+                            f"{shown(spec.get('sha256'))[:12]}); prepare the windows again")
+        return tok
 
     @functools.cached_property
     def counted(self) -> np.ndarray:

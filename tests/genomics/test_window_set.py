@@ -131,3 +131,22 @@ def test_a_fifo_in_place_of_the_tokenizer_json_is_one_line_not_a_hang(prepared, 
         one_line(lambda: open_windows(folder, "eval").counted, "tokenizer.json is not a regular file")
     finally:
         signal.alarm(0)
+
+
+def test_a_tokenizer_json_other_than_the_manifest_records_is_one_line(prepared, tmp_path):
+    """A smaller vocabulary kept in the folder (its size and sha256 listed, so verify passes): the labels were
+    looked up in its counted table, an IndexError out of training's first batch."""
+    from lcft.genomics.dataset import DataConfig, TrainSamples
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    def smaller(path: Path) -> None:
+        path.write_text(load_tokenizer("kmer:1").json_text)
+
+    folder = _with_tokenizer_file(prepared, tmp_path, smaller)
+    path = folder / "tokenizer.json"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"] = {path.name: {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    ws = open_windows(folder, "train")
+    one_line(lambda: TrainSamples(ws, DataConfig(ws.length)).example(0),
+             "tokenizer.json is not the tokenizer", "records (9 tokens", "prepare the windows again")
