@@ -29,6 +29,7 @@ from lcft.genomics.shards import (
     SPLITS,
     SplitWriter,
     bin_name,
+    is_window_length,
     read_manifest,
     softmask_name,
     write_json_atomic,
@@ -106,7 +107,7 @@ def _validate(cfg: PrepareConfig) -> tuple[int, int]:
         raise LcftError("no output folder given (--out)")
     length = cfg.length
     stride = cfg.length if cfg.stride is None else cfg.stride
-    if length <= 0 or length % 8:
+    if not is_window_length(length):
         raise LcftError(f"window length {length} must be a positive multiple of 8 (soft-mask bits are packed by byte)")
     if stride <= 0:
         raise LcftError(f"stride {stride} must be positive")

@@ -150,3 +150,17 @@ def test_a_tokenizer_json_other_than_the_manifest_records_is_one_line(prepared, 
     ws = open_windows(folder, "train")
     one_line(lambda: TrainSamples(ws, DataConfig(ws.length)).example(0),
              "tokenizer.json is not the tokenizer", "records (9 tokens", "prepare the windows again")
+
+
+def test_a_window_length_not_a_multiple_of_8_is_one_line(prepared, tmp_path):
+    """Windows of 12 tokens with every file the size the manifest asks (12 bytes of ids, 1.5 bytes of soft mask
+    a window): a window's soft mask read back as 8 bits, a broadcast ValueError in sequence() and training."""
+    folder = tmp_path / "char"
+    shutil.copytree(prepared / "char", folder)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["length"], records = 12, [r for r in manifest["records"] if r["split"] == "eval"][:2]
+    manifest["records"] = [{**r, "end": r["start"] + 12} for r in records]
+    (folder / "eval.bin").write_bytes(bytes([4, 5, 6, 7] * 6))
+    (folder / "eval.softmask.bin").write_bytes(bytes(3))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    one_line(lambda: open_windows(folder, "eval").sequence(0), "corrupt manifest ('length'")
