@@ -55,16 +55,28 @@ class KmerTokenizer(SeqTokenizer):
         if missing:
             raise LcftError(f"{source} has no token for base {', '.join(missing)}")
         fill = -1 if unk is None else unk
-        self._kmer = np.full(4**k, fill, dtype=np.int64)  # base-4 code of an A/C/G/T K-mer -> id
+        self._kmer = np.full(4**k, -1, dtype=np.int64)  # base-4 code of an A/C/G/T K-mer -> id
         for t, i in index.items():
             if len(t) == k and set(t) <= set("ACGT"):
                 self._kmer[int("".join(str("ACGT".index(c)) for c in t), 4)] = i
+        self._check_every_kmer(source)
         self._single = np.full(256, fill, dtype=np.int64)  # letter -> id of the single-letter token
         for t, i in index.items():
             if len(t) == 1 and ord(t) < 256:  # (a letter outside Latin-1 never occurs in a FASTA read)
                 self._single[ord(t)] = i
         self.tail_single = k == 1 or all(b in index for b in "ACGT")
         self.json_text = self._to_json()
+
+    def _check_every_kmer(self, source: str) -> None:
+        """Every A/C/G/T K-mer has its own token: one the vocabulary lacks (another K, a truncated or damaged
+        vocab.txt, a token in lower case) would turn plain sequence into unknown tokens that carry no loss."""
+        lacking = np.flatnonzero(self._kmer < 0)  # (m,) base-4 codes of the K-mers without a token
+        if lacking.size:
+            code, k = int(lacking[0]), self.k
+            first = "".join("ACGT"[(code >> 2 * (k - 1 - j)) & 3] for j in range(k))
+            more = f" and {lacking.size - 1:,} more" if lacking.size > 1 else ""
+            raise LcftError(f"{source} has no token for {first}{more} of the {4**k:,} A/C/G/T {k}-mers (a "
+                            f"vocabulary of another K, or a damaged one)")
 
     def _to_json(self) -> str:
         """The same rule as a `tokenizers` WordLevel model behind a regex pre-tokenizer (what export writes)."""

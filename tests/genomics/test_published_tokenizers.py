@@ -219,3 +219,35 @@ def test_catastrophic_regex_is_one_line(tmp_path):
                                  "--train", "chr2", "--eval", "chr22", "--tokenizer", str(path)])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "regex engine gives up" in r.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def _dnabert_lines(folder: Path) -> list[str]:
+    return (folder / "vocab.txt").read_text().splitlines()
+
+
+@pytest.mark.parametrize(("damage", "named"), [
+    ("drop AAAAAA", "no token for AAAAAA of the 4,096 A/C/G/T 6-mers"),
+    ("lower-case AAAAAC", "no token for AAAAAC of the 4,096"),
+    ("cut at line 500", "and 3,600 more of the 4,096 A/C/G/T 6-mers"),
+    ("k 5 in tokenizer_config.json", "no token for AAAAA and 1,023 more of the 1,024 A/C/G/T 5-mers"),
+])
+def test_a_damaged_dnabert_vocabulary_is_refused_naming_a_missing_kmer(damage, named, tmp_path):
+    """DNABERT-6's folder with a 6-mer gone from its vocab.txt (or K not its K): prepare cut with it anyway, every
+    such 6-mer an unknown token without loss (or refused all windows blaming the letter N)."""
+    from lcft.genomics import sample_fasta
+
+    folder = tmp_path / "dnabert-6"
+    shutil.copytree(PUBLISHED / "dnabert-6", folder)
+    for f in folder.iterdir():
+        f.chmod(0o644)
+    lines = _dnabert_lines(folder)
+    if damage == "k 5 in tokenizer_config.json":
+        (folder / "tokenizer_config.json").write_text(json.dumps({"k": 5}))
+    else:
+        lines = {"drop AAAAAA": [t for t in lines if t != "AAAAAA"], "cut at line 500": lines[:500],
+                 "lower-case AAAAAC": [t.lower() if t == "AAAAAC" else t for t in lines]}[damage]
+        (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(LcftError, match=re.escape(named)) as e:
+        prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "out"), length=1024, train=("chr2",),
+                        eval=("chr22",), tokenizer=str(folder))
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
