@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -158,15 +159,33 @@ def parse_json(text: str, where: str) -> Any:
     return parse_text(json.loads, "JSON", text, where)
 
 
+def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
+    """The UTF-8 text of the regular file `path`, refused when it is something else (opened without blocking: a
+    FIFO in its place must not hang the reader) or larger than `limit` bytes, before it is read; a one-line
+    LcftError naming it (`what`: what the file is, to begin the message)."""
+    name = f"{what} {path}" if what else str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LcftError(f"{name} is not a regular file")
+            if st.st_size > limit:
+                raise LcftError(f"{name} is {st.st_size} bytes, over the limit of {limit}")
+            return fh.read(limit + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LcftError(f"{name}: cannot read it ({reason(e)})") from None
+
+
+MAX_JSON_BYTES = 1 << 30  # a config, manifest or index of JSON: a window list of a whole genome is far smaller
+
+
 def read_json(path: str | os.PathLike, want: type = dict) -> Any:
     """A JSON object (or a list, `want=list`) from a file; a one-line LcftError naming the file when it is
-    unreadable, not JSON, nested too deep, or not an object (not a list)."""
+    unreadable, not a regular file, over MAX_JSON_BYTES, not JSON, nested too deep, or not an object (not a
+    list)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise LcftError(f"{path}: cannot read ({reason(e)})") from None
-    data = parse_json(text, str(path))
+    data = parse_json(read_text(path, MAX_JSON_BYTES), str(path))
     if not isinstance(data, want):
         raise LcftError(f"{path}: not a JSON {'object' if want is dict else want.__name__}")
     return data

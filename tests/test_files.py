@@ -65,6 +65,31 @@ def test_read_json_errors_name_the_file(tmp_path):
         read_json(tmp_path / "missing.json")
 
 
+def test_read_json_takes_regular_files_of_bounded_size(tmp_path, monkeypatch):
+    """Every JSON lcft is handed (config.json, lcft.json, a windows manifest, an index) goes through read_json: a
+    FIFO in a file's place blocked it for ever, and a file of any size was read whole."""
+    import signal
+
+    os.mkfifo(tmp_path / "fifo.json")
+
+    def stuck(*_):
+        raise TimeoutError("read_json blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(20)
+    try:
+        with pytest.raises(LcftError, match=r"fifo.json is not a regular file$"):
+            read_json(tmp_path / "fifo.json")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    big = tmp_path / "big.json"
+    big.write_text('{"a": "' + "x" * 100 + '"}')
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", 64)
+    with pytest.raises(LcftError, match=r"big.json is 109 bytes, over the limit of 64$"):
+        read_json(big)
+
+
 def test_files_sha256_is_the_name_ordered_digest_of_names_and_file_hashes(tmp_path):
     import hashlib
 

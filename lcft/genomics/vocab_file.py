@@ -3,12 +3,11 @@ tokenizer.json, and the special-token roles of special_tokens_map.json / tokeniz
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
+from lcft import files
 from lcft.errors import LcftError
 from lcft.files import parse_json
 from lcft.vocab import MAX_VOCAB
@@ -20,19 +19,8 @@ _PAIR = re.compile(r"^(\S+)[ \t]+(\d+)$")  # one `TOKEN ID` line (GENERator's cu
 
 
 def read_text(path: Path, what: str) -> str:
-    """A tokenizer file's text, refused past MAX_FILE_BYTES before it is read, and refused when it is not a
-    regular file (opened without blocking: a FIFO in its place must not hang the reader)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise LcftError(f"{what} {path} is not a regular file")
-            if st.st_size > MAX_FILE_BYTES:
-                raise LcftError(f"{what} {path} is {st.st_size} bytes, over the limit of {MAX_FILE_BYTES}")
-            return fh.read(MAX_FILE_BYTES + 1).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise LcftError(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    """A tokenizer file's text: a regular file of at most MAX_FILE_BYTES (lcft.files.read_text)."""
+    return files.read_text(path, MAX_FILE_BYTES, what)
 
 
 def check_id(value: Any, where: str) -> int:
