@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from lcft.config import ConfigError
 
+MAX_BATCH = 1 << 31  # sequences in a batch: far above any run, and every figure computed from it stays finite
+
 
 def check_batch(global_batch: int, micro_batch: int, dp: int = 1) -> int:
     """Accumulation steps of one optimizer step: global_batch = micro_batch x dp ranks x steps, or a clear error."""

@@ -6,6 +6,7 @@ restores what they hold)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
@@ -17,9 +18,10 @@ import numpy as np
 import torch
 
 from lcft.checkpoint.dcp import is_sharded_checkpoint
-from lcft.checkpoint.layout import STATE_DIR, previous_checkpoint
+from lcft.checkpoint.layout import STATE_DIR, STEP_DIR, previous_checkpoint
 from lcft.errors import LcftError, shown
 from lcft.files import read_json
+from lcft.shapes import MAX_BATCH
 
 MT_WORDS = 624  # words of a Mersenne Twister state (python's state adds its position to them)
 
@@ -128,7 +130,31 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
         raise broken(p, "corrupt trainer state (guard_history, elapsed or last_loss is not a number)")
     if state.data is not None and not (isinstance(state.data, dict) and isinstance(state.data.get("sha256", {}), dict)):
         raise broken(p, "corrupt trainer state (data is not the identity lcft records)")
+    if why := _inconsistent(state, Path(ckpt)):
+        raise broken(p, f"corrupt trainer state ({why})")
     return state
+
+
+def _inconsistent(state: TrainerState, ckpt: Path) -> str | None:
+    """What no run writes (the counts and numbers already of their types): a negative count, updates and skips
+    that do not add up to the steps, more samples than steps of the largest batch, a step other than the one
+    the checkpoint folder is named after, a non-finite or negative elapsed time, a non-finite guard loss (only
+    applied updates, whose losses are finite, enter the guard's history)."""
+    counts = ("step", "samples_seen", "updates", "skipped", "consecutive_skips")
+    if negative := [k for k in counts if getattr(state, k) < 0]:
+        return f"{negative[0]} is negative"
+    if state.updates + state.skipped != state.step or state.consecutive_skips > state.skipped:
+        return (f"{state.updates} updates and {state.skipped} skipped ({state.consecutive_skips} in a row) "
+                f"are not the {state.step} steps")
+    if state.samples_seen > state.step * MAX_BATCH:
+        return f"{state.samples_seen} samples in {state.step} steps"
+    if (m := STEP_DIR.fullmatch(ckpt.name)) and int(m.group(1)) != state.step:
+        return f"step {state.step} in the checkpoint of step {int(m.group(1))}"
+    if not (math.isfinite(state.elapsed) and state.elapsed >= 0):
+        return f"elapsed {state.elapsed!r} is not a number of seconds"
+    if not all(map(math.isfinite, state.guard_history)):
+        return "guard_history holds a non-finite loss"
+    return None
 
 
 def _load(path: Path) -> Any:

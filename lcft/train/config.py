@@ -26,10 +26,8 @@ from lcft.config import (
 from lcft.kernels.spec import AttentionImpl
 from lcft.model.config import COUNT_LIMITS, ROPE_TYPES, AttentionBackend
 from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, PrecisionChoice, Shard
-from lcft.shapes import check_batch
+from lcft.shapes import MAX_BATCH, check_batch
 from lcft.train.guard import GuardConfig
-
-MAX_BATCH = 1 << 31  # sequences in a batch: far above any run, and every figure computed from it stays finite
 
 
 @dataclass

@@ -254,3 +254,32 @@ def test_untouched_rng_state_restores_exactly(saved_run):
     assert [version, mt, gauss] == [rng["python"][0], tuple(rng["python"][1].tolist()), rng["python"][2]]
     assert (np.random.get_state()[1] == rng["numpy"][1].numpy()).all()
     assert torch.equal(torch.get_rng_state(), rng["torch"])
+
+
+# each: a state.json of plain numbers that no run writes; resumed, it would move the checkpoint itself and every
+# later one to superseded/ (a negative or smaller step), fail in numpy (negative samples), read other data than
+# the run (samples past any batch), or disarm the spike guard (a NaN in its history)
+ABSURD = {
+    "step-negative": {"step": -3, "updates": -3},
+    "step-not-the-folder's": {"step": 1, "updates": 1},
+    "samples-negative": {"samples_seen": -4},
+    "samples-huge": {"samples_seen": 10**30},
+    "counts-do-not-add-up": {"updates": 1},
+    "skips-in-a-row": {"consecutive_skips": 10**9},
+    "elapsed-nan": {"elapsed": float("nan")},
+    "elapsed-negative": {"elapsed": -5.0},
+    "guard-nan": {"guard_history": [float("nan")] * 20},
+}
+
+
+@pytest.mark.parametrize("mode", list(ABSURD))
+def test_absurd_trainer_state_numbers_are_one_line_and_nothing_moves(run_copy, mode):
+    run, cfg = run_copy
+    path = ckpt(run, 2) / STATE / "state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **ABSURD[mode]}))
+    write_checksums(ckpt(run, 2))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 2))}))
+    assert str(path) in str(e.value) and "corrupt trainer state" in str(e.value) and "\n" not in str(e.value)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # no checkpoint superseded, nothing written
