@@ -21,6 +21,8 @@ from lcft.train.config import TrainConfig, diff, load_run_config
 if TYPE_CHECKING:
     from lcft.checkpoint.state import TrainerState
 
+METRICS = "metrics.jsonl"  # in the run folder: one JSON line per step
+SUMMARY = "summary.json"  # in the run folder: how the latest invocation ended
 # Options a resume ignores: the model is the checkpoint's; they only choose where a new run starts from.
 IGNORED_ON_RESUME = ("init", "preset")
 
@@ -29,6 +31,9 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
     """The checkpoint to resume from (--resume auto passes over corrupt ones, saying so), or None for a new
     run; refuses to mix or overwrite runs (a folder without checkpoints holds nothing to lose: a new run with
     other options may start there). Writes nothing."""
+    for name in (RUN_CONFIG, METRICS, SUMMARY):  # read or replaced later: a FIFO would hang, a folder fail
+        if (run / name).exists() and not (run / name).is_file():
+            raise LcftError(f"{run / name} is not a regular file; move it aside")
     saved = run / RUN_CONFIG
     if cfg.resume:
         return resolve_resume(cfg.resume, run, say=say)

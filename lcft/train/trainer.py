@@ -41,12 +41,10 @@ from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_
 from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision, offload_dtype
-from lcft.train.run_dir import check_run_dir, keep_resumed_model, open_run_dir, record_data
+from lcft.train.run_dir import METRICS, SUMMARY, check_run_dir, keep_resumed_model, open_run_dir, record_data
 from lcft.train.sharded import clip, materialize_sharded, prepare
 from lcft.train.step import LossModel, compute_loss, make_optimizer, make_scheduler, oom_message
 from lcft.units import bits_per_base
-
-SUMMARY = "summary.json"  # in the run folder: how the latest invocation ended
 
 
 @dataclass
@@ -196,7 +194,7 @@ class Trainer:
         if self.is_main:
             resume_step = self.state.step if self.resume_from is not None else None
             open_run_dir(cfg, self.run_dir, resume_step, self._lock, self._note, self.data_changes)
-            self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step)
+            self.metrics = MetricsLog(self.run_dir / METRICS, resume_step)
             self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
             if self.resume_from is not None:
                 self._note(f"resumed from {self.resume_from} (step {self.state.step}, {self.world} process(es))")

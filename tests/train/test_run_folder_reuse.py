@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 from lcft.checkpoint.layout import STATE_DIR
 from lcft.checkpoint.save import write_checksums
 from lcft.config import load_toml
+from lcft.errors import LcftError
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
@@ -117,3 +120,31 @@ def test_options_ignored_on_resume_keep_the_runs_values(tmp_path, base_cfg, init
     assert s["loss"] == s2["loss"]  # the same model went on both times
     torch.testing.assert_close(torch.tensor([r["loss"] for r in read_metrics(run)]),
                                torch.tensor([r["loss"] for r in read_metrics(straight)]), rtol=0, atol=0)
+
+
+class Hung(Exception):
+    """The run blocked (reading a FIFO waits for a writer that never comes)."""
+
+
+def _hung(signum: int, frame: object) -> None:
+    raise Hung
+
+
+@pytest.mark.parametrize("name,kind", [("metrics.jsonl", "fifo"), ("metrics.jsonl", "folder"),
+                                       ("config.toml", "folder"), ("summary.json", "folder")])
+def test_a_run_file_that_is_not_a_file_is_one_line_before_anything_is_written(tmp_path, base_cfg, name, kind):
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 2, "save_every": 2}))
+    (run / name).unlink()
+    os.mkfifo(run / name) if kind == "fifo" else (run / name).mkdir()
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    old = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(LcftError) as e:
+            train(TrainConfig(out=str(run), resume="auto", **{**base_cfg, "steps": 3}))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert str(e.value) == f"{run / name} is not a regular file; move it aside"
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
