@@ -23,6 +23,7 @@ from lcft.config import (
     resolve,
     to_dict,
 )
+from lcft.files import parse_text
 from lcft.kernels.spec import AttentionImpl
 from lcft.model.config import COUNT_LIMITS, ROPE_TYPES, AttentionBackend
 from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, PrecisionChoice, Shard
@@ -290,10 +291,7 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
     if s.lower() in ("none", "default", ""):
         return None
     if s.startswith("{"):
-        try:
-            out = json.loads(s)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"rope_scaling: not valid JSON: {e}") from None
+        out = parse_text(json.loads, "JSON", s, "rope_scaling", ConfigError)  # nesting bounded, one line
         if not isinstance(out, dict):
             raise ConfigError("rope_scaling: the JSON must be an object")
         return out

@@ -44,10 +44,13 @@ def test_rope_scaling_syntax(text, expect):
     assert parse_rope_scaling(text) == expect
 
 
-@pytest.mark.parametrize("bad", ["yarn", "cubic:2", "linear:x", "yarn:-1", "{not json"])
+@pytest.mark.parametrize("bad", ["yarn", "cubic:2", "linear:x", "yarn:-1", "{not json",
+                                 '{"a": ' + "[" * 10**5 + "]" * 10**5 + "}",  # past the JSON parser's recursion
+                                 '{"a": ' + "[" * 150 + "]" * 150 + "}"])  # past lcft's bound on nesting
 def test_rope_scaling_bad(bad):
-    with pytest.raises(ConfigError, match="rope_scaling"):
+    with pytest.raises(ConfigError, match="rope_scaling") as e:
         TrainConfig(rope_scaling=bad)
+    assert "\n" not in str(e.value)
 
 
 def test_cli_config_file_and_flags(tmp_path, base_cfg):
