@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
+from lcft.errors import LcftError, reason
+from lcft.files import read_json
 from lcft.recipes.summary import demo_note, summary_lines
 
 if TYPE_CHECKING:
@@ -118,7 +120,6 @@ def _write_init(cfg: DemoConfig, folder: Path) -> bool:
 def train_stage(tcfg: Any) -> tuple[Path, str]:
     """Run (or finish, or skip) one training run; returns its final checkpoint and what happened."""
     from lcft.checkpoint.state import checkpoint_step
-    from lcft.errors import LcftError
     from lcft.train import latest_checkpoint, train
     from lcft.train.config import absolute_paths, diff, load_run_config
 
@@ -152,14 +153,16 @@ def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
     p = report_dir / "eval.json"
     if not p.is_file():
         return None
-    try:
-        report = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
+    try:  # damaged (cut, garbled, nested too deep, not an object): evaluated again
+        report = read_json(p)
+    except LcftError:
         return None
-    if report.get("options") != to_dict(ecfg):
+    listed = report.get("checkpoints")
+    if report.get("options") != to_dict(ecfg) or not (
+            isinstance(listed, list) and all(isinstance(c, dict) for c in listed)):
         return None
     hashes = [weights_sha256(resolve_checkpoint(c)) for c in ecfg.checkpoints]
-    return report if hashes == [c["weights_sha256"] for c in report["checkpoints"]] else None
+    return report if hashes == [c.get("weights_sha256") for c in listed] else None
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,20 @@ class DemoPaths:
     @property
     def report(self) -> Path:
         return self.out / "report"
+
+
+def open_out(out: Path) -> None:
+    """The demo's --out: a new folder, or one an earlier demo made (its demo.toml there, written first); a file,
+    or a folder holding anything else, is refused (nothing of the user's is written over)."""
+    if out.exists() and not out.is_dir():
+        raise LcftError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and not (out / "demo.toml").is_file() and any(out.iterdir()):
+        raise LcftError(f"--out {out} holds files but no demo.toml (not an earlier demo's folder); choose "
+                        "another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LcftError(f"--out {out}: cannot create the folder ({reason(e)})") from None
 
 
 def prepare_stage(cfg: DemoConfig, data: Path, progress: bool) -> str:
@@ -285,7 +302,7 @@ def timed(number: int, title: str, fn: Callable[[], tuple[Any, str]], log: Calla
 def run_demo(cfg: DemoConfig, *, progress: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every stage (skipping finished ones) and return {"report": eval report, "stages": timings, ...}."""
     paths = DemoPaths(Path(cfg.out))
-    paths.out.mkdir(parents=True, exist_ok=True)
+    open_out(paths.out)
     save_resolved(paths.out / "demo.toml", to_dict(cfg))
     t_all = time.perf_counter()
     stages: dict[str, dict[str, Any]] = {}

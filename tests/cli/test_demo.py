@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
+from tests.one_line import cli_fails
 
 runner = CliRunner()
 
@@ -72,3 +74,40 @@ def test_sigterm_during_a_training_stage_ends_the_demo(tmp_path):
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "stopped by SIGTERM" in errors[0] and "run the same `lcft demo` again" in errors[0]
     assert "4/6" not in stdout and not (out / "runs" / "long").exists(), stdout
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[list[str], dict]:
+    """A finished small demo (its options, its report)."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    args = ["demo", "--out", str(out), *SMALL, "--probe-windows", "0"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    return args, json.loads((out / "report" / "eval.json").read_text())
+
+
+@pytest.mark.parametrize("damage", ["[1]", "[" * 10**5 + "]" * 10**5, "checkpoints-not-tables"])
+def test_a_damaged_report_is_made_again_on_a_rerun(finished, tmp_path, damage):
+    args, report = finished
+    path = Path(args[2]) / "report" / "eval.json"
+    if damage == "checkpoints-not-tables":
+        path.write_text(json.dumps({**report, "checkpoints": [5, 6, 7]}))
+    else:
+        path.write_text(damage)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, (r.output, r.exception)
+    again = json.loads(path.read_text())
+    assert [c["loss"] for c in again["checkpoints"]] == [c["loss"] for c in report["checkpoints"]]
+
+
+@pytest.mark.parametrize("place", ["a file", "under a file", "a folder of other files"])
+def test_an_out_that_is_not_a_demo_folder_is_one_line_and_untouched(tmp_path, place):
+    target = {"a file": tmp_path / "f", "under a file": tmp_path / "f" / "sub", "a folder of other files": tmp_path / "d"}
+    (tmp_path / "f").write_text("mine")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "report").mkdir()
+    (tmp_path / "d" / "report" / "eval.json").write_text("mine")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    cli_fails(["demo", "--out", str(target[place]), *SMALL], f"--out {target[place]}")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "f").read_text() == (tmp_path / "d" / "report" / "eval.json").read_text() == "mine"
