@@ -119,8 +119,8 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a TOML file (`--config`, a run's config.toml); a one-line ConfigError naming it when it is missing,
     unreadable, not UTF-8, not TOML or nested too deep (lcft.files.parse_text)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+    if not p.is_file():  # a folder or a FIFO (which would block the read) is not taken for a config either
+        raise ConfigError(f"config file {'is not a regular file' if p.exists() else 'not found'}: {p}")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

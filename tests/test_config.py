@@ -1,6 +1,7 @@
 """The config plumbing: field docs, sizes, precedence, unknown keys, TOML round trip."""
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -127,3 +128,10 @@ def test_a_seed_numpy_or_torch_cannot_take_is_one_line(command, seed, tmp_path, 
     monkeypatch.chdir(tmp_path)
     cli_fails([*command, "--seed", seed], "seed must be a whole number in [0, 2**63)")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_config_that_is_not_a_file_is_named_so(tmp_path, kind):
+    path = tmp_path / "run.toml"
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+    cli_fails(["plan", "--config", str(path)], f"config file is not a regular file: {path}")
