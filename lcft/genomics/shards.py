@@ -232,9 +232,9 @@ def is_count(v: Any, low: int = 0) -> bool:
 
 
 def is_window_length(v: Any) -> bool:
-    """A window length prepare writes: a whole number of tokens, positive and a multiple of 8 (soft-mask bits are
+    """A window length prepare takes: a whole number of tokens, positive and a multiple of 8 (soft-mask bits are
     packed by byte, L/8 bytes a window)."""
-    return is_count(v, 1) and v % 8 == 0
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v % 8 == 0
 
 
 def _check_fields(p: Path, m: dict) -> None:
@@ -242,7 +242,9 @@ def _check_fields(p: Path, m: dict) -> None:
     def bad(what: str) -> LcftError:
         return LcftError(f"{p}: corrupt manifest ({what})")
 
-    if not is_window_length(m.get("length")) or m.get("ids_dtype", "uint8") not in ("uint8", "uint16", "uint32"):
+    length = m.get("length")
+    if not (is_count(length, 1) and is_window_length(length)) or m.get("ids_dtype", "uint8") not in (
+            "uint8", "uint16", "uint32"):
         raise bad("'length' or 'ids_dtype' is not what prepare writes")
     if why := spec_problem(m.get("tokenizer")):
         raise bad(f"its tokenizer: {why}")
