@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
 from lcft.errors import LcftError, reason
-from lcft.files import read_json
+from lcft.files import atomic_write, read_json
 from lcft.recipes.summary import demo_note, summary_lines
 
 if TYPE_CHECKING:
@@ -327,7 +327,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = False, log: Callable[[str], No
                "stages": stages, "report_dir": str(paths.report),
                "plot": str(paths.report / "loss_by_position.png"), "summary": summary_lines(report, cfg.control_steps),
                "note": demo_note(report)}
-    (paths.out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
+    atomic_write(paths.out / "demo.json", json.dumps(summary, indent=1) + "\n")
     return {**summary, "report": report}
 
 
