@@ -41,7 +41,7 @@ from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
-from lcft.launch.process import FAILURES_ENV, RESULT_FILE_ENV
+from lcft.launch.process import FAILURES_ENV, PARENT_ENV, RESULT_FILE_ENV
 from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, NODE_RANK_ENV, PeerLost, launched, read_report
 from lcft.signals import STOP_SIGNALS
 
@@ -129,6 +129,7 @@ def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
     # One thread per process unless the user chose: N processes x all cores each would oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
     env[NODE_RANK_ENV] = str(cfg.node_rank)
+    env[PARENT_ENV] = str(os.getpid())  # the agent ends at once if this process is gone before it is running
     if cfg.nnodes == 1:  # launch() holds the lock
         env[HELD_LOCK_ENV] = f"{os.getpid()} {Path(cfg.out).resolve()}"
     # torchrun's agent otherwise keeps one store for every restart of the group, and a restarted rank can read
@@ -190,12 +191,14 @@ class _Supervisor:
         self.ended = False  # True once _kill ended the agent and the workers
 
     def run(self) -> int:
-        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
         # signal.signal works only in the main thread; elsewhere the workers simply get no forwarded signals.
+        # Taken before torchrun starts: a signal in between ended this process by default and left torchrun,
+        # in a session of its own, training as an orphan.
         main = threading.current_thread() is threading.main_thread()
         old = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in STOP_SIGNALS
                } if main else {}
         try:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
             return self._wait()
         finally:
             for s, h in old.items():
