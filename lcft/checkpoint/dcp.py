@@ -177,18 +177,19 @@ def _one_line(ckpt: str | os.PathLike, e: CheckpointException) -> LcftError:
     return LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(first).__name__}: {reason(first)})")
 
 
-def model_metadata(ckpt: Path) -> dict[str, Any]:
-    """{parameter name: DCP tensor metadata (size, dtype)} of the model in a sharded checkpoint."""
-    md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
+def _model_entries(md: Any) -> dict[str, Any]:
+    """{parameter name: DCP tensor metadata (size, dtype)} of the model in a sharded checkpoint's metadata."""
     prefix = MODEL + "."
     return {k[len(prefix):]: v for k, v in md.state_dict_metadata.items() if k.startswith(prefix)}
 
 
-def check_sharded_readable(ckpt: str | os.PathLike) -> None:
+def check_sharded_readable(ckpt: str | os.PathLike) -> dict[str, Any]:
     """Cheap checks before any evaluation: the metadata reads, it holds every parameter of config.json's model
-    with its shape, all in one dtype (the one an export writes), and every shard file it names is present."""
+    with its shape, all in one dtype (the one an export writes), and every shard file it names is present.
+    Returns the model's entries ({parameter name: DCP tensor metadata})."""
     ckpt = Path(ckpt)
-    stored = model_metadata(ckpt)
+    md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
+    stored = _model_entries(md)
     dtypes = sorted({str(m.properties.dtype).removeprefix("torch.") for m in stored.values()})
     if len(dtypes) > 1:
         raise LcftError(f"unreadable checkpoint {ckpt}: its weights are stored in {len(dtypes)} dtypes "
@@ -199,11 +200,11 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> None:
         if tuple(stored[name].size) != tuple(p.shape):
             raise LcftError(f"unreadable checkpoint {ckpt}: weight {name} has shape {tuple(stored[name].size)}, "
                             f"config.json implies {tuple(p.shape)}")
-    md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
     files = {getattr(s, "relative_path", None) for s in (md.storage_data or {}).values()} - {None}
     missing = sorted(f for f in files if not (_dcp_dir(ckpt) / f).is_file())
     if missing:
         raise LcftError(f"unreadable checkpoint {ckpt}: shard file(s) missing in {DCP_DIR}/: {', '.join(missing)}")
+    return stored
 
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:

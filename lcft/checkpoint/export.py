@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, model_metadata, read_tensors
+from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, read_tensors
 from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
 from lcft.checkpoint.layout import read_model_config
 from lcft.checkpoint.reader import Loaded
@@ -73,9 +73,9 @@ def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_siz
     if not source.sharded:
         save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
         return
-    check_sharded_readable(source.path)
+    entries = check_sharded_readable(source.path)  # weights of one dtype, the one written
     model = source.model  # on the meta device: names, shapes and the shard plan; no storage
-    stored = next(iter(model_metadata(source.path).values())).properties.dtype
+    stored = next(iter(entries.values())).properties.dtype
     files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(source.path, names))
     write_model_folder(build, model.config, files, dtype or stored, source.tokenizer, hf_tokenizer=tokenizer)
 
