@@ -175,8 +175,8 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
     same = _identity(cfg, ws, info, device)
     store = _store(cfg, same | {"pass": "windows"}, ws.length, parallel)
     result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device,
-                            _task(bar, info.label, n_windows, store, cfg.batch_size, (ran, info.label)), parallel,
-                            store, stop)
+                            _task(bar, info.label, n_windows, store, cfg.batch_size, _first(ran, store, info.label)),
+                            parallel, store, stop)
     check_finite(info.label, result.windows)  # before its probe runs
     probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
@@ -184,7 +184,8 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
                    "seed": probe.seed, "whole_windows": parallel is not None}
         store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
         run_probe(model, probe, cfg, info.max_context, device,
-                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size, (ran, info.label)),
+                  _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size,
+                        _first(ran, store, info.label)),
                   parallel, store, stop)
         result.probe = probe.checked(info.label)
     return result
@@ -207,17 +208,21 @@ def _store(cfg: EvalConfig, identity: dict[str, Any], keep: int, parallel: EvalP
     return LossStore(cfg.out, identity, keep) if parallel is None or parallel.is_main else None
 
 
-def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int,
-          entry: tuple[dict[Path, str], str]) -> Any:
+def _first(ran: dict[Path, str], store: LossStore | None, label: str) -> str | None:
+    """The label of an earlier entry of this run whose pass is `store`'s (a checkpoint listed twice under the same
+    options), else None; `ran` records this entry's pass."""
+    if store is None:
+        return None
+    earlier = ran.get(store.path)
+    ran.setdefault(store.path, label)
+    return earlier
+
+
+def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int, earlier: str | None) -> Any:
     """`advance` of a new progress bar task over `total` items (None without a bar), after saying where a
-    stopped run's kept items take it up, or which earlier entry's losses it reuses (`entry`: the passes this run
-    ran, by the label of their entry, and this entry's label; a checkpoint listed twice under the same options)
-    (on the bar's console, else on stderr: a launch's rank 0 has no bar)."""
+    stopped run's kept items take it up, or which `earlier` entry's losses it reuses (on the bar's console, else
+    on stderr: a launch's rank 0 has no bar)."""
     kept = store.resume_at(total, batch) if store is not None else 0
-    ran, label = entry
-    earlier = ran.get(store.path) if store is not None else None
-    if store is not None:
-        ran.setdefault(store.path, label)
     if kept:
         say = (f"{name}: the same weights and options as {earlier}: its losses reused" if earlier else
                f"{name}: resuming, {kept:,} of {total:,} read back from an interrupted run")
