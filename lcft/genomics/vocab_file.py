@@ -64,7 +64,10 @@ def read_vocab_txt(path: Path) -> list[str]:
     """Token per id of a vocab.txt: one token a line (the line number is the id, DNABERT) or one `TOKEN ID` pair
     a line (GENERator); the first line decides the layout. Duplicate tokens or ids, a line of the other layout,
     an empty line or an id past the limit are refused naming the line."""
-    lines = read_text(path, "tokenizer vocabulary").splitlines()
+    text = read_text(path, "tokenizer vocabulary")
+    if text.startswith("\ufeff"):  # transformers would read it as part of line 1's token, which no role then names
+        raise LcftError(f"tokenizer vocabulary {path} starts with a UTF-8 byte-order mark: save it without one")
+    lines = text.splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:

@@ -157,6 +157,15 @@ def test_bad_vocab_txt_names_the_line(lines, match, tmp_path):
         load_tokenizer(f"kmer:1:{tmp_path / 'vocab.txt'}")
 
 
+def test_vocab_txt_with_a_byte_order_mark_is_named(tmp_path):
+    """DNABERT-6's folder with its vocab.txt saved with a UTF-8 BOM: the mark is named, not a [PAD] said missing."""
+    folder = shutil.copytree(PUBLISHED / "dnabert-6", tmp_path / "dnabert-6")
+    (folder / "vocab.txt").write_bytes(b"\xef\xbb\xbf" + (PUBLISHED / "dnabert-6" / "vocab.txt").read_bytes())
+    for name in (str(folder), f"kmer:6:{folder / 'vocab.txt'}"):
+        with pytest.raises(LcftError, match="vocab.txt starts with a UTF-8 byte-order mark"):
+            load_tokenizer(name)
+
+
 def test_token_id_layout_is_not_mistaken_for_missing_bases(tmp_path):
     """The old reading took `AAAAAA 32` as a token and reported no token for A, C, G, T."""
     folder = generator_folder(tmp_path / "gen")
