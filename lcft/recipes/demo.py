@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, read_json
+from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
 
 if TYPE_CHECKING:
@@ -81,13 +82,18 @@ class DemoConfig:
         for name in ("length", "base_context", "steps", "long_steps", "base_batch", "long_batch", "bins"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if not is_window_length(self.length):
+            raise ConfigError(f"length {self.length} must be a multiple of 8 (soft-mask bits are packed by byte)")
         if self.base_context > self.length:
             raise ConfigError(f"base_context {self.base_context} is longer than the window ({self.length})")
         if self.length % self.base_context:
             raise ConfigError(f"length {self.length} is not a multiple of base_context {self.base_context}")
-        if self.control_steps < 0 or self.control_context > self.length or self.control_context % 2:
-            raise ConfigError(f"control_steps must be >= 0 and control_context even and at most the window "
-                              f"(got {self.control_steps}, {self.control_context})")
+        if self.control_steps < 0:
+            raise ConfigError(f"control_steps must be 0 (no positive control) or positive (got {self.control_steps})")
+        # the control's windows are prepared at control_context: a window length, at most the demo's window
+        if self.control_steps and not (is_window_length(self.control_context) and self.control_context <= self.length):
+            raise ConfigError(f"control_context must be a multiple of 8 and at most the window {self.length} "
+                              f"(got {self.control_context})")
         if self.probe_windows < 0:
             raise ConfigError(f"probe_windows must be 0 (no probe) or positive (got {self.probe_windows})")
         check_seed(self)

@@ -63,10 +63,19 @@ def test_summary_states_the_interval_of_the_change_against_the_control():
     ({"length": 2048, "base_context": 768}, "length 2048 is not a multiple of base_context 768"),
     ({"length": 1024, "base_context": 2048}, "base_context 2048 is longer than the window (1024)"),
     ({"steps": 0}, "steps must be at least 1 (got 0)"),
+    ({"length": 4100, "base_context": 4100}, "length 4100 must be a multiple of 8"),
+    ({"control_context": 2052}, "control_context must be a multiple of 8 and at most the window 32768 (got 2052)"),
+    ({"length": 1024, "base_context": 1024}, "control_context must be a multiple of 8 and at most the window 1024"),
+    ({"control_steps": -1}, "control_steps must be 0 (no positive control) or positive (got -1)"),
 ])
 def test_bad_options_fail_when_the_config_is_made(changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         DemoConfig(**changes)
+
+
+def test_without_a_positive_control_its_window_is_not_checked():
+    """control_steps 0 trains and evaluates no control: its window may then exceed the demo's."""
+    assert DemoConfig(length=1024, base_context=1024, control_steps=0).control_context == 2048
 
 
 def test_recurrence_line_states_the_change_on_recurring_tokens_with_its_interval():
