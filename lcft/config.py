@@ -23,12 +23,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import atomic_write, parse_text
 
 T = TypeVar("T")
 
 
+INT_LIMIT = 1 << 63  # every integer option: what a 64-bit signed integer holds
 SEED_LIMIT = 1 << 63  # numpy's generators take no negative seed; torch.manual_seed none at or above 2**64
 
 
@@ -267,10 +268,16 @@ def _coerce_int(value: Any, name: str) -> int:
         raise ConfigError(f"{name}: not an integer: {_kind(value)}")
     try:
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)  # plain integers, including 0 and negatives (--save-every 0)
-        return parse_size(value) if isinstance(value, str) else value
+            out = int(value)  # plain integers, including 0 and negatives (--save-every 0)
+        else:
+            out = parse_size(value) if isinstance(value, str) else value
     except (ConfigError, ValueError):
         raise ConfigError(f"{name}: not an integer: {value!r}") from None
+    # every count and step lcft keeps fits a 64-bit integer (torch's and numpy's, a trainer state's); fields
+    # bound themselves more tightly where a figure is computed from them
+    if not -INT_LIMIT <= out < INT_LIMIT:
+        raise ConfigError(f"{name}: {shown(out)} is past the 64-bit range lcft takes (|n| < 2**63)")
+    return out
 
 
 def _coerce_float(value: Any, name: str) -> float:

@@ -22,6 +22,9 @@ Shard = Literal["none", "fsdp"]  # how ranks hold the weights: whole (DDP) or sh
 Checkpointing = Literal["none", "block"]  # activation checkpointing (lcft.parallel.activations)
 Precision = Literal["fp32", "bf16"]  # compute precision (weights stay fp32)
 PrecisionChoice = Literal["auto", Precision]  # what a user may ask for: auto picks by device (lcft.train.precision)
+# seconds one collective may wait: torch's process group takes it as a timedelta (at most 10^9 days), and a
+# run that should wait longer than a month for a rank has stopped
+MAX_COLLECTIVE_TIMEOUT = 30 * 86400
 MAX_PROCESSES = 1 << 20  # processes per node, or nodes: far above any cluster, and a plan's figures stay finite
 
 
@@ -86,9 +89,9 @@ class LaunchConfig:
                               f"got {self.node_rank}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must not be negative, got {self.max_restarts}")
-        if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
-            raise ConfigError(f"collective_timeout must be a positive number of seconds, got "
-                              f"{self.collective_timeout}")
+        if not (math.isfinite(self.collective_timeout) and 0 < self.collective_timeout <= MAX_COLLECTIVE_TIMEOUT):
+            raise ConfigError(f"collective_timeout must be a positive number of seconds, at most "
+                              f"{MAX_COLLECTIVE_TIMEOUT:,} (30 days), got {self.collective_timeout}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("rdzv_endpoint: give node 0's HOST:PORT (--rdzv-endpoint) for a run on several nodes")
         if self.rdzv_endpoint is not None:

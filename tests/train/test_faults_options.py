@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
 from lcft.config import ConfigError
+from lcft.parallel.config import MAX_COLLECTIVE_TIMEOUT
 from lcft.train import TrainConfig
 from lcft.train.config import resolve_config
 
@@ -65,6 +67,28 @@ def test_toml_values_checked_like_flags(tmp_path, line, word):
     toml.write_text(line + "\n")
     with pytest.raises(ConfigError, match=word):
         resolve_config(toml, {})
+
+
+@pytest.mark.parametrize("line,word", [
+    (f"steps = {10**30}", "steps: 1000000000000000000000000000000 is past the 64-bit range"),
+    (f"save_every = {-2**63 - 1}", "save_every: -9223372036854775809 is past the 64-bit range"),
+    ('warmup = "9000000000G"', "warmup: 9663676416000000000 is past the 64-bit range"),  # a size past it too
+    ("collective_timeout = 1e300", "collective_timeout must be a positive number of seconds, at most 2,592,000"),
+])
+def test_toml_numbers_are_bounded(tmp_path, line, word):
+    """An integer option no 64-bit count holds, and a collective timeout torch's process group cannot take as a
+    timedelta (1e300 s: an OverflowError in every rank), are refused by name."""
+    toml = tmp_path / "run.toml"
+    toml.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=re.escape(word)):
+        resolve_config(toml, {"data": "d", "out": "o"})
+
+
+def test_the_bounds_themselves_are_taken():
+    """2**63 - 1 steps and the longest collective timeout are accepted, and torch's group can wait that long."""
+    toml_cfg = TrainConfig(data="d", out="o", steps=2**63 - 1, collective_timeout=MAX_COLLECTIVE_TIMEOUT)
+    assert toml_cfg.steps == 2**63 - 1
+    assert timedelta(seconds=toml_cfg.collective_timeout).days == 30
 
 
 def test_toml_good_values_still_accepted(tmp_path):
