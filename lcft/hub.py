@@ -4,6 +4,7 @@ resolves through here (huggingface_hub's cache, HF_HOME, HF_TOKEN, HF_HUB_OFFLIN
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import socket
@@ -19,6 +20,8 @@ HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(
 MODEL_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "generation_config.json"]
 TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+CONNECT_PROBE_S = 10.0  # a connection not open by then is left to huggingface_hub's own timeouts and retries
+NO_ROUTE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)  # connect() failing at once, as refusal does
 PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
@@ -51,17 +54,26 @@ def _cache_dir() -> str | None:
 
 
 def _unreachable(endpoint: str) -> str | None:
-    """Why the Hub at `endpoint` cannot be reached at all: its host name does not resolve (no network, or a
-    mistyped HF_ENDPOINT), which huggingface_hub retries for about 25 s; None where it resolves, or a proxy
-    resolves names."""
-    host = urllib.parse.urlparse(endpoint).hostname
-    if not host or any(os.environ.get(k) for k in PROXIES):
+    """Why the Hub at `endpoint` cannot be reached at all, each of which huggingface_hub retries for about 25 s:
+    its host name does not resolve (no network, or a mistyped HF_ENDPOINT), or its port refuses connections or
+    has no route. None where a connection opens, where it only times out (a slow network: the requests' own
+    retries decide), or where a proxy makes the connections."""
+    url = urllib.parse.urlparse(endpoint)
+    if not url.hostname or any(os.environ.get(k) for k in PROXIES):
         return None
+    offline = "; set HF_HUB_OFFLINE=1 to read only the Hub cache"
     try:
-        socket.getaddrinfo(host, None)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        with socket.create_connection((url.hostname, port), timeout=CONNECT_PROBE_S):
+            return None
     except (socket.gaierror, UnicodeError) as e:
-        return f"{host} does not resolve ({reason(e)}); set HF_HUB_OFFLINE=1 to read only the Hub cache"
-    return None
+        return f"{url.hostname} does not resolve ({reason(e)}){offline}"
+    except ConnectionRefusedError:
+        return f"{url.hostname}:{port} refuses connections{offline}"
+    except OSError as e:  # a timeout among them
+        return f"{url.hostname}:{port}: {reason(e)}{offline}" if e.errno in NO_ROUTE else None
+    except ValueError:  # a port out of range in HF_ENDPOINT: the request says so
+        return None
 
 
 @contextlib.contextmanager

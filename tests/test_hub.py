@@ -162,16 +162,31 @@ def test_a_hub_whose_name_does_not_resolve_is_one_line_at_once(tmp_path):
                                "hub.invalid does not resolve (") and "HF_HUB_OFFLINE=1" in lines[0], lines
 
 
-@pytest.mark.slow
-def test_a_hub_that_refuses_connections_is_one_line_after_its_retries(tmp_path):
-    """Through a proxy that refuses connections (names are then the proxy's to resolve): huggingface_hub's five
-    retries (about 25 s) print nothing; lcft's one line says what failed."""
+def _closed_port() -> int:
+    """A port of 127.0.0.1 nothing listens on."""
     import socket
 
-    with socket.socket() as s:  # a port nothing listens on
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    got = _plan_of_an_id(tmp_path, HTTPS_PROXY=f"http://127.0.0.1:{port}")
+        return s.getsockname()[1]
+
+
+def test_a_hub_that_refuses_connections_is_one_line_at_once(tmp_path):
+    """An HF_ENDPOINT whose port refuses connections (a Hub mirror that is down): huggingface_hub retried it for
+    about 25 s; a connection is tried first and its refusal is the one line."""
+    port = _closed_port()
+    got = _plan_of_an_id(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr
+    assert lines[0] == (f"error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be reached: "
+                        f"127.0.0.1:{port} refuses connections; set HF_HUB_OFFLINE=1 to read only the Hub cache")
+
+
+@pytest.mark.slow
+def test_a_hub_that_refuses_connections_is_one_line_after_its_retries(tmp_path):
+    """Through a proxy that refuses connections (names and connections are then the proxy's): huggingface_hub's five
+    retries (about 25 s) print nothing; lcft's one line says what failed."""
+    got = _plan_of_an_id(tmp_path, HTTPS_PROXY=f"http://127.0.0.1:{_closed_port()}")
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be read ("), lines
