@@ -82,15 +82,14 @@ class DemoConfig:
         for name in ("length", "base_context", "steps", "long_steps", "base_batch", "long_batch", "bins"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if not is_window_length(self.length):
-            raise ConfigError(f"length {self.length} must be a multiple of 8 (soft-mask bits are packed by byte)")
         if self.base_context > self.length:
             raise ConfigError(f"base_context {self.base_context} is longer than the window ({self.length})")
         if self.length % self.base_context:
             raise ConfigError(f"length {self.length} is not a multiple of base_context {self.base_context}")
         if self.control_steps < 0:
             raise ConfigError(f"control_steps must be 0 (no positive control) or positive (got {self.control_steps})")
-        # the control's windows are prepared at control_context: a window length, at most the demo's window
+        # the control's windows are prepared at control_context, after the base training: checked now (the demo's
+        # own window length is prepare's to check, in the first stage)
         if self.control_steps and not (is_window_length(self.control_context) and self.control_context <= self.length):
             raise ConfigError(f"control_context must be a multiple of 8 and at most the window {self.length} "
                               f"(got {self.control_context})")
