@@ -10,13 +10,15 @@ is a blank pyfaidx took for a base (the file is then read from a normalized copy
 since pyfaidx checks the lines of a record by their length in bytes only: a last line longer than the others, or
 a line of another line end with a base more or less; that file is refused.
 
-`_scan_records` is the check, record by record, and says what is wrong; `_fits_plainly` decides the same with
-numpy for the layout nearly every FASTA has, and hands anything else to it.
+`_scan_records` is the check, record by record, and says what is wrong; `_read_fits` decides the same with
+numpy for the layout nearly every FASTA has, many records a read at a time, and hands the records of a read it
+cannot decide to it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -30,6 +32,8 @@ TAIL = 4096  # bytes read after the last record: line breaks only
 READ_GAP = 1 << 16  # bytes between two records' reads that one read spans rather than two
 READ_MOST = 1 << 23  # bytes of one such read: a read ends where this many bytes of the file end (one span more)
 PLAIN_RECORDS = 16  # records a read holds on average from which numpy is faster than a record at a time
+RECHECK_FROM_START = False  # True: a read numpy cannot decide hands every record, from the first, to _scan_records
+# (as it was before only the records of that read were; kept for benchmarks/fasta_open.py to compare)
 NAME_SPACE = re.compile(r"\s")  # what str.split() splits at: a record's name has none
 NAME_ENDS = np.frombuffer(b"\n\r \t", np.uint8)  # ASCII bytes ending a header's first word
 BLANK_BYTES = np.frombuffer(b" \t", np.uint8)  # BLANKS, as bytes
@@ -101,8 +105,11 @@ def scan_index(fasta: Any) -> IndexScan:
     line1 = recs.offset + np.minimum(recs.lenc, recs.rlen)  # (n,) the byte after its first line's bases
     lo = np.stack([np.maximum(prev_end, recs.offset - MAX_GAP) - ended, np.maximum(line1 - 1, recs.offset)], 1)
     reads = Reads(fasta, lo.ravel(), np.stack([recs.offset, line1], 1).ravel())  # (2n,): header, first line's end
-    plainly = len(reads.read_lo) * PLAIN_RECORDS <= len(end) and _fits_plainly(recs, reads)
-    found = IndexScan(None, None) if plainly else _scan_records(fasta, recs, reads)
+    heads = _plain_heads(recs) if len(reads.read_lo) * PLAIN_RECORDS <= len(end) else None
+    if heads is None:
+        found = _scan_records(fasta, recs, reads, range(len(end)))
+    else:
+        found = _scan_reads(fasta, recs, reads, heads)
     if found.mismatch:
         return found
     blanks, end, ended = found.blanks, int(end[-1]), bool(recs.rlen[-1] > 0)
@@ -141,14 +148,15 @@ class Reads:
         self.read_of = np.cumsum(new) - 1  # (m,) each span's read
         starts = np.flatnonzero(new)
         self.read_lo, self.read_hi = lo[starts], np.maximum.reduceat(hi, starts)  # (reads,) each
-        self.held, self.data = -1, b""  # the read whose bytes are held
+        self.held: dict[int, bytes] = {}  # the last two reads made: a record's header and first line may span two
 
     def read(self, k: int) -> bytes:
         """The bytes of read k: fewer at the file's end, as read_at gives them."""
-        if k != self.held:
+        if k not in self.held:
             lo, hi = int(self.read_lo[k]), int(self.read_hi[k])
-            self.held, self.data = k, self.fasta.read_at(lo, hi - lo)
-        return self.data
+            self.held = {j: data for j, data in self.held.items() if j == k - 1}
+            self.held[k] = self.fasta.read_at(lo, hi - lo)
+        return self.held[k]
 
     def span(self, i: int) -> bytes:
         """The bytes of span i: fewer at the file's end."""
@@ -163,11 +171,12 @@ def _header_names(line: bytes, name: str) -> bool:
     return s[:1] == b">" and s[1:].decode("utf-8", "replace").split()[:1] == [name]
 
 
-def _scan_records(fasta: Any, recs: Records, reads: Reads) -> IndexScan:
-    """The records' checks one by one: the first mismatch, or the first record whose first line or the record
-    before's last line ends in a blank."""
+def _scan_records(fasta: Any, recs: Records, reads: Reads, which: Iterable[int]) -> IndexScan:
+    """The checks of records `which` (in file order) one by one: the first mismatch, or the first record whose
+    first line or the record before's last line ends in a blank."""
     blanks = None
-    for i, name in enumerate(recs.names):
+    for i in which:
+        name = recs.names[i]
         data, line1_end = reads.span(2 * i), reads.span(2 * i + 1)
         back = int(i > 0 and recs.rlen[i - 1] > 0)  # the record before's last base: the read's first byte
         if back and data[:back] in (b"\r", b"\n", b">"):
@@ -187,31 +196,62 @@ def _scan_records(fasta: Any, recs: Records, reads: Reads) -> IndexScan:
     return IndexScan(None, blanks)
 
 
-def _fits_plainly(recs: Records, reads: Reads) -> bool:
-    """Whether `_scan_records` would find neither a mismatch nor a blank, decided with numpy a read at a time, for
-    the layout nearly every FASTA has: every record with bases, one line break (LF or CRLF) between a record's
-    last base and the next header, the record's name its header's first word. False leaves it to
-    `_scan_records`, which says what is wrong: this only ever accepts what that accepts."""
+@dataclass(frozen=True)
+class Heads:
+    """The header each record of the plain layout has: '>' and its name, as bytes."""
+
+    width: np.ndarray  # (n,) bytes of '>' and the name
+    want: np.ndarray  # (sum(width),) uint8: every record's, one after another
+    name_at: np.ndarray  # (n,) where each record's starts in `want`
+
+
+def _plain_heads(recs: Records) -> Heads | None:
+    """The records' headers when they may be of the layout nearly every FASTA has, which `_read_fits` judges:
+    every record with bases, its name its header's first word. None hands every record to `_scan_records`."""
     if "" in recs.names or NAME_SPACE.search("".join(recs.names)) or (recs.rlen == 0).any():
-        return False
+        return None
     try:
         heads = [b">" + name.encode() for name in recs.names]  # (a name from a .fai may not encode)
     except UnicodeEncodeError:
-        return False
-    width = np.fromiter(map(len, heads), np.int64, len(heads))  # (n,) bytes of '>' and the name
-    want, name_at = np.frombuffer(b"".join(heads), np.uint8), np.cumsum(width) - width
+        return None
+    width = np.fromiter(map(len, heads), np.int64, len(heads))
+    return Heads(width, np.frombuffer(b"".join(heads), np.uint8), np.cumsum(width) - width)
+
+
+def _scan_reads(fasta: Any, recs: Records, reads: Reads, heads: Heads) -> IndexScan:
+    """`_scan_records` of every record, decided with numpy a read at a time (`_read_fits`); only the records of a
+    read it cannot decide are checked one by one, and the result is theirs: numpy accepts only what that accepts."""
     head_read, line1_read = reads.read_of[0::2], reads.read_of[1::2]  # (n,) each, nondecreasing
+    fits = np.zeros(len(reads.read_lo), bool)  # (reads,)
+    blanks = None
     for k in range(len(reads.read_lo)):
-        buf, base = np.frombuffer(reads.read(k), np.uint8), int(reads.read_lo[k])
-        a, b = np.searchsorted(head_read, [k, k + 1])
-        if a < b and not _headers_fit(buf, reads.lo[0::2][a:b] - base, recs.offset[a:b] - base, a,
-                                      width[a:b], want[name_at[a]: name_at[b - 1] + width[b - 1]]):
-            return False
-        a, b = np.searchsorted(line1_read, [k, k + 1])
-        at = reads.lo[1::2][a:b] - base  # (records,) each first line's last base
-        if a < b and (at[-1] >= len(buf) or np.isin(buf[at], BLANK_BYTES).any()):
-            return False  # the file ends early, or a blank ends a first line
-    return True
+        fits[k] = _read_fits(k, recs, reads, heads)
+        if not fits[k] and RECHECK_FROM_START:
+            return _scan_records(fasta, recs, reads, range(len(recs.names)))
+        a, b = np.searchsorted(line1_read, [k, k + 1])  # the records whose first line ends in this read
+        undecided = np.flatnonzero(~(fits[k] & fits[head_read[a:b]])) + a  # (their headers may lie in the last)
+        if len(undecided):
+            found = _scan_records(fasta, recs, reads, undecided.tolist())
+            if found.mismatch:
+                return found
+            blanks = blanks or found.blanks
+    return IndexScan(None, blanks)
+
+
+def _read_fits(k: int, recs: Records, reads: Reads, heads: Heads) -> bool:
+    """Whether `_scan_records` would find neither a mismatch nor a blank in read k (the headers and first lines'
+    ends it holds), decided with numpy for the plain layout: one line break (LF or CRLF) between a record's last
+    base and the next header. False leaves it to `_scan_records`, which says what is wrong: this only ever accepts
+    what that accepts."""
+    buf, base = np.frombuffer(reads.read(k), np.uint8), int(reads.read_lo[k])
+    a, b = np.searchsorted(reads.read_of[0::2], [k, k + 1])
+    width = heads.width
+    if a < b and not _headers_fit(buf, reads.lo[0::2][a:b] - base, recs.offset[a:b] - base, a, width[a:b],
+                                  heads.want[heads.name_at[a]: heads.name_at[b - 1] + width[b - 1]]):
+        return False
+    a, b = np.searchsorted(reads.read_of[1::2], [k, k + 1])
+    at = reads.lo[1::2][a:b] - base  # (records,) each first line's last base
+    return not (a < b and (at[-1] >= len(buf) or np.isin(buf[at], BLANK_BYTES).any()))  # ends early, or a blank
 
 
 def _headers_fit(buf: np.ndarray, lo: np.ndarray, offset: np.ndarray, first: int, width: np.ndarray,

@@ -65,24 +65,25 @@ def _damage(rng: random.Random, f: FastaFile, path: Path) -> None:
         path.write_bytes(bytes(data))  # (the same inode: the open file reads the new bytes)
 
 
-def _scans(f: FastaFile, monkeypatch) -> tuple[IndexScan, IndexScan, bool]:
-    """(the scan with the numpy path tried whatever the records per read, the scan record by record, whether
-    the numpy path accepted)."""
+def _scans(f: FastaFile, monkeypatch, read_most: int) -> tuple[IndexScan, IndexScan, bool]:
+    """(the scan with the numpy path tried whatever the records per read, its reads ending every `read_most` bytes
+    of the file, the scan record by record, whether the numpy path accepted every read)."""
     accepted = []
-    plainly = fasta_scan._fits_plainly
+    fits = fasta_scan._read_fits
 
     def tried(*args) -> bool:
-        accepted.append(plainly(*args))
+        accepted.append(fits(*args))
         return accepted[-1]
 
     with monkeypatch.context() as m:
         m.setattr(fasta_scan, "PLAIN_RECORDS", 0)
-        m.setattr(fasta_scan, "_fits_plainly", tried)
+        m.setattr(fasta_scan, "READ_MOST", read_most)
+        m.setattr(fasta_scan, "_read_fits", tried)
         fast = _outcome(f)
     with monkeypatch.context() as m:
-        m.setattr(fasta_scan, "_fits_plainly", lambda *args: False)
+        m.setattr(fasta_scan, "_plain_heads", lambda *args: None)
         slow = _outcome(f)
-    return fast, slow, bool(accepted and accepted[0])
+    return fast, slow, bool(accepted) and all(accepted)
 
 
 def _outcome(f: FastaFile) -> IndexScan:
@@ -103,13 +104,47 @@ def test_numpy_path_says_what_the_record_loop_says(tmp_path, monkeypatch):
             continue  # refused at open (e.g. two records of one name): nothing to scan
         with f:
             _damage(rng, f, path)
-            fast, slow, took = _scans(f, monkeypatch)
+            # reads of the whole file, or of 64-byte blocks of it: the records of a read numpy cannot decide
+            # (their headers in the read before, or their first lines' ends in the next) are checked one by one
+            fast, slow, took = _scans(f, monkeypatch, rng.choice([fasta_scan.READ_MOST, 64]))
             assert fast == slow, (case, path.read_bytes()[:400])
             accepted += took
             fit += slow == IndexScan(None, None)
     # the numpy path decided most of the files that fit (not those with a blank line between records, an empty
     # record, a name that is not plain)
     assert accepted > 0.5 * fit and fit > 0.25 * CASES, (accepted, fit)
+
+
+@pytest.mark.parametrize("damage", ["blank", "header"])
+def test_only_the_records_of_a_read_numpy_cannot_decide_are_checked_one_by_one(tmp_path, monkeypatch, damage):
+    """2,000 records in reads of 4 KiB, one of them damaged: a blank ending its first line (the scan goes on to the
+    end) or another name in its header (the scan stops there). Only the records of its read are checked a record
+    at a time, the file is read once, and the scan says what the record-by-record check says."""
+    path = tmp_path / "many.fa"
+    path.write_text("".join(f">c{i}\n{'ACGT' * 25}\n" for i in range(2000)))
+    checked, read, real_scan, real_read = [], [], fasta_scan._scan_records, FastaFile.read_at
+
+    def scan_records(fasta, recs, reads, which):
+        checked.extend(which)
+        return real_scan(fasta, recs, reads, which)
+
+    with FastaFile(path) as f:
+        data = bytearray(path.read_bytes())
+        rec = f.index["c1500"]
+        if damage == "blank":
+            data[rec.offset + rec.lenc - 1] = ord(" ")
+        else:
+            data[rec.offset - 3] = ord("x")  # the header '>c1500' becomes '>cx500'
+        path.write_bytes(bytes(data))  # (the same inode: the open file reads the new bytes)
+        monkeypatch.setattr(fasta_scan, "_scan_records", scan_records)
+        monkeypatch.setattr(FastaFile, "read_at", lambda self, b0, n: read.append(n) or real_read(self, b0, n))
+        monkeypatch.setattr(fasta_scan, "READ_MOST", 4096)
+        found = scan_index(f)
+        assert 0 < len(checked) < 4096 // 105 + 2 and 1500 in checked, checked
+        assert sum(read) < len(data) + fasta_scan.TAIL + 4096, (sum(read), len(data))
+        monkeypatch.setattr(fasta_scan, "_plain_heads", lambda *args: None)
+        assert found == scan_index(f) == (IndexScan(None, "c1500") if damage == "blank" else IndexScan(
+            "no header line '>c1500' right before its first base", None))
 
 
 def test_a_short_contig_assembly_is_a_few_reads(tmp_path):
