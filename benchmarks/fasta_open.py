@@ -7,7 +7,10 @@ FastaFile opens it: pyfaidx's open plus the check that its index fits the file (
 record's header and its first line's end, read many records at a time and judged with numpy), and again with
 that check made a record at a time (its fallback). The unwrapped genome (2 records of 50 Mbp, each on one line)
 shows that a record's first line is not read whole. Prints the fastest of `--repeat` opens of each, the ratios
-and the peak RSS.
+and the peak RSS. Then the check alone on the plain file damaged under its open index (a blank ending the first
+line of the record 90% in, another name in its header, a blank ending every record's first line): only the
+records of a read numpy cannot decide checked one by one, against every record from the first once a read is
+undecided (`fasta_scan.RECHECK_FROM_START`, the way before), alternated, fastest of `--repeat`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,37 @@ def best(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def damaged_scans(path: Path, records: int, repeat: int) -> None:
+    """The check of `path`'s index (records of 100 bases) with one of the damages above, both ways."""
+    from lcft.genomics import fasta_scan
+    from lcft.genomics.fasta import FastaFile
+
+    clean = path.read_bytes()
+    print("\n| damage | check, the records of an undecided read one by one: s | every record from the first: s "
+          "| gain | peak RSS GiB |\n|---|---|---|---|---|")
+    for damage in ("a blank 90% in", "a header 90% in", "a blank in every record"):
+        with FastaFile(path) as f:
+            data = bytearray(clean)
+            for name in [f"ctg{records * 9 // 10}"] if "90%" in damage else f.names:
+                rec = f.index[name]
+                at = rec.offset + rec.lenc - 1 if "blank" in damage else rec.offset - len(name) - 8
+                data[at] = ord(" " if "blank" in damage else "x")  # (a header '>ctg1 len=100': its 't')
+            path.write_bytes(bytes(data))  # the same inode: the open file reads the new bytes
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for i in range(repeat):
+                for whole in (False, True)[:: 1 if i % 2 else -1]:
+                    fasta_scan.RECHECK_FROM_START = whole
+                    t0 = time.perf_counter()
+                    found = fasta_scan.scan_index(f)
+                    times[whole].append(time.perf_counter() - t0)
+                    assert found.mismatch or found.blanks, damage
+            fasta_scan.RECHECK_FROM_START = False
+        path.write_bytes(clean)
+        ours, before = min(times[False]), min(times[True])
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"| {damage} | {ours:.3f} | {before:.3f} | {before / ours:.2f}x | {peak:.2f} |", flush=True)
 
 
 def main() -> int:
@@ -96,6 +130,7 @@ def main() -> int:
             else:
                 print(f"| {kind} | {a:.2f} | {b:.2f} | {b / a:.2f}x | {c:.2f} | {c / b:.2f}x | {peak:.2f} |",
                       flush=True)
+        damaged_scans(Path(tmp) / "many.fa", n, args.repeat)
     return 0
 
 
