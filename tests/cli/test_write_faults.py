@@ -1,0 +1,113 @@
+"""Real write faults through the CLI: a file-size limit (RLIMIT_FSIZE, so a write fails with EFBIG) and a folder
+made read-only; one `error:` line naming what failed, nothing half-written, and a rerun that matches an
+uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from lcft.checkpoint.hf_folder import save_pretrained
+from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
+from lcft.cli.app import app
+from lcft.genomics import prepare_windows
+from lcft.model import Llama, LlamaConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+LAMBDA = Path("/work/shared/genomes/lambda_phage_NC_001416.1.fa")
+TRAIN = ["--seq-len", "512", "--global-batch", "2", "--micro-batch", "1", "--warmup", "1", "--lr", "1e-3",
+         "--precision", "fp32", "--no-progress", "--steps", "6"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2K-token windows of the lambda phage genome (23 train windows, no eval split)."""
+    if not LAMBDA.is_file():
+        pytest.skip(f"{LAMBDA} is not here")
+    out = tmp_path_factory.mktemp("wf-data") / "windows"
+    prepare_windows(fasta=str(LAMBDA), out=str(out), length=2048, train=("gi|9626243|ref|NC_001416.1|",), eval=())
+    return out
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh 2-block model of hidden size 64 (its model.safetensors is about 340 KB)."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("wf-init") / "model"
+    save_pretrained(Llama(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, rope_theta=1e6)), out)
+    return out
+
+
+def lcft(limit: int, *args: str | Path) -> subprocess.CompletedProcess:
+    """`python -m lcft ARGS` in a child whose files may not grow past `limit` bytes; Python ignores SIGXFSZ, so a
+    write past it fails with EFBIG as on a filesystem's own limit."""
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "lcft", *map(str, args)], preexec_fn=limited, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def here(*args: str | Path) -> None:
+    """`lcft ARGS` in this process, without a limit, succeeding (oracles and reruns: no child's start-up)."""
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, (r.output, r.exception)
+
+
+def one_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 1 with one `error:` line holding every needle, and no traceback."""
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-3000:]
+    line = lines[0]
+    assert all(n in line for n in needles), line
+    return line
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Temp files and folders of a write that did not finish."""
+    return [p for p in folder.rglob("*") if p.name.startswith(".") and (".tmp" in p.name or p.name.endswith(".tmp"))]
+
+
+def same_tensors(a: Path, b: Path) -> None:
+    ta, tb = load_file(a), load_file(b)
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_export_past_the_file_size_limit(tmp_path, init):
+    """model.safetensors past the limit: one line naming --out and the limit, no --out, no temp sibling; the
+    export without the limit writes the tensors an uninterrupted export writes."""
+    oracle, out = tmp_path / "oracle", tmp_path / "out"
+    here("export", init, "--out", oracle)
+    one_error(lcft(100_000, "export", init, "--out", out), str(out), "file too large", "ulimit -f: 100,000 bytes")
+    assert sorted(os.listdir(tmp_path)) == ["oracle"]
+    here("export", init, "--out", out)
+    same_tensors(out / "model.safetensors", oracle / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init):
+    """A resumed run whose step-6 checkpoint fails in optimizer.pt (torch's writer says only 'unexpected pos'):
+    one line naming the checkpoints folder and the limit; step 3 is kept and verifies, no temp folder; resumed
+    again without the limit, step 6 holds the model an uninterrupted run ends with."""
+    oracle, run = tmp_path / "oracle", tmp_path / "run-a"
+    base = ["train", "--data", data, "--init", init, *TRAIN, "--save-every", "3"]
+    here(*base, "--out", oracle)
+    here(*base, "--out", run, "--stop-after", "3")
+    r = lcft(500_000, *base, "--out", run, "--resume", "auto")  # model.safetensors (340 KB) fits, optimizer.pt not
+    one_error(r, "cannot save step 6", str(run / "checkpoints"), "file too large", "ulimit -f: 500,000 bytes",
+              "step-00000003 is kept")
+    assert [s for s, _ in list_checkpoints(run)] == [3] and verify_checkpoint(run / "checkpoints" / "step-00000003")
+    assert leftovers(run) == []
+    here(*base, "--out", run, "--resume", "auto")
+    same_tensors(run / "checkpoints" / "step-00000006" / "model.safetensors",
+                 oracle / "checkpoints" / "step-00000006" / "model.safetensors")
