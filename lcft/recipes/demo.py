@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_write, read_json
+from lcft.files import atomic_write, read_json, write_faults
 from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
 
@@ -308,6 +308,11 @@ def run_demo(cfg: DemoConfig, *, progress: bool = False, log: Callable[[str], No
     """Run every stage (skipping finished ones) and return {"report": eval report, "stages": timings, ...}."""
     paths = DemoPaths(Path(cfg.out))
     open_out(paths.out)
+    with write_faults(paths.out):  # a full disk or a file-size limit in a stage without its own message: one line
+        return _run_stages(cfg, paths, progress, log)
+
+
+def _run_stages(cfg: DemoConfig, paths: DemoPaths, progress: bool, log: Callable[[str], None]) -> dict[str, Any]:
     save_resolved(paths.out / "demo.toml", to_dict(cfg))
     t_all = time.perf_counter()
     stages: dict[str, dict[str, Any]] = {}

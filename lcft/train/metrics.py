@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -23,7 +24,7 @@ from rich.text import Text
 
 from lcft.console import make_console, text_column
 from lcft.errors import LcftError
-from lcft.files import atomic_write, parse_json
+from lcft.files import atomic_write, parse_json, write_faults
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -67,10 +68,13 @@ class MetricsLog:
         atomic_write(self.path, "".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, allow_nan=True) + "\n")
+        with write_faults(self.path):  # a full disk or a file-size limit: one line, the run stops there
+            self._f.write(json.dumps(record, allow_nan=True) + "\n")
 
     def close(self) -> None:
-        self._f.close()
+        # each line was flushed as written: what is left is the rest of a line whose write failed, reported then
+        with contextlib.suppress(OSError):
+            self._f.close()
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from lcft.checkpoint.layout import RUN_CONFIG, latest_checkpoint, resolve_resume
 from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
-from lcft.files import folder_lock
+from lcft.files import folder_lock, write_faults
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
 
@@ -123,4 +123,5 @@ def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, lock: con
         if changed:
             say(f"resuming with changed options: {'; '.join(changed)} (they apply from the next step; "
                 "the schedule continues from its position)")
-    save_resolved(run / RUN_CONFIG, to_dict(cfg))
+    with write_faults(run / RUN_CONFIG):
+        save_resolved(run / RUN_CONFIG, to_dict(cfg))

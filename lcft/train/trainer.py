@@ -26,7 +26,7 @@ from lcft.checkpoint.sharded import save_sharded
 from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError, is_oom
-from lcft.files import atomic_write
+from lcft.files import atomic_write, write_faults
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
@@ -277,7 +277,8 @@ class Trainer:
             "signal": self._signals.name if stopped == "signal" else None,
         }
         if self.is_main:
-            atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")
+            with write_faults(self.run_dir / SUMMARY):
+                atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")
             if stopped == "signal":
                 self._note(f"stopped by signal at step {st.step}; checkpoint {ckpt}; continue with --resume auto")
         return summary

@@ -20,6 +20,7 @@ from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
 from lcft.genomics import prepare_windows
 from lcft.model import Llama, LlamaConfig
+from lcft.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 LAMBDA = Path("/work/shared/genomes/lambda_phage_NC_001416.1.fa")
@@ -111,3 +112,31 @@ def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init):
     here(*base, "--out", run, "--resume", "auto")
     same_tensors(run / "checkpoints" / "step-00000006" / "model.safetensors",
                  oracle / "checkpoints" / "step-00000006" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_train_metrics_and_config_past_the_file_size_limit(tmp_path, data, init):
+    """metrics.jsonl past the limit mid-run, then the run's config.toml: one line naming the file (not a
+    traceback of the write and then of closing the file); the same command without the limit starts over and
+    logs the losses of an uninterrupted run."""
+    oracle, run = tmp_path / "run-o", tmp_path / "run-a"  # names of one length: config.toml holds --out
+    base = ["train", "--data", data, "--init", init, *TRAIN, "--save-every", "0"]
+    here(*base, "--out", oracle)
+    limit = (oracle / "config.toml").stat().st_size + 20  # config.toml fits, six steps' lines do not, six steps do not
+    assert (oracle / "metrics.jsonl").stat().st_size > limit
+    one_error(lcft(limit, *base, "--out", run), str(run / "metrics.jsonl"), "file too large", f"{limit:,} bytes")
+    assert list_checkpoints(run) == [] and leftovers(run) == []
+    one_error(lcft(100, *base, "--out", tmp_path / "run-b"), str(tmp_path / "run-b" / "config.toml"),
+              "file too large")
+    assert not (tmp_path / "run-b").exists()
+    here(*base, "--out", run)
+    assert [m["loss"] for m in read_metrics(run)] == [m["loss"] for m in read_metrics(oracle)]
+    same_tensors(run / "checkpoints" / "step-00000006" / "model.safetensors",
+                 oracle / "checkpoints" / "step-00000006" / "model.safetensors")
+
+
+def test_demo_config_past_the_file_size_limit(tmp_path):
+    """demo.toml, the demo's first file, past the limit: one line naming the folder; nothing written in it."""
+    out = tmp_path / "demo"
+    one_error(lcft(100, "demo", "--out", out, "--quiet"), str(out), "file too large")
+    assert not out.exists() or os.listdir(out) == []
