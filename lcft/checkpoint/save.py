@@ -122,12 +122,14 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
     folder and `expected_bytes`) removes the temp folder. `between(step, tmp)` runs after the model is written
     and before the rest (TrainHooks.during_save)."""
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
     tmp = root / (TMP_PREFIX + step_name(step))
     shutil.rmtree(tmp, ignore_errors=True)
+    try:  # a checkpoints folder the run may not write in (read-only, or made so): one line before anything
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise LcftError(f"cannot save step {step}: cannot write to {root}: {e.strerror or e}") from None
     try:
-        tmp.mkdir()
         write_model(tmp)
         if between is not None:
             between(step, tmp)

@@ -21,6 +21,7 @@ from lcft.cli.app import app
 from lcft.genomics import prepare_windows
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import read_metrics
+from tests.test_files import unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 LAMBDA = Path("/work/shared/genomes/lambda_phage_NC_001416.1.fa")
@@ -140,3 +141,19 @@ def test_demo_config_past_the_file_size_limit(tmp_path):
     out = tmp_path / "demo"
     one_error(lcft(100, "demo", "--out", out, "--quiet"), str(out), "file too large")
     assert not out.exists() or os.listdir(out) == []
+
+
+@pytest.mark.slow
+def test_train_into_a_read_only_checkpoints_folder(tmp_path, data, init):
+    """The run folder may be written but its checkpoints/ may not: the save is one line naming that folder, the
+    earlier checkpoint kept."""
+    run = tmp_path / "run"
+    base = ["train", "--data", data, "--init", init, *TRAIN, "--save-every", "3", "--out", run]
+    here(*base, "--stop-after", "3")
+    (run / "checkpoints").chmod(0o555)
+    try:
+        r = unprivileged([sys.executable, "-m", "lcft", *map(str, base), "--resume", "auto"])
+    finally:
+        (run / "checkpoints").chmod(0o755)
+    one_error(r, "cannot save step 6", str(run / "checkpoints"), "Permission denied")
+    assert [s for s, _ in list_checkpoints(run)] == [3] and leftovers(run) == []
