@@ -21,10 +21,11 @@ from lcft.cli.app import app
 from lcft.genomics import prepare_windows
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import read_metrics
+from tests.conftest import SHARED_GENOMES
 from tests.test_files import unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
-LAMBDA = Path("/work/shared/genomes/lambda_phage_NC_001416.1.fa")
+LAMBDA = SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"
 TRAIN = ["--seq-len", "512", "--global-batch", "2", "--micro-batch", "1", "--warmup", "1", "--lr", "1e-3",
          "--precision", "fp32", "--no-progress", "--steps", "6"]
 
@@ -32,8 +33,6 @@ TRAIN = ["--seq-len", "512", "--global-batch", "2", "--micro-batch", "1", "--war
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2K-token windows of the lambda phage genome (23 train windows, no eval split)."""
-    if not LAMBDA.is_file():
-        pytest.skip(f"{LAMBDA} is not here")
     out = tmp_path_factory.mktemp("wf-data") / "windows"
     prepare_windows(fasta=str(LAMBDA), out=str(out), length=2048, train=("gi|9626243|ref|NC_001416.1|",), eval=())
     return out
