@@ -107,7 +107,9 @@ class LossStore:
                 # what the key stands for, for a person reading the folder (never read back)
                 self.path.with_suffix(".json").write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
             with open(self.path, "ab", buffering=0) as fh:
-                fh.write(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
+                rest = memoryview(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
+                while rest:  # a write cut short (a disk filling, a file-size limit) is not the record: write on,
+                    rest = rest[fh.write(rest):]  # and the next write says why it cannot
         except OSError as e:  # a torn record is not read back: what was kept before it still is
             raise LcftError(f"cannot keep losses in {self.path.parent}: {e.strerror or e} (errno {e.errno}); fix "
                             "the cause and re-run the same command to resume") from None

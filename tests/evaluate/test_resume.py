@@ -174,6 +174,32 @@ def test_store_reads_back_what_was_added(tmp_path):
     assert LossStore(tmp_path, {"pass": "y"}, keep=13).resume_at(4, 1) == 0  # another pass, another file
 
 
+def test_a_record_cut_short_by_a_file_size_limit_is_an_error(tmp_path):
+    """Under a file-size limit that ends inside the second record, the kernel writes part of it and says so only
+    by the count: that add is one line (it had returned as if kept, the record torn), and the first record
+    still reads back."""
+    script = textwrap.dedent(f"""
+        import resource
+        import numpy as np
+        from lcft.errors import LcftError
+        from lcft.evaluate.store import LossStore
+        store = LossStore({str(tmp_path)!r}, {{"pass": "x"}}, keep=64)
+        store.resume_at(2, 1)
+        store.add(0, np.zeros(64, np.float32), np.ones(64, bool))  # makes the file (and its .json) under no limit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (store.record + 100, resource.RLIM_INFINITY))
+        try:
+            store.add(1, np.ones(64, np.float32), np.ones(64, bool))
+        except LcftError as e:
+            print("error:", e)
+    """)
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert got.returncode == 0 and got.stdout.startswith("error: cannot keep losses in "), (got.stdout, got.stderr)
+    assert "File too large" in got.stdout
+    again = LossStore(tmp_path, {"pass": "x"}, keep=64)
+    assert again.resume_at(2, 1) == 1 and (tmp_path / PARTIAL).is_dir()
+
+
 @pytest.mark.parametrize("thing", ["folder", "fifo", "link"])
 def test_what_is_not_a_record_file_is_replaced_not_read_or_written_through(tmp_path, thing):
     """A folder under the pass's file name was an IsADirectoryError traceback; a FIFO would block the read; a
