@@ -50,7 +50,20 @@ def prune(run_dir: str | os.PathLike, keep_last: int) -> None:
         if good is not None:
             doomed.pop(good)
     for _, p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
+        remove_checkpoint(p)
+
+
+def remove_checkpoint(ckpt: Path) -> None:
+    """Delete the checkpoint folder `ckpt`: renamed to a temp name first, so a kill midway leaves a temp folder
+    that the next start's clean_partial removes, never a partly deleted folder under its step name (where a
+    reader, or --resume naming it, found files missing)."""
+    doomed = ckpt.with_name(TMP_PREFIX + "pruned-" + ckpt.name)
+    shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        os.rename(ckpt, doomed)
+    except OSError:
+        doomed = ckpt  # (gone already, or a folder we may not rename: removed where it is, as before)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 _WRITTEN: set[Path] = set()  # checkpoints this process hashed as it wrote them: not read back to prune

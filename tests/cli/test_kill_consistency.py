@@ -1,0 +1,69 @@
+"""SIGKILL at chosen points of train, then the next run of the same command: what the kill left is resumed or
+removed, never taken as complete, and no complete output is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from lcft.checkpoint.layout import TMP_PREFIX, list_checkpoints, verify_checkpoint
+from lcft.train import TrainConfig, train
+from tests.train.conftest import _one_thread, base_cfg, data_dir, init_dir  # noqa: F401  (fixtures, by name)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Train as argv[1] (a JSON TrainConfig) says, SIGKILLed once the first file is removed from the folder of checkpoint
+# argv[2] (by its step name or a temp name holding it) once checkpoint argv[3] is saved: midway through pruning.
+KILL_IN_PRUNE = textwrap.dedent("""
+    import json, os, signal, sys
+    from lcft.train import TrainConfig, train
+    cfg = json.loads(sys.argv[1])
+    victim, saved, real_unlink = sys.argv[2], os.path.join(cfg["out"], "checkpoints", sys.argv[3]), os.unlink
+    def unlink(path, *, dir_fd=None):
+        folder = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else os.path.dirname(path)
+        real_unlink(path, dir_fd=dir_fd)
+        if victim in os.path.basename(folder) and os.path.isdir(saved):
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.unlink = unlink
+    train(TrainConfig(**cfg))
+""")
+
+
+def _killed(script: str, cfg: dict[str, Any], *args: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(cfg), *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+def _weights(run: Path) -> dict:
+    return load_file(str(list_checkpoints(run)[-1][1] / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(base_cfg, tmp_path):  # noqa: F811
+    """--keep-last 1: SIGKILL while step 1 is deleted after step 2's save. Every step-N folder left verifies
+    (a partly deleted step-00000001 stayed under its name: readers found config.toml or the weights missing);
+    the next run resumes from step 2, removes the temp folder, and ends where an uninterrupted run does."""
+    cfg = {**base_cfg, "steps": 3, "save_every": 1, "keep_last": 1}
+    run = tmp_path / "run"
+    _killed(KILL_IN_PRUNE, {**cfg, "out": str(run)}, "step-00000001", "step-00000002")
+    left = list_checkpoints(run)
+    assert [s for s, _ in left][-1] == 2, left
+    for _, ckpt in left:
+        assert verify_checkpoint(ckpt), ckpt
+    train(TrainConfig(out=str(run), resume="auto", **cfg))
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(TMP_PREFIX)]
+    assert [s for s, _ in list_checkpoints(run)] == [3]
+    train(TrainConfig(out=str(tmp_path / "whole"), **cfg))
+    ours, whole = _weights(run), _weights(tmp_path / "whole")
+    assert ours.keys() == whole.keys() and all(ours[k].equal(whole[k]) for k in ours)
