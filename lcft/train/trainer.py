@@ -258,7 +258,8 @@ class Trainer:
                 self.save()
                 saved_step = st.step
             if cfg.max_consecutive_skips and st.consecutive_skips >= cfg.max_consecutive_skips:
-                ckpt = self.save()
+                # saved at this step already: not written again (a second save of a step replaces the first)
+                ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
                 raise LcftError(f"{st.consecutive_skips} updates in a row were skipped (step {st.step}: "
                                 f"{record['skip']}, loss {record['loss']:.4g}); the run stopped with a checkpoint "
                                 f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")

@@ -37,11 +37,32 @@ KILL_IN_PRUNE = textwrap.dedent("""
     train(TrainConfig(**cfg))
 """)
 
+# Train as argv[1] says, every update skipped from step argv[2] on (an infinite loss), SIGKILLed right after a
+# complete checkpoint folder is renamed (the first half of a save replacing that checkpoint).
+KILL_IN_REPLACE = textwrap.dedent("""
+    import json, math, os, re, signal, sys
+    from lcft.train import TrainConfig, train
+    from lcft.train.trainer import TrainHooks
+    real_rename = os.rename
+    def rename(src, dst):
+        complete = re.fullmatch(r"step-\\d{8}", os.path.basename(src)) and os.path.isfile(f"{src}/checksums.json")
+        real_rename(src, dst)
+        if complete:
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.rename = rename
+    bad = int(sys.argv[2])
+    train(TrainConfig(**json.loads(sys.argv[1])), TrainHooks(perturb_loss=lambda s, loss: loss * math.inf if s >= bad else loss))
+""")
+
+
+def _run(script: str, cfg: dict[str, Any], *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", script, json.dumps(cfg), *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
 
 def _killed(script: str, cfg: dict[str, Any], *args: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(cfg), *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = _run(script, cfg, *args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
@@ -67,3 +88,20 @@ def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(base_cfg, tmp_pa
     train(TrainConfig(out=str(tmp_path / "whole"), **cfg))
     ours, whole = _weights(run), _weights(tmp_path / "whole")
     assert ours.keys() == whole.keys() and all(ours[k].equal(whole[k]) for k in ours)
+
+
+@pytest.mark.slow
+def test_stop_after_skips_at_a_save_step_never_replaces_its_checkpoint(base_cfg, tmp_path):  # noqa: F811
+    """--save-every 1 --max-consecutive-skips 2, updates skipped from step 3: the run stops at step 4, just saved.
+    The stop saved step 4 a second time, replacing the first (renamed aside, then the new one renamed in): a kill
+    between the two renames left no step-00000004, and the next start removed both copies as temp folders. Now the
+    stop keeps the checkpoint it has: nothing replaces it, and the next run resumes from step 4."""
+    cfg = {**base_cfg, "steps": 5, "save_every": 1, "keep_last": 0, "max_consecutive_skips": 2}
+    run = tmp_path / "run"
+    proc = _run(KILL_IN_REPLACE, {**cfg, "out": str(run)}, "3")
+    ckpt = run / "checkpoints" / "step-00000004"
+    assert verify_checkpoint(ckpt), sorted(p.name for p in ckpt.parent.iterdir())
+    assert proc.returncode == 1 and "2 updates in a row were skipped" in proc.stderr, proc.stderr[-2000:]
+    assert f"checkpoint at {ckpt};" in proc.stderr
+    summary = train(TrainConfig(out=str(run), resume="auto", **cfg))
+    assert summary["step"] == 5 and [s for s, _ in list_checkpoints(run)] == [1, 2, 3, 4, 5]
