@@ -17,13 +17,13 @@ import torch
 
 from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, read_tensors
 from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
-from lcft.checkpoint.layout import read_model_config
+from lcft.checkpoint.layout import EXPORT_WORK, read_model_config
 from lcft.checkpoint.reader import Loaded
 from lcft.errors import LcftError
 from lcft.files import disk_full_error, folder_lock, free_bytes, refuse_nonempty_output, temp_name
 from lcft.model.hf import MAX_SHARD_BYTES, shards
 
-BUILD = ".export.tmp"  # in the locked folder: the model folder being built, moved to --out once complete
+BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete
 
 
 def check_out(out: Path, source: str | os.PathLike, force: bool) -> None:

@@ -30,6 +30,7 @@ CHECKSUMS = "checksums.json"
 SUPERSEDED = "superseded"
 MODEL_CONFIG = "config.json"  # a model folder's HF config
 MODEL_META = "lcft.json"  # lcft's own part of a model folder: attention settings, tokenizer spec, "weights"
+EXPORT_WORK = ".export.tmp"  # in an export's --out while `lcft export` builds the model folder (lcft.checkpoint.export)
 
 
 def step_name(step: int) -> str:
@@ -136,6 +137,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         if latest is None:
             raise LcftError(f"run folder {p} has no complete checkpoint under {checkpoints_dir(p)} yet")
         return _checked(latest)
+    if (p / EXPORT_WORK).exists():  # an export killed while moving its files in: config.json goes back last
+        raise LcftError(f"{p} holds no complete model: an `lcft export` into it was stopped midway; run the same "
+                        "export again")
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
 
 

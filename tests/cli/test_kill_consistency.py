@@ -1,4 +1,4 @@
-"""SIGKILL at chosen points of train, then the next run of the same command: what the kill left is resumed or
+"""SIGKILL at chosen points of train and export, then the next run of the same command: what the kill left is resumed or
 removed, never taken as complete, and no complete output is lost."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 from safetensors.torch import load_file
+from typer.testing import CliRunner
 
 from lcft.checkpoint.layout import TMP_PREFIX, list_checkpoints, verify_checkpoint
+from lcft.cli.app import app
 from lcft.train import TrainConfig, train
 from tests.train.conftest import _one_thread, base_cfg, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
@@ -105,3 +107,44 @@ def test_stop_after_skips_at_a_save_step_never_replaces_its_checkpoint(base_cfg,
     assert f"checkpoint at {ckpt};" in proc.stderr
     summary = train(TrainConfig(out=str(run), resume="auto", **cfg))
     assert summary["step"] == 5 and [s for s, _ in list_checkpoints(run)] == [1, 2, 3, 4, 5]
+
+
+# `lcft` with argv[1:], SIGKILLed right after its first rename of a file out of an export's work folder: midway
+# through moving a finished export into an --out that held a model before.
+KILL_IN_EXPORT_MOVE = textwrap.dedent("""
+    import os, signal, sys
+    from lcft.cli.app import app
+    real_replace = os.replace
+    def replace(src, dst):
+        real_replace(src, dst)
+        if os.path.basename(os.path.dirname(src)) == ".export.tmp" and os.path.dirname(dst) != os.path.dirname(src):
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.replace = replace
+    app(sys.argv[1:])
+""")
+
+
+def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_dir, tmp_path):  # noqa: F811
+    """`lcft export --force` over an earlier export, SIGKILLed while it moves the new files in (config.json is
+    gone until the end): eval, export and train --init given that folder say in one line that an export into it
+    was stopped and to run it again (was: not a run, checkpoint or HF model folder); the rerun completes it."""
+    out = tmp_path / "hf"
+    assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(out)]).exit_code == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = ["export", str(init_dir), "--out", str(out), "--force"]
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_EXPORT_MOVE, *argv], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert not (out / "config.json").exists()
+    readers = [["eval", "--data", str(data_dir), "--checkpoint", str(out), "--out", str(tmp_path / "ev")],
+               ["export", str(out), "--out", str(tmp_path / "again")],
+               ["train", "--data", str(data_dir), "--init", str(out), "--out", str(tmp_path / "run")]]
+    for reader in readers:
+        r = CliRunner().invoke(app, reader)
+        assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, (reader, r.output)
+        assert "an `lcft export` into it was stopped midway; run the same export again" in r.output, r.output
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    ours, want = load_file(str(out / "model.safetensors")), load_file(str(init_dir / "model.safetensors"))
+    assert ours.keys() == want.keys() and all(ours[k].equal(want[k]) for k in ours)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
