@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -72,7 +71,6 @@ def _weights(run: Path) -> dict:
     return load_file(str(list_checkpoints(run)[-1][1] / "model.safetensors"))
 
 
-@pytest.mark.slow
 def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(base_cfg, tmp_path):  # noqa: F811
     """--keep-last 1: SIGKILL while step 1 is deleted after step 2's save. Every step-N folder left verifies
     (a partly deleted step-00000001 stayed under its name: readers found config.toml or the weights missing);
@@ -92,7 +90,6 @@ def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(base_cfg, tmp_pa
     assert ours.keys() == whole.keys() and all(ours[k].equal(whole[k]) for k in ours)
 
 
-@pytest.mark.slow
 def test_stop_after_skips_at_a_save_step_never_replaces_its_checkpoint(base_cfg, tmp_path):  # noqa: F811
     """--save-every 1 --max-consecutive-skips 2, updates skipped from step 3: the run stops at step 4, just saved.
     The stop saved step 4 a second time, replacing the first (renamed aside, then the new one renamed in): a kill
