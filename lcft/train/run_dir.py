@@ -107,7 +107,8 @@ def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, lock: con
     """Rank 0 takes the run folder: its lock (held until `lock` closes; a second writer is refused, naming this
     pid), temp folders of interrupted saves removed; on a resume the checkpoints after `resume_step` moved to
     superseded/ (the resumed run owns those steps) and changed options (with `data_changes`, from record_data)
-    reported; a new run says when it replaces an earlier one's config; then the resolved config."""
+    reported; a new run says when it replaces an earlier one's config; then the resolved config, and the last
+    invocation's summary.json removed."""
     lock.enter_context(folder_lock(run, "lcft train"))
     clean_partial(run)
     saved = run / RUN_CONFIG
@@ -125,3 +126,4 @@ def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, lock: con
                 "the schedule continues from its position)")
     with write_faults(run / RUN_CONFIG):
         save_resolved(run / RUN_CONFIG, to_dict(cfg))
+    (run / SUMMARY).unlink(missing_ok=True)  # the last invocation's: this one writes its own as it ends, a kill none

@@ -145,3 +145,30 @@ def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_d
     ours, want = load_file(str(out / "model.safetensors")), load_file(str(init_dir / "model.safetensors"))
     assert ours.keys() == want.keys() and all(ours[k].equal(want[k]) for k in ours)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+# Train as argv[1] says, SIGKILLed in step argv[2] (before its update).
+KILL_AT_STEP = textwrap.dedent("""
+    import json, os, signal, sys
+    from lcft.train import TrainConfig, train
+    from lcft.train.trainer import TrainHooks
+    def perturb(step, loss):
+        if step >= int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return loss
+    train(TrainConfig(**json.loads(sys.argv[1])), TrainHooks(perturb_loss=perturb))
+""")
+
+
+def test_a_killed_run_leaves_no_summary_of_an_earlier_one(base_cfg, tmp_path):  # noqa: F811
+    """A run stopped after 2 steps (summary.json: stop_after at step 2), resumed and SIGKILLed in step 4: no
+    summary.json says how it ended (the stopped run's had stayed, read as this run's); the next resume writes
+    its own."""
+    cfg = {**base_cfg, "steps": 5, "save_every": 1, "out": str(tmp_path / "run")}
+    train(TrainConfig(stop_after=2, **cfg))
+    summary = tmp_path / "run" / "summary.json"
+    assert json.loads(summary.read_text())["stopped"] == "stop_after"
+    _killed(KILL_AT_STEP, {**cfg, "resume": "auto"}, "4")
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [1, 2, 3] and not summary.exists()
+    train(TrainConfig(**{**cfg, "resume": "auto"}))
+    assert json.loads(summary.read_text())["step"] == 5
