@@ -337,10 +337,12 @@ def test_cli_memory_sizes_are_one_line(option, value) -> None:
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--seq-len", "1" + "0" * 330], "seq_len must be at most 17,179,869,184"),
-    (["--seq-len", "9" * 400 + "K"], "seq_len must be at most 17,179,869,184"),
-    (["--nproc", str(10**320), "--global-batch", str(10**320)], "global_batch must be at most 2,147,483,648"),
-    (["--nproc", str(10**320)], "nproc must be at most 1,048,576"),
+    (["--seq-len", str(2**34 + 8)], "seq_len must be at most 17,179,869,184"),
+    (["--seq-len", "1" + "0" * 330], "seq_len: <int of 1097 bits> is past the 64-bit range"),
+    (["--seq-len", "9" * 400 + "K"], "seq_len: <int of 1339 bits> is past the 64-bit range"),
+    (["--nproc", "8", "--global-batch", str(2**31 + 8)], "global_batch must be at most 2,147,483,648"),
+    (["--nproc", str(2**20 + 1)], "nproc must be at most 1,048,576"),
+    (["--nproc", str(10**320)], "nproc: <int of 1064 bits> is past the 64-bit range"),
     (["--gpus-per-node", str(2**20 + 1)], "gpus_per_node must be at most 1,048,576"),
     (["--gpus-per-node", "0"], "gpus_per_node must be at least 1"),
 ])
