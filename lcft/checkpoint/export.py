@@ -17,7 +17,7 @@ import torch
 
 from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, read_tensors
 from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
-from lcft.checkpoint.layout import EXPORT_WORK, read_model_config
+from lcft.checkpoint.layout import EXPORT_WORK, check_output_folder, read_model_config
 from lcft.checkpoint.reader import Loaded
 from lcft.errors import LcftError
 from lcft.files import disk_full_error, folder_lock, free_bytes, refuse_nonempty_output, temp_name
@@ -31,6 +31,7 @@ def check_out(out: Path, source: str | os.PathLike, force: bool) -> None:
     files would be replaced by the export's, and its checksums no longer hold), and empty unless `force`."""
     if out.resolve().is_relative_to(Path(source).resolve()):
         raise LcftError(f"--out {out} is the checkpoint being exported, or inside it: export to another folder")
+    check_output_folder(out, "the export", ("model",))  # --force replaces an earlier export, never a run
     refuse_nonempty_output(out, force, (BUILD,))
 
 

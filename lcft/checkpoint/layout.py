@@ -143,6 +143,43 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
 
 
+# What lcft reads back from a folder, by what it holds (the first match wins: a checkpoint also has config.json)
+FOLDER_KINDS = {
+    "checkpoint": "a checkpoint (it has trainer_state/ or checksums.json)",
+    "run": "a training run's folder (it has checkpoints/ or config.toml)",
+    "model": "a model folder (it has config.json)",
+}
+
+
+def folder_kind(path: Path) -> str | None:
+    """Which of FOLDER_KINDS `path` is, or None (no folder, or none of them)."""
+    if (path / STATE_DIR).is_dir() or (path / CHECKSUMS).is_file():
+        return "checkpoint"
+    if checkpoints_dir(path).is_dir() or (path / RUN_CONFIG).is_file():
+        return "run"
+    return "model" if (path / MODEL_CONFIG).is_file() else None
+
+
+def check_output_folder(out: str | os.PathLike, writes: str, allowed: tuple[str, ...] = (),
+                        **inputs: str | os.PathLike) -> None:
+    """`out` may take what a command `writes` ('the windows', 'the run', ...): a new folder or one of the
+    `allowed` kinds, neither one of the command's `inputs` (option name -> path) nor the folder of an input file.
+    Anything else mixes outputs into a folder lcft reads back as another thing (a model folder with a run in it
+    resolves to the model, not the run's latest checkpoint; a windows folder with a run in it is still --data).
+    Writes nothing."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise LcftError(f"--out {out} is a file, not a folder; choose another --out for {writes}")
+    for option, given in inputs.items():
+        folder = Path(given).parent if Path(given).is_file() else Path(given)
+        if out.resolve() == folder.resolve():
+            verb = "is" if folder == Path(given) else "holds"
+            raise LcftError(f"--out {out} {verb} --{option} {given}; choose another --out for {writes}")
+    kind = folder_kind(out)
+    if kind is not None and kind not in allowed:
+        raise LcftError(f"--out {out} is {FOLDER_KINDS[kind]}; choose another --out for {writes}")
+
+
 def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path:
     """'auto' -> the newest checkpoint of run_dir that verifies (corrupt newer ones are reported through `say`
     and passed over); a run folder -> its latest; a checkpoint folder -> itself (both verified: a corrupt one

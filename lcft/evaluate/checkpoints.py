@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lcft.checkpoint.hf_folder import read_config
-from lcft.checkpoint.layout import check_tokenizer, resolve_checkpoint
+from lcft.checkpoint.layout import check_output_folder, check_tokenizer, resolve_checkpoint
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.config import ConfigError, format_size, load_toml
@@ -127,6 +127,7 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
     infos: list[CheckpointInfo] = []
     hashes: dict[Path, str] = {}
+    check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # next to a run's checkpoints is fine
     for given, label, ctx in zip(cfg.checkpoints, labels, contexts, strict=True):
         info = CheckpointInfo.read(given, label, ctx)
         if Path(cfg.out).resolve().is_relative_to(info.path.resolve()):  # a pruned checkpoint takes it along

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcft.checkpoint.layout import RUN_CONFIG, latest_checkpoint, resolve_resume
+from lcft.checkpoint.layout import RUN_CONFIG, check_output_folder, latest_checkpoint, resolve_resume
 from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config import save_resolved, to_dict
 from lcft.errors import LcftError
@@ -30,7 +30,8 @@ IGNORED_ON_RESUME = ("init", "preset")
 def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Path | None:
     """The checkpoint to resume from (--resume auto passes over corrupt ones, saying so), or None for a new
     run; refuses to mix or overwrite runs (a folder without checkpoints holds nothing to lose: a new run with
-    other options may start there). Writes nothing."""
+    other options may start there), or to write a run into --data, a model folder or a checkpoint. Writes nothing."""
+    check_output_folder(run, "the run", ("run",), data=cfg.data)
     for name in (RUN_CONFIG, METRICS, SUMMARY):  # read or replaced later: a FIFO would hang, a folder fail
         if (run / name).exists() and not (run / name).is_file():
             raise LcftError(f"{run / name} is not a regular file; move it aside")
