@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import fractions
 import functools
 import inspect
@@ -139,21 +140,31 @@ def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def did_you_mean(given: Any, names: Iterable[str]) -> str:
+    """' (did you mean X?)' for the name closest to a mistyped `given` ('precison' -> 'precision', 'bf61' ->
+    'bf16', 'seq-len' -> 'seq_len'), or '' when none is close."""
+    if not isinstance(given, str):
+        return ""
+    names = sorted(names)
+    same = [n for n in names if n.replace("_", "") == given.replace("-", "").replace("_", "")]
+    close = same or difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_keys(values: Mapping[str, Any], known: Iterable[str], where: str = "config") -> None:
-    """Unknown keys are an error naming the key (typos must not be silently ignored)."""
+    """Unknown keys are an error naming the key (typos must not be silently ignored) and the closest known one."""
     known = set(known)
     for k in values:
         if k not in known:
-            close = [n for n in sorted(known) if n.replace("_", "") == k.replace("-", "").replace("_", "")]
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown {where} key {k!r}{hint}")
+            raise ConfigError(f"unknown {where} key {k!r}{did_you_mean(k, known)}")
 
 
 def check_choice(value: Any, tp: Any, name: str) -> Any:
     """The one check of a Literal field's value, for flags, TOML and configs built in Python alike."""
     choices = typing.get_args(tp)
     if isinstance(value, list | dict) or value not in choices:
-        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}")
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}"
+                          f"{did_you_mean(value, map(str, choices))}")
     return value
 
 

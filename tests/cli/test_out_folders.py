@@ -53,3 +53,4 @@ def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_
     before = {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))}
     cli_fails(args, needle, "choose another --out")
     assert {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))} == before
+
