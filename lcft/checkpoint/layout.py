@@ -140,6 +140,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if (p / EXPORT_WORK).exists():  # an export killed while moving its files in: config.json goes back last
         raise LcftError(f"{p} holds no complete model: an `lcft export` into it was stopped midway; run the same "
                         "export again")
+    if p.name == CHECKPOINTS and (latest := latest_checkpoint(p.parent)) is not None:  # the run's, one level down
+        raise LcftError(f"{p} holds a run's checkpoints: give the run folder {p.parent} (its latest) or one "
+                        f"checkpoint, such as {latest}")
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
 
 

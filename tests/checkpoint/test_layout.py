@@ -100,3 +100,9 @@ def test_tokenizer_mismatch_names_what_differs(tmp_path, change, difference):
     ckpt = model_folder(tmp_path / "m", tokenizer={**data, **change})
     one_line(lambda: check_tokenizer(ckpt, data), "dna-char with 16 tokens vs dna-char with 16 tokens", difference)
 
+
+
+def test_a_runs_checkpoints_folder_names_the_run_and_its_latest(tmp_path):
+    run = make_run(tmp_path)
+    one_line(lambda: resolve_checkpoint(run / "checkpoints"), f"give the run folder {run}",
+             str(run / "checkpoints" / "step-00000010"))
