@@ -170,9 +170,7 @@ def check_output_folder(out: str | os.PathLike, writes: str, allowed: tuple[str,
     Anything else mixes outputs into a folder lcft reads back as another thing (a model folder with a run in it
     resolves to the model, not the run's latest checkpoint; a windows folder with a run in it is still --data).
     Writes nothing."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise LcftError(f"--out {out} is a file, not a folder; choose another --out for {writes}")
+    out = Path(out)  # (an --out that is a file is each command's own check)
     for option, given in inputs.items():
         folder = Path(given).parent if Path(given).is_file() else Path(given)
         if out.resolve() == folder.resolve():

@@ -125,14 +125,14 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     n = len(cfg.checkpoints)
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
-    infos: list[CheckpointInfo] = []
-    hashes: dict[Path, str] = {}
-    check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # next to a run's checkpoints is fine
-    for given, label, ctx in zip(cfg.checkpoints, labels, contexts, strict=True):
-        info = CheckpointInfo.read(given, label, ctx)
+    infos = [CheckpointInfo.read(*given) for given in zip(cfg.checkpoints, labels, contexts, strict=True)]
+    for info in infos:
         if Path(cfg.out).resolve().is_relative_to(info.path.resolve()):  # a pruned checkpoint takes it along
             raise LcftError(f"--out {cfg.out} is the checkpoint {info.path}, or inside it: write the report to "
                             "another folder")
+    check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # next to a run's checkpoints is fine
+    hashes: dict[Path, str] = {}
+    for info in infos:
         info.check_tokenizer(tokenizer)
         info.check_max_context(window, info.block_size())
         declared = info.config.get("max_position_embeddings")
@@ -143,7 +143,6 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
             hashes[info.path] = weights_sha256(info.path)
             check_weights_readable(info.path)
         info.sha256 = hashes[info.path]
-        infos.append(info)
     return infos
 
 
