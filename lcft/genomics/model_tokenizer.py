@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -154,7 +155,8 @@ def char_tokenizer() -> SeqTokenizer:
 
 def load_tokenizer(spec: str) -> SeqTokenizer:
     """`char`, `kmer:K` (built-in vocabulary), `kmer:K:PATH` (ids from a vocab.txt, a folder holding one, or a
-    WordLevel tokenizer.json), or a path to a tokenizer.json / a model folder holding one (or only a vocab.txt).
+    WordLevel tokenizer.json), or a path to a tokenizer.json / a model folder holding one (or only a vocab.txt) / a
+    k-mer vocab.txt itself (K as for its folder).
     Special-token roles come from the files beside the vocabulary. A folder may be a Hub id ORG/NAME[@REVISION]
     (lcft.hub: read from its cache, or downloaded)."""
     spec = (spec or "char").strip()
@@ -169,7 +171,11 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
         vocab, folder = read_vocab(local_path(path))
         return KmerTokenizer(int(k_text), vocab, path, read_roles(folder, vocab))
     folder = local_path(spec)  # a Hub id ORG/NAME[@REVISION] is its cached snapshot (lcft.hub)
-    if folder.is_dir() and not (folder / TOKENIZER_FILE).is_file() and (folder / VOCAB_FILE).is_file():
+    if folder.is_file() and folder.name == VOCAB_FILE:  # a k-mer vocabulary named itself: read as its folder's
+        folder, only_vocab = folder.parent, True
+    else:
+        only_vocab = folder.is_dir() and not (folder / TOKENIZER_FILE).is_file() and (folder / VOCAB_FILE).is_file()
+    if only_vocab:
         vocab = read_vocab_txt(folder / VOCAB_FILE)
         return KmerTokenizer(_folder_k(folder, vocab), vocab, spec, read_roles(folder, vocab))
     path = _json_path(folder)
@@ -227,8 +233,19 @@ def _json_path(path: Path) -> Path:
                             f"elsewhere is given as kmer:K:PATH)")
         path = path / TOKENIZER_FILE
     if not path.is_file():
-        raise LcftError(f"tokenizer {path}: no such file or folder (give char, kmer:K, or a tokenizer.json)")
+        raise LcftError(f"tokenizer {path}: no such file or folder (give char, kmer:K, or a tokenizer.json)"
+                        f"{_builtin_meant(str(path))}")
     return path
+
+
+def _builtin_meant(text: str) -> str:
+    """' (did you mean ...?)' when `text` reads as a built-in tokenizer misspelt ('Char', 'kmer6', 'KMER-6',
+    '6mer'), else ''."""
+    low = text.strip().lower()
+    m = re.fullmatch(r"k-?mers?[:_ -]?(\d{1,3})|(\d{1,3})-?mers?", low)
+    meant = "char" if low in ("char", "chars", "character", "characters") else (
+        f"kmer:{int(m[1] or m[2])}" if m and 1 <= int(m[1] or m[2]) <= MAX_K else None)
+    return f" (did you mean {meant!r}?)" if meant else ""
 
 
 def _canonical(path: Path) -> str:

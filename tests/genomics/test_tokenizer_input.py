@@ -18,6 +18,8 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, verify_windows
+from lcft.genomics.model_tokenizer import load_tokenizer
+from tests.conftest import SHARED_GENOMES
 from tests.genomics.conftest import random_genome, write_fasta
 
 L = 1024
@@ -39,6 +41,23 @@ def fails(match: str, fasta: Path, out: Path, **kw) -> str:
 
 def test_tokenizer_file_missing(fasta, tmp_path):
     fails("no such file or folder", fasta, tmp_path / "out", tokenizer=str(tmp_path / "nope.json"))
+
+
+@pytest.mark.parametrize(("given", "meant"), [("kmer6", "kmer:6"), ("KMER:6", "kmer:6"), ("6mer", "kmer:6"),
+                                              ("Char", "char")])
+def test_a_misspelt_builtin_tokenizer_names_the_close_match(fasta, tmp_path, monkeypatch, given, meant):
+    monkeypatch.chdir(tmp_path)  # (no file of that name)
+    fails(f"tokenizer {given}: no such file or folder .*\\(did you mean '{meant}'\\?\\)$", fasta, tmp_path / "out",
+          tokenizer=given)
+
+
+def test_a_kmer_vocab_txt_given_itself_is_read_as_its_folder(tmp_path):
+    """DNABERT-6's vocab.txt named itself (it had been parsed as a tokenizer.json: 'not valid JSON'): the
+    tokenizer its folder gives, K from the folder's files."""
+    folder = SHARED_GENOMES.parent / "published" / "dnabert-6"
+    by_file, by_folder = load_tokenizer(str(folder / "vocab.txt")), load_tokenizer(str(folder))
+    assert (by_file.k, by_file.vocab, by_file.roles) == (by_folder.k, by_folder.vocab, by_folder.roles)
+    assert by_file.k == 6 and by_file.vocab_size == 4101 and by_file.roles["pad_token"] == "[PAD]"
 
 
 def test_tokenizer_folder_without_tokenizer_json(fasta, tmp_path):
