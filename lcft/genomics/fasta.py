@@ -32,7 +32,9 @@ from lcft.genomics.fasta_check import (
     first_non_base,
     gzi_fits,
     indexing_error,
+    missing_names_error,
     non_ascii_line,
+    not_a_fasta_file,
 )
 from lcft.genomics.fasta_scan import MAX_GAP, IndexScan, long_header, scan_index
 
@@ -60,8 +62,8 @@ def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Pat
     p = Path(path)
     if not p.exists():
         raise LcftError(f"FASTA not found: {p}")
-    if not p.is_file():
-        raise LcftError(f"not a file: {p}")
+    if (why := not_a_fasta_file(p)) is not None:
+        raise why
     if p.stat().st_size == 0:
         raise LcftError(f"empty FASTA: {p} has no bytes")
     kind = gzip_kind(p)
@@ -256,9 +258,7 @@ class FastaFile:
         """Every name must be a record of this FASTA; the error lists what is there."""
         missing = [n for n in names if n not in self.index]
         if missing:
-            have = self.names
-            shown = ", ".join(have[:30]) + (f", ... ({len(have)} in all)" if len(have) > 30 else "")
-            raise LcftError(f"chromosome {', '.join(missing)} not found in {self.path}; available: {shown}")
+            raise missing_names_error(self.path, missing, self.names)
 
     def _byte_offset(self, name: str, pos: int) -> int:
         rec = self.index[name]

@@ -1,10 +1,12 @@
 """Whether the index files found beside a FASTA can be read as pyfaidx reads them (a .fai, a BGZF's .gzi); what
 a refused FASTA's bytes say about why (where a record first breaks the layout its index gives, a letter of several
-bytes among bases, pyfaidx's own indexing errors in one line). Whether the records fit the file is fasta_scan's.
+bytes among bases, pyfaidx's own indexing errors in one line), and what a mistaken path or record name was
+likely meant to be. Whether the records fit the file is fasta_scan's.
 """
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import os
 import re
@@ -159,3 +161,41 @@ def _isize(fd: int, end: int) -> int:
     """The uncompressed size a BGZF block ending at byte `end` records in its last 4 bytes."""
     tail = os.pread(fd, 4, end - 4)
     return struct.unpack("<I", tail)[0] if len(tail) == 4 else -1
+
+
+def not_a_fasta_file(p: Path) -> LcftError | None:
+    """Why an existing `p` is no FASTA file to read, or None: a folder (a windows folder, a genome's folder), not a
+    regular file, or a FASTA's index (.fai, .gzi) given for the FASTA beside it."""
+    if p.is_dir():
+        return LcftError(f"FASTA {p} is a folder: give the FASTA file itself (.fa, .fa.gz, ...)")
+    if not p.is_file():
+        return LcftError(f"FASTA {p} is not a regular file")
+    if p.suffix in (".fai", ".gzi") and p.with_suffix("").is_file():
+        return LcftError(f"FASTA {p} is the index of {p.with_suffix('')}: give that file")
+    return None
+
+
+def meant_name(name: str, names: list[str]) -> str | None:
+    """The record `name` was likely meant for: the same name with or without UCSC's 'chr' (hg38 'chr1', Ensembl
+    '1'), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
+    version); else the closest spelling
+    (difflib, among at most the first 100,000 names: an assembly of contigs has millions)."""
+    low = name.lower()
+    alias = low[3:] if low.startswith("chr") else "chr" + low
+    for have in names:
+        fields = have.lower().split("|")
+        if have.lower() in (low, alias) or low in fields or low in (f.partition(".")[0] for f in fields):
+            return have
+    close = difflib.get_close_matches(name, names[:100_000], n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def missing_names_error(path: Path, missing: list[str], names: list[str]) -> LcftError:
+    """One line naming the records of `missing` the FASTA lacks, what each was likely meant to be (the first
+    three), and the records it has (the first 30)."""
+    def one(m: str) -> str:
+        meant = meant_name(m, names) if missing.index(m) < 3 else None
+        return f"{m} (did you mean {meant!r}?)" if meant else m
+
+    shown = ", ".join(names[:30]) + (f", ... ({len(names)} in all)" if len(names) > 30 else "")
+    return LcftError(f"chromosome {', '.join(map(one, missing))} not found in {path}; available: {shown}")

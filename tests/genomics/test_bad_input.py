@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import re
 
 import pytest
 
@@ -41,6 +42,31 @@ def good(tmp_path):
 
 def test_missing_file(tmp_path):
     fails("FASTA not found", tmp_path / "nope.fa", tmp_path / "out")
+
+
+def test_a_folder_or_an_index_given_as_the_fasta_says_what_to_give(good, tmp_path):
+    """A windows folder, and the FASTA's own .fai, given as --fasta (had been 'not a file: PATH' and 'does not
+    start with >')."""
+    (tmp_path / "windows").mkdir()
+    fails(f"FASTA {tmp_path / 'windows'} is a folder: give the FASTA file itself", tmp_path / "windows",
+          tmp_path / "out")
+    run(good, tmp_path / "first")  # indexes it: g.fa.fai beside it
+    fails(f"FASTA {good}.fai is the index of {good}: give that file", f"{good}.fai", tmp_path / "out")
+
+
+@pytest.mark.parametrize(("names", "given", "said"), [
+    (("1", "2", "X"), ("chr1", "chrx"), "chromosome chr1 (did you mean '1'?), chrx (did you mean 'X'?) not found"),
+    (("chr1", "chr2"), ("1",), "chromosome 1 (did you mean 'chr1'?) not found"),
+    (("gi|9626243|ref|NC_001416.1|",), ("NC_001416",), "chromosome NC_001416 (did you mean "
+                                                         "'gi|9626243|ref|NC_001416.1|'?) not found"),
+    (("scaffold_12", "scaffold_13"), ("scafold_12",), "chromosome scafold_12 (did you mean 'scaffold_12'?)"),
+    (("c1", "c2"), ("mito",), "chromosome mito not found"),
+])
+def test_a_chromosome_not_found_names_what_was_likely_meant(tmp_path, names, given, said):
+    """UCSC against Ensembl names, an accession inside an NCBI name, a typo: the record meant is named."""
+    fasta = write_fasta(tmp_path / "g.fa", {n: random_genome(i, L) for i, n in enumerate(names)})
+    msg = fails(re.escape(said), fasta, tmp_path / "out", train=given)
+    assert ("did you mean" in msg) == (given != ("mito",))  # nothing close: no guess
 
 
 def test_not_fasta(tmp_path):
