@@ -164,3 +164,9 @@ def test_a_window_length_not_a_multiple_of_8_is_one_line(prepared, tmp_path):
     (folder / "eval.softmask.bin").write_bytes(bytes(3))
     (folder / MANIFEST).write_text(json.dumps(manifest))
     one_line(lambda: open_windows(folder, "eval").sequence(0), "corrupt manifest ('length'")
+
+
+def test_a_manifest_given_for_its_folder_names_the_folder(prepared):
+    """--data w/manifest.json had been 'w/manifest.json is not a prepared windows folder (no manifest.json)'."""
+    one_line(lambda: open_windows(prepared / "kmer2" / MANIFEST, "eval"),
+             f"{prepared / 'kmer2' / MANIFEST} is a windows folder's manifest: give the folder {prepared / 'kmer2'}")
