@@ -247,6 +247,8 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     if origin is typing.Literal:
         return check_choice(value, tp, name)
     if origin is Annotated:
+        if SIZE in tp.__metadata__:
+            return _coerce_int(value, name, size=True)
         return _coerce(value, typing.get_args(tp)[0], name)
     if origin in (tuple, list):
         if isinstance(value, str):
@@ -274,7 +276,7 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     return value
 
 
-def _coerce_int(value: Any, name: str) -> int:
+def _coerce_int(value: Any, name: str, size: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):  # 1.7 is not silently truncated to 1
         raise ConfigError(f"{name}: not an integer: {_kind(value)}")
     try:
@@ -283,7 +285,8 @@ def _coerce_int(value: Any, name: str) -> int:
         else:
             out = parse_size(value) if isinstance(value, str) else value
     except (ConfigError, ValueError):
-        raise ConfigError(f"{name}: not an integer: {value!r}") from None
+        hint = " (a size: e.g. 65536, 512K, 1M)" if size else ""
+        raise ConfigError(f"{name}: not an integer: {value!r}{hint}") from None
     # every count and step lcft keeps fits a 64-bit integer (torch's and numpy's, a trainer state's); fields
     # bound themselves more tightly where a figure is computed from them
     if not -INT_LIMIT <= out < INT_LIMIT:
@@ -308,7 +311,7 @@ def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> 
     to the field types (sizes like '512K' for int fields, 'a,b' for tuple fields)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     check_keys(values, fields, where or cls.__name__)
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # Size fields' text says how sizes are written
     kwargs = {k: _coerce(v, hints[k], k) for k, v in values.items()}
     return cls(**kwargs)
 

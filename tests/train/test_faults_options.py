@@ -91,6 +91,19 @@ def test_the_bounds_themselves_are_taken():
     assert timedelta(seconds=toml_cfg.collective_timeout).days == 30
 
 
+@pytest.mark.parametrize("line,said", [
+    ("seq_len = \"1e6\"", "seq_len: not an integer: '1e6' (a size: e.g. 65536, 512K, 1M)"),
+    ("seq_len = \"2Ki\"", "seq_len: not an integer: '2Ki' (a size: e.g. 65536, 512K, 1M)"),
+    ("steps = \"1e3\"", "steps: not an integer: '1e3'"),  # a count, not a size: no size hint
+])
+def test_a_size_not_written_as_one_says_how_sizes_are_written(tmp_path, line, said):
+    toml = tmp_path / "run.toml"
+    toml.write_text(line + "\n")
+    with pytest.raises(ConfigError) as e:
+        resolve_config(toml, {"data": "d", "out": "o"})
+    assert str(e.value) == said
+
+
 def test_toml_good_values_still_accepted(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('steps = 7\nlr = 1e-3\nseq_len = "1K"\nwarmup = 0\nprogress = false\nadam_beta2 = 0.99\n')
