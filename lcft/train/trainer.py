@@ -100,6 +100,9 @@ class Trainer:
         data = cfg.dataset
         data_cfg = DataConfig(self.seq_len, data.seed, data.softmask_loss_weight, data.rc_augment)
         self.samples = TrainSamples(windows, data_cfg)
+        if (unused := windows.length - self.samples.pieces * self.seq_len) > 0:  # a seq_len not dividing the window
+            self._note(f"warning: --seq-len {self.seq_len} takes {self.samples.pieces} aligned piece(s) of each "
+                       f"{windows.length}-token window; its last {unused} tokens are never trained on")
         self._setup_optimizer()
         self._restore()
         self.data_changes = record_data(self.state, manifest)  # the checkpoints record what they were trained on

@@ -34,6 +34,16 @@ def test_training_past_max_positions_warns_and_records_the_new_maximum(tmp_path,
     assert saved["max_position_embeddings"] == 512 and s["step"] == 1
 
 
+def test_a_seq_len_not_dividing_the_windows_says_what_is_never_trained_on(tmp_path, base_cfg, capsys):
+    """768 of 2048-token windows: two aligned pieces, the last 512 tokens of every window unused (had been
+    silent); 512 divides them: no warning."""
+    train(TrainConfig(out=str(tmp_path / "run"), **{**base_cfg, "seq_len": 768, "steps": 1}))
+    assert ("warning: --seq-len 768 takes 2 aligned piece(s) of each 2048-token window; its last 512 tokens are "
+            "never trained on") in capsys.readouterr().out
+    train(TrainConfig(out=str(tmp_path / "run512"), **{**base_cfg, "steps": 1}))
+    assert "never trained on" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("scaling,raised", [
     (None, True), ({"rope_type": "linear", "factor": 2.0}, True),
     ({"rope_type": "yarn", "factor": 4.0}, True), ({"rope_type": "llama3", "factor": 8.0}, True),
