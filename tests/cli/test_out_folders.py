@@ -30,7 +30,7 @@ def _kinds(tmp_path: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("case", ["train-into-data", "train-into-model", "train-into-checkpoint",
-                                  "eval-into-data", "eval-into-model", "export-into-run",
+                                  "eval-into-data", "eval-into-checkpoint", "export-into-run",
                                   "prepare-into-run", "prepare-into-fasta-folder"])
 def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_path):  # noqa: F811
     k = _kinds(tmp_path)
@@ -40,7 +40,7 @@ def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_
         "train-into-model": (["train", "--data", data, "--out", str(k["model"])], "is a model folder"),
         "train-into-checkpoint": (["train", "--data", data, "--out", str(k["ckpt"])], "is a checkpoint"),
         "eval-into-data": (["eval", "--data", data, "-c", str(k["model"]), "--out", data], f"is --data {data}"),
-        "eval-into-model": (["eval", "--data", data, "-c", str(k["model"]), "--out", str(k["ckpt"])],
+        "eval-into-checkpoint": (["eval", "--data", data, "-c", str(k["model"]), "--out", str(k["ckpt"])],
                             "is a checkpoint"),
         "export-into-run": (["export", str(k["model"]), "--out", str(k["run"]), "--force"],
                             "is a training run's folder"),
