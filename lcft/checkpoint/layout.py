@@ -151,6 +151,7 @@ FOLDER_KINDS = {
     "checkpoint": "a checkpoint (it has trainer_state/ or checksums.json)",
     "run": "a training run's folder (it has checkpoints/ or config.toml)",
     "model": "a model folder (it has config.json)",
+    "windows": "a prepared windows folder (it has manifest.json)",
 }
 
 
@@ -160,7 +161,11 @@ def folder_kind(path: Path) -> str | None:
         return "checkpoint"
     if checkpoints_dir(path).is_dir() or (path / RUN_CONFIG).is_file():
         return "run"
-    return "model" if (path / MODEL_CONFIG).is_file() else None
+    if (path / MODEL_CONFIG).is_file():
+        return "model"
+    from lcft.genomics.shards import MANIFEST  # (lazy: the checkpoint component needs no genomics to load)
+
+    return "windows" if (path / MANIFEST).is_file() else None
 
 
 def check_output_folder(out: str | os.PathLike, writes: str, allowed: tuple[str, ...] = (),

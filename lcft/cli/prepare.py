@@ -37,7 +37,7 @@ def _windows(cfg: PrepareConfig) -> None:
     from lcft.genomics.prepare import prepare_windows
 
     if cfg.out:  # here, as lcft.genomics sits below the checkpoint layout that knows runs and models
-        check_output_folder(cfg.out, "the windows", fasta=cfg.fasta or "")
+        check_output_folder(cfg.out, "the windows", ("windows",), fasta=cfg.fasta or "")
     manifest = prepare_windows(cfg, progress=True)
     console.print(_summary(manifest))
     console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {cfg.out}`", soft_wrap=True)

@@ -24,14 +24,18 @@ def _kinds(tmp_path: Path) -> dict[str, Path]:
     (ckpt / "trainer_state").mkdir()
     (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
     (tmp_path / "run" / "config.toml").write_text('steps = 1\n')
+    (tmp_path / "w2").mkdir()
+    (tmp_path / "w2" / "manifest.json").write_text("{}")  # another windows folder (what its kind is told by)
     (tmp_path / "genome").mkdir()
     (tmp_path / "genome" / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
-    return {"model": model, "run": tmp_path / "run", "ckpt": ckpt, "fasta": tmp_path / "genome" / "g.fa"}
+    return {"model": model, "run": tmp_path / "run", "ckpt": ckpt, "fasta": tmp_path / "genome" / "g.fa",
+            "windows": tmp_path / "w2"}
 
 
 @pytest.mark.parametrize("case", ["train-into-data", "train-into-model", "train-into-checkpoint",
                                   "eval-into-data", "eval-into-checkpoint", "export-into-run",
-                                  "prepare-into-run", "prepare-into-fasta-folder"])
+                                  "prepare-into-run", "prepare-into-fasta-folder", "export-into-windows",
+                                  "train-into-other-windows"])
 def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_path):  # noqa: F811
     k = _kinds(tmp_path)
     data = str(data_dir)
@@ -42,6 +46,10 @@ def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_
         "eval-into-data": (["eval", "--data", data, "-c", str(k["model"]), "--out", data], f"is --data {data}"),
         "eval-into-checkpoint": (["eval", "--data", data, "-c", str(k["model"]), "--out", str(k["ckpt"])],
                             "is a checkpoint"),
+        "export-into-windows": (["export", str(k["model"]), "--out", data, "--force"],
+                                "is a prepared windows folder"),
+        "train-into-other-windows": (["train", "--data", data, "--out", str(k["windows"])],
+                                     "is a prepared windows folder"),
         "export-into-run": (["export", str(k["model"]), "--out", str(k["run"]), "--force"],
                             "is a training run's folder"),
         "prepare-into-run": (["prepare", "windows", "--fasta", str(k["fasta"]), "--out", str(k["run"]),
