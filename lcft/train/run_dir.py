@@ -32,8 +32,10 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
     run; refuses to mix or overwrite runs (a folder without checkpoints holds nothing to lose: a new run with
     other options may start there), or to write a run into --data, a model folder or a checkpoint. Writes nothing."""
     check_output_folder(run, "the run", ("run",), data=cfg.data)
-    for name in (RUN_CONFIG, METRICS, SUMMARY):  # read or replaced later: a FIFO would hang, a folder fail
-        if (run / name).exists() and not (run / name).is_file():
+    # read, appended to or replaced later: a FIFO would hang, a folder fail, a link be written through (or, dangling,
+    # fail after the folder is taken)
+    for name in (RUN_CONFIG, METRICS, SUMMARY):
+        if (run / name).is_symlink() or (run / name).exists() and not (run / name).is_file():
             raise LcftError(f"{run / name} is not a regular file; move it aside")
     saved = run / RUN_CONFIG
     if cfg.resume:
