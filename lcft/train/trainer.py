@@ -107,7 +107,11 @@ class Trainer:
         self._restore()
         self.data_changes = record_data(self.state, manifest)  # the checkpoints record what they were trained on
         self.guard = SpikeGuard(cfg.guard, self.state.guard_history)
-        self._start_run_dir()
+        try:
+            self._start_run_dir()
+        except BaseException:  # the run folder's lock is taken by now: an in-process caller gets it back
+            self.close()
+            raise
 
     def _setup_processes(self) -> None:
         """This process's place in the world (data- and context-parallel ranks), accumulation and precision."""

@@ -131,12 +131,21 @@ def _hung(signum: int, frame: object) -> None:
 
 
 @pytest.mark.parametrize("name,kind", [("metrics.jsonl", "fifo"), ("metrics.jsonl", "folder"),
-                                       ("config.toml", "folder"), ("summary.json", "folder")])
+                                       ("config.toml", "folder"), ("summary.json", "folder"),
+                                       ("metrics.jsonl", "dangling link"), ("metrics.jsonl", "link")])
 def test_a_run_file_that_is_not_a_file_is_one_line_before_anything_is_written(tmp_path, base_cfg, name, kind):
     run = tmp_path / "run"
     train(TrainConfig(out=str(run), **{**base_cfg, "steps": 2, "save_every": 2}))
     (run / name).unlink()
-    os.mkfifo(run / name) if kind == "fifo" else (run / name).mkdir()
+    if kind == "fifo":
+        os.mkfifo(run / name)
+    elif kind.endswith("link"):  # appending would write through it, or (dangling) fail once the folder is taken
+        target = tmp_path / "elsewhere.jsonl" if kind == "link" else tmp_path / "gone" / "m.jsonl"
+        if kind == "link":
+            target.write_text("")
+        (run / name).symlink_to(target)
+    else:
+        (run / name).mkdir()
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     old = signal.signal(signal.SIGALRM, _hung)
     signal.alarm(60)
@@ -148,3 +157,21 @@ def test_a_run_file_that_is_not_a_file_is_one_line_before_anything_is_written(tm
         signal.signal(signal.SIGALRM, old)
     assert str(e.value) == f"{run / name} is not a regular file; move it aside"
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+def test_a_run_failing_once_it_holds_its_folder_gives_the_folder_back(tmp_path, base_cfg, monkeypatch):
+    """The metrics log failing to open after the run folder's lock is taken (a full disk, say): the next run of
+    that folder in the same process is not refused as another writer (the lock had been kept for as long as the
+    failed trainer lived, here in the error's traceback)."""
+    import lcft.train.trainer as trainer_module
+
+    def no_log(*_args: object) -> None:
+        raise LcftError("metrics.jsonl cannot be opened")
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(trainer_module, "MetricsLog", no_log)
+    with pytest.raises(LcftError, match="metrics.jsonl cannot be opened") as failed:
+        train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1}))
+    monkeypatch.undo()
+    assert train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1}))["step"] == 1
+    assert failed.value is not None  # (held until here)
