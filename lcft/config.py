@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import fractions
 import functools
 import inspect
@@ -24,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from lcft.errors import LcftError, shown
+from lcft.errors import LcftError, closest, did_you_mean, shown
 from lcft.files import atomic_write, parse_text
 
 T = TypeVar("T")
@@ -140,23 +139,12 @@ def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def did_you_mean(given: Any, names: Iterable[str]) -> str:
-    """' (did you mean X?)' for the name closest to a mistyped `given` ('precison' -> 'precision', 'bf61' ->
-    'bf16', 'seq-len' -> 'seq_len'), or '' when none is close."""
-    if not isinstance(given, str):
-        return ""
-    names = sorted(names)
-    same = [n for n in names if n.replace("_", "") == given.replace("-", "").replace("_", "")]
-    close = same or difflib.get_close_matches(given, names, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def check_keys(values: Mapping[str, Any], known: Iterable[str], where: str = "config") -> None:
     """Unknown keys are an error naming the key (typos must not be silently ignored) and the closest known one."""
     known = set(known)
     for k in values:
         if k not in known:
-            raise ConfigError(f"unknown {where} key {k!r}{did_you_mean(k, known)}")
+            raise ConfigError(f"unknown {where} key {k!r}{did_you_mean(closest(k, known))}")
 
 
 def check_choice(value: Any, tp: Any, name: str) -> Any:
@@ -164,7 +152,7 @@ def check_choice(value: Any, tp: Any, name: str) -> Any:
     choices = typing.get_args(tp)
     if isinstance(value, list | dict) or value not in choices:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}"
-                          f"{did_you_mean(value, map(str, choices))}")
+                          f"{did_you_mean(closest(value, map(str, choices)) if isinstance(value, str) else None)}")
     return value
 
 

@@ -1,7 +1,10 @@
-"""User-facing errors: the CLI prints their message on one line and exits non-zero, without a traceback; and how a
-value read from a file, or what a library's exception says about one, is shown in one."""
+"""User-facing errors: the CLI prints their message on one line and exits non-zero, without a traceback; how a
+value read from a file, or what a library's exception says about one, is shown in one; and the name a mistyped one
+was likely meant to be."""
 
+import difflib
 import reprlib
+from collections.abc import Iterable
 
 
 class LcftError(Exception):
@@ -65,3 +68,18 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def closest(given: str, names: Iterable[str]) -> str | None:
+    """The name a mistyped `given` was likely meant to be: one equal but for '-' and '_' ('seq-len' -> 'seq_len'),
+    else the closest spelling (difflib: 'precison' -> 'precision', 'bf61' -> 'bf16'); None when none is close."""
+    names = sorted(names)
+    flat = given.replace("-", "").replace("_", "")
+    same = [n for n in names if n.replace("_", "") == flat]
+    close = same or difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(meant: str | None) -> str:
+    """' (did you mean X?)' to end a message with, or '' without a guess."""
+    return f" (did you mean {meant!r}?)" if meant else ""

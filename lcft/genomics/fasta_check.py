@@ -6,14 +6,13 @@ likely meant to be. Whether the records fit the file is fasta_scan's.
 
 from __future__ import annotations
 
-import difflib
 import gzip
 import os
 import re
 import struct
 from pathlib import Path
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, closest, did_you_mean, reason
 
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
@@ -179,15 +178,14 @@ def meant_name(name: str, names: list[str]) -> str | None:
     """The record `name` was likely meant for: the same name with or without UCSC's 'chr' (hg38 'chr1', Ensembl
     '1'), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
     version); else the closest spelling
-    (difflib, among at most the first 100,000 names: an assembly of contigs has millions)."""
+    (lcft.errors.closest, among at most the first 100,000 names: an assembly of contigs has millions)."""
     low = name.lower()
     alias = low[3:] if low.startswith("chr") else "chr" + low
     for have in names:
         fields = have.lower().split("|")
         if have.lower() in (low, alias) or low in fields or low in (f.partition(".")[0] for f in fields):
             return have
-    close = difflib.get_close_matches(name, names[:100_000], n=1, cutoff=0.75)
-    return close[0] if close else None
+    return closest(name, names[:100_000])
 
 
 def missing_names_error(path: Path, missing: list[str], names: list[str]) -> LcftError:
@@ -195,7 +193,7 @@ def missing_names_error(path: Path, missing: list[str], names: list[str]) -> Lcf
     three), and the records it has (the first 30)."""
     def one(m: str) -> str:
         meant = meant_name(m, names) if missing.index(m) < 3 else None
-        return f"{m} (did you mean {meant!r}?)" if meant else m
+        return m + did_you_mean(meant)
 
     shown = ", ".join(names[:30]) + (f", ... ({len(names)} in all)" if len(names) > 30 else "")
     return LcftError(f"chromosome {', '.join(map(one, missing))} not found in {path}; available: {shown}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, did_you_mean, reason
 from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
@@ -245,7 +245,7 @@ def _builtin_meant(text: str) -> str:
     m = re.fullmatch(r"k-?mers?[:_ -]?(\d{1,3})|(\d{1,3})-?mers?", low)
     meant = "char" if low in ("char", "chars", "character", "characters") else (
         f"kmer:{int(m[1] or m[2])}" if m and 1 <= int(m[1] or m[2]) <= MAX_K else None)
-    return f" (did you mean {meant!r}?)" if meant else ""
+    return did_you_mean(meant)
 
 
 def _canonical(path: Path) -> str:
