@@ -177,8 +177,8 @@ def not_a_fasta_file(p: Path) -> LcftError | None:
 def meant_name(name: str, names: list[str]) -> str | None:
     """The record `name` was likely meant for: the same name with or without UCSC's 'chr' (hg38 'chr1', Ensembl
     '1'), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
-    version); else the closest spelling
-    (lcft.errors.closest, among at most the first 100,000 names: an assembly of contigs has millions)."""
+    version); else the closest spelling (lcft.errors.closest, among at most the first 100,000 names: an assembly
+    of contigs has millions)."""
     low = name.lower()
     alias = low[3:] if low.startswith("chr") else "chr" + low
     for have in names:
