@@ -47,6 +47,8 @@ LAYERS = [
                       "lcft.cli", "lcft.checkpoint", "lcft.files")),
     ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                     "lcft.cli", "lcft.checkpoint")),
+    ("lcft.disk", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
+                   "lcft.cli", "lcft.checkpoint", "lcft.files")),
 ]
 # Only the CLI itself and `python -m lcft` may import lcft.cli.
 CLI_ALLOWED = ("lcft.cli", "lcft.__main__")

@@ -19,8 +19,9 @@ from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, r
 from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
 from lcft.checkpoint.layout import EXPORT_WORK, check_output_folder, read_model_config
 from lcft.checkpoint.reader import Loaded
+from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import disk_full_error, folder_lock, free_bytes, refuse_nonempty_output, temp_name
+from lcft.files import folder_lock, refuse_nonempty_output, temp_name
 from lcft.model.hf import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete

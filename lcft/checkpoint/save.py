@@ -22,8 +22,9 @@ from lcft.checkpoint.layout import (
     step_name,
     verify_checkpoint,
 )
+from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import atomic_write, disk_full_error, file_hash, free_bytes
+from lcft.files import atomic_write, file_hash
 
 
 def clean_partial(run_dir: str | os.PathLike) -> list[Path]:

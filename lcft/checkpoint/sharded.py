@@ -16,8 +16,8 @@ from lcft.checkpoint.dcp import DCP_DIR, SHARDED_META, save_state
 from lcft.checkpoint.hf_folder import hf_tokenizer_of, write_model_folder
 from lcft.checkpoint.layout import TMP_PREFIX, checkpoints_dir, step_name
 from lcft.checkpoint.save import checkpoint_bytes, write_checkpoint
+from lcft.disk import disk_full_error
 from lcft.errors import LcftError
-from lcft.files import disk_full_error
 
 
 def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,

@@ -14,6 +14,7 @@ import numpy as np
 
 from lcft import __version__
 from lcft.config import dumps_toml, format_size, to_dict
+from lcft.disk import write_failure
 from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
 from lcft.evaluate.recurrence import K
 from lcft.evaluate.stats import (
@@ -253,7 +254,7 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
             with open(js, "w") as fh:
                 json.dump(report, fh, indent=1, allow_nan=False)
     except OSError as e:  # the losses stay in .partial (lcft.evaluate.store): a rerun only writes the report
-        raise LcftError(f"cannot write the report into {out}: {e.strerror or e} (errno {e.errno}); fix the cause "
+        raise LcftError(f"cannot write the report into {out}: {write_failure(e)}; fix the cause "
                         "and re-run the same command (the evaluated losses are kept)") from None
     return paths
 

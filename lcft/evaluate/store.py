@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lcft.disk import write_failure
 from lcft.errors import LcftError
 
 PARTIAL = ".partial"
@@ -111,6 +112,6 @@ class LossStore:
                 while rest:  # a write cut short (a disk filling, a file-size limit) is not the record: write on,
                     rest = rest[fh.write(rest):]  # and the next write says why it cannot
         except OSError as e:  # a torn record is not read back: what was kept before it still is
-            raise LcftError(f"cannot keep losses in {self.path.parent}: {e.strerror or e} (errno {e.errno}); fix "
+            raise LcftError(f"cannot keep losses in {self.path.parent}: {write_failure(e)}; fix "
                             "the cause and re-run the same command to resume") from None
         self._next += 1

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from lcft.config import Size, build, save_resolved, to_dict
 from lcft.console import make_console, text_column
+from lcft.disk import write_failure
 from lcft.errors import LcftError, shown
 from lcft.files import file_hash, folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
@@ -298,7 +299,7 @@ def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, 
         raise
     except OSError as e:
         raise LcftError(
-            f"cannot write to {out / PARTIAL}: {e.strerror or e} (errno {e.errno}); the finished part is "
+            f"cannot write to {out / PARTIAL}: {write_failure(e)}; the finished part is "
             "kept there: fix the cause and re-run the same command to resume"
         ) from None
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
+from lcft.disk import write_faults
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_write, read_json, write_faults
+from lcft.files import atomic_write, read_json
 from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
 

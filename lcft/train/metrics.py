@@ -23,8 +23,9 @@ from rich.progress import (
 from rich.text import Text
 
 from lcft.console import make_console, text_column
+from lcft.disk import write_faults
 from lcft.errors import LcftError
-from lcft.files import atomic_write, parse_json, write_faults
+from lcft.files import atomic_write, parse_json
 
 
 def peak_memory_bytes(device: torch.device) -> int:

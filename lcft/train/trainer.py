@@ -25,8 +25,9 @@ from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import save_sharded
 from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config import save_resolved, to_dict
+from lcft.disk import write_faults
 from lcft.errors import LcftError, is_oom
-from lcft.files import atomic_write, write_faults
+from lcft.files import atomic_write
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit

@@ -95,6 +95,22 @@ def test_export_past_the_file_size_limit(tmp_path, init):
     same_tensors(out / "model.safetensors", oracle / "model.safetensors")
 
 
+def test_prepare_past_the_file_size_limit(tmp_path):
+    """A window shard past the limit: one line naming the partial folder, the OS's words and the limit (they do
+    not name `ulimit -f`); the same command without the limit resumes to the shards of an uninterrupted run."""
+    yeast = SHARED_GENOMES / "sacCer3_chrIV.fa"
+    oracle, out = tmp_path / "oracle", tmp_path / "out"
+    args = ["prepare", "windows", "--fasta", yeast, "--length", "64K", "--train", "chrIV", "--eval", ""]
+    here(*args, "--out", oracle)
+    one_error(lcft(200_000, *args, "--out", out), str(out), "File too large",
+              "the file-size limit (ulimit -f) is 200,000 bytes", "re-run the same command to resume")
+    here(*args, "--out", out)
+    shards = sorted(p.name for p in oracle.iterdir() if p.is_file())
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == shards
+    assert all((out / n).read_bytes() == (oracle / n).read_bytes() for n in shards if n != "prepare.toml")
+    assert (out / "prepare.toml").read_text() == (oracle / "prepare.toml").read_text().replace(str(oracle), str(out))
+
+
 @pytest.mark.slow
 def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init):
     """A resumed run whose step-6 checkpoint fails in optimizer.pt (torch's writer says only 'unexpected pos'):

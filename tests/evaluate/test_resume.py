@@ -195,7 +195,7 @@ def test_a_record_cut_short_by_a_file_size_limit_is_an_error(tmp_path):
     got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert got.returncode == 0 and got.stdout.startswith("error: cannot keep losses in "), (got.stdout, got.stderr)
-    assert "File too large" in got.stdout
+    assert "File too large" in got.stdout and "the file-size limit (ulimit -f) is " in got.stdout
     again = LossStore(tmp_path, {"pass": "x"}, keep=64)
     assert again.resume_at(2, 1) == 1 and (tmp_path / PARTIAL).is_dir()
 

@@ -1,0 +1,126 @@
+"""Why a write failed, in one line: a full disk, a quota, a file past the filesystem's or this process's file-size
+limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from lcft.errors import LcftError
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling, each once."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _write_fault(exc: BaseException) -> int | None:
+    """ENOSPC, EDQUOT or EFBIG when that is what failed a write, anywhere in the exception chain: an OSError's
+    errno, or the wording of a library that reports it as text (safetensors quotes the OS error); None for
+    anything else, torch's zip writer's stream errors included (they do not say why)."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return e.errno
+        text = str(e).lower()
+        for words, code in (("file too large", errno.EFBIG), ("no space left", errno.ENOSPC),
+                            ("quota exceeded", errno.EDQUOT)):
+            if words in text:
+                return code
+    return None
+
+
+def _stream_failed(exc: BaseException) -> bool:
+    """torch's zip writer's words for a write the OS refused, whatever the reason."""
+    return any("file write failed" in str(e).lower() for e in _chain(exc))
+
+
+def file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (RLIMIT_FSIZE, `ulimit -f`); None when unlimited."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def write_failure(e: OSError) -> str:
+    """Why a write failed, for a one-line message: the OS's words and errno, and for a file too large (EFBIG)
+    this process's file-size limit, since `ulimit -f` is a cause the OS's words do not name."""
+    why = f"{e.strerror or e} (errno {e.errno})"
+    if e.errno == errno.EFBIG and (limit := file_size_limit()) is not None:
+        why += f"; the file-size limit (ulimit -f) is {limit:,} bytes"
+    return why
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem of `folder` (or of its nearest existing parent); None when unknown."""
+    p = Path(folder)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def _fault(exc: BaseException, needed: int | None, free_at_failure: int | None) -> int | None:
+    """What failed a write (ENOSPC, EDQUOT, EFBIG) or None. A stream error of torch's zip writer does not say:
+    a full disk when the free space the caller measured right after the failure is under 1 MiB (or under
+    `needed`), else the file-size limit when it is below `needed` (no file of the write is larger), else a full
+    disk when it says 'file write failed'."""
+    if (fault := _write_fault(exc)) is not None:
+        return fault
+    if free_at_failure is not None and (free_at_failure < (1 << 20) or bool(needed) and free_at_failure < needed):
+        return errno.ENOSPC
+    stream = _stream_failed(exc)
+    if (stream or free_at_failure is not None) and needed and (limit := file_size_limit()) is not None \
+            and limit < needed:
+        return errno.EFBIG
+    return errno.ENOSPC if stream else None
+
+
+def disk_full_error(exc: BaseException, folder: str | os.PathLike, needed: int | None,
+                    free_at_failure: int | None = None) -> LcftError | None:
+    """A one-line LcftError naming the folder and the space a write needs, when `exc` means the disk is full, or
+    that a file grew past what the filesystem or the process's file-size limit allows (EFBIG, `ulimit -f`); None
+    otherwise (the caller re-raises `exc`). `free_at_failure`: the free space the caller measured right after
+    the failure, for writers that report either only as a stream error (_fault)."""
+    fault = _fault(exc, needed, free_at_failure)
+    if fault is None:
+        return None
+    if fault == errno.EFBIG:
+        limit = file_size_limit()
+        ulimit = f"{limit:,} bytes" if limit is not None else "unlimited"
+        need = f"; this write needs about {_mib(needed)}" if needed else ""
+        return LcftError(f"file too large for {folder}: over the largest file its filesystem takes or this "
+                         f"process's file-size limit (ulimit -f: {ulimit}){need}")
+    need = f"needs about {_mib(needed)}" if needed else "needs more space"
+    free = free_bytes(folder)
+    have = f", {_mib(free)} free" if free is not None else ""
+    return LcftError(f"no space left on the device of {folder}: this write {need}{have}")
+
+
+@contextlib.contextmanager
+def write_faults(path: str | os.PathLike) -> Iterator[None]:
+    """Writes into `path` (a file or folder) whose failure for a full disk or a file too large (disk_full_error)
+    is a one-line LcftError naming it; any other exception passes as it is."""
+    try:
+        yield
+    except LcftError:
+        raise  # already one line, said where it failed (a message may quote "File too large" itself)
+    except Exception as e:
+        err = disk_full_error(e, path, None)
+        if err is None:
+            raise
+        raise err from None
