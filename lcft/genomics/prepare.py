@@ -195,7 +195,8 @@ def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile)
         old = read_manifest(out)
         recorded = old.get("options") if isinstance(old.get("options"), dict) else {}
         key = _differing(_recorded(recorded, options, fasta), options)
-        if key is None:
+        if key is None:  # done; a `.partial` beside it is what a finished run was killed removing
+            shutil.rmtree(out / PARTIAL, ignore_errors=True)
             return old
         if load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
             return None
@@ -298,10 +299,8 @@ def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, 
         shutil.rmtree(out / PARTIAL, ignore_errors=True)
         raise
     except OSError as e:
-        raise LcftError(
-            f"cannot write to {out / PARTIAL}: {write_failure(e)}; the finished part is "
-            "kept there: fix the cause and re-run the same command to resume"
-        ) from None
+        raise LcftError(f"cannot write to {out / PARTIAL}: {write_failure(e)}; the finished part is kept there: "
+                        "fix the cause and re-run the same command to resume") from None
 
 
 def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,

@@ -180,6 +180,31 @@ def test_crash_while_moving_outputs_into_place(genome, tmp_path, monkeypatch):
     assert not (out / ".partial").exists()
 
 
+def test_crash_while_removing_the_finished_partial_folder(genome, tmp_path, monkeypatch):
+    """Killed while removing `.partial` after the manifest was moved into place: the folder is complete, and the
+    re-run, a no-op, removes what is left of `.partial` (it had stayed for good)."""
+    import lcft.genomics.prepare as P
+
+    real = shutil.rmtree
+
+    def crash_after_one(path, *a, **kw):
+        if Path(path).name == ".partial":
+            (Path(path) / "state.json").unlink()  # part of it removed, then the kill
+            raise KeyboardInterrupt
+        real(path, *a, **kw)
+
+    out = tmp_path / "o"
+    monkeypatch.setattr(P.shutil, "rmtree", crash_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        prep(genome, out)
+    monkeypatch.setattr(P.shutil, "rmtree", real)
+    assert (out / "manifest.json").is_file() and (out / ".partial").is_dir()
+    stamps = {n: (out / n).stat().st_mtime_ns for n in OUTPUTS}
+    prep(genome, out)
+    assert not (out / ".partial").exists() and {n: (out / n).stat().st_mtime_ns for n in OUTPUTS} == stamps
+    assert verify_windows(out)
+
+
 def test_second_writer_into_the_same_folder_is_refused(genome, tmp_path):
     import fcntl
 
