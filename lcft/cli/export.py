@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @user_errors
     def export(
-        checkpoint: Path = typer.Argument(..., help="A checkpoint folder, or a run folder (its latest "
+        checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder, or a run folder (its latest "
                                           "checkpoints/step-* is used)."),
         out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors and "
                                  "lcft.json to (transformers loads it as the model's own class: Llama, Mistral, "
@@ -25,8 +25,7 @@ def register(app: typer.Typer) -> None:
                                          "(default: as stored)."),
         force: bool = typer.Option(False, "--force", help="Overwrite the model files in a non-empty --out."),
     ) -> None:
-        """Export a trained model as a HuggingFace model folder of its own class (Llama, Mistral, Qwen2, Qwen3,
-        Mixtral)."""
+        """Export a trained model as a Hugging Face folder of its own class (Llama, Mistral, Qwen2, Qwen3, Mixtral)."""
         import torch  # after argument parsing: `lcft export --help` stays fast
 
         from lcft.checkpoint.export import check_out, export_model
