@@ -17,7 +17,13 @@ import torch
 
 from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, read_tensors
 from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
-from lcft.checkpoint.layout import EXPORT_WORK, check_output_folder, read_model_config
+from lcft.checkpoint.layout import (
+    EXPORT_WORK,
+    CheckpointChanged,
+    check_output_folder,
+    read_model_config,
+    unchanged,
+)
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
@@ -51,12 +57,16 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
 
     # the tokenizer lcft.json records, checked against the folder's tokenizer.json and the embedding's rows
-    tokenizer = checkpoint_tokenizer(source.path, source.tokenizer, source.model.config.vocab_size)
+    with unchanged(source.path, source.identity):
+        tokenizer = checkpoint_tokenizer(source.path, source.tokenizer, source.model.config.vocab_size)
     failed: tuple[Exception, int | None] | None = None
     with _work_folder(out) as build:
         refuse_nonempty_output(out, force, (BUILD,))  # again under the lock: another writer may have been first
-        try:
-            _write(source, build, dtype, max_shard_size, tokenizer)
+        try:  # a sharded source is read as written: removed or replaced meanwhile (a run pruning it), one line
+            with unchanged(source.path, source.identity) if source.sharded else contextlib.nullcontext():
+                _write(source, build, dtype, max_shard_size, tokenizer)
+        except CheckpointChanged:
+            raise
         except Exception as e:
             failed = e, free_bytes(build)  # before the partial files' space comes back
         else:

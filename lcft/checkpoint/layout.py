@@ -10,9 +10,10 @@ resumed run superseded (steps after the one it resumed from) are moved to `<run>
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,47 @@ def verify_checkpoint(ckpt: str | os.PathLike) -> bool:
     return True
 
 
+Identity = tuple[int, int, int] | None
+
+
+def folder_identity(path: Path) -> Identity:
+    """(device, inode, change time) of the folder `path`; None when it is gone. A checkpoint that a run prunes
+    (renamed away, then removed) or saves again (a new folder renamed over its name) is another folder, or none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+class CheckpointChanged(LcftError):
+    """A checkpoint folder was removed or replaced while it was being read."""
+
+
+@contextlib.contextmanager
+def unchanged(path: Path, since: Identity = None) -> Iterator[Identity]:
+    """Read the folder `path` inside the block, which gets its identity (`since`, taken when the reader first
+    looked at it, else now). When the folder was removed or replaced before the block ends, whatever the block
+    raised, or read (files of two checkpoints), gives way to one line saying so: a training run writing into a
+    run folder prunes its older checkpoints (--keep-last) while others read them."""
+    since = since or folder_identity(path)
+    try:
+        yield since
+    except Exception:
+        if since is None or folder_identity(path) != since:
+            raise _changed(path) from None
+        raise
+    if since is None or folder_identity(path) != since:
+        raise _changed(path)
+
+
+def _changed(path: Path) -> CheckpointChanged:
+    run = f" (a training run writing into {path.parent.parent} prunes its older checkpoints under --keep-last)" \
+        if path.parent.name == CHECKPOINTS else ""
+    return CheckpointChanged(f"{path} was removed or replaced while it was being read{run}; give a checkpoint "
+                             "that stays, or run again")
+
+
 def previous_checkpoint(ckpt: Path) -> Path | None:
     """The run's newest checkpoint before `ckpt` (None when it is the first, or not in a run folder)."""
     m = STEP_DIR.fullmatch(ckpt.name)
@@ -96,7 +138,10 @@ def previous_checkpoint(ckpt: Path) -> Path | None:
 def _checked(ckpt: Path) -> Path:
     """`ckpt` once verified; a corrupt one is an error naming its file and the previous checkpoint."""
     try:
-        verify_checkpoint(ckpt)
+        with unchanged(ckpt):
+            verify_checkpoint(ckpt)
+    except CheckpointChanged:
+        raise
     except LcftError as e:
         prev = previous_checkpoint(ckpt)
         hint = f"; the previous checkpoint is {prev}" if prev else ""

@@ -12,7 +12,7 @@ import torch
 
 from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint, load_state, model_on_meta
 from lcft.checkpoint.hf_folder import from_pretrained
-from lcft.checkpoint.layout import read_model_config, read_model_meta
+from lcft.checkpoint.layout import Identity, read_model_config, read_model_meta, unchanged
 from lcft.checkpoint.state import TrainerState, read_trainer_state
 from lcft.errors import LcftError, is_oom
 from lcft.model import Llama
@@ -34,6 +34,8 @@ class Loaded:
     """The model (model=True); a sharded one stays on the meta device with materialize=False."""
     trainer: tuple[TrainerState, dict | None, dict, dict] | None = None
     """(state, optimizer state dict (None: sharded, in dcp/), scheduler state dict, RNG states) (trainer_state=True)."""
+    identity: Identity = None
+    """The folder's identity as read (lcft.checkpoint.layout.unchanged): a later read of it compares with it."""
 
     @property
     def tokenizer(self) -> dict[str, Any] | None:
@@ -42,19 +44,23 @@ class Loaded:
 
 
 def load(path: str | os.PathLike, *, model: bool = True, attention: AttentionConfig | None = None,
-         dtype: torch.dtype | None = None, materialize: bool = True, trainer_state: bool = False) -> Loaded:
+         dtype: torch.dtype | None = None, materialize: bool = True, trainer_state: bool = False,
+         since: Identity = None) -> Loaded:
     """Read a checkpoint folder (as lcft.checkpoint.layout.resolve_checkpoint / resolve_resume gave it: a run or
     Hub id is resolved, and checksums verified, there). model: build the model, from HF safetensors
     (from_pretrained: attention overrides lcft.json's, dtype casts as read) or from DCP shards read in this
     process alone; materialize=False leaves a sharded model on the meta device, for a caller that shards it and
     then fills each rank's part (lcft.checkpoint.dcp.load_state). trainer_state: also the trainer state, optimizer,
-    schedule and RNG states (a one-line error when the folder holds none)."""
+    schedule and RNG states (a one-line error when the folder holds none). A folder removed or replaced while
+    read (or since `since`, its identity when the caller first read it) is a one-line error saying so."""
     path = Path(path)
-    out = Loaded(path, read_model_config(path), read_model_meta(path), is_sharded_checkpoint(path))
-    if model:
-        out.model = _read_model(path, out.sharded, attention, dtype, materialize)
-    if trainer_state:
-        out.trainer = read_trainer_state(path)
+    with unchanged(path, since) as identity:
+        out = Loaded(path, read_model_config(path), read_model_meta(path), is_sharded_checkpoint(path),
+                     identity=identity)
+        if model:
+            out.model = _read_model(path, out.sharded, attention, dtype, materialize)
+        if trainer_state:
+            out.trainer = read_trainer_state(path)
     return out
 
 

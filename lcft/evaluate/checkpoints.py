@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from lcft.checkpoint.hf_folder import read_config
-from lcft.checkpoint.layout import check_output_folder, check_tokenizer, resolve_checkpoint
+from lcft.checkpoint.layout import (
+    Identity,
+    check_output_folder,
+    check_tokenizer,
+    resolve_checkpoint,
+    unchanged,
+)
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.config import ConfigError, format_size, load_toml
@@ -35,13 +41,16 @@ class CheckpointInfo:
     lcft: dict[str, Any] = field(default_factory=dict)
     train_config: dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
+    identity: Identity = None
+    """The folder as first read: every later read of it is checked against it (a run pruning it meanwhile)."""
 
     @classmethod
     def read(cls, given: str, label: str, max_context: int) -> CheckpointInfo:
         path = resolve_checkpoint(given)
         read = load(path, model=False)
-        config, lcft = read.config, read.meta
-        return cls(label, given, path, max_context, config, lcft, _run_config(path))
+        with unchanged(path, read.identity):
+            run_config = _run_config(path)
+        return cls(label, given, path, max_context, read.config, read.meta, run_config, identity=read.identity)
 
     def check_tokenizer(self, data_tokenizer: dict[str, Any]) -> None:
         """The checkpoint must read the data's vocabulary (lcft.checkpoint.layout.check_tokenizer)."""
@@ -133,22 +142,29 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # next to a run's checkpoints is fine
     hashes: dict[Path, str] = {}
     for info in infos:
-        info.check_tokenizer(tokenizer)
-        info.check_max_context(window, info.block_size())
-        declared = info.config.get("max_position_embeddings")
-        if isinstance(declared, int) and (info.max_context or window) > declared:
-            print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "
-                  f"max_position_embeddings {declared}", file=sys.stderr)
-        if info.path not in hashes:
-            hashes[info.path] = weights_sha256(info.path)
-            check_weights_readable(info.path)
-        info.sha256 = hashes[info.path]
+        with unchanged(info.path, info.identity):
+            _check(info, window, tokenizer, hashes)
     return infos
+
+
+def _check(info: CheckpointInfo, window: int, tokenizer: dict[str, Any], hashes: dict[Path, str]) -> None:
+    """The checks of one checkpoint against the data, and its weights' hash (once per folder)."""
+    info.check_tokenizer(tokenizer)
+    info.check_max_context(window, info.block_size())
+    declared = info.config.get("max_position_embeddings")
+    if isinstance(declared, int) and (info.max_context or window) > declared:
+        print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "
+              f"max_position_embeddings {declared}", file=sys.stderr)
+    if info.path not in hashes:
+        hashes[info.path] = weights_sha256(info.path)
+        check_weights_readable(info.path)
+    info.sha256 = hashes[info.path]
 
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
     """The checkpoint's model in eval mode on `device`, in fp32 whatever the file stores (a bf16 export or a
     published bf16 model), as training holds it: --precision says how it computes. A folder that cannot be read
-    is a one-line LcftError from `load`, as for train --init and export."""
-    model = load(info.path, dtype=torch.float32).model
+    is a one-line LcftError from `load`, as for train --init and export; so is one removed or replaced since
+    `prepare_checkpoints` hashed it (the report records that hash)."""
+    model = load(info.path, dtype=torch.float32, since=info.identity).model
     return model.to(device).eval()
