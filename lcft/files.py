@@ -25,8 +25,7 @@ MAX_NESTING = 100
 
 
 def temp_name(path: Path) -> Path:
-    """The hidden temp sibling a file is written to before it replaces `path`: '.name.tmp' in the same folder
-    (same filesystem, so the rename is atomic)."""
+    """The hidden temp sibling '.name.tmp' a file is written to before it replaces `path` (atomic rename)."""
     return path.with_name(f".{path.name}.tmp")
 
 
@@ -259,6 +258,13 @@ def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLik
         if created:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only succeeds when empty
+
+
+def refuse_locked(folder: str | os.PathLike, command: str) -> None:
+    """folder_lock's refusal (the lock let go at once) before a writer reads what another one writes and prunes."""
+    if Path(folder).is_dir() and _holder(Path(folder))[0] != str(os.getpid()):
+        with folder_lock(folder, command):
+            pass
 
 
 def umask() -> int:

@@ -27,7 +27,7 @@ from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, is_oom
-from lcft.files import atomic_write
+from lcft.files import atomic_write, refuse_locked
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
@@ -94,6 +94,8 @@ class Trainer:
         windows = open_windows(cfg.data, "train")
         self.seq_len = cfg.seq_len or windows.length
         self.run_dir = Path(cfg.out)
+        if self.is_main:  # the one rank that takes the lock; a run another process writes changes while read
+            refuse_locked(self.run_dir, "lcft train")
         self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
         if self.resume_from is not None:  # the model is the checkpoint's: --init and --preset keep the run's values
             self.cfg = cfg = keep_resumed_model(cfg, self.resume_from, self._note)
