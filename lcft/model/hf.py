@@ -43,7 +43,10 @@ METADATA = frozenset({"architectures", "model_type", "transformers_version", "_n
                       "tokenizer_class", "max_length", "min_length", "do_sample", "temperature", "top_p",
                       "top_k", "num_beams", "_attn_implementation_autoset", "bad_words_ids", "auto_map",
                       "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"})
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+             "original_max_position_embeddings")  # the last: read into a llama3 / yarn table, as transformers does
+_ROPE_TABLE_KEYS = set("rope_type type rope_theta factor original_max_position_embeddings truncate attention_factor "
+                       "beta_fast beta_slow mscale mscale_all_dim low_freq_factor high_freq_factor partial_rotary_factor".split())
 QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 # config.json keys read as true or false (where the family reads them): each must be a JSON boolean.
 BOOL_KEYS = ("tie_word_embeddings", "use_cache", "attention_bias", "output_router_logits", "use_sliding_window",
@@ -154,24 +157,34 @@ def _rope_to_hf(cfg: LlamaConfig) -> dict[str, Any]:
     return {"rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "rope_parameters": params}
 
 
-def _rope_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
+def _rope_table(d: dict[str, Any], fam: Family) -> tuple[str, dict[str, Any]]:
+    """(its key, the RoPE table) as transformers resolves it: `rope_scaling` as a whole, else `rope_parameters`; the
+    table's rope_theta and partial_rotary_factor before the top-level ones; a top-level
+    original_max_position_embeddings before a llama3 or yarn table's."""
     for key in ("rope_parameters", "rope_scaling"):
         if d.get(key) and not isinstance(d[key], dict):
             raise LcftError(f"{key}={d[key]!r} (an object)")
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or params
-    theta = params.get("rope_theta", d.get("rope_theta", fam.defaults["rope_theta"]))
-    extra = set(params) - {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
-                           "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
-                           "low_freq_factor", "high_freq_factor"}
+    where = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    table = dict(d.get(where) or {})
+    table.setdefault("rope_theta", d.get("rope_theta", fam.defaults["rope_theta"]))
+    table.setdefault("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if table.get("rope_type", table.get("type")) in ("llama3", "yarn") and "original_max_position_embeddings" in d:
+        table["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+    return where, table
+
+
+def _rope_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
+    where, table = _rope_table(d, fam)
+    extra = set(table) - _ROPE_TABLE_KEYS if where == "rope_parameters" else set()
     if extra:
         raise LcftError(f"rope_parameters field {sorted(extra)[0]!r}")
-    if d.get("partial_rotary_factor", 1.0) not in (1, None):  # transformers' rope reads it beside rope_theta
-        raise LcftError(f"partial_rotary_factor={d['partial_rotary_factor']!r} (lcft rotates every dimension)")
+    rotary = table.pop("partial_rotary_factor", 1.0)
+    if rotary not in (1, None):  # transformers' rope reads it beside rope_theta
+        raise LcftError(f"partial_rotary_factor={rotary!r} (lcft rotates every dimension)")
+    theta = table["rope_theta"]
     if not is_real(theta):  # its sign is LlamaConfig's check (check_counts)
         raise LcftError(f"rope_theta={theta!r} (a number)")
-    where = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
-    return {"rope_theta": float(theta), "rope_scaling": normalize_rope_scaling(scaling, where) if scaling else None}
+    return {"rope_theta": float(theta), "rope_scaling": normalize_rope_scaling(table, where) if table else None}
 
 
 def _window_to_hf(cfg: LlamaConfig, fam: Family) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Random config.json files of the five families lcft trains (keys and values their published models use, in
 transformers' older and newer forms), transformers as the oracle: where transformers builds and runs the model,
 lcft either refuses the config in one line (a value it cannot honour) or gives the same logits from the same
-weights; where transformers cannot, lcft may refuse or not but never raises anything else."""
+weights; where transformers cannot, lcft may refuse or not but never raises anything else. Also the RoPE tables
+published files give in more than one place, read from the place transformers reads them."""
 
 from __future__ import annotations
 
@@ -122,3 +123,38 @@ def test_random_configs_give_transformers_logits_or_one_line(tmp_path):
 
     check()
     assert len(COMPARED) >= EXAMPLES // 3, f"only {len(COMPARED)} configs reached the logits"
+
+
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+ROPE_TABLES = {  # where transformers takes RoPE from: rope_scaling as a whole before rope_parameters, the table's
+    # rope_theta before the top-level one, a top-level original_max_position_embeddings before the table's
+    "theta in rope_scaling": {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
+    "theta in rope_scaling beside a top-level one": {"rope_theta": 1e6, "rope_scaling": {**_YARN, "rope_theta": 500.0}},
+    "rope_scaling before rope_parameters": {"rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                                            "rope_parameters": {**_YARN, "rope_theta": 500.0}},
+    "top-level original length, yarn": {"original_max_position_embeddings": 32, "rope_scaling": _YARN},
+    "top-level original length, llama3": {"original_max_position_embeddings": 32, "rope_parameters": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16, "rope_theta": 500.0}},
+    "partial_rotary_factor 1 in rope_parameters": {"rope_parameters": {"rope_theta": 500.0,
+                                                                       "partial_rotary_factor": 1.0}},
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_TABLES))
+def test_rope_tables_are_read_as_transformers_reads_them(tmp_path, case):
+    transformers.logging.set_verbosity_error()
+    d = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 40, "hidden_size": 64,
+         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 64, **ROPE_TABLES[case]}
+    folder = tmp_path / "case" / "model"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = _transformers_model(folder)
+        ours = from_pretrained(folder).float().eval()
+    ids = torch.randint(0, 40, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        gap = (ours(ids) - theirs(ids).logits).abs().max().item()
+    assert gap < 1e-4, f"logits apart by {gap:.3g}"
