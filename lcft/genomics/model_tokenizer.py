@@ -103,6 +103,7 @@ class JsonTokenizer(SeqTokenizer):
         kind = str(model.get("type", "json")).lower()
         super().__init__(kind, vocab, unk, BPE_BLOCK, 1, tk.to_str(), specials, dict(roles or {}))
         self.tk, self.source = tk, source
+        self.affixes = (model.get("continuing_subword_prefix") or "", model.get("end_of_word_suffix") or "")
         self.plain = json.loads(self.json_text).get("normalizer") is None
         missing = [b for b in "ACGT" if self._spells(b) != b]
         if missing:

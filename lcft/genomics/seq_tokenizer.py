@@ -61,11 +61,14 @@ def split_pieces(acgt: np.ndarray, start: int, block: int, runs: bool = True) ->
     return np.concatenate(([0], inner, [n])).astype(np.int64)
 
 
-def token_bases_of(name: str) -> str:
+def token_bases_of(name: str, affixes: tuple[str, str] = ("##", "")) -> str:
     """The bases a vocabulary entry spells, upper case ('' for specials and anything not made of letters):
-    word-boundary marks of SentencePiece and byte-level BPE ('▁', 'Ġ', '##') are dropped."""
+    word-boundary marks of SentencePiece and byte-level BPE ('▁', 'Ġ') are dropped, and the vocabulary's own
+    (prefix, suffix) marking a word's inner and last pieces (WordPiece's '##', a BPE's `</w>`)."""
     s = name.replace("\u2581", "").replace("\u0120", "")
-    s = s[2:] if s.startswith("##") else s
+    prefix, suffix = affixes
+    s = s[len(prefix) :] if prefix and s.startswith(prefix) else s
+    s = s[: -len(suffix)] if suffix and s.endswith(suffix) else s
     return s.upper() if s.isascii() and s.isalpha() else ""
 
 
@@ -82,6 +85,7 @@ class SeqTokenizer:
     specials: frozenset[int] = field(default_factory=frozenset)
     roles: dict[str, str] = field(default_factory=dict)  # special-token role -> token (vocab_file.ROLES)
     runs: bool = True  # pieces end where a run of A/C/G/T meets other letters (k-mers read across: False)
+    affixes: tuple[str, str] = ("##", "")  # (prefix, suffix) a token's spelling may carry (token_bases_of)
     _bases: list[str] = field(default_factory=list, repr=False)
     _table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
@@ -111,7 +115,7 @@ class SeqTokenizer:
     def bases(self) -> list[str]:
         """Per id, the bases the token spells ('' for specials and the unknown token)."""
         if len(self._bases) != len(self.vocab):
-            self._bases = ["" if i in self.specials or i == self.unk_id else token_bases_of(t)
+            self._bases = ["" if i in self.specials or i == self.unk_id else token_bases_of(t, self.affixes)
                            for i, t in enumerate(self.vocab)]
         return self._bases
 

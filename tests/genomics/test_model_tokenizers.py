@@ -160,3 +160,46 @@ def test_rerun_with_another_tokenizer_is_refused(tmp_path, bpe_file):
     assert prepare_windows(**kw, tokenizer="kmer:6") == m  # same options: nothing to do
     with pytest.raises(LcftError, match="different tokenizer .*was kmer:6, now bpe"):
         prepare_windows(**kw, tokenizer=str(bpe_file))
+
+
+def random_bases(n: int, seed: int) -> str:
+    """`n` random A/C/G/T bases."""
+    return "".join(np.random.default_rng(seed).choice(list("ACGT"), n))
+
+
+def _marked_bpe(path, **marks) -> str:
+    """A small BPE trained here on random bases, cut into words of up to 7 bases so its tokens carry `marks`
+    (continuing_subword_prefix on a word's inner pieces, end_of_word_suffix on its last)."""
+    seqs = [random_bases(500, seed) for seed in range(60)]
+    tk = Tokenizer(models.BPE(unk_token="<unk>", **marks))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(".{1,7}"), behavior="isolated")
+    tk.train_from_iterator(seqs, trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<unk>"],
+                                                     show_progress=False, **marks))
+    tk.save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("marks", [{"continuing_subword_prefix": "@@"}, {"end_of_word_suffix": "</w>"}],
+                         ids=["inner-prefix", "final-suffix"])
+def test_marked_bpe_tokens_spell_their_bases_and_carry_loss(marks, tmp_path):
+    """A BPE whose tokens carry a word-piece mark of its own: ids as `tokenizers` gives them for each piece, bases
+    per token as its offsets say, and every token of A/C/G/T bases carries loss (is counted)."""
+    from lcft.genomics.model_tokenizer import load_tokenizer
+    from lcft.genomics.seq_tokenizer import UPPER
+
+    tok = load_tokenizer(_marked_bpe(tmp_path / "tokenizer.json", **marks))
+    tk = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    seq = random_bases(300, 99)
+    seq = seq[:100] + seq[100:180].lower() + "NNNNRY" + seq[180:]
+    raw = np.frombuffer(seq.encode(), np.uint8)
+    ids, counts = tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))
+    want_ids, want_counts, bases = [], [], []
+    for m in re.finditer("[ACGT]+|[^ACGT]+", seq.upper()):
+        enc = tk.encode(m.group(), add_special_tokens=False)
+        want_ids += enc.ids
+        want_counts += [e - s for s, e in enc.offsets]
+        bases += [m.group()[s:e] for s, e in enc.offsets]
+    assert ids.tolist() == want_ids and counts.tolist() == want_counts
+    counted = tok.counted()[ids]
+    assert counted.tolist() == [set(b) <= set("ACGT") for b in bases] and counted.sum() > 100
+
