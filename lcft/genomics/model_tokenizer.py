@@ -104,6 +104,10 @@ class JsonTokenizer(SeqTokenizer):
         super().__init__(kind, vocab, unk, BPE_BLOCK, 1, tk.to_str(), specials, dict(roles or {}))
         self.tk, self.source = tk, source
         self.affixes = (model.get("continuing_subword_prefix") or "", model.get("end_of_word_suffix") or "")
+        dropout = model.get("dropout")
+        if dropout is not None and 0 < dropout < 1:  # 0 and 1 give one answer: every merge, or none
+            raise LcftError(f"tokenizer {source}: its BPE dropout ({dropout}) skips merges at random, so the same "
+                            "bases get other ids on every call; lcft needs one answer (set model.dropout to null)")
         self.plain = json.loads(self.json_text).get("normalizer") is None
         missing = [b for b in "ACGT" if self._spells(b) != b]
         if missing:

@@ -3,7 +3,9 @@ samples, against `tokenizers` run on the documented pieces and Biopython's seque
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,3 +205,20 @@ def test_marked_bpe_tokens_spell_their_bases_and_carry_loss(marks, tmp_path):
     counted = tok.counted()[ids]
     assert counted.tolist() == [set(b) <= set("ACGT") for b in bases] and counted.sum() > 100
 
+
+def test_bpe_dropout_is_refused_in_one_line(tmp_path):
+    """BPE dropout skips merges at random (the same bases get other ids from call to call): refused, naming it;
+    0 (every merge) and 1 (none) give one answer and load."""
+    from lcft.errors import LcftError
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    data = json.loads(Path(_marked_bpe(tmp_path / "base.json")).read_text())
+    for dropout, ok in ((0.1, False), (0.0, True), (1.0, True)):
+        data["model"]["dropout"] = dropout
+        (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+        if ok:
+            assert load_tokenizer(str(tmp_path / "tokenizer.json")).vocab_size == 120
+            continue
+        with pytest.raises(LcftError, match=r"dropout \(0.1\)") as e:
+            load_tokenizer(str(tmp_path / "tokenizer.json"))
+        assert "\n" not in str(e.value)
