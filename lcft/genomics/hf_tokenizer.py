@@ -2,9 +2,10 @@
 
 `tokenizer.json` (a `tokenizers` pipeline), `tokenizer_config.json` and `special_tokens_map.json`. The pipeline
 upper-cases letters first (lcft tokenizes upper case); `char` also maps the IUPAC ambiguity codes to N, and a
-tokenizer.json gets lcft's run split (A/C/G/T runs apart from other letters) as its first pre-tokenizer. lcft
-also cuts a tokenizer.json's input at every 4096 bases of the record; the exported one sees a string as one
-record, so strings of up to 4096 bases encode identically, longer ones nearly so.
+tokenizer.json gets lcft's run split (A/C/G/T runs apart from other letters) as its first pre-tokenizer, then,
+where its pipeline puts SentencePiece's word-start mark before the string only, that mark before every run
+(lcft encodes each run on its own). lcft also cuts a tokenizer.json's input at every 4096 bases of the record; the
+exported one sees a string as one record, so strings of up to 4096 bases encode identically, longer ones nearly so.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from lcft.genomics.kmer_tokenizer import MAX_K
 from lcft.genomics.manifest import is_char
 from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, load_tokenizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
-from lcft.genomics.tokenizer_hash import RUNS_SPLIT, replace_rule, upper_rules
+from lcft.genomics.tokenizer_hash import (
+    MARKED_RUNS_SPLIT,
+    PIECE_MARK,
+    RUNS_SPLIT,
+    marks_first,
+    prepends_mark,
+    replace_rule,
+    upper_rules,
+)
 
 
 def _char_json() -> dict[str, Any]:
@@ -42,11 +51,14 @@ def hf_tokenizer_json(tok: SeqTokenizer) -> str:
     if not tok.json_text:
         return json.dumps(_char_json())
     data = json.loads(tok.json_text)
+    prepend = prepends_mark(data.get("normalizer"))
     norms = upper_rules() + ([data["normalizer"]] if data.get("normalizer") else [])
     data["normalizer"] = {"type": "Sequence", "normalizers": norms}
     if data.get("model", {}).get("type") != "WordLevel":  # k-mers read across runs (N inside K-mers)
         pre = data.get("pre_tokenizer")
-        data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [RUNS_SPLIT] + ([pre] if pre else [])}
+        # lcft encodes each piece on its own, so a mark put only before a string's start goes before every piece
+        head = [MARKED_RUNS_SPLIT if prepend else RUNS_SPLIT] + ([PIECE_MARK] if prepend or marks_first(pre) else [])
+        data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": head + ([pre] if pre else [])}
     data["truncation"] = data["padding"] = None
     return json.dumps(data)
 

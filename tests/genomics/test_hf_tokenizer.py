@@ -1,10 +1,11 @@
 """Exported tokenizer files: transformers.AutoTokenizer encodes DNA to exactly the ids prepare wrote (char, 6-mers,
-a BPE trained here), on real sequence with soft-masked bases, an N run and ambiguity codes."""
+BPEs trained here, plain and with SentencePiece's word-start mark), on real sequence with soft-masked bases, an N
+run and ambiguity codes."""
 
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, models, trainers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from lcft.genomics import open_windows, prepare_windows
 from lcft.genomics.hf_tokenizer import save_hf_tokenizer
@@ -25,18 +26,24 @@ def records():
     return recs, seq
 
 
-def bpe(tmp_path, seq):
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+def bpe(tmp_path, seq, kind="bpe"):
+    """A BPE of 300 trained here; `bpe-first`: SentencePiece's word-start mark on the string's first piece only
+    (Metaspace, prepend_scheme first), `bpe-prepend`: the mark put by a Prepend normalizer (Llama's older form)."""
+    tk = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=kind != "bpe"))
+    if kind == "bpe-first":
+        tk.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    if kind == "bpe-prepend":
+        tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tk.train_from_iterator((seq[i : i + 1000].upper() for i in range(0, 400_000, 1000)),
                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<unk>"], show_progress=False))
     tk.save(str(tmp_path / "bpe.json"))
     return str(tmp_path / "bpe.json")
 
 
-@pytest.mark.parametrize("kind", ["char", "kmer:6", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "kmer:6", "bpe", "bpe-first", "bpe-prepend"])
 def test_autotokenizer_encodes_to_the_prepared_ids(kind, records, tmp_path):
     recs, seq = records
-    spec = bpe(tmp_path, seq) if kind == "bpe" else kind
+    spec = bpe(tmp_path, seq, kind) if kind.startswith("bpe") else kind
     fasta = write_fasta(tmp_path / "r.fa", recs)
     out = tmp_path / "out"
     prepare_windows(fasta=str(fasta), out=str(out), length=L, train=tuple(recs), eval=(), max_n_frac=1.0,
@@ -55,14 +62,14 @@ def test_autotokenizer_encodes_to_the_prepared_ids(kind, records, tmp_path):
     assert checked > 0
 
 
-@pytest.mark.parametrize("kind", ["kmer:6", "bpe"])
+@pytest.mark.parametrize("kind", ["kmer:6", "bpe", "bpe-first", "bpe-prepend"])
 def test_exported_tokenizer_has_the_data_content_hash(kind, records, tmp_path):
     """An exported folder, read back as a tokenizer, hashes like the data it came from (train compares these);
     another vocabulary does not."""
     from lcft.genomics.model_tokenizer import load_tokenizer
 
     recs, seq = records
-    spec = bpe(tmp_path, seq) if kind == "bpe" else kind
+    spec = bpe(tmp_path, seq, kind) if kind.startswith("bpe") else kind
     fasta = write_fasta(tmp_path / "r.fa", recs)
     m = prepare_windows(fasta=str(fasta), out=str(tmp_path / "out"), length=L, train=tuple(recs), eval=(),
                         max_n_frac=1.0, max_oov_frac=1.0, tokenizer=spec)
