@@ -222,3 +222,44 @@ def test_bpe_dropout_is_refused_in_one_line(tmp_path):
         with pytest.raises(LcftError, match=r"dropout \(0.1\)") as e:
             load_tokenizer(str(tmp_path / "tokenizer.json"))
         assert "\n" not in str(e.value)
+
+
+
+def _lacking_unknown_token(kind: str, tmp_path: Path, letters: str = "ACGT") -> str:
+    """tokenizer.json text of a vocabulary of `letters` that names an unknown token it does not hold (Unigram:
+    none), so the tokenizers library raises on the first other letter."""
+    vocab = {b: i for i, b in enumerate(letters)}
+    if kind == "bpe":  # the unknown token among the added tokens only, not in the model's vocab; no regex to probe
+        data = json.loads(Path(_marked_bpe(tmp_path / "bpe.json")).read_text())
+        del data["model"]["vocab"]["<unk>"]
+        data["pre_tokenizer"] = None
+        return json.dumps(data)
+    tk = {"wordpiece": lambda: Tokenizer(models.WordPiece({**vocab, "[UNK]": len(vocab)}, unk_token="[MISSING]")),
+          "unigram": lambda: Tokenizer(models.Unigram([(b, -1.0) for b in letters], unk_id=None)),
+          "wordlevel": lambda: Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))}[kind]()
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return tk.to_str()
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram", "wordlevel"])
+def test_a_missing_unknown_token_is_one_line(kind, tmp_path):
+    """Without its unknown token the library raises on a letter it has no token for: lcft says so in one line,
+    naming the library's reason, as the file is loaded (for N) or as a sequence is cut (any other letter)."""
+    from lcft.errors import LcftError
+    from lcft.genomics.model_tokenizer import load_tokenizer
+    from lcft.genomics.seq_tokenizer import UPPER
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(_lacking_unknown_token(kind, tmp_path))
+    with pytest.raises(Exception) as lib:  # the oracle: the library itself fails on N
+        Tokenizer.from_file(str(path)).encode("ACGTN")
+    with pytest.raises(LcftError) as e:
+        load_tokenizer(str(path))
+    assert "\n" not in str(e.value) and f"failed on 'N' ({lib.value})" in str(e.value)
+    if kind == "bpe":
+        return
+    path.write_text(_lacking_unknown_token(kind, tmp_path, "ACGTN"))  # loads; fails on the first X
+    tok = load_tokenizer(str(path))
+    raw = np.frombuffer(b"ACGTNNXAC", np.uint8)
+    with pytest.raises(LcftError, match=r"failed on this sequence \(.*(unk|UNK).*\)$"):
+        tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))
