@@ -13,6 +13,7 @@ GROWS = "the gain grows toward the end of the window"
 SHRINKS = "the gain shrinks toward the end of the window"
 NO_TREND = "no trend detectable at this sample size"
 UNDEFINED = "undefined: fewer than 2 windows"
+FLAT = "undefined: fewer than 2 position bins with tokens"
 MIN_WINDOWS = 2  # a bootstrap over one window redraws that window every time: a zero-width interval, not a 95% one
 
 
@@ -130,15 +131,18 @@ def trend(change: Change, counts: np.ndarray, weights: np.ndarray, positions: np
           level: float = LEVEL) -> Trend:
     """Slope of a per-bin relative `change` against log2 `positions` `(k,)`, each bin weighted by its tokens
     (`counts` `(n, k)`; resampled with the same `weights` `(reps, n)` as the change's replicates). No interval
-    and an undefined verdict when fewer than MIN_WINDOWS windows have tokens (in both means) in any bin."""
+    and an undefined verdict when fewer than MIN_WINDOWS windows have tokens (in both means) in any bin, or
+    when fewer than 2 bins have a change (a single bin has no slope, however many windows there are)."""
     x = np.log2(np.asarray(positions, dtype=np.float64))  # (k,)
     n_tok = np.asarray(counts, dtype=np.float64)  # (n, k)
     slope = float(_weighted_slope(x, np.asarray(change.value, dtype=np.float64), n_tok.sum(0)))
+    if math.isnan(slope):  # bins have distinct positions, so only fewer than 2 bins with a change leave it undefined
+        return Trend(slope, math.nan, math.nan, FLAT)
     if int(np.asarray(change.support).any(-1).sum()) < MIN_WINDOWS:
         return Trend(slope, math.nan, math.nan, UNDEFINED)
     samples = _weighted_slope(x, change.samples, _resampled(weights, n_tok))  # (reps,)
     low, high = (float(v) for v in percentile_interval(samples, level))
-    if math.isnan(slope) or math.isnan(low):
+    if math.isnan(low):
         return Trend(slope, low, high, NO_TREND)
     return Trend(slope, low, high, verdict(low, high))
 

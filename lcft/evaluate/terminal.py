@@ -134,7 +134,10 @@ def trend_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for ck in report["checkpoints"][1:]:
         tr = ck["trend"]
-        if tr is None or tr["slope_per_doubling"] is None:
+        if tr is None:
+            continue
+        if tr["slope_per_doubling"] is None:  # no slope to show: the verdict says why
+            lines.append(f"{ck['label']} vs {ref}: trend {tr['verdict']}")
             continue
         lo, hi = (f"{100 * v:+.3f}" if v is not None else "-" for v in (tr["ci_low"], tr["ci_high"]))
         lines.append(f"{ck['label']} vs {ref}: change {100 * tr['slope_per_doubling']:+.3f}% per doubling of "

@@ -28,10 +28,10 @@ class FakeWindows:
         return 3
 
 
-def _result(seed: int, scale: float, scale_of_bins: str = "linear") -> CheckpointResult:
+def _result(seed: int, scale: float, scale_of_bins: str = "linear", n_bins: int = 16) -> CheckpointResult:
     rng = np.random.default_rng(seed)
     sums = PositionSums.zeros(FakeWindows.length)
-    bins = WindowBins(bin_edges(FakeWindows.length, 16, scale_of_bins))
+    bins = WindowBins(bin_edges(FakeWindows.length, n_bins, scale_of_bins))
     windows = []
     for w in range(3):
         loss = scale * rng.gamma(4.0, 0.35, FakeWindows.length)  # (L,)
@@ -44,11 +44,11 @@ def _result(seed: int, scale: float, scale_of_bins: str = "linear") -> Checkpoin
     return CheckpointResult(sums, windows, bins)
 
 
-def _report(tmp_path: Path, scale: str = "linear", second: float = 0.9):
+def _report(tmp_path: Path, scale: str = "linear", second: float = 0.9, bins: int = 16):
     cfg = EvalConfig(data=str(tmp_path / "data"), checkpoints=("a", "b"), labels=("base", "long"),
-                     bins=16, bin_scale=scale, out=str(tmp_path / "out"))
+                     bins=bins, bin_scale=scale, out=str(tmp_path / "out"))
     infos = [CheckpointInfo(lb, lb, tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
-    results = [_result(0, 1.0, scale), _result(1, second, scale)]
+    results = [_result(0, 1.0, scale, bins), _result(1, second, scale, bins)]
     edges = bin_edges(FakeWindows.length, cfg.bins, cfg.bin_scale)
     return cfg, build_report(cfg, FakeWindows(), 3, infos, results, edges), results
 
@@ -103,6 +103,17 @@ def test_table_has_a_row_per_checkpoint_and_the_uniform_guess(tmp_path):
     text = con.export_text()
     assert "base" in text and "long" in text and "uniform guess" in text and "2.000" in text
     assert f"{UNIFORM_LOSS:.4f}" in text and not math.isnan(report["checkpoints"][1]["loss"])
+
+
+def test_one_position_bin_gives_an_undefined_trend_said_in_the_terminal(tmp_path):
+    from lcft.evaluate.stats import FLAT
+    from lcft.evaluate.terminal import trend_lines
+
+    _, report, _ = _report(tmp_path, bins=1)
+    tr = report["checkpoints"][1]["trend"]
+    assert tr == {"slope_per_doubling": None, "ci_low": None, "ci_high": None, "verdict": FLAT}
+    assert report["checkpoints"][1]["ci_low"] is not None  # three windows: the change itself has its interval
+    assert trend_lines(report) == [f"long vs base: trend {FLAT}"]
 
 
 def test_a_report_that_fails_to_write_leaves_the_earlier_one_whole(tmp_path, monkeypatch):

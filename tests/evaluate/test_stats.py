@@ -7,6 +7,7 @@ import pytest
 
 from lcft.evaluate.binning import SUBSETS, WindowBins, bin_edges
 from lcft.evaluate.stats import (
+    FLAT,
     GROWS,
     NO_TREND,
     SHRINKS,
@@ -150,6 +151,20 @@ def test_trend_of_identical_checkpoints_is_zero_with_no_verdict():
     w = resample_counts(len(ref), 100, seed=0)
     t = trend(mean_difference(ref.copy(), counts, ref, counts, w, relative=True), counts, w, bin_positions(edges))
     assert t.slope == 0 and t.low == 0 and t.high == 0 and t.verdict == NO_TREND
+
+
+def test_a_trend_over_fewer_than_two_bins_with_tokens_is_undefined_not_undetected():
+    """One bin has no slope to fit: more windows would not make a trend detectable, so the verdict says why."""
+    ref, other, counts = _figures(n=14, k=6)
+    w = resample_counts(14, 200, seed=0)
+    one = mean_difference(other[:, :1], counts[:, :1], ref[:, :1], counts[:, :1], w, relative=True)
+    t = trend(one, counts[:, :1], w, np.array([100.0]))  # --bins 1
+    assert t.verdict == FLAT and np.isnan(t.slope) and np.isnan(t.low) and np.isnan(t.high)
+    for x in (ref, other, counts):
+        x[:, 1:] = 0  # six bins, tokens in the first only
+    c = mean_difference(other, counts, ref, counts, w, relative=True)
+    assert not np.isnan(c.low[0])  # 14 windows: the bin's change has its interval
+    assert trend(c, counts, w, np.arange(1, 7) * 100.0).verdict == FLAT
 
 
 def test_effective_context_is_the_farthest_distance_above_zero():
