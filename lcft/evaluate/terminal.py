@@ -9,6 +9,9 @@ from rich.table import Table
 
 from lcft.config import format_size
 from lcft.console import make_console
+from lcft.evaluate.stats import FEW_WINDOWS
+
+ROUGH = "; with this few windows the intervals are rough"
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -29,8 +32,9 @@ def _pct_ci(rec: dict[str, Any]) -> str:
 def table(report: dict[str, Any]) -> Table:
     """The terminal summary: overall loss, bits/base, first/last tenth, change vs the first checkpoint."""
     d = report["data"]
+    rough = ROUGH if d["windows"] < FEW_WINDOWS else ""  # percentile intervals cover less than 95% then
     t = Table(title=f"held-out loss on {d['windows']} {d['split']} windows of "
-                    f"{format_size(d['window_length'])} tokens", title_justify="left")
+                    f"{format_size(d['window_length'])} tokens{rough}", title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     # every header names its unit on a second line (keeps the columns as narrow as their figures)
     for col in ("context\ntokens", "loss\nnats/token", "loss\nbits/base", "first 10%\nnats/token",
@@ -102,7 +106,7 @@ def probe_table(report: dict[str, Any]) -> Table | None:
     opts = report.get("probe")
     if not opts:
         return None
-    rough = "; with this few windows the intervals are rough" if opts["windows"] < 8 else ""
+    rough = ROUGH if opts["windows"] < FEW_WINDOWS else ""
     t = Table(title=f"copy probe: loss drop (nats/token) on a {opts['segment']}-token segment copied D tokens "
                     f"earlier, {opts['windows']} windows (* = above zero by its 95% interval{rough})",
               title_justify="left")

@@ -105,6 +105,20 @@ def test_table_has_a_row_per_checkpoint_and_the_uniform_guess(tmp_path):
     assert f"{UNIFORM_LOSS:.4f}" in text and not math.isnan(report["checkpoints"][1]["loss"])
 
 
+def test_the_table_calls_intervals_from_few_windows_rough(tmp_path):
+    """Percentile intervals from 3 windows hold the truth far less often than 95% (test_stats_coverage.py)."""
+    from rich.console import Console
+
+    from lcft.evaluate.stats import FEW_WINDOWS
+
+    _, report, _ = _report(tmp_path)
+    for windows, rough in ((3, True), (FEW_WINDOWS, False)):
+        report["data"]["windows"] = windows
+        con = Console(record=True, width=300)
+        con.print(table(report))
+        assert ("with this few windows the intervals are rough" in con.export_text()) == rough
+
+
 def test_one_position_bin_gives_an_undefined_trend_said_in_the_terminal(tmp_path):
     from lcft.evaluate.stats import FLAT
     from lcft.evaluate.terminal import trend_lines
