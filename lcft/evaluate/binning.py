@@ -171,9 +171,11 @@ def to_base_positions(length: int, offsets: np.ndarray, loss: np.ndarray, counte
 
 
 def tenths(length: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Position ranges of the first and the last tenth of a window: [0, L/10) and [L - L/10, L)."""
+    """Position ranges of the first and the last tenth of a window: [0, L/10) and [L - L/10, L), each at least
+    one position; the first reaches position 1 at least, since position 0 predicts nothing (a window under 20
+    tokens would have no first-tenth figure)."""
     tenth = max(1, length // 10)
-    return (0, tenth), (length - tenth, length)
+    return (0, min(length, max(2, tenth))), (length - tenth, length)
 
 
 def relative_change(values: np.ndarray | float, reference: np.ndarray | float) -> np.ndarray | float:

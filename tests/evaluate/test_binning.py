@@ -96,6 +96,19 @@ def test_tenths_and_range_means():
     assert sums.range_mean(900, 1000) == pytest.approx(loss[:, 900:][mask[:, 900:]].mean(), rel=1e-12)
 
 
+@pytest.mark.parametrize("length", [8, 16, 24])
+def test_the_first_tenth_of_a_tiny_window_holds_a_predicted_position(length):
+    """Position 0 predicts nothing: a first tenth of [0, 1) would leave the figure undefined in every window."""
+    (a, b), (c, d) = tenths(length)
+    assert (a, c, d) == (0, length - max(1, length // 10), length) and b == max(2, length // 10)
+    loss, mask = _synthetic(length, 3, seed=2)
+    mask[:, 1] = True  # a base predicted at position 1 (position 0 is never counted)
+    sums = PositionSums.zeros(length)
+    for w in range(3):
+        sums.add(loss[w], mask[w])
+    assert sums.range_mean(a, b) == pytest.approx(loss[:, 1:b][mask[:, 1:b]].mean(), rel=1e-12)  # defined
+
+
 def test_relative_change():
     assert relative_change(1.1, 1.0) == pytest.approx(0.1)
     x = np.array([1.0, 2.0, np.nan])
