@@ -201,7 +201,8 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
                       "note": "paired percentile intervals of each change against the first checkpoint; null where "
                               f"fewer than {MIN_WINDOWS} windows have tokens in both (the trend verdict then says "
                               "undefined)"},
-        "subsets": {"repeat": "predicted base soft-masked (lower case in the FASTA)", "unique": "upper case",
+        "subsets": {"repeat": "predicted token soft-masked (lower case in the FASTA; a token of several bases: at "
+                              "least half of them)", "unique": "the others",
                     "recurring": f"the {K}-mer ending at the predicted token's last base occurs earlier in the window",
                     "nonrecurring": f"its {K}-mer does not (or holds a base other than A/C/G/T)"},
         "recurrence": _recurrence(results[0]),

@@ -134,6 +134,7 @@ def test_kmer_subsets_by_token_position_give_bits_per_base(kmer_data, kmer_model
     n, names = 3, ("repeat", "unique", "recurring", "nonrecurring")
     rep = evaluate(_cfg(kmer_data, tmp_path / "r", kmer_model, bins=4, max_windows=n, bootstrap=20))
     assert rep["positions"]["unit"] == "tokens"
+    assert "at least half" in rep["subsets"]["repeat"]  # what ws.softmask marks for a token of 3 bases
     ws, model = open_windows(kmer_data, "eval"), from_pretrained(kmer_model).eval()
     edges = np.asarray(rep["positions"]["edges"])
     k = len(edges) - 1
