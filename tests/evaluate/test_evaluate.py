@@ -154,3 +154,17 @@ def test_bf16_losses_stay_close_to_fp32(data_dir, ckpt_a):
     half, _ = token_losses(model, ids, precision="bf16")
     assert half.dtype == torch.float32
     assert abs(half[counted].mean().item() - full[counted].mean().item()) < 1e-2 * full[counted].mean().item()
+
+
+def test_the_loss_at_position_p_sees_exactly_the_p_tokens_before_it(data_dir, ckpt_a):
+    """A forward over the prefix ids[:p] alone predicts token p as the window's loss does: no later token leaks
+    in, and no earlier one is left out (position 0, with no context, carries no loss)."""
+    model = from_pretrained(ckpt_a).eval()
+    ids = torch.from_numpy(np.asarray(open_windows(data_dir, "eval")[0]).astype(np.int64))[None]  # (1, L)
+    loss, counted = token_losses(model, ids)
+    assert not counted[0, 0] and loss[0, 0] == 0
+    for p in (1, 2, 17, 640, WINDOW - 1):
+        with torch.no_grad():
+            logits = model(ids[:, :p])[0, -1]  # (V,) from the p tokens before position p
+        want = F.cross_entropy(logits[None], ids[0, p:p + 1])
+        assert counted[0, p] and loss[0, p].item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
