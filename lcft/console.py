@@ -6,6 +6,10 @@ terminal. lcft's own styling is given as styles (`styled`), never as markup."""
 
 from __future__ import annotations
 
+import io
+import os
+import signal
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -15,6 +19,7 @@ from rich.text import Text
 from lcft.errors import printable
 
 LINES = "\n\t"  # what a printed text may hold besides printable characters
+PIPE_CLOSED = 128 + signal.SIGPIPE  # the exit status of `cat` whose reader went away (141)
 
 
 class PlainConsole(Console):
@@ -23,6 +28,15 @@ class PlainConsole(Console):
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(printable(text, LINES), **kwargs)
+
+    def on_broken_pipe(self) -> None:
+        """Its reader went away (`lcft ... | head -1`): end quietly, as `cat` does. rich's own handler exits 1,
+        which here means a user error, and points stdout at /dev/null even when the closed pipe is stderr."""
+        self.quiet = True
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self.file.fileno())  # the final flush at exit must not fail again
+        os.close(null)
+        raise SystemExit(PIPE_CLOSED)
 
 
 class PlainTextColumn(TextColumn):
@@ -46,3 +60,31 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     """One line from plain and (text, style) parts: lcft's own emphasis around names it prints as written."""
     return Text.assemble(*((printable(p[0], LINES), p[1]) if isinstance(p, tuple) else printable(p, LINES)
                            for p in parts))
+
+
+def standard_streams() -> None:
+    """Make the standard streams safe to write to, once as the CLI starts. A descriptor 0-2 the shell closed
+    (`>&-`, `<&-`) is opened on /dev/null: else the next file lcft opens takes its number, and whatever writes to
+    'stdout' (a library's C code, a worker process inheriting it) writes into that file, while sys.stdout is None
+    for Python code. stdout and stderr escape what their encoding cannot hold (a non-ASCII record name or path under
+    PYTHONIOENCODING=ascii) instead of failing mid-output."""
+    for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, mode)  # the lowest free number: `fd` itself when the lower ones are open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+        if getattr(sys, name) is None:  # Python found the descriptor closed at start
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115 (the process's)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def stdout_identity() -> tuple[int, int]:
+    """What file descriptor 1 is (device, inode): a closed pipe's handlers put /dev/null in its place."""
+    st = os.fstat(1)
+    return st.st_dev, st.st_ino

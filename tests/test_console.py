@@ -5,13 +5,17 @@ markup render as written (end to end through the CLI: tests/cli/test_prepare_cli
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from rich.progress import Progress
 from rich.table import Table
 
 from lcft.console import make_console, styled, text_column
+from tests.evaluate.conftest import data_dir  # noqa: F401 (fixture)
 
 LIB = Path(__file__).resolve().parents[1] / "lcft"
 MADE_HERE = ("Console", "TextColumn")
@@ -58,3 +62,28 @@ def test_tables_titles_and_progress_text_show_markup_as_written():
     assert "g[bold]\\x1b[1m" in text and "chr[/]\\x1b[2J" in text and "ok: x[red]y\\x07" in text
     assert "two\nlines\\x1b]0;title\\x07" in text and "scanning z[/]\\x1b[2J" in text
     assert "\x1b" not in text and "\x07" not in text  # a terminal escape from a name is shown, never sent
+
+
+def _lcft(args: list[str], shell_redirect: str = "", **env: str) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, its standard streams as `bash -c 'lcft ARGS REDIRECT'` leaves them."""
+    cmd = ["bash", "-c", f'exec "$@" {shell_redirect}', "bash", sys.executable, "-m", "lcft", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(LIB.parent), **env})
+
+
+def test_a_non_ascii_name_under_an_ascii_output_encoding_is_escaped(tmp_path):
+    """PYTHONIOENCODING=ascii: a record name lcft cannot encode is written escaped, never an encoding traceback."""
+    fasta = tmp_path / "g.fa"
+    fasta.write_text(">chr\u00c4\n" + "ACGT" * 16 + "\n", encoding="utf-8")
+    r = _lcft(["prepare", "inspect", str(fasta)], PYTHONIOENCODING="ascii")
+    assert r.returncode == 0 and "chr\\xc4" in r.stdout, r.stderr[-2000:]
+
+
+def test_train_with_stdout_and_stdin_closed_runs(tmp_path, data_dir):  # noqa: F811
+    """`lcft train ... <&- >&-` (a job started with its output closed) trains and saves, with no traceback; the
+    closed descriptors are /dev/null, so no file lcft opens takes their numbers."""
+    run = tmp_path / "run"
+    r = _lcft(["train", "--data", str(data_dir), "--out", str(run), "--preset", "tiny", "--steps", "1",
+               "--global-batch", "1", "--seq-len", "256", "--precision", "fp32"], "<&- >&-")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (run / "checkpoints" / "step-00000001" / "checksums.json").is_file()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from lcft import __version__
 from lcft.cli import demo, eval, export, plan, prepare, train
+from lcft.console import PIPE_CLOSED, standard_streams, stdout_identity
 
 app = typer.Typer(
     name="lcft",
@@ -34,7 +37,17 @@ for _mod in (prepare, train, plan, eval, export, demo):
 
 
 def main() -> None:
-    app()
+    standard_streams()
+    stdout, fd1 = sys.stdout, stdout_identity()
+    try:
+        app()
+    except SystemExit as e:
+        # Output typer writes itself (help, usage, --version) ends quietly when its pipe closes, but with exit
+        # code 1, which means a user error here: typer swaps a wrapper in for sys.stdout, rich (its help) points
+        # stdout at /dev/null. lcft's own consoles exit as `cat` does (lcft.console.PlainConsole); so does this.
+        if e.code == 1 and (sys.stdout is not stdout or stdout_identity() != fd1):
+            raise SystemExit(PIPE_CLOSED) from None
+        raise
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """The CLI shell: help lists every command, --version works."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from lcft import __version__
@@ -59,3 +62,22 @@ def test_help_works_without_source_files(tmp_path):
     for (code_, output), flag in zip(results, ("train", "--seq-len", "--checkpoint", "--max-n-frac", "--layers"),
                                      strict=True):
         assert code_ == 0 and flag in output, output
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["plan", "--help"],
+                                  ["plan", "--preset", "tiny", "--seq-len", "1K", "--explain"]])
+def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(args):
+    """`lcft ... | head -1`: the reader is gone before lcft writes (its read end closed here first, so the write
+    fails every time). Typer's output (help, --version) and lcft's own (a plan) end with no traceback and no
+    message, exit code 141 (128 + SIGPIPE, as `cat`), never 1 (a user error)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "lcft", *args], stdout=write, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r.stderr[-2000:]
