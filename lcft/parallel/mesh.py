@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lcft import liveness
+from lcft.errors import LcftError, printable
 from lcft.parallel.config import CpConfig
 from lcft.shapes import check_world
 
@@ -85,11 +86,34 @@ def mesh_device_type() -> str:
     return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
 
 
+LAUNCH_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads besides WORLD_SIZE
+
+
+def launch_world() -> int:
+    """The number of processes the environment says this one is launched among (WORLD_SIZE; 1 when unset). A
+    WORLD_SIZE left set in the shell from another job (no launcher's LOCAL_RANK or TORCHELASTIC_RUN_ID beside it,
+    or no rendezvous address) would make a one-process run wait for ranks that never come, or fail in
+    torch.distributed with a traceback: a one-line error naming the variables instead."""
+    given = os.environ.get("WORLD_SIZE", "").strip()
+    try:
+        world = int(given or "1")
+    except ValueError:
+        world = -1
+    missing = [k for k in LAUNCH_ENV if not os.environ.get(k)]
+    if world == 1 or (world > 1 and liveness.launched() and not missing):
+        return world
+    why = ("is not a number of processes" if world < 1 else "is set, but this process was not started by a "
+           "launcher (no LOCAL_RANK or TORCHELASTIC_RUN_ID)" if not liveness.launched() else
+           f"is set, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not")
+    raise LcftError(f"WORLD_SIZE={printable(given)} in the environment {why}: unset WORLD_SIZE, RANK and "
+                    "LOCAL_RANK (left from another job?) to run as one process, or start several with --nproc N")
+
+
 def init_world(collective_timeout: float) -> bool:
     """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), with
     `collective_timeout` seconds per collective, and start this rank's heartbeat; True when there is a group
     (several processes). A group someone else initialised is kept as it is (its own timeout)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launch_world()
     if not dist.is_initialized():
         if world <= 1:
             return False

@@ -6,6 +6,9 @@ in the model)."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import torch.distributed as dist
 
 import lcft
 from lcft.parallel import ParallelConfig, init_parallel, single_process_state
+from tests.evaluate.conftest import data_dir  # noqa: F401 (fixture)
 from tests.parallel.harness import run_ranks
 
 LIB = Path(lcft.__file__).parent
@@ -94,3 +98,22 @@ def test_the_model_holds_no_activation_checkpointing_code():
                      else {node.arg} if isinstance(node, ast.arg) else
                      {node.name} if isinstance(node, ast.FunctionDef) else set())
             assert not names & banned, f"{path.name}:{node.lineno} {names & banned}"
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "2"},
+                                 {"WORLD_SIZE": "4", "RANK": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"},
+                                 {"WORLD_SIZE": "two"}])
+def test_a_world_size_left_in_the_shell_is_one_line(env, data_dir, tmp_path):  # noqa: F811
+    """`lcft train` without --nproc, WORLD_SIZE left set from another job: one line naming the variable and the
+    fix, exit 1, no folder made; not torch.distributed's traceback, nor a wait for ranks that never come (bounded
+    here by --collective-timeout)."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "lcft", "train", "--data", str(data_dir), "--out", str(out),
+                        "--preset", "tiny", "--steps", "1", "--global-batch", "1", "--seq-len", "256",
+                        "--collective-timeout", "5"], capture_output=True, text=True, timeout=300,
+                       env={**clean, "PYTHONPATH": str(LIB.parent), **env})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: WORLD_SIZE="), r.stderr[-3000:]
+    assert "--nproc" in lines[0] and not out.exists()
