@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -10,7 +12,7 @@ from typing import Any, TypeVar
 import typer
 
 from lcft.console import make_console, styled
-from lcft.errors import LcftError
+from lcft.errors import LcftError, printable
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -25,8 +27,8 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def user_errors(fn: F) -> F:
-    """Decorate a command: LcftError (and missing files) become a one-line error and exit code 1 (or the
-    error's own exit_code)."""
+    """Decorate a command: LcftError (and missing files, names too long for the file system) become a one-line
+    error and exit code 1 (or the error's own exit_code)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -36,6 +38,12 @@ def user_errors(fn: F) -> F:
             raise fail(str(e), getattr(e, "exit_code", 1)) from None
         except FileNotFoundError as e:
             raise fail(f"file not found: {e.filename or e}") from None
+        except OSError as e:  # a name the user chose, or one lcft makes from it (an index beside a FASTA, a temp
+            if e.errno != errno.ENAMETOOLONG:  # sibling '.NAME.tmp'), over the file system's limit
+                raise
+            name = printable(os.fsdecode(e.filename or e.filename2 or ""))
+            raise fail(f"{name}: name too long for the file system (most allow 255 bytes a name): choose a shorter "
+                       "file or folder name") from None
         except KeyboardInterrupt:
             err_console.print("interrupted", style="yellow")
             sys.exit(130)

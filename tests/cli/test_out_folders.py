@@ -1,5 +1,6 @@
 """Every --out is refused, in one line and before anything is written, when it is a folder lcft reads back as
-something else (the --data windows, a run, a checkpoint, a model folder) or the folder holding --fasta."""
+something else (the --data windows, a run, a checkpoint, a model folder) or the folder holding --fasta, or when
+a name is too long for the file system."""
 
 from __future__ import annotations
 
@@ -62,3 +63,22 @@ def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_
     cli_fails(args, needle, "choose another --out")
     assert {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))} == before
 
+
+
+@pytest.mark.parametrize("command", ["export", "eval", "prepare", "prepare-fasta"])
+def test_a_name_too_long_for_the_file_system_is_one_line(command, data_dir, tmp_path):  # noqa: F811
+    """A name over the file system's 255 bytes, given (--out) or made from one given (export's '.NAME.tmp'
+    sibling of a 255-byte --out, a FASTA's '.fai' beside it): one line saying so, nothing written."""
+    model = save_model(tmp_path / "model", seed=1)
+    fasta = tmp_path / ("g" * 252 + ".fa")  # its index, NAME.fai, is 256 bytes
+    fasta.write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    long, windows = str(tmp_path / ("o" * 256)), ["--length", "64", "--train", "chrA", "--eval", ""]
+    args = {"export": ["export", str(model), "--out", str(tmp_path / ("o" * 255))],
+            "eval": ["eval", "--data", str(data_dir), "-c", str(model), "--out", long],
+            "prepare": ["prepare", "windows", "--fasta", str(tmp_path / "model" / "config.json"), "--out", long,
+                        *windows],
+            "prepare-fasta": ["prepare", "windows", "--fasta", str(fasta), "--out", str(tmp_path / "w"), *windows],
+            }[command]
+    before = _listing(tmp_path)
+    cli_fails(args, "name too long for the file system", "choose a shorter")
+    assert _listing(tmp_path) == before
