@@ -4,6 +4,7 @@ was likely meant to be."""
 
 import difflib
 import reprlib
+import shlex
 from collections.abc import Iterable
 
 
@@ -68,6 +69,14 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def shell_word(path: object) -> str:
+    """A path as one word of a command a message suggests, to paste into a shell as it is: quoted where the shell
+    would split or expand it (a space, a quote, '$'), and a relative one starting with '-' as './-...', which no
+    command reads as an option."""
+    text = str(path)
+    return shlex.quote("./" + text if text.startswith("-") else text)
 
 
 def closest(given: str, names: Iterable[str]) -> str | None:

@@ -13,6 +13,7 @@ from lcft.cli.common import console, user_errors
 from lcft.cli.generate import Opt, command_from_config
 from lcft.config import format_size
 from lcft.console import styled
+from lcft.errors import shell_word
 from lcft.genomics.prepare import PrepareConfig
 
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
@@ -40,7 +41,8 @@ def _windows(cfg: PrepareConfig) -> None:
         check_output_folder(cfg.out, "the windows", ("windows",), fasta=cfg.fasta or "")
     manifest = prepare_windows(cfg, progress=True)
     console.print(_summary(manifest))
-    console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {cfg.out}`", soft_wrap=True)
+    console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {shell_word(cfg.out)}`",
+                  soft_wrap=True)
 
 
 command_from_config(app, "windows", PrepareConfig, _windows, table="prepare",

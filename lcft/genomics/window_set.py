@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lcft.errors import LcftError, shown
+from lcft.errors import LcftError, shell_word, shown
 from lcft.genomics.shards import MANIFEST, bin_name, read_manifest, softmask_name
 from lcft.genomics.tokenizer import A, C, G, T, decode
 
@@ -59,7 +59,7 @@ class WindowSet:
     def _map(self, name: str, count: int, dtype: np.dtype = np.dtype(np.uint8)) -> np.ndarray:
         path = self.dir / name
         if not path.is_file():
-            raise LcftError(f"{path} is missing (run `lcft prepare verify {self.dir}`)")
+            raise LcftError(f"{path} is missing (run `lcft prepare verify {shell_word(self.dir)}`)")
         size = count * dtype.itemsize
         if path.stat().st_size != size:
             raise LcftError(f"{path} has {path.stat().st_size} bytes, the manifest says {size} (corrupt)")

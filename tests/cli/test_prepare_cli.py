@@ -156,3 +156,19 @@ def test_names_that_read_as_markup_print_as_written(tmp_path):
     assert all(n in lcft("prepare", "inspect", out).stdout for n in MARKUP_NAMES)
     r = lcft("prepare", "windows", "--fasta", fasta, "--out", out, "--train", "[/]nope", "--length", "1K")
     assert r.exit_code == 1 and r.output.count("\n") == 1 and "[/]nope" in r.output, r.output
+
+
+@pytest.mark.parametrize("out", ["my windows", "-w", "it's $HOME"])
+def test_the_verify_command_prepare_suggests_runs_as_pasted(out, tmp_path, monkeypatch):
+    """The `lcft prepare verify ...` that prepare prints is one a shell runs as written: a path with a space, a
+    quote or '$' quoted, a relative one starting with '-' not read as an option."""
+    import re
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    r = lcft("prepare", "windows", "--fasta", "g.fa", "--out", out, "--length", "64", "--train", "chrA", "--eval", "")
+    assert r.exit_code == 0, r.output
+    words = shlex.split(re.search(r"`(lcft prepare verify .*)`", " ".join(r.stdout.split())).group(1))
+    assert words[:3] == ["lcft", "prepare", "verify"] and len(words) == 4 and not words[3].startswith("-"), words
+    assert lcft(*words[1:]).exit_code == 0

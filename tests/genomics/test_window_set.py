@@ -170,3 +170,15 @@ def test_a_manifest_given_for_its_folder_names_the_folder(prepared):
     """--data w/manifest.json had been 'w/manifest.json is not a prepared windows folder (no manifest.json)'."""
     one_line(lambda: open_windows(prepared / "kmer2" / MANIFEST, "eval"),
              f"{prepared / 'kmer2' / MANIFEST} is a windows folder's manifest: give the folder {prepared / 'kmer2'}")
+
+
+def test_a_missing_split_file_names_a_verify_command_that_runs_as_pasted(tmp_path):
+    """A folder with a space in its name: the `lcft prepare verify` suggested quotes it, one word for the shell."""
+    import shlex
+
+    out = tmp_path / "my windows"
+    (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    prepare_windows(fasta=str(tmp_path / "g.fa"), out=str(out), length=64, train=("chrA",), eval=())
+    (out / "train.bin").unlink()
+    msg = one_line(lambda: open_windows(out, "train"), "is missing")
+    assert shlex.split(msg.split("`")[1]) == ["lcft", "prepare", "verify", str(out)], msg
