@@ -316,9 +316,21 @@ def load_layer(path: str | os.PathLike, table: str | None = None) -> dict[str, A
 
 def resolve(cls: type[T], config_file: str | os.PathLike | None, flags: Mapping[str, Any] | None,
             where: str | None = None, table: str | None = None) -> T:
-    """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them."""
+    """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them; a
+    leading '~' of a value is the home folder (`home`)."""
     layers = [load_layer(config_file, table) if config_file else {}, flags or {}]
-    return build(cls, merge(*layers), where=where)
+    return build(cls, {k: home(v) for k, v in merge(*layers).items()}, where=where)
+
+
+def home(value: Any) -> Any:
+    """A path value's leading '~' ('~' or '~/...') as the home folder, as a shell expands it: in a TOML, or in a
+    flag written `--out=~/x` (which the shell passes as it is), it would otherwise name a folder '~' in the working
+    folder. Relative paths stay relative to the working folder, in a TOML too."""
+    if isinstance(value, str) and (value == "~" or value.startswith("~/")):
+        return os.path.expanduser(value)
+    if isinstance(value, list | tuple):
+        return type(value)(home(v) for v in value)
+    return value
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

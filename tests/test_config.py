@@ -135,3 +135,23 @@ def test_a_config_that_is_not_a_file_is_named_so(tmp_path, kind):
     path = tmp_path / "run.toml"
     path.mkdir() if kind == "folder" else os.mkfifo(path)
     cli_fails(["plan", "--config", str(path)], f"config file is not a regular file: {path}")
+
+
+def test_a_leading_tilde_is_the_home_folder_in_a_toml_and_after_an_equals_sign(tmp_path):
+    """`~/...` in a --config TOML, or in `--out=~/x` (which the shell passes as it is), is the home folder, for
+    every command as for train: never a FASTA not found, nor a folder named '~' made in the working folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    (work / "p.toml").write_text('fasta = "~/g.fa"\n[prepare]\nlength = 64\ntrain = ["chrA"]\neval = []\n')
+    env = {**os.environ, "HOME": str(home), "LCFT_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "windows", "--config", "p.toml", "--out=~/w"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (home / "w" / "manifest.json").is_file() and not (work / "~").exists()

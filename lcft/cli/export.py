@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from lcft.cli.common import console, user_errors
+from lcft.config import home
 from lcft.errors import LcftError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
         from lcft.checkpoint.layout import resolve_checkpoint
         from lcft.checkpoint.reader import load
 
+        checkpoint, out = Path(home(str(checkpoint))), Path(home(str(out)))  # `--out=~/x`: the shell leaves '~'
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file

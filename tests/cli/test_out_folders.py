@@ -82,3 +82,18 @@ def test_a_name_too_long_for_the_file_system_is_one_line(command, data_dir, tmp_
     before = _listing(tmp_path)
     cli_fails(args, "name too long for the file system", "choose a shorter")
     assert _listing(tmp_path) == before
+
+
+def test_export_reads_a_leading_tilde_as_the_home_folder(tmp_path, monkeypatch):
+    """`lcft export ~/model --out=~/x`: the shell leaves '~' after '=' (and in a quoted argument) as it is; lcft
+    reads it as the home folder, as every config command does (lcft.config.home), never a folder named '~'."""
+    from typer.testing import CliRunner
+
+    from lcft.cli.app import app
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    save_model(tmp_path / "home" / "model", seed=1)
+    r = CliRunner().invoke(app, ["export", "~/model", "--out=~/x"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "home" / "x" / "config.json").is_file() and not (tmp_path / "~").exists()
