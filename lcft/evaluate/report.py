@@ -15,6 +15,7 @@ import numpy as np
 from lcft import __version__
 from lcft.config import dumps_toml, format_size, to_dict
 from lcft.disk import write_failure
+from lcft.errors import printable
 from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
 from lcft.evaluate.recurrence import K
 from lcft.evaluate.stats import (
@@ -286,10 +287,14 @@ def figure(report: dict[str, Any]) -> Any:
     are shown as written: labels and the data folder's name are the user's, and '$' in one would be read as
     mathtext (an unknown symbol fails the whole plot)."""
     import matplotlib
+    from matplotlib.text import Text
 
     matplotlib.use("Agg")  # no display; must precede pyplot's import
     with matplotlib.rc_context({"text.parse_math": False}):  # each Text keeps it: savefig later reads them as made
-        return _figure(report)
+        fig = _figure(report)
+    for text in fig.findobj(Text):  # a name's unprintable characters escaped: the font cannot draw a surrogate
+        text.set_text(printable(text.get_text(), "\n"))  # (a non-UTF-8 byte of a folder name) and fails the plot
+    return fig
 
 
 def _figure(report: dict[str, Any]) -> Any:

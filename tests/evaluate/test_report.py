@@ -157,3 +157,17 @@ def test_a_report_that_fails_to_write_leaves_the_earlier_one_whole(tmp_path, mon
     paths = write_outputs(second, out, cfg)
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
     assert json.loads(paths["json"].read_text())["positions"]["bin_scale"] == "log"
+
+
+def test_the_plot_draws_names_that_are_not_printable_escaped(tmp_path):
+    """A label or data folder name holding a byte that is not UTF-8 (a surrogate in Python, as a default label
+    from a folder's name carries it) or a terminal escape: drawn escaped; the font could not draw it at all."""
+    from lcft.evaluate.report import figure
+
+    _, report, _ = _report(tmp_path)
+    report["checkpoints"][1]["label"] = "long\udcc3"
+    report["data"]["folder"] = str(tmp_path / "d\udcb6\x1b[31m")
+    fig = figure(report)
+    fig.savefig(tmp_path / "p.png")
+    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert any("long\\udcc3" in t for t in texts) and any("d\\udcb6\\x1b[31m" in t for t in texts)
