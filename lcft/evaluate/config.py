@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lcft.config import ConfigError, Size, check_seed, parse_size
+from lcft.errors import printable
 from lcft.parallel.config import ParallelConfig, Precision
 
 BinScale = Literal["linear", "log"]  # position bins of equal width or growing geometrically
@@ -103,6 +104,10 @@ class EvalConfig(ParallelConfig):
         blank = [i for i, lb in enumerate(self.labels, 1) if not lb.strip()]
         if blank:  # a label heads the checkpoint's table row, CSV rows and plot legend
             raise ConfigError(f"--label {blank[0]} of {n} is empty: give each checkpoint a name")
+        odd = [i for i, lb in enumerate(self.labels, 1) if not lb.isprintable()]
+        if odd:  # a byte that is not UTF-8 (a surrogate here) cannot be written to the CSV, TOML or plot
+            raise ConfigError(f"--label {odd[0]} of {n} holds a character that is not printable text "
+                              f"({printable(self.labels[odd[0] - 1])}): give a name of printable text")
         if self.labels and len(set(self.labels)) != n:
             raise ConfigError(f"labels must be distinct: {', '.join(self.labels)}")
         if len(self.max_context) not in (0, 1, n):

@@ -43,6 +43,7 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
         (["--checkpoint", str(a), "--bin-scale", "cubic"], "bin_scale"),
         (["--checkpoint", str(a), "--label", ""], "--label 1 of 1 is empty"),
         (["--checkpoint", str(a), "--checkpoint", str(a), "--label", "a", "--label", "  "], "--label 2 of 2 is empty"),
+        (["--checkpoint", str(a), "--label", "a\udcc3"], "--label 1 of 1 holds a character that is not printable"),
         ([], "no checkpoint given"),
     ]
     for extra, msg in cases:
