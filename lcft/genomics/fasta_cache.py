@@ -62,7 +62,8 @@ def file_key(path: Path) -> str:
     reused); a changed size or time gives a new one. Copies of the content are named by its sha256 instead:
     a rewrite may keep both (`cp -p`, `touch -r`, `rsync -t`)."""
     st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = os.fsencode(path.resolve()) + f"|{st.st_size}|{st.st_mtime_ns}".encode()  # a path's bytes, whatever the locale
+    return hashlib.sha256(key).hexdigest()[:16]
 
 
 NORMALIZED = ".lf.fa"  # the name a normalized copy ends with

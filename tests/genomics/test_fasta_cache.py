@@ -276,3 +276,19 @@ def test_a_cache_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, kind):
     with pytest.raises(LcftError, match=r"^cannot use the cache folder .*not_a_folder.* \(Not a directory\): "
                                         r"set LCFT_CACHE to a writable folder$"):
         FastaFile(path)
+
+
+def test_a_non_ascii_fasta_name_under_an_ascii_file_system_encoding(tmp_path):
+    """LC_ALL=C with Python's UTF-8 mode off: a FASTA path holding UTF-8 bytes reaches lcft as surrogates (what
+    Python makes of bytes its encoding lacks); the cache's key of the path is made from its bytes, never a
+    UnicodeEncodeError traceback."""
+    import subprocess
+    import sys
+
+    fasta = tmp_path / "g\u00f6.fa"
+    fasta.write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "LCFT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "inspect", str(fasta)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "chrA" in r.stdout, r.stderr[-2000:]
