@@ -26,9 +26,9 @@ CacheKind = Literal["decompressed", "normalized", "link", "link to a missing fil
 
 def cache_dir() -> Path:
     """Where lcft keeps derived files (decompressed FASTA, indexes for read-only inputs): $LCFT_CACHE or
-    ~/.cache/lcft."""
-    root = os.environ.get("LCFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "lcft")
-    return Path(root)
+    ~/.cache/lcft; a leading '~' in LCFT_CACHE is the home folder (set in quotes or an env file, no shell expands
+    it: else a folder named '~' would appear in the working folder)."""
+    return Path(os.path.expanduser(os.environ.get("LCFT_CACHE") or "~/.cache/lcft"))
 
 
 def cache_folder(part: str) -> Path:

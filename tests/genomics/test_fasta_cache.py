@@ -292,3 +292,22 @@ def test_a_non_ascii_fasta_name_under_an_ascii_file_system_encoding(tmp_path):
     r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "inspect", str(fasta)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "chrA" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_tilde_in_lcft_cache_is_the_home_folder(tmp_path):
+    """LCFT_CACHE='~/c' (quoted, or from an env file: no shell expands it) is a folder in the home folder, as
+    the default ~/.cache/lcft is; never a folder named '~' in the working folder."""
+    import subprocess
+    import sys
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    with gzip.open(work / "g.fa.gz", "wt") as f:  # plain gzip: decompressed once into the cache
+        f.write(">chrA\n" + "ACGT" * 64 + "\n")
+    env = {**os.environ, "HOME": str(home), "LCFT_CACHE": "~/c",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "inspect", "g.fa.gz"], env=env, cwd=work,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (home / "c" / "fasta").is_dir() and not (work / "~").exists()
