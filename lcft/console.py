@@ -27,7 +27,10 @@ class PlainConsole(Console):
     (tables, titles, prints of plain strings show them as written)."""
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
-        return super().render_str(printable(text, LINES), **kwargs)
+        text = printable(text, LINES)
+        if not self.encoding.lower().startswith("utf"):  # escaped before it is measured: tables stay aligned
+            text = text.encode(self.encoding, "backslashreplace").decode(self.encoding)
+        return super().render_str(text, **kwargs)
 
     def on_broken_pipe(self) -> None:
         """Its reader went away (`lcft ... | head -1`): end quietly, as `cat` does. rich's own handler exits 1,

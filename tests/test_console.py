@@ -72,11 +72,14 @@ def _lcft(args: list[str], shell_redirect: str = "", **env: str) -> subprocess.C
 
 
 def test_a_non_ascii_name_under_an_ascii_output_encoding_is_escaped(tmp_path):
-    """PYTHONIOENCODING=ascii: a record name lcft cannot encode is written escaped, never an encoding traceback."""
+    """PYTHONIOENCODING=ascii: a record name lcft cannot encode is written escaped, never an encoding traceback,
+    and escaped before the table measures it, so its rows stay aligned."""
     fasta = tmp_path / "g.fa"
-    fasta.write_text(">chr\u00c4\n" + "ACGT" * 16 + "\n", encoding="utf-8")
+    fasta.write_text(">chr\u00c4\n" + "ACGT" * 16 + "\n>chrB\n" + "ACGT" * 16 + "\n", encoding="utf-8")
     r = _lcft(["prepare", "inspect", str(fasta)], PYTHONIOENCODING="ascii")
     assert r.returncode == 0 and "chr\\xc4" in r.stdout, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("|", "+"))]
+    assert len(rows) > 3 and len({len(line) for line in rows}) == 1, r.stdout
 
 
 def test_train_with_stdout_and_stdin_closed_runs(tmp_path, data_dir):  # noqa: F811
