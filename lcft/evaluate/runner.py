@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lcft import __version__
-from lcft.console import text_column
+from lcft.console import make_console, text_column
 from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
@@ -123,14 +123,16 @@ def _stopped(cfg: EvalConfig, signum: int) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def progress_bar(show: bool) -> Iterator[Any]:
-    """A rich progress bar over windows (one task per checkpoint), or None when not shown."""
+    """A rich progress bar over windows (one task per checkpoint) on stderr, as prepare's, so that stdout holds
+    only the report (`lcft eval ... > table.txt`), or None when not shown."""
     if not show:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     with Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(),
-                  text_column("windows"), TimeRemainingColumn(), transient=False) as progress:
+                  text_column("windows"), TimeRemainingColumn(), console=make_console(stderr=True),
+                  transient=False) as progress:
         yield progress
 
 

@@ -97,3 +97,19 @@ def test_eval_cli_refuses_a_checkpoint_with_non_finite_loss(tmp_path):
     # No report; the losses of the windows run are kept for a rerun (without the diverged checkpoint, the
     # reference's windows are read back: tests/evaluate/test_resume.py)
     assert [p.name for p in out.iterdir()] == [".partial"]
+
+
+def test_eval_progress_goes_to_stderr_and_stdout_holds_the_report(data_dir, tmp_path):  # noqa: F811
+    """`lcft eval ... > table.txt`: the progress bar (drawn once at its end when stderr is not a terminal) goes to
+    stderr, as prepare's does; stdout starts with the table."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    a = save_model(tmp_path / "a", seed=1)
+    r = subprocess.run([sys.executable, "-m", "lcft", "eval", "--data", str(data_dir), "-c", str(a), "--bins", "4",
+                        "--max-windows", "2", "--out", str(tmp_path / "rep")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("held-out loss") and "2/2 windows" in r.stderr, (r.stdout[:500], r.stderr[-500:])
