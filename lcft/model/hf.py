@@ -25,7 +25,7 @@ from lcft.model.config import (
     normalize_rope_scaling,
 )
 from lcft.model.hf_classes import shipped_classes
-from lcft.model.hf_weights import INDEX, WEIGHTS, weight_files, weight_tensors
+from lcft.model.hf_weights import INDEX, WEIGHTS, aligned, weight_files, weight_tensors
 
 MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
 
@@ -340,7 +340,7 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
                 if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
                     raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
                                     "floating-point numbers")
-                _assign(model, name, tensor if dtype is None else tensor.to(dtype))
+                _assign(model, name, aligned(tensor if dtype is None else tensor.to(dtype)))
                 loaded.add(name)
         except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file
             raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None

@@ -35,6 +35,7 @@ MAX_PICKLE_BYTES = 16 << 20  # a pytorch_model.bin's data.pkl: ~200 bytes a tens
 MAX_ZIP_RECORDS = 100_000  # records of a pytorch_model.bin: one a storage, plus a few
 MAX_ZIP_DIRECTORY = 16 << 20  # bytes of its zip directory: ~100 a record
 MAX_DIMS = 16
+ALIGN = 64  # bytes: where torch's CPU allocator starts every tensor it allocates
 _FLOAT_STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16,
                    "BFloat16Storage": torch.bfloat16, "DoubleStorage": torch.float64}
 
@@ -88,6 +89,14 @@ def weight_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
     with safe_open(str(f), framework="pt") as sf:
         for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
             yield key, tuple(sf.get_slice(key).get_shape()), lambda key=key: sf.get_tensor(key)
+
+
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, copied when its memory does not start on an ALIGN-byte boundary (safetensors hands CPU tensors
+    out 8 bytes past one). CPU matmul kernels round differently on such operands, so a model read from a file
+    must sit where one built in memory sits: else a run resumed from its checkpoint drifts from the run that
+    never stopped in the last bits of its gradients."""
+    return tensor if tensor.data_ptr() % ALIGN == 0 else tensor.clone()
 
 
 class _Storage(NamedTuple):
