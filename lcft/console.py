@@ -26,6 +26,11 @@ class PlainConsole(Console):
     """A Console that never reads markup and escapes unprintable characters of every string it renders
     (tables, titles, prints of plain strings show them as written)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._width is not None and self._width < 1:  # COLUMNS=0: rich would print nothing, errors included
+            self._width = None  # the terminal's width, or 80
+
     def render_str(self, text: str, **kwargs: Any) -> Text:
         text = printable(text, LINES)
         if not self.encoding.lower().startswith("utf"):  # escaped before it is measured: tables stay aligned
@@ -63,6 +68,14 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     """One line from plain and (text, style) parts: lcft's own emphasis around names it prints as written."""
     return Text.assemble(*((printable(p[0], LINES), p[1]) if isinstance(p, tuple) else printable(p, LINES)
                            for p in parts))
+
+
+def zero_columns() -> None:
+    """A COLUMNS of 0 in the environment is dropped, once as the CLI starts: typer's help, which makes its own
+    rich Console, would print nothing at all (lcft's consoles, PlainConsole, ignore it)."""
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) == 0:  # (rich reads only digits: anything else is ignored already)
+        del os.environ["COLUMNS"]
 
 
 def standard_streams() -> None:

@@ -90,3 +90,14 @@ def test_train_with_stdout_and_stdin_closed_runs(tmp_path, data_dir):  # noqa: F
                "--global-batch", "1", "--seq-len", "256", "--precision", "fp32"], "<&- >&-")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert (run / "checkpoints" / "step-00000001" / "checksums.json").is_file()
+
+
+def test_columns_zero_still_shows_errors_and_help():
+    """COLUMNS=0 (a broken terminal setting, or a script's): rich gave every console a width of 0 and printed
+    nothing, so a user error exited 1 with no message and --help was blank."""
+    env = {**os.environ, "COLUMNS": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    err = subprocess.run([sys.executable, "-m", "lcft", "plan"], capture_output=True, text=True, env=env, timeout=120)
+    assert err.returncode == 1 and err.stderr.startswith("error: give --seq-len"), err.stderr
+    helped = subprocess.run([sys.executable, "-m", "lcft", "--help"], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert helped.returncode == 0 and "Usage:" in helped.stdout and "train" in helped.stdout, helped.stdout

@@ -8,7 +8,7 @@ import typer
 
 from lcft import __version__
 from lcft.cli import demo, eval, export, plan, prepare, train
-from lcft.console import PIPE_CLOSED, standard_streams, stdout_identity
+from lcft.console import PIPE_CLOSED, standard_streams, stdout_identity, zero_columns
 
 app = typer.Typer(
     name="lcft",
@@ -38,6 +38,7 @@ for _mod in (prepare, train, plan, eval, export, demo):
 
 def main() -> None:
     standard_streams()
+    zero_columns()
     stdout, fd1 = sys.stdout, stdout_identity()
     try:
         app()
