@@ -12,6 +12,7 @@ from lcft.console import make_console
 from lcft.evaluate.stats import FEW_WINDOWS
 
 ROUGH = "; with this few windows the intervals are rough"
+REFERENCE = "reference"  # the first checkpoint's change column: the others' changes are against it
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -40,12 +41,12 @@ def table(report: dict[str, Any]) -> Table:
     for col in ("context\ntokens", "loss\nnats/token", "loss\nbits/base", "first 10%\nnats/token",
                 "last 10%\nnats/token", "last-first\nnats/token", f"vs {report['checkpoints'][0]['label']} [95% CI]\n%"):
         t.add_column(col, justify="right", no_wrap=True)
-    for ck in report["checkpoints"]:
+    for i, ck in enumerate(report["checkpoints"]):
         first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
         gap = None if first is None or last is None else last - first
         t.add_row(ck["label"], format_size(ck["max_context"]) if ck["max_context"] else "window",
                   _fmt(ck["loss"]), _fmt(ck["bits_per_base"], ".3f"), _fmt(first), _fmt(last),
-                  _fmt(gap, "+.4f"), _pct_ci(ck))
+                  _fmt(gap, "+.4f"), _pct_ci(ck) if i else REFERENCE)
     u = report["uniform"]
     t.add_row("uniform guess", "-", _fmt(u["loss"]), _fmt(u["bits_per_base"], ".3f"), _fmt(u["loss"]),
               _fmt(u["loss"]), "+0.0000", "", style="dim")
@@ -59,10 +60,11 @@ def _split_rows(report: dict[str, Any], title: str, a: str, b: str, names: tuple
     for col in (f"{names[0]}\nshare of tokens", f"{names[0]} loss\nnats/token", f"{names[0]} change [95% CI]\n%",
                 f"{names[1]} loss\nnats/token", f"{names[1]} change [95% CI]\n%"):
         t.add_column(col, justify="right", no_wrap=True)
-    for ck in report["checkpoints"]:
+    for i, ck in enumerate(report["checkpoints"]):
         x, y = ck[a], ck[b]
         share = x["tokens"] / ck["tokens"] if ck["tokens"] else None
-        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(x["loss"]), _pct_ci(x), _fmt(y["loss"]), _pct_ci(y))
+        t.add_row(ck["label"], _fmt(share, ".1%"), _fmt(x["loss"]), _pct_ci(x) if i else REFERENCE, _fmt(y["loss"]),
+                  _pct_ci(y) if i else REFERENCE)
     return t
 
 
