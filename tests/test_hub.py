@@ -85,6 +85,24 @@ def test_init_id_resolves_to_the_cached_snapshot_and_pins_a_revision(hub, tmp_pa
     assert r.exit_code == 0 and "blocks" in r.output, r.output
 
 
+def test_train_init_id_starts_from_the_cached_snapshot(hub, tmp_path):
+    """`lcft train --init ORG/NAME@REV`: the id is kept as an id (it had been made a path under the working folder,
+    then not found), and the run starts from that snapshot's weights."""
+    from lcft.genomics import prepare_windows
+    from lcft.train.config import load_run_config
+    from tests.conftest import SHARED_GENOMES
+
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, files, refs=("v1",))
+    data, run = tmp_path / "data", tmp_path / "run"
+    prepare_windows(fasta=str(SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"), out=str(data), length=512,
+                    train=("gi|9626243|ref|NC_001416.1|",), eval=())
+    r = CliRunner().invoke(app, ["train", "--init", "dna-org/tiny-llama@v1", "--data", str(data), "--out", str(run),
+                                 "--steps", "1", "--global-batch", "1", "--precision", "fp32", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert load_run_config(run / "config.toml").init == "dna-org/tiny-llama@v1"
+
+
 def test_uncached_id_offline_and_unknown_revision_are_one_line(hub, tmp_path):
     files, _ = hf_model(tmp_path, 0)
     cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, files)

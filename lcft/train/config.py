@@ -24,6 +24,7 @@ from lcft.config import (
     to_dict,
 )
 from lcft.files import parse_text
+from lcft.hub import hub_id
 from lcft.kernels.spec import AttentionImpl
 from lcft.model.config import COUNT_LIMITS, ROPE_TYPES, AttentionBackend
 from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, PrecisionChoice, Shard
@@ -331,11 +332,12 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:
-    """Paths made absolute, so a launcher's child processes and the saved config do not depend on the cwd."""
+    """Paths made absolute, so a launcher's child processes and the saved config do not depend on the cwd; an
+    --init that is a Hub id (lcft.hub.hub_id) stays one."""
     changes: dict[str, Any] = {}
     for name in ("data", "out", "init"):
         v = getattr(cfg, name)
-        if v:
+        if v and not (name == "init" and hub_id(v)):
             changes[name] = str(Path(v).expanduser().resolve())
     if cfg.resume and cfg.resume != "auto":
         changes["resume"] = str(Path(cfg.resume).expanduser().resolve())
