@@ -384,6 +384,16 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paths_absolute(data: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """`data` with the values under `keys` that name existing paths made absolute, so a saved config reruns
+    from any working folder; what names no path (a Hub id, a tokenizer spec such as kmer:6) stays as written."""
+    def one(v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return type(v)(one(x) for x in v)
+        return str(Path(v).expanduser().resolve()) if isinstance(v, str) and v and Path(v).expanduser().exists() else v
+    return {k: one(v) if k in keys else v for k, v in data.items()}
+
+
 def save_resolved(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:
     """Write the resolved config (TOML, loadable again with --config) atomically."""
     return atomic_write(path, dumps_toml(data))

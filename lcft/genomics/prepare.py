@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
 from rich.text import Text
 
-from lcft.config import Size, build, save_resolved, to_dict
+from lcft.config import Size, build, paths_absolute, save_resolved, to_dict
 from lcft.console import make_console, text_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError, shown
@@ -390,7 +390,8 @@ def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
     if not _is_char(tok):
         (partial / TOKENIZER_FILE).write_text(tok.json_text)
     resolved = {**to_dict(cfg), "stride": options["stride"]}
-    save_resolved(partial / RESOLVED, {k: v for k, v in resolved.items() if k != "overwrite"})
+    saved = {k: v for k, v in resolved.items() if k != "overwrite"}  # (train's config.toml is absolute too)
+    save_resolved(partial / RESOLVED, paths_absolute(saved, ("fasta", "out", "tokenizer")))
     write_json_atomic(partial / MANIFEST, manifest)
     _clear_replaced(out, partial)
     state["finished"] = True

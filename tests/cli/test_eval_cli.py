@@ -113,3 +113,21 @@ def test_eval_progress_goes_to_stderr_and_stdout_holds_the_report(data_dir, tmp_
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("held-out loss") and "2/2 windows" in r.stderr, (r.stdout[:500], r.stderr[-500:])
+
+
+def test_the_saved_config_reruns_from_another_working_folder(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """eval.toml holds --data, --checkpoint and --out as absolute paths, so `--config` from elsewhere evaluates
+    the same checkpoint on the same data (they had been relative to the first run's working folder)."""
+    import os
+
+    a = save_model(tmp_path / "a", seed=1)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["eval", "--data", os.path.relpath(data_dir), "--checkpoint", "a", "--max-windows", "1",
+                            "--out", "rep", "--quiet"])
+    assert r.exit_code == 0, r.output
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = runner.invoke(app, ["eval", "--config", str(tmp_path / "rep" / "eval.toml"), "--out", "rep2", "--quiet"])
+    assert r.exit_code == 0, r.output
+    first, again = (json.loads((p / "eval.json").read_text()) for p in (tmp_path / "rep", tmp_path / "elsewhere" / "rep2"))
+    assert again["checkpoints"][0]["loss"] == first["checkpoints"][0]["loss"] and str(a) in (tmp_path / "rep" / "eval.toml").read_text()

@@ -172,3 +172,22 @@ def test_the_verify_command_prepare_suggests_runs_as_pasted(out, tmp_path, monke
     words = shlex.split(re.search(r"`(lcft prepare verify .*)`", " ".join(r.stdout.split())).group(1))
     assert words[:3] == ["lcft", "prepare", "verify"] and len(words) == 4 and not words[3].startswith("-"), words
     assert lcft(*words[1:]).exit_code == 0
+
+
+def test_the_saved_config_reruns_from_another_working_folder(tmp_path, monkeypatch):
+    """prepare.toml holds --fasta and --out as absolute paths (train's config.toml does too), so `--config
+    DIR/prepare.toml` from elsewhere is the same job: nothing to do. A built-in tokenizer spec stays as written."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    fasta = tmp_path / "here" / "g.fa"
+    fasta.write_bytes(open(sample_fasta(), "rb").read())
+    r = lcft("prepare", "windows", "--fasta", "g.fa", "--out", "w", "--train", "chr2", "--eval", "chr22",
+             "--length", "64K", "--tokenizer", "kmer:3")
+    assert r.exit_code == 0, r.output
+    saved = (tmp_path / "here" / "w" / "prepare.toml").read_text()
+    assert f'fasta = "{fasta}"' in saved and 'tokenizer = "kmer:3"' in saved
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = lcft("prepare", "windows", "--config", tmp_path / "here" / "w" / "prepare.toml")
+    assert r.exit_code == 0 and "nothing to do" in r.stderr, r.output
+    assert not (tmp_path / "elsewhere" / "w").exists()
