@@ -23,7 +23,7 @@ from lcft.errors import LcftError, did_you_mean, reason
 from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
-from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_hash import MARKED_RUNS_SPLIT, RUNS_SPLIT
 from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
 from lcft.hub import local_path
@@ -60,6 +60,32 @@ def _regexes(node: Any, where: str) -> list[tuple[str, str]]:
     if isinstance(node, list):
         return [r for j, v in enumerate(node) for r in _regexes(v, f"{where}[{j}]")]
     return []
+
+
+def word_marks(data: dict[str, Any], source: str) -> str:
+    """The word-boundary marks a tokenizer.json's pipeline writes into its tokens besides '▁' and 'Ġ': a Metaspace's
+    replacement, a Prepend's text, what a Replace puts for a space. An ASCII letter is refused in one line: a token's
+    bases could not be told from it."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            mark = node.get("replacement") if kind == "Metaspace" else node.get("prepend") if kind == "Prepend" else \
+                node.get("content") if kind == "Replace" and node.get("pattern") == {"String": " "} else None
+            found.extend([mark] if isinstance(mark, str) else [])
+            for v in node.values():
+                walk(v)
+
+    walk([data.get("normalizer"), data.get("pre_tokenizer")])
+    letters = [m for m in found if any(c.isascii() and c.isalpha() for c in m)]
+    if letters:
+        raise LcftError(f"tokenizer {source}: its word-boundary mark {letters[0]!r} holds a letter, so lcft cannot "
+                        "tell which letters of a token are bases")
+    return "".join(sorted(set("".join(found)) - set(WORD_MARKS)))
 
 
 def probe_regexes(data: dict[str, Any], text: str, source: str) -> None:
@@ -109,7 +135,9 @@ class JsonTokenizer(SeqTokenizer):
         if dropout is not None and 0 < dropout < 1:  # 0 and 1 give one answer: every merge, or none
             raise LcftError(f"tokenizer {source}: its BPE dropout ({dropout}) skips merges at random, so the same "
                             "bases get other ids on every call; lcft needs one answer (set model.dropout to null)")
-        self.plain = json.loads(self.json_text).get("normalizer") is None
+        data = json.loads(self.json_text)
+        self.plain = data.get("normalizer") is None
+        self.marks = WORD_MARKS + word_marks(data, source)
         missing = [b for b in "ACGT" if self._spells(b) != b]
         self._spells("N")  # a letter without a token: one line now, where the library fails on it, not mid-prepare
         if missing:
@@ -135,6 +163,8 @@ class JsonTokenizer(SeqTokenizer):
                 return ids, counts
         spans = np.array([o for e in encs for o in e.offsets], dtype=np.int64).reshape(-1, 2)  # (n_tok, 2) in piece
         spans += np.repeat(bounds[:-1], lens)[:, None]  # (n_tok, 2) in the chunk
+        # a token sharing its start with the next one (a lone word-start mark put before a base) covers no base
+        spans[:-1, 1] = np.where(spans[1:, 0] == spans[:-1, 0], spans[:-1, 0], spans[:-1, 1])
         # a token's bases run from the previous token's end to its own end (tokens of zero bases, such as a
         # lone word-boundary mark, get 0); a base no token covers means the tokenizer dropped it
         ends = np.maximum.accumulate(spans[:, 1]) if ids.size else np.zeros(0, np.int64)  # (n_tok,)

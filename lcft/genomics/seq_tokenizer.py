@@ -61,11 +61,14 @@ def split_pieces(acgt: np.ndarray, start: int, block: int, runs: bool = True) ->
     return np.concatenate(([0], inner, [n])).astype(np.int64)
 
 
-def token_bases_of(name: str, affixes: tuple[str, str] = ("##", "")) -> str:
+WORD_MARKS = "\u2581\u0120"  # the word-boundary marks of SentencePiece and byte-level BPE ('▁', 'Ġ')
+
+
+def token_bases_of(name: str, affixes: tuple[str, str] = ("##", ""), marks: str = WORD_MARKS) -> str:
     """The bases a vocabulary entry spells, upper case ('' for specials and anything not made of letters):
-    word-boundary marks of SentencePiece and byte-level BPE ('▁', 'Ġ') are dropped, and the vocabulary's own
-    (prefix, suffix) marking a word's inner and last pieces (WordPiece's '##', a BPE's `</w>`)."""
-    s = name.replace("\u2581", "").replace("\u0120", "")
+    word-boundary `marks` are dropped (SentencePiece's and byte-level BPE's, and a pipeline's own), and the
+    vocabulary's own (prefix, suffix) marking a word's inner and last pieces (WordPiece's '##', a BPE's `</w>`)."""
+    s = name.translate({ord(c): None for c in marks})
     prefix, suffix = affixes
     s = s[len(prefix) :] if prefix and s.startswith(prefix) else s
     s = s[: -len(suffix)] if suffix and s.endswith(suffix) else s
@@ -86,6 +89,7 @@ class SeqTokenizer:
     roles: dict[str, str] = field(default_factory=dict)  # special-token role -> token (vocab_file.ROLES)
     runs: bool = True  # pieces end where a run of A/C/G/T meets other letters (k-mers read across: False)
     affixes: tuple[str, str] = ("##", "")  # (prefix, suffix) a token's spelling may carry (token_bases_of)
+    marks: str = WORD_MARKS  # word-boundary marks a token's spelling may carry (token_bases_of)
     _bases: list[str] = field(default_factory=list, repr=False)
     _table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
@@ -115,7 +119,7 @@ class SeqTokenizer:
     def bases(self) -> list[str]:
         """Per id, the bases the token spells ('' for specials and the unknown token)."""
         if len(self._bases) != len(self.vocab):
-            self._bases = ["" if i in self.specials or i == self.unk_id else token_bases_of(t, self.affixes)
+            self._bases = ["" if i in self.specials or i == self.unk_id else token_bases_of(t, self.affixes, self.marks)
                            for i, t in enumerate(self.vocab)]
         return self._bases
 

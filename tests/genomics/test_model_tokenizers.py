@@ -169,22 +169,26 @@ def random_bases(n: int, seed: int) -> str:
     return "".join(np.random.default_rng(seed).choice(list("ACGT"), n))
 
 
-def _marked_bpe(path, **marks) -> str:
+def _marked_bpe(path, replacement: str = "", **marks) -> str:
     """A small BPE trained here on random bases, cut into words of up to 7 bases so its tokens carry `marks`
-    (continuing_subword_prefix on a word's inner pieces, end_of_word_suffix on its last)."""
+    (continuing_subword_prefix on a word's inner pieces, end_of_word_suffix on its last), or a Metaspace's
+    `replacement` before each piece's first word."""
     seqs = [random_bases(500, seed) for seed in range(60)]
     tk = Tokenizer(models.BPE(unk_token="<unk>", **marks))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(".{1,7}"), behavior="isolated")
+    if replacement:
+        mark = pre_tokenizers.Metaspace(replacement, prepend_scheme="first")
+        tk.pre_tokenizer = pre_tokenizers.Sequence([tk.pre_tokenizer, mark])
     tk.train_from_iterator(seqs, trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "<unk>"],
                                                      show_progress=False, **marks))
     tk.save(str(path))
     return str(path)
 
 
-@pytest.mark.parametrize("marks", [{"continuing_subword_prefix": "@@"}, {"end_of_word_suffix": "</w>"}],
-                         ids=["inner-prefix", "final-suffix"])
+@pytest.mark.parametrize("marks", [{"continuing_subword_prefix": "@@"}, {"end_of_word_suffix": "</w>"},
+                                   {"replacement": "_"}], ids=["inner-prefix", "final-suffix", "word-start"])
 def test_marked_bpe_tokens_spell_their_bases_and_carry_loss(marks, tmp_path):
-    """A BPE whose tokens carry a word-piece mark of its own: ids as `tokenizers` gives them for each piece, bases
+    """A BPE whose tokens carry a word-piece or word-start mark of its own: ids as `tokenizers` gives them for each piece, bases
     per token as its offsets say, and every token of A/C/G/T bases carries loss (is counted)."""
     from lcft.genomics.model_tokenizer import load_tokenizer
     from lcft.genomics.seq_tokenizer import UPPER
@@ -199,11 +203,13 @@ def test_marked_bpe_tokens_spell_their_bases_and_carry_loss(marks, tmp_path):
     for m in re.finditer("[ACGT]+|[^ACGT]+", seq.upper()):
         enc = tk.encode(m.group(), add_special_tokens=False)
         want_ids += enc.ids
-        want_counts += [e - s for s, e in enc.offsets]
-        bases += [m.group()[s:e] for s, e in enc.offsets]
+        # a lone word-start mark shares its span with the token after it, which holds the bases
+        spans = [(s, s if s == o[0] else e) for (s, e), o in zip(enc.offsets, [*enc.offsets[1:], (-1, -1)], strict=True)]
+        want_counts += [e - s for s, e in spans]
+        bases += [m.group()[s:e] for s, e in spans]
     assert ids.tolist() == want_ids and counts.tolist() == want_counts
     counted = tok.counted()[ids]
-    assert counted.tolist() == [set(b) <= set("ACGT") for b in bases] and counted.sum() > 100
+    assert counted.tolist() == [b != "" and set(b) <= set("ACGT") for b in bases] and counted.sum() > 100
 
 
 def test_bpe_dropout_is_refused_in_one_line(tmp_path):
@@ -263,3 +269,14 @@ def test_a_missing_unknown_token_is_one_line(kind, tmp_path):
     raw = np.frombuffer(b"ACGTNNXAC", np.uint8)
     with pytest.raises(LcftError, match=r"failed on this sequence \(.*(unk|UNK).*\)$"):
         tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))
+
+
+def test_a_word_start_mark_that_is_a_letter_is_refused_in_one_line(tmp_path):
+    """A Metaspace writing a letter before each word: which letters of a token are bases cannot be told, so the
+    tokenizer is refused in one line naming the mark."""
+    from lcft.errors import LcftError
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    with pytest.raises(LcftError, match="word-boundary mark 'X' holds a letter") as e:
+        load_tokenizer(_marked_bpe(tmp_path / "tokenizer.json", replacement="X"))
+    assert "\n" not in str(e.value)
