@@ -2,32 +2,43 @@
 
 `tokenizer.json` (a `tokenizers` pipeline), `tokenizer_config.json` and `special_tokens_map.json`. The pipeline
 upper-cases letters first (lcft tokenizes upper case); `char` also maps the IUPAC ambiguity codes to N, and a
-tokenizer.json gets lcft's run split (A/C/G/T runs apart from other letters) as its first pre-tokenizer, then,
-where its pipeline puts SentencePiece's word-start mark before the string only, that mark before every run
-(lcft encodes each run on its own). lcft also cuts a tokenizer.json's input at every 4096 bases of the record; the
+tokenizer.json gets lcft's run split (A/C/G/T runs apart from other letters) as its first pre-tokenizer (or, where
+it has a normalizer or letter added tokens, each run's edge marked before that normalizer and split at), then,
+where its pipeline puts a word-start mark before the string only, that mark before every run (lcft encodes each
+run on its own); the form written is one that encodes probe sequences to prepare's ids, else the tokenizer is
+refused (`prepare_tokenizer`, before any data is cut). lcft also cuts a tokenizer.json's input at every 4096 bases of the record; the
 exported one sees a string as one record, so strings of up to 4096 bases encode identically, longer ones nearly so.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import string
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import MAX_K
 from lcft.genomics.manifest import is_char
-from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, load_tokenizer
-from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
+from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, guarded, load_tokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, UPPER, SeqTokenizer
 from lcft.genomics.tokenizer_hash import (
+    BOUNDARY_RULE,
+    BOUNDARY_SPLIT,
     MARKED_RUNS_SPLIT,
-    PIECE_MARK,
     RUNS_SPLIT,
+    WORD_MARK,
+    is_letters,
     marks_first,
+    piece_mark,
     prepends_mark,
     replace_rule,
+    strip_export,
     upper_rules,
 )
 
@@ -46,21 +57,87 @@ def _char_json() -> dict[str, Any]:
     }
 
 
-def hf_tokenizer_json(tok: SeqTokenizer) -> str:
-    """tokenizer.json text encoding a DNA string (any case) to the ids lcft trains on."""
-    if not tok.json_text:
-        return json.dumps(_char_json())
-    data = json.loads(tok.json_text)
-    prepend = prepends_mark(data.get("normalizer"))
-    norms = upper_rules() + ([data["normalizer"]] if data.get("normalizer") else [])
-    data["normalizer"] = {"type": "Sequence", "normalizers": norms}
+def _letter_tokens(data: dict[str, Any]) -> bool:
+    """Set the letter added tokens of a pipeline without a normalizer to be matched after the export's upper-casing,
+    as prepare (which upper-cases before the tokenizer) matches them; True when there are any. (Before a normalizer
+    or after it gives other ids there: those keep their place, and `_difference` judges the result.)"""
+    letters = [t for t in data.get("added_tokens") or [] if is_letters(t.get("content"))]  # (<pad>: never in DNA)
+    for t in letters if data.get("normalizer") is None else []:
+        t["normalized"] = True
+    return bool(letters)
+
+
+def _export_json(data: dict[str, Any], edges: bool, source: str) -> str:
+    """The export of tokenizer.json `data` (lcft's additions stripped): upper-casing first, then the run split, or
+    with `edges` the run edges marked before the file's normalizer (BOUNDARY_RULE) and split at."""
+    data = copy.deepcopy(data)
+    norm, pre = data.get("normalizer"), data.get("pre_tokenizer")
+    data["normalizer"] = {"type": "Sequence",
+                          "normalizers": upper_rules() + ([BOUNDARY_RULE] if edges else []) + ([norm] if norm else [])}
     if data.get("model", {}).get("type") != "WordLevel":  # k-mers read across runs (N inside K-mers)
-        pre = data.get("pre_tokenizer")
         # lcft encodes each piece on its own, so a mark put only before a string's start goes before every piece
-        head = [MARKED_RUNS_SPLIT if prepend else RUNS_SPLIT] + ([PIECE_MARK] if prepend or marks_first(pre) else [])
+        mark = prepends_mark(norm) or marks_first(pre)
+        if len(mark) > 1:
+            raise LcftError(f"tokenizer {source}: its word-start mark {mark!r} is more than one character, which "
+                            "the export cannot put before every run of bases as lcft encodes them")
+        runs = MARKED_RUNS_SPLIT if prepends_mark(norm) == WORD_MARK else RUNS_SPLIT
+        head = [BOUNDARY_SPLIT if edges else runs] + ([piece_mark(mark)] if mark else [])
         data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": head + ([pre] if pre else [])}
     data["truncation"] = data["padding"] = None
     return json.dumps(data)
+
+
+def _probes(data: dict[str, Any]) -> list[str]:
+    """DNA an export is checked on: bases of both cases around N runs, every letter of both cases amid bases, and
+    each letter added token, in both cases, alone and amid bases and other letters."""
+    found = [t["content"] for t in data.get("added_tokens") or [] if is_letters(t.get("content"))]
+    return (["ACGTTGCAacgtNNNNnnACGTRYacgtKMnACGTTA", string.ascii_uppercase + string.ascii_lowercase + "ACGT"]
+            + [f"AC{c}GT{c.lower()}{c}{c}A" for c in string.ascii_uppercase]
+            + [p for c in found for p in (c, c.lower(), c.upper(), f"AC{c}GT{c.lower()}NN{c.upper()}RY{c}A")])
+
+
+def _difference(tok: SeqTokenizer, text: str, probes: list[str]) -> str | None:
+    """How tokenizer.json `text` encodes one of `probes` to other ids than prepare does with `tok` (a probe prepare
+    refuses, a letter it has no token for, is passed over); None when it gives the same ids for all."""
+    from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
+
+    tk = Tokenizer.from_str(text)
+    for probe in probes:
+        raw = np.frombuffer(probe.encode(), np.uint8)
+        try:
+            want = tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))[0].tolist()
+        except LcftError:
+            continue
+        got = guarded(lambda p=probe: tk.encode(p, add_special_tokens=False).ids, "export", repr(probe))
+        if got != want:
+            return f"{probe!r} would encode to {got[:8]} where prepare gives {want[:8]}"
+    return None
+
+
+def hf_tokenizer_json(tok: SeqTokenizer) -> str:
+    """tokenizer.json text encoding a DNA string (any case) to the ids lcft trains on: with the run split, or where
+    the file has a normalizer or letter added tokens, first with the run edges marked; the first that encodes the
+    probes (`_probes`) to prepare's ids. Neither: a one-line error naming a probe."""
+    if not tok.json_text:
+        return json.dumps(_char_json())
+    data = strip_export(json.loads(tok.json_text))  # a checkpoint's copy is an export already
+    source = getattr(tok, "source", tok.name)
+    tried = [True, False] if _letter_tokens(data) or data.get("normalizer") is not None else [False]
+    probes, why = _probes(data), ""
+    for edges in tried:
+        text = _export_json(data, edges, source)
+        if not (why := _difference(tok, text, probes) or ""):
+            return text
+    raise LcftError(f"tokenizer {source}: lcft cannot write a tokenizer.json with which transformers encodes DNA as "
+                    f"prepare does: {why}")
+
+
+def prepare_tokenizer(spec: str) -> SeqTokenizer:
+    """The tokenizer prepare cuts with (`load_tokenizer`), refused in one line where its export could not encode
+    DNA to the ids it gives (the data would train a model lcft cannot export)."""
+    tok = load_tokenizer(spec)
+    hf_tokenizer_json(tok)
+    return tok
 
 
 def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:

@@ -24,7 +24,7 @@ from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
-from lcft.genomics.tokenizer_hash import MARKED_RUNS_SPLIT, RUNS_SPLIT
+from lcft.genomics.tokenizer_hash import BOUNDARY_RULE, MARKED_RUNS_SPLIT, RUNS_SPLIT
 from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
 from lcft.hub import local_path
 
@@ -37,7 +37,7 @@ SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above,
 _PROBE = ("import sys\nfrom tokenizers import Tokenizer\ntk = Tokenizer.from_str(sys.stdin.read())\n"
           "for s in ('A' * 4096, 'ACGT' * 1024, 'N' * 4096, 'ACGTN' * 820, 'acgtn' * 820, 'AAAAC' * 820):\n"
           "    try:\n        tk.encode(s, add_special_tokens=False)\n    except Exception:\n        pass\n")
-_OWN_REGEXES = {RUNS_SPLIT["pattern"]["Regex"], MARKED_RUNS_SPLIT["pattern"]["Regex"]}
+_OWN_REGEXES = {RUNS_SPLIT["pattern"]["Regex"], MARKED_RUNS_SPLIT["pattern"]["Regex"], BOUNDARY_RULE["pattern"]["Regex"]}
 
 
 def guarded(call: Callable[[], Any], source: str, text: str = "this sequence") -> Any:

@@ -20,8 +20,8 @@ from lcft.errors import LcftError, shown
 from lcft.files import file_hash, folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
+from lcft.genomics.hf_tokenizer import prepare_tokenizer
 from lcft.genomics.manifest import build_manifest, is_char
-from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.genomics.prepare_state import STATE, load_state
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.shards import (
@@ -257,7 +257,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
     out = Path(cfg.out)  # type: ignore[arg-type]
     if out.exists() and not out.is_dir():
         raise LcftError(f"output {out} exists and is not a folder")
-    tok = load_tokenizer(cfg.tokenizer)
+    tok = prepare_tokenizer(cfg.tokenizer)
     with FastaFile(cfg.fasta) as fasta:  # type: ignore[arg-type]
         chosen = {"train": list(cfg.train), "eval": list(cfg.eval)}
         fasta.require(chosen["train"] + chosen["eval"])

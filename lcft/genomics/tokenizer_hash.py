@@ -22,36 +22,67 @@ RUNS_SPLIT = {"type": "Split", "pattern": {"Regex": "(?i)[ACGT]+|[^ACGT]+"}, "be
 WORD_MARK = "\u2581"  # SentencePiece's word-start mark
 # For a pipeline that marks only a string's start (a Prepend normalizer, Metaspace's prepend_scheme "first"),
 # where lcft marks each piece's: the run split keeping a normalizer's leading mark with the run after it, and
-# the mark then put before every piece that lacks one.
+# the mark then put before every piece that lacks one (where the run edges are not marked: BOUNDARY_SPLIT).
 MARKED_RUNS_SPLIT = {**RUNS_SPLIT, "pattern": {"Regex": f"(?i){WORD_MARK}?[ACGT]+|[^ACGT]+"}}
-PIECE_MARK = {"type": "Metaspace", "replacement": WORD_MARK, "prepend_scheme": "always", "split": False}
+# Where the file has a normalizer (which may turn one letter into another, N into A say) or letter added tokens,
+# the export marks each run's edge on the upper-cased text, before that normalizer: the normalizer and the added
+# tokens then see the runs apart, as prepare encodes them, and the pre-tokenizer splits at the marks (removing
+# them) instead of splitting normalized text into runs. The mark is a symbol no normalizer drops (not a control).
+BOUNDARY = "\u241e"
+BOUNDARY_RULE = {"type": "Replace", "pattern": {"Regex": "(?<=[ACGT])(?=[^ACGT])|(?<=[^ACGT])(?=[ACGT])"},
+                 "content": BOUNDARY}
+BOUNDARY_SPLIT = {"type": "Split", "pattern": {"String": BOUNDARY}, "behavior": "Removed", "invert": False}
 
 
-def prepends_mark(normalizer: Any) -> bool:
-    """The normalizer puts the word-start mark before the string (a Prepend, alone or in a Sequence)."""
+def piece_mark(mark: str) -> dict[str, Any]:
+    """A Metaspace putting the word-start mark `mark` before every piece that lacks one."""
+    return {"type": "Metaspace", "replacement": mark, "prepend_scheme": "always", "split": False}
+
+
+def prepends_mark(normalizer: Any) -> str:
+    """The mark the normalizer puts before the string (a Prepend, alone or in a Sequence), else ''."""
     norms = (normalizer or {}).get("normalizers", [normalizer]) if isinstance(normalizer, dict) else []
-    return any(isinstance(n, dict) and n.get("type") == "Prepend" and n.get("prepend") == WORD_MARK for n in norms)
+    return next((n["prepend"] for n in norms if isinstance(n, dict) and n.get("type") == "Prepend"
+                 and isinstance(n.get("prepend"), str)), "")
 
 
-def marks_first(pre: Any) -> bool:
-    """The pre-tokenizer starts with a Metaspace marking only the string's first split (prepend_scheme first)."""
+def marks_first(pre: Any) -> str:
+    """The mark of a Metaspace that starts the pre-tokenizer and marks only the string's first split
+    (prepend_scheme first), else ''."""
     first = (pre.get("pretokenizers") or [None])[0] if isinstance(pre, dict) and pre.get("type") == "Sequence" else pre
-    return isinstance(first, dict) and first.get("type") == "Metaspace" and first.get("prepend_scheme") == "first" \
-        and first.get("replacement") == WORD_MARK
+    if isinstance(first, dict) and first.get("type") == "Metaspace" and first.get("prepend_scheme") == "first":
+        return str(first.get("replacement") or "")
+    return ""
+
+
+def is_letters(text: Any) -> bool:
+    """`text` is made of ASCII letters only (an added token DNA can hold)."""
+    return isinstance(text, str) and text.isascii() and text.isalpha()
+
+
+def _strip_normalizer(norm: dict[str, Any]) -> Any:
+    """The normalizer without the export's upper-casing and run-edge marks (unchanged without them)."""
+    upper = upper_rules()
+    if norm.get("type") != "Sequence" or norm["normalizers"][: len(upper)] != upper:
+        return norm or None
+    rest = norm["normalizers"][len(upper) :]
+    rest = rest[1:] if rest[:1] == [BOUNDARY_RULE] else rest
+    return rest[0] if len(rest) == 1 else ({"type": "Sequence", "normalizers": rest} if rest else None)
 
 
 def strip_export(data: dict[str, Any]) -> dict[str, Any]:
-    """A tokenizer.json as it was before `hf_tokenizer_json` added upper-casing and the run split (with the piece
-    mark after it; unchanged when it has neither), so a model's exported tokenizer and the data's compare equal by
-    content."""
-    norm, pre, upper = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}, upper_rules()
-    if norm.get("type") == "Sequence" and norm["normalizers"][: len(upper)] == upper:
-        rest = norm["normalizers"][len(upper) :]
-        data["normalizer"] = rest[0] if len(rest) == 1 else ({"type": "Sequence", "normalizers": rest} if rest else None)
+    """A tokenizer.json as it was before `hf_tokenizer_json` added upper-casing and the run split or run-edge marks
+    (with the piece mark after it; unchanged when it has neither), so a model's exported tokenizer and the data's
+    compare equal by content."""
+    pre = data.get("pre_tokenizer") or {}
+    data["normalizer"] = _strip_normalizer(data.get("normalizer") or {})
     split = pre["pretokenizers"][:1] if pre.get("type") == "Sequence" else []
-    if split in ([RUNS_SPLIT], [MARKED_RUNS_SPLIT]):
+    if split in ([RUNS_SPLIT], [MARKED_RUNS_SPLIT], [BOUNDARY_SPLIT]):
         rest = pre["pretokenizers"][1:]
-        if rest[:1] == [PIECE_MARK] and (split == [MARKED_RUNS_SPLIT] or marks_first((rest[1:] or [None])[0])):
+        mark = prepends_mark(data["normalizer"]) or marks_first((rest[1:] or [None])[0])
+        if split == [MARKED_RUNS_SPLIT]:
+            mark = WORD_MARK
+        if mark and rest[:1] == [piece_mark(mark)]:
             rest = rest[1:]
         data["pre_tokenizer"] = rest[0] if len(rest) == 1 else ({"type": "Sequence", "pretokenizers": rest} if rest else None)
     return data
@@ -61,5 +92,9 @@ def content_sha256(json_text: str) -> str:
     """sha256 of what decides a tokenizer.json's ids (normalizer, pre-tokenizer, model, added tokens), with lcft's
     export additions removed and keys sorted: equal for the data's copy and a model exported from it."""
     data = strip_export(json.loads(json_text))
+    if data.get("normalizer") is None:  # no normalizer: matched before it or after, a letter token is matched alike
+        for t in data.get("added_tokens") or []:  # (and the export matches them after its upper-casing)
+            if isinstance(t, dict) and is_letters(t.get("content")):
+                t["normalized"] = True
     keep = {k: data.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()

@@ -1,11 +1,12 @@
 """Exported tokenizer files: transformers.AutoTokenizer encodes DNA to exactly the ids prepare wrote (char, 6-mers,
 BPEs trained here, plain and with SentencePiece's word-start mark), on real sequence with soft-masked bases, an N
-run and ambiguity codes."""
+run and ambiguity codes; letter added tokens, a normalizer turning other letters into bases and a word-start mark
+of the file's own included."""
 
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from lcft.genomics import open_windows, prepare_windows
 from lcft.genomics.hf_tokenizer import save_hf_tokenizer
@@ -28,19 +29,40 @@ def records():
 
 def bpe(tmp_path, seq, kind="bpe"):
     """A BPE of 300 trained here; `bpe-first`: SentencePiece's word-start mark on the string's first piece only
-    (Metaspace, prepend_scheme first), `bpe-prepend`: the mark put by a Prepend normalizer (Llama's older form)."""
+    (Metaspace, prepend_scheme first), `bpe-prepend`: the mark put by a Prepend normalizer (Llama's older form),
+    `bpe-mark`: a mark of its own ('_') on the first piece, `bpe-n2a`: a normalizer turning N into A and R into G,
+    `bpe-added`: added tokens of letters, matched before normalizing or after, one only as a whole word,
+    `bpe-lower`: a lower-case added token behind a lower-casing normalizer, `bpe-iupac`: a normalizer turning every
+    letter but A/C/G/T/N into N (the run edges are not marked: it would turn the mark into N)."""
     tk = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=kind != "bpe"))
     if kind == "bpe-first":
         tk.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     if kind == "bpe-prepend":
         tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    if kind == "bpe-mark":
+        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="_", prepend_scheme="first")
+    if kind == "bpe-lower":
+        tk.normalizer = normalizers.Lowercase()
+    if kind == "bpe-iupac":
+        tk.normalizer = normalizers.Replace(Regex("[^ACGTN]"), "N")
+    if kind == "bpe-n2a":
+        tk.normalizer = normalizers.Sequence([normalizers.Replace("N", "A"), normalizers.Replace("R", "G")])
     tk.train_from_iterator((seq[i : i + 1000].upper() for i in range(0, 400_000, 1000)),
                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<unk>"], show_progress=False))
+    if kind == "bpe-added":
+        tk.add_tokens([AddedToken("N", normalized=False), AddedToken("ACGT", normalized=False), AddedToken("GGC"),
+                       AddedToken("NNNN", normalized=False, single_word=True)])
+        tk.add_special_tokens([AddedToken("RY", normalized=False, special=True)])
+    if kind == "bpe-lower":
+        tk.add_tokens([AddedToken("acgt"), AddedToken("nn")])
     tk.save(str(tmp_path / "bpe.json"))
     return str(tmp_path / "bpe.json")
 
 
-@pytest.mark.parametrize("kind", ["char", "kmer:6", "bpe", "bpe-first", "bpe-prepend"])
+KINDS = ["bpe", "bpe-first", "bpe-prepend", "bpe-mark", "bpe-n2a", "bpe-added", "bpe-lower", "bpe-iupac"]
+
+
+@pytest.mark.parametrize("kind", ["char", "kmer:6", *KINDS])
 def test_autotokenizer_encodes_to_the_prepared_ids(kind, records, tmp_path):
     recs, seq = records
     spec = bpe(tmp_path, seq, kind) if kind.startswith("bpe") else kind
@@ -62,10 +84,10 @@ def test_autotokenizer_encodes_to_the_prepared_ids(kind, records, tmp_path):
     assert checked > 0
 
 
-@pytest.mark.parametrize("kind", ["kmer:6", "bpe", "bpe-first", "bpe-prepend"])
+@pytest.mark.parametrize("kind", ["kmer:6", *KINDS])
 def test_exported_tokenizer_has_the_data_content_hash(kind, records, tmp_path):
-    """An exported folder, read back as a tokenizer, hashes like the data it came from (train compares these);
-    another vocabulary does not."""
+    """An exported folder, read back as a tokenizer, hashes like the data it came from (train compares these), and
+    exported again (lcft export writes a checkpoint's copy) is the same file; another vocabulary does not."""
     from lcft.genomics.model_tokenizer import load_tokenizer
 
     recs, seq = records
@@ -76,6 +98,8 @@ def test_exported_tokenizer_has_the_data_content_hash(kind, records, tmp_path):
     save_hf_tokenizer(open_windows(tmp_path / "out", "train").tokenizer, tmp_path / "export")
     again = load_tokenizer(str(tmp_path / "export"))
     assert again.sha256() == m["tokenizer"]["sha256"] and again.name == m["tokenizer"]["name"]
+    save_hf_tokenizer(again, tmp_path / "export2")  # a checkpoint's copy, exported: the same file
+    assert (tmp_path / "export2" / "tokenizer.json").read_text() == (tmp_path / "export" / "tokenizer.json").read_text()
     assert load_tokenizer("kmer:5").sha256() != m["tokenizer"]["sha256"]
 
 
@@ -93,3 +117,26 @@ def test_export_tokenizer_char_default_and_spec_comparison(tmp_path):
     spec = folder_tokenizer_spec(tmp_path / "k4")
     assert same_tokenizer(spec, load_tokenizer("kmer:4").spec())
     assert not same_tokenizer(spec, load_tokenizer("kmer:3").spec())
+
+
+@pytest.mark.parametrize(("token", "normalizer"), [
+    (AddedToken("acgt"), None), (AddedToken("n", normalized=False), None), (AddedToken("ACGTN"), None),
+    (AddedToken("NNN", normalized=False), normalizers.NFKC())])
+def test_prepare_refuses_an_added_token_its_export_cannot_match_alike(token, normalizer, tmp_path):
+    """An added token prepare never matches (lcft upper-cases, then encodes runs apart) but transformers would, or
+    one matched before a normalizer of the file: prepare (and export) refuse in one line naming a sequence."""
+    from lcft.errors import LcftError
+    from lcft.genomics.hf_tokenizer import prepare_tokenizer
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.normalizer = normalizer
+    tk.train_from_iterator(["ACGTNNACGGTACAN" * 20], trainers.BpeTrainer(vocab_size=40, special_tokens=["<unk>"],
+                                                                         show_progress=False))
+    tk.add_tokens([token])
+    tk.save(str(tmp_path / "tokenizer.json"))
+    for call in (lambda: prepare_tokenizer(str(tmp_path / "tokenizer.json")),
+                 lambda: save_hf_tokenizer(load_tokenizer(str(tmp_path / "tokenizer.json")), tmp_path / "export")):
+        with pytest.raises(LcftError, match="encodes DNA as prepare does: '.*' would encode to") as e:
+            call()
+        assert "\n" not in str(e.value)
