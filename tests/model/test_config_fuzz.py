@@ -98,10 +98,7 @@ def test_random_configs_give_transformers_logits_or_one_line(tmp_path):
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(d=configs())
     def check(d: dict) -> None:
-        shutil.rmtree(tmp_path / "case", ignore_errors=True)
-        folder = tmp_path / "case" / "model"
-        folder.mkdir(parents=True)
-        (folder / "config.json").write_text(json.dumps(d))
+        folder = _config_folder(tmp_path, d)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             theirs = _transformers_model(folder)
@@ -116,13 +113,27 @@ def test_random_configs_give_transformers_logits_or_one_line(tmp_path):
         if theirs is None:
             return
         COMPARED.append(d)
-        ids = torch.randint(0, 40, (2, 48), generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            gap = (ours(ids) - theirs(ids).logits).abs().max().item()
+        gap = _logits_gap(ours, theirs)
         assert gap < 1e-4, f"logits apart by {gap:.3g}"
 
     check()
     assert len(COMPARED) >= EXAMPLES // 3, f"only {len(COMPARED)} configs reached the logits"
+
+
+def _config_folder(tmp_path: Path, d: dict) -> Path:
+    """A fresh model folder holding config.json `d` alone."""
+    shutil.rmtree(tmp_path / "case", ignore_errors=True)
+    folder = tmp_path / "case" / "model"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(d))
+    return folder
+
+
+def _logits_gap(ours: torch.nn.Module, theirs: torch.nn.Module) -> float:
+    """Largest difference of the two models' logits on fixed ids."""
+    ids = torch.randint(0, 40, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return (ours(ids) - theirs(ids).logits).abs().max().item()
 
 
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
@@ -147,14 +158,10 @@ def test_rope_tables_are_read_as_transformers_reads_them(tmp_path, case):
     d = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 40, "hidden_size": 64,
          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, **ROPE_TABLES[case]}
-    folder = tmp_path / "case" / "model"
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(d))
+    folder = _config_folder(tmp_path, d)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = _transformers_model(folder)
         ours = from_pretrained(folder).float().eval()
-    ids = torch.randint(0, 40, (2, 48), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        gap = (ours(ids) - theirs(ids).logits).abs().max().item()
+    gap = _logits_gap(ours, theirs)
     assert gap < 1e-4, f"logits apart by {gap:.3g}"
