@@ -260,13 +260,6 @@ def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLik
                 folder.rmdir()  # only succeeds when empty
 
 
-def refuse_locked(folder: str | os.PathLike, command: str) -> None:
-    """folder_lock's refusal (the lock let go at once) before a writer reads what another one writes and prunes."""
-    if Path(folder).is_dir() and _holder(Path(folder))[0] != str(os.getpid()):
-        with folder_lock(folder, command):
-            pass
-
-
 def umask() -> int:
     """The process umask: from /proc on Linux (no change, so no race with other threads creating files),
     else set and restored at once."""

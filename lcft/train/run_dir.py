@@ -4,7 +4,6 @@ data said."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,6 @@ from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError
-from lcft.files import folder_lock
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
 
@@ -106,14 +104,13 @@ def check_run_folder(cfg: TrainConfig) -> None:
     check_run_dir(cfg, Path(cfg.out), lambda _message: None)
 
 
-def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, lock: contextlib.ExitStack,
-                 say: Callable[[str], None], data_changes: list[str] | None = None) -> None:
-    """Rank 0 takes the run folder: its lock (held until `lock` closes; a second writer is refused, naming this
-    pid), temp folders of interrupted saves removed; on a resume the checkpoints after `resume_step` moved to
+def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, say: Callable[[str], None],
+                 data_changes: list[str] | None = None) -> None:
+    """Rank 0, holding the run folder's lock (lcft.files.folder_lock, taken before the run's checkpoints were
+    read), starts the run there: temp folders of interrupted saves removed; on a resume the checkpoints after `resume_step` moved to
     superseded/ (the resumed run owns those steps) and changed options (with `data_changes`, from record_data)
     reported; a new run says when it replaces an earlier one's config; then the resolved config, and the last
     invocation's summary.json removed."""
-    lock.enter_context(folder_lock(run, "lcft train"))
     clean_partial(run)
     saved = run / RUN_CONFIG
     changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []

@@ -27,7 +27,7 @@ from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, is_oom
-from lcft.files import atomic_write, refuse_locked
+from lcft.files import atomic_write, folder_lock
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
@@ -94,8 +94,17 @@ class Trainer:
         windows = open_windows(cfg.data, "train")
         self.seq_len = cfg.seq_len or windows.length
         self.run_dir = Path(cfg.out)
-        if self.is_main:  # the one rank that takes the lock; a run another process writes changes while read
-            refuse_locked(self.run_dir, "lcft train")
+        if self.is_main:  # rank 0 holds the run folder from before its checkpoints are read: another writer
+            self._lock.enter_context(folder_lock(self.run_dir, "lcft train"))  # would save and prune them meanwhile
+        try:
+            self._setup(manifest, windows)
+        except BaseException:  # an in-process caller gets the run folder's lock back
+            self.close()
+            raise
+
+    def _setup(self, manifest: dict, windows: Any) -> None:
+        """The run folder checked, the model, data, optimizer and trainer state, then the run folder started."""
+        cfg = self.cfg
         self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
         if self.resume_from is not None:  # the model is the checkpoint's: --init and --preset keep the run's values
             self.cfg = cfg = keep_resumed_model(cfg, self.resume_from, self._note)
@@ -110,11 +119,7 @@ class Trainer:
         self._restore()
         self.data_changes = record_data(self.state, manifest)  # the checkpoints record what they were trained on
         self.guard = SpikeGuard(cfg.guard, self.state.guard_history)
-        try:
-            self._start_run_dir()
-        except BaseException:  # the run folder's lock is taken by now: an in-process caller gets it back
-            self.close()
-            raise
+        self._start_run_dir()
 
     def _setup_processes(self) -> None:
         """This process's place in the world (data- and context-parallel ranks), accumulation and precision."""
@@ -203,7 +208,7 @@ class Trainer:
         cfg = self.cfg
         if self.is_main:
             resume_step = self.state.step if self.resume_from is not None else None
-            open_run_dir(cfg, self.run_dir, resume_step, self._lock, self._note, self.data_changes)
+            open_run_dir(cfg, self.run_dir, resume_step, self._note, self.data_changes)
             self.metrics = MetricsLog(self.run_dir / METRICS, resume_step)
             self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
             if self.resume_from is not None:
