@@ -34,6 +34,7 @@ from lcft.genomics.tokenizer_hash import (
     RUNS_SPLIT,
     WORD_MARK,
     is_letters,
+    letters_normalized,
     marks_first,
     piece_mark,
     prepends_mark,
@@ -55,16 +56,6 @@ def _char_json() -> dict[str, Any]:
         "post_processor": None, "decoder": None,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
     }
-
-
-def _letter_tokens(data: dict[str, Any]) -> bool:
-    """Set the letter added tokens of a pipeline without a normalizer to be matched after the export's upper-casing,
-    as prepare (which upper-cases before the tokenizer) matches them; True when there are any. (Before a normalizer
-    or after it gives other ids there: those keep their place, and `_difference` judges the result.)"""
-    letters = [t for t in data.get("added_tokens") or [] if is_letters(t.get("content"))]  # (<pad>: never in DNA)
-    for t in letters if data.get("normalizer") is None else []:
-        t["normalized"] = True
-    return bool(letters)
 
 
 def _export_json(data: dict[str, Any], edges: bool, source: str) -> str:
@@ -122,7 +113,7 @@ def hf_tokenizer_json(tok: SeqTokenizer) -> str:
         return json.dumps(_char_json())
     data = strip_export(json.loads(tok.json_text))  # a checkpoint's copy is an export already
     source = getattr(tok, "source", tok.name)
-    tried = [True, False] if _letter_tokens(data) or data.get("normalizer") is not None else [False]
+    tried = [True, False] if letters_normalized(data) or data.get("normalizer") is not None else [False]
     probes, why = _probes(data), ""
     for edges in tried:
         text = _export_json(data, edges, source)

@@ -60,6 +60,16 @@ def is_letters(text: Any) -> bool:
     return isinstance(text, str) and text.isascii() and text.isalpha()
 
 
+def letters_normalized(data: dict[str, Any]) -> bool:
+    """Set the letter added tokens of a pipeline without a normalizer to be matched after normalizing: with no
+    normalizer, before it or after is alike, and the export matches them after its upper-casing, as prepare (which
+    upper-cases first) does; True when the pipeline has letter added tokens (`<pad>` is none: never in DNA)."""
+    letters = [t for t in data.get("added_tokens") or [] if isinstance(t, dict) and is_letters(t.get("content"))]
+    for t in letters if data.get("normalizer") is None else []:
+        t["normalized"] = True
+    return bool(letters)
+
+
 def _strip_normalizer(norm: dict[str, Any]) -> Any:
     """The normalizer without the export's upper-casing and run-edge marks (unchanged without them)."""
     upper = upper_rules()
@@ -92,9 +102,6 @@ def content_sha256(json_text: str) -> str:
     """sha256 of what decides a tokenizer.json's ids (normalizer, pre-tokenizer, model, added tokens), with lcft's
     export additions removed and keys sorted: equal for the data's copy and a model exported from it."""
     data = strip_export(json.loads(json_text))
-    if data.get("normalizer") is None:  # no normalizer: matched before it or after, a letter token is matched alike
-        for t in data.get("added_tokens") or []:  # (and the export matches them after its upper-casing)
-            if isinstance(t, dict) and is_letters(t.get("content")):
-                t["normalized"] = True
+    letters_normalized(data)
     keep = {k: data.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
