@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,6 @@ MODEL_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "
 TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 CONNECT_PROBE_S = 10.0  # a connection not open by then is left to huggingface_hub's own timeouts and retries
 NO_ROUTE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)  # connect() failing at once, as refusal does
-PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def hub_id(text: str | os.PathLike) -> tuple[str, str | None] | None:
@@ -55,25 +55,39 @@ def _cache_dir() -> str | None:
 
 def _unreachable(endpoint: str) -> str | None:
     """Why the Hub at `endpoint` cannot be reached at all, each of which huggingface_hub retries for about 25 s:
-    its host name does not resolve (no network, or a mistyped HF_ENDPOINT), or its port refuses connections or
-    has no route. None where a connection opens, where it only times out (a slow network: the requests' own
-    retries decide), or where a proxy makes the connections."""
+    its host name (or its proxy's) does not resolve (no network, or a mistyped HF_ENDPOINT), or its port refuses
+    connections or has no route. None where a connection opens, or where it only times out (a slow network: the
+    requests' own retries decide)."""
     url = urllib.parse.urlparse(endpoint)
-    if not url.hostname or any(os.environ.get(k) for k in PROXIES):
+    if not url.hostname:
         return None
+    proxies = urllib.request.getproxies_environment()  # what huggingface_hub's HTTP client reads too
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    try:
+        if not proxy:
+            return _refused(url.hostname, url.port or (443 if url.scheme == "https" else 80), "")
+        if proxies.get("no"):
+            return None  # which hosts bypass the proxy is the HTTP client's reading of NO_PROXY: the requests decide
+        via = urllib.parse.urlparse(proxy if "://" in proxy else f"http://{proxy}")
+        default = 443 if via.scheme == "https" else 1080 if via.scheme.startswith("socks") else 80
+        return _refused(via.hostname, via.port or default, "the proxy ") if via.hostname else None
+    except ValueError:  # a port out of range in HF_ENDPOINT or the proxy: the request says so
+        return None
+
+
+def _refused(host: str, port: int, what: str) -> str | None:
+    """Why a connection to host:port fails at once (no such name, refused, no route); None where it opens or
+    times out."""
     offline = "; set HF_HUB_OFFLINE=1 to read only the Hub cache"
     try:
-        port = url.port or (443 if url.scheme == "https" else 80)
-        with socket.create_connection((url.hostname, port), timeout=CONNECT_PROBE_S):
+        with socket.create_connection((host, port), timeout=CONNECT_PROBE_S):
             return None
     except (socket.gaierror, UnicodeError) as e:
-        return f"{url.hostname} does not resolve ({reason(e)}){offline}"
+        return f"{what}{host} does not resolve ({reason(e)}){offline}"
     except ConnectionRefusedError:
-        return f"{url.hostname}:{port} refuses connections{offline}"
+        return f"{what}{host}:{port} refuses connections{offline}"
     except OSError as e:  # a timeout among them
-        return f"{url.hostname}:{port}: {reason(e)}{offline}" if e.errno in NO_ROUTE else None
-    except ValueError:  # a port out of range in HF_ENDPOINT: the request says so
-        return None
+        return f"{what}{host}:{port}: {reason(e)}{offline}" if e.errno in NO_ROUTE else None
 
 
 @contextlib.contextmanager

@@ -162,9 +162,8 @@ def _plan_of_an_id(tmp_path, **env: str):
     import subprocess
     import sys
 
-    from lcft.hub import PROXIES
-
-    base = {k: v for k, v in os.environ.items() if k not in PROXIES and k != "HF_HUB_OFFLINE"}
+    proxies = {"HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "HF_HUB_OFFLINE"}
+    base = {k: v for k, v in os.environ.items() if k.upper() not in proxies}
     return subprocess.run([sys.executable, "-m", "lcft", "plan", "--init", "nosuchorg/nosuchmodel", "--seq-len", "4K"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**base, "HF_HOME": str(tmp_path / "hf"), **env})
@@ -200,11 +199,24 @@ def test_a_hub_that_refuses_connections_is_one_line_at_once(tmp_path):
                         f"127.0.0.1:{port} refuses connections; set HF_HUB_OFFLINE=1 to read only the Hub cache")
 
 
-@pytest.mark.slow
-def test_a_hub_that_refuses_connections_is_one_line_after_its_retries(tmp_path):
-    """Through a proxy that refuses connections (names and connections are then the proxy's): huggingface_hub's five
-    retries (about 25 s) print nothing; lcft's one line says what failed."""
-    got = _plan_of_an_id(tmp_path, HTTPS_PROXY=f"http://127.0.0.1:{_closed_port()}")
+@pytest.mark.parametrize("variable, proxy, why", [
+    ("HTTPS_PROXY", "127.0.0.1:{port}", "the proxy 127.0.0.1:{port} refuses connections; "),
+    ("ALL_PROXY", "http://proxy.invalid:3128", "the proxy proxy.invalid does not resolve (")])
+def test_a_proxy_that_cannot_be_reached_is_one_line_at_once(tmp_path, variable, proxy, why):
+    """Through a proxy that refuses connections or whose name does not resolve: huggingface_hub retried for about
+    25 s; the proxy is tried first and why it fails is the one line."""
+    port = _closed_port()
+    got = _plan_of_an_id(tmp_path, **{variable: proxy.format(port=port)})
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
-    assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be read ("), lines
+    assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be reached: "
+                               + why.format(port=port)) and "HF_HUB_OFFLINE=1" in lines[0], lines
+
+
+def test_a_proxy_for_another_scheme_is_not_the_hubs(tmp_path):
+    """HTTP_PROXY is not used for an https Hub: the Hub's own host is tried (here: a name that does not resolve),
+    not the proxy, which refuses connections."""
+    got = _plan_of_an_id(tmp_path, HF_ENDPOINT="https://hub.invalid", HTTP_PROXY=f"http://127.0.0.1:{_closed_port()}")
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr
+    assert "cannot be reached: hub.invalid does not resolve (" in lines[0], lines
