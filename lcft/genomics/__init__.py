@@ -1,19 +1,30 @@
-"""Genome data: FASTA reading, tokenization, fixed-length windows, shards and dataset readers."""
+"""Genome data: FASTA reading, tokenization, fixed-length windows, shards and dataset readers.
 
-from lcft.genomics.fasta import sample_fasta
-from lcft.genomics.prepare import PrepareConfig, prepare_windows
-from lcft.genomics.shards import read_manifest, verify_windows
-from lcft.genomics.tokenizer import decode, encode
-from lcft.genomics.window_set import WindowSet, open_windows
+Names are resolved lazily so that importing one module of the package (its config, say) does not import
+torch and the rest of it.
+"""
 
-__all__ = [
-    "PrepareConfig",
-    "WindowSet",
-    "decode",
-    "encode",
-    "open_windows",
-    "prepare_windows",
-    "read_manifest",
-    "sample_fasta",
-    "verify_windows",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "sample_fasta": "lcft.genomics.fasta",
+    "PrepareConfig": "lcft.genomics.prepare",
+    "prepare_windows": "lcft.genomics.prepare",
+    "read_manifest": "lcft.genomics.shards",
+    "verify_windows": "lcft.genomics.shards",
+    "decode": "lcft.genomics.tokenizer",
+    "encode": "lcft.genomics.tokenizer",
+    "WindowSet": "lcft.genomics.window_set",
+    "open_windows": "lcft.genomics.window_set",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lcft.genomics' has no attribute {name!r}")

@@ -1,15 +1,34 @@
 """Parallelism applied to a built model from outside: the dp x cp layout and its mesh, context parallelism (zigzag
-sharding, collectives, the CP attention rewiring), activation checkpointing, compile and FSDP2 (`parallelize`)."""
+sharding, collectives, the CP attention rewiring), activation checkpointing, compile and FSDP2 (`parallelize`).
 
-from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
-from lcft.parallel.config import ParallelConfig
-from lcft.parallel.cp_attention import ContextParallelCore
-from lcft.parallel.mesh import ParallelState, check_world, init_parallel, single_process_state
-from lcft.parallel.parallelize import ParallelizeConfig, parallelize
-from lcft.parallel.sharding import ShardLayout, check_length
+Names are resolved lazily so that importing one module of the package (its config, say) does not import
+torch and the rest of it.
+"""
 
-__all__ = [
-    "ContextParallelCore", "ContextParallelRunner", "ParallelConfig", "ParallelState", "ParallelizeConfig",
-    "ShardLayout", "apply_context_parallel", "check_length", "check_world", "init_parallel", "parallelize",
-    "single_process_state",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ContextParallelRunner": "lcft.parallel.apply",
+    "apply_context_parallel": "lcft.parallel.apply",
+    "ParallelConfig": "lcft.parallel.config",
+    "ContextParallelCore": "lcft.parallel.cp_attention",
+    "ParallelState": "lcft.parallel.mesh",
+    "check_world": "lcft.parallel.mesh",
+    "init_parallel": "lcft.parallel.mesh",
+    "single_process_state": "lcft.parallel.mesh",
+    "ParallelizeConfig": "lcft.parallel.parallelize",
+    "parallelize": "lcft.parallel.parallelize",
+    "ShardLayout": "lcft.parallel.sharding",
+    "check_length": "lcft.parallel.sharding",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lcft.parallel' has no attribute {name!r}")
