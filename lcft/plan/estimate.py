@@ -165,6 +165,8 @@ class Shape:
     sparse: bool
     block: int
     budget: int
+    qkv_bias: bool = False
+    o_bias: bool = False
 
     @classmethod
     def of(cls, cfg: LlamaConfig) -> Shape:
@@ -173,7 +175,7 @@ class Shape:
         return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads * d,
                    cfg.num_key_value_heads * d, cfg.vocab_size, d, cfg.num_local_experts, cfg.num_experts_per_tok,
                    cfg.qk_norm, cfg.tie_word_embeddings, cfg.attention.backend == "sparse", spec.block_size,
-                   spec.top_k + spec.local_blocks + spec.sink_blocks + 1)
+                   spec.budget, cfg.attention_bias, cfg.o_proj_bias)
 
     @property
     def block_matrices(self) -> int:
@@ -184,8 +186,10 @@ class Shape:
 
     @property
     def block_params(self) -> int:
-        """One block's parameters: its matrices, two norms, (Qwen3) the q/k norms; biases are negligible."""
-        return self.block_matrices + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        """One block's parameters: its matrices, two norms, (Qwen3) the q/k norms, the q/k/v and o_proj biases
+        (Qwen2; Llama and Qwen3 with attention_bias): few, but the count is printed and must be the model's."""
+        biases = (self.q_width + 2 * self.kv_width if self.qkv_bias else 0) + (self.hidden if self.o_bias else 0)
+        return self.block_matrices + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0) + biases
 
     @property
     def root_params(self) -> int:

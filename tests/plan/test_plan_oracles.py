@@ -1,0 +1,60 @@
+"""`lcft plan` against oracles outside it: transformers' own model for the parameter count of every family lcft
+trains (biases, tied and untied heads, GQA, q/k norms, experts) and of the published genome models' configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcft.checkpoint.hf_folder import read_config
+from lcft.plan.estimate import Shape
+from tests.genomics.test_published_tokenizers import PUBLISHED
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = {"vocab_size": 4128, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+         "num_attention_heads": 8, "num_key_value_heads": 2}
+FAMILIES = {  # config.json as a user hands it to `lcft plan --init`
+    "llama-attention-bias": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": True},
+    "llama-tied": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": True},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "tie_word_embeddings": True},
+    "qwen3-attention-bias": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 64,
+                             "attention_bias": True},
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 48},
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+}
+
+
+def transformers_count(config: dict) -> int:
+    """Parameters of the model transformers builds from `config` (on the meta device: no memory, no init)."""
+    hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k != "auto_map"})
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(hf).num_parameters()
+
+
+def planned_count(config: dict, folder: Path) -> int:
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return Shape.of(read_config(folder)).params
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_parameter_count_matches_transformers(name: str, tmp_path: Path) -> None:
+    """Biases were left out of the count (every Qwen2 has q/k/v biases; Llama and Qwen3 with attention_bias put
+    one on o_proj too): `lcft plan` printed fewer parameters than the model it plans has."""
+    config = {**SMALL, **FAMILIES[name]}
+    assert planned_count(config, tmp_path / "m") == transformers_count(config)
+
+
+@pytest.mark.parametrize("name", ["generator-eukaryote-3b-base", "metagene-1"])
+def test_published_parameter_counts_match_transformers(name: str, tmp_path: Path) -> None:
+    folder = PUBLISHED / name
+    if not folder.is_dir():
+        pytest.skip(f"published model files not found at {PUBLISHED}")
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]  # GENERator's own class is its model_type's (llama)
+    assert Shape.of(read_config(folder)).params == transformers_count(config)
