@@ -45,3 +45,11 @@ def check_length(length: int, cp: int = 1, block: int = 1, *, what: str = "windo
     hint = f"{lower} or {upper}" if lower > 0 else f"{upper}"
     raise ConfigError(f"{what} {length} is not a multiple of 2*cp*block = {unit} (cp={cp}, block={block}){of}: "
                     f"use e.g. {hint}")
+
+
+def check_seq_len(seq_len: int, cp: int, sparse: bool, block: int, window: int | None = None) -> None:
+    """A training sequence (`lcft train`, and `lcft plan` for what train would refuse): whole attention blocks
+    under the sparse backend, and under cp > 1 (either backend: the block is the unit cp cuts a window into)
+    2*cp chunks of whole blocks; dense attention at cp 1 takes any length. `window`: the data's, when known."""
+    check_length(seq_len, cp, block if sparse or cp > 1 else 1, what="--seq-len", window=window,
+                 block_name="sparse attention block")

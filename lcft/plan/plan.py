@@ -65,14 +65,22 @@ def init_notes(folder: Path | None) -> list[str]:
     return config_notes(read_model_config(folder)) if folder else []
 
 
-def _seq_len(cfg: PlanConfig) -> int:
-    if cfg.seq_len:
-        return int(cfg.seq_len)
+def _seq_len(cfg: PlanConfig, model: LlamaConfig) -> int:
+    """--seq-len, else --data's window length; refused as `lcft train` refuses it (whole attention blocks, cp
+    chunks, no longer than the data's windows)."""
+    from lcft.shapes import check_seq_len
+
+    window = None
     if cfg.data:
         from lcft.genomics.shards import read_manifest
 
-        return read_manifest(cfg.data)["length"]  # checked there: a whole number of tokens
-    raise LcftError("give --seq-len (or --data, whose window length is the default)")
+        window = read_manifest(cfg.data)["length"]  # checked there: a whole number of tokens
+    seq = int(cfg.seq_len) if cfg.seq_len else window
+    if seq is None:
+        raise LcftError("give --seq-len (or --data, whose window length is the default)")
+    attn = model.attention
+    check_seq_len(seq, cfg.cp, attn.backend == "sparse", attn.sparse.block_size, window)
+    return seq
 
 
 def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> Layout:
@@ -84,10 +92,7 @@ def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> L
 
     world = cfg.world
     check_launch(cfg, world)  # what `lcft train` refuses before it starts: cp groups, the batch's split
-    seq = _seq_len(cfg)
-    block = model.attention.sparse.block_size
-    if cfg.cp > 1 and seq % (2 * cfg.cp * block):
-        raise LcftError(f"--seq-len {seq} is not a multiple of 2 x cp x block = {2 * cfg.cp * block}")
+    seq = _seq_len(cfg, model)
     precision = choose_precision(cfg.precision, cfg.device == "cpu")[0]
     shard = getattr(cfg, "shard", "none") if world > 1 else "none"
     folder = folder or init_folder(cfg)

@@ -34,7 +34,7 @@ from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
 from lcft.parallel import ParallelizeConfig, init_parallel, parallelize
 from lcft.parallel.mesh import init_world
-from lcft.shapes import check_batch, check_length
+from lcft.shapes import check_batch, check_seq_len
 from lcft.signals import StopSignals
 from lcft.train.config import TrainConfig, resolve_folders
 from lcft.train.guard import SpikeGuard
@@ -197,10 +197,8 @@ class Trainer:
             self.state.world_size = self.world
 
     def _check_lengths(self, window: int) -> None:
-        cp, attn = self.layout.cp, self.model.config.attention
-        blocks = attn.backend == "sparse" or self.layout.cp_enabled  # dense attention at cp=1 takes any length
-        check_length(self.seq_len, cp, attn.sparse.block_size if blocks else 1, what="--seq-len", window=window,
-                     block_name="sparse attention block")
+        attn = self.model.config.attention
+        check_seq_len(self.seq_len, self.layout.cp, attn.backend == "sparse", attn.sparse.block_size, window)
         if (warning := declare_context(self.model.config, self.seq_len)) is not None:
             self._note(f"warning: {warning}")
 

@@ -1,5 +1,6 @@
 """`lcft plan` against oracles outside it: transformers' own model for the parameter count of every family lcft
-trains (biases, tied and untied heads, GQA, q/k norms, experts) and of the published genome models' configs."""
+trains (biases, tied and untied heads, GQA, q/k norms, experts) and of the published genome models' configs, and
+the trainer's length checks."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from lcft.checkpoint.hf_folder import read_config
+from lcft.cli.app import app
 from lcft.plan.estimate import Shape
 from tests.genomics.test_published_tokenizers import PUBLISHED
 
 transformers = pytest.importorskip("transformers")
+runner = CliRunner()
 
 SMALL = {"vocab_size": 4128, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
          "num_attention_heads": 8, "num_key_value_heads": 2}
@@ -58,3 +62,29 @@ def test_published_parameter_counts_match_transformers(name: str, tmp_path: Path
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = ["LlamaForCausalLM"]  # GENERator's own class is its model_type's (llama)
     assert Shape.of(read_config(folder)).params == transformers_count(config)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--attention", "sparse", "--seq-len", "4097"], "--seq-len 4097 is not a multiple of the sparse attention "
+                                                     "block size 64"),
+    (["--attention", "sparse", "--block-size", "3", "--seq-len", "4K"], "--seq-len 4096 is not a multiple of the "
+                                                                        "sparse attention block size 3"),
+])
+def test_a_length_train_refuses_is_refused_by_plan(args: list[str], needle: str) -> None:
+    """Sparse attention takes whole blocks (lcft.shapes.check_length, as the trainer checks it): the plan said
+    "fits" for a length `lcft train` then refused."""
+    r = runner.invoke(app, ["plan", "--preset", "tiny", *args])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [f"error: {needle}"], r.output
+
+
+def test_a_length_longer_than_the_datas_windows_is_refused(tmp_path: Path) -> None:
+    """--data with a longer --seq-len: `lcft train` refuses it; the plan read the data only for the default."""
+    from lcft.genomics import prepare_windows, sample_fasta
+
+    data = tmp_path / "w"
+    prepare_windows(fasta=str(sample_fasta()), out=str(data), length=1024, train=("chr22",), eval=())
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(data), "--seq-len", "2K"])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [
+        "error: --seq-len 2048 is longer than the data's windows (1024 tokens); prepare longer windows or use a "
+        "shorter --seq-len"], r.output
+    assert runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(data)]).exit_code == 0
