@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from lcft.model.config import LlamaConfig
 from lcft.parallel.activations import DEFAULT_SEQ_CHUNK
 from lcft.parallel.config import Checkpointing, CpKv, Precision, Shard
-from lcft.parallel.cp_stream import DEFAULT_PIECES
+from lcft.parallel.cp_stream import piece_count
 from lcft.plan.config import PlanDevice
 from lcft.train.memory import LONG_WINDOW
 
@@ -271,7 +271,8 @@ def kv_bytes(shape: Shape, lay: Layout) -> int:
     """K/V (and their gradients) from the other cp ranks that this rank holds for the layer being computed,
     per --cp-kv mode; under no checkpointing the gathered K/V of every layer are also saved for backward.
     all: the window's K/V; selected: the remote blocks the local query blocks pick (at most budget - local -
-    own blocks per query block, at most the rest of the window); stream: (cp - 1) / pieces of one shard."""
+    own blocks per query block, at most the rest of the window); stream: (cp - 1) / pieces of one shard (the
+    largest count up to DEFAULT_PIECES that divides the shard's blocks)."""
     if lay.cp == 1:
         return 0
     a, b, n = compute_bytes(lay.precision), lay.micro_batch, lay.local_tokens
@@ -280,8 +281,7 @@ def kv_bytes(shape: Shape, lay: Layout) -> int:
         q_blocks = n // shape.block
         remote = min(lay.seq_len - n, q_blocks * (shape.budget - 2) * shape.block)
     elif lay.cp_kv == "stream":
-        pieces = min(DEFAULT_PIECES, max(1, 2 * n // max(1, shape.block) // 2))
-        remote = (lay.cp - 1) * n // pieces
+        remote = (lay.cp - 1) * n // piece_count(n // shape.block)  # the stream's own count: it divides the blocks
     one_layer = 2 * 2 * remote * shape.kv_width * a * b  # K and V, and their gradients
     saved = 0
     if lay.checkpointing == "none" and lay.cp_kv != "stream":

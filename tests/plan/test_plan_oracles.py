@@ -1,6 +1,6 @@
 """`lcft plan` against oracles outside it: transformers' own model for the parameter count of every family lcft
-trains (biases, tied and untied heads, GQA, q/k norms, experts) and of the published genome models' configs, and
-the trainer's length checks."""
+trains (biases, tied and untied heads, GQA, q/k norms, experts) and of the published genome models' configs, the
+trainer's length check, and the K/V streaming's own piece count."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from lcft.checkpoint.hf_folder import read_config
 from lcft.cli.app import app
-from lcft.plan.estimate import Shape
+from lcft.model import preset
+from lcft.parallel.cp_stream import piece_count
+from lcft.plan.estimate import Layout, Shape, kv_bytes
 from tests.genomics.test_published_tokenizers import PUBLISHED
 
 transformers = pytest.importorskip("transformers")
@@ -88,3 +90,17 @@ def test_a_length_longer_than_the_datas_windows_is_refused(tmp_path: Path) -> No
         "error: --seq-len 2048 is longer than the data's windows (1024 tokens); prepare longer windows or use a "
         "shorter --seq-len"], r.output
     assert runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(data)]).exit_code == 0
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [4, 5, 11])
+def test_streamed_kv_uses_the_streams_piece_count(blocks_per_chunk: int) -> None:
+    """--cp-kv stream sends the largest piece count up to 8 that divides a rank's key blocks (2, not 8, for 22
+    blocks): the plan assumed 8 whenever there were 8 blocks, a quarter of the K/V in that case."""
+    model = preset("1b")
+    block, cp = model.attention.sparse.block_size, 4
+    seq = 2 * cp * block * blocks_per_chunk
+    lay = Layout(seq, world=cp, cp=cp, cp_kv="stream", checkpointing="block")
+    shape = Shape.of(model)
+    n = seq // cp
+    remote = (cp - 1) * n // piece_count(n // block)
+    assert kv_bytes(shape, lay) == 2 * 2 * remote * shape.kv_width * 2
