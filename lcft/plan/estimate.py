@@ -10,6 +10,7 @@ from lcft.parallel.activations import DEFAULT_SEQ_CHUNK
 from lcft.parallel.config import Checkpointing, CpKv, Precision, Shard
 from lcft.parallel.cp_stream import piece_count
 from lcft.plan.config import PlanDevice
+from lcft.plan.shape import Shape
 from lcft.train.memory import LONG_WINDOW
 
 GIB = 1 << 30
@@ -147,71 +148,6 @@ class Estimate:
         return [(n, getattr(self, n)) for n in names]
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The sizes of a model the formulas need (per block unless named otherwise)."""
-
-    hidden: int
-    inter: int
-    layers: int
-    q_width: int
-    kv_width: int
-    vocab: int
-    head_dim: int
-    experts: int
-    top_experts: int
-    qk_norm: bool
-    tied: bool
-    sparse: bool
-    block: int
-    budget: int
-    qkv_bias: bool = False
-    o_bias: bool = False
-
-    @classmethod
-    def of(cls, cfg: LlamaConfig) -> Shape:
-        spec = cfg.attention.sparse
-        d = int(cfg.head_dim)
-        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads * d,
-                   cfg.num_key_value_heads * d, cfg.vocab_size, d, cfg.num_local_experts, cfg.num_experts_per_tok,
-                   cfg.qk_norm, cfg.tie_word_embeddings, cfg.attention.backend == "sparse", spec.block_size,
-                   spec.budget, cfg.attention_bias, cfg.o_proj_bias)
-
-    @property
-    def block_matrices(self) -> int:
-        """Weights of the matrices of one block: q/k/v/o projections and the MLP (every expert, + router)."""
-        attn = 2 * self.hidden * self.q_width + 2 * self.hidden * self.kv_width
-        mlp = 3 * self.hidden * self.inter * max(1, self.experts) + self.hidden * self.experts
-        return attn + mlp
-
-    @property
-    def block_params(self) -> int:
-        """One block's parameters: its matrices, two norms, (Qwen3) the q/k norms, the q/k/v and o_proj biases
-        (Qwen2; Llama and Qwen3 with attention_bias): few, but the count is printed and must be the model's."""
-        biases = (self.q_width + 2 * self.kv_width if self.qkv_bias else 0) + (self.hidden if self.o_bias else 0)
-        return self.block_matrices + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0) + biases
-
-    @property
-    def root_params(self) -> int:
-        """Parameters outside the blocks: embedding, final norm, LM head (unless tied)."""
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.block_params + self.root_params
-
-    @property
-    def saved_per_token(self) -> int:
-        """Values one block saves for backward per token (plain path): its input and the attention norm's
-        input to the fused qkv matmul (2H), q, k, v and the core output (2 q + 2 kv widths), the output
-        projection's contiguous input (q width), the residual and the MLP norm's output (2H), the fused
-        gate|up output and silu(gate) and their product (4I, per routed expert under MoE); Qwen3 adds the
-        q/k norm inputs."""
-        inter = self.inter * (self.top_experts if self.experts else 1)
-        qk = self.q_width + self.kv_width if self.qk_norm else 0
-        return 4 * self.hidden + 3 * self.q_width + 2 * self.kv_width + 4 * inter + qk
-
-
 def compute_bytes(precision: str) -> int:
     """Bytes of an activation in the compute dtype: 2 in bf16, 4 in fp32."""
     return 2 if precision == "bf16" else 4
@@ -254,14 +190,15 @@ def state_bytes(shape: Shape, lay: Layout) -> tuple[int, int, int, int]:
 
 
 def weight_copy_bytes(shape: Shape, lay: Layout) -> int:
-    """Working copies of weights: the fused qkv and gate|up matrices each block builds (saved for backward, so
-    every block's under no checkpointing, one block's under block checkpointing) in the compute dtype; fsdp
+    """Working copies of weights: the fused matrices each block builds and, under bf16 autocast over fp32 weights,
+    its cast copies (Shape.copied_weights; saved for backward, so every block's under no checkpointing, one
+    block's under block checkpointing) in the compute dtype; fsdp
     adds the all-gathered unsharded parameters of two blocks (the current one and the prefetched next) and
     of the root (embedding, head) in the compute dtype."""
     a = compute_bytes(lay.precision)
-    fused = shape.hidden * (shape.q_width + 2 * shape.kv_width) + 2 * shape.hidden * shape.inter * max(1, shape.experts)
+    cast = lay.precision == "bf16" and residual_bytes(lay) == 4  # autocast over fp32 weights (not fsdp's bf16)
     held = 1 if lay.checkpointing == "block" else shape.layers
-    out = held * fused * a
+    out = held * shape.copied_weights(cast) * a
     if lay.shard == "fsdp":
         out += (2 * shape.block_params + shape.root_params) * a
     return out
@@ -312,7 +249,7 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
     a, r, b, n = compute_bytes(lay.precision), residual_bytes(lay), lay.micro_batch, lay.local_tokens
     tokens = b * n
     own = 3 * shape.hidden * r * tokens + 4 * shape.head_dim * tokens  # + cos/sin (fp32)
-    per_block = shape.saved_per_token * a + 2 * shape.hidden * (r - a)  # its input and residual: the stream's
+    per_block = shape.saved_bytes(a, r)
     if lay.checkpointing == "none":
         held = shape.layers * per_block * tokens + own
         recompute = 0

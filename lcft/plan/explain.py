@@ -32,9 +32,7 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
            "gradients": f"formula: 4 B x {per} (fp32)" + (" + 4 B x P (DDP's buckets)" if lay.shard == "none"
                                                            and lay.world > 1 else ""),
            "optimizer": f"formula: 8 B x {per} (AdamW's two fp32 moments)",
-           "weight_copies": f"formula: fused qkv + gate|up of {1 if lay.checkpointing == 'block' else shape.layers} "
-                            f"block(s) at {a} B" + (" + 2 all-gathered blocks and the root (fsdp)"
-                                                    if lay.shard == "fsdp" else ""),
+           "weight_copies": _weight_copies(shape, lay, a),
            "kv": "formula: remote K/V and their gradients (docs/plan.md)" if lay.cp > 1 else "formula: 0 (cp 1)"}
     out["activations"] = _activations(shape, lay, a)
     out["transient"] = ("formula: the recomputed block and its gradients, the hidden state's fp32 gradient, three "
@@ -88,3 +86,13 @@ def _activations(shape: Shape, lay: Layout, a: int) -> str:
     return (f"formula: {tokens} x (N·H block inputs{moved}{in_bf16} + 3H, {stream}; RoPE fp32)"
             + (f" + N x the key-block ids the recompute reuses (int32, {shape.budget} per KV head and block)"
                if shape.sparse else ""))
+
+
+def _weight_copies(shape: Shape, lay: Layout, a: int) -> str:
+    """The source of the weight working copies: what each block copies, how many blocks hold theirs, fsdp's."""
+    what = "fused qkv" + ("" if shape.experts else " + gate|up")
+    if lay.precision == "bf16" and residual_bytes(lay) == 4:
+        what += " + the autocast copies of o_proj and " + ("every expert and the router" if shape.experts else "down")
+    held = 1 if lay.checkpointing == "block" else shape.layers
+    return (f"formula: {what} of {held} block(s) at {a} B"
+            + (" + 2 all-gathered blocks and the root (fsdp)" if lay.shard == "fsdp" else ""))
