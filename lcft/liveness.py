@@ -33,9 +33,14 @@ NODE_RANK_ENV = "LCFT_NODE_RANK"  # the user's --node-rank (torchrun's own node 
 EXIT_LOST = 75  # a rank or node stopped answering; the latest checkpoint stands (sysexits EX_TEMPFAIL)
 
 
+LAUNCHER_ENV = "TORCHELASTIC_RUN_ID"
+"""What torch's elastic agent sets in every worker it starts (torchrun, lcft's --nproc, accelerate launch), beside
+env://'s variables; a job script's own exports or a shell that kept them (`source job.sh`) lack it."""
+
+
 def launched() -> bool:
-    """True inside a torchrun (or similar) launch: the process group is described by the environment."""
-    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    """True inside a launch by torch's elastic agent: the process group is described by the environment."""
+    return LAUNCHER_ENV in os.environ
 
 
 class PeerLost(LcftError):

@@ -27,6 +27,7 @@ from lcft.files import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
 from lcft.parallel.config import ParallelConfig
+from lcft.parallel.mesh import launch_world
 from lcft.shapes import check_world
 from lcft.signals import StopSignals
 
@@ -75,6 +76,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     if cfg.multiprocess and not launched():
         raise ValueError("cfg asks for several processes (nproc, nnodes or max_restarts): run it through "
                          "lcft.launch.run('eval', cfg), which starts them")
+    launch_world()  # a launch environment no launcher made (left in the shell, mpirun's): refused before any read
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
     n_windows = len(ws) if not cfg.max_windows else min(cfg.max_windows, len(ws))

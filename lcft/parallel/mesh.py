@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lcft import liveness
-from lcft.errors import LcftError, printable
+from lcft.errors import LcftError, printable, reason
 from lcft.parallel.config import CpConfig
 from lcft.shapes import check_world
 
@@ -86,40 +87,97 @@ def mesh_device_type() -> str:
     return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
 
 
-LAUNCH_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads besides WORLD_SIZE
+RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads besides WORLD_SIZE
+PROCESS_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""env://'s variables as a launcher sets them in each process: a WORLD_SIZE above 1, or a LOCAL_RANK at all, makes
+torch and Accelerate reach for a process group."""
+START_SEVERAL = "start several with --nproc N (or torchrun)"
+
+
+def _count(text: str) -> int:
+    """A number of processes as the environment gives it: 1 when empty, -1 when not a number."""
+    text = text.strip()
+    return 1 if not text else int(text) if text.isdecimal() else -1
 
 
 def launch_world() -> int:
-    """The number of processes the environment says this one is launched among (WORLD_SIZE; 1 when unset). A
-    WORLD_SIZE left set in the shell from another job (no launcher's LOCAL_RANK or TORCHELASTIC_RUN_ID beside it,
-    or no rendezvous address) would make a one-process run wait for ranks that never come, or fail in
-    torch.distributed with a traceback: a one-line error naming the variables instead."""
-    given = os.environ.get("WORLD_SIZE", "").strip()
-    try:
-        world = int(given or "1")
-    except ValueError:
-        world = -1
-    missing = [k for k in LAUNCH_ENV if not os.environ.get(k)]
-    if world == 1 or (world > 1 and liveness.launched() and not missing):
+    """The number of processes this one is launched among: the process group's size when one exists, else the
+    environment's WORLD_SIZE under torch's elastic agent (1 when unset). An environment no elastic agent made
+    (env://'s variables left in the shell from another job) would make a one-process run wait for ranks that
+    never come, or fail in torch.distributed or Accelerate with a traceback: a one-line error naming the variables
+    instead."""
+    if dist.is_initialized():  # a group someone else made (Accelerate, a test harness) is the world
+        return dist.get_world_size()
+    given = os.environ.get("WORLD_SIZE", "")
+    world = _count(given)
+    if world < 1:
+        raise LcftError(f"WORLD_SIZE={printable(given)} in the environment is not a number of processes: unset "
+                        f"{' '.join(PROCESS_ENV)} (left from another job?) to run as one process, or {START_SEVERAL}")
+    if not liveness.launched():
+        _refuse_foreign_launch(world)
+        return 1
+    missing = [k for k in RENDEZVOUS_ENV if not os.environ.get(k)]
+    if world == 1 or not missing:
         return world
-    why = ("is not a number of processes" if world < 1 else "is set, but this process was not started by a "
-           "launcher (no LOCAL_RANK or TORCHELASTIC_RUN_ID)" if not liveness.launched() else
-           f"is set, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not")
-    raise LcftError(f"WORLD_SIZE={printable(given)} in the environment {why}: unset WORLD_SIZE, RANK and "
-                    "LOCAL_RANK (left from another job?) to run as one process, or start several with --nproc N")
+    raise LcftError(f"WORLD_SIZE={world} in the environment is set, but {' and '.join(missing)} "
+                    f"{'is' if len(missing) == 1 else 'are'} not: unset {' '.join(PROCESS_ENV)} and "
+                    f"{liveness.LAUNCHER_ENV} (left from another job?) to run as one process, or {START_SEVERAL}")
+
+
+def _refuse_foreign_launch(world: int) -> None:
+    """Raise when a process no elastic agent started looks launched among others: env://'s variables (a job
+    script's exports, kept by the shell), which do not say whether the others exist."""
+    if world > 1 or "LOCAL_RANK" in os.environ:
+        given = [k for k in PROCESS_ENV if k in os.environ]
+        values = ", ".join(f"{k}={printable(os.environ[k])}" for k in given)
+        raise LcftError(f"{values} in the environment, but no launcher started this process (torchrun and --nproc "
+                        f"set {liveness.LAUNCHER_ENV}): unset {' '.join(given)} (left from another job?) to run as "
+                        f"one process, or {START_SEVERAL}")
 
 
 def init_world(collective_timeout: float) -> bool:
-    """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), with
-    `collective_timeout` seconds per collective, and start this rank's heartbeat; True when there is a group
-    (several processes). A group someone else initialised is kept as it is (its own timeout)."""
+    """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), waiting at most
+    `collective_timeout` seconds for the other processes and then as much per collective, and start this rank's
+    heartbeat; True when there is a group (several processes). A group someone else initialised is kept as it is
+    (its own timeout)."""
     world = launch_world()
     if not dist.is_initialized():
         if world <= 1:
             return False
-        dist.init_process_group(group_backend(), timeout=timedelta(seconds=collective_timeout))
+        _join(world, collective_timeout)
     liveness.start(dist.get_rank(), dist.get_world_size(), collective_timeout)
     return True
+
+
+def _join(world: int, timeout_s: float) -> None:
+    """init_process_group over env://, whose store waits `timeout_s` for the other processes to connect."""
+    _check_agent_store()
+    try:
+        dist.init_process_group(group_backend(), timeout=timedelta(seconds=timeout_s))
+    except dist.DistError as e:  # the others never came, or the address is not this launch's (in use, unreachable)
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise LcftError(f"no process group of {world} processes formed at MASTER_ADDR:MASTER_PORT {where} within "
+                        f"--collective-timeout {timeout_s:g} s ({reason(e, 160)}): did every process start? (variables "
+                        f"left in the shell from another job: unset {' '.join(PROCESS_ENV)} "
+                        f"{liveness.LAUNCHER_ENV})") from None
+
+
+def _check_agent_store() -> None:
+    """An elastic agent that shares its store with its workers (TORCHELASTIC_USE_AGENT_STORE) listens at
+    MASTER_ADDR:MASTER_PORT before it starts them: a refused connection means no agent is there (its workers'
+    environment copied into a shell), which torch's store would retry, logging each try, for the whole timeout."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return  # rank 0 hosts the store itself (lcft's --nproc): the others may reach for it before it is up
+    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        raise LcftError(f"nothing listens at MASTER_ADDR:MASTER_PORT {host}:{port}, where the launcher that "
+                        f"started this process ({liveness.LAUNCHER_ENV}={printable(os.environ[liveness.LAUNCHER_ENV])}) "
+                        f"keeps its store: unset {' '.join(PROCESS_ENV)} {liveness.LAUNCHER_ENV} (left from another "
+                        f"job?) to run as one process, or {START_SEVERAL}") from None
+    except (OSError, ValueError):  # unreachable, slow, a port that is no number: the store's own timeout decides
+        pass
 
 
 def init_parallel(cfg: CpConfig, fsdp: bool = False) -> ParallelState:

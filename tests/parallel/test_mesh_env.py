@@ -1,0 +1,101 @@
+"""What the environment a process starts in says about its launch (lcft.parallel.mesh.launch_world, init_world):
+a real torchrun launch (the elastic agent's TORCHELASTIC_RUN_ID beside env://'s variables), a copy of one left in a
+shell. Each is decided in this process, without waiting for a real rendezvous
+timeout (the one wait left is bounded by a tiny --collective-timeout here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from lcft.errors import LcftError
+from lcft.evaluate import EvalConfig, evaluate
+from lcft.parallel.mesh import init_world
+from lcft.train import TrainConfig, train
+from tests.parallel.harness import free_port
+
+# every variable a launcher (torchrun's agent, Open MPI, MPICH/Intel MPI, MVAPICH, srun) sets per process
+LAUNCH_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                "ROLE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
+                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch):
+    """A clean launch environment; returns a setter for the variables a test gives."""
+    for name in LAUNCH_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    assert not dist.is_initialized()
+
+    def given(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+
+    return given
+
+
+def _stale(port: int) -> dict[str, str]:
+    """A job script's env:// launch, left in the shell (`source job.sh`): no peer will ever come."""
+    return {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def _one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert isinstance(e.value, LcftError) and "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("which", ["full", "local_rank"])
+def test_a_launch_environment_left_in_the_shell_is_refused_at_once(env, which):
+    """Without torchrun's TORCHELASTIC_RUN_ID no launcher started this process: one line naming what to unset, not
+    a wait of --collective-timeout for ranks that never come (nor, for LOCAL_RANK alone, Accelerate's traceback)."""
+    stale = _stale(free_port())
+    env(**(stale if which == "full" else {"LOCAL_RANK": "0"}))
+    with pytest.raises(LcftError) as e:
+        init_world(collective_timeout=1.0)
+    msg = _one_line(e)
+    assert all(f"{k}=" in msg for k in (stale if which == "full" else ["LOCAL_RANK"])), msg
+    assert "TORCHELASTIC_RUN_ID" in msg and "--nproc" in msg and not dist.is_initialized()
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_launch_whose_peers_never_come_ends_in_one_line_after_the_timeout(env, rank):
+    """A torchrun environment (rank 0 hosting the store, or rank 1 reaching for rank 0's) whose peers never come:
+    the wait is bounded by --collective-timeout and ends in one line naming the address, the world size and the
+    timeout."""
+    port = free_port()
+    env(**{**_stale(port), "RANK": rank, "LOCAL_RANK": rank, "TORCHELASTIC_RUN_ID": "old",
+           "TORCHELASTIC_USE_AGENT_STORE": "False"})
+    with pytest.raises(LcftError) as e:
+        init_world(collective_timeout=0.25)
+    msg = _one_line(e)
+    assert f"127.0.0.1:{port}" in msg and "2 processes" in msg and "--collective-timeout 0.25" in msg, msg
+    assert not dist.is_initialized()
+
+
+def test_a_copy_of_a_torchrun_workers_environment_is_refused_at_once(env):
+    """torchrun's agent serves its store before it starts a worker: nothing listening there means no agent (a
+    worker's environment copied into a shell), said at once rather than after the store's retries."""
+    port = free_port()
+    env(**{**_stale(port), "RANK": "1", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "old",
+           "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    with pytest.raises(LcftError) as e:
+        init_world(collective_timeout=600)
+    msg = _one_line(e)
+    assert f"127.0.0.1:{port}" in msg and "TORCHELASTIC_RUN_ID=old" in msg and "WORLD_SIZE" in msg, msg
+
+
+@pytest.mark.parametrize("given", [{"LOCAL_RANK": "0"}])
+@pytest.mark.parametrize("job", ["train", "eval"])
+def test_train_and_eval_decide_the_launch_before_reading_anything(env, job, given, tmp_path):
+    """A launch environment no launcher made is refused first: nothing read (the data here does not exist) and
+    nothing written."""
+    env(**given)
+    out, none = tmp_path / "out", str(tmp_path / "none")
+    with pytest.raises(LcftError) as e:
+        if job == "train":
+            train(TrainConfig(data=none, out=str(out), preset="tiny", steps=1, global_batch=1))
+        else:
+            evaluate(EvalConfig(data=none, checkpoints=(none,), out=str(out)))
+    name, value = next(iter(given.items()))
+    assert f"{name}={value}" in _one_line(e) and not out.exists()
