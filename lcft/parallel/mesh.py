@@ -91,6 +91,9 @@ RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads bes
 PROCESS_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """env://'s variables as a launcher sets them in each process: a WORLD_SIZE above 1, or a LOCAL_RANK at all, makes
 torch and Accelerate reach for a process group."""
+MPI_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+"""How many processes were started together by Open MPI's mpirun, a PMI launcher (MPICH, Intel MPI, srun
+--mpi=pmi2), MVAPICH's, or srun: each of them would run the whole job alone."""
 START_SEVERAL = "start several with --nproc N (or torchrun)"
 
 
@@ -103,9 +106,9 @@ def _count(text: str) -> int:
 def launch_world() -> int:
     """The number of processes this one is launched among: the process group's size when one exists, else the
     environment's WORLD_SIZE under torch's elastic agent (1 when unset). An environment no elastic agent made
-    (env://'s variables left in the shell from another job) would make a one-process run wait for ranks that
-    never come, or fail in torch.distributed or Accelerate with a traceback: a one-line error naming the variables
-    instead."""
+    (env://'s variables left in the shell from another job, or one of the processes of mpirun or srun) would make
+    a one-process run wait for ranks that never come, fail in torch.distributed or Accelerate with a traceback,
+    or run the job N times into one folder: a one-line error naming the variables instead."""
     if dist.is_initialized():  # a group someone else made (Accelerate, a test harness) is the world
         return dist.get_world_size()
     given = os.environ.get("WORLD_SIZE", "")
@@ -126,13 +129,18 @@ def launch_world() -> int:
 
 def _refuse_foreign_launch(world: int) -> None:
     """Raise when a process no elastic agent started looks launched among others: env://'s variables (a job
-    script's exports, kept by the shell), which do not say whether the others exist."""
+    script's exports, kept by the shell) or an MPI launcher's count. Neither says where the others are."""
     if world > 1 or "LOCAL_RANK" in os.environ:
         given = [k for k in PROCESS_ENV if k in os.environ]
         values = ", ".join(f"{k}={printable(os.environ[k])}" for k in given)
         raise LcftError(f"{values} in the environment, but no launcher started this process (torchrun and --nproc "
                         f"set {liveness.LAUNCHER_ENV}): unset {' '.join(given)} (left from another job?) to run as "
                         f"one process, or {START_SEVERAL}")
+    for name in MPI_SIZE_ENV:
+        if (n := _count(os.environ.get(name, ""))) > 1:
+            raise LcftError(f"{name}={n} in the environment: this process is one of {n} that mpirun or srun started, "
+                            "and each would run the whole job alone into the same output folder; lcft starts its "
+                            "own processes: run the command once per node with --nproc N, or under torchrun")
 
 
 def init_world(collective_timeout: float) -> bool:

@@ -1,6 +1,6 @@
 """What the environment a process starts in says about its launch (lcft.parallel.mesh.launch_world, init_world):
 a real torchrun launch (the elastic agent's TORCHELASTIC_RUN_ID beside env://'s variables), a copy of one left in a
-shell. Each is decided in this process, without waiting for a real rendezvous
+shell, an MPI launcher's processes. Each is decided in this process, without waiting for a real rendezvous
 timeout (the one wait left is bounded by a tiny --collective-timeout here)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
-from lcft.parallel.mesh import init_world
+from lcft.parallel.mesh import init_world, launch_world
 from lcft.train import TrainConfig, train
 from tests.parallel.harness import free_port
 
@@ -18,6 +18,7 @@ from tests.parallel.harness import free_port
 LAUNCH_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
                 "ROLE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
                 "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+MPI_SIZES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 
 
 @pytest.fixture
@@ -85,7 +86,27 @@ def test_a_copy_of_a_torchrun_workers_environment_is_refused_at_once(env):
     assert f"127.0.0.1:{port}" in msg and "TORCHELASTIC_RUN_ID=old" in msg and "WORLD_SIZE" in msg, msg
 
 
-@pytest.mark.parametrize("given", [{"LOCAL_RANK": "0"}])
+@pytest.mark.parametrize("size", MPI_SIZES)
+def test_one_of_several_mpi_processes_is_refused(env, size):
+    """`mpirun -n 4 lcft train` (or srun -n 4): each process would train alone into the same folder (on CPU,
+    Accelerate would join them on its own fixed port); one line saying how lcft starts processes instead."""
+    env(**{size: "4"})
+    with pytest.raises(LcftError) as e:
+        launch_world()
+    msg = _one_line(e)
+    assert f"{size}=4" in msg and "--nproc" in msg and "torchrun" in msg, msg
+
+
+def test_a_launch_by_torchrun_inside_an_mpi_or_slurm_job_is_kept(env):
+    """srun/mpirun starting torchrun (or lcft --nproc) once per node: its workers carry the job's sizes too."""
+    env(OMPI_COMM_WORLD_SIZE="1", SLURM_STEP_NUM_TASKS="1")
+    assert launch_world() == 1
+    env(SLURM_STEP_NUM_TASKS="2", WORLD_SIZE="4", RANK="3", LOCAL_RANK="1", MASTER_ADDR="node0", MASTER_PORT="29500",
+        TORCHELASTIC_RUN_ID="run")
+    assert launch_world() == 4
+
+
+@pytest.mark.parametrize("given", [{"LOCAL_RANK": "0"}, {"PMI_SIZE": "2"}])
 @pytest.mark.parametrize("job", ["train", "eval"])
 def test_train_and_eval_decide_the_launch_before_reading_anything(env, job, given, tmp_path):
     """A launch environment no launcher made is refused first: nothing read (the data here does not exist) and
