@@ -17,10 +17,11 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @user_errors
     def export(
-        checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder, or a run folder (its latest "
-                                          "checkpoints/step-* is used)."),
-        out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors and "
-                                 "lcft.json to (transformers loads it as the model's own class: Llama, Mistral, "
+        checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder, a run folder (its latest "
+                                          "checkpoints/step-* is used), or an HF model folder or Hub id "
+                                          "ORG/NAME[@REVISION]."),
+        out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors, "
+                                 "lcft.json and the tokenizer files to (transformers loads it as the model's own class: Llama, Mistral, "
                                  "Qwen2, Qwen3 or Mixtral)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Cast weights: float32, bfloat16 or float16 "
                                          "(default: as stored)."),

@@ -28,7 +28,8 @@ class EvalConfig(ParallelConfig):
     """Prepared data folder (the output of `lcft prepare windows`)."""
     checkpoints: tuple[str, ...] = ()
     """Checkpoints to compare, the first is the reference: a run folder (its latest checkpoint), one
-    checkpoint folder, or an HF model folder of a class lcft reads (Llama, Mistral, Qwen2, Qwen3, Mixtral)."""
+    checkpoint folder, or an HF model folder or Hub id ORG/NAME[@REVISION] of a class lcft reads (Llama, Mistral,
+    Qwen2, Qwen3, Mixtral)."""
     labels: tuple[str, ...] = ()
     """Names for the checkpoints in the table, CSV, JSON and plot (one per checkpoint; default: folder names)."""
     split: str = "eval"

@@ -73,7 +73,7 @@ class PrepareConfig:
     overwrite: bool = False
     """Replace windows already in --out that were prepared with different options."""
     tokenizer: str = "char"
-    """The model's tokenizer: char (one token per base, lcft's vocabulary), kmer:K (non-overlapping K-mers, built-in vocabulary; kmer:K:PATH takes ids from a vocab.txt or a folder holding one), or a path to a tokenizer.json, a model folder holding one (or a k-mer vocab.txt), or that vocab.txt (read offline). --length and --stride count its tokens."""
+    """The model's tokenizer: char (one token per base, lcft's vocabulary), kmer:K (non-overlapping K-mers, built-in vocabulary; kmer:K:PATH takes ids from a vocab.txt or a folder holding one), or a path to a tokenizer.json, a model folder holding one (or a k-mer vocab.txt), or that vocab.txt (read offline), or a model's Hub id ORG/NAME[@REVISION]. --length and --stride count its tokens."""
     max_oov_frac: float = 0.01
     """Refuse a split when more than this fraction of its tokens are the tokenizer's unknown token (letters it has no token for); the error names the letters."""
 

@@ -1,4 +1,4 @@
-"""Named model shapes: tiny (CPU tests, demo), small (~25M), base (~150M), 1b (~1B)."""
+"""Named model shapes: tiny (~3.2M, CPU tests and benchmarks), small (~25M), base (~145M), 1b (~0.99B)."""
 
 from __future__ import annotations
 
