@@ -1,10 +1,12 @@
 """docs/models.md and README's plan table: what benchmarks/models_table.py writes from the published config.json
 files, every row loaded through lcft's reader (or listed refused with its message), every printed train command
 planned again through `lcft plan`'s CLI, and the fields held for a model not in ../shared/published rebuilding its
-published file's sha256."""
+published file's sha256. Also the names README and docs/*.md give: every module named in docs/design.md, every path
+and `lcft.x.y` name found in the tree, every `lcft ...` command line made of its command's options."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -156,3 +158,86 @@ def test_every_printed_prepare_command_parses_as_lcft_prepare_windows(table):
         for line in lines:
             params = windows.make_context("windows", shlex.split(line)[3:]).params  # unknown flags raise
             assert params["tokenizer"] == m.hub and params["length"] in ("512K", "1M")
+
+
+# The names the docs give: every module named in docs/design.md, every path and `lcft.x.y` name the docs use
+# found in the tree, every `lcft ...` command line they show made of options of its command.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "BENCHMARKS.md"]
+
+
+def test_design_names_every_module_of_the_package():
+    design = (ROOT / "docs" / "design.md").read_text()
+    missing = []
+    for p in sorted((ROOT / "lcft").rglob("*.py")):
+        dotted = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        if p.name != "__init__.py" and not re.search(rf"\b{re.escape(p.name)}\b|\b{re.escape(dotted)}\b", design):
+            missing.append(str(p.relative_to(ROOT)))
+    assert not missing, f"modules docs/design.md does not name: {missing}"
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What a module defines at its top level (functions, classes, assignments, imports, lazy exports)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if any(getattr(t, "id", "") == "_EXPORTS" for t in targets) and isinstance(node.value, ast.Dict):
+                names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    """`lcft.a.b.c`: the longest prefix that is a module of the tree, then a name it defines at its top level."""
+    parts = dotted.split(".")
+    for k in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:k])
+        module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if module.is_file():
+            rest = parts[k:]
+            return not rest or rest[0] in _top_level_names(module) or (base / f"{rest[0]}.py").is_file()
+    return False
+
+
+def test_every_path_and_lcft_name_the_docs_give_exists():
+    wrong = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for path in set(re.findall(r"(?<![\w/.-])((?:lcft|tests|benchmarks|docs)/[\w/-]*\w\.(?:py|md|jsonl?|sh))\b", text)):
+            if not (ROOT / path).is_file():
+                wrong.append(f"{doc.name}: {path}")
+        for name in set(re.findall(r"(?<![\w/.-])lcft(?:\.[A-Za-z_]\w*)+", text)) - {"lcft.json"}:
+            if not _resolves(name):
+                wrong.append(f"{doc.name}: {name}")
+    assert not wrong, f"named in the docs, not in the tree: {wrong}"
+
+
+def _command_lines(text: str) -> list[str]:
+    """The `lcft ...` command lines of a markdown text: fenced lines (continuations joined) and code spans."""
+    lines = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            m = re.search(r"(?:^|\$ |exec )(lcft [^#\"|]*)", line.strip())
+            lines += [m.group(1)] if m else []
+    return lines + re.findall(r"`(lcft [^`|]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+def test_every_command_line_the_docs_show_uses_options_of_its_command():
+    root, wrong, seen = typer.main.get_command(app), [], 0
+    for doc in DOCS:
+        for line in _command_lines(doc.read_text()):
+            words = [w for w in shlex.split(line.replace("$", ""))[1:] if w != "..."]
+            cmd = root
+            while words and words[0] in getattr(cmd, "commands", {}):
+                cmd = cmd.commands[words.pop(0)]
+            options = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+            bad = [w for w in words if w.startswith("-") and w.split("=")[0] not in options]
+            seen += 1
+            if cmd is root or bad:
+                wrong.append(f"{doc.name}: {line.strip()} ({' '.join(bad) or 'no command'})")
+    assert seen > 100 and not wrong, wrong
