@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lcft.errors import LcftError
 from lcft.files import file_hash, read_json
@@ -189,6 +189,30 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         raise LcftError(f"{p} holds a run's checkpoints: give the run folder {p.parent} (its latest) or one "
                         f"checkpoint, such as {latest}")
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
+
+
+def names_run(given: str | os.PathLike) -> bool:
+    """Whether `given` is a run folder, which resolve_checkpoint takes as its latest checkpoint (not a model folder,
+    a checkpoint, or a Hub id)."""
+    p = Path(given)
+    return p.is_dir() and not (p / MODEL_CONFIG).is_file() and checkpoints_dir(p).is_dir()
+
+
+T = TypeVar("T")
+
+
+def read_checkpoint(given: str | os.PathLike, read: Callable[[Path], T], first: Callable[[], T] | None = None) -> T:
+    """`read(path)` of the checkpoint `given` means (resolve_checkpoint), or `first()`: the caller's read of the
+    checkpoint it resolved `given` to before. A run folder means its latest checkpoint, which the run may prune
+    (--keep-last) or save again while it is read: when the read says so (CheckpointChanged), the run's latest is
+    resolved again and read once more, and a second change is the one-line error (a run saving faster than its
+    checkpoint reads would be chased forever). A checkpoint named itself is read once: its change is the error."""
+    try:
+        return first() if first is not None else read(resolve_checkpoint(given))
+    except CheckpointChanged:
+        if not names_run(given):
+            raise
+    return read(resolve_checkpoint(given))
 
 
 # What lcft reads back from a folder, by what it holds (the first match wins: a checkpoint also has config.json)

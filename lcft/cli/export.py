@@ -31,16 +31,20 @@ def register(app: typer.Typer) -> None:
         import torch  # after argument parsing: `lcft export --help` stays fast
 
         from lcft.checkpoint.export import check_out, export_model
-        from lcft.checkpoint.layout import resolve_checkpoint
+        from lcft.checkpoint.layout import read_checkpoint
         from lcft.checkpoint.reader import load
 
         checkpoint, out = Path(home(str(checkpoint))), Path(home(str(out)))  # `--out=~/x`: the shell leaves '~'
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        source = resolve_checkpoint(checkpoint)  # a corrupt checkpoint is an error naming the file
-        check_out(out, source, force)  # before the checkpoint is read
         cast = getattr(torch, dtype) if dtype else None
-        with console.status(f"exporting {source} ..."):
-            # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
-            path = export_model(load(source, materialize=False), out, dtype=cast, force=force)
-        console.print(f"wrote {path} (from {source})", highlight=False)
+
+        def export_from(source: Path) -> Path:  # source verified: a corrupt checkpoint is an error naming the file
+            check_out(out, source, force)  # before the checkpoint is read
+            with console.status(f"exporting {source} ..."):
+                # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
+                path = export_model(load(source, materialize=False), out, dtype=cast, force=force)
+            console.print(f"wrote {path} (from {source})", highlight=False)
+            return path
+
+        read_checkpoint(checkpoint, export_from)  # a run's latest, pruned meanwhile: the new latest

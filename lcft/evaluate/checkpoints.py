@@ -1,5 +1,6 @@
 """Checkpoints for eval: what the report records of each, the checks before any evaluation runs (weight hashes and
-readability: lcft.checkpoint.weights), and loading each model."""
+readability: lcft.checkpoint.weights), and loading each model; a run folder's latest checkpoint that the run prunes
+meanwhile is resolved again (lcft.checkpoint.layout.read_checkpoint)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lcft.checkpoint.layout import (
     Identity,
     check_output_folder,
     check_tokenizer,
-    resolve_checkpoint,
+    read_checkpoint,
     unchanged,
 )
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
@@ -43,14 +44,28 @@ class CheckpointInfo:
     sha256: str = ""
     identity: Identity = None
     """The folder as first read: every later read of it is checked against it (a run pruning it meanwhile)."""
+    checks: Checks | None = None
+    """What it was checked against (prepare_checkpoints): a run's newer latest read in its place is checked so too."""
 
     @classmethod
-    def read(cls, given: str, label: str, max_context: int) -> CheckpointInfo:
-        path = resolve_checkpoint(given)
+    def read(cls, given: str, label: str, max_context: int, path: Path, checks: Checks | None = None
+             ) -> CheckpointInfo:
+        """The entry `given` (label, --max-context) of the checkpoint folder `path` it was resolved to."""
         read = load(path, model=False)
         with unchanged(path, read.identity):
             run_config = _run_config(path)
-        return cls(label, given, path, max_context, read.config, read.meta, run_config, identity=read.identity)
+        return cls(label, given, path, max_context, read.config, read.meta, run_config, identity=read.identity,
+                   checks=checks)
+
+    def reads_as(self, other: CheckpointInfo) -> None:
+        """This entry now records the checkpoint `other` records (a run's newer latest, read in place of the one
+        this entry was first resolved to), its own options checked against it."""
+        own = self.given, self.label, self.max_context
+        vars(self).clear()
+        vars(self).update(vars(other))  # its fields and what it cached (the attention read from its folder)
+        self.given, self.label, self.max_context = own
+        if self.checks is not None:
+            self.check_max_context(self.checks.window, self.block_size())
 
     def check_tokenizer(self, data_tokenizer: dict[str, Any]) -> None:
         """The checkpoint must read the data's vocabulary (lcft.checkpoint.layout.check_tokenizer)."""
@@ -129,42 +144,72 @@ def _as_json(value: Any) -> Any:
     return str(value)
 
 
+@dataclass
+class Checks:
+    """What every checkpoint is checked against before any evaluation runs: the report's folder, the split's
+    window length and tokenizer; the weights' hashes, once per folder as read (one saved again under its name
+    is another)."""
+
+    out: str
+    window: int
+    tokenizer: dict[str, Any]
+    hashes: dict[tuple[Path, Identity], str] = field(default_factory=dict)
+
+    def prepared(self, given: str, label: str, max_context: int, path: Path) -> CheckpointInfo:
+        """The entry `given` of the checkpoint folder `path`, read and checked as one folder (a run pruning it
+        meanwhile: CheckpointChanged)."""
+        info = CheckpointInfo.read(given, label, max_context, path, self)
+        if Path(self.out).resolve().is_relative_to(path.resolve()):  # a pruned checkpoint takes it along
+            raise LcftError(f"--out {self.out} is the checkpoint {path}, or inside it: write the report to "
+                            "another folder")
+        with unchanged(path, info.identity):
+            self._check(info)
+        return info
+
+    def _check(self, info: CheckpointInfo) -> None:
+        """The checks of one checkpoint against the data, and its weights' hash (once per folder)."""
+        window = self.window
+        info.check_tokenizer(self.tokenizer)
+        info.check_max_context(window, info.block_size())
+        declared = info.config.get("max_position_embeddings")
+        if isinstance(declared, int) and (info.max_context or window) > declared:
+            print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "
+                  f"max_position_embeddings {declared}", file=sys.stderr)
+        if (info.path, info.identity) not in self.hashes:
+            self.hashes[info.path, info.identity] = weights_sha256(info.path)
+            check_weights_readable(info.path)
+        info.sha256 = self.hashes[info.path, info.identity]
+
+
 def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any]) -> list[CheckpointInfo]:
-    """Resolve and check every checkpoint before any work, so bad input fails fast and writes nothing."""
+    """Resolve and check every checkpoint before any work, so bad input fails fast and writes nothing. A run
+    folder's latest checkpoint that the run prunes or saves again meanwhile is resolved again and checked once
+    more (lcft.checkpoint.layout.read_checkpoint)."""
     n = len(cfg.checkpoints)
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
-    infos = [CheckpointInfo.read(*given) for given in zip(cfg.checkpoints, labels, contexts, strict=True)]
-    for info in infos:
-        if Path(cfg.out).resolve().is_relative_to(info.path.resolve()):  # a pruned checkpoint takes it along
-            raise LcftError(f"--out {cfg.out} is the checkpoint {info.path}, or inside it: write the report to "
-                            "another folder")
+    checks = Checks(str(cfg.out), window, tokenizer)
+    infos = [read_checkpoint(given, functools.partial(checks.prepared, given, label, context))
+             for given, label, context in zip(cfg.checkpoints, labels, contexts, strict=True)]
     check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # next to a run's checkpoints is fine
-    hashes: dict[Path, str] = {}
-    for info in infos:
-        with unchanged(info.path, info.identity):
-            _check(info, window, tokenizer, hashes)
     return infos
-
-
-def _check(info: CheckpointInfo, window: int, tokenizer: dict[str, Any], hashes: dict[Path, str]) -> None:
-    """The checks of one checkpoint against the data, and its weights' hash (once per folder)."""
-    info.check_tokenizer(tokenizer)
-    info.check_max_context(window, info.block_size())
-    declared = info.config.get("max_position_embeddings")
-    if isinstance(declared, int) and (info.max_context or window) > declared:
-        print(f"warning: {info.label}: {info.max_context or window}-token contexts are longer than the model's "
-              f"max_position_embeddings {declared}", file=sys.stderr)
-    if info.path not in hashes:
-        hashes[info.path] = weights_sha256(info.path)
-        check_weights_readable(info.path)
-    info.sha256 = hashes[info.path]
 
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
     """The checkpoint's model in eval mode on `device`, in fp32 whatever the file stores (a bf16 export or a
     published bf16 model), as training holds it: --precision says how it computes. A folder that cannot be read
     is a one-line LcftError from `load`, as for train --init and export; so is one removed or replaced since
-    `prepare_checkpoints` hashed it (the report records that hash)."""
-    model = load(info.path, dtype=torch.float32, since=info.identity).model
-    return model.to(device).eval()
+    `prepare_checkpoints` hashed it (the report records that hash), unless the entry names a run folder: then
+    the run's latest is checked and read in its place (once), and `info` records that one."""
+    def first() -> torch.nn.Module:
+        return load(info.path, dtype=torch.float32, since=info.identity).model
+
+    checks = info.checks
+    if checks is None:  # an entry prepare_checkpoints did not make is read as it is
+        return first().to(device).eval()
+
+    def again(path: Path) -> torch.nn.Module:
+        info.reads_as(checks.prepared(info.given, info.label, info.max_context, path))
+        return load(path, dtype=torch.float32, since=info.identity).model
+
+    return read_checkpoint(info.given, again, first).to(device).eval()

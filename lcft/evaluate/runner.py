@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from lcft import __version__
+from lcft.checkpoint.layout import Identity, names_run
 from lcft.console import make_console, text_column
 from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
@@ -154,20 +155,33 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
     the order of `infos`."""
     results: dict[int, CheckpointResult] = {}
     ran: dict[Path, str] = {}  # the file of each pass this run computed or read back -> its entry's label
-    loaded: Path | None = None
+    loaded: tuple[Path, Identity] | None = None
     model: torch.nn.Module | None = None
     with progress_bar(progress) as bar:
         for k in _grouped(infos):
             info = infos[k]
-            if model is None or loaded != info.path:
+            if model is None or loaded != (info.path, info.identity):
                 model = None  # free the previous model before loading the next
-                model = load_model(info, device)
-                loaded = info.path
+                model = _load(info, infos, device)
+                loaded = info.path, info.identity
                 check_model_kernels_fit(model.config, device, cfg.precision)  # before any window
                 if parallel is not None:
                     parallel.prepare(model)
             results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar, stop, ran)
     return [results[k] for k in range(len(infos))]
+
+
+def _load(info: CheckpointInfo, infos: list[CheckpointInfo], device: torch.device) -> torch.nn.Module:
+    """The model of `info`. Where it names a run folder whose latest the run pruned since it was checked, `info`
+    now records the run's new latest (load_model), and so do the other entries naming a run that were resolved to
+    the same checkpoint: entries of one run (say with and without --max-context) evaluate the same weights."""
+    first = info.path, info.identity
+    model = load_model(info, device)
+    if (info.path, info.identity) != first:
+        for other in infos:
+            if other is not info and (other.path, other.identity) == first and names_run(other.given):
+                other.reads_as(info)
+    return model
 
 
 def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, model: torch.nn.Module,

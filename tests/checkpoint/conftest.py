@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.save import prune, write_checkpoint
 from lcft.launch import run as launch
 from lcft.train import TrainConfig, train
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
@@ -54,3 +55,11 @@ def run_copy(tmp_path, saved_run) -> tuple[Path, dict[str, Any]]:
     dst = tmp_path / "run"
     shutil.copytree(run, dst)
     return dst, {**cfg, "out": str(dst)}
+
+
+def save_pruning(run: Path, step: int, model: Path) -> Path:
+    """A run saving `step` (the model folder `model`) and then pruning its other checkpoints, as a training run
+    under --keep-last 1 does while other commands read them; the new checkpoint."""
+    saved = write_checkpoint(run, step, lambda tmp: shutil.copytree(model, tmp, dirs_exist_ok=True), lambda tmp: None)
+    prune(run, 1)
+    return saved
