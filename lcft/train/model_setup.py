@@ -1,5 +1,6 @@
 """The model a run trains: fresh from a preset, from `--init`, or from the checkpoint it resumes; with the
-attention and RoPE overrides applied and the vocabulary checked against the data's tokenizer."""
+attention and RoPE overrides applied and the vocabulary checked against the data's tokenizer, in one read of the
+checkpoint folder."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 import torch
 
 from lcft.checkpoint.hf_folder import read_config
-from lcft.checkpoint.layout import check_tokenizer, read_model_config
-from lcft.checkpoint.reader import load
+from lcft.checkpoint.layout import check_tokenizer, read_checkpoint, read_model_config, unchanged
+from lcft.checkpoint.reader import Loaded, load
 from lcft.errors import LcftError
 from lcft.model import AttentionConfig, Llama, LlamaConfig, preset
 from lcft.model.hf import config_notes
@@ -40,32 +41,63 @@ def _rope_changes(cfg: ModelOverrides, model_cfg: LlamaConfig) -> dict[str, Any]
     return changes
 
 
-def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None, materialize: bool = True,
-                note: Callable[[str], None] | None = None) -> Llama:
-    """source = the checkpoint to load (resume or --init), None = a fresh model from cfg.preset (seeded).
-    materialize=False: a sharded (DCP) source's model stays on the meta device, for FSDP to shard before each
-    rank reads its part (lcft.checkpoint.dcp.load_state). note: shows what loading the source's config.json has to
-    say (a custom class loaded as its model_type's, keys carried unread)."""
-    if source is None:
-        model_cfg = preset(cfg.preset)
-        if "sha256" in tokenizer:  # a model tokenizer: the fresh model's embedding has its vocabulary's rows
-            model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer["vocab_size"])
-        if model_cfg.vocab_size != tokenizer["vocab_size"]:
-            raise LcftError(f"preset {cfg.preset!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
-                            f"{tokenizer['vocab_size']}")
-        model_cfg.attention = attention_override(cfg.model, model_cfg.attention)
-        model_cfg = dataclasses.replace(model_cfg, **_rope_changes(cfg.model, model_cfg))
-        torch.manual_seed(cfg.seed)
-        return Llama(model_cfg)
-    if not source.is_dir():
-        raise LcftError(f"checkpoint folder not found: {source}")
-    check_tokenizer(source, tokenizer)
-    for line in config_notes(read_model_config(source)) if note else []:
-        note(f"note: {line}")
-    # fp32 master weights whatever the checkpoint's dtype (published ones are mostly bf16; --precision bf16 is
-    # autocast over fp32 weights)
-    model = load(source, attention=attention_override(cfg.model, read_config(source).attention),
-                 materialize=materialize, dtype=torch.float32).model
+def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], resume_from: Path | None, materialize: bool = True,
+                note: Callable[[str], None] | None = None) -> tuple[Llama, Loaded | None]:
+    """The model to train: the checkpoint `resume_from`'s, else `--init`'s, else a fresh one from cfg.preset
+    (seeded); with what was read of the checkpoint (its folder and identity: a sharded one's shards are read
+    after FSDP shards the model, against that identity). An --init run folder means its latest checkpoint, which
+    that run may prune while it is read: then its latest is resolved again and read once more
+    (lcft.checkpoint.layout.read_checkpoint). materialize=False: a sharded (DCP) source's model stays on the
+    meta device, for FSDP to shard before each rank reads its part (lcft.checkpoint.dcp.load_state). note: shows
+    what loading the source's config.json has to say (a custom class loaded as its model_type's, keys carried
+    unread)."""
+    def read(source: Path) -> Loaded:
+        return read_source(cfg, tokenizer, source, materialize, note)
+
+    if resume_from is not None:
+        source = read(resume_from)
+    elif cfg.init:
+        source = read_checkpoint(cfg.init, read)  # a run: its latest (resolve_checkpoint verifies it)
+    else:
+        return fresh_model(cfg, tokenizer), None
+    assert source.model is not None  # (read_source reads the model)
+    return source.model, source
+
+
+def fresh_model(cfg: TrainConfig, tokenizer: dict[str, Any]) -> Llama:
+    """A model of cfg.preset with the data's vocabulary and the attention and RoPE options, seeded."""
+    model_cfg = preset(cfg.preset)
+    if "sha256" in tokenizer:  # a model tokenizer: the fresh model's embedding has its vocabulary's rows
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer["vocab_size"])
+    if model_cfg.vocab_size != tokenizer["vocab_size"]:
+        raise LcftError(f"preset {cfg.preset!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
+                        f"{tokenizer['vocab_size']}")
+    model_cfg.attention = attention_override(cfg.model, model_cfg.attention)
+    model_cfg = dataclasses.replace(model_cfg, **_rope_changes(cfg.model, model_cfg))
+    torch.manual_seed(cfg.seed)
+    return Llama(model_cfg)
+
+
+def read_source(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path, materialize: bool = True,
+                note: Callable[[str], None] | None = None) -> Loaded:
+    """The model of the checkpoint folder `source`, with the attention and RoPE options. Its tokenizer check,
+    config.json and weights are read as one folder (lcft.checkpoint.layout.unchanged): another run pruning it or
+    saving it again meanwhile is one line (CheckpointChanged), never one checkpoint's tokenizer checked and
+    another's weights trained."""
+    with unchanged(source) as identity:
+        if not source.is_dir():
+            raise LcftError(f"checkpoint folder not found: {source}")
+        check_tokenizer(source, tokenizer)
+        notes = config_notes(read_model_config(source)) if note is not None else []
+        # fp32 master weights whatever the checkpoint's dtype (published ones are mostly bf16; --precision bf16 is
+        # autocast over fp32 weights)
+        loaded = load(source, attention=attention_override(cfg.model, read_config(source).attention),
+                      materialize=materialize, dtype=torch.float32, since=identity)
+    if note is not None:  # once the folder was read whole (not twice where a run's latest is read once more)
+        for line in notes:
+            note(f"note: {line}")
+    model = loaded.model
+    assert model is not None  # (load reads the model unless asked not to)
     rope = _rope_changes(cfg.model, model.config)
     if rope:  # RoPE holds no weights: a model of the new config takes the loaded weights as they are
         on_meta = next(model.parameters()).is_meta
@@ -73,8 +105,8 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path | None
             fresh = Llama(dataclasses.replace(model.config, **rope))
         if not on_meta:
             fresh.load_state_dict(model.state_dict(), strict=True)
-        model = fresh
-    return model
+        loaded.model = fresh
+    return loaded
 
 
 def declare_context(model_cfg: LlamaConfig, seq_len: int) -> str | None:

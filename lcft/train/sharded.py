@@ -8,30 +8,32 @@ lcft's cp groups and ContextParallelCore, so lcft applies fully_shard itself, ov
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from lcft.checkpoint.dcp import load_state
+from lcft.checkpoint.layout import unchanged
+from lcft.checkpoint.reader import Loaded
 from lcft.parallel.fsdp import clip_grad_norm
 from lcft.parallel.mesh import ParallelState
 
 
 def materialize_sharded(loss_model: nn.Module, device: torch.device, precision: str, offload: bool,
-                        init: Path | None = None) -> None:
+                        init: Loaded | None = None) -> None:
     """After lcft.parallel.parallelize sharded `loss_model` (in place): bf16 on CPU is autocast around the
     forward, as Accelerate does unsharded (on CUDA FSDP2's mixed precision does it). A model built on the meta
     device (a sharded checkpoint to read) gets empty local shards, filled from `init` when given (else by the
-    resume)."""
+    resume), read as the folder its config was read from (another run pruning it meanwhile: one line)."""
     cuda = device.type == "cuda"
     if precision == "bf16" and not cuda:
         loss_model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(loss_model.forward)
     if any(p.is_meta for p in loss_model.parameters()):
         loss_model.to_empty(device="cpu" if offload and cuda else device)
         if init is not None:  # collective: each rank reads its own shards
-            load_state(loss_model.model, None, init, no_dist=False)
+            with unchanged(init.path, init.identity):
+                load_state(loss_model.model, None, init.path, no_dist=False)
 
 
 def prepare(acc: Any, loss_model: nn.Module, optimizer: torch.optim.Optimizer, layout: ParallelState

@@ -19,7 +19,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
 from lcft.checkpoint.hf_folder import save_model
-from lcft.checkpoint.layout import latest_checkpoint, resolve_checkpoint
+from lcft.checkpoint.layout import latest_checkpoint
 from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import save_sharded
@@ -147,15 +147,14 @@ class Trainer:
         """The model to train (resumed, --init or fresh), checked against the data, and its loss model, with
         context parallelism, activation checkpointing, compile and FSDP applied (lcft.parallel.parallelize)."""
         cfg = self.cfg
-        init = resolve_checkpoint(cfg.init) if cfg.init and not self.resume_from else None  # a run: its latest
-        self.source = self.resume_from or init
-        try:
-            self.model = build_model(cfg, tokenizer, self.source, materialize=not self.layout.fsdp_enabled,
-                                     note=self._note)
+        try:  # the resumed checkpoint, else --init (a run: its latest), else a fresh model
+            self.model, source = build_model(cfg, tokenizer, self.resume_from,
+                                             materialize=not self.layout.fsdp_enabled, note=self._note)
         except (RuntimeError, MemoryError) as e:
             if not is_oom(e):
                 raise
-            built = f"from {self.source}" if self.source else f"preset {cfg.preset!r}"
+            given = self.resume_from or cfg.init
+            built = f"from {given}" if given else f"preset {cfg.preset!r}"
             raise LcftError(f"not enough memory to build the model ({built}, a vocabulary of "
                             f"{tokenizer['vocab_size']:,}); `lcft plan` with the same options shows what it "
                             "needs") from None
@@ -169,7 +168,7 @@ class Trainer:
         self.cp_runner = parallelize(self.model, self.layout, pcfg, root=self.loss_model)
         if self.layout.fsdp_enabled:  # a sharded --init is read shard by shard here, a resumed checkpoint in _restore
             materialize_sharded(self.loss_model, self.device, self.precision, cfg.offload_params,
-                                None if self.resume_from else self.source)
+                                None if self.resume_from else source)
         return_freed_buffers_to_os(self.seq_len)  # long windows: freed chunk buffers go back to the OS
         expandable_cuda_segments(self.seq_len)  # and CUDA's allocator grows segments in place
         check_model_kernels_fit(self.model.config, self.device,
