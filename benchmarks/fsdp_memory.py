@@ -61,7 +61,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     model = Llama(preset(args.preset))
     lm = LossModel(model, 1e-4, 8192)
     if fsdp:
-        from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
+        from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel
+        from lcft.parallel.parallelize import parallelize
 
         parallelize(model, init_parallel(ParallelConfig(), fsdp=True), ParallelizeConfig(), root=lm)
     opt = torch.optim.AdamW(lm.parameters(), lr=1e-4)
@@ -95,7 +96,8 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
     from lcft.checkpoint.dcp import SHARDED_META, save_state
     from lcft.checkpoint.hf_folder import write_model_folder
     from lcft.model import Llama, preset
-    from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize
+    from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel
+    from lcft.parallel.parallelize import parallelize
     from lcft.train.step import LossModel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

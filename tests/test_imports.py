@@ -386,3 +386,17 @@ def test_the_command_line_starts_without_torch():
     code = f"import sys, lcft.cli.app; print([m for m in {heavy!r} if m in sys.modules])"
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0 and got.stdout.strip() == "[]", got.stdout + got.stderr
+
+
+def test_no_lazy_name_is_a_module_of_its_package():
+    """A package's lazy export (`_EXPORTS`) named like one of its modules resolves to the function only until that
+    module is imported: importing it sets the package's attribute to the module (`lcft.parallel.parallelize`
+    became a module once something imported lcft.parallel.parallelize, and `parallelize(...)` failed)."""
+    clashes = []
+    for init in sorted(ROOT.rglob("__init__.py")):
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["_EXPORTS"]:
+                modules = {p.stem for p in init.parent.glob("*.py")} | {p.name for p in init.parent.iterdir()}
+                clashes += [f"{init.relative_to(ROOT)}: {k.value}" for k in node.value.keys
+                            if isinstance(k, ast.Constant) and k.value in modules]
+    assert not clashes, clashes

@@ -2,7 +2,8 @@
 sharding, collectives, the CP attention rewiring), activation checkpointing, compile and FSDP2 (`parallelize`).
 
 Names are resolved lazily so that importing one module of the package (its config, say) does not import
-torch and the rest of it.
+torch and the rest of it. `parallelize` is imported from lcft.parallel.parallelize: a lazy name cannot be its
+module's (importing the module sets the package's attribute of that name to the module).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ _EXPORTS = {
     "init_parallel": "lcft.parallel.mesh",
     "single_process_state": "lcft.parallel.mesh",
     "ParallelizeConfig": "lcft.parallel.parallelize",
-    "parallelize": "lcft.parallel.parallelize",
     "ShardLayout": "lcft.parallel.sharding",
     "check_length": "lcft.parallel.sharding",
 }

@@ -32,8 +32,9 @@ from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
-from lcft.parallel import ParallelizeConfig, init_parallel, parallelize
+from lcft.parallel import ParallelizeConfig, init_parallel
 from lcft.parallel.mesh import init_world
+from lcft.parallel.parallelize import parallelize
 from lcft.shapes import check_batch, check_seq_len
 from lcft.signals import StopSignals
 from lcft.train.config import TrainConfig, resolve_folders

@@ -12,7 +12,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lcft.model import Llama, LlamaConfig
-from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, parallelize, single_process_state
+from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, single_process_state
+from lcft.parallel.parallelize import parallelize
 from lcft.train.step import LossModel
 from tests.parallel.harness import run_ranks
 
