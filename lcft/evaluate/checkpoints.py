@@ -19,6 +19,7 @@ from lcft.checkpoint.layout import (
     check_output_folder,
     check_tokenizer,
     read_checkpoint,
+    resolve_checkpoint,
     unchanged,
 )
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
@@ -159,9 +160,7 @@ class Checks:
         """The entry `given` of the checkpoint folder `path`, read and checked as one folder (a run pruning it
         meanwhile: CheckpointChanged)."""
         info = CheckpointInfo.read(given, label, max_context, path, self)
-        if Path(self.out).resolve().is_relative_to(path.resolve()):  # a pruned checkpoint takes it along
-            raise LcftError(f"--out {self.out} is the checkpoint {path}, or inside it: write the report to "
-                            "another folder")
+        refuse_out_inside(self.out, path)
         with unchanged(path, info.identity):
             self._check(info)
         return info
@@ -181,6 +180,12 @@ class Checks:
         info.sha256 = self.hashes[info.path, info.identity]
 
 
+def refuse_out_inside(out: str, path: Path) -> None:
+    """The report inside a checkpoint would go when the run prunes it (--keep-last): refused."""
+    if Path(out).resolve().is_relative_to(path.resolve()):
+        raise LcftError(f"--out {out} is the checkpoint {path}, or inside it: write the report to another folder")
+
+
 def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any]) -> list[CheckpointInfo]:
     """Resolve and check every checkpoint before any work, so bad input fails fast and writes nothing. A run
     folder's latest checkpoint that the run prunes or saves again meanwhile is resolved again and checked once
@@ -188,11 +193,12 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     n = len(cfg.checkpoints)
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
+    for given in cfg.checkpoints:  # the folder named first: check_output_folder would call it a model folder
+        refuse_out_inside(cfg.out, resolve_checkpoint(given))
+    check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # before any hashing; beside a run is fine
     checks = Checks(str(cfg.out), window, tokenizer)
-    infos = [read_checkpoint(given, functools.partial(checks.prepared, given, label, context))
-             for given, label, context in zip(cfg.checkpoints, labels, contexts, strict=True)]
-    check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # next to a run's checkpoints is fine
-    return infos
+    return [read_checkpoint(given, functools.partial(checks.prepared, given, label, context))
+            for given, label, context in zip(cfg.checkpoints, labels, contexts, strict=True)]
 
 
 def load_model(info: CheckpointInfo, device: torch.device) -> torch.nn.Module:
