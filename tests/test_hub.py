@@ -122,6 +122,16 @@ def test_local_paths_are_never_hub_ids(tmp_path, monkeypatch):
     assert local_path("runs") == Path("runs")
 
 
+@pytest.mark.parametrize("argv", [["export", "./nosuch/model", "--out", "out"],
+                                  ["plan", "--init", "./nosuch/model", "--seq-len", "4096"]])
+def test_a_dot_path_on_the_command_line_stays_a_path(hub, tmp_path, monkeypatch, argv):
+    """`./org/name` is a local path, never a Hub id: export's argument, typed as a Path, had lost the './' and
+    looked the name up in the Hub cache."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 1 and "Hub" not in r.output and "nosuch/model" in r.output, r.output
+
+
 def test_pytorch_bin_is_read_with_weights_only(hub, tmp_path):
     files, model = hf_model(tmp_path, 2, safe=False)
     assert "pytorch_model.bin" in files and not any(n.endswith(".safetensors") for n in files)

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @user_errors
     def export(
-        checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder, a run folder (its latest "
+        checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder, a run folder (its latest "
                                           "checkpoints/step-* is used), or an HF model folder or Hub id "
                                           "ORG/NAME[@REVISION]."),
         out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors, "
@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         from lcft.checkpoint.layout import read_checkpoint
         from lcft.checkpoint.reader import load
 
-        checkpoint, out = Path(home(str(checkpoint))), Path(home(str(out)))  # `--out=~/x`: the shell leaves '~'
+        # as given: a Path would turn ./org/name into org/name, a Hub id; `--out=~/x`: the shell leaves '~'
+        checkpoint, out = home(checkpoint), Path(home(str(out)))
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         cast = getattr(torch, dtype) if dtype else None
