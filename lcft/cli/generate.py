@@ -120,7 +120,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
     then `run(cfg, **extras)`."""
     options, extras, table = options or {}, extras or {}, table or name
-    config_help = (f"TOML file with any of these options (same names, underscores; flat or under a '{table}' "
+    config_help = (f"TOML file with any of these options (same names, underscores; flat or under a [{table}] "
                    "table); flags override it.")
     params = config_parameters(cls, options, config_help)
     for key, ex in extras.items():

@@ -59,7 +59,7 @@ class PrepareConfig:
     fasta: str | None = None
     """FASTA to read: plain, BGZF (bgzip) or plain gzip (decompressed once into $LCFT_CACHE, default ~/.cache/lcft)."""
     out: str | None = None
-    """Output folder for train.bin, eval.bin, *.softmask.bin and manifest.json."""
+    """Output folder for {split}.bin, {split}.softmask.bin, manifest.json and prepare.toml (with a model tokenizer also {split}.bases.bin, {split}.basemask.bin and tokenizer.json)."""
     length: Size = 524288
     """Window length in tokens (65536, 512K, 1M). Must be a multiple of 8 (soft-mask bits are packed by byte); training also needs a multiple of 2 x cp x block size, which `lcft train` checks."""
     stride: Size | None = None
