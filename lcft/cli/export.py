@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     def export(
         checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint folder, a run folder (its latest "
                                           "checkpoints/step-* is used), or an HF model folder or Hub id "
-                                          "ORG/NAME[@REVISION]."),
+                                          "ORG/NAME\\[@REVISION]."),
         out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors, "
                                  "lcft.json and the tokenizer files to (transformers loads it as the model's own class: Llama, Mistral, "
                                  "Qwen2, Qwen3 or Mixtral)."),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
+from rich.markup import escape as markup_escape
 
 from lcft.cli.common import user_errors
 from lcft.config import doc, format_size, is_size, resolve
@@ -78,7 +79,7 @@ def _field_parameter(cls: type, f: dataclasses.Field, tp: Any, opt: Opt) -> insp
         f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
     shown = _shown(default, is_size(tp))
     text = " ".join(t for t in (doc(cls, f.name), opt.note) if t)
-    help_text = text + (f" (default: {shown})" if shown else "")  # parentheses: rich help reads [..] as markup
+    help_text = markup_escape(text + (f" (default: {shown})" if shown else ""))  # rich help reads [..] as markup
     flag = opt.flag or flag_name(f.name)
     if tp is bool:
         option = typer.Option(None, f"{flag}/--no-{flag[2:]}", *opt.aliases, help=help_text, show_default=False,
@@ -120,8 +121,8 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
     then `run(cfg, **extras)`."""
     options, extras, table = options or {}, extras or {}, table or name
-    config_help = (f"TOML file with any of these options (same names, underscores; flat or under a [{table}] "
-                   "table); flags override it.")
+    config_help = markup_escape(f"TOML file with any of these options (same names, underscores; flat or under a "
+                                f"[{table}] table); flags override it.")
     params = config_parameters(cls, options, config_help)
     for key, ex in extras.items():
         params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=ex.annotation,

@@ -110,3 +110,13 @@ def test_size_defaults_are_shown_as_sizes():
     assert "(default: 512K)" in r.output and "(default: chr1,chr2)" in r.output
     r = runner.invoke(lcft_app, ["demo", "--help"], env={"COLUMNS": "250"})
     assert "(default: 32K)" in r.output and "(default: 1K)" in r.output
+
+
+@pytest.mark.parametrize("argv, shown", [(["eval", "--help"], ["under a [eval] table", "ORG/NAME[@REVISION]"]),
+                                         (["train", "--help"], ["ORG/NAME[@REVISION]"]),
+                                         (["export", "--help"], ["ORG/NAME[@REVISION]"])])
+def test_help_keeps_square_brackets(argv, shown):
+    """Rich reads [..] in help text as markup and drops it: a TOML table's name and a Hub id's optional
+    revision were missing from --help."""
+    out = " ".join(runner.invoke(lcft_app, argv, env={"COLUMNS": "400"}).output.split())
+    assert all(s in out for s in shown), out
