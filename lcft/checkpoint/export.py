@@ -22,6 +22,7 @@ from lcft.checkpoint.layout import (
     CheckpointChanged,
     check_output_folder,
     read_model_config,
+    refuse_out_inside,
     unchanged,
 )
 from lcft.checkpoint.reader import Loaded
@@ -36,8 +37,7 @@ BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved
 def check_out(out: Path, source: str | os.PathLike, force: bool) -> None:
     """`out` may take an export of the checkpoint `source`: not the checkpoint itself or a folder in it (its
     files would be replaced by the export's, and its checksums no longer hold), and empty unless `force`."""
-    if out.resolve().is_relative_to(Path(source).resolve()):
-        raise LcftError(f"--out {out} is the checkpoint being exported, or inside it: export to another folder")
+    refuse_out_inside(out, Path(source), "the export")
     check_output_folder(out, "the export", ("model",))  # --force replaces an earlier export, never a run
     refuse_nonempty_output(out, force, (BUILD,))
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from lcft.errors import LcftError
 from lcft.files import file_hash, read_json
 from lcft.hub import local_path
+from lcft.liveness import launched
 from lcft.vocab import spec_problem
 
 CHECKPOINTS = "checkpoints"
@@ -170,18 +171,23 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A model folder (a checkpoint, or any HF folder with config.json) -> itself; a run folder -> its latest
     checkpoint; a Hub id ORG/NAME[@REVISION] -> its snapshot in the Hub cache (lcft.hub). A checkpoint with
     checksums is verified (an error names the corrupt file)."""
+    return _checked(locate_checkpoint(path))
+
+
+def locate_checkpoint(path: str | os.PathLike) -> Path:
+    """The folder resolve_checkpoint takes `path` to, not verified (no file hashed)."""
     p = local_path(path)
     if not p.exists():
         raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)")
     if not p.is_dir():
         raise LcftError(f"checkpoint must be a folder (a run, a checkpoint, or an HF model folder): {p}")
     if (p / MODEL_CONFIG).is_file():
-        return _checked(p)
+        return p
     if checkpoints_dir(p).is_dir():
         latest = latest_checkpoint(p)
         if latest is None:
             raise LcftError(f"run folder {p} has no complete checkpoint under {checkpoints_dir(p)} yet")
-        return _checked(latest)
+        return latest
     if (p / EXPORT_WORK).exists():  # an export killed while moving its files in: config.json goes back last
         raise LcftError(f"{p} holds no complete model: an `lcft export` into it was stopped midway; run the same "
                         "export again")
@@ -206,13 +212,21 @@ def read_checkpoint(given: str | os.PathLike, read: Callable[[Path], T], first: 
     checkpoint it resolved `given` to before. A run folder means its latest checkpoint, which the run may prune
     (--keep-last) or save again while it is read: when the read says so (CheckpointChanged), the run's latest is
     resolved again and read once more, and a second change is the one-line error (a run saving faster than its
-    checkpoint reads would be chased forever). A checkpoint named itself is read once: its change is the error."""
+    checkpoint reads would be chased forever). A checkpoint named itself is read once: its change is the error;
+    so is any change in a launch of several processes."""
     try:
         return first() if first is not None else read(resolve_checkpoint(given))
     except CheckpointChanged:
-        if not names_run(given):
-            raise
+        if not names_run(given) or launched():  # each process of a launch resolves on its own: they could
+            raise  # land on different checkpoints, one rank's weights trained or evaluated beside another's
     return read(resolve_checkpoint(given))
+
+
+def refuse_out_inside(out: str | os.PathLike, checkpoint: Path, what: str) -> None:
+    """--out must not be the checkpoint read, or inside it: `what` written there would replace the checkpoint's
+    files (its checksums no longer holding), or go when a run prunes it (--keep-last)."""
+    if Path(out).resolve().is_relative_to(checkpoint.resolve()):
+        raise LcftError(f"--out {out} is the checkpoint {checkpoint}, or inside it: write {what} to another folder")
 
 
 # What lcft reads back from a folder, by what it holds (the first match wins: a checkpoint also has config.json)

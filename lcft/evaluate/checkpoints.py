@@ -18,8 +18,9 @@ from lcft.checkpoint.layout import (
     Identity,
     check_output_folder,
     check_tokenizer,
+    locate_checkpoint,
     read_checkpoint,
-    resolve_checkpoint,
+    refuse_out_inside,
     unchanged,
 )
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
@@ -27,6 +28,7 @@ from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.config import ConfigError, format_size, load_toml
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
+from lcft.hub import hub_id
 from lcft.model.config import AttentionConfig
 from lcft.shapes import check_length
 
@@ -160,7 +162,7 @@ class Checks:
         """The entry `given` of the checkpoint folder `path`, read and checked as one folder (a run pruning it
         meanwhile: CheckpointChanged)."""
         info = CheckpointInfo.read(given, label, max_context, path, self)
-        refuse_out_inside(self.out, path)
+        refuse_out_inside(self.out, path, "the report")
         with unchanged(path, info.identity):
             self._check(info)
         return info
@@ -180,12 +182,6 @@ class Checks:
         info.sha256 = self.hashes[info.path, info.identity]
 
 
-def refuse_out_inside(out: str, path: Path) -> None:
-    """The report inside a checkpoint would go when the run prunes it (--keep-last): refused."""
-    if Path(out).resolve().is_relative_to(path.resolve()):
-        raise LcftError(f"--out {out} is the checkpoint {path}, or inside it: write the report to another folder")
-
-
 def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any]) -> list[CheckpointInfo]:
     """Resolve and check every checkpoint before any work, so bad input fails fast and writes nothing. A run
     folder's latest checkpoint that the run prunes or saves again meanwhile is resolved again and checked once
@@ -193,8 +189,9 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     n = len(cfg.checkpoints)
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
-    for given in cfg.checkpoints:  # the folder named first: check_output_folder would call it a model folder
-        refuse_out_inside(cfg.out, resolve_checkpoint(given))
+    for given in cfg.checkpoints:  # named first (check_output_folder calls it a model folder), before any hashing
+        if hub_id(given) is None:  # a Hub snapshot is looked up once, below
+            refuse_out_inside(cfg.out, locate_checkpoint(given), "the report")
     check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # before any hashing; beside a run is fine
     checks = Checks(str(cfg.out), window, tokenizer)
     return [read_checkpoint(given, functools.partial(checks.prepared, given, label, context))

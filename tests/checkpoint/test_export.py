@@ -122,8 +122,8 @@ def test_export_into_its_own_checkpoint_is_refused(tmp_path, init_dir, inside):
     out = ckpt / inside if inside else ckpt
     r = CliRunner().invoke(app, ["export", str(ckpt), "--out", str(out), "--force", "--dtype", "bfloat16"])
     assert r.exit_code == 1, r.output
-    assert " ".join(r.output.split()) == (f"error: --out {out} is the checkpoint being exported, or inside it: "
-                                          "export to another folder")
+    assert " ".join(r.output.split()) == (f"error: --out {out} is the checkpoint {ckpt}, or inside it: "
+                                          "write the export to another folder")
     assert {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
 
 

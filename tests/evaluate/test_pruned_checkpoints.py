@@ -110,3 +110,31 @@ def test_a_run_whose_latest_is_pruned_again_while_read_again_is_one_line(tmp_pat
     cfg = EvalConfig(data=str(data_dir), checkpoints=(str(run),), out=str(tmp_path / "report"), max_windows=1)
     one_line(lambda: evaluate(cfg), "step-00000002", "removed or replaced while", error=CheckpointChanged)
     assert step[0] == 3  # read twice
+
+
+def test_each_checkpoint_is_verified_once_before_its_weights_are_hashed(tmp_path, data_dir, monkeypatch):
+    """Every file of a checkpoint's checksums is hashed to verify it (optimizer state included): the check of
+    --out against the checkpoints had resolved each one, verified, a second time."""
+    import lcft.checkpoint.layout as layout
+
+    run = tmp_path / "run"
+    _save_step(run, 1, tmp_path)
+    real, verified = layout.verify_checkpoint, []
+    monkeypatch.setattr(layout, "verify_checkpoint", lambda ckpt: verified.append(ckpt) or real(ckpt))
+    cfg = EvalConfig(data=str(data_dir), checkpoints=(str(run),), out=str(tmp_path / "report"), max_windows=1)
+    prepare_checkpoints(cfg, WINDOW, open_windows(data_dir, "eval").manifest["tokenizer"])
+    assert verified == [latest_checkpoint(run)]
+
+
+def test_in_a_launch_a_run_pruned_while_read_is_one_line(tmp_path, data_dir, monkeypatch):
+    """Each process of a launch resolves a run's latest on its own: resolved again, ranks could evaluate (or
+    train from) different checkpoints. There the change is the one-line refusal."""
+    from lcft.liveness import LAUNCHER_ENV
+
+    run = tmp_path / "run"
+    _save_step(run, 1, tmp_path)
+    monkeypatch.setenv(LAUNCHER_ENV, "test")
+    _prunes_once(monkeypatch, checkpoints, "weights_sha256", run, tmp_path, after=False)
+    cfg = EvalConfig(data=str(data_dir), checkpoints=(str(run),), out=str(tmp_path / "report"), max_windows=1)
+    one_line(lambda: prepare_checkpoints(cfg, WINDOW, open_windows(data_dir, "eval").manifest["tokenizer"]),
+             "removed or replaced while", error=CheckpointChanged)
