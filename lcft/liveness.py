@@ -72,7 +72,7 @@ class Heartbeat:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.host, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.prefix = f"lcft/liveness/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{restart}"
+        self.prefix = f"lcft/liveness/{os.environ.get(LAUNCHER_ENV, 'run')}/{restart}"
         self.store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=10),
                                    wait_for_workers=False)
         node = os.environ.get(NODE_RANK_ENV)

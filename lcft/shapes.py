@@ -28,6 +28,12 @@ def check_world(world: int, cp: int) -> int:
     return world // cp
 
 
+def length_unit(cp: int, block: int) -> int:
+    """What a sequence's length must be a multiple of: whole attention blocks, and with cp > 1 2*cp chunks of
+    whole blocks (the zigzag/contiguous layouts)."""
+    return 2 * cp * block if cp > 1 else block
+
+
 def check_length(length: int, cp: int = 1, block: int = 1, *, what: str = "window length",
                  window: int | None = None, block_name: str = "attention block", source: str = "") -> None:
     """A sequence of `length` tokens fits the data's `window` (when given), holds whole attention blocks, and
@@ -35,7 +41,7 @@ def check_length(length: int, cp: int = 1, block: int = 1, *, what: str = "windo
     if window is not None and length > window:
         raise ConfigError(f"{what} {length} is longer than the data's windows ({window} tokens); "
                         f"prepare longer windows or use a shorter {what}")
-    unit = 2 * cp * block if cp > 1 else block
+    unit = length_unit(cp, block)
     if length > 0 and length % unit == 0:
         return
     of = f" of {source}" if source else ""

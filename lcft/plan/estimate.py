@@ -161,6 +161,11 @@ def residual_bytes(lay: Layout) -> int:
     return 2 if lay.precision == "bf16" and lay.shard == "fsdp" and lay.device == "cuda" else 4
 
 
+def casts_weights(lay: Layout) -> bool:
+    """bf16 autocast over fp32 weights (not FSDP2's bf16 parameters): each matmul's weight is a cast copy."""
+    return lay.precision == "bf16" and residual_bytes(lay) == 4
+
+
 def offload_bytes(lay: Layout) -> int:
     """Bytes per value of a saved block input: the residual stream's, or bf16's when offloaded with offload_bf16."""
     return 2 if lay.bf16_copies else residual_bytes(lay)
@@ -196,9 +201,8 @@ def weight_copy_bytes(shape: Shape, lay: Layout) -> int:
     adds the all-gathered unsharded parameters of two blocks (the current one and the prefetched next) and
     of the root (embedding, head) in the compute dtype."""
     a = compute_bytes(lay.precision)
-    cast = lay.precision == "bf16" and residual_bytes(lay) == 4  # autocast over fp32 weights (not fsdp's bf16)
     held = 1 if lay.checkpointing == "block" else shape.layers
-    out = held * shape.copied_weights(cast) * a
+    out = held * shape.copied_weights(casts_weights(lay)) * a
     if lay.shard == "fsdp":
         out += (2 * shape.block_params + shape.root_params) * a
     return out

@@ -15,13 +15,14 @@ from lcft.plan.estimate import (
     HOST_PROCESS,
     LONG_WINDOW,
     Layout,
-    Shape,
+    casts_weights,
     compute_bytes,
     load_bytes,
     long_share,
     moves_to_host,
     residual_bytes,
 )
+from lcft.plan.shape import Shape
 
 
 def sources(shape: Shape, lay: Layout) -> dict[str, str]:
@@ -91,7 +92,7 @@ def _activations(shape: Shape, lay: Layout, a: int) -> str:
 def _weight_copies(shape: Shape, lay: Layout, a: int) -> str:
     """The source of the weight working copies: what each block copies, how many blocks hold theirs, fsdp's."""
     what = "fused qkv" + ("" if shape.experts else " + gate|up")
-    if lay.precision == "bf16" and residual_bytes(lay) == 4:
+    if casts_weights(lay):
         what += " + the autocast copies of o_proj and " + ("every expert and the router" if shape.experts else "down")
     held = 1 if lay.checkpointing == "block" else shape.layers
     return (f"formula: {what} of {held} block(s) at {a} B"

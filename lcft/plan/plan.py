@@ -15,13 +15,14 @@ from lcft.plan.estimate import (
     HOST_PROCESS,
     Estimate,
     Layout,
-    Shape,
     estimate,
     moves_to_host,
     residual_bytes,
     with_changes,
 )
 from lcft.plan.explain import sources
+from lcft.plan.shape import Shape
+from lcft.shapes import check_seq_len, length_unit
 
 LABELS = {
     "parameters": "parameters (fp32 master)",
@@ -68,8 +69,6 @@ def init_notes(folder: Path | None) -> list[str]:
 def _seq_len(cfg: PlanConfig, model: LlamaConfig) -> int:
     """--seq-len, else --data's window length; refused as `lcft train` refuses it (whole attention blocks, cp
     chunks, no longer than the data's windows)."""
-    from lcft.shapes import check_seq_len
-
     window = None
     if cfg.data:
         from lcft.genomics.shards import read_manifest
@@ -156,7 +155,7 @@ def single_changes(lay: Layout, model: LlamaConfig) -> Iterator[Option]:
         yield Option("--checkpointing block", {"checkpointing": "block"})
     cp = lay.cp * 2
     while cp <= lay.world:
-        if lay.world % cp == 0 and lay.seq_len % (2 * cp * block) == 0:
+        if lay.world % cp == 0 and lay.seq_len % length_unit(cp, block) == 0:
             yield Option(f"--cp {cp}", {"cp": cp})
         cp *= 2
     if lay.cp_kv != "stream":

@@ -17,8 +17,9 @@ from lcft.cli.app import app
 from lcft.config import ConfigError
 from lcft.model import Llama, LlamaConfig, preset
 from lcft.plan.config import parse_bytes
-from lcft.plan.estimate import GIB, HOST_PROCESS, Layout, Shape, activation_bytes, estimate, with_changes
+from lcft.plan.estimate import GIB, HOST_PROCESS, Layout, activation_bytes, estimate, with_changes
 from lcft.plan.plan import Budget, fitting_changes, pick
+from lcft.plan.shape import Shape
 from lcft.train.step import LossModel
 from tests.one_line import cli_fails
 

@@ -15,7 +15,8 @@ from lcft.checkpoint.hf_folder import read_config
 from lcft.cli.app import app
 from lcft.model import preset
 from lcft.parallel.cp_stream import piece_count
-from lcft.plan.estimate import Layout, Shape, kv_bytes
+from lcft.plan.estimate import Layout, kv_bytes
+from lcft.plan.shape import Shape
 from tests.genomics.test_published_tokenizers import PUBLISHED
 
 transformers = pytest.importorskip("transformers")
