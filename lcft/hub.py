@@ -61,7 +61,7 @@ def _unreachable(endpoint: str) -> str | None:
     url = urllib.parse.urlparse(endpoint)
     if not url.hostname:
         return None
-    proxies = urllib.request.getproxies_environment()  # what huggingface_hub's HTTP client reads too
+    proxies = urllib.request.getproxies()  # what huggingface_hub's HTTP client reads (with macOS's and Windows' settings)
     proxy = proxies.get(url.scheme) or proxies.get("all")
     try:
         if not proxy:

@@ -133,9 +133,9 @@ def _refuse_foreign_launch(world: int) -> None:
     if world > 1 or "LOCAL_RANK" in os.environ:
         given = [k for k in PROCESS_ENV if k in os.environ]
         values = ", ".join(f"{k}={printable(os.environ[k])}" for k in given)
-        raise LcftError(f"{values} in the environment, but no launcher started this process (torchrun and --nproc "
-                        f"set {liveness.LAUNCHER_ENV}): unset {' '.join(given)} (left from another job?) to run as "
-                        f"one process, or {START_SEVERAL}")
+        raise LcftError(f"{values} in the environment, but torchrun's elastic agent did not start this process "
+                        f"(torchrun and --nproc set {liveness.LAUNCHER_ENV}; lcft runs under no other launcher): "
+                        f"{START_SEVERAL}, or unset {' '.join(given)} to run as one process")
     for name in MPI_SIZE_ENV:
         if (n := _count(os.environ.get(name, ""))) > 1:
             raise LcftError(f"{name}={n} in the environment: this process is one of {n} that mpirun or srun started, "
