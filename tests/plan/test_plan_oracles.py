@@ -93,17 +93,17 @@ def test_a_length_longer_than_the_datas_windows_is_refused(tmp_path: Path) -> No
     assert runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(data)]).exit_code == 0
 
 
-@pytest.mark.parametrize("blocks_per_chunk", [4, 5, 11])
-def test_streamed_kv_uses_the_streams_piece_count(blocks_per_chunk: int) -> None:
-    """--cp-kv stream sends the largest piece count up to 8 that divides a rank's key blocks (2, not 8, for 22
-    blocks): the plan assumed 8 whenever there were 8 blocks, a quarter of the K/V in that case."""
+@pytest.mark.parametrize("blocks_per_chunk, pieces", [(4, 8), (5, 5), (11, 2)])
+def test_streamed_kv_uses_the_streams_piece_count(blocks_per_chunk: int, pieces: int) -> None:
+    """--cp-kv stream sends the largest piece count up to 8 that divides a rank's key blocks (8 of 8 blocks, 5 of
+    10, 2 of 22): the plan assumed 8 whenever there were 8 blocks, a quarter of the K/V for 22 blocks."""
     model = preset("1b")
     block, cp = model.attention.sparse.block_size, 4
     seq = 2 * cp * block * blocks_per_chunk
     lay = Layout(seq, world=cp, cp=cp, cp_kv="stream", checkpointing="block")
     shape = Shape.of(model)
-    n = seq // cp
-    remote = (cp - 1) * n // piece_count(n // block)
+    assert piece_count(seq // cp // block) == pieces  # the stream's own count, as cp_stream cuts it
+    remote = (cp - 1) * (seq // cp) // pieces
     assert kv_bytes(shape, lay) == 2 * 2 * remote * shape.kv_width * 2
 
 
