@@ -375,19 +375,6 @@ def test_the_model_holds_no_activation_checkpointing():
     assert "checkpoint" in _calls(ROOT / "parallel" / "activations.py")
 
 
-def test_the_command_line_starts_without_torch():
-    """`lcft --help`, a mistyped option and every command's checks before its work import the CLI, its config
-    classes and their validation only: torch and the model libraries are imported by the commands that run
-    (the packages' __init__ resolve names lazily). With torch, `lcft --help` took 3.6 s of CPU; without, 0.6 s."""
-    import subprocess
-    import sys
-
-    heavy = ("torch", "transformers", "accelerate", "tokenizers", "safetensors", "triton", "matplotlib", "Bio")
-    code = f"import sys, lcft.cli.app; print([m for m in {heavy!r} if m in sys.modules])"
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0 and got.stdout.strip() == "[]", got.stdout + got.stderr
-
-
 def test_no_lazy_name_is_a_module_of_its_package():
     """A package's lazy export (`_EXPORTS`) named like one of its modules resolves to the function only until that
     module is imported: importing it sets the package's attribute to the module (`lcft.parallel.parallelize`
