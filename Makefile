@@ -24,7 +24,7 @@ demo: setup
 # Tests run in one pytest-xdist worker per core (at most 4), each module whole in one worker (its fixtures built
 # once): most tests run one thread or wait on processes they start (README, Tests, has the time it takes).
 # Modules are handed out in collection order, which puts the longest first (FIRST in tests/conftest.py): xdist's
-# own order, most tests first, started the 4.6-minute one-test module last (the flag needs pytest-xdist 3.8).
+# own order, most tests first, started the longest, one-test module last (the flag needs pytest-xdist 3.8).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 

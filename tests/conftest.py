@@ -9,7 +9,8 @@ import pytest
 import torch
 
 SHARED_GENOMES = Path(__file__).resolve().parents[2] / "shared" / "genomes"
-# The modules of a minute or more on 2 CPU cores, longest first (test_real_run: 4.6 min on an AMD EPYC): collected
+# The modules of a minute or more on 2 CPU cores, longest first (test_real_run on an AMD EPYC: 383 s in a full run
+# with 8K windows; with 4K, 95 s alone, 164 s alone with 8K): collected
 # first, so that workers (handed modules in collection order: the Makefile's --no-loadscope-reorder) start them
 # at once and share the short rest at the end. Handed out last, test_real_run ran alone for 4 of 13 minutes.
 FIRST = ("tests/train/test_real_run.py", "tests/test_gpu_check.py", "tests/train/test_elastic.py",
