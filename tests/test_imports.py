@@ -47,6 +47,7 @@ LAYERS = [
                       "lcft.cli", "lcft.checkpoint", "lcft.files")),
     ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                     "lcft.cli", "lcft.checkpoint")),
+    ("lcft.lazy", ("lcft",)),  # under every package's __init__: it imports nothing of lcft
     ("lcft.disk", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
                    "lcft.cli", "lcft.checkpoint", "lcft.files")),
 ]

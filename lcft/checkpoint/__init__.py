@@ -6,8 +6,7 @@ Names are resolved lazily so that importing the layout (lcft.checkpoint.layout) 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "load": "lcft.checkpoint.reader",
@@ -21,8 +20,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lcft.checkpoint' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,13 +1,11 @@
 """Genome data: FASTA reading, tokenization, fixed-length windows, shards and dataset readers.
 
-Names are resolved lazily so that importing one module of the package (its config, say) does not import
-torch and the rest of it.
+Names resolve lazily (lcft.lazy).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "sample_fasta": "lcft.genomics.fasta",
@@ -23,8 +21,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lcft.genomics' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

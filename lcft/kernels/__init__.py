@@ -5,8 +5,7 @@ Names are resolved lazily so `import lcft` never imports triton (or anything hea
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "sparse_attention": "lcft.kernels.sparse",
@@ -22,8 +21,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lcft.kernels' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

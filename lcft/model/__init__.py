@@ -1,14 +1,12 @@
 """The Llama-style decoder and its HF families as flags (Mistral, Qwen2, Qwen3, Mixtral); single-process,
 parallelism is applied from outside by lcft.parallel. Model folders are read and written by lcft.checkpoint.
 
-Names are resolved lazily so that importing one module of the package (its config, say) does not import
-torch and the rest of it.
+Names resolve lazily (lcft.lazy).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "AttentionConfig": "lcft.model.config",
@@ -21,8 +19,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lcft.model' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

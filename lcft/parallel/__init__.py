@@ -1,15 +1,13 @@
 """Parallelism applied to a built model from outside: the dp x cp layout and its mesh, context parallelism (zigzag
 sharding, collectives, the CP attention rewiring), activation checkpointing, compile and FSDP2 (`parallelize`).
 
-Names are resolved lazily so that importing one module of the package (its config, say) does not import
-torch and the rest of it. `parallelize` is imported from lcft.parallel.parallelize: a lazy name cannot be its
+Names resolve lazily (lcft.lazy). `parallelize` is imported from lcft.parallel.parallelize: a lazy name cannot be its
 module's (importing the module sets the package's attribute of that name to the module).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "ContextParallelRunner": "lcft.parallel.apply",
@@ -27,8 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lcft.parallel' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

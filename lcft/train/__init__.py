@@ -1,13 +1,11 @@
 """`lcft train`: Accelerate-driven, resumable training of the decoder on prepared genome windows.
 
-Names are resolved lazily so that importing one module of the package (its config, say) does not import
-torch and the rest of it.
+Names resolve lazily (lcft.lazy).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "latest_checkpoint": "lcft.checkpoint.layout",
@@ -18,8 +16,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lcft.train' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
