@@ -27,9 +27,9 @@ def test_version():
 
 
 def test_the_command_line_starts_without_torch():
-    """`lcft --help`, a mistyped option and every command's checks before its work import the CLI, its config
+    """`lcft --help`, a mistyped option and the config checks import the CLI, its config
     classes and their validation only: torch and the model libraries are imported by the commands that run
-    (the packages' __init__ resolve names lazily). With torch, `lcft --help` took 3.6 s of CPU; without, 0.6 s."""
+    (the packages' __init__ resolve names lazily; BENCHMARKS.md, Starting the command line)."""
     heavy = ("torch", "transformers", "accelerate", "tokenizers", "safetensors", "triton", "flash_attn", "matplotlib",
              "Bio")
     code = f"import sys, lcft, lcft.kernels, lcft.cli.app; print([m for m in {heavy!r} if m in sys.modules])"
