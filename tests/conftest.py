@@ -9,6 +9,7 @@ import pytest
 import torch
 
 SHARED_GENOMES = Path(__file__).resolve().parents[2] / "shared" / "genomes"
+SHARED_PUBLISHED = SHARED_GENOMES.parent / "published"  # genome models' files as published
 # The modules of a minute or more on 2 CPU cores, longest first (test_real_run on an AMD EPYC: 383 s in a full run
 # with 8K windows; with 4K, 95 s alone, 164 s alone with 8K): collected
 # first, so that workers (handed modules in collection order: the Makefile's --no-loadscope-reorder) start them

@@ -61,9 +61,9 @@ from lcft.model import Llama, LlamaConfig
 from lcft.train.config import TrainConfig, load_run_config, resolve_config
 from lcft.train.metrics import MetricsLog
 from lcft.vocab import tokenizer_spec
+from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 from tests.genomics.conftest import bio_records
 
-PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "published"
 PUBLISHED_VOCAB = PUBLISHED / "dnabert-6" / "vocab.txt"
 TINY = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=2)

@@ -18,11 +18,10 @@ from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows
 from lcft.genomics.hf_tokenizer import export_tokenizer, save_hf_tokenizer
 from lcft.genomics.model_tokenizer import load_tokenizer
-from tests.conftest import SHARED_GENOMES
+from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 from tests.genomics.conftest import bio_records
 
 transformers = pytest.importorskip("transformers")
-PUBLISHED = SHARED_GENOMES.parent / "published"
 CHR22 = ("grch37_chr22_20000001-21000000.fa", "22:20000001-21000000")  # holds a 100 kb N run
 CHR2 = ("hg38_chr2_1-2333275.fa.gz", "chr2")  # soft-masked, an N telomere
 ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "sep_token", "cls_token")

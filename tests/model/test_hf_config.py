@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import inspect
 import json
-from pathlib import Path
 
 import pytest
 
 from lcft.errors import LcftError
 from lcft.model.hf import BY_TYPE, COMMON, _known_keys, config_from_hf, config_notes, config_to_hf
+from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 
 transformers = pytest.importorskip("transformers")
 
-PUBLISHED = Path(__file__).resolve().parents[3] / "shared" / "published"
 CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
            "mixtral": "MixtralConfig"}
 # A GenomeOcean-like config (Mistral with the keys its published config.json adds: auto_map, classifier_dropout,

@@ -20,9 +20,9 @@ from lcft.model import Llama, LlamaConfig
 from lcft.model.hf import config_from_hf, config_notes
 from lcft.model.rope import rope_frequencies
 from lcft.train.config import parse_rope_scaling
+from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 
 runner = CliRunner()
-PUBLISHED = Path(__file__).resolve().parents[3] / "shared" / "published"
 BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 128,
         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 4096}

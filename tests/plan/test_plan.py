@@ -258,7 +258,7 @@ def test_each_rank_reads_the_whole_model_into_host_memory_at_start() -> None:
     from transformers import LlamaConfig as HFConfig
     from transformers import LlamaForCausalLM
 
-    from tests.genomics.test_published_tokenizers import PUBLISHED
+    from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 
     folder = PUBLISHED / "generator-eukaryote-3b-base"
     if not folder.is_dir():

@@ -17,7 +17,7 @@ from lcft.model import preset
 from lcft.parallel.cp_stream import piece_count
 from lcft.plan.estimate import Layout, kv_bytes
 from lcft.plan.shape import Shape
-from tests.genomics.test_published_tokenizers import PUBLISHED
+from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
