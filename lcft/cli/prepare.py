@@ -14,7 +14,7 @@ from lcft.cli.generate import Opt, command_from_config
 from lcft.config import format_size
 from lcft.console import styled
 from lcft.errors import shell_word
-from lcft.genomics.prepare import PrepareConfig
+from lcft.genomics.prepare_config import PrepareConfig
 
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
 

@@ -9,7 +9,7 @@ from lcft.lazy import lazy_exports
 
 _EXPORTS = {
     "sample_fasta": "lcft.genomics.fasta",
-    "PrepareConfig": "lcft.genomics.prepare",
+    "PrepareConfig": "lcft.genomics.prepare_config",
     "prepare_windows": "lcft.genomics.prepare",
     "read_manifest": "lcft.genomics.shards",
     "verify_windows": "lcft.genomics.shards",

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +11,25 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
 from rich.text import Text
 
-from lcft.config import Size, build, paths_absolute, save_resolved, to_dict
+from lcft.config import build, paths_absolute, save_resolved, to_dict
 from lcft.console import make_console, text_column
 from lcft.disk import write_failure
-from lcft.errors import LcftError, shown
-from lcft.files import file_hash, folder_lock
+from lcft.errors import LcftError
+from lcft.files import folder_lock
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.hf_tokenizer import prepare_tokenizer
 from lcft.genomics.manifest import build_manifest, is_char
+from lcft.genomics.prepare_config import PrepareConfig
+from lcft.genomics.prepare_folder import (
+    PARTIAL,
+    RESOLVED,
+    check_existing,
+    clear_replaced,
+    finalize,
+    resume_writers,
+    split_files,
+)
 from lcft.genomics.prepare_state import STATE, load_state
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
 from lcft.genomics.shards import (
@@ -29,56 +37,11 @@ from lcft.genomics.shards import (
     MANIFEST,
     SPLITS,
     SplitWriter,
-    bin_name,
-    is_window_length,
     read_manifest,
-    softmask_name,
     write_json_atomic,
 )
 from lcft.genomics.tokenizer import tokenizer_spec
-from lcft.genomics.window_set import basemask_name, bases_name
 from lcft.genomics.windows import window_starts
-
-PARTIAL = ".partial"
-RESOLVED = "prepare.toml"
-
-
-class PreparedOtherwise(LcftError):
-    """The output folder holds windows of other options; `held` says so without the advice (a caller without
-    --overwrite words its own)."""
-
-    def __init__(self, held: str) -> None:
-        super().__init__(f"{held}; pass --overwrite to replace them, or choose another --out")
-        self.held = held
-
-
-@dataclass
-class PrepareConfig:
-    """Options of `lcft prepare windows`."""
-
-    fasta: str | None = None
-    """FASTA to read: plain, BGZF (bgzip) or plain gzip (decompressed once into $LCFT_CACHE, default ~/.cache/lcft)."""
-    out: str | None = None
-    """Output folder for {split}.bin, {split}.softmask.bin, manifest.json and prepare.toml (with a model tokenizer also {split}.bases.bin, {split}.basemask.bin and tokenizer.json)."""
-    length: Size = 524288
-    """Window length in tokens (65536, 512K, 1M). Must be a multiple of 8 (soft-mask bits are packed by byte); training also needs a multiple of 2 x cp x block size, which `lcft train` checks."""
-    stride: Size | None = None
-    """Distance between window starts in tokens (= bases for char; default: the window length, no overlap)."""
-    train: tuple[str, ...] = ("chr1", "chr2")
-    """Chromosomes (FASTA record names) for the train split, comma separated."""
-    eval: tuple[str, ...] = ("chr22",)
-    """Held-out chromosomes for the eval split, comma separated (may be empty)."""
-    max_n_frac: float = 0.1
-    """Skip windows whose fraction of N (and other non-ACGT) bases is above this."""
-    overwrite: bool = False
-    """Replace windows already in --out that were prepared with different options."""
-    tokenizer: str = "char"
-    """The model's tokenizer: char (one token per base, lcft's vocabulary), kmer:K (non-overlapping K-mers, built-in vocabulary; kmer:K:PATH takes ids from a vocab.txt or a folder holding one), or a path to a tokenizer.json, a model folder holding one (or a k-mer vocab.txt), or that vocab.txt (read offline), or a model's Hub id ORG/NAME[@REVISION]. --length and --stride count its tokens."""
-    max_oov_frac: float = 0.01
-    """Refuse a split when more than this fraction of its tokens are the tokenizer's unknown token (letters it has no token for); the error names the letters."""
-
-    def __post_init__(self) -> None:
-        _validate(self)  # a PrepareConfig that exists is valid (files are checked when preparing)
 
 
 def _console() -> Console:
@@ -101,33 +64,6 @@ def _resolve(cfg: PrepareConfig | None, fields: dict[str, Any]) -> PrepareConfig
     return cfg
 
 
-def _validate(cfg: PrepareConfig) -> tuple[int, int]:
-    if not cfg.fasta:
-        raise LcftError("no FASTA given (--fasta)")
-    if not cfg.out:
-        raise LcftError("no output folder given (--out)")
-    length = cfg.length
-    stride = cfg.length if cfg.stride is None else cfg.stride
-    if not is_window_length(length):
-        raise LcftError(f"window length {length} must be a positive multiple of 8 (soft-mask bits are packed by byte)")
-    if stride <= 0:
-        raise LcftError(f"stride {stride} must be positive")
-    if not 0.0 <= cfg.max_n_frac <= 1.0:
-        raise LcftError(f"max_n_frac {cfg.max_n_frac} must be between 0 and 1")
-    if not 0.0 <= cfg.max_oov_frac <= 1.0:
-        raise LcftError(f"max_oov_frac {cfg.max_oov_frac} must be between 0 and 1")
-    if not cfg.train:
-        raise LcftError("no train chromosome given (--train)")
-    for split, names in (("train", cfg.train), ("eval", cfg.eval)):
-        dup = sorted({n for n in names if list(names).count(n) > 1})
-        if dup:
-            raise LcftError(f"chromosome {', '.join(dup)} is listed twice in --{split}")
-    both = [n for n in cfg.train if n in cfg.eval]
-    if both:
-        raise LcftError(f"chromosome {', '.join(both)} is in both --train and --eval (held-out data must not be trained on)")
-    return length, stride
-
-
 def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok: SeqTokenizer,
              hashed: bool = True) -> dict[str, Any]:
     """Everything that determines the output bytes; equal options = same output (the source path is not
@@ -145,105 +81,8 @@ def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok
     }
 
 
-def _differing(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    for key in new:
-        if old.get(key) != new[key]:
-            return key
-    return None
-
-
 def _is_char(tok: SeqTokenizer) -> bool:
     return is_char(tok)
-
-
-def _split_files(split: str, tok: SeqTokenizer) -> tuple[str, ...]:
-    """The files of one split, in SplitWriter.add order: ids, token soft mask, then for model tokenizers the
-    bases per token and the per-base soft mask."""
-    extra = () if _is_char(tok) else (bases_name(split), basemask_name(split))
-    return (bin_name(split), softmask_name(split), *extra)
-
-
-def _outputs(split_names: tuple[str, ...] = SPLITS) -> list[str]:
-    names = [f(s) for s in split_names for f in (bin_name, softmask_name, bases_name, basemask_name)]
-    return names + [TOKENIZER_FILE, RESOLVED, MANIFEST]
-
-
-def _option_shown(key: str, value: Any) -> str:
-    """An option of a manifest (read from the file: any JSON) or of this run, for the message naming what differs:
-    a tokenizer by its name, a FASTA by its sha256 (the same name may hold other contents)."""
-    if key == "tokenizer" and isinstance(value, dict):
-        value = value.get("name")
-    if key == "fasta" and isinstance(value, dict):
-        return f"sha256 {shown(value.get('sha256', '?'))[:12]}"
-    return shown(value)
-
-
-def _recorded(old: dict[str, Any], options: dict[str, Any], fasta: FastaFile) -> dict[str, Any]:
-    """A manifest's options as this version writes them: folders from before the FASTA's sha256 was recorded
-    named it by its size and the md5 of its .fai, which still identify it when they match."""
-    src = old.get("fasta")
-    if isinstance(src, dict) and "sha256" not in src and src.get("size") == options["fasta"]["size"] and \
-            src.get("fai_md5") == file_hash(fasta.indexname, "md5").hexdigest():
-        return {**old, "fasta": options["fasta"]}
-    return old
-
-
-def _check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile) -> dict | None:
-    """The manifest when `out` already holds exactly this job (no-op); None when there is work to do (a run of
-    these options killed in `.partial`, under --overwrite or not, resumes)."""
-    if (out / MANIFEST).is_file() and not overwrite:
-        old = read_manifest(out)
-        recorded = old.get("options") if isinstance(old.get("options"), dict) else {}
-        key = _differing(_recorded(recorded, options, fasta), options)
-        if key is None:  # done; a `.partial` beside it is what a finished run was killed removing
-            shutil.rmtree(out / PARTIAL, ignore_errors=True)
-            return old
-        if load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
-            return None
-        was, now = (_option_shown(key, v) for v in (recorded.get(key), options[key]))
-        flag = {"fasta": "--fasta", "max_n_frac": "--max-n-frac"}.get(key, f"--{key}")
-        raise PreparedOtherwise(f"{out} already holds windows prepared with a different {key} ({flag}: was {was}, "
-                                f"now {now})")
-    # --overwrite: the old outputs stay until the new ones are complete (_clear_replaced); a `.partial` of other
-    # options is cleared when the run starts (_run)
-    if not overwrite and not (out / PARTIAL).is_dir():
-        stray = [n for n in _outputs() if (out / n).exists()]
-        if stray:
-            raise LcftError(f"{out} already has {stray[0]} but no complete manifest; pass --overwrite to replace it")
-    return None
-
-
-def _resume_writers(partial: Path, state: dict, tok: SeqTokenizer) -> dict[str, SplitWriter] | None:
-    """Writers reopened at the last checkpoint, or None when the kept bytes do not hash to what the
-    checkpoint recorded (a torn write, or a machine crash before the data reached the disk)."""
-    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s]), _split_files(s, tok)) for s in SPLITS}
-    digests = state.get("digests", {})
-    ok = all(
-        list(w.sizes()) == state["sizes"][s] and (not any(state["sizes"][s]) or list(w.digests()) == digests.get(s))
-        for s, w in writers.items()
-    )
-    if ok:
-        return writers
-    for w in writers.values():
-        w.close()
-    return None
-
-
-def _clear_replaced(out: Path, partial: Path) -> None:
-    """Before a finished run moves its outputs in: drop the folder's old manifest (from here it is incomplete
-    until the new one lands) and the old outputs the new run does not replace."""
-    (out / MANIFEST).unlink(missing_ok=True)
-    for name in _outputs():
-        if not (partial / name).exists():
-            (out / name).unlink(missing_ok=True)
-
-
-def _finalize(out: Path, partial: Path) -> None:
-    """Move outputs into place, the manifest last (its presence means the folder is complete)."""
-    for name in _outputs():
-        if (partial / name).exists():
-            os.replace(partial / name, out / name)
-    shutil.rmtree(partial, ignore_errors=True)
 
 
 def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False, **fields: Any) -> dict:
@@ -274,7 +113,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
         options = _options(cfg, fasta, length, stride, tok, hashed=not created)
         # the lock first: a second run must not delete (--overwrite) what the first is writing
         with folder_lock(out, "lcft prepare"):  # (removes a folder it created that stays empty)
-            done = None if created else _check_existing(out, options, cfg.overwrite, fasta)
+            done = None if created else check_existing(out, options, cfg.overwrite, fasta)
             if done is not None:
                 for split in SPLITS:  # max_oov_frac is not an option of the output: checked against it here
                     info = done["splits"][split]
@@ -308,15 +147,15 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
     partial = out / PARTIAL
     state = load_state(partial, options)
     if state and state.get("finished"):
-        _finalize(out, partial)
+        finalize(out, partial)
         return read_manifest(out)
-    writers = _resume_writers(partial, state, tok) if state else None
+    writers = resume_writers(partial, state, tok) if state else None
     if writers is None:  # fresh start (leftovers of other options or of a torn run are not resumed)
         for child in partial.iterdir():
             child.unlink() if child.is_file() else shutil.rmtree(child)
         state = {"options": options, "chroms": [], "records": [],
-                 "sizes": {s: [0] * len(_split_files(s, tok)) for s in SPLITS}, "digests": {}}
-        writers = {s: SplitWriter(partial, s, names=_split_files(s, tok)) for s in SPLITS}
+                 "sizes": {s: [0] * len(split_files(s, tok)) for s in SPLITS}, "digests": {}}
+        writers = {s: SplitWriter(partial, s, names=split_files(s, tok)) for s in SPLITS}
     elif con:
         con.print(f"resuming: {len(state['chroms'])} chromosome(s) already done in {partial}")
     finished = {c["chrom"] for c in state["chroms"]}
@@ -393,8 +232,8 @@ def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
     saved = {k: v for k, v in resolved.items() if k != "overwrite"}  # (train's config.toml is absolute too)
     save_resolved(partial / RESOLVED, paths_absolute(saved, ("fasta", "out", "tokenizer")))
     write_json_atomic(partial / MANIFEST, manifest)
-    _clear_replaced(out, partial)
+    clear_replaced(out, partial)
     state["finished"] = True
     write_json_atomic(partial / STATE, state)
-    _finalize(out, partial)
+    finalize(out, partial)
     return manifest

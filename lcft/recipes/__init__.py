@@ -10,7 +10,7 @@ def prepare_demo_windows(**options: Any) -> dict[str, Any]:
     demo's own, with the advice that works here (the demo has no --overwrite)."""
     from lcft.errors import LcftError
     from lcft.genomics import prepare_windows
-    from lcft.genomics.prepare import PreparedOtherwise
+    from lcft.genomics.prepare_folder import PreparedOtherwise
 
     try:
         return prepare_windows(**options)

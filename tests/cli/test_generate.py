@@ -14,7 +14,7 @@ from lcft.cli.app import app as lcft_app
 from lcft.cli.generate import Extra, Opt, command_from_config
 from lcft.config import ConfigError, Size
 from lcft.evaluate.config import EvalConfig
-from lcft.genomics.prepare import PrepareConfig
+from lcft.genomics.prepare_config import PrepareConfig
 from lcft.recipes.demo import DemoConfig
 from lcft.train.config import TrainConfig
 

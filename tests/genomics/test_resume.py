@@ -156,7 +156,7 @@ def test_stray_outputs_without_manifest_are_not_overwritten(genome, tmp_path):
 
 def test_crash_while_moving_outputs_into_place(genome, tmp_path, monkeypatch):
     """Killed between the renames of the final step: the re-run completes the move; the manifest comes last."""
-    import lcft.genomics.prepare as P
+    import lcft.genomics.prepare_folder as F
 
     real, moved = os.replace, []
 
@@ -168,10 +168,10 @@ def test_crash_while_moving_outputs_into_place(genome, tmp_path, monkeypatch):
         real(src, dst)
 
     out = tmp_path / "o"
-    monkeypatch.setattr(P.os, "replace", crash_after_two)
+    monkeypatch.setattr(F.os, "replace", crash_after_two)
     with pytest.raises(KeyboardInterrupt):
         prep(genome, out)
-    monkeypatch.setattr(P.os, "replace", real)
+    monkeypatch.setattr(F.os, "replace", real)
     assert not (out / "manifest.json").exists() and len(moved) == 2
     prep(genome, out)
     prep(genome, tmp_path / "clean")
@@ -183,7 +183,7 @@ def test_crash_while_moving_outputs_into_place(genome, tmp_path, monkeypatch):
 def test_crash_while_removing_the_finished_partial_folder(genome, tmp_path, monkeypatch):
     """Killed while removing `.partial` after the manifest was moved into place: the folder is complete, and the
     re-run, a no-op, removes what is left of `.partial` (it had stayed for good)."""
-    import lcft.genomics.prepare as P
+    import lcft.genomics.prepare_folder as F
 
     real = shutil.rmtree
 
@@ -194,10 +194,10 @@ def test_crash_while_removing_the_finished_partial_folder(genome, tmp_path, monk
         real(path, *a, **kw)
 
     out = tmp_path / "o"
-    monkeypatch.setattr(P.shutil, "rmtree", crash_after_one)
+    monkeypatch.setattr(F.shutil, "rmtree", crash_after_one)
     with pytest.raises(KeyboardInterrupt):
         prep(genome, out)
-    monkeypatch.setattr(P.shutil, "rmtree", real)
+    monkeypatch.setattr(F.shutil, "rmtree", real)
     assert (out / "manifest.json").is_file() and (out / ".partial").is_dir()
     stamps = {n: (out / n).stat().st_mtime_ns for n in OUTPUTS}
     prep(genome, out)
