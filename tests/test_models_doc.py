@@ -20,7 +20,8 @@ import typer.main
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
-from lcft.model.hf import METADATA, config_from_hf
+from lcft.model.hf import config_from_hf
+from lcft.model.hf_families import METADATA
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
 from lcft.files import folder_lock, refuse_nonempty_output, temp_name
-from lcft.model.hf import MAX_SHARD_BYTES, shards
+from lcft.model.hf_params import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete
 

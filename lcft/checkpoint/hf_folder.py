@@ -1,6 +1,6 @@
 """Model folders in HuggingFace's layout, the one writer and reader: config.json + model.safetensors (or shards) +
 lcft.json for lcft's own attention settings and the tokenizer spec, + the tokenizer files of a model tokenizer.
-Folders written by transformers load too (lcft.model.hf maps the format)."""
+Folders written by transformers load too (lcft.model.hf maps config.json, lcft.model.hf_params the weights)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,9 @@ from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
 from lcft.errors import LcftError, reason, shown
 from lcft.files import read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
-from lcft.model.hf import (
-    MAX_SHARD_BYTES,
-    config_from_hf,
-    config_to_hf,
-    load_weights,
-    shards,
-    stale_weight_files,
-)
-from lcft.model.hf import weight_files as _weight_files
+from lcft.model.hf import config_from_hf, config_to_hf
+from lcft.model.hf_params import MAX_SHARD_BYTES, load_weights, shards, stale_weight_files
+from lcft.model.hf_weights import weight_files as _weight_files
 from lcft.model.llama import Llama
 from lcft.vocab import tokenizer_spec
 
@@ -130,7 +124,7 @@ def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: 
                        saved_dtype: torch.dtype, tokenizer: dict[str, Any] | None = None,
                        meta: dict[str, Any] | None = None, hf_tokenizer: Any = None) -> Path:
     """Write a model folder from its config and {weight file name: tensor dict | function returning one |
-    index bytes} (as lcft.model.hf.shards builds them): config.json, lcft.json (plus `meta`), the weights;
+    index bytes} (as lcft.model.hf_params.shards builds them): config.json, lcft.json (plus `meta`), the weights;
     atomically; then the files of `hf_tokenizer` (a model tokenizer: the one place they are saved)."""
     extra = {"format_version": LCFT_FORMAT_VERSION, "attention": cfg.attention.to_dict(),
              "tokenizer": tokenizer or tokenizer_spec(), **(meta or {})}

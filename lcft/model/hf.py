@@ -1,21 +1,14 @@
-"""HuggingFace checkpoints of the five families lcft trains (Llama, Mistral, Qwen2, Qwen3, Mixtral): one table of
-config.json fields used both ways, parameter names, and safetensors weights read and written tensor by tensor
-(single file or shards with an index, fp32/bf16/fp16; pytorch_model.bin where a folder has no safetensors, read
-by lcft.model.hf_weights without unpickling anything but plain data)."""
+"""config.json of the five HuggingFace families lcft trains (Llama, Mistral, Qwen2, Qwen3, Mixtral) to and from
+LlamaConfig: read as transformers' class for its model_type reads it, written back as that class, both by the one
+table of lcft.model.hf_families."""
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError
 from lcft.model.config import (
     AttentionConfig,
     LlamaConfig,
@@ -25,87 +18,20 @@ from lcft.model.config import (
     normalize_rope_scaling,
 )
 from lcft.model.hf_classes import shipped_classes
-from lcft.model.hf_weights import INDEX, WEIGHTS, aligned, weight_files, weight_tensors
+from lcft.model.hf_families import (
+    BOOL_KEYS,
+    BY_TYPE,
+    COMMON,
+    FAMILIES,
+    METADATA,
+    QWEN_WINDOW_KEYS,
+    REQUIRED,
+    ROPE_KEYS,
+    Family,
+)
 
-MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
-
-# config.json keys that every family reads and writes under the same name as the LlamaConfig field.
-COMMON = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-          "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-          "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache")
-TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
-# The network's shape: a config.json must give it (transformers would fall back to its 7B default shape).
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-# Keys that describe the file, its own code or generation, not the network: read past, never written back (an
-# export names the standard class, so transformers needs no remote code).
-METADATA = frozenset({"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype",
-                      "dtype", "output_attentions", "output_hidden_states", "return_dict",
-                      "tokenizer_class", "max_length", "min_length", "do_sample", "temperature", "top_p",
-                      "top_k", "num_beams", "_attn_implementation_autoset", "bad_words_ids", "auto_map",
-                      "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type"})
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-             "original_max_position_embeddings")  # the last: read into a llama3 / yarn table, as transformers does
 _ROPE_TABLE_KEYS = set("rope_type type rope_theta factor original_max_position_embeddings truncate attention_factor "
                        "beta_fast beta_slow mscale mscale_all_dim low_freq_factor high_freq_factor partial_rotary_factor".split())
-QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
-# config.json keys read as true or false (where the family reads them): each must be a JSON boolean.
-BOOL_KEYS = ("tie_word_embeddings", "use_cache", "attention_bias", "output_router_logits", "use_sliding_window",
-             "mlp_bias")
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one HF architecture class maps onto LlamaConfig."""
-
-    model_type: str
-    architecture: str
-    fields: tuple[str, ...] = ()
-    """Family-specific keys stored under the LlamaConfig field's own name."""
-    fixed: dict[str, Any] = field(default_factory=dict)
-    """config.json keys whose only value lcft honours (written on export, checked on load)."""
-    implied: dict[str, Any] = field(default_factory=dict)
-    """LlamaConfig fields the class fixes (set on load; a model with other values cannot be exported as it)."""
-    shared_bias: bool = False
-    """config.json `attention_bias` puts a bias on q, k, v and o_proj (Llama, Qwen3)."""
-    window: str | None = None
-    """'plain' = `sliding_window` for every layer (Mistral, Mixtral); 'qwen' = use_sliding_window +
-    max_window_layers / layer_types."""
-    defaults: dict[str, Any] = field(default_factory=dict)
-    """transformers' defaults of this class (its __init__'s) for keys a config.json leaves out; None for
-    num_key_value_heads / head_dim = derived (num_attention_heads; hidden_size / num_attention_heads)."""
-
-
-_NO_MOE = {"num_local_experts": 0, "output_router_logits": False}
-_PLAIN_ATTN = {"attention_bias": False, "o_proj_bias": False, "qk_norm": False}
-_BASE_FIXED = {"hidden_act": "silu", "attention_dropout": 0.0}
-_SHAPE = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": None,
-          "initializer_range": 0.02, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
-          "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2, "use_cache": True}
-_MISTRAL = {**_SHAPE, "vocab_size": 32000, "intermediate_size": 14336, "num_key_value_heads": 8,
-            "max_position_embeddings": 131072}
-_QWEN = {**_SHAPE, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
-         "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None}
-
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (
-    Family("llama", "LlamaForCausalLM", fixed={**_BASE_FIXED, "mlp_bias": False, "pretraining_tp": 1},
-           implied={**_NO_MOE, "qk_norm": False, "sliding_window": None}, shared_bias=True,
-           defaults={**_SHAPE, "vocab_size": 32000, "intermediate_size": 11008, "num_key_value_heads": None,
-                     "max_position_embeddings": 2048}),
-    Family("mistral", "MistralForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, **_PLAIN_ATTN},
-           window="plain", defaults={**_MISTRAL, "sliding_window": 4096}),
-    Family("qwen2", "Qwen2ForCausalLM", fixed=dict(_BASE_FIXED),
-           implied={**_NO_MOE, "attention_bias": True, "o_proj_bias": False, "qk_norm": False}, window="qwen",
-           defaults=_QWEN),
-    Family("qwen3", "Qwen3ForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, "qk_norm": True},
-           shared_bias=True, window="qwen", defaults={**_QWEN, "head_dim": 128}),
-    Family("mixtral", "MixtralForCausalLM",
-           fields=("num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef"),
-           fixed={**_BASE_FIXED, "router_jitter_noise": 0.0}, implied=dict(_PLAIN_ATTN), window="plain",
-           defaults={**_MISTRAL, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None,
-                     "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
-                     "router_aux_loss_coef": 0.001}),
-)}
-BY_TYPE = {f.model_type: f for f in FAMILIES.values()}
 
 
 def family_of(d: dict[str, Any]) -> Family:
@@ -288,113 +214,3 @@ def config_from_hf(d: dict[str, Any], attention: AttentionConfig | None = None) 
         kw["attention_bias"] = kw["o_proj_bias"] = d.get("attention_bias", False)
     carried = {k: d[k] for k in sorted(set(d) - known)}
     return LlamaConfig(model_type=fam.model_type, attention=attention or AttentionConfig(), carried=carried, **kw)
-
-
-# Our parameter names -> HF's (the block-level names differ: attn vs self_attn, norms, Mixtral's experts).
-_BLOCK_RENAMES = ((r"attn\.", "self_attn."), (r"attn_norm\.", "input_layernorm."),
-                  (r"mlp_norm\.", "post_attention_layernorm."), (r"mlp\.gate\.", "block_sparse_moe.gate."),
-                  (r"mlp\.experts\.(\d+)\.gate_proj\.", r"block_sparse_moe.experts.\1.w1."),
-                  (r"mlp\.experts\.(\d+)\.down_proj\.", r"block_sparse_moe.experts.\1.w2."),
-                  (r"mlp\.experts\.(\d+)\.up_proj\.", r"block_sparse_moe.experts.\1.w3."))
-IGNORED_HF = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old HF checkpoints stored
-
-
-def to_hf_name(name: str) -> str:
-    """'layers.0.attn.q_proj.weight' -> 'model.layers.0.self_attn.q_proj.weight'."""
-    if name.startswith("lm_head."):
-        return name
-    m = re.match(r"layers\.(\d+)\.(.*)$", name)
-    if m:
-        rest = m.group(2)
-        for ours, theirs in _BLOCK_RENAMES:
-            new = re.sub("^" + ours, theirs, rest)
-            if new != rest:
-                rest = new
-                break
-        return f"model.layers.{m.group(1)}.{rest}"
-    return "model." + name
-
-
-def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
-    """Assign every parameter of a model built on the meta device from the folder's weights, one tensor at a
-    time (as stored, or cast to dtype as it is read), so the peak is about one copy of the model plus one tensor."""
-    params = dict(model.named_parameters())
-    expected = {to_hf_name(n): n for n in params}
-    tied = model.config.tie_word_embeddings
-    loaded: set[str] = set()
-    for f in weight_files(directory):
-        try:
-            for key, shape, read in weight_tensors(f):
-                if key not in expected:
-                    if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
-                        continue
-                    raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
-                                    "checkpoint of this config.json?)")
-                name = expected[key]
-                if name in loaded:  # a second copy, in another shard: which one the model is would be chance
-                    raise LcftError(f"{f}: weight {key} is stored twice (in two shard files of {directory})")
-                if shape != tuple(params[name].shape):
-                    raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
-                                    f"{tuple(params[name].shape)}")
-                tensor = read()
-                if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
-                    raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
-                                    "floating-point numbers")
-                _assign(model, name, aligned(tensor if dtype is None else tensor.to(dtype)))
-                loaded.add(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file
-            raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
-    missing = sorted(set(params) - loaded)
-    if missing:
-        names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
-        raise LcftError(f"{directory}: {len(missing)} weight(s) missing: {names}")
-
-
-def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
-    owner, _, leaf = name.rpartition(".")
-    module = model.get_submodule(owner)
-    setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=getattr(module, leaf).requires_grad))
-
-
-def shards(model: torch.nn.Module, dtype: torch.dtype | None, max_bytes: int = MAX_SHARD_BYTES,
-           read: Callable[[list[str]], dict[str, torch.Tensor]] | None = None
-           ) -> dict[str, Callable[[], dict[str, torch.Tensor]] | bytes]:
-    """{file name: tensors to write (built when called, so only one shard is ever copied at a time)}, plus the
-    index as bytes when there is more than one shard (transformers' names: model-00001-of-0000N.safetensors).
-    read(names) -> {name: tensor}: where a shard's tensors come from (default: the model's parameters; a model
-    on the meta device with `read` streams them from elsewhere, e.g. a sharded checkpoint)."""
-    groups: list[list[tuple[str, torch.nn.Parameter]]] = [[]]
-    size = 0
-    for name, p in model.named_parameters():
-        nbytes = p.numel() * (dtype or p.dtype).itemsize
-        if groups[-1] and size + nbytes > max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append((name, p))
-        size += nbytes
-
-    def tensors(group: list[tuple[str, torch.nn.Parameter]]) -> Callable[[], dict[str, torch.Tensor]]:
-        def build() -> dict[str, torch.Tensor]:
-            got = read([n for n, _ in group]) if read else {n: p.detach() for n, p in group}
-            return {to_hf_name(n): (t.to(dtype) if dtype else t).cpu().contiguous() for n, t in got.items()}
-        return build
-
-    if len(groups) == 1:
-        return {WEIGHTS: tensors(groups[0])}
-    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-    total = sum(p.numel() * (dtype or p.dtype).itemsize for _, p in model.named_parameters())
-    index = {"metadata": {"total_size": total},
-             "weight_map": {to_hf_name(n): f for f, g in zip(names, groups, strict=True) for n, _ in g}}
-    out: dict[str, Any] = {f: tensors(g) for f, g in zip(names, groups, strict=True)}
-    out[INDEX] = json.dumps(index, indent=2).encode()
-    return out
-
-
-def stale_weight_files(directory: Path, keep: Iterator[str] | set[str]) -> list[Path]:
-    """Weight files of an earlier save in `directory` that a new save with files `keep` must remove (else the
-    folder would mix two models: model.safetensors is read before an index)."""
-    keep = set(keep)
-    if not directory.is_dir():
-        return []
-    old = [directory / WEIGHTS, directory / INDEX, *directory.glob("model-*-of-*.safetensors")]
-    return [p for p in old if p.name not in keep and p.exists()]

@@ -57,7 +57,8 @@ class Block(nn.Module):
 
 class Llama(nn.Module):
     """Llama-style causal LM whose parameters map one-to-one onto the HF class of its config's model_type
-    (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM; lcft.model.hf)."""
+    (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM;
+    lcft.model.hf_params)."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()

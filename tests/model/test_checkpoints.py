@@ -17,7 +17,8 @@ from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.model import Llama, LlamaConfig
-from lcft.model.hf import config_to_hf, to_hf_name
+from lcft.model.hf import config_to_hf
+from lcft.model.hf_params import to_hf_name
 
 transformers = pytest.importorskip("transformers")
 

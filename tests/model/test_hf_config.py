@@ -10,7 +10,8 @@ import json
 import pytest
 
 from lcft.errors import LcftError
-from lcft.model.hf import BY_TYPE, COMMON, _known_keys, config_from_hf, config_notes, config_to_hf
+from lcft.model.hf import _known_keys, config_from_hf, config_notes, config_to_hf
+from lcft.model.hf_families import BY_TYPE, COMMON
 from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 
 transformers = pytest.importorskip("transformers")

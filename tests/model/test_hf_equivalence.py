@@ -85,7 +85,7 @@ def test_gradients_equal_transformers(tmp_path):
     """Backward too (our fused projections and RoPE's own backward): parameter gradients of the same
     next-token loss match transformers' for every weight."""
     from lcft.kernels import chunked_cross_entropy
-    from lcft.model.hf import to_hf_name
+    from lcft.model.hf_params import to_hf_name
 
     torch.manual_seed(1)
     ours = Llama(small_config(SCALINGS["yarn"], tied=False))

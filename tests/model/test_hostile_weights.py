@@ -23,7 +23,7 @@ from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.model import Llama, LlamaConfig
-from lcft.model.hf import to_hf_name
+from lcft.model.hf_params import to_hf_name
 
 EMBED = "model.embed_tokens.weight"
 REPO = Path(__file__).resolve().parents[2]

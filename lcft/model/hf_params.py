@@ -1,0 +1,130 @@
+"""The model's parameters in HuggingFace weight files: their HF names, loaded tensor by tensor from a folder's
+weights (single file or shards with an index, fp32/bf16/fp16; pytorch_model.bin where a folder has no safetensors,
+read by lcft.model.hf_weights without unpickling anything but plain data), and grouped into safetensors shards to
+save."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+
+from lcft.errors import LcftError, reason
+from lcft.model.hf_weights import INDEX, WEIGHTS, aligned, weight_files, weight_tensors
+
+MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
+
+
+# Our parameter names -> HF's (the block-level names differ: attn vs self_attn, norms, Mixtral's experts).
+_BLOCK_RENAMES = ((r"attn\.", "self_attn."), (r"attn_norm\.", "input_layernorm."),
+                  (r"mlp_norm\.", "post_attention_layernorm."), (r"mlp\.gate\.", "block_sparse_moe.gate."),
+                  (r"mlp\.experts\.(\d+)\.gate_proj\.", r"block_sparse_moe.experts.\1.w1."),
+                  (r"mlp\.experts\.(\d+)\.down_proj\.", r"block_sparse_moe.experts.\1.w2."),
+                  (r"mlp\.experts\.(\d+)\.up_proj\.", r"block_sparse_moe.experts.\1.w3."))
+IGNORED_HF = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old HF checkpoints stored
+
+
+def to_hf_name(name: str) -> str:
+    """'layers.0.attn.q_proj.weight' -> 'model.layers.0.self_attn.q_proj.weight'."""
+    if name.startswith("lm_head."):
+        return name
+    m = re.match(r"layers\.(\d+)\.(.*)$", name)
+    if m:
+        rest = m.group(2)
+        for ours, theirs in _BLOCK_RENAMES:
+            new = re.sub("^" + ours, theirs, rest)
+            if new != rest:
+                rest = new
+                break
+        return f"model.layers.{m.group(1)}.{rest}"
+    return "model." + name
+
+
+def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
+    """Assign every parameter of a model built on the meta device from the folder's weights, one tensor at a
+    time (as stored, or cast to dtype as it is read), so the peak is about one copy of the model plus one tensor."""
+    params = dict(model.named_parameters())
+    expected = {to_hf_name(n): n for n in params}
+    tied = model.config.tie_word_embeddings
+    loaded: set[str] = set()
+    for f in weight_files(directory):
+        try:
+            for key, shape, read in weight_tensors(f):
+                if key not in expected:
+                    if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
+                        continue
+                    raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
+                                    "checkpoint of this config.json?)")
+                name = expected[key]
+                if name in loaded:  # a second copy, in another shard: which one the model is would be chance
+                    raise LcftError(f"{f}: weight {key} is stored twice (in two shard files of {directory})")
+                if shape != tuple(params[name].shape):
+                    raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
+                                    f"{tuple(params[name].shape)}")
+                tensor = read()
+                if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
+                    raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
+                                    "floating-point numbers")
+                _assign(model, name, aligned(tensor if dtype is None else tensor.to(dtype)))
+                loaded.add(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file
+            raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
+    missing = sorted(set(params) - loaded)
+    if missing:
+        names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise LcftError(f"{directory}: {len(missing)} weight(s) missing: {names}")
+
+
+def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    setattr(module, leaf, torch.nn.Parameter(tensor, requires_grad=getattr(module, leaf).requires_grad))
+
+
+def shards(model: torch.nn.Module, dtype: torch.dtype | None, max_bytes: int = MAX_SHARD_BYTES,
+           read: Callable[[list[str]], dict[str, torch.Tensor]] | None = None
+           ) -> dict[str, Callable[[], dict[str, torch.Tensor]] | bytes]:
+    """{file name: tensors to write (built when called, so only one shard is ever copied at a time)}, plus the
+    index as bytes when there is more than one shard (transformers' names: model-00001-of-0000N.safetensors).
+    read(names) -> {name: tensor}: where a shard's tensors come from (default: the model's parameters; a model
+    on the meta device with `read` streams them from elsewhere, e.g. a sharded checkpoint)."""
+    groups: list[list[tuple[str, torch.nn.Parameter]]] = [[]]
+    size = 0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * (dtype or p.dtype).itemsize
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, p))
+        size += nbytes
+
+    def tensors(group: list[tuple[str, torch.nn.Parameter]]) -> Callable[[], dict[str, torch.Tensor]]:
+        def build() -> dict[str, torch.Tensor]:
+            got = read([n for n, _ in group]) if read else {n: p.detach() for n, p in group}
+            return {to_hf_name(n): (t.to(dtype) if dtype else t).cpu().contiguous() for n, t in got.items()}
+        return build
+
+    if len(groups) == 1:
+        return {WEIGHTS: tensors(groups[0])}
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    total = sum(p.numel() * (dtype or p.dtype).itemsize for _, p in model.named_parameters())
+    index = {"metadata": {"total_size": total},
+             "weight_map": {to_hf_name(n): f for f, g in zip(names, groups, strict=True) for n, _ in g}}
+    out: dict[str, Any] = {f: tensors(g) for f, g in zip(names, groups, strict=True)}
+    out[INDEX] = json.dumps(index, indent=2).encode()
+    return out
+
+
+def stale_weight_files(directory: Path, keep: Iterator[str] | set[str]) -> list[Path]:
+    """Weight files of an earlier save in `directory` that a new save with files `keep` must remove (else the
+    folder would mix two models: model.safetensors is read before an index)."""
+    keep = set(keep)
+    if not directory.is_dir():
+        return []
+    old = [directory / WEIGHTS, directory / INDEX, *directory.glob("model-*-of-*.safetensors")]
+    return [p for p in old if p.name not in keep and p.exists()]
