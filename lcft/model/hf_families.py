@@ -11,7 +11,6 @@ from typing import Any
 COMMON = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
           "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache")
-TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # The network's shape: a config.json must give it (transformers would fall back to its 7B default shape).
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys that describe the file, its own code or generation, not the network: read past, never written back (an
