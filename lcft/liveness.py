@@ -43,6 +43,28 @@ def launched() -> bool:
     return LAUNCHER_ENV in os.environ
 
 
+MPI_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+"""How many copies of this command were started together by Open MPI's mpirun, a PMI launcher (MPICH, Intel MPI,
+srun --mpi=pmi2), MVAPICH's, or srun: its step's task count (SLURM_NTASKS is the job's, which a one-task step
+inside a larger allocation, and the batch script itself, also see)."""
+
+
+def count(text: str) -> int:
+    """A number of processes as the environment gives it: 1 when empty, -1 when not a number."""
+    text = text.strip()
+    return 1 if not text else int(text) if text.isdecimal() else -1
+
+
+def refuse_copies() -> None:
+    """Raise when mpirun or srun started this command several times: each copy would run the whole job alone (a
+    plain process) or start its own launch (--nproc), into the same output folder."""
+    for name in MPI_SIZE_ENV:
+        if (n := count(os.environ.get(name, ""))) > 1:
+            raise LcftError(f"{name}={n} in the environment: this process is one of {n} that mpirun or srun started, "
+                            "and each would run the whole job alone into the same output folder; lcft starts its "
+                            "own processes: run the command once per node with --nproc N, or under torchrun")
+
+
 class PeerLost(LcftError):
     """A rank or node of the run stopped answering; the run ended without a new checkpoint."""
 

@@ -42,7 +42,15 @@ from lcft.errors import LcftError
 from lcft.files import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
 from lcft.launch.process import FAILURES_ENV, PARENT_ENV, RESULT_FILE_ENV
-from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, NODE_RANK_ENV, PeerLost, launched, read_report
+from lcft.liveness import (
+    EXIT_LOST,
+    FAILURE_FILE_ENV,
+    NODE_RANK_ENV,
+    PeerLost,
+    launched,
+    read_report,
+    refuse_copies,
+)
 from lcft.signals import STOP_SIGNALS
 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "Stopped", "exit_code", "launch", "run"]
@@ -71,6 +79,8 @@ def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     cfg = entry.resolve(cfg)
     if not cfg.multiprocess or launched():
         return entry.work(cfg, **kwargs)
+    if cfg.nnodes == 1:  # a one-node launch started N times by mpirun/srun -n N: N runs into one folder
+        refuse_copies()  # (with --nnodes, each node's launcher is one of the copies)
     entry.check(cfg, cfg.nproc * cfg.nnodes)  # nothing is created or written before these pass
     return launch(name, cfg, entry)
 

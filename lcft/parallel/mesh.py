@@ -91,16 +91,7 @@ RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads bes
 PROCESS_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """env://'s variables as a launcher sets them in each process: a WORLD_SIZE above 1, or a LOCAL_RANK at all, makes
 torch and Accelerate reach for a process group."""
-MPI_SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
-"""How many processes were started together by Open MPI's mpirun, a PMI launcher (MPICH, Intel MPI, srun
---mpi=pmi2), MVAPICH's, or srun: each of them would run the whole job alone."""
 START_SEVERAL = "start several with --nproc N (or torchrun)"
-
-
-def _count(text: str) -> int:
-    """A number of processes as the environment gives it: 1 when empty, -1 when not a number."""
-    text = text.strip()
-    return 1 if not text else int(text) if text.isdecimal() else -1
 
 
 def launch_world() -> int:
@@ -112,7 +103,7 @@ def launch_world() -> int:
     if dist.is_initialized():  # a group someone else made (Accelerate, a test harness) is the world
         return dist.get_world_size()
     given = os.environ.get("WORLD_SIZE", "")
-    world = _count(given)
+    world = liveness.count(given)
     if world < 1:
         raise LcftError(f"WORLD_SIZE={printable(given)} in the environment is not a number of processes: unset "
                         f"{' '.join(PROCESS_ENV)} (left from another job?) to run as one process, or {START_SEVERAL}")
@@ -136,11 +127,7 @@ def _refuse_foreign_launch(world: int) -> None:
         raise LcftError(f"{values} in the environment, but torchrun's elastic agent did not start this process "
                         f"(torchrun and --nproc set {liveness.LAUNCHER_ENV}; lcft runs under no other launcher): "
                         f"{START_SEVERAL}, or unset {' '.join(given)} to run as one process")
-    for name in MPI_SIZE_ENV:
-        if (n := _count(os.environ.get(name, ""))) > 1:
-            raise LcftError(f"{name}={n} in the environment: this process is one of {n} that mpirun or srun started, "
-                            "and each would run the whole job alone into the same output folder; lcft starts its "
-                            "own processes: run the command once per node with --nproc N, or under torchrun")
+    liveness.refuse_copies()
 
 
 def init_world(collective_timeout: float) -> bool:

@@ -26,7 +26,15 @@ from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.config import load_run_config
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
-from tests.train.launching import RUN, error_lines, rank_process, start_train, wait_for_step
+from tests.train.launching import (
+    LAUNCH_NAMES,
+    MPI_SIZES,
+    RUN,
+    error_lines,
+    rank_process,
+    start_train,
+    wait_for_step,
+)
 
 
 def test_a_world_that_does_not_split_is_one_line_and_leaves_nothing(tmp_path, data_dir, init_dir):  # noqa: F811
@@ -39,6 +47,47 @@ def test_a_world_that_does_not_split_is_one_line_and_leaves_nothing(tmp_path, da
     with pytest.raises(ConfigError, match="not divisible by cp=3"):  # the library's one entry checks the same
         run("train", TrainConfig(data=str(data_dir), out=str(out), cp=3, nproc=2))
     assert not (tmp_path / "new").exists()
+
+
+def _outside_any_launcher() -> dict[str, str]:
+    """This environment without what a launcher sets (the tests may run under one)."""
+    return {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES}
+
+
+@pytest.mark.parametrize("size", MPI_SIZES)
+def test_nproc_started_several_times_by_mpirun_or_srun_is_one_line_and_leaves_nothing(tmp_path, data_dir,  # noqa: F811
+                                                                                       init_dir, size):  # noqa: F811
+    """`mpirun -n 4 lcft train --nproc 2` on one node: each copy would start its own launch into the one folder
+    (the first training, the others refused by its lock as if another user held it); every copy is refused before
+    its launcher starts, with the line a plain process gets."""
+    out = tmp_path / "new" / "run"
+    cmd = [sys.executable, "-m", "lcft", "train", "--data", str(data_dir), "--init", str(init_dir), "--out", str(out),
+           "--nproc", "2", "--steps", "1", *RUN]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**_outside_any_launcher(), size: "4"})
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.count("\n") == 1 and error_lines(r.stderr) == [
+        f"error: {size}=4 in the environment: this process is one of 4 that mpirun or srun started, and each would "
+        "run the whole job alone into the same output folder; lcft starts its own processes: run the command once "
+        "per node with --nproc N, or under torchrun"], r.stderr[-3000:]
+    assert not (tmp_path / "new").exists()
+
+
+def test_nproc_in_a_one_task_step_of_a_larger_allocation_is_launched(tmp_path, monkeypatch):
+    """`sbatch -n 4` then `srun -n 1 lcft train --nproc 2` (SLURM_NTASKS is the job's 4, SLURM_STEP_NUM_TASKS the
+    step's 1), or the batch script itself running it: one copy, launched; so is a copy per node of --nnodes."""
+    import lcft.launch as launcher
+
+    for k in _outside_any_launcher().keys() ^ os.environ.keys():
+        monkeypatch.delenv(k)
+    started = []
+    monkeypatch.setattr(launcher, "launch", lambda name, cfg, entry: started.append(cfg.nnodes) or {})
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    for step, nodes in ((None, 1), ("1", 1), ("2", 2)):
+        if step is not None:
+            monkeypatch.setenv("SLURM_STEP_NUM_TASKS", step)
+        run("train", TrainConfig(data="d", out=str(tmp_path / "run"), nproc=2, nnodes=nodes,
+                                 rdzv_endpoint="h:1" if nodes > 1 else None))
+    assert started == [1, 1, 2] and not (tmp_path / "run").exists()
 
 
 def test_the_library_runs_in_the_process_it_is_called_in(tmp_path, data_dir):  # noqa: F811

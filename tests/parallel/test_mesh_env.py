@@ -13,12 +13,7 @@ from lcft.evaluate import EvalConfig, evaluate
 from lcft.parallel.mesh import init_world, launch_world
 from lcft.train import TrainConfig, train
 from tests.parallel.harness import free_port
-
-# every variable a launcher (torchrun's agent, Open MPI, MPICH/Intel MPI, MVAPICH, srun) sets per process
-LAUNCH_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-                "ROLE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
-                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
-MPI_SIZES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+from tests.train.launching import LAUNCH_NAMES, MPI_SIZES
 
 
 @pytest.fixture
@@ -104,6 +99,15 @@ def test_a_launch_by_torchrun_inside_an_mpi_or_slurm_job_is_kept(env):
     env(SLURM_STEP_NUM_TASKS="2", WORLD_SIZE="4", RANK="3", LOCAL_RANK="1", MASTER_ADDR="node0", MASTER_PORT="29500",
         TORCHELASTIC_RUN_ID="run")
     assert launch_world() == 4
+
+
+@pytest.mark.parametrize("step", [{"SLURM_STEP_NUM_TASKS": "1"}, {}])
+def test_one_task_in_a_larger_slurm_allocation_is_one_process(env, step):
+    """`sbatch -n 4` then `srun -n 1 lcft train` inside it, or the batch script running it itself: SLURM_NTASKS is
+    the job's 4 (srun(1): "total number of processes in the current job"), the step's count (SLURM_STEP_NUM_TASKS,
+    "number of processes in the step") 1 or unset: one process, not one of 4."""
+    env(SLURM_NTASKS="4", **step)
+    assert launch_world() == 1
 
 
 @pytest.mark.parametrize("given", [{"LOCAL_RANK": "0"}, {"PMI_SIZE": "2"}])

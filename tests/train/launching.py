@@ -16,6 +16,14 @@ import torch
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.train.metrics import read_metrics
 
+# Every variable a launcher (torchrun's agent, Open MPI, MPICH/Intel MPI, MVAPICH, srun, sbatch) sets per process:
+# tests of what a launch environment means start from one without them (the tests themselves may run under one).
+LAUNCH_NAMES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                "ROLE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
+                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+MPI_SIZES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+"""What mpirun and srun set to the number of copies they started of a command."""
+
 # The small run of these tests: 512-token sequences, 2 per step, fp32, checkpoints every 2 steps, all kept.
 RUN = ["--seq-len", "512", "--global-batch", "2", "--precision", "fp32", "--warmup", "2", "--lr", "1e-3",
        "--keep-last", "0", "--no-progress"]
