@@ -93,10 +93,10 @@ def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> L
     check_launch(cfg, world)  # what `lcft train` refuses before it starts: cp groups, the batch's split
     seq = _seq_len(cfg, model)
     precision = choose_precision(cfg.precision, cfg.device == "cpu")[0]
-    shard = getattr(cfg, "shard", "none") if world > 1 else "none"
+    shard = "fsdp" if cfg.parallel.sharded(world) else "none"
     folder = folder or init_folder(cfg)
     return Layout(seq_len=seq, world=world, cp=cfg.cp, micro_batch=cfg.micro_batch, shard=shard,
-                  offload_params=bool(getattr(cfg, "offload_params", False)) and shard == "fsdp",
+                  offload_params=cfg.offload_params and shard == "fsdp",
                   checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations,
                   offload_bf16=offload_dtype(cfg.offload_bf16, precision) is not None, cp_kv=cfg.cp_kv,
                   precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
@@ -255,7 +255,7 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
     budget = Budget.of(cfg)
     shape = Shape.of(model)
     dp = lay.world // lay.cp
-    lines = [f"note: {n}" for n in init_notes(folder)]
+    lines = [f"note: {n}" for n in init_notes(folder)] + cfg.parallel.idle(lay.world)
     lines += [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
              f"{model.attention.backend} attention)",
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"

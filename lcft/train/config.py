@@ -190,7 +190,7 @@ class TrainParallelConfig(CpConfig):
     """How ranks hold the weights: 'none' = every rank holds the whole model and its AdamW state (DDP; fastest
     while it fits, checkpoints as plain safetensors); 'fsdp' = FSDP2 shards parameters, gradients and optimizer
     state over every rank of the dp x cp layout (per-rank model state / world size; checkpoints written
-    shard by shard through torch.distributed.checkpoint). Ignored on one process."""
+    shard by shard through torch.distributed.checkpoint). One process holds the whole model: a warning says so."""
     offload_params: bool = False
     """With --shard fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
     CPU offload; the optimizer step runs on the CPU). Nothing to move on a CPU-only run."""
@@ -203,6 +203,26 @@ class TrainParallelConfig(CpConfig):
             raise ConfigError("offload_bf16 needs offload_activations")
         if self.offload_params and self.shard != "fsdp":
             raise ConfigError("offload_params needs shard = 'fsdp'")
+
+    def sharded(self, world: int) -> bool:
+        """Whether --shard fsdp shards anything on `world` processes: one process holds the whole model."""
+        return self.shard == "fsdp" and world > 1
+
+    def idle(self, world: int) -> list[str]:
+        """A warning for each option given that changes nothing on `world` processes (a shared config, or a
+        flag meant for a launch of several): --shard fsdp (with --offload-params) on one process, the window
+        split's options (--cp-kv, --cp-layout other than their defaults) without cp."""
+        warnings = []
+        if self.shard == "fsdp" and not self.sharded(world):
+            flags = "--shard fsdp --offload-params have" if self.offload_params else "--shard fsdp has"
+            warnings.append(f"warning: {flags} no effect on one process: nothing to shard across, it holds the whole "
+                            "model (start several with --nproc N)")
+        given = [f"--{name.replace('_', '-')} {getattr(self, name)}" for name in ("cp_kv", "cp_layout")
+                 if getattr(self, name) != getattr(CpConfig, name)]
+        if given and self.cp == 1:
+            warnings.append(f"warning: {' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect with "
+                            "cp 1: no window is split across ranks (--cp N splits each over N)")
+        return warnings
 
 
 @dataclass

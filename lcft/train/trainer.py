@@ -134,8 +134,8 @@ class Trainer:
         self.layout = init_parallel(cfg.parallel, fsdp=cfg.parallel.shard == "fsdp")
         self.world, self.rank, self.is_main = self.layout.world, self.layout.rank, self.layout.is_main
         self.accum = check_batch(cfg.global_batch, cfg.micro_batch, self.layout.dp)
-        self.precision, warning = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
-        if warning:
+        self.precision, slow = choose_precision(cfg.precision, self.cpu)  # CPU bf16 only where native
+        for warning in filter(None, [slow, *cfg.parallel.idle(self.world)]):
             self._note(warning)
         self.offload_dtype = offload_dtype(cfg.offload_bf16, self.precision)  # bf16 host copies: bf16 runs only
         if cfg.tensorboard:

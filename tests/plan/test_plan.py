@@ -364,3 +364,13 @@ def test_the_largest_counts_are_planned() -> None:
 def test_bench_child_is_importable() -> None:
     p = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "peak RSS" in p.stdout
+
+
+@pytest.mark.parametrize("nproc,shard,warned", [("1", "none", True), ("2", "fsdp", False)])
+def test_cli_says_when_shard_fsdp_does_nothing(nproc, shard, warned) -> None:
+    """One process holds the whole model: the plan is DDP's, and says why --shard fsdp changed nothing."""
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4K", "--shard", "fsdp", "--nproc", nproc,
+                            "--global-batch", nproc])
+    assert r.exit_code == 0, r.output
+    assert f"; shard {shard}; " in r.output
+    assert ("warning: --shard fsdp has no effect on one process" in r.output) == warned, r.output
