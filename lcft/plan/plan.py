@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,33 +38,48 @@ LABELS = {
 }
 
 
-def init_folder(cfg: PlanConfig) -> Path | None:
-    """--init's checkpoint folder (a run folder means its latest checkpoint; verified against its checksums), or
-    None for a preset. Resolve it once and hand it to the functions below: each verification hashes the weights."""
-    from lcft.checkpoint.layout import resolve_checkpoint
+@dataclass(frozen=True)
+class InitModel:
+    """What a plan reads of --init, all of one checkpoint folder: its model config (config.json, lcft.json's
+    attention), what loading config.json has to say (a custom class loaded as its model_type's, carried keys), and
+    whether it is sharded (DCP), which fsdp reads shard by shard."""
 
-    return resolve_checkpoint(cfg.init) if cfg.init else None
+    config: LlamaConfig
+    notes: list[str]
+    sharded: bool
 
 
-def model_config(cfg: PlanConfig, folder: Path | None = None) -> LlamaConfig:
-    """The model of the plan: config.json of `folder` (default: init_folder(cfg)), else the preset; with the
-    attention options applied. No weights are read."""
+def read_init(cfg: PlanConfig) -> InitModel | None:
+    """--init (a run folder means its latest checkpoint; verified against its checksums), or None for a preset.
+    Its files are read as one folder (lcft.checkpoint.layout.unchanged): a run pruning or saving it again meanwhile
+    has its latest resolved again and read once more, and a checkpoint named itself is one line (read_checkpoint),
+    never one checkpoint's config beside another's notes. Read it once and hand it to the functions below: each
+    verification hashes the weights."""
+    if not cfg.init:
+        return None
+    from lcft.checkpoint.dcp import is_sharded_checkpoint
     from lcft.checkpoint.hf_folder import read_config
+    from lcft.checkpoint.layout import read_checkpoint, read_model_config, unchanged
+    from lcft.model.hf import config_notes
+
+    def read(folder: Path) -> InitModel:
+        with unchanged(folder):
+            return InitModel(read_config(folder), config_notes(read_model_config(folder)),
+                             is_sharded_checkpoint(folder))
+
+    return read_checkpoint(cfg.init, read)
+
+
+def model_config(cfg: PlanConfig, init: InitModel | None = None) -> LlamaConfig:
+    """The model of the plan: --init's (default: read_init(cfg)), else the preset; with the attention options
+    applied. No weights are read."""
     from lcft.model import preset
     from lcft.train.model_setup import attention_override
 
-    folder = folder or init_folder(cfg)
-    model = read_config(folder) if folder else preset(cfg.preset)
+    init = init or read_init(cfg)
+    model = dataclasses.replace(init.config) if init else preset(cfg.preset)
     model.attention = attention_override(cfg.model, model.attention)
     return model
-
-
-def init_notes(folder: Path | None) -> list[str]:
-    """What loading --init's config.json has to say (a custom class loaded as its model_type's, carried keys)."""
-    from lcft.checkpoint.layout import read_model_config
-    from lcft.model.hf import config_notes
-
-    return config_notes(read_model_config(folder)) if folder else []
 
 
 def _seq_len(cfg: PlanConfig, model: LlamaConfig) -> int:
@@ -82,10 +98,9 @@ def _seq_len(cfg: PlanConfig, model: LlamaConfig) -> int:
     return seq
 
 
-def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> Layout:
-    """The Layout of a plan config (precision auto = bf16 on CUDA; on CPU as `lcft train` would choose); `folder`:
+def layout(cfg: PlanConfig, model: LlamaConfig, init: InitModel | None = None) -> Layout:
+    """The Layout of a plan config (precision auto = bf16 on CUDA; on CPU as `lcft train` would choose); `init`:
     as for model_config, to tell a sharded (DCP) --init, which fsdp reads shard by shard."""
-    from lcft.checkpoint.dcp import is_sharded_checkpoint
     from lcft.train.precision import choose_precision, offload_dtype
     from lcft.train.run_dir import check_launch
 
@@ -94,13 +109,13 @@ def layout(cfg: PlanConfig, model: LlamaConfig, folder: Path | None = None) -> L
     seq = _seq_len(cfg, model)
     precision = choose_precision(cfg.precision, cfg.device == "cpu")[0]
     shard = "fsdp" if cfg.parallel.sharded(world) else "none"
-    folder = folder or init_folder(cfg)
+    init = init or read_init(cfg)
     return Layout(seq_len=seq, world=world, cp=cfg.cp, micro_batch=cfg.micro_batch, shard=shard,
                   offload_params=cfg.offload_params and shard == "fsdp",
                   checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations,
                   offload_bf16=offload_dtype(cfg.offload_bf16, precision) is not None, cp_kv=cfg.cp_kv,
                   precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
-                  threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=folder is not None and is_sharded_checkpoint(folder))
+                  threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=init is not None and init.sharded)
 
 
 def cpu_threads(ranks: int) -> int:
@@ -248,14 +263,14 @@ def _verdict(budget: Budget, est: Estimate) -> str:
 
 def report(cfg: PlanConfig) -> tuple[str, bool]:
     """(the text `lcft plan` prints, whether the layout fits)."""
-    folder = init_folder(cfg)
-    model = model_config(cfg, folder)
-    lay = layout(cfg, model, folder)
+    init = read_init(cfg)
+    model = model_config(cfg, init)
+    lay = layout(cfg, model, init)
     est = estimate(model, lay)
     budget = Budget.of(cfg)
     shape = Shape.of(model)
     dp = lay.world // lay.cp
-    lines = [f"note: {n}" for n in init_notes(folder)] + cfg.parallel.idle(lay.world)
+    lines = [f"note: {n}" for n in (init.notes if init else [])] + cfg.parallel.idle(lay.world)
     lines += [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
              f"{model.attention.backend} attention)",
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
