@@ -217,12 +217,7 @@ class TrainParallelConfig(CpConfig):
             flags = "--shard fsdp --offload-params have" if self.offload_params else "--shard fsdp has"
             warnings.append(f"warning: {flags} no effect on one process: nothing to shard across, it holds the whole "
                             "model (start several with --nproc N)")
-        given = [f"--{name.replace('_', '-')} {getattr(self, name)}" for name in ("cp_kv", "cp_layout")
-                 if getattr(self, name) != getattr(CpConfig, name)]
-        if given and self.cp == 1:
-            warnings.append(f"warning: {' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect with "
-                            "cp 1: no window is split across ranks (--cp N splits each over N)")
-        return warnings
+        return warnings + self.idle_split()
 
 
 @dataclass
