@@ -1,12 +1,14 @@
 """A checkpoint's model as an HF folder (`lcft export`): from a plain checkpoint's model in memory, or streamed
 from DCP shards one safetensors shard at a time; built in a locked work folder, so a new --out appears complete or
-not at all and a killed export leaves nothing the next one does not remove; and the bytes such an export writes
-(its disk-full message)."""
+not at all, a killed export leaves nothing the next one does not remove, and the same export run again finishes
+what a killed one had partly moved in (or finds it all there); and the bytes such an export writes (its disk-full
+message)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import filecmp
 import os
 import shutil
 from collections.abc import Iterator
@@ -19,6 +21,8 @@ from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, r
 from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
 from lcft.checkpoint.layout import (
     EXPORT_WORK,
+    MODEL_CONFIG,
+    MODEL_META,
     CheckpointChanged,
     check_output_folder,
     read_model_config,
@@ -28,7 +32,7 @@ from lcft.checkpoint.layout import (
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import folder_lock, refuse_nonempty_output, temp_name
+from lcft.files import LOCK_NAME, folder_lock, refuse_nonempty_output, temp_name
 from lcft.model.hf_params import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete
@@ -36,20 +40,55 @@ BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved
 
 def check_out(out: Path, source: str | os.PathLike, force: bool) -> None:
     """`out` may take an export of the checkpoint `source`: not the checkpoint itself or a folder in it (its
-    files would be replaced by the export's, and its checksums no longer hold), and empty unless `force`."""
+    files would be replaced by the export's, and its checksums no longer hold), and empty unless `force` or
+    holding what an earlier run of an export left (`_maybe_published`: whether it is this export's, once built)."""
     refuse_out_inside(out, Path(source), "the export")
     check_output_folder(out, "the export", ("model",))  # --force replaces an earlier export, never a run
-    refuse_nonempty_output(out, force, (BUILD,))
+    refuse_nonempty_output(out, force or _maybe_published(out), (BUILD,))
+
+
+def _maybe_published(out: Path) -> bool:
+    """Whether `out` may hold an export published in part or whole by an earlier run of it, killed while it moved
+    its files in or after: only regular files besides the lock, and either the work folder (there until
+    config.json, the last file, is in) or config.json and lcft.json. Anything else (a user's files, a folder, a
+    published model) is refused before the checkpoint is read."""
+    if not out.is_dir():
+        return False
+    names = {p.name for p in out.iterdir()} - {LOCK_NAME, BUILD}
+    if not all((out / n).is_file() and not (out / n).is_symlink() for n in names):
+        return False
+    return (out / BUILD).is_dir() or {MODEL_CONFIG, MODEL_META} <= names
+
+
+def _already_published(build: Path, out: Path) -> bool:
+    """Whether `out` holds all of the export just built in `build`. Each of its files (lock and work folder aside)
+    must be one of the export's, byte for byte: moved in by an earlier run of this export (False when some are
+    missing: this run moves all in again, config.json last). `out` holding any other file is refused, unchanged."""
+    theirs = {p.name for p in out.iterdir()} - {LOCK_NAME, BUILD}
+    ours = {p.name for p in build.iterdir()}
+    for name in sorted(theirs):
+        if name not in ours or (out / name).is_symlink() or not _same_bytes(out / name, build / name):
+            raise LcftError(f"{out} already exists and its {name} is not this export's (use --force to overwrite)")
+    return theirs == ours
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether the files `a` and `b` hold the same bytes (False where one cannot be read)."""
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype | None = None, force: bool = False,
-                 max_shard_size: int = MAX_SHARD_BYTES) -> Path:
+                 max_shard_size: int = MAX_SHARD_BYTES) -> tuple[Path, bool]:
     """Write the model of `source` (lcft.checkpoint.load(path, materialize=False)) to `out` as an HF folder,
     keeping the tokenizer spec it records, with the tokenizer files (tokenizer.json + config: AutoTokenizer
     encodes DNA to the model's ids; lcft.genomics.hf_tokenizer.checkpoint_tokenizer). A sharded source is streamed (peak memory: about one output shard
     plus the largest tensor; the whole model is never in memory). A new `out` appears complete (one rename);
-    into an existing one (`force`, or empty) the files are moved when all are written, config.json last. A full
-    disk is a one-line error; nothing of a failed export stays."""
+    into an existing one (`force`, empty, or partly published by a killed run of this export) the files are moved
+    when all are written, config.json last. A full disk is a one-line error; nothing of a failed export stays.
+    Returns (`out`, False when it already held all of this export: nothing was moved)."""
     out = Path(out)
     check_out(out, source.path, force)
     if source.model is None:
@@ -60,8 +99,10 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     with unchanged(source.path, source.identity):
         tokenizer = checkpoint_tokenizer(source.path, source.tokenizer, source.model.config.vocab_size)
     failed: tuple[Exception, int | None] | None = None
+    written = True
     with _work_folder(out) as build:
-        refuse_nonempty_output(out, force, (BUILD,))  # again under the lock: another writer may have been first
+        # again under the lock: another writer may have been first
+        refuse_nonempty_output(out, force or _maybe_published(out), (BUILD,))
         try:  # a sharded source is read as written: removed or replaced meanwhile (a run pruning it), one line
             with unchanged(source.path, source.identity) if source.sharded else contextlib.nullcontext():
                 _write(source, build, dtype, max_shard_size, tokenizer)
@@ -70,13 +111,15 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
         except Exception as e:
             failed = e, free_bytes(build)  # before the partial files' space comes back
         else:
-            _publish(build, out)
+            written = force or build.parent != out or not _already_published(build, out)
+            if written:
+                _publish(build, out)
     if failed is not None:
         err = disk_full_error(failed[0], out, export_bytes(source.path, dtype), failed[1])
         if err is None:
             raise failed[0]
         raise LcftError(f"cannot export to {out}: {err}") from None
-    return out
+    return out, written
 
 
 def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_size: int, tokenizer: Any) -> None:
@@ -96,22 +139,36 @@ def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_siz
 def _work_folder(out: Path) -> Iterator[Path]:
     """An empty folder to build the export of `out` in, held under a lock: `out`'s own when it exists (the lock
     every lcft writer takes), else that of its hidden sibling '.NAME.tmp' (so `out` itself appears only
-    complete). What a killed export left there (its partial folder, the writers' temp files in it) is removed
-    first; the work folder, and the sibling, when the block ends."""
+    complete). What a killed export left there (its partial files, the writers' temp files) is removed first; the
+    work folder, and the sibling, when the block ends. The work folder is kept, emptied, while it marks files of an
+    export not all moved in (`_half_published`: config.json comes last), until an export completes them: readers
+    say so, and the same export run again takes them for its own (`_maybe_published`). A sibling that an export
+    of a new `out` left, killed once it had renamed its work folder to `out`, goes at the start."""
     holder, held = (out if out.is_dir() else temp_name(out)), False
+    if holder == out:
+        _remove_sibling(out)
     try:
         with folder_lock(holder, "lcft export", shown=out):
             held, build = True, holder / BUILD
-            _remove(build)
-            build.mkdir()  # existing: the writers put their temp files inside it, never beside it
+            marks = build.is_dir() and _half_published(holder)
+            _empty(build)  # existing: the writers put their temp files inside it, never beside it
             try:
                 yield build
             finally:
-                _remove(build)
+                if marks and _half_published(holder):
+                    _empty(build)
+                else:
+                    _remove(build)
     finally:
         if held and holder != out:  # (never the sibling of an export this one was refused by)
             with contextlib.suppress(OSError):
                 holder.rmdir()  # also the sibling a killed export left (the lock removes only one it made)
+
+
+def _half_published(folder: Path) -> bool:
+    """Whether `folder` holds files (lock and work folder aside) but no config.json, the file an export moves in
+    last."""
+    return not (folder / MODEL_CONFIG).exists() and bool({p.name for p in folder.iterdir()} - {LOCK_NAME, BUILD})
 
 
 def _publish(build: Path, out: Path) -> None:
@@ -126,6 +183,27 @@ def _publish(build: Path, out: Path) -> None:
         if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise LcftError(f"another writer created {out} during this export; nothing was written to it") from None
         raise LcftError(f"cannot export to {out}: {e.strerror or e}") from None
+
+
+def _remove_sibling(out: Path) -> None:
+    """The hidden sibling of the existing `out` that a killed export of a new `out` held its work folder in (the
+    lock file, maybe a partial work folder): removed when no export holds its lock, and only those."""
+    sibling = temp_name(out)
+    if sibling.is_dir() and not sibling.is_symlink():
+        with contextlib.suppress(LcftError, OSError), folder_lock(sibling, "lcft export", shown=out):
+            _remove(sibling / BUILD)
+            (sibling / LOCK_NAME).unlink()
+            sibling.rmdir()  # fails, keeping it, when anything else is inside
+
+
+def _empty(folder: Path) -> None:
+    """`folder` as an empty folder, kept when it is one (its files removed), else made."""
+    if folder.is_dir() and not folder.is_symlink():
+        for child in folder.iterdir():
+            _remove(child)
+    else:
+        _remove(folder)
+        folder.mkdir()
 
 
 def _remove(path: Path) -> None:

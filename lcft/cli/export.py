@@ -44,8 +44,9 @@ def register(app: typer.Typer) -> None:
             check_out(out, source, force)  # before the checkpoint is read
             with console.status(f"exporting {source} ..."):
                 # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
-                path = export_model(load(source, materialize=False), out, dtype=cast, force=force)
-            console.print(f"wrote {path} (from {source})", highlight=False)
+                path, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
+            done = "wrote" if written else "already exported to"  # a rerun after a kill that came once all was in
+            console.print(f"{done} {path} (from {source})", highlight=False)
             return path
 
         read_checkpoint(checkpoint, export_from)  # a run's latest, pruned meanwhile: the new latest

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -106,19 +107,36 @@ def test_stop_after_skips_at_a_save_step_never_replaces_its_checkpoint(base_cfg,
     assert summary["step"] == 5 and [s for s, _ in list_checkpoints(run)] == [1, 2, 3, 4, 5]
 
 
-# `lcft` with argv[1:], SIGKILLed right after its first rename of a file out of an export's work folder: midway
-# through moving a finished export into an --out that held a model before.
+# `lcft` with argv[2:], SIGKILLed right after a rename of the export's publishing, as argv[1] says: "first", its
+# first move of a file out of the work folder into an existing --out (midway through moving the export in); a
+# file's name, its move (config.json, the last: before the empty work folder is removed); "folder", the work
+# folder renamed to a new --out (before the hidden sibling that held it is removed).
 KILL_IN_EXPORT_MOVE = textwrap.dedent("""
     import os, signal, sys
     from lcft.cli.app import app
-    real_replace = os.replace
+    real_replace, point = os.replace, sys.argv[1]
     def replace(src, dst):
         real_replace(src, dst)
-        if os.path.basename(os.path.dirname(src)) == ".export.tmp" and os.path.dirname(dst) != os.path.dirname(src):
+        moved = os.path.basename(os.path.dirname(src)) == ".export.tmp" and os.path.dirname(dst) != os.path.dirname(src)
+        if (moved and point in ("first", os.path.basename(dst))
+                or point == "folder" and os.path.basename(src) == ".export.tmp"):
             os.kill(os.getpid(), signal.SIGKILL)
     os.replace = replace
-    app(sys.argv[1:])
+    app(sys.argv[2:])
 """)
+
+
+def _export_killed(point: str, argv: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_EXPORT_MOVE, point, *argv], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+
+def _files(folder: Path, hidden: bool = True) -> dict[str, bytes]:
+    """{name: bytes} of the files in `folder` (a folder in it fails the read); without `hidden`, those named '.*'
+    left out."""
+    return {p.name: p.read_bytes() for p in folder.iterdir() if hidden or not p.name.startswith(".")}
 
 
 def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_dir, tmp_path):  # noqa: F811
@@ -127,11 +145,8 @@ def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_d
     was stopped and to run it again (was: not a run, checkpoint or HF model folder); the rerun completes it."""
     out = tmp_path / "hf"
     assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(out)]).exit_code == 0
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = ["export", str(init_dir), "--out", str(out), "--force"]
-    proc = subprocess.run([sys.executable, "-c", KILL_IN_EXPORT_MOVE, *argv], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    _export_killed("first", argv)
     assert not (out / "config.json").exists()
     readers = [["eval", "--data", str(data_dir), "--checkpoint", str(out), "--out", str(tmp_path / "ev")],
                ["export", str(out), "--out", str(tmp_path / "again")],
@@ -145,6 +160,50 @@ def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_d
     ours, want = load_file(str(out / "model.safetensors")), load_file(str(init_dir / "model.safetensors"))
     assert ours.keys() == want.keys() and all(ours[k].equal(want[k]) for k in ours)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("point", ["first", "config.json", "folder"])
+def test_the_same_export_run_again_after_a_kill_in_its_publishing_completes(init_dir, tmp_path, point):  # noqa: F811
+    """`lcft export` without --force, SIGKILLed while it moves its files into an empty --out, once config.json is
+    in, or once its work folder became the new --out: the same command run again exits 0 with the files of an
+    uninterrupted export, byte for byte, and no hidden leftover, beside --out or in it (was: "already exists and is
+    not empty (use --force to overwrite)", though readers of the half-moved folder say to run the export again)."""
+    (tmp_path / "exports").mkdir()
+    out = tmp_path / "exports" / "hf"
+    if point != "folder":
+        out.mkdir()
+    argv = ["export", str(init_dir), "--out", str(out)]
+    _export_killed(point, argv)
+    assert (out / "config.json").is_file() == (point != "first")
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("wrote" if point == "first" else "already exported to"), r.output
+    assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(tmp_path / "whole")]).exit_code == 0
+    assert _files(out) == _files(tmp_path / "whole")
+    assert os.listdir(tmp_path / "exports") == ["hf"]
+
+
+@pytest.mark.parametrize("point", ["model.safetensors", "config.json"])
+def test_after_a_killed_export_other_files_in_out_are_still_refused(init_dir, tmp_path, point):  # noqa: F811
+    """What a killed export moved in is taken for its own only by an export that writes each of those files byte
+    for byte (decided once built): another one (--dtype bfloat16: other weights) is refused, and so is the same one
+    while a file of the user's is beside them; neither changes a file, and the same export run again completes."""
+    out = tmp_path / "hf"
+    out.mkdir()
+    argv = ["export", str(init_dir), "--out", str(out)]
+    _export_killed(point, argv)
+    moved = _files(out, hidden=False)
+    r = CliRunner().invoke(app, [*argv, "--dtype", "bfloat16"])
+    assert r.exit_code == 1 and "is not this export's (use --force to overwrite)" in r.output, r.output
+    assert _files(out, hidden=False) == moved
+    (out / "notes.txt").write_text("mine")
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 1 and "its notes.txt is not this export's (use --force to overwrite)" in r.output, r.output
+    assert _files(out, hidden=False) == {**moved, "notes.txt": b"mine"}
+    (out / "notes.txt").unlink()
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(tmp_path / "whole")]).exit_code == 0
+    assert _files(out) == _files(tmp_path / "whole")
 
 
 # Train as argv[1] says, SIGKILLed in step argv[2] (before its update).
