@@ -1,10 +1,12 @@
 """Hugging Face Hub ids (ORG/NAME[@REVISION]) as local folders: every option that takes a model or tokenizer folder
-resolves through here (huggingface_hub's cache, HF_HOME, HF_TOKEN, HF_HUB_OFFLINE; safetensors preferred)."""
+resolves through here (huggingface_hub's cache, HF_HOME, HF_TOKEN, HF_HUB_OFFLINE; safetensors preferred). A Hub
+that cannot be reached, or fails the first request, is one line soon, not after huggingface_hub's retries."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import socket
@@ -23,6 +25,14 @@ MODEL_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "
 TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 CONNECT_PROBE_S = 10.0  # a connection not open by then is left to huggingface_hub's own timeouts and retries
 NO_ROUTE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)  # connect() failing at once, as refusal does
+# Retries of the first request (the repository's file list) that fails with a server error or a dropped
+# connection: one, 1 s later, then the one line; a rate limit is the one line at once. huggingface_hub's own 5
+# retries over 23 s (and waits for a rate limit's reset) left the user with nothing on the screen; once the Hub
+# has answered, the download keeps its retries.
+LIST_RETRIES = 1
+# where huggingface_hub logs each failed request, then "Retrying in ..." or "Rate limited. ..." (a version that words
+# them otherwise retries as it always did)
+HUB_HTTP_LOGGER = "huggingface_hub.utils._http"
 
 
 def hub_id(text: str | os.PathLike) -> tuple[str, str | None] | None:
@@ -90,18 +100,51 @@ def _refused(host: str, port: int, what: str) -> str | None:
         return f"{what}{host}:{port}: {reason(e)}{offline}" if e.errno in NO_ROUTE else None
 
 
+class _GaveUp(Exception):
+    """A request to the Hub failed once more than the retries allowed (the failure as huggingface_hub logged it)."""
+
+
+class _Retries(logging.Filter):
+    """On huggingface_hub's HTTP logger: keeps its records (a failed request, then its retry) off the screen and
+    raises _GaveUp, naming the failure, where it would wait to retry a request past `allowed` retries, or for a
+    rate limit's reset."""
+
+    def __init__(self, allowed: int) -> None:
+        super().__init__()
+        self.allowed, self.tries, self.failure = allowed, 1, ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith(("Retrying in", "Rate limited")):
+            self.failure = text
+        elif text.startswith("Rate limited") or self.tries > self.allowed:
+            raise _GaveUp(f"{self.failure}; tried {'once' if self.tries == 1 else f'{self.tries} times'}")
+        else:
+            self.tries += 1
+        return False
+
+
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """huggingface_hub's log warnings (each retry of a failed request, two lines) left out: what fails is
-    one line of lcft's."""
+def _quiet(retries: int | None = None) -> Iterator[None]:
+    """huggingface_hub's log warnings (each retry of a failed request, two lines) left out: what fails is one
+    line of lcft's. With `retries`, a failed request is retried that many times, not as often as huggingface_hub
+    would: the next failure is raised (_GaveUp)."""
     from huggingface_hub.utils import logging as hub_logging  # its import sets the level: first, then ours
 
     level = hub_logging.get_verbosity()
     hub_logging.set_verbosity_error()
+    http, cut = logging.getLogger(HUB_HTTP_LOGGER), None if retries is None else _Retries(retries)
+    http_level = http.level
+    if cut is not None:
+        http.addFilter(cut)
+        http.setLevel(logging.WARNING)  # its records reach the filter (which drops them), not the screen
     try:
         yield
     finally:
         hub_logging.set_verbosity(level)
+        if cut is not None:
+            http.removeFilter(cut)
+            http.setLevel(http_level)
 
 
 def snapshot(repo: str, revision: str | None = None) -> Path:
@@ -121,7 +164,7 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
         if offline:
             patterns += TORCH_WEIGHTS  # whatever the cache holds; from_pretrained prefers safetensors
         else:
-            with _quiet():
+            with _quiet(retries=LIST_RETRIES):
                 files = hh.HfApi(token=token).list_repo_files(repo, revision=revision)
             if not any(f.endswith(".safetensors") for f in files):
                 patterns += TORCH_WEIGHTS

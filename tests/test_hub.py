@@ -1,12 +1,15 @@
 """Hub ids offline, against a Hub cache this test writes by hand (models--ORG--NAME/{refs,snapshots,blobs},
 HF_HUB_OFFLINE=1, HF_HOME): --init and --tokenizer ORG/NAME[@REVISION] resolve to the cached snapshot; a pinned
-revision; pytorch_model.bin read with weights_only (a planted pickle never runs); missing ids are one line."""
+revision; pytorch_model.bin read with weights_only (a planted pickle never runs); missing ids are one line; a Hub
+that cannot be reached, or (a server on 127.0.0.1) fails its requests, is one line, soon."""
 
 from __future__ import annotations
 
 import hashlib
+import http.server
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -228,3 +231,47 @@ def test_a_proxy_for_another_scheme_is_not_the_hubs(tmp_path):
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert "cannot be reached: hub.invalid does not resolve (" in lines[0], lines
+
+
+@pytest.fixture(params=["500", "429", "dropped"])
+def failing_hub(request):
+    """(how it fails, port, paths requested) of a Hub endpoint on 127.0.0.1 that answers each request with HTTP 500,
+    or 429 (rate limited for an hour), or closes the connection unanswered."""
+    requested: list[str] = []
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            if request.param != "dropped":
+                self.send_response(int(request.param))
+                if request.param == "429":
+                    self.send_header("Retry-After", "3600")  # (huggingface_hub would wait for it)
+                self.send_header("Content-Length", "0")
+                self.end_headers()  # (dropped: nothing is sent, and HTTP/1.0 closes the connection)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield request.param, server.server_address[1], requested
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_hub_that_fails_its_requests_is_one_line_soon(tmp_path, failing_hub):
+    """A Hub (or mirror) that answers HTTP 500 or drops the connection: huggingface_hub requested the repository's
+    file list 6 times, over about 25 s with nothing on the screen; now twice, and the one line says why. Rate
+    limited (429), it waited an hour for the reset; now the one line comes at once."""
+    kind, port, requested = failing_hub
+    got = _plan_of_an_id(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr
+    assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be read ("), lines
+    assert (f"HTTP Error {kind}" if kind != "dropped" else "disconnected") in lines[0], lines
+    assert f"GET http://127.0.0.1:{port}/api/models/nosuchorg/nosuchmodel/" in lines[0], lines
+    tries = 1 if kind == "429" else 2
+    assert lines[0].endswith("; tried once)" if tries == 1 else "; tried 2 times)"), lines
+    assert len([p for p in requested if p.startswith("/api/models/nosuchorg/nosuchmodel/")]) == tries, requested
