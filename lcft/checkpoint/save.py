@@ -9,8 +9,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from lcft.checkpoint.layout import (
     CHECKSUMS,
@@ -25,6 +24,9 @@ from lcft.checkpoint.layout import (
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
 from lcft.files import atomic_write, file_hash
+
+if TYPE_CHECKING:  # only a type here: the run folder's checks (lcft.train.run_dir) import this module without torch
+    import torch
 
 
 def clean_partial(run_dir: str | os.PathLike) -> list[Path]:
