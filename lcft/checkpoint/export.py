@@ -22,11 +22,10 @@ from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_m
 from lcft.checkpoint.layout import (
     EXPORT_WORK,
     MODEL_CONFIG,
-    MODEL_META,
     CheckpointChanged,
-    check_output_folder,
+    check_export_out,
+    maybe_exported,
     read_model_config,
-    refuse_out_inside,
     unchanged,
 )
 from lcft.checkpoint.reader import Loaded
@@ -36,28 +35,6 @@ from lcft.files import LOCK_NAME, folder_lock, refuse_nonempty_output, temp_name
 from lcft.model.hf_params import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete
-
-
-def check_out(out: Path, source: str | os.PathLike, force: bool) -> None:
-    """`out` may take an export of the checkpoint `source`: not the checkpoint itself or a folder in it (its
-    files would be replaced by the export's, and its checksums no longer hold), and empty unless `force` or
-    holding what an earlier run of an export left (`_maybe_published`: whether it is this export's, once built)."""
-    refuse_out_inside(out, Path(source), "the export")
-    check_output_folder(out, "the export", ("model",))  # --force replaces an earlier export, never a run
-    refuse_nonempty_output(out, force or _maybe_published(out), (BUILD,))
-
-
-def _maybe_published(out: Path) -> bool:
-    """Whether `out` may hold an export published in part or whole by an earlier run of it, killed while it moved
-    its files in or after: only regular files besides the lock, and either the work folder (there until
-    config.json, the last file, is in) or config.json and lcft.json. Anything else (a user's files, a folder, a
-    published model) is refused before the checkpoint is read."""
-    if not out.is_dir():
-        return False
-    names = {p.name for p in out.iterdir()} - {LOCK_NAME, BUILD}
-    if not all((out / n).is_file() and not (out / n).is_symlink() for n in names):
-        return False
-    return (out / BUILD).is_dir() or {MODEL_CONFIG, MODEL_META} <= names
 
 
 def _already_published(build: Path, out: Path) -> bool:
@@ -90,7 +67,7 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     when all are written, config.json last. A full disk is a one-line error; nothing of a failed export stays.
     Returns (`out`, False when it already held all of this export: nothing was moved)."""
     out = Path(out)
-    check_out(out, source.path, force)
+    check_export_out(out, source.path, force)
     if source.model is None:
         raise ValueError("export_model needs the source's model: load(path, materialize=False)")
     from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
@@ -102,7 +79,7 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     written = True
     with _work_folder(out) as build:
         # again under the lock: another writer may have been first
-        refuse_nonempty_output(out, force or _maybe_published(out), (BUILD,))
+        refuse_nonempty_output(out, force or maybe_exported(out), (BUILD,))
         try:  # a sharded source is read as written: removed or replaced meanwhile (a run pruning it), one line
             with unchanged(source.path, source.identity) if source.sharded else contextlib.nullcontext():
                 _write(source, build, dtype, max_shard_size, tokenizer)

@@ -28,20 +28,21 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the model files in a non-empty --out."),
     ) -> None:
         """Export a trained model as a Hugging Face folder of its own class (Llama, Mistral, Qwen2, Qwen3, Mixtral)."""
-        import torch  # after argument parsing: `lcft export --help` stays fast
-
-        from lcft.checkpoint.export import check_out, export_model
-        from lcft.checkpoint.layout import read_checkpoint
-        from lcft.checkpoint.reader import load
+        from lcft.checkpoint.layout import check_export_out, read_checkpoint
 
         # as given: a Path would turn ./org/name into org/name, a Hub id; `--out=~/x`: the shell leaves '~'
         checkpoint, out = home(checkpoint), Path(home(str(out)))
         if dtype is not None and dtype not in DTYPES:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        cast = getattr(torch, dtype) if dtype else None
 
         def export_from(source: Path) -> Path:  # source verified: a corrupt checkpoint is an error naming the file
-            check_out(out, source, force)  # before the checkpoint is read
+            check_export_out(out, source, force)  # before the checkpoint is read
+            import torch  # after the checks: a user error answers without it
+
+            from lcft.checkpoint.export import export_model
+            from lcft.checkpoint.reader import load
+
+            cast = getattr(torch, dtype) if dtype else None
             with console.status(f"exporting {source} ..."):
                 # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
                 path, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
