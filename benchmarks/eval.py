@@ -106,9 +106,10 @@ def costs(length: int, attention: str, windows: int, reps: int) -> None:
     from lcft.evaluate.binning import bin_edges
     from lcft.evaluate.checkpoints import prepare_checkpoints
     from lcft.evaluate.config import EvalConfig
+    from lcft.evaluate.inputs import open_split
     from lcft.evaluate.probe import CopyProbe, default_distances, run_probe
     from lcft.evaluate.report import build_report
-    from lcft.evaluate.split import open_split, run_checkpoint
+    from lcft.evaluate.split import run_checkpoint
 
     model, cut = _model(attention), length // 8
     ck = Path(tempfile.mkdtemp(prefix="lcft-bench-eval-")) / "tiny"

@@ -14,21 +14,13 @@ from typing import Any
 import torch
 
 from lcft.checkpoint.hf_folder import read_config
-from lcft.checkpoint.layout import (
-    Identity,
-    check_output_folder,
-    check_tokenizer,
-    locate_checkpoint,
-    read_checkpoint,
-    refuse_out_inside,
-    unchanged,
-)
+from lcft.checkpoint.layout import Identity, check_tokenizer, read_checkpoint, refuse_out_inside, unchanged
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.config import ConfigError, format_size, load_toml
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
-from lcft.hub import hub_id
+from lcft.evaluate.inputs import check_checkpoints
 from lcft.model.config import AttentionConfig
 from lcft.shapes import check_length
 
@@ -189,10 +181,7 @@ def prepare_checkpoints(cfg: EvalConfig, window: int, tokenizer: dict[str, Any])
     n = len(cfg.checkpoints)
     contexts = [cfg.context_of(i) for i in range(n)]
     labels = list(cfg.labels) or default_labels(list(cfg.checkpoints), contexts)
-    for given in cfg.checkpoints:  # named first (check_output_folder calls it a model folder), before any hashing
-        if hub_id(given) is None:  # a Hub snapshot is looked up once, below
-            refuse_out_inside(cfg.out, locate_checkpoint(given), "the report")
-    check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)  # before any hashing; beside a run is fine
+    check_checkpoints(cfg)  # each found, and --out allowed, before any hashing
     checks = Checks(str(cfg.out), window, tokenizer)
     return [read_checkpoint(given, functools.partial(checks.prepared, given, label, context))
             for given, label, context in zip(cfg.checkpoints, labels, contexts, strict=True)]

@@ -19,17 +19,17 @@ from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
 from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.inputs import open_split
 from lcft.evaluate.losses import Interrupted
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import make_probe, run_probe
-from lcft.evaluate.split import CheckpointResult, check_finite, open_split, position_length, run_checkpoint
+from lcft.evaluate.split import CheckpointResult, check_finite, position_length, run_checkpoint
 from lcft.evaluate.store import PARTIAL, LossStore, clear
 from lcft.files import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
 from lcft.parallel.config import ParallelConfig
 from lcft.parallel.mesh import launch_world
-from lcft.shapes import check_world
 from lcft.signals import StopSignals
 
 
@@ -56,13 +56,6 @@ def _device(name: str) -> torch.device:
         raise LcftError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
     torch.cuda.set_device(dev)
     return dev
-
-
-def check_launch(cfg: EvalConfig, world: int) -> None:
-    """What a launch of `world` processes checks before it starts any or writes anything: the world splits
-    into context-parallel groups, the split opens."""
-    check_world(world, cfg.cp)
-    open_split(cfg)
 
 
 def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +19,6 @@ from lcft.evaluate.recurrence import distance_classes, histogram, nearest_copy, 
 if TYPE_CHECKING:
     from lcft.evaluate.parallel import EvalParallel
     from lcft.evaluate.store import LossStore
-    from lcft.genomics.window_set import WindowSet
     from lcft.signals import StopSignals
 
 
@@ -37,22 +35,6 @@ class CheckpointResult:
     recurrence: tuple[np.ndarray, np.ndarray] | None = None
     """Distance class edges (classes + 1,) in bases and the counted recurring tokens of each class (classes,):
     the histogram of how far back the k-mer ending at each token occurred earlier in its window."""
-
-
-def open_split(cfg: EvalConfig) -> WindowSet:
-    """The split's WindowSet, limited to --max-windows, its files checked against the manifest first (unless
-    --no-verify-data); an empty split is an error."""
-    from lcft.genomics import open_windows, verify_windows
-
-    data = Path(cfg.data)
-    if not data.is_dir():
-        raise LcftError(f"data folder not found: {data}")
-    if cfg.verify_data:
-        verify_windows(data, (cfg.split,))  # names the corrupt file; a flipped byte is not evaluated silently
-    ws = open_windows(data, cfg.split)
-    if len(ws) == 0:
-        raise LcftError(f"split {cfg.split!r} of {data} has no windows: nothing to evaluate")
-    return ws
 
 
 def position_length(ws: Any, position: str) -> int:

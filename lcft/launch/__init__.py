@@ -1,10 +1,11 @@
 """`--nproc N` (and `--nnodes`, `--max-restarts`) for `lcft train` and `lcft eval`: `run(job, cfg)` runs the job
 in this process, or starts the processes of a run through torchrun's elastic agent (c10d rendezvous), gloo on CPU.
 
-Before a launch writes anything, every check that needs no process group runs here (the world splits into
-context-parallel groups, the batch into replicas, the run folder takes the run); then node 0's launcher takes
-the output folder's lock, which its rank 0 re-enters, so a second launch into the folder is refused from the
-first byte. The resolved config goes to a private temporary folder of this launch with the workers' reports;
+First, in this process too, the job's checks that need no torch run, before its modules are imported (the world
+splits into context-parallel groups, the batch into replicas, the inputs are found): such a user error answers
+at once. Before a launch writes anything, what else needs no process group runs here (eval: the split's files
+verified); then node 0's launcher takes the output folder's lock, which its rank 0 re-enters, so a second launch
+into the folder is refused from the first byte, and checks the folder takes the run. The resolved config goes to a private temporary folder of this launch with the workers' reports;
 the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R -m
 lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
@@ -75,13 +76,16 @@ def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     """Run job `name` ("train" or "eval") as cfg says and return its summary: in this process (kwargs go to
     the job: hooks, progress), or, when cfg asks for several processes (--nproc, --nnodes, --max-restarts)
     and this process is not already one of a launch, in cfg.nproc launched processes on this node."""
-    entry = job(name).entry()
+    entry = job(name).entry()  # its checks: no torch yet
     cfg = entry.resolve(cfg)
-    if not cfg.multiprocess or launched():
+    if launched():  # one process of a launch started by hand: its world is torchrun's, the job checks it
+        return entry.work(cfg, **kwargs)
+    entry.check(cfg, cfg.nproc * cfg.nnodes)  # a user error found here answers before torch is imported
+    if not cfg.multiprocess:
         return entry.work(cfg, **kwargs)
     if cfg.nnodes == 1:  # a one-node launch started N times by mpirun/srun -n N: N runs into one folder
         refuse_copies()  # (with --nnodes, each node's launcher is one of the copies)
-    entry.check(cfg, cfg.nproc * cfg.nnodes)  # nothing is created or written before these pass
+    entry.check_launch(cfg)  # nothing is created or written before these pass
     return launch(name, cfg, entry)
 
 

@@ -1,6 +1,7 @@
-"""The jobs a launch can run (train, eval): how a worker reads its config, the work itself, and what the
-launcher checks before it starts any process or writes anything. train and evaluate are imported only when a
-job runs, so `lcft.launch` loads without torch."""
+"""The jobs a launch can run (train, eval): how a worker reads its config, the work itself, and what is checked
+before the work starts or a launch writes anything. An Entry's checks need no torch: the job's own modules (the
+trainer, the evaluator) are imported only when its work runs, so a user error found by a check answers without
+them."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Job:
     command: str
     """The command that owns the output folder while the job runs (named when a second one is refused)."""
     entry: Callable[[], Entry]
-    """Imports the job's modules: its config loader, checks and work."""
+    """Imports what the job is checked and started with (no torch); its work imports the job's modules."""
     resume: str
     """How a message that the job's processes ended early goes on: what is kept and how to resume."""
 
@@ -32,20 +33,25 @@ class Entry:
     resolve: Callable[[Any], Any]
     """The config as given, checked and made absolute (both in this process and before a launch)."""
     check: Callable[[Any, int], None]
-    """What needs no process group, for a world of N processes: run before a launch creates anything."""
+    """For a world of N processes (1 in this process), what needs neither torch nor a full read of an input: the
+    world's split, the inputs found, the output folder where it needs no lock. Run before the job's modules are
+    imported (the job makes these checks again itself)."""
+    check_launch: Callable[[Any], Any]
+    """What else a launch checks before it creates anything, reading inputs in full (eval: the split's files)."""
     check_out: Callable[[Any], None]
     """What the output folder must allow: run under the launch's lock, before a process starts."""
     work: Callable[..., dict[str, Any]]
-    """The job in this process (one rank of a launch, or the only process); returns its summary."""
+    """The job in this process (one rank of a launch, or the only process); returns its summary. Imports the
+    job's modules."""
     summary: str
     """The file in the output folder where rank 0 also writes the summary (read back when it ran elsewhere)."""
 
 
 def _train() -> Entry:
     from lcft.checkpoint.layout import latest_checkpoint
+    from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
-    from lcft.train.run_dir import check_launch, check_run_folder
-    from lcft.train.trainer import SUMMARY, train
+    from lcft.train.run_dir import SUMMARY, check_launch, check_run_folder
 
     def load(path: str) -> Any:
         cfg = load_run_config(path)
@@ -55,17 +61,31 @@ def _train() -> Entry:
             cfg = dataclasses.replace(cfg, resume="auto")
         return cfg
 
-    return Entry(load, resolve_folders, check_launch, check_run_folder, train, SUMMARY)
+    def check(cfg: Any, world: int) -> None:
+        check_launch(cfg, world)
+        read_manifest(cfg.data)  # --data is a prepared windows folder (the trainer checks its files against it)
+
+    def work(cfg: Any, **kwargs: Any) -> dict[str, Any]:
+        from lcft.train.trainer import train
+
+        return train(cfg, **kwargs)
+
+    return Entry(load, resolve_folders, check, lambda _cfg: None, check_run_folder, work, SUMMARY)
 
 
 def _eval() -> Entry:
     from lcft.config import build, load_toml
     from lcft.evaluate.config import EvalConfig
+    from lcft.evaluate.inputs import check_inputs, open_split
     from lcft.evaluate.report import JSON_NAME
-    from lcft.evaluate.runner import check_launch, evaluate
 
-    return Entry(lambda path: build(EvalConfig, load_toml(path)), lambda cfg: cfg, check_launch, lambda _cfg: None,
-                 evaluate, JSON_NAME)
+    def work(cfg: Any, **kwargs: Any) -> dict[str, Any]:
+        from lcft.evaluate.runner import evaluate
+
+        return evaluate(cfg, **kwargs)
+
+    return Entry(lambda path: build(EvalConfig, load_toml(path)), lambda cfg: cfg, check_inputs, open_split,
+                 lambda _cfg: None, work, JSON_NAME)
 
 
 JOBS = {

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
-from lcft.evaluate.split import open_split
+from lcft.evaluate.inputs import open_split
 from lcft.genomics import verify_windows
 
 runner = CliRunner()

@@ -1,0 +1,81 @@
+"""User errors of `lcft train`, `lcft eval` and `lcft export` that need no torch to find (a missing or wrong folder,
+launch sizes that do not divide, an --out the command may not write) are one line and exit 1 before torch is
+imported: they answer as fast as `lcft --help` (BENCHMARKS.md, Starting the command line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.evaluate.conftest import data_dir  # noqa: F401 (fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+# In a fresh interpreter: the command line as `lcft ARGS` runs it, then whether torch was imported.
+RUN = """
+import json, sys
+from lcft.cli.app import app
+try:
+    app(sys.argv[1:])
+    code = 0
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+def model_folder(path: Path) -> Path:
+    """A folder lcft locates as an HF model folder (its config.json); nothing in it is read before the errors
+    below."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
+    """(arguments, what the one error line says) of each user error."""
+    missing, model, out = tmp / "missing", model_folder(tmp / "model"), tmp / "out"
+    train = ["train", "--data", str(data), "--out", str(out)]
+    return [
+        (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out)], f"data folder not found: {missing}"),
+        (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out), "--nproc", "2"],
+         "data folder not found"),
+        (["eval", "--data", str(tmp), "-c", str(model), "--out", str(out)], "no manifest.json"),
+        (["eval", "--data", str(data), "-c", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
+        (["eval", "--data", str(data), "-c", str(model), "--out", str(model / "report")],
+         "is the checkpoint"),
+        (["eval", "--data", str(data), "-c", str(model), "--out", str(data)], "is --data"),
+        (["eval", "--data", str(data), "-c", str(model), "--out", str(out), "--nproc", "4", "--cp", "3"],
+         "world size 4 is not divisible by cp=3"),
+        (["eval", "--data", str(data), "-c", str(model), "--out", str(out), "--cp", "2"],
+         "world size 1 is not divisible by cp=2"),
+        (["train", "--out", str(out)], "give the prepared data folder (--data)"),
+        (["train", "--data", str(missing), "--out", str(out)], "is not a prepared windows folder"),
+        (["train", "--data", str(missing), "--out", str(out), "--nproc", "2"], "is not a prepared windows folder"),
+        ([*train, "--nproc", "4", "--cp", "3"], "world size 4 is not divisible by cp=3"),
+        ([*train, "--global-batch", "3", "--micro-batch", "2"], "global_batch 3 is not a multiple"),
+        (["train", "--data", str(data), "--out", str(model), "--nproc", "2"], "is a model folder"),
+        (["export", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
+        (["export", str(model), "--out", str(model / "hf")], "is the checkpoint"),
+        (["export", str(model), "--out", str(out), "--dtype", "int8"], "--dtype 'int8' is not one of"),
+    ]
+
+
+def test_user_errors_answer_before_torch_is_imported(data_dir, tmp_path):  # noqa: F811
+    """Each in its own process: exit code 1, one `error:` line naming the mistake, torch never imported; nothing
+    written (the output folder named is not created)."""
+    failed = []
+    for args, needle in cases(data_dir, tmp_path):
+        r = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, cwd=tmp_path,
+                           env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200"}, timeout=300)
+        got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+        lines = r.stderr.strip().splitlines()
+        one_line = len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+        if got != {"code": 1, "torch": False} or not one_line:
+            failed.append((" ".join(args[:1] + [a.replace(str(tmp_path), "TMP") for a in args[1:]]), got,
+                           r.stderr[-600:]))
+    assert not failed, "\n".join(map(str, failed))
+    assert not (tmp_path / "out").exists()
+
