@@ -1,7 +1,8 @@
-"""Starting the command line: `lcft --help` and a user error (a mistyped --cp-kv) as they run now, the packages'
-names resolved lazily (torch imported by the commands that run), against the same two commands after importing
-what the package __init__ files imported eagerly before (the trainer, the evaluator, the parallel layer: torch,
-torch.distributed's FSDP, accelerate).
+"""Starting the command line: `lcft --help` and user errors (a mistyped --cp-kv; found by the job's checks before
+torch: `lcft eval` naming a missing data folder, `lcft train` with --cp not dividing the processes) as they run now,
+the packages' names resolved lazily (torch imported by the commands that run), against the same commands after
+importing what the package __init__ files imported eagerly before (the trainer, the evaluator, the parallel layer:
+torch, torch.distributed's FSDP, accelerate).
 
 Each side runs in its own process, alternating, `--repeat` times; prints the fastest wall and CPU time of each,
 their ratio, and each side's peak RSS (VmHWM).
@@ -34,7 +35,13 @@ hwm = [int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmH
 print(json.dumps({"wall": wall, "cpu": use.ru_utime + use.ru_stime, "rss_kib": hwm[0], "code": code}),
       file=sys.__stderr__)
 """
-COMMANDS = {"lcft --help": ["--help"], "lcft train --cp-kv bogus": ["train", "--cp-kv", "bogus"]}
+MISSING = "/nonexistent/lcft-benchmark"  # a folder no machine has: the commands below stop at it, writing nothing
+COMMANDS = {
+    "lcft --help": ["--help"],
+    "lcft train --cp-kv bogus": ["train", "--cp-kv", "bogus"],
+    "lcft eval --data MISSING -c MISSING": ["eval", "--data", MISSING, "-c", MISSING, "--out", MISSING],
+    "lcft train --nproc 4 --cp 3": ["train", "--data", MISSING, "--out", MISSING, "--nproc", "4", "--cp", "3"],
+}
 
 
 def once(side: str, argv: list[str]) -> dict:
