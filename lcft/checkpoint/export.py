@@ -119,8 +119,8 @@ def _work_folder(out: Path) -> Iterator[Path]:
     complete). What a killed export left there (its partial files, the writers' temp files) is removed first; the
     work folder, and the sibling, when the block ends. The work folder is kept, emptied, while it marks files of an
     export not all moved in (`_half_published`: config.json comes last), until an export completes them: readers
-    say so, and the same export run again takes them for its own (`_maybe_published`). A sibling that an export
-    of a new `out` left, killed once it had renamed its work folder to `out`, goes at the start."""
+    say so, and the same export run again takes them for its own (`layout.maybe_exported`). A sibling that an
+    export of a new `out` left, killed once it had renamed its work folder to `out`, goes at the start."""
     holder, held = (out if out.is_dir() else temp_name(out)), False
     if holder == out:
         _remove_sibling(out)
