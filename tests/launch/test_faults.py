@@ -72,7 +72,7 @@ def test_nproc_started_several_times_by_mpirun_or_srun_is_one_line_and_leaves_no
     assert not (tmp_path / "new").exists()
 
 
-def test_nproc_in_a_one_task_step_of_a_larger_allocation_is_launched(tmp_path, monkeypatch):
+def test_nproc_in_a_one_task_step_of_a_larger_allocation_is_launched(tmp_path, monkeypatch, data_dir):  # noqa: F811
     """`sbatch -n 4` then `srun -n 1 lcft train --nproc 2` (SLURM_NTASKS is the job's 4, SLURM_STEP_NUM_TASKS the
     step's 1), or the batch script itself running it: one copy, launched; so is a copy per node of --nnodes."""
     import lcft.launch as launcher
@@ -85,7 +85,7 @@ def test_nproc_in_a_one_task_step_of_a_larger_allocation_is_launched(tmp_path, m
     for step, nodes in ((None, 1), ("1", 1), ("2", 2)):
         if step is not None:
             monkeypatch.setenv("SLURM_STEP_NUM_TASKS", step)
-        run("train", TrainConfig(data="d", out=str(tmp_path / "run"), nproc=2, nnodes=nodes,
+        run("train", TrainConfig(data=str(data_dir), out=str(tmp_path / "run"), nproc=2, nnodes=nodes,
                                  rdzv_endpoint="h:1" if nodes > 1 else None))
     assert started == [1, 1, 2] and not (tmp_path / "run").exists()
 
