@@ -12,7 +12,7 @@ from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.seq_tokenizer import SeqTokenizer
 from lcft.genomics.shards import SplitWriter
-from lcft.genomics.token_windows import iter_token_windows
+from lcft.genomics.token_windows import iter_token_windows, letters_behind_unknown
 from lcft.genomics.tokenizer import IUPAC_AMBIGUOUS, UNK
 from lcft.genomics.windows import DEFAULT_CHUNK, iter_windows
 
@@ -62,10 +62,11 @@ def cut_tokens(
     soft mask); (kept, skipped for N). The N filter counts bases: non-A/C/G/T bases over the window's span."""
     length, stride, max_n = opts["length"], opts["stride"], opts["max_n_frac"]
     kept = skipped = 0
-    for win, upto in iter_token_windows(fasta, chrom, tok, length, stride, letters):
+    for win, upto in iter_token_windows(fasta, chrom, tok, length, stride):
         if win.n_frac > max_n:
             skipped += 1
         else:
+            letters.update(letters_behind_unknown(fasta, win, tok.unk_id))  # those of kept windows, as char's
             writer.add(*win.arrays(tok.dtype))
             kept += 1
             records.append(_record(split, win, win.oov) | {"bases": win.end - win.start})

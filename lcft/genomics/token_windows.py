@@ -70,7 +70,7 @@ class _Tokens:
     def end(self) -> int:
         return self.t0 + self.ids.size
 
-    def append(self, raw: np.ndarray, at: int, ids: np.ndarray, counts: np.ndarray, letters: Counter) -> None:
+    def append(self, raw: np.ndarray, at: int, ids: np.ndarray, counts: np.ndarray) -> None:
         """Add the tokens of raw bytes `raw` (record positions [at, at + raw.size)).
 
         Rules: a token of other letters (or a k-mer holding one) carries no loss (its id is not counted, see
@@ -88,9 +88,6 @@ class _Tokens:
         gc_cs = prefix_counts(_GC[raw])  # (n+1,)
         other_cs = prefix_counts(~acgt_mask(raw))  # (n+1,) bases not A/C/G/T before each offset
         oov = ids == self.unk  # (n_tok,)
-        if oov.any():  # the letters without a token (not the A/C/G/T beside them in an unknown k-mer)
-            behind = raw[np.repeat(oov, counts)]
-            letters.update(UPPER[behind[~acgt_mask(behind)]].tobytes().decode("latin-1"))
         lows = low_cs[ends] - low_cs[starts]  # (n_tok,)
         self.ids = np.concatenate((self.ids, ids))
         self.counts = np.concatenate((self.counts, counts))
@@ -121,6 +118,16 @@ class _Tokens:
         self.t0, self.lb0 = self.t0 + drop, first_base
 
 
+def letters_behind_unknown(fasta: FastaFile, win: TokenWindow, unk: int | None) -> Counter:
+    """The letters other than A/C/G/T behind the window's unknown tokens (not the A/C/G/T beside them in an
+    unknown k-mer), read again: the stream keeps no bases."""
+    if unk is None or not win.oov:
+        return Counter()
+    raw = read_bases(fasta, win.chrom, win.start, win.end, np.empty(win.end - win.start, np.uint8))
+    behind = UPPER[raw[np.repeat(win.ids == unk, win.counts)]]
+    return Counter(behind[~acgt_mask(behind)].tobytes().decode("latin-1"))
+
+
 def read_bases(fasta: FastaFile, chrom: str, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
     """Bases [lo, hi) of `chrom` as stored (case kept, line breaks dropped) in `out[: hi - lo]`."""
     try:
@@ -145,12 +152,10 @@ def _cut(raw: np.ndarray, at: int, tok: SeqTokenizer, final: bool) -> tuple[np.n
 
 
 def iter_token_windows(
-    fasta: FastaFile, chrom: str, tok: SeqTokenizer, length: int, stride: int, letters: Counter,
-    chunk: int = DEFAULT_CHUNK,
+    fasta: FastaFile, chrom: str, tok: SeqTokenizer, length: int, stride: int, chunk: int = DEFAULT_CHUNK,
 ) -> Iterator[tuple[TokenWindow, int]]:
     """Every full window of `length` tokens of `chrom` (one every `stride` tokens), with the number of the
-    record's bases read so far. Letters behind unknown tokens are counted into `letters`. Memory is
-    O(chunk + window span) whatever the record length."""
+    record's bases read so far. Memory is O(chunk + window span) whatever the record length."""
     n = fasta.length(chrom)
     if tok.block:
         chunk = max(chunk // tok.block, 1) * tok.block  # reads end on block cuts: no piece spans two reads
@@ -167,7 +172,7 @@ def iter_token_windows(
         bounds, carry = _cut(raw, at, tok, hi == n)
         used = raw[: int(bounds[-1])]
         ids, counts = tok.encode_chunk(UPPER[used], bounds)
-        stream.append(used, at, ids, counts, letters)
+        stream.append(used, at, ids, counts)
         while stream.end >= g + length:
             yield stream.window(chrom, g, length), hi
             g += stride

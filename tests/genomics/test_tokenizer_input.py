@@ -155,6 +155,32 @@ def test_unknown_tokens_counted_per_split(tmp_path):
     assert ws.sequence(0).upper() == spelled  # an unknown token (the 6-mer holding X or R) reads back as N
 
 
+@pytest.mark.parametrize("spec", ["kmer:6", "char"])
+def test_unknown_letters_are_those_of_the_kept_windows(tmp_path, spec):
+    """`oov_letters` names the letters behind the unknown tokens the split holds: not those of windows skipped for
+    N, nor of the record's tail past the last window (kmer:6 had counted every unknown token of the record)."""
+    seq = list(random_genome(4, 60 * L, n_runs=0))
+    for i in range(5, len(seq), 700):
+        seq[i] = "X"  # in every window
+    seq[18432:21432] = "N" * 3000  # windows skipped for N under both tokenizers...
+    for i in range(18500, 21400, 50):
+        seq[i] = "X"  # ...holding many more X
+    s = "".join(seq)
+    path, out = write_fasta(tmp_path / "x.fa", {"c1": s}), tmp_path / "out"
+    m = prepare_windows(fasta=str(path), out=str(out), length=L, train=("c1",), eval=(), tokenizer=spec,
+                        max_oov_frac=0.5)
+    ws = open_windows(out, "train")
+    spans = [s[ws.coords(i)[1] : ws.coords(i)[2]].upper() for i in range(len(ws))]
+    if spec == "char":  # <unk>: a letter neither A/C/G/T/N nor an IUPAC code
+        behind = [ch for span in spans for ch in span if ch not in "ACGTNRYSWKMBDHVU"]
+    else:  # 6-mers from the record's first base; the letters other than A/C/G/T of those missing from the vocab
+        vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+        unknown = [t for span in spans for t in re.findall(".{6}|.", span) if t not in vocab]
+        behind = [ch for t in unknown for ch in t if ch not in "ACGT"]
+    assert m["splits"]["train"]["skipped_n"] > 0 and s.count("X") > len(behind) > 0
+    assert m["splits"]["train"]["oov_letters"] == {"X": len(behind)}
+
+
 KILLER = textwrap.dedent("""
     import os, signal, sys
     import lcft.genomics.prepare as P
