@@ -238,7 +238,10 @@ def read_vocab(path: Path) -> tuple[list[str], Path]:
     """Token per id from a vocab.txt (vocab_file.read_vocab_txt), a folder holding one, or a tokenizer.json's
     WordLevel vocabulary; with the folder whose role files apply."""
     if path.is_dir():
-        path = path / VOCAB_FILE if (path / VOCAB_FILE).is_file() else path / TOKENIZER_FILE
+        found = [path / name for name in (VOCAB_FILE, TOKENIZER_FILE) if (path / name).is_file()]
+        if not found:
+            raise LcftError(f"tokenizer folder {path} holds no {VOCAB_FILE} or {TOKENIZER_FILE}")
+        path = found[0]
     if not path.is_file():
         raise LcftError(f"tokenizer vocabulary {path}: no such file")
     if path.suffix == ".json":

@@ -109,6 +109,15 @@ def test_kmer_vocab_file_missing(fasta, tmp_path):
     fails("no such file", fasta, tmp_path / "out", tokenizer=f"kmer:6:{tmp_path / 'vocab.txt'}")
 
 
+def test_kmer_vocab_folder_without_a_vocabulary(fasta, tmp_path):
+    """kmer:6:FOLDER where the folder (a model's, config.json only) holds neither file: the error names the folder
+    given and both files looked for (it had named a FOLDER/tokenizer.json the user never gave)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    msg = fails(r"holds no vocab\.txt or tokenizer\.json", fasta, tmp_path / "out", tokenizer=f"kmer:6:{tmp_path / 'model'}")
+    assert f"{tmp_path / 'model'} " in msg
+
+
 def test_cli_one_line_error(fasta, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "windows", "--fasta", str(fasta), "--out", str(out),
