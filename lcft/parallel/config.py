@@ -83,7 +83,8 @@ class LaunchConfig:
 
     max_restarts: int = 0
     """Elastic restarts: when a process dies, restart the whole group up to this many times; restarted
-    processes continue from the latest verified checkpoint (--resume auto) by themselves."""
+    processes continue by themselves (train from the latest verified checkpoint, as --resume auto; eval from the
+    losses kept in its --out)."""
 
     collective_timeout: float = 600.0
     """Seconds a process waits for the others in one collective (all-reduce, barrier, ...) before the run

@@ -55,7 +55,8 @@ class PlanConfig(TrainConfig):
     when larger), plus each process's own (an assumed constant; --explain names it), must fit in it too (default:
     not checked). CUDA plans only."""
     device: PlanDevice = "cuda"
-    """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; fp32 unless --precision bf16)."""
+    """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; --precision auto as `lcft train` picks it
+    on this machine: bf16 on a CPU with native bf16, else fp32)."""
     explain: bool = False
     """Print where each figure comes from: the formula, or the measured or assumed constant."""
 
