@@ -58,7 +58,7 @@ def verify(out: Path = typer.Argument(..., help="A folder written by `lcft prepa
     from lcft.genomics.shards import verify_windows
 
     m = verify_windows(out)
-    n = sum(len(s["files"]) for s in m["splits"].values())
+    n = sum(len(s["files"]) for s in m["splits"].values()) + len(m.get("files", {}))  # + the tokenizer's
     console.print(styled(("ok:", "green"), f" {n} files in {out} match the manifest"), soft_wrap=True)
 
 

@@ -107,6 +107,17 @@ def test_verify_and_inspect(tmp_path):
     assert r.exit_code == 1 and "no manifest.json" in r.stderr
 
 
+def test_verify_counts_the_tokenizer_it_checks(tmp_path):
+    """With a model tokenizer verify also checks tokenizer.json: the count it prints is every file it hashed, that
+    is every file of the folder but manifest.json and prepare.toml (it had left tokenizer.json out: 8 of 9)."""
+    out = tmp_path / "w"
+    assert lcft(*windows_args(out, "--length", "8K", "--tokenizer", "kmer:4")).exit_code == 0
+    data_files = sorted(p.name for p in out.iterdir() if p.name not in ("manifest.json", "prepare.toml"))
+    assert "tokenizer.json" in data_files
+    r = lcft("prepare", "verify", out)
+    assert r.exit_code == 0 and f"ok: {len(data_files)} files in" in r.stdout, (data_files, r.stdout)
+
+
 def test_fetch_rejects_bad_url(tmp_path):
     r = lcft("prepare", "fetch", "hg38", "--out", tmp_path, "--url", "file:///etc/passwd")
     assert r.exit_code == 1 and "not an http(s) URL" in r.stderr
