@@ -83,8 +83,8 @@ class ModelOverrides:
     """The model to start from (a checkpoint or a preset) and what of its shape and attention to change."""
 
     init: str | None = None
-    """Continue from this HF-format checkpoint folder (ours or one transformers wrote) or Hub id
-    ORG/NAME[@REVISION]; default: a fresh model from --preset."""
+    """Continue from this HF-format checkpoint folder (ours or one transformers wrote), a run folder (its latest
+    checkpoint) or Hub id ORG/NAME[@REVISION]; default: a fresh model from --preset."""
     preset: str = "tiny"
     """Model shape for a fresh model: tiny, small, base or 1b (ignored with --init or --resume)."""
     rope_theta: float | None = None
