@@ -35,7 +35,7 @@ def node_memory() -> int:
 
 def _plan_inputs(length: int, host_memory: str | None, preset: str, gpu_memory: str) -> tuple[object, object, object]:
     """(PlanConfig, LlamaConfig, Layout) of `lcft plan` for one GPU: sparse attention, `length` tokens."""
-    from lcft.config import resolve
+    from lcft.config_build import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.plan import layout, model_config
 

@@ -182,7 +182,7 @@ class Plan:
 
 def plan(model: Any, seq: int, gpu: str) -> Plan:
     """`lcft plan` on the base layout: as given when it fits, else the first change set it lists."""
-    from lcft.config import resolve
+    from lcft.config_build import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.estimate import estimate
     from lcft.plan.plan import Budget, layout, pick

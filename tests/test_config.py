@@ -2,11 +2,14 @@
 
 import dataclasses
 import os
+import tomllib
 from dataclasses import dataclass
 
 import pytest
 
-from lcft.config import ConfigError, build, doc, dumps_toml, format_size, merge, parse_size, tomllib
+from lcft.config import ConfigError, doc, format_size, parse_size
+from lcft.config_build import build, merge
+from lcft.config_toml import dumps_toml
 from tests.one_line import cli_fails
 
 

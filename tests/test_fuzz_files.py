@@ -49,7 +49,8 @@ from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import write_checksums
 from lcft.checkpoint.state import TrainerState, rng_state, set_rng_state, write_trainer_state
 from lcft.cli.app import app
-from lcft.config import build, dumps_toml, load_toml, save_resolved, to_dict
+from lcft.config_build import build
+from lcft.config_toml import dumps_toml, load_toml, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.genomics import open_windows, prepare_windows, sample_fasta, verify_windows

@@ -62,7 +62,7 @@ def test_markdown_is_one_table_with_every_row_and_the_targets():
 
 
 def test_the_1m_layout_is_what_lcft_plan_prints():
-    from lcft.config import resolve
+    from lcft.config_build import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.plan import report
 

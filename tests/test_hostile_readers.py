@@ -17,7 +17,8 @@ from lcft.checkpoint.dcp import _param_groups
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import read_model_meta, verify_checkpoint
 from lcft.checkpoint.state import read_state
-from lcft.config import ConfigError, load_toml
+from lcft.config import ConfigError
+from lcft.config_toml import load_toml
 from lcft.files import read_json
 from lcft.genomics import sample_fasta
 from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from lcft.cli.common import console, user_errors
-from lcft.config import home
+from lcft.config_build import home
 from lcft.errors import LcftError
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -13,7 +13,8 @@ import typer
 from rich.markup import escape as markup_escape
 
 from lcft.cli.common import user_errors
-from lcft.config import doc, format_size, is_size, resolve
+from lcft.config import doc, format_size, is_size
+from lcft.config_build import resolve
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import Identity, check_tokenizer, read_checkpoint, refuse_out_inside, unchanged
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 from lcft.checkpoint.weights import check_weights_readable, weights_sha256
-from lcft.config import ConfigError, format_size, load_toml
+from lcft.config import ConfigError, format_size
+from lcft.config_toml import load_toml
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.inputs import check_checkpoints

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from lcft import __version__
-from lcft.config import dumps_toml, format_size, paths_absolute, to_dict
+from lcft.config import format_size
+from lcft.config_toml import dumps_toml, paths_absolute, to_dict
 from lcft.disk import write_failure
 from lcft.errors import printable
 from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths

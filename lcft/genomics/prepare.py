@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
 from rich.text import Text
 
-from lcft.config import build, paths_absolute, save_resolved, to_dict
+from lcft.config_build import build
+from lcft.config_toml import paths_absolute, save_resolved, to_dict
 from lcft.console import make_console, text_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError

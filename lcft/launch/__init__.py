@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from lcft.config import save_resolved, to_dict
+from lcft.config_toml import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job

@@ -74,7 +74,8 @@ def _train() -> Entry:
 
 
 def _eval() -> Entry:
-    from lcft.config import build, load_toml
+    from lcft.config_build import build
+    from lcft.config_toml import load_toml
     from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.inputs import check_inputs, open_split
     from lcft.evaluate.report import JSON_NAME

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcft.config import ConfigError, Size, check_seed, format_size, save_resolved, to_dict
+from lcft.config import ConfigError, Size, check_seed, format_size
+from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, read_json

@@ -14,15 +14,13 @@ from lcft.config import (
     Size,
     at_least_one,
     at_most,
-    build,
     check_choices,
     check_seed,
     finite,
-    load_toml,
     not_negative,
-    resolve,
-    to_dict,
 )
+from lcft.config_build import build, resolve
+from lcft.config_toml import load_toml, to_dict
 from lcft.files import parse_text
 from lcft.hub import hub_id
 from lcft.kernels.spec import AttentionImpl

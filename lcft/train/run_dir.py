@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from lcft.checkpoint.layout import RUN_CONFIG, check_output_folder, latest_checkpoint, resolve_resume
 from lcft.checkpoint.save import clean_partial, supersede_after
-from lcft.config import save_resolved, to_dict
+from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError
 from lcft.shapes import check_batch, check_world

@@ -24,7 +24,7 @@ from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import save_sharded
 from lcft.checkpoint.state import TrainerState, write_trainer_state
-from lcft.config import save_resolved, to_dict
+from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, is_oom
 from lcft.files import atomic_write, folder_lock

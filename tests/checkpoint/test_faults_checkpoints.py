@@ -208,7 +208,7 @@ def test_eval_and_export_of_corrupt_checkpoint_name_the_file(run_copy, tmp_path)
 
 
 def cfg_data(run: Path) -> str:
-    from lcft.config import load_toml
+    from lcft.config_toml import load_toml
 
     return load_toml(run / "config.toml")["data"]
 

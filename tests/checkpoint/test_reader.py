@@ -73,7 +73,7 @@ def test_lcft_plan_counts_no_whole_model_copy_for_a_sharded_init_under_fsdp(ckpt
     """`lcft plan --host-memory`: under fsdp each rank reads its own shards of a sharded --init onto its device
     (lcft.train.sharded), so no rank holds the whole model in host memory; one process reads it whole (4 B x P,
     P the loaded model's)."""
-    from lcft.config import resolve
+    from lcft.config_build import resolve
     from lcft.plan.config import PlanConfig
     from lcft.plan.estimate import estimate
     from lcft.plan.plan import layout, model_config

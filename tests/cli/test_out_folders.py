@@ -86,7 +86,7 @@ def test_a_name_too_long_for_the_file_system_is_one_line(command, data_dir, tmp_
 
 def test_export_reads_a_leading_tilde_as_the_home_folder(tmp_path, monkeypatch):
     """`lcft export ~/model --out=~/x`: the shell leaves '~' after '=' (and in a quoted argument) as it is; lcft
-    reads it as the home folder, as every config command does (lcft.config.home), never a folder named '~'."""
+    reads it as the home folder, as every config command does (lcft.config_build.home), never a folder named '~'."""
     from typer.testing import CliRunner
 
     from lcft.cli.app import app

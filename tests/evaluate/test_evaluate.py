@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from lcft.checkpoint.hf_folder import from_pretrained
-from lcft.config import build, load_toml
+from lcft.config_build import build
+from lcft.config_toml import load_toml
 from lcft.evaluate import EvalConfig, evaluate, token_losses
 from lcft.genomics import open_windows
 from lcft.genomics.tokenizer import N

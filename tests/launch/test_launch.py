@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lcft.config import save_resolved, to_dict
+from lcft.config_toml import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate

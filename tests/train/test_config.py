@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
-from lcft.config import ConfigError, doc, load_toml
+from lcft.config import ConfigError, doc
+from lcft.config_toml import load_toml
 from lcft.train.config import TrainConfig, parse_rope_scaling, resolve_config
 from lcft.train.metrics import read_metrics
 
@@ -115,7 +116,7 @@ def test_each_section_is_built_once_with_the_flat_values():
 def test_a_flat_config_toml_loads_into_its_sections(tmp_path):
     """A run's config.toml keeps the flat keys (one per option, as every earlier version wrote them) and reads
     back into the same sections."""
-    from lcft.config import save_resolved, to_dict
+    from lcft.config_toml import save_resolved, to_dict
     from lcft.train.config import load_run_config
 
     path = tmp_path / "config.toml"

@@ -15,7 +15,7 @@ import torch
 
 from lcft.checkpoint.layout import STATE_DIR
 from lcft.checkpoint.save import write_checksums
-from lcft.config import load_toml
+from lcft.config_toml import load_toml
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train

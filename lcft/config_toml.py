@@ -1,0 +1,94 @@
+"""TOML in and out for configs: a `--config` file or a run's config.toml read with one-line errors, a config
+written back (loadable again with `--config`) atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lcft.config import ConfigError
+from lcft.files import atomic_write, parse_text
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML file (`--config`, a run's config.toml); a one-line ConfigError naming it when it is missing,
+    unreadable, not UTF-8, not TOML or nested too deep (lcft.files.parse_text)."""
+    p = Path(path)
+    if not p.is_file():  # a folder or a FIFO (which would block the read) is not taken for a config either
+        raise ConfigError(f"config file {'is not a regular file' if p.exists() else 'not found'}: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read ({e})") from None
+    return parse_text(tomllib.loads, "TOML", text, str(p), ConfigError)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A dataclass (possibly nested) as plain JSON/TOML-able data."""
+    def conv(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, tuple | list):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, Path):
+            return str(v)
+        return v
+    return conv(cfg)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str | Path):
+        return json.dumps(str(v))
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dumps_toml(data: Mapping[str, Any]) -> str:
+    """A small TOML writer for config data: scalars, lists, and one level of tables. None values are
+    omitted (TOML has no null); nested dicts become [tables]."""
+    lines, tables = [], []
+    for k, v in data.items():
+        if v is None:
+            continue
+        if isinstance(v, Mapping):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    for name, tbl in tables:
+        lines.append(f"\n[{name}]")
+        for k, v in tbl.items():
+            if v is None:
+                continue
+            if isinstance(v, Mapping):
+                lines.append(f"{k} = {{ " + ", ".join(
+                    f"{kk} = {_toml_value(vv)}" for kk, vv in v.items() if vv is not None) + " }")
+            else:
+                lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def paths_absolute(data: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """`data` with the values under `keys` that name existing paths made absolute, so a saved config reruns
+    from any working folder; what names no path (a Hub id, a tokenizer spec such as kmer:6) stays as written."""
+    def one(v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return type(v)(one(x) for x in v)
+        return str(Path(v).expanduser().resolve()) if isinstance(v, str) and v and Path(v).expanduser().exists() else v
+    return {k: one(v) if k in keys else v for k, v in data.items()}
+
+
+def save_resolved(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:
+    """Write the resolved config (TOML, loadable again with --config) atomically."""
+    return atomic_write(path, dumps_toml(data))
