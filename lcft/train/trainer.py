@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
@@ -29,7 +27,7 @@ from lcft.disk import write_faults
 from lcft.errors import LcftError, is_oom
 from lcft.files import atomic_write, folder_lock
 from lcft.genomics import open_windows, verify_windows
-from lcft.genomics.dataset import DataConfig, TrainSamples, batch_counts, step_indices
+from lcft.genomics.dataset import DataConfig, TrainSamples
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launched
 from lcft.parallel import ParallelizeConfig, init_parallel
@@ -38,15 +36,15 @@ from lcft.parallel.parallelize import parallelize
 from lcft.shapes import check_batch, check_seq_len
 from lcft.signals import StopSignals
 from lcft.train.config import TrainConfig, resolve_folders
+from lcft.train.global_step import GlobalStep
 from lcft.train.guard import SpikeGuard
 from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_os
-from lcft.train.metrics import LiveView, MetricsLog, peak_memory_bytes
+from lcft.train.metrics import LiveView, MetricsLog
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision, offload_dtype
 from lcft.train.run_dir import METRICS, SUMMARY, check_run_dir, keep_resumed_model, open_run_dir, record_data
-from lcft.train.sharded import clip, materialize_sharded, prepare
-from lcft.train.step import LossModel, compute_loss, make_optimizer, make_scheduler, oom_message
-from lcft.units import bits_per_base
+from lcft.train.sharded import materialize_sharded, prepare
+from lcft.train.step import LossModel, make_optimizer, make_scheduler, oom_message
 
 
 @dataclass
@@ -81,7 +79,7 @@ def _reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-class Trainer:
+class Trainer(GlobalStep):
     """One invocation of a run: everything is checked before anything is written."""
 
     def __init__(self, cfg: TrainConfig, hooks: TrainHooks) -> None:
@@ -220,28 +218,6 @@ class Trainer:
         if self.is_main:
             (self.view.note if self.view else print)(message)
 
-    # ---- collectives (no-ops on one process) ----
-    def _sum(self, values: list[float], dtype: torch.dtype = torch.float64) -> list[float]:
-        t = torch.tensor(values, dtype=dtype)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
-
-    def _max(self, values: list[int]) -> list[int]:
-        t = torch.tensor(values, dtype=torch.int64)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
-
-    def _gather_samples(self, mine: list[tuple[int, int]]) -> list[int]:
-        """Sample ids of the whole global batch in batch order, from what each rank actually loaded."""
-        pairs = [mine]
-        if self.world > 1:
-            pairs = [None] * self.world
-            dist.all_gather_object(pairs, mine)
-        by_pos = {pos: sid for rank_pairs in pairs for pos, sid in rank_pairs}
-        return [by_pos[k] for k in sorted(by_pos)]
-
     # ---- the loop ----
     def run(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
@@ -296,62 +272,6 @@ class Trainer:
             if stopped == "signal":
                 self._note(f"stopped by signal at step {st.step}; checkpoint {ckpt}; continue with --resume auto")
         return summary
-
-    def _step(self) -> dict[str, Any]:
-        cfg, st = self.cfg, self.state
-        step = st.step + 1
-        if self.hooks.before_step:
-            self.hooks.before_step(step)
-        t0 = time.perf_counter()
-        groups = step_indices(st.samples_seen, cfg.global_batch, cfg.micro_batch, self.layout.dp_rank, self.layout.dp)
-        ids = [[self.samples.sample_id(g) for g in micro] for micro in groups]
-        batches = [self.samples.batch(m) for m in ids]
-        # Normaliser of the whole global batch, known before any forward: every counted token weighs the same
-        # whatever the split over ranks and micro-steps. cp ranks of one group hold the same batch: / cp.
-        count, bases = (v / cfg.cp for v in self._sum(batch_counts(batches, self.samples.label_bases)))
-        # DDP averages gradients over the world and backward() divides by the accumulation steps; undo both.
-        scale = self.world * self.accum / max(count, 1.0)
-        loss_sum = z_sum = 0.0
-        for batch in batches:
-            batch = {k: v.to(self.acc.device) for k, v in batch.items()}
-            with self.acc.accumulate(self.lm):
-                ls, _, zs = compute_loss(self.lm, batch, self.cp_runner)
-                if self.hooks.perturb_loss:
-                    ls = self.hooks.perturb_loss(step, ls)
-                self.acc.backward(ls * scale)
-            loss_sum, z_sum = loss_sum + ls.detach().double().item(), z_sum + zs.detach().double().item()
-        loss_sum, z_sum = self._sum([loss_sum, z_sum])
-        objective = loss_sum / max(count, 1.0)
-        loss = (loss_sum - cfg.z_loss * z_sum) / max(count, 1.0)  # cross-entropy alone (nats per token)
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        grad_norm = clip(self.acc, self.lm, max_norm, self.layout)  # fsdp: the global norm over the shards
-        lr = self.opt.param_groups[0]["lr"]
-        verdict = "empty" if count == 0 else self.guard.check(objective, grad_norm)
-        if verdict == "ok":
-            self.opt.step()
-            self.scheduler.step()
-            st.updates += 1
-            st.consecutive_skips = 0
-            self.guard.record(objective)
-        else:
-            st.skipped += 1
-            st.consecutive_skips = 0 if verdict == "empty" else st.consecutive_skips + 1
-        self.opt.zero_grad(set_to_none=True)
-        st.step, st.samples_seen = step, st.samples_seen + cfg.global_batch
-        st.guard_history, st.last_loss = list(self.guard.history), loss
-        mine = [(g - (st.samples_seen - cfg.global_batch), s)
-                for grp, sids in zip(groups, ids, strict=True) for g, s in zip(grp, sids, strict=True)]
-        samples = self._gather_samples(mine)
-        if self.acc.device.type == "cuda":  # the optimizer's kernels are still queued: count them in this step
-            torch.cuda.synchronize(self.acc.device)
-        peak = self._max([peak_memory_bytes(self.acc.device)])[0]
-        dt = time.perf_counter() - t0
-        record = {"step": step, "loss": loss, "bits_per_base": bits_per_base(loss, count, bases), "lr": lr,
-                  "grad_norm": grad_norm, "tokens_per_s": cfg.global_batch * self.seq_len / dt, "peak_mem": peak,
-                  "skipped": st.skipped, "elapsed": 0.0, "samples": samples}
-        if verdict != "ok":
-            record["skip"] = verdict if verdict != "empty" else "empty (every label ignored: all-N windows?)"
-        return record
 
     def save(self) -> Path:
         """Checkpoint the current step (rank 0 writes, with --shard fsdp every rank its shards; everyone waits)."""
