@@ -1,5 +1,5 @@
 """The training loop: Accelerate for placement, mixed precision, accumulation and DDP; our own data order,
-loss normalisation, spike guard, atomic checkpoints, metrics and signal handling."""
+atomic checkpoints, metrics and signal handling (each step's loss normalisation and spike guard: global_step.py)."""
 
 from __future__ import annotations
 
