@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from lcft.cli.common import console
+from lcft.cli.common import console, err_console
 from lcft.cli.generate import Extra, Opt, command_from_config
 from lcft.evaluate.config import EvalConfig
 
@@ -27,8 +27,8 @@ def _run(cfg: EvalConfig, quiet: bool) -> None:
     from lcft.evaluate.terminal import print_table
     from lcft.launch import exit_code, run
 
-    for warning in cfg.idle_split():  # --cp-kv / --cp-layout without --cp
-        console.print(warning, highlight=False, soft_wrap=True)
+    for warning in cfg.idle_split():  # --cp-kv / --cp-layout without --cp; stdout holds the report
+        err_console.print(warning, highlight=False, soft_wrap=True)
     report = run("eval", cfg, progress=not quiet)  # in this process, or --nproc N launched ones
     if code := exit_code(report):  # stopped by a signal, its losses kept: not a finished evaluation
         console.print(report["note"], highlight=False, soft_wrap=True)

@@ -28,13 +28,13 @@ def test_eval_cli_writes_the_report_and_prints_the_table(data_dir, tmp_path):  #
     assert [c["max_context"] for c in rep["checkpoints"]] == [0, 1024]
     assert rep["options"]["bin_scale"] == "log" and rep["data"]["windows"] == 2
     # The resolved config reproduces the run (flags override it; the window split's options say they do nothing
-    # without --cp, even with --quiet).
+    # without --cp, on stderr, even with --quiet).
     out2 = tmp_path / "rep2"
     r = runner.invoke(app, ["eval", "--config", str(out / "eval.toml"), "--out", str(out2), "--quiet",
                             "--cp-kv", "stream"])
     assert r.exit_code == 0, r.output
-    assert r.stdout.splitlines() == ["warning: --cp-kv stream has no effect with cp 1: no window is split across "
-                                     "ranks (--cp N splits each over N)"]
+    assert r.stdout == "" and r.stderr.splitlines() == [
+        "warning: --cp-kv stream has no effect with cp 1: no window is split across ranks (--cp N splits each over N)"]
     assert json.loads((out2 / "eval.json").read_text())["checkpoints"][1]["loss"] == rep["checkpoints"][1]["loss"]
 
 
