@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -16,6 +17,7 @@ from lcft.config import (
     at_most,
     check_choices,
     check_seed,
+    doc,
     finite,
     not_negative,
 )
@@ -86,12 +88,12 @@ class ModelOverrides:
     preset: str = "tiny"
     """Model shape for a fresh model: tiny, small, base or 1b (ignored with --init or --resume)."""
     rope_theta: float | None = None
-    """Override the model's RoPE base period (e.g. to extend --init's context)."""
+    """Override the model's RoPE base period (e.g. to extend --init's context); default: the model's own."""
     rope_scaling: str | None = None
     """Override the model's RoPE scaling: TYPE:FACTOR[:ORIGINAL_LENGTH] (types linear, dynamic, yarn, llama3;
-    e.g. yarn:8:65536), 'none', or an HF JSON object."""
+    e.g. yarn:8:65536), 'none', or an HF JSON object; default: the model's own."""
     attention: AttentionBackend | None = None
-    """Attention backend: dense or sparse (block top-k); default: the model's own (dense for a preset)."""
+    """Attention backend: dense or sparse (block top-k); default: the model's own, dense for a preset."""
     block_size: int | None = None
     """Sparse attention: tokens per block (default: the model's own, 64)."""
     top_k: int | None = None
@@ -338,10 +340,20 @@ def load_run_config(path: str | os.PathLike) -> TrainConfig:
     return build(TrainConfig, load_toml(path), where=str(path))
 
 
+_UNSET = re.compile(r"default: ([^.;)]+)")  # a field docstring's 'default: ...' clause: what None stands for
+
+
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Keys whose values differ, as 'key: old -> new' lines."""
+    """Keys of two TrainConfig dicts whose values differ, as 'key: old -> new' lines; an option left unset
+    (None) is worded as the default its help names ('the default (the window length)'), never as None."""
+    def shown(k: str, v: Any) -> str:
+        if v is not None:
+            return repr(v)
+        m = _UNSET.search(doc(TrainConfig, k))
+        return f"the default ({m.group(1).strip()})" if m else "the default"
+
     keys = sorted(set(a) | set(b))
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+    return [f"{k}: {shown(k, a.get(k))} -> {shown(k, b.get(k))}" for k in keys if a.get(k) != b.get(k)]
 
 
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from lcft.cli.app import app
 from lcft.config import ConfigError, doc
 from lcft.config_toml import load_toml
-from lcft.train.config import TrainConfig, parse_rope_scaling, resolve_config
+from lcft.train.config import TrainConfig, diff, parse_rope_scaling, resolve_config
 from lcft.train.metrics import read_metrics
 
 
@@ -130,3 +130,18 @@ def test_a_flat_config_toml_loads_into_its_sections(tmp_path):
     assert sorted(saved) == sorted(f.name for f in dataclasses.fields(TrainConfig))  # flat: no section tables
     save_resolved(tmp_path / "again.toml", saved)
     assert load_run_config(tmp_path / "again.toml") == cfg
+
+
+def test_a_changed_option_left_unset_is_worded_as_its_default_never_none():
+    """A resume without --seq-len after a run with --seq-len 3K said 'seq_len: 3072 -> None': an unset option is
+    the default its help names, on either side of the change."""
+    old = TrainConfig(seq_len=3072, attention="sparse").run_defining()
+    new = TrainConfig(block_size=128).run_defining()
+    assert diff(old, new) == ["attention: 'sparse' -> the default (the model's own, dense for a preset)",
+                              "block_size: the default (the model's own, 64) -> 128",
+                              "seq_len: 3072 -> the default (the window length)"]
+    # every run-defining option that may be left unset names what it then is (none falls back to bare words)
+    unset = {k: v for k, v in TrainConfig().run_defining().items() if v is None}
+    assert {"seq_len", "init", "rope_theta", "rope_scaling", "top_k"} <= set(unset)
+    lines = diff({k: 1 for k in unset}, unset)
+    assert len(lines) == len(unset) and all(line.endswith(")") and "None" not in line for line in lines), lines
