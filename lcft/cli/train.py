@@ -10,6 +10,13 @@ from lcft.console import styled
 from lcft.train.config import SECTIONS, TrainConfig
 
 
+def ended(summary: dict) -> str:
+    """How an invocation ended (summary.json's "stopped": done, stop_after or signal), in the words of what
+    ended it: the option the user gave, or the signal's name."""
+    return {"done": "done", "stop_after": "stopped by --stop-after",
+            "signal": f"stopped by {summary.get('signal')}"}[summary["stopped"]]
+
+
 def _run(cfg: TrainConfig) -> None:
     from lcft.launch import exit_code, run  # torch/accelerate load only when a run starts
 
@@ -19,7 +26,7 @@ def _run(cfg: TrainConfig) -> None:
         return
     bits = f" ({s['bits_per_base']:.3f} bits/base)" if s.get("bits_per_base") is not None else ""
     loss = f"loss {s['loss']:.4f} nats/token{bits}" if s.get("loss") is not None else ""
-    console.print(styled((s["stopped"], "bold"), f" at step {s['step']}/{s['steps']} {loss}; "
+    console.print(styled((ended(s), "bold"), f" at step {s['step']}/{s['steps']} {loss}; "
                          f"checkpoint {s['checkpoint']}"), highlight=False, soft_wrap=True)
     if code := exit_code(s):  # stopped by a signal after its checkpoint: not a finished run (128 + signal)
         raise typer.Exit(code)

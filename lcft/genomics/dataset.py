@@ -62,7 +62,7 @@ class TrainSamples:
     def __init__(self, windows: WindowSource, cfg: DataConfig) -> None:
         check_length(cfg.seq_len, what="--seq-len", window=windows.length)
         if cfg.seq_len < 2:
-            raise LcftError(f"seq_len must be at least 2 (got {cfg.seq_len})")
+            raise LcftError(f"--seq-len must be at least 2 (got {cfg.seq_len})")
         if len(windows) == 0:
             raise LcftError("the data has no training windows")
         self.windows, self.cfg = windows, cfg

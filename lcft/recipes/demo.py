@@ -349,7 +349,7 @@ def control_stage(cfg: DemoConfig, paths: DemoPaths, base: Path, progress: bool)
     from lcft.recipes.copies import control_train_config, copies_stage
 
     if not cfg.control_steps:
-        return None, "none (control_steps 0)"
+        return None, "none (--control-steps 0)"
     data = copies_stage(cfg, paths.copies)
     tcfg = control_train_config(cfg, _train_common(cfg, paths, progress, cfg.control_steps), paths.copies,
                                 paths.runs / "copy", base)

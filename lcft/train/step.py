@@ -100,5 +100,5 @@ def oom_message(cfg: TrainConfig, seq_len: int, precision: str, backend: str) ->
     tips.append(f"--cp N (context parallel over N ranks; now {cfg.cp})")
     tips.append(f"a shorter --seq-len (now {seq_len})")
     tips.append(f"a smaller --loss-chunk (now {cfg.loss_chunk})")
-    return (f"out of memory at seq_len {seq_len} x micro_batch {cfg.micro_batch}, precision {precision}; "
+    return (f"out of memory at --seq-len {seq_len} x --micro-batch {cfg.micro_batch}, precision {precision}; "
             f"options that reduce memory: {', '.join(tips)}")

@@ -97,3 +97,8 @@ def test_step_indices_partition_the_global_batch():
 def test_seq_len_longer_than_window(windows):
     with pytest.raises(LcftError, match="longer than the data's windows"):
         TrainSamples(windows, DataConfig(WINDOW * 2))
+
+
+def test_a_one_token_sequence_is_refused_naming_the_flag(windows):
+    with pytest.raises(LcftError, match="^--seq-len must be at least 2 \\(got 1\\)$"):
+        TrainSamples(windows, DataConfig(1))

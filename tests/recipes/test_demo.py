@@ -77,6 +77,13 @@ def test_without_a_positive_control_its_window_is_not_checked():
     assert DemoConfig(length=1024, base_context=1024, control_steps=0).control_context == 2048
 
 
+def test_a_skipped_positive_control_names_the_flag_that_skipped_it(tmp_path):
+    from lcft.recipes.demo import DemoPaths, control_stage
+
+    assert control_stage(DemoConfig(control_steps=0), DemoPaths(tmp_path), tmp_path, False) == (
+        None, "none (--control-steps 0)")
+
+
 def test_recurrence_line_states_the_change_on_recurring_tokens_with_its_interval():
     import numpy as np
 

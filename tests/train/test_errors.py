@@ -96,7 +96,7 @@ def test_out_of_memory_is_explained_and_loses_nothing(tmp_path, base_cfg):
     def oom(step: int) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    _fails(tmp_path, base_cfg, r"out of memory at seq_len 512 x micro_batch 1, precision fp32; options that "
+    _fails(tmp_path, base_cfg, r"out of memory at --seq-len 512 x --micro-batch 1, precision fp32; options that "
            r"reduce memory: --checkpointing block, --attention sparse", TrainHooks(before_step=oom), resume="auto")
     assert latest_checkpoint(run).name == "step-00000002"
     assert [r["step"] for r in read_metrics(run)] == [1, 2]

@@ -1,0 +1,45 @@
+"""`lcft train` through typer: the line that says how the invocation ended names the option or signal that ended
+it, never summary.json's internal value."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lcft.checkpoint.hf_folder import save_pretrained
+from lcft.cli.app import app
+from lcft.genomics import prepare_windows
+from lcft.model import Llama, LlamaConfig
+from tests.conftest import SHARED_GENOMES
+
+LAMBDA = SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"
+
+
+@pytest.fixture(scope="module")
+def run_args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """2K-token windows of the lambda phage genome and a 2-block model of hidden size 64: a step takes ms."""
+    root = tmp_path_factory.mktemp("cli-train")
+    prepare_windows(fasta=str(LAMBDA), out=str(root / "data"), length=2048, train=("gi|9626243|ref|NC_001416.1|",),
+                    eval=())
+    torch.manual_seed(0)
+    save_pretrained(Llama(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2)), root / "init")
+    return ["train", "--data", str(root / "data"), "--init", str(root / "init"), "--seq-len", "512",
+            "--global-batch", "1", "--steps", "2", "--precision", "fp32", "--no-progress"]
+
+
+def test_the_end_line_names_the_option_that_stopped_the_run(run_args, tmp_path):
+    out = ["--out", str(tmp_path / "run")]
+    r = CliRunner().invoke(app, [*run_args, *out, "--stop-after", "1"])
+    assert r.exit_code == 0, r.output
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("stopped by --stop-after at step 1/2 loss "), last
+    r = CliRunner().invoke(app, [*run_args, *out, "--resume", "auto"])
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1].startswith("done at step 2/2 loss "), r.output
+
+
+def test_a_signal_is_named():
+    from lcft.cli.train import ended
+
+    assert ended({"stopped": "signal", "signal": "SIGTERM"}) == "stopped by SIGTERM"
