@@ -15,6 +15,7 @@ from lcft.config import format_size
 from lcft.console import styled
 from lcft.errors import shell_word
 from lcft.genomics.prepare_config import PrepareConfig
+from lcft.units import counted
 
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
 
@@ -28,7 +29,7 @@ def _summary(manifest: dict) -> Table:
         t.add_row(split, ",".join(info["chroms"]) or "-", f"{info['windows']:,}", f"{info['skipped_n']:,}",
                   f"{info['tokens']:,}", f"{size:,}")
     t.caption = f"tokenizer {manifest['tokenizer'].get('name', '?')}; " + "; ".join(
-        f"{split}: {info.get('bases', 0):,} bases, {info.get('oov', 0):,} unknown tokens"
+        f"{split}: {counted(info.get('bases', 0), 'base')}, {counted(info.get('oov', 0), 'unknown token')}"
         for split, info in manifest["splits"].items())
     return t
 
@@ -117,7 +118,7 @@ def cache(
 
     if days is not None:
         gone = remove_unused(days)
-        console.print(f"removed {len(gone)} entries ({_size(sum(e.bytes for e in gone))}) from {cache_dir()}",
+        console.print(f"removed {counted(len(gone), 'entry', 'entries')} ({_size(sum(e.bytes for e in gone))}) from {cache_dir()}",
                       highlight=False, soft_wrap=True)
     entries = sorted(cache_entries(), key=lambda e: (-e.bytes, e.name))
     now = time.time()
@@ -126,7 +127,7 @@ def cache(
         t.add_row(e.kind, e.name, _size(e.bytes), _ago(now - e.last_used))
     if entries:
         console.print(t)
-    console.print(f"{len(entries)} entries, {_size(sum(e.bytes for e in entries))}", highlight=False)
+    console.print(f"{counted(len(entries), 'entry', 'entries')}, {_size(sum(e.bytes for e in entries))}", highlight=False)
 
 
 def _size(n: int) -> str:

@@ -29,7 +29,7 @@ from lcft.evaluate.stats import (
     trend,
 )
 from lcft.files import replacing_together
-from lcft.units import LN2
+from lcft.units import LN2, counted
 
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
@@ -320,7 +320,7 @@ def _figure(report: dict[str, Any]) -> Any:
     top.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="uniform guess (2 bits/base)")
     top.set_ylabel("held-out loss (bits/base)")
     d = report["data"]
-    top.set_title(f"{d['split']} split of {Path(d['folder']).name}: {d['windows']} windows of "
+    top.set_title(f"{d['split']} split of {Path(d['folder']).name}: {counted(d['windows'], 'window')} of "
                   f"{format_size(d['window_length'])} tokens")
     top.legend(fontsize="small")
     middle.set_ylabel(f"change vs {ref} (%)\n(band: 95% interval)")

@@ -10,6 +10,7 @@ from rich.table import Table
 from lcft.config import format_size
 from lcft.console import make_console
 from lcft.evaluate.stats import FEW_WINDOWS
+from lcft.units import counted
 
 ROUGH = "; with this few windows the intervals are rough"
 REFERENCE = "reference"  # the first checkpoint's change column: the others' changes are against it
@@ -34,7 +35,7 @@ def table(report: dict[str, Any]) -> Table:
     """The terminal summary: overall loss, bits/base, first/last tenth, change vs the first checkpoint."""
     d = report["data"]
     rough = ROUGH if d["windows"] < FEW_WINDOWS else ""  # percentile intervals cover less than 95% then
-    t = Table(title=f"held-out loss on {d['windows']} {d['split']} windows of "
+    t = Table(title=f"held-out loss on {counted(d['windows'], d['split'] + ' window')} of "
                     f"{format_size(d['window_length'])} tokens{rough}", title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     # every header names its unit on a second line (keeps the columns as narrow as their figures)
@@ -110,7 +111,7 @@ def probe_table(report: dict[str, Any]) -> Table | None:
         return None
     rough = ROUGH if opts["windows"] < FEW_WINDOWS else ""
     t = Table(title=f"copy probe: loss drop (nats/token) on a {opts['segment']}-token segment copied D tokens "
-                    f"earlier, {opts['windows']} windows (* = above zero by its 95% interval{rough})",
+                    f"earlier, {counted(opts['windows'], 'window')} (* = above zero by its 95% interval{rough})",
               title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     for d in opts["distances"]:

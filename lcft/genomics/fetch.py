@@ -28,6 +28,7 @@ from lcft.errors import LcftError, reason
 from lcft.files import atomic_open, file_hash
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
+from lcft.units import counted
 
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
 BLOCK = 1 << 20
@@ -194,5 +195,5 @@ def fetch_fasta(
     with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
         n = len(fa.names)
     if con:
-        con.print(styled(("ready:", "green"), f" {ready} ({n} records) — next: lcft prepare windows --fasta {ready} --out DIR"))
+        con.print(styled(("ready:", "green"), f" {ready} ({counted(n, 'record')}) — next: lcft prepare windows --fasta {ready} --out DIR"))
     return ready

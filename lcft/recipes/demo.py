@@ -25,6 +25,7 @@ from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, read_json
 from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
+from lcft.units import counted
 
 if TYPE_CHECKING:
     from lcft.model import LlamaConfig
@@ -325,10 +326,10 @@ def _run_stages(cfg: DemoConfig, paths: DemoPaths, progress: bool, log: Callable
     _, stages["init"] = timed(2, "write a fresh model", lambda: (None, init_stage(cfg, paths.init)), log)
     base, stages["base"] = timed(3, f"train the base model at {short} tokens", lambda: _described(
         train_stage(base_train_config(cfg, paths, progress)),
-        f"{cfg.steps} steps x {cfg.base_batch} x {short} tokens, dense"), log)
+        f"{counted(cfg.steps, 'step')} x {cfg.base_batch} x {short} tokens, dense"), log)
     long, stages["long"] = timed(4, f"continue it at {length} tokens with sparse attention", lambda: _described(
         train_stage(long_train_config(cfg, paths, base, progress)),
-        f"{cfg.long_steps} steps x {cfg.long_batch} x {length} tokens, sparse attention"), log)
+        f"{counted(cfg.long_steps, 'step')} x {cfg.long_batch} x {length} tokens, sparse attention"), log)
     control, stages["control"] = timed(5, "positive control: train the base on windows holding a copy",
                                        lambda: control_stage(cfg, paths, base, progress), log)
     report, stages["eval"] = timed(6, "evaluate on the held-out chr22 windows", lambda: eval_stage(
@@ -354,7 +355,7 @@ def control_stage(cfg: DemoConfig, paths: DemoPaths, base: Path, progress: bool)
     tcfg = control_train_config(cfg, _train_common(cfg, paths, progress, cfg.control_steps), paths.copies,
                                 paths.runs / "copy", base)
     checkpoint, how = train_stage(tcfg)
-    return checkpoint, (f"{data}; {how}: {cfg.control_steps} steps x {tcfg.global_batch} x "
+    return checkpoint, (f"{data}; {how}: {counted(cfg.control_steps, 'step')} x {tcfg.global_batch} x "
                         f"{format_size(cfg.control_context)} tokens, dense")
 
 

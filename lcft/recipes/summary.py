@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from lcft.config import format_size
+from lcft.units import counted
 
 
 def _pct(a: float, b: float) -> str:
@@ -76,7 +77,7 @@ def probe_line(report: dict) -> str | None:
     if not report.get("probe"):
         return None
     parts = [f"{ck['label']} {_context(ck['effective_context'])}" for ck in report["checkpoints"]]
-    return (f"effective context (copy probe, {report['probe']['windows']} windows: farthest copy distance whose "
+    return (f"effective context (copy probe, {counted(report['probe']['windows'], 'window')}: farthest copy distance whose "
             f"loss drop is above zero by its 95% interval): {'; '.join(parts)}")
 
 

@@ -45,6 +45,7 @@ from lcft.train.precision import choose_precision, offload_dtype
 from lcft.train.run_dir import METRICS, SUMMARY, check_run_dir, keep_resumed_model, open_run_dir, record_data
 from lcft.train.sharded import materialize_sharded, prepare
 from lcft.train.step import LossModel, make_optimizer, make_scheduler, oom_message
+from lcft.units import counted
 
 
 @dataclass
@@ -249,7 +250,7 @@ class Trainer(GlobalStep):
             if cfg.max_consecutive_skips and st.consecutive_skips >= cfg.max_consecutive_skips:
                 # saved at this step already: not written again (a second save of a step replaces the first)
                 ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
-                raise LcftError(f"{st.consecutive_skips} updates in a row were skipped (step {st.step}: "
+                raise LcftError(f"{counted(st.consecutive_skips, 'skipped update')} in a row (step {st.step}: "
                                 f"{record['skip']}, loss {record['loss']:.4g}); the run stopped with a checkpoint "
                                 f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")
             if signalled:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -118,6 +119,19 @@ def test_verify_counts_the_tokenizer_it_checks(tmp_path):
     assert r.exit_code == 0 and f"ok: {len(data_files)} files in" in r.stdout, (data_files, r.stdout)
 
 
+def test_the_summary_counts_one_unknown_token_in_the_singular(tmp_path):
+    """The caption under the windows table: 'train: 2,048 bases, 1 unknown token' (it said '1 unknown tokens')."""
+    rng = np.random.default_rng(0)
+    seq = "".join(rng.choice(list("ACGT"), 2048))
+    fasta = tmp_path / "x.fa"
+    fasta.write_text(f">a\n{seq[:99]}X{seq[100:]}\n>b\n{seq}\n")  # X has no token of the char vocabulary
+    r = lcft("prepare", "windows", "--fasta", fasta, "--out", tmp_path / "w", "--length", "1K", "--train", "a",
+             "--eval", "b")
+    assert r.exit_code == 0, r.output
+    caption = " ".join(r.stdout.split())
+    assert "train: 2,048 bases, 1 unknown token; eval: 2,048 bases, 0 unknown tokens" in caption, caption
+
+
 def test_fetch_rejects_bad_url(tmp_path):
     r = lcft("prepare", "fetch", "hg38", "--out", tmp_path, "--url", "file:///etc/passwd")
     assert r.exit_code == 1 and "not an http(s) URL" in r.stderr
@@ -135,10 +149,10 @@ def test_cache_lists_then_removes(tmp_path, monkeypatch):
     gz.write_bytes(gzip.compress(gzip.decompress(open(sample_fasta(), "rb").read())))  # plain gzip, not BGZF
     assert lcft("prepare", "inspect", gz).exit_code == 0
     r = lcft("prepare", "cache")
-    assert r.exit_code == 0 and "decompressed" in r.stdout and "1 entries, " in r.stdout, r.output
+    assert r.exit_code == 0 and "decompressed" in r.stdout and "1 entry, " in r.stdout, r.output
     assert "just now" in r.stdout and str(tmp_path / "cache") in r.stdout.replace("\n", "")
     r = lcft("prepare", "cache", "--remove-unused", "0")
-    assert r.exit_code == 0 and "removed 1 entries" in r.stdout and "0 entries, 0 KiB" in r.stdout, r.output
+    assert r.exit_code == 0 and "removed 1 entry (" in r.stdout and "0 entries, 0 KiB" in r.stdout, r.output
     assert not list((tmp_path / "cache" / "fasta").iterdir())
     r = lcft("prepare", "cache", "--remove-unused", "-1")
     assert r.exit_code == 2 and "--remove-unused" in r.output and "greater than or equal" in r.output

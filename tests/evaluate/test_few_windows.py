@@ -8,6 +8,7 @@ import re
 from rich.console import Console
 
 from lcft.evaluate import EvalConfig, evaluate
+from lcft.evaluate.report import figure
 from lcft.evaluate.stats import UNDEFINED
 from lcft.evaluate.terminal import print_table
 
@@ -34,3 +35,6 @@ def test_one_window_reports_no_interval_no_verdict_and_no_effective_context(data
     text = console.export_text()
     assert UNDEFINED in text and "[95% CI -, -]" in text and "none detected" not in text
     assert not re.search(r"\d\*", text)  # no drop starred as above zero by its interval
+    # one window is counted in the singular: the tables' titles and the plot's
+    assert "held-out loss on 1 eval window of" in text and "earlier, 1 window (" in text, text
+    assert figure(rep).axes[0].get_title().endswith(": 1 window of 2K tokens")

@@ -84,6 +84,13 @@ def test_a_skipped_positive_control_names_the_flag_that_skipped_it(tmp_path):
         None, "none (--control-steps 0)")
 
 
+def test_a_probe_of_one_window_is_counted_in_the_singular():
+    from lcft.recipes.summary import probe_line
+
+    line = probe_line({"probe": {"windows": 1}, "checkpoints": [{"label": "long", "effective_context": None}]})
+    assert line.startswith("effective context (copy probe, 1 window: farthest"), line
+
+
 def test_recurrence_line_states_the_change_on_recurring_tokens_with_its_interval():
     import numpy as np
 
@@ -126,6 +133,10 @@ def test_the_demo_reports_a_non_empty_recurrence_split(tmp_path):
         assert ck["nonrecurring"]["tokens"] == ck["tokens"] - recurring > 0
     assert sum(rep["recurrence"]["tokens"]) == recurring
     assert any(line.startswith("continued vs its control on recurring tokens") for line in out["summary"])
+    # each stage says what it trained, one step in the singular
+    assert out["stages"]["base"]["result"] == "trained: 2 steps x 2 x 512 tokens, dense"
+    assert out["stages"]["long"]["result"] == "trained: 1 step x 1 x 2K tokens, sparse attention"
+    assert out["stages"]["control"]["result"].endswith("trained: 1 step x 1 x 1K tokens, dense")
     # The positive control's training windows: the second half of each is its first half, base for base.
     copies = open_windows(tmp_path / "demo" / "copies", "train")
     for i in (0, len(copies) // 2, len(copies) - 1):

@@ -63,8 +63,14 @@ def test_consecutive_skips_stop_the_run(tmp_path, base_cfg):
     run = tmp_path / "run"
     cfg = TrainConfig(out=str(run), **{**base_cfg, "steps": 10, "save_every": 1, "keep_last": 0,
                                        "max_consecutive_skips": 2})
-    with pytest.raises(LcftError, match="2 updates in a row were skipped"):
+    with pytest.raises(LcftError, match="2 skipped updates in a row"):
         train(cfg, TrainHooks(perturb_loss=lambda step, loss: loss * math.inf if step >= 3 else loss))
     assert read_state(run / "checkpoints" / "step-00000004").consecutive_skips == 2
     assert _same(_weights(run, 2), _weights(run, 4))
     assert not (run / "checkpoints" / "step-00000005").exists()
+
+
+def test_one_skip_allowed_in_a_row_is_counted_in_the_singular(tmp_path, base_cfg):
+    cfg = TrainConfig(out=str(tmp_path / "run"), **{**base_cfg, "steps": 3, "max_consecutive_skips": 1})
+    with pytest.raises(LcftError, match=r"^1 skipped update in a row \(step 2: "):
+        train(cfg, TrainHooks(perturb_loss=lambda step, loss: loss * math.inf if step >= 2 else loss))
