@@ -97,8 +97,11 @@ def distance_line(report: dict[str, Any]) -> str | None:
     if not sum(rec["tokens"]) or not ck["tokens"]:
         return None
     e = rec["distance_edges"]
-    parts = [f"{format_size(e[c])}-{format_size(e[c + 1])}{'+' if c == len(e) - 2 else ''}: "
-             f"{n / ck['tokens']:.2%}" for c, n in enumerate(rec["tokens"])]
+    # each class [e[c], e[c + 1]) as 'a-b'; the last is open-ended ('4K+'): its upper edge is only the longest
+    # window (often no round size, as a model tokenizer's 4,244 bases) and the class takes anything farther
+    labels = [f"{format_size(a)}-{format_size(b)}" for a, b in zip(e[:-2], e[1:-1], strict=True)]
+    parts = [f"{label}: {n / ck['tokens']:.2%}" for label, n in zip([*labels, f"{format_size(e[-2])}+"],
+                                                                      rec["tokens"], strict=True)]
     return (f"nearest earlier copy of the recurring tokens' {rec['k']}-mers, bases back (share of counted "
             f"tokens): {', '.join(parts)}")
 

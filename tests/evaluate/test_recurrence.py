@@ -135,6 +135,21 @@ def test_the_recurrence_table_is_one_line_when_nothing_recurs(tmp_path):
     assert distance_line(report) is None
 
 
+def test_distance_classes_are_labelled_alike_the_last_one_open_ended(tmp_path):
+    """Windows of a model tokenizer span a number of bases that is no round size (4,244): the last class read
+    '4K-4244+'; it is '4K+', every other class 'a-b' in the same size notation."""
+    from .test_report import _report
+
+    _, report, _ = _report(tmp_path)
+    tokens = report["checkpoints"][0]["tokens"]
+    report["recurrence"] = {"k": K, "distance_edges": distance_classes(4244).tolist(), "tokens": [1, 2, 3, 4]}
+    shares = [f"{n / tokens:.2%}" for n in (1, 2, 3, 4)]
+    assert distance_line(report).endswith(f"(share of counted tokens): 1-16: {shares[0]}, 16-256: {shares[1]}, "
+                                          f"256-4K: {shares[2]}, 4K+: {shares[3]}")
+    report["recurrence"]["distance_edges"], report["recurrence"]["tokens"] = distance_classes(2048).tolist(), [1, 2, 3]
+    assert distance_line(report).endswith(f"1-16: {shares[0]}, 16-256: {shares[1]}, 256+: {shares[2]}")
+
+
 def test_eval_reports_the_recurrence_split_with_intervals(data_dir, ckpt_a, ckpt_b, tmp_path):
     import csv
 
