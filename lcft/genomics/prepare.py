@@ -50,10 +50,12 @@ def _console() -> Console:
 
 
 class BasesPerSecond(ProgressColumn):
-    """Throughput of one chromosome's task in bases per second."""
+    """Throughput of one chromosome's task in bases per second: while it runs, rich's estimate ('--' until two
+    updates); once finished, its bases over its time. A model tokenizer reports its bases a read (2 Mbp) at a
+    time, so a shorter chromosome is one update: rich has no rate for it, and sets no finished one on update()."""
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
+        speed = task.completed / task.finished_time if task.finished and task.finished_time else task.speed
         return Text(f"{speed / 1e6:6.1f} Mbp/s" if speed else "   -- Mbp/s", style="cyan")
 
 

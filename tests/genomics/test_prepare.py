@@ -112,3 +112,15 @@ def test_import_is_light():
 
     code = "import sys, lcft.genomics; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_every_finished_chromosome_shows_its_rate(tmp_path, capsys):
+    """A model tokenizer reports progress a read (2 Mbp) at a time: the sample's 1 Mbp eval chromosome was one
+    update, and its finished bar showed '-- Mbp/s'."""
+    from lcft.genomics import sample_fasta
+
+    prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "w"), length=8192, train=("chr2",),
+                    eval=("chr22",), tokenizer="kmer:4", progress=True)
+    bars = [line for line in capsys.readouterr().err.splitlines() if "%" in line]
+    assert [line.split()[:2] for line in bars] == [["train", "chr2"], ["eval", "chr22"]], bars
+    assert all(re.search(r"100\.0% +\d+\.\d Mbp/s", line) for line in bars), bars
