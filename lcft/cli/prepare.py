@@ -95,9 +95,11 @@ def fetch(
     out: Path = typer.Option(Path("data"), "--out", help="Folder to download into."),
     url: str | None = typer.Option(None, "--url", help="Download from this URL instead (a mirror, or a local server)."),
     md5: str | None = typer.Option(None, "--md5", help="Expected md5 of the download; default: the one published in md5sum.txt next to the URL; 'skip' to skip."),
-    bgzip: bool = typer.Option(False, "--bgzip", help="Recompress plain gzip as BGZF (smaller on disk) instead of decompressing it."),
+    bgzip: bool = typer.Option(False, "--bgzip", help="Keep it compressed: a plain gzip NAME.fa.gz is recompressed as BGZF in its place (random access "
+                               "through NAME.fa.gz.gzi) instead of decompressed to NAME.fa."),
 ) -> None:
-    """Download a reference FASTA (resumable, md5-checked) and make it ready for `prepare windows`."""
+    """Download a reference FASTA (resumable, md5-checked) and make it ready for `prepare windows`: hg38.fa.gz
+    becomes hg38.fa (the download removed once unpacked) or, with --bgzip, hg38.fa.gz as BGZF; indexed beside."""
     from lcft.genomics.fetch import fetch_fasta
 
     ready = fetch_fasta(name, out, url=url, md5=md5, bgzip=bgzip, progress=True)

@@ -1,5 +1,6 @@
 """`lcft prepare fetch`: download a reference FASTA with resume (HTTP Range) and md5 check, then make it
-readable by pyfaidx (plain gzip is decompressed, or recompressed as BGZF with --bgzip)."""
+readable by pyfaidx (plain gzip NAME.fa.gz is decompressed to NAME.fa, or recompressed as BGZF in its place with
+--bgzip)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -126,27 +128,31 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
     return part
 
 
+def _unpacked(dest: Path) -> Path:
+    """Where a plain gzip download NAME.gz is decompressed to: NAME (a name without '.gz' stays as it is)."""
+    return dest.with_name(dest.name.removesuffix(".gz"))
+
+
 def _make_readable(gz: Path, bgzip: bool) -> Path:
-    """Plain gzip -> decompressed .fa (default) or BGZF .fa.gz (--bgzip), written via .tmp and renamed."""
-    kind = gzip_kind(gz)
-    if kind != "gzip":
-        return gz  # already BGZF, or not compressed at all
-    stem = gz.name[:-3] if gz.name.endswith(".gz") else gz.name
+    """The downloaded file made readable by pyfaidx: plain gzip decompressed to NAME.fa, the download then removed
+    (nothing reads it again), or with --bgzip recompressed as BGZF in its place (NAME.fa.gz); BGZF or an
+    uncompressed FASTA is kept as it is. Written via .tmp and renamed: a file present is complete."""
+    if gzip_kind(gz) != "gzip":
+        return gz  # already BGZF (also after an earlier --bgzip), or not compressed at all
     if bgzip:
         from Bio import bgzf
 
-        target = gz.with_name(stem + ".bgz.gz")
-        if target.exists():  # written via .tmp + rename: present means complete
-            return target
-        with atomic_open(target, "wb") as raw, gzip.open(gz, "rb") as src, bgzf.BgzfWriter(fileobj=raw) as dst:
-            while block := src.read(1 << 22):
+        with atomic_open(gz, "wb") as raw, gzip.open(gz, "rb") as src, bgzf.BgzfWriter(fileobj=raw) as dst:
+            while block := src.read(1 << 22):  # the open download is read while its BGZF copy replaces it
                 dst.write(block)
-    else:
-        target = gz.with_name(stem)
-        if target.exists():
-            return target
+        return gz
+    target = _unpacked(gz)
+    if target == gz:  # a gzip not named .gz: read as it is (lcft decompresses it into its cache)
+        return gz
+    if not target.exists():
         with atomic_open(target, "wb") as dst, gzip.open(gz, "rb") as src:
             shutil.copyfileobj(src, dst, 1 << 22)
+    gz.unlink()
     return target
 
 
@@ -162,7 +168,8 @@ def fetch_fasta(
     timeout: float = 60,
 ) -> Path:
     """Download genome `name` (or `url`) into `out`, check its md5 (the published one from md5sum.txt next
-    to it unless given; 'skip' to skip), make it pyfaidx-ready and index it. Returns the FASTA to prepare."""
+    to it unless given; 'skip' to skip), make it pyfaidx-ready (_make_readable: hg38.fa.gz -> hg38.fa, or with
+    `bgzip` hg38.fa.gz as BGZF) and index it. Returns the FASTA to prepare; a second call downloads nothing."""
     if url is None:
         if name not in KNOWN:
             raise LcftError(f"unknown genome {name!r}: known are {', '.join(KNOWN)} (or pass --url)")
@@ -176,9 +183,26 @@ def fetch_fasta(
         raise LcftError(f"cannot create {out_dir}: {e.strerror or e}") from None
     dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
     con = make_console(stderr=True) if progress else None
+    if not bgzip and not dest.exists() and _unpacked(dest) != dest and _unpacked(dest).exists():
+        ready = _unpacked(dest)  # decompressed by an earlier fetch, which removed the download
+        if con:
+            con.print(f"{ready} already fetched")
+    else:
+        ready = _fetch(url, dest, md5, bgzip, retries, timeout, con)
+    with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
+        n = len(fa.names)
+    if con:
+        con.print(styled(("ready:", "green"), f" {ready} ({counted(n, 'record')}) — next: lcft prepare windows --fasta {ready} --out DIR"))
+    return ready
+
+
+def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, timeout: float,
+           con: Console | None) -> Path:
+    """`url` downloaded to `dest` (unless there already) with its md5 checked, then made readable."""
     if not dest.exists():
         want = None if md5 == NO_MD5 else (md5.lower() if md5 else published_md5(url, timeout))
-        part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=progress, timeout=timeout)
+        part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=con is not None,
+                        timeout=timeout)
         got = file_hash(part, "md5").hexdigest()
         if want is not None and got != want:
             part.unlink()
@@ -189,11 +213,6 @@ def fetch_fasta(
     elif con:
         con.print(f"{dest} already downloaded")
     try:
-        ready = _make_readable(dest, bgzip)
+        return _make_readable(dest, bgzip)
     except (OSError, EOFError) as e:
         raise LcftError(f"cannot unpack {dest}: {reason(e)}") from None
-    with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
-        n = len(fa.names)
-    if con:
-        con.print(styled(("ready:", "green"), f" {ready} ({counted(n, 'record')}) — next: lcft prepare windows --fasta {ready} --out DIR"))
-    return ready

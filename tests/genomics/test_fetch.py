@@ -130,10 +130,36 @@ def test_missing_published_md5_is_an_error(server, tmp_path):
 
 
 def test_bgzip_option_gives_random_access_gzip(server, tmp_path):
+    """--bgzip: the download hg38.fa.gz recompressed as BGZF in its place (it wrote hg38.fa.bgz.gz beside it)."""
     url, plain = server
-    ready = fetch_fasta("hg38", tmp_path / "d", url=url, bgzip=True)
+    d = tmp_path / "d"
+    ready = fetch_fasta("hg38", d, url=url, bgzip=True)
+    assert ready == d / "hg38.fa.gz" and sorted(p.name for p in d.iterdir()) == [
+        "hg38.fa.gz", "hg38.fa.gz.fai", "hg38.fa.gz.gzi"]
     assert gzip_kind(ready) == "bgzf" and gzip.decompress(ready.read_bytes()) == plain
-    assert _records(ready) == _records(tmp_path / "d" / "hg38.fa.gz")  # the plain-gzip download, via the cache
+    (tmp_path / "plain.fa").write_bytes(plain)
+    assert _records(ready) == _records(tmp_path / "plain.fa")
+    n, stamp = len(GenomeServer.ranges), ready.stat().st_mtime_ns
+    assert fetch_fasta("hg38", d, url=url, bgzip=True) == ready  # no download, no recompression
+    assert len(GenomeServer.ranges) == n and ready.stat().st_mtime_ns == stamp
+
+
+def test_the_download_is_removed_once_unpacked(server, tmp_path, capsys):
+    """README: fetch -> data/hg38.fa (+ .fai); the plain gzip download stayed beside it (900 MB for hg38)."""
+    url, plain = server
+    d = tmp_path / "d"
+    ready = fetch_fasta("hg38", d, url=url, progress=True)
+    assert ready == d / "hg38.fa" and ready.read_bytes() == plain
+    assert sorted(p.name for p in d.iterdir()) == ["hg38.fa", "hg38.fa.fai"]
+    assert "(2 records)" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_one_record_genome_is_counted_in_the_singular(server, tmp_path, capsys):
+    url, _ = server
+    GenomeServer.files["/g/one.fa.gz"] = gzip.compress(b">only\nACGTACGTAC\n", mtime=0)
+    fetch_fasta("one", tmp_path, url=url.replace("hg38.fa.gz", "one.fa.gz"), md5="skip", progress=True)
+    said = " ".join(capsys.readouterr().err.split())  # rich wraps lines at spaces
+    assert "one.fa (1 record) — next:" in said and (tmp_path / "one.fa").is_file(), said
 
 
 def test_second_fetch_does_not_download_again(server, tmp_path):
