@@ -23,4 +23,5 @@ def register(app: typer.Typer) -> None:
         app, "plan", PlanConfig, _run, options={n: Opt(metavar="PATH") for n in ("data", "out", "init", "resume")},
         help="Per-rank memory of a training layout (parameters, gradients, optimizer state, activations, K/V) "
              "and whether it fits the GPUs, with the options that would make it fit. Takes `lcft train`'s "
-             "options; reads only the model's config.json. Exit code 1 when it does not fit.")
+             "options; reads only the model's config.json (and, with --data, its tokenizer files: it must read the "
+             "data's vocabulary, as train checks). Exit code 1 when it does not fit.")

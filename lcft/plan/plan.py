@@ -53,17 +53,23 @@ def read_init(cfg: PlanConfig) -> InitModel | None:
     """--init (a run folder means its latest checkpoint; verified against its checksums), or None for a preset.
     Its files are read as one folder (lcft.checkpoint.layout.unchanged): a run pruning or saving it again meanwhile
     has its latest resolved again and read once more, and a checkpoint named itself is one line (read_checkpoint),
-    never one checkpoint's config beside another's notes. Read it once and hand it to the functions below: each
-    verification hashes the weights."""
+    never one checkpoint's config beside another's notes. With --data, the model must read the data's vocabulary,
+    checked as `lcft train` checks it (lcft.checkpoint.layout.check_tokenizer: tokenizer files and config.json, no
+    weights). Read it once and hand it to the functions below: each verification hashes the weights."""
     if not cfg.init:
         return None
     from lcft.checkpoint.dcp import is_sharded_checkpoint
     from lcft.checkpoint.hf_folder import read_config
-    from lcft.checkpoint.layout import read_checkpoint, read_model_config, unchanged
+    from lcft.checkpoint.layout import check_tokenizer, read_checkpoint, read_model_config, unchanged
+    from lcft.genomics.shards import read_manifest
     from lcft.model.hf import config_notes
+
+    tokenizer = read_manifest(cfg.data)["tokenizer"] if cfg.data else None
 
     def read(folder: Path) -> InitModel:
         with unchanged(folder):
+            if tokenizer is not None:
+                check_tokenizer(folder, tokenizer)
             return InitModel(read_config(folder), config_notes(read_model_config(folder)),
                              is_sharded_checkpoint(folder))
 

@@ -374,3 +374,26 @@ def test_cli_says_when_shard_fsdp_does_nothing(nproc, shard, warned) -> None:
     assert r.exit_code == 0, r.output
     assert f"; shard {shard}; " in r.output
     assert ("warning: --shard fsdp has no effect on one process" in r.output) == warned, r.output
+
+
+def test_an_init_of_another_vocabulary_than_the_datas_is_refused_as_train_refuses_it(tmp_path: Path) -> None:
+    """METAGENE-1 (a BPE of 1,024 tokens) over char windows: `lcft train` refused it, `lcft plan` planned it.
+    Both run the one check (lcft.checkpoint.layout.check_tokenizer); windows cut with the model's own tokenizer
+    are planned."""
+    from lcft.genomics import prepare_windows
+    from tests.conftest import SHARED_GENOMES
+    from tests.conftest import SHARED_PUBLISHED as PUBLISHED
+
+    init = PUBLISHED / "metagene-1"
+    if not init.is_dir():
+        pytest.skip(f"published model files not found at {PUBLISHED}")
+    record = "gi|9626243|ref|NC_001416.1|"  # the lambda phage genome, 48 kbp
+    for name, tokenizer in (("char", "char"), ("own", str(init))):
+        prepare_windows(fasta=str(SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"), out=str(tmp_path / name),
+                        length=4096, train=(record,), eval=(), tokenizer=tokenizer)
+    args = ["--init", str(init), "--data", str(tmp_path / "char"), "--seq-len", "4096"]
+    planned = cli_fails(["plan", *args], "vocab_size 1024 differs from the data tokenizer's 16")
+    trained = cli_fails(["train", *args, "--out", str(tmp_path / "run"), "--no-progress"])
+    assert trained.replace(str(init.resolve()), "INIT") == planned.replace(str(init), "INIT")  # train resolves links
+    r = runner.invoke(app, ["plan", *args[:2], "--data", str(tmp_path / "own"), "--seq-len", "4096", "--gpu-memory", "1T"])
+    assert r.exit_code == 0 and "verdict: fits" in r.output, r.output
