@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, printable, reason
 
 BEAT_S = 1.0  # seconds between beats; a rank is lost when its counter stands still for LOST_AFTER beats
 LOST_AFTER = 3
@@ -55,14 +55,59 @@ def count(text: str) -> int:
     return 1 if not text else int(text) if text.isdecimal() else -1
 
 
-def refuse_copies() -> None:
-    """Raise when mpirun or srun started this command several times: each copy would run the whole job alone (a
-    plain process) or start its own launch (--nproc), into the same output folder."""
+def refuse_copies(allowed: int = 1) -> None:
+    """Raise when mpirun or srun started this command more than `allowed` times (one per node of --nnodes): each
+    copy would run the whole job alone (a plain process) or start its own launch (--nproc), into the same output
+    folder or rendezvous."""
     for name in MPI_SIZE_ENV:
-        if (n := count(os.environ.get(name, ""))) > 1:
+        if (n := count(os.environ.get(name, ""))) > allowed:
             raise LcftError(f"{name}={n} in the environment: this process is one of {n} that mpirun or srun started, "
                             "and each would run the whole job alone into the same output folder; lcft starts its "
                             "own processes: run the command once per node with --nproc N, or under torchrun")
+
+
+RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads besides WORLD_SIZE
+PROCESS_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""env://'s variables as a launcher sets them in each process: a WORLD_SIZE above 1, or a LOCAL_RANK at all, makes
+torch and Accelerate reach for a process group."""
+START_SEVERAL = "start several with --nproc N (or torchrun)"
+
+
+def launch_world() -> int:
+    """The number of processes this one is launched among: the process group's size when one exists, else the
+    environment's WORLD_SIZE under torch's elastic agent (1 when unset). An environment no elastic agent made
+    (env://'s variables left in the shell from another job, or one of the processes of mpirun or srun) would make
+    a one-process run wait for ranks that never come, fail in torch.distributed or Accelerate with a traceback,
+    or run the job N times into one folder: a one-line error naming the variables instead."""
+    dist = sys.modules.get("torch.distributed")  # (not imported: no group exists, and none is made here)
+    if dist is not None and dist.is_available() and dist.is_initialized():  # made by Accelerate, a test harness
+        return dist.get_world_size()
+    given = os.environ.get("WORLD_SIZE", "")
+    world = count(given)
+    if world < 1:
+        raise LcftError(f"WORLD_SIZE={printable(given)} in the environment is not a number of processes: unset "
+                        f"{' '.join(PROCESS_ENV)} (left from another job?) to run as one process, or {START_SEVERAL}")
+    if not launched():
+        _refuse_foreign_launch(world)
+        return 1
+    missing = [k for k in RENDEZVOUS_ENV if not os.environ.get(k)]
+    if world == 1 or not missing:
+        return world
+    raise LcftError(f"WORLD_SIZE={world} in the environment is set, but {' and '.join(missing)} "
+                    f"{'is' if len(missing) == 1 else 'are'} not: unset {' '.join(PROCESS_ENV)} and "
+                    f"{LAUNCHER_ENV} (left from another job?) to run as one process, or {START_SEVERAL}")
+
+
+def _refuse_foreign_launch(world: int) -> None:
+    """Raise when a process no elastic agent started looks launched among others: env://'s variables (a job
+    script's exports, kept by the shell) or an MPI launcher's count. Neither says where the others are."""
+    if world > 1 or "LOCAL_RANK" in os.environ:
+        given = [k for k in PROCESS_ENV if k in os.environ]
+        values = ", ".join(f"{k}={printable(os.environ[k])}" for k in given)
+        raise LcftError(f"{values} in the environment, but torchrun's elastic agent did not start this process "
+                        f"(torchrun and --nproc set {LAUNCHER_ENV}; lcft runs under no other launcher): "
+                        f"{START_SEVERAL}, or unset {' '.join(given)} to run as one process")
+    refuse_copies()
 
 
 class PeerLost(LcftError):

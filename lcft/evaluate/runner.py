@@ -27,9 +27,8 @@ from lcft.evaluate.split import CheckpointResult, check_finite, position_length,
 from lcft.evaluate.store import PARTIAL, LossStore, clear
 from lcft.files import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
-from lcft.liveness import launched
+from lcft.liveness import launch_world, launched
 from lcft.parallel.config import ParallelConfig
-from lcft.parallel.mesh import launch_world
 from lcft.signals import StopSignals
 
 

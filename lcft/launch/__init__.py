@@ -48,6 +48,7 @@ from lcft.liveness import (
     FAILURE_FILE_ENV,
     NODE_RANK_ENV,
     PeerLost,
+    launch_world,
     launched,
     read_report,
     refuse_copies,
@@ -80,11 +81,13 @@ def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     cfg = entry.resolve(cfg)
     if launched():  # one process of a launch started by hand: its world is torchrun's, the job checks it
         return entry.work(cfg, **kwargs)
-    entry.check(cfg, cfg.nproc * cfg.nnodes)  # a user error found here answers before torch is imported
+    if cfg.multiprocess:  # mpirun/srun -n N starting N launches into one folder (--nnodes: one per node is right)
+        refuse_copies(allowed=cfg.nnodes)
+    # one process: a launch environment no launcher made (left in the shell, mpirun's) is the first thing refused
+    world = cfg.nproc * cfg.nnodes if cfg.multiprocess else launch_world()
+    entry.check(cfg, world)  # a user error found here answers before torch is imported
     if not cfg.multiprocess:
         return entry.work(cfg, **kwargs)
-    if cfg.nnodes == 1:  # a one-node launch started N times by mpirun/srun -n N: N runs into one folder
-        refuse_copies()  # (with --nnodes, each node's launcher is one of the copies)
     entry.check_launch(cfg)  # nothing is created or written before these pass
     return launch(name, cfg, entry)
 

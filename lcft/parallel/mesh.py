@@ -87,55 +87,12 @@ def mesh_device_type() -> str:
     return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
 
 
-RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads besides WORLD_SIZE
-PROCESS_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-"""env://'s variables as a launcher sets them in each process: a WORLD_SIZE above 1, or a LOCAL_RANK at all, makes
-torch and Accelerate reach for a process group."""
-START_SEVERAL = "start several with --nproc N (or torchrun)"
-
-
-def launch_world() -> int:
-    """The number of processes this one is launched among: the process group's size when one exists, else the
-    environment's WORLD_SIZE under torch's elastic agent (1 when unset). An environment no elastic agent made
-    (env://'s variables left in the shell from another job, or one of the processes of mpirun or srun) would make
-    a one-process run wait for ranks that never come, fail in torch.distributed or Accelerate with a traceback,
-    or run the job N times into one folder: a one-line error naming the variables instead."""
-    if dist.is_initialized():  # a group someone else made (Accelerate, a test harness) is the world
-        return dist.get_world_size()
-    given = os.environ.get("WORLD_SIZE", "")
-    world = liveness.count(given)
-    if world < 1:
-        raise LcftError(f"WORLD_SIZE={printable(given)} in the environment is not a number of processes: unset "
-                        f"{' '.join(PROCESS_ENV)} (left from another job?) to run as one process, or {START_SEVERAL}")
-    if not liveness.launched():
-        _refuse_foreign_launch(world)
-        return 1
-    missing = [k for k in RENDEZVOUS_ENV if not os.environ.get(k)]
-    if world == 1 or not missing:
-        return world
-    raise LcftError(f"WORLD_SIZE={world} in the environment is set, but {' and '.join(missing)} "
-                    f"{'is' if len(missing) == 1 else 'are'} not: unset {' '.join(PROCESS_ENV)} and "
-                    f"{liveness.LAUNCHER_ENV} (left from another job?) to run as one process, or {START_SEVERAL}")
-
-
-def _refuse_foreign_launch(world: int) -> None:
-    """Raise when a process no elastic agent started looks launched among others: env://'s variables (a job
-    script's exports, kept by the shell) or an MPI launcher's count. Neither says where the others are."""
-    if world > 1 or "LOCAL_RANK" in os.environ:
-        given = [k for k in PROCESS_ENV if k in os.environ]
-        values = ", ".join(f"{k}={printable(os.environ[k])}" for k in given)
-        raise LcftError(f"{values} in the environment, but torchrun's elastic agent did not start this process "
-                        f"(torchrun and --nproc set {liveness.LAUNCHER_ENV}; lcft runs under no other launcher): "
-                        f"{START_SEVERAL}, or unset {' '.join(given)} to run as one process")
-    liveness.refuse_copies()
-
-
 def init_world(collective_timeout: float) -> bool:
     """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), waiting at most
     `collective_timeout` seconds for the other processes and then as much per collective, and start this rank's
     heartbeat; True when there is a group (several processes). A group someone else initialised is kept as it is
     (its own timeout)."""
-    world = launch_world()
+    world = liveness.launch_world()
     if not dist.is_initialized():
         if world <= 1:
             return False
@@ -153,7 +110,7 @@ def _join(world: int, timeout_s: float) -> None:
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise LcftError(f"no process group of {world} processes formed at MASTER_ADDR:MASTER_PORT {where} within "
                         f"--collective-timeout {timeout_s:g} s ({reason(e, 160)}): did every process start? (variables "
-                        f"left in the shell from another job: unset {' '.join(PROCESS_ENV)} "
+                        f"left in the shell from another job: unset {' '.join(liveness.PROCESS_ENV)} "
                         f"{liveness.LAUNCHER_ENV})") from None
 
 
@@ -169,8 +126,8 @@ def _check_agent_store() -> None:
     except ConnectionRefusedError:
         raise LcftError(f"nothing listens at MASTER_ADDR:MASTER_PORT {host}:{port}, where the launcher that "
                         f"started this process ({liveness.LAUNCHER_ENV}={printable(os.environ[liveness.LAUNCHER_ENV])}) "
-                        f"keeps its store: unset {' '.join(PROCESS_ENV)} {liveness.LAUNCHER_ENV} (left from another "
-                        f"job?) to run as one process, or {START_SEVERAL}") from None
+                        f"keeps its store: unset {' '.join(liveness.PROCESS_ENV)} {liveness.LAUNCHER_ENV} (left from another "
+                        f"job?) to run as one process, or {liveness.START_SEVERAL}") from None
     except (OSError, ValueError):  # unreachable, slow, a port that is no number: the store's own timeout decides
         pass
 

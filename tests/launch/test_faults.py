@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from lcft.checkpoint.layout import verify_checkpoint
 from lcft.cli.app import app
 from lcft.config import ConfigError
+from lcft.errors import LcftError
 from lcft.files import LOCK_NAME
 from lcft.launch import run
 from lcft.train import TrainConfig, train
@@ -74,7 +75,8 @@ def test_nproc_started_several_times_by_mpirun_or_srun_is_one_line_and_leaves_no
 
 def test_nproc_in_a_one_task_step_of_a_larger_allocation_is_launched(tmp_path, monkeypatch, data_dir):  # noqa: F811
     """`sbatch -n 4` then `srun -n 1 lcft train --nproc 2` (SLURM_NTASKS is the job's 4, SLURM_STEP_NUM_TASKS the
-    step's 1), or the batch script itself running it: one copy, launched; so is a copy per node of --nnodes."""
+    step's 1), or the batch script itself running it: one copy, launched; so is a copy per node of --nnodes, but
+    not more copies than nodes."""
     import lcft.launch as launcher
 
     for k in _outside_any_launcher().keys() ^ os.environ.keys():
@@ -88,6 +90,11 @@ def test_nproc_in_a_one_task_step_of_a_larger_allocation_is_launched(tmp_path, m
         run("train", TrainConfig(data=str(data_dir), out=str(tmp_path / "run"), nproc=2, nnodes=nodes,
                                  rdzv_endpoint="h:1" if nodes > 1 else None))
     assert started == [1, 1, 2] and not (tmp_path / "run").exists()
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "8")  # `srun -N 2 -n 8`: 4 launchers a node, one rendezvous
+    with pytest.raises(LcftError, match="SLURM_STEP_NUM_TASKS=8 in the environment: this process is one of 8"):
+        run("train", TrainConfig(data=str(data_dir), out=str(tmp_path / "run"), nproc=2, nnodes=2,
+                                 rdzv_endpoint="h:1"))
+    assert started == [1, 1, 2]
 
 
 def test_the_library_runs_in_the_process_it_is_called_in(tmp_path, data_dir):  # noqa: F811

@@ -1,4 +1,4 @@
-"""What the environment a process starts in says about its launch (lcft.parallel.mesh.launch_world, init_world):
+"""What the environment a process starts in says about its launch (lcft.liveness.launch_world, lcft.parallel.mesh.init_world):
 a real torchrun launch (the elastic agent's TORCHELASTIC_RUN_ID beside env://'s variables), a copy of one left in a
 shell, an MPI launcher's processes. Each is decided in this process, without waiting for a real rendezvous
 timeout (the one wait left is bounded by a tiny --collective-timeout here)."""
@@ -10,7 +10,9 @@ import torch.distributed as dist
 
 from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
-from lcft.parallel.mesh import init_world, launch_world
+from lcft.launch import run
+from lcft.liveness import launch_world
+from lcft.parallel.mesh import init_world
 from lcft.train import TrainConfig, train
 from tests.parallel.harness import free_port
 from tests.train.launching import LAUNCH_NAMES, MPI_SIZES
@@ -112,15 +114,19 @@ def test_one_task_in_a_larger_slurm_allocation_is_one_process(env, step):
 
 @pytest.mark.parametrize("given", [{"LOCAL_RANK": "0"}, {"PMI_SIZE": "2"}])
 @pytest.mark.parametrize("job", ["train", "eval"])
-def test_train_and_eval_decide_the_launch_before_reading_anything(env, job, given, tmp_path):
-    """A launch environment no launcher made is refused first: nothing read (the data here does not exist) and
-    nothing written."""
+@pytest.mark.parametrize("through", ["job", "launch.run"])
+def test_train_and_eval_decide_the_launch_before_reading_anything(env, job, given, through, tmp_path):
+    """A launch environment no launcher made is refused first, by the job itself and through lcft.launch.run (the
+    CLI's way in, whose own checks come after it): nothing read (the data here does not exist, and eval's --cp 2
+    would not divide one process) and nothing written."""
     env(**given)
     out, none = tmp_path / "out", str(tmp_path / "none")
+    cfg = (TrainConfig(data=none, out=str(out), preset="tiny", steps=1, global_batch=1) if job == "train" else
+           EvalConfig(data=none, checkpoints=(none,), out=str(out), cp=2))
     with pytest.raises(LcftError) as e:
-        if job == "train":
-            train(TrainConfig(data=none, out=str(out), preset="tiny", steps=1, global_batch=1))
+        if through == "launch.run":
+            run(job, cfg)
         else:
-            evaluate(EvalConfig(data=none, checkpoints=(none,), out=str(out)))
+            (train if job == "train" else evaluate)(cfg)
     name, value = next(iter(given.items()))
     assert f"{name}={value}" in _one_line(e) and not out.exists()
