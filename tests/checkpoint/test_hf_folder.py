@@ -239,7 +239,9 @@ def test_export_cli_writes_hf_folder_of_latest_checkpoint(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, small(seed=2)(ids), rtol=1e-5, atol=1e-5)
 
-    r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf")])  # not empty now
+    r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf")])  # the same export: nothing to write
+    assert r.exit_code == 0 and "already exported to" in r.output, r.output
+    r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"])  # another one
     assert r.exit_code == 1 and "--force" in r.output
     r = runner.invoke(app, ["export", str(run), "--out", str(tmp_path / "hf"), "--force", "--dtype", "bfloat16"])
     assert r.exit_code == 0, r.output
