@@ -1,37 +1,39 @@
 """A checkpoint's model as an HF folder (`lcft export`): from a plain checkpoint's model in memory, or streamed
 from DCP shards one safetensors shard at a time; built in a locked work folder, so a new --out appears complete or
 not at all, a killed export leaves nothing the next one does not remove, and the same export run again finishes
-what a killed one had partly moved in (or finds it all there); and the bytes such an export writes (its disk-full
-message)."""
+what a killed one had partly moved in (or finds it all there, by the origin its lcft.json records, building
+nothing); and the bytes such an export writes (its disk-full message)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import filecmp
+import functools
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, read_tensors
-from lcft.checkpoint.hf_folder import move_model_files, save_pretrained, write_model_folder
-from lcft.checkpoint.layout import (
-    EXPORT_WORK,
-    MODEL_CONFIG,
-    CheckpointChanged,
+from lcft.checkpoint.export_out import (
+    EXPORT_RECORD,
+    Origin,
     check_export_out,
-    maybe_exported,
-    read_model_config,
-    unchanged,
+    export_origin,
+    export_record,
+    foreign_file,
+    holds_this_export,
 )
+from lcft.checkpoint.hf_folder import add_meta, move_model_files, save_pretrained, write_model_folder
+from lcft.checkpoint.layout import EXPORT_WORK, MODEL_CONFIG, CheckpointChanged, read_model_config, unchanged
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME, folder_lock, refuse_nonempty_output, temp_name
+from lcft.files import LOCK_NAME, folder_lock, temp_name
 from lcft.model.hf_params import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete
@@ -45,7 +47,7 @@ def _already_published(build: Path, out: Path) -> bool:
     ours = {p.name for p in build.iterdir()}
     for name in sorted(theirs):
         if name not in ours or (out / name).is_symlink() or not _same_bytes(out / name, build / name):
-            raise LcftError(f"{out} already exists and its {name} is not this export's (use --force to overwrite)")
+            raise foreign_file(out, name)
     return theirs == ours
 
 
@@ -61,13 +63,17 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
                  max_shard_size: int = MAX_SHARD_BYTES) -> tuple[Path, bool]:
     """Write the model of `source` (lcft.checkpoint.load(path, materialize=False)) to `out` as an HF folder,
     keeping the tokenizer spec it records, with the tokenizer files (tokenizer.json + config: AutoTokenizer
-    encodes DNA to the model's ids; lcft.genomics.hf_tokenizer.checkpoint_tokenizer). A sharded source is streamed (peak memory: about one output shard
-    plus the largest tensor; the whole model is never in memory). A new `out` appears complete (one rename);
+    encodes DNA to the model's ids; lcft.genomics.hf_tokenizer.checkpoint_tokenizer), and in lcft.json where it
+    came from (lcft.checkpoint.export_out.export_origin). A sharded source is streamed (peak memory: about one output
+    shard plus the largest tensor; the whole model is never in memory). A new `out` appears complete (one rename);
     into an existing one (`force`, empty, or partly published by a killed run of this export) the files are moved
     when all are written, config.json last. A full disk is a one-line error; nothing of a failed export stays.
-    Returns (`out`, False when it already held all of this export: nothing was moved)."""
+    Returns (`out`, False when it already held all of this export: nothing was written or moved)."""
     out = Path(out)
-    check_export_out(out, source.path, force)
+    asked = str(dtype).removeprefix("torch.") if dtype is not None else None
+    origin: Origin = functools.cache(lambda: export_origin(source.path, asked, source.identity))
+    if check_export_out(out, source.path, force, origin):
+        return out, False
     if source.model is None:
         raise ValueError("export_model needs the source's model: load(path, materialize=False)")
     from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
@@ -75,14 +81,17 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
     # the tokenizer lcft.json records, checked against the folder's tokenizer.json and the embedding's rows
     with unchanged(source.path, source.identity):
         tokenizer = checkpoint_tokenizer(source.path, source.tokenizer, source.model.config.vocab_size)
+        origin()  # the source's content as the model was read (a run pruning it meanwhile: one line)
     failed: tuple[Exception, int | None] | None = None
     written = True
-    with _work_folder(out) as build:
-        # again under the lock: another writer may have been first
-        refuse_nonempty_output(out, force or maybe_exported(out), (BUILD,))
+    # again under the lock, before anything there changes: another writer may have been first
+    with _work_folder(out, lambda: not holds_this_export(out, force, origin)) as build:
+        if build is None:
+            return out, False
         try:  # a sharded source is read as written: removed or replaced meanwhile (a run pruning it), one line
             with unchanged(source.path, source.identity) if source.sharded else contextlib.nullcontext():
                 _write(source, build, dtype, max_shard_size, tokenizer)
+                add_meta(build, {EXPORT_RECORD: export_record(origin(), build)})
         except CheckpointChanged:
             raise
         except Exception as e:
@@ -113,20 +122,26 @@ def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_siz
 
 
 @contextlib.contextmanager
-def _work_folder(out: Path) -> Iterator[Path]:
+def _work_folder(out: Path, admit: Callable[[], bool]) -> Iterator[Path | None]:
     """An empty folder to build the export of `out` in, held under a lock: `out`'s own when it exists (the lock
     every lcft writer takes), else that of its hidden sibling '.NAME.tmp' (so `out` itself appears only
-    complete). What a killed export left there (its partial files, the writers' temp files) is removed first; the
-    work folder, and the sibling, when the block ends. The work folder is kept, emptied, while it marks files of an
-    export not all moved in (`_half_published`: config.json comes last), until an export completes them: readers
-    say so, and the same export run again takes them for its own (`layout.maybe_exported`). A sibling that an
-    export of a new `out` left, killed once it had renamed its work folder to `out`, goes at the start."""
+    complete); None, nothing changed, when `admit()`, asked first under the lock, says no export is to be built
+    (or raises: refused). What a killed export left there (its partial files, the writers' temp files) is removed
+    first; the work folder, and the sibling, when the block ends. The work folder is kept, emptied, while it marks
+    files of an export not all moved in (`_half_published`: config.json comes last), until an export completes
+    them: readers say so, and the same export run again takes them for its own (`export_out.maybe_exported`). A
+    sibling that an export of a new `out` left, killed once it had renamed its work folder to `out`, goes at the
+    start."""
     holder, held = (out if out.is_dir() else temp_name(out)), False
     if holder == out:
         _remove_sibling(out)
     try:
         with folder_lock(holder, "lcft export", shown=out):
-            held, build = True, holder / BUILD
+            held = True
+            if not admit():
+                yield None
+                return
+            build = holder / BUILD
             marks = build.is_dir() and _half_published(holder)
             _empty(build)  # existing: the writers put their temp files inside it, never beside it
             try:

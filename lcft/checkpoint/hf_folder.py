@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
 from lcft.errors import LcftError, reason, shown
-from lcft.files import read_json, replacing, respect_umask
+from lcft.files import atomic_write, read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, load_weights, shards, stale_weight_files
@@ -137,6 +137,11 @@ def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: 
 
         save_hf_tokenizer(hf_tokenizer, directory)
     return directory
+
+
+def add_meta(directory: Path, meta: dict[str, Any]) -> None:
+    """`meta` added to the lcft.json of the model folder `directory` (replaced in one rename)."""
+    atomic_write(directory / MODEL_META, json.dumps({**read_json(directory / MODEL_META), **meta}, indent=2))
 
 
 def read_config(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> LlamaConfig:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME, file_hash, read_json, refuse_nonempty_output
+from lcft.files import file_hash, read_json
 from lcft.hub import local_path
 from lcft.liveness import launched
 from lcft.vocab import spec_problem
@@ -31,7 +31,7 @@ RUN_CONFIG = "config.toml"
 CHECKSUMS = "checksums.json"
 SUPERSEDED = "superseded"
 MODEL_CONFIG = "config.json"  # a model folder's HF config
-MODEL_META = "lcft.json"  # lcft's own part of a model folder: attention settings, tokenizer spec, "weights"
+MODEL_META = "lcft.json"  # lcft's own part of a model folder: attention settings, tokenizer spec, "weights", "export"
 EXPORT_WORK = ".export.tmp"  # in an export's --out while `lcft export` builds the model folder (lcft.checkpoint.export)
 
 
@@ -267,29 +267,6 @@ def check_output_folder(out: str | os.PathLike, writes: str, allowed: tuple[str,
     kind = folder_kind(out)
     if kind is not None and kind not in allowed:
         raise LcftError(f"--out {out} is {FOLDER_KINDS[kind]}; choose another --out for {writes}")
-
-
-def check_export_out(out: Path, source: str | os.PathLike, force: bool) -> None:
-    """`out` may take an export of the checkpoint `source` (`lcft export`): not the checkpoint itself or a folder in
-    it (its files would be replaced by the export's, and its checksums no longer hold), and empty unless `force` or
-    holding what an earlier run of an export left (`maybe_exported`; whether it is this export's is known once
-    built: lcft.checkpoint.export)."""
-    refuse_out_inside(out, Path(source), "the export")
-    check_output_folder(out, "the export", ("model",))  # --force replaces an earlier export, never a run
-    refuse_nonempty_output(out, force or maybe_exported(out), (EXPORT_WORK,))
-
-
-def maybe_exported(out: Path) -> bool:
-    """Whether `out` may hold an export published in part or whole by an earlier run of it, killed while it moved
-    its files in or after: only regular files besides the lock, and either the work folder (there until
-    config.json, the last file, is in) or config.json and lcft.json. Anything else (a user's files, a folder, a
-    published model) is refused before the checkpoint is read."""
-    if not out.is_dir():
-        return False
-    names = {p.name for p in out.iterdir()} - {LOCK_NAME, EXPORT_WORK}
-    if not all((out / n).is_file() and not (out / n).is_symlink() for n in names):
-        return False
-    return (out / EXPORT_WORK).is_dir() or {MODEL_CONFIG, MODEL_META} <= names
 
 
 def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path:

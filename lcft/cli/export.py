@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the model files in a non-empty --out."),
     ) -> None:
         """Export a trained model as a Hugging Face folder of its own class (Llama, Mistral, Qwen2, Qwen3, Mixtral)."""
-        from lcft.checkpoint.layout import check_export_out, read_checkpoint
+        from lcft.checkpoint.export_out import check_export_out, export_origin
+        from lcft.checkpoint.layout import read_checkpoint
 
         # as given: a Path would turn ./org/name into org/name, a Hub id; `--out=~/x`: the shell leaves '~'
         checkpoint, out = home(checkpoint), Path(home(str(out)))
@@ -36,18 +37,21 @@ def register(app: typer.Typer) -> None:
             raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
 
         def export_from(source: Path) -> Path:  # source verified: a corrupt checkpoint is an error naming the file
-            check_export_out(out, source, force)  # before the checkpoint is read
-            import torch  # after the checks: a user error answers without it
+            # before the checkpoint is read: a complete export in --out is this one (its lcft.json records the
+            # source's content and --dtype), nothing to write, or another, refused
+            written = False
+            if not check_export_out(out, source, force, lambda: export_origin(source, dtype)):
+                import torch  # after the checks: a user error answers without it
 
-            from lcft.checkpoint.export import export_model
-            from lcft.checkpoint.reader import load
+                from lcft.checkpoint.export import export_model
+                from lcft.checkpoint.reader import load
 
-            cast = getattr(torch, dtype) if dtype else None
-            with console.status(f"exporting {source} ..."):
-                # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
-                path, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
-            done = "wrote" if written else "already exported to"  # a rerun after a kill that came once all was in
-            console.print(f"{done} {path} (from {source})", highlight=False)
-            return path
+                cast = getattr(torch, dtype) if dtype else None
+                with console.status(f"exporting {source} ..."):
+                    # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
+                    _, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
+            done = "wrote" if written else "already exported to"  # run again after a kill, or after it completed
+            console.print(f"{done} {out} (from {source})", highlight=False)
+            return out
 
         read_checkpoint(checkpoint, export_from)  # a run's latest, pruned meanwhile: the new latest

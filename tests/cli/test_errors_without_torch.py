@@ -37,6 +37,8 @@ def model_folder(path: Path) -> Path:
 def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
     """(arguments, what the one error line says) of each user error."""
     missing, model, out = tmp / "missing", model_folder(tmp / "model"), tmp / "out"
+    exported = model_folder(tmp / "exported")  # a complete export, of another checkpoint than `model`
+    (exported / "lcft.json").write_text(json.dumps({"export": {"source_sha256": "0" * 64, "dtype": None, "files": {}}}))
     train = ["train", "--data", str(data), "--out", str(out)]
     return [
         (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out)], f"data folder not found: {missing}"),
@@ -61,6 +63,7 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["export", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
         (["export", str(model), "--out", str(model / "hf")], "is the checkpoint"),
         (["export", str(model), "--out", str(out), "--dtype", "int8"], "--dtype 'int8' is not one of"),
+        (["export", str(model), "--out", str(exported)], "already holds an export of another checkpoint"),
     ]
 
 
