@@ -9,8 +9,8 @@ into the folder is refused from the first byte, and checks the folder takes the 
 the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R -m
 lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
-batch, keep its losses and exit), ends them at once on a second signal or when one of them is frozen, and returns
-the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+batch, keep its losses and exit), ends them at once on a second signal, when one of them is frozen, or on a
+rank's user error (then raised as that rank raised it), and returns the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
 node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
 ignored.
 
@@ -42,7 +42,7 @@ from lcft.config_toml import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
-from lcft.launch.process import FAILURES_ENV, PARENT_ENV, RESULT_FILE_ENV
+from lcft.launch.process import ERRORS_ENV, FAILURES_ENV, PARENT_ENV, RESULT_FILE_ENV
 from lcft.liveness import (
     EXIT_LOST,
     FAILURE_FILE_ENV,
@@ -95,8 +95,9 @@ def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
 def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
     """Run job `name` in cfg.nproc processes on this node (of cfg.nnodes); returns rank 0's summary. On one
     node, the output folder's lock is taken first (across nodes rank 0 takes it, wherever torchrun placed it),
-    then node 0 runs `entry.check_out(cfg)`. Raises PeerLost (exit code 75) when a rank stopped answering or was
-    killed by a signal, Stopped on a second signal."""
+    then node 0 runs `entry.check_out(cfg)`. Raises a rank's user error as it raised it (rank 0's, else the
+    first one's, when several did), PeerLost (exit code 75) when a rank stopped answering or was killed by a signal, Stopped on a
+    second signal."""
     j = job(name)
     started = time.time()
     with contextlib.ExitStack() as stack:
@@ -107,11 +108,13 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lcft-launch-")))  # mode 0700
         spec = save_resolved(tmp / "spec.toml", to_dict(cfg))
         files = {FAILURE_FILE_ENV: tmp / "failure.txt", FAILURES_ENV: tmp / "failures.json",
-                 RESULT_FILE_ENV: tmp / "result.json"}
+                 RESULT_FILE_ENV: tmp / "result.json", ERRORS_ENV: tmp / "errors"}
+        files[ERRORS_ENV].mkdir()
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
                f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", name, str(spec)]
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
-        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], elastic=cfg.max_restarts > 0, resume=j.resume)
+        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files[ERRORS_ENV], cfg.nproc,
+                                 elastic=cfg.max_restarts > 0, resume=j.resume)
         rc = supervisor.run()
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
         killed = _killed(files[FAILURES_ENV], cfg.node_rank, j.resume) if rc != 0 and not supervisor.ended else None
@@ -121,13 +124,16 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 and not erred else None
         result = files[RESULT_FILE_ENV]
         summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
+    if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
+        raise LcftError(supervisor.said)
     if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
         raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} while the workers were starting, "
                       f"before they saved; {j.resume}", supervisor.stop)
     if killed or lost:
         raise PeerLost(killed or lost)
     if rc != 0:
-        raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
+        raise LcftError(supervisor.heard or f"{j.what} processes failed (torchrun exit code {rc}); the first error "
+                        "is printed above")
     return summary or _elsewhere(Path(cfg.out) / entry.summary, started, cfg.node_rank)
 
 
@@ -193,14 +199,20 @@ class _Supervisor:
     Signalling torchrun instead would make it kill the workers (SIGKILL after 30 s), possibly in the middle of
     their final checkpoint. A second signal, or a frozen worker (which could never save), ends everything at
     once; so does a worker's diagnosis of a lost rank when no restart will follow (torchrun would otherwise
-    wait 30 s for a frozen process it cannot stop with SIGTERM).
+    wait 30 s for a frozen process it cannot stop with SIGTERM), and a rank's user error (`_user_error`).
     """
 
     POLL_S = 0.2
     LOST_GRACE_S = 3.0  # after a worker reported a lost rank, let torchrun end the group by itself this long
+    ERROR_GRACE_S = 2.0  # after a rank's user error, the most it waits for the node's other ranks to raise theirs
 
-    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, elastic: bool, resume: str) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, errors: Path, nproc: int,
+                 elastic: bool, resume: str) -> None:
         self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
+        self.errors, self.nproc = errors, nproc
+        self.heard: str | None = None  # the latest user error a rank handed over
+        self.heard_at: float | None = None  # when the first of the ranks' errors came
+        self.said: str | None = None  # the one it ended the launch on
         self.signals: list[int] = []
         self.stop: int | None = None  # the first stop signal, passed on to every worker, those started later too
         self.told: set[int] = set()  # pids of the workers it was passed on to
@@ -244,7 +256,9 @@ class _Supervisor:
                     self.stop = signum
             if self.stop is not None and not self.ended:  # a worker not yet started when it came gets it too
                 self._forward(self.stop)
-            if read_report(self.failure) is not None:
+            if not self.ended:
+                self._user_errors()
+            if not self.ended and read_report(self.failure) is not None:
                 if self.elastic:  # the agent restarts the group: say why, and clear the way for the next report
                     print(f"restarting: {read_report(self.failure)}", file=sys.stderr, flush=True)
                     self.failure.unlink(missing_ok=True)
@@ -252,6 +266,30 @@ class _Supervisor:
                     reported_at = time.monotonic()
                 elif time.monotonic() - reported_at > self.LOST_GRACE_S:
                     self._kill()
+
+    def _user_errors(self) -> None:
+        """The user errors ranks handed over, each waiting in the process group (lcft/launch/__main__.py): once
+        every rank of this node raised one (the same check), or ERROR_GRACE_S after the first (the others wait in
+        a collective), everything is ended at once, before a rank sees another go (gloo's errors; a restart: a
+        rerun fails the same way), and the launch raises rank 0's error, else the first one's. Unless a worker of
+        this node has ended: an error may then be its consequence (a collective load torn by a rank the OOM killer
+        ended), and torchrun ends the launch, its agent naming that worker."""
+        handed = _handed_over(self.errors)
+        if not handed:
+            return
+        self.heard = handed[0][2]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            running = [w for w in psutil.Process(self.proc.pid).children()
+                       if _status(w) not in (None, psutil.STATUS_ZOMBIE)]
+            if len(running) < self.nproc:
+                for rank, _, _ in handed:  # a restarted group's errors are heard anew
+                    (self.errors / str(rank)).unlink(missing_ok=True)
+                self.heard_at = None
+                return
+            self.heard_at = self.heard_at or time.monotonic()
+            if len(handed) >= self.nproc or time.monotonic() - self.heard_at > self.ERROR_GRACE_S:
+                self.said = self.heard
+                self._kill()
 
     def _workers(self) -> list[psutil.Process]:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -276,11 +314,23 @@ class _Supervisor:
                 w.send_signal(signum)
 
     def _kill(self) -> None:
-        """SIGKILL torchrun and its workers (each in a session of its own; a stopped process takes SIGKILL too)."""
+        """SIGKILL torchrun and its workers (each in a session of its own), every one stopped first (SIGSTOP; a
+        stopped process takes SIGKILL too): none sees another end, and prints about it, before it ends itself."""
         self.ended = True
-        for p in [*self._workers(), psutil.Process(self.proc.pid)]:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        everyone = [psutil.Process(self.proc.pid), *self._workers()]
+        for signum in (signal.SIGSTOP, signal.SIGKILL):
+            for p in everyone:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signum)
+
+
+def _handed_over(folder: Path) -> list[tuple[int, int, str]]:
+    """(rank, when, message) of each user error a rank wrote into `folder`, rank 0's first, then by time."""
+    handed = []
+    for path in folder.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            handed.append((int(path.name), path.stat().st_mtime_ns, path.read_text().strip()))
+    return sorted(handed, key=lambda h: (h[0] != 0, h[1], h[0]))
 
 
 def _status(p: psutil.Process) -> str | None:

@@ -5,19 +5,26 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
+from pathlib import Path
 
 from lcft import liveness
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.launch.jobs import JOBS
-from lcft.launch.process import RESULT_FILE_ENV, die_with_parent
-from lcft.signals import note_until_installed
+from lcft.launch.process import ERRORS_ENV, RESULT_FILE_ENV, die_with_parent
+from lcft.signals import StopSignals, note_until_installed
+
+HAND_OVER_S = 10.0
+"""How long a rank that handed its user error to the launcher waits to be ended with the others (the launcher
+waits at most 2 s for the other ranks of its node); then it exits 1 by itself, as it does when a stop signal
+comes first."""
 
 
 def main(argv: list[str] | None = None) -> int:
     """Load JOB's config from SPEC.toml and run it on this rank; rank 0 hands its summary back to the launcher
-    (the file RESULT_FILE_ENV names). 1 on a user error (printed by rank 0)."""
+    (the file RESULT_FILE_ENV names). 1 on a user error (handed to the launcher, else printed by rank 0)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in JOBS:
         print(f"usage: python -m lcft.launch {{{','.join(JOBS)}}} CONFIG.toml "
@@ -32,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank0 and (result := os.environ.get(RESULT_FILE_ENV)):
             atomic_write(result, json.dumps(summary, default=str))
     except LcftError as e:
-        if rank0:
+        if not _hand_over(str(e), os.environ.get("RANK", "0")) and rank0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:
@@ -46,6 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         liveness.stop()
         _destroy_process_group()
     return 0
+
+
+def _hand_over(message: str, rank: str) -> bool:
+    """Give the launcher this rank's user error and wait, still in the process group, for the launcher to end
+    every process of the launch at once: a rank that ended here would tear the others out of their collectives,
+    each then printing its own consequence (gloo's errors, the store's C++ stack traces). False without the
+    launcher's folder (torchrun started by hand): rank 0 prints the error."""
+    folder = os.environ.get(ERRORS_ENV)
+    if not folder:
+        return False
+    atomic_write(Path(folder) / rank, message)  # whole or not there
+    with StopSignals() as stop:  # the agent ending the group (another worker ended first) ends the wait too
+        deadline = time.monotonic() + HAND_OVER_S
+        while stop.signum is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return True
 
 
 def _destroy_process_group() -> None:

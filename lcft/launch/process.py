@@ -8,6 +8,7 @@ import ctypes
 import os
 import signal
 
+ERRORS_ENV = "LCFT_USER_ERRORS"  # set by the launcher: the folder where a rank writes its user error (file: RANK)
 FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary

@@ -1,5 +1,6 @@
 """The launcher's worker entry (`python -m lcft.launch JOB CONFIG.toml`) and an eval launch that fails on
-every rank: one error line (rank 0's), the temporary config removed, the report from before kept as it was."""
+every rank: the error raised once, as one rank raised it, nothing printed by the workers, the temporary config
+removed, the report from before kept as it was."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.launch import run
 from lcft.launch.__main__ import main
-from lcft.launch.process import RESULT_FILE_ENV
+from lcft.launch.process import ERRORS_ENV, RESULT_FILE_ENV
 
 
 def test_worker_refuses_a_bad_command_line(capsys):
@@ -27,16 +28,38 @@ def test_worker_refuses_a_bad_command_line(capsys):
     assert capsys.readouterr().err.count("usage: python -m lcft.launch {train,eval} CONFIG.toml") == 2
 
 
+def _failing_spec(tmp_path: Path) -> tuple[Path, str]:
+    """An eval config that fails with a user error, and the message it fails with when run in this process."""
+    cfg = EvalConfig(data=str(tmp_path / "missing"), checkpoints=(str(tmp_path / "model"),), out=str(tmp_path / "r"))
+    with pytest.raises(LcftError) as direct:
+        evaluate(cfg)
+    return save_resolved(tmp_path / "eval.toml", to_dict(cfg)), str(direct.value)
+
+
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_worker_prints_a_user_error_on_rank_0_only(tmp_path, capsys, monkeypatch, rank):
-    cfg = EvalConfig(data=str(tmp_path / "missing"), checkpoints=(str(tmp_path / "model"),), out=str(tmp_path / "r"))
-    with pytest.raises(LcftError) as direct:  # the same job run in this process: the message to expect
-        evaluate(cfg)
-    spec = save_resolved(tmp_path / "eval.toml", to_dict(cfg))
+    """Under torchrun started by hand (no launcher to hand the error to)."""
+    spec, message = _failing_spec(tmp_path)
+    monkeypatch.delenv(ERRORS_ENV, raising=False)
     monkeypatch.setenv("RANK", rank)
     assert main(["eval", str(spec)]) == 1
     err = capsys.readouterr().err
-    assert err == (f"error: {direct.value}\n" if rank == "0" else "")
+    assert err == (f"error: {message}\n" if rank == "0" else "")
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_worker_hands_a_user_error_to_the_launcher(tmp_path, capsys, monkeypatch, rank):
+    """Under lcft's launcher a rank with a user error writes it, under its rank, into the launcher's folder, and
+    prints nothing (the launcher raises it, once)."""
+    spec, message = _failing_spec(tmp_path)
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    monkeypatch.setenv(ERRORS_ENV, str(errors))
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr("lcft.launch.__main__.HAND_OVER_S", 0.0)  # no launcher here to end the wait
+    assert main(["eval", str(spec)]) == 1
+    assert {p.name: p.read_text() for p in errors.iterdir()} == {rank: message}
+    assert capsys.readouterr().err == ""
 
 
 # Stands in for the job's work in a worker process: a summary (success) or an internal error (a bug).
@@ -92,9 +115,8 @@ def test_eval_launch_failing_on_every_rank(tmp_path, capfd):
     cfg = EvalConfig(data=str(data), checkpoints=(str(tmp_path / "model"),), max_context=(768,), max_windows=1,
                      out=str(out), nproc=2, cp=2)
     capfd.readouterr()
-    with pytest.raises(LcftError, match=r"evaluation processes failed \(torchrun exit code 1\)"):
+    with pytest.raises(LcftError, match=r"--max-context 768 does not divide the window \(2048\) under --cp 2"):
         run("eval", cfg)
-    err = capfd.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "768" in errors[0], err[-3000:]
+    said = capfd.readouterr()
+    assert said.out == said.err == "", said  # neither the workers nor torchrun's agent printed anything
     assert sorted(p.name for p in out.iterdir()) == ["eval.json"] and (out / "eval.json").read_text() == "{}"
