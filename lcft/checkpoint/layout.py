@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from lcft.errors import LcftError
 from lcft.files import file_hash, read_json
-from lcft.hub import local_path
+from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
 from lcft.vocab import spec_problem
 
@@ -195,6 +195,12 @@ def locate_checkpoint(path: str | os.PathLike) -> Path:
         raise LcftError(f"{p} holds a run's checkpoints: give the run folder {p.parent} (its latest) or one "
                         f"checkpoint, such as {latest}")
     raise LcftError(f"{p} is not a run folder, a checkpoint folder or an HF model folder (no {MODEL_CONFIG})")
+
+
+def locate_local(given: str | os.PathLike) -> Path | None:
+    """The folder `given` names, found but not verified (locate_checkpoint), or None for a Hub id (looked up when
+    it is read): what a check before the work tells without the network or a hash."""
+    return None if hub_id(given) is not None else locate_checkpoint(given)
 
 
 def names_run(given: str | os.PathLike) -> bool:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lcft.checkpoint.layout import check_output_folder, locate_checkpoint, refuse_out_inside
+from lcft.checkpoint.layout import check_output_folder, locate_local, refuse_out_inside
 from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.genomics.shards import read_manifest, verify_windows
 from lcft.genomics.window_set import WindowSet, open_windows
-from lcft.hub import hub_id
 from lcft.shapes import check_world
 
 
@@ -48,6 +47,6 @@ def check_checkpoints(cfg: EvalConfig) -> None:
     """Every checkpoint named is found (a Hub id is looked up when it is read), --out is none of them nor inside
     one, and may take the report (beside a run is fine). Nothing is hashed or read."""
     for given in cfg.checkpoints:  # named first (check_output_folder calls it a model folder)
-        if hub_id(given) is None:  # a Hub snapshot is looked up once, when it is read
-            refuse_out_inside(cfg.out, locate_checkpoint(given), "the report")
+        if (found := locate_local(given)) is not None:  # a Hub snapshot is looked up once, when it is read
+            refuse_out_inside(cfg.out, found, "the report")
     check_output_folder(cfg.out, "the report", ("run",), data=cfg.data)

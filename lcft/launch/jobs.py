@@ -48,7 +48,7 @@ class Entry:
 
 
 def _train() -> Entry:
-    from lcft.checkpoint.layout import latest_checkpoint
+    from lcft.checkpoint.layout import latest_checkpoint, locate_local
     from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
     from lcft.train.run_dir import SUMMARY, check_launch, check_run_folder
@@ -64,6 +64,8 @@ def _train() -> Entry:
     def check(cfg: Any, world: int) -> None:
         check_launch(cfg, world)
         read_manifest(cfg.data)  # --data is a prepared windows folder (the trainer checks its files against it)
+        if cfg.init and not cfg.resume:  # (a resume trains the checkpoint's model: --init is not read)
+            locate_local(cfg.init)  # found; read, verified and checked against the data by the job
 
     def work(cfg: Any, **kwargs: Any) -> dict[str, Any]:
         from lcft.train.trainer import train

@@ -74,6 +74,30 @@ def test_a_user_error_found_in_the_workers_is_one_line(tmp_path, data_dir, init_
     assert not out.exists() and not (tmp_path / "alone").exists()
 
 
+def test_a_missing_init_answers_before_the_launch(tmp_path, data_dir, monkeypatch):  # noqa: F811
+    """--init is found before any process starts: the error of one process, and no run folder. A resume trains
+    its checkpoint's model and does not read --init: its own error comes instead."""
+    def args(out: Path) -> list[str]:
+        return ["train", "--data", str(data_dir), "--init", str(tmp_path / "missing"), "--out", str(out), *RUN,
+                "--nproc", "2"]
+
+    resumed = CliRunner().invoke(app, [*args(tmp_path / "resumed"), "--resume", "auto"])  # (the launch refuses it)
+    assert resumed.exit_code == 1 and resumed.stderr.startswith("error: --resume auto: no checkpoint in "), \
+        resumed.output
+    assert not (tmp_path / "resumed").exists()
+
+    def no_launch(*_args):
+        raise AssertionError("launched")
+
+    monkeypatch.setattr("lcft.launch.launch", no_launch)
+    alone = CliRunner().invoke(app, args(tmp_path / "new" / "run")[:-2])
+    r = CliRunner().invoke(app, args(tmp_path / "new" / "run"))
+    assert alone.exit_code == r.exit_code == 1 and r.stderr == alone.stderr, (alone.output, r.output, r.exception)
+    assert r.stderr == f"error: checkpoint not found: {tmp_path / 'missing'} (give a checkpoint, a run or an HF " \
+                       "model folder)\n"
+    assert not (tmp_path / "new").exists()
+
+
 def test_rank_0s_error_is_raised_else_the_first_ones(tmp_path):
     for rank, when in [(3, 1), (1, 2), (2, 2)]:
         (tmp_path / str(rank)).write_text(f"from rank {rank}\n")
