@@ -9,6 +9,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -48,10 +49,10 @@ class Entry:
 
 
 def _train() -> Entry:
-    from lcft.checkpoint.layout import latest_checkpoint, locate_local
+    from lcft.checkpoint.layout import check_output_folder, latest_checkpoint, locate_local
     from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
-    from lcft.train.run_dir import SUMMARY, check_launch, check_run_folder
+    from lcft.train.run_dir import SUMMARY, check_launch, check_run_dir, check_run_folder
 
     def load(path: str) -> Any:
         cfg = load_run_config(path)
@@ -64,6 +65,10 @@ def _train() -> Entry:
     def check(cfg: Any, world: int) -> None:
         check_launch(cfg, world)
         read_manifest(cfg.data)  # --data is a prepared windows folder (the trainer checks its files against it)
+        if cfg.resume:  # the checkpoint it resumes is found and verified (hashed) by the job
+            check_output_folder(cfg.out, "the run", ("run",), data=cfg.data)
+        else:  # another run's checkpoints in --out are refused (none is read)
+            check_run_dir(cfg, Path(cfg.out), lambda _message: None)
         if cfg.init and not cfg.resume:  # (a resume trains the checkpoint's model: --init is not read)
             locate_local(cfg.init)  # found; read, verified and checked against the data by the job
 

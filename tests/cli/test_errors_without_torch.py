@@ -34,6 +34,12 @@ def model_folder(path: Path) -> Path:
     return path
 
 
+def run_folder(path: Path) -> Path:
+    """A run folder holding a checkpoint (its folder name is all a new run's check looks at)."""
+    (path / "checkpoints" / "step-00000002").mkdir(parents=True)
+    return path
+
+
 def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
     """(arguments, what the one error line says) of each user error."""
     missing, model, out = tmp / "missing", model_folder(tmp / "model"), tmp / "out"
@@ -60,6 +66,10 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         ([*train, "--nproc", "2", "--global-batch", "3"], "global_batch 3 is not a multiple of micro_batch x "
          "data-parallel ranks (1 x 2)"),
         (["train", "--data", str(data), "--out", str(model), "--nproc", "2"], "is a model folder"),
+        (["train", "--data", str(data), "--out", str(model)], "is a model folder"),
+        (["train", "--data", str(data), "--out", str(data)], "is --data"),
+        ([*train, "--init", str(missing)], f"checkpoint not found: {missing}"),
+        (["train", "--data", str(data), "--out", str(run_folder(tmp / "run"))], "already holds checkpoints"),
         (["export", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
         (["export", str(model), "--out", str(model / "hf")], "is the checkpoint"),
         (["export", str(model), "--out", str(out), "--dtype", "int8"], "--dtype 'int8' is not one of"),
