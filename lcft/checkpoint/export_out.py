@@ -45,7 +45,8 @@ def holds_this_export(out: Path, force: bool, origin: Origin) -> bool:
     """Whether `out` holds, complete, the export whose origin is `origin()`. Without `force`, an `out` that is not
     new or empty is refused in one line unless `maybe_exported`; one holding a complete export (config.json, moved in
     last, and no work folder left) is this export when its lcft.json records this origin and the files it lists, of
-    their sizes, are all there is; else refused. One a kill left a work folder of (a half-moved export, or one
+    their sizes, are all there is; else refused (one recording no origin, of an earlier lcft, is compared once
+    built). One a kill left a work folder of (a half-moved export, or one
     killed before its work folder went) is let through: whether its files are this export's is known once built,
     and the export removes what the kill left (lcft.checkpoint.export). With `force`: False (the export replaces
     the model files)."""
@@ -53,8 +54,8 @@ def holds_this_export(out: Path, force: bool, origin: Origin) -> bool:
     if force or not out.is_dir() or not (out / MODEL_CONFIG).is_file() or _work_left(out):
         return False
     recorded = _recorded(out)
-    if recorded is None:  # an export of an lcft that recorded none, or a model folder of another writer
-        refuse_nonempty_output(out, False)  # (raises: `out` holds config.json)
+    if recorded is None:  # an export of an lcft that recorded none: built again, and its files compared byte for
+        return False  # byte (lcft.checkpoint.export), the same export said to be there, another refused
     files = recorded.pop(FILES)
     if recorded != origin():
         raise LcftError(f"{out} already holds an export of another checkpoint, --dtype or lcft version (use --force "

@@ -110,18 +110,21 @@ def test_the_same_export_of_a_sharded_checkpoint_run_again_builds_nothing(tmp_pa
     assert writes == [] and _tree(out) == before
 
 
-def test_a_complete_export_recording_no_origin_is_refused_before_anything_is_built(tmp_path, init_dir, writes):  # noqa: F811
-    """A model folder beside which lcft.json records no export's origin (an lcft that recorded none, another
-    writer): not known to be this export, refused at once as before any export could be run again."""
+def test_a_complete_export_recording_no_origin_is_compared_once_built(tmp_path, init_dir, writes):  # noqa: F811
+    """A complete export whose lcft.json records no origin (an earlier lcft's): not known to be this export until
+    built, then its files compared byte for byte: the same export is "already exported" (nothing moved), another
+    refused in one line, `--out` unchanged either way."""
     out = tmp_path / "hf"
     _exported(init_dir, out)
     meta = json.loads((out / "lcft.json").read_text())
     del meta["export"]
     (out / "lcft.json").write_text(json.dumps(meta))
+    (out / "config.json").write_text((out / "config.json").read_text() + " ")  # another writer's bytes
     before = _tree(out)
     writes.clear()
-    cli_fails(["export", str(init_dir), "--out", str(out)], f"{out} already exists and is not empty (use --force")
-    assert writes == [] and _tree(out) == before
+    cli_fails(["export", str(init_dir), "--out", str(out)], f"{out} already exists and its config.json is not "
+              "this export's (use --force")
+    assert len(writes) == 1 and _tree(out) == before
 
 
 @pytest.mark.parametrize("change", ["a file added", "a file removed", "a file cut short"])
