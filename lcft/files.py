@@ -199,6 +199,15 @@ def _holder(folder: Path) -> tuple[str | None, str | None]:
     return (pid or None), (command or None)
 
 
+def held_elsewhere(folder: str | os.PathLike) -> bool:
+    """Whether `folder`'s lock seems held by a process still running (the pid its LOCK_NAME records), told without
+    taking it: a check made before the lock is taken leaves such a folder to folder_lock's own one line."""
+    import psutil
+
+    pid = _holder(Path(folder))[0]
+    return pid is not None and pid.isdigit() and int(pid) != os.getpid() and psutil.pid_exists(int(pid))
+
+
 def _held_by_launcher(folder: Path) -> bool:
     """True when HELD_LOCK_ENV names `folder` and a pid that is an ancestor of this process and still holds
     the lock (its pid in LOCK_NAME): a worker of the launch that holds it."""

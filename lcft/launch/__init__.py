@@ -112,8 +112,10 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         files[ERRORS_ENV].mkdir()
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
                f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", name, str(spec)]
+        if cfg.nnodes > 1 and cfg.max_restarts > 0:  # the other nodes would restart and wait for this one's
+            del files[ERRORS_ENV]  # rendezvous: the group fails on every node alike, each printing its error
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
-        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files[ERRORS_ENV], cfg.nproc,
+        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(ERRORS_ENV), cfg.nproc,
                                  elastic=cfg.max_restarts > 0, resume=j.resume)
         rc = supervisor.run()
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
@@ -206,7 +208,7 @@ class _Supervisor:
     LOST_GRACE_S = 3.0  # after a worker reported a lost rank, let torchrun end the group by itself this long
     ERROR_GRACE_S = 2.0  # after a rank's user error, the most it waits for the node's other ranks to raise theirs
 
-    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, errors: Path, nproc: int,
+    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, errors: Path | None, nproc: int,
                  elastic: bool, resume: str) -> None:
         self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
         self.errors, self.nproc = errors, nproc
@@ -274,7 +276,7 @@ class _Supervisor:
         rerun fails the same way), and the launch raises rank 0's error, else the first one's. Unless a worker of
         this node has ended: an error may then be its consequence (a collective load torn by a rank the OOM killer
         ended), and torchrun ends the launch, its agent naming that worker."""
-        handed = _handed_over(self.errors)
+        handed = _handed_over(self.errors) if self.errors is not None else []
         if not handed:
             return
         self.heard = handed[0][2]
@@ -284,7 +286,7 @@ class _Supervisor:
             if len(running) < self.nproc:
                 for rank, _, _ in handed:  # a restarted group's errors are heard anew
                     (self.errors / str(rank)).unlink(missing_ok=True)
-                self.heard_at = None
+                self.heard = self.heard_at = None  # (a consequence of the worker that ended: not the cause)
                 return
             self.heard_at = self.heard_at or time.monotonic()
             if len(handed) >= self.nproc or time.monotonic() - self.heard_at > self.ERROR_GRACE_S:

@@ -63,7 +63,10 @@ def _hand_over(message: str, rank: str) -> bool:
     folder = os.environ.get(ERRORS_ENV)
     if not folder:
         return False
-    atomic_write(Path(folder) / rank, message)  # whole or not there
+    try:
+        atomic_write(Path(folder) / rank, message)  # whole or not there
+    except OSError:  # (a full disk, the likely cause of the error itself): printed by rank 0 as without it
+        return False
     with StopSignals() as stop:  # the agent ending the group (another worker ended first) ends the wait too
         deadline = time.monotonic() + HAND_OVER_S
         while stop.signum is None and time.monotonic() < deadline:

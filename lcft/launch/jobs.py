@@ -50,6 +50,7 @@ class Entry:
 
 def _train() -> Entry:
     from lcft.checkpoint.layout import check_output_folder, latest_checkpoint, locate_local
+    from lcft.files import held_elsewhere
     from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
     from lcft.train.run_dir import SUMMARY, check_launch, check_run_dir, check_run_folder
@@ -65,8 +66,8 @@ def _train() -> Entry:
     def check(cfg: Any, world: int) -> None:
         check_launch(cfg, world)
         read_manifest(cfg.data)  # --data is a prepared windows folder (the trainer checks its files against it)
-        if cfg.resume:  # the checkpoint it resumes is found and verified (hashed) by the job
-            check_output_folder(cfg.out, "the run", ("run",), data=cfg.data)
+        if cfg.resume or held_elsewhere(cfg.out):  # the checkpoint a resume names is verified (hashed) by the job;
+            check_output_folder(cfg.out, "the run", ("run",), data=cfg.data)  # a run writing there: its lock says so
         else:  # another run's checkpoints in --out are refused (none is read)
             check_run_dir(cfg, Path(cfg.out), lambda _message: None)
         if cfg.init and not cfg.resume:  # (a resume trains the checkpoint's model: --init is not read)

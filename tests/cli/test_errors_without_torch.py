@@ -93,3 +93,18 @@ def test_user_errors_answer_before_torch_is_imported(data_dir, tmp_path):  # noq
     assert not failed, "\n".join(map(str, failed))
     assert not (tmp_path / "out").exists()
 
+
+
+def test_a_run_folder_another_train_is_writing_is_its_locks_one_line(data_dir, tmp_path):  # noqa: F811
+    """A new run into a folder another `lcft train` holds (and has checkpoints in): the holder is named, not the
+    checkpoints (whose advice, --resume auto, would resume a run still going); the early check leaves it to the
+    lock."""
+    from lcft.files import folder_lock
+
+    run = run_folder(tmp_path / "run")
+    with folder_lock(run, "lcft train"):
+        r = subprocess.run([sys.executable, "-c", RUN, "train", "--data", str(data_dir), "--out", str(run)],
+                           capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(ROOT)},
+                           timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: another `lcft train` is writing into {run} (pid "), r.stderr

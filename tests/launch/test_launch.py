@@ -62,6 +62,16 @@ def test_worker_hands_a_user_error_to_the_launcher(tmp_path, capsys, monkeypatch
     assert capsys.readouterr().err == ""
 
 
+def test_a_user_error_that_cannot_be_handed_over_is_printed_by_rank_0(tmp_path, capsys, monkeypatch):
+    """The launcher's folder cannot take the error (a full disk, often the error's own cause; here: gone): rank 0
+    prints it, one line, as under torchrun started by hand, never a traceback of the failed hand-over."""
+    spec, message = _failing_spec(tmp_path)
+    monkeypatch.setenv(ERRORS_ENV, str(tmp_path / "gone"))
+    monkeypatch.setenv("RANK", "0")
+    assert main(["eval", str(spec)]) == 1
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 # Stands in for the job's work in a worker process: a summary (success) or an internal error (a bug).
 FAKE_WORK = """
 import os
