@@ -32,7 +32,7 @@ def test_a_signal_saves_then_exits_128_plus_its_number(tmp_path, data_dir, init_
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == code, err[-3000:]
-    assert error_lines(err) == [] and "signal at step" in out
+    assert error_lines(err) == [] and f"stopped by {sig.name} at step" in out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped"] == "signal" and summary["signal"] == sig.name
     assert read_state(latest_checkpoint(run)).step == read_metrics(run)[-1]["step"] == summary["step"] >= 2
