@@ -286,7 +286,7 @@ class _Supervisor:
             if len(running) < self.nproc:
                 for rank, _, _ in handed:  # a restarted group's errors are heard anew
                     (self.errors / str(rank)).unlink(missing_ok=True)
-                self.heard = self.heard_at = None  # (a consequence of the worker that ended: not the cause)
+                self.heard_at = None  # (`heard` stays: torchrun's failure line then says it, as nothing printed it)
                 return
             self.heard_at = self.heard_at or time.monotonic()
             if len(handed) >= self.nproc or time.monotonic() - self.heard_at > self.ERROR_GRACE_S:
