@@ -28,6 +28,11 @@ MAX_COLLECTIVE_TIMEOUT = 30 * 86400
 MAX_PROCESSES = 1 << 20  # processes per node, or nodes: far above any cluster, and a plan's figures stay finite
 
 
+def shards_parameters(fsdp: bool, world: int) -> bool:
+    """Whether --shard fsdp (`fsdp`) shards anything on `world` processes: one process holds the whole model."""
+    return fsdp and world > 1
+
+
 @dataclass
 class CpConfig:
     """Context parallelism: cp ranks share one window; data parallelism dp = world size / cp."""

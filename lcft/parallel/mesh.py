@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lcft import liveness
 from lcft.errors import LcftError, printable, reason
-from lcft.parallel.config import CpConfig
+from lcft.parallel.config import CpConfig, shards_parameters
 from lcft.shapes import check_world
 
 MESH_DIMS = ("dp", "cp")
@@ -57,7 +57,7 @@ class ParallelState:
     @property
     def fsdp_enabled(self) -> bool:
         """True when parameters are sharded: --shard fsdp with more than one process (one holds everything)."""
-        return self.fsdp and self.mesh is not None and self.world > 1
+        return self.mesh is not None and shards_parameters(self.fsdp, self.world)
 
     @property
     def is_main(self) -> bool:
@@ -143,7 +143,7 @@ def init_parallel(cfg: CpConfig, fsdp: bool = False) -> ParallelState:
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = check_world(world, cfg.cp)
     mesh = init_device_mesh(mesh_device_type(), (dp, cfg.cp), mesh_dim_names=MESH_DIMS)
-    if fsdp:
+    if shards_parameters(fsdp, world):
         mesh._flatten(SHARD_DIM)  # torchtitan's dp_shard x cp: the cp ranks of a window hold the same weights
     return ParallelState(
         world=world, rank=rank, cp=cfg.cp, dp=dp, cp_rank=rank % cfg.cp, dp_rank=rank // cfg.cp,

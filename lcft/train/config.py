@@ -27,7 +27,14 @@ from lcft.files import parse_text
 from lcft.hub import hub_id
 from lcft.kernels.spec import AttentionImpl
 from lcft.model.config import COUNT_LIMITS, ROPE_TYPES, AttentionBackend
-from lcft.parallel.config import Checkpointing, CpConfig, LaunchConfig, PrecisionChoice, Shard
+from lcft.parallel.config import (
+    Checkpointing,
+    CpConfig,
+    LaunchConfig,
+    PrecisionChoice,
+    Shard,
+    shards_parameters,
+)
 from lcft.shapes import MAX_BATCH, check_batch
 from lcft.train.guard import GuardConfig
 
@@ -206,7 +213,7 @@ class TrainParallelConfig(CpConfig):
 
     def sharded(self, world: int) -> bool:
         """Whether --shard fsdp shards anything on `world` processes: one process holds the whole model."""
-        return self.shard == "fsdp" and world > 1
+        return shards_parameters(self.shard == "fsdp", world)
 
     def idle(self, world: int) -> list[str]:
         """A warning for each option given that changes nothing on `world` processes (a shared config, or a
