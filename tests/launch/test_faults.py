@@ -26,6 +26,7 @@ from lcft.files import LOCK_NAME
 from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.config import load_run_config
+from tests.parallel.harness import run_ranks
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
 from tests.train.launching import (
     LAUNCH_NAMES,
@@ -102,6 +103,25 @@ def test_the_library_runs_in_the_process_it_is_called_in(tmp_path, data_dir):  #
     with pytest.raises(ValueError, match=r"lcft.launch.run\('train', cfg\)"):
         train(TrainConfig(data=str(data_dir), out=str(tmp_path / "run"), nproc=2))
     assert not (tmp_path / "run").exists()
+
+
+def _run_cp3_in_a_group(rank: int, world: int, data: str, out: str) -> tuple[str, str] | None:
+    try:
+        run("train", TrainConfig(data=data, out=out, cp=3))
+    except LcftError as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+@pytest.mark.distributed
+def test_the_library_called_inside_a_process_group_checks_that_groups_world(tmp_path, data_dir):  # noqa: F811
+    """lcft.launch.run inside 2 gloo processes someone else made (no torchrun agent): the world is the group's 2,
+    so --cp 3 is refused before anything is written, naming 2 processes (not a one-process world)."""
+    out = tmp_path / "run"
+    for result in run_ranks(_run_cp3_in_a_group, 2, str(data_dir), str(out)):
+        assert result is not None and result[0] == "ConfigError", result
+        assert "world size 2 is not divisible by cp=3" in result[1], result
+    assert not out.exists()
 
 
 def _holding(first: subprocess.Popen, out: Path, timeout: float = 120) -> None:
