@@ -93,8 +93,9 @@ def _write_sharded(rank: int, world: int, port: int, preset_name: str, ckpt: str
     """One rank: the preset, sharded over `world` ranks, saved through DCP with config.json beside it."""
     import torch.distributed as dist
 
-    from lcft.checkpoint.dcp import SHARDED_META, save_state
+    from lcft.checkpoint.dcp import save_state
     from lcft.checkpoint.hf_folder import write_model_folder
+    from lcft.checkpoint.model_files import SHARDED_META
     from lcft.model import Llama, preset
     from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel
     from lcft.parallel.parallelize import parallelize

@@ -110,6 +110,12 @@ def file_hash(path: str | os.PathLike, algorithm: str = "sha256", upto: int | No
     return h
 
 
+def file_record(path: str | os.PathLike) -> dict[str, Any]:
+    """{"bytes": its size, "sha256": its digest} of a file: how a checkpoint's checksums.json, and an export's
+    record, list each of its files."""
+    return {"bytes": os.stat(path).st_size, "sha256": file_hash(path).hexdigest()}
+
+
 def files_sha256(paths: list[Path]) -> str:
     """sha256 over several files in name order: each file's name and its own sha256 (one digest per folder)."""
     h = hashlib.sha256()

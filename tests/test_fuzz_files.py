@@ -40,10 +40,11 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from lcft.checkpoint.dcp import SHARDED_META, save_state
+from lcft.checkpoint.dcp import save_state
 from lcft.checkpoint.dcp_metadata import read_metadata_file
 from lcft.checkpoint.hf_folder import from_pretrained, read_config, save_pretrained
 from lcft.checkpoint.layout import check_tokenizer, resolve_checkpoint, verify_checkpoint
+from lcft.checkpoint.model_files import SHARDED_META
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import write_checksums

@@ -31,27 +31,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from lcft.checkpoint.dcp_metadata import METADATA, SafePlanner, SafeReader, read_metadata_file
+from lcft.checkpoint.dcp_metadata import SafePlanner, SafeReader, read_metadata_file
 from lcft.checkpoint.hf_folder import read_config
-from lcft.checkpoint.layout import MODEL_META
+from lcft.checkpoint.model_files import DCP_DIR, METADATA, PARAM_GROUPS, sharded_weight_files
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model.config import AttentionConfig
 from lcft.model.llama import Llama
 
-DCP_DIR = "dcp"
-PARAM_GROUPS = "param_groups.json"  # in dcp/: the optimizer's param groups, as JSON
 MODEL, OPTIM = "model", "optim"  # top-level keys: DCP stores "model.<parameter name>" and "optim.state...."
-SHARDED_META = {"weights": DCP_DIR}  # lcft.json of a sharded checkpoint says so
-
-
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a checkpoint folder written through DCP: its lcft.json says "weights": "dcp" (a `dcp/.metadata`
-    alone does not make one) and `dcp/.metadata` is present."""
-    meta = Path(path) / MODEL_META
-    if not meta.is_file() or not (Path(path) / DCP_DIR / METADATA).is_file():
-        return False
-    return read_json(meta).get("weights") == DCP_DIR
 
 
 def _dcp_dir(path: str | os.PathLike) -> Path:
@@ -209,4 +197,4 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> dict[str, Any]:
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:
     """sha256 over the files of `<ckpt>/dcp/` in name order (names and file hashes), param groups aside."""
-    return files_sha256([p for p in _dcp_dir(ckpt).iterdir() if p.is_file() and p.name != PARAM_GROUPS])
+    return files_sha256(sharded_weight_files(Path(ckpt)))

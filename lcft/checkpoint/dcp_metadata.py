@@ -18,11 +18,11 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
+from lcft.checkpoint.model_files import METADATA
 from lcft.errors import LcftError, shown
 from lcft.files import is_plain_name
 from lcft.pickles import RestrictedUnpickler, reading
 
-METADATA = ".metadata"
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
 MAX_CHUNKS = 1 << 16  # chunks of one tensor: one per rank that held a part of it
 MAX_PAIRS = 1 << 20  # chunk pairs compared for overlap, per tensor (sharded on dim 0: none)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import DCP_DIR, PARAM_GROUPS, check_sharded_readable, read_tensors
+from lcft.checkpoint.dcp import check_sharded_readable, read_tensors
 from lcft.checkpoint.export_out import (
     EXPORT_RECORD,
     Origin,
@@ -30,6 +30,7 @@ from lcft.checkpoint.export_out import (
 )
 from lcft.checkpoint.hf_folder import add_meta, move_model_files, save_pretrained, write_model_folder
 from lcft.checkpoint.layout import EXPORT_WORK, MODEL_CONFIG, CheckpointChanged, read_model_config, unchanged
+from lcft.checkpoint.model_files import DCP_DIR, sharded_weight_files
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
@@ -209,7 +210,7 @@ def export_bytes(source: Path, dtype: object) -> int:
     """About the bytes an export of checkpoint folder `source` writes: its weights (safetensors or dcp/ shards),
     scaled to --dtype."""
     size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
-    dcp_files = [f for f in (source / DCP_DIR).glob("*") if f.is_file() and f.name != PARAM_GROUPS]
+    dcp_files = sharded_weight_files(source) if (source / DCP_DIR).is_dir() else []
     size = size or sum(f.stat().st_size for f in dcp_files) // 3  # weights + 2 moments
     config = read_model_config(source)  # transformers 5 (and lcft) write "dtype", earlier ones "torch_dtype"
     stored = getattr(torch, str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)

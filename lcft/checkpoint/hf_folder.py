@@ -20,8 +20,8 @@ from lcft.files import atomic_write, read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, load_weights, shards, stale_weight_files
-from lcft.model.hf_weights import weight_files as _weight_files
 from lcft.model.llama import Llama
+from lcft.model.weight_files import weight_files as _weight_files
 from lcft.vocab import tokenizer_spec
 
 LCFT_FORMAT_VERSION = 1

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint, load_state, model_on_meta
+from lcft.checkpoint.dcp import check_sharded_readable, load_state, model_on_meta
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import Identity, read_model_config, read_model_meta, unchanged
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.checkpoint.state import TrainerState, read_trainer_state
 from lcft.errors import LcftError, is_oom
 from lcft.model import Llama

@@ -14,8 +14,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lcft.checkpoint.dcp import DCP_DIR, load_full_optimizer, load_state
+from lcft.checkpoint.dcp import load_full_optimizer, load_state
 from lcft.checkpoint.layout import STATE_DIR
+from lcft.checkpoint.model_files import DCP_DIR
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.state import TrainerState, broken, set_rng_state
 from lcft.errors import LcftError, shown

@@ -23,7 +23,7 @@ from lcft.checkpoint.layout import (
 )
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import atomic_write, file_hash
+from lcft.files import atomic_write, file_record
 
 if TYPE_CHECKING:  # only a type here: the run folder's checks (lcft.train.run_dir) import this module without torch
     import torch
@@ -103,7 +103,7 @@ def write_checksums(folder: Path) -> None:
     files = {}
     for f in sorted(folder.rglob("*")):
         if f.is_file() and f.name != CHECKSUMS:
-            files[f.relative_to(folder).as_posix()] = {"bytes": f.stat().st_size, "sha256": file_hash(f).hexdigest()}
+            files[f.relative_to(folder).as_posix()] = file_record(f)
     atomic_write(folder / CHECKSUMS, json.dumps({"files": files}, indent=1) + "\n")
 
 

@@ -12,9 +12,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lcft.checkpoint.dcp import DCP_DIR, SHARDED_META, save_state
+from lcft.checkpoint.dcp import save_state
 from lcft.checkpoint.hf_folder import hf_tokenizer_of, write_model_folder
 from lcft.checkpoint.layout import TMP_PREFIX, checkpoints_dir, step_name
+from lcft.checkpoint.model_files import DCP_DIR, SHARDED_META
 from lcft.checkpoint.save import checkpoint_bytes, write_checkpoint
 from lcft.disk import disk_full_error
 from lcft.errors import LcftError

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint
 from lcft.checkpoint.layout import STATE_DIR, STEP_DIR, previous_checkpoint
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, shown
 from lcft.files import read_json
 from lcft.shapes import MAX_BATCH

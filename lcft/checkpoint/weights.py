@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, reason
 from lcft.files import file_hash, files_sha256
-from lcft.model.hf_weights import weight_files
+from lcft.model.weight_files import weight_files
 
 
 def weights_sha256(ckpt: Path) -> str:
     """sha256 over the checkpoint's weight files in name order (one file: the plain sha256 of that file; a
     sharded checkpoint: over the files of its dcp/ folder)."""
-    from lcft.checkpoint.dcp import is_sharded_checkpoint, sharded_weights_sha256  # torch.distributed: on use
+    from lcft.checkpoint.dcp import sharded_weights_sha256  # torch.distributed: on use
 
     if is_sharded_checkpoint(ckpt):
         return sharded_weights_sha256(ckpt)
@@ -28,7 +29,7 @@ def check_weights_readable(ckpt: Path) -> None:
     reported before any evaluation runs rather than after the checkpoints listed before it."""
     from safetensors import safe_open
 
-    from lcft.checkpoint.dcp import check_sharded_readable, is_sharded_checkpoint
+    from lcft.checkpoint.dcp import check_sharded_readable
 
     if is_sharded_checkpoint(ckpt):
         check_sharded_readable(ckpt)

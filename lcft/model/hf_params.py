@@ -15,7 +15,8 @@ import torch
 from safetensors import SafetensorError
 
 from lcft.errors import LcftError, reason
-from lcft.model.hf_weights import INDEX, WEIGHTS, aligned, weight_files, weight_tensors
+from lcft.model.hf_weights import aligned, weight_tensors
+from lcft.model.weight_files import INDEX, WEIGHTS, weight_files
 
 MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
 

@@ -1,6 +1,5 @@
-"""The weight files of a HuggingFace model folder, read without running anything from them: which files
-(model.safetensors, or the shards its index names, each a plain file of the folder; pytorch_model.bin only
-where a folder has no safetensors) and, per file, each tensor's name, shape and reader.
+"""The weight files of a HuggingFace model folder, read without running anything from them: per file (which files:
+lcft.model.weight_files), each tensor's name, shape and reader.
 
 A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl is read by lcft.pickles'
 restricted unpickler building no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which
@@ -25,12 +24,8 @@ import torch
 from safetensors import safe_open
 
 from lcft.errors import LcftError, shown
-from lcft.files import is_plain_name, read_json
 from lcft.pickles import RestrictedUnpickler, reading
 
-WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
-TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
-MAX_SHARDS = 100_000  # shard files an index may name (the largest published models use a few hundred)
 MAX_PICKLE_BYTES = 16 << 20  # a pytorch_model.bin's data.pkl: ~200 bytes a tensor
 MAX_ZIP_RECORDS = 100_000  # records of a pytorch_model.bin: one a storage, plus a few
 MAX_ZIP_DIRECTORY = 16 << 20  # bytes of its zip directory: ~100 a record
@@ -40,44 +35,6 @@ _FLOAT_STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16,
                    "BFloat16Storage": torch.bfloat16, "DoubleStorage": torch.float64}
 
 Reader = Callable[[], torch.Tensor]
-
-
-def weight_files(directory: Path) -> list[Path]:
-    """The weight file(s) of a folder: model.safetensors, or the shards its index names (all present); only
-    where a folder has no safetensors, pytorch_model.bin (or its index's shards)."""
-    for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
-        if (directory / single).is_file():
-            return [directory / single]
-        if (directory / index).is_file():
-            return [directory / s for s in _index_shards(directory / index)]
-    raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except OSError:  # a name too long for the filesystem
-        return False
-
-
-def _index_shards(index: Path) -> list[str]:
-    """The distinct shard files an index's weight_map names: plain file names of its folder, all present."""
-    weight_map = read_json(index).get("weight_map", {})
-    if not isinstance(weight_map, dict):
-        raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
-    for name in weight_map.values():
-        if not is_plain_name(name):
-            raise LcftError(f"{index}: names shard {shown(name, quoted=True)}, which is not a file of its folder (refused)")
-    shards = sorted(set(weight_map.values()))
-    if not shards:
-        raise LcftError(f"{index}: the index names no weight shard")
-    if len(shards) > MAX_SHARDS:
-        raise LcftError(f"{index}: names {len(shards)} shard files (at most {MAX_SHARDS} are read)")
-    missing = [s for s in shards if not _is_file(index.parent / s)]
-    if missing:
-        names = ", ".join(shown(s, 120) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
-        raise LcftError(f"{index.parent}: {len(missing)} of {len(shards)} weight shard(s) missing: {names}")
-    return shards
 
 
 def weight_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:

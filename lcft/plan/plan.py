@@ -58,9 +58,9 @@ def read_init(cfg: PlanConfig) -> InitModel | None:
     weights). Read it once and hand it to the functions below: each verification hashes the weights."""
     if not cfg.init:
         return None
-    from lcft.checkpoint.dcp import is_sharded_checkpoint
     from lcft.checkpoint.hf_folder import read_config
     from lcft.checkpoint.layout import check_tokenizer, read_checkpoint, read_model_config, unchanged
+    from lcft.checkpoint.model_files import is_sharded_checkpoint
     from lcft.genomics.shards import read_manifest
     from lcft.model.hf import config_notes
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.checkpoint.save import prune, write_checkpoint
 from lcft.launch import run as launch
 from lcft.train import TrainConfig, train

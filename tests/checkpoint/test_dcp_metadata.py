@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 from typer.testing import CliRunner
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.checkpoint.save import write_checksums
 from lcft.cli.app import app
 from lcft.errors import LcftError

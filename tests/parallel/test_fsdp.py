@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import read_model_meta
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.checkpoint.reader import load
 from lcft.config import ConfigError
 from lcft.evaluate.config import EvalConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from lcft.checkpoint.dcp import is_sharded_checkpoint
+from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
 from lcft.launch import run
 from lcft.train import TrainConfig

@@ -1,0 +1,100 @@
+"""Which weight files a HuggingFace model folder's model is read from (model.safetensors, or the shards its index
+names, each a plain file of the folder; pytorch_model.bin only where a folder has no safetensors), and the dtype
+their safetensors headers declare: without torch, so a check before a command's work may ask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lcft.errors import LcftError, reason, shown
+from lcft.files import is_plain_name, parse_json, read_json
+
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
+MAX_SHARDS = 100_000  # shard files an index may name (the largest published models use a few hundred)
+MAX_HEADER_BYTES = 100_000_000  # a safetensors header: the safetensors library's own limit
+# safetensors' dtype codes of the floating-point weights lcft reads, as torch names the dtypes
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight file(s) of a folder: model.safetensors, or the shards its index names (all present); only
+    where a folder has no safetensors, pytorch_model.bin (or its index's shards)."""
+    return _weights(directory)[0]
+
+
+def weight_sources(directory: Path) -> list[Path]:
+    """Every file a read of the folder's weights opens: the index, where the weights are sharded, and
+    `weight_files`."""
+    files, index = _weights(directory)
+    return ([index] if index is not None else []) + files
+
+
+def _weights(directory: Path) -> tuple[list[Path], Path | None]:
+    """(`weight_files`, the index that names them or None)."""
+    for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
+        if (directory / single).is_file():
+            return [directory / single], None
+        if (directory / index).is_file():
+            return [directory / s for s in _index_shards(directory / index)], directory / index
+    raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the filesystem
+        return False
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The distinct shard files an index's weight_map names: plain file names of its folder, all present."""
+    weight_map = read_json(index).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
+    for name in weight_map.values():
+        if not is_plain_name(name):
+            raise LcftError(f"{index}: names shard {shown(name, quoted=True)}, which is not a file of its folder (refused)")
+    shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise LcftError(f"{index}: the index names no weight shard")
+    if len(shards) > MAX_SHARDS:
+        raise LcftError(f"{index}: names {len(shards)} shard files (at most {MAX_SHARDS} are read)")
+    missing = [s for s in shards if not _is_file(index.parent / s)]
+    if missing:
+        names = ", ".join(shown(s, 120) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise LcftError(f"{index.parent}: {len(missing)} of {len(shards)} weight shard(s) missing: {names}")
+    return shards
+
+
+def stored_dtype(files: list[Path]) -> str | None:
+    """The dtype (torch's name) every tensor of the weight files `files` is stored in, as their safetensors headers
+    declare it (no tensor is read); None where they hold several, one lcft does not read as weights, or no
+    tensor, or where one is a pytorch_model.bin (whose dtypes only its pickle, read with torch, tells)."""
+    found: set[str | None] = set()
+    for f in files:
+        if f.suffix != ".safetensors":
+            return None
+        found |= {entry.get("dtype") if isinstance(entry, dict) else None
+                  for key, entry in _header(f).items() if key != "__metadata__"}
+    return SAFETENSORS_DTYPES.get(found.pop()) if len(found) == 1 else None
+
+
+def _header(f: Path) -> dict:
+    """The JSON header of the safetensors file `f` (its declared length bounded before it is read)."""
+    try:
+        with open(f, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            if size > MAX_HEADER_BYTES:
+                raise LcftError(f"{f}: cannot read weights (a header of {size} bytes declared; at most "
+                                f"{MAX_HEADER_BYTES})")
+            raw = fh.read(size)
+    except OSError as e:
+        raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
+    try:
+        header = parse_json(raw.decode() if len(raw) == size else "", str(f))
+    except (UnicodeDecodeError, LcftError):
+        header = None
+    if not isinstance(header, dict):
+        raise LcftError(f"{f}: cannot read weights (no safetensors header)")
+    return header
