@@ -1,8 +1,8 @@
 """Which --out an `lcft export` may write to, decided before the checkpoint is read and without torch: new, empty,
 --force, or holding what an earlier run of the same export left; and what an export records of where it came from
-(lcft.json's "export": its source's content, --dtype and lcft version, and its files' sizes), by which a complete
-export in --out is told to be this very export (nothing to write) or another (refused), without building
-anything."""
+(lcft.json's "export": the content of what it read of its source, the dtype it wrote, the lcft version, and its
+files' sizes and sha256), by which a complete export in --out is told to be this very export (nothing to write)
+or another (refused), without building anything."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ from lcft.checkpoint.layout import (
     refuse_out_inside,
     unchanged,
 )
+from lcft.checkpoint.model_files import model_files, weights_dtype
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME, file_hash, read_json, refuse_nonempty_output, temp_name
+from lcft.files import LOCK_NAME, file_hash, file_record, read_json, refuse_nonempty_output, temp_name
 
 EXPORT_RECORD = "export"  # lcft.json's key in an export: export_record (no other reader needs it)
-FILES = "files"  # the record's file sizes
+FILES = "files"  # the record's files: {name: lcft.files.file_record}, as a checkpoint's checksums.json lists them
 
 Origin = Callable[[], dict[str, Any]]  # the origin of the export being made, computed when first needed
 
@@ -45,8 +46,9 @@ def holds_this_export(out: Path, force: bool, origin: Origin) -> bool:
     """Whether `out` holds, complete, the export whose origin is `origin()`. Without `force`, an `out` that is not
     new or empty is refused in one line unless `maybe_exported`; one holding a complete export (config.json, moved in
     last, and no work folder left) is this export when its lcft.json records this origin and the files it lists, of
-    their sizes, are all there is; else refused (one recording no origin, of an earlier lcft, is compared once
-    built). One a kill left a work folder of (a half-moved export, or one
+    their sizes and sha256, are all there is; else refused, as --out is never changed without --force when it
+    holds what this export would not write (one recording no origin, or no file hashes, of an earlier lcft, is
+    compared once built). One a kill left a work folder of (a half-moved export, or one
     killed before its work folder went) is let through: whether its files are this export's is known once built,
     and the export removes what the kill left (lcft.checkpoint.export). With `force`: False (the export replaces
     the model files)."""
@@ -64,10 +66,18 @@ def holds_this_export(out: Path, force: bool, origin: Origin) -> bool:
     for name in sorted(theirs.keys() | files.keys()):
         if name not in files:
             raise foreign_file(out, name)
-        if theirs.get(name) != files[name]:
-            raise LcftError(f"{out} holds this export, but its {name} is missing or of another size (use --force to "
-                            "overwrite)")
+        if theirs.get(name) != files[name]["bytes"]:  # sizes first: a file missing or cut short, without hashing
+            raise _altered(out, name)
+    for name in sorted(files):  # a byte changed in place (a bad disk, an edit) keeps the size
+        if file_hash(out / name).hexdigest() != files[name]["sha256"]:
+            raise _altered(out, name)
     return True
+
+
+def _altered(out: Path, name: str) -> LcftError:
+    """The refusal of a complete export of this origin whose file `name` is missing or not as it was written."""
+    return LcftError(f"{out} holds this export, but its {name} is missing or changed since it was written (use "
+                     "--force to overwrite)")
 
 
 def foreign_file(out: Path, name: str) -> LcftError:
@@ -96,41 +106,46 @@ def _work_left(out: Path) -> bool:
 
 def _recorded(out: Path) -> dict[str, Any] | None:
     """The record of the export in `out` (`export_record`); None where its lcft.json holds none (or cannot be
-    read)."""
+    read), or lists its files without their size and sha256 (an earlier lcft's)."""
     try:
         recorded = read_json(out / MODEL_META).get(EXPORT_RECORD)
     except LcftError:
         return None
-    ok = isinstance(recorded, dict) and isinstance(recorded.get(FILES), dict)
+    files = recorded.get(FILES) if isinstance(recorded, dict) else None
+    ok = isinstance(files, dict) and all(isinstance(v, dict) and type(v.get("bytes")) is int
+                                         and isinstance(v.get("sha256"), str) for v in files.values())
     return recorded if ok else None
 
 
 def export_record(origin: dict[str, Any], folder: Path) -> dict[str, Any]:
     """What the export built in `folder` records in its lcft.json (EXPORT_RECORD): its origin (`export_origin`) and
-    the size of each of its other files."""
-    return {**origin, FILES: {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.name != MODEL_META}}
+    the size and sha256 of each of its other files."""
+    return {**origin, FILES: {p.name: file_record(p) for p in sorted(folder.iterdir()) if p.name != MODEL_META}}
 
 
 def export_origin(source: Path, dtype: str | None, since: Identity = None) -> dict[str, Any]:
     """What an export of the model folder `source` with --dtype `dtype` (None: as stored) records of where it came
-    from: the sha256 of the source's content (`model_sha256`), the dtype asked for and this lcft's version (another
-    may write other bytes). The same origin means the same export. `since`: the folder's identity when it was first
-    read (lcft.checkpoint.layout.unchanged): replaced since, its content is not the one exported."""
+    from: the sha256 of the source's content (`model_sha256`), the dtype it writes and this lcft's version (another
+    may write other bytes). The same origin means the same export. The dtype written: `dtype`, else the one the
+    weights are all stored in (their headers read, no tensor), so that --dtype naming it is the same export; None
+    (as stored) where that is not known without torch. `since`: the folder's identity when it was first read
+    (lcft.checkpoint.layout.unchanged): replaced since, its content is not the one exported."""
     with unchanged(source, since):
         content = model_sha256(source)
-    return {"source_sha256": content, "dtype": dtype, "lcft": __version__}
+        written = dtype or weights_dtype(source)
+    return {"source_sha256": content, "dtype": written, "lcft": __version__}
 
 
 def model_sha256(folder: Path) -> str:
     """sha256 identifying the content of the model folder `folder`: its checksums.json's (the size and sha256 of
     each of its files, which resolving the checkpoint verified them against), else over the path and sha256 of each
-    of its files (its folders' too, such as a sharded checkpoint's dcp/; hidden ones at its top aside: a lock, a
-    clone's .git, a download's cache)."""
+    file a read of its model opens (lcft.checkpoint.model_files: its config, lcft.json, tokenizer and weight files,
+    a sharded checkpoint's dcp/ shards), so that a README, or weights it does not read, neither make it another
+    source nor cost a read."""
     if (folder / CHECKSUMS).is_file():
         return file_hash(folder / CHECKSUMS).hexdigest()
     h = hashlib.sha256()
-    for f in sorted(folder.rglob("*")):
+    for f in sorted(model_files(folder)):
         name = f.relative_to(folder).as_posix()
-        if f.is_file() and not name.startswith("."):
-            h.update(name.encode() + b"\0" + file_hash(f).hexdigest().encode() + b"\n")
+        h.update(name.encode() + b"\0" + file_hash(f).hexdigest().encode() + b"\n")
     return h.hexdigest()

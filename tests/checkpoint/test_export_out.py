@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +17,15 @@ import torch
 from typer.testing import CliRunner
 
 import lcft.checkpoint.export as export
+import lcft.checkpoint.export_out as export_out
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.save import write_checksums
 from lcft.cli.app import app
 from lcft.model import Llama
-from tests.one_line import cli_fails
+from lcft.model.weight_files import stored_dtype
+from tests.cli.test_errors_without_torch import ROOT, RUN
+from tests.one_line import cli_fails, one_line
 from tests.train.conftest import init_dir, small_model_config  # noqa: F401  (fixture, by name)
 
 
@@ -127,12 +133,12 @@ def test_a_complete_export_recording_no_origin_is_compared_once_built(tmp_path, 
     assert len(writes) == 1 and _tree(out) == before
 
 
-@pytest.mark.parametrize("change", ["a file added", "a file removed", "a file cut short"])
+@pytest.mark.parametrize("change", ["a file added", "a file removed", "a file cut short", "a bit flipped"])
 def test_the_same_export_with_other_files_is_refused_before_anything_is_built(tmp_path, init_dir, writes,  # noqa: F811
                                                                             change):
     """A complete export of this very origin beside a file of the user's, or lacking one of its files (or one of
-    another size): refused in one line naming that file, at once and changing nothing (only what the export
-    writes, all of it, is "already exported")."""
+    another size, or of its size with a bit flipped in place: was "already exported"): refused in one line naming
+    that file, at once and changing nothing (only what the export writes, all of it, is "already exported")."""
     out = tmp_path / "hf"
     _exported(init_dir, out)
     if change == "a file added":
@@ -140,10 +146,15 @@ def test_the_same_export_with_other_files_is_refused_before_anything_is_built(tm
         needle = f"{out} already exists and its notes.txt is not this export's (use --force"
     elif change == "a file removed":
         (out / "tokenizer.json").unlink()
-        needle = f"{out} holds this export, but its tokenizer.json is missing or of another size (use --force"
-    else:
+        needle = f"{out} holds this export, but its tokenizer.json is missing or changed since it was written (use"
+    elif change == "a file cut short":
         (out / "model.safetensors").write_bytes((out / "model.safetensors").read_bytes()[:-1])
-        needle = f"{out} holds this export, but its model.safetensors is missing or of another size (use --force"
+        needle = f"{out} holds this export, but its model.safetensors is missing or changed since it was written"
+    else:
+        weights = bytearray((out / "model.safetensors").read_bytes())
+        weights[len(weights) // 2] ^= 1  # in a weight: the file still reads, as another model
+        (out / "model.safetensors").write_bytes(weights)
+        needle = f"{out} holds this export, but its model.safetensors is missing or changed since it was written"
     before = _tree(out)
     writes.clear()
     cli_fails(["export", str(init_dir), "--out", str(out)], needle)
@@ -157,7 +168,8 @@ def test_the_origin_stays_with_the_export(tmp_path, init_dir):  # noqa: F811
     _exported(init_dir, out, "--dtype", "bfloat16")
     record = json.loads((out / "lcft.json").read_text())["export"]
     assert record["dtype"] == "bfloat16" and len(record["source_sha256"]) == 64
-    assert record["files"] == {p.name: p.stat().st_size for p in out.iterdir() if p.name != "lcft.json"}
+    assert record["files"] == {p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                               for p in out.iterdir() if p.name != "lcft.json"}
     read = load(out)
     assert next(read.model.parameters()).dtype == torch.bfloat16
     save_pretrained(read.model, again, tokenizer=read.tokenizer)
@@ -165,30 +177,152 @@ def test_the_origin_stays_with_the_export(tmp_path, init_dir):  # noqa: F811
 
 
 def _digest(folder: Path) -> str:
-    from lcft.checkpoint.export_out import model_sha256
-
-    return model_sha256(folder)
+    return export_out.model_sha256(folder)
 
 
-def test_a_sources_content_is_what_identifies_it(tmp_path, init_dir):  # noqa: F811
-    """Copies of one model folder have one identity, whatever hidden files sit at its top; a byte changed in any
-    file (one in a subfolder, as a sharded checkpoint's dcp/ holds, too) gives another. With a checksums.json,
-    that file (verified against the files when the checkpoint is resolved) is the identity."""
+def _changed(src: Path, dst: Path, name: str) -> Path:
+    """A copy of `src` with one byte of its file `name` changed (a JSON file: a space added, so it still reads)."""
+    shutil.copytree(src, dst)
+    data = bytearray((dst / name).read_bytes())
+    if name.endswith(".json"):
+        data += b" "
+    else:
+        data[len(data) // 2] ^= 1
+    (dst / name).write_bytes(data)
+    return dst
+
+
+def test_a_sources_content_is_what_the_export_reads_of_it(tmp_path, init_dir, monkeypatch):  # noqa: F811
+    """Copies of one model folder have one identity whatever sits beside the files an export reads (hidden files
+    at its top, a README, a pytorch_model.bin beside its safetensors, a shard no index names, a dcp/ its lcft.json
+    does not name: each was hashed, and made it another source), and only those files are hashed; a byte changed
+    in one of them gives another. With a checksums.json, that file (verified against the files when the checkpoint
+    is resolved) is the identity."""
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(init_dir, a)
-    (a / "dcp").mkdir()
-    (a / "dcp" / "__0_0.distcp").write_bytes(b"shard")
+    (a / "tokenizer.json").write_text("{}")
+    (a / "special_tokens_map.json").write_text("{}")
     shutil.copytree(a, b)
     (b / ".lcft.lock").write_text("123 lcft export\n")
     (b / ".git").mkdir()
     (b / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
-    assert _digest(a) == _digest(b)
-    (b / "dcp" / "__0_0.distcp").write_bytes(b"sharD")
-    assert _digest(a) != _digest(b)
-    weights = bytearray((a / "model.safetensors").read_bytes())
-    weights[-1] ^= 1
-    (b / "model.safetensors").write_bytes(weights)
+    (b / "README.md").write_text("a model\n")
+    (b / "pytorch_model.bin").write_bytes(b"weights not read beside safetensors")
+    (b / "model-00002-of-00002.safetensors").write_bytes(b"a shard no index names")
+    (b / "dcp").mkdir()
     (b / "dcp" / "__0_0.distcp").write_bytes(b"shard")
-    assert _digest(a) != _digest(b)
+    hashed, real = [], export_out.file_hash
+    monkeypatch.setattr(export_out, "file_hash", lambda f: hashed.append(f.name) or real(f))
+    assert _digest(a) == _digest(b)
+    assert sorted(hashed) == sorted(2 * ["config.json", "lcft.json", "model.safetensors", "tokenizer.json",
+                                         "special_tokens_map.json"])
+    for name in ("config.json", "lcft.json", "model.safetensors", "tokenizer.json", "special_tokens_map.json"):
+        assert _digest(_changed(a, tmp_path / f"a-{name}", name)) != _digest(a), name
     write_checksums(a)
     assert _digest(a) == hashlib.sha256((a / "checksums.json").read_bytes()).hexdigest()
+
+
+def test_a_sharded_sources_content_is_its_shards(tmp_path, init_dir):  # noqa: F811
+    """Weights in safetensors shards: the index and the shards it names are the content, another shard beside
+    them is not. A DCP checkpoint (its lcft.json says so): its dcp/ shards and metadata are, its optimizer's param
+    groups and a model.safetensors beside them are not."""
+    torch.manual_seed(0)
+    s = tmp_path / "s"
+    save_pretrained(Llama(small_model_config()), s, max_shard_size=64 << 10)
+    shards = sorted(p.name for p in s.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    t = tmp_path / "t"
+    shutil.copytree(s, t)
+    (t / "model-00099-of-00099.safetensors").write_bytes(b"a shard no index names")
+    assert _digest(s) == _digest(t)
+    for name in (shards[-1], "model.safetensors.index.json"):
+        assert _digest(_changed(s, tmp_path / f"s-{name}", name)) != _digest(s), name
+    d = tmp_path / "d"
+    shutil.copytree(init_dir, d)
+    (d / "lcft.json").write_text(json.dumps({**json.loads((d / "lcft.json").read_text()), "weights": "dcp"}))
+    (d / "dcp").mkdir()
+    for name, data in ((".metadata", b"index"), ("__0_0.distcp", b"shard"), ("param_groups.json", b"[]")):
+        (d / "dcp" / name).write_bytes(data)
+    e = _changed(d, tmp_path / "e", "dcp/param_groups.json")
+    (e / "model.safetensors").write_bytes(b"weights not read beside dcp/")
+    assert _digest(d) == _digest(e)
+    for name in ("dcp/.metadata", "dcp/__0_0.distcp"):
+        assert _digest(_changed(d, tmp_path / f"d-{name[4:]}", name)) != _digest(d), name
+
+
+def test_files_beside_what_the_export_reads_leave_it_the_same_export(tmp_path, init_dir, writes):  # noqa: F811
+    """An HF folder (no checksums.json) that gained a README and a pytorch_model.bin beside its safetensors after
+    its export: the export run again is "already exported" at once (was: refused as another checkpoint)."""
+    source, out = tmp_path / "model", tmp_path / "hf"
+    shutil.copytree(init_dir, source)
+    _exported(source, out)
+    (source / "README.md").write_text("a model\n")
+    (source / "pytorch_model.bin").write_bytes(b"weights not read beside safetensors")
+    writes.clear()
+    r = CliRunner().invoke(app, ["export", str(source), "--out", str(out)])
+    assert r.exit_code == 0 and _said(r.output) == _said(f"already exported to {out} (from {source})"), r.output
+    assert writes == []
+
+
+@pytest.mark.parametrize("stored", ["float32", "bfloat16"])
+def test_dtype_naming_the_stored_one_is_the_same_export(tmp_path, writes, stored):
+    """--dtype naming the dtype the weights are stored in writes the files of the export without --dtype: either
+    run after the other is "already exported" at once (was: refused as another --dtype); another dtype is
+    refused."""
+    torch.manual_seed(0)
+    source, out, named = tmp_path / "model", tmp_path / "hf", tmp_path / "named"
+    save_pretrained(Llama(small_model_config()), source, dtype=getattr(torch, stored))
+    _exported(source, out)
+    _exported(source, named, "--dtype", stored)
+    assert {k: v for k, v in _tree(out).items() if k != "lcft.json"} == \
+        {k: v for k, v in _tree(named).items() if k != "lcft.json"}
+    writes.clear()
+    for folder, options in ((out, ["--dtype", stored]), (named, [])):
+        r = CliRunner().invoke(app, ["export", str(source), "--out", str(folder), *options])
+        assert r.exit_code == 0 and _said(r.output) == _said(f"already exported to {folder} (from {source})"), \
+            r.output
+    cli_fails(["export", str(source), "--out", str(out), "--dtype", "float16"], "already holds an export of another")
+    assert writes == []
+
+
+def test_weights_of_several_dtypes_are_cast_by_any_dtype(tmp_path, init_dir, writes):  # noqa: F811
+    """Weights stored in two dtypes (exported as stored) are no dtype: --dtype naming either writes other bytes,
+    and is refused as another export."""
+    from safetensors.torch import load_file, save_file
+
+    source, out = tmp_path / "model", tmp_path / "hf"
+    shutil.copytree(init_dir, source)
+    tensors = load_file(source / "model.safetensors")
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first].to(torch.bfloat16)
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    assert stored_dtype([source / "model.safetensors"]) is None
+    _exported(source, out)
+    writes.clear()
+    for dtype in ("float32", "bfloat16"):
+        cli_fails(["export", str(source), "--out", str(out), "--dtype", dtype], "already holds an export of another")
+    assert writes == []
+
+
+def test_stored_dtype_is_read_from_the_headers_alone(tmp_path, init_dir):  # noqa: F811
+    """The dtype the safetensors headers declare, as torch reads the tensors (no torch here); a header longer than
+    safetensors allows is refused before it is read."""
+    from safetensors.torch import load_file
+
+    assert stored_dtype([init_dir / "model.safetensors"]) == \
+        str(next(iter(load_file(init_dir / "model.safetensors").values())).dtype).removeprefix("torch.")
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes((1 << 62).to_bytes(8, "little") + b"{}")
+    one_line(lambda: stored_dtype([bad]), f"{bad}: cannot read weights (a header of {1 << 62} bytes declared")
+
+
+def test_the_stored_dtype_is_told_without_torch(tmp_path, init_dir):  # noqa: F811
+    """`lcft export CKPT --out X --dtype <as stored>` into X holding CKPT's export without --dtype: "already
+    exported" before torch is imported (the weights' dtype is read from their headers)."""
+    out = tmp_path / "hf"
+    _exported(init_dir, out)
+    r = subprocess.run([sys.executable, "-c", RUN, "export", str(init_dir), "--out", str(out), "--dtype", "float32"],
+                       capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "400"},
+                       timeout=300)
+    lines = r.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == {"code": 0, "torch": False} and "already exported to" in r.stdout, r

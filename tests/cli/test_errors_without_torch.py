@@ -34,6 +34,21 @@ def model_folder(path: Path) -> Path:
     return path
 
 
+def weighted_folder(path: Path) -> Path:
+    """A model folder with a model.safetensors (a header declaring no tensor): what an export into a folder holding
+    an export reads of it, its files and the dtype their headers declare, is there to read."""
+    model_folder(path)
+    (path / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
+    return path
+
+
+def exported_folder(path: Path, record: dict) -> Path:
+    """A complete export (config.json, its lcft.json recording `record` and no file)."""
+    model_folder(path)
+    (path / "lcft.json").write_text(json.dumps({"export": {**record, "files": {}}}))
+    return path
+
+
 def run_folder(path: Path) -> Path:
     """A run folder holding a checkpoint (its folder name is all a new run's check looks at)."""
     (path / "checkpoints" / "step-00000002").mkdir(parents=True)
@@ -43,8 +58,14 @@ def run_folder(path: Path) -> Path:
 def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
     """(arguments, what the one error line says) of each user error."""
     missing, model, out = tmp / "missing", model_folder(tmp / "model"), tmp / "out"
-    exported = model_folder(tmp / "exported")  # a complete export, of another checkpoint than `model`
-    (exported / "lcft.json").write_text(json.dumps({"export": {"source_sha256": "0" * 64, "dtype": None, "files": {}}}))
+    from lcft import __version__
+    from lcft.checkpoint.export_out import model_sha256
+
+    source = weighted_folder(tmp / "source")
+    exported = exported_folder(tmp / "exported", {"source_sha256": "0" * 64, "dtype": None})  # another checkpoint's
+    # of `source`, but in bfloat16: its weights' headers are read to tell the dtype an export without --dtype writes
+    cast = exported_folder(tmp / "cast", {"source_sha256": model_sha256(source), "dtype": "bfloat16",
+                                          "lcft": __version__})
     train = ["train", "--data", str(data), "--out", str(out)]
     return [
         (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out)], f"data folder not found: {missing}"),
@@ -73,7 +94,8 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["export", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
         (["export", str(model), "--out", str(model / "hf")], "is the checkpoint"),
         (["export", str(model), "--out", str(out), "--dtype", "int8"], "--dtype 'int8' is not one of"),
-        (["export", str(model), "--out", str(exported)], "already holds an export of another checkpoint"),
+        (["export", str(source), "--out", str(exported)], "already holds an export of another checkpoint"),
+        (["export", str(source), "--out", str(cast)], "already holds an export of another checkpoint, --dtype"),
     ]
 
 
