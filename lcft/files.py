@@ -111,7 +111,7 @@ def file_hash(path: str | os.PathLike, algorithm: str = "sha256", upto: int | No
 
 
 def file_record(path: str | os.PathLike) -> dict[str, Any]:
-    """{"bytes": its size, "sha256": its digest} of a file: how a checkpoint's checksums.json, and an export's
+    """{"bytes": its size, "sha256": its digest} of a file: how a checkpoint's checksum list, and an export's
     record, list each of its files."""
     return {"bytes": os.stat(path).st_size, "sha256": file_hash(path).hexdigest()}
 
