@@ -11,6 +11,9 @@ from collections.abc import Iterable
 class LcftError(Exception):
     """A problem with the user's input or environment that they can fix; the message says how."""
 
+    exit_code: int = 1
+    """The command's exit code on this error (a few carry their own: a lost rank, a stop signal)."""
+
 
 class _Bounded(reprlib.Repr):
     """reprlib's repr with every limit small (three levels, four items a container, cut strings and numbers):

@@ -35,7 +35,7 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except LcftError as e:  # a few carry their own exit code (a lost rank, a second signal)
-            raise fail(str(e), getattr(e, "exit_code", 1)) from None
+            raise fail(str(e), e.exit_code) from None
         except FileNotFoundError as e:
             raise fail(f"file not found: {e.filename or e}") from None
         except OSError as e:  # a name the user chose, or one lcft makes from it (an index beside a FASTA, a temp

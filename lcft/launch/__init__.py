@@ -10,15 +10,16 @@ the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-n
 lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
 batch, keep its losses and exit), ends them at once on a second signal, when one of them is frozen, or on a
-rank's user error (then raised as that rank raised it), and returns the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+rank's user error (then raised as that rank raised it, its exit code too), and returns the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
 node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
 ignored.
 
 Exit codes of `lcft train` and `lcft eval` (what a scheduler sees): 0 the run finished (or --stop-after was
-reached); 1 a user error (fix the command; a rerun fails the same way); 128 + N stopped by signal N after saving
-(a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it before saving); 75 a rank
-or node stopped answering, died or was killed by a signal (nothing new saved). After 143, 130 and 75, train's
-`--resume auto` continues from the latest verified checkpoint, and eval run again resumes from its kept losses.
+reached); 1 a user error (fix the command; a rerun fails the same way; a few carry their own code); 128 + N stopped
+by signal N after saving (a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it
+before saving); 75 a rank or node stopped answering, died or was killed by a signal (nothing new saved). After 143,
+130 and 75, train's `--resume auto` continues from the latest verified checkpoint, and eval run again resumes from
+its kept losses.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from lcft.config_toml import save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.files import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
-from lcft.launch.process import ERRORS_ENV, FAILURES_ENV, PARENT_ENV, RESULT_FILE_ENV
+from lcft.launch.process import FAILURES_ENV, HANDED_ENV, PARENT_ENV, RESULT_FILE_ENV, Handed, handed_over
 from lcft.liveness import (
     EXIT_LOST,
     FAILURE_FILE_ENV,
@@ -108,14 +109,14 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lcft-launch-")))  # mode 0700
         spec = save_resolved(tmp / "spec.toml", to_dict(cfg))
         files = {FAILURE_FILE_ENV: tmp / "failure.txt", FAILURES_ENV: tmp / "failures.json",
-                 RESULT_FILE_ENV: tmp / "result.json", ERRORS_ENV: tmp / "errors"}
-        files[ERRORS_ENV].mkdir()
+                 RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed"}
+        files[HANDED_ENV].mkdir()
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
                f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", name, str(spec)]
         if cfg.nnodes > 1 and cfg.max_restarts > 0:  # the other nodes would restart and wait for this one's
-            del files[ERRORS_ENV]  # rendezvous: the group fails on every node alike, each printing its error
+            del files[HANDED_ENV]  # rendezvous: the group fails on every node alike, each printing its error
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
-        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(ERRORS_ENV), cfg.nproc,
+        supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(HANDED_ENV), cfg.nproc,
                                  elastic=cfg.max_restarts > 0, resume=j.resume)
         rc = supervisor.run()
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
@@ -127,16 +128,24 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         result = files[RESULT_FILE_ENV]
         summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
     if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
-        raise LcftError(supervisor.said)
+        raise _raised(supervisor.said)
     if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
         raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} while the workers were starting, "
                       f"before they saved; {j.resume}", supervisor.stop)
     if killed or lost:
         raise PeerLost(killed or lost)
+    if rc != 0 and supervisor.heard is not None:  # (nothing printed it)
+        raise _raised(supervisor.heard)
     if rc != 0:
-        raise LcftError(supervisor.heard or f"{j.what} processes failed (torchrun exit code {rc}); the first error "
-                        "is printed above")
+        raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
     return summary or _elsewhere(Path(cfg.out) / entry.summary, started, cfg.node_rank)
+
+
+def _raised(handed: Handed) -> LcftError:
+    """The user error a rank handed over, as the launch raises it: its message and its exit code."""
+    error = LcftError(handed.message)
+    error.exit_code = handed.exit_code
+    return error
 
 
 def _elsewhere(written: Path, since: float, node: int) -> dict[str, Any]:
@@ -212,9 +221,9 @@ class _Supervisor:
                  elastic: bool, resume: str) -> None:
         self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
         self.errors, self.nproc = errors, nproc
-        self.heard: str | None = None  # the latest user error a rank handed over
+        self.heard: Handed | None = None  # the latest user error a rank handed over
         self.heard_at: float | None = None  # when the first of the ranks' errors came
-        self.said: str | None = None  # the one it ended the launch on
+        self.said: Handed | None = None  # the one it ended the launch on
         self.signals: list[int] = []
         self.stop: int | None = None  # the first stop signal, passed on to every worker, those started later too
         self.told: set[int] = set()  # pids of the workers it was passed on to
@@ -271,21 +280,23 @@ class _Supervisor:
 
     def _user_errors(self) -> None:
         """The user errors ranks handed over, each waiting in the process group (lcft/launch/__main__.py): once
-        every rank of this node raised one (the same check), or ERROR_GRACE_S after the first (the others wait in
-        a collective), everything is ended at once, before a rank sees another go (gloo's errors; a restart: a
-        rerun fails the same way), and the launch raises rank 0's error, else the first one's. Unless a worker of
-        this node has ended: an error may then be its consequence (a collective load torn by a rank the OOM killer
-        ended), and torchrun ends the launch, its agent naming that worker."""
-        handed = _handed_over(self.errors) if self.errors is not None else []
-        if not handed:
+        every rank of this node raised one (the same check) or had finished its work, or ERROR_GRACE_S after the
+        first (the others wait in a collective), everything is ended at once, before a rank sees another go
+        (gloo's errors; a restart: a rerun fails the same way), and the launch raises rank 0's error, else the
+        first one's, with its exit code. Unless a worker of this node ended before its work was done: an error
+        may then be its consequence (a collective load torn by a rank the OOM killer ended), and torchrun ends
+        the launch, its agent naming that worker."""
+        handed = handed_over(self.errors) if self.errors is not None else []
+        errors = [h for h in handed if h.exit_code != 0]
+        if not errors:
             return
-        self.heard = handed[0][2]
+        self.heard = errors[0]
         with contextlib.suppress(psutil.NoSuchProcess):
             running = [w for w in psutil.Process(self.proc.pid).children()
                        if _status(w) not in (None, psutil.STATUS_ZOMBIE)]
-            if len(running) < self.nproc:
-                for rank, _, _ in handed:  # a restarted group's errors are heard anew
-                    (self.errors / str(rank)).unlink(missing_ok=True)
+            if len(running) + len(handed) - len(errors) < self.nproc:  # (a finished one may still be running)
+                for h in handed:  # a restarted group's are heard anew
+                    (self.errors / str(h.rank)).unlink(missing_ok=True)
                 self.heard_at = None  # (`heard` stays: torchrun's failure line then says it, as nothing printed it)
                 return
             self.heard_at = self.heard_at or time.monotonic()
@@ -324,15 +335,6 @@ class _Supervisor:
             for p in everyone:
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signum)
-
-
-def _handed_over(folder: Path) -> list[tuple[int, int, str]]:
-    """(rank, when, message) of each user error a rank wrote into `folder`, rank 0's first, then by time."""
-    handed = []
-    for path in folder.iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            handed.append((int(path.name), path.stat().st_mtime_ns, path.read_text().strip()))
-    return sorted(handed, key=lambda h: (h[0] != 0, h[1], h[0]))
 
 
 def _status(p: psutil.Process) -> str | None:

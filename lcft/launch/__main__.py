@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from lcft import liveness
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.launch.jobs import JOBS
-from lcft.launch.process import ERRORS_ENV, RESULT_FILE_ENV, die_with_parent
+from lcft.launch.process import HANDED_ENV, RESULT_FILE_ENV, die_with_parent, hand_over
 from lcft.signals import StopSignals, note_until_installed
 
 HAND_OVER_S = 10.0
@@ -24,7 +24,8 @@ comes first."""
 
 def main(argv: list[str] | None = None) -> int:
     """Load JOB's config from SPEC.toml and run it on this rank; rank 0 hands its summary back to the launcher
-    (the file RESULT_FILE_ENV names). 1 on a user error (handed to the launcher, else printed by rank 0)."""
+    (the file RESULT_FILE_ENV names), and every rank says it finished. 1 on a user error (handed to the
+    launcher with its exit code, else printed by rank 0)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in JOBS:
         print(f"usage: python -m lcft.launch {{{','.join(JOBS)}}} CONFIG.toml "
@@ -32,14 +33,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name, spec = args
     note_until_installed()  # a stop passed on while this worker imports is taken up by the job
-    rank0 = os.environ.get("RANK", "0") == "0"
+    rank = int(os.environ.get("RANK", "0"))
     try:
         entry = JOBS[name].entry()
         summary = entry.work(entry.resolve(entry.load(spec)))
-        if rank0 and (result := os.environ.get(RESULT_FILE_ENV)):
+        if rank == 0 and (result := os.environ.get(RESULT_FILE_ENV)):
             atomic_write(result, json.dumps(summary, default=str))
+        if folder := os.environ.get(HANDED_ENV):
+            # Finished, not failed: a user error another rank raises after this one ended is no consequence of it.
+            with contextlib.suppress(OSError):  # (then as an ended worker: that rank's error waits to be heard)
+                hand_over(folder, rank, 0)
     except LcftError as e:
-        if not _hand_over(str(e), os.environ.get("RANK", "0")) and rank0:
+        if not _hand_over(e, rank) and rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:
@@ -55,16 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _hand_over(message: str, rank: str) -> bool:
-    """Give the launcher this rank's user error and wait, still in the process group, for the launcher to end
-    every process of the launch at once: a rank that ended here would tear the others out of their collectives,
-    each then printing its own consequence (gloo's errors, the store's C++ stack traces). False without the
-    launcher's folder (torchrun started by hand): rank 0 prints the error."""
-    folder = os.environ.get(ERRORS_ENV)
+def _hand_over(error: LcftError, rank: int) -> bool:
+    """Give the launcher this rank's user error (its message and exit code) and wait, still in the process
+    group, for the launcher to end every process of the launch at once: a rank that ended here would tear the
+    others out of their collectives, each then printing its own consequence (gloo's errors, the store's C++
+    stack traces). False without the launcher's folder (torchrun started by hand): rank 0 prints the error."""
+    folder = os.environ.get(HANDED_ENV)
     if not folder:
         return False
     try:
-        atomic_write(Path(folder) / rank, message)  # whole or not there
+        hand_over(folder, rank, error.exit_code, str(error))
     except OSError:  # (a full disk, the likely cause of the error itself): printed by rank 0 as without it
         return False
     with StopSignals() as stop:  # the agent ending the group (another worker ended first) ends the wait too

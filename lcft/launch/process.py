@@ -1,14 +1,19 @@
 """What the launcher, torchrun's agent and the workers share of a launch's processes: the files the launcher
-names in their environment, and ending with the parent."""
+names in their environment, what a rank hands over in its folder, and ending with the parent."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
+from pathlib import Path
+from typing import NamedTuple
 
-ERRORS_ENV = "LCFT_USER_ERRORS"  # set by the launcher: the folder where a rank writes its user error (file: RANK)
+from lcft.files import atomic_write
+
+HANDED_ENV = "LCFT_HANDED_OVER"  # set by the launcher: the folder where each rank says how its work ended (file: RANK)
 FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
@@ -26,3 +31,35 @@ def die_with_parent() -> None:
     if os.getppid() != parent:  # the parent died before the request took effect: orphaned, reparented
         os._exit(1)
     os.environ[PARENT_ENV] = str(os.getpid())
+
+
+class Handed(NamedTuple):
+    """How one rank's work ended, as it handed it over: exit code 0 (finished), or its user error's exit code and
+    one-line message."""
+
+    rank: int
+    round: int  # the agent's restart of the group the rank ran in (TORCHELASTIC_RESTART_COUNT)
+    exit_code: int
+    message: str
+    when: int  # (ns) when it was written
+
+
+def hand_over(folder: str | os.PathLike, rank: int, exit_code: int, message: str = "") -> None:
+    """Write how this rank's work ended into the launcher's folder, whole or not at all; OSError when the folder
+    cannot take it."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    atomic_write(Path(folder) / str(rank), json.dumps({"round": restart, "exit_code": exit_code, "message": message}))
+
+
+def handed_over(folder: Path) -> list[Handed]:
+    """What the ranks of the latest round handed over into `folder` (an earlier round's are stale: the group was
+    restarted), rank 0's first, then by time."""
+    handed = []
+    for path in folder.iterdir():
+        if not path.name.isdecimal():  # (atomic_write's temporary files)
+            continue
+        with contextlib.suppress(FileNotFoundError):  # (taken away since the listing)
+            record, when = json.loads(path.read_text()), path.stat().st_mtime_ns
+            handed.append(Handed(int(path.name), record["round"], record["exit_code"], record["message"], when))
+    latest = max((h.round for h in handed), default=0)
+    return sorted((h for h in handed if h.round == latest), key=lambda h: (h.rank != 0, h.when, h.rank))

@@ -19,7 +19,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.launch import run
 from lcft.launch.__main__ import main
-from lcft.launch.process import ERRORS_ENV, RESULT_FILE_ENV
+from lcft.launch.process import HANDED_ENV, RESULT_FILE_ENV, handed_over
 
 
 def test_worker_refuses_a_bad_command_line(capsys):
@@ -40,7 +40,7 @@ def _failing_spec(tmp_path: Path) -> tuple[Path, str]:
 def test_worker_prints_a_user_error_on_rank_0_only(tmp_path, capsys, monkeypatch, rank):
     """Under torchrun started by hand (no launcher to hand the error to)."""
     spec, message = _failing_spec(tmp_path)
-    monkeypatch.delenv(ERRORS_ENV, raising=False)
+    monkeypatch.delenv(HANDED_ENV, raising=False)
     monkeypatch.setenv("RANK", rank)
     assert main(["eval", str(spec)]) == 1
     err = capsys.readouterr().err
@@ -54,11 +54,11 @@ def test_worker_hands_a_user_error_to_the_launcher(tmp_path, capsys, monkeypatch
     spec, message = _failing_spec(tmp_path)
     errors = tmp_path / "errors"
     errors.mkdir()
-    monkeypatch.setenv(ERRORS_ENV, str(errors))
+    monkeypatch.setenv(HANDED_ENV, str(errors))
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr("lcft.launch.__main__.HAND_OVER_S", 0.0)  # no launcher here to end the wait
     assert main(["eval", str(spec)]) == 1
-    assert {p.name: p.read_text() for p in errors.iterdir()} == {rank: message}
+    assert [h[:4] for h in handed_over(errors)] == [(int(rank), 0, 1, message)]
     assert capsys.readouterr().err == ""
 
 
@@ -66,7 +66,7 @@ def test_a_user_error_that_cannot_be_handed_over_is_printed_by_rank_0(tmp_path, 
     """The launcher's folder cannot take the error (a full disk, often the error's own cause; here: gone): rank 0
     prints it, one line, as under torchrun started by hand, never a traceback of the failed hand-over."""
     spec, message = _failing_spec(tmp_path)
-    monkeypatch.setenv(ERRORS_ENV, str(tmp_path / "gone"))
+    monkeypatch.setenv(HANDED_ENV, str(tmp_path / "gone"))
     monkeypatch.setenv("RANK", "0")
     assert main(["eval", str(spec)]) == 1
     assert capsys.readouterr().err == f"error: {message}\n"

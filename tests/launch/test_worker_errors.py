@@ -1,24 +1,30 @@
-"""A user error found inside the processes of `lcft train --nproc 2`, as a terminal shows it: one `error:` line,
-the one the same command prints without --nproc, exit 1, no traceback from any rank, no C++ stack trace of the
-others torn out of their collectives, torchrun's agent silent, and no run folder. Found by every rank, by rank 0
-only (its end took the run's store with it), or by rank 1 only (rank 0 said nothing). The launcher's choice:
-rank 0's error, else the first; none when a worker of the node had already ended (killed by the OOM killer, say):
-then torchrun ends the launch, and its agent names that worker."""
+"""A user error found inside the processes of `lcft train --nproc 2`, as a terminal shows it: one `error:` line, the
+one the same command prints without --nproc, exit 1, no traceback from any rank, no C++ stack trace of the others
+torn out of their collectives, torchrun's agent silent, and no run folder. Found by every rank, by rank 0 only (its
+end took the run's store with it), or by rank 1 only (rank 0 said nothing). The launcher's choice: rank 0's error,
+else the first; none when a worker of the node had already ended (killed by the OOM killer, say): then torchrun ends
+the launch, and its agent names that worker. An error after the other ranks finished their work ends the launch at
+once, without a restart; an error's own exit code is the launch's."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
-from lcft.launch import _handed_over, _Supervisor
+from lcft.launch import _Supervisor
+from lcft.launch.__main__ import HAND_OVER_S
+from lcft.launch.process import hand_over, handed_over
+from lcft.liveness import EXIT_LOST
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
 from tests.train.launching import RUN
 
@@ -54,21 +60,29 @@ def _alone(data: Path, init: Path, out: Path) -> str:
     return r.stderr.strip()
 
 
+def _hooked(tmp_path: Path, hook: str, **env: str) -> dict[str, str]:
+    """The environment of a command whose processes run `hook` as their sitecustomize, `env` added."""
+    folder = tmp_path / "hook"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(hook)
+    path = os.pathsep.join([str(folder), str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, **env)
+
+
+def _train(data: Path, init: Path, out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "lcft", "train", "--data", str(data), "--init", str(init), "--out", str(out), *RUN,
+            "--steps", "1", *args]
+
+
 @pytest.mark.parametrize("rank", ["every", "0", "1"])
 def test_a_user_error_found_in_the_workers_is_one_line(tmp_path, data_dir, init_dir, other_tokenizer,  # noqa: F811
                                                        rank):
     expected = _alone(data_dir, other_tokenizer, tmp_path / "alone")
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(OTHER_INIT_ON_ONE_RANK)
-    path = os.pathsep.join([str(hook), str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])
     init = other_tokenizer if rank == "every" else init_dir
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "lcft", "train", "--data", str(data_dir), "--init", str(init),
-                        "--out", str(out), *RUN, "--steps", "1", "--nproc", "2"],
-                       capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, LCFT_TEST_RANK=rank,
-                                LCFT_TEST_INIT=str(other_tokenizer)))
+    r = subprocess.run(_train(data_dir, init, out, "--nproc", "2"), capture_output=True, text=True, timeout=300,
+                       env=_hooked(tmp_path, OTHER_INIT_ON_ONE_RANK, LCFT_TEST_RANK=rank,
+                                   LCFT_TEST_INIT=str(other_tokenizer)))
     assert r.returncode == 1, r.stderr[-3000:]
     assert r.stderr == expected + "\n" and r.stdout == "", (r.stdout[-3000:], r.stderr[-3000:])
     assert not out.exists() and not (tmp_path / "alone").exists()
@@ -98,28 +112,34 @@ def test_a_missing_init_answers_before_the_launch(tmp_path, data_dir, monkeypatc
     assert not (tmp_path / "new").exists()
 
 
-def test_rank_0s_error_is_raised_else_the_first_ones(tmp_path):
-    for rank, when in [(3, 1), (1, 2), (2, 2)]:
-        (tmp_path / str(rank)).write_text(f"from rank {rank}\n")
+def test_rank_0s_error_is_raised_else_the_first_ones(tmp_path, monkeypatch):
+    """Of the latest round only: a restarted group's ranks hand over anew."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    for rank, when in [(3, 1), (1, 2), (2, 2), (4, 0)]:
+        hand_over(tmp_path, rank, 0 if rank == 4 else 75, "" if rank == 4 else f"from rank {rank}")
         os.utime(tmp_path / str(rank), ns=(when, when))
     (tmp_path / ".0.tmp").write_text("being written")  # (atomic_write's temp file)
-    assert [(r, m) for r, _, m in _handed_over(tmp_path)] == [(3, "from rank 3"), (1, "from rank 1"),
-                                                              (2, "from rank 2")]
-    (tmp_path / "0").write_text("from rank 0")
-    assert _handed_over(tmp_path)[0][::2] == (0, "from rank 0")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    hand_over(tmp_path, 0, 1, "from rank 0 before the restart")
+    assert [(h.rank, h.exit_code, h.message) for h in handed_over(tmp_path)] == [
+        (4, 0, ""), (3, 75, "from rank 3"), (1, 75, "from rank 1"), (2, 75, "from rank 2")]
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    hand_over(tmp_path, 0, 1, "from rank 0")
+    assert handed_over(tmp_path)[0][:4] == (0, 1, 1, "from rank 0")
 
 
 # Stands in for torchrun's agent: two workers, of which argv[1] still run when both ranks have handed over a user
 # error (the others ended before: the OOM killer's SIGKILL, reaped as the agent reaps); it exits as they do.
 FAKE_AGENT = """
 import pathlib, subprocess, sys
+from lcft.launch.process import hand_over
 running, errors = int(sys.argv[1]), pathlib.Path(sys.argv[2])
 workers = [subprocess.Popen(["sleep", "30" if running == 2 else "1"]) for _ in range(2)]
 for w in workers[running:]:
     w.kill()
     w.wait()
 for rank in (1, 0):
-    (errors / str(rank)).write_text(f"rank {rank}'s error")
+    hand_over(errors, rank, 1, f"rank {rank}'s error")
 sys.exit(max(w.wait() for w in workers[:running]) or 1)
 """
 
@@ -131,9 +151,75 @@ def test_a_user_error_ends_the_launch_unless_a_worker_had_ended(tmp_path, runnin
     supervisor = _Supervisor([sys.executable, "-c", FAKE_AGENT, str(running), str(errors)], dict(os.environ),
                              tmp_path / "failure.txt", errors, 2, elastic=False, resume="")
     rc = supervisor.run()
-    assert supervisor.heard == "rank 0's error"
+    assert supervisor.heard is not None and supervisor.heard.message == "rank 0's error"
     if running == 2:  # every worker ended at once (killed before its sleep ended), rank 0's error raised
-        assert supervisor.ended and supervisor.said == "rank 0's error" and rc == -9
+        assert supervisor.ended and supervisor.said == supervisor.heard and rc == -9
     else:  # torchrun's to end: the agent exited as its workers did, and the error may be the ended one's consequence
         assert not supervisor.ended and supervisor.said is None and rc == 1
         assert list(errors.iterdir()) == []  # heard: a restarted group's errors come anew
+
+
+# Rank 0 of a launch, and a process started without one, find the disk full as they write summary.json, rank 0
+# once the node's other ranks have exited (their work done); each time is counted in LCFT_TEST_FULL.
+FULL_DISK_AT_SUMMARY = """
+import errno, os, time
+import psutil
+import lcft.files as files
+_write = files.atomic_write
+def _running(p):
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+def atomic_write(path, *args, **kwargs):
+    if os.path.basename(path) != "summary.json" or os.environ.get("RANK", "0") != "0":
+        return _write(path, *args, **kwargs)
+    me, deadline = psutil.Process(), time.monotonic() + 60
+    while "RANK" in os.environ and time.monotonic() < deadline and any(
+            _running(p) for p in me.parent().children() if p.pid != me.pid):
+        time.sleep(0.05)
+    with open(os.environ["LCFT_TEST_FULL"], "a") as f:
+        f.write(f"{time.time()}\\n")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+files.atomic_write = atomic_write
+"""
+
+
+def test_a_user_error_after_the_other_ranks_finished_ends_the_launch_at_once(tmp_path, data_dir, init_dir):  # noqa: F811
+    """Rank 1 trained its step and exited 0; then rank 0 finds the disk full writing summary.json. The launch
+    ends on that error at once (not after the rank's own wait), and is not restarted (it would fail the same)."""
+    alone = tmp_path / "alone"
+    env = _hooked(tmp_path, FULL_DISK_AT_SUMMARY, LCFT_TEST_FULL=str(tmp_path / "full.txt"))
+    r = subprocess.run(_train(data_dir, init_dir, alone), capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 1 and r.stderr.startswith("error: no space left on the device of "), r.stderr[-3000:]
+    expected = r.stderr.replace(str(alone), str(tmp_path / "run"))
+    (tmp_path / "full.txt").unlink()
+    r = subprocess.run(_train(data_dir, init_dir, tmp_path / "run", "--nproc", "2", "--max-restarts", "1"),
+                       capture_output=True, text=True, timeout=300, env=env)
+    ended = time.time()
+    full = (tmp_path / "full.txt").read_text().split()
+    assert len(full) == 1, f"rank 0 found the disk full {len(full)} times: restarted"
+    assert r.returncode == 1, r.stderr[-3000:]
+    free = re.compile(r", [^,]* free$", re.M)  # (what the disk had free then)
+    assert free.sub("", r.stderr) == free.sub("", expected) and r.stdout == "", (r.stdout[-3000:], r.stderr[-3000:])
+    assert ended - float(full[0]) < HAND_OVER_S / 2  # ended by the launcher, not by the rank's own wait
+
+
+# Every rank of a launch, and a process started without one, raise a user error with its own exit code (75).
+PEER_LOST_AT_START = """
+import lcft.genomics.shards as shards
+from lcft.liveness import PeerLost
+def verify_windows(*args, **kwargs):
+    raise PeerLost("the store of rank 3 stopped answering (as the test says)")
+shards.verify_windows = verify_windows
+"""
+
+
+def test_a_user_errors_own_exit_code_is_the_launchs(tmp_path, data_dir, init_dir):  # noqa: F811
+    env = _hooked(tmp_path, PEER_LOST_AT_START)
+    alone = subprocess.run(_train(data_dir, init_dir, tmp_path / "alone"), capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert alone.returncode == EXIT_LOST and alone.stderr.count("\n") == 1, alone.stderr[-3000:]
+    r = subprocess.run(_train(data_dir, init_dir, tmp_path / "run", "--nproc", "2"), capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert (r.returncode, r.stderr, r.stdout) == (EXIT_LOST, alone.stderr, ""), r.stderr[-3000:]
