@@ -10,7 +10,8 @@ the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-n
 lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
 batch, keep its losses and exit), ends them at once on a second signal, when one of them is frozen, or on a
-rank's user error (then raised as that rank raised it, its exit code too), and returns the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+rank's user error (then raised as that rank raised it, its exit code too; a stop signal while the launcher waits
+for the other ranks' errors ends on it), and returns the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
 node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
 ignored.
 
@@ -256,19 +257,12 @@ class _Supervisor:
                     raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
                                   f"saved; {self.resume}", self.killed_by)
                 return rc
+            if not self.ended:  # (before the signals: one that comes while a user error waits ends on it)
+                self._user_errors()
             while self.signals:
-                signum = self.signals.pop(0)
-                if self.stop is not None:
-                    print(f"second {signal.Signals(signum).name}: ending the workers now, before they saved",
-                          file=sys.stderr, flush=True)
-                    self.killed_by = signum
-                    self._kill()
-                else:
-                    self.stop = signum
+                self._signalled(self.signals.pop(0))
             if self.stop is not None and not self.ended:  # a worker not yet started when it came gets it too
                 self._forward(self.stop)
-            if not self.ended:
-                self._user_errors()
             if not self.ended and read_report(self.failure) is not None:
                 if self.elastic:  # the agent restarts the group: say why, and clear the way for the next report
                     print(f"restarting: {read_report(self.failure)}", file=sys.stderr, flush=True)
@@ -277,6 +271,23 @@ class _Supervisor:
                     reported_at = time.monotonic()
                 elif time.monotonic() - reported_at > self.LOST_GRACE_S:
                     self._kill()
+
+    def _signalled(self, signum: int) -> None:
+        """A stop signal: the first is passed on to the workers, a second ends them at once, and so does one that
+        comes while a rank's user error waits for the other ranks' (`_user_errors`): the launch ends on that
+        error, the cause, which saving would not mend."""
+        if self.ended:  # ending already, on its own cause
+            return
+        if self.heard_at is not None:
+            self.said = self.heard
+            self._kill()
+        elif self.stop is not None:
+            print(f"second {signal.Signals(signum).name}: ending the workers now, before they saved",
+                  file=sys.stderr, flush=True)
+            self.killed_by = signum
+            self._kill()
+        else:
+            self.stop = signum
 
     def _user_errors(self) -> None:
         """The user errors ranks handed over, each waiting in the process group (lcft/launch/__main__.py): once

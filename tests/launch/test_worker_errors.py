@@ -3,8 +3,9 @@ one the same command prints without --nproc, exit 1, no traceback from any rank,
 torn out of their collectives, torchrun's agent silent, and no run folder. Found by every rank, by rank 0 only (its
 end took the run's store with it), or by rank 1 only (rank 0 said nothing). The launcher's choice: rank 0's error,
 else the first; none when a worker of the node had already ended (killed by the OOM killer, say): then torchrun ends
-the launch, and its agent names that worker. An error after the other ranks finished their work ends the launch at
-once, without a restart; an error's own exit code is the launch's."""
+the launch, and its agent names that worker. A stop signal while the launcher waits for the other ranks' errors ends
+on the error; an error after the other ranks finished their work ends the launch at once, without a restart; an
+error's own exit code is the launch's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +159,28 @@ def test_a_user_error_ends_the_launch_unless_a_worker_had_ended(tmp_path, runnin
     else:  # torchrun's to end: the agent exited as its workers did, and the error may be the ended one's consequence
         assert not supervisor.ended and supervisor.said is None and rc == 1
         assert list(errors.iterdir()) == []  # heard: a restarted group's errors come anew
+
+
+def test_a_stop_signal_after_a_rank_handed_over_its_user_error_ends_on_that_error(  # noqa: F811
+        tmp_path, data_dir, init_dir, other_tokenizer):  # noqa: F811
+    """Ctrl-C while the launcher gives the other rank its grace to raise the same error (rank 1 never does: it
+    waits in a collective): the error, the cause, is what the launch ends on, not the stop."""
+    expected = _alone(data_dir, other_tokenizer, tmp_path / "alone")
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(_train(data_dir, init_dir, out, "--nproc", "2"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=_hooked(tmp_path, OTHER_INIT_ON_ONE_RANK, LCFT_TEST_RANK="0",
+                                            LCFT_TEST_INIT=str(other_tokenizer), TMPDIR=str(tmp_path / "tmp")))
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "tmp").glob("lcft-launch-*/handed/0")):  # rank 0 handed its error over
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.01)
+    launcher.send_signal(signal.SIGINT)
+    stdout, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1, stderr[-3000:]
+    assert stderr == expected + "\n" and stdout == "", (stdout[-3000:], stderr[-3000:])
+    assert not out.exists()
 
 
 # Rank 0 of a launch, and a process started without one, find the disk full as they write summary.json, rank 0
