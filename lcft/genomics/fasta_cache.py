@@ -132,6 +132,75 @@ def named_for_pyfaidx(path: Path, kind: str) -> Path:
     return mark_used(link)
 
 
+NORMALIZE_PIECE = 1 << 20  # bytes read at a time: a line, however long, is never held whole
+
+
+def normalize_lines(src: IO[bytes], out: IO[bytes], piece: int = NORMALIZE_PIECE) -> None:
+    """Write `src` with LF line ends (CRLF and CR-only ends read as LF, as universal newlines read them), the spaces
+    and tabs ending each line dropped (blanks as Biopython takes them: a form feed is kept, as it keeps it) and the
+    lines left empty dropped, every line ended. Read `piece` bytes at a time into memory of a few pieces, whatever
+    the file's lines: a line longer than a piece is written as it comes, its blanks held back until what follows
+    them shows whether they end it (blanks over a piece long are written, then cut off again if they do: `out` is
+    seekable)."""
+    lines, cr = _OpenLine(out, piece), b""  # cr: a CR ending the last piece, whose LF may start the next
+    while data := src.read(piece):
+        data = cr + data
+        cr = data[-1:] if data.endswith(b"\r") else b""
+        lines.feed(data[: len(data) - len(cr)].replace(b"\r\n", b"\n").replace(b"\r", b"\n"))
+    lines.feed(b"\n")  # ends the last line (a CR held ends it as well: one LF for both)
+
+
+class _OpenLine:
+    """`normalize_lines`'s writer, fed LF-ended text a piece at a time: the line still open at a piece's end is
+    written up to its last byte but blanks; those are held (over a piece of them: written, and `mark` where they
+    start, to cut them off again if the line ends after them)."""
+
+    def __init__(self, out: IO[bytes], piece: int) -> None:
+        self.out, self.piece = out, piece
+        self.started = False  # the open line's non-blank bytes are written (its LF is owed)
+        self.held = b""  # the blanks ending the open line so far
+        self.mark: int | None = None  # where blanks of the open line written to `out` start
+
+    def feed(self, data: bytes) -> None:
+        if self.mark is not None:  # the blanks written since `mark` stay only if a byte but LF and blank follows
+            blanks = len(data) - len(data.lstrip(b" \t"))
+            if blanks == len(data):
+                self.out.write(data)
+                return
+            if data[blanks] == 10:  # their line ends: cut them off
+                self.out.seek(self.mark)
+                self.out.truncate()
+                data = data[blanks:]
+            else:
+                self.started = True
+            self.mark = None
+        text = self.held + data
+        ended = text.rfind(b"\n") + 1
+        if ended:
+            self._lines(text[:ended])
+        rest = text[ended:]  # the open line's next bytes
+        kept = rest.rstrip(b" \t")
+        if kept:
+            self.out.write(kept)
+            self.started = True
+        self.held = rest[len(kept):]
+        if len(self.held) > self.piece:
+            self.mark = self.out.tell()
+            self.out.write(self.held)
+            self.held = b""
+
+    def _lines(self, text: bytes) -> None:
+        """Whole lines (`text` ends with LF), the first the rest of the open line: each written without its ending
+        blanks, unless that leaves it empty."""
+        lines = [line.rstrip(b" \t") for line in text.split(b"\n")[:-1]]
+        if self.started and not lines[0]:
+            self.out.write(b"\n")
+        kept = [line for line in lines if line]
+        if kept:
+            self.out.write(b"\n".join(kept) + b"\n")
+        self.started = False
+
+
 def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
     """A copy with LF line ends, no blank lines and no blanks ending a line, for what pyfaidx mis-indexes:
     old-Mac CR-only line ends (read as one line), Windows CRLF files with blank lines (rejected as inconsistent)
@@ -141,12 +210,8 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
     dest = cache_folder("fasta") / _copy_name(sha256, name)
 
     def write(src: IO[bytes], out: IO[bytes]) -> None:
-        raw = gzip.GzipFile(fileobj=src) if kind != "plain" else src
-        text = io.TextIOWrapper(raw, encoding="latin-1", newline=None)  # newline=None: \r\n and \r become \n
-        for line in text:  # blanks as Biopython takes them: spaces and tabs (a form feed is kept, as it keeps it)
-            if line := line.rstrip(" \t\n"):
-                out.write((line + "\n").encode("latin-1"))
-        text.detach()  # the source stays open: what follows its end is hashed too
+        # the GzipFile is left open, not closed: what follows its end in the source is hashed too
+        normalize_lines(gzip.GzipFile(fileobj=src) if kind != "plain" else src, out)
 
     if not dest.is_file():
         _copy_into_cache(path, sha256, dest, "normalize line endings", write)
