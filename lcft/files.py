@@ -5,6 +5,7 @@ modes. Why a write failed (a full disk, a file-size limit) is lcft.disk."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -228,51 +229,64 @@ def _held_by_launcher(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
+def made_folder(folder: Path) -> Iterator[Path]:
+    """`folder`, made when missing (its missing parents too) for the block; at the end, what was made here is
+    removed while empty, deepest first (nothing half-written on an error; never a folder that was there before).
+    A folder that cannot be made raises OSError on entering."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder
+    finally:
+        for p in made:  # (also those made before a failed mkdir)
+            try:
+                p.rmdir()  # only succeeds when empty
+            except OSError:
+                break  # not empty, gone or not removable: its parents hold it
+
+
+@contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLike | None = None) -> Iterator[Path]:
     """Hold an exclusive lock on an output folder (created when missing) while the block runs: a second
     writer gets a one-line error naming the holder's command and pid. The lock is flock(2) on the folder
     itself, so the kernel drops it when its holder dies (kill -9 included) and the next writer takes it over;
-    the holder's pid is kept in LOCK_NAME inside, removed at the end. A folder created here and still empty
-    at the end is removed (nothing half-written on an error). `shown`: the folder the messages name (a
-    writer that locks a hidden work folder of its output names the output)."""
+    the holder's pid is kept in LOCK_NAME inside, removed at the end. The folder and parents made here that
+    are empty at the end are removed (`made_folder`). `shown`: the folder the messages name (a writer that
+    locks a hidden work folder of its output names the output)."""
     folder = Path(folder)
     shown = folder if shown is None else shown
     if _held_by_launcher(folder):  # the launcher took the lock before it wrote anything; its worker re-enters
         yield folder
         return
-    created = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError as e:
-        raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        pid, holder = _holder(folder)
-        who = f" (pid {pid})" if pid else ""
-        raise LcftError(f"another `{holder or command}` is writing into {shown}{who}; wait for it to finish "
-                        "or choose another output folder") from None
-    info = folder / LOCK_NAME
-    try:  # over a killed holder's pid, or a planted link; a folder we may read but not write fails here
-        pid_fd = fresh_file(info, 0o644)
-    except OSError as e:
-        os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(pid_fd, "w") as fh:
-            fh.write(f"{os.getpid()} {command}\n")
-        yield folder
-    finally:
-        info.unlink(missing_ok=True)
-        os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only succeeds when empty
+    with contextlib.ExitStack() as made:  # left last: the lock file and descriptor go first
+        try:
+            made.enter_context(made_folder(folder))
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:  # said as such by the command (lcft.cli.common.user_errors)
+                raise
+            raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid, holder = _holder(folder)
+            who = f" (pid {pid})" if pid else ""
+            raise LcftError(f"another `{holder or command}` is writing into {shown}{who}; wait for it to finish "
+                            "or choose another output folder") from None
+        info = folder / LOCK_NAME
+        try:  # over a killed holder's pid, or a planted link; a folder we may read but not write fails here
+            pid_fd = fresh_file(info, 0o644)
+        except OSError as e:
+            os.close(fd)
+            raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
+        try:
+            with os.fdopen(pid_fd, "w") as fh:
+                fh.write(f"{os.getpid()} {command}\n")
+            yield folder
+        finally:
+            info.unlink(missing_ok=True)
+            os.close(fd)
 
 
 def umask() -> int:

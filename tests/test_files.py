@@ -187,3 +187,18 @@ def test_read_only_output_folder_is_one_line_and_closes_its_descriptor(tmp_path,
     assert r.stdout.splitlines() == [f"cannot write to output folder {ro}: Permission denied",
                                      "descriptors closed"], r.stderr[-2000:]
     assert os.listdir(ro) == ([files.LOCK_NAME] if stale else [])
+
+
+def test_folder_lock_removes_the_empty_parents_it_made_and_no_other(tmp_path):
+    """An error in the block: the output folder and the missing parents made for it go while empty; a parent
+    that existed before (empty or not) stays, and so does a made one that something else wrote into meanwhile."""
+    (tmp_path / "old").mkdir()  # existed before, empty
+    with pytest.raises(LcftError, match="refused"), files.folder_lock(tmp_path / "old/a/b/out", "lcft test"):
+        raise LcftError("refused")
+    assert sorted(os.listdir(tmp_path)) == ["old"] and os.listdir(tmp_path / "old") == []
+    with files.folder_lock(tmp_path / "c/d/out", "lcft test"):
+        (tmp_path / "c/other").write_text("not ours")  # written beside the output during the block
+    assert sorted(os.listdir(tmp_path)) == ["c", "old"] and os.listdir(tmp_path / "c") == ["other"]
+    with files.folder_lock(tmp_path / "e/f/out", "lcft test") as out:
+        (out / "result").write_text("done")
+    assert (tmp_path / "e/f/out/result").read_text() == "done" and os.listdir(tmp_path / "e/f/out") == ["result"]

@@ -4,6 +4,7 @@ readable by pyfaidx (plain gzip NAME.fa.gz is decompressed to NAME.fa, or recomp
 
 from __future__ import annotations
 
+import contextlib
 import email.message
 import gzip
 import http.client
@@ -27,7 +28,7 @@ from rich.progress import (
 
 from lcft.console import make_console, styled, text_column
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_open, file_hash
+from lcft.files import atomic_open, file_hash, made_folder
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
 from lcft.units import counted
@@ -177,18 +178,19 @@ def fetch_fasta(
     if urllib.parse.urlparse(url).scheme not in SCHEMES:
         raise LcftError(f"not an http(s) URL: {url}")
     out_dir = Path(out)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LcftError(f"cannot create {out_dir}: {e.strerror or e}") from None
     dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
     con = make_console(stderr=True) if progress else None
-    if not bgzip and not dest.exists() and _unpacked(dest) != dest and _unpacked(dest).exists():
-        ready = _unpacked(dest)  # decompressed by an earlier fetch, which removed the download
-        if con:
-            con.print(f"{ready} already fetched")
-    else:
-        ready = _fetch(url, dest, md5, bgzip, retries, timeout, con)
+    with contextlib.ExitStack() as made:  # a download that fails before writing leaves no folder made for it
+        try:
+            made.enter_context(made_folder(out_dir))
+        except OSError as e:
+            raise LcftError(f"cannot create {out_dir}: {e.strerror or e}") from None
+        if not bgzip and not dest.exists() and _unpacked(dest) != dest and _unpacked(dest).exists():
+            ready = _unpacked(dest)  # decompressed by an earlier fetch, which removed the download
+            if con:
+                con.print(f"{ready} already fetched")
+        else:
+            ready = _fetch(url, dest, md5, bgzip, retries, timeout, con)
     with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
         n = len(fa.names)
     if con:

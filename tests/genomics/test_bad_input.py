@@ -8,7 +8,9 @@ import os
 import re
 
 import pytest
+from typer.testing import CliRunner
 
+from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics import decode, open_windows, prepare_windows
 from lcft.genomics.fasta_cache import cache_dir
@@ -158,6 +160,16 @@ def test_length_must_be_multiple_of_8(good, tmp_path):
 def test_no_window_left_after_n_filter(tmp_path):
     p = write_fasta(tmp_path / "n.fa", {"c1": "N" * (3 * L) + "ACGT" * 100})
     fails("no train window left after the N filter", p, tmp_path / "out")
+
+
+def test_a_refused_run_removes_the_folders_it_made(tmp_path):
+    """`--out` under missing folders, refused once the cut is done: none of the folders it made is left; the
+    folder that existed before stays (had left new/ and new/deeper/)."""
+    p = write_fasta(tmp_path / "n.fa", {"c1": "N" * (3 * L) + "ACGT" * 100})
+    res = CliRunner().invoke(app, ["prepare", "windows", "--fasta", str(p), "--out", str(tmp_path / "new/deeper/out"),
+                                   "--length", str(L), "--train", "c1", "--eval", ""])  # (its progress bar shown)
+    assert res.exit_code == 1 and res.output.splitlines()[-1].startswith("error: no train window left"), res.output
+    assert sorted(os.listdir(tmp_path)) == ["n.fa", "n.fa.fai"]
 
 
 def test_output_folder_not_creatable(good, tmp_path):

@@ -115,18 +115,21 @@ def test_server_ignoring_range_restarts_cleanly(server, tmp_path):
 
 
 def test_md5_mismatch_is_an_error_and_leaves_nothing(server, tmp_path):
+    """Nor the folders made for the download (had left new/ and new/d/)."""
     url, _ = server
     with pytest.raises(LcftError, match="md5 mismatch"):
-        fetch_fasta("hg38", tmp_path / "d", url=url, md5="0" * 32)
-    assert list((tmp_path / "d").iterdir()) == []
+        fetch_fasta("hg38", tmp_path / "new" / "d", url=url, md5="0" * 32)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_published_md5_is_an_error(server, tmp_path):
     url, _ = server
+    (tmp_path / "d").mkdir()  # there before: kept
     with pytest.raises(LcftError, match="--md5"):
-        fetch_fasta("x", tmp_path / "d", url=url.replace("hg38.fa.gz", "other2.fa.gz"))
+        fetch_fasta("x", tmp_path / "d" / "new", url=url.replace("hg38.fa.gz", "other2.fa.gz"))
     with pytest.raises(LcftError, match="HTTP 404"):
-        fetch_fasta("x", tmp_path / "d", url=url.replace("hg38.fa.gz", "other2.fa.gz"), md5="skip")
+        fetch_fasta("x", tmp_path / "d" / "new", url=url.replace("hg38.fa.gz", "other2.fa.gz"), md5="skip")
+    assert list(tmp_path.iterdir()) == [tmp_path / "d"] and list((tmp_path / "d").iterdir()) == []
 
 
 def test_bgzip_option_gives_random_access_gzip(server, tmp_path):
