@@ -12,7 +12,7 @@ from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.seq_tokenizer import SeqTokenizer
 from lcft.genomics.shards import SplitWriter
-from lcft.genomics.token_windows import iter_token_windows, letters_behind_unknown
+from lcft.genomics.token_windows import iter_token_windows
 from lcft.genomics.tokenizer import IUPAC_AMBIGUOUS, UNK
 from lcft.genomics.windows import DEFAULT_CHUNK, iter_windows
 
@@ -66,7 +66,7 @@ def cut_tokens(
         if win.n_frac > max_n:
             skipped += 1
         else:
-            letters.update(letters_behind_unknown(fasta, win, tok.unk_id))  # those of kept windows, as char's
+            letters.update(win.letters_behind(tok.unk_id))  # those of kept windows, as char's
             writer.add(*win.arrays(tok.dtype))
             kept += 1
             records.append(_record(split, win, win.oov) | {"bases": win.end - win.start})

@@ -27,7 +27,7 @@ _GC[[ord(c) for c in "CGcg"]] = True
 
 @dataclass
 class TokenWindow:
-    """One window: L tokens, their bases per token and soft-mask bits, the per-base soft mask of its span."""
+    """One window: L tokens, their bases per token and soft-mask bits, the bases of its span as stored."""
 
     chrom: str
     start: int
@@ -35,7 +35,7 @@ class TokenWindow:
     ids: np.ndarray  # (L,) int64
     counts: np.ndarray  # (L,) int64 bases per token
     soft: np.ndarray  # (L,) bool token soft-masked
-    lower: np.ndarray  # (end-start,) bool base soft-masked
+    bases: np.ndarray  # (end-start,) uint8 the span's bytes (case kept; lower case = soft-masked)
     non_acgt: int  # bases that are not A/C/G/T
     gc: int
     oov: int  # tokens that are the unknown token
@@ -52,7 +52,16 @@ class TokenWindow:
     def arrays(self, dtype: np.dtype) -> tuple[np.ndarray, ...]:
         """What the four files of a split get: ids (L,) dtype, token soft mask (L/8,) packed, bases per token
         (L,) uint16, base soft mask (ceil(span/8),) packed (np.packbits, big bit order)."""
-        return (self.ids.astype(dtype), np.packbits(self.soft), self.counts.astype(np.uint16), np.packbits(self.lower))
+        lower = self.bases >= ord("a")  # (span,)
+        return (self.ids.astype(dtype), np.packbits(self.soft), self.counts.astype(np.uint16), np.packbits(lower))
+
+    def letters_behind(self, unk: int | None) -> Counter:
+        """The letters other than A/C/G/T behind the window's unknown tokens (not the A/C/G/T beside them in an
+        unknown k-mer), upper-cased."""
+        if unk is None or not self.oov:
+            return Counter()
+        behind = UPPER[self.bases[np.repeat(self.ids == unk, self.counts)]]
+        return Counter(behind[~acgt_mask(behind)].tobytes().decode("latin-1"))
 
 
 class _Tokens:
@@ -61,10 +70,11 @@ class _Tokens:
     def __init__(self, unk: int | None) -> None:
         self.unk = -1 if unk is None else unk
         self.t0 = 0  # stream index of the first kept token
-        self.lb0 = 0  # record position of the first kept base of `lower`
+        self.lb0 = 0  # record position of the first kept base of `bases`
         empty_i, empty_b = np.zeros(0, np.int64), np.zeros(0, bool)
         self.ids, self.counts, self.first, self.non_acgt, self.gc = (empty_i,) * 5
-        self.soft, self.oov, self.lower = empty_b, empty_b, empty_b
+        self.soft, self.oov = empty_b, empty_b
+        self.bases = np.zeros(0, np.uint8)  # record bytes from `lb0` on: windows take their span's from here
 
     @property
     def end(self) -> int:
@@ -96,7 +106,7 @@ class _Tokens:
         self.gc = np.concatenate((self.gc, gc_cs[ends] - gc_cs[starts]))
         self.soft = np.concatenate((self.soft, (2 * lows >= counts) & (counts > 0)))
         self.oov = np.concatenate((self.oov, oov))
-        self.lower = np.concatenate((self.lower, raw >= ord("a")))
+        self.bases = np.concatenate((self.bases, raw))
 
     def window(self, chrom: str, g: int, length: int) -> TokenWindow:
         """The window of stream tokens [g, g + length)."""
@@ -104,28 +114,18 @@ class _Tokens:
         start = int(self.first[s.start])
         end = int(self.first[s.stop - 1] + self.counts[s.stop - 1])
         return TokenWindow(
-            chrom, start, end, self.ids[s], self.counts[s], self.soft[s], self.lower[start - self.lb0 : end - self.lb0],
+            chrom, start, end, self.ids[s], self.counts[s], self.soft[s], self.bases[start - self.lb0 : end - self.lb0],
             int(self.non_acgt[s].sum()), int(self.gc[s].sum()), int(self.oov[s].sum()),
         )
 
     def trim(self, g: int) -> None:
         """Forget tokens before stream index `g` and the bases before the first kept token."""
         drop = min(max(g - self.t0, 0), self.ids.size)
-        first_base = int(self.first[drop]) if drop < self.ids.size else self.lb0 + self.lower.size
+        first_base = int(self.first[drop]) if drop < self.ids.size else self.lb0 + self.bases.size
         for name in ("ids", "counts", "first", "non_acgt", "gc", "soft", "oov"):
             setattr(self, name, getattr(self, name)[drop:].copy())
-        self.lower = self.lower[first_base - self.lb0 :].copy()
+        self.bases = self.bases[first_base - self.lb0 :].copy()
         self.t0, self.lb0 = self.t0 + drop, first_base
-
-
-def letters_behind_unknown(fasta: FastaFile, win: TokenWindow, unk: int | None) -> Counter:
-    """The letters other than A/C/G/T behind the window's unknown tokens (not the A/C/G/T beside them in an
-    unknown k-mer), read again: the stream keeps no bases."""
-    if unk is None or not win.oov:
-        return Counter()
-    raw = read_bases(fasta, win.chrom, win.start, win.end, np.empty(win.end - win.start, np.uint8))
-    behind = UPPER[raw[np.repeat(win.ids == unk, win.counts)]]
-    return Counter(behind[~acgt_mask(behind)].tobytes().decode("latin-1"))
 
 
 def read_bases(fasta: FastaFile, chrom: str, lo: int, hi: int, out: np.ndarray) -> np.ndarray:

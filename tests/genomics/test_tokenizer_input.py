@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -191,7 +192,7 @@ def test_unknown_letters_are_those_of_the_kept_windows(tmp_path, spec):
 
 
 KILLER = textwrap.dedent("""
-    import os, signal, sys
+    import json, os, signal, sys
     import lcft.genomics.prepare as P
     from lcft.genomics.shards import SplitWriter
     seen = {"ckpt": 0, "adds": 0}
@@ -207,7 +208,8 @@ KILLER = textwrap.dedent("""
                 self.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
     P.write_json_atomic, SplitWriter.add = json_hook, add_hook
-    P.prepare_windows(fasta=sys.argv[1], out=sys.argv[2], length=1024, train=("c1", "c2"), eval=(), tokenizer="kmer:6")
+    kw = {"length": 1024, "train": ("c1", "c2"), "eval": (), "tokenizer": "kmer:6"} | json.loads(sys.argv[3:] and sys.argv[3] or "{}")
+    P.prepare_windows(fasta=sys.argv[1], out=sys.argv[2], **kw)
 """)
 
 
@@ -230,3 +232,54 @@ def test_sigkill_midway_then_resume_is_byte_identical(fasta, tmp_path):
     with pytest.raises(LcftError, match="tokenizer.json is corrupt"):
         verify_windows(out)
     assert np.array_equal(open_windows(tmp_path / "clean", "train").base_offsets(0)[:3], [0, 6, 12])
+
+
+def lettered_genome(tmp_path: Path) -> Path:
+    """c1 (2.4 Mbp: more than one 2 Mbp read) and c2 with letters no tokenizer here has a token for, upper and
+    lower case, scattered and packed into the N runs (whose windows the N filter drops)."""
+    rng = np.random.default_rng(9)
+    records = {}
+    for name, n in (("c1", 2_400_000), ("c2", 240_000)):  # (multiples of 6: no k-mer tail)
+        seq = np.frombuffer(random_genome(len(name) + n, n).encode(), np.uint8).copy()
+        at = rng.integers(0, n, n // 400)
+        seq[at] = np.frombuffer(b"XRYxrnN", np.uint8)[rng.integers(0, 7, at.size)]
+        runs = np.flatnonzero(seq == ord("N"))
+        seq[runs[::37]] = ord("X")
+        records[name] = seq.tobytes().decode()
+    return write_fasta(tmp_path / "lettered.fa", records)
+
+
+def letters_of_kept_windows(fasta: Path, manifest: dict, split: str, known: str) -> dict[str, int]:
+    """The oracle: letters (upper-cased) that are not in `known` over every kept window's bases, a base counted
+    once per window holding it, read with Biopython."""
+    from Bio import SeqIO
+
+    seqs = {r.id: str(r.seq).upper() for r in SeqIO.parse(str(fasta), "fasta")}
+    drop = str.maketrans("", "", known)
+    count: Counter = Counter()
+    for r in manifest["records"]:
+        if r["split"] == split:
+            count.update(seqs[r["chrom"]][r["start"] : r["end"]].translate(drop))
+    return dict(count)
+
+
+@pytest.mark.parametrize(("model", "known"), [("dnabert-6", "ACGT"), ("metagene-1", "ACGTN")])
+def test_oov_letters_equal_a_count_over_the_kept_windows_fresh_and_resumed(tmp_path, model, known):
+    """Published tokenizers: DNABERT-6's 6-mers have no N (a 6-mer holding any letter but A/C/G/T is unknown, so
+    all such letters are behind one), METAGENE-1's BPE knows N (each other letter is its own unknown token).
+    Overlapping windows (stride half the length), some dropped for N: `oov_letters` per split equals the oracle,
+    also for a run killed in c2 and resumed."""
+    fasta, spec = lettered_genome(tmp_path), str(SHARED_GENOMES.parent / "published" / model)
+    kw = {"length": L, "stride": L // 2, "train": ("c1", "c2"), "eval": (), "tokenizer": spec, "max_oov_frac": 1.0}
+    m = prepare_windows(fasta=str(fasta), out=str(tmp_path / "clean"), **kw)
+    want = letters_of_kept_windows(fasta, m, "train", known)
+    assert m["splits"]["train"]["skipped_n"] > 0 and set(want) >= {"X", "R", "Y"}
+    assert m["splits"]["train"]["oov_letters"] == want
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", KILLER, str(fasta), str(out), json.dumps(kw)], env=env, capture_output=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr.decode()
+    state = json.loads((out / ".partial" / "state.json").read_text())
+    assert [c["chrom"] for c in state["chroms"]] == ["c1"] and state["oov_letters"]["train"]  # c1's, kept
+    resumed = prepare_windows(fasta=str(fasta), out=str(out), **kw)
+    assert resumed["splits"]["train"]["oov_letters"] == want
