@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import itertools
 import math
 import os
 from pathlib import Path
@@ -25,7 +26,7 @@ from lcft.pickles import RestrictedUnpickler, reading
 
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
 MAX_CHUNKS = 1 << 16  # chunks of one tensor: one per rank that held a part of it
-MAX_PAIRS = 1 << 20  # chunk pairs compared for overlap, per tensor (sharded on dim 0: none)
+MAX_SPLIT_DIMS = 4  # dims of one tensor its chunks cut (a box has 2^dims corners); a device mesh dim cuts one
 
 # Every global a `.metadata` torch writes names (module, name); torch dtypes are admitted by type below.
 _ALLOWED = {
@@ -132,22 +133,26 @@ def _check_chunks(path: Path, key: str, v: Any, storage: dict, reach: dict[str, 
         total += numel
         if numel:
             boxes.append((off, size))
-    if total != math.prod(shape) or (shape and _overlap(boxes)):
+    split = [d for d in range(len(shape)) if any(s[d] != shape[d] for _, s in boxes)]
+    if len(split) > MAX_SPLIT_DIMS:
+        raise _refuse(path, f"the chunks of tensor {name} cut it along {len(split)} dims (at most {MAX_SPLIT_DIMS})")
+    if total != math.prod(shape) or (total and not _tiles(shape, boxes, split)):
         raise _refuse(path, f"the chunks of tensor {name} do not cover its size {list(shape)} once")
 
 
-def _overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
-    """Whether two boxes (offsets, sizes) share an element: a sweep along dim 0 compares only boxes whose rows
-    meet (none, for shards of dim 0); past MAX_PAIRS comparisons the layout counts as overlapping."""
-    pairs, active = 0, []
-    for off, size in sorted(boxes):
-        active = [b for b in active if b[0][0] + b[1][0] > off[0]]
-        for o, s in active:
-            pairs += 1
-            if pairs > MAX_PAIRS or all(a < p + q and p < a + z for a, z, p, q in zip(off, size, o, s, strict=True)):
-                return True
-        active.append((off, size))
-    return False
+def _tiles(shape: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], split: list[int]) -> bool:
+    """Whether boxes (offsets, sizes), each non-empty and inside `shape`, their elements adding up to its, cover
+    it once: exactly when the box corners that occur an odd number of times are the corners of `shape` itself.
+    Why: the mixed difference along every dim of a box's indicator is +-1 at its 2^d corners and 0 elsewhere, so
+    the parity condition makes (coverage - 1) even at every element, each element is covered an odd number of
+    times, and with the element counts equal, once. One pass over the boxes' corners, whatever their layout (a
+    pairwise comparison costs the square of the chunks sharing a row); only the `split` dims, those some box does
+    not span whole, have two corner coordinates."""
+    odd: set[tuple[int, ...]] = set()
+    for off, size in boxes:
+        for corner in itertools.product(*((off[d], off[d] + size[d]) for d in split)):
+            odd.symmetric_difference_update((corner,))
+    return odd == set(itertools.product(*((0, shape[d]) for d in split)))
 
 
 class SafeReader(FileSystemReader):
