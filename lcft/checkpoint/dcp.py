@@ -37,7 +37,7 @@ from lcft.checkpoint.model_files import DCP_DIR, METADATA, PARAM_GROUPS, sharded
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model.config import AttentionConfig
-from lcft.model.llama import Llama
+from lcft.model.llama import Llama, parameter_shapes
 
 MODEL, OPTIM = "model", "optim"  # top-level keys: DCP stores "model.<parameter name>" and "optim.state...."
 
@@ -182,12 +182,12 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> dict[str, Any]:
     if len(dtypes) > 1:
         raise LcftError(f"unreadable checkpoint {ckpt}: its weights are stored in {len(dtypes)} dtypes "
                         f"({', '.join(dtypes)}); lcft writes one")
-    for name, p in model_on_meta(ckpt, None).named_parameters():
+    for name, shape in parameter_shapes(read_config(ckpt)).items():  # no model built: one block's template
         if name not in stored:
             raise LcftError(f"unreadable checkpoint {ckpt}: no weight {name!r} in {DCP_DIR}/")
-        if tuple(stored[name].size) != tuple(p.shape):
+        if tuple(stored[name].size) != shape:
             raise LcftError(f"unreadable checkpoint {ckpt}: weight {name} has shape {tuple(stored[name].size)}, "
-                            f"config.json implies {tuple(p.shape)}")
+                            f"config.json implies {shape}")
     files = {getattr(s, "relative_path", None) for s in (md.storage_data or {}).values()} - {None}
     missing = sorted(f for f in files if not (_dcp_dir(ckpt) / f).is_file())
     if missing:

@@ -19,9 +19,8 @@ from lcft.errors import LcftError, reason, shown
 from lcft.files import atomic_write, read_json, replacing, respect_umask
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
-from lcft.model.hf_params import MAX_SHARD_BYTES, load_weights, shards, stale_weight_files
+from lcft.model.hf_params import MAX_SHARD_BYTES, check_weights, load_weights, shards, stale_weight_files
 from lcft.model.llama import Llama
-from lcft.model.weight_files import weight_files as _weight_files
 from lcft.vocab import tokenizer_spec
 
 LCFT_FORMAT_VERSION = 1
@@ -172,7 +171,7 @@ def from_pretrained(directory: str | os.PathLike, attention: AttentionConfig | N
     attention overrides the backend recorded in lcft.json (e.g. continue a dense model as sparse)."""
     directory = Path(directory)
     cfg = read_config(directory, attention)
-    _weight_files(directory)  # a missing weight file is reported before anything is built
+    check_weights(cfg, directory)  # the weight files' headers against config.json, before anything is built
     with torch.device("meta"):
         model = Llama(cfg)  # no init cost: every parameter is assigned from the files, tensor by tensor
     load_weights(model, directory, dtype)

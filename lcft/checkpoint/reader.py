@@ -69,9 +69,10 @@ def _read_model(path: Path, sharded: bool, attention: AttentionConfig | None, dt
                 materialize: bool) -> Llama:
     if not sharded:
         return from_pretrained(path, attention=attention, dtype=dtype)
+    if materialize:  # shapes as config.json says, stored bytes there: before building or allocating anything
+        check_sharded_readable(path)
     model = model_on_meta(path, attention)
     if materialize:
-        check_sharded_readable(path)  # shapes as config.json says, stored bytes there: before allocating them
         try:
             model.to_empty(device="cpu")
             load_state(model, None, path, no_dist=True)

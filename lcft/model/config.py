@@ -23,6 +23,11 @@ COUNT_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_siz
                 "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
                 "head_dim": 2048, "num_local_experts": 1024, "num_experts_per_tok": 1024,
                 "max_position_embeddings": 1 << 34, "sliding_window": 1 << 34}
+# SwiGLU MLPs a model has (one a layer; under MoE one an expert a layer, three weight tensors each), bounded before
+# a model is built from a config, even on the meta device (~0.3 ms a module there): with each count within its own
+# limit, 1024 layers x 1024 experts would be a million, half an hour of building before its weights are compared.
+# The largest of the families lcft reads has 56 x 8 = 448 (Mixtral 8x22B); DeepSeek-V3, 61 x 256 = 15,616.
+MAX_MLPS = 1 << 14
 POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
 # What each rope_scaling type reads (transformers' _compute_*_parameters), and what each field must be: "positive"
 # a number in (0, ROPE_LIMIT] (each is divided by or goes into a log), "off-or-positive" one in [0, ROPE_LIMIT]
@@ -149,6 +154,10 @@ class LlamaConfig:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig.from_dict(self.attention)
         check_counts({f.name: getattr(self, f.name) for f in fields(self)})
+        mlps = self.num_hidden_layers * max(1, self.num_local_experts)
+        if mlps > MAX_MLPS:
+            raise LcftError(f"model config: {self.num_hidden_layers} layers x {max(1, self.num_local_experts)} "
+                            f"experts = {mlps} MLPs, more than lcft's limit of {MAX_MLPS}")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise LcftError(f"hidden_size {self.hidden_size} is not a multiple of "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import torch
 from safetensors import SafetensorError
 
 from lcft.errors import LcftError, reason
+from lcft.model.config import LlamaConfig
 from lcft.model.hf_weights import aligned, weight_tensors
+from lcft.model.llama import parameter_shapes
 from lcft.model.weight_files import INDEX, WEIGHTS, weight_files
 
 MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
@@ -46,36 +49,70 @@ def to_hf_name(name: str) -> str:
     return "model." + name
 
 
+def check_weights(cfg: LlamaConfig, directory: Path) -> None:
+    """The tensors the folder's weight files declare (names and shapes, from their headers: nothing is read)
+    against the parameters config.json implies (lcft.model.llama.parameter_shapes), before any model is built:
+    building one on the meta device costs ~0.3 ms a module, so a config.json of a million experts beside a small
+    weight file took half an hour to be told they differ. Every difference is one line, as load_weights says it."""
+    expected = {to_hf_name(n): (n, shape) for n, shape in parameter_shapes(cfg).items()}
+    seen: set[str] = set()
+    for f in weight_files(directory):
+        with _reading(f):
+            for key, shape, _ in weight_tensors(f):
+                name = _declared(f, key, shape, expected, cfg, seen)
+                if name is not None:
+                    seen.add(name)
+    _check_missing(directory, expected, seen)
+
+
 def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
     """Assign every parameter of a model built on the meta device from the folder's weights, one tensor at a
     time (as stored, or cast to dtype as it is read), so the peak is about one copy of the model plus one tensor."""
     params = dict(model.named_parameters())
-    expected = {to_hf_name(n): n for n in params}
-    tied = model.config.tie_word_embeddings
+    expected = {to_hf_name(n): (n, tuple(p.shape)) for n, p in params.items()}
     loaded: set[str] = set()
     for f in weight_files(directory):
-        try:
+        with _reading(f):
             for key, shape, read in weight_tensors(f):
-                if key not in expected:
-                    if IGNORED_HF.search(key) or (key == "lm_head.weight" and tied):
-                        continue
-                    raise LcftError(f"{f}: unexpected weight {key!r} (not a {model.config.model_type} "
-                                    "checkpoint of this config.json?)")
-                name = expected[key]
-                if name in loaded:  # a second copy, in another shard: which one the model is would be chance
-                    raise LcftError(f"{f}: weight {key} is stored twice (in two shard files of {directory})")
-                if shape != tuple(params[name].shape):
-                    raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies "
-                                    f"{tuple(params[name].shape)}")
+                name = _declared(f, key, shape, expected, model.config, loaded)
+                if name is None:
+                    continue
                 tensor = read()
                 if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
                     raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
                                     "floating-point numbers")
                 _assign(model, name, aligned(tensor if dtype is None else tensor.to(dtype)))
                 loaded.add(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:  # corrupt file
-            raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
-    missing = sorted(set(params) - loaded)
+    _check_missing(directory, expected, loaded)
+
+
+@contextmanager
+def _reading(f: Path) -> Iterator[None]:
+    """A weight file that cannot be read (corrupt, cut short) is one line naming it."""
+    try:
+        yield
+    except (SafetensorError, OSError, ValueError, RuntimeError, MemoryError) as e:
+        raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
+
+
+def _declared(f: Path, key: str, shape: tuple[int, ...], expected: dict[str, tuple[str, tuple[int, ...]]],
+              cfg: LlamaConfig, seen: set[str]) -> str | None:
+    """Our name of the weight `key` of file `f` (None: an entry to skip), refused where config.json has no such
+    weight, has it in another shape, or an earlier file already held it (`seen`, our names)."""
+    if key not in expected:
+        if IGNORED_HF.search(key) or (key == "lm_head.weight" and cfg.tie_word_embeddings):
+            return None
+        raise LcftError(f"{f}: unexpected weight {key!r} (not a {cfg.model_type} checkpoint of this config.json?)")
+    name, want = expected[key]
+    if name in seen:  # a second copy, in another shard: which one the model is would be chance
+        raise LcftError(f"{f}: weight {key} is stored twice (in two shard files of {f.parent})")
+    if shape != want:
+        raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies {want}")
+    return name
+
+
+def _check_missing(directory: Path, expected: dict[str, tuple[str, tuple[int, ...]]], seen: set[str]) -> None:
+    missing = sorted(n for n, _ in expected.values() if n not in seen)
     if missing:
         names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise LcftError(f"{directory}: {len(missing)} weight(s) missing: {names}")

@@ -7,6 +7,8 @@ Single-process by design: lcft.parallel shards a built model from outside (by sw
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,6 +79,8 @@ class Llama(nn.Module):
         """HF's initialisation: normal(0, initializer_range) for linear and embedding weights, zero biases,
         ones for norms."""
         for m in self.modules():
+            if any(p.is_meta for p in m.parameters(recurse=False)):  # nothing to set: filled from files later
+                continue
             if isinstance(m, nn.Linear | nn.Embedding):
                 m.weight.normal_(0.0, self.config.initializer_range)
                 if getattr(m, "bias", None) is not None:
@@ -129,3 +133,20 @@ class Llama(nn.Module):
         """input_ids (B, L) -> logits (B, L, vocab), as transformers returns them (small inputs, tests)."""
         h = self.hidden_states(input_ids, position_ids, position_offset=position_offset, rope_seq_len=rope_seq_len)
         return F.linear(h, self.lm_head_weight)  # (B, L, V)
+
+
+def parameter_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of every parameter of Llama(cfg), in its order, without building its blocks: a one-block model
+    on the meta device is the template, its block's parameters repeated for every layer. What a config.json
+    implies costs one block to learn, not the model it declares (compared with a weight file before that)."""
+    with torch.device("meta"):
+        one = Llama(dataclasses.replace(cfg, num_hidden_layers=1))
+    params = [(n, tuple(p.shape)) for n, p in one.named_parameters()]
+    block = [(n.removeprefix("layers.0."), shape) for n, shape in params if n.startswith("layers.0.")]
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in params:
+        if name == f"layers.0.{block[0][0]}":
+            out.update((f"layers.{i}.{n}", s) for i in range(cfg.num_hidden_layers) for n, s in block)
+        elif not name.startswith("layers.0."):
+            out[name] = shape
+    return out

@@ -1,5 +1,5 @@
 """Counts a config.json declares are bounded before anything is sized from them: each bomb (head_dim 10^9,
-10^5 layers, 10^6 experts, a 2^40 vocabulary, ...) and each bad dimension (zero, negative, a string,
+10^5 layers, 10^6 experts, a 2^40 vocabulary, 64 layers x 1024 experts, ...) and each bad dimension (zero, negative, a string,
 num_key_value_heads 0) is one line naming the field and the limit, from loading and from `lcft plan --init`."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
-from lcft.model.config import COUNT_LIMITS
+from lcft.model.config import COUNT_LIMITS, MAX_MLPS
 
 runner = CliRunner()
 BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 64,
@@ -29,6 +29,8 @@ BOMBS = [
     ("vocab", {**BASE, "vocab_size": 2**40}, "vocab_size", f"1..{COUNT_LIMITS['vocab_size']}"),
     ("experts", {**MIXTRAL, "num_local_experts": 10**6}, "num_local_experts", "0..1024"),
     ("experts_per_tok", {**MIXTRAL, "num_experts_per_tok": 10**6}, "num_experts_per_tok", "1..1024"),
+    ("layers_x_experts", {**MIXTRAL, "num_hidden_layers": 64, "num_local_experts": 1024, "num_experts_per_tok": 1},
+     "64 layers x 1024 experts", f"limit of {MAX_MLPS}"),
     ("derived_head_dim", {**BASE, "hidden_size": 60000, "num_attention_heads": 2, "num_key_value_heads": 1},
      "head_dim", "limit"),
     ("zero_kv", {**BASE, "num_key_value_heads": 0}, "num_key_value_heads", "outside 1.."),
@@ -59,7 +61,7 @@ def test_bomb_is_one_line_before_any_weight(tmp_path, case, d, name, limit):
     assert "weight" not in msg  # refused on the count, not on the missing weights it would otherwise look for
 
 
-@pytest.mark.parametrize("case", ["head_dim", "zero_kv", "negative", "string", "zero_layers"])
+@pytest.mark.parametrize("case", ["head_dim", "zero_kv", "negative", "string", "zero_layers", "layers_x_experts"])
 def test_plan_refuses_bad_dimensions_in_one_line(tmp_path, case):
     _, d, name, limit = next(b for b in BOMBS if b[0] == case)
     r = runner.invoke(app, ["plan", "--init", str(write(tmp_path, d)), "--seq-len", "4096"])
@@ -77,3 +79,5 @@ def test_the_limits_admit_the_largest_published_shapes(tmp_path):
     assert big.head_dim == 128
     moe = config_from_hf({**MIXTRAL, "num_local_experts": 256, "num_experts_per_tok": 8, "vocab_size": 262144})
     assert moe.num_local_experts == 256
+    for layers, experts in ((56, 8), (61, 256)):  # Mixtral 8x22B; DeepSeek-V3's counts: under the MLP limit
+        assert config_from_hf({**MIXTRAL, "num_hidden_layers": layers, "num_local_experts": experts}).num_hidden_layers

@@ -96,6 +96,29 @@ def test_a_flood_of_missing_shards_is_a_short_line_naming_the_count(folder, tmp_
     assert message.count(".safetensors") <= 4  # the index and at most three shards
 
 
+def test_a_config_of_a_million_experts_beside_a_small_weight_file_is_refused_before_the_model_is_built(
+        folder, tmp_path, monkeypatch):
+    """config.json says Mixtral, 16 layers x 1024 experts (each count within its limit; ~150K tensors), beside the
+    1-layer model's weights: the model was built on the meta device before the file was compared with it (41 s
+    for 8 layers here, half an hour for 1024). Now the headers are compared first: one line, and no model of
+    the config is built (a model of more than one block, the template's one, fails the test at once)."""
+    import lcft.model.llama as llama
+
+    config = json.loads((folder / "config.json").read_text())
+    config.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_hidden_layers=16,
+                  num_local_experts=1024, num_experts_per_tok=1)
+    (folder / "config.json").write_text(json.dumps(config))
+    built = llama.Llama.__init__
+
+    def one_block_only(self, cfg):
+        assert cfg.num_hidden_layers == 1, f"a model of {cfg.num_hidden_layers} blocks was built"
+        built(self, cfg)
+
+    monkeypatch.setattr(llama.Llama, "__init__", one_block_only)
+    message = one_line_error(folder, tmp_path, "model.safetensors", "unexpected weight")
+    assert "model.layers.0.mlp" in message and "mixtral" in message
+
+
 # --- pytorch_model.bin ------------------------------------------------------------------------------------------
 
 def to_bin(folder: Path) -> dict[str, torch.Tensor]:

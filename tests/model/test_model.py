@@ -51,6 +51,19 @@ def test_presets_shapes_and_sizes():
         preset("huge")
 
 
+@pytest.mark.parametrize("kw", [{}, {"tie_word_embeddings": True}, {"num_hidden_layers": 5},
+                                {"model_type": "qwen3", "qk_norm": True, "attention_bias": True, "o_proj_bias": True},
+                                {"model_type": "mixtral", "num_local_experts": 3, "num_experts_per_tok": 2}])
+def test_parameter_shapes_are_the_models_own(kw):
+    """What a config implies, learned from a one-block template, against the model built whole: names, shapes,
+    order."""
+    from lcft.model.llama import parameter_shapes
+
+    with torch.device("meta"):
+        built = Llama(cfg(**kw))
+    assert list(parameter_shapes(cfg(**kw)).items()) == [(n, tuple(p.shape)) for n, p in built.named_parameters()]
+
+
 def test_shapes_tied_head_and_input_dtypes():
     m = model(tie_word_embeddings=True)
     ids = torch.randint(0, 16, (3, 40))
