@@ -97,17 +97,23 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Fa
     return Path(path)
 
 
-def file_hash(path: str | os.PathLike, algorithm: str = "sha256", upto: int | None = None) -> Any:
-    """A hashlib object fed with the first `upto` bytes of a file (all of it when None), read in chunks."""
-    h = hashlib.new(algorithm)
+def file_hash(path: str | os.PathLike | IO[bytes], algorithm: str = "sha256", upto: int | None = None) -> Any:
+    """A hashlib object fed with the first `upto` bytes of a file (all of it when None), read in chunks; the file
+    is named, or open for reading at its start (then left open, at the offset the reading ends)."""
+    if not isinstance(path, str | os.PathLike):
+        return _hash_open(path, hashlib.new(algorithm), upto)
     with open(path, "rb") as fh:
-        left = os.fstat(fh.fileno()).st_size if upto is None else upto
-        while left > 0:
-            block = fh.read(min(HASH_CHUNK, left))
-            if not block:
-                break
-            h.update(block)
-            left -= len(block)
+        return _hash_open(fh, hashlib.new(algorithm), upto)
+
+
+def _hash_open(fh: IO[bytes], h: Any, upto: int | None) -> Any:
+    left = os.fstat(fh.fileno()).st_size if upto is None else upto
+    while left > 0:
+        block = fh.read(min(HASH_CHUNK, left))
+        if not block:
+            break
+        h.update(block)
+        left -= len(block)
     return h
 
 
@@ -115,6 +121,32 @@ def file_record(path: str | os.PathLike) -> dict[str, Any]:
     """{"bytes": its size, "sha256": its digest} of a file: how a checkpoint's checksum list, and an export's
     record, list each of its files."""
     return {"bytes": os.stat(path).st_size, "sha256": file_hash(path).hexdigest()}
+
+
+def open_own(path: str | os.PathLike) -> IO[bytes] | None:
+    """`path` opened for reading and writing ("r+b") when it is a regular file itself, else None (missing, a
+    link, a folder, a FIFO): a file a killed run of ours left, to resume, is never a link that would make the
+    resume write through it to wherever it points (O_NOFOLLOW: not even one that appears meanwhile)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO opens without waiting, and is refused
+    except OSError:
+        return None
+    fh = os.fdopen(fd, "r+b")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        return None
+    return fh
+
+
+def foreign_entry(folder: Path) -> Path | None:
+    """In a work folder of ours that holds only regular files, the first thing that is not one (the folder itself
+    first, which must be a folder and no link): a link, a folder, a FIFO; None when there is none. A resume that
+    finds one stops with its name: reading or writing through it would reach wherever it points."""
+    if not os.path.lexists(folder):
+        return None
+    if not stat.S_ISDIR(folder.lstat().st_mode):
+        return folder
+    return next((p for p in sorted(folder.iterdir()) if not stat.S_ISREG(p.lstat().st_mode)), None)
 
 
 def files_sha256(paths: list[Path]) -> str:

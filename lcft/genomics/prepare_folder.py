@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.errors import LcftError, shown
-from lcft.files import file_hash
+from lcft.files import file_hash, foreign_entry
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.manifest import is_char
 from lcft.genomics.prepare_state import load_state
@@ -94,11 +94,24 @@ def check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile) 
     return None
 
 
+def refuse_foreign(out: Path) -> None:
+    """Stop, changing nothing, when `<out>/.partial` is not what a run of ours left: it is a folder of regular
+    files only, and a link in it (planted, or left by someone sharing the folder) must not be resumed through."""
+    partial = out / PARTIAL
+    entry = foreign_entry(partial)
+    if entry == partial:
+        raise LcftError(f"{partial} is not a folder prepare made (a link or a file); remove it and re-run")
+    if entry is not None:
+        raise LcftError(f"{entry} is not a file prepare wrote (a link, a folder or a FIFO); remove it, or the "
+                        f"whole {partial}, and re-run")
+
+
 def resume_writers(partial: Path, state: dict, tok: SeqTokenizer) -> dict[str, SplitWriter] | None:
     """Writers reopened at the last checkpoint, or None when the kept bytes do not hash to what the
     checkpoint recorded (a torn write, or a machine crash before the data reached the disk)."""
-    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s]), split_files(s, tok)) for s in SPLITS}
     digests = state.get("digests", {})
+    writers = {s: SplitWriter(partial, s, tuple(state["sizes"][s]), split_files(s, tok), tuple(digests.get(s, ())))
+               for s in SPLITS}
     ok = all(
         list(w.sizes()) == state["sizes"][s] and (not any(state["sizes"][s]) or list(w.digests()) == digests.get(s))
         for s, w in writers.items()

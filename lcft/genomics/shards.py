@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError, shown
-from lcft.files import atomic_open, file_hash, is_plain_name, read_json
+from lcft.files import atomic_open, file_hash, fresh_file, is_plain_name, open_own, read_json
 from lcft.vocab import spec_problem
 
 FORMAT_VERSION = 1
@@ -35,18 +35,24 @@ def softmask_name(split: str) -> str:
 
 class HashedFile:
     """An append-only output file with a running sha256 (fed by its user, see `append`); reopening at a
-    checkpoint truncates to the recorded size and re-hashes the kept prefix, so a resumed run ends with the
-    same bytes and digest."""
+    checkpoint (`keep` bytes whose sha256 is `digest`) re-hashes the kept prefix and, when it is still what the
+    checkpoint recorded, cuts the file to it, so a resumed run ends with the same bytes and digest. A file that
+    cannot resume (missing, shorter, other bytes, or no regular file: a link is never written through) is
+    replaced by a new empty one."""
 
-    def __init__(self, path: Path, keep: int = 0) -> None:
+    def __init__(self, path: Path, keep: int = 0, digest: str = "") -> None:
         self.path = path
-        if keep and path.is_file() and path.stat().st_size >= keep:
-            self.fh = open(path, "r+b")
-            self.fh.truncate(keep)
-            self.fh.seek(keep)
-            self.hash = file_hash(path, "sha256", keep)
-        else:
-            self.fh = open(path, "wb")
+        fh = open_own(path) if keep else None
+        if fh is not None:
+            self.hash = file_hash(fh, "sha256", keep)  # reads from the start: checked before anything is cut
+            if fh.tell() == keep and self.hash.hexdigest() == digest:
+                fh.truncate(keep)
+                self.fh = fh
+            else:
+                fh.close()
+                fh = None
+        if fh is None:
+            self.fh = os.fdopen(fresh_file(path), "wb")
             self.hash = hashlib.sha256()
         self.size = self._synced = self.fh.tell()
 
@@ -88,12 +94,14 @@ class SplitWriter:
     # the run, measured on a 60 Mbp genome).
     SYNC_BYTES = 1 << 23
 
-    def __init__(self, folder: Path, split: str, keep: tuple[int, ...] = (0, 0), names: tuple[str, ...] = ()) -> None:
+    def __init__(self, folder: Path, split: str, keep: tuple[int, ...] = (0, 0), names: tuple[str, ...] = (),
+                 digests: tuple[str, ...] = ()) -> None:
         self.split = split
         names = names or (bin_name(split), softmask_name(split))
         keep = tuple(keep) + (0,) * (len(names) - len(keep))
+        digests = tuple(digests) + ("",) * (len(names) - len(digests))  # none recorded: no file resumes
         # one file per array passed to add(): ids and soft mask, then any side files (model tokenizers)
-        self.outputs = [HashedFile(folder / n, k) for n, k in zip(names, keep, strict=False)]
+        self.outputs = [HashedFile(folder / n, k, d) for n, k, d in zip(names, keep, digests, strict=False)]
         self.ids, self.soft = self.outputs[0], self.outputs[1]
         self._hash_q: queue.Queue = queue.Queue(self.QUEUE_WINDOWS)
         self._write_q: queue.Queue = queue.Queue()  # bounded by the pool (or by _hash_q for other arrays)
