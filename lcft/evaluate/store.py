@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 
 from lcft.disk import write_failure
 from lcft.errors import LcftError
+from lcft.files import atomic_write
 
 PARTIAL = ".partial"
 FORMAT = 1
@@ -59,18 +61,22 @@ class LossStore:
         return self._start
 
     def _not_ours(self) -> None:
-        """Something other than a regular file under the pass's name (a folder, a FIFO that would block the read,
-        a link that appending would write through) is no record file of ours: it goes, and the pass starts over."""
-        if not self.path.is_symlink() and (self.path.is_file() or not self.path.exists()):
+        """Something other than what the store makes under the folder's name (a folder) or the pass's (a regular
+        file) is none of ours: a link that writing would go through, a FIFO that would block the read, a folder in
+        place of the file. It goes (a link itself, never what it points to), and the pass starts over."""
+        for path, ours in ((self.path.parent, stat.S_ISDIR), (self.path, stat.S_ISREG)):
+            try:
+                mode = path.lstat().st_mode
+            except FileNotFoundError:
+                return
+            if ours(mode):
+                continue
+            try:
+                shutil.rmtree(path) if stat.S_ISDIR(mode) else path.unlink()
+            except OSError as e:
+                raise LcftError(f"{path}: cannot remove what is there to keep losses in ({e.strerror or e}); "
+                                "remove it and re-run") from None
             return
-        try:
-            if self.path.is_dir() and not self.path.is_symlink():
-                shutil.rmtree(self.path)
-            else:
-                self.path.unlink()
-        except OSError as e:
-            raise LcftError(f"{self.path}: cannot remove what is there to keep losses in ({e.strerror or e}); "
-                            "remove it and re-run") from None
 
     def _records(self, n: int) -> Iterator[bytes]:
         """Whole records in order up to the first that does not check (its digest, or its index out of place)."""
@@ -106,8 +112,9 @@ class LossStore:
             if not self.path.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # what the key stands for, for a person reading the folder (never read back)
-                self.path.with_suffix(".json").write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
-            with open(self.path, "ab", buffering=0) as fh:
+                atomic_write(self.path.with_suffix(".json"), json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # (see _not_ours)
+            with os.fdopen(fd, "ab", buffering=0) as fh:
                 rest = memoryview(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
                 while rest:  # a write cut short (a disk filling, a file-size limit) is not the record: write on,
                     rest = rest[fh.write(rest):]  # and the next write says why it cannot
