@@ -28,7 +28,7 @@ from rich.progress import (
 
 from lcft.console import make_console, styled, text_column
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_open, file_hash, made_folder
+from lcft.files import atomic_open, file_hash, fresh_file, made_folder, open_own
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
 from lcft.units import counted
@@ -72,8 +72,19 @@ def published_md5(url: str, timeout: float = 60) -> str:
 
 
 def _download_once(url: str, part: Path, bar: Progress | None, task: int | None, timeout: float) -> None:
-    """Fetch the rest of `url` into `part` (appending from its current size with a Range request)."""
-    have = part.stat().st_size if part.exists() else 0
+    """Fetch the rest of `url` into `part` (appending from its current size with a Range request). Only a regular
+    file is resumed: a link left under its name is replaced, never written through."""
+    kept = open_own(part)
+    try:
+        _download_into(url, part, kept, bar, task, timeout)
+    finally:
+        if kept is not None:
+            kept.close()
+
+
+def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress | None, task: int | None,
+                   timeout: float) -> None:
+    have = os.fstat(kept.fileno()).st_size if kept is not None else 0
     req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
         resp = _open(req, timeout)
@@ -87,7 +98,8 @@ def _download_once(url: str, part: Path, bar: Progress | None, task: int | None,
         total = have + int(resp.headers.get("Content-Length") or 0)
         if bar is not None:
             bar.update(task, total=total or None, completed=have)
-        with open(part, "ab" if have else "wb") as fh:
+        with kept if kept is not None and have else os.fdopen(fresh_file(part), "wb") as fh:
+            fh.seek(have)
             while block := resp.read(BLOCK):
                 fh.write(block)
                 if bar is not None:

@@ -178,3 +178,18 @@ def test_unknown_genome_and_bad_url(tmp_path):
         fetch_fasta("mm99", tmp_path)
     with pytest.raises(LcftError, match="not an http"):
         fetch_fasta("hg38", tmp_path, url="ftp://example.org/x.fa.gz")
+
+
+@pytest.mark.parametrize("victim_exists", [True, False])
+def test_a_link_left_as_the_part_file_is_replaced_not_written_through(server, tmp_path, victim_exists):
+    """A `.part` link in the download folder (to a file: resumed by appending to it; dangling: created through
+    it): the download starts over in a file of its own and the linked file is neither changed nor made."""
+    url, plain = server
+    victim = tmp_path / "victim"
+    if victim_exists:
+        victim.write_bytes(b"keep me\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "hg38.fa.gz.part").symlink_to(victim)
+    assert fetch_fasta("hg38", tmp_path / "d", url=url, retries=0).read_bytes() == plain
+    assert not any(GenomeServer.ranges)  # no Range asked: nothing resumed from the link
+    assert (victim.read_bytes() == b"keep me\n") if victim_exists else not victim.exists()
