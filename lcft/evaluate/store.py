@@ -34,6 +34,11 @@ def clear(out: str | os.PathLike) -> None:
     shutil.rmtree(Path(out) / PARTIAL, ignore_errors=True)
 
 
+def _no_follow(path: str, flags: int) -> int:
+    """`open`'s opener for a file of the store: a link that appears under its name after `_not_ours` is refused."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
 class LossStore:
     """The losses of one pass, item by item in order: item i is the last `keep` tokens' loss (float32) and
     counted flags of window (or planted window) i. A record is those bytes, the counted flags packed, the item's
@@ -113,8 +118,7 @@ class LossStore:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # what the key stands for, for a person reading the folder (never read back)
                 atomic_write(self.path.with_suffix(".json"), json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # (see _not_ours)
-            with os.fdopen(fd, "ab", buffering=0) as fh:
+            with open(self.path, "ab", buffering=0, opener=_no_follow) as fh:
                 rest = memoryview(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
                 while rest:  # a write cut short (a disk filling, a file-size limit) is not the record: write on,
                     rest = rest[fh.write(rest):]  # and the next write says why it cannot
