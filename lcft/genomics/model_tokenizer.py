@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,20 +21,12 @@ from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
-from lcft.genomics.tokenizer_hash import BOUNDARY_RULE, MARKED_RUNS_SPLIT, RUNS_SPLIT
+from lcft.genomics.tokenizer_probe import BPE_BLOCK, probe_tokenizer, vouch
 from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
 from lcft.hub import local_path
 
-BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
 VOCAB_FILE = "vocab.txt"
 SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above, at most half the ids unused
-# a regex lcft did not write is first run in a child process on these probes: a catastrophic pattern makes the
-# regex engine give up, which `tokenizers` turns into a Rust panic (a BaseException, and a backtrace on stderr)
-# (the library's ordinary errors, a missing unknown token say, are left to `guarded`, which names them)
-_PROBE = ("import sys\nfrom tokenizers import Tokenizer\ntk = Tokenizer.from_str(sys.stdin.read())\n"
-          "for s in ('A' * 4096, 'ACGT' * 1024, 'N' * 4096, 'ACGTN' * 820, 'acgtn' * 820, 'AAAAC' * 820):\n"
-          "    try:\n        tk.encode(s, add_special_tokens=False)\n    except Exception:\n        pass\n")
-_OWN_REGEXES = {RUNS_SPLIT["pattern"]["Regex"], MARKED_RUNS_SPLIT["pattern"]["Regex"], BOUNDARY_RULE["pattern"]["Regex"]}
 
 
 def guarded(call: Callable[[], Any], source: str, text: str = "this sequence") -> Any:
@@ -49,17 +38,6 @@ def guarded(call: Callable[[], Any], source: str, text: str = "this sequence") -
         if type(e).__name__ != "PanicException" and type(e) is not Exception:
             raise
         raise LcftError(f"tokenizer {source}: the tokenizers library failed on {text} ({reason(e, 200)})") from None
-
-
-def _regexes(node: Any, where: str) -> list[tuple[str, str]]:
-    """(field, pattern) of every regex in a tokenizer.json's pipeline."""
-    if isinstance(node, dict):
-        if isinstance(node.get("Regex"), str):
-            return [(where, node["Regex"])]
-        return [r for k, v in node.items() for r in _regexes(v, f"{where}.{k}")]
-    if isinstance(node, list):
-        return [r for j, v in enumerate(node) for r in _regexes(v, f"{where}[{j}]")]
-    return []
 
 
 def word_marks(data: dict[str, Any], source: str) -> str:
@@ -86,26 +64,6 @@ def word_marks(data: dict[str, Any], source: str) -> str:
         raise LcftError(f"tokenizer {source}: its word-boundary mark {letters[0]!r} holds a letter, so lcft cannot "
                         "tell which letters of a token are bases")
     return "".join(sorted(set("".join(found)) - set(WORD_MARKS)))
-
-
-def probe_regexes(data: dict[str, Any], text: str, source: str) -> None:
-    """Refuse, in one line, a tokenizer.json whose regex the engine gives up on (see _PROBE)."""
-    found = [r for key in ("normalizer", "pre_tokenizer") for r in _regexes(data.get(key), key)
-             if r[1] not in _OWN_REGEXES and kmer_k_of(r[1]) is None]
-    if not found:
-        return
-    env = {**os.environ, "RUST_BACKTRACE": "0"}
-    try:
-        res = subprocess.run([sys.executable, "-c", _PROBE], input=text, capture_output=True, text=True,
-                             timeout=120, env=env, check=False)
-        failed = res.returncode != 0
-        why = next((ln.strip() for ln in res.stderr.splitlines() if "rror" in ln), "it failed") if failed else ""
-    except subprocess.TimeoutExpired:
-        failed, why = True, "no answer within 120 s"
-    if failed:
-        fields = ", ".join(f"{f} {p[:60]!r}" for f, p in found)
-        raise LcftError(f"tokenizer {source}: the regex engine gives up on {fields} for a {BPE_BLOCK}-base "
-                        f"sequence ({why[:160]}); lcft cannot tokenize with it")
 
 
 class JsonTokenizer(SeqTokenizer):
@@ -297,14 +255,16 @@ def _canonical(path: Path) -> str:
 
 def _parse(text: str, source: str, data: dict[str, Any]) -> Any:
     """A `tokenizers` Tokenizer from tokenizer.json text (parsed: `data`) whose ids are bounded; its regexes
-    probed first."""
-    probe_regexes(data, text, source)
+    probed first (`probe_tokenizer`: it does not enlarge DNA)."""
+    probe_tokenizer(data, text, source)
     from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
 
     try:
-        return Tokenizer.from_str(text)
+        tk = Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception with serde's message
         raise LcftError(f"{source} is not a tokenizers tokenizer.json ({reason(e, 200)})") from None
+    vouch(tk.to_str())  # the same pipeline as the library writes it back (the form kept with the data)
+    return tk
 
 
 def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | None = None) -> SeqTokenizer:
