@@ -20,6 +20,7 @@ from typing import Any
 from lcft.errors import LcftError
 from lcft.genomics.kmer_tokenizer import kmer_k_of
 from lcft.genomics.tokenizer_hash import BOUNDARY_RULE, MARKED_RUNS_SPLIT, RUNS_SPLIT
+from lcft.units import counted
 
 BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
 GROWTH = 4  # tokens, or normalized characters, a base may give (a DNA tokenizer gives at most one token a base)
@@ -119,10 +120,10 @@ def _refuse(source: str, rc: int | None, out: list[str], err: str, found: list[t
     bases, name = int(last[1]), last[2]
     if rc == 3 and out and out[-1].startswith("grows\t"):
         raise LcftError(f"tokenizer {source} gives {int(out[-1].split()[1]):,} tokens or characters for {name} "
-                        f"({bases:,} base{'s' * (bases != 1)}; lcft allows {GROWTH} a base and {MARKS} more); lcft refuses a tokenizer "
+                        f"({counted(bases, 'base')}; lcft allows {GROWTH} a base and {MARKS} more); lcft refuses a tokenizer "
                         "that enlarges DNA")
     if rc is not None and "memory" in err.lower():  # Rust's failed allocation aborts; Python raises MemoryError
-        raise LcftError(f"tokenizer {source}: encoding {name} ({bases:,} base{'s' * (bases != 1)}) needs over {PROBE_BYTES >> 20:,} MiB; "
+        raise LcftError(f"tokenizer {source}: encoding {name} ({counted(bases, 'base')}) needs over {PROBE_BYTES >> 20:,} MiB; "
                         "lcft refuses a tokenizer that enlarges DNA")
     why = next((ln.strip() for ln in err.splitlines() if "rror" in ln), "it failed") if rc else f"no answer within {PROBE_S} s"
     fields = ", ".join(f"{f} {p[:60]!r}" for f, p in found)
