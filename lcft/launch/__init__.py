@@ -305,7 +305,8 @@ class _Supervisor:
         with contextlib.suppress(psutil.NoSuchProcess):
             running = [w for w in psutil.Process(self.proc.pid).children()
                        if _status(w) not in (None, psutil.STATUS_ZOMBIE)]
-            if len(running) + len(handed) - len(errors) < self.nproc:  # (a finished one may still be running)
+            finished = {h.pid for h in handed if h.exit_code == 0}  # (one may still be running: counted once)
+            if len({w.pid for w in running} | finished) < self.nproc:
                 for h in handed:  # a restarted group's are heard anew
                     (self.errors / str(h.rank)).unlink(missing_ok=True)
                 self.heard_at = None  # (`heard` stays: torchrun's failure line then says it, as nothing printed it)

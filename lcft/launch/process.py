@@ -42,13 +42,15 @@ class Handed(NamedTuple):
     exit_code: int
     message: str
     when: int  # (ns) when it was written
+    pid: int  # the worker process that wrote it
 
 
 def hand_over(folder: str | os.PathLike, rank: int, exit_code: int, message: str = "") -> None:
     """Write how this rank's work ended into the launcher's folder, whole or not at all; OSError when the folder
     cannot take it."""
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    atomic_write(Path(folder) / str(rank), json.dumps({"round": restart, "exit_code": exit_code, "message": message}))
+    record = {"round": restart, "exit_code": exit_code, "message": message, "pid": os.getpid()}
+    atomic_write(Path(folder) / str(rank), json.dumps(record))
 
 
 def handed_over(folder: Path) -> list[Handed]:
@@ -60,6 +62,7 @@ def handed_over(folder: Path) -> list[Handed]:
             continue
         with contextlib.suppress(FileNotFoundError):  # (taken away since the listing)
             record, when = json.loads(path.read_text()), path.stat().st_mtime_ns
-            handed.append(Handed(int(path.name), record["round"], record["exit_code"], record["message"], when))
+            handed.append(Handed(int(path.name), record["round"], record["exit_code"], record["message"], when,
+                                 record["pid"]))
     latest = max((h.round for h in handed), default=0)
     return sorted((h for h in handed if h.round == latest), key=lambda h: (h.rank != 0, h.when, h.rank))

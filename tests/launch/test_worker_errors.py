@@ -161,6 +161,38 @@ def test_a_user_error_ends_the_launch_unless_a_worker_had_ended(tmp_path, runnin
         assert list(errors.iterdir()) == []  # heard: a restarted group's errors come anew
 
 
+# Stands in for torchrun's agent: three workers; rank 1 is SIGKILLed before its work is done (the OOM killer), rank 2
+# hands over "finished" and is still tearing down, rank 0 hands over a user error (the consequence of rank 1's end).
+DEAD_AND_FINISHING_AGENT = """
+import pathlib, subprocess, sys, time
+errors = sys.argv[1]
+def worker(rank, code, message):
+    return subprocess.Popen([sys.executable, "-c", "import sys, time; from lcft.launch.process import hand_over; "
+                             f"hand_over({errors!r}, {rank}, {code}, {message!r}); time.sleep(6)"])
+dead = subprocess.Popen(["sleep", "30"])
+dead.kill()
+dead.wait()
+finishing = worker(2, 0, "")
+while not (pathlib.Path(errors) / "2").exists():
+    time.sleep(0.01)
+erring = worker(0, 1, "rank 0's error")
+time.sleep(5)
+sys.exit(1)
+"""
+
+
+def test_a_finished_rank_still_running_is_not_counted_twice(tmp_path):
+    """A worker that ended before its work was done is not covered by one that finished and is still running:
+    rank 0's error may be the dead one's consequence, so torchrun ends the launch (naming the dead worker)."""
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    supervisor = _Supervisor([sys.executable, "-c", DEAD_AND_FINISHING_AGENT, str(errors)], dict(os.environ),
+                             tmp_path / "failure.txt", errors, 3, elastic=False, resume="")
+    rc = supervisor.run()
+    assert supervisor.heard is not None and supervisor.heard.message == "rank 0's error"
+    assert not supervisor.ended and supervisor.said is None and rc == 1
+
+
 def test_a_stop_signal_after_a_rank_handed_over_its_user_error_ends_on_that_error(  # noqa: F811
         tmp_path, data_dir, init_dir, other_tokenizer):  # noqa: F811
     """Ctrl-C while the launcher gives the other rank its grace to raise the same error (rank 1 never does: it
