@@ -9,7 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcft.checkpoint.layout import RUN_CONFIG, check_output_folder, latest_checkpoint, resolve_resume
+from lcft.checkpoint.layout import (
+    RUN_CONFIG,
+    SUPERSEDED,
+    check_output_folder,
+    latest_checkpoint,
+    resolve_resume,
+)
 from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
@@ -36,6 +42,10 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
     for name in (RUN_CONFIG, METRICS, SUMMARY):
         if (run / name).is_symlink() or (run / name).exists() and not (run / name).is_file():
             raise LcftError(f"{run / name} is not a regular file; move it aside")
+    # a resume renames the checkpoints after its step into it: a link would move them out of the run folder
+    moved_to = run / SUPERSEDED
+    if moved_to.is_symlink() or moved_to.exists() and not moved_to.is_dir():
+        raise LcftError(f"{moved_to} is not a folder; move it aside")
     saved = run / RUN_CONFIG
     if cfg.resume:
         return resolve_resume(cfg.resume, run, say=say)

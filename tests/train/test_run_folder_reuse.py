@@ -175,3 +175,24 @@ def test_a_run_failing_once_it_holds_its_folder_gives_the_folder_back(tmp_path, 
     monkeypatch.undo()
     assert train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1}))["step"] == 1
     assert failed.value is not None  # (held until here)
+
+
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_a_superseded_entry_that_is_not_a_folder_is_one_line_before_anything_moves(tmp_path, base_cfg, kind):
+    """--resume of an earlier step moves the later checkpoints into <run>/superseded/: a link there (to a folder
+    outside the run) or a file is refused in one line, and no checkpoint moves (a link had them renamed into its
+    target)."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 4, "save_every": 2}))
+    elsewhere.mkdir()
+    if kind == "link":
+        (run / "superseded").symlink_to(elsewhere)
+    else:
+        (run / "superseded").write_text("")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(out=str(run), **{**base_cfg, "steps": 4, "save_every": 2,
+                                           "resume": str(latest_checkpoint(run).with_name("step-00000002"))}))
+    assert str(e.value) == f"{run / 'superseded'} is not a folder; move it aside"
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    assert list(elsewhere.iterdir()) == []
