@@ -37,6 +37,9 @@ KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.f
 BLOCK = 1 << 20
 NO_MD5 = "skip"
 SCHEMES = ("http", "https")
+# md5sum.txt is read whole into memory: UCSC's for hg38 is a few KB, so 1 MiB is far above any real list and
+# bounds what a broken or hostile server can make us hold
+MD5_LIST_LIMIT = 1 << 20
 
 
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
@@ -61,9 +64,13 @@ def published_md5(url: str, timeout: float = 60) -> str:
     md5_url = urllib.parse.urljoin(url, "md5sum.txt")
     try:
         with _open(md5_url, timeout) as r:
-            text = r.read().decode("utf-8", "replace")
+            raw = r.read(MD5_LIST_LIMIT + 1)
     except (urllib.error.URLError, OSError) as e:
         raise LcftError(f"cannot read the published md5 at {md5_url} ({reason(e)}); pass --md5 HEX or --md5 {NO_MD5}") from None
+    if len(raw) > MD5_LIST_LIMIT:
+        raise LcftError(f"{md5_url} is over {MD5_LIST_LIMIT >> 20} MiB: not an md5 list; "
+                        f"pass --md5 HEX or --md5 {NO_MD5}")
+    text = raw.decode("utf-8", "replace")
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].lstrip("*") == name:

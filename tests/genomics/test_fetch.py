@@ -12,7 +12,7 @@ import pytest
 from lcft.errors import LcftError
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
-from lcft.genomics.fetch import fetch_fasta
+from lcft.genomics.fetch import MD5_LIST_LIMIT, fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
 
 
@@ -130,6 +130,24 @@ def test_missing_published_md5_is_an_error(server, tmp_path):
     with pytest.raises(LcftError, match="HTTP 404"):
         fetch_fasta("x", tmp_path / "d" / "new", url=url.replace("hg38.fa.gz", "other2.fa.gz"), md5="skip")
     assert list(tmp_path.iterdir()) == [tmp_path / "d"] and list((tmp_path / "d").iterdir()) == []
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_an_md5_list_over_the_limit_is_refused_unread(server, tmp_path, extra):
+    """md5sum.txt is held in memory: one of MD5_LIST_LIMIT bytes is read (its md5 line last), one byte more is
+    refused in one line and nothing is downloaded (a server sending without end had it read into memory whole)."""
+    url, plain = server
+    line = GenomeServer.files["/g/md5sum.txt"].split(b"\n")[0] + b"\n"
+    GenomeServer.files["/g/md5sum.txt"] = b"\n" * (MD5_LIST_LIMIT - len(line) + extra) + line
+    assert len(GenomeServer.files["/g/md5sum.txt"]) == MD5_LIST_LIMIT + extra
+    if extra:
+        with pytest.raises(LcftError) as e:
+            fetch_fasta("hg38", tmp_path / "d", url=url)
+        assert str(e.value) == (f"{url.replace('hg38.fa.gz', 'md5sum.txt')} is over 1 MiB: not an md5 list; "
+                                "pass --md5 HEX or --md5 skip")
+        assert GenomeServer.ranges == [None] and not tmp_path.joinpath("d").exists()  # only the list asked for
+    else:
+        assert fetch_fasta("hg38", tmp_path / "d", url=url).read_bytes() == plain
 
 
 def test_bgzip_option_gives_random_access_gzip(server, tmp_path):
