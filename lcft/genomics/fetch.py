@@ -198,6 +198,7 @@ def fetch_fasta(
         raise LcftError(f"not an http(s) URL: {url}")
     out_dir = Path(out)
     dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
+    _check_own(dest, bgzip)
     con = make_console(stderr=True) if progress else None
     with contextlib.ExitStack() as made:  # a download that fails before writing leaves no folder made for it
         try:
@@ -215,6 +216,15 @@ def fetch_fasta(
     if con:
         con.print(styled(("ready:", "green"), f" {ready} ({counted(n, 'record')}) — next: lcft prepare windows --fasta {ready} --out DIR"))
     return ready
+
+
+def _check_own(dest: Path, bgzip: bool) -> None:
+    """Refuse a download, or its unpacked FASTA, that is there but not a regular file: what a fetch finds under
+    those names is taken as an earlier fetch's (whose md5 check came before them), but a link is no file of ours,
+    and a plain gzip one would be unpacked, unchecked, into a regular file that later fetches take."""
+    for p in (dest,) if bgzip else (dest, _unpacked(dest)):
+        if p.is_symlink() or p.exists() and not p.is_file():
+            raise LcftError(f"{p} is not a regular file (a fetch reads only the files it wrote); move it aside")
 
 
 def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, timeout: float,

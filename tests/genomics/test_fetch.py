@@ -211,3 +211,27 @@ def test_a_link_left_as_the_part_file_is_replaced_not_written_through(server, tm
     assert fetch_fasta("hg38", tmp_path / "d", url=url, retries=0).read_bytes() == plain
     assert not any(GenomeServer.ranges)  # no Range asked: nothing resumed from the link
     assert (victim.read_bytes() == b"keep me\n") if victim_exists else not victim.exists()
+
+
+@pytest.mark.parametrize("name,kind", [("hg38.fa", "link"), ("hg38.fa.gz", "link"), ("hg38.fa.gz", "dangling link"),
+                                       ("hg38.fa.gz", "folder")])
+def test_a_download_name_that_is_not_a_regular_file_is_one_line_and_kept(server, tmp_path, name, kind):
+    """A link (or a folder) under the download's name or its unpacked FASTA's: not a file a fetch wrote, so one
+    line naming it, nothing asked of the server and nothing changed (a linked FASTA was taken as already fetched,
+    unchecked; a linked gzip unpacked into a regular hg38.fa that later fetches took as their own)."""
+    url, _ = server
+    other = tmp_path / ("other.fa.gz" if name.endswith(".gz") else "other.fa")
+    if kind == "link":
+        fa = b">other\nTTTTTTTTTT\n"
+        other.write_bytes(gzip.compress(fa, mtime=0) if name.endswith(".gz") else fa)
+    d = tmp_path / "d"
+    d.mkdir()
+    if kind == "folder":
+        (d / name).mkdir()
+    else:
+        (d / name).symlink_to(other)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(LcftError) as e:
+        fetch_fasta("hg38", d, url=url)
+    assert str(e.value) == f"{d / name} is not a regular file (a fetch reads only the files it wrote); move it aside"
+    assert GenomeServer.ranges == [] and sorted(p.name for p in tmp_path.rglob("*")) == before
