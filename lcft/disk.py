@@ -74,6 +74,16 @@ def free_bytes(folder: str | os.PathLike) -> int | None:
         return None
 
 
+def check_room(folder: str | os.PathLike, at_least: int, what: str) -> None:
+    """Refuse, before anything is written, `what` (a write into `folder` of at least `at_least` bytes) when the
+    free space there is less: one line naming both, where a disk found full midway would also have failed the
+    writes of everything else on it meanwhile. Nothing when the free space is unknown."""
+    free = free_bytes(folder)
+    if free is not None and free < at_least:
+        raise LcftError(f"no space left on the device of {folder}: {what} needs at least {_mib(at_least)}, "
+                        f"{_mib(free)} free")
+
+
 def _fault(exc: BaseException, needed: int | None, free_at_failure: int | None) -> int | None:
     """What failed a write (ENOSPC, EDQUOT, EFBIG) or None. A stream error of torch's zip writer does not say:
     a full disk when the free space the caller measured right after the failure is under 1 MiB (or under

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
+from lcft.disk import check_room
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_open
 
@@ -54,6 +55,23 @@ def gzip_kind(path: Path) -> str:
     if len(head) >= 18 and head[3] & 4 and head[12:14] == b"BC":
         return "bgzf"
     return "gzip"
+
+
+def gzip_size_floor(path: Path) -> int:
+    """At least the bytes the gzip file `path` decompresses to: its last 4 bytes, gzip's ISIZE of its last member
+    (that member's size mod 2^32: exact for a one-member file under 4 GiB, such as hg38's; zero padding after it
+    only reads lower)."""
+    with open(path, "rb") as fh:
+        if fh.seek(0, os.SEEK_END) < 4:
+            return 0
+        fh.seek(-4, os.SEEK_END)
+        return int.from_bytes(fh.read(4), "little")
+
+
+def check_room_to_decompress(gz: Path, folder: Path) -> None:
+    """One line, before writing, when `folder` has less free space than the gzip file `gz` decompresses to
+    (gzip_size_floor: past 4 GiB it may read lower, and the write then fails, one line, once the disk is full)."""
+    check_room(folder, gzip_size_floor(gz), f"decompressing {gz} (the size its gzip trailer gives)")
 
 
 def file_key(path: Path) -> str:
@@ -115,6 +133,7 @@ def decompress_to_cache(path: Path, sha256: str) -> Path:
     name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
     dest = cache_folder("fasta") / _copy_name(sha256, name)
     if not dest.is_file():
+        check_room_to_decompress(path, dest.parent)
         _copy_into_cache(path, sha256, dest, "decompress gzip FASTA",
                          lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22))
     return mark_used(dest)

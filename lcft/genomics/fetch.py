@@ -30,7 +30,7 @@ from lcft.console import make_console, styled, text_column
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_open, file_hash, fresh_file, made_folder, open_own
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.fasta_cache import gzip_kind
+from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
 from lcft.units import counted
 
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
@@ -170,6 +170,7 @@ def _make_readable(gz: Path, bgzip: bool) -> Path:
     if target == gz:  # a gzip not named .gz: read as it is (lcft decompresses it into its cache)
         return gz
     if not target.exists():
+        check_room_to_decompress(gz, target.parent)  # the download is kept: a re-run, given room, unpacks it
         with atomic_open(target, "wb") as dst, gzip.open(gz, "rb") as src:
             shutil.copyfileobj(src, dst, 1 << 22)
     gz.unlink()
