@@ -124,29 +124,46 @@ def file_record(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def open_own(path: str | os.PathLike) -> IO[bytes] | None:
-    """`path` opened for reading and writing ("r+b") when it is a regular file itself, else None (missing, a
-    link, a folder, a FIFO): a file a killed run of ours left, to resume, is never a link that would make the
-    resume write through it to wherever it points (O_NOFOLLOW: not even one that appears meanwhile)."""
+    """`path` opened for reading and writing ("r+b") when it is a regular file itself, of one name, else None
+    (missing, a link, a folder, a FIFO, a hard link): a file a killed run of ours left, to resume, is never one
+    that would make the resume write through it to another file (O_NOFOLLOW: not even a link that appears
+    meanwhile; a second name: a file of someone else's, linked into the folder)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO opens without waiting, and is refused
+        fd = no_follow(os.fspath(path), os.O_RDWR | os.O_NONBLOCK)  # a FIFO opens without waiting, and is refused
     except OSError:
         return None
-    fh = os.fdopen(fd, "r+b")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        fh.close()
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
         return None
-    return fh
+    return os.fdopen(fd, "r+b")
+
+
+def no_follow(path: str, flags: int) -> int:
+    """`os.open` of `path` that refuses a link under the name (ELOOP), also as `open`'s opener: a file of ours that
+    something else may have replaced with a link is never written through it."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def not_own(path: Path, folder: bool = False) -> bool:
+    """Whether something is at `path` that lcft would not have made there: a link (dangling or not), or other than
+    a regular file (with `folder`: other than a folder). Nothing there is no such thing."""
+    try:
+        mode = path.lstat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode))
 
 
 def foreign_entry(folder: Path) -> Path | None:
     """In a work folder of ours that holds only regular files, the first thing that is not one (the folder itself
     first, which must be a folder and no link): a link, a folder, a FIFO; None when there is none. A resume that
     finds one stops with its name: reading or writing through it would reach wherever it points."""
-    if not os.path.lexists(folder):
-        return None
-    if not stat.S_ISDIR(folder.lstat().st_mode):
+    if not_own(folder, folder=True):
         return folder
-    return next((p for p in sorted(folder.iterdir()) if not stat.S_ISREG(p.lstat().st_mode)), None)
+    if not folder.is_dir():
+        return None
+    return next((p for p in sorted(folder.iterdir()) if not_own(p)), None)
 
 
 def files_sha256(paths: list[Path]) -> str:
@@ -265,7 +282,8 @@ def made_folder(folder: Path) -> Iterator[Path]:
     """`folder`, made when missing (its missing parents too) for the block; at the end, what was made here is
     removed while empty, deepest first (nothing half-written on an error; never a folder that was there before).
     A folder that cannot be made raises OSError on entering."""
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    # deepest first; `a/..` names no folder of its own (mkdir -p of `a/../b` makes a/, then b)
+    made = [p for p in (folder, *folder.parents) if p.name != ".." and not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         yield folder

@@ -202,3 +202,32 @@ def test_folder_lock_removes_the_empty_parents_it_made_and_no_other(tmp_path):
     with files.folder_lock(tmp_path / "e/f/out", "lcft test") as out:
         (out / "result").write_text("done")
     assert (tmp_path / "e/f/out/result").read_text() == "done" and os.listdir(tmp_path / "e/f/out") == ["result"]
+
+
+def test_folders_made_through_a_dotdot_go_too(tmp_path, monkeypatch):
+    """`--out new/../out`: new/ is made on the way (mkdir -p makes it) and removed with out/ on an error."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LcftError, match="refused"), files.folder_lock("new/../out", "lcft test"):
+        raise LcftError("refused")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_to_resume_is_opened_only_when_it_is_ours_alone(tmp_path):
+    """open_own: a regular file of one name opens; a symlink, a second (hard) name of another file, a folder and a
+    FIFO do not, and nothing is read or written through them."""
+    own = tmp_path / "own"
+    own.write_bytes(b"kept")
+    with files.open_own(own) as fh:
+        assert fh.read() == b"kept"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone else's")
+    (tmp_path / "soft").symlink_to(victim)
+    os.link(victim, tmp_path / "hard")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    for name in ("soft", "hard", "fifo", "folder", "missing"):
+        assert files.open_own(tmp_path / name) is None, name
+    assert victim.read_bytes() == b"someone else's"
+    assert [files.not_own(tmp_path / n) for n in ("own", "soft", "hard", "fifo", "folder", "missing")] == [
+        False, True, False, True, True, False]
+    assert files.not_own(tmp_path / "folder", folder=True) is False and files.not_own(own, folder=True) is True

@@ -17,7 +17,7 @@ import numpy as np
 
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write
+from lcft.files import atomic_write, no_follow
 
 PARTIAL = ".partial"
 FORMAT = 1
@@ -32,11 +32,6 @@ def pass_key(identity: dict[str, Any]) -> str:
 def clear(out: str | os.PathLike) -> None:
     """Drop every kept pass of the output folder `out` (its report is written: nothing is left to resume)."""
     shutil.rmtree(Path(out) / PARTIAL, ignore_errors=True)
-
-
-def _no_follow(path: str, flags: int) -> int:
-    """`open`'s opener for a file of the store: a link that appears under its name after `_not_ours` is refused."""
-    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 class LossStore:
@@ -118,7 +113,7 @@ class LossStore:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # what the key stands for, for a person reading the folder (never read back)
                 atomic_write(self.path.with_suffix(".json"), json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
-            with open(self.path, "ab", buffering=0, opener=_no_follow) as fh:
+            with open(self.path, "ab", buffering=0, opener=no_follow) as fh:
                 rest = memoryview(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
                 while rest:  # a write cut short (a disk filling, a file-size limit) is not the record: write on,
                     rest = rest[fh.write(rest):]  # and the next write says why it cannot
