@@ -32,7 +32,7 @@ t = time.perf_counter()  # imports done: the build alone
 gz = sys.argv[1].endswith(".gz")  # BGZF: a .gzi too
 if sys.argv[3] == "lcft":
     fai = Path(sys.argv[2])
-    assert build_bgzf_index(Path(sys.argv[1]), fai, fai.with_suffix(".gzi")) if gz else build_fai(Path(sys.argv[1]), fai)
+    assert build_bgzf_index(Path(sys.argv[1]), fai, fai.with_suffix(".gzi")) if gz else build_fai(Path(sys.argv[1]), fai) is None
 else:
     gzi = {"gzi_indexname": sys.argv[2][:-4] + ".gzi"} if gz else {}
     pyfaidx.Faidx(sys.argv[1], indexname=sys.argv[2], **gzi).close()

@@ -17,6 +17,7 @@ import pyfaidx
 from lcft.errors import LcftError, reason, shown
 from lcft.files import file_hash
 from lcft.genomics.fai_build import build_bgzf_index, build_fai
+from lcft.genomics.fai_lines import LongHeader
 from lcft.genomics.fasta_cache import (
     NORMALIZED,
     decompress_to_cache,
@@ -181,10 +182,12 @@ class FastaFile(FastaRecords):
               or (read_kind == "bgzf" and (_not_a_file(gzi) or (gzi.is_file() and not gzi_fits(gzi, self.readable))))):
             return self._index(stale=True)  # an index that cannot describe the file: pyfaidx reads it as is
         self._reused = fai.is_file()  # pyfaidx keeps an index newer than the file without reading the file
-        if not self._reused:  # the plain layout, several times faster than pyfaidx; anything else is pyfaidx's
-            build_fai(self.readable, fai) if read_kind == "plain" else build_bgzf_index(self.readable, fai, gzi)
         try:
+            if not self._reused:  # pyfaidx's index and errors, its memory bounded (pyfaidx reads lines whole)
+                build_fai(self.readable, fai) if read_kind == "plain" else build_bgzf_index(self.readable, fai, gzi)
             return pyfaidx.Faidx(str(self.readable), duplicate_action="stop", **paths)
+        except LongHeader as e:
+            raise LcftError(f"{self.path}: {e}") from None
         except pyfaidx.UnsupportedCompressionFormat as e:
             raise self._explained(indexing_error(self.path, e)) from None
         except ValueError as e:

@@ -1,12 +1,17 @@
 """lcft's index builders against pyfaidx's (the oracle): the same .fai (and for BGZF the same .gzi) bytes for every
-file of the plain layout, at any block size and BGZF block boundaries (records, lines and headers cut across
-reads); nothing written for any other file, which pyfaidx then indexes and judges as before."""
+file of the plain layout (LF or CRLF, the last line ended or not), at any block size and BGZF block boundaries
+(records, lines and headers cut across reads); for any other file, read a line at a time in pieces of any size,
+the same index or the same error; and memory that does not grow with a file's longest line."""
 
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pyfaidx
@@ -17,6 +22,8 @@ from hypothesis import strategies as st
 
 from lcft.genomics import fai_build
 from lcft.genomics.fai_build import build_bgzf_index, build_fai
+
+REPO = str(Path(__file__).resolve().parents[2])
 
 GENOMES = Path(__file__).resolve().parents[3] / "shared" / "genomes"
 PLAIN = ["lambda_phage_NC_001416.1.fa", "sacCer3_chrIV.fa", "human_chrM_GRCh38_ensembl_dna_sm.fa",
@@ -33,6 +40,24 @@ def _pyfaidx_fai(path: Path, out: Path) -> bytes | None:
     return out.read_bytes()
 
 
+def _opened(path: Path, fai: Path, build=None) -> bytes | tuple[str, str]:
+    """The .fai (and .gzi) pyfaidx opens `path` with, built by `build` first (None: by pyfaidx), or its error as
+    (type, message): a line that is not UTF-8 is pyfaidx's UnicodeDecodeError, a ValueError of the same text."""
+    gzi = fai.with_suffix(".gzi")
+    try:
+        if build is not None:
+            build(path, fai, gzi) if path.name.endswith(".gz") else build(path, fai)
+        named = {"gzi_indexname": str(gzi)} if path.name.endswith(".gz") else {}
+        pyfaidx.Faidx(str(path), indexname=str(fai), **named).close()
+    except (ValueError, RuntimeError, pyfaidx.FastaIndexingError) as e:
+        return ("ValueError" if isinstance(e, ValueError) else type(e).__name__, str(e))
+    return fai.read_bytes() + (gzi.read_bytes() if gzi.exists() else b"")
+
+
+def _no_line_path(*a):
+    raise AssertionError("read a line at a time: not the plain layout")
+
+
 @pytest.mark.parametrize("name", PLAIN + ["hg38_chr2_1-2333275.fa.gz"])
 def test_published_genomes_index_as_pyfaidx_does(tmp_path, name):
     if not (GENOMES / name).is_file():
@@ -44,22 +69,24 @@ def test_published_genomes_index_as_pyfaidx_does(tmp_path, name):
         assert (tmp_path / "ours.fai").read_bytes() == _pyfaidx_fai(path, tmp_path / "theirs.fai")
         assert (tmp_path / "ours.gzi").read_bytes() == (tmp_path / "theirs.gzi").read_bytes()
     else:
-        assert build_fai(path, tmp_path / "ours.fai")
+        build_fai(path, tmp_path / "ours.fai")
         assert (tmp_path / "ours.fai").read_bytes() == _pyfaidx_fai(path, tmp_path / "theirs.fai")
 
 
 @st.composite
 def plain_fasta(draw) -> str:
     """1-5 records of 1-3,000 bases (case, N), each wrapped at its own width, headers with descriptions, a blank
-    line after some (pyfaidx allows one)."""
+    line after some (pyfaidx allows one), LF or CRLF line ends (no blank lines then), the last line unended in
+    some."""
     rng = random.Random(draw(st.integers(0, 2**32)))
-    parts = []
+    eol, parts = rng.choice(["\n", "\r\n"]), []
     for r in range(rng.randint(1, 5)):
         n, width = rng.choice([1, 5, 59, 60, 61, 121, 500, 3000]), rng.choice([1, 7, 60, 61, 80])
         seq = "".join(rng.choices("ACGTacgtNn", k=n))
-        parts.append(f">r{r}{rng.choice(['', ' d e s c', chr(9) + 'x', ' ' + 'L' * 300, chr(0x1c) + 'x'])}\n")
-        parts += [seq[i:i + width] + "\n" for i in range(0, n, width)] + ["\n"] * (rng.random() < 0.2)
-    return "".join(parts)
+        parts.append(f">r{r}{rng.choice(['', ' d e s c', chr(9) + 'x', ' ' + 'L' * 300, chr(0x1c) + 'x'])}{eol}")
+        parts += [seq[i:i + width] + eol for i in range(0, n, width)] + [eol] * (eol == "\n" and rng.random() < 0.2)
+    text = "".join(parts)
+    return text.removesuffix(eol) if text.endswith(seq[-1] + eol) and rng.random() < 0.3 else text
 
 
 @settings(max_examples=150, deadline=None, database=None, derandomize=True,
@@ -69,11 +96,11 @@ def test_plain_files_index_as_pyfaidx_does_at_any_block_size(tmp_path_factory, t
     d = tmp_path_factory.mktemp("plain")
     path = d / "x.fa"
     path.write_text(text)
-    old, fai_build.BLOCK = fai_build.BLOCK, block
+    old, fai_build.BLOCK, by_lines, fai_build.index_rows = fai_build.BLOCK, block, fai_build.index_rows, _no_line_path
     try:
-        assert build_fai(path, d / "ours.fai")
+        build_fai(path, d / "ours.fai")
     finally:
-        fai_build.BLOCK = old
+        fai_build.BLOCK, fai_build.index_rows = old, by_lines
     assert (d / "ours.fai").read_bytes() == _pyfaidx_fai(path, d / "theirs.fai")
 
 
@@ -90,7 +117,11 @@ def test_bgzf_files_index_as_pyfaidx_does_whatever_their_blocks(tmp_path_factory
             w.flush()  # one block per piece
             at += cut
         w.write(data[at:])
-    assert build_bgzf_index(path, d / "ours.fai", d / "ours.gzi")
+    by_lines, fai_build.index_rows = fai_build.index_rows, _no_line_path
+    try:
+        assert build_bgzf_index(path, d / "ours.fai", d / "ours.gzi")
+    finally:
+        fai_build.index_rows = by_lines
     assert (d / "ours.fai").read_bytes() == _pyfaidx_fai(path, d / "theirs.fai")
     assert (d / "ours.gzi").read_bytes() == (d / "theirs.gzi").read_bytes()
 
@@ -114,13 +145,19 @@ OTHERS = {  # each: not the plain layout (pyfaidx takes some, refuses others; lc
     "blank line inside a record": ">a\nACGT\n\nACGT\n",
     "two blank lines between records": ">a\nACGT\n\n\n>b\nACGT\n",
     "a blank line first": ">a\n\nACGT\n",
-    "CRLF": ">a\r\nACGT\r\nAC\r\n",
+    "CRLF with a blank line ending a record": ">a\r\nACGT\r\nAC\r\n\r\n>b\r\nAC\r\n",
+    "CRLF among LF": ">a\nACGT\nAC\r\n",
+    "LF among CRLF": ">a\r\nACGT\r\nAC\n",
+    "a CR alone": ">a\nAC\rGT\n",
+    "a CR last": ">a\r\nACGT\r",
     "text before the first header": ";c\n>a\nACGT\n",
     "a record without bases": ">a\n>b\nACGT\n",
+    "a header last, unended": ">a\nACGT\n>b",
     "a last line longer": ">a\nACGT\nACGTA\n",
+    "an unended last line longer": ">a\nACGT\nACGTA",
+    "an unended base after a short line": ">a\nACGT\nAC\nA",
     "a middle line shorter": ">a\nACGT\nACG\nACGT\n",
     "same names": ">a\nACGT\n>a x\nACGT\n",
-    "no last line break": ">a\nACGT\nAC",
     "non-ASCII base": ">a\nAC\u00e9T\n",
     "non-ASCII header": ">\u00e9\nACGT\n",
     "a header without a name": "> \nACGT\n",
@@ -129,8 +166,73 @@ OTHERS = {  # each: not the plain layout (pyfaidx takes some, refuses others; lc
 
 
 @pytest.mark.parametrize("case", list(OTHERS))
-def test_any_other_file_is_left_to_pyfaidx(tmp_path, case):
+def test_any_other_file_is_indexed_or_refused_as_pyfaidx_does(tmp_path, case):
+    """Read a line at a time in pieces of 1, 2, 3 and 2**20 bytes: pyfaidx's index, or its error."""
     path = tmp_path / "x.fa"
     path.write_text(OTHERS[case], encoding="utf-8")
-    assert not build_fai(path, tmp_path / "ours.fai")
-    assert not (tmp_path / "ours.fai").exists()
+    want = _opened(path, tmp_path / "theirs.fai")
+    for piece in (1, 2, 3, 1 << 20):
+        old, fai_build.PIECE = fai_build.PIECE, piece
+        try:
+            assert _opened(path, tmp_path / f"ours{piece}.fai", build_fai) == want, piece
+        finally:
+            fai_build.PIECE = old
+
+
+LINE_PARTS = [b">a", b">b x", b"> ", b";c", b"ACGT", b"AC", b"A", b"\n", b"\n", b"\r\n", b"\r", b" ", b"\t", b"\x1c",
+              b"\xc3\xa9", b"\xe9", b"\xe2\x82"]
+
+
+def test_random_text_is_indexed_or_refused_as_pyfaidx_does(tmp_path):
+    """4,000 random texts of headers, comments, bases, line ends, blanks, UTF-8 and bytes that are not, at random
+    block and piece sizes, plain and (500) BGZF: pyfaidx's .fai (and .gzi), or its error, every time."""
+    rng = random.Random(0)
+    old = fai_build.BLOCK, fai_build.PIECE
+    try:
+        for k in range(4000):
+            data = b">r\n" * (rng.random() < 0.5) + b"".join(rng.choices(LINE_PARTS, k=rng.randrange(1, 30)))
+            path = tmp_path / ("x.fa.gz" if k % 8 == 0 else "x.fa")
+            if k % 8:
+                path.write_bytes(data)
+            else:
+                with bgzf.BgzfWriter(str(path), "wb") as w:
+                    w.write(data)
+            fai_build.BLOCK, fai_build.PIECE = rng.choice([3, 7, 64, 1 << 24]), rng.choice([1, 2, 3, 5, 1 << 20])
+            want = _opened(path, tmp_path / f"theirs{k}.fai")
+            assert _opened(path, tmp_path / f"ours{k}.fai", build_bgzf_index if k % 8 == 0 else build_fai) == want, data
+    finally:
+        fai_build.BLOCK, fai_build.PIECE = old
+
+
+PEAK = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import torch
+    from lcft.genomics.fasta import FastaFile
+    from lcft.train.metrics import peak_memory_bytes
+    before = peak_memory_bytes(torch.device("cpu"))
+    with FastaFile(Path(sys.argv[1])) as fasta:
+        print(peak_memory_bytes(torch.device("cpu")) - before, fasta.length(fasta.names[-1]))
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc")
+@pytest.mark.parametrize("head, end", [(b">a\r\n", b"\r\n"), (b">a\n", b""), (b">a x\r\nACGT\r\n>b\r\n", b""),
+                                       (b";c\n>a\n", b"\n"), (b">a\r\nACGT\r\n\r\n>b\r\n", b"\r\n")])
+def test_opening_a_fasta_of_one_long_line_holds_no_line_whole(tmp_path, head, end):
+    """A record of one 64 MiB line: CRLF, unended (LF, CRLF), and two files of other layouts (a comment first, a
+    blank CRLF line), which are read a line at a time. Opening it raises the peak RSS by under 40 MiB: the numpy
+    builder's 16 MiB block and its line-break mask, whatever the line (pyfaidx, reading each line whole and decoding
+    it, raised it by 130 to 190 MiB)."""
+    line = 64 << 20
+    path = tmp_path / "long.fa"
+    with open(path, "wb") as fh:
+        fh.write(head)
+        for _ in range(line >> 20):
+            fh.write(b"ACGT" * (1 << 18))
+        fh.write(end)
+    out = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": REPO, "LCFT_CACHE": str(tmp_path / "cache")}).stdout.split()
+    grown, bases = int(out[0]), int(out[1])
+    assert bases == line
+    assert grown < 40 << 20, f"{grown / 2**20:.0f} MiB"

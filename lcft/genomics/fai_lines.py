@@ -1,0 +1,182 @@
+"""pyfaidx's own .fai builder (`Faidx.build_index`) for the files lcft's numpy builder does not take, line for line
+and error for error, with a bounded piece of a line in memory at a time (pyfaidx reads and decodes each line whole).
+
+Each line comes as the few facts build_index asks of it (bytes, characters without its line end, first character,
+whether it is all whitespace, a header's text); build_index's own steps then run on them. The one difference: a
+header line whose first word has not ended within MAX_HEADER characters (a name no index could hold) is refused."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Iterator
+from itertools import chain
+
+from pyfaidx import FastaIndexingError, check_bad_lines
+
+MAX_HEADER = 1 << 20  # characters of a header line kept: its first word (the record's name) must end within them
+Row = tuple[str, int, int, int, int]  # (name, bases, offset of its first base, bases/line, bytes/line)
+
+
+class LongHeader(Exception):
+    """A header line whose first word runs past MAX_HEADER characters: its message is one line for the user."""
+
+
+# One line as build_index reads it: (its bytes, its characters but the \n and \r ending it, its text), the text
+# what its first character, whether it is all whitespace and a header's name are read from: the line's bytes
+# without LF when ASCII, else its characters without \n and \r (a stand-in of the same facts for a line read in
+# pieces), None for a header whose first word has not ended within MAX_HEADER characters.
+Line = tuple[int, int, "str | bytes | None"]
+HEADS, COMMENTS = (">", b">"), (";", b";")
+SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters str.strip() strips
+
+
+def _whole(data: bytes) -> Line:
+    """A line read whole (at most a piece): decoded as build_index decodes it, with its errors."""
+    kept = data.decode().rstrip("\n\r")
+    return len(data), len(kept), kept
+
+
+def _ended(data: bytes) -> Iterable[Line]:
+    """The lines of `data`, which ends with LF: ASCII ones without decoding (the same facts), others decoded one
+    by one as they are read (a later line's decoding error comes after an earlier line's own)."""
+    if not data.isascii():
+        return (_whole(raw + b"\n") for raw in data[:-1].split(b"\n"))
+    if b"\r" not in data:
+        return [(len(raw) + 1, len(raw), raw) for raw in data[:-1].split(b"\n")]
+    return [(len(raw) + 1, len(raw.rstrip(b"\r")), raw) for raw in data[:-1].split(b"\n")]
+
+
+def _blank(text: str | bytes) -> bool:
+    return not (text.strip() if isinstance(text, str) else text.strip(SPACE))
+
+
+class _Open:
+    """A line longer than a piece, decoded a piece at a time: its facts kept as it goes."""
+
+    def __init__(self) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.blen = self.chars = self.ending = 0  # ending: characters of \n and \r ending the text so far
+        self.first, self.blank, self.head = "", True, ""
+        self.named = self.long = False  # a long header's first word is kept / has not ended in MAX_HEADER
+
+    def add(self, data: bytes, final: bool) -> None:
+        held = len(self.decoder.getstate()[0])  # bytes of a character begun in the piece before
+        try:
+            text = self.decoder.decode(data, final)
+        except UnicodeDecodeError as e:  # as the whole line's decode says it: positions from the line's start
+            at, span = self.blen - held + e.start, e.end - e.start
+            where = f"byte 0x{e.object[e.start]:02x} in position {at}" if span == 1 else \
+                f"bytes in position {at}-{at + span - 1}"
+            raise ValueError(f"'utf-8' codec can't decode {where}: {e.reason}") from None
+        self.blen += len(data)
+        if not text:
+            return
+        self.first = self.first or text[0]
+        self.blank = self.blank and not text.strip()
+        kept = text.rstrip("\n\r")
+        self.ending = self.ending + len(text) if not kept else len(text) - len(kept)
+        self.chars += len(text)
+        if self.first == ">" and not (self.named or self.long):
+            self._header(text)
+
+    def _header(self, text: str) -> None:
+        """Keep a header's text up to MAX_HEADER characters; past them, only '>' and its first word, or that
+        there is none within them (`long`)."""
+        self.head += text
+        if len(self.head) > MAX_HEADER:
+            words = self.head[1:].split()
+            self.named = len(words) > 1 or bool(words and self.head[-1].isspace())  # its first word has ended
+            self.long = not self.named
+            self.head = ">" + words[0] if self.named else ""
+
+    def line(self) -> Line:
+        if self.long:
+            return self.blen, self.chars - self.ending, None
+        text = self.head.rstrip("\n\r") if self.first == ">" else "" if self.blank else self.first + "x"
+        return self.blen, self.chars - self.ending, text
+
+
+def lines(pieces: Iterable[bytes]) -> Iterator[Iterable[Line]]:
+    """The lines of a file read as `pieces`, as build_index iterates them (split after each LF; the last one
+    maybe unended), in batches (chained in C: a generator resumed a line costs more than pyfaidx's loop); a line
+    within one piece is decoded whole, a longer one a piece at a time."""
+    open_: _Open | None = None
+    for data in pieces:
+        at = 0
+        if open_ is not None:  # the line begun in a piece before
+            lf = data.find(b"\n")
+            at = len(data) if lf < 0 else lf + 1
+            open_.add(data[:at], final=lf >= 0)
+            if lf < 0:
+                continue
+            yield (open_.line(),)
+            open_ = None
+        ended = data.rfind(b"\n") + 1
+        if ended > at:
+            yield _ended(data[at:ended])
+        if max(at, ended) < len(data):
+            open_ = _Open()
+            open_.add(data[max(at, ended):], final=False)
+    if open_ is not None:
+        open_.add(b"", final=True)
+        yield (open_.line(),)
+
+
+def index_rows(filename: str, pieces: Iterable[bytes]) -> list[Row]:
+    """build_index's rows for the file read as `pieces`, or its error: FastaIndexingError, RuntimeError (its
+    check_bad_lines), ValueError (a line that is not UTF-8). `filename` is named in its messages."""
+    rows: list[Row] = []
+    rname: str | None = None
+    offset = rlen = blen = clen = thisoffset = 0
+    bad_lines: list[tuple[int, int]] = []  # at most 3 kept: check_bad_lines reads no more (> 2 is inconsistent)
+    valid_entry, lastline = False, None
+    for i, (line_blen, line_clen, text) in enumerate(chain.from_iterable(lines(pieces))):
+        lastline = i
+        header = text is None or text[:1] in HEADS
+        if rname is None and not header:
+            if text[:1] in COMMENTS or _blank(text):  # comment and blank lines before the first record
+                offset += line_blen
+                continue
+            raise FastaIndexingError(
+                f"Unexpected text before the first sequence definition line in {filename} at line {i + 1}. Check "
+                "that sequence definition lines start with '>' and comment lines with ';'.")
+        if header:
+            valid_entry = check_bad_lines(rname, bad_lines, i - 1)
+            if valid_entry and rname is not None:
+                rows.append((rname, rlen, thisoffset, clen, blen))
+            elif not valid_entry:
+                raise _inconsistent(rname, bad_lines)
+            blen = rlen = clen = 0
+            bad_lines = []
+            if text is None:
+                raise LongHeader(f"line {i + 1} is a header over {MAX_HEADER >> 20} MiB long without a name ended "
+                                 f"in its first {MAX_HEADER >> 20} MiB; shorten it")
+            head = text if isinstance(text, str) else text.rstrip(b"\r").decode()
+            words = head[1:].split()
+            if not words:
+                raise FastaIndexingError(f"Bad sequence name {head} at line {i}.")
+            rname = words[0]
+            offset += line_blen
+            thisoffset = offset
+        else:
+            if not blen:
+                blen, clen = line_blen, clen or line_clen
+            elif not clen:
+                clen = line_clen
+            if (line_blen != blen or line_blen == 1) and len(bad_lines) < 3:
+                bad_lines.append((i, line_blen))
+            offset += line_blen
+            rlen += line_clen
+    if not valid_entry:
+        raise FastaIndexingError(f"The FASTA file {filename} does not contain a valid sequence. Check that "
+                                 "sequence definition lines start with '>'.")
+    if lastline is not None:
+        if not check_bad_lines(rname, bad_lines, lastline):
+            raise _inconsistent(rname, bad_lines)
+        rows.append((rname, rlen, thisoffset, clen, blen))  # type: ignore[arg-type]
+    return rows
+
+
+def _inconsistent(rname: str | None, bad_lines: list[tuple[int, int]]) -> FastaIndexingError:
+    return FastaIndexingError("Line length of fasta file is not consistent! Inconsistent line found in "
+                              f">{rname} at line {bad_lines[0][0] + 1:n}.")
