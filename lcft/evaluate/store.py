@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write, no_follow
+from lcft.files import atomic_write, no_follow, not_own
 
 PARTIAL = ".partial"
 FORMAT = 1
@@ -64,19 +63,14 @@ class LossStore:
         """Something other than what the store makes under the folder's name (a folder) or the pass's (a regular
         file) is none of ours: a link that writing would go through, a FIFO that would block the read, a folder in
         place of the file. It goes (a link itself, never what it points to), and the pass starts over."""
-        for path, ours in ((self.path.parent, stat.S_ISDIR), (self.path, stat.S_ISREG)):
-            try:
-                mode = path.lstat().st_mode
-            except FileNotFoundError:
-                return
-            if ours(mode):
+        for path, folder in ((self.path.parent, True), (self.path, False)):
+            if not not_own(path, folder=folder):
                 continue
             try:
-                shutil.rmtree(path) if stat.S_ISDIR(mode) else path.unlink()
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             except OSError as e:
                 raise LcftError(f"{path}: cannot remove what is there to keep losses in ({e.strerror or e}); "
                                 "remove it and re-run") from None
-            return
 
     def _records(self, n: int) -> Iterator[bytes]:
         """Whole records in order up to the first that does not check (its digest, or its index out of place)."""

@@ -3,7 +3,8 @@ and error for error, with a bounded piece of a line in memory at a time (pyfaidx
 
 Each line comes as the few facts build_index asks of it (bytes, characters without its line end, first character,
 whether it is all whitespace, a header's text); build_index's own steps then run on them. The one difference: a
-header line whose first word has not ended within MAX_HEADER characters (a name no index could hold) is refused."""
+header line whose first word has not ended within MAX_HEADER characters (a name no index could hold; told at the
+end of a piece, so up to a piece more) is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from itertools import chain
 
 from pyfaidx import FastaIndexingError, check_bad_lines
 
-MAX_HEADER = 1 << 20  # characters of a header line kept: its first word (the record's name) must end within them
+from lcft.genomics.fasta_scan import MAX_GAP
+
+MAX_HEADER = MAX_GAP  # characters of a header line kept: its first word (the record's name) must end within them
 Row = tuple[str, int, int, int, int]  # (name, bases, offset of its first base, bases/line, bytes/line)
 
 

@@ -58,9 +58,9 @@ def gzip_kind(path: Path) -> str:
 
 
 def gzip_size_floor(path: Path) -> int:
-    """At least the bytes the gzip file `path` decompresses to: its last 4 bytes, gzip's ISIZE of its last member
-    (that member's size mod 2^32: exact for a one-member file under 4 GiB, such as hg38's; zero padding after it
-    only reads lower)."""
+    """At least the bytes the whole gzip file `path` decompresses to: its last 4 bytes, gzip's ISIZE of its last
+    member (that member's size mod 2^32: exact for a one-member file under 4 GiB, such as hg38's; zero padding after
+    it only reads lower). A file cut short ends in compressed bytes instead: any figure up to 4 GiB."""
     with open(path, "rb") as fh:
         if fh.seek(0, os.SEEK_END) < 4:
             return 0
@@ -71,7 +71,8 @@ def gzip_size_floor(path: Path) -> int:
 def check_room_to_decompress(gz: Path, folder: Path) -> None:
     """One line, before writing, when `folder` has less free space than the gzip file `gz` decompresses to
     (gzip_size_floor: past 4 GiB it may read lower, and the write then fails, one line, once the disk is full)."""
-    check_room(folder, gzip_size_floor(gz), f"decompressing {gz} (the size its gzip trailer gives)")
+    check_room(folder, gzip_size_floor(gz), f"decompressing {gz} (by the size its gzip trailer gives, which a cut or damaged "
+               "file gives wrong)")
 
 
 def file_key(path: Path) -> str:

@@ -47,6 +47,7 @@ def _opened(path: Path, fai: Path, build=None) -> bytes | tuple[str, str]:
     try:
         if build is not None:
             build(path, fai, gzi) if path.name.endswith(".gz") else build(path, fai)
+            assert fai.is_file(), "the builder wrote no index (pyfaidx would build its own)"
         named = {"gzi_indexname": str(gzi)} if path.name.endswith(".gz") else {}
         pyfaidx.Faidx(str(path), indexname=str(fai), **named).close()
     except (ValueError, RuntimeError, pyfaidx.FastaIndexingError) as e:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers
+from tokenizers import Regex, Tokenizer, models, normalizers
 
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
@@ -114,3 +114,28 @@ def test_prepare_train_and_eval_refuse_it_in_one_line(tmp_path):
     kept.write_text(bomb.read_text())
     with pytest.raises(LcftError, match="enlarges DNA"):
         open_windows(str(tmp_path / "w"), "train").tokenizer  # noqa: B018
+
+
+def test_a_file_the_library_does_not_read_is_told_why(tmp_path):
+    """A normalizer of a kind the library does not know: the library's own reason, not a probe's failure."""
+    path = tokenizer_json(tmp_path / "tok", normalizers.Replace("N", "A"))
+    data = json.loads(path.read_text())
+    data["normalizer"] = {"type": "FutureNorm"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(LcftError, match=r"is not a tokenizers tokenizer.json \(data did not match any variant") as e:
+        load_tokenizer(str(path))
+    assert "\n" not in str(e.value) and "probe" not in str(e.value)
+
+
+def test_regex_replaces_of_one_letter_each_are_not_counted_as_matching_nothing(tmp_path):
+    """Seven Replaces of a character class by N write one character a base, whatever the bases (the library's
+    own answer below); a regex that may match nothing (here before every character) is counted as such."""
+    norm = normalizers.Sequence([normalizers.Replace(Regex("[RYKM]"), "N")] * 7)
+    path = tokenizer_json(tmp_path / "classes", norm)
+    assert written(path, "ARYKMT") == 6
+    load_tokenizer(str(path))
+    empty = normalizers.Replace(Regex("x*"), "N" * 40)
+    path = tokenizer_json(tmp_path / "empty", normalizers.Sequence([empty] * 2))
+    assert written(path, "A") > GROWTH + MARKS  # it does write before every character
+    with pytest.raises(LcftError, match="1,681 characters for one base"):
+        load_tokenizer(str(path))
