@@ -2,7 +2,8 @@
 and error for error, with a bounded piece of a line in memory at a time (pyfaidx reads and decodes each line whole).
 
 Each line comes as the few facts build_index asks of it (bytes, characters without its line end, first character,
-whether it is all whitespace, a header's text); build_index's own steps then run on them. The one difference: a
+whether it is all whitespace, a header's text); build_index's own steps then run on them, on a run of ASCII lines
+of the same lengths (a wrapped record's body) at once: a Run, found with numpy in the piece. The one difference: a
 header line whose first word has not ended within MAX_HEADER characters (a name no index could hold; told at the
 end of a piece, so up to a piece more) is refused."""
 
@@ -12,6 +13,7 @@ import codecs
 from collections.abc import Iterable, Iterator
 from itertools import chain
 
+import numpy as np
 from pyfaidx import FastaIndexingError, check_bad_lines
 
 from lcft.genomics.fasta_scan import MAX_GAP
@@ -31,6 +33,18 @@ class LongHeader(Exception):
 Line = tuple[int, int, "str | bytes | None"]
 HEADS, COMMENTS = (">", b">"), (";", b";")
 SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters str.strip() strips
+RUN_MIN = 8  # equal lines taken as one Run: a shorter run costs more as a Run than line by line
+OUTSIDE = np.zeros(256, bool)  # first bytes of lines never in a Run: a header's, a comment's, a blank line's
+OUTSIDE[list(b">;" + SPACE)] = True
+
+
+class Run(bytes):
+    """The text of the first of `count` (>= RUN_MIN) ASCII lines of the same bytes and characters, none a header,
+    comment or blank, standing for them all: build_index's steps for its first line hold for the others (they
+    are sequence lines of its lengths, or before the first record its first line is refused), so index_rows
+    takes them at once."""
+
+    count: int
 
 
 def _whole(data: bytes) -> Line:
@@ -40,13 +54,53 @@ def _whole(data: bytes) -> Line:
 
 
 def _ended(data: bytes) -> Iterable[Line]:
-    """The lines of `data`, which ends with LF: ASCII ones without decoding (the same facts), others decoded one
-    by one as they are read (a later line's decoding error comes after an earlier line's own)."""
+    """The lines of `data`, which ends with LF: ASCII ones without decoding (the same facts, runs of equal lines as
+    Runs), others decoded one by one as they are read (a later line's decoding error comes after an earlier
+    line's own)."""
     if not data.isascii():
         return (_whole(raw + b"\n") for raw in data[:-1].split(b"\n"))
+    return _runs(data)
+
+
+def _split(data: bytes) -> list[Line]:
+    """The lines of `data` (ASCII, empty or ending with LF) one by one."""
+    if not data:
+        return []
     if b"\r" not in data:
         return [(len(raw) + 1, len(raw), raw) for raw in data[:-1].split(b"\n")]
     return [(len(raw) + 1, len(raw.rstrip(b"\r")), raw) for raw in data[:-1].split(b"\n")]
+
+
+def _runs(data: bytes) -> list[Line]:
+    """The lines of `data` (ASCII, ending with LF) as _split gives them, but where its records average 2 * RUN_MIN
+    lines or more, each run of RUN_MIN or more lines of the same bytes and characters, none a header, comment or
+    blank, as one Run (found with numpy on the piece)."""
+    arr = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(arr == 10) + 1  # each line's end, past its LF
+    starts = np.concatenate(([0], ends[:-1]))
+    if len(ends) < 2 * RUN_MIN * (np.count_nonzero(arr[starts] == 62) + 1):  # short records: no Runs to speak of
+        return _split(data)
+    key = ends - starts  # bytes; and with CRs, whether a CR ends the text (a line with two is left out)
+    inside = ~OUTSIDE[arr[starts]]
+    if b"\r" in data:
+        cr = arr[np.maximum(ends - 2, 0)] == 13
+        inside &= ~(cr & (arr[np.maximum(ends - 3, 0)] == 13))
+        key = key * 2 + cr
+    edge = np.zeros(len(ends) + 1, np.int8)  # +1 where a run of lines continuing the one before begins, -1 ends
+    edge[1:-1] = inside[1:] & inside[:-1] & (key[1:] == key[:-1])
+    edge = np.diff(edge)
+    first, last = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)  # a run's first line, and its last
+    counts = last - first + 1
+    first, counts = first[counts >= RUN_MIN], counts[counts >= RUN_MIN]
+    out: list[Line] = []
+    at = 0  # where the lines not yet given begin
+    for start, end, count in zip(starts[first].tolist(), ends[first].tolist(), counts.tolist(), strict=True):
+        out += _split(data[at:start])
+        run = Run(data[start:end - 1])
+        run.count = count
+        out.append((end - start, len(run.rstrip(b"\r")), run))
+        at = start + count * (end - start)
+    return out + _split(data[at:])
 
 
 def _blank(text: str | bytes) -> bool:
@@ -132,19 +186,18 @@ def index_rows(filename: str, pieces: Iterable[bytes]) -> list[Row]:
     rname: str | None = None
     offset = rlen = blen = clen = thisoffset = 0
     bad_lines: list[tuple[int, int]] = []  # at most 3 kept: check_bad_lines reads no more (> 2 is inconsistent)
-    valid_entry, lastline = False, None
+    valid_entry, i, skipped = False, -1, 0  # skipped: a Run's lines but its first, so line i + skipped is read
     for i, (line_blen, line_clen, text) in enumerate(chain.from_iterable(lines(pieces))):
-        lastline = i
         header = text is None or text[:1] in HEADS
         if rname is None and not header:
             if text[:1] in COMMENTS or _blank(text):  # comment and blank lines before the first record
                 offset += line_blen
                 continue
             raise FastaIndexingError(
-                f"Unexpected text before the first sequence definition line in {filename} at line {i + 1}. Check "
-                "that sequence definition lines start with '>' and comment lines with ';'.")
+                f"Unexpected text before the first sequence definition line in {filename} at line "
+                f"{i + skipped + 1}. Check that sequence definition lines start with '>' and comment lines with ';'.")
         if header:
-            valid_entry = check_bad_lines(rname, bad_lines, i - 1)
+            valid_entry = check_bad_lines(rname, bad_lines, i + skipped - 1)
             if valid_entry and rname is not None:
                 rows.append((rname, rlen, thisoffset, clen, blen))
             elif not valid_entry:
@@ -152,12 +205,12 @@ def index_rows(filename: str, pieces: Iterable[bytes]) -> list[Row]:
             blen = rlen = clen = 0
             bad_lines = []
             if text is None:
-                raise LongHeader(f"line {i + 1} is a header over {MAX_HEADER >> 20} MiB long without a name ended "
-                                 f"in its first {MAX_HEADER >> 20} MiB; shorten it")
+                raise LongHeader(f"line {i + skipped + 1} is a header over {MAX_HEADER >> 20} MiB long without a "
+                                 f"name ended in its first {MAX_HEADER >> 20} MiB; shorten it")
             head = text if isinstance(text, str) else text.rstrip(b"\r").decode()
             words = head[1:].split()
             if not words:
-                raise FastaIndexingError(f"Bad sequence name {head} at line {i}.")
+                raise FastaIndexingError(f"Bad sequence name {head} at line {i + skipped}.")
             rname = words[0]
             offset += line_blen
             thisoffset = offset
@@ -167,14 +220,20 @@ def index_rows(filename: str, pieces: Iterable[bytes]) -> list[Row]:
             elif not clen:
                 clen = line_clen
             if (line_blen != blen or line_blen == 1) and len(bad_lines) < 3:
-                bad_lines.append((i, line_blen))
+                bad_lines.append((i + skipped, line_blen))
             offset += line_blen
             rlen += line_clen
+            if type(text) is Run:  # its other lines: this one's steps again (clen is set: its lines have bases)
+                more = text.count - 1
+                if line_blen != blen:
+                    line = i + skipped
+                    bad_lines += [(line + k, line_blen) for k in range(1, 1 + min(more, 3 - len(bad_lines)))]
+                offset, rlen, skipped = offset + more * line_blen, rlen + more * line_clen, skipped + more
     if not valid_entry:
         raise FastaIndexingError(f"The FASTA file {filename} does not contain a valid sequence. Check that "
                                  "sequence definition lines start with '>'.")
-    if lastline is not None:
-        if not check_bad_lines(rname, bad_lines, lastline):
+    if i >= 0:  # the last line read
+        if not check_bad_lines(rname, bad_lines, i + skipped):
             raise _inconsistent(rname, bad_lines)
         rows.append((rname, rlen, thisoffset, clen, blen))  # type: ignore[arg-type]
     return rows

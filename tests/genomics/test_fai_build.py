@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from itertools import chain
 from pathlib import Path
 
 import pyfaidx
@@ -20,7 +21,7 @@ from Bio import bgzf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lcft.genomics import fai_build
+from lcft.genomics import fai_build, fai_lines
 from lcft.genomics.fai_build import build_bgzf_index, build_fai
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -203,6 +204,75 @@ def test_random_text_is_indexed_or_refused_as_pyfaidx_does(tmp_path):
             assert _opened(path, tmp_path / f"ours{k}.fai", build_bgzf_index if k % 8 == 0 else build_fai) == want, data
     finally:
         fai_build.BLOCK, fai_build.PIECE = old
+
+
+ODD_LINES = [b"\n", b"\r\n", b";c\n", b" AC\n", b"\tA\n", b"AC\n", b"A\r\r\n", b"A\rC\n", b">x\n", b"> \n",
+             b"\xc3\xa9A\n", b"\xe9\n", b"ACGTACGTACGTA\n"]
+
+
+def _wrapped(rng: random.Random) -> bytes:
+    """Records wrapped at one width each (LF or CRLF), long enough for Runs of equal lines, their lines starting now
+    and then with ';' or '>', and now and then a line of another kind (blank, short, long, CRs, non-ASCII, the
+    other line end in as many bytes)."""
+    parts = [rng.choice([b"", b";c\n", b"\n", b" \n", b"ACGT\n", b"ACGT\n" * 20, b";cc\n" * 20, b" \t\n" * 20])]
+    for r in range(rng.randrange(1, 4)):
+        parts.append(rng.choice([b">r%d\n" % r, b">r%d x\r\n" % r]))
+        width, eol = rng.randrange(1, 12), rng.choice([b"\n", b"\r\n"])
+        for _ in range(rng.randrange(0, 150)):
+            parts.append(bytes(rng.choices(b"ACGTN;>", weights=[9, 9, 9, 9, 3, 1, 1], k=width)) + eol)
+            if rng.random() < 0.02:
+                parts.append(rng.choice(ODD_LINES))
+            elif rng.random() < 0.02 and width > 2:  # as many bytes, another line end: a base or two more or less
+                other = [b"A" * (width + 1) + b"\n", b"A" * (width - 1) + b"\r\r\n"] if eol == b"\r\n" else [
+                    b"A" * (width - 1) + b"\r\n", b"A" * (width - 2) + b"\r\r\n"]
+                parts.append(rng.choice(other))
+        parts.append(bytes(rng.choices(b"ACGT", k=rng.randrange(1, width + 2))) + eol)
+        parts.append(rng.choice([b"", b"", b"\n", eol + eol]))
+    data = b"".join(parts)
+    return data[:-1] if rng.random() < 0.1 else data
+
+
+def test_runs_of_equal_lines_are_indexed_or_refused_as_pyfaidx_does(tmp_path, monkeypatch):
+    """1,500 random wrapped texts (plain and, one in 8, BGZF), read in pieces of random sizes: pyfaidx's .fai, or
+    its error (with its line number), every time, with most texts read partly as Runs of equal lines."""
+    runs, by_runs = [0], fai_lines._runs
+
+    def counted(data: bytes) -> list:
+        got = by_runs(data)
+        runs[0] += sum(type(text) is fai_lines.Run for _, _, text in got)
+        return got
+
+    monkeypatch.setattr(fai_lines, "_runs", counted)
+    rng = random.Random(1)
+    for k in range(1500):
+        data = _wrapped(rng)
+        path = tmp_path / ("x.fa.gz" if k % 8 == 0 else "x.fa")
+        if k % 8:
+            path.write_bytes(data)
+        else:
+            with bgzf.BgzfWriter(str(path), "wb") as w:
+                w.write(data)
+        monkeypatch.setattr(fai_build, "BLOCK", rng.choice([64, 1 << 24]))
+        monkeypatch.setattr(fai_build, "PIECE", rng.choice([7, 64, 300, 4096, 1 << 20]))
+        want = _opened(path, tmp_path / f"theirs{k}.fai")
+        assert _opened(path, tmp_path / f"ours{k}.fai", build_bgzf_index if k % 8 == 0 else build_fai) == want, data
+    assert runs[0] > 1500
+
+
+def _pieces(data: bytes, size: int) -> list[bytes]:
+    return [data[k:k + size] for k in range(0, len(data), size)]
+
+
+def test_a_wrapped_record_is_read_a_run_of_lines_at_a_time():
+    """60 bases a line behind a comment: a few items per piece, not one per line, and pyfaidx's row; a header too
+    long after such runs is told at its own line's number."""
+    text = b";c\n>a x\n" + (b"ACGT" * 15 + b"\n") * 50_000 + b"AC\n"
+    pieces = _pieces(text, 1 << 16)
+    assert len(list(chain.from_iterable(fai_lines.lines(pieces)))) < 4 * len(pieces)
+    assert fai_lines.index_rows("x", pieces) == [("a", 60 * 50_000 + 2, 8, 60, 61)]
+    long = text + b">" + b"A" * (fai_lines.MAX_HEADER + (1 << 17)) + b"\n"  # unended a piece past it
+    with pytest.raises(fai_lines.LongHeader, match=f"^line {2 + 50_000 + 1 + 1} is a header over"):
+        fai_lines.index_rows("x", _pieces(long, 1 << 16))
 
 
 PEAK = textwrap.dedent("""
