@@ -34,6 +34,7 @@ Line = tuple[int, int, "str | bytes | None"]
 HEADS, COMMENTS = (">", b">"), (";", b";")
 SPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters str.strip() strips
 RUN_MIN = 8  # equal lines taken as one Run: a shorter run costs more as a Run than line by line
+SAMPLE = 1 << 16  # bytes of a piece whose records, averaging under 2 * RUN_MIN lines, send it line by line
 OUTSIDE = np.zeros(256, bool)  # first bytes of lines never in a Run: a header's, a comment's, a blank line's
 OUTSIDE[list(b">;" + SPACE)] = True
 
@@ -59,6 +60,9 @@ def _ended(data: bytes) -> Iterable[Line]:
     line's own)."""
     if not data.isascii():
         return (_whole(raw + b"\n") for raw in data[:-1].split(b"\n"))
+    head = data[:SAMPLE]
+    if head.count(b"\n") < 2 * RUN_MIN * (head.count(b"\n>") + 1):  # short records (as far as it shows): no Runs
+        return _split(data)
     return _runs(data)
 
 
@@ -72,14 +76,11 @@ def _split(data: bytes) -> list[Line]:
 
 
 def _runs(data: bytes) -> list[Line]:
-    """The lines of `data` (ASCII, ending with LF) as _split gives them, but where its records average 2 * RUN_MIN
-    lines or more, each run of RUN_MIN or more lines of the same bytes and characters, none a header, comment or
-    blank, as one Run (found with numpy on the piece)."""
+    """The lines of `data` (ASCII, ending with LF) as _split gives them, but each run of RUN_MIN or more lines of
+    the same bytes and characters, none a header, comment or blank, as one Run (found with numpy on the piece)."""
     arr = np.frombuffer(data, np.uint8)
     ends = np.flatnonzero(arr == 10) + 1  # each line's end, past its LF
     starts = np.concatenate(([0], ends[:-1]))
-    if len(ends) < 2 * RUN_MIN * (np.count_nonzero(arr[starts] == 62) + 1):  # short records: no Runs to speak of
-        return _split(data)
     key = ends - starts  # bytes; and with CRs, whether a CR ends the text (a line with two is left out)
     inside = ~OUTSIDE[arr[starts]]
     if b"\r" in data:
