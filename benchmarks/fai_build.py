@@ -5,9 +5,9 @@ Three generated files: a genome of `--mbp` Mbp in two chromosomes wrapped at 60 
 soft-masked, N runs), an assembly of `--contigs` contigs of 100 bases (a header per 101 bytes of bases), and the
 genome as BGZF (its .gzi built too). Each
 build runs in its own process, alternating, `--repeat` times; prints the fastest of each (wall and CPU seconds),
-the ratio and each side's peak RSS (VmHWM), and checks that both wrote the same bytes.
+the ratios and each side's peak RSS (VmHWM), and checks that all sides wrote the same bytes.
 
-`--comment` puts a `;` comment line first in each file: not the plain layout, so lcft builds it a line at a time
+`--comment` puts a `;` comment line first in each file: not the plain layout, so lcft builds it by pyfaidx's steps
 (lcft/genomics/fai_lines.py). `--old REV` adds a third side: lcft with fai_lines.py as it was at git revision REV.
 """
 
