@@ -56,6 +56,17 @@ def _opened(path: Path, fai: Path, build=None) -> bytes | tuple[str, str]:
     return fai.read_bytes() + (gzi.read_bytes() if gzi.exists() else b"")
 
 
+def _written(folder: Path, data: bytes, bgzf_file: bool) -> Path:
+    """`data` as x.fa, or BGZF-compressed as x.fa.gz."""
+    path = folder / ("x.fa.gz" if bgzf_file else "x.fa")
+    if bgzf_file:
+        with bgzf.BgzfWriter(str(path), "wb") as w:
+            w.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
 def _no_line_path(*a):
     raise AssertionError("read a line at a time: not the plain layout")
 
@@ -193,12 +204,7 @@ def test_random_text_is_indexed_or_refused_as_pyfaidx_does(tmp_path):
     try:
         for k in range(4000):
             data = b">r\n" * (rng.random() < 0.5) + b"".join(rng.choices(LINE_PARTS, k=rng.randrange(1, 30)))
-            path = tmp_path / ("x.fa.gz" if k % 8 == 0 else "x.fa")
-            if k % 8:
-                path.write_bytes(data)
-            else:
-                with bgzf.BgzfWriter(str(path), "wb") as w:
-                    w.write(data)
+            path = _written(tmp_path, data, bgzf_file=k % 8 == 0)
             fai_build.BLOCK, fai_build.PIECE = rng.choice([3, 7, 64, 1 << 24]), rng.choice([1, 2, 3, 5, 1 << 20])
             want = _opened(path, tmp_path / f"theirs{k}.fai")
             assert _opened(path, tmp_path / f"ours{k}.fai", build_bgzf_index if k % 8 == 0 else build_fai) == want, data
@@ -246,12 +252,7 @@ def test_runs_of_equal_lines_are_indexed_or_refused_as_pyfaidx_does(tmp_path, mo
     rng = random.Random(1)
     for k in range(1500):
         data = _wrapped(rng)
-        path = tmp_path / ("x.fa.gz" if k % 8 == 0 else "x.fa")
-        if k % 8:
-            path.write_bytes(data)
-        else:
-            with bgzf.BgzfWriter(str(path), "wb") as w:
-                w.write(data)
+        path = _written(tmp_path, data, bgzf_file=k % 8 == 0)
         monkeypatch.setattr(fai_build, "BLOCK", rng.choice([64, 1 << 24]))
         monkeypatch.setattr(fai_build, "PIECE", rng.choice([7, 64, 300, 4096, 1 << 20]))
         want = _opened(path, tmp_path / f"theirs{k}.fai")
