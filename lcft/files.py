@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -153,6 +154,15 @@ def not_own(path: Path, folder: bool = False) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     return not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode))
+
+
+def remove(path: Path) -> None:
+    """Remove what is at `path`: a folder with all it holds, else the file or link itself (never what a link
+    points to); nothing there is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def foreign_entry(folder: Path) -> Path | None:

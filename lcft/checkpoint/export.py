@@ -11,7 +11,6 @@ import errno
 import filecmp
 import functools
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from lcft.checkpoint.model_files import DCP_DIR, sharded_weight_files
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME, folder_lock, temp_name
+from lcft.files import LOCK_NAME, folder_lock, remove, temp_name
 from lcft.model.hf_params import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete
@@ -151,7 +150,7 @@ def _work_folder(out: Path, admit: Callable[[], bool]) -> Iterator[Path | None]:
                 if marks and _half_published(holder):
                     _empty(build)
                 else:
-                    _remove(build)
+                    remove(build)
     finally:
         if held and holder != out:  # (never the sibling of an export this one was refused by)
             with contextlib.suppress(OSError):
@@ -184,7 +183,7 @@ def _remove_sibling(out: Path) -> None:
     sibling = temp_name(out)
     if sibling.is_dir() and not sibling.is_symlink():
         with contextlib.suppress(LcftError, OSError), folder_lock(sibling, "lcft export", shown=out):
-            _remove(sibling / BUILD)
+            remove(sibling / BUILD)
             (sibling / LOCK_NAME).unlink()
             sibling.rmdir()  # fails, keeping it, when anything else is inside
 
@@ -193,17 +192,10 @@ def _empty(folder: Path) -> None:
     """`folder` as an empty folder, kept when it is one (its files removed), else made."""
     if folder.is_dir() and not folder.is_symlink():
         for child in folder.iterdir():
-            _remove(child)
+            remove(child)
     else:
-        _remove(folder)
+        remove(folder)
         folder.mkdir()
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def export_bytes(source: Path, dtype: object) -> int:

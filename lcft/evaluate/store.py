@@ -16,7 +16,7 @@ import numpy as np
 
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write, no_follow, not_own
+from lcft.files import atomic_write, no_follow, not_own, remove
 
 PARTIAL = ".partial"
 FORMAT = 1
@@ -67,7 +67,7 @@ class LossStore:
             if not not_own(path, folder=folder):
                 continue
             try:
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                remove(path)
             except OSError as e:
                 raise LcftError(f"{path}: cannot remove what is there to keep losses in ({e.strerror or e}); "
                                 "remove it and re-run") from None

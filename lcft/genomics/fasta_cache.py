@@ -18,6 +18,7 @@ from typing import IO, Literal
 from lcft.disk import check_room
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_open
+from lcft.genomics.fasta_check import isize
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARTS = ("fasta", "links", "index")  # the cache's folders: every file in them is derived, made again when needed
@@ -62,10 +63,8 @@ def gzip_size_floor(path: Path) -> int:
     member (that member's size mod 2^32: exact for a one-member file under 4 GiB, such as hg38's; zero padding after
     it only reads lower). A file cut short ends in compressed bytes instead: any figure up to 4 GiB."""
     with open(path, "rb") as fh:
-        if fh.seek(0, os.SEEK_END) < 4:
-            return 0
-        fh.seek(-4, os.SEEK_END)
-        return int.from_bytes(fh.read(4), "little")
+        size = os.fstat(fh.fileno()).st_size
+        return max(0, isize(fh.fileno(), size)) if size >= 4 else 0
 
 
 def check_room_to_decompress(gz: Path, folder: Path) -> None:

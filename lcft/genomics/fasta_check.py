@@ -142,7 +142,7 @@ def gzi_fits(gzi: Path, bgzf: Path) -> bool:
         fd = fh.fileno()
         for (c0, u0), (c1, u1) in zip(starts, starts[1:], strict=False):
             length = _block_length(fd, c0)
-            if length is None or c0 + length != c1 or u0 + _isize(fd, c1) != u1:
+            if length is None or c0 + length != c1 or u0 + isize(fd, c1) != u1:
                 return False
         return starts[-1][0] < compressed and _block_length(fd, starts[-1][0]) is not None
 
@@ -156,8 +156,9 @@ def _block_length(fd: int, at: int) -> int | None:
     return struct.unpack_from("<H", head, 16)[0] + 1
 
 
-def _isize(fd: int, end: int) -> int:
-    """The uncompressed size a BGZF block ending at byte `end` records in its last 4 bytes."""
+def isize(fd: int, end: int) -> int:
+    """The uncompressed size (mod 2^32) a gzip member ending at byte `end` records in its last 4 bytes (gzip's
+    ISIZE; a BGZF block is one member); -1 where there are no 4 bytes."""
     tail = os.pread(fd, 4, end - 4)
     return struct.unpack("<I", tail)[0] if len(tail) == 4 else -1
 
