@@ -37,7 +37,8 @@ from lcft.checkpoint.model_files import DCP_DIR, METADATA, PARAM_GROUPS, sharded
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model.config import AttentionConfig
-from lcft.model.llama import Llama, parameter_shapes
+from lcft.model.hf_params import check_declared
+from lcft.model.llama import Llama
 
 MODEL, OPTIM = "model", "optim"  # top-level keys: DCP stores "model.<parameter name>" and "optim.state...."
 
@@ -165,34 +166,26 @@ def _one_line(ckpt: str | os.PathLike, e: CheckpointException) -> LcftError:
     return LcftError(f"{ckpt}: sharded checkpoint unreadable ({type(first).__name__}: {reason(first)})")
 
 
-def _model_entries(md: Any) -> dict[str, Any]:
-    """{parameter name: DCP tensor metadata (size, dtype)} of the model in a sharded checkpoint's metadata."""
-    prefix = MODEL + "."
-    return {k[len(prefix):]: v for k, v in md.state_dict_metadata.items() if k.startswith(prefix)}
-
-
-def check_sharded_readable(ckpt: str | os.PathLike) -> dict[str, Any]:
-    """Cheap checks before any evaluation: the metadata reads, it holds every parameter of config.json's model
-    with its shape, all in one dtype (the one an export writes), and every shard file it names is present.
-    Returns the model's entries ({parameter name: DCP tensor metadata})."""
+def check_sharded_readable(ckpt: str | os.PathLike) -> torch.dtype:
+    """Cheap checks before any model is built or evaluated: the metadata reads, its model entries are the
+    parameters config.json implies with their shapes (lcft.model.hf_params.check_declared, as for a weight file's
+    header), all in one dtype (the one an export writes), and every shard file it names is present. Returns that
+    dtype."""
     ckpt = Path(ckpt)
     md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
-    stored = _model_entries(md)
+    prefix = MODEL + "."
+    stored = {k: v for k, v in md.state_dict_metadata.items() if k.startswith(prefix)}
     dtypes = sorted({str(m.properties.dtype).removeprefix("torch.") for m in stored.values()})
     if len(dtypes) > 1:
         raise LcftError(f"unreadable checkpoint {ckpt}: its weights are stored in {len(dtypes)} dtypes "
                         f"({', '.join(dtypes)}); lcft writes one")
-    for name, shape in parameter_shapes(read_config(ckpt)).items():  # no model built: one block's template
-        if name not in stored:
-            raise LcftError(f"unreadable checkpoint {ckpt}: no weight {name!r} in {DCP_DIR}/")
-        if tuple(stored[name].size) != shape:
-            raise LcftError(f"unreadable checkpoint {ckpt}: weight {name} has shape {tuple(stored[name].size)}, "
-                            f"config.json implies {shape}")
+    declared = ((_dcp_dir(ckpt) / METADATA, k, tuple(v.size)) for k, v in stored.items())
+    check_declared(read_config(ckpt), _dcp_dir(ckpt) / METADATA, declared, stored_name=lambda n: prefix + n)
     files = {getattr(s, "relative_path", None) for s in (md.storage_data or {}).values()} - {None}
     missing = sorted(f for f in files if not (_dcp_dir(ckpt) / f).is_file())
     if missing:
         raise LcftError(f"unreadable checkpoint {ckpt}: shard file(s) missing in {DCP_DIR}/: {', '.join(missing)}")
-    return stored
+    return next(iter(stored.values())).properties.dtype  # (check_declared refuses a model with no entries)
 
 
 def sharded_weights_sha256(ckpt: str | os.PathLike) -> str:

@@ -114,9 +114,8 @@ def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_siz
     if not source.sharded:
         save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
         return
-    entries = check_sharded_readable(source.path)  # weights of one dtype, the one written
+    stored = check_sharded_readable(source.path)  # weights of one dtype, the one written
     model = source.model  # on the meta device: names, shapes and the shard plan; no storage
-    stored = next(iter(entries.values())).properties.dtype
     files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(source.path, names))
     write_model_folder(build, model.config, files, dtype or stored, source.tokenizer, hf_tokenizer=tokenizer)
 

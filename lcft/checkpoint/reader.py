@@ -69,8 +69,9 @@ def _read_model(path: Path, sharded: bool, attention: AttentionConfig | None, dt
                 materialize: bool) -> Llama:
     if not sharded:
         return from_pretrained(path, attention=attention, dtype=dtype)
-    if materialize:  # shapes as config.json says, stored bytes there: before building or allocating anything
-        check_sharded_readable(path)
+    # names and shapes as config.json says, stored bytes there: before building (even on the meta device: a
+    # config.json of 16 layers x 1024 experts beside a small checkpoint built for seconds) or allocating anything
+    check_sharded_readable(path)
     model = model_on_meta(path, attention)
     if materialize:
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,18 +51,33 @@ def to_hf_name(name: str) -> str:
 
 def check_weights(cfg: LlamaConfig, directory: Path) -> None:
     """The tensors the folder's weight files declare (names and shapes, from their headers: nothing is read)
-    against the parameters config.json implies (lcft.model.llama.parameter_shapes), before any model is built:
-    building one on the meta device costs ~0.3 ms a module, so a config.json of a million experts beside a small
-    weight file took half an hour to be told they differ. Every difference is one line, as load_weights says it."""
-    expected = {to_hf_name(n): (n, shape) for n, shape in parameter_shapes(cfg).items()}
+    against the parameters config.json implies, before any model is built (`check_declared`)."""
+    check_declared(cfg, directory, _headers(directory))
+
+
+def check_declared(cfg: LlamaConfig, where: Path, declared: Iterable[tuple[Path, str, tuple[int, ...]]],
+                   stored_name: Callable[[str], str] = to_hf_name) -> None:
+    """The tensors a checkpoint declares, (file, name as stored, shape) from a weight file's header or a sharded
+    checkpoint's metadata (`stored_name`: our parameter name as stored there), against the parameters config.json
+    implies (lcft.model.llama.parameter_shapes: a one-block template), before any model is built: building one on
+    the meta device costs ~0.3 ms a module, so a config.json of a million experts beside a small weight file took
+    half an hour to be told they differ. The first difference (a tensor config.json has not, one of another shape,
+    stored twice, or missing from `where`) is one line naming the tensor, as load_weights says it."""
+    expected = {stored_name(n): (n, shape) for n, shape in parameter_shapes(cfg).items()}
     seen: set[str] = set()
+    for f, key, shape in declared:
+        name = _declared(f, key, shape, expected, cfg, seen)
+        if name is not None:
+            seen.add(name)
+    _check_missing(where, expected, seen)
+
+
+def _headers(directory: Path) -> Iterator[tuple[Path, str, tuple[int, ...]]]:
+    """(file, HF name, shape) of every tensor the folder's weight files declare, as their headers say."""
     for f in weight_files(directory):
         with _reading(f):
             for key, shape, _ in weight_tensors(f):
-                name = _declared(f, key, shape, expected, cfg, seen)
-                if name is not None:
-                    seen.add(name)
-    _check_missing(directory, expected, seen)
+                yield f, key, shape
 
 
 def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | None = None) -> None:
@@ -112,9 +127,9 @@ def _declared(f: Path, key: str, shape: tuple[int, ...], expected: dict[str, tup
 
 
 def _check_missing(directory: Path, expected: dict[str, tuple[str, tuple[int, ...]]], seen: set[str]) -> None:
-    missing = sorted(n for n, _ in expected.values() if n not in seen)
+    missing = sorted((n, stored) for stored, (n, _) in expected.items() if n not in seen)  # in our names' order
     if missing:
-        names = ", ".join(to_hf_name(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        names = ", ".join(stored for _, stored in missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise LcftError(f"{directory}: {len(missing)} weight(s) missing: {names}")
 
 

@@ -1,7 +1,9 @@
 """Sharded (DCP) checkpoints handed to lcft run no code: a payload planted in `dcp/.metadata` (checksums
 re-hashed) or a pickled entry planted for an optimizer tensor is refused with one line naming it, on export,
 eval, train --init and train --resume, and the marker file the payload would write never appears; a plain HF
-folder with a stray `dcp/.metadata` is read as the HF folder it is. The oracle: torch's own reader runs both."""
+folder with a stray `dcp/.metadata` is read as the HF folder it is. The oracle: torch's own reader runs both.
+Damaged chunks, weights of two dtypes and a config.json that is not the metadata's model (16 layers x 1024
+experts, other layers: refused before any model is built) are one line too."""
 
 from __future__ import annotations
 
@@ -217,3 +219,56 @@ def test_hf_folder_with_a_stray_dcp_metadata_is_read_as_hf(init_dir, tmp_path, d
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(folder),), max_windows=1, out=str(tmp_path / "ev")))
     assert not marker.exists()
+
+
+# --- config.json against the metadata ---------------------------------------------------------------------------
+
+HOSTILE = dict(architectures=["MixtralForCausalLM"], model_type="mixtral", num_hidden_layers=16,
+               num_local_experts=1024, num_experts_per_tok=1)  # 16,384 MLPs: config.MAX_MLPS
+
+
+def _config(ckpt: Path, **changes) -> None:
+    """The checkpoint's config.json with `changes`, the checksums re-hashed (as a hostile folder has them)."""
+    config = json.loads((ckpt / "config.json").read_text())
+    config.update(changes)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    write_checksums(ckpt)
+
+
+@pytest.mark.parametrize("entry", ["export", "meta", "eval"])
+def test_a_config_of_16k_experts_beside_small_shards_is_refused_before_a_model_is_built(
+        ckpt, sharded_run, tmp_path, data_dir, entry, monkeypatch):
+    """config.json says Mixtral, 16 layers x 1024 experts, beside the 2-layer run's shards: export and an fsdp
+    --init/--resume (`load(materialize=False)`, "meta") built that model on the meta device (17 s for an export
+    here, 157 s for a 2-rank --resume, which sharded it too) before the metadata was compared with it. Now its
+    names and shapes are compared first, as a weight file's headers are: one line naming the first tensor
+    config.json has not, and no model but the one-block template is built (any other fails the test at once)."""
+    import lcft.model.llama as llama
+    from lcft.checkpoint.reader import load
+
+    _config(ckpt, **HOSTILE)
+    built = llama.Llama.__init__
+
+    def one_block_only(self, cfg):
+        assert cfg.num_hidden_layers == 1, f"a model of {cfg.num_hidden_layers} blocks was built"
+        built(self, cfg)
+
+    monkeypatch.setattr(llama.Llama, "__init__", one_block_only)
+    points = {**_entry_points(ckpt, sharded_run, tmp_path, data_dir), "meta": lambda: load(ckpt, materialize=False)}
+    _refused(points[entry], f"{ckpt / 'dcp' / '.metadata'}: unexpected weight 'model.layers.0.mlp.gate_proj.weight'",
+             "not a mixtral checkpoint")
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("layers, says", [(1, "unexpected weight 'model.layers.1."),
+                                          (3, "9 weight(s) missing: model.layers.2.attn.k_proj.weight, ")])
+def test_a_config_of_other_layers_than_the_shards_is_refused(ckpt, tmp_path, layers, says):
+    """config.json of 1 layer beside the shards of 2: export wrote the 1-layer model, the second layer's weights
+    dropped (exit 0). Fewer or more, it is one line naming the first tensor that differs, as for weight files."""
+    md = dcp.FileSystemReader(str(ckpt / "dcp")).read_metadata()  # the oracle: torch's reader
+    assert {k.split(".")[2] for k in md.state_dict_metadata if k.startswith("model.layers.")} == {"0", "1"}
+    _config(ckpt, num_hidden_layers=layers)
+    _refused(lambda: _cli(["export", str(ckpt), "--out", str(tmp_path / "hf")]), f"{ckpt / 'dcp' / '.metadata'}: ",
+             says)
+    assert not (tmp_path / "hf").exists()
+
