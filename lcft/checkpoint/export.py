@@ -28,8 +28,8 @@ from lcft.checkpoint.export_out import (
     holds_this_export,
 )
 from lcft.checkpoint.hf_folder import add_meta, move_model_files, save_pretrained, write_model_folder
-from lcft.checkpoint.layout import EXPORT_WORK, MODEL_CONFIG, CheckpointChanged, read_model_config, unchanged
-from lcft.checkpoint.model_files import DCP_DIR, sharded_weight_files
+from lcft.checkpoint.layout import EXPORT_WORK, MODEL_CONFIG, CheckpointChanged, unchanged
+from lcft.checkpoint.model_files import is_sharded_checkpoint, sharded_weight_files, weights_dtype
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
@@ -199,12 +199,15 @@ def _empty(folder: Path) -> None:
 
 def export_bytes(source: Path, dtype: object) -> int:
     """About the bytes an export of checkpoint folder `source` writes: its weights (safetensors or dcp/ shards),
-    scaled to --dtype."""
-    size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
-    dcp_files = sharded_weight_files(source) if (source / DCP_DIR).is_dir() else []
-    size = size or sum(f.stat().st_size for f in dcp_files) // 3  # weights + 2 moments
-    config = read_model_config(source)  # transformers 5 (and lcft) write "dtype", earlier ones "torch_dtype"
-    stored = getattr(torch, str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
-    if isinstance(dtype, torch.dtype) and isinstance(stored, torch.dtype):
+    scaled to --dtype from the dtype they are stored in, as their headers declare it (`weights_dtype`, as the
+    export's record says; a sharded checkpoint's metadata; unscaled where that is not one dtype)."""
+    if is_sharded_checkpoint(source):
+        size = sum(f.stat().st_size for f in sharded_weight_files(source)) // 3  # weights + 2 moments
+        stored: torch.dtype | None = check_sharded_readable(source)
+    else:
+        size = sum(f.stat().st_size for f in source.glob("model*.safetensors"))
+        name = weights_dtype(source)
+        stored = getattr(torch, name) if name else None
+    if isinstance(dtype, torch.dtype) and stored is not None:
         size = size * dtype.itemsize // stored.itemsize
     return size

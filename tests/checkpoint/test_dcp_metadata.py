@@ -272,3 +272,16 @@ def test_a_config_of_other_layers_than_the_shards_is_refused(ckpt, tmp_path, lay
              says)
     assert not (tmp_path / "hf").exists()
 
+
+def test_export_estimate_of_sharded_weights_scales_from_their_metadata(ckpt):
+    """config.json says bfloat16 while the shards hold float32 (as torch's reader says): the estimate scales from
+    the metadata's dtype, the one the export writes, not config.json's."""
+    from lcft.checkpoint.export import export_bytes
+    from lcft.checkpoint.model_files import sharded_weight_files
+
+    md = dcp.FileSystemReader(str(ckpt / "dcp")).read_metadata()
+    assert {v.properties.dtype for k, v in md.state_dict_metadata.items() if k.startswith("model.")} == {torch.float32}
+    weights = sum(f.stat().st_size for f in sharded_weight_files(ckpt)) // 3  # weights and AdamW's two moments
+    _config(ckpt, dtype="bfloat16")
+    assert export_bytes(ckpt, torch.bfloat16) == weights // 2
+    assert export_bytes(ckpt, torch.float32) == export_bytes(ckpt, None) == weights

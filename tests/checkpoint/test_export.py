@@ -1,6 +1,6 @@
-"""`lcft export`: its size estimate (what it names on a full disk) reads the stored dtype that config.json records
-("dtype" as lcft and transformers 5 write it, "torch_dtype" as earlier transformers did); an export killed
-half-way leaves nothing that a rerun does not remove; a published model's use_cache is written back."""
+"""`lcft export`: its size estimate (what it names on a full disk) scales from the dtype the weights' headers
+declare, whatever config.json says; an export killed half-way leaves nothing that a rerun does not remove; a
+published model's use_cache is written back."""
 
 from __future__ import annotations
 
@@ -33,16 +33,22 @@ from tests.one_line import cli_fails
 
 
 @pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
-def test_export_estimate_scales_from_the_recorded_dtype(tmp_path, key):
+def test_export_estimate_scales_from_the_weights_headers_not_config_json(tmp_path, key):
+    """config.json says float32 ("dtype" as lcft and transformers 5 write it, "torch_dtype" as earlier
+    transformers did) while the weights are stored in bfloat16: the estimate scales from the headers' dtype (the
+    one the export's record names), so --dtype float32 doubles it and bfloat16 keeps it."""
     folder = tmp_path / "bf16"
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=2)
     save_pretrained(Llama(cfg), folder, dtype=torch.bfloat16)
     config = json.loads((folder / "config.json").read_text())
-    config[key] = config.pop("dtype")
+    config.pop("dtype")
+    config[key] = "float32"
     (folder / "config.json").write_text(json.dumps(config))
+    assert {t.dtype for t in load_file(folder / "model.safetensors").values()} == {torch.bfloat16}
     stored = (folder / "model.safetensors").stat().st_size
     assert export_bytes(folder, torch.float32) == stored * 2
+    assert export_bytes(folder, torch.bfloat16) == stored
     assert export_bytes(folder, None) == stored
 
 
