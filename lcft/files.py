@@ -1,6 +1,6 @@
 """File helpers shared by every stage: atomic replacement of a file, chunked hashing, JSON reading with one-line
-errors (nesting bounded, for TOML too), one writer per output folder (a lock naming its holder), umask-respecting
-modes. Why a write failed (a full disk, a file-size limit) is lcft.disk."""
+errors (nesting bounded, for TOML too), one writer per output folder (a lock naming its holder), what lcft did not
+make in a work folder refused, umask-respecting modes. Why a write failed (a full disk, a file-size limit) is lcft.disk."""
 
 from __future__ import annotations
 
@@ -174,6 +174,17 @@ def foreign_entry(folder: Path) -> Path | None:
     if not folder.is_dir():
         return None
     return next((p for p in sorted(folder.iterdir()) if not_own(p)), None)
+
+
+def refuse_foreign(folder: Path, tool: str) -> None:
+    """Stop with one line naming it, changing nothing, when the work folder `folder` of `tool` (the command, as
+    the message names it) holds a `foreign_entry`: what lcft did not make is never removed, nor resumed through."""
+    entry = foreign_entry(folder)
+    if entry == folder:
+        raise LcftError(f"{folder} is not a folder {tool} made (a link or a file); remove it and re-run")
+    if entry is not None:
+        raise LcftError(f"{entry} is not a file {tool} wrote (a link, a folder or a FIFO); remove it, or the "
+                        f"whole {folder}, and re-run")
 
 
 def files_sha256(paths: list[Path]) -> str:

@@ -231,3 +231,40 @@ def test_a_file_to_resume_is_opened_only_when_it_is_ours_alone(tmp_path):
     assert [files.not_own(tmp_path / n) for n in ("own", "soft", "hard", "fifo", "folder", "missing")] == [
         False, True, False, True, True, False]
     assert files.not_own(tmp_path / "folder", folder=True) is False and files.not_own(own, folder=True) is True
+
+
+@pytest.mark.parametrize("planted", ["link", "dangling", "folder", "fifo", "partial_link", "partial_file", None])
+def test_refuse_foreign_names_what_is_not_ours_and_changes_nothing(tmp_path, planted):
+    """A work folder of regular files only: the first link, folder or FIFO in it (or the folder itself a link or a
+    file) is named in one line with the command's name; a folder of regular files passes; nothing is removed."""
+    work, victim = tmp_path / "work", tmp_path / "victim"
+    victim.mkdir()
+    (victim / "theirs").write_text("keep")
+    work.mkdir()
+    (work / "a.bin").write_bytes(b"ours")
+    named = {"link": work / "b.bin", "dangling": work / "b.bin", "folder": work / "b.bin", "fifo": work / "b.bin",
+             "partial_link": work, "partial_file": work}.get(planted)
+    if planted in ("link", "dangling"):
+        named.symlink_to(victim / ("theirs" if planted == "link" else "gone"))
+    elif planted == "folder":
+        named.mkdir()
+        (named / "inside").write_text("keep")
+    elif planted == "fifo":
+        os.mkfifo(named)
+    elif planted == "partial_link":
+        shutil.rmtree(work)
+        work.symlink_to(victim)
+    elif planted == "partial_file":
+        shutil.rmtree(work)
+        work.write_text("keep")
+    before = sorted((p.name, p.lstat().st_mode) for p in tmp_path.rglob("*"))
+    if named is None:
+        files.refuse_foreign(work, "tool")
+    else:
+        with pytest.raises(LcftError) as e:
+            files.refuse_foreign(work, "tool")
+        msg = str(e.value)
+        what = "folder tool made" if named == work else "file tool wrote"
+        assert "\n" not in msg and msg.startswith(f"{named} is not a {what} ") and msg.endswith("re-run"), msg
+    assert sorted((p.name, p.lstat().st_mode) for p in tmp_path.rglob("*")) == before
+    assert (victim / "theirs").read_text() == "keep"

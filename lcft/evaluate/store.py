@@ -16,7 +16,7 @@ import numpy as np
 
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write, no_follow, not_own, remove
+from lcft.files import atomic_write, no_follow, refuse_foreign
 
 PARTIAL = ".partial"
 FORMAT = 1
@@ -51,26 +51,13 @@ class LossStore:
         down to a multiple of `batch` unless all `n` are kept (the batches after them are then those of an
         uninterrupted run, and give its losses bit for bit). The file is cut to them."""
         if self._start is None:
-            self._not_ours()
+            refuse_foreign(self.path.parent, "eval")  # before a record is read, cut or appended
             whole = sum(1 for _ in self._records(n))
             self._start = whole if whole >= n else whole // batch * batch
             if self.path.exists():
                 os.truncate(self.path, self._start * self.record)
             self._next = self._start
         return self._start
-
-    def _not_ours(self) -> None:
-        """Something other than what the store makes under the folder's name (a folder) or the pass's (a regular
-        file) is none of ours: a link that writing would go through, a FIFO that would block the read, a folder in
-        place of the file. It goes (a link itself, never what it points to), and the pass starts over."""
-        for path, folder in ((self.path.parent, True), (self.path, False)):
-            if not not_own(path, folder=folder):
-                continue
-            try:
-                remove(path)
-            except OSError as e:
-                raise LcftError(f"{path}: cannot remove what is there to keep losses in ({e.strerror or e}); "
-                                "remove it and re-run") from None
 
     def _records(self, n: int) -> Iterator[bytes]:
         """Whole records in order up to the first that does not check (its digest, or its index out of place)."""

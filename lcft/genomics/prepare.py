@@ -16,7 +16,7 @@ from lcft.config_toml import paths_absolute, save_resolved, to_dict
 from lcft.console import make_console, text_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write, folder_lock
+from lcft.files import atomic_write, folder_lock, refuse_foreign
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.hf_tokenizer import prepare_tokenizer
@@ -28,7 +28,6 @@ from lcft.genomics.prepare_folder import (
     check_existing,
     clear_replaced,
     finalize,
-    refuse_foreign,
     resume_writers,
     split_files,
 )
@@ -117,7 +116,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
         options = _options(cfg, fasta, length, stride, tok, hashed=not created)
         # the lock first: a second run must not delete (--overwrite) what the first is writing
         with folder_lock(out, "lcft prepare"):  # (removes a folder it created that stays empty)
-            refuse_foreign(out)  # before anything in .partial is read, resumed or removed
+            refuse_foreign(out / PARTIAL, "prepare")  # before anything in .partial is read, resumed or removed
             done = None if created else check_existing(out, options, cfg.overwrite, fasta)
             if done is not None:
                 for split in SPLITS:  # max_oov_frac is not an option of the output: checked against it here

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.errors import LcftError, shown
-from lcft.files import file_hash, foreign_entry
+from lcft.files import file_hash
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.manifest import is_char
 from lcft.genomics.prepare_state import load_state
@@ -92,18 +92,6 @@ def check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile) 
         if stray:
             raise LcftError(f"{out} already has {stray[0]} but no complete manifest; pass --overwrite to replace it")
     return None
-
-
-def refuse_foreign(out: Path) -> None:
-    """Stop, changing nothing, when `<out>/.partial` is not what a run of ours left: it is a folder of regular
-    files only, and a link in it (planted, or left by someone sharing the folder) must not be resumed through."""
-    partial = out / PARTIAL
-    entry = foreign_entry(partial)
-    if entry == partial:
-        raise LcftError(f"{partial} is not a folder prepare made (a link or a file); remove it and re-run")
-    if entry is not None:
-        raise LcftError(f"{entry} is not a file prepare wrote (a link, a folder or a FIFO); remove it, or the "
-                        f"whole {partial}, and re-run")
 
 
 def resume_writers(partial: Path, state: dict, tok: SeqTokenizer) -> dict[str, SplitWriter] | None:

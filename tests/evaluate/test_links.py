@@ -1,6 +1,6 @@
-"""`lcft eval` into a folder where links were planted: a `.lcft.lock`, an `.eval.json.tmp`, the `.partial` folder
-of its kept losses and the note beside a pass's losses, pointing outside it, are replaced by files of its own; the
-outside files are untouched and the report is complete."""
+"""`lcft eval` into a folder where links were planted: a `.lcft.lock` and an `.eval.json.tmp` pointing outside it
+are replaced by files of its own, the outside files untouched and the report complete; a link as the `.partial`
+folder of its kept losses, or in it, stops the command with one line naming it, nothing there removed or changed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.evaluate.store import PARTIAL, LossStore
 from lcft.files import LOCK_NAME
+from tests.one_line import cli_fails, one_line
 
 
 def test_planted_lock_and_temp_links_are_not_followed(tmp_path, data_dir, ckpt_a):
@@ -28,29 +29,32 @@ def test_planted_lock_and_temp_links_are_not_followed(tmp_path, data_dir, ckpt_a
     assert not (out / "eval.json").is_symlink() and not any((out / n).is_symlink() for n in victims)
 
 
-def test_a_partial_folder_linked_elsewhere_is_not_written_through(tmp_path, data_dir, ckpt_a):
+def test_a_partial_folder_linked_elsewhere_is_refused_and_left(tmp_path, data_dir, ckpt_a):
+    """A fresh start used to remove the link (and would write the losses into the folder it points to)."""
     out, elsewhere = tmp_path / "eval", tmp_path / "elsewhere"
     elsewhere.mkdir()
+    (elsewhere / "mine.txt").write_text("keep me\n")
     out.mkdir()
     (out / PARTIAL).symlink_to(elsewhere)
-    report = evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a),), max_windows=1, out=str(out)))
-    assert list(elsewhere.iterdir()) == []  # the losses and their note were kept there, and left there
-    assert json.loads((out / "eval.json").read_text())["checkpoints"][0]["loss"] == report["checkpoints"][0]["loss"]
+    cli_fails(["eval", "--data", str(data_dir), "--checkpoint", str(ckpt_a), "--max-windows", "1", "--out", str(out)],
+              str(out / PARTIAL), "is not a folder eval made", "remove it and re-run")
+    assert (out / PARTIAL).is_symlink() and (out / PARTIAL).readlink() == elsewhere
+    assert [p.name for p in elsewhere.iterdir()] == ["mine.txt"] and (elsewhere / "mine.txt").read_text() == "keep me\n"
+    assert sorted(p.name for p in out.iterdir()) == [PARTIAL]  # no report, no lock left
 
 
-def test_a_link_beside_a_pass_is_replaced_not_followed(tmp_path):
+def test_a_link_beside_a_pass_is_refused_and_left(tmp_path):
     """The note naming what a pass's key stands for, written with its first losses: a link planted under its name
-    is replaced by the note; the pass's losses are kept and read back."""
+    stops the pass before a record is read or written; the link, what it points to and the pass's losses stay."""
     out, victim = tmp_path / "eval", tmp_path / "victim"
-    (out / PARTIAL).mkdir(parents=True)
     victim.write_text("keep me\n")
     store = LossStore(out, {"ckpt": "abc", "window": 512}, keep=8)
-    store.path.with_suffix(".json").symlink_to(victim)
     assert store.resume_at(4, 1) == 0
-    loss = np.arange(16, dtype=np.float32)
-    store.add(0, loss, np.ones(16, bool))
-    assert victim.read_text() == "keep me\n"
+    store.add(0, np.arange(16, dtype=np.float32), np.ones(16, bool))
+    kept = store.path.read_bytes()
     note = store.path.with_suffix(".json")
-    assert not note.is_symlink() and json.loads(note.read_text()) == {"ckpt": "abc", "window": 512}
+    note.unlink()
+    note.symlink_to(victim)
     again = LossStore(out, {"ckpt": "abc", "window": 512}, keep=8)
-    assert again.resume_at(4, 1) == 1 and np.array_equal(next(again.items(1))[1], loss[-8:])
+    one_line(lambda: again.resume_at(4, 1), str(note), "is not a file eval wrote", f"or the whole {out / PARTIAL}")
+    assert victim.read_text() == "keep me\n" and note.readlink() == victim and store.path.read_bytes() == kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import lcft.evaluate.losses as losses
 from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.store import PARTIAL, LossStore
+from tests.one_line import one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,9 +203,10 @@ def test_a_record_cut_short_by_a_file_size_limit_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("thing", ["folder", "fifo", "link"])
-def test_what_is_not_a_record_file_is_replaced_not_read_or_written_through(tmp_path, thing):
-    """A folder under the pass's file name was an IsADirectoryError traceback; a FIFO would block the read; a
-    link would have the records appended to whatever it points at."""
+def test_what_is_not_a_record_file_is_refused_and_left(tmp_path, thing):
+    """A folder under the pass's file name, a FIFO (which would block the read), a link (which the records would be
+    appended through): the pass stops with one line naming it; the thing, and what a link points at, stay as they
+    were (they used to be removed, a folder with what it held)."""
     store = LossStore(tmp_path, {"pass": "x"}, keep=4)
     store.path.parent.mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
@@ -215,10 +218,14 @@ def test_what_is_not_a_record_file_is_replaced_not_read_or_written_through(tmp_p
         os.mkfifo(store.path)
     else:
         store.path.symlink_to(elsewhere)
-    assert store.resume_at(2, 1) == 0
-    store.add(0, np.zeros(8, np.float32), np.ones(8, bool))
-    assert store.path.is_file() and not store.path.is_symlink() and elsewhere.read_bytes() == b"keep"
-    assert LossStore(tmp_path, {"pass": "x"}, keep=4).resume_at(2, 1) == 1
+    one_line(lambda: store.resume_at(2, 1), str(store.path), "is not a file eval wrote")
+    with pytest.raises(ValueError, match="added where"):  # not resumed: nothing may be appended
+        store.add(0, np.zeros(8, np.float32), np.ones(8, bool))
+    kind = {"folder": stat.S_ISDIR, "fifo": stat.S_ISFIFO, "link": stat.S_ISLNK}[thing]
+    assert kind(store.path.lstat().st_mode) and elsewhere.read_bytes() == b"keep"
+    assert thing != "folder" or (store.path / "f").read_text() == "x"
+    assert thing != "link" or store.path.readlink() == elsewhere
+    assert sorted(p.name for p in store.path.parent.iterdir()) == [store.path.name]
 
 
 def test_an_eval_failing_before_its_first_window_leaves_nothing(data_dir, ckpt_a, tmp_path, monkeypatch):
