@@ -18,7 +18,7 @@ from typing import IO, Literal
 from lcft.disk import check_room
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_open
-from lcft.genomics.fasta_check import isize
+from lcft.genomics.gzip_size import gzip_size_floor
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARTS = ("fasta", "links", "index")  # the cache's folders: every file in them is derived, made again when needed
@@ -58,18 +58,10 @@ def gzip_kind(path: Path) -> str:
     return "gzip"
 
 
-def gzip_size_floor(path: Path) -> int:
-    """At least the bytes the whole gzip file `path` decompresses to: its last 4 bytes, gzip's ISIZE of its last
-    member (that member's size mod 2^32: exact for a one-member file under 4 GiB, such as hg38's; zero padding after
-    it only reads lower). A file cut short ends in compressed bytes instead: any figure up to 4 GiB."""
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        return max(0, isize(fh.fileno(), size)) if size >= 4 else 0
-
-
 def check_room_to_decompress(gz: Path, folder: Path) -> None:
     """One line, before writing, when `folder` has less free space than the gzip file `gz` decompresses to
-    (gzip_size_floor: past 4 GiB it may read lower, and the write then fails, one line, once the disk is full)."""
+    (gzip_size_floor: past 4 GiB it may read lower, by 4 GiB steps, and the write then fails, one line, once the
+    disk is full)."""
     check_room(folder, gzip_size_floor(gz), f"decompressing {gz} (by the size its gzip trailer gives, which a cut or damaged "
                "file gives wrong)")
 
