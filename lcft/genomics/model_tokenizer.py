@@ -20,6 +20,7 @@ from lcft.errors import LcftError, did_you_mean, reason
 from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
+from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_probe import BPE_BLOCK, probe_tokenizer, vouch
 from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
@@ -263,7 +264,10 @@ def _parse(text: str, source: str, data: dict[str, Any]) -> Any:
         tk = Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception with serde's message
         raise LcftError(f"{source} is not a tokenizers tokenizer.json ({reason(e, 200)})") from None
-    vouch(tk.to_str())  # the same pipeline as the library writes it back (the form kept with the data)
+    canonical = tk.to_str()
+    # as the library read it: a normalizer written without its type (which it reads by its fields) named here
+    check_normalizer(json.loads(canonical).get("normalizer"), source)
+    vouch(canonical)  # the same pipeline as the library writes it back (the form kept with the data)
     return tk
 
 

@@ -70,12 +70,13 @@ def letters_normalized(data: dict[str, Any]) -> bool:
     return bool(letters)
 
 
-def _strip_normalizer(norm: dict[str, Any]) -> Any:
-    """The normalizer without the export's upper-casing and run-edge marks (unchanged without them)."""
+def strip_normalizer(norm: Any) -> Any:
+    """The normalizer without the export's upper-casing and run-edge marks (unchanged without them; None for none)."""
     upper = upper_rules()
-    if norm.get("type") != "Sequence" or norm["normalizers"][: len(upper)] != upper:
+    steps = norm.get("normalizers") if isinstance(norm, dict) and norm.get("type") == "Sequence" else None
+    if not isinstance(steps, list) or steps[: len(upper)] != upper:
         return norm or None
-    rest = norm["normalizers"][len(upper) :]
+    rest = steps[len(upper) :]
     rest = rest[1:] if rest[:1] == [BOUNDARY_RULE] else rest
     return rest[0] if len(rest) == 1 else ({"type": "Sequence", "normalizers": rest} if rest else None)
 
@@ -85,7 +86,7 @@ def strip_export(data: dict[str, Any]) -> dict[str, Any]:
     (with the piece mark after it; unchanged when it has neither), so a model's exported tokenizer and the data's
     compare equal by content."""
     pre = data.get("pre_tokenizer") or {}
-    data["normalizer"] = _strip_normalizer(data.get("normalizer") or {})
+    data["normalizer"] = strip_normalizer(data.get("normalizer"))
     split = pre["pretokenizers"][:1] if pre.get("type") == "Sequence" else []
     if split in ([RUNS_SPLIT], [MARKED_RUNS_SPLIT], [BOUNDARY_SPLIT]):
         rest = pre["pretokenizers"][1:]

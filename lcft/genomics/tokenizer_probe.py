@@ -1,18 +1,17 @@
 """What a tokenizer.json lcft did not write is checked on before it encodes a base: that it does not enlarge DNA.
 
 A normalizer can write more than it reads (a Replace of one letter by a thousand, a Prepend, Unicode forms), and
-`tokenizers` allocates for all of it: a 1 KB file could make one 4096-base block a million tokens. Its Replace and
-Prepend rules are bounded from the file itself (`rule_growth`); then, with a normalizer or a regex lcft did not write,
-a child process with bounded memory encodes every letter alone and as a run (`_PROBE`): one that gives more than
-GROWTH tokens or characters a base, runs out of memory, or whose regex the engine gives up on (a Rust panic), is
-refused in one line.
+`tokenizers` allocates for all of it: a 1 KB file could make one 4096-base block a million tokens. The normalizer is
+bounded from the file itself first (`normalizer_growth`, whatever the bases: every kind's worst case, a Sequence's
+product); then, with a normalizer or a regex lcft did not write, a child process with bounded memory encodes every
+letter alone and as a run (`_PROBE`): one that gives more than GROWTH tokens or characters a base, runs out of
+memory, or whose regex the engine gives up on (a Rust panic), is refused in one line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import string
 import subprocess
 import sys
@@ -20,13 +19,13 @@ from typing import Any
 
 from lcft.errors import LcftError
 from lcft.genomics.kmer_tokenizer import kmer_k_of
+from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.tokenizer_hash import BOUNDARY_RULE, MARKED_RUNS_SPLIT, RUNS_SPLIT
 from lcft.units import counted
 
 BPE_BLOCK = 4096  # tokenizer.json pieces never cross a multiple of this many bases of the record (see README)
 GROWTH = 4  # tokens, or normalized characters, a base may give (a DNA tokenizer gives at most one token a base)
 MARKS = 4  # and this many more a piece: the word-start marks a pipeline puts before a string
-RULE_LIMIT = 64  # characters a base its Replace and Prepend rules together may write, whatever the bases
 PROBE_BYTES = 1 << 30  # address space of the probing child: a pipeline that needs more for a probe is refused
 PROBE_S = 120  # a probe still running by then is refused as well
 NOT_READ = 4  # the probing child's exit code for a file the library does not read: nothing probed
@@ -73,54 +72,11 @@ def _regexes(node: Any, where: str) -> list[tuple[str, str]]:
     return []
 
 
-def rule_growth(node: Any) -> float:
-    """At most how many characters a normalizer's Replace and Prepend rules write for one base they read, a piece
-    being as short as one base (its other rules keep ASCII letters to one character each; the probe measures them)."""
-    if isinstance(node, list):
-        growth = 1.0
-        for v in node:
-            growth *= rule_growth(v)
-        return growth
-    if not isinstance(node, dict):
-        return 1.0
-    kind, content = node.get("type"), node.get("content")
-    if kind == "Replace" and isinstance(content, str):
-        pattern = node.get("pattern") or {}
-        text = pattern.get("String") if isinstance(pattern, dict) else None
-        if isinstance(text, str) and text:  # a String replaces len(text) characters at a time
-            return max(1.0, len(content) / len(text))
-        regex = pattern.get("Regex") if isinstance(pattern, dict) else None
-        # a regex that matches only characters replaces at least one each time; one that may match nothing (or
-        # that Python's engine does not read alike), before every character as well
-        return max(1.0, len(content)) if _consumes(regex) else 1.0 + len(content)
-    if kind == "Prepend" and isinstance(node.get("prepend"), str):
-        return 1.0 + len(node["prepend"])
-    return rule_growth(node.get("normalizers")) if kind == "Sequence" else 1.0
-
-
-ASSERTIONS = re.compile(r"\\[bBAzZGK]|\(\?<?[=!]|[\^$]")  # zero-width: whether they match depends on context
-
-
-def _consumes(regex: Any) -> bool:
-    """Whether every match of `regex` is at least one character: it has no zero-width assertion (so its empty
-    match, if any, would match anywhere) and does not match the empty string. Unsure (Python's `re` does not
-    compile it): False."""
-    if not isinstance(regex, str) or ASSERTIONS.search(regex):
-        return False
-    try:
-        return re.fullmatch(regex, "") is None
-    except (re.error, RecursionError, OverflowError):
-        return False
-
-
 def probe_tokenizer(data: dict[str, Any], text: str, source: str) -> None:
     """Refuse, in one line, tokenizer.json `text` (parsed: `data`) that enlarges DNA or whose regex the engine
     gives up on (module docstring)."""
     norm = data.get("normalizer")
-    growth = rule_growth(norm)
-    if growth > RULE_LIMIT:
-        raise LcftError(f"tokenizer {source}: its normalizer's Replace/Prepend rules can write {growth:,.4g} "
-                        f"characters for one base (lcft allows {RULE_LIMIT}); lcft refuses a tokenizer that enlarges DNA")
+    check_normalizer(norm, source)
     found = [r for key in ("normalizer", "pre_tokenizer") for r in _regexes(data.get(key), key)
              if r[1] not in _OWN_REGEXES and kmer_k_of(r[1]) is None]
     digest = hashlib.sha256(text.encode()).hexdigest()

@@ -4,6 +4,7 @@ before anything is encoded: the rule checked against what `tokenizers` itself wr
 from __future__ import annotations
 
 import json
+import re
 import resource
 import time
 from pathlib import Path
@@ -14,7 +15,8 @@ from tokenizers import Regex, Tokenizer, models, normalizers
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
 from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text
-from lcft.genomics.tokenizer_probe import GROWTH, MARKS, PROBE_BYTES, RULE_LIMIT
+from lcft.genomics.normalizer_growth import RULE_LIMIT
+from lcft.genomics.tokenizer_probe import GROWTH, MARKS
 
 BLOCK = 4096
 FDFA = "\ufdfa"  # one character NFKC writes as 18
@@ -43,10 +45,11 @@ HOSTILE = {  # name: (normalizer, a short input it enlarges, the refusal)
                              "gives 18 tokens or characters for N alone"),
     "Replace NN by 10 N": (lambda: normalizers.Replace("NN", "N" * 10), "NN" * 8,
                           "gives 20,480 tokens or characters for a run of 4096 N"),
-    # each NFKC writes the character as 18 with 3 spaces, each space replaced by it again: past the probe's memory
+    # each NFKC writes the character as 18 with 3 spaces, each space replaced by it again (past the probe's memory
+    # for a run of N): seven NFKCs after a rule that writes one, 18**7 from the file
     "Replace NN, NFKC x7": (lambda: normalizers.Sequence(
         [normalizers.Replace("NN", FDFA)] + [normalizers.NFKC(), normalizers.Replace(" ", FDFA)] * 6
-        + [normalizers.NFKC()]), "NN", f"encoding a run of 4096 N .*needs over {PROBE_BYTES >> 20:,} MiB"),
+        + [normalizers.NFKC()]), "NN", re.escape(f"can write {18**7:,.4g} characters for one base")),
 }
 
 
@@ -135,7 +138,8 @@ def test_regex_replaces_of_one_letter_each_are_not_counted_as_matching_nothing(t
     assert written(path, "ARYKMT") == 6
     load_tokenizer(str(path))
     empty = normalizers.Replace(Regex("x*"), "N" * 40)
+    assert len(empty.normalize_str("A")) == 81  # before the character and after it: 1 + 2 * 40 for one base
     path = tokenizer_json(tmp_path / "empty", normalizers.Sequence([empty] * 2))
-    assert written(path, "A") > GROWTH + MARKS  # it does write before every character
-    with pytest.raises(LcftError, match="1,681 characters for one base"):
+    assert written(path, "A") == 3361 > GROWTH + MARKS  # it does write before every character
+    with pytest.raises(LcftError, match="6,561 characters for one base"):  # 81 ** 2
         load_tokenizer(str(path))
