@@ -33,12 +33,12 @@ from lcft.genomics.tokenizer_hash import (
     MARKED_RUNS_SPLIT,
     RUNS_SPLIT,
     WORD_MARK,
+    char_normalizer,
     is_letters,
     letters_normalized,
     marks_first,
     piece_mark,
     prepends_mark,
-    replace_rule,
     strip_export,
     upper_rules,
 )
@@ -46,12 +46,11 @@ from lcft.genomics.tokenizer_hash import (
 
 def _char_json() -> dict[str, Any]:
     vocab = {t: i for i, t in enumerate(char_vocab.VOCAB)}
-    ambiguous = [replace_rule(c, "N") for c in char_vocab.IUPAC_AMBIGUOUS]
     return {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": True} for i, t in enumerate(char_vocab.SPECIALS)],
-        "normalizer": {"type": "Sequence", "normalizers": upper_rules() + ambiguous},
+        "normalizer": char_normalizer(),
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?m:.)"}, "behavior": "Isolated", "invert": False},
         "post_processor": None, "decoder": None,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},

@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from lcft.errors import LcftError, did_you_mean, reason
+from lcft.errors import LcftError, did_you_mean, reason, shown
 from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
 from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
+from lcft.genomics.tokenizer_hash import char_normalizer, upper_rules
 from lcft.genomics.tokenizer_probe import BPE_BLOCK, probe_tokenizer, vouch
 from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
 from lcft.hub import local_path
@@ -280,5 +281,13 @@ def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | Non
     pattern = (pre.get("pattern") or {}).get("Regex", "") if pre.get("type") == "Split" else ""
     k = kmer_k_of(pattern) if model.get("type") == "WordLevel" else None
     if k is not None:
+        # lcft reads the K-mers of the bases themselves, never running a normalizer: one besides lcft's own (an
+        # export's upper-casing; char's, whose ambiguity codes as N the kmer:1 read back lacks: checkpoint_tokenizer
+        # rebuilds char) would change the bases for `tokenizers` alone, other ids, and nothing here would bound it
+        norm = data.get("normalizer")
+        if norm not in (None, {"type": "Sequence", "normalizers": upper_rules()}, char_normalizer()):
+            raise LcftError(f"tokenizer {source}: lcft's k-mer pre-tokenizer with a normalizer "
+                            f"({shown(norm.get('type') if isinstance(norm, dict) else norm, 40)}): lcft reads K-mers "
+                            "of the bases as they are, which would give other ids than this file; remove its normalizer")
         return KmerTokenizer(k, tokens_by_id(model["vocab"], f"{source}: model.vocab"), source, roles)
     return JsonTokenizer(_parse(text, source, data), source, roles)

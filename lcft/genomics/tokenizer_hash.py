@@ -7,6 +7,8 @@ import json
 import string
 from typing import Any
 
+from lcft.genomics.tokenizer import IUPAC_AMBIGUOUS
+
 
 def replace_rule(src: str, dst: str) -> dict[str, Any]:
     """A `tokenizers` Replace normalizer of one literal string."""
@@ -16,6 +18,11 @@ def replace_rule(src: str, dst: str) -> dict[str, Any]:
 def upper_rules() -> list[dict[str, Any]]:
     """Upper-casing as `tokenizers` normalizers (it has no upper-case normalizer): one Replace per letter."""
     return [replace_rule(c, c.upper()) for c in string.ascii_lowercase]
+
+
+def char_normalizer() -> dict[str, Any]:
+    """The normalizer of lcft's char vocabulary as a tokenizer.json: upper-casing, then each ambiguity code as N."""
+    return {"type": "Sequence", "normalizers": upper_rules() + [replace_rule(c, "N") for c in IUPAC_AMBIGUOUS]}
 
 
 RUNS_SPLIT = {"type": "Split", "pattern": {"Regex": "(?i)[ACGT]+|[^ACGT]+"}, "behavior": "Isolated", "invert": False}

@@ -1,10 +1,11 @@
 """A tokenizer.json's normalizer bounded from the file alone (normalizer_growth): SentencePiece charsmaps, chained
-normalizers, a normalizer written without its type, lcft's export; each against what `tokenizers` writes."""
+normalizers, a normalizer written without its type, lcft's own k-mer files; each against what `tokenizers` writes."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import unicodedata
 
@@ -13,6 +14,7 @@ from tokenizers import Regex, Tokenizer, normalizers
 
 from lcft.errors import LcftError
 from lcft.genomics.hf_tokenizer import hf_tokenizer_json
+from lcft.genomics.kmer_tokenizer import KmerTokenizer
 from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text
 from lcft.genomics.normalizer_growth import (
     CONTENT_KINDS,
@@ -199,3 +201,23 @@ def test_a_normalizer_written_without_its_type_is_bounded_as_the_library_reads_i
         with pytest.raises(LcftError, match="can write 142.9 characters for one base"):
             load()
 
+
+def test_lcft_kmer_files_with_a_normalizer_are_refused(tmp_path):
+    """A WordLevel file with lcft's k-mer split is read by lcft's own k-mer reader, which never runs a normalizer:
+    one there (the library's ids differ with it) is refused, a bomb too; lcft's own files still read as k-mers."""
+    tok = load_tokenizer("kmer:3")
+    plain = json.loads(tok.json_text)
+    shift = {**plain, "normalizer": {"type": "Replace", "pattern": {"String": "A"}, "content": "C"}}
+    assert Tokenizer.from_str(json.dumps(shift)).encode("AAACCC").ids != Tokenizer.from_str(tok.json_text).encode("AAACCC").ids
+    bomb = {**plain, "normalizer": {"type": "Replace", "pattern": {"String": "GATTACA"}, "content": "N" * 5000}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(shift))
+    with pytest.raises(LcftError, match=re.escape("k-mer pre-tokenizer with a normalizer (Replace)")):
+        load_tokenizer(str(tmp_path))
+    for data in (shift, bomb, {**plain, "normalizer": ["x"]}):
+        with pytest.raises(LcftError, match="k-mer pre-tokenizer with a normalizer"):
+            tokenizer_from_json_text(json.dumps(data), "kept")
+    for text in (tok.json_text, hf_tokenizer_json(tok)):  # the copy kept with the data; the export (upper-casing)
+        own = tokenizer_from_json_text(text, "own")
+        assert isinstance(own, KmerTokenizer) and own.sha256() == tok.sha256()
+    char = tokenizer_from_json_text(hf_tokenizer_json(load_tokenizer("char")), "char export")  # IUPAC codes as N
+    assert isinstance(char, KmerTokenizer) and char.k == 1
