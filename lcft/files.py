@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from lcft.disk import write_failure
 from lcft.errors import LcftError, reason
 
 HASH_CHUNK = 1 << 24  # 16 MiB reads: few system calls per GB of windows, a bounded buffer
@@ -345,19 +346,19 @@ def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLik
             who = f" (pid {pid})" if pid else ""
             raise LcftError(f"another `{holder or command}` is writing into {shown}{who}; wait for it to finish "
                             "or choose another output folder") from None
+        made.callback(os.close, fd)
         info = folder / LOCK_NAME
         try:  # over a killed holder's pid, or a planted link; a folder we may read but not write fails here
             pid_fd = fresh_file(info, 0o644)
         except OSError as e:
-            os.close(fd)
             raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
-        try:
+        made.callback(info.unlink, missing_ok=True)  # before the folder's descriptor closes
+        try:  # a full disk or a file-size limit fails the first write of every command here
             with os.fdopen(pid_fd, "w") as fh:
                 fh.write(f"{os.getpid()} {command}\n")
-            yield folder
-        finally:
-            info.unlink(missing_ok=True)
-            os.close(fd)
+        except OSError as e:
+            raise LcftError(f"cannot write to output folder {shown}: {write_failure(e)}") from None
+        yield folder
 
 
 def umask() -> int:

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from lcft import files
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
@@ -82,6 +83,26 @@ def leftovers(folder: Path) -> list[Path]:
 def same_tensors(a: Path, b: Path) -> None:
     ta, tb = load_file(a), load_file(b)
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.mark.parametrize("command", ["prepare", "train", "eval", "export"])
+def test_the_lock_file_past_the_file_size_limit(tmp_path, data, init, command):
+    """Every command's first write, its pid into the output folder's lock file, past a limit of 10 bytes (as
+    on a full disk: the rerun after a run that died of one): one line naming the folder and the limit; a new
+    folder is not made, a killed run's folder keeps no lock file, half-written or stale."""
+    out = tmp_path / "out"
+    if command == "train":  # a killed run's folder
+        out.mkdir()
+        (out / files.LOCK_NAME).write_text("1 lcft train\n")
+    args = {"prepare": ["prepare", "windows", "--fasta", LAMBDA, "--length", "2048", "--train",
+                        "gi|9626243|ref|NC_001416.1|", "--eval", ""],
+            "train": ["train", "--data", data, "--init", init, *TRAIN],
+            "eval": ["eval", "--data", data, "--split", "train", "--checkpoint", init],
+            "export": ["export", init]}[command]
+    one_error(lcft(10, *args, "--out", out), f"cannot write to output folder {out}: File too large (errno 27)",
+              "the file-size limit (ulimit -f) is 10 bytes")
+    assert sorted(os.listdir(tmp_path)) == (["out"] if command == "train" else [])
+    assert not out.exists() or os.listdir(out) == []
 
 
 def test_export_past_the_file_size_limit(tmp_path, init):
