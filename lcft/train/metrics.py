@@ -49,11 +49,12 @@ class MetricsLog:
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None) -> None:
         self.path = Path(path)
-        if resume_step is not None and self.path.exists():
-            self._truncate_after(resume_step)
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()  # a new run in this folder (the trainer checked nothing would be lost)
-        self._f = open(self.path, "a", buffering=1)
+        with write_faults(self.path):  # the rewrite on resume, on a full disk: one line, the old file kept
+            if resume_step is not None and self.path.exists():
+                self._truncate_after(resume_step)
+            elif resume_step is None and self.path.exists():
+                self.path.unlink()  # a new run in this folder (the trainer checked nothing would be lost)
+            self._f = open(self.path, "a", buffering=1)
 
     def _truncate_after(self, step: int) -> None:
         """Drop records of steps after the checkpoint we resume from: they are recomputed."""

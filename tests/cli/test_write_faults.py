@@ -172,6 +172,26 @@ def test_train_metrics_and_config_past_the_file_size_limit(tmp_path, data, init)
                  oracle / "checkpoints" / "step-00000006" / "model.safetensors")
 
 
+@pytest.mark.slow
+def test_resume_rewriting_metrics_past_the_file_size_limit(tmp_path, data, init):
+    """A resume rewrites metrics.jsonl (the steps after its checkpoint dropped) past the limit: one line naming
+    the file and the limit; metrics.jsonl and the checkpoint are as they were, no temp file; resumed again
+    without the limit, the run ends with the lines it had and the steps after them."""
+    run = tmp_path / "run"
+    base = ["train", "--data", data, "--init", init, *TRAIN, "--save-every", "5", "--out", run]
+    here(*base, "--stop-after", "5")
+    before = (run / "metrics.jsonl").read_bytes()
+    limit = (run / "config.toml").stat().st_size + 20  # the resume's config.toml fits, the metrics do not
+    assert len(before) > limit
+    one_error(lcft(limit, *base, "--resume", "auto"), str(run / "metrics.jsonl"), "file too large",
+              f"{limit:,} bytes")
+    assert (run / "metrics.jsonl").read_bytes() == before and leftovers(run) == []
+    assert [s for s, _ in list_checkpoints(run)] == [5] and verify_checkpoint(run / "checkpoints" / "step-00000005")
+    here(*base, "--resume", "auto")
+    assert (run / "metrics.jsonl").read_bytes().startswith(before)
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
 def test_demo_config_past_the_file_size_limit(tmp_path):
     """demo.toml, the demo's first file, past the limit: one line naming the folder; nothing written in it."""
     out = tmp_path / "demo"
