@@ -22,30 +22,40 @@ from lcft.checkpoint.layout import (
     verify_checkpoint,
 )
 from lcft.disk import disk_full_error, free_bytes
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, file_record
+
+PRUNED = TMP_PREFIX + "pruned-"  # a pruned checkpoint's folder while it is deleted
 
 if TYPE_CHECKING:  # only a type here: the run folder's checks (lcft.train.run_dir) import this module without torch
     import torch
 
 
-def clean_partial(run_dir: str | os.PathLike) -> list[Path]:
-    """Remove temp folders left by saves that were interrupted (crash, SIGKILL); returns what was removed."""
+def clean_partial(run_dir: str | os.PathLike, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """Remove temp folders left by saves that were interrupted (crash, SIGKILL) and by prunes; returns what was
+    removed. One that cannot be removed is a warning to `warn`: it keeps its disk space."""
     root = checkpoints_dir(run_dir)
     removed = []
     if root.is_dir():
-        for p in root.iterdir():
+        for p in sorted(root.iterdir()):
             if p.name.startswith(TMP_PREFIX):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
+                if (why := _remove_tree(p)) is None:
+                    removed.append(p)
+                elif warn is not None:
+                    warn(f"warning: cannot remove {p}, left by an earlier save or prune: {why}; its disk space "
+                         "stays in use until it is removed")
     return removed
 
 
-def prune(run_dir: str | os.PathLike, keep_last: int) -> None:
+def prune(run_dir: str | os.PathLike, keep_last: int, warn: Callable[[str], None] | None = None) -> None:
     """Delete all but the newest `keep_last` checkpoints (0 = keep all); the newest checkpoint that verifies is
-    kept even when older than those (so a run always keeps one good checkpoint to resume from)."""
+    kept even when older than those (so a run always keeps one good checkpoint to resume from). A checkpoint
+    that cannot be deleted is a warning to `warn` (the run goes on); each later prune tries it again."""
     if keep_last <= 0:
         return
+    root = checkpoints_dir(run_dir)
+    for p in sorted(root.glob(PRUNED + "*")):  # an earlier prune's, warned of then: its space back once it goes
+        _remove_tree(p)
     found = list_checkpoints(run_dir)
     doomed, kept = found[:-keep_last], found[-keep_last:]
     if doomed and not any(_verifies(p) for _, p in reversed(kept)):
@@ -53,20 +63,36 @@ def prune(run_dir: str | os.PathLike, keep_last: int) -> None:
         if good is not None:
             doomed.pop(good)
     for _, p in doomed:
-        remove_checkpoint(p)
+        if (why := remove_checkpoint(p)) is not None and warn is not None:
+            warn(f"warning: cannot remove the pruned checkpoint {why}; its disk space stays in use until it is "
+                 "removed (each later save and the run's next start try again)")
 
 
-def remove_checkpoint(ckpt: Path) -> None:
+def remove_checkpoint(ckpt: Path) -> str | None:
     """Delete the checkpoint folder `ckpt`: renamed to a temp name first, so a kill midway leaves a temp folder
     that the next start's clean_partial removes, never a partly deleted folder under its step name (where a
-    reader, or --resume naming it, found files missing)."""
-    doomed = ckpt.with_name(TMP_PREFIX + "pruned-" + ckpt.name)
-    shutil.rmtree(doomed, ignore_errors=True)
+    reader, or --resume naming it, found files missing). Returns what stays and why ("FOLDER: WHY"), or None."""
+    doomed = ckpt.with_name(PRUNED + ckpt.name)
+    _remove_tree(doomed)
     try:
         os.rename(ckpt, doomed)
     except OSError:
         doomed = ckpt  # (gone already, or a folder we may not rename: removed where it is, as before)
-    shutil.rmtree(doomed, ignore_errors=True)
+    why = _remove_tree(doomed)
+    return None if why is None else f"{doomed}: {why}"
+
+
+def _remove_tree(folder: Path) -> str | None:
+    """Remove `folder` with everything in it, as much as can be (a folder already gone is fine); returns why
+    something stays (the first failure), or None."""
+    failed: list[str] = []
+
+    def note(_func: object, _path: str, exc_info: tuple) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):  # removed meanwhile: what we wanted
+            failed.append(reason(exc_info[1]))
+
+    shutil.rmtree(folder, onerror=note)
+    return failed[0] if failed else None
 
 
 _WRITTEN: set[Path] = set()  # checkpoints this process hashed as it wrote them: not read back to prune

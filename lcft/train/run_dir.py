@@ -122,7 +122,7 @@ def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, say: Call
     superseded/ (the resumed run owns those steps) and changed options (with `data_changes`, from record_data)
     reported; a new run says when it replaces an earlier one's config; then the resolved config, and the last
     invocation's summary.json removed."""
-    clean_partial(run)
+    clean_partial(run, say)
     saved = run / RUN_CONFIG
     changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
     if resume_step is None:

@@ -291,7 +291,7 @@ class Trainer(GlobalStep):
             path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_model(self.model, tmp, self.samples.windows), write_rest,
                                     self.hooks.during_save, expected_bytes=checkpoint_bytes(self.model))
         if self.is_main:
-            prune(self.run_dir, self.cfg.keep_last)
+            prune(self.run_dir, self.cfg.keep_last, self._note)
         self.acc.wait_for_everyone()
         return latest_checkpoint(self.run_dir) or path
 

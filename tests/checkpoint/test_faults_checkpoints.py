@@ -5,7 +5,10 @@ optimizer options applied on resume, --keep-last keeping a verified checkpoint."
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from lcft.checkpoint.state import read_trainer_state
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
+from tests.test_files import unprivileged
 
 STATE = "trainer_state"
 
@@ -221,3 +225,44 @@ def test_existing_step_folder_is_replaced_not_kept(tmp_path):
     c = ckpt(run, 3)
     assert (c / "model.txt").read_text() == "new" and verify_checkpoint(c)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000003"]
+
+
+PRUNE = """
+import sys
+from lcft.checkpoint.save import clean_partial, prune
+if sys.argv[2] == "prune":
+    prune(sys.argv[1], 1, print)
+else:
+    clean_partial(sys.argv[1], print)
+"""
+
+
+def test_a_checkpoint_that_cannot_be_pruned_is_a_warning_and_removed_once_it_can(tmp_path):
+    """--keep-last 1 over a checkpoint whose files may not be deleted (its folder read-only, for a process
+    without root's override): one warning naming the folder left and why, the run's checkpoints pruned; the next
+    start says it again; once it may be deleted, the next prune removes it without a word."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        write_checkpoint(run, step, lambda d: (d / "model.txt").write_text("weights"), lambda d: None)
+    left = run / "checkpoints" / ".tmp-pruned-step-00000001"
+    ckpt(run, 1).chmod(0o555)
+    try:
+        pruned = unprivileged([sys.executable, "-c", PRUNE, str(run), "prune"])
+        started = unprivileged([sys.executable, "-c", PRUNE, str(run), "start"])
+    finally:
+        for p in (ckpt(run, 1), left):
+            if p.exists():
+                p.chmod(0o755)
+    assert pruned.returncode == 0 and started.returncode == 0, pruned.stderr + started.stderr
+    denied = r"\[Errno 13\] Permission denied: '(checksums.json|model.txt)'"  # the first file rmtree meets
+    assert re.fullmatch(f"warning: cannot remove the pruned checkpoint {re.escape(str(left))}: {denied}; its disk "
+                        r"space stays in use until it is removed \(each later save and the run's next start try "
+                        r"again\)\n", pruned.stdout), pruned.stdout
+    assert re.fullmatch(f"warning: cannot remove {re.escape(str(left))}, left by an earlier save or prune: {denied}; "
+                        "its disk space stays in use until it is removed\n", started.stdout), started.stdout
+    assert sorted(os.listdir(run / "checkpoints")) == [left.name, "step-00000002"]
+    assert sorted(os.listdir(left)) == ["checksums.json", "model.txt"]
+    write_checkpoint(run, 3, lambda d: (d / "model.txt").write_text("weights"), lambda d: None)
+    again = unprivileged([sys.executable, "-c", PRUNE, str(run), "prune"])
+    assert again.returncode == 0 and again.stdout == "", again.stderr
+    assert os.listdir(run / "checkpoints") == ["step-00000003"]

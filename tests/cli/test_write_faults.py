@@ -213,3 +213,23 @@ def test_train_into_a_read_only_checkpoints_folder(tmp_path, data, init):
         (run / "checkpoints").chmod(0o755)
     one_error(r, "cannot save step 6", str(run / "checkpoints"), "Permission denied")
     assert [s for s, _ in list_checkpoints(run)] == [3] and leftovers(run) == []
+
+
+@pytest.mark.slow
+def test_train_pruning_a_read_only_checkpoint_warns_and_goes_on(tmp_path, data, init):
+    """--keep-last 2 over a checkpoint whose files may not be deleted: the run finishes (exit 0) with one warning
+    naming the folder left behind, where it said nothing before."""
+    run = tmp_path / "run"
+    base = ["train", "--data", data, "--init", init, *TRAIN, "--save-every", "1", "--keep-last", "2", "--out", run]
+    here(*base, "--stop-after", "2")
+    (run / "checkpoints" / "step-00000001").chmod(0o555)
+    try:
+        r = unprivileged([sys.executable, "-m", "lcft", *map(str, base), "--resume", "auto", "--stop-after", "1"])
+    finally:
+        (run / "checkpoints" / ".tmp-pruned-step-00000001").chmod(0o755)
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    left = run / "checkpoints" / ".tmp-pruned-step-00000001"
+    assert r.returncode == 0 and len(warnings) == 1, r.stderr[-3000:]
+    assert warnings[0].startswith(f"warning: cannot remove the pruned checkpoint {left}: [Errno 13] Permission "
+                                  "denied"), warnings
+    assert sorted(os.listdir(run / "checkpoints")) == [left.name, "step-00000002", "step-00000003"]
