@@ -50,6 +50,14 @@ class StopSignals:
             if self.note is not None:
                 self.note(f"received {self.name}: {self.doing}")
 
+    def agreed(self, largest: Callable[[int], int] | None = None) -> int:
+        """The stop signal every rank of a job acts on: the highest number any rank noted, 0 for none, where
+        `largest` takes the maximum of one value over the ranks (a collective: every rank calls this at the same
+        point; None in a single process). A signal may reach one rank only (a node's launcher passing it on to its
+        own workers): the others stop with it, under its name and exit code."""
+        mine = self.signum or 0
+        return largest(mine) if largest is not None else mine
+
     @property
     def name(self) -> str | None:
         return signal.Signals(self.signum).name if self.signum is not None else None

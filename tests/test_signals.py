@@ -18,3 +18,16 @@ def test_the_first_signal_is_noted_and_the_old_handlers_come_back():
         assert stop.signum == signal.SIGINT and stop.name == "SIGINT"
     assert said == ["received SIGINT: finishing the batch"]
     assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before
+
+
+def test_the_agreed_signal_is_the_highest_any_rank_noted():
+    """`agreed` hands this rank's signal number (0: none) to the reduction over ranks and returns its result: a
+    rank that noted nothing takes another rank's signal; alone, its own."""
+    stop = StopSignals()
+    assert stop.agreed() == 0
+    assert stop.agreed(lambda mine: max(mine, signal.SIGTERM)) == signal.SIGTERM  # rank 1 got SIGTERM
+    with stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.agreed() == signal.SIGINT
+        assert stop.agreed(lambda mine: max(mine, 0)) == signal.SIGINT
+        assert stop.agreed(lambda mine: max(mine, signal.SIGTERM)) == signal.SIGTERM  # the highest number

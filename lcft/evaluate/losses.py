@@ -135,5 +135,5 @@ def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.nda
         yield from results
         if advance is not None:  # runs once the caller has taken the batch's last window
             advance(len(results))
-        if stop is not None and (signum := parallel.max(stop.signum or 0) if parallel else stop.signum or 0):
+        if stop is not None and (signum := stop.agreed(parallel.max if parallel else None)):
             raise Interrupted(signum)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -223,7 +224,7 @@ class Trainer(GlobalStep):
     def run(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         self._signals.install()
-        t_start, elapsed0, done_here, stopped = time.perf_counter(), st.elapsed, 0, "done"
+        t_start, elapsed0, done_here, stopped, signum = time.perf_counter(), st.elapsed, 0, "done", 0
         saved_step = st.step if self.resume_from is not None else -1
         while st.step < cfg.steps:
             try:
@@ -243,7 +244,7 @@ class Trainer(GlobalStep):
                 self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=st.step)
             if "skip" in record:
                 self._note(f"step {st.step}: update skipped ({record['skip']}, loss {record['loss']:.4g})")
-            signalled = self._max([int(self._signals.signum is not None)])[0]
+            signum = self._signals.agreed(lambda mine: self._max([mine])[0])  # any rank's signal stops every rank
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
                 saved_step = st.step
@@ -253,7 +254,7 @@ class Trainer(GlobalStep):
                 raise LcftError(f"{counted(st.consecutive_skips, 'skipped update')} in a row (step {st.step}: "
                                 f"{record['skip']}, loss {record['loss']:.4g}); the run stopped with a checkpoint "
                                 f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")
-            if signalled:
+            if signum:
                 stopped = "signal"
                 break
             if cfg.stop_after and done_here >= cfg.stop_after and st.step < cfg.steps:
@@ -265,7 +266,7 @@ class Trainer(GlobalStep):
             "loss": st.last_loss, "bits_per_base": record["bits_per_base"] if done_here else None,
             "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
             "seq_len": self.seq_len, "precision": self.precision,
-            "signal": self._signals.name if stopped == "signal" else None,
+            "signal": signal.Signals(signum).name if stopped == "signal" else None,
         }
         if self.is_main:
             with write_faults(self.run_dir / SUMMARY):

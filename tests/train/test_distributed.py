@@ -18,6 +18,7 @@ from lcft.checkpoint.state import read_state
 from lcft.launch import run
 from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
+from tests.train.launching import error_lines, rank_process, start_train, wait_for_step
 
 pytestmark = pytest.mark.distributed
 
@@ -87,3 +88,20 @@ def test_sigterm_to_the_launcher_checkpoints_all_ranks(tmp_path, data_dir, init_
     state = read_state(ckpt)
     assert state.world_size == 2 and state.step == read_metrics(run)[-1]["step"] >= 2
     assert json.loads((run / "summary.json").read_text())["stopped"] == "signal"
+
+
+@pytest.mark.parametrize(("sig", "shard"), [(signal.SIGTERM, "none"), (signal.SIGINT, "fsdp")])
+def test_a_signal_to_rank_1_alone_stops_the_run_under_its_name(tmp_path, data_dir, init_dir, sig, shard):
+    """A stop signal that reaches rank 1's worker only (a node's launcher passes it on to its own workers; rank 0
+    and this launcher get none): every rank saves the same step, and the command exits 128 + N naming the
+    signal. Exit 0 would tell a scheduler the run finished, and it would not be requeued."""
+    run = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, run, "--steps", 100000, "--save-every", 0, "--nproc", 2, "--shard", shard)
+    wait_for_step(run, 2, [proc])
+    rank_process(proc, 1).send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert error_lines(err) == [] and f"stopped by {sig.name} at step" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stopped"], summary["signal"], summary["world_size"]) == ("signal", sig.name, 2)
+    assert read_state(latest_checkpoint(run)).step == read_metrics(run)[-1]["step"] == summary["step"] >= 2
