@@ -244,10 +244,12 @@ class Trainer(GlobalStep):
                 self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=st.step)
             if "skip" in record:
                 self._note(f"step {st.step}: update skipped ({record['skip']}, loss {record['loss']:.4g})")
-            signum = self._signals.agreed(lambda mine: self._max([mine])[0])  # any rank's signal stops every rank
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
                 saved_step = st.step
+            # Asked after the save: a signal that came while it was written stops the run here, on the step just
+            # saved, not after one more step and a second save. Any rank's signal stops every rank (agreed).
+            signum = self._signals.agreed(lambda mine: self._max([mine])[0])
             if cfg.max_consecutive_skips and st.consecutive_skips >= cfg.max_consecutive_skips:
                 # saved at this step already: not written again (a second save of a step replaces the first)
                 ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)

@@ -16,6 +16,7 @@ from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.checkpoint.layout import list_checkpoints
 from lcft.checkpoint.state import read_trainer_state
 from lcft.config_toml import load_toml
+from lcft.launch import exit_code
 from lcft.model import Llama, LlamaConfig
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
@@ -162,3 +163,26 @@ def test_signal_saves_and_stops(tmp_path, base_cfg, sig):
     s = train(TrainConfig(out=str(run), resume="auto", stop_after=1, **cfg))
     assert s["step"] == 4 and s["stopped"] == "stop_after"
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+
+
+def test_a_signal_while_saving_stops_on_the_step_saved(tmp_path, base_cfg):
+    """SIGTERM while step 4's checkpoint is being written (every 4th step saved, of 6): the run stops on step 4,
+    saved once; not after a step 5 and its save, which at long contexts would spend the scheduler's grace time.
+    The CLI exits 143, and --resume auto ends as the uninterrupted one-process run, bit for bit."""
+    cfg, run = {**base_cfg, "save_every": 4}, tmp_path / "b"
+    steps: list[int] = []
+    saves: list[int] = []
+
+    def during_save(step: int, _tmp: Path) -> None:
+        saves.append(step)
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    s = train(TrainConfig(out=str(run), **cfg), TrainHooks(before_step=steps.append, during_save=during_save))
+    assert (s["stopped"], s["signal"], s["step"], exit_code(s)) == ("signal", "SIGTERM", 4, 143)
+    assert (steps, saves) == ([1, 2, 3, 4], [4])
+    assert [p.name for _, p in list_checkpoints(run)] == ["step-00000004"]
+    assert read_trainer_state(latest_checkpoint(run))[0].step == 4
+    train(TrainConfig(out=str(run), resume="auto", **cfg))
+    train(TrainConfig(out=str(tmp_path / "a"), **cfg))
+    assert_same_run(tmp_path / "a", run)
