@@ -33,6 +33,11 @@ NODE_RANK_ENV = "LCFT_NODE_RANK"  # the user's --node-rank (torchrun's own node 
 EXIT_LOST = 75  # a rank or node stopped answering; the latest checkpoint stands (sysexits EX_TEMPFAIL)
 
 
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""How many times this node's elastic agent restarted its workers after a failure. An agent that restarts them
+only because another node rejoined the rendezvous (a membership change: that node's worker failed) does not count
+it, so the ranks of one restarted group can disagree: `restarts()` is the count they agree on."""
+
 LAUNCHER_ENV = "TORCHELASTIC_RUN_ID"
 """What torch's elastic agent sets in every worker it starts (torchrun, lcft's --nproc, accelerate launch), beside
 env://'s variables; a job script's own exports or a shell that kept them (`source job.sh`) lack it."""
@@ -133,13 +138,13 @@ class Peer:
 class Heartbeat:
     """This process's beat, and the reading of everyone's, in the store at MASTER_ADDR:MASTER_PORT."""
 
-    def __init__(self, rank: int, world: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, world: int, timeout_s: float, restarts: int) -> None:
         import torch.distributed as dist
 
-        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.rank, self.world, self.timeout_s, self.restarts = rank, world, timeout_s, restarts
         self.host, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.prefix = f"lcft/liveness/{os.environ.get(LAUNCHER_ENV, 'run')}/{restart}"
+        # (a store the agent keeps across restarts still holds the beats of the group before)
+        self.prefix = f"lcft/liveness/{os.environ.get(LAUNCHER_ENV, 'run')}/{restarts}"
         self.store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=10),
                                    wait_for_workers=False)
         node = os.environ.get(NODE_RANK_ENV)
@@ -196,11 +201,23 @@ class Heartbeat:
 _current: Heartbeat | None = None
 
 
-def start(rank: int, world: int, timeout_s: float) -> None:
-    """Start this process's heartbeat (once per process group; a no-op outside a torchrun launch)."""
+def start(rank: int, world: int, timeout_s: float, restarts: int) -> None:
+    """Start this process's heartbeat (once per process group; a no-op outside a torchrun launch); `restarts`:
+    the group's, as all its ranks agreed."""
     global _current
     if _current is None and "MASTER_ADDR" in os.environ and world > 1:
-        _current = Heartbeat(rank, world, timeout_s)
+        _current = Heartbeat(rank, world, timeout_s, restarts)
+
+
+def own_restarts() -> int:
+    """This process's agent's count of restarts (RESTART_ENV; 0 outside a launch)."""
+    return int(os.environ.get(RESTART_ENV) or 0)
+
+
+def restarts() -> int:
+    """How many times the elastic agent restarted this process's group, as all its ranks agree (`start`, while the
+    heartbeat runs); this process's own count without a group."""
+    return _current.restarts if _current is not None else own_restarts()
 
 
 def stop() -> None:

@@ -20,6 +20,7 @@ from lcft.checkpoint.model_files import DCP_DIR
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.state import TrainerState, broken, set_rng_state
 from lcft.errors import LcftError, shown
+from lcft.parallel.mesh import scalar_device
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what AdamW keeps per parameter (and max_exp_avg_sq: amsgrad)
 NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")  # Adam's second moments: running means of squares
@@ -68,9 +69,8 @@ def check_loaded_values(ckpt: Path, optimizer: torch.optim.Optimizer, names: lis
                   if isinstance(t, torch.Tensor) and (why := _bad_values(name, _local(t)))), None)
     first = (found[0], 0) if found else None  # (parameter, the lowest rank that found a value in it)
     if dist.is_initialized():
-        device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
         world, rank = dist.get_world_size(), dist.get_rank()
-        lowest = torch.tensor([found[0] * world + rank if found else len(params) * world], device=device)
+        lowest = torch.tensor([found[0] * world + rank if found else len(params) * world], device=scalar_device())
         dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
         first = divmod(int(lowest.item()), world) if int(lowest.item()) < len(params) * world else None
     if first is not None:

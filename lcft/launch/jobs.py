@@ -5,8 +5,6 @@ them."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,19 +47,11 @@ class Entry:
 
 
 def _train() -> Entry:
-    from lcft.checkpoint.layout import check_output_folder, latest_checkpoint, locate_local
+    from lcft.checkpoint.layout import check_output_folder, locate_local
     from lcft.files import held_elsewhere
     from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
     from lcft.train.run_dir import SUMMARY, check_launch, check_run_dir, check_run_folder
-
-    def load(path: str) -> Any:
-        cfg = load_run_config(path)
-        # An elastic restart (the agent restarted the group after a process died) continues the run from its
-        # latest verified checkpoint, whatever the first start was told.
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and latest_checkpoint(cfg.out) is not None:
-            cfg = dataclasses.replace(cfg, resume="auto")
-        return cfg
 
     def check(cfg: Any, world: int) -> None:
         check_launch(cfg, world)
@@ -78,7 +68,7 @@ def _train() -> Entry:
 
         return train(cfg, **kwargs)
 
-    return Entry(load, resolve_folders, check, lambda _cfg: None, check_run_folder, work, SUMMARY)
+    return Entry(load_run_config, resolve_folders, check, lambda _cfg: None, check_run_folder, work, SUMMARY)
 
 
 def _eval() -> Entry:

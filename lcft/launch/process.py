@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from lcft.files import atomic_write
+from lcft.liveness import own_restarts
 
 HANDED_ENV = "LCFT_HANDED_OVER"  # set by the launcher: the folder where each rank says how its work ended (file: RANK)
 FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
@@ -38,7 +39,7 @@ class Handed(NamedTuple):
     one-line message."""
 
     rank: int
-    round: int  # the agent's restart of the group the rank ran in (TORCHELASTIC_RESTART_COUNT)
+    round: int  # the agent's restart of the group the rank ran in (liveness.own_restarts: one node's agent)
     exit_code: int
     message: str
     when: int  # (ns) when it was written
@@ -48,8 +49,7 @@ class Handed(NamedTuple):
 def hand_over(folder: str | os.PathLike, rank: int, exit_code: int, message: str = "") -> None:
     """Write how this rank's work ended into the launcher's folder, whole or not at all; OSError when the folder
     cannot take it."""
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    record = {"round": restart, "exit_code": exit_code, "message": message, "pid": os.getpid()}
+    record = {"round": own_restarts(), "exit_code": exit_code, "message": message, "pid": os.getpid()}
     atomic_write(Path(folder) / str(rank), json.dumps(record))
 
 

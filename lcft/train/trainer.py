@@ -4,6 +4,7 @@ atomic checkpoints, metrics and signal handling (each step's loss normalisation 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import signal
@@ -30,7 +31,7 @@ from lcft.files import atomic_write, folder_lock
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples
 from lcft.kernels.triton_tiles import check_model_kernels_fit
-from lcft.liveness import launched
+from lcft.liveness import launched, restarts
 from lcft.parallel import ParallelizeConfig, init_parallel
 from lcft.parallel.mesh import init_world
 from lcft.parallel.parallelize import parallelize
@@ -106,6 +107,10 @@ class Trainer(GlobalStep):
     def _setup(self, manifest: dict, windows: Any) -> None:
         """The run folder checked, the model, data, optimizer and trainer state, then the run folder started."""
         cfg = self.cfg
+        # A group the elastic agent restarted after a process died continues the run from its latest verified
+        # checkpoint, whatever the first start was told; every rank of the group decides alike (the count agreed).
+        if restarts() > 0 and latest_checkpoint(self.run_dir) is not None:
+            self.cfg = cfg = dataclasses.replace(cfg, resume="auto")
         self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
         if self.resume_from is not None:  # the model is the checkpoint's: --init and --preset keep the run's values
             self.cfg = cfg = keep_resumed_model(cfg, self.resume_from, self._note)

@@ -14,7 +14,8 @@ from lcft.launch import run
 from lcft.liveness import launch_world
 from lcft.parallel.mesh import init_world
 from lcft.train import TrainConfig, train
-from tests.parallel.harness import free_port
+from tests.parallel.harness import free_port, run_ranks
+from tests.parallel.workers import join_restarted
 from tests.train.launching import LAUNCH_NAMES, MPI_SIZES
 
 
@@ -130,3 +131,14 @@ def test_train_and_eval_decide_the_launch_before_reading_anything(env, job, give
             (train if job == "train" else evaluate)(cfg)
     name, value = next(iter(given.items()))
     assert f"{name}={value}" in _one_line(e) and not out.exists()
+
+
+def test_the_ranks_of_a_restarted_group_agree_on_its_restarts():
+    """After one node's worker died its agent counts the restart, while another node's agent may restart its
+    workers for the membership change without counting it: TORCHELASTIC_RESTART_COUNT 0 and 1 in one group. Every
+    rank takes the group's (the highest), and the heartbeats meet under it: each knows the other's pid when the
+    group is joined (with the counts as given, each waited 60 s under its own count and knew nobody)."""
+    results = run_ranks(join_restarted, 2, [0, 1], init=False)
+    assert [restarts for restarts, _, _ in results] == [1, 1]
+    pids = {rank: pid for rank, (_, _, pid) in enumerate(results)}
+    assert [peers for _, peers, _ in results] == [pids, pids]

@@ -101,3 +101,22 @@ def largest_kv_like_tensor(rank: int, world: int, modes: list[str], full: dict[s
             core(q, k, v).backward(gout)
         result[mode] = seen.numel
     return result
+
+
+def join_restarted(rank: int, world: int, counts: list[int]) -> tuple[int, dict[int, int], int]:
+    """Join a launch's group as a worker whose elastic agent counted counts[rank] restarts (lcft.parallel.mesh
+    init_world); returns the restarts liveness says the group is at, whom its heartbeat knew at once (rank: pid),
+    and this process's pid."""
+    import os
+
+    from lcft import liveness
+    from lcft.parallel.mesh import init_world
+
+    os.environ.update(TORCHELASTIC_RUN_ID="restarted", TORCHELASTIC_USE_AGENT_STORE="False",
+                      TORCHELASTIC_RESTART_COUNT=str(counts[rank]))
+    init_world(collective_timeout=30.0)
+    try:
+        peers = {r: p.pid for r, p in liveness._current.peers.items()}  # read before init_world returned
+        return liveness.restarts(), peers, os.getpid()
+    finally:
+        liveness.stop()

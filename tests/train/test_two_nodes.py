@@ -1,18 +1,32 @@
 """Two nodes on one machine: two `lcft train --nnodes 2 --node-rank 0|1` launchers meeting at a c10d rendezvous
 on 127.0.0.1, one process each, cp=2 across them. Killing node 1 ends node 0 within the collective timeout and
 the diagnosis, with a message naming node 1; a rerun of both with --resume auto finishes the run with the losses
-of one process."""
+of one process. Under --max-restarts the group restarts by itself, its ranks agreeing that it was restarted
+whichever way each node's agent counted it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from lcft.liveness import DIAGNOSE_S
+from lcft.config_toml import save_resolved, to_dict
+from lcft.liveness import DIAGNOSE_S, NODE_RANK_ENV
 from lcft.train import TrainConfig, latest_checkpoint, train
-from tests.train.launching import error_lines, free_port, kill_tree, losses, start_train, wait_for_step
+from lcft.train.config import resolve_folders
+from tests.train.launching import (
+    LAUNCH_NAMES,
+    error_lines,
+    free_port,
+    kill_tree,
+    losses,
+    start_train,
+    wait_for_step,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -56,3 +70,33 @@ def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data
     # cp=2 splits each sequence over the two nodes: the same losses as one process, up to rounding.
     torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
 
+
+def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path, data_dir, init_dir):
+    """The group's ranks as the agents start them after node 1's worker died: node 1's agent counted the restart
+    (TORCHELASTIC_RESTART_COUNT 1), node 0's restarted its worker for the membership change, which torch does not
+    count (0). Every rank resumes from the latest checkpoint and the run ends (exit 0) with the losses of one
+    process; rank 0 had refused the folder as another run's, after a 60 s wait for the heartbeats."""
+    base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, warmup=2, lr=1e-3,
+                precision="fp32", progress=False)
+    one = tmp_path / "one"
+    train(TrainConfig(out=str(one), save_every=0, **base))
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), save_every=2, stop_after=2, **base))  # the first round: saved step 2, then died
+    spec = save_resolved(tmp_path / "spec.toml", to_dict(resolve_folders(
+        TrainConfig(out=str(run), save_every=2, nproc=2, cp=2, collective_timeout=TIMEOUT, **base))))
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES}
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-m", "lcft.launch", "train", str(spec)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(
+        clean, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="two-nodes", TORCHELASTIC_USE_AGENT_STORE="False",
+        TORCHELASTIC_RESTART_COUNT=str(rank), OMP_NUM_THREADS="1", **{NODE_RANK_ENV: str(rank)})) for rank in (0, 1)]
+    try:
+        (_, err0), (_, err1) = ranks[0].communicate(timeout=240), ranks[1].communicate(timeout=240)
+    finally:
+        for p in ranks:
+            p.kill()
+    assert ranks[0].returncode == 0 and ranks[1].returncode == 0, err0[-3000:] + err1[-3000:]
+    assert f"resumed from {run / 'checkpoints' / 'step-00000002'} (step 2, 2 process(es))" in err0, err0[-3000:]
+    assert latest_checkpoint(run).name == "step-00000006"
+    torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
