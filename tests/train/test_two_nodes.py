@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -68,6 +69,27 @@ def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data
     assert "done at step 6/6" in out0 and ("done at step 6/6" in out1 or "node 1: done" in out1)
     assert latest_checkpoint(run).name == "step-00000006"
     # cp=2 splits each sequence over the two nodes: the same losses as one process, up to rounding.
+    torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
+
+
+def test_two_nodes_under_max_restarts_restart_a_killed_worker_and_continue_exactly(tmp_path, data_dir, init_dir):
+    """--max-restarts 1 on both nodes: node 1's worker SIGKILLed once step 3 is logged; both agents restart their
+    workers at a new rendezvous round, which resume from the latest checkpoint by themselves and end (exit 0) with
+    the losses of one process."""
+    one = tmp_path / "one"
+    train(TrainConfig(data=str(data_dir), init=str(init_dir), out=str(one), seq_len=512, steps=6, global_batch=2,
+                      warmup=2, lr=1e-3, precision="fp32", save_every=0, progress=False))
+    run = tmp_path / "two-nodes"
+    node0, node1 = _nodes(data_dir, init_dir, run, free_port(), "--max-restarts", 1)
+    wait_for_step(run, 3, [node0, node1])
+    workers = [p for p in psutil.Process(node1.pid).children(recursive=True) if "lcft.launch" in " ".join(p.cmdline())
+               and p.environ().get("RANK") is not None]
+    assert len(workers) == 1
+    workers[0].kill()
+    (out0, err0), (out1, err1) = node0.communicate(timeout=300), node1.communicate(timeout=300)
+    assert node0.returncode == 0 and node1.returncode == 0, err0[-3000:] + err1[-3000:]
+    assert "restarting:" in err0 + err1 and "resumed from" in out0 + err0 + out1 + err1
+    assert latest_checkpoint(run).name == "step-00000006"
     torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
 
 
