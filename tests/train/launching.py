@@ -14,6 +14,7 @@ import psutil
 import torch
 
 from lcft.checkpoint.hf_folder import from_pretrained
+from lcft.liveness import NODE_RANK_ENV
 from lcft.train.metrics import read_metrics
 
 # Every variable a launcher (torchrun's agent, Open MPI, MPICH/Intel MPI, MVAPICH, srun, sbatch) sets per process:
@@ -36,6 +37,19 @@ def start_train(data: Path, init: Path, out: Path, *args: Any, env: dict[str, st
            *map(str, args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+
+
+def start_worker(spec: Path, rank: int, world: int, port: int, restarts: int = 0,
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m lcft.launch train SPEC` as torchrun's agent starts rank `rank` of `world` (one per node, rank 0
+    serving the store at 127.0.0.1:port) after `restarts` restarts of its node, without a launcher's files:
+    stdout and stderr captured; `env` adds to (and replaces in) the environment."""
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES}
+    given = dict(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="by-hand", TORCHELASTIC_USE_AGENT_STORE="False",
+                 TORCHELASTIC_RESTART_COUNT=str(restarts), OMP_NUM_THREADS="1", **{NODE_RANK_ENV: str(rank)})
+    return subprocess.Popen([sys.executable, "-m", "lcft.launch", "train", str(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**clean, **given, **(env or {})})
 
 
 def wait_for_step(run: Path, step: int, procs: list[subprocess.Popen], timeout: float = 240) -> None:

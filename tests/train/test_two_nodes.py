@@ -6,9 +6,6 @@ whichever way each node's agent counted it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import psutil
@@ -16,16 +13,16 @@ import pytest
 import torch
 
 from lcft.config_toml import save_resolved, to_dict
-from lcft.liveness import DIAGNOSE_S, NODE_RANK_ENV
+from lcft.liveness import DIAGNOSE_S
 from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.config import resolve_folders
 from tests.train.launching import (
-    LAUNCH_NAMES,
     error_lines,
     free_port,
     kill_tree,
     losses,
     start_train,
+    start_worker,
     wait_for_step,
 )
 
@@ -106,13 +103,8 @@ def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path
     train(TrainConfig(out=str(run), save_every=2, stop_after=2, **base))  # the first round: saved step 2, then died
     spec = save_resolved(tmp_path / "spec.toml", to_dict(resolve_folders(
         TrainConfig(out=str(run), save_every=2, nproc=2, cp=2, collective_timeout=TIMEOUT, **base))))
-    clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES}
     port = free_port()
-    ranks = [subprocess.Popen([sys.executable, "-m", "lcft.launch", "train", str(spec)], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(
-        clean, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="two-nodes", TORCHELASTIC_USE_AGENT_STORE="False",
-        TORCHELASTIC_RESTART_COUNT=str(rank), OMP_NUM_THREADS="1", **{NODE_RANK_ENV: str(rank)})) for rank in (0, 1)]
+    ranks = [start_worker(spec, rank, 2, port, restarts=rank) for rank in (0, 1)]
     try:
         (_, err0), (_, err1) = ranks[0].communicate(timeout=240), ranks[1].communicate(timeout=240)
     finally:
