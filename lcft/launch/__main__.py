@@ -24,8 +24,9 @@ comes first."""
 
 def main(argv: list[str] | None = None) -> int:
     """Load JOB's config from SPEC.toml and run it on this rank; rank 0 hands its summary back to the launcher
-    (the file RESULT_FILE_ENV names), and every rank says it finished. 1 on a user error (handed to the
-    launcher with its exit code, else printed by rank 0)."""
+    (the file RESULT_FILE_ENV names), and every rank says it finished. On a user error: 1 once handed to the
+    launcher (which raises it with its exit code); else, printed by rank 0, the error's own exit code (several
+    nodes with --max-restarts, whose agents restart the group: its workers' exit codes are what they record)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in JOBS:
         print(f"usage: python -m lcft.launch {{{','.join(JOBS)}}} CONFIG.toml "
@@ -44,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(OSError):  # (then as an ended worker: that rank's error waits to be heard)
                 hand_over(folder, rank, 0)
     except LcftError as e:
-        if not _hand_over(e, rank) and rank == 0:
+        if _hand_over(e, rank):
+            return 1
+        if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+        return e.exit_code
     except Exception as e:
         # A collective that failed or timed out because another rank stopped: name it instead of a traceback.
         lost = liveness.diagnose(e, JOBS[name].resume)

@@ -5,7 +5,7 @@ end took the run's store with it), or by rank 1 only (rank 0 said nothing). The 
 else the first; none when a worker of the node had already ended (killed by the OOM killer, say): then torchrun ends
 the launch, and its agent names that worker. A stop signal while the launcher waits for the other ranks' errors ends
 on the error; an error after the other ranks finished their work ends the launch at once, without a restart; an
-error's own exit code is the launch's."""
+error's own exit code is the launch's, and, with no launcher to hand it to, each worker's."""
 
 from __future__ import annotations
 
@@ -23,12 +23,15 @@ import pytest
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
+from lcft.config_toml import save_resolved, to_dict
 from lcft.launch import _Supervisor
 from lcft.launch.__main__ import HAND_OVER_S
 from lcft.launch.process import hand_over, handed_over
 from lcft.liveness import EXIT_LOST
+from lcft.train import TrainConfig
+from lcft.train.config import resolve_folders
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
-from tests.train.launching import RUN
+from tests.train.launching import RUN, free_port, start_worker
 
 pytestmark = pytest.mark.distributed
 
@@ -279,3 +282,26 @@ def test_a_user_errors_own_exit_code_is_the_launchs(tmp_path, data_dir, init_dir
     r = subprocess.run(_train(data_dir, init_dir, tmp_path / "run", "--nproc", "2"), capture_output=True, text=True,
                        timeout=300, env=env)
     assert (r.returncode, r.stderr, r.stdout) == (EXIT_LOST, alone.stderr, ""), r.stderr[-3000:]
+
+
+
+def test_a_user_errors_own_exit_code_is_the_workers_without_a_hand_over(tmp_path, data_dir, init_dir):  # noqa: F811
+    """Workers with no launcher to hand their error to (no hand-over folder: several nodes with --max-restarts,
+    whose agents restart the group and record how each worker ended): each exits with the error's own code (75),
+    rank 0 printing the one line one process prints."""
+    env = _hooked(tmp_path, PEER_LOST_AT_START)
+    alone = subprocess.run(_train(data_dir, init_dir, tmp_path / "alone"), capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert alone.returncode == EXIT_LOST and alone.stderr.count("\n") == 1, alone.stderr[-3000:]
+    cfg = TrainConfig(data=str(data_dir), init=str(init_dir), out=str(tmp_path / "run"), seq_len=512, steps=1,
+                      global_batch=2, precision="fp32", progress=False, nproc=2)
+    spec = save_resolved(tmp_path / "spec.toml", to_dict(resolve_folders(cfg)))
+    port = free_port()
+    ranks = [start_worker(spec, rank, 2, port, env={"PYTHONPATH": env["PYTHONPATH"]}) for rank in (0, 1)]
+    try:
+        (_, err0), (_, err1) = ranks[0].communicate(timeout=240), ranks[1].communicate(timeout=240)
+    finally:
+        for p in ranks:
+            p.kill()
+    assert [p.returncode for p in ranks] == [EXIT_LOST, EXIT_LOST], err0[-3000:] + err1[-3000:]
+    assert (err0, err1) == (alone.stderr, ""), (err0[-3000:], err1[-3000:])
