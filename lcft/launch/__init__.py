@@ -18,9 +18,9 @@ ignored.
 Exit codes of `lcft train` and `lcft eval` (what a scheduler sees): 0 the run finished (or --stop-after was
 reached); 1 a user error (fix the command; a rerun fails the same way; a few carry their own code); 128 + N stopped
 by signal N after saving (a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it
-before saving); 75 a rank or node stopped answering, died or was killed by a signal (nothing new saved). After 143,
-130 and 75, train's `--resume auto` continues from the latest verified checkpoint, and eval run again resumes from
-its kept losses.
+before saving), whether torchrun's agent got it too or not; 75 a rank or node stopped answering, died or was killed
+by a signal, or the agent was, its workers with it (nothing new saved). After 143, 130 and 75, train's `--resume
+auto` continues from the latest verified checkpoint, and eval run again resumes from its kept losses.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(HANDED_ENV), cfg.nproc,
                                  elastic=cfg.max_restarts > 0, resume=j.resume)
         rc = supervisor.run()
+        if rc > 128 and _finished(files.get(HANDED_ENV), files[RESULT_FILE_ENV], cfg.nproc):
+            rc = 0  # the agent caught a signal too (a scheduler's, to every process of the job), passed on and done
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
         killed = _killed(files[FAILURES_ENV], cfg.node_rank, j.resume) if rc != 0 and not supervisor.ended else None
         # A rank that ended with an error of its own is the cause; the others then see it gone ("stopped
@@ -130,6 +132,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
     if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
         raise _raised(supervisor.said)
+    if rc != 0 and not supervisor.ended and (error := _agent_signalled(rc, supervisor, cfg.node_rank, j.resume)):
+        raise error
     if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
         raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} while the workers were starting, "
                       f"before they saved; {j.resume}", supervisor.stop)
@@ -140,6 +144,28 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
     if rc != 0:
         raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
     return summary or _elsewhere(Path(cfg.out) / entry.summary, started, cfg.node_rank)
+
+
+def _finished(handed: Path | None, result: Path, nproc: int) -> bool:
+    """Whether this node's workers finished their work: rank 0 handed back its summary (what the ranks saved
+    together is whole), or each said it finished (lcft/launch/__main__.py)."""
+    return result.is_file() or (handed is not None and sum(h.exit_code == 0 for h in handed_over(handed)) >= nproc)
+
+
+def _agent_signalled(rc: int, supervisor: _Supervisor, node: int, resume: str) -> LcftError | None:
+    """The error when a signal ended torchrun's agent, from its exit code (None when it ended by itself, or the
+    launcher's stop signal killed it before its handler was set: the workers were starting). One it caught (128 + N)
+    it passed on, and the workers ended before they finished: Stopped. One that killed it (-N; SIGKILL: the OOM
+    killer) took the workers with it: a lost launch."""
+    n = rc - 128 if rc > 128 else -rc
+    sig = next((s for s in signal.Signals if s == n), None)
+    if sig is None or (rc < 0 and sig == supervisor.stop):
+        return None
+    if rc > 0:
+        return Stopped(f"stopped by {sig.name}, which torchrun's agent got too and passed on, before the workers "
+                       f"saved; {resume}", sig)
+    return PeerLost(f"torchrun's agent on node {node} (pid {supervisor.proc.pid}) was killed by {sig.name}, and "
+                    f"its workers with it; {resume}")
 
 
 def _raised(handed: Handed) -> LcftError:

@@ -1,6 +1,7 @@
 """torchrun's elastic agent as the launcher starts it (`python -m lcft.launch.agent TORCHRUN-ARGS`): it ends
-when its launcher dies, and records how each failed worker ended (an exit code, or the signal that killed it)
-for the launcher to name, instead of torchrun's traceback."""
+when its launcher dies, records how each failed worker ended (an exit code, or the signal that killed it) for the
+launcher to name, and ends on a signal sent to it (a scheduler's, to every process of the job) with exit code
+128 + N, instead of torchrun's traceback."""
 
 from __future__ import annotations
 
@@ -27,11 +28,14 @@ def failures(error: BaseException) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     die_with_parent()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(argv))
+    except SignalException as e:  # (torch raises it from its handler, after ending the workers with it)
+        return 128 + int(e.sigval)  # (the launcher's _agent_signalled reads it)
     except ChildFailedError as e:
         if path := os.environ.get(FAILURES_ENV):
             with open(path, "w") as f:

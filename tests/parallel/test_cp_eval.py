@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
 
 from lcft.errors import LcftError
@@ -97,6 +98,26 @@ def test_sigterm_to_a_launched_eval_stops_every_rank_after_the_same_batch(tmp_pa
                               max_windows=200, bootstrap=50))
     (a,), (b,) = one["checkpoints"], two["checkpoints"]
     assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
+
+
+def test_sigterm_to_every_process_of_a_launched_eval_keeps_the_batch(tmp_path, cp_data_dir, cp_init_dir):
+    """SIGTERM to the launcher, torchrun's agent and the workers (a scheduler's scancel; the agent passes it on
+    too): exit 143 saying the losses are kept, as when the launcher alone gets it. It printed the agent's
+    traceback and 'stopped by SIGTERM while the workers were starting, before they saved'."""
+    out = tmp_path / "stopped"
+    proc = _start_cli(cp_data_dir, cp_init_dir, out, "--nproc", "2", "--quiet")
+    _wait_for_kept(proc, out, 4, 2048)
+    launcher = psutil.Process(proc.pid)
+    everyone = [launcher, *launcher.children(recursive=True)]
+    assert len(everyone) == 4
+    for p in everyone:
+        p.terminate()
+    stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM: the losses computed so far are kept" in stdout
+    assert "Traceback" not in err and not [ln for ln in err.splitlines() if ln.startswith("error: ")], err[-3000:]
+    assert sum(p.stat().st_size for p in (out / PARTIAL).glob("*.losses")) >= 4 * 2048 * 4  # (as waited for)
+    assert not (out / "eval.json").exists()
 
 
 def test_a_killed_rank_ends_a_launched_eval_with_75_and_how_to_resume(tmp_path, cp_data_dir, cp_init_dir):

@@ -114,3 +114,26 @@ def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path
     assert f"resumed from {run / 'checkpoints' / 'step-00000002'} (step 2, 2 process(es))" in err0, err0[-3000:]
     assert latest_checkpoint(run).name == "step-00000006"
     torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
+
+
+def test_sigterm_to_every_process_of_both_nodes_saves_and_both_exit_143(tmp_path, data_dir, init_dir):
+    """SIGTERM to both launchers, their agents and workers (a scheduler's scancel of the job): the ranks save
+    together and both nodes exit 143, each printing what was saved (the node without rank 0 from the shared
+    summary.json). The node without rank 0 said 'stopped by SIGTERM ... before the workers saved', and both
+    printed the agents' tracebacks."""
+    from lcft.checkpoint.state import read_state
+
+    run = tmp_path / "two-nodes"
+    nodes = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000)
+    wait_for_step(run, 3, nodes)
+    everyone = [q for p in nodes for q in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]]
+    assert len(everyone) == 6  # a launcher, its agent and its worker per node
+    for p in everyone:
+        p.terminate()
+    ended = [p.communicate(timeout=300) for p in nodes]
+    step = read_state(latest_checkpoint(run)).step
+    assert step >= 3
+    for p, (out, err) in zip(nodes, ended, strict=True):
+        assert p.returncode == 143, err[-3000:]
+        assert "Traceback" not in err and error_lines(err) == [], err[-3000:]
+        assert f"stopped by SIGTERM at step {step}/100000" in out, out + err[-3000:]
