@@ -39,7 +39,9 @@ class WindowSource(Protocol):
 
     def __getitem__(self, i: int) -> np.ndarray: ...
 
-    def softmask(self, i: int) -> np.ndarray: ...
+    def ids(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray: ...
+
+    def softmask(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class TrainSamples:
         if flips(self.cfg.seed, sample_id, self.cfg.rc_augment):
             ids, soft, real = flipped_sample(self.windows, window, off, L)  # (L,), (L,), tokens before padding
         else:
-            ids = np.asarray(self.windows[window][off : off + L], dtype=np.int64)  # (L,)
+            ids = self.windows.ids(window, off, off + L).astype(np.int64)  # (L,) only the sample's tokens read
             soft, real = None, L
         labels = np.full(L, IGNORE_INDEX, dtype=np.int64)  # (L,)
         nxt = ids[1:real]  # (real-1,) position i predicts token i+1 of the same sample
@@ -102,7 +104,7 @@ class TrainSamples:
         out = {"input_ids": ids, "labels": labels}
         if self.cfg.softmask_loss_weight != 1.0:
             if soft is None:
-                soft = np.asarray(self.windows.softmask(window)[off : off + L], dtype=bool)  # (L,)
+                soft = self.windows.softmask(window, off, off + L)  # (L,)
             weights = np.ones(L, dtype=np.float32)  # (L,)
             weights[:-1] = np.where(soft[1:], np.float32(self.cfg.softmask_loss_weight), np.float32(1.0))
             out["weights"] = weights

@@ -38,10 +38,9 @@ def flipped_sample(windows: Any, window: int, off: int, length: int) -> tuple[np
     """(length,) int64 ids, (length,) bool soft mask and the number of real tokens of the reverse-complemented
     sample at tokens [off, off + length) of `window`. A model tokenizer may yield fewer than `length` tokens (only
     for a sample at the window's start): the rest is id 0, and the caller gives those positions no loss."""
-    ids = np.asarray(windows[window], dtype=np.int64)  # (L_window,)
-    soft = np.asarray(windows.softmask(window), dtype=bool)  # (L_window,)
-    if not getattr(windows, "per_base", False):  # char: one token per base
-        return _CHAR_COMPLEMENT[ids[off : off + length][::-1]], soft[off : off + length][::-1].copy(), length
+    if not getattr(windows, "per_base", False):  # char: one token per base, only the sample's tokens read
+        ids = windows.ids(window, off, off + length).astype(np.int64)  # (length,)
+        return _CHAR_COMPLEMENT[ids[::-1]], windows.softmask(window, off, off + length)[::-1].copy(), length
     end = int(windows.base_offsets(window)[off + length - 1] + windows.token_bases(window)[off + length - 1])
     flipped = reverse_complement_text(windows.sequence(window)[:end])  # bases [0, end) of the window, flipped
     raw = np.frombuffer(flipped.encode("latin-1"), dtype=np.uint8)  # (end,)

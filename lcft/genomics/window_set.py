@@ -1,9 +1,11 @@
-"""Reader of a prepared folder: one split's windows memory-mapped, with each token's bases and the window's sequence."""
+"""Reader of a prepared folder: one split's windows read by position, with each token's bases and the window's sequence."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,8 +29,51 @@ def basemask_name(split: str) -> str:
     return f"{split}.basemask.bin"
 
 
+class _Column:
+    """One file of a split, opened once and read by position (os.preadv into a fresh array). A memory map of it
+    would stop the process with SIGBUS, without a message, on the first read past where another process cut it."""
+
+    def __init__(self, folder: Path, name: str, count: int, dtype: np.dtype) -> None:
+        self.path, self.folder, self.dtype = folder / name, folder, dtype
+        if not self.path.is_file():
+            raise LcftError(f"{self.path} is missing (run `lcft prepare verify {shell_word(folder)}`)")
+        self.size = count * dtype.itemsize
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, fd)  # the descriptor lives as long as the reader
+        self.fd = fd
+        if (have := os.fstat(fd).st_size) != self.size:  # the size of the file opened, not of a name's later file
+            raise LcftError(f"{self.path} has {have} bytes, the manifest says {self.size} (corrupt)")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start,) the file's items [start, stop), or a one-line error if the file no longer holds them."""
+        out = np.empty(stop - start, dtype=self.dtype)
+        view = memoryview(out).cast("B")
+        at, done = start * self.dtype.itemsize, 0
+        while done < len(view):  # a regular file reads whole but at its end; the loop also takes a short read
+            try:
+                n = os.preadv(self.fd, [view[done:]], at + done)
+            except OSError as e:  # NFS: the file was replaced on the server (another node's prepare --overwrite)
+                if e.errno != errno.ESTALE:
+                    raise
+                n = 0
+            if n == 0:
+                raise self.changed(at + len(view))
+            done += n
+        return out
+
+    def changed(self, end: int) -> LcftError:
+        """The error for a file that no longer holds byte `end - 1`: it was cut or replaced since it was checked."""
+        try:
+            now = f"{os.fstat(self.fd).st_size:,} bytes"
+        except OSError:
+            now = "no longer readable"
+        return LcftError(f"{self.path} changed since it was checked: it had {self.size:,} bytes, now {now}, and "
+                         f"a read to byte {end:,} found its end (cut short or rewritten while in use); check the "
+                         f"folder with `lcft prepare verify {shell_word(self.folder)}` and prepare it again if needed")
+
+
 class WindowSet:
-    """The windows of one split, memory-mapped: ws[i] -> token ids (length ws.length, dtype ws.dtype),
+    """The windows of one split, read from its files as asked: ws[i] -> token ids (length ws.length, dtype ws.dtype),
     ws.softmask(i) (per token), ws.coords(i) -> (chrom, start, end), 0-based end-exclusive in the FASTA
     record's coordinates, ws.base_offsets(i) and ws.sequence(i) for every tokenizer."""
 
@@ -43,29 +88,17 @@ class WindowSet:
         self.records: list[dict] = [r for r in self.manifest["records"] if r["split"] == split]
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         n = len(self.records)
-        self._ids_checked = np.zeros(n, dtype=bool)  # (n,) windows whose ids were checked once (the map is read-only)
-        self._ids = self._map(bin_name(split), n * self.length, self.dtype)
-        self._soft = self._map(softmask_name(split), n * self.length // 8)
+        self._ids = _Column(self.dir, bin_name(split), n * self.length, self.dtype)
+        self._soft = _Column(self.dir, softmask_name(split), n * self.length // 8, np.dtype(np.uint8))
         self.per_base = "bases_file" in self.manifest  # model tokenizers: tokens of several bases
         if self.per_base:
             spans = np.array([r["end"] - r["start"] for r in self.records], dtype=np.int64)  # (n,)
             self._mask_at = np.concatenate(([0], np.cumsum((spans + 7) // 8)))  # (n+1,) byte offset per window
-            self._bases = self._map(bases_name(split), n * self.length, np.dtype(BASES_DTYPE))
-            self._basemask = self._map(basemask_name(split), int(self._mask_at[-1]))
+            self._bases = _Column(self.dir, bases_name(split), n * self.length, np.dtype(BASES_DTYPE))
+            self._basemask = _Column(self.dir, basemask_name(split), int(self._mask_at[-1]), np.dtype(np.uint8))
         elif any(r["end"] - r["start"] != self.length for r in self.records):  # a char token is one base
             raise LcftError(f"{self.dir / MANIFEST}: corrupt manifest (a {split} window spans other than its "
                             f"{self.length} bases)")
-
-    def _map(self, name: str, count: int, dtype: np.dtype = np.dtype(np.uint8)) -> np.ndarray:
-        path = self.dir / name
-        if not path.is_file():
-            raise LcftError(f"{path} is missing (run `lcft prepare verify {shell_word(self.dir)}`)")
-        size = count * dtype.itemsize
-        if path.stat().st_size != size:
-            raise LcftError(f"{path} has {path.stat().st_size} bytes, the manifest says {size} (corrupt)")
-        if size == 0:
-            return np.zeros(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -75,25 +108,35 @@ class WindowSet:
             raise IndexError(f"window {i} out of range for {len(self)} {self.split} windows")
         return i % len(self)
 
-    def __getitem__(self, i: int) -> np.ndarray:
-        """(L,) memmap view of window i's token ids, each checked to be in the vocabulary: a file whose sha256
-        the manifest was made to match (or read unverified) must not index past the model's embedding."""
-        i = self._check(i)
-        ids = self._ids[i * self.length : (i + 1) * self.length]  # (L,)
-        if self._ids_checked[i] or not len(ids):
-            return ids
-        if (top := int(ids.max())) >= self.vocab_size:
+    def _span(self, start: int, stop: int | None) -> tuple[int, int]:
+        stop = self.length if stop is None else stop
+        if not 0 <= start <= stop <= self.length:
+            raise ValueError(f"tokens [{start}, {stop}) are not inside a window of {self.length}")
+        return start, stop
+
+    def ids(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(stop - start,) token ids [start, stop) of window i (default all L), dtype ws.dtype, each checked to be
+        in the vocabulary: a file whose sha256 the manifest was made to match (or read unverified, or rewritten
+        since) must not index past the model's embedding."""
+        i, (start, stop) = self._check(i), self._span(start, stop)
+        ids = self._ids.read(i * self.length + start, i * self.length + stop)  # (stop - start,)
+        if len(ids) and (top := int(ids.max())) >= self.vocab_size:
             raise LcftError(f"{self.dir / bin_name(self.split)}: window {i} holds token id {top}, outside the "
                             f"windows' vocabulary of {self.vocab_size} (damaged, or not written by lcft prepare); "
                             "prepare the windows again")
-        self._ids_checked[i] = True  # a sample is a slice of its window: each read of it needs no new pass
         return ids
 
-    def softmask(self, i: int) -> np.ndarray:
-        """(L,) bool: the token is soft-masked (for tokens of several bases: at least half its bases are)."""
-        i = self._check(i)
-        w = self.length // 8
-        return np.unpackbits(self._soft[i * w : (i + 1) * w]).view(bool)  # (L,) True = lower case
+    def __getitem__(self, i: int) -> np.ndarray:
+        """(L,) window i's token ids, as `ids(i)`."""
+        return self.ids(i)
+
+    def softmask(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(stop - start,) bool for tokens [start, stop) of window i (default all L): the token is soft-masked
+        (for tokens of several bases: at least half its bases are)."""
+        i, (start, stop) = self._check(i), self._span(start, stop)
+        at = i * self.length // 8  # L is a multiple of 8: a window's bits start on a byte
+        bits = np.unpackbits(self._soft.read(at + start // 8, at + (stop + 7) // 8)).view(bool)  # True = lower case
+        return bits[start % 8 : start % 8 + stop - start]
 
     def coords(self, i: int) -> tuple[str, int, int]:
         r = self.records[self._check(i)]
@@ -104,7 +147,7 @@ class WindowSet:
         i = self._check(i)
         if not self.per_base:
             return np.ones(self.length, dtype=np.int64)
-        counts = np.asarray(self._bases[i * self.length : (i + 1) * self.length], dtype=np.int64)  # (L,)
+        counts = self._bases.read(i * self.length, (i + 1) * self.length).astype(np.int64)  # (L,)
         r = self.records[i]
         if int(counts.sum()) != r["end"] - r["start"]:  # position by base, bits per base read them
             raise LcftError(f"{self.dir / bases_name(self.split)}: window {i}'s tokens hold {int(counts.sum())} "
@@ -126,7 +169,7 @@ class WindowSet:
             return decode(self[i], self.softmask(i))
         out = self.tokenizer.spell(np.asarray(self[i], dtype=np.int64), self.token_bases(i))  # (span,) upper
         r = self.records[i]
-        lower = np.unpackbits(self._basemask[self._mask_at[i] : self._mask_at[i + 1]])[: r["end"] - r["start"]]
+        lower = np.unpackbits(self._basemask.read(int(self._mask_at[i]), int(self._mask_at[i + 1])))[: r["end"] - r["start"]]
         out = np.where(lower.astype(bool), out | 0x20, out)  # ASCII lower-case bit
         return out.astype(np.uint8).tobytes().decode("ascii")
 

@@ -71,7 +71,7 @@ def test_shapes_tied_head_and_input_dtypes():
     assert logits.shape == (3, 40, 16) and hidden.shape == (3, 40, 64)
     assert m.lm_head is None and m.lm_head_weight is m.embed_tokens.weight
     torch.testing.assert_close(logits, hidden @ m.embed_tokens.weight.T)
-    torch.testing.assert_close(m(ids.to(torch.uint8)), logits)  # windows are uint8 memmaps
+    torch.testing.assert_close(m(ids.to(torch.uint8)), logits)  # windows are read as uint8 arrays
     assert model().lm_head_weight is not model().embed_tokens.weight
     with pytest.raises(LcftError, match="not a multiple"):
         cfg(num_key_value_heads=3)
