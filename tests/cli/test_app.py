@@ -1,4 +1,4 @@
-"""The CLI shell: help lists every command, --version works."""
+"""The CLI shell: help lists every command, --version works, a Ctrl-C while it loads ends quietly."""
 
 import os
 import subprocess
@@ -86,3 +86,39 @@ def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(args):
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (141, ""), r.stderr[-2000:]
+
+
+INTERRUPT_WHILE_LOADING = """
+import os, signal, sys
+class _Interrupt:  # a Ctrl-C that arrives while the CLI's imports run (they take a second or more)
+    def find_spec(self, name, path=None, target=None):
+        if name == "typer":  # imported by lcft.cli.app only
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, _Interrupt())
+"""
+
+
+def _console_script() -> str:
+    """The `lcft` command's entry point as setup.cfg declares it (module:function)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    [line] = [x for x in cfg["options.entry_points"]["console_scripts"].splitlines() if x.strip().startswith("lcft")]
+    return line.split("=", 1)[1].strip()
+
+
+@pytest.mark.parametrize("entry", ["python -m lcft", "lcft"])
+def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(tmp_path, entry):
+    """SIGINT sent by the process to itself as `import typer` starts (a sitecustomize on the path: the same point
+    every run). It was a KeyboardInterrupt traceback and death by SIGINT; now `interrupted`, exit 130, as a Ctrl-C
+    inside a command. `lcft` runs the console script's entry point as the installed script does."""
+    (tmp_path / "sitecustomize.py").write_text(INTERRUPT_WHILE_LOADING)
+    module, func = _console_script().split(":")
+    cmd = ([sys.executable, "-m", "lcft", "--version"] if entry == "python -m lcft" else
+           [sys.executable, "-c", f"import sys; sys.argv = ['lcft', '--version']; from {module} import {func}; {func}()"])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    assert (r.returncode, r.stdout, r.stderr) == (130, "", "interrupted\n"), (r.returncode, r.stderr[-2000:])
