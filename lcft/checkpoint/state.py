@@ -1,7 +1,7 @@
 """A checkpoint's trainer state: `trainer_state/` holds `state.json` (step, data position, spike-guard
 history...), `optimizer.pt`, `scheduler.pt` and `rng.pt`: plain tensors, numbers and strings only, read with
-`torch.load(weights_only=True)`, so a crafted file is refused, never run (lcft.checkpoint.resume checks and
-restores what they hold)."""
+`torch.load(weights_only=True)` once lcft.torch_zip finds every record stored inside the file, so a crafted file is
+refused, never run nor inflated (lcft.checkpoint.resume checks and restores what they hold)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, shown
 from lcft.files import read_json
 from lcft.shapes import MAX_BATCH
+from lcft.torch_zip import stored_records
 
 MT_WORDS = 624  # words of a Mersenne Twister state (python's state adds its position to them)
 
@@ -162,7 +163,11 @@ def _load(path: Path) -> Any:
     if not path.is_file():
         raise broken(path, "missing (incomplete checkpoint)")
     try:
+        with open(path, "rb") as fh:  # torch.load inflates a deflated record whole: a few MB become gigabytes
+            stored_records(fh, lambda why: broken(path, f"corrupt trainer state ({why})"))
         return torch.load(path, map_location="cpu", weights_only=True)
+    except LcftError:
+        raise
     except pickle.UnpicklingError as e:
         if "Unsupported global" not in str(e) and "GLOBAL" not in str(e):  # not a reference to code: garbled
             raise broken(path, "corrupt trainer state (not a torch file of plain tensors)") from None

@@ -4,17 +4,14 @@ lcft.model.weight_files), each tensor's name, shape and reader.
 A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl is read by lcft.pickles'
 restricted unpickler building no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which
 becomes a record of the view it declares, and the floating-point storage types, which become dtypes). Every
-storage, offset, shape and stride it declares is checked against the zip's own records before a byte of weights
-is read; a tensor is then a view of a private memory map of the file, so nothing the file declares is
-allocated."""
+storage, offset, shape and stride it declares is checked against the zip's own records (lcft.torch_zip: each
+stored inside the file, uncompressed) before a byte of weights is read; a tensor is then a view of a private
+memory map of the file, so nothing the file declares is allocated."""
 
 from __future__ import annotations
 
 import mmap
-import os
 import pickle
-import struct
-import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,10 +22,9 @@ from safetensors import safe_open
 
 from lcft.errors import LcftError, shown
 from lcft.pickles import RestrictedUnpickler, reading
+from lcft.torch_zip import Record, stored_records
 
 MAX_PICKLE_BYTES = 16 << 20  # a pytorch_model.bin's data.pkl: ~200 bytes a tensor
-MAX_ZIP_RECORDS = 100_000  # records of a pytorch_model.bin: one a storage, plus a few
-MAX_ZIP_DIRECTORY = 16 << 20  # bytes of its zip directory: ~100 a record
 MAX_DIMS = 16
 ALIGN = 64  # bytes: where torch's CPU allocator starts every tensor it allocates
 _FLOAT_STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16,
@@ -128,7 +124,7 @@ def _bad_bin(f: Path, why: str) -> LcftError:
 def _bin_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
     with reading(f, lambda why: _bad_bin(f, why)), open(f, "rb") as fh:
         data, records = _zip_records(f, fh)
-        state = _StateDictUnpickler(data, {k: n for k, (_, n) in records.items()}).load()
+        state = _StateDictUnpickler(data, {k: r.size for k, r in records.items()}).load()
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
     if type(state) not in (dict, OrderedDict) or not all(
             type(k) is str and isinstance(t, _Tensor) for k, t in state.items()):
@@ -138,7 +134,7 @@ def _bin_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
     def read(t: _Tensor) -> torch.Tensor:
         key, dtype, numel = t.storage
         if key not in bases:
-            bases[key] = torch.frombuffer(mm, dtype=dtype, count=numel, offset=records[key][0]) if numel \
+            bases[key] = torch.frombuffer(mm, dtype=dtype, count=numel, offset=records[key].start) if numel \
                 else torch.empty(0, dtype=dtype)
         return bases[key].as_strided(t.size, t.stride, t.offset)
 
@@ -146,39 +142,21 @@ def _bin_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
         yield key, t.size, lambda t=t: read(t)
 
 
-def _zip_records(f: Path, fh: BinaryIO) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """(data.pkl's bytes, {storage key: (offset of its bytes in the file, bytes)}) of torch.save's zip, each
-    count and size the zip declares bounded, and every storage record stored uncompressed inside the file."""
-    end = zipfile._EndRecData(fh)
-    if end is None:
-        raise _bad_bin(f, "not a zip archive of torch.save; an older torch format is not read")
-    if end[zipfile._ECD_ENTRIES_TOTAL] > MAX_ZIP_RECORDS or end[zipfile._ECD_SIZE] > MAX_ZIP_DIRECTORY:
-        raise _bad_bin(f, f"a zip directory of {end[zipfile._ECD_ENTRIES_TOTAL]} records in "
-                          f"{end[zipfile._ECD_SIZE]} bytes (at most {MAX_ZIP_RECORDS} in {MAX_ZIP_DIRECTORY})")
-    total = os.fstat(fh.fileno()).st_size
-    zf = zipfile.ZipFile(fh)
-    pkl = [i for i in zf.infolist() if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
-    if len(pkl) != 1 or pkl[0].file_size > MAX_PICKLE_BYTES:
+def _zip_records(f: Path, fh: BinaryIO) -> tuple[bytes, dict[str, Record]]:
+    """(data.pkl's bytes, {storage key: its Record}) of torch.save's zip (lcft.torch_zip.stored_records: every
+    record stored inside the file), data.pkl at most MAX_PICKLE_BYTES and the storages little-endian."""
+    records = stored_records(fh, lambda why: _bad_bin(f, why))
+    pkl = [name for name in records if name.endswith("/data.pkl") and name.count("/") == 1]
+    if len(pkl) != 1 or records[pkl[0]].size > MAX_PICKLE_BYTES:
         raise _bad_bin(f, f"no single data.pkl of at most {MAX_PICKLE_BYTES >> 20} MiB")
-    prefix = pkl[0].filename[:-len("data.pkl")]
-    order = zf.NameToInfo.get(prefix + "byteorder")
-    if order and (order.file_size > 16 or zf.read(order) != b"little"):
+    prefix = pkl[0][:-len("data.pkl")]
+    order = records.get(prefix + "byteorder")
+    if order and (order.size > 16 or _bytes(fh, order) != b"little"):
         raise _bad_bin(f, "tensors not stored little-endian")
-    with zf.open(pkl[0]) as p:
-        data = p.read(MAX_PICKLE_BYTES + 1)
-    records = {}
-    for info in zf.infolist():
-        if not info.filename.startswith(prefix + "data/"):
-            continue
-        head = b""
-        if info.header_offset >= 0:  # zipfile subtracts the bytes it takes to stand before the archive: may be < 0
-            fh.seek(info.header_offset)
-            head = fh.read(30)
-        if len(head) < 30 or head[:4] != b"PK\x03\x04":
-            raise _bad_bin(f, f"record {shown(info.filename)} has no local header")
-        start = info.header_offset + 30 + sum(struct.unpack("<HH", head[26:30]))
-        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1 or info.compress_size != info.file_size \
-                or start + info.file_size > total:
-            raise _bad_bin(f, f"record {shown(info.filename)} is compressed, encrypted or past the file's end")
-        records[info.filename[len(prefix) + 5:]] = (start, info.file_size)
-    return data, records
+    storages = {name[len(prefix) + 5:]: r for name, r in records.items() if name.startswith(prefix + "data/")}
+    return _bytes(fh, records[pkl[0]]), storages
+
+
+def _bytes(fh: BinaryIO, record: Record) -> bytes:
+    fh.seek(record.start)
+    return fh.read(record.size)

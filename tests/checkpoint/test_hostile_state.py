@@ -10,7 +10,11 @@ import json
 import pickle
 import random
 import shutil
+import subprocess
+import sys
+import textwrap
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from lcft.train import TrainConfig, train
 from tests.one_line import cli_fails
 
 STATE = "trainer_state"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -283,3 +288,46 @@ def test_absurd_trainer_state_numbers_are_one_line_and_nothing_moves(run_copy, m
         train(TrainConfig(**{**cfg, "resume": str(ckpt(run, 2))}))
     assert str(path) in str(e.value) and "corrupt trainer state" in str(e.value) and "\n" not in str(e.value)
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # no checkpoint superseded, nothing written
+
+
+INFLATE = textwrap.dedent("""
+    import resource, sys
+    from lcft.checkpoint.state import read_trainer_state
+    from lcft.errors import LcftError
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        read_trainer_state(sys.argv[1])
+    except LcftError as e:
+        print("LcftError", e)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+""")
+
+
+@pytest.mark.parametrize("name, record", [("rng.pt", "data/0"), ("optimizer.pt", "data/0"),
+                                          ("scheduler.pt", "data.pkl")])
+def test_a_deflated_record_is_refused_before_it_is_inflated(run_copy, name, record):
+    """A record of torch.save's zip deflated (torch.save stores each as it is): zeros past the pickle's end or in
+    place of a storage, 512 MiB in a file of ~0.5 MiB; torch.load inflated it whole before anything was checked."""
+    run, _ = run_copy
+    path = ckpt(run, 2) / STATE / name
+    with zipfile.ZipFile(path) as z:
+        items = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w") as z:
+        for filename, blob in items:
+            if not filename.endswith("/" + record):
+                z.writestr(filename, blob)
+                continue
+            info = zipfile.ZipInfo(filename)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with z.open(info, "w", force_zip64=True) as w:
+                w.write(blob)
+                for _ in range(512):
+                    w.write(bytes(1 << 20))
+    write_checksums(ckpt(run, 2))
+    proc = subprocess.run([sys.executable, "-c", INFLATE, str(ckpt(run, 2))], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert int(lines[-1].split()[0]) < 128, lines  # MiB above the peak before reading
+    assert len(lines) == 2 and lines[0].startswith("LcftError") and str(path) in lines[0], lines
+    assert "is compressed" in lines[0] and f"--resume {ckpt(run, 1)}" in lines[0], lines
