@@ -5,8 +5,9 @@ A pytorch_model.bin (torch.save's zip) is not given to torch.load: its data.pkl 
 restricted unpickler building no torch object (its globals are OrderedDict, torch's `_rebuild_tensor_v2`, which
 becomes a record of the view it declares, and the floating-point storage types, which become dtypes). Every
 storage, offset, shape and stride it declares is checked against the zip's own records (lcft.torch_zip: each
-stored inside the file, uncompressed) before a byte of weights is read; a tensor is then a view of a private
-memory map of the file, so nothing the file declares is allocated."""
+stored inside the file, uncompressed) before a byte of weights is read; a tensor is then copied, when it is asked
+for, from a private memory map of the file into memory of its own, so two never share memory and what is
+allocated is what the tensor's shape takes."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ Reader = Callable[[], torch.Tensor]
 
 
 def weight_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
-    """(name, shape, read) per tensor of a weight file; read() gives the tensor (safetensors: read then;
-    pytorch_model.bin: a view of the file's memory map)."""
+    """(name, shape, read) per tensor of a weight file; read() gives the tensor, read then into contiguous memory
+    of its own."""
     if f.suffix == ".bin":
         yield from _bin_tensors(f)
         return
@@ -129,17 +130,26 @@ def _bin_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
     if type(state) not in (dict, OrderedDict) or not all(
             type(k) is str and isinstance(t, _Tensor) for k, t in state.items()):
         raise _bad_bin(f, "not a state dict of tensors")
-    bases: dict[str, torch.Tensor] = {}
-
-    def read(t: _Tensor) -> torch.Tensor:
-        key, dtype, numel = t.storage
-        if key not in bases:
-            bases[key] = torch.frombuffer(mm, dtype=dtype, count=numel, offset=records[key].start) if numel \
-                else torch.empty(0, dtype=dtype)
-        return bases[key].as_strided(t.size, t.stride, t.offset)
-
     for key, t in state.items():
-        yield key, t.size, lambda t=t: read(t)
+        yield key, t.size, lambda t=t: _read(mm, records[t.storage.key], t)
+
+
+def _read(mm: mmap.mmap, record: Record, t: _Tensor) -> torch.Tensor:
+    """The tensor `t` declares, copied into contiguous memory of its own: a view sharing its storage with another
+    tensor, or repeating rows by a zero stride, becomes a tensor like any other (torch's load_state_dict copies
+    each stored tensor into its parameter too). Only the span of the storage it views is read, and its pages of
+    the map are dropped after, so a load holds one model plus one tensor; a shape beyond the span, by zero
+    strides, is the shape its parameter takes anyway (checked against config.json before it is read)."""
+    if 0 in t.size:
+        return torch.empty(t.size, dtype=t.storage.dtype)
+    nbytes = t.storage.dtype.itemsize * (1 + sum((n - 1) * s for n, s in zip(t.size, t.stride, strict=True)))
+    first = record.start + t.offset * t.storage.dtype.itemsize  # the view lies inside its storage: checked
+    base = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=first).clone().view(t.storage.dtype)
+    page = first - first % mmap.PAGESIZE
+    mm.madvise(mmap.MADV_DONTNEED, page, first + nbytes - page)  # clean pages of the file: read again if needed
+    view = base.as_strided(t.size, t.stride)
+    return base.view(t.size) if view.is_contiguous() and view.numel() == base.numel() else \
+        view.clone(memory_format=torch.contiguous_format)
 
 
 def _zip_records(f: Path, fh: BinaryIO) -> tuple[bytes, dict[str, Record]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.model import Llama, LlamaConfig
 from lcft.model.hf_params import to_hf_name
+from lcft.train import TrainConfig, train
+from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 EMBED = "model.embed_tokens.weight"
 REPO = Path(__file__).resolve().parents[2]
@@ -167,11 +170,19 @@ def rebuilt(numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, .
         glob_("collections", "OrderedDict") + b")R" + b"tR"
 
 
-def test_a_torch_saved_state_dict_loads_as_views_of_the_file(folder):
+def own_memory(model: torch.nn.Module) -> None:
+    """Every parameter contiguous, in memory no other parameter shares."""
+    params = list(model.parameters())
+    assert all(p.is_contiguous() for p in params)
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params)
+
+
+def test_a_torch_saved_state_dict_loads_into_memory_of_its_own(folder):
     state = to_bin(folder)
     model = from_pretrained(folder)
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), state[to_hf_name(name)]) and p.device.type == "cpu", name
+    own_memory(model)
 
     state = {k: v.clone() for k, v in state.items()}  # two weights sharing one storage, one of them an offset view
     both = torch.cat([state[EMBED].flatten(), state["lm_head.weight"].flatten()])
@@ -179,6 +190,49 @@ def test_a_torch_saved_state_dict_loads_as_views_of_the_file(folder):
     torch.save(state, folder / "pytorch_model.bin")
     model = from_pretrained(folder)
     assert torch.equal(model.lm_head.weight.detach(), state["lm_head.weight"])
+    own_memory(model)
+
+
+Q, K = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+ALIASED = {  # what torch.save writes for a state dict whose tensors share memory
+    "shared-storage": lambda s: {**s, K: s[Q]},  # k_proj is q_proj: one storage for both
+    "zero-stride": lambda s: {**s, Q: s[Q][0].clone().expand_as(s[Q])},  # every row of q_proj one stored row
+}
+
+
+def as_bin(init: Path, state: dict[str, torch.Tensor], out: Path) -> Path:
+    shutil.copytree(init, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save(state, out / "pytorch_model.bin")
+    return out
+
+
+@pytest.mark.parametrize("kind", list(ALIASED))
+def test_tensors_sharing_memory_load_and_train_as_separately_stored_copies(
+        init_dir, data_dir, tmp_path, kind):  # noqa: F811
+    """The oracle: the same values saved as separate contiguous tensors. Loaded as views of one storage, a step
+    updated the shared memory once per parameter, the final save (safetensors refuses shared tensors) and export
+    were tracebacks, and a zero-stride weight failed in the optimizer's first step."""
+    state = ALIASED[kind](load_file(init_dir / "model.safetensors"))
+    aliased = as_bin(init_dir, state, tmp_path / "aliased")
+    separate = as_bin(init_dir, {k: v.clone(memory_format=torch.contiguous_format) for k, v in state.items()},
+                      tmp_path / "separate")
+    model, oracle = from_pretrained(aliased), from_pretrained(separate)
+    own_memory(model)
+    assert all(torch.equal(p, o) for p, o in zip(model.parameters(), oracle.parameters(), strict=True))
+
+    r = CliRunner().invoke(app, ["export", str(aliased), "--out", str(tmp_path / "export")])
+    assert r.exit_code == 0, r.output
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[to_hf_name(n)], p) for n, p in oracle.named_parameters())
+
+    cfg = dict(data=str(data_dir), seq_len=512, steps=2, global_batch=2, micro_batch=1, warmup=1, lr=1e-3,
+               precision="fp32", save_every=0, progress=False)
+    runs = [train(TrainConfig(init=str(init), out=str(tmp_path / f"run-{init.name}"), **cfg))
+            for init in (aliased, separate)]
+    assert runs[0]["loss"] == runs[1]["loss"]
+    trained = [load_file(Path(r["checkpoint"]) / "model.safetensors") for r in runs]
+    assert trained[0].keys() == trained[1].keys()
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
 
 
 def test_a_hand_written_record_of_the_right_size_is_read(folder):
