@@ -10,12 +10,14 @@ import logging
 import os
 import re
 import socket
+import stat
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from lcft.errors import LcftError, reason
+from lcft.files import read_text
 
 # ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<revision>[\w./-]{1,200}))?")
@@ -30,6 +32,11 @@ NO_ROUTE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)  # conne
 # retries over 23 s (and waits for a rate limit's reset) left the user with nothing on the screen; once the Hub
 # has answered, the download keeps its retries.
 LIST_RETRIES = 1
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a commit hash, as the cache's refs hold them and its snapshots are named
+REF_BYTES = 100  # a ref file holds one commit hash (40 bytes): a longer one is no ref
+# a cached tree listing (trees/<commit>.json: a file's name, size and hashes, about 250 bytes, per file of the
+# repository), which huggingface_hub reads whole: 64 MiB is a quarter of a million files
+MAX_TREE_BYTES = 1 << 26
 # where huggingface_hub logs each failed request, then "Retrying in ..." or "Rate limited. ..." (a version that words
 # them otherwise retries as it always did)
 HUB_HTTP_LOGGER = "huggingface_hub.utils._http"
@@ -147,6 +154,36 @@ def _quiet(retries: int | None = None) -> Iterator[None]:
             http.setLevel(http_level)
 
 
+def _cached_commit(repo: str, folder: Path, revision: str) -> str | None:
+    """The commit hash the cache's refs/<revision> holds, read here (a regular file, without blocking, of at most
+    REF_BYTES): huggingface_hub reads it whole, online too, however it got there, and would wait forever on a
+    FIFO. None where the cache has no such ref (offline, huggingface_hub then says it is not cached)."""
+    if ".." in revision.split("/") or revision.startswith("/"):  # git refuses such names: no ref of the Hub's
+        raise LcftError(f"{repo}: {revision!r} is not a revision name (a branch, a tag or a commit hash)")
+    ref = folder / "refs" / revision
+    if not os.path.lexists(ref):
+        return None
+    commit = read_text(ref, REF_BYTES, "the Hub cache's ref")
+    if not COMMIT.fullmatch(commit):
+        raise LcftError(f"the Hub cache's ref {ref} does not hold a commit hash: remove it (or the whole "
+                        f"{folder}) and download again")
+    return commit
+
+
+def _check_trees(folder: Path) -> None:
+    """The cached tree listings that huggingface_hub reads whole (trees/<commit>.json, json.load): each a regular
+    file of at most MAX_TREE_BYTES, or one line naming it, before one is opened."""
+    trees = folder / "trees"
+    for path in sorted(trees.iterdir()) if trees.is_dir() else []:
+        try:
+            st = path.stat()
+        except OSError as e:
+            raise LcftError(f"the Hub cache's tree listing {path}: cannot read it ({reason(e)})") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TREE_BYTES:
+            why = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes, over {MAX_TREE_BYTES}"
+            raise LcftError(f"the Hub cache's tree listing {path} is {why}: remove it and download again")
+
+
 def snapshot(repo: str, revision: str | None = None) -> Path:
     """The cached snapshot of a model repository at `revision` (default main): config, tokenizer files and
     safetensors weights, or pytorch_model.bin only where the repository has no safetensors."""
@@ -155,10 +192,17 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
         from huggingface_hub import constants, errors
     except ImportError:
         raise LcftError(f"{repo}: Hub ids need the huggingface_hub package (pip install huggingface_hub)") from None
+    from huggingface_hub.file_download import repo_folder_name
+
     offline, cache = _offline(), _cache_dir()
     token = os.environ.get("HF_TOKEN") or None
     if not offline and (why := _unreachable(constants.ENDPOINT)):
         raise LcftError(f"{repo}: not a local folder, and the Hub cannot be reached: {why}")
+    folder = Path(cache or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    _check_trees(folder)
+    # a branch or tag's ref is read here, with bounds, not by huggingface_hub: offline, it is given the commit
+    cached = None if COMMIT.fullmatch(revision or "") else _cached_commit(repo, folder, revision or "main")
+    pinned = cached if offline and cached else revision
     try:
         patterns = list(MODEL_FILES)
         if offline:
@@ -169,7 +213,7 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
             if not any(f.endswith(".safetensors") for f in files):
                 patterns += TORCH_WEIGHTS
         with _quiet():
-            path = hh.snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
+            path = hh.snapshot_download(repo, revision=pinned, cache_dir=cache, local_files_only=offline,
                                         allow_patterns=patterns, token=token)
     except errors.LocalEntryNotFoundError:
         raise LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache "

@@ -1,0 +1,99 @@
+"""A Hub cache whose refs/<revision> or trees/<commit>.json is not what huggingface_hub writes (a FIFO, a link to
+/dev/zero, too long, no commit hash) is one line at once, offline: huggingface_hub read each whole, and waited
+forever on a FIFO; a cache as huggingface_hub writes it (a tree listing beside the snapshot) still loads."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lcft.checkpoint.hf_folder import from_pretrained
+from lcft.checkpoint.layout import resolve_checkpoint
+from tests import test_hub
+from tests.test_hub import COMMIT_A, cache_repo, hf_model, same_logits
+
+hub = test_hub.hub  # the fixture: HF_HOME a folder of the test's, HF_HUB_OFFLINE set
+
+REPO = "dna-org/tiny-llama"
+MEMORY_CAP = 6 << 30  # address space of the command: reading /dev/zero whole ends in MemoryError, not a full machine
+
+
+def _repo_folder(home: Path) -> Path:
+    return home / "hub" / f"models--{REPO.replace('/', '--')}"
+
+
+def _plan(home: Path, init: str = REPO) -> subprocess.CompletedProcess:
+    """`lcft plan --init <init>` offline in a process of its own, its memory capped, given 60 s (it takes ~2)."""
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))  # noqa: E731
+    try:
+        return subprocess.run([sys.executable, "-m", "lcft", "plan", "--init", init, "--seq-len", "4K"],
+                              capture_output=True, text=True, timeout=60, env=env, preexec_fn=cap)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"lcft plan --init {init} was still running after 60 s")
+
+
+def _plant(path: Path, kind: str) -> None:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "oversize":
+        path.write_text(COMMIT_A * 4)
+    else:
+        path.write_text("x" * 40)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "oversize", "not-hex"])
+def test_a_ref_that_is_no_commit_is_one_line_at_once(hub, tmp_path, kind):
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    ref = _repo_folder(hub) / "refs" / "main"
+    _plant(ref, kind)
+    got = _plan(hub)
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr[-2000:]
+    assert lines[0].startswith(f"error: the Hub cache's ref {ref}"), lines
+    assert ("not a regular file" if kind in ("fifo", "dev-zero") else "bytes, over the limit" if kind == "oversize"
+            else "does not hold a commit hash") in lines[0], lines
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_tree_listing_that_is_no_file_is_one_line_at_once(hub, tmp_path, kind):
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    tree = _repo_folder(hub) / "trees" / f"{COMMIT_A}.json"
+    tree.parent.mkdir()
+    _plant(tree, kind)
+    got = _plan(hub)
+    lines = got.stderr.strip().splitlines()
+    assert got.returncode == 1 and len(lines) == 1, got.stderr[-2000:]
+    assert lines[0] == f"error: the Hub cache's tree listing {tree} is not a regular file: remove it and download again"
+
+
+def test_a_revision_that_leaves_the_refs_folder_is_one_line(hub, tmp_path):
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    got = _plan(hub, f"{REPO}@../../x")
+    assert got.returncode == 1 and got.stderr.strip() == (f"error: {REPO}: '../../x' is not a revision name (a branch, "
+                                                          "a tag or a commit hash)"), got.stderr[-2000:]
+
+
+def test_a_cache_as_huggingface_hub_writes_it_still_loads(hub, tmp_path):
+    """Its refs and tree listing (written by huggingface_hub's own writer) are read: main's snapshot loads."""
+    from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
+
+    files, model = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    folder = _repo_folder(hub)
+    write_tree_cache(str(folder), COMMIT_A, {n: TreeCacheEntry(size=len(d), blob_id="0" * 40) for n, d in files.items()})
+    path = resolve_checkpoint(REPO)
+    assert path == folder / "snapshots" / COMMIT_A
+    assert same_logits(from_pretrained(path), model)
