@@ -1,14 +1,16 @@
-"""lcft's cache of files derived from a FASTA: decompressed and normalized copies, links named for pyfaidx,
-indexes for read-only inputs; the gzip kind that decides which of them a FASTA needs; what the cache holds, when
-each entry was last used, and removing those unused for a while."""
+"""lcft's cache of files derived from a FASTA: decompressed and normalized copies (each checked against the record
+made with it), links named for pyfaidx, indexes for read-only inputs; the gzip kind that decides which of them a
+FASTA needs; what the cache holds, when each entry was last used, and removing those unused for a while."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
+import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,12 +19,15 @@ from typing import IO, Literal
 
 from lcft.disk import check_room
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_open
+from lcft.files import not_own, parse_json, read_text, replacing_together
 from lcft.genomics.gzip_size import gzip_size_floor
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARTS = ("fasta", "links", "index")  # the cache's folders: every file in them is derived, made again when needed
-INDEX_SUFFIXES = (".fai", ".gzi")  # a file's indexes sit beside it (links/, fasta/) or alone (index/)
+RECORD = ".sum"  # beside a copy: {"bytes", "sha256"} of the copy as it was made, checked before it is reused
+# what sits beside a cache entry's file, part of its entry: its indexes (links/, fasta/; in index/ they are the entry)
+# and a copy's record
+BESIDE_SUFFIXES = (".fai", ".gzi", RECORD)
 CacheKind = Literal["decompressed", "normalized", "link", "link to a missing file", "index", "unfinished"]
 
 
@@ -102,21 +107,50 @@ class _Hashed(io.RawIOBase):
         return n or 0
 
 
-def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Callable[[IO[bytes], Path], None]) -> None:
+def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Callable[[IO[bytes], IO[bytes]], None]) -> None:
     """Make the copy `dest` with `write(source, tmp)`, hashing the bytes it reads: a file that changed since its
-    sha256 was taken (rewritten in place while being read) leaves no copy under a name that is not its own."""
+    sha256 was taken (rewritten in place while being read) leaves no copy under a name that is not its own. The
+    copy's own size and sha256 go beside it (RECORD), put in place after it: a record names a whole copy."""
+    record = dest.with_name(dest.name + RECORD)
     try:
-        with open(path, "rb") as fh, atomic_open(dest, "wb") as out:
-            src = io.BufferedReader(_Hashed(fh), 1 << 20)
-            write(src, out)
-            while src.read(1 << 22):  # what the reader left after its end (gzip's trailing bytes), hashed too
-                pass
-            got = src.raw.digest.hexdigest()
+        with replacing_together([dest, record]) as (tmp, tmp_record):
+            with open(path, "rb") as fh, open(tmp, "wb") as out:
+                src = io.BufferedReader(_Hashed(fh), 1 << 20)
+                write(src, out)
+                while src.read(1 << 22):  # what the reader left after its end (gzip's trailing bytes), hashed too
+                    pass
+                got = src.raw.digest.hexdigest()
             if got != sha256:
                 raise LcftError(f"{path} changed while it was read (sha256 {sha256[:12]} when opened, {got[:12]} "
                                 "read): open it again once it is complete")
+            tmp_record.write_text(json.dumps(_record_of(tmp)))
     except (OSError, EOFError) as e:
         raise LcftError(f"{path}: cannot {what} into {dest.parent}: {reason(e)}") from None
+
+
+def _record_of(copy: Path) -> dict[str, int | str]:
+    """{"bytes", "sha256"} of a copy, read through one 256 KiB buffer (hashlib.file_digest): a copy of one long
+    line is made holding a few 1 MiB pieces, and is hashed in less."""
+    with open(copy, "rb") as fh:
+        return {"bytes": os.fstat(fh.fileno()).st_size, "sha256": hashlib.file_digest(fh, "sha256").hexdigest()}
+
+
+def _reusable(dest: Path) -> bool:
+    """Whether the cache holds the copy `dest` as it was made: a regular file of the size and sha256 its RECORD
+    gives (hashed at each reuse, ~450 MB/s a core: a copy changed in place after it was made is never read). A
+    copy with no record (or an unreadable one) is made again; one that differs from its record, with a note."""
+    record = dest.with_name(dest.name + RECORD)
+    if not_own(dest) or not dest.exists():  # (a link or a folder under its name: never read, replaced)
+        return False
+    try:
+        made = parse_json(read_text(record, 1 << 10), str(record))
+    except LcftError:
+        return False
+    if isinstance(made, dict) and made.get("bytes") == dest.stat().st_size and made == _record_of(dest):
+        return True
+    print(f"note: the cache's copy {dest} is not as it was made (its size or sha256 differs from {record.name}): "
+          "making it again", file=sys.stderr, flush=True)
+    return False
 
 
 def decompress_to_cache(path: Path, sha256: str) -> Path:
@@ -124,7 +158,7 @@ def decompress_to_cache(path: Path, sha256: str) -> Path:
     of the compressed file, and reuse that copy for as long as a file with those bytes is opened."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name + ".fa"
     dest = cache_folder("fasta") / _copy_name(sha256, name)
-    if not dest.is_file():
+    if not _reusable(dest):
         check_room_to_decompress(path, dest.parent)
         _copy_into_cache(path, sha256, dest, "decompress gzip FASTA",
                          lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22))
@@ -224,7 +258,7 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
         # the GzipFile is left open, not closed: what follows its end in the source is hashed too
         normalize_lines(gzip.GzipFile(fileobj=src) if kind != "plain" else src, out)
 
-    if not dest.is_file():
+    if not _reusable(dest):
         _copy_into_cache(path, sha256, dest, "normalize line endings", write)
     return mark_used(dest)
 
@@ -287,7 +321,7 @@ def cache_entries() -> list[CacheEntry]:
     for part in PARTS:
         folder = root / part
         for f in sorted(folder.iterdir()) if folder.is_dir() else []:
-            stem = next((f.name[: -len(x)] for x in INDEX_SUFFIXES if f.name.endswith(x)), f.name)
+            stem = next((f.name[: -len(x)] for x in BESIDE_SUFFIXES if f.name.endswith(x)), f.name)
             groups.setdefault((part, stem), []).append(f)
     return [e for (part, name), files in groups.items() if (e := _entry(part, name, files))]
 

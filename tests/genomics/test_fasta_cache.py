@@ -189,7 +189,8 @@ def test_the_cache_lists_each_copy_with_its_index(tmp_path, monkeypatch):
     entries = {e.kind: e for e in cache_entries()}
     assert sorted(entries) == ["decompressed", "index"]
     copy = entries["decompressed"]
-    assert copy.name.endswith("-g.fa") and sorted(f.name for f in copy.files) == [copy.name, copy.name + ".fai"]
+    assert copy.name.endswith("-g.fa")
+    assert sorted(f.name for f in copy.files) == [copy.name, copy.name + ".fai", copy.name + ".sum"]  # .sum: its record
     assert copy.bytes == sum(os.stat(f).st_blocks * 512 for f in copy.files) > 5_000
     assert entries["index"].name.endswith("-r.fa") and [f.suffix for f in entries["index"].files] == [".fai"]
     assert all(time.time() - e.last_used < 600 for e in entries.values())
