@@ -213,6 +213,36 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
     }
 
 
+def read_back_problem(report: dict[str, Any], cfg: Any, n_windows: int) -> str | None:
+    """Why `report`, read back from an eval.json, is not one that `cfg` writes over `n_windows` windows (None when
+    it is): its format, options, bootstrap (the intervals allocate replicates x windows again from it), checkpoint
+    and window counts, or a number that is not finite (JSON reads NaN, Infinity, 1e999 and integers past 64 bits)."""
+    if report.get("format_version") != FORMAT_VERSION or report.get("options") != to_dict(cfg):
+        return "written by another version or with other options"
+    boot, data, cks = report.get("bootstrap"), report.get("data"), report.get("checkpoints")
+    if not isinstance(boot, dict) or [boot.get(k) for k in ("replicates", "seed", "level")] != [
+            cfg.bootstrap, cfg.seed, LEVEL]:
+        return f"its bootstrap is not {cfg.bootstrap:,} replicates with seed {cfg.seed}"
+    if not isinstance(data, dict) or data.get("windows") != n_windows:
+        return f"it does not count {counted(n_windows, 'window')}"
+    if not (isinstance(cks, list) and len(cks) == len(cfg.checkpoints) and all(
+            isinstance(c, dict) and isinstance(c.get("windows"), list) and len(c["windows"]) == n_windows for c in cks)):
+        return f"it does not hold {len(cfg.checkpoints)} checkpoints of {counted(n_windows, 'window')} each"
+    return None if _finite(report) else "it holds a number that is not finite"
+
+
+def _finite(x: Any) -> bool:
+    """Whether every float in the JSON value `x` is finite and every integer fits 64 bits (float() of a larger
+    one overflows)."""
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if isinstance(x, list):
+        return all(_finite(v) for v in x)
+    if isinstance(x, float):
+        return math.isfinite(x)
+    return not isinstance(x, int) or -(1 << 63) <= x < 1 << 63
+
+
 def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (checkpoint, bin), the same figures as the JSON (empty cells for undefined figures)."""
     edges = report["positions"]["edges"]

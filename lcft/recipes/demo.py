@@ -153,24 +153,47 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
     return Path(summary["checkpoint"]), how
 
 
-def _eval_is_current(report_dir: Path, ecfg: Any) -> dict | None:
-    """The existing report when it was made with the same options from the same weights (a re-run skips)."""
+def _eval_is_current(report_dir: Path, ecfg: Any, control_steps: int) -> tuple[dict | None, str]:
+    """(the existing report, "") when it was made with the same options from the same weights and reads as the
+    demo prints it (a re-run skips); else (None, why it is not kept), ("" when there is none)."""
     from lcft.checkpoint.layout import resolve_checkpoint
     from lcft.checkpoint.weights import weights_sha256
+    from lcft.evaluate.report import read_back_problem
+    from lcft.genomics.window_set import open_windows
 
     p = report_dir / "eval.json"
     if not p.is_file():
-        return None
+        return None, ""
     try:  # damaged (cut, garbled, nested too deep, not an object): evaluated again
         report = read_json(p)
-    except LcftError:
-        return None
-    listed = report.get("checkpoints")
-    if report.get("options") != to_dict(ecfg) or not (
-            isinstance(listed, list) and all(isinstance(c, dict) for c in listed)):
-        return None
+    except LcftError as e:
+        return None, reason(e)
+    n = len(open_windows(ecfg.data, ecfg.split))
+    if problem := read_back_problem(report, ecfg, min(n, ecfg.max_windows or n)):
+        return None, problem
     hashes = [weights_sha256(resolve_checkpoint(c)) for c in ecfg.checkpoints]
-    return report if hashes == [c.get("weights_sha256") for c in listed] else None
+    if hashes != [c.get("weights_sha256") for c in report["checkpoints"]]:
+        return None, "made from other weights"
+    return (report, "") if _prints(report, control_steps) else (None, "a figure the demo prints is missing or not a number")
+
+
+def _prints(report: dict, control_steps: int) -> bool:
+    """Whether the table, summary lines and note the demo prints can all be made from `report`, read back from a
+    file (a figure deleted or of another type there; a report just evaluated is shown without this net, so a
+    fault in that code still shows its traceback)."""
+    import io
+
+    from rich.console import Console
+
+    from lcft.evaluate.terminal import print_table
+
+    try:
+        print_table(report, Console(file=io.StringIO(), width=120))
+        summary_lines(report, control_steps)
+        demo_note(report)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -276,11 +299,11 @@ def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_c
         probe_distances=(*distances, top), probe_mutation=0.0, probe_windows=cfg.probe_windows)
 
 
-def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, Any], str]:
+def eval_stage(ecfg: Any, report_dir: Path, progress: bool, control_steps: int) -> tuple[dict[str, Any], str]:
     """The report (made now, or the current one kept) and what happened."""
     from lcft.evaluate.runner import evaluate
 
-    report = _eval_is_current(report_dir, ecfg)
+    report, stale = _eval_is_current(report_dir, ecfg, control_steps)
     if report is not None:
         return report, "done before with the same options and weights, skipped"
     report = evaluate(ecfg, progress=progress)
@@ -291,7 +314,8 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool) -> tuple[dict[str, A
         raise Stopped(f"stopped by {name} in the evaluation (the losses computed so far are kept in "
                       f"{report['out']}); run the same `lcft demo` again to continue", int(signal.Signals[name]))
     probe = f", copy probe on {report['probe']['windows']}" if report.get("probe") else ""
-    return report, f"{report['data']['windows']} held-out windows x {len(report['checkpoints'])}{probe}"
+    again = f"the report there is not kept ({stale}), evaluated again: " if stale else ""
+    return report, f"{again}{report['data']['windows']} held-out windows x {len(report['checkpoints'])}{probe}"
 
 
 def timed(number: int, title: str, fn: Callable[[], tuple[Any, str]], log: Callable[[str], None]
@@ -333,7 +357,7 @@ def _run_stages(cfg: DemoConfig, paths: DemoPaths, progress: bool, log: Callable
     control, stages["control"] = timed(5, "positive control: train the base on windows holding a copy",
                                        lambda: control_stage(cfg, paths, base, progress), log)
     report, stages["eval"] = timed(6, "evaluate on the held-out chr22 windows", lambda: eval_stage(
-        eval_config(cfg, paths, base, long, control), paths.report, progress), log)
+        eval_config(cfg, paths, base, long, control), paths.report, progress, cfg.control_steps), log)
 
     summary = {"total_seconds": round(time.perf_counter() - t_all, 1),
                "total_cpu_seconds": round(sum(v["cpu_seconds"] for v in stages.values()), 1),

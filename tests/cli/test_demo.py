@@ -86,18 +86,35 @@ def finished(tmp_path_factory) -> tuple[list[str], dict]:
     return args, json.loads((out / "report" / "eval.json").read_text())
 
 
-@pytest.mark.parametrize("damage", ["[1]", "[" * 10**5 + "]" * 10**5, "checkpoints-not-tables"])
+def _edited(report: dict, damage: str) -> str:
+    """The text of `report` with one figure changed as `damage` says."""
+    r = json.loads(json.dumps(report))
+    if damage == "checkpoints-not-tables":
+        r["checkpoints"] = [5, 6, 7]
+    elif damage.startswith("replicates="):  # the bootstrap allocates replicates x windows int64
+        r["bootstrap"]["replicates"] = int(damage.partition("=")[2])
+    elif damage.startswith("no "):
+        del r[damage[3:]]
+    elif damage == "loss-not-a-number":
+        r["checkpoints"][1]["loss"] = "low"
+    elif damage == "loss-NaN":
+        return json.dumps(r).replace(f'"loss": {json.dumps(r["checkpoints"][1]["loss"])}', '"loss": NaN', 1)
+    return json.dumps(r)
+
+
+@pytest.mark.parametrize("damage", ["[1]", "[" * 10**5 + "]" * 10**5, "checkpoints-not-tables", "replicates=1001",
+                                    "replicates=10000000000", "no bootstrap", "no uniform", "loss-not-a-number",
+                                    "loss-NaN"])
 def test_a_damaged_report_is_made_again_on_a_rerun(finished, tmp_path, damage):
     args, report = finished
     path = Path(args[2]) / "report" / "eval.json"
-    if damage == "checkpoints-not-tables":
-        path.write_text(json.dumps({**report, "checkpoints": [5, 6, 7]}))
-    else:
-        path.write_text(damage)
+    path.write_text(damage if damage.startswith("[") else _edited(report, damage))
     r = runner.invoke(app, args)
     assert r.exit_code == 0, (r.output, r.exception)
+    assert r.output.count("the report there is not kept (") == 1 and "evaluated again" in r.output, r.output
     again = json.loads(path.read_text())
     assert [c["loss"] for c in again["checkpoints"]] == [c["loss"] for c in report["checkpoints"]]
+    assert again["bootstrap"] == report["bootstrap"] and "uniform" in again
 
 
 @pytest.mark.parametrize("place", ["a file", "under a file", "a folder of other files"])

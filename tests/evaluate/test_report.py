@@ -13,9 +13,10 @@ import pytest
 from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, WindowBins, bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo
 from lcft.evaluate.config import EvalConfig
-from lcft.evaluate.report import CSV_COLUMNS, build_report, write_outputs
+from lcft.evaluate.report import CSV_COLUMNS, build_report, read_back_problem, write_outputs
 from lcft.evaluate.split import CheckpointResult
 from lcft.evaluate.terminal import table
+from lcft.files import read_json
 
 
 class FakeWindows:
@@ -173,3 +174,43 @@ def test_the_plot_draws_names_that_are_not_printable_escaped(tmp_path):
     fig.savefig(tmp_path / "p.png")
     texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
     assert any("long\\udcc3" in t for t in texts) and any("d\\udcb6\\x1b[31m" in t for t in texts)
+
+
+def _tampered(report: dict, how: str) -> dict:
+    r = json.loads(json.dumps(report))
+    long = r["checkpoints"][1]
+    if how == "replicates":
+        r["bootstrap"]["replicates"] = 10**10  # replicates x windows int64 is what the intervals allocate
+    elif how == "no bootstrap":
+        del r["bootstrap"]
+    elif how == "seed":
+        r["bootstrap"]["seed"] = 7
+    elif how == "windows":
+        long["windows"] = long["windows"] * 1000
+    elif how == "data windows":
+        r["data"]["windows"] = 3000
+    elif how == "checkpoints":
+        r["checkpoints"] = r["checkpoints"] * 2
+    elif how == "options":
+        r["options"]["bins"] = 3
+    elif how in ("NaN", "Infinity", "1e999"):
+        long["loss"] = "@"  # written as a bare JSON token below
+    elif how == "integer past 64 bits":
+        long["windows"][0]["tokens"] = 1 << 64
+    return r
+
+
+@pytest.mark.parametrize("how, said", [
+    ("replicates", "bootstrap is not 1,000 replicates"), ("no bootstrap", "bootstrap is not"), ("seed", "seed 0"),
+    ("windows", "2 checkpoints of 3 windows"), ("data windows", "does not count 3 windows"),
+    ("checkpoints", "2 checkpoints"), ("options", "other options"), ("NaN", "not finite"),
+    ("Infinity", "not finite"), ("1e999", "not finite"), ("integer past 64 bits", "not finite")])
+def test_a_report_read_back_is_checked_against_the_options_that_write_it(tmp_path, how, said):
+    cfg, report, _ = _report(tmp_path)
+    write_outputs(report, Path(cfg.out), cfg)
+    path = Path(cfg.out) / "eval.json"
+    assert read_back_problem(read_json(path), cfg, 3) is None
+    assert "does not count 4 windows" in read_back_problem(read_json(path), cfg, 4)
+    path.write_text(json.dumps(_tampered(report, how)).replace('"@"', how))
+    problem = read_back_problem(read_json(path), cfg, 3)
+    assert problem is not None and said in problem, problem
