@@ -139,7 +139,7 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
                             "choose another --out, or delete that folder to start over")
     latest = latest_checkpoint(run)
     if latest is not None and checkpoint_step(latest) >= tcfg.steps:
-        return latest, "done before, skipped"
+        return latest.absolute(), "done before, skipped"  # as a run's own summary names it: the report's options match
     how = "resumed" if latest is not None else "trained"
     if latest is not None:
         tcfg = dataclasses.replace(tcfg, resume="auto")
