@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import random
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ import torch
 from lcft.checkpoint.layout import STATE_DIR, STEP_DIR, previous_checkpoint
 from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, shown
-from lcft.files import read_json
+from lcft.files import is_plain_name, read_json
+from lcft.genomics.shards import is_count
 from lcft.shapes import MAX_BATCH
 from lcft.torch_zip import stored_records
 
+SHA256 = re.compile(r"[0-9a-f]{64}")  # a hexdigest() as the data's manifest records it
 MT_WORDS = 624  # words of a Mersenne Twister state (python's state adds its position to them)
 
 
@@ -129,11 +132,29 @@ def read_state(ckpt: str | os.PathLike) -> TrainerState:
     if not isinstance(state.guard_history, list) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in [*state.guard_history, *numbers]):
         raise broken(p, "corrupt trainer state (guard_history, elapsed or last_loss is not a number)")
-    if state.data is not None and not (isinstance(state.data, dict) and isinstance(state.data.get("sha256", {}), dict)):
-        raise broken(p, "corrupt trainer state (data is not the identity lcft records)")
+    if state.data is not None and (why := _data_problem(state.data)):
+        raise broken(p, f"corrupt trainer state ({why})")
     if why := _inconsistent(state, Path(ckpt)):
         raise broken(p, f"corrupt trainer state ({why})")
     return state
+
+
+def _data_problem(data: Any) -> str | None:
+    """What makes `data` other than the identity lcft records (lcft.train.run_dir.data_identity: a positive length
+    and stride, and 64 lower-case hex digits for each train file, named plainly), which a resume prints; None when
+    it is that."""
+    if not isinstance(data, dict) or set(data) != {"length", "stride", "sha256"}:
+        return "data is not the identity lcft records: length, stride and sha256"
+    if bad := [k for k in ("length", "stride") if not is_count(data[k], 1)]:
+        return f"data.{bad[0]} is not a positive whole number"
+    digests = data["sha256"]
+    if not isinstance(digests, dict):
+        return "data.sha256 is not an object of file names"
+    if names := [n for n in digests if not (is_plain_name(n) and n.isprintable())]:
+        return f"data.sha256 names {shown(names[0], quoted=True)}, which is not a plain file name"
+    if names := [n for n, v in digests.items() if not (isinstance(v, str) and SHA256.fullmatch(v))]:
+        return f"data.sha256 of {names[0]} is not 64 hex digits"
+    return None
 
 
 def _inconsistent(state: TrainerState, ckpt: Path) -> str | None:

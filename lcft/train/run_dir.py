@@ -19,7 +19,7 @@ from lcft.checkpoint.layout import (
 from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import not_own
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
@@ -93,15 +93,16 @@ def record_data(state: TrainerState, manifest: dict[str, Any]) -> list[str]:
     if not isinstance(saved, dict) or saved == state.data:
         return []
     now = state.data
-    parts = [f"{k} {saved.get(k)} -> {now[k]}" for k in ("length", "stride") if saved.get(k) != now[k]]
+    # every value shown escaped: the saved ones come from a checkpoint's state.json (read_state checks their form)
+    parts = [f"{k} {shown(saved.get(k))} -> {shown(now[k])}" for k in ("length", "stride") if saved.get(k) != now[k]]
     old, new = saved.get("sha256", {}), now["sha256"]
-    parts += [f"{name} sha256 {_short(old.get(name))} -> {_short(new.get(name))}"
+    parts += [f"{shown(name)} sha256 {_short(old.get(name))} -> {_short(new.get(name))}"
               for name in sorted({*old, *new}) if old.get(name) != new.get(name)]
     return [f"data contents: {', '.join(parts)}"]
 
 
 def _short(digest: str | None) -> str:
-    return digest[:12] if digest else "none"
+    return shown(digest[:12]) if digest else "none"
 
 
 def check_launch(cfg: TrainConfig, world: int) -> None:

@@ -331,3 +331,36 @@ def test_a_deflated_record_is_refused_before_it_is_inflated(run_copy, name, reco
     assert int(lines[-1].split()[0]) < 128, lines  # MiB above the peak before reading
     assert len(lines) == 2 and lines[0].startswith("LcftError") and str(path) in lines[0], lines
     assert "is compressed" in lines[0] and f"--resume {ckpt(run, 1)}" in lines[0], lines
+
+
+# each: a data identity no run writes (lcft.train.run_dir.data_identity); a resume prints its values, so terminal
+# escapes there would reach the screen, and a forged line would read as lcft's own
+DATA = {
+    "length-escapes": (lambda d: d.update(length="\x1b[2J\x1b[H\x1b[32mall checks passed\nerror: fake second line"),
+                       "data.length is not a positive whole number"),
+    "stride-zero": (lambda d: d.update(stride=0), "data.stride is not a positive whole number"),
+    "length-a-bool": (lambda d: d.update(length=True), "data.length is not a positive whole number"),
+    "stride-missing": (lambda d: d.pop("stride"), "data is not the identity lcft records"),
+    "name-escapes": (lambda d: d["sha256"].update({"\x1b]0;owned\x07train.bin": "0" * 64}),
+                     "data.sha256 names '\\x1b]0;owned\\x07train.bin', which is not a plain file name"),
+    "name-a-path": (lambda d: d["sha256"].update({"../train.bin": "0" * 64}), "names '../train.bin'"),
+    "digest-not-hex": (lambda d: d["sha256"].update({"train.bin": "\x1b[2J" + "0" * 60}),
+                       "data.sha256 of train.bin is not 64 hex digits"),
+    "digests-a-list": (lambda d: d.update(sha256=["train.bin"]), "data.sha256 is not an object of file names"),
+}
+
+
+@pytest.mark.parametrize("mode", list(DATA))
+def test_a_crafted_data_identity_is_one_line_naming_the_field(run_copy, mode):
+    run, cfg = run_copy
+    path = ckpt(run, 2) / STATE / "state.json"
+    state = json.loads(path.read_text())
+    assert set(state["data"]) == {"length", "stride", "sha256"} and "train.bin" in state["data"]["sha256"]
+    edit, said = DATA[mode]
+    edit(state["data"])
+    path.write_text(json.dumps(state))
+    write_checksums(ckpt(run, 2))
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(**{**cfg, "resume": "auto"}))
+    message = str(e.value)
+    assert str(path) in message and said in message and message.isprintable(), message

@@ -15,11 +15,13 @@ import torch
 
 from lcft.checkpoint.layout import STATE_DIR
 from lcft.checkpoint.save import write_checksums
+from lcft.checkpoint.state import TrainerState
 from lcft.config_toml import load_toml
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
+from lcft.train.run_dir import record_data
 
 from .conftest import WINDOW
 
@@ -196,3 +198,16 @@ def test_a_superseded_entry_that_is_not_a_folder_is_one_line_before_anything_mov
     assert str(e.value) == f"{run / 'superseded'} is not a folder; move it aside"
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
     assert list(elsewhere.iterdir()) == []
+
+
+def test_the_changed_data_line_shows_saved_values_escaped():
+    """A state's data identity reaches the screen: whatever it holds (read_state refuses what no run writes), the
+    line is one line of printable text naming each difference."""
+    forged = "\x1b[2J\x1b[H\x1b[32mall checks passed\nerror: fake second line"
+    state = TrainerState(data={"length": forged, "stride": 8,
+                               "sha256": {"\x1b]0;owned\x07train.bin": "\x1b[31m" + "a" * 60}})
+    manifest = {"length": 16, "stride": 8, "splits": {"train": {"files": {"train.bin": {"sha256": "b" * 64}}}}}
+    [line] = record_data(state, manifest)
+    assert line.isprintable(), line
+    assert line == ("data contents: length '\\x1b[2J\\x1b[H\\x1b[32mall checks passed\\nerror: fake second line' -> 16, "
+                    "'\\x1b]0;owned\\x07train.bin' sha256 '\\x1b[31maaaaaaa' -> none, train.bin sha256 none -> bbbbbbbbbbbb")
