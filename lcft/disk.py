@@ -1,5 +1,6 @@
 """Why a write failed, in one line: a full disk, a quota, a file past the filesystem's or this process's file-size
-limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text."""
+limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text; and
+a folder that cannot be removed, said, since it keeps its disk space."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import errno
 import os
 import resource
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 
 
 def _mib(n: int) -> str:
@@ -134,3 +135,30 @@ def write_faults(path: str | os.PathLike) -> Iterator[None]:
         if err is None:
             raise
         raise err from None
+
+
+def remove_tree(folder: Path) -> str | None:
+    """Remove `folder` with everything in it, as much as can be (a folder already gone is fine); returns why
+    something stays (the first failure), or None."""
+    failed: list[str] = []
+
+    def note(_func: object, _path: str, exc_info: tuple) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):  # removed meanwhile: what we wanted
+            failed.append(reason(exc_info[1]))
+
+    shutil.rmtree(folder, onerror=note)
+    return failed[0] if failed else None
+
+
+def kept_space(what: str, later: str = "") -> str:
+    """The warning that `what` ("FOLDER: WHY", and what it is) could not be removed; `later`: who tries again."""
+    return f"warning: cannot remove {what}; its disk space stays in use until it is removed{later}"
+
+
+def removed_or_said(folder: Path, warn: Callable[[str], None] | None, what: str, later: str = "") -> bool:
+    """Remove `folder` (`remove_tree`); whether it is gone. One that stays is a `kept_space` warning to `warn`
+    naming `what` it is and why: a leftover is never left in silence, holding what may be gigabytes."""
+    why = remove_tree(folder)
+    if why is not None and warn is not None:
+        warn(kept_space(f"{what}: {why}", later))
+    return why is None

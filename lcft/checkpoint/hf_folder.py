@@ -50,8 +50,8 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
                 write(tmp / name, name)
                 respect_umask(tmp / name, folder=False)  # safetensors writes 0600
             os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:  # the error goes on; left unsaid: the temp folder is this call's own, of files it
+            shutil.rmtree(tmp, ignore_errors=True)  # just wrote, so only a failing filesystem keeps it
             raise
         return
     if not directory.is_dir():

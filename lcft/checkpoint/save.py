@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,11 +21,12 @@ from lcft.checkpoint.layout import (
     step_name,
     verify_checkpoint,
 )
-from lcft.disk import disk_full_error, free_bytes
-from lcft.errors import LcftError, reason
+from lcft.disk import disk_full_error, free_bytes, kept_space, remove_tree, removed_or_said
+from lcft.errors import LcftError
 from lcft.files import atomic_write, file_record
 
 PRUNED = TMP_PREFIX + "pruned-"  # a pruned checkpoint's folder while it is deleted
+LATER = " (the run's next start tries again)"  # a temp folder left: clean_partial's
 
 if TYPE_CHECKING:  # only a type here: the run folder's checks (lcft.train.run_dir) import this module without torch
     import torch
@@ -38,12 +39,8 @@ def clean_partial(run_dir: str | os.PathLike, warn: Callable[[str], None] | None
     removed = []
     if root.is_dir():
         for p in sorted(root.iterdir()):
-            if p.name.startswith(TMP_PREFIX):
-                if (why := _remove_tree(p)) is None:
-                    removed.append(p)
-                elif warn is not None:
-                    warn(f"warning: cannot remove {p}, left by an earlier save or prune: {why}; its disk space "
-                         "stays in use until it is removed")
+            if p.name.startswith(TMP_PREFIX) and removed_or_said(p, warn, f"{p}, left by an earlier save or prune"):
+                removed.append(p)
     return removed
 
 
@@ -55,7 +52,7 @@ def prune(run_dir: str | os.PathLike, keep_last: int, warn: Callable[[str], None
         return
     root = checkpoints_dir(run_dir)
     for p in sorted(root.glob(PRUNED + "*")):  # an earlier prune's, warned of then: its space back once it goes
-        _remove_tree(p)
+        remove_tree(p)
     found = list_checkpoints(run_dir)
     doomed, kept = found[:-keep_last], found[-keep_last:]
     if doomed and not any(_verifies(p) for _, p in reversed(kept)):
@@ -64,8 +61,7 @@ def prune(run_dir: str | os.PathLike, keep_last: int, warn: Callable[[str], None
             doomed.pop(good)
     for _, p in doomed:
         if (why := remove_checkpoint(p)) is not None and warn is not None:
-            warn(f"warning: cannot remove the pruned checkpoint {why}; its disk space stays in use until it is "
-                 "removed (each later save and the run's next start try again)")
+            warn(kept_space(f"the pruned checkpoint {why}", " (each later save and the run's next start try again)"))
 
 
 def remove_checkpoint(ckpt: Path) -> str | None:
@@ -73,26 +69,13 @@ def remove_checkpoint(ckpt: Path) -> str | None:
     that the next start's clean_partial removes, never a partly deleted folder under its step name (where a
     reader, or --resume naming it, found files missing). Returns what stays and why ("FOLDER: WHY"), or None."""
     doomed = ckpt.with_name(PRUNED + ckpt.name)
-    _remove_tree(doomed)
+    remove_tree(doomed)
     try:
         os.rename(ckpt, doomed)
     except OSError:
         doomed = ckpt  # (gone already, or a folder we may not rename: removed where it is, as before)
-    why = _remove_tree(doomed)
+    why = remove_tree(doomed)
     return None if why is None else f"{doomed}: {why}"
-
-
-def _remove_tree(folder: Path) -> str | None:
-    """Remove `folder` with everything in it, as much as can be (a folder already gone is fine); returns why
-    something stays (the first failure), or None."""
-    failed: list[str] = []
-
-    def note(_func: object, _path: str, exc_info: tuple) -> None:
-        if not isinstance(exc_info[1], FileNotFoundError):  # removed meanwhile: what we wanted
-            failed.append(reason(exc_info[1]))
-
-    shutil.rmtree(folder, onerror=note)
-    return failed[0] if failed else None
 
 
 _WRITTEN: set[Path] = set()  # checkpoints this process hashed as it wrote them: not read back to prune
@@ -157,16 +140,19 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
 
 def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callable[[Path], None],
                      write_rest: Callable[[Path], None],
-                     between: Callable[[int, Path], None] | None = None, expected_bytes: int | None = None) -> Path:
+                     between: Callable[[int, Path], None] | None = None, expected_bytes: int | None = None,
+                     warn: Callable[[str], None] | None = None) -> Path:
     """Write `<run>/checkpoints/.tmp-step-N/` with its checksums, flush it to disk, then rename it to `step-N`
     (atomic on POSIX; an existing `step-N` is replaced). A crash at any point leaves either no new `step-N` or a
     complete one; earlier checkpoints are untouched. A failed write (e.g. disk full: a one-line error naming the
     folder and `expected_bytes`) removes the temp folder. `between(step, tmp)` runs after the model is written
-    and before the rest (TrainHooks.during_save)."""
+    and before the rest (TrainHooks.during_save). A temp folder, or a replaced step's old copy, that cannot be
+    removed is a warning to `warn` (its disk space stays in use; the run's next start tries again)."""
     root = checkpoints_dir(run_dir)
     final = root / step_name(step)
     tmp = root / (TMP_PREFIX + step_name(step))
-    shutil.rmtree(tmp, ignore_errors=True)
+    if (why := remove_tree(tmp)) is not None:  # an earlier save's, which the run's start warned of
+        raise LcftError(f"cannot save step {step}: cannot remove {tmp}, left by an earlier save: {why}")
     try:  # a checkpoints folder the run may not write in (read-only, or made so): one line before anything
         tmp.mkdir(parents=True)
     except OSError as e:
@@ -180,7 +166,7 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
         _fsync_tree(tmp)
     except Exception as e:
         free = free_bytes(root)  # before the temp folder's space comes back
-        shutil.rmtree(tmp, ignore_errors=True)
+        removed_or_said(tmp, warn, f"the failed save's {tmp}", LATER)
         err = disk_full_error(e, root, expected_bytes, free)
         if err is None:
             raise
@@ -188,11 +174,11 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
         kept = f"; the last good checkpoint {last} is kept" if last is not None else ""
         raise LcftError(f"cannot save step {step}: {err}{kept}") from None
     if final.exists():  # this step saved before (a resumed run replaces what it recomputed)
-        old = root / (TMP_PREFIX + "old-" + final.name)
-        shutil.rmtree(old, ignore_errors=True)
+        # a fresh empty name to rename onto (an earlier one's copy that could not be removed stays apart)
+        old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{final.name}-", dir=root))
         os.rename(final, old)
         os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        removed_or_said(old, warn, f"the replaced checkpoint {old}", LATER)
     else:
         os.rename(tmp, final)
     _fsync_dir(root)

@@ -23,12 +23,12 @@ from lcft.errors import LcftError
 
 def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,
                  write_rest: Callable[[Path], None], between: Callable[[int, Path], None] | None,
-                 windows: Any = None) -> Path:
+                 windows: Any = None, warn: Callable[[str], None] | None = None) -> Path:
     """Collective: every rank writes its shards of the model and optimizer into the checkpoint's temp folder
     (`dcp/`); rank 0 adds config.json, lcft.json (recording the tokenizer of `windows`, the training data),
     for a model tokenizer its files (as a plain checkpoint, so AutoTokenizer and `lcft export` find them) and
     the trainer state, then renames the folder (atomic, as write_checkpoint). Nothing is gathered on one rank.
-    The folder must be on a filesystem all ranks share."""
+    The folder must be on a filesystem all ranks share. `warn`: write_checkpoint's."""
     final = checkpoints_dir(run_dir) / step_name(step)
     raw = getattr(optimizer, "optimizer", optimizer)
     tmp = checkpoints_dir(run_dir) / (TMP_PREFIX + step_name(step))
@@ -42,7 +42,7 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
 
     need = checkpoint_bytes(model)
     if is_main:  # a failed save (every rank's, DCP gathers them) is one line; the temp folder goes
-        return write_checkpoint(run_dir, step, write_model, write_rest, between, expected_bytes=need)
+        return write_checkpoint(run_dir, step, write_model, write_rest, between, expected_bytes=need, warn=warn)
     dist.barrier()
     try:
         save_state(model, raw, tmp)

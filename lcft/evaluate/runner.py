@@ -96,7 +96,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
         report = build_report(cfg, ws, n_windows, infos, results, edges)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
-            clear(cfg.out)
+            clear(cfg.out, _say)
     finally:
         lock.close()
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process

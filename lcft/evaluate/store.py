@@ -7,14 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lcft.disk import write_failure
+from lcft.disk import removed_or_said, write_failure
 from lcft.errors import LcftError
 from lcft.files import atomic_write, no_follow, refuse_foreign
 
@@ -28,9 +27,12 @@ def pass_key(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def clear(out: str | os.PathLike) -> None:
-    """Drop every kept pass of the output folder `out` (its report is written: nothing is left to resume)."""
-    shutil.rmtree(Path(out) / PARTIAL, ignore_errors=True)
+def clear(out: str | os.PathLike, warn: Callable[[str], None]) -> None:
+    """Drop every kept pass of the output folder `out` (its report is written: nothing is left to resume); what
+    cannot be removed, losses of every window evaluated, is a warning to `warn`."""
+    partial = Path(out) / PARTIAL
+    removed_or_said(partial, warn, f"the finished evaluation's {partial}",
+                    " (the next evaluation into this folder tries again)")
 
 
 class LossStore:

@@ -27,6 +27,7 @@ from lcft.genomics.prepare_folder import (
     RESOLVED,
     check_existing,
     clear_replaced,
+    drop_partial,
     finalize,
     resume_writers,
     split_files,
@@ -139,7 +140,7 @@ def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, 
     try:
         return _run(cfg, fasta, options, out, chosen, con, tok)
     except LcftError:
-        shutil.rmtree(out / PARTIAL, ignore_errors=True)
+        drop_partial(out, "of the refused run", "the next run into this folder")
         raise
     except OSError as e:
         raise LcftError(f"cannot write to {out / PARTIAL}: {write_failure(e)}; the finished part is kept there: "

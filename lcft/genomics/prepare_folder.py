@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
+from lcft.disk import removed_or_said
 from lcft.errors import LcftError, shown
 from lcft.files import file_hash
 from lcft.genomics.fasta import FastaFile
@@ -76,8 +78,8 @@ def check_existing(out: Path, options: dict, overwrite: bool, fasta: FastaFile) 
         old = read_manifest(out)
         recorded = old.get("options") if isinstance(old.get("options"), dict) else {}
         key = _differing(_recorded(recorded, options, fasta), options)
-        if key is None:  # done; a `.partial` beside it is what a finished run was killed removing
-            shutil.rmtree(out / PARTIAL, ignore_errors=True)
+        if key is None:  # done; a `.partial` beside it is what a finished run, or an --overwrite, was killed in
+            drop_partial(out, "left by an earlier run of these options", "each run over this folder")
             return old
         if load_state(out / PARTIAL, options) is not None:  # a killed --overwrite of these options
             return None
@@ -125,4 +127,15 @@ def finalize(out: Path, partial: Path) -> None:
     for name in _outputs():
         if (partial / name).exists():
             os.replace(partial / name, out / name)
+    # what stays is the run's state file, a few kB: the next run over the folder removes it, or warns
     shutil.rmtree(partial, ignore_errors=True)
+
+
+def drop_partial(out: Path, what: str, later: str) -> None:
+    """Remove `out`'s `.partial/` (`what`: whose it is); one that stays, windows that may take gigabytes, is a
+    warning on stderr naming it and why (`later`: who tries again)."""
+    removed_or_said(out / PARTIAL, _warn, f"{out / PARTIAL}, {what}", f" ({later} tries again)")
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

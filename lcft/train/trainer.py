@@ -294,10 +294,10 @@ class Trainer(GlobalStep):
 
         if self.layout.fsdp_enabled:
             path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
-                                self.hooks.during_save, self.samples.windows)
+                                self.hooks.during_save, self.samples.windows, warn=self._note)
         elif self.is_main:
             path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_model(self.model, tmp, self.samples.windows), write_rest,
-                                    self.hooks.during_save, expected_bytes=checkpoint_bytes(self.model))
+                                    self.hooks.during_save, expected_bytes=checkpoint_bytes(self.model), warn=self._note)
         if self.is_main:
             prune(self.run_dir, self.cfg.keep_last, self._note)
         self.acc.wait_for_everyone()

@@ -266,3 +266,73 @@ def test_a_checkpoint_that_cannot_be_pruned_is_a_warning_and_removed_once_it_can
     again = unprivileged([sys.executable, "-c", PRUNE, str(run), "prune"])
     assert again.returncode == 0 and again.stdout == "", again.stderr
     assert os.listdir(run / "checkpoints") == ["step-00000003"]
+
+
+SAVE = """
+import errno, os, sys
+from lcft.checkpoint.save import write_checkpoint
+from lcft.errors import LcftError
+
+def fail(d):  # a save that fails with its temp folder made undeletable (read-only) on the way
+    (d / "model.txt").write_text("half")
+    os.chmod(d, 0o555)
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+try:
+    write_checkpoint(sys.argv[1], 3, fail if sys.argv[2] == "fail" else lambda d: (d / "model.txt").write_text(
+        sys.argv[2]), lambda d: None, warn=print)
+except LcftError as e:
+    print(f"error: {e}")
+"""
+
+DENIED = r": \[Errno 13\] Permission denied: '(checksums.json|model.txt)'; its disk space stays in use until it is "
+
+
+def _save_unprivileged(run: Path, content: str) -> list[str]:
+    """write_checkpoint of step 3 (`content` its model.txt, or "fail") without root's override of folder modes;
+    its printed lines (warnings, then an error)."""
+    try:
+        r = unprivileged([sys.executable, "-c", SAVE, str(run), content])
+    finally:
+        for p in (run / "checkpoints").iterdir():
+            p.chmod(0o755)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.splitlines()
+
+
+def test_a_replaced_step_that_cannot_be_deleted_is_a_warning_each_time(tmp_path):
+    """Saving step 3 again over a step-3 whose files may not be deleted (read-only): the new copy takes its name
+    and one warning names the old copy left and why (it had been removed with errors ignored: its disk space
+    kept without a word); saving it again then neither fails on that leftover nor says nothing of the next."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 3, lambda d: (d / "model.txt").write_text("first"), lambda d: None)
+    left = []
+    for content in ("second", "third"):
+        ckpt(run, 3).chmod(0o555)
+        lines = _save_unprivileged(run, content)
+        new = sorted(p for p in (run / "checkpoints").glob(".tmp-old-step-00000003-*") if p not in left)
+        assert len(new) == 1 and len(lines) == 1, (lines, new)
+        left += new
+        assert re.fullmatch(f"warning: cannot remove the replaced checkpoint {re.escape(str(new[0]))}{DENIED}"
+                            r"removed \(the run's next start tries again\)", lines[0]), lines
+        assert (ckpt(run, 3) / "model.txt").read_text() == content and verify_checkpoint(ckpt(run, 3))
+    assert [(p / "model.txt").read_text() for p in left] == ["first", "second"]
+
+
+def test_a_failed_save_whose_temp_folder_stays_says_so(tmp_path):
+    """A save that fails (disk full) and whose temp folder cannot be removed: a warning naming it and why before
+    the one-line error; the next save over that leftover is one line naming it (had been 'File exists')."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 2, lambda d: (d / "model.txt").write_text("kept"), lambda d: None)
+    tmp = run / "checkpoints" / ".tmp-step-00000003"
+    lines = _save_unprivileged(run, "fail")
+    assert len(lines) == 2 and re.fullmatch(
+        f"warning: cannot remove the failed save's {re.escape(str(tmp))}{DENIED}"
+        r"removed \(the run's next start tries again\)", lines[0]), lines
+    assert lines[1].startswith("error: cannot save step 3: ") and f"last good checkpoint {ckpt(run, 2)}" in lines[1]
+    assert os.listdir(tmp) == ["model.txt"]
+    tmp.chmod(0o555)
+    lines = _save_unprivileged(run, "new")
+    assert lines == [f"error: cannot save step 3: cannot remove {tmp}, left by an earlier save: [Errno 13] "
+                     "Permission denied: 'model.txt'"], lines
+    assert sorted(os.listdir(run / "checkpoints")) == [tmp.name, "step-00000002"]

@@ -233,3 +233,48 @@ def test_train_pruning_a_read_only_checkpoint_warns_and_goes_on(tmp_path, data, 
     assert warnings[0].startswith(f"warning: cannot remove the pruned checkpoint {left}: [Errno 13] Permission "
                                   "denied"), warnings
     assert sorted(os.listdir(run / "checkpoints")) == [left.name, "step-00000002", "step-00000003"]
+
+
+def test_prepare_again_beside_a_leftover_it_cannot_remove_warns(tmp_path):
+    """The same `lcft prepare windows` again over its finished folder, beside a `.partial/` (a killed run of these
+    options) whose files may not be deleted: still nothing to do (exit 0) and one warning naming the folder kept
+    and why (it had been removed with errors ignored: its disk space kept without a word)."""
+    out = tmp_path / "out"
+    args = ["prepare", "windows", "--fasta", LAMBDA, "--length", "2048", "--train", "gi|9626243|ref|NC_001416.1|",
+            "--eval", "", "--out", out]
+    here(*args)
+    partial = out / ".partial"
+    partial.mkdir()
+    (partial / "train_000.bin").write_bytes(b"\0" * 4096)  # (any name: what a killed run wrote)
+    partial.chmod(0o555)
+    try:
+        r = unprivileged([sys.executable, "-m", "lcft", *map(str, args)])
+    finally:
+        partial.chmod(0o755)
+    assert r.returncode == 0 and "nothing to do" in r.stdout + r.stderr, r.stderr[-3000:]
+    assert r.stderr.splitlines()[:1] == [
+        f"warning: cannot remove {partial}, left by an earlier run of these options: [Errno 13] Permission denied: "
+        "'train_000.bin'; its disk space stays in use until it is removed (each run over this folder tries again)"]
+    assert os.listdir(partial) == ["train_000.bin"]
+    here(*args)  # once it may be: removed
+    assert not partial.exists()
+
+
+CLEAR = "import sys; from lcft.evaluate.store import clear; clear(sys.argv[1], print)"
+
+
+def test_eval_losses_that_cannot_be_removed_after_the_report_are_a_warning(tmp_path):
+    """The kept losses of a finished evaluation (`.partial/`) whose files may not be deleted: one warning naming
+    them and why (they had been removed with errors ignored: their disk space kept without a word)."""
+    partial = tmp_path / "report" / ".partial"
+    partial.mkdir(parents=True)
+    (partial / "0123.losses").write_bytes(b"\0" * 4096)
+    partial.chmod(0o555)
+    try:
+        r = unprivileged([sys.executable, "-c", CLEAR, str(tmp_path / "report")])
+    finally:
+        partial.chmod(0o755)
+    assert r.returncode == 0 and r.stdout == (
+        f"warning: cannot remove the finished evaluation's {partial}: [Errno 13] Permission denied: '0123.losses'; its "
+        "disk space stays in use until it is removed (the next evaluation into this folder tries again)\n"), r.stderr
+    assert os.listdir(partial) == ["0123.losses"]
