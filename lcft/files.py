@@ -1,6 +1,6 @@
 """File helpers shared by every stage: atomic replacement of a file, chunked hashing, JSON reading with one-line
 errors (nesting bounded, for TOML too), one writer per output folder (a lock naming its holder), what lcft did not
-make in a work folder refused, umask-respecting modes. Why a write failed (a full disk, a file-size limit) is lcft.disk."""
+make in a work folder or under a name of ours refused (one wording), umask-respecting modes. Why a write failed (a full disk, a file-size limit) is lcft.disk."""
 
 from __future__ import annotations
 
@@ -181,11 +181,23 @@ def refuse_foreign(folder: Path, tool: str) -> None:
     """Stop with one line naming it, changing nothing, when the work folder `folder` of `tool` (the command, as
     the message names it) holds a `foreign_entry`: what lcft did not make is never removed, nor resumed through."""
     entry = foreign_entry(folder)
-    if entry == folder:
-        raise LcftError(f"{folder} is not a folder {tool} made (a link or a file); remove it and re-run")
     if entry is not None:
-        raise LcftError(f"{entry} is not a file {tool} wrote (a link, a folder or a FIFO); remove it, or the "
-                        f"whole {folder}, and re-run")
+        raise foreign_error(entry, tool, folder=entry == folder, within=None if entry == folder else folder)
+
+
+def refuse_not_own(path: Path, tool: str, folder: bool = False) -> None:
+    """Stop with `foreign_error`'s line, changing nothing, when the one file (`folder`: folder) that `tool` keeps at
+    `path` is `not_own`: reading, appending or moving things through it would reach wherever it points."""
+    if not_own(path, folder):
+        raise foreign_error(path, tool, folder)
+
+
+def foreign_error(path: Path, tool: str, folder: bool = False, within: Path | None = None) -> LcftError:
+    """The one wording of what lcft did not make at `path`, where `tool` (the command) keeps a regular file (a
+    folder); `within`: the work folder it is in, which may go whole."""
+    what = f"a folder {tool} made (a link or a file)" if folder else f"a file {tool} wrote (a link, a folder or a FIFO)"
+    whole = "" if within is None else f", or the whole {within},"
+    return LcftError(f"{path} is not {what}; remove it{whole} and re-run")
 
 
 def files_sha256(paths: list[Path]) -> str:

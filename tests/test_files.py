@@ -263,8 +263,34 @@ def test_refuse_foreign_names_what_is_not_ours_and_changes_nothing(tmp_path, pla
     else:
         with pytest.raises(LcftError) as e:
             files.refuse_foreign(work, "tool")
-        msg = str(e.value)
-        what = "folder tool made" if named == work else "file tool wrote"
-        assert "\n" not in msg and msg.startswith(f"{named} is not a {what} ") and msg.endswith("re-run"), msg
+        assert str(e.value) == (f"{work} is not a folder tool made (a link or a file); remove it and re-run"
+                                if named == work else f"{named} is not a file tool wrote (a link, a folder or a "
+                                f"FIFO); remove it, or the whole {work}, and re-run")
+    assert sorted((p.name, p.lstat().st_mode) for p in tmp_path.rglob("*")) == before
+    assert (victim / "theirs").read_text() == "keep"
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_named_file_or_folder_not_ours_is_one_line_in_the_same_words(tmp_path, folder):
+    """refuse_not_own: under a name where a command keeps one regular file (or folder), a link (dangling or not), a
+    FIFO, or a folder (a file) is named in refuse_foreign's words, the whole folder not offered; a file (a folder)
+    of its own and nothing there pass; nothing is changed."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "theirs").write_text("keep")
+    (tmp_path / "link").symlink_to(victim if folder else victim / "theirs")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "dir").mkdir()
+    before = sorted((p.name, p.lstat().st_mode) for p in tmp_path.rglob("*"))
+    own, other = ("dir", "file") if folder else ("file", "dir")
+    for name in (own, "missing"):
+        files.refuse_not_own(tmp_path / name, "tool", folder=folder)
+    what = "a folder tool made (a link or a file)" if folder else "a file tool wrote (a link, a folder or a FIFO)"
+    for name in ("link", "dangling", "fifo", other):
+        with pytest.raises(LcftError) as e:
+            files.refuse_not_own(tmp_path / name, "tool", folder=folder)
+        assert str(e.value) == f"{tmp_path / name} is not {what}; remove it and re-run"
     assert sorted((p.name, p.lstat().st_mode) for p in tmp_path.rglob("*")) == before
     assert (victim / "theirs").read_text() == "keep"

@@ -28,7 +28,7 @@ from rich.progress import (
 
 from lcft.console import make_console, styled, text_column
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_open, file_hash, fresh_file, made_folder, not_own, open_own
+from lcft.files import atomic_open, file_hash, fresh_file, made_folder, open_own, refuse_not_own
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
 from lcft.units import counted
@@ -224,8 +224,7 @@ def _check_own(dest: Path, bgzip: bool) -> None:
     those names is taken as an earlier fetch's (whose md5 check came before them), but a link is no file of ours,
     and a plain gzip one would be unpacked, unchecked, into a regular file that later fetches take."""
     for p in (dest,) if bgzip else (dest, _unpacked(dest)):
-        if not_own(p):
-            raise LcftError(f"{p} is not a regular file (a fetch reads only the files it wrote); move it aside")
+        refuse_not_own(p, "fetch")
 
 
 def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, timeout: float,

@@ -20,7 +20,7 @@ from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, shown
-from lcft.files import not_own
+from lcft.files import refuse_not_own
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
 
@@ -41,12 +41,9 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
     # read, appended to or replaced later: a FIFO would hang, a folder fail, a link be written through (or, dangling,
     # fail after the folder is taken)
     for name in (RUN_CONFIG, METRICS, SUMMARY):
-        if not_own(run / name):
-            raise LcftError(f"{run / name} is not a regular file; move it aside")
+        refuse_not_own(run / name, "train")
     # a resume renames the checkpoints after its step into it: a link would move them out of the run folder
-    moved_to = run / SUPERSEDED
-    if not_own(moved_to, folder=True):
-        raise LcftError(f"{moved_to} is not a folder; move it aside")
+    refuse_not_own(run / SUPERSEDED, "train", folder=True)
     saved = run / RUN_CONFIG
     if cfg.resume:
         return resolve_resume(cfg.resume, run, say=say)

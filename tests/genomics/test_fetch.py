@@ -233,5 +233,5 @@ def test_a_download_name_that_is_not_a_regular_file_is_one_line_and_kept(server,
     before = sorted(p.name for p in tmp_path.rglob("*"))
     with pytest.raises(LcftError) as e:
         fetch_fasta("hg38", d, url=url)
-    assert str(e.value) == f"{d / name} is not a regular file (a fetch reads only the files it wrote); move it aside"
+    assert str(e.value) == f"{d / name} is not a file fetch wrote (a link, a folder or a FIFO); remove it and re-run"
     assert GenomeServer.ranges == [] and sorted(p.name for p in tmp_path.rglob("*")) == before

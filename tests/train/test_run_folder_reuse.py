@@ -157,7 +157,7 @@ def test_a_run_file_that_is_not_a_file_is_one_line_before_anything_is_written(tm
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    assert str(e.value) == f"{run / name} is not a regular file; move it aside"
+    assert str(e.value) == f"{run / name} is not a file train wrote (a link, a folder or a FIFO); remove it and re-run"
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
@@ -195,7 +195,7 @@ def test_a_superseded_entry_that_is_not_a_folder_is_one_line_before_anything_mov
     with pytest.raises(LcftError) as e:
         train(TrainConfig(out=str(run), **{**base_cfg, "steps": 4, "save_every": 2,
                                            "resume": str(latest_checkpoint(run).with_name("step-00000002"))}))
-    assert str(e.value) == f"{run / 'superseded'} is not a folder; move it aside"
+    assert str(e.value) == f"{run / 'superseded'} is not a folder train made (a link or a file); remove it and re-run"
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
     assert list(elsewhere.iterdir()) == []
 
