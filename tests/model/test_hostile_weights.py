@@ -9,9 +9,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
-import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -26,10 +23,10 @@ from lcft.errors import LcftError
 from lcft.model import Llama, LlamaConfig
 from lcft.model.hf_params import to_hf_name
 from lcft.train import TrainConfig, train
+from tests.probes import peak_growth
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 EMBED = "model.embed_tokens.weight"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -301,19 +298,6 @@ def test_a_bin_that_is_not_torch_zip_is_one_line(folder, tmp_path):
     assert "not a zip archive" in one_line_error(folder, tmp_path, "pytorch_model.bin")
 
 
-PEAK = textwrap.dedent("""
-    import resource, sys
-    from lcft.checkpoint.hf_folder import from_pretrained
-    from lcft.errors import LcftError
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    try:
-        from_pretrained(sys.argv[1])
-    except LcftError as e:
-        print("LcftError", e)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
-""")
-
-
 @pytest.mark.parametrize("value", [
     # torch.FloatTensor(2**28) moved to float64: 1 GiB, then 2 GiB, allocated by a 1 KB file
     glob_("torch._utils", "_rebuild_device_tensor_from_cpu_tensor") + b"(" + glob_("torch", "FloatTensor")
@@ -323,9 +307,6 @@ PEAK = textwrap.dedent("""
 def test_a_declared_size_allocates_nothing(folder, value):
     to_bin(folder)
     with_pickle(folder, state_pickle(value), storage=None)
-    proc = subprocess.run([sys.executable, "-c", PEAK, str(folder)], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert lines[0].startswith("LcftError") and "pytorch_model.bin" in lines[0], lines
-    assert int(lines[-1].split()[0]) < 256, lines  # MiB above the peak before loading
+    lines, grown = peak_growth("lcft.checkpoint.hf_folder.from_pretrained", folder)
+    assert len(lines) == 1 and lines[0].startswith("LcftError") and "pytorch_model.bin" in lines[0], lines
+    assert grown < 256, (grown, lines)  # MiB above the peak before loading
