@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -34,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 from lcft.checkpoint.dcp_metadata import SafePlanner, SafeReader, read_metadata_file
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.model_files import DCP_DIR, METADATA, PARAM_GROUPS, sharded_weight_files
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, reason, shown
 from lcft.files import atomic_write, files_sha256, read_json
 from lcft.model.config import AttentionConfig
 from lcft.model.hf_params import check_declared
@@ -175,6 +176,9 @@ def check_sharded_readable(ckpt: str | os.PathLike) -> torch.dtype:
     md = read_metadata_file(_dcp_dir(ckpt) / METADATA)
     prefix = MODEL + "."
     stored = {k: v for k, v in md.state_dict_metadata.items() if k.startswith(prefix)}
+    if byte := next((k for k, v in stored.items() if not isinstance(v, TensorStorageMetadata)), None):
+        raise LcftError(f"unreadable checkpoint {ckpt}: {DCP_DIR}/{METADATA} stores {shown(byte, quoted=True)} as "
+                        "bytes, not a tensor; lcft stores every weight as a tensor")
     dtypes = sorted({str(m.properties.dtype).removeprefix("torch.") for m in stored.values()})
     if len(dtypes) > 1:
         raise LcftError(f"unreadable checkpoint {ckpt}: its weights are stored in {len(dtypes)} dtypes "

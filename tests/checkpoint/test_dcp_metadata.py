@@ -194,6 +194,20 @@ def test_sizes_past_the_stored_bytes_are_refused_before_anything_is_allocated(ck
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_weight_declared_as_bytes_is_refused(ckpt, tmp_path):
+    """A model entry re-declared as bytes (BytesStorageMetadata, which an optimizer entry may be): export ended in
+    an AttributeError traceback reading its dtype. One line naming it; nothing written."""
+    d = ckpt / "dcp"
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    md.state_dict_metadata["model.embed_tokens.weight"] = BytesStorageMetadata()
+    md.storage_meta = dataclasses.replace(md.storage_meta, checkpoint_id=None)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    write_checksums(ckpt)
+    _refused(lambda: _cli(["export", str(ckpt), "--out", str(tmp_path / "hf")]),
+             "'model.embed_tokens.weight' as bytes, not a tensor")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_weights_in_two_dtypes_are_refused(ckpt, tmp_path):
     """Export took the first tensor's dtype for the whole model: one tensor declared float16 made it write every
     weight as float16. lcft writes one dtype: two are one line."""
