@@ -146,8 +146,11 @@ def _reusable(dest: Path) -> bool:
         made = parse_json(read_text(record, 1 << 10), str(record))
     except LcftError:
         return False
-    if isinstance(made, dict) and made.get("bytes") == dest.stat().st_size and made == _record_of(dest):
-        return True
+    try:
+        if isinstance(made, dict) and made.get("bytes") == dest.stat().st_size and made == _record_of(dest):
+            return True
+    except OSError:  # a copy this user may not read (a shared cache, another owner's): made again, or one line there
+        return False
     print(f"note: the cache's copy {dest} is not as it was made (its size or sha256 differs from {record.name}): "
           "making it again", file=sys.stderr, flush=True)
     return False

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from lcft.genomics import prepare_windows
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import cache_dir
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
+from tests.test_files import unprivileged
 
 RECS = {"a": random_genome(11, 12_000), "b": random_genome(12, 7_000)}
 
@@ -93,3 +95,24 @@ def test_a_copy_without_a_matching_record_is_made_again(tmp_path, damage, capsys
     assert json.loads(record.read_text())["sha256"] == hashlib.sha256(made).hexdigest()
     err = capsys.readouterr().err
     assert ("making it again" in err) == (damage == "cut short"), err
+
+
+READ = """
+import sys
+from lcft.genomics.fasta import FastaFile
+with FastaFile(sys.argv[1]) as f:
+    print(f.readable, f.read_raw("a", 0, 8).decode())
+"""
+
+
+def test_a_copy_this_user_cannot_read_is_made_again(tmp_path):
+    """A copy of another owner's mode (0 here: unreadable without root's override) in a cache this user may write:
+    its check raised PermissionError, a traceback; now it is made again."""
+    fasta = _fasta(tmp_path, "gzip")
+    copy = _copy(fasta)
+    made = copy.read_bytes()
+    copy.chmod(0)
+    r = unprivileged([sys.executable, "-c", READ, str(fasta)])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stdout.split() == [str(copy), RECS["a"][:8]]
+    assert copy.read_bytes() == made
