@@ -132,6 +132,11 @@ class EvalConfig(ParallelConfig):
             raise ConfigError(f"--probe-windows must be 0 (all) or positive, got {self.probe_windows}")
         check_seed(self)
 
+    def windows_of(self, available: int) -> int:
+        """How many of a split's `available` windows an evaluation reads: all, or the first --max-windows (a report
+        read back holds this many)."""
+        return min(self.max_windows, available) if self.max_windows else available
+
     def context_of(self, i: int) -> int:
         """The --max-context of checkpoint i (0 = the whole window)."""
         if not self.max_context:

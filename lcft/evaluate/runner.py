@@ -72,7 +72,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     launch_world()  # a launch environment no launcher made (left in the shell, mpirun's): refused before any read
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
-    n_windows = len(ws) if not cfg.max_windows else min(cfg.max_windows, len(ws))
+    n_windows = cfg.windows_of(len(ws))
     make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)

@@ -168,8 +168,7 @@ def _eval_is_current(report_dir: Path, ecfg: Any, control_steps: int) -> tuple[d
         report = read_json(p)
     except LcftError as e:
         return None, reason(e)
-    n = len(open_windows(ecfg.data, ecfg.split))
-    if problem := read_back_problem(report, ecfg, min(n, ecfg.max_windows or n)):
+    if problem := read_back_problem(report, ecfg, ecfg.windows_of(len(open_windows(ecfg.data, ecfg.split)))):
         return None, problem
     hashes = [weights_sha256(resolve_checkpoint(c)) for c in ecfg.checkpoints]
     if hashes != [c.get("weights_sha256") for c in report["checkpoints"]]:
