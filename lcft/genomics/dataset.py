@@ -34,6 +34,7 @@ class WindowSource(Protocol):
     """What `open_windows` returns, as far as training needs it."""
 
     length: int
+    dtype: np.dtype  # of the stored ids
 
     def __len__(self) -> int: ...
 
@@ -71,6 +72,7 @@ class TrainSamples:
         self.counted: np.ndarray = getattr(windows, "counted", _COUNTED)  # (vocab,) bool: labels with loss
         self.label_bases = label_bases_table(windows, self.counted)  # (vocab,) int64: bases a counted label covers
         self.pieces = windows.length // cfg.seq_len  # aligned sub-windows per window (a shorter tail is unused)
+        self.ids_dtype, self.labels_dtype = sample_dtypes(np.dtype(windows.dtype))
         self.num_samples = len(windows) * self.pieces
 
     @functools.lru_cache(maxsize=2)  # noqa: B019 - one object per run; the cache holds the current epochs
@@ -89,18 +91,20 @@ class TrainSamples:
         return window, piece * self.cfg.seq_len
 
     def example(self, sample_id: int) -> dict[str, np.ndarray]:
-        """input_ids (L,) int64; labels (L,) int64 = next token, IGNORE_INDEX at N/<unk> and at the last
-        position; weights (L,) float32 = softmask_loss_weight where the label's base was soft-masked."""
+        """input_ids (L,) and labels (L,) in `sample_dtypes` of the windows' ids (the model and the loss widen
+        them on the device); labels = next token, IGNORE_INDEX at N/<unk> and at the last position; weights (L,)
+        float32 = softmask_loss_weight where the label's base was soft-masked."""
         window, off = self.locate(sample_id)
         L = self.cfg.seq_len
         if flips(self.cfg.seed, sample_id, self.cfg.rc_augment):
             ids, soft, real = flipped_sample(self.windows, window, off, L)  # (L,), (L,), tokens before padding
         else:
-            ids = self.windows.ids(window, off, off + L).astype(np.int64)  # (L,) only the sample's tokens read
+            ids = self.windows.ids(window, off, off + L)  # (L,) only the sample's tokens read
             soft, real = None, L
-        labels = np.full(L, IGNORE_INDEX, dtype=np.int64)  # (L,)
+        ids = ids.astype(self.ids_dtype, copy=False)  # (L,) a copy only for ids torch cannot take as they are
+        labels = np.full(L, IGNORE_INDEX, dtype=self.labels_dtype)  # (L,)
         nxt = ids[1:real]  # (real-1,) position i predicts token i+1 of the same sample
-        labels[: nxt.size] = np.where(self.counted[nxt], nxt, IGNORE_INDEX)
+        np.copyto(labels[: nxt.size], nxt, where=self.counted[nxt])
         out = {"input_ids": ids, "labels": labels}
         if self.cfg.softmask_loss_weight != 1.0:
             if soft is None:
@@ -111,9 +115,18 @@ class TrainSamples:
         return out
 
     def batch(self, sample_ids: list[int]) -> dict[str, torch.Tensor]:
-        """Stacked examples: input_ids/labels (B, L) int64, weights (B, L) float32 when weighting is on."""
+        """Stacked examples: input_ids/labels (B, L) in `sample_dtypes`, weights (B, L) float32 when weighting is on."""
         examples = [self.example(s) for s in sample_ids]
         return {k: torch.from_numpy(np.stack([e[k] for e in examples])) for k in examples[0]}
+
+
+def sample_dtypes(ids: np.dtype) -> tuple[np.dtype, np.dtype]:
+    """(input_ids, labels) dtypes of samples of windows whose ids are `ids`: the narrowest that hold every id
+    (labels also IGNORE_INDEX) and that torch takes on every device (uint8, or a signed type). Not int64: the
+    model's embedding and the loss widen a batch on its device, and a 512K-token sample's int64 ids and labels
+    made on the host would be 8 MiB written (and page-faulted) per sample."""
+    labels = np.promote_types(ids, np.int8)  # uint8 -> int16, uint16 -> int32, uint32 -> int64
+    return (ids if ids == np.uint8 else labels), labels
 
 
 def counted_tokens(batch: dict[str, Any]) -> int:

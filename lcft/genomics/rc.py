@@ -16,7 +16,7 @@ from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.seq_tokenizer import UPPER, prefix_counts
 
 RC_STREAM = 0x5243  # 'RC': keeps the flip draws apart from the permutation's (same seed)
-_CHAR_COMPLEMENT = np.arange(256, dtype=np.int64)
+_CHAR_COMPLEMENT = np.arange(256, dtype=np.uint8)  # char ids are uint8
 _CHAR_COMPLEMENT[[char_vocab.A, char_vocab.C, char_vocab.G, char_vocab.T]] = [char_vocab.T, char_vocab.G,
                                                                                char_vocab.C, char_vocab.A]
 _BASE_COMPLEMENT = str.maketrans("ACGTacgt", "TGCAtgca")
@@ -35,11 +35,11 @@ def reverse_complement_text(seq: str) -> str:
 
 
 def flipped_sample(windows: Any, window: int, off: int, length: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(length,) int64 ids, (length,) bool soft mask and the number of real tokens of the reverse-complemented
-    sample at tokens [off, off + length) of `window`. A model tokenizer may yield fewer than `length` tokens (only
+    """(length,) ids (the windows' dtype), (length,) bool soft mask and the number of real tokens of the
+    reverse-complemented sample at tokens [off, off + length) of `window`. A model tokenizer may yield fewer than `length` tokens (only
     for a sample at the window's start): the rest is id 0, and the caller gives those positions no loss."""
     if not getattr(windows, "per_base", False):  # char: one token per base, only the sample's tokens read
-        ids = windows.ids(window, off, off + length).astype(np.int64)  # (length,)
+        ids = windows.ids(window, off, off + length)  # (length,)
         return _CHAR_COMPLEMENT[ids[::-1]], windows.softmask(window, off, off + length)[::-1].copy(), length
     end = int(windows.base_offsets(window)[off + length - 1] + windows.token_bases(window)[off + length - 1])
     flipped = reverse_complement_text(windows.sequence(window)[:end])  # bases [0, end) of the window, flipped
@@ -49,7 +49,7 @@ def flipped_sample(windows: Any, window: int, off: int, length: int) -> tuple[np
     lower = prefix_counts(raw >= ord("a"))  # (end+1,)
     ends = np.cumsum(counts)  # (n_tok,)
     new_soft = (2 * (lower[ends] - lower[ends - counts]) >= counts) & (counts > 0)  # at least half lower case
-    out_ids = np.zeros(length, dtype=np.int64)  # (length,)
+    out_ids = np.zeros(length, dtype=windows.dtype)  # (length,)
     out_soft = np.zeros(length, dtype=bool)  # (length,)
     n = min(length, new_ids.size)
     out_ids[:n], out_soft[:n] = new_ids[:n], new_soft[:n]

@@ -12,7 +12,14 @@ from Bio import SeqIO
 
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, sample_fasta
-from lcft.genomics.dataset import IGNORE_INDEX, DataConfig, TrainSamples, counted_tokens, step_indices
+from lcft.genomics.dataset import (
+    IGNORE_INDEX,
+    DataConfig,
+    TrainSamples,
+    counted_tokens,
+    sample_dtypes,
+    step_indices,
+)
 
 WINDOW, SEQ = 2048, 512
 CODE = {"A": 4, "C": 5, "G": 6, "T": 7}
@@ -82,6 +89,62 @@ def test_batch_and_counts(windows):
     b = ds.batch([0, 5, 9])
     assert b["input_ids"].shape == b["labels"].shape == (3, SEQ) and "weights" not in b
     assert counted_tokens(b) == int((b["labels"] != IGNORE_INDEX).sum()) <= 3 * (SEQ - 1)
+
+
+def test_batch_keeps_narrow_ids_and_the_loss_is_the_int64_loss(windows):
+    """A char batch reaches the model as uint8 ids and int16 labels (1 + 2 bytes a token, not 8 + 8), with the
+    values of the int64 batch rebuilt from the window's ids; the model and its loss on it give bit for bit the
+    loss and gradients of that int64 batch."""
+    import torch
+
+    from lcft.model import Llama, LlamaConfig
+    from lcft.train.step import LossModel, compute_loss
+
+    ds = TrainSamples(windows, DataConfig(SEQ, softmask_loss_weight=0.5))
+    sids = [0, 5, 9]
+    b = ds.batch(sids)
+    assert (b["input_ids"].dtype, b["labels"].dtype, b["weights"].dtype) == (torch.uint8, torch.int16, torch.float32)
+    ids = np.stack([windows.ids(w, o, o + SEQ) for w, o in map(ds.locate, sids)]).astype(np.int64)  # (B, L)
+    nxt = ids[:, 1:]
+    labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
+    labels[:, :-1] = np.where(np.isin(nxt, list(CODE.values())), nxt, IGNORE_INDEX)  # the bases carry loss
+    wide = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels), "weights": b["weights"]}
+    assert torch.equal(b["input_ids"].long(), wide["input_ids"]) and torch.equal(b["labels"].long(), wide["labels"])
+    torch.manual_seed(0)
+    lm = LossModel(Llama(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1)), 1e-4, 200)
+    got = []
+    for batch in (b, wide):
+        lm.zero_grad(set_to_none=True)
+        loss_sum, count, z_sum = compute_loss(lm, batch)
+        loss_sum.backward()
+        got.append([loss_sum.detach(), count, z_sum.detach(), *(p.grad.clone() for p in lm.parameters())])
+    assert all(torch.equal(x, y) for x, y in zip(*got, strict=True))
+
+
+class _Uint16Windows:
+    """Two windows of uint16 ids up to 65535, every id a counted label: a model tokenizer's widest case."""
+
+    length, dtype, counted = 8, np.dtype(np.uint16), np.ones(65536, dtype=bool)
+    data = np.array([[65535, 0, 65534, 300, 65535, 1, 2, 65533], [7] * 8], dtype=np.uint16)
+
+    def __len__(self) -> int:
+        return 2
+
+    def ids(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.data[i, start:stop].copy()
+
+
+def test_sample_dtypes_hold_every_id():
+    """Labels hold IGNORE_INDEX and the largest id of the stored dtype; ids torch has no full type for widen."""
+    expect = {np.uint8: (np.uint8, np.int16), np.uint16: (np.int32, np.int32), np.uint32: (np.int64, np.int64)}
+    for stored, want in expect.items():
+        assert sample_dtypes(np.dtype(stored)) == tuple(np.dtype(d) for d in want)
+        labels = sample_dtypes(np.dtype(stored))[1]
+        assert np.iinfo(labels).min <= IGNORE_INDEX and np.iinfo(labels).max >= np.iinfo(stored).max
+    ex = TrainSamples(_Uint16Windows(), DataConfig(8)).example(0)
+    row = _Uint16Windows.data[0].astype(np.int64)
+    assert ex["input_ids"].tolist() == row.tolist() and ex["labels"].tolist() == [*row[1:].tolist(), IGNORE_INDEX]
 
 
 def test_step_indices_partition_the_global_batch():
