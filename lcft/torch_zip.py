@@ -1,10 +1,13 @@
 """A zip archive of torch.save (a pytorch_model.bin, a trainer state's .pt files) checked before a byte of it is
 read: its record count and directory bounded, and every record stored as it is (neither compressed nor
 encrypted) inside the file, so reading any record, by lcft or by torch.load, allocates at most the file's own
-size (torch.save compresses nothing; a deflated record of zeros grows a thousandfold as it is read)."""
+size (torch.save compresses nothing; a deflated record of zeros grows a thousandfold as it is read). The archive may
+also be a span of a larger file: DCP's shard files hold one torch.save zip per tensor item, each torch.load-ed whole."""
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import struct
 import zipfile
@@ -25,17 +28,51 @@ class Record(NamedTuple):
     size: int
 
 
-def stored_records(fh: BinaryIO, bad: Callable[[str], Exception]) -> dict[str, Record]:
+class _Span(io.RawIOBase):
+    """Bytes [start, start + size) of an open binary file, read as a file of their own (zipfile finds an archive
+    from its end, so it must see where the span ends)."""
+
+    def __init__(self, fh: BinaryIO, start: int, size: int) -> None:
+        super().__init__()
+        self.fh, self.start, self.size, self.pos = fh, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        pos = offset + (0, self.pos, self.size)[whence]
+        if pos < 0:  # as a file does: zipfile takes it for a file too short to be an archive
+            raise OSError(errno.EINVAL, "negative seek position")
+        self.pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:
+        self.fh.seek(self.start + self.pos)
+        n = self.fh.readinto(memoryview(b)[:max(0, self.size - self.pos)])  # type: ignore[attr-defined]
+        self.pos += n or 0
+        return n or 0
+
+
+def stored_records(fh: BinaryIO, bad: Callable[[str], Exception],
+                   span: tuple[int, int] | None = None) -> dict[str, Record]:
     """{name: Record} of every record of the zip archive open in `fh` (at most MAX_ZIP_RECORDS in a directory of
     at most MAX_ZIP_DIRECTORY bytes), each stored uncompressed and unencrypted within the file; else `bad(why)`
-    is raised."""
+    is raised. span: (start, size), the archive is those bytes of the file, and Records are placed within them."""
+    if span is not None:
+        fh = _Span(fh, *span)  # type: ignore[assignment]
     end = zipfile._EndRecData(fh)
     if end is None:
         raise bad("not a zip archive of torch.save; an older torch format is not read")
     if end[zipfile._ECD_ENTRIES_TOTAL] > MAX_ZIP_RECORDS or end[zipfile._ECD_SIZE] > MAX_ZIP_DIRECTORY:
         raise bad(f"a zip directory of {end[zipfile._ECD_ENTRIES_TOTAL]} records in {end[zipfile._ECD_SIZE]} "
                   f"bytes (at most {MAX_ZIP_RECORDS} in {MAX_ZIP_DIRECTORY})")
-    total = os.fstat(fh.fileno()).st_size
+    total = fh.seek(0, os.SEEK_END)
     records = {}
     for info in zipfile.ZipFile(fh).infolist():  # every entry, a name given twice included
         head = b""
