@@ -1,7 +1,8 @@
 """Reading torch.distributed.checkpoint (DCP) folders without running code from them: its `.metadata` (a pickle
 torch reads with plain `pickle.load`) is read by lcft.pickles' restricted unpickler, admitting only DCP's metadata
 classes, torch's sizes, dtypes and layouts, and paths; the load planner refuses the pickled "bytes" entries DCP
-would load with `torch.load(weights_only=False)`. lcft never stores such entries (non-tensor optimizer state is JSON)."""
+would load with `torch.load(weights_only=False)`. lcft never stores such entries (non-tensor optimizer state is JSON).
+Each item DCP torch.loads from a shard file is first checked as lcft.torch_zip checks a torch.save zip."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import itertools
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_md
@@ -23,6 +24,7 @@ from lcft.checkpoint.model_files import METADATA
 from lcft.errors import LcftError, shown
 from lcft.files import is_plain_name
 from lcft.pickles import RestrictedUnpickler, reading
+from lcft.torch_zip import stored_records
 
 MAX_METADATA_BYTES = 512 << 20  # ~100 bytes a shard of a tensor: far above any model lcft trains
 MAX_CHUNKS = 1 << 16  # chunks of one tensor: one per rank that held a part of it
@@ -172,6 +174,15 @@ class SafeReader(FileSystemReader):
         md.storage_meta = dcp_md.StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+    def _slice_file(self, file: IO[bytes], sinfo: _StorageInfo) -> IO[bytes]:
+        """DCP's view of one item's bytes, which it then torch.loads whole: its records stored within those bytes
+        first (a record deflated there, a thousandfold smaller than its zeros, would be inflated whole)."""
+        path = Path(self.path) / sinfo.relative_path
+        where = f"bytes {sinfo.offset}-{sinfo.offset + sinfo.length}"
+        stored_records(file, lambda why: LcftError(f"{path}: the item at {where} is refused: {why}"),
+                       span=(sinfo.offset, sinfo.length))
+        return super()._slice_file(file, sinfo)
 
 
 class SafePlanner(DefaultLoadPlanner):

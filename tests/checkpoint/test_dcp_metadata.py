@@ -3,14 +3,20 @@ re-hashed) or a pickled entry planted for an optimizer tensor is refused with on
 eval, train --init and train --resume, and the marker file the payload would write never appears; a plain HF
 folder with a stray `dcp/.metadata` is read as the HF folder it is. The oracle: torch's own reader runs both.
 Damaged chunks, weights of two dtypes and a config.json that is not the metadata's model (16 layers x 1024
-experts, other layers: refused before any model is built) are one line too."""
+experts, other layers: refused before any model is built) are one line too, and so is an item of a shard file
+whose torch.save zip holds a deflated record (refused before it is inflated)."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import pickle
 import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +33,8 @@ from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.train import TrainConfig, train
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one 2-rank fsdp run of 2 steps, then 1-process reads
 
@@ -299,3 +307,68 @@ def test_export_estimate_of_sharded_weights_scales_from_their_metadata(ckpt):
     _config(ckpt, dtype="bfloat16")
     assert export_bytes(ckpt, torch.bfloat16) == weights // 2
     assert export_bytes(ckpt, torch.float32) == export_bytes(ckpt, None) == weights
+
+
+def _deflate_an_item(ckpt: Path) -> Path:
+    """The model's first stored item (torch.save's zip, one an item) rewritten into a shard file of its own with
+    its data.pkl deflated and followed by 512 MiB of zeros (the pickle ends before them: torch.load reads the
+    tensor as it was); the metadata points there and the checksums are re-hashed. The file holds ~0.5 MiB."""
+    d = ckpt / "dcp"
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    index = next(i for i in md.storage_data if i.fqn.startswith("model."))
+    info = md.storage_data[index]
+    with open(d / info.relative_path, "rb") as fh:
+        fh.seek(info.offset)
+        item = zipfile.ZipFile(io.BytesIO(fh.read(info.length)))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for record in item.infolist():
+            if not record.filename.endswith("/data.pkl"):
+                z.writestr(record.filename, item.read(record))
+                continue
+            deflated = zipfile.ZipInfo(record.filename)
+            deflated.compress_type = zipfile.ZIP_DEFLATED
+            with z.open(deflated, "w", force_zip64=True) as w:
+                w.write(item.read(record))
+                for _ in range(512):
+                    w.write(bytes(1 << 20))
+    shard = d / "__9_0.distcp"
+    shard.write_bytes(out.getvalue())
+    md.storage_data[index] = _StorageInfo(shard.name, 0, len(out.getvalue()))
+    md.storage_meta = dataclasses.replace(md.storage_meta, checkpoint_id=None)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    write_checksums(ckpt)
+    assert shard.stat().st_size < 1 << 20
+    return shard
+
+
+INFLATE = textwrap.dedent("""
+    import json, resource, sys
+    from pathlib import Path
+    from lcft.errors import LcftError
+    from tests.checkpoint.test_dcp_metadata import _entry_points
+    entry, ckpt, cfg, tmp, data = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
+    call = _entry_points(ckpt, (None, cfg), Path(tmp), Path(data))[entry]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        call()
+    except LcftError as e:
+        print("LcftError", e)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
+""")
+
+
+@pytest.mark.parametrize("entry", ["export", "eval", "resume"])
+def test_a_deflated_record_in_a_shard_item_is_refused_before_it_is_inflated(ckpt, sharded_run, tmp_path, data_dir,
+                                                                             entry):
+    """DCP torch.loads each item of a shard file, a torch.save zip, whole: a data.pkl deflated inside one (512 MiB
+    of zeros in a file of ~0.5 MiB) was inflated whole, and the read went on with the tensor as saved. Each item's
+    records must be stored within its bytes, as a trainer state's: one line naming the file, before any is read."""
+    shard = _deflate_an_item(ckpt)
+    proc = subprocess.run([sys.executable, "-c", INFLATE, entry, str(ckpt), json.dumps(sharded_run[1]), str(tmp_path),
+                           str(data_dir)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert int(lines[-1].split()[0]) < 256, lines  # MiB above the peak before reading
+    assert lines[0].startswith("LcftError") and str(shard) in lines[0] and "is compressed" in lines[0], lines
+    assert "data.pkl" in lines[0] and not (tmp_path / "hf").exists()
