@@ -19,6 +19,7 @@ from lcft.errors import shown
 MAX_ZIP_RECORDS = 100_000  # records of torch.save's zip: one a storage, plus a few
 MAX_ZIP_DIRECTORY = 16 << 20  # bytes of its zip directory: ~100 a record
 _LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
+_LOCAL_MAGIC = b"PK\x03\x04"  # how a local file header, and so every torch.save zip, starts
 
 
 class Record(NamedTuple):
@@ -66,7 +67,11 @@ def stored_records(fh: BinaryIO, bad: Callable[[str], Exception],
     is raised. span: (start, size), the archive is those bytes of the file, and Records are placed within them."""
     if span is not None:
         fh = _Span(fh, *span)  # type: ignore[assignment]
-    end = zipfile._EndRecData(fh)
+    fh.seek(0)
+    # torch.load takes a file for its zip format by its first bytes, zipfile finds the archive from its end: an
+    # older torch format with a small archive appended would pass here and be read by torch as the older format
+    start = fh.read(4)
+    end = zipfile._EndRecData(fh) if start == _LOCAL_MAGIC else None
     if end is None:
         raise bad("not a zip archive of torch.save; an older torch format is not read")
     if end[zipfile._ECD_ENTRIES_TOTAL] > MAX_ZIP_RECORDS or end[zipfile._ECD_SIZE] > MAX_ZIP_DIRECTORY:
@@ -79,7 +84,7 @@ def stored_records(fh: BinaryIO, bad: Callable[[str], Exception],
         if info.header_offset >= 0:  # zipfile subtracts the bytes it takes to stand before the archive: may be < 0
             fh.seek(info.header_offset)
             head = fh.read(_LOCAL_HEADER)
-        if len(head) < _LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+        if len(head) < _LOCAL_HEADER or head[:4] != _LOCAL_MAGIC:
             raise bad(f"record {shown(info.filename)} has no local header")
         start = info.header_offset + _LOCAL_HEADER + sum(struct.unpack("<HH", head[26:30]))
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1 or info.compress_size != info.file_size \

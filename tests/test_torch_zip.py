@@ -53,3 +53,15 @@ def test_a_span_that_is_not_a_stored_archive_is_refused(tmp_path: Path, span: st
     size = {"deflated": len(body), "cut": len(body) - 1, "short": 10}[span]
     with open(path, "rb") as fh, pytest.raises(ValueError, match=says):
         stored_records(fh, ValueError, span=(4, size))
+
+
+def test_an_older_torch_format_with_an_archive_appended_is_refused(tmp_path: Path) -> None:
+    """torch.load reads a file by its first bytes (here the legacy pickle format), zipfile by its end: a legacy
+    file with a small stored archive after it passed the check, and torch then read the legacy format unchecked."""
+    legacy = io.BytesIO()
+    torch.save(torch.arange(4.0), legacy, _use_new_zipfile_serialization=False)
+    path = tmp_path / "state.pt"
+    path.write_bytes(legacy.getvalue() + _saved(torch.ones(2)))
+    assert torch.equal(torch.load(path, weights_only=True), torch.arange(4.0))  # torch takes it for the legacy file
+    with open(path, "rb") as fh, pytest.raises(ValueError, match="not a zip archive of torch.save"):
+        stored_records(fh, ValueError)
