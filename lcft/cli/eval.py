@@ -33,8 +33,8 @@ def _run(cfg: EvalConfig, quiet: bool) -> None:
     if code := exit_code(report):  # stopped by a signal, its losses kept: not a finished evaluation
         console.print(report["note"], highlight=False, soft_wrap=True)
         raise typer.Exit(code)
-    if "node_rank" in report:  # a node other than 0 of a multi-node launch: rank 0 wrote the report
-        console.print(f"node {report['node_rank']}: done; node 0 wrote the report", highlight=False)
+    if "node_rank" in report:  # a node without rank 0 (several nodes): rank 0 wrote the report
+        console.print(f"node {report['node_rank']}: done; rank 0 wrote the report", highlight=False)
         return
     if not quiet:
         print_table(report)

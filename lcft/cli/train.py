@@ -21,13 +21,14 @@ def _run(cfg: TrainConfig) -> None:
     from lcft.launch import exit_code, run  # torch/accelerate load only when a run starts
 
     s = run("train", cfg)  # in this process, or --nproc N launched ones
-    if "node_rank" in s:  # a node other than 0 of a multi-node launch: rank 0 wrote the summary
-        console.print(f"node {s['node_rank']}: done; node 0 wrote the summary", highlight=False)
-        return
-    bits = f" ({s['bits_per_base']:.3f} bits/base)" if s.get("bits_per_base") is not None else ""
-    loss = f"loss {s['loss']:.4f} nats/token{bits}" if s.get("loss") is not None else ""
-    console.print(styled((ended(s), "bold"), f" at step {s['step']}/{s['steps']} {loss}; "
-                         f"checkpoint {s['checkpoint']}"), highlight=False, soft_wrap=True)
+    if "node_rank" in s:  # a node without rank 0 (several nodes): its ranks ended with rank 0's, which saved
+        console.print(f"node {s['node_rank']}: {ended(s)} at step {s['step']}/{s['steps']}; rank 0 wrote the "
+                      "checkpoint and the summary", highlight=False, soft_wrap=True)
+    else:
+        bits = f" ({s['bits_per_base']:.3f} bits/base)" if s.get("bits_per_base") is not None else ""
+        loss = f"loss {s['loss']:.4f} nats/token{bits}" if s.get("loss") is not None else ""
+        console.print(styled((ended(s), "bold"), f" at step {s['step']}/{s['steps']} {loss}; "
+                             f"checkpoint {s['checkpoint']}"), highlight=False, soft_wrap=True)
     if code := exit_code(s):  # stopped by a signal after its checkpoint: not a finished run (128 + signal)
         raise typer.Exit(code)
 

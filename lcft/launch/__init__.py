@@ -11,7 +11,8 @@ lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker e
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
 batch, keep its losses and exit), ends them at once on a second signal, when one of them is frozen, or on a
 rank's user error (then raised as that rank raised it, its exit code too; a stop signal while the launcher waits
-for the other ranks' errors ends on it), and returns the summary rank 0 handed back. The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+for the other ranks' errors ends on it), and returns the summary the node's first rank handed back (rank 0's, or
+the same run's on a node without rank 0: its exit code is the run's, no shared folder needed). The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
 node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
 ignored.
 
@@ -95,13 +96,13 @@ def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
-    """Run job `name` in cfg.nproc processes on this node (of cfg.nnodes); returns rank 0's summary. On one
+    """Run job `name` in cfg.nproc processes on this node (of cfg.nnodes); returns the summary of this node's
+    first rank: rank 0's, or on another node the same run's, its node named ("node_rank"). On one
     node, the output folder's lock is taken first (across nodes rank 0 takes it, wherever torchrun placed it),
     then node 0 runs `entry.check_out(cfg)`. Raises a rank's user error as it raised it (rank 0's, else the
     first one's, when several did), PeerLost (exit code 75) when a rank stopped answering or was killed by a signal, Stopped on a
     second signal."""
     j = job(name)
-    started = time.time()
     with contextlib.ExitStack() as stack:
         if cfg.nnodes == 1:  # one writer from the first byte
             stack.enter_context(folder_lock(cfg.out, j.command))
@@ -120,7 +121,9 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         supervisor = _Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(HANDED_ENV), cfg.nproc,
                                  elastic=cfg.max_restarts > 0, resume=j.resume)
         rc = supervisor.run()
-        if rc > 128 and _finished(files.get(HANDED_ENV), files[RESULT_FILE_ENV], cfg.nproc):
+        # This node's first rank hands back its summary once the ranks ended their work together and agreed on how
+        # (lcft/launch/__main__.py): a node without rank 0 hears it from its own workers, sharing no run folder.
+        if rc > 128 and files[RESULT_FILE_ENV].is_file():
             rc = 0  # the agent caught a signal too (a scheduler's, to every process of the job), passed on and done
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
         killed = _killed(files[FAILURES_ENV], cfg.node_rank, j.resume) if rc != 0 and not supervisor.ended else None
@@ -128,8 +131,7 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         # answering"), which is its consequence, not a lost rank.
         erred = rc != 0 and not supervisor.ended and _erred(files[FAILURES_ENV])
         lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 and not erred else None
-        result = files[RESULT_FILE_ENV]
-        summary = json.loads(result.read_text()) if rc == 0 and result.is_file() else None
+        summary = json.loads(files[RESULT_FILE_ENV].read_text()) if rc == 0 else None  # (every worker exited 0)
     if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
         raise _raised(supervisor.said)
     if rc != 0 and not supervisor.ended and (error := _agent_signalled(rc, supervisor, cfg.node_rank, j.resume)):
@@ -143,13 +145,7 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         raise _raised(supervisor.heard)
     if rc != 0:
         raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
-    return summary or _elsewhere(Path(cfg.out) / entry.summary, started, cfg.node_rank)
-
-
-def _finished(handed: Path | None, result: Path, nproc: int) -> bool:
-    """Whether this node's workers finished their work: rank 0 handed back its summary (what the ranks saved
-    together is whole), or each said it finished (lcft/launch/__main__.py)."""
-    return result.is_file() or (handed is not None and sum(h.exit_code == 0 for h in handed_over(handed)) >= nproc)
+    return summary
 
 
 def _agent_signalled(rc: int, supervisor: _Supervisor, node: int, resume: str) -> LcftError | None:
@@ -173,15 +169,6 @@ def _raised(handed: Handed) -> LcftError:
     error = LcftError(handed.message)
     error.exit_code = handed.exit_code
     return error
-
-
-def _elsewhere(written: Path, since: float, node: int) -> dict[str, Any]:
-    """The summary when rank 0 ran on another node: the file it wrote into the run folder during this launch
-    (a shared file system), else a note."""
-    with contextlib.suppress(OSError, ValueError):
-        if written.stat().st_mtime >= since:
-            return json.loads(written.read_text())
-    return {"run_dir": str(written.parent), "node_rank": node, "stopped": "done"}
 
 
 def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:

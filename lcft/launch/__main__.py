@@ -23,8 +23,8 @@ comes first."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load JOB's config from SPEC.toml and run it on this rank; rank 0 hands its summary back to the launcher
-    (the file RESULT_FILE_ENV names), and every rank says it finished. On a user error: 1 once handed to the
+    """Load JOB's config from SPEC.toml and run it on this rank; the node's first rank (local rank 0) hands its
+    summary back to the launcher (the file RESULT_FILE_ENV names), and every rank says it finished. On a user error: 1 once handed to the
     launcher (which raises it with its exit code); else, printed by rank 0, the error's own exit code (several
     nodes with --max-restarts, whose agents restart the group: its workers' exit codes are what they record)."""
     args = sys.argv[1:] if argv is None else argv
@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         entry = JOBS[name].entry()
         summary = entry.work(entry.resolve(entry.load(spec)))
-        if rank == 0 and (result := os.environ.get(RESULT_FILE_ENV)):
-            atomic_write(result, json.dumps(summary, default=str))
+        if os.environ.get("LOCAL_RANK", "0") == "0" and (result := os.environ.get(RESULT_FILE_ENV)):
+            # Each node's launcher hears how the run ended from its own first rank, with no shared file system: the
+            # ranks agreed on it (a signal stops every rank under one name). Rank 0's is the run's summary; another
+            # node's says which node it was (rank 0, elsewhere, wrote the run's files).
+            mine = summary if rank == 0 else {**summary, "node_rank": int(os.environ[liveness.NODE_RANK_ENV])}
+            atomic_write(result, json.dumps(mine, default=str))
         if folder := os.environ.get(HANDED_ENV):
             # Finished, not failed: a user error another rank raises after this one ended is no consequence of it.
             with contextlib.suppress(OSError):  # (then as an ended worker: that rank's error waits to be heard)

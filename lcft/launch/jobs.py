@@ -42,8 +42,6 @@ class Entry:
     work: Callable[..., dict[str, Any]]
     """The job in this process (one rank of a launch, or the only process); returns its summary. Imports the
     job's modules."""
-    summary: str
-    """The file in the output folder where rank 0 also writes the summary (read back when it ran elsewhere)."""
 
 
 def _train() -> Entry:
@@ -51,7 +49,7 @@ def _train() -> Entry:
     from lcft.files import held_elsewhere
     from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
-    from lcft.train.run_dir import SUMMARY, check_launch, check_run_dir, check_run_folder
+    from lcft.train.run_dir import check_launch, check_run_dir, check_run_folder
 
     def check(cfg: Any, world: int) -> None:
         check_launch(cfg, world)
@@ -68,7 +66,7 @@ def _train() -> Entry:
 
         return train(cfg, **kwargs)
 
-    return Entry(load_run_config, resolve_folders, check, lambda _cfg: None, check_run_folder, work, SUMMARY)
+    return Entry(load_run_config, resolve_folders, check, lambda _cfg: None, check_run_folder, work)
 
 
 def _eval() -> Entry:
@@ -76,7 +74,6 @@ def _eval() -> Entry:
     from lcft.config_toml import load_toml
     from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.inputs import check_inputs, open_split
-    from lcft.evaluate.report import JSON_NAME
 
     def work(cfg: Any, **kwargs: Any) -> dict[str, Any]:
         from lcft.evaluate.runner import evaluate
@@ -84,7 +81,7 @@ def _eval() -> Entry:
         return evaluate(cfg, **kwargs)
 
     return Entry(lambda path: build(EvalConfig, load_toml(path)), lambda cfg: cfg, check_inputs, open_split,
-                 lambda _cfg: None, work, JSON_NAME)
+                 lambda _cfg: None, work)
 
 
 JOBS = {

@@ -30,11 +30,12 @@ RUN = ["--seq-len", "512", "--global-batch", "2", "--precision", "fp32", "--warm
        "--keep-last", "0", "--no-progress"]
 
 
-def start_train(data: Path, init: Path, out: Path, *args: Any, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_train(data: Path, init: Path, out: Path, *args: Any, env: dict[str, str] | None = None,
+                wrap: tuple[str, ...] = ()) -> subprocess.Popen:
     """`python -m lcft train` with the small run's options and `args`, stdout and stderr captured; `env` adds to
-    the environment."""
-    cmd = [sys.executable, "-m", "lcft", "train", "--data", str(data), "--init", str(init), "--out", str(out), *RUN,
-           *map(str, args)]
+    the environment; `wrap` is a command that runs it (ending in its argument list, and exec'ing it in place)."""
+    cmd = [*wrap, sys.executable, "-m", "lcft", "train", "--data", str(data), "--init", str(init), "--out", str(out),
+           *RUN, *map(str, args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
 

@@ -6,7 +6,11 @@ whichever way each node's agent counted it."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -21,6 +25,7 @@ from tests.train.launching import (
     free_port,
     kill_tree,
     losses,
+    rank_process,
     start_train,
     start_worker,
     wait_for_step,
@@ -31,10 +36,28 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 TIMEOUT = 60  # --collective-timeout of the two-node runs
 
 
-def _nodes(data_dir, init_dir, run, port, *extra):
+def _nodes(data_dir, init_dir, run, port, *extra, own: Path | None = None):
+    """Node 0 and node 1 of one run; `own`: node 1 sees that folder at the run folder's path (a mount namespace of
+    its own, its launcher, agent and worker in it), sharing nothing written there with node 0."""
+    apart = ("unshare", "--user", "--map-root-user", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && '
+             'exec "$@"', str(own), str(run)) if own is not None else ()
     return [start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node,
                         "--rdzv-endpoint", f"127.0.0.1:{port}", "--cp", 2, "--steps", 6, "--save-every", 2,
-                        "--collective-timeout", TIMEOUT, *extra) for node in (0, 1)]
+                        "--collective-timeout", TIMEOUT, *extra, wrap=apart if node == 1 else ())
+            for node in (0, 1)]
+
+
+def _rank0_node(nodes: list[subprocess.Popen], timeout: float = 240) -> int:
+    """Which node's launcher runs the worker of rank 0 (the rendezvous places it), once it has started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for node, p in enumerate(nodes):
+            with contextlib.suppress(AssertionError):
+                rank_process(p, 0)
+                return node
+            assert p.poll() is None, p.communicate()[1][-3000:]
+        time.sleep(0.1)
+    raise AssertionError(f"no worker of rank 0 after {timeout} s")
 
 
 def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data_dir, init_dir):
@@ -62,8 +85,8 @@ def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data
     (out0, err0), (out1, err1) = node0.communicate(timeout=300), node1.communicate(timeout=300)
     assert node0.returncode == 0 and node1.returncode == 0, err0[-2000:] + err1[-2000:]
     assert f"resumed from {saved}" in out0 + err0 + out1 + err1  # rank 0 may run on either node
-    # Node 1 prints rank 0's summary when the run folder is shared and it is already there, else a short note.
-    assert "done at step 6/6" in out0 and ("done at step 6/6" in out1 or "node 1: done" in out1)
+    # Rank 0's node prints its summary, the other node how its own ranks ended with it.
+    assert "done at step 6/6" in out0 and "done at step 6/6" in out1
     assert latest_checkpoint(run).name == "step-00000006"
     # cp=2 splits each sequence over the two nodes: the same losses as one process, up to rounding.
     torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
@@ -116,15 +139,16 @@ def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path
     torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
 
 
-def test_sigterm_to_every_process_of_both_nodes_saves_and_both_exit_143(tmp_path, data_dir, init_dir):
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_sigterm_to_every_process_of_both_nodes_saves_and_both_exit_143(tmp_path, data_dir, init_dir, restarts):
     """SIGTERM to both launchers, their agents and workers (a scheduler's scancel of the job): the ranks save
-    together and both nodes exit 143, each printing what was saved (the node without rank 0 from the shared
-    summary.json). The node without rank 0 said 'stopped by SIGTERM ... before the workers saved', and both
-    printed the agents' tracebacks."""
+    together and both nodes exit 143, each printing the step saved (the node without rank 0 as its own workers
+    handed it back). The node without rank 0 said 'stopped by SIGTERM ... before the workers saved', and both
+    printed the agents' tracebacks; under --max-restarts 1 it still said so, exit 143 for what was saved."""
     from lcft.checkpoint.state import read_state
 
     run = tmp_path / "two-nodes"
-    nodes = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000)
+    nodes = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000, "--max-restarts", restarts)
     wait_for_step(run, 3, nodes)
     everyone = [q for p in nodes for q in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]]
     assert len(everyone) == 6  # a launcher, its agent and its worker per node
@@ -137,3 +161,33 @@ def test_sigterm_to_every_process_of_both_nodes_saves_and_both_exit_143(tmp_path
         assert p.returncode == 143, err[-3000:]
         assert "Traceback" not in err and error_lines(err) == [], err[-3000:]
         assert f"stopped by SIGTERM at step {step}/100000" in out, out + err[-3000:]
+
+
+def test_sigterm_to_the_node_without_rank_0_and_no_shared_folder_exits_143(tmp_path, data_dir, init_dir):
+    """Node 1 sees a folder of its own at the run folder's path: no summary.json of rank 0's reaches it. SIGTERM
+    to the launcher of the node without rank 0 only (a preempted node): the ranks stop together, saved, and that
+    node exits 143 naming the step, from what its own workers handed back. It printed 'node N: done' and exited 0,
+    a preempted node taken for a finished one."""
+    from lcft.checkpoint.state import read_state
+
+    if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("no user and mount namespaces here (unshare --user --mount) to give node 1 a folder of its own")
+    run, own = tmp_path / "two-nodes", tmp_path / "node-1-own"
+    run.mkdir()
+    own.mkdir()
+    nodes = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000, own=own)
+    holder = _rank0_node(nodes)
+    views = [run, own]  # each node's view of the run folder
+    wait_for_step(views[holder], 3, nodes)
+    other = 1 - holder
+    nodes[other].send_signal(signal.SIGTERM)
+    (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in nodes)
+    outs, errs = [out0, out1], [err0, err1]
+    assert not (views[other] / "summary.json").exists() and not (views[other] / "checkpoints").exists()
+    step = read_state(latest_checkpoint(views[holder])).step
+    assert step >= 3
+    assert [p.returncode for p in nodes] == [143, 143], err0[-3000:] + err1[-3000:]
+    assert error_lines(err0) == error_lines(err1) == [], err0[-3000:] + err1[-3000:]
+    assert f"stopped by SIGTERM at step {step}/100000 loss" in outs[holder], outs[holder] + errs[holder][-3000:]
+    assert outs[other].strip() == (f"node {other}: stopped by SIGTERM at step {step}/100000; rank 0 wrote the "
+                                   "checkpoint and the summary"), outs[other] + errs[other][-3000:]
