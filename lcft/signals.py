@@ -15,6 +15,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 on): a worker they end was stopped, not lost."""
 
 
+def signal_name(signum: int) -> str:
+    """The name of a valid signal number (signal.valid_signals()), a realtime one's too, which `signal.Signals`
+    lacks (40: SIGRTMIN+6, as `kill -l 40` says): any of them may end a process."""
+    if signal.SIGRTMIN < signum < signal.SIGRTMAX:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+    return signal.Signals(signum).name
+
+
 _early: list[int] = []  # stop signals that came before a StopSignals was installed
 
 

@@ -1,11 +1,13 @@
-"""StopSignals: the first stop signal is noted once, repeats are ignored, and the old handlers come back."""
+"""StopSignals: the first stop signal is noted once, repeats are ignored, and the old handlers come back; every
+valid signal number has a name."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 
-from lcft.signals import STOP_SIGNALS, StopSignals
+from lcft.signals import STOP_SIGNALS, StopSignals, signal_name
 
 
 def test_the_first_signal_is_noted_and_the_old_handlers_come_back():
@@ -31,3 +33,17 @@ def test_the_agreed_signal_is_the_highest_any_rank_noted():
         assert stop.agreed() == signal.SIGINT
         assert stop.agreed(lambda mine: max(mine, 0)) == signal.SIGINT
         assert stop.agreed(lambda mine: max(mine, signal.SIGTERM)) == signal.SIGTERM  # the highest number
+
+
+def test_every_valid_signal_has_a_name_realtime_ones_too():
+    """The realtime signals are in signal.valid_signals() but not in signal.Signals (40 raised ValueError); libc's
+    description numbers them from SIGRTMIN ("Real-time signal 6"), as their names do."""
+    realtime = 0
+    for n in signal.valid_signals():
+        if m := re.fullmatch(r"Real-time signal (\d+)", signal.strsignal(n) or ""):
+            realtime += 1
+            assert signal_name(n) == {0: "SIGRTMIN", signal.SIGRTMAX - signal.SIGRTMIN: "SIGRTMAX"}.get(
+                int(m[1]), f"SIGRTMIN+{m[1]}"), n
+        else:
+            assert signal_name(n) == signal.Signals(n).name
+    assert realtime == signal.SIGRTMAX - signal.SIGRTMIN + 1 and signal_name(40) == "SIGRTMIN+6"

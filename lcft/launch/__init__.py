@@ -56,7 +56,7 @@ from lcft.liveness import (
     read_report,
     refuse_copies,
 )
-from lcft.signals import STOP_SIGNALS
+from lcft.signals import STOP_SIGNALS, signal_name
 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "Stopped", "exit_code", "launch", "run"]
 
@@ -154,14 +154,13 @@ def _agent_signalled(rc: int, supervisor: _Supervisor, node: int, resume: str) -
     it passed on, and the workers ended before they finished: Stopped. One that killed it (-N; SIGKILL: the OOM
     killer) took the workers with it: a lost launch."""
     n = rc - 128 if rc > 128 else -rc
-    sig = next((s for s in signal.Signals if s == n), None)
-    if sig is None or (rc < 0 and sig == supervisor.stop):
+    if n not in signal.valid_signals() or (rc < 0 and n == supervisor.stop):
         return None
     if rc > 0:
-        return Stopped(f"stopped by {sig.name}, which torchrun's agent got too and passed on, before the workers "
-                       f"saved; {resume}", sig)
-    return PeerLost(f"torchrun's agent on node {node} (pid {supervisor.proc.pid}) was killed by {sig.name}, and "
-                    f"its workers with it; {resume}")
+        return Stopped(f"stopped by {signal_name(n)}, which torchrun's agent got too and passed on, before the "
+                       f"workers saved; {resume}", n)
+    return PeerLost(f"torchrun's agent on node {node} (pid {supervisor.proc.pid}) was killed by {signal_name(n)}, "
+                    f"and its workers with it; {resume}")
 
 
 def _raised(handed: Handed) -> LcftError:

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from lcft.launch.process import FAILURES_ENV, die_with_parent
-from lcft.signals import STOP_SIGNALS
+from lcft.signals import STOP_SIGNALS, signal_name
 
 
 def failures(error: BaseException) -> list[dict[str, Any]]:
@@ -20,9 +20,9 @@ def failures(error: BaseException) -> list[dict[str, Any]]:
     whether that signal is one a launch stops its workers with (the agent ends the others with SIGTERM)."""
     out = []
     for rank, f in sorted(error.failures.items()):  # type: ignore[attr-defined]
-        sig = signal.Signals(-f.exitcode) if f.exitcode < 0 and -f.exitcode in signal.valid_signals() else None
+        sig = -f.exitcode if f.exitcode < 0 and -f.exitcode in signal.valid_signals() else None
         out.append({"rank": int(rank), "pid": int(f.pid), "exitcode": int(f.exitcode),
-                    "signal": sig.name if sig else None, "stopped": sig in STOP_SIGNALS})
+                    "signal": signal_name(sig) if sig else None, "stopped": sig in STOP_SIGNALS})
     return out
 
 

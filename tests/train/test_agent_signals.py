@@ -51,20 +51,22 @@ def test_sigterm_reaching_the_agent_saves_and_exits_143(tmp_path, data_dir, init
     assert f"stopped by SIGTERM at step {step}/100000" in out
 
 
-def test_sigkill_to_the_agent_is_a_lost_launch(tmp_path, data_dir, init_dir):
-    """SIGKILL to the agent (the OOM killer, a scheduler): its workers die with it, nothing is saved, and the
-    command exits 75 (requeue, --resume auto) with one line naming the agent. It exited 1 with 'training
-    processes failed (torchrun exit code -9); the first error is printed above', and nothing was above."""
+@pytest.mark.parametrize(("sig", "name"), [(signal.SIGKILL, "SIGKILL"), (40, "SIGRTMIN+6")])
+def test_sigkill_to_the_agent_is_a_lost_launch(tmp_path, data_dir, init_dir, sig, name):
+    """SIGKILL to the agent (the OOM killer, a scheduler), or a realtime signal it does not handle: its workers die
+    with it, nothing is saved, and the command exits 75 (requeue, --resume auto) with one line naming the agent.
+    It exited 1 with 'training processes failed (torchrun exit code -9); the first error is printed above', and
+    nothing was above (signal 40, not in signal.Signals: so until it had a name)."""
     run = tmp_path / "run"
     proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 2)
     wait_for_step(run, 3, [proc])
     agent = _agent(proc)
     workers = agent.children()
-    agent.kill()
+    agent.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-3000:]
     assert "Traceback" not in err
-    assert error_lines(err) == [f"error: torchrun's agent on node 0 (pid {agent.pid}) was killed by SIGKILL, and "
+    assert error_lines(err) == [f"error: torchrun's agent on node 0 (pid {agent.pid}) was killed by {name}, and "
                                 "its workers with it; the run ended without a new checkpoint: start it again with "
                                 "--resume auto"], err[-3000:]
     assert len(workers) == 2 and not any(w.is_running() and w.status() != "zombie" for w in workers)
