@@ -20,7 +20,8 @@ Exit codes of `lcft train` and `lcft eval` (what a scheduler sees): 0 the run fi
 reached); 1 a user error (fix the command; a rerun fails the same way; a few carry their own code); 128 + N stopped
 by signal N after saving (a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it
 before saving), whether torchrun's agent got it too or not; 75 a rank or node stopped answering, died or was killed
-by a signal, or the agent was, its workers with it (nothing new saved). After 143, 130 and 75, train's `--resume
+by a signal, or the agent was, its workers with it, or another node gave up on the run and closed (or took down) its
+rendezvous (nothing new saved). After 143, 130 and 75, train's `--resume
 auto` continues from the latest verified checkpoint, and eval run again resumes from its kept losses.
 """
 
@@ -134,7 +135,7 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         summary = json.loads(files[RESULT_FILE_ENV].read_text()) if rc == 0 else None  # (every worker exited 0)
     if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
         raise _raised(supervisor.said)
-    if rc != 0 and not supervisor.ended and (error := _agent_signalled(rc, supervisor, cfg.node_rank, j.resume)):
+    if rc != 0 and not supervisor.ended and (error := _agent_ended(rc, supervisor, cfg, j.resume)):
         raise error
     if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
         raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} while the workers were starting, "
@@ -148,18 +149,23 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
     return summary
 
 
-def _agent_signalled(rc: int, supervisor: _Supervisor, node: int, resume: str) -> LcftError | None:
-    """The error when a signal ended torchrun's agent, from its exit code (None when it ended by itself, or the
-    launcher's stop signal killed it before its handler was set: the workers were starting). One it caught (128 + N)
-    it passed on, and the workers ended before they finished: Stopped. One that killed it (-N; SIGKILL: the OOM
-    killer) took the workers with it: a lost launch."""
+def _agent_ended(rc: int, supervisor: _Supervisor, cfg: Any, resume: str) -> LcftError | None:
+    """The error when torchrun's agent ended on a signal or on a rendezvous another node closed, from its exit code
+    (lcft/launch/agent.py; None when its workers ended it, or the launcher's stop signal killed it before its
+    handler was set: the workers were starting). A signal it caught (128 + N) it passed on, and the workers ended
+    before they finished: Stopped. One that killed it (-N; SIGKILL: the OOM killer) took the workers with it, and
+    a rendezvous closed or gone (EXIT_LOST) leaves them no group to rejoin: a lost launch."""
+    if rc == EXIT_LOST:
+        return PeerLost(f"the run's rendezvous at {cfg.rdzv_endpoint} is closed or gone: another node gave up on the "
+                        f"run (its --max-restarts spent), or node 0, which hosts it, ended; node {cfg.node_rank}'s "
+                        f"workers have no group to rejoin; {resume}")
     n = rc - 128 if rc > 128 else -rc
     if n not in signal.valid_signals() or (rc < 0 and n == supervisor.stop):
         return None
     if rc > 0:
         return Stopped(f"stopped by {signal_name(n)}, which torchrun's agent got too and passed on, before the "
                        f"workers saved; {resume}", n)
-    return PeerLost(f"torchrun's agent on node {node} (pid {supervisor.proc.pid}) was killed by {signal_name(n)}, "
+    return PeerLost(f"torchrun's agent on node {cfg.node_rank} (pid {supervisor.proc.pid}) was killed by {signal_name(n)}, "
                     f"and its workers with it; {resume}")
 
 

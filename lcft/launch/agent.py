@@ -1,7 +1,8 @@
 """torchrun's elastic agent as the launcher starts it (`python -m lcft.launch.agent TORCHRUN-ARGS`): it ends
 when its launcher dies, records how each failed worker ended (an exit code, or the signal that killed it) for the
-launcher to name, and ends on a signal sent to it (a scheduler's, to every process of the job) with exit code
-128 + N, instead of torchrun's traceback."""
+launcher to name, ends on a signal sent to it (a scheduler's, to every process of the job) with exit code
+128 + N, and on a rendezvous that another node closed (it gave up on the run) or took down with exit code 75
+(liveness.EXIT_LOST), each instead of torchrun's traceback."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from typing import Any
 
 from lcft.launch.process import FAILURES_ENV, die_with_parent
+from lcft.liveness import EXIT_LOST
 from lcft.signals import STOP_SIGNALS, signal_name
 
 
@@ -30,17 +32,22 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(argv))
     except SignalException as e:  # (torch raises it from its handler, after ending the workers with it)
-        return 128 + int(e.sigval)  # (the launcher's _agent_signalled reads it)
+        return 128 + int(e.sigval)  # (the launcher's _agent_ended reads it)
     except ChildFailedError as e:
         if path := os.environ.get(FAILURES_ENV):
             with open(path, "w") as f:
                 json.dump(failures(e), f)
         return 1
+    # Another node's agent gave up on the run (its restarts spent) and closed the rendezvous, or node 0's, which
+    # hosts it, ended: nothing to rejoin. (The launcher names it: _agent_ended.)
+    except (RendezvousClosedError, RendezvousConnectionError):
+        return EXIT_LOST
     return 0
 
 

@@ -2,7 +2,8 @@
 on 127.0.0.1, one process each, cp=2 across them. Killing node 1 ends node 0 within the collective timeout and
 the diagnosis, with a message naming node 1; a rerun of both with --resume auto finishes the run with the losses
 of one process. Under --max-restarts the group restarts by itself, its ranks agreeing that it was restarted
-whichever way each node's agent counted it."""
+whichever way each node's agent counted it. A node without rank 0 exits with the run's code, from its own workers
+(no shared run folder needed); the other node of one that gives up (its restarts spent) exits 75 in one line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from lcft.config_toml import save_resolved, to_dict
+from lcft.launch.jobs import JOBS
 from lcft.liveness import DIAGNOSE_S
 from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.config import resolve_folders
@@ -34,6 +36,7 @@ from tests.train.launching import (
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 TIMEOUT = 60  # --collective-timeout of the two-node runs
+RESUME = JOBS["train"].resume
 
 
 def _nodes(data_dir, init_dir, run, port, *extra, own: Path | None = None):
@@ -41,10 +44,13 @@ def _nodes(data_dir, init_dir, run, port, *extra, own: Path | None = None):
     its own, its launcher, agent and worker in it), sharing nothing written there with node 0."""
     apart = ("unshare", "--user", "--map-root-user", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && '
              'exec "$@"', str(own), str(run)) if own is not None else ()
-    return [start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node,
-                        "--rdzv-endpoint", f"127.0.0.1:{port}", "--cp", 2, "--steps", 6, "--save-every", 2,
-                        "--collective-timeout", TIMEOUT, *extra, wrap=apart if node == 1 else ())
-            for node in (0, 1)]
+    return [_node(data_dir, init_dir, run, port, node, *extra, wrap=apart if node == 1 else ()) for node in (0, 1)]
+
+
+def _node(data_dir, init_dir, run, port, node, *extra, wrap=()):
+    return start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node, "--rdzv-endpoint",
+                       f"127.0.0.1:{port}", "--cp", 2, "--steps", 6, "--save-every", 2, "--collective-timeout",
+                       TIMEOUT, *extra, wrap=wrap)
 
 
 def _rank0_node(nodes: list[subprocess.Popen], timeout: float = 240) -> int:
@@ -191,3 +197,30 @@ def test_sigterm_to_the_node_without_rank_0_and_no_shared_folder_exits_143(tmp_p
     assert f"stopped by SIGTERM at step {step}/100000 loss" in outs[holder], outs[holder] + errs[holder][-3000:]
     assert outs[other].strip() == (f"node {other}: stopped by SIGTERM at step {step}/100000; rank 0 wrote the "
                                    "checkpoint and the summary"), outs[other] + errs[other][-3000:]
+
+
+@pytest.mark.parametrize("gives_up", [1, 0])
+def test_the_other_node_of_one_that_gives_up_exits_75_in_one_line(tmp_path, data_dir, init_dir, gives_up):
+    """One node under --max-restarts 0, the other under 1; the first's worker is SIGKILLed: its agent gives up on
+    the run and closes the rendezvous (node 0's also takes it down: it hosts it), and the other's agent, restarting
+    its worker, finds nothing to rejoin. Both exit 75 (requeue, --resume auto), each in one line. The other node
+    ended with torchrun's RendezvousClosedError (node 0 gave up: RendezvousConnectionError) traceback, exit 1."""
+    run, port = tmp_path / "two-nodes", free_port()
+    nodes = [_node(data_dir, init_dir, run, port, node, "--steps", 100000, "--max-restarts", int(node != gives_up))
+             for node in (0, 1)]
+    wait_for_step(run, 3, nodes)
+    (victim,) = [p for p in psutil.Process(nodes[gives_up].pid).children(recursive=True)
+                 if "lcft.launch" in " ".join(p.cmdline()) and p.environ().get("RANK") is not None]
+    rank = victim.environ()["RANK"]
+    victim.kill()
+    ended = [p.communicate(timeout=TIMEOUT + 60) for p in nodes]
+    errors = [error_lines(err) for _, err in ended]
+    assert [p.returncode for p in nodes] == [75, 75], ended[0][1][-3000:] + ended[1][1][-3000:]
+    assert errors[gives_up] == [f"error: rank {rank} on node {gives_up} (pid {victim.pid}) was killed by SIGKILL; "
+                                f"{RESUME}"], ended[gives_up][1][-3000:]
+    other = 1 - gives_up
+    assert "Traceback" not in ended[other][1] and errors[other] == [
+        f"error: the run's rendezvous at 127.0.0.1:{port} is closed or gone: another node gave up on the run (its "
+        f"--max-restarts spent), or node 0, which hosts it, ended; node {other}'s workers have no group to rejoin; "
+        f"{RESUME}"], ended[other][1][-3000:]
+    assert latest_checkpoint(run) is not None  # (--resume auto continues from it)
