@@ -12,7 +12,8 @@ passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoi
 batch, keep its losses and exit), ends them at once on a second signal, when one of them is frozen, or on a
 rank's user error (then raised as that rank raised it, its exit code too; a stop signal while the launcher waits
 for the other ranks' errors ends on it), and returns the summary the node's first rank handed back (rank 0's, or
-the same run's on a node without rank 0: its exit code is the run's, no shared folder needed). The agent and the workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
+the same run's on a node without rank 0: its exit code is the run's, no shared folder needed). The agent and the
+workers end with their parent. Several nodes: the same command on every node with its own `--node-rank` and
 node 0's `--rdzv-endpoint`. Inside a torchrun launch started by hand, `--nproc` and the launch options are
 ignored.
 
@@ -21,8 +22,8 @@ reached); 1 a user error (fix the command; a rerun fails the same way; a few car
 by signal N after saving (a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it
 before saving), whether torchrun's agent got it too or not; 75 a rank or node stopped answering, died or was killed
 by a signal, or the agent was, its workers with it, or another node gave up on the run and closed (or took down) its
-rendezvous (nothing new saved). After 143, 130 and 75, train's `--resume
-auto` continues from the latest verified checkpoint, and eval run again resumes from its kept losses.
+rendezvous (nothing new saved). After 143, 130 and 75, train's `--resume auto` continues from the latest verified
+checkpoint, and eval run again resumes from its kept losses.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def _agent_ended(rc: int, supervisor: _Supervisor, cfg: Any, resume: str) -> Lcf
     if rc > 0:
         return Stopped(f"stopped by {signal_name(n)}, which torchrun's agent got too and passed on, before the "
                        f"workers saved; {resume}", n)
-    return PeerLost(f"torchrun's agent on node {cfg.node_rank} (pid {supervisor.proc.pid}) was killed by {signal_name(n)}, "
-                    f"and its workers with it; {resume}")
+    return PeerLost(f"torchrun's agent on node {cfg.node_rank} (pid {supervisor.proc.pid}) was killed by "
+                    f"{signal_name(n)}, and its workers with it; {resume}")
 
 
 def _raised(handed: Handed) -> LcftError:

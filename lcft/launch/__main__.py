@@ -24,9 +24,10 @@ comes first."""
 
 def main(argv: list[str] | None = None) -> int:
     """Load JOB's config from SPEC.toml and run it on this rank; the node's first rank (local rank 0) hands its
-    summary back to the launcher (the file RESULT_FILE_ENV names), and every rank says it finished. On a user error: 1 once handed to the
-    launcher (which raises it with its exit code); else, printed by rank 0, the error's own exit code (several
-    nodes with --max-restarts, whose agents restart the group: its workers' exit codes are what they record)."""
+    summary back to the launcher (the file RESULT_FILE_ENV names), and every rank says it finished. On a user
+    error: 1 once handed to the launcher (which raises it with its exit code); else, printed by rank 0, the error's
+    own exit code (several nodes with --max-restarts, whose agents restart the group: its workers' exit codes are
+    what they record)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in JOBS:
         print(f"usage: python -m lcft.launch {{{','.join(JOBS)}}} CONFIG.toml "
