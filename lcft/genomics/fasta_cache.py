@@ -67,8 +67,8 @@ def check_room_to_decompress(gz: Path, folder: Path) -> None:
     """One line, before writing, when `folder` has less free space than the gzip file `gz` decompresses to
     (gzip_size_floor: past 4 GiB it may read lower, by 4 GiB steps, and the write then fails, one line, once the
     disk is full)."""
-    check_room(folder, gzip_size_floor(gz), f"decompressing {gz} (by the size its gzip trailer gives, which a cut or damaged "
-               "file gives wrong)")
+    check_room(folder, gzip_size_floor(gz), f"decompressing {gz} (at least the size its gzip trailer and length "
+               "allow, which a cut or damaged file gives wrong)")
 
 
 def file_key(path: Path) -> str:

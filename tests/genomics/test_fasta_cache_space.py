@@ -49,8 +49,9 @@ def test_a_cache_without_room_for_the_copy_is_one_line_before_writing(tmp_path, 
     if gap < 0:
         with pytest.raises(LcftError) as e:
             FastaFile(gz)
-        assert str(e.value) == (f"no space left on the device of {cache_dir() / 'fasta'}: decompressing {gz} (by the "
-                                "size its gzip trailer gives, which a cut or damaged file gives wrong) needs at least "
+        assert str(e.value) == (f"no space left on the device of {cache_dir() / 'fasta'}: decompressing {gz} (at least "
+                                "the size its gzip trailer and length allow, which a cut or damaged file gives wrong) "
+                                "needs at least "
                                 f"{len(plain) / 2**20:.1f} MiB, "
                                 f"{(len(plain) - 1) / 2**20:.1f} MiB free")
         digest = hashlib.sha256(gz.read_bytes()).hexdigest()[:32]
