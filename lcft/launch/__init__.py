@@ -125,8 +125,9 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         rc = supervisor.run()
         # This node's first rank hands back its summary once the ranks ended their work together and agreed on how
         # (lcft/launch/__main__.py): a node without rank 0 hears it from its own workers, sharing no run folder.
-        if rc > 128 and files[RESULT_FILE_ENV].is_file():
-            rc = 0  # the agent caught a signal too (a scheduler's, to every process of the job), passed on and done
+        if (rc > 128 or rc == EXIT_LOST) and files[RESULT_FILE_ENV].is_file():
+            rc = 0  # the agent caught a signal too (a scheduler's, to every process of the job), passed on, or lost
+            # the rendezvous after its workers ended (the node hosting it gone first): they finished all the same
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
         killed = _killed(files[FAILURES_ENV], cfg.node_rank, j.resume) if rc != 0 and not supervisor.ended else None
         # A rank that ended with an error of its own is the cause; the others then see it gone ("stopped
@@ -156,6 +157,9 @@ def _agent_ended(rc: int, supervisor: _Supervisor, cfg: Any, resume: str) -> Lcf
     handler was set: the workers were starting). A signal it caught (128 + N) it passed on, and the workers ended
     before they finished: Stopped. One that killed it (-N; SIGKILL: the OOM killer) took the workers with it, and
     a rendezvous closed or gone (EXIT_LOST) leaves them no group to rejoin: a lost launch."""
+    if rc == EXIT_LOST and not supervisor.started:  # never met: not a lost run that a requeue continues
+        return LcftError(f"cannot host or reach the run's rendezvous at {cfg.rdzv_endpoint} (node {cfg.node_rank}): "
+                         "its port in use by another program, or node 0 not started or not reachable at that address")
     if rc == EXIT_LOST:
         return PeerLost(f"the run's rendezvous at {cfg.rdzv_endpoint} is closed or gone: another node gave up on the "
                         f"run (its --max-restarts spent), or node 0, which hosts it, ended; node {cfg.node_rank}'s "
@@ -249,6 +253,7 @@ class _Supervisor:
         self.told: set[int] = set()  # pids of the workers it was passed on to
         self.killed_by: int | None = None
         self.ended = False  # True once _kill ended the agent and the workers
+        self.started = False  # True once the agent had workers: a rendezvous error before it is no lost run
 
     def run(self) -> int:
         # signal.signal works only in the main thread; elsewhere the workers simply get no forwarded signals.
@@ -276,6 +281,7 @@ class _Supervisor:
                     raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
                                   f"saved; {self.resume}", self.killed_by)
                 return rc
+            self.started = self.started or bool(self._workers())
             if not self.ended:  # (before the signals: one that comes while a user error waits ends on it)
                 self._user_errors()
             while self.signals:

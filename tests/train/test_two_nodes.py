@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -224,3 +225,19 @@ def test_the_other_node_of_one_that_gives_up_exits_75_in_one_line(tmp_path, data
         f"--max-restarts spent), or node 0, which hosts it, ended; node {other}'s workers have no group to rejoin; "
         f"{RESUME}"], ended[other][1][-3000:]
     assert latest_checkpoint(run) is not None  # (--resume auto continues from it)
+
+
+def test_a_rendezvous_port_held_by_another_program_is_a_user_error_not_a_lost_run(tmp_path, data_dir, init_dir):
+    """Node 0 cannot host the rendezvous (its port is another program's): torchrun's agent raises the same
+    RendezvousConnectionError as for a rendezvous lost mid-run, which exited 75, 'requeue', so a scheduler would
+    retry a mistyped --rdzv-endpoint for ever. Before any worker started it is one line and exit 1."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        node0 = start_train(data_dir, init_dir, tmp_path / "run", "--nproc", 1, "--nnodes", 2, "--node-rank", 0,
+                            "--rdzv-endpoint", f"127.0.0.1:{port}", "--steps", 2)
+        _, err = node0.communicate(timeout=120)
+    assert node0.returncode == 1, err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and f"cannot host or reach the run's rendezvous at 127.0.0.1:{port}" in errors[0], err[-3000:]
