@@ -30,17 +30,19 @@ def _run(cfg: EvalConfig, quiet: bool) -> None:
     for warning in cfg.idle_split():  # --cp-kv / --cp-layout without --cp; stdout holds the report
         err_console.print(warning, highlight=False, soft_wrap=True)
     report = run("eval", cfg, progress=not quiet)  # in this process, or --nproc N launched ones
-    if code := exit_code(report):  # stopped by a signal, its losses kept: not a finished evaluation
+    code = exit_code(report)  # stopped by a signal, its losses kept: not a finished evaluation
+    if "node_rank" in report:  # a node without rank 0 (several nodes): rank 0 wrote the report, or kept the losses
+        done = f"stopped by {report.get('signal')}; rank 0 kept the losses" if code else "done; rank 0 wrote the report"
+        console.print(f"node {report['node_rank']}: {done}", highlight=False)
+    elif code:
         console.print(report["note"], highlight=False, soft_wrap=True)
-        raise typer.Exit(code)
-    if "node_rank" in report:  # a node without rank 0 (several nodes): rank 0 wrote the report
-        console.print(f"node {report['node_rank']}: done; rank 0 wrote the report", highlight=False)
-        return
-    if not quiet:
+    elif not quiet:
         print_table(report)
         outdir = Path(cfg.out)
         console.print(f"plot: {outdir / 'loss_by_position.png'}\nfigures: {outdir / 'eval.json'}, "
                       f"{outdir / 'loss_by_position.csv'}", highlight=False, soft_wrap=True)
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

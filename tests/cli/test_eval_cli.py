@@ -136,3 +136,20 @@ def test_the_saved_config_reruns_from_another_working_folder(data_dir, tmp_path,
     assert r.exit_code == 0, r.output
     first, again = (json.loads((p / "eval.json").read_text()) for p in (tmp_path / "rep", tmp_path / "elsewhere" / "rep2"))
     assert again["checkpoints"][0]["loss"] == first["checkpoints"][0]["loss"] and str(a) in (tmp_path / "rep" / "eval.toml").read_text()
+
+
+def test_a_node_without_rank_0_names_how_the_evaluation_ended(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """What a node without rank 0 prints from the report its own first rank handed back (lcft/launch/__main__.py
+    adds its node_rank): done, or stopped by a signal with the signal's exit code; rank 0 printed the note of the
+    losses it kept, a path on its own machine, on every node."""
+    import lcft.launch
+
+    a = save_model(tmp_path / "a", seed=1)
+    args = ["eval", "--data", str(data_dir), "--checkpoint", str(a), "--out", str(tmp_path / "rep")]
+    stopped = {"stopped": "signal", "signal": "SIGTERM", "out": str(tmp_path / "rep"), "note": "losses kept in X"}
+    for report, code, line in (({"node_rank": 1}, 0, "node 1: done; rank 0 wrote the report"),
+                               ({**stopped, "node_rank": 1}, 143, "node 1: stopped by SIGTERM; rank 0 kept the losses"),
+                               (stopped, 143, "losses kept in X")):
+        monkeypatch.setattr(lcft.launch, "run", lambda *_a, report=report, **_k: report)
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.stdout.strip()) == (code, line), r.output
