@@ -14,7 +14,7 @@ import zipfile
 from collections.abc import Callable
 from typing import BinaryIO, NamedTuple
 
-from lcft.errors import shown
+from lcft.errors import reason, shown
 
 MAX_ZIP_RECORDS = 100_000  # records of torch.save's zip: one a storage, plus a few
 MAX_ZIP_DIRECTORY = 16 << 20  # bytes of its zip directory: ~100 a record
@@ -66,6 +66,8 @@ def stored_records(fh: BinaryIO, bad: Callable[[str], Exception],
     at most MAX_ZIP_DIRECTORY bytes), each stored uncompressed and unencrypted within the file; else `bad(why)`
     is raised. span: (start, size), the archive is those bytes of the file, and Records are placed within them."""
     if span is not None:
+        if span[0] + span[1] > fh.seek(0, os.SEEK_END):  # (the span's own end is where zipfile looks)
+            raise bad(f"bytes {span[0]}-{span[0] + span[1]} run past the file's end")
         fh = _Span(fh, *span)  # type: ignore[assignment]
     fh.seek(0)
     # torch.load takes a file for its zip format by its first bytes, zipfile finds the archive from its end: an
@@ -79,7 +81,11 @@ def stored_records(fh: BinaryIO, bad: Callable[[str], Exception],
                   f"bytes (at most {MAX_ZIP_RECORDS} in {MAX_ZIP_DIRECTORY})")
     total = fh.seek(0, os.SEEK_END)
     records = {}
-    for info in zipfile.ZipFile(fh).infolist():  # every entry, a name given twice included
+    try:
+        infos = zipfile.ZipFile(fh).infolist()  # every entry, a name given twice included
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:  # a directory that is not one zipfile reads
+        raise bad(f"not a zip archive of torch.save ({reason(e)})") from None
+    for info in infos:
         head = b""
         if info.header_offset >= 0:  # zipfile subtracts the bytes it takes to stand before the archive: may be < 0
             fh.seek(info.header_offset)

@@ -65,3 +65,19 @@ def test_an_older_torch_format_with_an_archive_appended_is_refused(tmp_path: Pat
     assert torch.equal(torch.load(path, weights_only=True), torch.arange(4.0))  # torch takes it for the legacy file
     with open(path, "rb") as fh, pytest.raises(ValueError, match="not a zip archive of torch.save"):
         stored_records(fh, ValueError)
+
+
+def test_a_damaged_directory_or_a_span_past_the_end_is_refused(tmp_path: Path) -> None:
+    """A central directory entry whose signature is damaged (zipfile's BadZipFile escaped as a traceback), and a
+    span that runs past the file's end (its archive found in bytes beyond the item)."""
+    archive = _saved(torch.arange(10.0))
+    path = tmp_path / "state.pt"
+    at = archive.index(b"PK\x01\x02")
+    path.write_bytes(archive[:at] + b"XX" + archive[at + 2:])
+    with pytest.raises(zipfile.BadZipFile):  # the oracle: zipfile itself
+        zipfile.ZipFile(path)
+    with open(path, "rb") as fh, pytest.raises(ValueError, match="not a zip archive of torch.save"):
+        stored_records(fh, ValueError)
+    path.write_bytes(archive)
+    with open(path, "rb") as fh, pytest.raises(ValueError, match="run past the file's end"):
+        stored_records(fh, ValueError, span=(0, len(archive) + 1))
