@@ -2,8 +2,8 @@
 into a fresh array, every id checked) against the memory map they replaced, side by side in one process.
 
 A generated soft-masked genome cut into --windows windows of 512K tokens (char tokenizer); --reads random windows
-(seeded, repeats allowed) read as a training sample takes them: its token ids as int64 and its soft-mask bit per
-token, for whole windows (--seq-len 512K) and for one aligned 64K piece of each (--seq-len 64K). The map side is
+(seeded, repeats allowed) read as a training sample took them before its ids stayed narrow (benchmarks/sample_read.py): its token ids as
+int64 and its soft-mask bit per token, for whole windows (--seq-len 512K) and for one aligned 64K piece of each (--seq-len 64K). The map side is
 the reader as it was: a np.memmap slice, the window's ids checked once, its whole soft mask unpacked then cut.
 Both sides run under the allocator setting `lcft train` applies to such windows (lcft.train.memory), with numpy's
 huge-page advice off: a sample's 4 MiB of int64 ids then costs both sides the same page faults (with it, how many
@@ -94,7 +94,7 @@ def one_pass(folder: Path, case: str, order: list[int], seq: int) -> tuple[float
     off = 0 if seq == L else PIECE
     t, c = time.perf_counter(), time.process_time()
     for i in order:
-        ids = reader.ids(i, off, off + seq).astype(np.int64)  # (seq,) as TrainSamples.example makes them
+        ids = reader.ids(i, off, off + seq).astype(np.int64)  # (seq,) as TrainSamples.example made them
         soft = reader.softmask(i, off, off + seq)  # (seq,)
         assert ids.shape == soft.shape == (seq,)
     return time.perf_counter() - t, time.process_time() - c
