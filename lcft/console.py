@@ -10,7 +10,7 @@ import io
 import os
 import signal
 import sys
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import Task, TextColumn
@@ -56,8 +56,8 @@ class PlainTextColumn(TextColumn):
         return Text(printable(text.plain), style=text.style, justify=text.justify)
 
 
-def make_console(stderr: bool = False, width: int | None = None) -> Console:
-    return PlainConsole(stderr=stderr, width=width, markup=False)
+def make_console(stderr: bool = False, width: int | None = None, file: IO[str] | None = None) -> Console:
+    return PlainConsole(stderr=stderr, width=width, markup=False, file=file)
 
 
 def text_column(template: str, style: str = "") -> TextColumn:

@@ -209,6 +209,15 @@ def start(rank: int, world: int, timeout_s: float, restarts: int) -> None:
         _current = Heartbeat(rank, world, timeout_s, restarts)
 
 
+def scalar_device() -> str:
+    """Where the few numbers of a collective go: the CPU (gloo, alone or beside NCCL), or this process's GPU in a
+    group of NCCL alone (one someone else initialised)."""
+    import torch
+    import torch.distributed as dist
+
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
 def own_restarts() -> int:
     """This process's agent's count of restarts (RESTART_ENV; 0 outside a launch)."""
     return int(os.environ.get(RESTART_ENV) or 0)

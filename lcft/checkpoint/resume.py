@@ -20,7 +20,7 @@ from lcft.checkpoint.model_files import DCP_DIR
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.state import TrainerState, broken, set_rng_state
 from lcft.errors import LcftError, shown
-from lcft.parallel.mesh import scalar_device
+from lcft.liveness import scalar_device
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what AdamW keeps per parameter (and max_exp_avg_sq: amsgrad)
 NONNEGATIVE = ("exp_avg_sq", "max_exp_avg_sq")  # Adam's second moments: running means of squares

@@ -105,15 +105,9 @@ def _group_restarts() -> int:
     """How many times the elastic agent restarted this group, the same on every rank: the highest of the ranks'
     own counts. After one node's worker failed, its agent counts the restart, while another node's agent may
     restart its workers for the membership change first (its count stays), so that one group holds both."""
-    count = torch.tensor([liveness.own_restarts()], dtype=torch.int64, device=scalar_device())
+    count = torch.tensor([liveness.own_restarts()], dtype=torch.int64, device=liveness.scalar_device())
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
-
-
-def scalar_device() -> str:
-    """Where the few numbers of a collective go: the CPU (gloo, alone or beside NCCL), or this process's GPU in a
-    group of NCCL alone (one someone else initialised)."""
-    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
 
 
 def _join(world: int, timeout_s: float) -> None:

@@ -182,12 +182,11 @@ def _prints(report: dict, control_steps: int) -> bool:
     fault in that code still shows its traceback)."""
     import io
 
-    from rich.console import Console
-
+    from lcft.console import make_console
     from lcft.evaluate.terminal import print_table
 
     try:
-        print_table(report, Console(file=io.StringIO(), width=120))
+        print_table(report, make_console(width=120, file=io.StringIO()))
         summary_lines(report, control_steps)
         demo_note(report)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError):
