@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pickle
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -93,14 +92,12 @@ def test_random_layouts_are_accepted_exactly_when_they_cover_each_tensor_once(tm
 def test_chunks_sharing_rows_are_checked_in_linear_time(tmp_path):
     """Each tensor (1, 1500) cut into 1500 chunks of row 0: a pairwise check compared ~1.1M chunk pairs per tensor,
     refused this valid layout past its per-tensor limit of 2^20 pairs, and took ~5 s a tensor below it (a
-    1.1 MB file of 1440-chunk tensors took 18.8 s). Now one pass over the corners: accepted at once; an overlap in
-    such a row is still refused."""
+    1.1 MB file of 1440-chunk tensors took 18.8 s). Now one pass over the corners: accepted (0.4 s for that file:
+    a timing, so not asserted here); an overlap in such a row is still refused."""
     c = 1500
     row = [((0, j), (1, 1)) for j in range(c)]
     path = _write(tmp_path / "ok", {f"t{i}": ((1, c), row) for i in range(4)})
-    start = time.perf_counter()
-    read_metadata_file(path)
-    assert time.perf_counter() - start < 3
+    read_metadata_file(path)  # (the pairwise check refused it: 1500 x 1499 / 2 pairs, past its limit)
     bad = [*row[:-2], ((0, c - 3), (1, 2)), ((0, c - 1), (1, 1))]  # element c-3 twice, c-2 never; counts add up
     assert not _covered_once((1, c), bad)
     with pytest.raises(LcftError, match="do not cover its size"):

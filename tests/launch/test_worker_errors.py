@@ -31,7 +31,7 @@ from lcft.liveness import EXIT_LOST
 from lcft.train import TrainConfig
 from lcft.train.config import resolve_folders
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
-from tests.train.launching import RUN, free_port, start_worker
+from tests.train.launching import RUN, error_lines, free_port, start_worker
 
 pytestmark = pytest.mark.distributed
 
@@ -304,4 +304,8 @@ def test_a_user_errors_own_exit_code_is_the_workers_without_a_hand_over(tmp_path
         for p in ranks:
             p.kill()
     assert [p.returncode for p in ranks] == [EXIT_LOST, EXIT_LOST], err0[-3000:] + err1[-3000:]
-    assert (err0, err1) == (alone.stderr, ""), (err0[-3000:], err1[-3000:])
+    assert err0 == alone.stderr, err0[-3000:]
+    # Rank 1 says nothing, or, still in a collective when rank 0 (serving the store) ended, that rank 0 stopped
+    # answering (seen under a loaded machine): never its own copy of the error
+    said = error_lines(err1)
+    assert said == [] or (len(said) == 1 and "rank 0 on node 0" in said[0] and "stopped answering" in said[0]), err1
