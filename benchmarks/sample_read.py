@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from window_read import PIECE, L, cpu_capability, prepared  # noqa: E402 (the same windows)
+from window_read import PIECE, L, child_peak_rss, cpu_capability, prepared  # noqa: E402 (the same windows)
 
 from lcft.genomics import open_windows  # noqa: E402
 from lcft.genomics.dataset import IGNORE_INDEX, DataConfig, TrainSamples  # noqa: E402
@@ -86,10 +85,8 @@ def child(samples: TrainSamples, case: str, order: list[int], accum: int) -> Non
 
 
 def peak_rss(case: str, args: argparse.Namespace, seq: int) -> float:
-    cmd = [sys.executable, __file__, "--child", case, "--windows", str(args.windows), "--reads", str(args.reads),
-           "--seq", str(seq), "--accum", str(args.accum), "--threads", str(args.threads)]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])["rss_kib"] / 1024
+    return child_peak_rss(__file__, "--child", case, "--windows", args.windows, "--reads", args.reads, "--seq", seq,
+                          "--accum", args.accum, "--threads", args.threads)
 
 
 def main() -> int:

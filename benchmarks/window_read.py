@@ -107,12 +107,16 @@ def child(folder: Path, case: str, order: list[int], seq: int) -> None:
     print(json.dumps({"rss_kib": hwm[0]}))
 
 
+def child_peak_rss(script: str, *args: object) -> float:
+    """MiB: VmHWM of a fresh process running `script` with `args` (its --child pass), from the JSON line it prints
+    last."""
+    r = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])["rss_kib"] / 1024
+
+
 def peak_rss(folder: Path, case: str, reads: int, windows: int, seq: int) -> float:
     """MiB: VmHWM of a fresh process that imports lcft and runs one pass of `case`."""
-    args = [sys.executable, __file__, "--child", case, "--reads", str(reads), "--windows", str(windows),
-            "--seq", str(seq)]
-    r = subprocess.run(args, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])["rss_kib"] / 1024
+    return child_peak_rss(__file__, "--child", case, "--reads", reads, "--windows", windows, "--seq", seq)
 
 
 def main() -> int:
