@@ -5,7 +5,8 @@
 # Without it, packages come from the index, and so does TORCH_SPEC when PY has no torch.
 # Results: gpu-check-out/gpu-check.json and gpu-check.md. Non-zero exit on a failed test or numeric mismatch.
 #   PY=/path/to/python-with-cuda-torch bash benchmarks/gpu_check.sh [--install-only] [--full] [gpu_check.py options]
-# --install-only: the install step alone (no CUDA assertion, nothing measured).
+# --install-only: the install step alone (nvidia-smi must still list a GPU; torch's CUDA is not asserted, nothing
+# measured). Exit 2: no GPU listed, PY's torch older than setup.cfg's floor, or PY without torch beside a wheelhouse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}

@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="A at 4K tokens, B at 8K only (about a minute)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per side in (A); 0 skips (A)")
     ap.add_argument("--cap-gib", type=float, default=20.0, help="address-space cap of each (B) process")
-    ap.add_argument("--long", default=None, help="comma-separated lengths for (B), or none (default 128K,1M; quick 32K)")
+    ap.add_argument("--long", default=None, help="comma-separated lengths for (B), or none (default 128K,1M; quick 8K)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="precision of the (B) steps")
