@@ -6,10 +6,10 @@ splits into context-parallel groups, the batch into replicas, the inputs are fou
 at once. Before a launch writes anything, what else needs no process group runs here (eval: the split's files
 verified); then node 0's launcher takes the output folder's lock, which its rank 0 re-enters, so a second launch
 into the folder is refused from the first byte, and checks the folder takes the run. The resolved config goes to a private temporary folder of this launch with the workers' reports;
-the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R -m
-lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
+the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R
+--shutdown-timeout G -m lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
-batch, keep its losses and exit), ends them at once on a second signal, when one of them is frozen, or on a
+batch, keep its losses and exit; an agent that got the signal too kills them --stop-grace G s after it), ends them at once on a second signal, when one of them is frozen, or on a
 rank's user error (then raised as that rank raised it, its exit code too; a stop signal while the launcher waits
 for the other ranks' errors ends on it), and returns the summary the node's first rank handed back (rank 0's, or
 the same run's on a node without rank 0: its exit code is the run's, no shared folder needed). The agent and the
@@ -116,7 +116,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
                  RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed"}
         files[HANDED_ENV].mkdir()
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
-               f"--max-restarts={cfg.max_restarts}", "-m", "lcft.launch", name, str(spec)]
+               f"--max-restarts={cfg.max_restarts}", f"--shutdown-timeout={cfg.stop_grace}", "-m", "lcft.launch",
+               name, str(spec)]
         if cfg.nnodes > 1 and cfg.max_restarts > 0:  # the other nodes would restart and wait for this one's
             del files[HANDED_ENV]  # rendezvous: the group fails on every node alike, each printing its error
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
@@ -169,7 +170,7 @@ def _agent_ended(rc: int, supervisor: _Supervisor, cfg: Any, resume: str) -> Lcf
         return None
     if rc > 0:
         return Stopped(f"stopped by {signal_name(n)}, which torchrun's agent got too and passed on, before the "
-                       f"workers saved; {resume}", n)
+                       f"workers saved (the agent kills them --stop-grace {cfg.stop_grace} s after it); {resume}", n)
     return PeerLost(f"torchrun's agent on node {cfg.node_rank} (pid {supervisor.proc.pid}) was killed by "
                     f"{signal_name(n)}, and its workers with it; {resume}")
 

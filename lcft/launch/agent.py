@@ -1,11 +1,12 @@
 """torchrun's elastic agent as the launcher starts it (`python -m lcft.launch.agent TORCHRUN-ARGS`): it ends
 when its launcher dies, records how each failed worker ended (an exit code, or the signal that killed it) for the
 launcher to name, ends on a signal sent to it (a scheduler's, to every process of the job) with exit code
-128 + N, and on a rendezvous that another node closed (it gave up on the run) or took down with exit code 75
+128 + N once its workers saved or the launch's --stop-grace ran out (then SIGKILLed), and on a rendezvous that another node closed (it gave up on the run) or took down with exit code 75
 (liveness.EXIT_LOST), each instead of torchrun's traceback."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,27 @@ def failures(error: BaseException) -> list[dict[str, Any]]:
     return out
 
 
+def _shutdown_timeout(argv: list[str]) -> list[str]:
+    """torchrun's arguments as this torch takes them. `--shutdown-timeout=G` (the launch's --stop-grace: how long
+    the agent waits for its workers after its SIGTERM before it SIGKILLs them) is torchrun's own flag where it has
+    one; an older torch (before its LaunchConfig.shutdown_timeout) always waited 30 s, so the flag is taken out
+    and G becomes the wait of every close of its workers (there before a restart too)."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+    from torch.distributed.launcher.api import LaunchConfig
+
+    given = [a for a in argv if a.startswith("--shutdown-timeout=")]
+    if not given or "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        return argv
+    grace = int(given[-1].partition("=")[2])
+    close = PContext.close
+
+    def close_after_grace(self: PContext, death_sig: signal.Signals | None = None, timeout: int = grace) -> None:
+        close(self, death_sig, timeout)
+
+    PContext.close = close_after_grace  # type: ignore[method-assign]
+    return [a for a in argv if a not in given]
+
+
 def main(argv: list[str]) -> int:
     die_with_parent()
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -36,7 +58,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import parse_args, run
 
     try:
-        run(parse_args(argv))
+        run(parse_args(_shutdown_timeout(argv)))
     except SignalException as e:  # (torch raises it from its handler, after ending the workers with it)
         return 128 + int(e.sigval)  # (the launcher's _agent_ended reads it)
     except ChildFailedError as e:

@@ -3,7 +3,7 @@ how many nodes), and `ParallelConfig`, the two together, which EvalConfig extend
 
 TrainConfig takes CpConfig (in its parallel section) and LaunchConfig (its launch section) and EvalConfig
 ParallelConfig, so `--nproc`, `--cp`, `--cp-layout`, `--cp-kv` and the launch options (`--nnodes`, `--node-rank`,
-`--rdzv-endpoint`, `--max-restarts`, `--collective-timeout`), with their flat TOML keys, are declared and
+`--rdzv-endpoint`, `--max-restarts`, `--collective-timeout`, `--stop-grace`), with their flat TOML keys, are declared and
 documented once, here.
 """
 
@@ -22,8 +22,8 @@ Shard = Literal["none", "fsdp"]  # how ranks hold the weights: whole (DDP) or sh
 Checkpointing = Literal["none", "block"]  # activation checkpointing (lcft.parallel.activations)
 Precision = Literal["fp32", "bf16"]  # compute precision (weights stay fp32)
 PrecisionChoice = Literal["auto", Precision]  # what a user may ask for: auto picks by device (lcft.train.precision)
-# seconds one collective may wait: torch's process group takes it as a timedelta (at most 10^9 days), and a
-# run that should wait longer than a month for a rank has stopped
+# seconds one collective, or the stop grace, may wait: torch takes them as a timedelta (at most 10^9 days) and a
+# threading timeout, and a run that should wait longer than a month for a rank has stopped
 MAX_COLLECTIVE_TIMEOUT = 30 * 86400
 MAX_PROCESSES = 1 << 20  # processes per node, or nodes: far above any cluster, and a plan's figures stay finite
 
@@ -95,6 +95,12 @@ class LaunchConfig:
     """Seconds a process waits for the others in one collective (all-reduce, barrier, ...) before the run
     ends, naming the ranks and nodes that stopped answering (exit code 75)."""
 
+    stop_grace: int = 300
+    """Seconds torchrun's agent, once it got a stop signal (a scheduler's SIGTERM reaches every process of the
+    job), gives its workers to finish the step and save before it kills them (SIGKILL); also how long it waits for
+    them to end when a run ends. Match it to the time the scheduler leaves between its SIGTERM and its SIGKILL
+    (SLURM --signal=TERM@S: S)."""
+
     def __post_init__(self) -> None:
         for name in ("nproc", "nnodes"):
             if int(getattr(self, name)) < 1:
@@ -108,6 +114,9 @@ class LaunchConfig:
         if not (math.isfinite(self.collective_timeout) and 0 < self.collective_timeout <= MAX_COLLECTIVE_TIMEOUT):
             raise ConfigError(f"collective_timeout must be a positive number of seconds, at most "
                               f"{MAX_COLLECTIVE_TIMEOUT:,} (30 days), got {self.collective_timeout}")
+        if not 0 < self.stop_grace <= MAX_COLLECTIVE_TIMEOUT:  # (torch waits in a threading timeout: bounded)
+            raise ConfigError(f"stop_grace must be a positive number of seconds, at most {MAX_COLLECTIVE_TIMEOUT:,} "
+                              f"(30 days), got {self.stop_grace}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("rdzv_endpoint: give node 0's HOST:PORT (--rdzv-endpoint) for a run on several nodes")
         if self.rdzv_endpoint is not None:

@@ -1,4 +1,4 @@
-"""The launch options (--nnodes, --node-rank, --rdzv-endpoint, --max-restarts, --collective-timeout): checked when
+"""The launch options (--nnodes, --node-rank, --rdzv-endpoint, --max-restarts, --collective-timeout, --stop-grace): checked when
 a config is built, neutral for the trajectory, and the exit code a finished command reports."""
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from lcft.train.config import TrainConfig, resolve_config
     (dict(collective_timeout=0.0), "collective_timeout must be a positive number"),
     (dict(collective_timeout=float("inf")), "collective_timeout must be a positive number"),
     (dict(collective_timeout=float("nan")), "collective_timeout must be a positive number"),
+    (dict(stop_grace=0), r"stop_grace must be a positive number of seconds, at most 2,592,000 \(30 days\), got 0"),
+    (dict(stop_grace=30 * 86400 + 1), "stop_grace must be a positive number of seconds"),  # torch's TIMEOUT_MAX
 ])
 def test_bad_launch_options_are_refused(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -40,9 +42,9 @@ def test_the_largest_counts_of_processes_and_nodes_are_accepted():
 
 def test_launch_options_from_flags_and_who_launches():
     cfg = resolve_config(flags=dict(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500", max_restarts=3,
-                                    collective_timeout=30.0))
-    assert (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.max_restarts, cfg.collective_timeout) == (
-        2, 1, "10.0.0.1:29500", 3, 30.0)
+                                    collective_timeout=30.0, stop_grace=45))
+    assert (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.max_restarts, cfg.collective_timeout,
+            cfg.stop_grace) == (2, 1, "10.0.0.1:29500", 3, 30.0, 45)
     assert cfg.multiprocess and TrainConfig(max_restarts=1).multiprocess and TrainConfig(nproc=2).multiprocess
     assert not TrainConfig().multiprocess
 
@@ -51,7 +53,7 @@ def test_launch_options_do_not_define_the_run():
     """A run continued on another layout, timeout or restart budget is the same run."""
     a = TrainConfig(data="d", out="o")
     b = TrainConfig(data="d", out="o", nproc=2, nnodes=2, node_rank=1, rdzv_endpoint="h:1", max_restarts=2,
-                    collective_timeout=5.0)
+                    collective_timeout=5.0, stop_grace=10)
     assert a.run_defining() == b.run_defining()
 
 
