@@ -1,13 +1,8 @@
-"""File helpers shared by every stage: atomic replacement of a file, chunked hashing, JSON reading with one-line
-errors (nesting bounded, for TOML too), one writer per output folder (a lock naming its holder), what lcft did not
-make in a work folder or under a name of ours refused (one wording), umask-respecting modes. Why a write failed (a full disk, a file-size limit) is lcft.disk."""
+"""Atomic writes (a file replaced in one rename, never through a link) and bounded reading of JSON and text."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -16,12 +11,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from lcft.disk import write_failure
 from lcft.errors import LcftError, reason
+from lcft.umask import respect_umask
 
-HASH_CHUNK = 1 << 24  # 16 MiB reads: few system calls per GB of windows, a bounded buffer
-LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
-HELD_LOCK_ENV = "LCFT_HELD_LOCK"  # "PID FOLDER": a launcher holds FOLDER's lock for the workers it started
 # lists and tables one JSON or TOML file may nest: every file lcft reads nests under 10, the tokenizers library
 # refuses 128, and readers that walk the data recursively stay far inside Python's recursion limit
 MAX_NESTING = 100
@@ -99,62 +91,10 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Fa
     return Path(path)
 
 
-def file_hash(path: str | os.PathLike | IO[bytes], algorithm: str = "sha256", upto: int | None = None) -> Any:
-    """A hashlib object fed with the first `upto` bytes of a file (all of it when None), read in chunks; the file
-    is named, or open for reading at its start (then left open, at the offset the reading ends)."""
-    if not isinstance(path, str | os.PathLike):
-        return _hash_open(path, hashlib.new(algorithm), upto)
-    with open(path, "rb") as fh:
-        return _hash_open(fh, hashlib.new(algorithm), upto)
-
-
-def _hash_open(fh: IO[bytes], h: Any, upto: int | None) -> Any:
-    left = os.fstat(fh.fileno()).st_size if upto is None else upto
-    while left > 0:
-        block = fh.read(min(HASH_CHUNK, left))
-        if not block:
-            break
-        h.update(block)
-        left -= len(block)
-    return h
-
-
-def file_record(path: str | os.PathLike) -> dict[str, Any]:
-    """{"bytes": its size, "sha256": its digest} of a file: how a checkpoint's checksum list, and an export's
-    record, list each of its files."""
-    return {"bytes": os.stat(path).st_size, "sha256": file_hash(path).hexdigest()}
-
-
-def open_own(path: str | os.PathLike) -> IO[bytes] | None:
-    """`path` opened for reading and writing ("r+b") when it is a regular file itself, of one name, else None
-    (missing, a link, a folder, a FIFO, a hard link): a file a killed run of ours left, to resume, is never one
-    that would make the resume write through it to another file (O_NOFOLLOW: not even a link that appears
-    meanwhile; a second name: a file of someone else's, linked into the folder)."""
-    try:
-        fd = no_follow(os.fspath(path), os.O_RDWR | os.O_NONBLOCK)  # a FIFO opens without waiting, and is refused
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "r+b")
-
-
 def no_follow(path: str, flags: int) -> int:
     """`os.open` of `path` that refuses a link under the name (ELOOP), also as `open`'s opener: a file of ours that
     something else may have replaced with a link is never written through it."""
     return os.open(path, flags | os.O_NOFOLLOW, 0o666)
-
-
-def not_own(path: Path, folder: bool = False) -> bool:
-    """Whether something is at `path` that lcft would not have made there: a link (dangling or not), or other than
-    a regular file (with `folder`: other than a folder). Nothing there is no such thing."""
-    try:
-        mode = path.lstat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    return not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode))
 
 
 def remove(path: Path) -> None:
@@ -164,48 +104,6 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-def foreign_entry(folder: Path) -> Path | None:
-    """In a work folder of ours that holds only regular files, the first thing that is not one (the folder itself
-    first, which must be a folder and no link): a link, a folder, a FIFO; None when there is none. A resume that
-    finds one stops with its name: reading or writing through it would reach wherever it points."""
-    if not_own(folder, folder=True):
-        return folder
-    if not folder.is_dir():
-        return None
-    return next((p for p in sorted(folder.iterdir()) if not_own(p)), None)
-
-
-def refuse_foreign(folder: Path, tool: str) -> None:
-    """Stop with one line naming it, changing nothing, when the work folder `folder` of `tool` (the command, as
-    the message names it) holds a `foreign_entry`: what lcft did not make is never removed, nor resumed through."""
-    entry = foreign_entry(folder)
-    if entry is not None:
-        raise foreign_error(entry, tool, folder=entry == folder, within=None if entry == folder else folder)
-
-
-def refuse_not_own(path: Path, tool: str, folder: bool = False) -> None:
-    """Stop with `foreign_error`'s line, changing nothing, when the one file (`folder`: folder) that `tool` keeps at
-    `path` is `not_own`: reading, appending or moving things through it would reach wherever it points."""
-    if not_own(path, folder):
-        raise foreign_error(path, tool, folder)
-
-
-def foreign_error(path: Path, tool: str, folder: bool = False, within: Path | None = None) -> LcftError:
-    """The one wording of what lcft did not make at `path`, where `tool` (the command) keeps a regular file (a
-    folder); `within`: the work folder it is in, which may go whole."""
-    what = f"a folder {tool} made (a link or a file)" if folder else f"a file {tool} wrote (a link, a folder or a FIFO)"
-    whole = "" if within is None else f", or the whole {within},"
-    return LcftError(f"{path} is not {what}; remove it{whole} and re-run")
-
-
-def files_sha256(paths: list[Path]) -> str:
-    """sha256 over several files in name order: each file's name and its own sha256 (one digest per folder)."""
-    h = hashlib.sha256()
-    for f in sorted(paths, key=lambda p: p.name):
-        h.update(f.name.encode() + b"\0" + file_hash(f).hexdigest().encode())
-    return h.hexdigest()
 
 
 def is_plain_name(name: Any) -> bool:
@@ -277,124 +175,3 @@ def read_json(path: str | os.PathLike, want: type = dict) -> Any:
         raise LcftError(f"{path}: not a JSON {'object' if want is dict else want.__name__}")
     return data
 
-
-def _holder(folder: Path) -> tuple[str | None, str | None]:
-    """(pid, command) recorded by the process that holds `folder`'s lock, when readable."""
-    try:
-        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)  # a planted link is not read through
-        with os.fdopen(fd, "rb") as fh:
-            pid, _, command = fh.read(4096).decode().strip().partition(" ")
-    except (OSError, UnicodeDecodeError):
-        return None, None
-    return (pid or None), (command or None)
-
-
-def held_elsewhere(folder: str | os.PathLike) -> bool:
-    """Whether `folder`'s lock seems held by a process still running (the pid its LOCK_NAME records), told without
-    taking it: a check made before the lock is taken leaves such a folder to folder_lock's own one line."""
-    import psutil
-
-    pid = _holder(Path(folder))[0]
-    return pid is not None and pid.isdigit() and int(pid) != os.getpid() and psutil.pid_exists(int(pid))
-
-
-def _held_by_launcher(folder: Path) -> bool:
-    """True when HELD_LOCK_ENV names `folder` and a pid that is an ancestor of this process and still holds
-    the lock (its pid in LOCK_NAME): a worker of the launch that holds it."""
-    import psutil
-
-    pid, _, path = os.environ.get(HELD_LOCK_ENV, "").partition(" ")
-    if not pid.isdigit() or not folder.is_dir() or path != str(folder.resolve()) or _holder(folder)[0] != pid:
-        return False
-    with contextlib.suppress(psutil.Error):
-        return int(pid) in {p.pid for p in psutil.Process().parents()}
-    return False
-
-
-@contextlib.contextmanager
-def made_folder(folder: Path) -> Iterator[Path]:
-    """`folder`, made when missing (its missing parents too) for the block; at the end, what was made here is
-    removed while empty, deepest first (nothing half-written on an error; never a folder that was there before).
-    A folder that cannot be made raises OSError on entering."""
-    # deepest first; `a/..` names no folder of its own (mkdir -p of `a/../b` makes a/, then b)
-    made = [p for p in (folder, *folder.parents) if p.name != ".." and not p.exists()]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        yield folder
-    finally:
-        for p in made:  # (also those made before a failed mkdir)
-            try:
-                p.rmdir()  # only succeeds when empty
-            except OSError:
-                break  # not empty, gone or not removable: its parents hold it
-
-
-@contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLike | None = None) -> Iterator[Path]:
-    """Hold an exclusive lock on an output folder (created when missing) while the block runs: a second
-    writer gets a one-line error naming the holder's command and pid. The lock is flock(2) on the folder
-    itself, so the kernel drops it when its holder dies (kill -9 included) and the next writer takes it over;
-    the holder's pid is kept in LOCK_NAME inside, removed at the end. The folder and parents made here that
-    are empty at the end are removed (`made_folder`). `shown`: the folder the messages name (a writer that
-    locks a hidden work folder of its output names the output)."""
-    folder = Path(folder)
-    shown = folder if shown is None else shown
-    if _held_by_launcher(folder):  # the launcher took the lock before it wrote anything; its worker re-enters
-        yield folder
-        return
-    with contextlib.ExitStack() as made:  # left last: the lock file and descriptor go first
-        try:
-            made.enter_context(made_folder(folder))
-            fd = os.open(folder, os.O_RDONLY)
-        except OSError as e:
-            if e.errno == errno.ENAMETOOLONG:  # said as such by the command (lcft.cli.common.user_errors)
-                raise
-            raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            pid, holder = _holder(folder)
-            who = f" (pid {pid})" if pid else ""
-            raise LcftError(f"another `{holder or command}` is writing into {shown}{who}; wait for it to finish "
-                            "or choose another output folder") from None
-        made.callback(os.close, fd)
-        info = folder / LOCK_NAME
-        try:  # over a killed holder's pid, or a planted link; a folder we may read but not write fails here
-            pid_fd = fresh_file(info, 0o644)
-        except OSError as e:
-            raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
-        made.callback(info.unlink, missing_ok=True)  # before the folder's descriptor closes
-        try:  # a full disk or a file-size limit fails the first write of every command here
-            with os.fdopen(pid_fd, "w") as fh:
-                fh.write(f"{os.getpid()} {command}\n")
-        except OSError as e:
-            raise LcftError(f"cannot write to output folder {shown}: {write_failure(e)}") from None
-        yield folder
-
-
-def umask() -> int:
-    """The process umask: from /proc on Linux (no change, so no race with other threads creating files),
-    else set and restored at once."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def respect_umask(path: str | os.PathLike, folder: bool = True) -> None:
-    """Give a folder (or file) made by tempfile (0700/0600) the mode a plain mkdir/open would have."""
-    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
-
-
-def refuse_nonempty_output(out: Path, force: bool, leftovers: tuple[str, ...] = ()) -> None:
-    """An output folder must be a folder, new or empty unless `force`: a lock file and the `leftovers` (names
-    of a killed writer's work files, which the next writer removes) do not count."""
-    if out.exists() and not out.is_dir():
-        raise LcftError(f"--out {out} is a file, not a folder")
-    ignored = {LOCK_NAME, *leftovers}
-    if out.is_dir() and any(f.name not in ignored for f in out.iterdir()) and not force:
-        raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")

@@ -23,6 +23,11 @@ import lcft
 
 ROOT = Path(lcft.__file__).parent
 
+# what sits below every stage imports none of them
+STAGES = ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli",
+          "lcft.checkpoint")
+# the file helpers, below every stage; lcft.disk and lcft.pickles sit below them too
+FILE_HELPERS = ("lcft.files", "lcft.hashing", "lcft.foreign_entries", "lcft.folder_lock", "lcft.umask")
 # (importer prefix, forbidden target prefixes)
 LAYERS = [
     # the model takes its vocabulary from its config: it never reads a tokenizer; model folders and checkpoints
@@ -39,17 +44,12 @@ LAYERS = [
     # model and below them; it takes nothing from the parallel layout (DCP and process groups from torch directly);
     # file helpers sit below everything
     ("lcft.checkpoint", ("lcft.train", "lcft.evaluate", "lcft.cli", "lcft.parallel", "lcft.launch")),
-    ("lcft.hub", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                  "lcft.cli", "lcft.checkpoint")),
-    ("lcft.vocab", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                    "lcft.cli", "lcft.checkpoint")),
-    ("lcft.pickles", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                      "lcft.cli", "lcft.checkpoint", "lcft.files")),
-    ("lcft.files", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                    "lcft.cli", "lcft.checkpoint")),
+    ("lcft.hub", STAGES),
+    ("lcft.vocab", STAGES),
+    ("lcft.pickles", (*STAGES, *FILE_HELPERS)),
+    *[(helper, STAGES) for helper in FILE_HELPERS],
     ("lcft.lazy", ("lcft",)),  # under every package's __init__: it imports nothing of lcft
-    ("lcft.disk", ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate",
-                   "lcft.cli", "lcft.checkpoint", "lcft.files")),
+    ("lcft.disk", (*STAGES, *FILE_HELPERS)),
 ]
 # Only the CLI itself and `python -m lcft` may import lcft.cli.
 CLI_ALLOWED = ("lcft.cli", "lcft.__main__")

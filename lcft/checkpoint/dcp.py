@@ -36,7 +36,8 @@ from lcft.checkpoint.dcp_metadata import SafePlanner, SafeReader, read_metadata_
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.model_files import DCP_DIR, METADATA, PARAM_GROUPS, sharded_weight_files
 from lcft.errors import LcftError, reason, shown
-from lcft.files import atomic_write, files_sha256, read_json
+from lcft.files import atomic_write, read_json
+from lcft.hashing import files_sha256
 from lcft.model.config import AttentionConfig
 from lcft.model.hf_params import check_declared
 from lcft.model.llama import Llama

@@ -33,7 +33,8 @@ from lcft.checkpoint.model_files import is_sharded_checkpoint, sharded_weight_fi
 from lcft.checkpoint.reader import Loaded
 from lcft.disk import disk_full_error, free_bytes
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME, folder_lock, remove, temp_name
+from lcft.files import remove, temp_name
+from lcft.folder_lock import LOCK_NAME, folder_lock
 from lcft.model.hf_params import MAX_SHARD_BYTES, shards
 
 BUILD = EXPORT_WORK  # in the locked folder: the model folder being built, moved to --out once complete

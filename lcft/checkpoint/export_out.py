@@ -25,10 +25,12 @@ from lcft.checkpoint.layout import (
 )
 from lcft.checkpoint.model_files import model_files, weights_dtype
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME, file_hash, file_record, read_json, refuse_nonempty_output, temp_name
+from lcft.files import read_json, temp_name
+from lcft.folder_lock import LOCK_NAME, refuse_nonempty_output
+from lcft.hashing import file_hash, file_record
 
 EXPORT_RECORD = "export"  # lcft.json's key in an export: export_record (no other reader needs it)
-FILES = "files"  # the record's files: {name: lcft.files.file_record}, as a checkpoint's checksums.json lists them
+FILES = "files"  # the record's files: {name: lcft.hashing.file_record}, as a checkpoint's checksums.json lists them
 
 Origin = Callable[[], dict[str, Any]]  # the origin of the export being made, computed when first needed
 

@@ -16,11 +16,12 @@ from safetensors.torch import save_file
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
 from lcft.errors import LcftError, reason, shown
-from lcft.files import atomic_write, read_json, replacing, respect_umask
+from lcft.files import atomic_write, read_json, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, check_weights, load_weights, shards, stale_weight_files
 from lcft.model.llama import Llama
+from lcft.umask import respect_umask
 from lcft.vocab import tokenizer_spec
 
 LCFT_FORMAT_VERSION = 1

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.errors import LcftError
-from lcft.files import file_hash, read_json
+from lcft.files import read_json
+from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
 from lcft.vocab import spec_problem

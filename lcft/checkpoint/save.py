@@ -23,7 +23,8 @@ from lcft.checkpoint.layout import (
 )
 from lcft.disk import disk_full_error, free_bytes, kept_space, remove_tree, removed_or_said
 from lcft.errors import LcftError
-from lcft.files import atomic_write, file_record
+from lcft.files import atomic_write
+from lcft.hashing import file_record
 
 PRUNED = TMP_PREFIX + "pruned-"  # a pruned checkpoint's folder while it is deleted
 LATER = " (the run's next start tries again)"  # a temp folder left: clean_partial's

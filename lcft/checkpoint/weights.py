@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, reason
-from lcft.files import file_hash, files_sha256
+from lcft.hashing import file_hash, files_sha256
 from lcft.model.weight_files import weight_files
 
 

@@ -25,7 +25,7 @@ from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import make_probe, run_probe
 from lcft.evaluate.split import CheckpointResult, check_finite, position_length, run_checkpoint
 from lcft.evaluate.store import PARTIAL, LossStore, clear
-from lcft.files import folder_lock
+from lcft.folder_lock import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launch_world, launched
 from lcft.parallel.config import ParallelConfig

@@ -15,7 +15,8 @@ import numpy as np
 
 from lcft.disk import removed_or_said, write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write, no_follow, refuse_foreign
+from lcft.files import atomic_write, no_follow
+from lcft.foreign_entries import refuse_foreign
 
 PARTIAL = ".partial"
 FORMAT = 1

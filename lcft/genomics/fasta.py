@@ -15,7 +15,6 @@ from pathlib import Path
 import pyfaidx
 
 from lcft.errors import LcftError, reason, shown
-from lcft.files import file_hash
 from lcft.genomics.fai_build import build_bgzf_index, build_fai
 from lcft.genomics.fai_lines import LongHeader
 from lcft.genomics.fasta_cache import (
@@ -35,6 +34,7 @@ from lcft.genomics.fasta_check import (
 )
 from lcft.genomics.fasta_read import FastaRecords
 from lcft.genomics.fasta_scan import MAX_GAP, IndexScan, long_header, scan_index
+from lcft.hashing import file_hash
 
 
 def _first_text(path: Path, kind: str, n: int = 1 << 16, most: int = 1 << 24) -> bytes:

@@ -19,7 +19,8 @@ from typing import IO, Literal
 
 from lcft.disk import check_room
 from lcft.errors import LcftError, reason
-from lcft.files import not_own, parse_json, read_text, replacing_together
+from lcft.files import parse_json, read_text, replacing_together
+from lcft.foreign_entries import not_own
 from lcft.genomics.gzip_size import gzip_size_floor
 
 GZIP_MAGIC = b"\x1f\x8b"

@@ -28,9 +28,12 @@ from rich.progress import (
 
 from lcft.console import make_console, styled, text_column
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_open, file_hash, fresh_file, made_folder, open_own, refuse_not_own
+from lcft.files import atomic_open, fresh_file
+from lcft.folder_lock import made_folder
+from lcft.foreign_entries import open_own, refuse_not_own
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
+from lcft.hashing import file_hash
 from lcft.units import counted
 
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}

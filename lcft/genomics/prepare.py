@@ -16,7 +16,9 @@ from lcft.config_toml import paths_absolute, save_resolved, to_dict
 from lcft.console import make_console, text_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write, folder_lock, refuse_foreign
+from lcft.files import atomic_write
+from lcft.folder_lock import folder_lock
+from lcft.foreign_entries import refuse_foreign
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.hf_tokenizer import prepare_tokenizer

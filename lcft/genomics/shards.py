@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError, shown
-from lcft.files import atomic_open, file_hash, fresh_file, is_plain_name, open_own, read_json
+from lcft.files import atomic_open, fresh_file, is_plain_name, read_json
+from lcft.foreign_entries import open_own
+from lcft.hashing import file_hash
 from lcft.vocab import spec_problem
 
 FORMAT_VERSION = 1

@@ -45,7 +45,7 @@ import psutil
 
 from lcft.config_toml import save_resolved, to_dict
 from lcft.errors import LcftError
-from lcft.files import HELD_LOCK_ENV, folder_lock
+from lcft.folder_lock import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
 from lcft.launch.process import FAILURES_ENV, HANDED_ENV, PARENT_ENV, RESULT_FILE_ENV, Handed, handed_over
 from lcft.liveness import (

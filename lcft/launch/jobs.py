@@ -46,7 +46,7 @@ class Entry:
 
 def _train() -> Entry:
     from lcft.checkpoint.layout import check_output_folder, locate_local
-    from lcft.files import held_elsewhere
+    from lcft.folder_lock import held_elsewhere
     from lcft.genomics.shards import read_manifest
     from lcft.train.config import load_run_config, resolve_folders
     from lcft.train.run_dir import check_launch, check_run_dir, check_run_folder

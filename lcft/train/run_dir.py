@@ -20,7 +20,7 @@ from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, shown
-from lcft.files import refuse_not_own
+from lcft.foreign_entries import refuse_not_own
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
 
@@ -115,7 +115,7 @@ def check_run_folder(cfg: TrainConfig) -> None:
 
 def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, say: Callable[[str], None],
                  data_changes: list[str] | None = None) -> None:
-    """Rank 0, holding the run folder's lock (lcft.files.folder_lock, taken before the run's checkpoints were
+    """Rank 0, holding the run folder's lock (lcft.folder_lock.folder_lock, taken before the run's checkpoints were
     read), starts the run there: temp folders of interrupted saves removed; on a resume the checkpoints after `resume_step` moved to
     superseded/ (the resumed run owns those steps) and changed options (with `data_changes`, from record_data)
     reported; a new run says when it replaces an earlier one's config; then the resolved config, and the last

@@ -27,7 +27,8 @@ from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, is_oom
-from lcft.files import atomic_write, folder_lock
+from lcft.files import atomic_write
+from lcft.folder_lock import folder_lock
 from lcft.genomics import open_windows, verify_windows
 from lcft.genomics.dataset import DataConfig, TrainSamples
 from lcft.kernels.triton_tiles import check_model_kernels_fit

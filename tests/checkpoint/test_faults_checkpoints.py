@@ -20,7 +20,7 @@ from lcft.checkpoint.state import read_trainer_state
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
-from tests.test_files import unprivileged
+from tests.test_folder_lock import unprivileged
 
 STATE = "trainer_state"
 

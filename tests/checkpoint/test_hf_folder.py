@@ -153,7 +153,7 @@ def test_the_weight_check_and_hash_read_only_the_files_a_load_reads(tmp_path):
     import signal
 
     from lcft.checkpoint.weights import check_weights_readable, weights_sha256
-    from lcft.files import file_hash
+    from lcft.hashing import file_hash
 
     save_pretrained(small(), tmp_path / "ck")
     os.mkfifo(tmp_path / "ck" / "zz.safetensors")

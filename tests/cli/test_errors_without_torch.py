@@ -121,7 +121,7 @@ def test_a_run_folder_another_train_is_writing_is_its_locks_one_line(data_dir, t
     """A new run into a folder another `lcft train` holds (and has checkpoints in): the holder is named, not the
     checkpoints (whose advice, --resume auto, would resume a run still going); the early check leaves it to the
     lock."""
-    from lcft.files import folder_lock
+    from lcft.folder_lock import folder_lock
 
     run = run_folder(tmp_path / "run")
     with folder_lock(run, "lcft train"):

@@ -15,15 +15,15 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from lcft import files
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
+from lcft.folder_lock import LOCK_NAME
 from lcft.genomics import prepare_windows
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import read_metrics
 from tests.conftest import SHARED_GENOMES
-from tests.test_files import unprivileged
+from tests.test_folder_lock import unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 LAMBDA = SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"
@@ -93,7 +93,7 @@ def test_the_lock_file_past_the_file_size_limit(tmp_path, data, init, command):
     out = tmp_path / "out"
     if command == "train":  # a killed run's folder
         out.mkdir()
-        (out / files.LOCK_NAME).write_text("1 lcft train\n")
+        (out / LOCK_NAME).write_text("1 lcft train\n")
     args = {"prepare": ["prepare", "windows", "--fasta", LAMBDA, "--length", "2048", "--train",
                         "gi|9626243|ref|NC_001416.1|", "--eval", ""],
             "train": ["train", "--data", data, "--init", init, *TRAIN],

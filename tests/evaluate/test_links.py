@@ -11,7 +11,7 @@ import numpy as np
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.evaluate.store import PARTIAL, LossStore
-from lcft.files import LOCK_NAME
+from lcft.folder_lock import LOCK_NAME
 from tests.one_line import cli_fails, one_line
 
 

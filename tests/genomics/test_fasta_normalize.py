@@ -88,7 +88,7 @@ PEAK = textwrap.dedent("""
     import sys
     from pathlib import Path
     import torch
-    from lcft.files import file_hash
+    from lcft.hashing import file_hash
     from lcft.genomics.fasta_cache import gzip_kind, normalize_to_cache
     from lcft.train.metrics import peak_memory_bytes
     path = Path(sys.argv[1])

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lcft.errors import LcftError
-from lcft.files import file_hash
 from lcft.genomics import decode, open_windows, prepare_windows
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import NORMALIZED, cache_dir
 from lcft.genomics.tokenizer import IUPAC_AMBIGUOUS
+from lcft.hashing import file_hash
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
 EXAMPLES = 300  # about 3 s on 2 AMD EPYC cores; by hand, 3,000 random ones at a time found nothing more

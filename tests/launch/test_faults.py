@@ -22,7 +22,7 @@ from lcft.checkpoint.layout import verify_checkpoint
 from lcft.cli.app import app
 from lcft.config import ConfigError
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME
+from lcft.folder_lock import LOCK_NAME
 from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.config import load_run_config

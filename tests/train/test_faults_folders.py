@@ -19,15 +19,15 @@ from typer.testing import CliRunner
 from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
-from lcft.files import LOCK_NAME
+from lcft.folder_lock import LOCK_NAME
 from lcft.train import TrainConfig, TrainHooks, train
-from tests.test_files import unprivileged
+from tests.test_folder_lock import unprivileged
 
 from .launching import RUN
 
 HOLD = """
 import sys, time
-from lcft.files import folder_lock
+from lcft.folder_lock import folder_lock
 with folder_lock(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     time.sleep(300)

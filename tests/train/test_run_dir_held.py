@@ -15,7 +15,7 @@ from lcft.checkpoint.layout import checkpoints_dir
 from lcft.train import TrainConfig, train
 from tests.one_line import one_line
 
-HOLD = "import sys; from lcft.files import folder_lock\nwith folder_lock(sys.argv[1], 'lcft train'):\n" \
+HOLD = "import sys; from lcft.folder_lock import folder_lock\nwith folder_lock(sys.argv[1], 'lcft train'):\n" \
        "    print('held', flush=True); sys.stdin.read()"
 
 
