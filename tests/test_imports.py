@@ -25,7 +25,7 @@ ROOT = Path(lcft.__file__).parent
 
 # what sits below every stage imports none of them
 STAGES = ("lcft.model", "lcft.kernels", "lcft.genomics", "lcft.parallel", "lcft.train", "lcft.evaluate", "lcft.cli",
-          "lcft.checkpoint")
+          "lcft.checkpoint", "lcft.launch", "lcft.plan", "lcft.recipes")
 # the file helpers, below every stage; lcft.disk and lcft.pickles sit below them too
 FILE_HELPERS = ("lcft.files", "lcft.hashing", "lcft.foreign_entries", "lcft.folder_lock", "lcft.umask")
 # (importer prefix, forbidden target prefixes)
