@@ -4,13 +4,16 @@ A normalizer can write more than it reads (a Replace of one letter by a thousand
 `tokenizers` allocates for all of it: a 1 KB file could make one 4096-base block a million tokens. The normalizer is
 bounded from the file itself first (`normalizer_growth`, whatever the bases: every kind's worst case, a Sequence's
 product); then, with a normalizer or a regex lcft did not write, a child process with bounded memory encodes every
-letter alone and as a run (`_PROBE`): one that gives more than GROWTH tokens or characters a base, runs out of
-memory, or whose regex the engine gives up on (a Rust panic), is refused in one line.
+letter alone and as a run, and every short tandem repeat (`_PROBE`): one that gives more than GROWTH tokens or
+characters a base, runs out of memory, whose regex the engine gives up on (a Rust panic), or that takes more than
+SLOW_US of CPU a base (a regex that backtracks on a repeat: (GA)n and its kind are common in genomes, and a
+search that backtracks is polynomial or exponential in the repeat's length) is refused in one line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import string
 import subprocess
@@ -29,10 +32,21 @@ MARKS = 4  # and this many more a piece: the word-start marks a pipeline puts be
 PROBE_BYTES = 1 << 30  # address space of the probing child: a pipeline that needs more for a probe is refused
 PROBE_S = 120  # a probe still running by then is refused as well
 NOT_READ = 4  # the probing child's exit code for a file the library does not read: nothing probed
-# each letter alone, then each as a block-long run (upper case: lcft upper-cases bases before a tokenizer sees them),
-# then mixed bases; a line names each probe before it is encoded, so one that exhausts the child's memory is named
-# too (the library's ordinary errors, a missing unknown token say, are left to `guarded`, which names them)
-_PROBE = f"""import resource, sys
+# CPU a probe may take a base: a DNA tokenizer takes under 1 µs (a BPE of 1,024 tokens: 0.3); a Split regex that
+# backtracks, 100 and more on a repeat of 1,024 bases ((?:GA)*(?:GA)*T on (GA)n then C: 117). At 20 a base, a
+# whole human genome would take 17 hours
+SLOW_US = 20
+SLACK_S = 0.05  # and this much a probe whatever its length (the first call's set-up, the clock's grain)
+REPEAT_LENGTHS = (256, 1024, BPE_BLOCK)  # growing: a search polynomial in the repeat's length is caught short
+# one unit of each mono-, di- and trinucleotide repeat up to rotation (a run of AG is a run of GA one base on)
+REPEAT_UNITS = sorted({min(u[i:] + u[:i] for i in range(k)) for k in (1, 2, 3)
+                       for u in map("".join, itertools.product("ACGT", repeat=k)) if k == 1 or len(set(u)) > 1})
+# each letter alone; each repeat, at each length, ending in each base not in it (a piece is a run of A/C/G/T: a
+# base that fails a pattern is what sets a search backtracking); each letter as a block-long run (upper case: lcft
+# upper-cases bases before a tokenizer sees them); then mixed bases. A line names each probe before it is encoded,
+# so one that exhausts the child's memory or its time is named too (the library's ordinary errors, a missing
+# unknown token say, are left to `guarded`, which names them)
+_PROBE = f"""import resource, sys, time
 try:
     resource.setrlimit(resource.RLIMIT_AS, ({PROBE_BYTES}, {PROBE_BYTES}))
 except (ValueError, OSError):
@@ -43,19 +57,27 @@ try:
 except Exception:  # not a pipeline the library reads (a panic is no Exception): the parent's parse says why
     sys.exit({NOT_READ})
 letters = {string.ascii_uppercase!r}
-probes = [(c, c + ' alone') for c in letters] + [(c * {BPE_BLOCK}, f'a run of {BPE_BLOCK} {{c}}') for c in letters]
+probes = [(c, c + ' alone') for c in letters]
+probes += [((u * n)[:n - 1] + b, f'{{u!r}} repeated to {{n}} bases then {{b}}') for n in {REPEAT_LENGTHS!r}
+           for u in {REPEAT_UNITS!r} for b in 'ACGT' if b not in u]
+probes += [(c * {BPE_BLOCK}, f'a run of {BPE_BLOCK} {{c}}') for c in letters]
 probes += [(s, f'{{s[:5]!r}} repeated') for s in ('ACGT' * 1024, 'ACGTN' * 820, 'acgtn' * 820, 'AAAAC' * 820)]
 for s, name in probes:
     print('probe', len(s), name, sep='\\t', flush=True)
+    t = time.process_time()
     try:
         got = max(len(tk.encode(s, add_special_tokens=False).ids), len(tk.normalizer.normalize_str(s)) if tk.normalizer else 0)
     except MemoryError:
         raise
     except Exception:
         continue
+    took = time.process_time() - t
     if got > {GROWTH} * len(s) + {MARKS}:
         print('grows', got, sep='\\t', flush=True)
         sys.exit(3)
+    if took > {SLOW_US} * 1e-6 * len(s) + {SLACK_S}:
+        print('slow', took, sep='\\t', flush=True)
+        sys.exit(5)
 """
 _OWN_REGEXES = {RUNS_SPLIT["pattern"]["Regex"], MARKED_RUNS_SPLIT["pattern"]["Regex"], BOUNDARY_RULE["pattern"]["Regex"]}
 _PASSED: set[str] = set()  # sha256 of pipelines probed in this process (a load parses a file, then its canonical form)
@@ -106,8 +128,14 @@ def _refuse(source: str, rc: int | None, out: list[str], err: str, found: list[t
     if rc is not None and "memory" in err.lower():  # Rust's failed allocation aborts; Python raises MemoryError
         raise LcftError(f"tokenizer {source}: encoding {name} ({counted(bases, 'base')}) needs over {PROBE_BYTES >> 20:,} MiB; "
                         "lcft refuses a tokenizer that enlarges DNA")
-    why = next((ln.strip() for ln in err.splitlines() if "rror" in ln), "it failed") if rc else f"no answer within {PROBE_S} s"
     fields = ", ".join(f"{f} {p[:60]!r}" for f, p in found)
+    if rc == 5 and out and out[-1].startswith("slow\t"):
+        took = float(out[-1].split()[1])
+        what = f"the regex engine backtracks on {fields}" if found else "the tokenizers library crawls"
+        raise LcftError(f"tokenizer {source}: {what}: {took:.2f} s of CPU for {name} ({took / bases * 1e6:,.0f} µs "
+                        f"a base; lcft allows {SLOW_US}), so prepare would crawl on such repeats in a genome; lcft "
+                        "cannot tokenize with it")
+    why = next((ln.strip() for ln in err.splitlines() if "rror" in ln), "it failed") if rc else f"no answer within {PROBE_S} s"
     what = f"the regex engine gives up on {fields}" if found else "the tokenizers library fails"
     raise LcftError(f"tokenizer {source}: {what} for {name} ({why[:160]}); lcft cannot tokenize with it")
 

@@ -1,0 +1,85 @@
+"""A tokenizer.json whose regex backtracks on short tandem repeats ((GA)n and its kind) is refused in one line as it
+is loaded, before prepare writes anything (stderr: its one line, no Rust text).
+Each pattern is shown to panic or crawl with `tokenizers` itself first."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from lcft.errors import LcftError
+from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
+from lcft.genomics.model_tokenizer import tokenizer_from_json_text
+from tests.genomics.conftest import write_fasta
+
+SINGLE = {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5}
+NESTED = r"(?:(?:GA|G|A)+)+T|."  # exponential on GA...GAC: the engine gives up past its retry limit (a panic)
+ALTERNATION = r"(?:GA|G|A)+T|."  # as exponential, with no quantifier inside another
+CUBIC = r"(?:GA)*(?:GA)*T|."  # polynomial: never past the retry limit, but minutes a block of (GA)n
+
+
+def split_json(pattern: str, vocab: dict[str, int] | None = None) -> str:
+    """A WordLevel tokenizer.json behind a Split of `pattern` (each match its own piece)."""
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                       "pre_tokenizer": {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+                                         "invert": False},
+                       "post_processor": None, "decoder": None,
+                       "model": {"type": "WordLevel", "vocab": vocab or SINGLE, "unk_token": "<unk>"}})
+
+
+def cpu_to_encode(tk: Tokenizer, bases: str) -> float:
+    t = time.process_time()
+    tk.encode(bases, add_special_tokens=False)
+    return time.process_time() - t
+
+
+@pytest.mark.parametrize("pattern", [NESTED, ALTERNATION, CUBIC])
+def test_a_regex_that_backtracks_on_a_repeat_is_refused_at_load(pattern):
+    tk = Tokenizer.from_str(split_json(pattern))
+    assert len(tk.encode("CCTTGCAC" * 10, add_special_tokens=False).ids) == 80  # an ordinary tokenizer elsewhere
+    if pattern == CUBIC:  # the library's time: 4x the bases, far more than 4x the time
+        assert cpu_to_encode(tk, "GA" * 512 + "C") > 16 * cpu_to_encode(tk, "GA" * 128 + "C")
+        refusal = r"backtracks on pre_tokenizer.pattern .* µs a base; lcft allows 20\), so prepare would crawl"
+    else:
+        with pytest.raises(BaseException, match="retry-limit-in-match over"):  # pyo3's PanicException
+            tk.encode("GA" * 30 + "C", add_special_tokens=False)
+        refusal = r"the regex engine gives up on pre_tokenizer.pattern .* repeated to 256 bases then"
+    t = time.monotonic()
+    with pytest.raises(LcftError, match=refusal) as e:
+        tokenizer_from_json_text(split_json(pattern), "tok")
+    assert "\n" not in str(e.value) and time.monotonic() - t < 60
+
+
+@pytest.mark.parametrize("pattern", [".{1,6}", "[ACGTN]{6}|[ACGTN]+|."])
+def test_kmer_splits_pass_the_repeat_probes(pattern):
+    """A 6-mer WordLevel behind a regex of its own (probed: not lcft's split) loads and reads 6-mers."""
+    vocab = {t: i for i, t in enumerate(builtin_kmer_vocab(6))}
+    tok = tokenizer_from_json_text(split_json(pattern, vocab), "kmer")
+    assert [tok.vocab[i] for i in tok.tk.encode("GATTACAGATTAC", add_special_tokens=False).ids] == \
+        ["GATTAC", "AGATTA", "C"]
+
+
+def test_prepare_refuses_it_before_writing_with_one_line(tmp_path):
+    """The CLI, in a child process as a user runs it (a panic's report goes to descriptor 2 itself), on a genome
+    holding (GA)30 then C: one line on stderr, no Rust text, nothing written."""
+    rng = np.random.default_rng(0)
+    bases = ["".join(np.array(list("ACGT"))[rng.integers(0, 4, n)]) for n in (6000, 6000, 5000)]
+    fasta = write_fasta(tmp_path / "g.fa", {"chrA": bases[0] + "GA" * 30 + "C" + bases[1], "chrB": bases[2]})
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(split_json(NESTED))
+    env = {**os.environ, "RUST_BACKTRACE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "lcft", "prepare", "windows", "--fasta", str(fasta), "--out",
+                        str(tmp_path / "o"), "--length", "1K", "--train", "chrA", "--eval", "chrB", "--tokenizer",
+                        str(tmp_path / "tok")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr[-3000:]
+    assert "gives up on pre_tokenizer.pattern" in r.stderr and "panicked" not in r.stderr
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
