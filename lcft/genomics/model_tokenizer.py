@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
-from collections.abc import Callable
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +36,55 @@ VOCAB_FILE = "vocab.txt"
 SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above, at most half the ids unused
 
 
+_FD2 = threading.RLock()  # one call at a time moves descriptor 2 (a second would save the first's file as stderr)
+
+
+def _is_panic(e: BaseException) -> bool:
+    """Whether `e` is a Rust panic raised through `tokenizers`."""
+    return type(e).__name__ == "PanicException"  # pyo3's, derived from BaseException; its module is not importable
+
+
+@contextmanager
+def _panic_report_held() -> Iterator[None]:
+    """Descriptor 2 into a temporary file while a `tokenizers` call runs, written back to stderr after it unless
+    the call panicked: Rust's panic hook writes its report (location, backtrace under RUST_BACKTRACE) to descriptor 2
+    itself, where `guarded` shows the panic's message in one line. Anything else written meanwhile (another
+    thread's output, a warning) is shown, only later."""
+    with _FD2:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr to keep clean
+            yield
+            return
+        held = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, after descriptor 2 is back)
+        panicked = False
+        if sys.stderr is not None:  # what Python holds for stderr goes out first, in order
+            sys.stderr.flush()
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException as e:
+            panicked = _is_panic(e)
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not panicked:  # back to descriptor 2, where it was written
+                held.seek(0)
+                with open(2, "wb", closefd=False) as err:
+                    err.write(held.read())
+            held.close()
+
+
 def guarded(call: Callable[[], Any], source: str, text: str = "this sequence") -> Any:
     """Run a `tokenizers` call; its errors (a bare Exception with the library's message, such as an unknown token
-    its vocabulary lacks) and its Rust panics (PanicException derives from BaseException) become one line."""
+    its vocabulary lacks) and its Rust panics (the panic's report kept off stderr: `_panic_report_held`) become one
+    line."""
     try:
-        return call()
+        with _panic_report_held():
+            return call()
     except BaseException as e:
-        if type(e).__name__ != "PanicException" and type(e) is not Exception:
+        if not _is_panic(e) and type(e) is not Exception:
             raise
         raise LcftError(f"tokenizer {source}: the tokenizers library failed on {text} ({reason(e, 200)})") from None
 

@@ -1,5 +1,5 @@
 """A tokenizer.json whose regex backtracks on short tandem repeats ((GA)n and its kind) is refused in one line as it
-is loaded, before prepare writes anything (stderr: its one line, no Rust text).
+is loaded, before prepare writes anything; a Rust panic inside `tokenizers` reaches stderr as lcft's one line only.
 Each pattern is shown to panic or crawl with `tokenizers` itself first."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from lcft.errors import LcftError
 from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
-from lcft.genomics.model_tokenizer import tokenizer_from_json_text
+from lcft.genomics.model_tokenizer import guarded, tokenizer_from_json_text
 from tests.genomics.conftest import write_fasta
 
 SINGLE = {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5}
@@ -83,3 +83,13 @@ def test_prepare_refuses_it_before_writing_with_one_line(tmp_path):
     assert "gives up on pre_tokenizer.pattern" in r.stderr and "panicked" not in r.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
+
+def test_a_panic_is_one_line_and_other_output_still_shows(capfd):
+    """`guarded` on a call that panics (a pipeline built here, never probed): the panic's message in lcft's one
+    line, the hook's report off stderr; what a call writes to stderr otherwise is kept."""
+    tk = Tokenizer.from_str(split_json(NESTED))
+    with pytest.raises(LcftError, match=r"failed on 'GA...' \(Onig: Regex search error: retry-limit-in-match over\)"):
+        guarded(lambda: tk.encode("GA" * 30 + "C", add_special_tokens=False), "tok", "'GA...'")
+    assert "panicked" not in capfd.readouterr().err
+    got = guarded(lambda: (os.write(2, b"a warning\n"), tk.encode("CTGC", add_special_tokens=False))[1], "tok")
+    assert len(got.ids) == 4 and capfd.readouterr().err == "a warning\n"
