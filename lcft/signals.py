@@ -10,6 +10,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from lcft.errors import LcftError
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Also what a launch stops workers with (the agent SIGTERMs the rest of a failed group; the launcher passes these
 on): a worker they end was stopped, not lost."""
@@ -21,6 +23,15 @@ def signal_name(signum: int) -> str:
     if signal.SIGRTMIN < signum < signal.SIGRTMAX:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
     return signal.Signals(signum).name
+
+
+class Stopped(LcftError):
+    """Stopped by a signal: the workers ended before they could save (a second signal), or a demo stage stopped
+    after its checkpoint (the demo ends there, not only the stage); exit code 128 + signal."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 _early: list[int] = []  # stop signals that came before a StopSignals was installed

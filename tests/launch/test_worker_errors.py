@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 
 from lcft.cli.app import app
 from lcft.config_toml import save_resolved, to_dict
-from lcft.launch import _Supervisor
 from lcft.launch.__main__ import HAND_OVER_S
 from lcft.launch.process import hand_over, handed_over
+from lcft.launch.supervisor import Supervisor
 from lcft.liveness import EXIT_LOST
 from lcft.train import TrainConfig
 from lcft.train.config import resolve_folders
@@ -153,8 +153,8 @@ sys.exit(max(w.wait() for w in workers[:running]) or 1)
 def test_a_user_error_ends_the_launch_unless_a_worker_had_ended(tmp_path, running):
     errors = tmp_path / "errors"
     errors.mkdir()
-    supervisor = _Supervisor([sys.executable, "-c", FAKE_AGENT, str(running), str(errors)], dict(os.environ),
-                             tmp_path / "failure.txt", errors, 2, elastic=False, resume="")
+    supervisor = Supervisor([sys.executable, "-c", FAKE_AGENT, str(running), str(errors)], dict(os.environ),
+                            tmp_path / "failure.txt", errors, 2, elastic=False, resume="")
     rc = supervisor.run()
     assert supervisor.heard is not None and supervisor.heard.message == "rank 0's error"
     if running == 2:  # every worker ended at once (killed before its sleep ended), rank 0's error raised
@@ -189,8 +189,8 @@ def test_a_finished_rank_still_running_is_not_counted_twice(tmp_path):
     rank 0's error may be the dead one's consequence, so torchrun ends the launch (naming the dead worker)."""
     errors = tmp_path / "errors"
     errors.mkdir()
-    supervisor = _Supervisor([sys.executable, "-c", DEAD_AND_FINISHING_AGENT, str(errors)], dict(os.environ),
-                             tmp_path / "failure.txt", errors, 3, elastic=False, resume="")
+    supervisor = Supervisor([sys.executable, "-c", DEAD_AND_FINISHING_AGENT, str(errors)], dict(os.environ),
+                            tmp_path / "failure.txt", errors, 3, elastic=False, resume="")
     rc = supervisor.run()
     assert supervisor.heard is not None and supervisor.heard.message == "rank 0's error"
     assert not supervisor.ended and supervisor.said is None and rc == 1

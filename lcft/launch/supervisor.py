@@ -1,0 +1,181 @@
+"""The launcher's watch over torchrun's agent and its workers (`Supervisor`): it passes stop signals on, ends
+everything at once on a second one, a frozen worker, a lost rank that no restart follows or a rank's user error, and
+says why the agent restarts the group."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from lcft.launch.process import Handed, handed_over
+from lcft.liveness import NODE_RANK_ENV, read_report
+from lcft.signals import STOP_SIGNALS, Stopped
+
+
+class Supervisor:
+    """Runs torchrun in its own session and stands between it and the signals sent to this process.
+
+    In its own session a Ctrl-C on the terminal reaches only this process, which signals the workers itself.
+    Signalling torchrun instead would make it kill the workers (SIGKILL after 30 s), possibly in the middle of
+    their final checkpoint. A second signal, or a frozen worker (which could never save), ends everything at
+    once; so does a worker's diagnosis of a lost rank when no restart will follow (torchrun would otherwise
+    wait 30 s for a frozen process it cannot stop with SIGTERM), and a rank's user error (`_user_error`).
+    """
+
+    POLL_S = 0.2
+    LOST_GRACE_S = 3.0  # after a worker reported a lost rank, let torchrun end the group by itself this long
+    ERROR_GRACE_S = 2.0  # after a rank's user error, the most it waits for the node's other ranks to raise theirs
+
+    def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, errors: Path | None, nproc: int,
+                 elastic: bool, resume: str) -> None:
+        self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
+        self.errors, self.nproc = errors, nproc
+        self.heard: Handed | None = None  # the latest user error a rank handed over
+        self.heard_at: float | None = None  # when the first of the ranks' errors came
+        self.said: Handed | None = None  # the one it ended the launch on
+        self.signals: list[int] = []
+        self.stop: int | None = None  # the first stop signal, passed on to every worker, those started later too
+        self.told: set[int] = set()  # pids of the workers it was passed on to
+        self.killed_by: int | None = None
+        self.ended = False  # True once _kill ended the agent and the workers
+        self.started = False  # True once the agent had workers: a rendezvous error before it is no lost run
+
+    def run(self) -> int:
+        # signal.signal works only in the main thread; elsewhere the workers simply get no forwarded signals.
+        # Taken before torchrun starts: a signal in between ended this process by default and left torchrun,
+        # in a session of its own, training as an orphan.
+        main = threading.current_thread() is threading.main_thread()
+        old = {s: signal.signal(s, lambda n, _f: self.signals.append(n)) for s in STOP_SIGNALS
+               } if main else {}
+        try:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
+            return self._wait()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _wait(self) -> int:
+        reported_at: float | None = None
+        while True:
+            try:
+                rc = self.proc.wait(timeout=self.POLL_S)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if rc is not None:
+                if self.killed_by is not None:
+                    raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
+                                  f"saved; {self.resume}", self.killed_by)
+                return rc
+            self.started = self.started or bool(self._workers())
+            if not self.ended:  # (before the signals: one that comes while a user error waits ends on it)
+                self._user_errors()
+            while self.signals:
+                self._signalled(self.signals.pop(0))
+            if self.stop is not None and not self.ended:  # a worker not yet started when it came gets it too
+                self._forward(self.stop)
+            if not self.ended and read_report(self.failure) is not None:
+                if self.elastic:  # the agent restarts the group: say why, and clear the way for the next report
+                    print(f"restarting: {read_report(self.failure)}", file=sys.stderr, flush=True)
+                    self.failure.unlink(missing_ok=True)
+                elif reported_at is None:
+                    reported_at = time.monotonic()
+                elif time.monotonic() - reported_at > self.LOST_GRACE_S:
+                    self._kill()
+
+    def _signalled(self, signum: int) -> None:
+        """A stop signal: the first is passed on to the workers, a second ends them at once, and so does one that
+        comes while a rank's user error waits for the other ranks' (`_user_errors`): the launch ends on that
+        error, the cause, which saving would not mend."""
+        if self.ended:  # ending already, on its own cause
+            return
+        if self.heard_at is not None:
+            self.said = self.heard
+            self._kill()
+        elif self.stop is not None:
+            print(f"second {signal.Signals(signum).name}: ending the workers now, before they saved",
+                  file=sys.stderr, flush=True)
+            self.killed_by = signum
+            self._kill()
+        else:
+            self.stop = signum
+
+    def _user_errors(self) -> None:
+        """The user errors ranks handed over, each waiting in the process group (lcft/launch/__main__.py): once
+        every rank of this node raised one (the same check) or had finished its work, or ERROR_GRACE_S after the
+        first (the others wait in a collective), everything is ended at once, before a rank sees another go
+        (gloo's errors; a restart: a rerun fails the same way), and the launch raises rank 0's error, else the
+        first one's, with its exit code. Unless a worker of this node ended before its work was done: an error
+        may then be its consequence (a collective load torn by a rank the OOM killer ended), and torchrun ends
+        the launch, its agent naming that worker."""
+        handed = handed_over(self.errors) if self.errors is not None else []
+        errors = [h for h in handed if h.exit_code != 0]
+        if not errors:
+            return
+        self.heard = errors[0]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            running = [w for w in psutil.Process(self.proc.pid).children()
+                       if _status(w) not in (None, psutil.STATUS_ZOMBIE)]
+            finished = {h.pid for h in handed if h.exit_code == 0}  # (one may still be running: counted once)
+            if len({w.pid for w in running} | finished) < self.nproc:
+                for h in handed:  # a restarted group's are heard anew
+                    (self.errors / str(h.rank)).unlink(missing_ok=True)
+                self.heard_at = None  # (`heard` stays: torchrun's failure line then says it, as nothing printed it)
+                return
+            self.heard_at = self.heard_at or time.monotonic()
+            if len(handed) >= self.nproc or time.monotonic() - self.heard_at > self.ERROR_GRACE_S:
+                self.said = self.heard
+                self._kill()
+
+    def _workers(self) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        return []
+
+    def _forward(self, signum: int) -> None:
+        """Pass the signal to every worker not yet told, unless one is frozen: then nothing can be saved, end
+        them all."""
+        workers = [w for w in self._workers() if w.pid not in self.told]
+        frozen = [w for w in workers if _status(w) == psutil.STATUS_STOPPED]
+        if frozen:
+            ranks = ", ".join(_describe(w) for w in frozen)
+            if not self.failure.exists():  # a worker's own diagnosis comes first
+                self.failure.write_text(f"{ranks} is stopped (frozen, e.g. SIGSTOP) and cannot save; ended on "
+                                        f"{signal.Signals(signum).name}; {self.resume}\n")
+            self._kill()
+            return
+        for w in workers:
+            self.told.add(w.pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                w.send_signal(signum)
+
+    def _kill(self) -> None:
+        """SIGKILL torchrun and its workers (each in a session of its own), every one stopped first (SIGSTOP; a
+        stopped process takes SIGKILL too): none sees another end, and prints about it, before it ends itself."""
+        self.ended = True
+        everyone = [psutil.Process(self.proc.pid), *self._workers()]
+        for signum in (signal.SIGSTOP, signal.SIGKILL):
+            for p in everyone:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signum)
+
+
+def _status(p: psutil.Process) -> str | None:
+    with contextlib.suppress(psutil.Error):
+        return p.status()
+    return None
+
+
+def _describe(p: psutil.Process) -> str:
+    """'rank R on node N (pid P)' of a worker process, from the environment torchrun gave it."""
+    with contextlib.suppress(psutil.Error):
+        env = p.environ()
+        if "RANK" in env:
+            return f"rank {env['RANK']} on node {env.get(NODE_RANK_ENV, '0')} (pid {p.pid})"
+    return f"pid {p.pid}"
