@@ -22,7 +22,7 @@ reached); 1 a user error (fix the command; a rerun fails the same way; a few car
 by signal N after saving (a checkpoint; eval: the losses of its batch) (143 SIGTERM, 130 SIGINT; or killed by it
 before saving), whether torchrun's agent got it too or not; 75 a rank or node stopped answering, died or was killed
 by a signal, or the agent was, its workers with it, or another node gave up on the run and closed (or took down) its
-rendezvous (nothing new saved). After 143, 130 and 75, train's `--resume auto` continues from the latest verified
+rendezvous, or did not come back to it for a restart within --collective-timeout (nothing new saved). After 143, 130 and 75, train's `--resume auto` continues from the latest verified
 checkpoint, and eval run again resumes from its kept losses.
 """
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -43,6 +44,7 @@ from lcft.errors import LcftError
 from lcft.folder_lock import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
 from lcft.launch.process import (
+    EXIT_NOT_GATHERED,
     FAILURES_ENV,
     HANDED_ENV,
     PARENT_ENV,
@@ -150,10 +152,20 @@ def _agent_ended(rc: int, supervisor: Supervisor, cfg: Any, resume: str) -> Lcft
     (lcft/launch/agent.py; None when its workers ended it, or the launcher's stop signal killed it before its
     handler was set: the workers were starting). A signal it caught (128 + N) it passed on, and the workers ended
     before they finished: Stopped. One that killed it (-N; SIGKILL: the OOM killer) took the workers with it, and
-    a rendezvous closed or gone (EXIT_LOST) leaves them no group to rejoin: a lost launch."""
+    a rendezvous closed or gone (EXIT_LOST), or one that did not gather every node again for a restart
+    (EXIT_NOT_GATHERED), leaves them no group to rejoin: a lost launch. Before any worker started, either is a user
+    error: the nodes never met, and a requeue would wait the same way."""
     if rc == EXIT_LOST and not supervisor.started:  # never met: not a lost run that a requeue continues
         return LcftError(f"cannot host or reach the run's rendezvous at {cfg.rdzv_endpoint} (node {cfg.node_rank}): "
                          "its port in use by another program, or node 0 not started or not reachable at that address")
+    if rc == EXIT_NOT_GATHERED and not supervisor.started:  # a node never came: a rerun waits for it again
+        return LcftError(f"the run's rendezvous at {cfg.rdzv_endpoint} did not gather its {cfg.nnodes} nodes within "
+                         f"{_join_s(cfg)} s (--collective-timeout; node {cfg.node_rank} waited): start every node, "
+                         "with the same --nnodes, --rdzv-endpoint and --out (its rendezvous is named after it)")
+    if rc == EXIT_NOT_GATHERED:
+        return PeerLost(f"the run's rendezvous at {cfg.rdzv_endpoint} did not gather its {cfg.nnodes} nodes again "
+                        f"within {_join_s(cfg)} s for a restart: a node is gone; node {cfg.node_rank}'s workers have "
+                        f"no group to rejoin; {resume}")
     if rc == EXIT_LOST:
         return PeerLost(f"the run's rendezvous at {cfg.rdzv_endpoint} is closed or gone: another node gave up on the "
                         f"run (its --max-restarts spent), or node 0, which hosts it, ended; node {cfg.node_rank}'s "
@@ -188,6 +200,9 @@ def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
     # the address a dead one published (gloo: "connectFullMesh failed ... Connection refused"); a store per
     # round (served by rank 0) starts each restart clean.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # A store connection that failed is a Python error the worker (liveness.diagnose) or the agent names; torch also
+    # logs it as a C++ warning with some twenty stack frames, in every process of a node whose store host ended.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (C++ errors are still printed)
     return env
 
 
@@ -218,4 +233,10 @@ def _rendezvous_args(cfg: Any) -> list[str]:
     # One id per run folder: every node of a run, and a rerun of it, meet under the same name.
     run_id = "lcft-" + hashlib.sha256(str(Path(cfg.out).resolve()).encode()).hexdigest()[:16]
     return ["--nnodes", str(cfg.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", cfg.rdzv_endpoint,
-            "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(cfg.node_rank == 0)}"]
+            "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(cfg.node_rank == 0)},join_timeout={_join_s(cfg)}"]
+
+
+def _join_s(cfg: Any) -> int:
+    """How long a node waits at the rendezvous for the others, at the start and for each restart: the collective
+    timeout, which bounds every wait for the others (torch's join timeout: whole seconds, 600 by default)."""
+    return max(1, math.ceil(cfg.collective_timeout))

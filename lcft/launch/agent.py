@@ -1,8 +1,9 @@
 """torchrun's elastic agent as the launcher starts it (`python -m lcft.launch.agent TORCHRUN-ARGS`): it ends
 when its launcher dies, records how each failed worker ended (an exit code, or the signal that killed it) for the
 launcher to name, ends on a signal sent to it (a scheduler's, to every process of the job) with exit code
-128 + N once its workers saved or the launch's --stop-grace ran out (then SIGKILLed), and on a rendezvous that another node closed (it gave up on the run) or took down with exit code 75
-(liveness.EXIT_LOST), each instead of torchrun's traceback."""
+128 + N once its workers saved or the launch's --stop-grace ran out (then SIGKILLed), on a rendezvous that another
+node closed (it gave up on the run) or took down with exit code 75 (liveness.EXIT_LOST), and on one that did not
+gather every node within its join timeout with process.EXIT_NOT_GATHERED, each instead of torchrun's traceback."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from lcft.launch.process import FAILURES_ENV, die_with_parent
+from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent
 from lcft.liveness import EXIT_LOST
 from lcft.signals import STOP_SIGNALS, signal_name
 
@@ -54,7 +55,11 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.run import parse_args, run
 
     try:
@@ -70,6 +75,8 @@ def main(argv: list[str]) -> int:
     # hosts it, ended: nothing to rejoin. (The launcher names it: _agent_ended.)
     except (RendezvousClosedError, RendezvousConnectionError):
         return EXIT_LOST
+    except RendezvousTimeoutError:  # a node never came (or did not come back for a restart)
+        return EXIT_NOT_GATHERED
     return 0
 
 

@@ -1,5 +1,6 @@
 """What the launcher, torchrun's agent and the workers share of a launch's processes: the files the launcher
-names in their environment, what a rank hands over in its folder, and ending with the parent."""
+names in their environment, what a rank hands over in its folder, the agent's own exit codes, and ending with the
+parent."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent wr
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
 PARENT_ENV = "LCFT_PARENT_PID"  # set by the launcher (its pid) for the agent, and by the agent for the workers
+EXIT_NOT_GATHERED = 3
+"""The agent's exit code when the rendezvous did not gather --nnodes nodes within its join timeout (no other exit of
+the agent's: 0, 1, argparse's 2, 75, 128 + N); the launcher names it (lcft.launch._agent_ended)."""
 
 
 def die_with_parent() -> None:

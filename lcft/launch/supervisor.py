@@ -1,6 +1,6 @@
 """The launcher's watch over torchrun's agent and its workers (`Supervisor`): it passes stop signals on, ends
 everything at once on a second one, a frozen worker, a lost rank that no restart follows or a rank's user error, and
-says why the agent restarts the group."""
+says why the agent restarts the group when it does."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class Supervisor:
     Signalling torchrun instead would make it kill the workers (SIGKILL after 30 s), possibly in the middle of
     their final checkpoint. A second signal, or a frozen worker (which could never save), ends everything at
     once; so does a worker's diagnosis of a lost rank when no restart will follow (torchrun would otherwise
-    wait 30 s for a frozen process it cannot stop with SIGTERM), and a rank's user error (`_user_error`).
+    wait 30 s for a frozen process it cannot stop with SIGTERM), and a rank's user error (`_user_errors`). Under
+    --max-restarts it says why the agent restarted the group, once it did (`_restarting`).
     """
 
     POLL_S = 0.2
@@ -46,6 +47,7 @@ class Supervisor:
         self.killed_by: int | None = None
         self.ended = False  # True once _kill ended the agent and the workers
         self.started = False  # True once the agent had workers: a rendezvous error before it is no lost run
+        self.seen: set[int] = set()  # pids of every worker seen (a restart's are new)
 
     def run(self) -> int:
         # signal.signal works only in the main thread; elsewhere the workers simply get no forwarded signals.
@@ -73,21 +75,30 @@ class Supervisor:
                     raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
                                   f"saved; {self.resume}", self.killed_by)
                 return rc
-            self.started = self.started or bool(self._workers())
+            workers = {w.pid for w in self._workers()}  # (before the report is read: `_restarting`)
+            self.started = self.started or bool(workers)
             if not self.ended:  # (before the signals: one that comes while a user error waits ends on it)
                 self._user_errors()
             while self.signals:
                 self._signalled(self.signals.pop(0))
             if self.stop is not None and not self.ended:  # a worker not yet started when it came gets it too
                 self._forward(self.stop)
-            if not self.ended and read_report(self.failure) is not None:
-                if self.elastic:  # the agent restarts the group: say why, and clear the way for the next report
-                    print(f"restarting: {read_report(self.failure)}", file=sys.stderr, flush=True)
-                    self.failure.unlink(missing_ok=True)
+            if not self.ended and (report := read_report(self.failure)) is not None:
+                if self.elastic:  # the agent may restart the group
+                    self._restarting(report, workers)
                 elif reported_at is None:
                     reported_at = time.monotonic()
                 elif time.monotonic() - reported_at > self.LOST_GRACE_S:
                     self._kill()
+            self.seen |= workers
+
+    def _restarting(self, report: str, workers: set[int]) -> None:
+        """Under --max-restarts, a worker's diagnosis of a lost rank: said once the agent started new workers (it
+        restarted the group), and cleared then for the new round's; kept for the launch to raise when the agent
+        gives up instead (its restarts spent, or the rendezvous closed), as without --max-restarts."""
+        if workers - self.seen:  # (the report is written before its worker ends, and the agent restarts after)
+            print(f"restarting: {report}", file=sys.stderr, flush=True)
+            self.failure.unlink(missing_ok=True)
 
     def _signalled(self, signum: int) -> None:
         """A stop signal: the first is passed on to the workers, a second ends them at once, and so does one that

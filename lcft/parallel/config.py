@@ -93,7 +93,8 @@ class LaunchConfig:
 
     collective_timeout: float = 600.0
     """Seconds a process waits for the others in one collective (all-reduce, barrier, ...) before the run
-    ends, naming the ranks and nodes that stopped answering (exit code 75)."""
+    ends, naming the ranks and nodes that stopped answering (exit code 75); also how long a node waits at the
+    rendezvous for the others (whole seconds, rounded up)."""
 
     stop_grace: int = 300
     """Seconds torchrun's agent, once it got a stop signal (a scheduler's SIGTERM reaches every process of the

@@ -3,7 +3,9 @@ on 127.0.0.1, one process each, cp=2 across them. Killing node 1 ends node 0 wit
 the diagnosis, with a message naming node 1; a rerun of both with --resume auto finishes the run with the losses
 of one process. Under --max-restarts the group restarts by itself, its ranks agreeing that it was restarted
 whichever way each node's agent counted it. A node without rank 0 exits with the run's code, from its own workers
-(no shared run folder needed); the other node of one that gives up (its restarts spent) exits 75 in one line."""
+(no shared run folder needed); the other node of one that gives up (its restarts spent) exits 75 in one line. A
+node that never joins ends the one waiting in one line after the collective timeout; node 0 ending first leaves no
+C++ stack trace on the other node's screen."""
 
 from __future__ import annotations
 
@@ -205,7 +207,8 @@ def test_the_other_node_of_one_that_gives_up_exits_75_in_one_line(tmp_path, data
     """One node under --max-restarts 0, the other under 1; the first's worker is SIGKILLed: its agent gives up on
     the run and closes the rendezvous (node 0's also takes it down: it hosts it), and the other's agent, restarting
     its worker, finds nothing to rejoin. Both exit 75 (requeue, --resume auto), each in one line. The other node
-    ended with torchrun's RendezvousClosedError (node 0 gave up: RendezvousConnectionError) traceback, exit 1."""
+    ended with torchrun's RendezvousClosedError (node 0 gave up: RendezvousConnectionError) traceback, exit 1, and
+    said 'restarting: ...' for a restart that never came."""
     run, port = tmp_path / "two-nodes", free_port()
     nodes = [_node(data_dir, init_dir, run, port, node, "--steps", 100000, "--max-restarts", int(node != gives_up))
              for node in (0, 1)]
@@ -220,6 +223,7 @@ def test_the_other_node_of_one_that_gives_up_exits_75_in_one_line(tmp_path, data
     assert errors[gives_up] == [f"error: rank {rank} on node {gives_up} (pid {victim.pid}) was killed by SIGKILL; "
                                 f"{RESUME}"], ended[gives_up][1][-3000:]
     other = 1 - gives_up
+    assert "restarting:" not in ended[other][1], ended[other][1][-3000:]  # its agent did not restart: it gave up
     assert "Traceback" not in ended[other][1] and errors[other] == [
         f"error: the run's rendezvous at 127.0.0.1:{port} is closed or gone: another node gave up on the run (its "
         f"--max-restarts spent), or node 0, which hosts it, ended; node {other}'s workers have no group to rejoin; "
@@ -241,3 +245,40 @@ def test_a_rendezvous_port_held_by_another_program_is_a_user_error_not_a_lost_ru
     assert node0.returncode == 1, err[-3000:]
     errors = error_lines(err)
     assert len(errors) == 1 and f"cannot host or reach the run's rendezvous at 127.0.0.1:{port}" in errors[0], err[-3000:]
+
+
+def test_a_node_that_never_joins_is_one_line_after_the_collective_timeout(tmp_path, data_dir, init_dir):
+    """Node 0 started alone (node 1 never is, or with another --nnodes, --rdzv-endpoint or --out): it waits at the
+    rendezvous for --collective-timeout (3 s), then one line, exit 1 (the nodes never met: a requeue would wait the
+    same way). It waited torch's 600 s and ended with torchrun's RendezvousTimeoutError traceback, exit 1."""
+    port = free_port()
+    t0 = time.monotonic()
+    node0 = start_train(data_dir, init_dir, tmp_path / "run", "--nproc", 1, "--nnodes", 2, "--node-rank", 0,
+                        "--rdzv-endpoint", f"127.0.0.1:{port}", "--steps", 2, "--collective-timeout", 3)
+    try:
+        _, err = node0.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        kill_tree(node0)
+        raise
+    assert node0.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert error_lines(err) == [
+        f"error: the run's rendezvous at 127.0.0.1:{port} did not gather its 2 nodes within 3 s (--collective-timeout; "
+        "node 0 waited): start every node, with the same --nnodes, --rdzv-endpoint and --out (its rendezvous is "
+        "named after it)"], err[-3000:]
+    assert time.monotonic() - t0 < 60
+
+
+def test_the_node_left_when_node_0_ends_prints_no_cpp_stack_trace(tmp_path, data_dir, init_dir):
+    """Node 0, which hosts the rendezvous, SIGKILLed with its worker after step 3: node 1 exits 75 in one line
+    naming what it lost, and its stderr holds no C++ stack frames. Its worker's heartbeat and its agent's store
+    calls each printed torch's TCPStore warning with some twenty frames (c10::DistNetworkError ...)."""
+    run = tmp_path / "two-nodes"
+    node0, node1 = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000)
+    wait_for_step(run, 3, [node0, node1])
+    kill_tree(node0)
+    node0.communicate()
+    _, err = node1.communicate(timeout=TIMEOUT + 60)
+    assert node1.returncode == 75, err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and "node 0" in errors[0] and RESUME in errors[0], err[-3000:]
+    assert "frame #" not in err and "c10::" not in err and "Traceback" not in err, err[-3000:]

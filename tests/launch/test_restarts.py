@@ -1,0 +1,101 @@
+"""How a launch of several nodes reads the way torchrun's agent ended, with a stand-in agent (a few lines of Python)
+in its place: under --max-restarts, 'restarting: ...' is said only when the agent started new workers, and a lost
+rank's diagnosis that no restart followed (the agent gave up) is the launch's error, exit 75; a rendezvous that
+did not gather every node within the collective timeout is one line, exit 1 when the nodes never met (nothing to
+requeue), 75 when a node did not come back for a restart."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import lcft.launch as launcher
+from lcft.errors import LcftError
+from lcft.launch.process import EXIT_NOT_GATHERED
+from lcft.launch.supervisor import Supervisor
+from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, PeerLost
+from lcft.train import TrainConfig
+from tests.train.conftest import data_dir  # noqa: F401 (fixture)
+
+LOST = "rank 0 on node 0 (host h, pid 1) stopped answering (node 0 lost)"
+
+# Stands in for torchrun's agent under --max-restarts: its worker reports a lost rank (into the launcher's failure
+# file) and ends; then the agent either restarts the group (a new worker) and ends as it does, or gives up with
+# argv[1] as its exit code (1: its restarts spent, ChildFailedError; 3: the rendezvous did not gather every node).
+AGENT = f"""
+import os, subprocess, sys, time
+report = "import os, time; time.sleep(0.5); open(os.environ[{FAILURE_FILE_ENV!r}], 'x').write({LOST!r} + '\\\\n')"
+subprocess.run([sys.executable, "-c", report])
+time.sleep(0.5)  # (torchrun stops the group and meets the other nodes again)
+if sys.argv[1] == "restart":
+    sys.exit(subprocess.run(["sleep", "1"]).returncode)
+sys.exit(int(sys.argv[1]))
+"""
+
+# Stands in for an agent that never started a worker: the rendezvous did not gather every node.
+NEVER_GATHERED = f"import sys, time; time.sleep(0.5); sys.exit({EXIT_NOT_GATHERED})"
+
+
+def _supervise(tmp_path: Path, capsys, how: str) -> tuple[int, str, Path]:
+    failure = tmp_path / "failure.txt"
+    supervisor = Supervisor([sys.executable, "-c", AGENT, how], {**os.environ, FAILURE_FILE_ENV: str(failure)},
+                            failure, None, 1, elastic=True, resume="")
+    return supervisor.run(), capsys.readouterr().err, failure
+
+
+def test_restarting_is_said_when_the_agent_restarts_the_group(tmp_path, capsys):
+    rc, err, failure = _supervise(tmp_path, capsys, "restart")
+    assert (rc, err) == (0, f"restarting: {LOST}\n")
+    assert not failure.exists()  # cleared for the new round's diagnosis
+
+
+@pytest.mark.parametrize("rc", [1, EXIT_NOT_GATHERED])
+def test_restarting_is_not_said_when_the_agent_gives_up(tmp_path, capsys, rc):
+    """Its restarts spent, or the other nodes not back: the node said 'restarting: ...' and then ended (and the
+    diagnosis, cleared, was no longer the launch's error)."""
+    got, err, failure = _supervise(tmp_path, capsys, str(rc))
+    assert (got, err) == (rc, "")
+    assert failure.read_text() == LOST + "\n"  # what the launch raises
+
+
+def _launch(tmp_path: Path, monkeypatch, data: Path, script: str, *args: str) -> LcftError:
+    """`lcft train --nproc 1 --nnodes 2 --node-rank 1 --max-restarts 1` with `script` as its agent: the error the
+    launch raises."""
+    def stand_in(_cmd: list[str], env: dict[str, str], *rest, **kwargs) -> Supervisor:
+        return Supervisor([sys.executable, "-c", script, *args], env, *rest, **kwargs)
+
+    monkeypatch.setattr(launcher, "Supervisor", stand_in)
+    cfg = TrainConfig(data=str(data), out=str(tmp_path / "run"), nproc=1, nnodes=2, node_rank=1,
+                      rdzv_endpoint="127.0.0.1:29400", max_restarts=1, collective_timeout=4.5)
+    with pytest.raises(LcftError) as raised:
+        launcher.run("train", cfg)
+    return raised.value
+
+
+RESUME = "the run ended without a new checkpoint: start it again with --resume auto"
+
+
+def test_a_lost_rank_that_no_restart_followed_is_exit_75(tmp_path, monkeypatch, capsys, data_dir):  # noqa: F811
+    """The agent gave up (its restarts spent) after a worker named the lost rank: that diagnosis, exit 75. It was
+    'training processes failed (torchrun exit code 1)', exit 1 (do not requeue), after 'restarting: ...'."""
+    error = _launch(tmp_path, monkeypatch, data_dir, AGENT, "1")
+    assert (type(error), str(error), error.exit_code) == (PeerLost, LOST, EXIT_LOST)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_rendezvous_that_never_gathered_the_nodes_is_a_user_error(tmp_path, monkeypatch, data_dir):  # noqa: F811
+    error = _launch(tmp_path, monkeypatch, data_dir, NEVER_GATHERED)
+    assert (type(error), error.exit_code) == (LcftError, 1)
+    assert str(error) == ("the run's rendezvous at 127.0.0.1:29400 did not gather its 2 nodes within 5 s "
+                          "(--collective-timeout; node 1 waited): start every node, with the same --nnodes, "
+                          "--rdzv-endpoint and --out (its rendezvous is named after it)")
+
+
+def test_a_node_that_does_not_come_back_for_a_restart_is_exit_75(tmp_path, monkeypatch, data_dir):  # noqa: F811
+    error = _launch(tmp_path, monkeypatch, data_dir, AGENT, str(EXIT_NOT_GATHERED))
+    assert (type(error), error.exit_code) == (PeerLost, EXIT_LOST)
+    assert str(error) == ("the run's rendezvous at 127.0.0.1:29400 did not gather its 2 nodes again within 5 s for "
+                          f"a restart: a node is gone; node 1's workers have no group to rejoin; {RESUME}")
