@@ -31,6 +31,7 @@ _BLOCK_RENAMES = ((r"attn\.", "self_attn."), (r"attn_norm\.", "input_layernorm."
                   (r"mlp\.experts\.(\d+)\.down_proj\.", r"block_sparse_moe.experts.\1.w2."),
                   (r"mlp\.experts\.(\d+)\.up_proj\.", r"block_sparse_moe.experts.\1.w3."))
 IGNORED_HF = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old HF checkpoints stored
+_HEAD = "lm_head.weight"  # stored beside a tied embedding by torch.save (it shares its storage there)
 
 
 def to_hf_name(name: str) -> str:
@@ -86,11 +87,14 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
     params = dict(model.named_parameters())
     expected = {to_hf_name(n): (n, tuple(p.shape)) for n, p in params.items()}
     loaded: set[str] = set()
+    tied_head: list[tuple[Path, torch.Tensor]] = []
     for f in weight_files(directory):
         with _reading(f):
             for key, shape, read in weight_tensors(f):
                 name = _declared(f, key, shape, expected, model.config, loaded)
                 if name is None:
+                    if key == _HEAD:  # tied: compared with the embedding once that is loaded
+                        tied_head.append((f, read()))
                     continue
                 tensor = read()
                 if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
@@ -99,6 +103,20 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
                 _assign(model, name, aligned(tensor if dtype is None else tensor.to(dtype)))
                 loaded.add(name)
     _check_missing(directory, expected, loaded)
+    for f, head in tied_head:
+        _check_tied_head(model, f, head)
+
+
+def _check_tied_head(model: torch.nn.Module, f: Path, head: torch.Tensor) -> None:
+    """A stored lm_head.weight beside tie_word_embeddings true must be the embedding itself (torch.save writes a
+    tied model's head so): a different one is refused, not dropped. transformers 5 loads such a folder untied,
+    with that head (its warning: the config is wrong), 4.x tied it to the embedding: either way lcft would train
+    another model than the one the folder holds."""
+    embed = model.get_parameter("embed_tokens.weight")
+    if head.shape != embed.shape or not torch.equal(head.to(embed.dtype), embed.detach()):
+        raise LcftError(f"{f}: holds an {_HEAD} unlike model.embed_tokens.weight, but config.json has "
+                        "tie_word_embeddings true (the head is the embedding): set it to false to train that "
+                        f"head, or remove {_HEAD} to tie them")
 
 
 @contextmanager
@@ -115,7 +133,7 @@ def _declared(f: Path, key: str, shape: tuple[int, ...], expected: dict[str, tup
     """Our name of the weight `key` of file `f` (None: an entry to skip), refused where config.json has no such
     weight, has it in another shape, or an earlier file already held it (`seen`, our names)."""
     if key not in expected:
-        if IGNORED_HF.search(key) or (key == "lm_head.weight" and cfg.tie_word_embeddings):
+        if IGNORED_HF.search(key) or (key == _HEAD and cfg.tie_word_embeddings):
             return None
         raise LcftError(f"{f}: unexpected weight {key!r} (not a {cfg.model_type} checkpoint of this config.json?)")
     name, want = expected[key]

@@ -100,3 +100,35 @@ def test_gradients_equal_transformers(tmp_path):
     for name, p in ours.named_parameters():
         g_theirs = hf_params[to_hf_name(name)].grad
         torch.testing.assert_close(p.grad, g_theirs, rtol=1e-4, atol=1e-5 * g_theirs.abs().max().item())
+
+
+@pytest.mark.parametrize("head", ["its_own", "the_embedding"])
+def test_a_tied_config_beside_a_stored_head_loads_only_where_transformers_ties_it(tmp_path, head):
+    """tie_word_embeddings true beside a stored lm_head.weight: transformers ties the two only where the stored head
+    is the embedding (torch.save writes a tied model so), and otherwise loads that head untied, warning that the
+    config is wrong. lcft never drops a different head: it refuses the folder in one line naming the weight."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from lcft.errors import LcftError
+
+    torch.manual_seed(0)
+    folder = save_pretrained(Llama(small_config(None, tied=False)), tmp_path / "m")
+    weights = load_file(folder / "model.safetensors")
+    if head == "the_embedding":
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    theirs = hf_model(folder)
+    tied = theirs.lm_head.weight.data_ptr() == theirs.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(theirs.lm_head.weight, weights["lm_head.weight"]) and tied == (head == "the_embedding")
+    if tied:
+        ids = torch.randint(0, 16, (1, 64))
+        with torch.no_grad():
+            assert (from_pretrained(folder).eval()(ids) - theirs(ids).logits).abs().max().item() < 1e-4
+    else:
+        with pytest.raises(LcftError, match="model.safetensors: holds an lm_head.weight unlike "
+                                            "model.embed_tokens.weight, but config.json has tie_word_embeddings true"):
+            from_pretrained(folder)
