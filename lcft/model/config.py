@@ -29,6 +29,10 @@ COUNT_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_siz
 # The largest of the families lcft reads has 56 x 8 = 448 (Mixtral 8x22B); DeepSeek-V3, 61 x 256 = 15,616.
 MAX_MLPS = 1 << 14
 POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
+# Reals that may be 0: Mixtral's load-balancing coefficient (0 = the loss is computed but adds nothing).
+NONNEGATIVE_REALS = {"router_aux_loss_coef"}
+# Token ids config.json records (eos_token_id may be a list of them): each null or a row of the embedding.
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # What each rope_scaling type reads (transformers' _compute_*_parameters), and what each field must be: "positive"
 # a number in (0, ROPE_LIMIT] (each is divided by or goes into a log), "off-or-positive" one in [0, ROPE_LIMIT]
 # (yarn's mscale: 0 switches it off, a negative one can zero the attention factor's denominator), "positions" a
@@ -173,6 +177,7 @@ class LlamaConfig:
             check_bool(name, getattr(self, name))
         if self.attention.backend not in BACKENDS:  # lcft.json is a file we are handed: its value is checked here
             raise LcftError(f"attention backend {self.attention.backend!r} is not one of {', '.join(BACKENDS)}")
+        check_token_ids(self.vocab_size, {name: getattr(self, name) for name in TOKEN_ID_FIELDS})
         self._check_rope()
         self._check_variant()
 
@@ -192,6 +197,9 @@ class LlamaConfig:
         if kind == "dynamic" and self.head_dim <= 2:
             raise LcftError(f"head_dim {self.head_dim} must be above 2 for dynamic RoPE scaling (its base is raised "
                             "to head_dim / (head_dim - 2))")
+        from lcft.model.rope import check_frequencies  # lcft.model.rope imports this module (and torch)
+
+        check_frequencies(self)
 
     def _check_variant(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -205,15 +213,28 @@ class LlamaConfig:
 
 
 def check_counts(values: dict[str, Any]) -> None:
-    """Every count of `values` within its COUNT_LIMITS range and every POSITIVE_REALS entry a positive number,
-    before any tensor is sized from them: one line naming the field and the limit."""
+    """Every count of `values` within its COUNT_LIMITS range, every POSITIVE_REALS entry a positive number and every
+    NONNEGATIVE_REALS one a number >= 0, before any tensor is sized or any loss computed from them: one line naming
+    the field and the limit."""
     for name in COUNT_LIMITS.keys() & values.keys():
         if values[name] is not None or name not in ("head_dim", "sliding_window"):  # None: derived / off
             check_count(name, values[name])
-    for name in POSITIVE_REALS & values.keys():
-        v = values[name]
-        if not is_real(v) or v <= 0:
-            raise LcftError(f"model config: {name} must be a positive number, got {v!r}")
+    for name in (POSITIVE_REALS | NONNEGATIVE_REALS) & values.keys():
+        v, positive = values[name], name in POSITIVE_REALS
+        if not is_real(v) or v < 0 or (positive and v == 0):
+            want = "a positive number" if positive else "a number >= 0"
+            raise LcftError(f"model config: {name} must be {want}, got {v!r}")
+
+
+def check_token_ids(vocab_size: int, ids: dict[str, Any]) -> None:
+    """Each token id config.json records null or a whole number in 0..vocab_size-1 (eos_token_id also a list of
+    them): written back into every config.json lcft saves, where transformers makes pad_token_id the embedding's
+    padding row and generation feeds bos/eos to it."""
+    for name, v in ids.items():
+        for one in v if isinstance(v, list) and name == "eos_token_id" else [v]:
+            if one is not None and (isinstance(one, bool) or not isinstance(one, int) or not 0 <= one < vocab_size):
+                raise LcftError(f"model config: {name}={v!r} is not null or a token id in 0..{vocab_size - 1} "
+                                f"(vocab_size {vocab_size})")
 
 
 def is_real(v: Any) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
 
 
@@ -76,6 +77,28 @@ def rope_frequencies(cfg: LlamaConfig, seq_len: int | None = None) -> tuple[torc
     `dynamic` scaling (the longest position + 1 of the current call; None = max_position_embeddings)."""
     with torch.device("cpu"):  # also when a model is built under torch.device("meta")
         return _frequencies(cfg, seq_len)
+
+
+def check_frequencies(cfg: LlamaConfig) -> None:
+    """Every inverse frequency of the config finite and non-zero, and its attention scaling too (dynamic scaling at
+    max_position_embeddings, as transformers builds it): a rope_theta or factor that passes as a positive number can
+    still overflow fp32 (1 / rope_theta^(2i/head_dim) infinite for rope_theta 1e-300, zero for 1e308), and training
+    on such angles is NaN. One line naming rope_theta when plain RoPE already fails, else rope_scaling."""
+    with torch.device("cpu"):  # also when a config is made under torch.device("meta")
+        plain = _default_inv_freq(float(cfg.rope_theta), cfg.head_dim)
+        inv_freq, scale = (plain, 1.0) if _bad(plain) else _frequencies(cfg, None)
+    if not _bad(inv_freq) and math.isfinite(scale) and scale != 0:
+        return
+    worst = inv_freq[~(inv_freq.isfinite() & (inv_freq != 0))]
+    what = f"a RoPE frequency of {float(worst[0])!r}" if worst.numel() else f"a RoPE attention scaling of {scale!r}"
+    field = f"rope_theta={cfg.rope_theta!r}" if inv_freq is plain else \
+        f"rope_scaling {cfg.rope_scaling} (with rope_theta={cfg.rope_theta!r})"
+    raise LcftError(f"model config: {field} gives {what} at head_dim {cfg.head_dim} (every frequency must be a "
+                    "finite, non-zero fp32 number)")
+
+
+def _bad(inv_freq: torch.Tensor) -> bool:
+    return not bool((inv_freq.isfinite() & (inv_freq != 0)).all())
 
 
 def _frequencies(cfg: LlamaConfig, seq_len: int | None) -> tuple[torch.Tensor, float]:

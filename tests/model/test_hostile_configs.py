@@ -1,7 +1,8 @@
 """Wrong types and values in a model folder's config files are one line naming the field, from loading and from
 `lcft plan --init`, never a traceback: config.json's model_type, a Qwen model's layer_types and
-max_window_layers, every field of rope_scaling / rope_parameters, lcft.json's attention block. The RoPE scalings
-that published models use still load, with transformers' own frequencies."""
+max_window_layers, every field of rope_scaling / rope_parameters, a rope_theta or factor whose frequencies overflow
+fp32, Mixtral's router_aux_loss_coef, token ids outside the vocabulary, lcft.json's attention block. The RoPE
+scalings that published models use still load, with transformers' own frequencies."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_siz
         "max_position_embeddings": 4096}
 QWEN = {**BASE, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
 QWEN_WINDOW = {**QWEN, "use_sliding_window": True, "sliding_window": 64}
+MIXTRAL = {**BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4}
 
 
 def rope(**scaling) -> dict:
@@ -83,8 +85,26 @@ BAD_CONFIGS = [
     ("mlp_bias_int", {**BASE, "mlp_bias": 0}, "mlp_bias must be true or false, got 0"),
     ("use_sliding_window_str", {**QWEN_WINDOW, "use_sliding_window": "false"},
      "use_sliding_window must be true or false, got 'false'"),
-    ("router_logits_str", {**BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-                           "output_router_logits": "false"}, "output_router_logits must be true or false, got 'false'"),
+    ("router_logits_str", {**MIXTRAL, "output_router_logits": "false"},
+     "output_router_logits must be true or false, got 'false'"),
+    # the load-balancing loss is multiplied by it: a string crashed the first step, NaN trained to NaN weights
+    ("router_coef_str", {**MIXTRAL, "router_aux_loss_coef": "x"}, "router_aux_loss_coef must be a number >= 0, got 'x'"),
+    ("router_coef_nan", {**MIXTRAL, "router_aux_loss_coef": float("nan")}, "router_aux_loss_coef must be a number"),
+    ("router_coef_inf", {**MIXTRAL, "router_aux_loss_coef": float("inf")}, "router_aux_loss_coef must be a number"),
+    ("router_coef_negative", {**MIXTRAL, "router_aux_loss_coef": -0.01}, "got -0.01"),
+    ("router_coef_null", {**MIXTRAL, "router_aux_loss_coef": None}, "got None"),
+    # positive, but 1 / rope_theta^(2i/head_dim) or its scaling overflows fp32 (transformers' frequencies too)
+    ("rope_theta_tiny", {**BASE, "rope_theta": 1e-300}, "rope_theta=1e-300 gives a RoPE frequency of inf"),
+    ("rope_theta_huge", {**BASE, "rope_theta": 1e308}, "rope_theta=1e+308 gives a RoPE frequency of 0.0"),
+    ("linear_factor_tiny", rope(rope_type="linear", factor=1e-300),
+     "rope_scaling {'rope_type': 'linear', 'factor': 1e-300} (with rope_theta=10000.0) gives a RoPE frequency of inf"),
+    ("bos_huge", {**BASE, "bos_token_id": 10**30}, "bos_token_id=1000000000000000000000000000000 is not null or a "
+                                                   "token id in 0..15"),
+    ("pad_negative", {**BASE, "pad_token_id": -5}, "pad_token_id=-5 is not null or a token id in 0..15"),
+    ("pad_vocab_size", {**BASE, "pad_token_id": 16}, "pad_token_id=16 is not null"),
+    ("eos_list", {**BASE, "eos_token_id": [2, 16]}, "eos_token_id=[2, 16] is not null"),
+    ("eos_str", {**BASE, "eos_token_id": "2"}, "eos_token_id='2' is not null"),
+    ("bos_bool", {**BASE, "bos_token_id": True}, "bos_token_id=True is not null"),
 ]
 CASE_IDS = [c[0] for c in BAD_CONFIGS]
 
@@ -131,6 +151,8 @@ def test_lcft_json_attention_not_an_object_is_one_line(tmp_path, value):
     ("lcft.json", {"attention": "x"}, "{folder}/lcft.json: attention is 'x', not an object"),
     # "false" as a string was read as true, which dropped the folder's own lm_head from the export
     ("config.json", {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
+    # written back unchecked into the export, where transformers cannot build an embedding with that padding row
+    ("config.json", {"pad_token_id": 10**30}, "pad_token_id=1000000000000000000000000000000 is not null"),
 ])
 def test_export_of_a_folder_with_a_bad_field_is_one_line(tmp_path, file, change, says):
     """The same readers under `lcft export` of a complete folder (weights present)."""
@@ -201,6 +223,32 @@ def test_published_rope_scalings_load_with_transformers_frequencies(tmp_path, tr
         got, got_scale = rope_frequencies(cfg, seq_len)
         torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
         assert got_scale == pytest.approx(want_scale, rel=1e-12)
+
+
+# (rope_theta, rope_scaling): the largest and smallest values transformers still computes finite, non-zero fp32
+# frequencies for at head_dim 32, and values past them.
+ROPE_EDGES = [(1e-30, None), (1e30, None), (1e-300, None), (1e308, None), (1e4, {"rope_type": "linear", "factor": 1e-30}),
+              (1e4, {"rope_type": "linear", "factor": 1e-300}), (1e20, {"rope_type": "yarn", "factor": 1e3}),
+              (1e38, {"rope_type": "yarn", "factor": 1e3})]  # the last: plain RoPE finite, yarn's zero
+
+
+@pytest.mark.parametrize("theta,scaling", ROPE_EDGES, ids=[f"{t:g}-{s and s['factor']:g}" if s else f"{t:g}"
+                                                           for t, s in ROPE_EDGES])
+def test_rope_frequencies_are_refused_exactly_where_transformers_overflows(transformers, theta, scaling):
+    """transformers' rotary embedding for the same config is the oracle: where any of its frequencies is infinite
+    or zero (or its attention scaling), config.json is one line naming the field; elsewhere lcft's are its own."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    d = {**BASE, "rope_theta": theta, "rope_scaling": scaling}
+    theirs = LlamaRotaryEmbedding(transformers.LlamaConfig(**{k: v for k, v in d.items() if k != "architectures"}))
+    inv_freq, scale = theirs.inv_freq, theirs.attention_scaling
+    if bool((inv_freq.isfinite() & (inv_freq != 0)).all()) and scale not in (0, float("inf")):
+        got, got_scale = rope_frequencies(config_from_hf(d))
+        torch.testing.assert_close(got, inv_freq.float(), rtol=1e-6, atol=0)
+        assert got_scale == scale
+    else:
+        with pytest.raises(LcftError, match="rope_theta=" if scaling is None else "rope_scaling {"):
+            config_from_hf(d)
 
 
 BOOL_KEYS = [("LlamaConfig", BASE, "tie_word_embeddings"), ("LlamaConfig", BASE, "attention_bias"),
