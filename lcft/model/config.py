@@ -227,14 +227,17 @@ def check_counts(values: dict[str, Any]) -> None:
 
 
 def check_token_ids(vocab_size: int, ids: dict[str, Any]) -> None:
-    """Each token id config.json records null or a whole number in 0..vocab_size-1 (eos_token_id also a list of
-    them): written back into every config.json lcft saves, where transformers makes pad_token_id the embedding's
-    padding row and generation feeds bos/eos to it."""
+    """Each token id config.json records as transformers builds the model from it: null or a whole number of 64 bits
+    (eos_token_id also a list of them); pad_token_id, the embedding's padding row, an index torch's Embedding takes
+    (-vocab_size..vocab_size-1: published configs hold -1). transformers only warns of a bos/eos id outside the
+    vocabulary, and lcft, which never feeds them to the model, writes them back as they are."""
     for name, v in ids.items():
         for one in v if isinstance(v, list) and name == "eos_token_id" else [v]:
-            if one is not None and (isinstance(one, bool) or not isinstance(one, int) or not 0 <= one < vocab_size):
-                raise LcftError(f"model config: {name}={v!r} is not null or a token id in 0..{vocab_size - 1} "
-                                f"(vocab_size {vocab_size})")
+            if one is not None and (isinstance(one, bool) or not isinstance(one, int) or not -2**63 <= one < 2**63):
+                raise LcftError(f"model config: {name}={v!r} is not null or a whole number (a token id)")
+            if name == "pad_token_id" and one is not None and not -vocab_size <= one < vocab_size:
+                raise LcftError(f"model config: pad_token_id={one} is outside {-vocab_size}..{vocab_size - 1}, the "
+                                f"rows of the embedding (vocab_size {vocab_size}) it pads")
 
 
 def is_real(v: Any) -> bool:

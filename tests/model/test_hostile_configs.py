@@ -99,10 +99,10 @@ BAD_CONFIGS = [
     ("linear_factor_tiny", rope(rope_type="linear", factor=1e-300),
      "rope_scaling {'rope_type': 'linear', 'factor': 1e-300} (with rope_theta=10000.0) gives a RoPE frequency of inf"),
     ("bos_huge", {**BASE, "bos_token_id": 10**30}, "bos_token_id=1000000000000000000000000000000 is not null or a "
-                                                   "token id in 0..15"),
-    ("pad_negative", {**BASE, "pad_token_id": -5}, "pad_token_id=-5 is not null or a token id in 0..15"),
-    ("pad_vocab_size", {**BASE, "pad_token_id": 16}, "pad_token_id=16 is not null"),
-    ("eos_list", {**BASE, "eos_token_id": [2, 16]}, "eos_token_id=[2, 16] is not null"),
+                                                   "whole number"),
+    ("pad_negative", {**BASE, "pad_token_id": -17}, "pad_token_id=-17 is outside -16..15"),
+    ("pad_vocab_size", {**BASE, "pad_token_id": 16}, "pad_token_id=16 is outside -16..15"),
+    ("eos_list", {**BASE, "eos_token_id": [2, 2.5]}, "eos_token_id=[2, 2.5] is not null"),
     ("eos_str", {**BASE, "eos_token_id": "2"}, "eos_token_id='2' is not null"),
     ("bos_bool", {**BASE, "bos_token_id": True}, "bos_token_id=True is not null"),
 ]
@@ -296,3 +296,23 @@ def test_published_configs_still_load(name):
     cfg = config_from_hf(d)
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.rope_theta) == \
         (d["hidden_size"], d["num_hidden_layers"], d["rope_theta"])
+
+
+@pytest.mark.parametrize("ids", [{"pad_token_id": -1}, {"pad_token_id": -16}, {"eos_token_id": [2, 16]},
+                                 {"bos_token_id": 16, "eos_token_id": 99}], ids=["pad_-1", "pad_-16", "eos_list",
+                                                                                 "bos_eos_outside"])
+def test_token_ids_transformers_builds_a_model_from_still_load(transformers, ids):
+    """What transformers builds a model from (it only warns of a bos/eos id outside the vocabulary; pad_token_id -1
+    is the last row, as published configs hold it) lcft loads, and writes back as it read it."""
+    fields = {k: v for k, v in BASE.items() if k not in ("architectures", "model_type")}
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**fields, **ids}))
+    cfg = config_from_hf({**BASE, **ids})
+    assert {k: getattr(cfg, k) for k in ids} == ids
+
+
+def test_a_pad_id_transformers_cannot_build_with_is_refused(transformers):
+    fields = {k: v for k, v in BASE.items() if k not in ("architectures", "model_type")}
+    with pytest.raises(AssertionError):  # torch's Embedding: padding_idx must be within num_embeddings
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**fields, "pad_token_id": 16}))
+    with pytest.raises(LcftError, match="pad_token_id=16 is outside"):
+        config_from_hf({**BASE, "pad_token_id": 16})
