@@ -15,7 +15,9 @@ def tokenizer_spec() -> dict:
     return {"name": "dna-char", "vocab": list(VOCAB), "vocab_size": VOCAB_SIZE, "case_free": True}
 
 
-MAX_VOCAB = 1 << 24  # ids 0..16,777,215: 16x the largest published genome vocabulary, a 128 MiB id table at most
+# ids 0..4,194,303: the one vocabulary limit, of a model (lcft.model.config.COUNT_LIMITS) and of every id a tokenizer
+# file declares, so prepare refuses what train could not use; 16x the largest published model vocabulary (256K)
+MAX_VOCAB = 1 << 22
 SPEC_TEXT = ("name", "sha256", "file", "file_sha256", "ids_dtype")  # spec fields that are strings
 SPEC_COUNTS = ("bytes", "block")  # and whole numbers
 

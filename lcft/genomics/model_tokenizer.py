@@ -29,11 +29,17 @@ from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_hash import char_normalizer, upper_rules
 from lcft.genomics.tokenizer_probe import BPE_BLOCK, probe_tokenizer, vouch
-from lcft.genomics.vocab_file import check_json_ids, read_roles, read_text, read_vocab_txt, tokens_by_id
+from lcft.genomics.vocab_file import (
+    check_json_ids,
+    read_roles,
+    read_text,
+    read_vocab_txt,
+    tokens_by_id,
+    vocab_size_of,
+)
 from lcft.hub import local_path
 
 VOCAB_FILE = "vocab.txt"
-SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above, at most half the ids unused
 
 
 _FD2 = threading.RLock()  # one call at a time moves descriptor 2 (a second would save the first's file as stderr)
@@ -123,11 +129,7 @@ class JsonTokenizer(SeqTokenizer):
         tk.no_truncation()
         tk.no_padding()
         vocab_map = tk.get_vocab(with_added_tokens=True)
-        size = max(vocab_map.values()) + 1
-        if size > SPARSE_FROM and size > 2 * len(vocab_map):  # the embedding gets a row for every id up to it
-            raise LcftError(f"tokenizer {source}: its ids run to {size - 1:,} for {len(vocab_map):,} tokens; lcft "
-                            "gives the model a vocabulary up to the highest id and refuses one over half empty")
-        vocab = [""] * size
+        vocab = [""] * vocab_size_of(set(vocab_map.values()), f"tokenizer {source}")  # the ids as the library reads them
         for t, i in vocab_map.items():
             vocab[i] = t
         model = json.loads(tk.to_str()).get("model", {})

@@ -4,6 +4,7 @@ tokenizer.json, and the special-token roles of special_tokens_map.json / tokeniz
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from lcft.vocab import MAX_VOCAB
 MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is not a DNA tokenizer
 ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "sep_token", "cls_token")
 ROLE_FILES = ("special_tokens_map.json", "tokenizer_config.json")  # the first naming a role decides it
+SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above, at most half the ids unused
 _PAIR = re.compile(r"^(\S+)[ \t]+(\d+)$")  # one `TOKEN ID` line (GENERator's current layout)
 
 
@@ -30,34 +32,86 @@ def check_id(value: Any, where: str) -> int:
     return value
 
 
-def tokens_by_id(ids: dict[str, int], where: str) -> list[str]:
-    """Token per id from a token -> id map whose ids are bounded and distinct (gaps read as '')."""
+def distinct_ids(ids: dict[str, int], where: str) -> dict[int, str]:
+    """Token per id of a token -> id map whose ids are bounded (check_id) and distinct."""
     seen: dict[int, str] = {}
     for token, i in ids.items():
         check_id(i, f"{where} token {token!r}")
         if i in seen:
             raise LcftError(f"{where}: id {i} is given to both {seen[i]!r} and {token!r}")
         seen[i] = token
-    out = [""] * (max(seen) + 1 if seen else 0)
+    return seen
+
+
+def vocab_size_of(ids: Collection[int], where: str) -> int:
+    """The vocabulary a model gets from a tokenizer's distinct, bounded ids (the highest + 1), for every kind of
+    tokenizer file. Refused in one line when there is no id, or when above SPARSE_FROM over half of the ids up to
+    the highest are unused (the embedding and the head get a row for each)."""
+    if not ids:
+        raise LcftError(f"{where}: the vocabulary has no tokens")
+    size = max(ids) + 1
+    if size > SPARSE_FROM and size > 2 * len(ids):
+        raise LcftError(f"{where}: its ids run to {size - 1:,} for {len(ids):,} tokens; lcft gives the model a "
+                        "vocabulary up to the highest id and refuses one over half empty")
+    return size
+
+
+def tokens_by_id(ids: dict[str, int], where: str) -> list[str]:
+    """Token per id from a token -> id map whose ids are bounded, distinct and not sparse (gaps read as '')."""
+    seen = distinct_ids(ids, where)
+    out = [""] * vocab_size_of(seen.keys(), where)
     for i, token in seen.items():
         out[i] = token
     return out
 
 
-def check_json_ids(data: dict[str, Any], source: str) -> None:
-    """Bound every id a tokenizer.json declares (model.vocab, added_tokens) before `tokenizers` or lcft builds a
-    table from them: an id of 10^9 in a 388-byte file must not allocate gigabytes."""
+def check_json_ids(data: dict[str, Any], source: str) -> int:
+    """Bound every id a tokenizer.json declares (model.vocab, added_tokens, its post_processor's special tokens)
+    before `tokenizers` or lcft builds a table from them: an id of 10^9 in a 388-byte file must not allocate
+    gigabytes. Returns the vocabulary size (vocab_size_of: refused when empty or sparse)."""
     model = data.get("model")
     vocab = model.get("vocab") if isinstance(model, dict) else None
+    ids: Collection[int]
     if isinstance(vocab, dict):
-        tokens_by_id(vocab, f"{source}: model.vocab")
-    elif isinstance(vocab, list) and len(vocab) > MAX_VOCAB:
-        raise LcftError(f"{source}: model.vocab has {len(vocab)} entries, over the limit of {MAX_VOCAB}")
+        ids = distinct_ids(vocab, f"{source}: model.vocab").keys()
+    elif isinstance(vocab, list):
+        if len(vocab) > MAX_VOCAB:
+            raise LcftError(f"{source}: model.vocab has {len(vocab)} entries, over the limit of {MAX_VOCAB}")
+        ids = range(len(vocab))  # a Unigram's: the position is the id
+    else:  # every model of the library (BPE, WordPiece, WordLevel: an object; Unigram: a list) has one
+        raise LcftError(f"{source} is not a tokenizers tokenizer.json (its model has no vocab)")
     added = data.get("added_tokens") or []
     if not isinstance(added, list):
         raise LcftError(f"{source}: added_tokens is not a list")
-    for j, tok in enumerate(added):
-        check_id(tok.get("id") if isinstance(tok, dict) else tok, f"{source}: added_tokens[{j}]")
+    more = {check_id(tok.get("id") if isinstance(tok, dict) else tok, f"{source}: added_tokens[{j}]")
+            for j, tok in enumerate(added)}
+    if any(i not in ids for i in more):
+        ids = {*ids, *more}
+    size = vocab_size_of(ids, source)
+    for name, i in _processor_ids(data.get("post_processor")):
+        if check_id(i, f"{source}: post_processor special token {name!r}") >= size:
+            raise LcftError(f"{source}: post_processor special token {name!r} has id {i}, beyond the vocabulary "
+                            f"(ids 0 to {size - 1}): an export would emit an id the model has no row for")
+    return size
+
+
+def _processor_ids(node: Any) -> list[tuple[str, Any]]:
+    """(token, id) of each special token a post_processor adds: a TemplateProcessing's special_tokens, a
+    Bert/RobertaProcessing's sep and cls, through a Sequence's processors. Shapes the library refuses are left to
+    it."""
+    if not isinstance(node, dict):
+        return []
+    subs = node.get("processors")
+    found = [pair for sub in subs for pair in _processor_ids(sub)] if isinstance(subs, list) else []
+    specials = node.get("special_tokens")
+    for name, tok in specials.items() if isinstance(specials, dict) else ():
+        ids = tok.get("ids") if isinstance(tok, dict) else None
+        found.extend((str(name), i) for i in (ids if isinstance(ids, list) else ()))
+    for role in ("sep", "cls"):
+        pair = node.get(role)
+        if isinstance(pair, list) and len(pair) == 2:
+            found.append((str(pair[0]), pair[1]))
+    return found
 
 
 def read_vocab_txt(path: Path) -> list[str]:

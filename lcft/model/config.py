@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from lcft.errors import LcftError
 from lcft.kernels.spec import AttentionImpl, SparseSpec
-from lcft.vocab import BOS, EOS, VOCAB_SIZE
+from lcft.vocab import BOS, EOS, MAX_VOCAB, VOCAB_SIZE
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
 ROPE_TYPES: tuple[str, ...] = typing.get_args(RopeType)
@@ -19,7 +19,7 @@ MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
 # Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a
 # file we are handed): each is well above every published model (largest hidden 16384, head_dim 256, 126
 # layers, 256 experts, vocabularies of 256K) and low enough that no single count can ask for an absurd tensor.
-COUNT_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_size": 1 << 19,
+COUNT_LIMITS = {"vocab_size": MAX_VOCAB, "hidden_size": 1 << 16, "intermediate_size": 1 << 19,
                 "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
                 "head_dim": 2048, "num_local_experts": 1024, "num_experts_per_tok": 1024,
                 "max_position_embeddings": 1 << 34, "sliding_window": 1 << 34}

@@ -253,3 +253,17 @@ def test_export_refuses_a_tokenizer_other_than_the_recorded_one(tmp_path, kind):
     before = sorted(os.listdir(tmp_path))
     cli_fails(["export", str(ckpt), "--out", str(tmp_path / "hf")], *needles)
     assert sorted(os.listdir(tmp_path)) == before  # no --out, nor a work folder beside it
+
+
+@pytest.mark.parametrize("model", [{"type": "WordLevel", "vocab": {}, "unk_token": "<unk>"},
+                                   {"type": "Unigram", "unk_id": None, "vocab": []}])
+def test_export_of_a_model_folder_whose_tokenizer_has_no_tokens_is_one_line(tmp_path, model):
+    """A model folder holding a tokenizer.json with no token (none in its model, no added_tokens): the export
+    reads it as prepare does and said so in a ValueError traceback (max() of an empty vocabulary)."""
+    folder = _checkpoint(tmp_path / "m", load_tokenizer("char"))
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": None, "post_processor": None, "decoder": None, "model": model}))
+    cli_fails(["export", str(folder), "--out", str(tmp_path / "hf")], str(folder / "tokenizer.json"),
+              "the vocabulary has no tokens")
+    assert not (tmp_path / "hf").exists()

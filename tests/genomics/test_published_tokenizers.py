@@ -18,6 +18,7 @@ from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows
 from lcft.genomics.hf_tokenizer import export_tokenizer, save_hf_tokenizer
 from lcft.genomics.model_tokenizer import load_tokenizer
+from lcft.model.config import COUNT_LIMITS
 from tests.conftest import SHARED_PUBLISHED as PUBLISHED
 from tests.genomics.conftest import bio_records
 
@@ -148,7 +149,11 @@ def test_dnabert_one_token_a_line_vocab():
     (["<oov> 0", "A 1", "C", "G 3", "T 4"], "line 3 .*mixed layouts"),
     (["<oov>", "A", "C 5", "G", "T"], "line 3 .*mixed layouts"),
     (["<oov>", "A", "", "G", "T"], "line 3 is empty"),
-    (["<oov> 0", "A 1", "C 2", "G 3", f"T {1 << 24}"], "line 5: id 16777216 .*limit"),
+    # ids a model can have (COUNT_LIMITS): one past them is refused naming its line (it was prepared, for train to
+    # refuse); the last of them among 6 tokens would make a 4M-row embedding over half empty (prepared in 69 s)
+    (["<oov> 0", "A 1", "C 2", "G 3", f"T {COUNT_LIMITS['vocab_size']}"], "line 5: id 4194304 .*limit"),
+    ([f"<oov> {COUNT_LIMITS['vocab_size'] - 1}", "A 1", "C 2", "G 3", "T 4", "N 5"],
+     "its ids run to 4,194,303 for 6 tokens"),
 ])
 def test_bad_vocab_txt_names_the_line(lines, match, tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join(lines) + "\n")
@@ -206,7 +211,7 @@ def bomb(tmp_path: Path, vocab: dict, pattern: str = "(?m:.)") -> Path:
 def test_huge_id_is_refused_before_allocation(big, tmp_path):
     path = bomb(tmp_path, {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": big})
     assert path.stat().st_size < 400
-    with pytest.raises(LcftError, match=rf"model.vocab token 'T': id {big} .*0 to 16777215 \(the id limit\)"):
+    with pytest.raises(LcftError, match=rf"model.vocab token 'T': id {big} .*0 to 4194303 \(the id limit\)"):
         load_tokenizer(str(path))
     with pytest.raises(LcftError, match="id limit"):
         load_tokenizer(f"kmer:1:{path}")

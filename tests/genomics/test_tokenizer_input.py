@@ -106,6 +106,60 @@ def test_a_sparse_tokenizer_is_refused(fasta, tmp_path):
     fails("its ids run to 4,194,303 for 7 tokens", fasta, tmp_path / "out", tokenizer=str(tmp_path / "tokenizer.json"))
 
 
+def _json_tokenizer(folder: Path, model: dict, **fields) -> Path:
+    """A tokenizer.json of `model`, no pipeline, written in `folder`; `fields` replace its top-level ones."""
+    folder.mkdir(exist_ok=True)
+    data = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": None, "post_processor": None, "decoder": None, "model": model, **fields}
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize("model", [{"type": "WordLevel", "vocab": {}, "unk_token": "<unk>"},
+                                   {"type": "Unigram", "unk_id": None, "vocab": []}])
+def test_a_tokenizer_without_tokens_is_one_line(fasta, tmp_path, model):
+    """A tokenizer.json whose model and added_tokens hold no token was a ValueError traceback (max() of an empty
+    vocabulary) from prepare, and from export of a model folder holding it."""
+    folder = _json_tokenizer(tmp_path / "tok", model)
+    fails("the vocabulary has no tokens", fasta, tmp_path / "out", tokenizer=str(folder))
+
+
+VOCAB = {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5}
+WORDS = {"type": "WordLevel", "vocab": VOCAB, "unk_token": "<unk>"}
+
+
+def template(i: int) -> dict:
+    """A TemplateProcessing putting special token X (id `i`) before each sequence."""
+    return {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "X", "type_id": 0}},
+                                                     {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"X": {"id": "X", "ids": [i], "tokens": ["X"]}}}
+
+
+def bert(i: int) -> dict:
+    """A Sequence of one BertProcessing whose sep token has id `i`."""
+    return {"type": "Sequence", "processors": [{"type": "BertProcessing", "sep": ["</s>", i], "cls": ["<unk>", 0]}]}
+
+
+@pytest.mark.parametrize(("processor", "match"), [
+    (template(6), "special token 'X' has id 6, beyond the vocabulary .ids 0 to 5."),
+    (template(4294967295), "special token 'X': id 4294967295 is not a whole number from 0 to"),
+    (bert(1000), "special token '</s>' has id 1000, beyond the vocabulary"),
+])
+def test_a_post_processor_id_beyond_the_vocabulary_is_refused(fasta, tmp_path, processor, match):
+    """A post_processor adding a special token of an id past the vocabulary loaded and was carried into the
+    prepared data and the export, whose encodings (special tokens on) would index past the embedding."""
+    folder = _json_tokenizer(tmp_path / "tok", WORDS, post_processor=processor)
+    assert max(Tokenizer.from_file(str(folder / "tokenizer.json")).encode("A").ids) >= len(VOCAB)  # as the library
+    fails(match, fasta, tmp_path / "out", tokenizer=str(folder))
+
+
+@pytest.mark.parametrize("processor", [template(5), bert(5)])
+def test_a_post_processor_id_of_the_vocabulary_is_kept(tmp_path, processor):
+    folder = _json_tokenizer(tmp_path / "tok", WORDS, post_processor=processor)
+    assert load_tokenizer(str(folder)).vocab_size == len(VOCAB)
+
+
 def test_kmer_vocab_file_missing(fasta, tmp_path):
     fails("no such file", fasta, tmp_path / "out", tokenizer=f"kmer:6:{tmp_path / 'vocab.txt'}")
 
