@@ -77,13 +77,17 @@ def read_init(cfg: PlanConfig) -> InitModel | None:
 
 
 def model_config(cfg: PlanConfig, init: InitModel | None = None) -> LlamaConfig:
-    """The model of the plan: --init's (default: read_init(cfg)), else the preset; with the attention options
-    applied. No weights are read."""
+    """The model of the plan: --init's (default: read_init(cfg)), else the preset (with --data, over its
+    tokenizer's vocabulary, as `lcft train` builds it); with the attention options applied. No weights are read."""
+    from lcft.genomics.shards import read_manifest
     from lcft.model import preset
-    from lcft.train.model_setup import attention_override
+    from lcft.train.model_setup import attention_override, preset_config
 
     init = init or read_init(cfg)
-    model = dataclasses.replace(init.config) if init else preset(cfg.preset)
+    if init:
+        model = dataclasses.replace(init.config)
+    else:
+        model = preset_config(cfg.preset, read_manifest(cfg.data)["tokenizer"]) if cfg.data else preset(cfg.preset)
     model.attention = attention_override(cfg.model, model.attention)
     return model
 

@@ -66,16 +66,24 @@ def build_model(cfg: TrainConfig, tokenizer: dict[str, Any], resume_from: Path |
 
 def fresh_model(cfg: TrainConfig, tokenizer: dict[str, Any]) -> Llama:
     """A model of cfg.preset with the data's vocabulary and the attention and RoPE options, seeded."""
-    model_cfg = preset(cfg.preset)
-    if "sha256" in tokenizer:  # a model tokenizer: the fresh model's embedding has its vocabulary's rows
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer["vocab_size"])
-    if model_cfg.vocab_size != tokenizer["vocab_size"]:
-        raise LcftError(f"preset {cfg.preset!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
-                        f"{tokenizer['vocab_size']}")
+    model_cfg = preset_config(cfg.preset, tokenizer)
     model_cfg.attention = attention_override(cfg.model, model_cfg.attention)
     model_cfg = dataclasses.replace(model_cfg, **_rope_changes(cfg.model, model_cfg))
     torch.manual_seed(cfg.seed)
     return Llama(model_cfg)
+
+
+def preset_config(name: str, tokenizer: dict[str, Any]) -> LlamaConfig:
+    """Preset `name` as a fresh model over data of this tokenizer (its manifest's spec) gets it, for train and
+    plan alike: a model tokenizer's vocab_size becomes the embedding's and the head's rows; lcft's own must be
+    the preset's."""
+    model_cfg = preset(name)
+    if "sha256" in tokenizer:  # a model tokenizer: the fresh model's embedding has its vocabulary's rows
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer["vocab_size"])
+    if model_cfg.vocab_size != tokenizer["vocab_size"]:
+        raise LcftError(f"preset {name!r} has vocab_size {model_cfg.vocab_size}, the data's tokenizer "
+                        f"{tokenizer['vocab_size']}")
+    return model_cfg
 
 
 def read_source(cfg: TrainConfig, tokenizer: dict[str, Any], source: Path, materialize: bool = True,

@@ -1,6 +1,6 @@
 """`lcft plan` against oracles outside it: transformers' own model for the parameter count of every family lcft
 trains (biases, tied and untied heads, GQA, q/k norms, experts) and of the published genome models' configs, the
-trainer's length check, and the K/V streaming's own piece count."""
+trainer's length check, the data's vocabulary for a preset, and the K/V streaming's own piece count."""
 
 from __future__ import annotations
 
@@ -137,3 +137,20 @@ def test_mixture_of_experts_saved_activations_match_autograd(precision: str) -> 
     est = estimate(cfg, Layout(512, precision=precision, device="cpu"))
     ratio = (est.activations + est.weight_copies) / sum(storages.values())
     assert abs(ratio - 1) < 0.10, ratio
+
+
+def test_a_preset_is_planned_over_the_datas_vocabulary(tmp_path: Path) -> None:
+    """Windows of a 65,536-token vocabulary: `lcft train` gives a fresh preset model an embedding and a head of
+    that many rows. The plan kept the preset's 16 (a tiny model over a 4M vocabulary "fits" in 1.31 GiB, then
+    ran out of memory in train, which named `lcft plan`); it counts transformers' model of that vocabulary."""
+    from lcft.genomics import prepare_windows, sample_fasta
+    from lcft.model.hf import config_to_hf
+
+    n = 1 << 16
+    (tmp_path / "vocab.txt").write_text("\n".join(["<unk>", *"ACGTN", *(f"x{i}" for i in range(6, n))]) + "\n")
+    data = tmp_path / "w"
+    prepare_windows(fasta=str(sample_fasta()), out=str(data), length=1024, train=("chr22",), eval=(),
+                    tokenizer=f"kmer:1:{tmp_path / 'vocab.txt'}")
+    count = transformers_count({**config_to_hf(preset("tiny")), "vocab_size": n})
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(data), "--explain"])
+    assert r.exit_code == 0 and f"P = {count:,} (fp32 master weights)" in r.output, r.output
