@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 
 from lcft.config import format_size
-from lcft.console import make_console
+from lcft.console import make_console, styled
 from lcft.evaluate.stats import FEW_WINDOWS
 from lcft.units import counted
 
 ROUGH = "; with this few windows the intervals are rough"
 REFERENCE = "reference"  # the first checkpoint's change column: the others' changes are against it
+LOG_WIDTH = 120  # the width of output to a pipe or a log file, which has no terminal width of its own
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -38,19 +40,21 @@ def table(report: dict[str, Any]) -> Table:
     t = Table(title=f"held-out loss on {counted(d['windows'], d['split'] + ' window')} of "
                     f"{format_size(d['window_length'])} tokens{rough}", title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
-    # every header names its unit on a second line (keeps the columns as narrow as their figures)
-    for col in ("context\ntokens", "loss\nnats/token", "loss\nbits/base", "first 10%\nnats/token",
-                "last 10%\nnats/token", "last-first\nnats/token", f"vs {report['checkpoints'][0]['label']} [95% CI]\n%"):
+    # every header names its unit on a second line; the overall figures come first and the along-the-window ones
+    # last, so a terminal too narrow for all of them shows each group as a table of its own (fitted)
+    for col in ("context\ntokens", "loss\nnats/token", "loss\nbits/base",
+                f"vs {report['checkpoints'][0]['label']} [95% CI]\n%", "first 10%\nnats/token", "last 10%\nnats/token",
+                "last-first\nnats/token"):
         t.add_column(col, justify="right", no_wrap=True)
     for i, ck in enumerate(report["checkpoints"]):
         first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
         gap = None if first is None or last is None else last - first
         t.add_row(ck["label"], format_size(ck["max_context"]) if ck["max_context"] else "window",
-                  _fmt(ck["loss"]), _fmt(ck["bits_per_base"], ".3f"), _fmt(first), _fmt(last),
-                  _fmt(gap, "+.4f"), _pct_ci(ck) if i else REFERENCE)
+                  _fmt(ck["loss"]), _fmt(ck["bits_per_base"], ".3f"), _pct_ci(ck) if i else REFERENCE, _fmt(first),
+                  _fmt(last), _fmt(gap, "+.4f"))
     u = report["uniform"]
-    t.add_row("uniform guess", "-", _fmt(u["loss"]), _fmt(u["bits_per_base"], ".3f"), _fmt(u["loss"]),
-              _fmt(u["loss"]), "+0.0000", "", style="dim")
+    t.add_row("uniform guess", "-", _fmt(u["loss"]), _fmt(u["bits_per_base"], ".3f"), "", _fmt(u["loss"]),
+              _fmt(u["loss"]), "+0.0000", style="dim")
     return t
 
 
@@ -58,8 +62,9 @@ def _split_rows(report: dict[str, Any], title: str, a: str, b: str, names: tuple
     """Subsets `a` and `b` of every checkpoint: the share of `a`, loss and change with its interval of each."""
     t = Table(title=title, title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
-    for col in (f"{names[0]}\nshare of tokens", f"{names[0]} loss\nnats/token", f"{names[0]} change [95% CI]\n%",
-                f"{names[1]} loss\nnats/token", f"{names[1]} change [95% CI]\n%"):
+    # the subset's name, the figure and its unit on lines of their own: narrow columns, one table in a log
+    for col in (f"{names[0]}\nshare\n% of tokens", f"{names[0]}\nloss\nnats/token", f"{names[0]}\nchange [95% CI]\n%",
+                f"{names[1]}\nloss\nnats/token", f"{names[1]}\nchange [95% CI]\n%"):
         t.add_column(col, justify="right", no_wrap=True)
     for i, ck in enumerate(report["checkpoints"]):
         x, y = ck[a], ck[b]
@@ -155,17 +160,68 @@ def trend_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _width(console: Console, cell: RenderableType) -> int:
+    """Columns `cell` takes on one line per line of its own (what a cell of a column that never wraps needs)."""
+    return Measurement.get(console, console.options.update_width(10_000), cell).maximum
+
+
+def fitted(table: Table, console: Console) -> list[RenderableType]:
+    """`table` in the console's width with every figure and label whole: the table itself where it fits; else
+    its columns in groups, each group a table after the first (label) column; else, where the label column and
+    any one other do not fit, one block of 'header: value' lines per row."""
+    cols = table.columns
+    need = [max(_width(console, c) for c in (col.header, *col.cells)) + 3 for col in cols]  # + padding, border
+    groups: list[list[int]] = []
+    for i in range(1, len(cols)):
+        if groups and 1 + need[0] + sum(need[j] for j in groups[-1]) + need[i] <= console.width:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) == 1:
+        return [table]
+    if 1 + need[0] + max(need[1:]) > console.width:
+        return _blocks(table)
+    parts: list[RenderableType] = []
+    for n, group in enumerate(groups):
+        t = Table(title=table.title if n == 0 else None, title_justify=table.title_justify)
+        for i in (0, *group):
+            t.add_column(cols[i].header, justify=cols[i].justify, no_wrap=True)
+        cells = [list(c.cells) for c in cols]
+        for r, row in enumerate(table.rows):
+            t.add_row(*(cells[i][r] for i in (0, *group)), style=row.style)
+        parts.append(t)
+    return parts
+
+
+def _blocks(table: Table) -> list[RenderableType]:
+    """One block per row: its label, then each other column as 'header: value' (a header's lines joined)."""
+    cols = table.columns
+    cells = [list(c.cells) for c in cols]
+    lines: list[RenderableType] = [str(table.title)] if table.title else []
+    for r, row in enumerate(table.rows):
+        style = str(row.style or "")
+        lines.append(styled((str(cells[0][r]), style or "bold")))
+        lines += [styled((f"  {' '.join(str(c.header).split())}: {cells[i][r]}", style))
+                  for i, c in enumerate(cols) if i and cells[i][r] != ""]
+    return lines
+
+
+def _show(console: Console, what: Table | str, highlight: bool = False) -> None:
+    for part in fitted(what, console) if isinstance(what, Table) else [what]:
+        console.print(part, highlight=highlight)
+
+
 def print_table(report: dict[str, Any], console: Console | None = None) -> None:
     """The summary table, the repeat/unique and recurring/non-recurring tables (with the distance histogram),
-    the trend verdicts and (with --probe) the probe table."""
+    the trend verdicts and (with --probe) the probe table, each fitted to the console's width."""
     if console is None:
         console = make_console()
-        if not console.is_terminal:  # a pipe or a log file: no terminal width to respect, keep rows on one line
-            console = make_console(width=120)
-    console.print(table(report))
-    console.print(split_table(report), highlight=False)
+        if not console.is_terminal:  # a pipe or a log file: no terminal width to respect
+            console = make_console(width=LOG_WIDTH)
+    _show(console, table(report), highlight=True)
+    _show(console, split_table(report))
     if report.get("recurrence"):
-        console.print(recurrence_table(report), highlight=False)
+        _show(console, recurrence_table(report))
         line = distance_line(report)
         if line:
             console.print(line, highlight=False)
@@ -173,4 +229,4 @@ def print_table(report: dict[str, Any], console: Console | None = None) -> None:
         console.print(line, highlight=False)
     probe = probe_table(report)
     if probe is not None:
-        console.print(probe)
+        _show(console, probe, highlight=True)
