@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape as markup_escape
+from typer.core import TyperCommand
 
 from lcft.cli.common import user_errors
 from lcft.config import doc, format_size, is_size
@@ -45,6 +48,33 @@ class Extra:
     annotation: Any = bool
 
 
+# The widest `a|b|c` metavar the help shows; longer choice lists show CHOICE and are named in the help text,
+# so that an 80-column terminal keeps room for the option names and their help
+CHOICES_WIDTH = 14
+
+
+class GeneratedCommand(TyperCommand):
+    """A command whose help lists a boolean --x/--no-x as one `--[no-]x` entry: given a column of its own, the
+    --no-x names left an 80-column terminal too little room, and typer cut the option names with '…'."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        shown = copy.copy(self)  # only the help's view: parsing keeps both names of every flag
+        shown.params = [_one_entry(p) for p in self.params]
+        TyperCommand.format_help(shown, ctx, formatter)
+
+
+def _one_entry(param: Any) -> Any:
+    """`param` as the help lists it: --x with the secondary name --no-x shown as --[no-]x."""
+    opts, negative = getattr(param, "opts", []), getattr(param, "secondary_opts", [])
+    long = [o for o in opts if o.startswith("--")]
+    if len(long) != 1 or negative != ["--no-" + long[0][2:]]:
+        return param
+    shown = copy.copy(param)
+    shown.opts = ["--[no-]" + long[0][2:] if o == long[0] else o for o in opts]
+    shown.secondary_opts = []
+    return shown
+
+
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -60,10 +90,18 @@ def _shown(value: Any, size: bool) -> str:
     return format_size(value) if size and isinstance(value, int) else str(value)
 
 
-def _metavar(tp: Any) -> str:
+def _choices(tp: Any) -> tuple[str, ...]:
+    """The values of a Literal type (or of the Literal in an optional one); () for any other type."""
     for arg in (tp, *typing.get_args(tp)):
         if typing.get_origin(arg) is typing.Literal:
-            return "|".join(map(str, typing.get_args(arg)))
+            return tuple(map(str, typing.get_args(arg)))
+    return ()
+
+
+def _metavar(tp: Any) -> str:
+    if choices := _choices(tp):
+        shown = "|".join(choices)
+        return shown if len(shown) <= CHOICES_WIDTH else "CHOICE"
     if is_size(tp):
         return "SIZE"
     kinds = {int, float} & {tp, *typing.get_args(tp)}
@@ -80,6 +118,10 @@ def _field_parameter(cls: type, f: dataclasses.Field, tp: Any, opt: Opt) -> insp
         f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
     shown = _shown(default, is_size(tp))
     text = " ".join(t for t in (doc(cls, f.name), opt.note) if t)
+    choices = _choices(tp)
+    if opt.metavar is None and _metavar(tp) == "CHOICE" and not all(re.search(rf"\b{re.escape(c)}\b", text)
+                                                                    for c in choices):
+        text += f" One of: {', '.join(choices)}."  # the metavar does not name them
     help_text = markup_escape(text + (f" (default: {shown})" if shown else ""))  # rich help reads [..] as markup
     flag = opt.flag or flag_name(f.name)
     if tp is bool:
@@ -139,7 +181,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}
     wrapped.__doc__ = help
-    app.command(name, epilog=epilog)(wrapped)
+    app.command(name, epilog=epilog, cls=GeneratedCommand)(wrapped)
 
 
 def _flag_value(value: Any, opt: Opt) -> Any:

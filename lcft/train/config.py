@@ -70,7 +70,7 @@ class CheckpointOptions:
     """Where the run lives, when it writes checkpoints, how many it keeps, and where it continues from."""
 
     out: str = ""
-    """Run folder: config.toml, metrics.jsonl, checkpoints/step-NNNNNNNN/."""
+    """Run folder: config.toml, metrics.jsonl, the checkpoints (in checkpoints/, a step-NNNNNNNN folder each)."""
     stop_after: int | None = None
     """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later."""
     save_every: int = 50
@@ -97,8 +97,8 @@ class ModelOverrides:
     rope_theta: float | None = None
     """Override the model's RoPE base period (e.g. to extend --init's context); default: the model's own."""
     rope_scaling: str | None = None
-    """Override the model's RoPE scaling: TYPE:FACTOR[:ORIGINAL_LENGTH] (types linear, dynamic, yarn, llama3;
-    e.g. yarn:8:65536), 'none', or an HF JSON object; default: the model's own."""
+    """Override the model's RoPE scaling: TYPE:FACTOR[:LENGTH] (types linear, dynamic, yarn, llama3; LENGTH the
+    original context; e.g. yarn:8:65536), 'none', or an HF JSON object; default: the model's own."""
     attention: AttentionBackend | None = None
     """Attention backend: dense or sparse (block top-k); default: the model's own, dense for a preset."""
     block_size: int | None = None
@@ -197,7 +197,7 @@ class TrainParallelConfig(CpConfig):
     """How ranks hold the weights: 'none' = every rank holds the whole model and its AdamW state (DDP; fastest
     while it fits, checkpoints as plain safetensors); 'fsdp' = FSDP2 shards parameters, gradients and optimizer
     state over every rank of the dp x cp layout (per-rank model state / world size; checkpoints written
-    shard by shard through torch.distributed.checkpoint). One process holds the whole model: a warning says so."""
+    shard by shard through torch's distributed checkpoint, DCP). One process holds the whole model: a warning says so."""
     offload_params: bool = False
     """With --shard fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2's
     CPU offload; the optimizer step runs on the CPU). Nothing to move on a CPU-only run."""

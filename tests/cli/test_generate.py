@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -87,7 +88,7 @@ def test_help_shows_docstrings_and_defaults_as_typed():
     r = runner.invoke(_app([]), ["go", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
     for text in ("Tokens per piece. (default: 4K)", "Names, comma separated. (default: a,b)", "--path", "-p",
-                 "Paths. Repeat the option.", "x|y", "SIZE", "(default: on)", "--no-flag", "An option of a shared"):
+                 "Paths. Repeat the option.", "x|y", "SIZE", "(default: on)", "--[no-]flag", "An option of a shared"):
         assert text in r.output, text
     assert r.output.index("--length") < r.output.index("--shared")  # own options before the shared group
 
@@ -102,7 +103,8 @@ def test_every_config_field_has_its_flag(cmd, cls, renamed):
     r = runner.invoke(lcft_app, [*cmd, "--help"], env={"COLUMNS": "250"})
     assert r.exit_code == 0, r.output
     for f in dataclasses.fields(cls):
-        assert renamed.get(f.name, "--" + f.name.replace("_", "-")) in r.output, f.name
+        flag = renamed.get(f.name, "--" + f.name.replace("_", "-"))
+        assert (flag if f.type not in (bool, "bool") else "--[no-]" + flag[2:]) in r.output, f.name
 
 
 def test_size_defaults_are_shown_as_sizes():
@@ -120,3 +122,56 @@ def test_help_keeps_square_brackets(argv, shown):
     revision were missing from --help."""
     out = " ".join(runner.invoke(lcft_app, argv, env={"COLUMNS": "400"}).output.split())
     assert all(s in out for s in shown), out
+
+
+def _commands(cmd, path: tuple[str, ...] = ()):
+    """Every command of the CLI below `cmd`, with the words that name it."""
+    subs = getattr(cmd, "commands", None)
+    if not subs:
+        yield path, cmd
+    for name, sub in (subs or {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def _shown_names(param) -> list[str]:
+    """The names --help shows for an option: a flag --x with --no-x as --[no-]x, any other name as it is."""
+    return ["--[no-]" + n[2:] if "--no-" + n[2:] in param.secondary_opts else n for n in param.opts] + [
+        n for n in param.secondary_opts if n.removeprefix("--no-") not in {o[2:] for o in param.opts}]
+
+
+def test_every_option_name_is_whole_in_help_at_80_columns():
+    """At 80 columns typer gave --x and --no-x a column each and long a|b|c metavars a third: the names were cut
+    ('--offload-activa…', '--no-offload-ac…'), metavars split over lines, and eval's help text got 17 columns."""
+    commands = list(_commands(typer.main.get_command(lcft_app)))
+    assert len(commands) >= 9  # train, plan, eval, export, demo, prepare windows/verify/inspect/fetch/cache
+    for path, cmd in commands:
+        out = runner.invoke(lcft_app, [*path, "--help"], env={"COLUMNS": "80"}).output
+        assert "…" not in out and max(map(len, out.splitlines())) <= 80, (path, out)
+        for p in cmd.params:
+            if getattr(p, "hidden", False) or not hasattr(p, "secondary_opts"):
+                continue
+            for word in [*_shown_names(p), *([p.metavar] if p.metavar else [])]:
+                assert re.search(rf"(?<![\w\[\]|-]){re.escape(word)}(?![\w\[\]|-])", out), (path, word, out)
+        for line in out.splitlines():
+            if "--config " in line:  # the help text of every row starts in this column
+                assert 80 - line.index("TOML file") - 2 >= 24, (path, line)
+
+
+@dataclass
+class _Choices:
+    layout: Literal["zigzag", "contiguous"] = "zigzag"
+    """How tokens are split."""
+    kv: Literal["all", "selected", "stream"] = "all"
+    """K/V exchange: 'all', 'selected' or 'stream'."""
+
+
+def test_a_long_choice_list_is_named_in_the_help_text_once():
+    """A choice list wider than the metavar column shows CHOICE; the help names the choices where its text does
+    not already."""
+    app = typer.Typer()
+    command_from_config(app, "go", _Choices, lambda cfg: None, help="Go.")
+    app.command("other")(lambda: None)
+    out = " ".join(runner.invoke(app, ["go", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert out.count("CHOICE") == 2 and "zigzag|contiguous" not in out, out
+    assert "How tokens are split. One of: zigzag, contiguous. (default: zigzag)" in out, out
+    assert "'all', 'selected' or 'stream'. (default: all)" in out and out.count("One of:") == 1, out

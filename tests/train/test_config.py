@@ -4,6 +4,7 @@ and the CLI (`lcft train --config run.toml --flag ...`) resolving the same way."
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -20,7 +21,7 @@ def test_every_field_documented_and_has_a_flag():
     assert result.exit_code == 0
     for f in dataclasses.fields(TrainConfig):
         assert doc(TrainConfig, f.name)
-        assert "--" + f.name.replace("_", "-") in result.output, f.name
+        assert re.search(rf"--(\[no-\])?{f.name.replace('_', '-')}\b", result.output), f.name  # a flag: --[no-]x
 
 
 def test_precedence_and_unknown_keys(tmp_path):
@@ -71,7 +72,6 @@ def test_cli_config_file_and_flags(tmp_path, base_cfg):
 
 def test_every_option_is_in_exactly_one_help_section():
     """`lcft train --help` lists the options in one panel per section; each option in the panel of its section."""
-    import re
 
     from lcft.train.config import SECTIONS
 
@@ -84,7 +84,7 @@ def test_every_option_is_in_exactly_one_help_section():
         start = panels[section]
         end = min([p for p in panels.values() if p > start], default=len(text))
         for n in names:
-            assert re.search(rf"--{n.replace('_', '-')}\b", text[start:end]), (section, n)
+            assert re.search(rf"--(\[no-\])?{n.replace('_', '-')}\b", text[start:end]), (section, n)
 
 
 def test_each_section_is_built_once_with_the_flat_values():
