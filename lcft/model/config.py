@@ -197,7 +197,7 @@ class LlamaConfig:
         if kind == "dynamic" and self.head_dim <= 2:
             raise LcftError(f"head_dim {self.head_dim} must be above 2 for dynamic RoPE scaling (its base is raised "
                             "to head_dim / (head_dim - 2))")
-        from lcft.model.rope import check_frequencies  # lcft.model.rope imports this module (and torch)
+        from lcft.model.rope import check_frequencies  # (here: it needs torch, the checks above do not)
 
         check_frequencies(self)
 

@@ -8,13 +8,15 @@ context-parallel shards with non-contiguous global positions cost O(L · head_di
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from lcft.errors import LcftError
-from lcft.model.config import LlamaConfig
+
+if TYPE_CHECKING:  # (lcft.model.config runs check_frequencies as it validates a config)
+    from lcft.model.config import LlamaConfig
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
