@@ -13,6 +13,7 @@ from lcft.checkpoint.layout import (
     RUN_CONFIG,
     SUPERSEDED,
     check_output_folder,
+    checkpoints_dir,
     latest_checkpoint,
     resolve_resume,
 )
@@ -46,7 +47,9 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
     refuse_not_own(run / SUPERSEDED, "train", folder=True)
     saved = run / RUN_CONFIG
     if cfg.resume:
-        return resolve_resume(cfg.resume, run, say=say)
+        ckpt = resolve_resume(cfg.resume, run, say=say)
+        check_steps_ahead(cfg.steps, ckpt, run)
+        return ckpt
     if (ckpt := latest_checkpoint(run)) is None:
         return None
     changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
@@ -55,6 +58,19 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
                         "pass --resume auto to continue it with these options, or choose another --out")
     raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
                     "continue that run, or choose another --out")
+
+
+def check_steps_ahead(steps: int, ckpt: Path, run: Path) -> None:
+    """A resume trains the steps after its checkpoint's: refused when --steps is below that step, or at it into
+    another run folder (which would end with no checkpoint of its own). The run's own latest step again is a
+    finished run started once more: nothing to train, and it ends as done."""
+    # imported here: it imports torch, which a resume loads anyway and the checks without one never need
+    from lcft.checkpoint.state import checkpoint_step
+
+    step = checkpoint_step(ckpt)
+    own = ckpt.parent.resolve() == checkpoints_dir(run).resolve()
+    if steps < step or (steps == step and not own):
+        raise LcftError(f"--steps {steps} is not past the checkpoint's step {step} ({ckpt}); raise --steps")
 
 
 def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None]) -> TrainConfig:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lcft.checkpoint.layout import STATE_DIR
+from lcft.checkpoint.layout import STATE_DIR, list_checkpoints
 from lcft.checkpoint.save import write_checksums
 from lcft.checkpoint.state import TrainerState
 from lcft.config_toml import load_toml
@@ -211,3 +211,28 @@ def test_the_changed_data_line_shows_saved_values_escaped():
     assert line.isprintable(), line
     assert line == ("data contents: length '\\x1b[2J\\x1b[H\\x1b[32mall checks passed\\nerror: fake second line' -> 16, "
                     "'\\x1b]0;owned\\x07train.bin' sha256 '\\x1b[31maaaaaaa' -> none, train.bin sha256 none -> bbbbbbbbbbbb")
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None for a folder): what a refused start must leave as it was."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+def test_steps_not_past_the_resumed_checkpoint_are_refused_before_anything_is_written(tmp_path, base_cfg):
+    """--resume of a step-2 checkpoint with --steps 1 (or --steps 2 into another folder) has no step to train: one
+    line naming --steps and the checkpoint's step, and nothing written (it ended 'done at step 2/1', a new folder
+    left with no checkpoint). The finished run started again with its own --steps still ends as done."""
+    run = tmp_path / "run"
+    cfg = {**base_cfg, "steps": 2, "save_every": 2}
+    first = train(TrainConfig(out=str(run), **cfg))
+    ckpt = run / "checkpoints" / "step-00000002"
+    before = _tree(run)
+    for out, resume, steps in ((tmp_path / "new", str(run), 1), (tmp_path / "new", str(run), 2), (run, "auto", 1)):
+        with pytest.raises(LcftError) as e:
+            train(TrainConfig(out=str(out), resume=resume, **{**cfg, "steps": steps}))
+        assert str(e.value) == f"--steps {steps} is not past the checkpoint's step 2 ({ckpt}); raise --steps"
+        assert not (tmp_path / "new").exists() and _tree(run) == before
+
+    again = train(TrainConfig(out=str(run), resume="auto", **cfg))
+    assert (again["step"], again["stopped"], again["checkpoint"]) == (2, "done", str(ckpt))
+    assert again["loss"] == first["loss"] and [s for s, _ in list_checkpoints(run)] == [2]
