@@ -20,6 +20,9 @@ T = TypeVar("T")
 
 
 INT_LIMIT = 1 << 63  # every integer option: what a 64-bit signed integer holds
+# The tables of lcft's commands in a `--config` TOML: a command reads its own and passes over the others', so one
+# file can configure several commands (a top-level key no command knows is still an error).
+CONFIG_TABLES = ("train", "eval", "prepare", "demo", "plan")
 
 
 def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -131,12 +134,11 @@ def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> 
 
 
 def load_layer(path: str | os.PathLike, table: str | None = None) -> dict[str, Any]:
-    """A `--config` TOML as one flat layer: its top-level keys, plus those under a [table] named after the
-    command (e.g. [prepare]), which win."""
+    """A `--config` TOML as one flat layer: its top-level keys, plus those under the [table] named after the
+    command (e.g. [prepare]), which win; the other commands' tables (CONFIG_TABLES) are passed over."""
     data = load_toml(path)
-    if table and isinstance(data.get(table), dict):
-        inner = data.pop(table)
-        data.update(inner)
+    tables = {k: data.pop(k) for k in {*CONFIG_TABLES, table} if k and isinstance(data.get(k), dict)}
+    data.update(tables.get(table, {}))
     return data
 
 

@@ -158,3 +158,24 @@ def test_a_leading_tilde_is_the_home_folder_in_a_toml_and_after_an_equals_sign(t
                        cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (home / "w" / "manifest.json").is_file() and not (work / "~").exists()
+
+
+COMMAND_TABLES = {("train",): "train", ("eval",): "eval", ("prepare", "windows"): "prepare", ("demo",): "demo",
+                  ("plan",): "plan"}
+
+
+@pytest.mark.parametrize("command", list(COMMAND_TABLES))
+def test_one_config_file_holds_a_table_for_each_command(command, tmp_path):
+    """A `--config` TOML with a [table] for every command: each command reads its own (the unknown key named is
+    the one in its table) and passes over the others' (they were refused as unknown keys 'train', 'eval', ...); a
+    top-level key no command knows is still refused, with the closest name."""
+    toml = tmp_path / "all.toml"
+    toml.write_text("".join(f"[{t}]\nout = \"o\"\nonly_in_{t} = 1\n" for t in COMMAND_TABLES.values()))
+    own = COMMAND_TABLES[command]
+    assert cli_fails([*command, "--config", str(toml)]) == f"error: unknown {own} config key 'only_in_{own}'"
+    toml.write_text("outt = \"o\"\n" + "".join(f"[{t}]\nout = \"o\"\n" for t in COMMAND_TABLES.values()))
+    said = cli_fails([*command, "--config", str(toml)])
+    assert said == f"error: unknown {own} config key 'outt' (did you mean 'out'?)"
+    from lcft.config_build import CONFIG_TABLES
+
+    assert sorted(CONFIG_TABLES) == sorted(COMMAND_TABLES.values())  # every command's table, and no other
