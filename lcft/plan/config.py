@@ -17,14 +17,22 @@ PlanDevice = Literal["cuda", "cpu"]  # what a plan is made for (the runtime term
 # A number, then K/M/G/T alone or with iB (powers of 1024) or with B (powers of 1000); or a number of bytes (with
 # B or without). Nothing else: a lowercase b (bits), an iB without a multiple, is refused.
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kKmMgGtT])(iB|B)?|B?)\s*$")
+# A multiple with its B or iB in another case ('80gb', '80GIB'): refused, naming the two sizes it may mean.
+_OTHER_CASE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt])(i?b)\s*$", re.IGNORECASE)
+MIN_MEMORY = 1 << 30  # 1 GiB: no GPU or node is smaller; a size under it is a multiple left out ('80' is 80 bytes)
 MAX_MEMORY = 1 << 60  # 1 EiB, of one GPU or one node: far above any machine, and a float holds every figure below it
 
 
 def parse_bytes(text: str, name: str = "gpu_memory") -> int:
     """'80GiB' / '80G' -> 80 x 2^30, '80GB' -> 80 x 10^9, '512MiB' -> 512 x 2^20, '4096' -> 4096 bytes (`name`:
-    the option, for errors). Exact: whole bytes, at least 1, at most MAX_MEMORY."""
+    the option, for errors). Exact: whole bytes, at least MIN_MEMORY, at most MAX_MEMORY."""
     m = _BYTES.match(str(text))
     if not m:
+        if other := _OTHER_CASE.match(str(text)):  # B is bytes, b bits; iB is binary: the two sizes it may mean
+            number, power = other.group(1), " KMGT".index(other.group(2).upper())
+            raise ConfigError(f"{name}: not a memory size: {text!r}; write {number}{other.group(2).upper()}B for "
+                              f"{number} x 10^{3 * power} bytes or {number}{other.group(2).upper()}iB for "
+                              f"{number} x 2^{10 * power} bytes")
         raise ConfigError(f"{name}: not a memory size: {text!r} (use e.g. 80GiB, 141GB, 24G, or a number of bytes)")
     unit = (m.group(2) or "").upper()
     base = 1000 if m.group(3) == "B" else 1024
@@ -32,8 +40,13 @@ def parse_bytes(text: str, name: str = "gpu_memory") -> int:
         out = int(Fraction(m.group(1)) * base ** " KMGT".index(unit or " "))
     except ValueError:  # more digits than Python converts
         raise ConfigError(f"{name}: not a memory size: {text!r} (too many digits)") from None
-    if out < 1:
-        raise ConfigError(f"{name} must be at least 1 byte, got {text!r}")
+    if out < MIN_MEMORY:
+        number = m.group(1)
+        if not unit and Fraction(number) >= 1:  # a bare number is bytes: most likely a multiple left out
+            raise ConfigError(f"{name}: {str(text).strip()!r} is {number} bytes, under 1 GiB: did you mean {number}GiB or "
+                              f"{number}GB?")
+        raise ConfigError(f"{name}: {str(text).strip()!r} is under 1 GiB, less than any GPU or node has (e.g. 80GiB, "
+                          "141GB, 24G)")
     if out > MAX_MEMORY:
         raise ConfigError(f"{name} {text!r} is above lcft's limit of 1 EiB (2^60 bytes)")
     return out
@@ -47,7 +60,7 @@ class PlanConfig(TrainConfig):
 
     gpu_memory: str = "80GiB"
     """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes (K, M, G, T; a bare number
-    is bytes)."""
+    is bytes; at least 1 GiB)."""
     gpus_per_node: int | None = None
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
     host_memory: str | None = None

@@ -14,9 +14,7 @@ from typer.testing import CliRunner
 
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.cli.app import app
-from lcft.config import ConfigError
 from lcft.model import Llama, LlamaConfig, preset
-from lcft.plan.config import parse_bytes
 from lcft.plan.estimate import GIB, HOST_PROCESS, Layout, activation_bytes, estimate, with_changes
 from lcft.plan.plan import Budget, fitting_changes, pick
 from lcft.plan.shape import Shape
@@ -307,34 +305,6 @@ def test_data_whose_manifest_is_not_as_prepared_is_one_line(tmp_path: Path, mani
         (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     r = runner.invoke(app, ["plan", "--preset", "tiny", "--data", str(tmp_path)])
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and str(tmp_path) in r.output, r.output
-
-
-def test_parse_bytes() -> None:
-    assert parse_bytes("80GiB") == parse_bytes("80G") == parse_bytes("80g") == parse_bytes(" 80 GiB ") == 80 << 30
-    assert parse_bytes("141GB") == 141 * 10**9
-    assert parse_bytes("512MiB") == 512 << 20
-    assert parse_bytes("1.5KiB") == 1536 and parse_bytes("4096") == parse_bytes("4096B") == 4096  # bare: bytes
-    assert parse_bytes("1024TiB") == 1 << 50 and parse_bytes(str(1 << 60)) == 1 << 60
-
-
-@pytest.mark.parametrize("text,needle", [
-    ("80iB", "not a memory size"), ("80i", "not a memory size"),  # a binary mark without a multiple
-    ("80Gb", "not a memory size"), ("80gib", "not a memory size"),  # b is bits
-    ("80GIB", "not a memory size"), ("80GiBB", "not a memory size"), ("80 G B", "not a memory size"),
-    ("0.5", "at least 1 byte"), ("0", "at least 1 byte"), ("0.0001K", "at least 1 byte"),  # rounds to 0 bytes
-    ("9" * 400 + "G", "limit of 1 EiB"), ("9" * 400 + ".5", "limit of 1 EiB"), (str((1 << 60) + 1), "limit of 1 EiB"),
-    ("9" * 5000, "too many digits"),
-])
-def test_parse_bytes_refuses_what_the_help_does_not_name(text, needle) -> None:
-    with pytest.raises(ConfigError, match=needle) as e:
-        parse_bytes(text, "host_memory")
-    assert str(e.value).startswith("host_memory") and "\n" not in str(e.value)
-
-
-@pytest.mark.parametrize("option,value", [("--gpu-memory", "9" * 400 + "G"), ("--host-memory", "9" * 400),
-                                          ("--gpu-memory", "0.5"), ("--gpu-memory", "80Gb")])
-def test_cli_memory_sizes_are_one_line(option, value) -> None:
-    cli_fails(["plan", "--preset", "tiny", "--seq-len", "4K", option, value], option.removeprefix("--").replace("-", "_"))
 
 
 @pytest.mark.parametrize("args,needle", [
