@@ -106,6 +106,15 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def expect_folder(path: str | os.PathLike, option: str = "") -> None:
+    """`path` (given as `option`) is a folder or not there yet: a file there or above it is one line naming it."""
+    for p in (Path(path), *Path(path).parents):  # (mkdir said only 'File exists' or 'Not a directory')
+        with contextlib.suppress(OSError):  # not there, or not ours to look at: the command's own open says so
+            if not stat.S_ISDIR(p.stat().st_mode):
+                raise LcftError(f"{option} {path}{'' if p == Path(path) else f': {p}'} is a file, not a folder".lstrip())
+            return
+
+
 def is_plain_name(name: Any) -> bool:
     """Whether `name` names a file directly inside a folder (never `../x`, `/etc/x`, `a/b` or `.`): every
     file a manifest, an index or a checkpoint's metadata names is opened under its own folder."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import fresh_file
+from lcft.files import expect_folder, fresh_file
 
 LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
 HELD_LOCK_ENV = "LCFT_HELD_LOCK"  # "PID FOLDER": a launcher holds FOLDER's lock for the workers it started
@@ -88,6 +88,7 @@ def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLik
         except OSError as e:
             if e.errno == errno.ENAMETOOLONG:  # said as such by the command (lcft.cli.common.user_errors)
                 raise
+            expect_folder(shown, "--out")  # a file where it goes, or above it: said so, not as 'File exists'
             raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -115,8 +116,7 @@ def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLik
 def refuse_nonempty_output(out: Path, force: bool, leftovers: tuple[str, ...] = ()) -> None:
     """An output folder must be a folder, new or empty unless `force`: a lock file and the `leftovers` (names
     of a killed writer's work files, which the next writer removes) do not count."""
-    if out.exists() and not out.is_dir():
-        raise LcftError(f"--out {out} is a file, not a folder")
+    expect_folder(out, "--out")
     ignored = {LOCK_NAME, *leftovers}
     if out.is_dir() and any(f.name not in ignored for f in out.iterdir()) and not force:
         raise LcftError(f"{out} already exists and is not empty (use --force to overwrite)")

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
 from lcft.errors import LcftError, reason, shown
-from lcft.files import atomic_write, read_json, replacing
+from lcft.files import atomic_write, expect_folder, read_json, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, check_weights, load_weights, shards, stale_weight_files
@@ -55,8 +55,7 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)  # just wrote, so only a failing filesystem keeps it
             raise
         return
-    if not directory.is_dir():
-        raise LcftError(f"{directory} exists and is not a folder")
+    expect_folder(directory)
     refuse_non_files(directory, set(files))
     (directory / MODEL_CONFIG).unlink(missing_ok=True)
     for name in order:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.errors import LcftError
-from lcft.files import read_json
+from lcft.files import expect_folder, read_json
 from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
@@ -261,11 +261,13 @@ def folder_kind(path: Path) -> str | None:
 def check_output_folder(out: str | os.PathLike, writes: str, allowed: tuple[str, ...] = (),
                         **inputs: str | os.PathLike) -> None:
     """`out` may take what a command `writes` ('the windows', 'the run', ...): a new folder or one of the
-    `allowed` kinds, neither one of the command's `inputs` (option name -> path) nor the folder of an input file.
+    `allowed` kinds (a file there or above it refused: `expect_folder`), neither one of the command's `inputs`
+    (option name -> path) nor the folder of an input file.
     Anything else mixes outputs into a folder lcft reads back as another thing (a model folder with a run in it
     resolves to the model, not the run's latest checkpoint; a windows folder with a run in it is still --data).
     Writes nothing."""
-    out = Path(out)  # (an --out that is a file is each command's own check)
+    out = Path(out)
+    expect_folder(out, "--out")
     for option, given in inputs.items():
         folder = Path(given).parent if Path(given).is_file() else Path(given)
         if out.resolve() == folder.resolve():

@@ -19,22 +19,14 @@ def check_inputs(cfg: EvalConfig, world: int) -> None:
     context-parallel groups, --data holds a prepared manifest, every --checkpoint is found, --out may take the
     report."""
     check_world(world, cfg.cp)
-    read_manifest(data_folder(cfg))  # (open_split checks its files against it)
+    read_manifest(cfg.data)  # as every command reads --data (open_split checks its files against it)
     check_checkpoints(cfg)
-
-
-def data_folder(cfg: EvalConfig) -> Path:
-    """--data, which must be a folder."""
-    data = Path(cfg.data)
-    if not data.is_dir():
-        raise LcftError(f"data folder not found: {data}")
-    return data
 
 
 def open_split(cfg: EvalConfig) -> WindowSet:
     """The split's WindowSet, limited to --max-windows, its files checked against the manifest first (unless
     --no-verify-data); an empty split is an error."""
-    data = data_folder(cfg)
+    data = Path(cfg.data)
     if cfg.verify_data:
         verify_windows(data, (cfg.split,))  # names the corrupt file; a flipped byte is not evaluated silently
     ws = open_windows(data, cfg.split)

@@ -16,7 +16,7 @@ from lcft.config_toml import paths_absolute, save_resolved, to_dict
 from lcft.console import make_console, text_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError
-from lcft.files import atomic_write
+from lcft.files import atomic_write, expect_folder
 from lcft.folder_lock import folder_lock
 from lcft.foreign_entries import refuse_foreign
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
@@ -100,8 +100,7 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
     length, stride = cfg.length, cfg.length if cfg.stride is None else cfg.stride
     con = _console() if progress else None
     out = Path(cfg.out)  # type: ignore[arg-type]
-    if out.exists() and not out.is_dir():
-        raise LcftError(f"output {out} exists and is not a folder")
+    expect_folder(out, "--out")
     tok = prepare_tokenizer(cfg.tokenizer)
     with FastaFile(cfg.fasta) as fasta:  # type: ignore[arg-type]
         chosen = {"train": list(cfg.train), "eval": list(cfg.eval)}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError, shown
-from lcft.files import atomic_open, fresh_file, is_plain_name, read_json
+from lcft.files import atomic_open, expect_folder, fresh_file, is_plain_name, read_json
 from lcft.foreign_entries import open_own
 from lcft.hashing import file_hash
 from lcft.vocab import spec_problem
@@ -227,6 +227,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     """The manifest of a prepared folder; a one-line error when it is missing or unreadable."""
     if Path(out_dir).name == MANIFEST and Path(out_dir).is_file():  # the manifest named, not its folder
         raise LcftError(f"{out_dir} is a windows folder's manifest: give the folder {Path(out_dir).parent}")
+    expect_folder(out_dir)
     p = Path(out_dir) / MANIFEST
     if not p.is_file():
         raise LcftError(f"{p.parent} is not a prepared windows folder (no {MANIFEST}; run `lcft prepare windows`)")

@@ -22,7 +22,7 @@ from lcft.config import ConfigError, Size, check_seed, format_size
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, reason
-from lcft.files import atomic_write, read_json
+from lcft.files import atomic_write, expect_folder, read_json
 from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
 from lcft.units import counted
@@ -224,8 +224,7 @@ class DemoPaths:
 def open_out(out: Path) -> None:
     """The demo's --out: a new folder, or one an earlier demo made (its demo.toml there, written first); a file,
     or a folder holding anything else, is refused (nothing of the user's is written over)."""
-    if out.exists() and not out.is_dir():
-        raise LcftError(f"--out {out} is a file, not a folder")
+    expect_folder(out, "--out")
     if out.is_dir() and not (out / "demo.toml").is_file() and any(out.iterdir()):
         raise LcftError(f"--out {out} holds files but no demo.toml (not an earlier demo's folder); choose "
                         "another --out")

@@ -68,9 +68,10 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
                                           "lcft": __version__})
     train = ["train", "--data", str(data), "--out", str(out)]
     return [
-        (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out)], f"data folder not found: {missing}"),
+        (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out)],
+         f"{missing} is not a prepared windows folder"),
         (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out), "--nproc", "2"],
-         "data folder not found"),
+         "is not a prepared windows folder"),
         (["eval", "--data", str(tmp), "-c", str(model), "--out", str(out)], "no manifest.json"),
         (["eval", "--data", str(data), "-c", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
         (["eval", "--data", str(data), "-c", str(model), "--out", str(model / "report")],

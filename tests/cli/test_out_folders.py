@@ -1,6 +1,6 @@
 """Every --out is refused, in one line and before anything is written, when it is a folder lcft reads back as
 something else (the --data windows, a run, a checkpoint, a model folder) or the folder holding --fasta, or when
-a name is too long for the file system."""
+a name is too long for the file system; a file given where a folder belongs is the same line from every command."""
 
 from __future__ import annotations
 
@@ -63,6 +63,42 @@ def test_out_of_another_kind_is_one_line_and_writes_nothing(case, data_dir, tmp_
     cli_fails(args, needle, "choose another --out")
     assert {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))} == before
 
+
+@pytest.mark.parametrize("case", ["train-out", "eval-out", "export-out", "prepare-out", "demo-out", "train-data",
+                                  "eval-data", "plan-data", "eval-manifest"])
+@pytest.mark.parametrize("under", [False, True])
+def test_a_file_where_a_folder_belongs_is_the_same_line_in_every_command(case, under, data_dir, tmp_path):  # noqa: F811
+    """--out or --data naming a file, or a path under one: one line naming it, from each command alike, the file
+    as it was. eval and train said only the OS's 'File exists' or 'Not a directory' for --out, eval 'data folder not
+    found' for a --data that is there, as a file; --data naming the manifest is told to give its folder."""
+    model = save_model(tmp_path / "model", seed=1)
+    (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    given = notes / "sub" if under else notes
+    data, out = str(data_dir), str(tmp_path / "out")
+    if case == "eval-manifest":
+        given = data_dir / "manifest.json" / "sub" if under else data_dir / "manifest.json"
+    option, args = case.split("-")[1], {
+        "train": ["train", "--data", data, "--out", out, "--steps", "1"],
+        "eval": ["eval", "--data", data, "-c", str(model), "--out", out],
+        "export": ["export", str(model), "--out", out],
+        "prepare": ["prepare", "windows", "--fasta", str(tmp_path / "g.fa"), "--out", out, "--length", "64",
+                    "--train", "chrA", "--eval", ""],
+        "demo": ["demo", "--out", out],
+        "plan": ["plan", "--preset", "tiny", "--data", data],
+    }[case.split("-")[0]]
+    option = "--out" if option == "out" else "--data"
+    args[args.index(option) + 1] = str(given)
+    before = {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))}
+    said = cli_fails(args)
+    file = given.parent if under else given
+    if case == "eval-manifest" and not under:
+        assert said == f"error: {given} is a windows folder's manifest: give the folder {data_dir}"
+    else:
+        named = f"--out {given}" if option == "--out" else str(given)
+        assert said == f"error: {named}{f': {file}' if under else ''} is a file, not a folder"
+    assert {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))} == before
 
 
 @pytest.mark.parametrize("command", ["export", "eval", "prepare", "prepare-fasta"])
