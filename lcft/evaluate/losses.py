@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from lcft.genomics.dataset import sample_dtypes
 from lcft.genomics.tokenizer import A, T
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
 def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int = 0,
                  precision: str = "fp32", parallel: EvalParallel | None = None,
                  counted_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss of whole windows `ids` `(B, L)`, aligned to the predicted token's position.
+    """Per-token loss of whole windows `ids` `(B, L)` (any integer dtype: the windows' narrow ids are widened
+    here, on their device), aligned to the predicted token's position.
 
     Returns `loss (B, L)` fp32 and `counted (B, L)` bool: entry p is the loss of predicting token p from the
     tokens before it (p = 0 and N/<unk> targets are not counted, their loss is 0). With `max_context` C > 0
@@ -58,6 +60,7 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
     from lcft.kernels import per_token_loss
 
     b, length = ids.shape
+    ids = ids.long()  # the labels need a signed type, and a uint8 index would read as a mask; a no-op on int64
     labels = window_labels(ids, counted_ids)  # (B, L)
     per_label = torch.zeros(b, length, dtype=torch.float32, device=ids.device)  # (B, L), index t predicts t+1
     device = ids.device
@@ -85,6 +88,14 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, *, max_context: int 
     counted = torch.zeros_like(labels, dtype=torch.bool)  # (B, L)
     counted[:, 1:] = labels[:, :-1] != IGNORE
     return loss, counted
+
+
+def host_batch(windows: list[np.ndarray]) -> torch.Tensor:
+    """Windows `(L,)` each stacked as one batch `(B, L)` in the narrow dtype of their ids that training's samples
+    use (`sample_dtypes`: uint8 for char), not int64: a 1M-token window is 1 MiB on the host, not 8, and
+    `token_losses` widens it on the device."""
+    stacked = np.stack(windows)  # (B, L)
+    return torch.from_numpy(stacked.astype(sample_dtypes(stacked.dtype)[0], copy=False))
 
 
 def batches(n: int, size: int, start: int = 0) -> Iterator[list[int]]:
@@ -124,7 +135,7 @@ def window_losses(model: torch.nn.Module, n: int, window: Callable[[int], np.nda
     for batch in todo:
         loss = counted = None
         if batch:  # a rank with no batch this round still joins the gather below, so the collectives match
-            ids = torch.from_numpy(np.stack([window(i) for i in batch]).astype(np.int64)).to(device)  # (B, L)
+            ids = host_batch([window(i) for i in batch]).to(device)  # (B, L) narrow, widened by token_losses
             loss, counted = token_losses(model, ids, max_context=max_context, precision=cfg.precision,
                                          parallel=parallel, counted_ids=counted_ids)  # (B, L) each
         results = parallel.gather(batch, loss, counted) if parallel else [
