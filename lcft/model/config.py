@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from lcft.errors import LcftError
 from lcft.kernels.spec import AttentionImpl, SparseSpec
+from lcft.shapes import MAX_BATCH
 from lcft.vocab import BOS, EOS, MAX_VOCAB, VOCAB_SIZE
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
@@ -31,6 +32,22 @@ MAX_MLPS = 1 << 14
 POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
 # Reals that may be 0: Mixtral's load-balancing coefficient (0 = the loss is computed but adds nothing).
 NONNEGATIVE_REALS = {"router_aux_loss_coef"}
+# float32, the dtype lcft computes norms, losses and fresh weights in: its largest finite and smallest normal values
+# (torch.finfo(torch.float32).max and .tiny, written out so that this module needs no torch).
+F32_MAX = (2 - 2**-23) * 2**127
+F32_TINY = 2**-126
+# The range of each of those reals that keeps what lcft computes from it finite in float32:
+# rms_norm_eps is added to a float32 mean of squares: below F32_TINY it is lost (0 where subnormals flush to zero),
+#   and a row of zeros (an embedding's zeroed padding row) normalises to 0 x inf = NaN; above F32_MAX it is inf and
+#   every norm outputs 0. transformers computes the same in float32, to the same NaN or zeros.
+# initializer_range is the standard deviation of a fresh model's weights: 1e308 is inf in float32, every weight
+#   then +-inf. transformers' LlamaConfig refuses it above 1 (a config.json lcft writes must load there).
+# router_aux_loss_coef multiplies the load-balancing loss, at most num_local_experts (E x sum_e f_e x p_e with each
+#   f_e <= 1 and the p_e summing to 1), and the tokens of a micro-batch (at most MAX_BATCH sequences of the largest
+#   max_position_embeddings): the product must stay within F32_MAX (at 1e308 every step's loss is inf).
+REAL_RANGES = {"rms_norm_eps": (F32_TINY, F32_MAX), "initializer_range": (0.0, 1.0),
+               "router_aux_loss_coef": (0.0, F32_MAX / (COUNT_LIMITS["num_local_experts"] * MAX_BATCH
+                                                        * COUNT_LIMITS["max_position_embeddings"]))}
 # Token ids config.json records (eos_token_id may be a list of them): each null or a row of the embedding.
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # What each rope_scaling type reads (transformers' _compute_*_parameters), and what each field must be: "positive"
@@ -214,8 +231,8 @@ class LlamaConfig:
 
 def check_counts(values: dict[str, Any]) -> None:
     """Every count of `values` within its COUNT_LIMITS range, every POSITIVE_REALS entry a positive number and every
-    NONNEGATIVE_REALS one a number >= 0, before any tensor is sized or any loss computed from them: one line naming
-    the field and the limit."""
+    NONNEGATIVE_REALS one a number >= 0, each within its REAL_RANGES range, before any tensor is sized or any loss
+    computed from them: one line naming the field and the limit."""
     for name in COUNT_LIMITS.keys() & values.keys():
         if values[name] is not None or name not in ("head_dim", "sliding_window"):  # None: derived / off
             check_count(name, values[name])
@@ -224,6 +241,9 @@ def check_counts(values: dict[str, Any]) -> None:
         if not is_real(v) or v < 0 or (positive and v == 0):
             want = "a positive number" if positive else "a number >= 0"
             raise LcftError(f"model config: {name} must be {want}, got {v!r}")
+        low, high = REAL_RANGES.get(name, (v, v))  # rope_theta: bounded by the frequencies it gives (rope.py)
+        if not low <= v <= high:
+            raise LcftError(f"model config: {name}={v!r} is outside {low:g}..{high:g} (lcft's limit for {name})")
 
 
 def check_token_ids(vocab_size: int, ids: dict[str, Any]) -> None:

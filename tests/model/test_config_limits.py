@@ -1,6 +1,7 @@
 """Counts a config.json declares are bounded before anything is sized from them: each bomb (head_dim 10^9,
 10^5 layers, 10^6 experts, a 2^40 vocabulary, 64 layers x 1024 experts, ...) and each bad dimension (zero, negative, a string,
-num_key_value_heads 0) is one line naming the field and the limit, from loading and from `lcft plan --init`."""
+num_key_value_heads 0) is one line naming the field and the limit, from loading and from `lcft plan --init`. The
+reals' ranges are where float32 arithmetic (lcft's and transformers') stops giving finite, non-zero results."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
-from lcft.model.config import COUNT_LIMITS, MAX_MLPS
+from lcft.model.config import COUNT_LIMITS, MAX_MLPS, REAL_RANGES
+from lcft.model.layers import RMSNorm
+from lcft.model.moe import load_balancing_loss
+from lcft.shapes import MAX_BATCH
 
 runner = CliRunner()
 BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 64,
@@ -81,3 +86,48 @@ def test_the_limits_admit_the_largest_published_shapes(tmp_path):
     assert moe.num_local_experts == 256
     for layers, experts in ((56, 8), (61, 256)):  # Mixtral 8x22B; DeepSeek-V3's counts: under the MLP limit
         assert config_from_hf({**MIXTRAL, "num_hidden_layers": layers, "num_local_experts": experts}).num_hidden_layers
+
+
+def test_the_router_coefficient_limit_is_where_the_float32_loss_overflows():
+    """At its worst, a router collapsed onto one expert (the loss at its largest, num_local_experts) over the most
+    tokens a micro-batch holds, the limit times the loss times the tokens (lcft.train.step) is finite in float32;
+    twice the limit is inf. transformers' Mixtral loss with a coefficient of 1e308 is inf on any batch."""
+    transformers = pytest.importorskip("transformers")
+    experts = COUNT_LIMITS["num_local_experts"]
+    stats = torch.zeros(2, experts)
+    stats[:, 0] = 7.0  # 7 rows: every probability and every choice on expert 0
+    aux = load_balancing_loss(stats, 7, experts)
+    assert aux.item() == experts
+    tokens = torch.tensor(float(MAX_BATCH * COUNT_LIMITS["max_position_embeddings"]))
+    limit = REAL_RANGES["router_aux_loss_coef"][1]
+    assert torch.isfinite(limit * aux * tokens) and torch.isinf(2 * limit * aux * tokens)
+    cfg = transformers.MixtralConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+                                     output_router_logits=True, router_aux_loss_coef=1e308)
+    ids = torch.arange(8)[None] % 16
+    assert torch.isinf(transformers.MixtralForCausalLM(cfg)(ids, labels=ids).loss)
+
+
+@pytest.mark.parametrize("eps", [1e-300, REAL_RANGES["rms_norm_eps"][0], REAL_RANGES["rms_norm_eps"][1], 1e308])
+def test_the_norm_epsilon_range_is_where_the_norm_stays_finite_and_non_zero(eps):
+    """lcft's RMSNorm and transformers' give the same rows; within the range a row of zeros stays 0 and a row of
+    ones non-zero, below it the zero row is NaN (0 x inf), above it every row is 0."""
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    x = torch.stack([torch.zeros(8), torch.ones(8)])  # (2, 8)
+    ours, theirs = RMSNorm(8, eps)(x).detach(), LlamaRMSNorm(8, eps)(x).detach()
+    assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.nan_to_num(), theirs.nan_to_num())
+    low, high = REAL_RANGES["rms_norm_eps"]
+    inside = low <= eps <= high
+    assert inside == bool(ours[0].isfinite().all() and (ours[1] != 0).all()), ours
+
+
+def test_the_initializer_range_limit_is_transformers_llama_limit():
+    """transformers' LlamaConfig refuses initializer_range above 1 (a config.json lcft writes back would not load);
+    at 1 a fresh model's float32 weights are finite."""
+    transformers = pytest.importorskip("transformers")
+    high = REAL_RANGES["initializer_range"][1]
+    transformers.LlamaConfig(initializer_range=high)
+    with pytest.raises(Exception, match="initializer_range"):  # noqa: B017 (transformers' strict dataclass error)
+        transformers.LlamaConfig(initializer_range=high * 1.5)

@@ -1,7 +1,7 @@
 """Wrong types and values in a model folder's config files are one line naming the field, from loading and from
 `lcft plan --init`, never a traceback: config.json's model_type, a Qwen model's layer_types and
 max_window_layers, every field of rope_scaling / rope_parameters, a rope_theta or factor whose frequencies overflow
-fp32, Mixtral's router_aux_loss_coef, token ids outside the vocabulary, lcft.json's attention block. The RoPE
+fp32, Mixtral's router_aux_loss_coef, reals past what float32 computes with, token ids outside the vocabulary, lcft.json's attention block. The RoPE
 scalings that published models use still load, with transformers' own frequencies."""
 
 from __future__ import annotations
@@ -93,6 +93,12 @@ BAD_CONFIGS = [
     ("router_coef_inf", {**MIXTRAL, "router_aux_loss_coef": float("inf")}, "router_aux_loss_coef must be a number"),
     ("router_coef_negative", {**MIXTRAL, "router_aux_loss_coef": -0.01}, "got -0.01"),
     ("router_coef_null", {**MIXTRAL, "router_aux_loss_coef": None}, "got None"),
+    # finite and of the right sign, but past what float32 computes with (lcft.model.config.REAL_RANGES)
+    ("router_coef_huge", {**MIXTRAL, "router_aux_loss_coef": 1e308}, "router_aux_loss_coef=1e+308 is outside 0..9.0072e+15"),
+    ("init_range_huge", {**BASE, "initializer_range": 1e308}, "initializer_range=1e+308 is outside 0..1"),
+    ("init_range_above_1", {**BASE, "initializer_range": 1.5}, "initializer_range=1.5 is outside 0..1"),
+    ("eps_huge", {**BASE, "rms_norm_eps": 1e308}, "rms_norm_eps=1e+308 is outside 1.17549e-38..3.40282e+38"),
+    ("eps_tiny", {**BASE, "rms_norm_eps": 1e-300}, "rms_norm_eps=1e-300 is outside 1.17549e-38"),
     # positive, but 1 / rope_theta^(2i/head_dim) or its scaling overflows fp32 (transformers' frequencies too)
     ("rope_theta_tiny", {**BASE, "rope_theta": 1e-300}, "rope_theta=1e-300 gives a RoPE frequency of inf"),
     ("rope_theta_huge", {**BASE, "rope_theta": 1e308}, "rope_theta=1e+308 gives a RoPE frequency of 0.0"),
