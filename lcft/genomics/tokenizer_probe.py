@@ -56,6 +56,10 @@ try:
     tk = Tokenizer.from_str(sys.stdin.read())
 except Exception:  # not a pipeline the library reads (a panic is no Exception): the parent's parse says why
     sys.exit({NOT_READ})
+# lcft encodes with neither (JsonTokenizer; an export drops both): a file's padding to 512 tokens is no growth of
+# DNA, and its truncation must not shorten what is measured
+tk.no_padding()
+tk.no_truncation()
 letters = {string.ascii_uppercase!r}
 probes = [(c, c + ' alone') for c in letters]
 probes += [((u * n)[:n - 1] + b, f'{{u!r}} repeated to {{n}} bases then {{b}}') for n in {REPEAT_LENGTHS!r}

@@ -19,6 +19,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from lcft.errors import LcftError
 from lcft.genomics import open_windows, prepare_windows, verify_windows
+from lcft.genomics.hf_tokenizer import save_hf_tokenizer
 from lcft.genomics.model_tokenizer import load_tokenizer
 from tests.conftest import SHARED_GENOMES
 from tests.genomics.conftest import random_genome, write_fasta
@@ -337,3 +338,26 @@ def test_oov_letters_equal_a_count_over_the_kept_windows_fresh_and_resumed(tmp_p
     assert [c["chrom"] for c in state["chroms"]] == ["c1"] and state["oov_letters"]["train"]  # c1's, kept
     resumed = prepare_windows(fasta=str(fasta), out=str(out), **kw)
     assert resumed["splits"]["train"]["oov_letters"] == want
+
+
+def test_a_padding_block_is_not_taken_for_growth(fasta, tmp_path):
+    """A tokenizer.json with a normalizer, saved with padding to 512 tokens, was refused as a tokenizer that gives
+    512 tokens for one base: its probe encoded with the file's padding, which lcft never applies. It prepares the
+    ids the library gives without the padding (with it, the library pads "A" with id 1000, beyond the vocabulary),
+    and its export has no padding for transformers to apply."""
+    units = {"type": "Unigram", "unk_id": 0, "vocab": [[t, 0.0 if t == "<unk>" else -1.0] for t in VOCAB]}
+    padding = {"strategy": {"Fixed": 512}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 1000,
+               "pad_type_id": 0, "pad_token": "<pad>"}
+    folder = _json_tokenizer(tmp_path / "tok", units, padding=padding,
+                             normalizer={"type": "Replace", "pattern": {"String": "X"}, "content": "X"})
+    library = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert library.encode("A").ids == [1] + [1000] * 511
+    prepare_windows(fasta=str(fasta), out=str(tmp_path / "out"), length=L, train=("c1",), eval=(),
+                    tokenizer=str(folder))
+    ws, text = open_windows(tmp_path / "out", "train"), fasta.read_text().split("\n", 1)[1].split(">")[0]
+    library.no_padding()
+    _, start, end = ws.coords(0)
+    assert ws[0].tolist() == library.encode(text.replace("\n", "")[start:end].upper()).ids
+    save_hf_tokenizer(load_tokenizer(str(folder)), tmp_path / "export")
+    exported = Tokenizer.from_file(str(tmp_path / "export" / "tokenizer.json"))
+    assert exported.padding is None and exported.encode("A").ids == [1]
