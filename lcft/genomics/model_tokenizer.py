@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -55,39 +55,45 @@ def _panic_report_held() -> Iterator[None]:
     """Descriptor 2 into a temporary file while a `tokenizers` call runs, written back to stderr after it unless
     the call panicked: Rust's panic hook writes its report (location, backtrace under RUST_BACKTRACE) to descriptor 2
     itself, where `guarded` shows the panic's message in one line. Anything else written meanwhile (another
-    thread's output, a warning) is shown, only later."""
+    thread's output, a warning) is shown, only later; what is written just before the process dies (a crash
+    report, Rust's failed allocation) is lost, so only short calls are held (`guarded`)."""
     with _FD2:
         try:
-            saved = os.dup(2)
-        except OSError:  # no stderr to keep clean
-            yield
-            return
-        held = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, after descriptor 2 is back)
-        panicked = False
-        if sys.stderr is not None:  # what Python holds for stderr goes out first, in order
-            sys.stderr.flush()
-        os.dup2(held.fileno(), 2)
+            held = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, after descriptor 2 is back)
+        except OSError:  # nowhere to hold the report: the call writes to stderr as it is
+            held = None
+        saved, panicked = None, False
         try:
+            if held is not None:
+                with suppress(OSError):  # no stderr to keep clean
+                    saved = os.dup(2)
+            if saved is not None:
+                if sys.stderr is not None:  # what Python holds for stderr goes out first, in order
+                    sys.stderr.flush()
+                os.dup2(held.fileno(), 2)  # inside the try: an interrupt just after it still puts stderr back
             yield
         except BaseException as e:
             panicked = _is_panic(e)
             raise
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            if not panicked:  # back to descriptor 2, where it was written
-                held.seek(0)
-                with open(2, "wb", closefd=False) as err:
-                    err.write(held.read())
-            held.close()
+            if saved is not None:
+                os.dup2(saved, 2)
+                os.close(saved)
+                if not panicked:  # back to descriptor 2, where it was written
+                    held.seek(0)
+                    with open(2, "wb", closefd=False) as err:
+                        err.write(held.read())
+            if held is not None:
+                held.close()
 
 
-def guarded(call: Callable[[], Any], source: str, text: str = "this sequence") -> Any:
+def guarded(call: Callable[[], Any], source: str, text: str = "this sequence", *, hold: bool = True) -> Any:
     """Run a `tokenizers` call; its errors (a bare Exception with the library's message, such as an unknown token
-    its vocabulary lacks) and its Rust panics (the panic's report kept off stderr: `_panic_report_held`) become one
-    line."""
+    its vocabulary lacks) and its Rust panics become one line. With `hold` (a short call where a file meets the
+    library first) a panic's report is kept off stderr (`_panic_report_held`); a long one (encoding bases a
+    tokenizer already passed) writes to stderr as it goes: another thread's progress bar, a crash report."""
     try:
-        with _panic_report_held():
+        with _panic_report_held() if hold else nullcontext():
             return call()
     except BaseException as e:
         if not _is_panic(e) and type(e) is not Exception:
@@ -160,7 +166,9 @@ class JsonTokenizer(SeqTokenizer):
     def encode_chunk(self, upper: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         text = upper.tobytes().decode("latin-1")
         pieces = [text[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
-        encs = guarded(lambda: self.tk.encode_batch(pieces, add_special_tokens=False), self.source)
+        # not held: a chunk takes long while prepare's progress bar writes to stderr, and the file met the library
+        # as it loaded (its regexes and normalizer probed in a child, its bases spelled here, held)
+        encs = guarded(lambda: self.tk.encode_batch(pieces, add_special_tokens=False), self.source, hold=False)
         lens = np.array([len(e.ids) for e in encs], dtype=np.int64)  # (pieces,)
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lens.sum()))
         # fast path: the tokens spell their piece exactly, so bases per token = length of its spelling (reading

@@ -1,6 +1,6 @@
 """A tokenizer.json whose regex backtracks on short tandem repeats ((GA)n and its kind) is refused in one line as it
-is loaded, before prepare writes anything; a Rust panic inside `tokenizers` reaches stderr as lcft's one line only.
-Each pattern is shown to panic or crawl with `tokenizers` itself first."""
+is loaded, before prepare writes anything; a Rust panic inside `tokenizers` reaches stderr as lcft's one line only,
+and only short calls hold stderr for it. Each pattern is shown to panic or crawl with `tokenizers` itself first."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tokenizers import Tokenizer
 
 from lcft.errors import LcftError
 from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
-from lcft.genomics.model_tokenizer import guarded, tokenizer_from_json_text
+from lcft.genomics.model_tokenizer import JsonTokenizer, guarded, tokenizer_from_json_text
 from tests.genomics.conftest import write_fasta
 
 SINGLE = {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5}
@@ -93,3 +94,79 @@ def test_a_panic_is_one_line_and_other_output_still_shows(capfd):
     assert "panicked" not in capfd.readouterr().err
     got = guarded(lambda: (os.write(2, b"a warning\n"), tk.encode("CTGC", add_special_tokens=False))[1], "tok")
     assert len(got.ids) == 4 and capfd.readouterr().err == "a warning\n"
+
+
+class _Watched:
+    """A `tokenizers` Tokenizer whose encode_batch first writes a frame to descriptor 2 and notes what the capture
+    holds by then (as a progress bar's thread would write mid-call)."""
+
+    def __init__(self, tk: Tokenizer, capfd) -> None:
+        self.tk, self.capfd, self.seen = tk, capfd, []
+
+    def encode_batch(self, *args, **kwargs):
+        os.write(2, b"frame\n")
+        self.seen.append(self.capfd.readouterr().err)
+        return self.tk.encode_batch(*args, **kwargs)
+
+
+def test_encode_chunk_writes_to_stderr_as_it_goes(capfd):
+    """Encoding bases (prepare's long call, beside its progress bar) leaves descriptor 2 alone: a write during the
+    call is on stderr at once, not after it (nor dropped, nor a crash report lost); the ids are the library's."""
+    tok = tokenizer_from_json_text(split_json(r"[ACGT]{1,3}|.", {**SINGLE, "GAT": 6, "TAC": 7}), "tok")
+    assert isinstance(tok, JsonTokenizer)
+    capfd.readouterr()
+    tok.tk = watched = _Watched(tok.tk, capfd)
+    upper = np.frombuffer(b"GATTACA", np.uint8)
+    ids, counts = tok.encode_chunk(upper, np.array([0, 7]))
+    assert watched.seen == ["frame\n"] and capfd.readouterr().err == ""
+    assert ids.tolist() == watched.tk.encode("GATTACA", add_special_tokens=False).ids == [6, 7, 1] and \
+        counts.tolist() == [3, 3, 1]
+
+
+def _open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _stderr_id() -> tuple[int, int]:
+    st = os.fstat(2)
+    return st.st_dev, st.st_ino
+
+
+def test_an_interrupt_just_after_stderr_moves_puts_it_back(monkeypatch):
+    """A KeyboardInterrupt arriving as descriptor 2 has just been pointed at the held file (a signal handler runs
+    between bytecodes) still puts stderr back, and leaves no descriptor open."""
+    tk = Tokenizer.from_str(split_json(NESTED))
+    real, before, opened, keep = os.dup2, _stderr_id(), _open_descriptors(), os.dup(2)
+    moves: list[int] = []
+
+    def dup2_then_interrupted(fd: int, fd2: int, inheritable: bool = True) -> int:
+        got = real(fd, fd2, inheritable)
+        moves.append(fd2)
+        if moves == [2]:  # the first move of stderr, the held file's way
+            raise KeyboardInterrupt
+        return got
+
+    try:
+        with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+            m.setattr(os, "dup2", dup2_then_interrupted)
+            guarded(lambda: tk.encode("CTGC", add_special_tokens=False), "tok")
+        after = _stderr_id()
+    finally:  # the test's own stderr back whatever happened
+        real(keep, 2)
+        os.close(keep)
+    assert after == before and _open_descriptors() == opened
+
+
+def test_no_room_to_hold_the_report_runs_the_call_as_it_is(monkeypatch, capfd):
+    """Where the held file cannot be made (no room in the temporary folder) the call runs with stderr as it is,
+    and no descriptor is left open."""
+    tk = Tokenizer.from_str(split_json(NESTED))
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    opened = _open_descriptors()
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "TemporaryFile", no_room)
+        got = guarded(lambda: (os.write(2, b"a warning\n"), tk.encode("CTGC", add_special_tokens=False))[1], "tok")
+    assert len(got.ids) == 4 and capfd.readouterr().err == "a warning\n" and _open_descriptors() == opened
