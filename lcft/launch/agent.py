@@ -3,12 +3,15 @@ when its launcher dies, records how each failed worker ended (an exit code, or t
 launcher to name, ends on a signal sent to it (a scheduler's, to every process of the job) with exit code
 128 + N once its workers saved or the launch's --stop-grace ran out (then SIGKILLed), on a rendezvous that another
 node closed (it gave up on the run) or took down with exit code 75 (liveness.EXIT_LOST), and on one that did not
-gather every node within its join timeout with process.EXIT_NOT_GATHERED, each instead of torchrun's traceback."""
+gather every node within its join timeout with process.EXIT_NOT_GATHERED, each instead of torchrun's traceback.
+torch's log lines that only repeat how it ended, which the launcher says in its own line, are left out
+(`_RepeatedEnds`); every other one is printed."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
@@ -28,6 +31,44 @@ def failures(error: BaseException) -> list[dict[str, Any]]:
         out.append({"rank": int(rank), "pid": int(f.pid), "exitcode": int(f.exitcode),
                     "signal": signal_name(sig) if sig else None, "stopped": sig in STOP_SIGNALS})
     return out
+
+
+# torch's elastic loggers whose records of how the agent ended the launcher repeats in its own line.
+_TORCH_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api",
+                  "torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+
+
+class _RepeatedEnds(logging.Filter):
+    """Drops torch's records (matched by message format, the text before its arguments) that repeat what the
+    launcher's line says: the stop signal the agent got and passed on, and the workers it then ended; a failed
+    worker where the agent then ends (no --max-restarts; else torch's line is the only word of a failure it
+    restarts the group for), or one that exited EXIT_LOST, having named the lost rank itself; the store of node
+    0's agent, which hosts the rendezvous, gone (a keep-alive heartbeat, the last call, that cannot connect).
+    Kept: all else, such as a worker that would not end, a rendezvous error of another kind, an exception."""
+
+    def __init__(self, restarts: int) -> None:
+        super().__init__()
+        self.restarts = restarts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if msg.startswith(("Received %s death signal", "Got termination signal", "Sending process %s closing")):
+            return False
+        if msg.startswith("failed (exitcode: %s)") and isinstance(record.args, tuple):
+            return self.restarts > 0 and record.args[0] != EXIT_LOST
+        # (these two are formatted before logging)
+        host_gone = msg.endswith("due to an error of type RendezvousConnectionError.") and (
+            "failed to send a keep-alive heartbeat" in msg or "failed to shutdown the rendezvous" in msg)
+        return not host_gone
+
+
+def _quiet_repeated_ends(restarts: int) -> None:
+    """Leave torch's log lines that repeat the launcher's out of this agent's stderr (`_RepeatedEnds`; a run
+    under --max-restarts `restarts`), unless the user set torch's LOGLEVEL: then every one is printed."""
+    if "LOGLEVEL" in os.environ:
+        return
+    for name in _TORCH_LOGGERS:
+        logging.getLogger(name).addFilter(_RepeatedEnds(restarts))
 
 
 def _shutdown_timeout(argv: list[str]) -> list[str]:
@@ -62,8 +103,10 @@ def main(argv: list[str]) -> int:
     )
     from torch.distributed.run import parse_args, run
 
+    args = parse_args(_shutdown_timeout(argv))
+    _quiet_repeated_ends(args.max_restarts)
     try:
-        run(parse_args(_shutdown_timeout(argv)))
+        run(args)
     except SignalException as e:  # (torch raises it from its handler, after ending the workers with it)
         return 128 + int(e.sigval)  # (the launcher's _agent_ended reads it)
     except ChildFailedError as e:

@@ -1,15 +1,24 @@
 """What the launch's agent records of its failed workers (`lcft.launch.agent.failures`): the exit code, or the
-signal that killed each, named, and whether that signal is one a launch stops its workers with."""
+signal that killed each, named, and whether that signal is one a launch stops its workers with; and which of
+torch's log lines it leaves out (those that repeat the launcher's line) and which it prints."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import signal
+import subprocess
+import sys
+import time
 
+import psutil
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from lcft.launch import _killed
 from lcft.launch.agent import failures
+from tests.train.launching import torch_logs
 
 RESUME = "start it again with --resume auto"
 
@@ -37,3 +46,56 @@ def test_workers_killed_by_any_signal_are_named(tmp_path):
     path.write_text(json.dumps(recorded))
     assert _killed(path, 1, RESUME) == ("rank 0 on node 1 (pid 1000) was killed by SIGKILL, rank 3 on node 1 "
                                         f"(pid 1003) was killed by SIGRTMIN+6; {RESUME}")
+
+
+def _agent(restarts: int, *worker: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The launch's agent on this machine, 2 workers running `worker` (a command, not Python), stderr captured."""
+    return subprocess.Popen([sys.executable, "-m", "lcft.launch.agent", "--standalone", "--nproc-per-node=2",
+                             f"--max-restarts={restarts}", "--no-python", *worker], stderr=subprocess.PIPE, text=True,
+                            env={**{k: v for k, v in os.environ.items() if k != "LOGLEVEL"}, "OMP_NUM_THREADS": "1",
+                                 **(env or {})})
+
+
+@pytest.mark.parametrize(("restarts", "code"), [(0, 3), (1, 75)])
+def test_the_agent_logs_no_worker_failure_the_launcher_names(restarts, code):
+    """Workers exit `code`: without restarts the agent ends on it (the launcher names the failure), and exit code
+    75 is a worker that named a lost rank itself. torch's 'failed (exitcode: N) local_rank ...' was printed."""
+    agent = _agent(restarts, "sh", "-c", f"exit {code}")
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 1 and err == "", err
+
+
+def test_the_agent_stopped_by_sigterm_logs_nothing():
+    """SIGTERM to the agent (a scheduler's, to every process): exit 143, which the launcher names. torch logged
+    'Received 15 death signal, shutting down workers' and 'Sending process N closing signal SIGTERM' per worker."""
+    agent = _agent(0, "sleep", "60")
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(agent.pid).children()) < 2 and time.monotonic() < deadline:  # its workers started
+        time.sleep(0.1)
+    agent.send_signal(signal.SIGTERM)
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 143 and err == "", err
+
+
+def test_what_the_launcher_does_not_say_stays_on_the_screen():
+    """A worker killed by a signal under --max-restarts (the launcher says nothing of a restart's cause that no
+    worker diagnosed): torch's line for each restart; and every line with torch's LOGLEVEL set."""
+    agent = _agent(1, sys.executable, "-c", "import os; os.kill(os.getpid(), 9)")
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 1 and len(torch_logs(err)) == 2, err
+    assert all("failed (exitcode: -9)" in line for line in torch_logs(err)), err
+    agent = _agent(0, "sh", "-c", "exit 3", env={"LOGLEVEL": "WARNING"})
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 1 and any("failed (exitcode: 3)" in line for line in torch_logs(err)), err
+
+
+@pytest.mark.parametrize(("kind", "shown"), [("RendezvousConnectionError", False), ("RendezvousStateError", True)])
+def test_a_rendezvous_host_gone_is_left_out_and_other_rendezvous_errors_shown(kind, shown):
+    """torch's keep-alive and shutdown warnings (formatted before logging, as torch 2.13 words them) when the
+    store of node 0's agent is gone (the launcher names node 0 or the rendezvous lost), and of any other kind."""
+    from lcft.launch.agent import _RepeatedEnds
+
+    quiet = _RepeatedEnds(restarts=0)
+    for what in ("send a keep-alive heartbeat to the", "shutdown the"):
+        msg = f"The node 'host_1_0' has failed to {what} rendezvous 'lcft-0' due to an error of type {kind}."
+        assert quiet.filter(logging.makeLogRecord({"msg": msg, "args": ()})) is shown

@@ -209,6 +209,8 @@ def test_a_rank_killed_by_a_signal_mid_step_is_exit_75_naming_it(tmp_path, data_
     assert proc.returncode == 75, err[-3000:]
     errors = error_lines(err)
     assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    # (torch's agent logged the worker's exit code, and the other worker it ended, in lines of its own)
+    assert [line for line in err.splitlines() if line.strip()] == errors, err[-3000:]
     assert f"rank 1 on node 0 (pid {victim.pid}) was killed by {name}" in errors[0], errors
     assert "--resume auto" in errors[0]
 

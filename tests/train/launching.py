@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -96,6 +97,15 @@ def kill_tree(proc: subprocess.Popen) -> None:
 def error_lines(stderr: str) -> list[str]:
     """The one-line `error: ...` messages of a command's stderr."""
     return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+TORCH_LOG = re.compile(r"[DIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+"""The head of a line of torch's Python logging (level, date, time, pid, file:line)."""
+
+
+def torch_logs(stderr: str) -> list[str]:
+    """The lines of torch's Python logging (its elastic agent's, a worker's) in a command's stderr."""
+    return [line for line in stderr.splitlines() if TORCH_LOG.match(line)]
 
 
 def free_port() -> int:
