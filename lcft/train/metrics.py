@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.progress import (
     BarColumn,
@@ -86,13 +86,42 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return [parse_json(line, f"{p} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
 
 
-def _fmt(record: dict[str, Any]) -> str:
-    loss = record.get("loss")
-    if loss is None:
+def _figures(record: dict[str, Any]) -> list[tuple[int, str]]:
+    """The figures of one step record in display order, each with its rank: the line drops the highest rank
+    first when the terminal is too narrow. Loss is never dropped; a skipped count above 0 is a warning and goes
+    last; bits/base restates the loss in another unit and lr follows the schedule, so they go first."""
+    skipped = record["skipped"]
+    return [(0, f"loss {record['loss']:.4f} nats/token"),
+            (5, f"{record['bits_per_base']:.3f} bits/base"),
+            (6, f"lr {record['lr']:.2e}"),
+            (4, f"grad norm {record['grad_norm']:.3g}"),
+            (2, f"{record['tokens_per_s']:,.0f} tok/s"),
+            (3, f"peak {record['peak_mem'] / 2**30:.2f} GiB"),
+            (1 if skipped else 7, f"skipped {skipped}")]
+
+
+def figures_line(record: dict[str, Any], width: int) -> str:
+    """The figures below the progress bar, within `width` columns: the least useful figures are left out
+    until the line fits (a wrapped line would push the bar up and leave copies of it on the terminal)."""
+    if record.get("loss") is None:
         return ""
-    return (f"loss {loss:.4f} nats/token · {record['bits_per_base']:.3f} bits/base · lr {record['lr']:.2e} · "
-            f"|g| {record['grad_norm']:.3g} · {record['tokens_per_s']:,.0f} tok/s · "
-            f"{record['peak_mem'] / 2**30:.2f} GiB · skipped {record['skipped']}")
+    parts = _figures(record)
+    for rank in sorted({r for r, _ in parts if r > 0}, reverse=True):
+        if len(" · ".join(text for _, text in parts)) <= width:
+            break
+        parts = [(r, text) for r, text in parts if r != rank]
+    line = " · ".join(text for _, text in parts)
+    return line if len(line) <= width else line[:max(width - 1, 0)] + "…"
+
+
+class _Figures:
+    """The latest step's figures, fitted to the width of each render (the terminal may be resized)."""
+
+    def __init__(self) -> None:
+        self.record: dict[str, Any] = {}
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(figures_line(self.record, options.max_width), no_wrap=True, overflow="crop")
 
 
 class LiveView:
@@ -107,14 +136,14 @@ class LiveView:
         self._progress = Progress(text_column("train", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                   text_column("ETA"), TimeRemainingColumn())
         self._task = self._progress.add_task("train", total=total, completed=done)
-        self._figures = Text("")
+        self._figures = _Figures()
         self._live = Live(Group(self._progress, self._figures), console=console or make_console(), refresh_per_second=4)
         self._live.start()
 
     def update(self, step: int, record: dict[str, Any]) -> None:
         if self._live is not None:
             self._progress.update(self._task, completed=step)
-            self._figures.plain = _fmt(record)
+            self._figures.record = record
 
     def note(self, message: str) -> None:
         """A line printed above the live view (or to stderr without one)."""

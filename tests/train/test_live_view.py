@@ -1,0 +1,57 @@
+"""The training progress line: every figure labelled, and the line kept within the terminal's width."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+
+import pytest
+
+from lcft.console import make_console
+from lcft.train.metrics import LiveView, figures_line
+
+RECORD = {"loss": 2.60551, "bits_per_base": 3.7590, "lr": 6e-05, "grad_norm": 15.08, "tokens_per_s": 352.4,
+          "peak_mem": int(0.60 * 2**30) + 1, "skipped": 0}
+LABELLED = ["loss 2.6055 nats/token", "3.759 bits/base", "lr 6.00e-05", "grad norm 15.1", "352 tok/s",
+            "peak 0.60 GiB", "skipped 0"]
+
+
+def test_wide_terminal_shows_every_figure_labelled() -> None:
+    assert figures_line(RECORD, 200) == " · ".join(LABELLED)
+
+
+@pytest.mark.parametrize("width", [100, 80, 60, 40, 20, 5])
+def test_line_fits_the_width(width: int) -> None:
+    line = figures_line(RECORD, width)
+    assert 0 < len(line) <= width
+    assert line.startswith("loss 2.6"[:width - 1])
+
+
+def test_80_columns_keeps_loss_speed_memory_and_grad_norm() -> None:
+    assert figures_line(RECORD, 80) == "loss 2.6055 nats/token · grad norm 15.1 · 352 tok/s · peak 0.60 GiB"
+
+
+def test_skipped_updates_stay_when_narrow() -> None:
+    assert figures_line({**RECORD, "skipped": 3}, 80) == ("loss 2.6055 nats/token · grad norm 15.1 · 352 tok/s · "
+                                                         "peak 0.60 GiB · skipped 3")
+    assert figures_line({**RECORD, "skipped": 3}, 62) == "loss 2.6055 nats/token · 352 tok/s · peak 0.60 GiB · skipped 3"
+    assert figures_line({**RECORD, "skipped": 3}, 40) == "loss 2.6055 nats/token · skipped 3"
+
+
+def test_no_loss_yet_is_an_empty_line() -> None:
+    assert figures_line({"loss": None}, 80) == ""
+
+
+def test_live_view_on_an_80_column_terminal_does_not_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    out = io.StringIO()
+    console = make_console(file=out, width=80)
+    console._force_terminal = True
+    view = LiveView(True, total=3, done=0, console=console)
+    view.update(2, RECORD)
+    view.close()
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line) for line in out.getvalue().replace("\r", "\n").split("\n")]
+    figures = [line for line in lines if line.startswith("loss ")]
+    assert figures and all(line.rstrip() == figures_line(RECORD, 80) for line in figures)
+    assert all(line.startswith("loss ") for line in lines if "GiB" in line or "tok/s" in line)  # none wrapped
