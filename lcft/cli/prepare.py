@@ -20,9 +20,10 @@ from lcft.units import counted
 app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
 
 
-def _summary(manifest: dict) -> Table:
-    t = Table(title=f"windows of {format_size(manifest['length'])} tokens (stride {format_size(manifest['stride'])})")
-    for col in ("split", "chromosomes", "windows", "skipped for N", "tokens", "bytes written"):
+def _summary(manifest: dict, wrote: bool) -> Table:
+    t = Table(title=f"windows of {format_size(manifest['length'])} tokens (stride {format_size(manifest['stride'])})"
+              + ("" if wrote else ", already there"))
+    for col in ("split", "chromosomes", "windows", "skipped for N", "tokens", "bytes written" if wrote else "bytes"):
         t.add_column(col, justify="left" if col in ("split", "chromosomes") else "right")
     for split, info in manifest["splits"].items():
         size = sum(f["bytes"] for f in info.get("files", {}).values())
@@ -36,14 +37,14 @@ def _summary(manifest: dict) -> Table:
 
 def _windows(cfg: PrepareConfig) -> None:
     from lcft.checkpoint.layout import check_output_folder
-    from lcft.genomics.prepare import prepare_windows
+    from lcft.genomics.prepare import prepare_windows_wrote
 
     if cfg.out:  # here, as lcft.genomics sits below the checkpoint layout that knows runs and models
         check_output_folder(cfg.out, "the windows", ("windows",), fasta=cfg.fasta or "")
-    manifest = prepare_windows(cfg, progress=True)
-    console.print(_summary(manifest))
-    console.print(f"wrote {cfg.out}/manifest.json; check it with `lcft prepare verify {shell_word(cfg.out)}`",
-                  soft_wrap=True)
+    manifest, wrote = prepare_windows_wrote(cfg, progress=True)
+    console.print(_summary(manifest, wrote))
+    done = f"wrote {cfg.out}/manifest.json" if wrote else f"nothing written: {cfg.out} already held these windows"
+    console.print(f"{done}; check it with `lcft prepare verify {shell_word(cfg.out)}`", soft_wrap=True)
 
 
 command_from_config(app, "windows", PrepareConfig, _windows, table="prepare",

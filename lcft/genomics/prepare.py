@@ -96,7 +96,11 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
 
     Give a `PrepareConfig` or its fields as keywords (sizes like '512K' accepted). With `progress`, shows a
     bar per chromosome on stderr. Re-running with the same options is a no-op; a killed run resumes."""
-    cfg = _resolve(cfg, fields)
+    return prepare_windows_wrote(_resolve(cfg, fields), progress=progress)[0]
+
+
+def prepare_windows_wrote(cfg: PrepareConfig, *, progress: bool = False) -> tuple[dict, bool]:
+    """prepare_windows, and whether this call wrote the windows (False: the folder already held this job)."""
     length, stride = cfg.length, cfg.length if cfg.stride is None else cfg.stride
     con = _console() if progress else None
     out = Path(cfg.out)  # type: ignore[arg-type]
@@ -127,12 +131,12 @@ def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False,
                               tok.name)
                 if con:
                     con.print(f"{out} is already prepared with these options: nothing to do", style="green")
-                return done
+                return done, False
             try:
                 (out / PARTIAL).mkdir(exist_ok=True)
             except OSError as e:
                 raise LcftError(f"cannot write to output folder {out}: {e.strerror or e}") from None
-            return _run_locked(cfg, fasta, options, out, chosen, con, tok)
+            return _run_locked(cfg, fasta, options, out, chosen, con, tok), True
 
 
 def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,

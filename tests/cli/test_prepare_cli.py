@@ -35,8 +35,15 @@ def test_windows_then_noop_then_mismatch(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["length"] == 65536 and m["splits"]["train"]["windows"] == len(open_windows(out, "train"))
 
+    assert "wrote" in r.stdout and "already" not in r.stdout
+    size = sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("train."))
+    assert f"{size:,}" in r.stdout  # the train split's files, as the table counts them
+
     r = lcft(*windows_args(out, "--length", "64K"))
     assert r.exit_code == 0 and "nothing to do" in r.stderr
+    # the table still shows the windows, but claims no writing it did not do
+    assert "bytes written" not in r.stdout and "wrote" not in r.stdout
+    assert "already there" in r.stdout and f"{size:,}" in r.stdout and "nothing written" in r.stdout
 
     r = lcft(*windows_args(out, "--length", "128K"))
     assert r.exit_code == 1
