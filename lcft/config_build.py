@@ -146,8 +146,12 @@ def resolve(cls: type[T], config_file: str | os.PathLike | None, flags: Mapping[
             where: str | None = None, table: str | None = None) -> T:
     """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them; a
     leading '~' of a value is the home folder (`home`)."""
-    layers = [load_layer(config_file, table) if config_file else {}, flags or {}]
-    return build(cls, {k: home(v) for k, v in merge(*layers).items()}, where=where)
+    return from_layers(cls, load_layer(config_file, table) if config_file else {}, flags, where)
+
+
+def from_layers(cls: type[T], toml: Mapping[str, Any], flags: Mapping[str, Any] | None, where: str | None = None) -> T:
+    """`resolve` from a TOML layer already read (`load_layer`)."""
+    return build(cls, {k: home(v) for k, v in merge(toml, flags).items()}, where=where)
 
 
 def home(value: Any) -> Any:

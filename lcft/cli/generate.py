@@ -16,8 +16,8 @@ from rich.markup import escape as markup_escape
 from typer.core import TyperCommand
 
 from lcft.cli.common import user_errors
-from lcft.config import doc, format_size, is_size
-from lcft.config_build import resolve
+from lcft.config import ConfigError, doc, format_size, is_size
+from lcft.config_build import from_layers, load_layer
 
 
 @dataclass(frozen=True)
@@ -175,13 +175,36 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
         config = kwargs.pop("config", None)
         given = {k: kwargs.pop(k) for k in extras}
         flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
-        run(resolve(cls, config, flags, where=f"{table} config", table=table), **given)
+        toml = load_layer(config, table) if config else {}
+        try:
+            run(from_layers(cls, toml, flags, where=f"{table} config"), **given)
+        except ConfigError as e:  # the checks name fields; the user typed flags or TOML keys
+            e.args = (as_given(str(e), cls, options, flags, toml), *e.args[1:])
+            raise
 
     wrapped = user_errors(command)
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}
     wrapped.__doc__ = help
     app.command(name, epilog=epilog, cls=GeneratedCommand)(wrapped)
+
+
+def as_given(message: str, cls: type, options: Mapping[str, Opt], flags: Mapping[str, Any],
+             toml: Mapping[str, Any]) -> str:
+    """A config error's message with each option of `cls` it names (by field name or by flag) spelled as the user
+    gave it: its TOML key where the --config file set it and no flag did, else its flag (the way to set one left
+    at its default). A one-word field name (length, seed) is read as the option only where the message starts
+    with it; quoted text (a value, an unknown key) is left as it is."""
+    spelled: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        flag = options.get(f.name, Opt()).flag or flag_name(f.name)
+        spelled[flag] = f.name if f.name in toml and flags.get(f.name) is None else flag
+        if "_" in f.name:
+            spelled[f.name] = spelled[flag]
+        elif re.match(rf"{re.escape(f.name)}(?=[ :=])", message):
+            message = spelled[flag] + message[len(f.name):]
+    names = "|".join(map(re.escape, sorted(spelled, key=len, reverse=True)))
+    return re.sub(rf"(?<![\w'\"./-])({names})(?![\w'\"/-]|\.\w)", lambda m: spelled[m.group(1)], message)
 
 
 def _flag_value(value: Any, opt: Opt) -> Any:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lcft.config import Size
-from lcft.errors import LcftError
+from lcft.config import ConfigError, Size
 from lcft.genomics.shards import is_window_length
 
 
@@ -41,26 +40,26 @@ class PrepareConfig:
 
 def _validate(cfg: PrepareConfig) -> tuple[int, int]:
     if not cfg.fasta:
-        raise LcftError("no FASTA given (--fasta)")
+        raise ConfigError("no FASTA given (--fasta)")
     if not cfg.out:
-        raise LcftError("no output folder given (--out)")
+        raise ConfigError("no output folder given (--out)")
     length = cfg.length
     stride = cfg.length if cfg.stride is None else cfg.stride
     if not is_window_length(length):
-        raise LcftError(f"window length {length} must be a positive multiple of 8 (soft-mask bits are packed by byte)")
+        raise ConfigError(f"window length {length} must be a positive multiple of 8 (soft-mask bits are packed by byte)")
     if stride <= 0:
-        raise LcftError(f"stride {stride} must be positive")
+        raise ConfigError(f"stride {stride} must be positive")
     if not 0.0 <= cfg.max_n_frac <= 1.0:
-        raise LcftError(f"max_n_frac {cfg.max_n_frac} must be between 0 and 1")
+        raise ConfigError(f"max_n_frac {cfg.max_n_frac} must be between 0 and 1")
     if not 0.0 <= cfg.max_oov_frac <= 1.0:
-        raise LcftError(f"max_oov_frac {cfg.max_oov_frac} must be between 0 and 1")
+        raise ConfigError(f"max_oov_frac {cfg.max_oov_frac} must be between 0 and 1")
     if not cfg.train:
-        raise LcftError("no train chromosome given (--train)")
+        raise ConfigError("no train chromosome given (--train)")
     for split, names in (("train", cfg.train), ("eval", cfg.eval)):
         dup = sorted({n for n in names if list(names).count(n) > 1})
         if dup:
-            raise LcftError(f"chromosome {', '.join(dup)} is listed twice in --{split}")
+            raise ConfigError(f"chromosome {', '.join(dup)} is listed twice in --{split}")
     both = [n for n in cfg.train if n in cfg.eval]
     if both:
-        raise LcftError(f"chromosome {', '.join(both)} is in both --train and --eval (held-out data must not be trained on)")
+        raise ConfigError(f"chromosome {', '.join(both)} is in both --train and --eval (held-out data must not be trained on)")
     return length, stride

@@ -53,7 +53,7 @@ def test_demo_runs_every_stage_then_skips_them(tmp_path, monkeypatch):
 
 def test_demo_refuses_a_base_context_that_does_not_divide_the_window(tmp_path):
     r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), "--length", "2K", "--base-context", "768"])
-    assert r.exit_code == 1 and "not a multiple of base_context" in r.output
+    assert r.exit_code == 1 and "error: --length 2048 is not a multiple of --base-context 768" in r.output, r.output
     assert not (tmp_path / "d").exists()
 
 

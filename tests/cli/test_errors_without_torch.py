@@ -85,7 +85,7 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--data", str(missing), "--out", str(out)], "is not a prepared windows folder"),
         (["train", "--data", str(missing), "--out", str(out), "--nproc", "2"], "is not a prepared windows folder"),
         ([*train, "--nproc", "4", "--cp", "3"], "world size 4 is not divisible by cp=3"),
-        ([*train, "--nproc", "2", "--global-batch", "3"], "global_batch 3 is not a multiple of micro_batch x "
+        ([*train, "--nproc", "2", "--global-batch", "3"], "--global-batch 3 is not a multiple of --micro-batch x "
          "data-parallel ranks (1 x 2)"),
         (["train", "--data", str(data), "--out", str(model), "--nproc", "2"], "is a model folder"),
         (["train", "--data", str(data), "--out", str(model)], "is a model folder"),

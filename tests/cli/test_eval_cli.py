@@ -42,10 +42,10 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
     a = save_model(tmp_path / "a", seed=1)
     cases = [
         (["--checkpoint", str(a), "--max-context", str(2 * WINDOW)], "larger than the window"),
-        (["--checkpoint", str(a), "--max-context", "9" * 400 + "K"], "max_context: <int of 1339 bits> is past the 64-bit"),
-        (["--checkpoint", str(a), "--max-context", "9" * 400 + ".5"], "max_context: not an integer"),
+        (["--checkpoint", str(a), "--max-context", "9" * 400 + "K"], "--max-context: <int of 1339 bits> is past the 64-bit"),
+        (["--checkpoint", str(a), "--max-context", "9" * 400 + ".5"], "--max-context: not an integer"),
         (["--checkpoint", str(tmp_path / "missing")], "checkpoint not found"),
-        (["--checkpoint", str(a), "--bin-scale", "cubic"], "bin_scale"),
+        (["--checkpoint", str(a), "--bin-scale", "cubic"], "--bin-scale: 'cubic' is not one of"),
         (["--checkpoint", str(a), "--label", ""], "--label 1 of 1 is empty"),
         (["--checkpoint", str(a), "--checkpoint", str(a), "--label", "a", "--label", "  "], "--label 2 of 2 is empty"),
         (["--checkpoint", str(a), "--label", "a\udcc3"], "--label 1 of 1 holds a character that is not printable"),
