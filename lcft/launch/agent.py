@@ -10,6 +10,7 @@ torch's log lines that only repeat how it ended, which the launcher says in its 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -74,21 +75,28 @@ def _quiet_repeated_ends(restarts: int) -> None:
 def _shutdown_timeout(argv: list[str]) -> list[str]:
     """torchrun's arguments as this torch takes them. `--shutdown-timeout=G` (the launch's --stop-grace: how long
     the agent waits for its workers after its SIGTERM before it SIGKILLs them) is torchrun's own flag where it has
-    one; an older torch (before its LaunchConfig.shutdown_timeout) always waited 30 s, so the flag is taken out
-    and G becomes the wait of every close of its workers (there before a restart too)."""
-    from torch.distributed.elastic.multiprocessing.api import PContext
+    one; an older torch (before its LaunchConfig.shutdown_timeout) always waited 30 s, so the flag is taken out and
+    G becomes the wait of the closes that end the agent's run (on its signal, or once it ended), as torchrun's flag
+    does: the close of a group it restarts keeps its 30 s (a worker still saving when another failed)."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.launcher.api import LaunchConfig
 
     given = [a for a in argv if a.startswith("--shutdown-timeout=")]
     if not given or "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
         return argv
     grace = int(given[-1].partition("=")[2])
-    close = PContext.close
+    invoke = LocalElasticAgent._invoke_run
 
-    def close_after_grace(self: PContext, death_sig: signal.Signals | None = None, timeout: int = grace) -> None:
-        close(self, death_sig, timeout)
+    def invoke_then_grace(self: LocalElasticAgent, *args: Any, **kwargs: Any) -> Any:
+        # The agent's run closes its workers after this returns or raises (SignalException too); the restarts'
+        # closes (_stop_workers) come within it.
+        try:
+            return invoke(self, *args, **kwargs)
+        finally:
+            if self._pcontext is not None:
+                self._pcontext.close = functools.partial(type(self._pcontext).close, self._pcontext, timeout=grace)
 
-    PContext.close = close_after_grace  # type: ignore[method-assign]
+    LocalElasticAgent._invoke_run = invoke_then_grace  # type: ignore[method-assign]
     return [a for a in argv if a not in given]
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from lcft.launch import _killed
 from lcft.launch.agent import failures
-from tests.train.launching import torch_logs
+from tests.train.launching import LAUNCH_NAMES, torch_logs
 
 RESUME = "start it again with --resume auto"
 
@@ -99,3 +100,60 @@ def test_a_rendezvous_host_gone_is_left_out_and_other_rendezvous_errors_shown(ki
     for what in ("send a keep-alive heartbeat to the", "shutdown the"):
         msg = f"The node 'host_1_0' has failed to {what} rendezvous 'lcft-0' due to an error of type {kind}."
         assert quiet.filter(logging.makeLogRecord({"msg": msg, "args": ()})) is shown
+
+
+# A worker of torchrun's agent (`WORKER DIR`) that notes in DIR when it started (its parent's pid: the process that
+# started it) and when it ended, and takes SIGTERM as a worker saving takes it: it goes on SAVE_S more seconds.
+# In round 0 under FAIL, rank 0 fails once rank 1 runs: the agent stops rank 1 and restarts the group.
+SAVE_S = 3
+WORKER = f"""
+import os, pathlib, signal, sys, time
+out, rank, round = pathlib.Path(sys.argv[1]), os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+signal.signal(signal.SIGTERM, lambda *_: (out / f"{{round}}-{{rank}}-termed").touch())
+(out / f"{{round}}-{{rank}}-started").write_text(str(os.getppid()))
+if round == "0" and os.environ.get("FAIL"):
+    while not (out / "0-1-started").exists():
+        time.sleep(0.05)
+    if rank == "0":
+        sys.exit(1)
+if round == "0":
+    end = time.monotonic() + 60
+    while not (out / f"0-{{rank}}-termed").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep({SAVE_S})  # saving
+(out / f"{{round}}-{{rank}}-ended").touch()
+"""
+
+
+def _agent(tmp_path: Path, *, fail: bool) -> subprocess.Popen:
+    """The launch's agent (lcft.launch.agent, the real torchrun) on two WORKERs, --max-restarts 1, grace 1 s."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES and k != "FAIL"}
+    return subprocess.Popen([sys.executable, "-m", "lcft.launch.agent", "--standalone", "--nproc-per-node=2",
+                             "--max-restarts=1", "--shutdown-timeout=1", str(tmp_path / "worker.py"), str(tmp_path)],
+                            env={**env, **({"FAIL": "1"} if fail else {})}, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_grace_ends_the_run_on_a_signal_but_not_the_restart_of_a_group(tmp_path):
+    """--shutdown-timeout 1 (the launch's --stop-grace) is how long the agent waits for its workers after it passed
+    on a signal; the close before a restart keeps torch's 30 s, so a worker still saving when another failed
+    finishes (on torch 2.11, which has no such flag, the agent's shim gave every close the grace: it was SIGKILLed
+    after 1 s). The workers are the agent's own children (the launcher tells a restart by new ones)."""
+    agent = _agent(tmp_path, fail=True)
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 0, err[-3000:]
+    assert (tmp_path / "0-1-termed").exists() and (tmp_path / "0-1-ended").exists(), err[-3000:]
+    assert {(tmp_path / f"{r}-{k}-started").read_text() for r in (0, 1) for k in (0, 1)} == {str(agent.pid)}
+
+    signalled = tmp_path / "signalled"
+    signalled.mkdir()
+    agent = _agent(signalled, fail=False)
+    deadline = time.monotonic() + 60
+    while not all((signalled / f"0-{k}-started").exists() for k in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert (signalled / "0-0-termed").exists() and not (signalled / "0-0-ended").exists(), err[-3000:]
+    assert time.monotonic() - t0 < SAVE_S + 1
