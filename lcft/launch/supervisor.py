@@ -75,7 +75,9 @@ class Supervisor:
                     raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
                                   f"saved; {self.resume}", self.killed_by)
                 return rc
-            workers = {w.pid for w in self._workers()}  # (before the report is read: `_restarting`)
+            # The agent's own children, the workers it starts (not theirs: a DataLoader's, a compile worker, which
+            # are no restart); taken before the report is read (`_restarting`).
+            workers = {w.pid for w in self._workers(recursive=False)}
             self.started = self.started or bool(workers)
             if not self.ended:  # (before the signals: one that comes while a user error waits ends on it)
                 self._user_errors()
@@ -144,9 +146,10 @@ class Supervisor:
                 self.said = self.heard
                 self._kill()
 
-    def _workers(self) -> list[psutil.Process]:
+    def _workers(self, recursive: bool = True) -> list[psutil.Process]:
+        """The agent's workers, and (recursive) every process they started."""
         with contextlib.suppress(psutil.NoSuchProcess):
-            return psutil.Process(self.proc.pid).children(recursive=True)
+            return psutil.Process(self.proc.pid).children(recursive=recursive)
         return []
 
     def _forward(self, signum: int) -> None:

@@ -23,11 +23,13 @@ from tests.train.conftest import data_dir  # noqa: F401 (fixture)
 LOST = "rank 0 on node 0 (host h, pid 1) stopped answering (node 0 lost)"
 
 # Stands in for torchrun's agent under --max-restarts: its worker reports a lost rank (into the launcher's failure
-# file) and ends; then the agent either restarts the group (a new worker) and ends as it does, or gives up with
-# argv[1] as its exit code (1: its restarts spent, ChildFailedError; 3: the rendezvous did not gather every node).
+# file), starts a process of its own (a DataLoader's, a compile worker) and ends; then the agent either restarts the
+# group (a new worker) and ends as it does, or gives up with argv[1] as its exit code (1: its restarts spent,
+# ChildFailedError; 3: the rendezvous did not gather every node).
 AGENT = f"""
 import os, subprocess, sys, time
-report = "import os, time; time.sleep(0.5); open(os.environ[{FAILURE_FILE_ENV!r}], 'x').write({LOST!r} + '\\\\n')"
+report = ("import os, subprocess, time; time.sleep(0.5); "
+          "open(os.environ[{FAILURE_FILE_ENV!r}], 'x').write({LOST!r} + '\\\\n'); subprocess.run(['sleep', '1'])")
 subprocess.run([sys.executable, "-c", report])
 time.sleep(0.5)  # (torchrun stops the group and meets the other nodes again)
 if sys.argv[1] == "restart":
@@ -55,7 +57,8 @@ def test_restarting_is_said_when_the_agent_restarts_the_group(tmp_path, capsys):
 @pytest.mark.parametrize("rc", [1, EXIT_NOT_GATHERED])
 def test_restarting_is_not_said_when_the_agent_gives_up(tmp_path, capsys, rc):
     """Its restarts spent, or the other nodes not back: the node said 'restarting: ...' and then ended (and the
-    diagnosis, cleared, was no longer the launch's error)."""
+    diagnosis, cleared, was no longer the launch's error), and did so when the worker started a process of its own
+    (new, but no restarted worker)."""
     got, err, failure = _supervise(tmp_path, capsys, str(rc))
     assert (got, err) == (rc, "")
     assert failure.read_text() == LOST + "\n"  # what the launch raises
