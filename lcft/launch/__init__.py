@@ -9,7 +9,8 @@ into the folder is refused from the first byte, and checks the folder takes the 
 the parent runs `python -m lcft.launch.agent --standalone|--rdzv-* --nproc-per-node N --max-restarts R
 --shutdown-timeout G -m lcft.launch JOB SPEC.toml` (torchrun's agent, lcft/launch/agent.py; the worker entry is lcft/launch/__main__.py),
 passes SIGTERM/SIGINT on to the workers (training ones finish the step, checkpoint and exit; eval ones finish the
-batch, keep its losses and exit; an agent that got the signal too kills them --stop-grace G s after it), ends them at once on a second signal, when one of them is frozen, or on a
+batch, keep its losses and exit; an agent that got the signal too kills them --stop-grace G s after it; one that comes while the agent still waits for the other nodes ends it at
+once, no worker started), ends them at once on a second signal, when one of them is frozen, or on a
 rank's user error (then raised as that rank raised it, its exit code too; a stop signal while the launcher waits
 for the other ranks' errors ends on it), and returns the summary the node's first rank handed back (rank 0's, or
 the same run's on a node without rank 0: its exit code is the run's, no shared folder needed). The agent and the
@@ -117,7 +118,7 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
             del files[HANDED_ENV]  # rendezvous: the group fails on every node alike, each printing its error
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
         supervisor = Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(HANDED_ENV), cfg.nproc,
-                                elastic=cfg.max_restarts > 0, resume=j.resume)
+                                elastic=cfg.max_restarts > 0, resume=j.resume, gathers=cfg.nnodes > 1)
         rc = supervisor.run()
         # This node's first rank hands back its summary once the ranks ended their work together and agreed on how
         # (lcft/launch/__main__.py): a node without rank 0 hears it from its own workers, sharing no run folder.
@@ -131,6 +132,9 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         erred = rc != 0 and not supervisor.ended and _erred(files[FAILURES_ENV])
         lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 and not erred else None
         summary = json.loads(files[RESULT_FILE_ENV].read_text()) if rc == 0 else None  # (every worker exited 0)
+    if supervisor.stop is not None and supervisor.ended and not supervisor.started:  # (it waited for other nodes)
+        raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} before the nodes gathered (no worker had "
+                      f"started); {j.resume}", supervisor.stop)
     if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
         raise _raised(supervisor.said)
     if rc != 0 and not supervisor.ended and (error := _agent_ended(rc, supervisor, cfg, j.resume)):

@@ -25,8 +25,9 @@ class Supervisor:
     In its own session a Ctrl-C on the terminal reaches only this process, which signals the workers itself.
     Signalling torchrun instead would make it kill the workers (SIGKILL after 30 s), possibly in the middle of
     their final checkpoint. A second signal, or a frozen worker (which could never save), ends everything at
-    once; so does a worker's diagnosis of a lost rank when no restart will follow (torchrun would otherwise
-    wait 30 s for a frozen process it cannot stop with SIGTERM), and a rank's user error (`_user_errors`). Under
+    once; so does a stop signal while the agent waits for the other nodes (no worker started yet), a worker's
+    diagnosis of a lost rank when no restart will follow (torchrun would otherwise wait 30 s for a frozen process
+    it cannot stop with SIGTERM), and a rank's user error (`_user_errors`). Under
     --max-restarts it says why the agent restarted the group, once it did (`_restarting`).
     """
 
@@ -35,9 +36,10 @@ class Supervisor:
     ERROR_GRACE_S = 2.0  # after a rank's user error, the most it waits for the node's other ranks to raise theirs
 
     def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, errors: Path | None, nproc: int,
-                 elastic: bool, resume: str) -> None:
+                 elastic: bool, resume: str, gathers: bool = False) -> None:
         self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
         self.errors, self.nproc = errors, nproc
+        self.gathers = gathers  # the agent first waits at the rendezvous for the other nodes (--nnodes)
         self.heard: Handed | None = None  # the latest user error a rank handed over
         self.heard_at: float | None = None  # when the first of the ranks' errors came
         self.said: Handed | None = None  # the one it ended the launch on
@@ -45,7 +47,7 @@ class Supervisor:
         self.stop: int | None = None  # the first stop signal, passed on to every worker, those started later too
         self.told: set[int] = set()  # pids of the workers it was passed on to
         self.killed_by: int | None = None
-        self.ended = False  # True once _kill ended the agent and the workers
+        self.ended = False  # True once _kill ended the agent and the workers (before they started: a stop signal)
         self.started = False  # True once the agent had workers: a rendezvous error before it is no lost run
         self.seen: set[int] = set()  # pids of every worker seen (a restart's are new)
 
@@ -118,6 +120,8 @@ class Supervisor:
             self._kill()
         else:
             self.stop = signum
+            if self.gathers and not self.started:  # the agent would wait for the nodes (the join timeout), then
+                self._kill()  # start the workers only to stop them; nothing to save yet
 
     def _user_errors(self) -> None:
         """The user errors ranks handed over, each waiting in the process group (lcft/launch/__main__.py): once

@@ -2,12 +2,16 @@
 in its place: under --max-restarts, 'restarting: ...' is said only when the agent started new workers, and a lost
 rank's diagnosis that no restart followed (the agent gave up) is the launch's error, exit 75; a rendezvous that
 did not gather every node within the collective timeout is one line, exit 1 when the nodes never met (nothing to
-requeue), 75 when a node did not come back for a restart."""
+requeue), 75 when a node did not come back for a restart; a stop signal while the nodes gather ends the launch at
+once."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from lcft.errors import LcftError
 from lcft.launch.process import EXIT_NOT_GATHERED
 from lcft.launch.supervisor import Supervisor
 from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, PeerLost
+from lcft.signals import Stopped
 from lcft.train import TrainConfig
 from tests.train.conftest import data_dir  # noqa: F401 (fixture)
 
@@ -102,3 +107,30 @@ def test_a_node_that_does_not_come_back_for_a_restart_is_exit_75(tmp_path, monke
     assert (type(error), error.exit_code) == (PeerLost, EXIT_LOST)
     assert str(error) == ("the run's rendezvous at 127.0.0.1:29400 did not gather its 2 nodes again within 5 s for "
                           f"a restart: a node is gone; node 1's workers have no group to rejoin; {RESUME}")
+
+
+# Stands in for an agent waiting at the rendezvous for the other nodes (argv[1]: a file saying it runs): it would
+# wait the join timeout (--collective-timeout), then end as one that did not gather them.
+WAITING = f"import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(4.5); sys.exit({EXIT_NOT_GATHERED})"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_the_nodes_gather_stops_at_once(tmp_path, monkeypatch, data_dir, signum):  # noqa: F811
+    """Ctrl-C (or a scheduler's SIGTERM) while node 1 waits for the others: the launch ends at once, 128 + N, in one
+    line. The signal was only noted (no worker to pass it on to), the agent waited out its join timeout, and the
+    launch said the rendezvous did not gather its nodes: start every node, exit 1."""
+    waiting = tmp_path / "waiting"
+
+    def ctrl_c() -> None:
+        while not waiting.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signum)
+
+    sender = threading.Thread(target=ctrl_c)
+    sender.start()
+    t0 = time.monotonic()
+    error = _launch(tmp_path, monkeypatch, data_dir, WAITING, str(waiting))
+    sender.join()
+    assert (type(error), error.exit_code) == (Stopped, 128 + signum)
+    assert str(error) == f"stopped by {signum.name} before the nodes gathered (no worker had started); {RESUME}"
+    assert time.monotonic() - t0 < 3

@@ -4,8 +4,8 @@ the diagnosis, with a message naming node 1; a rerun of both with --resume auto 
 of one process. Under --max-restarts the group restarts by itself, its ranks agreeing that it was restarted
 whichever way each node's agent counted it. A node without rank 0 exits with the run's code, from its own workers
 (no shared run folder needed); the other node of one that gives up (its restarts spent) exits 75 in one line. A
-node that never joins ends the one waiting in one line after the collective timeout; node 0 ending first leaves no
-C++ stack trace, and no torch log line, on the other node's screen."""
+node that never joins ends the one waiting in one line after the collective timeout, and a Ctrl-C ends it at once;
+node 0 ending first leaves no C++ stack trace, and no torch log line, on the other node's screen."""
 
 from __future__ import annotations
 
@@ -288,3 +288,26 @@ def test_the_node_left_when_node_0_ends_prints_only_its_error_line(tmp_path, dat
     errors = error_lines(err)
     assert len(errors) == 1 and "node 0" in errors[0] and RESUME in errors[0], err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == errors, err[-3000:]
+
+
+def test_ctrl_c_while_node_0_waits_for_the_other_stops_it_at_once(tmp_path, data_dir, init_dir):
+    """Node 0 started alone, Ctrl-C (SIGINT to its launcher) once its agent waits at the rendezvous: exit 130 at
+    once, one line, nothing left running. The signal was only noted: the agent waited out the collective timeout
+    and the launch said the rendezvous did not gather its nodes, exit 1."""
+    node0 = start_train(data_dir, init_dir, tmp_path / "run", "--nproc", 1, "--nnodes", 2, "--node-rank", 0,
+                        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--steps", 2, "--collective-timeout", TIMEOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not psutil.Process(node0.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2)  # (its agent at the rendezvous)
+        agent = psutil.Process(node0.pid).children()
+        t0 = time.monotonic()
+        node0.send_signal(signal.SIGINT)
+        _, err = node0.communicate(timeout=TIMEOUT + 60)
+    except BaseException:
+        kill_tree(node0)
+        raise
+    assert node0.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert error_lines(err) == [f"error: stopped by SIGINT before the nodes gathered (no worker had started); {RESUME}"]
+    assert time.monotonic() - t0 < 10 and agent and not any(p.is_running() for p in agent)
