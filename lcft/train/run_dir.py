@@ -13,7 +13,6 @@ from lcft.checkpoint.layout import (
     RUN_CONFIG,
     SUPERSEDED,
     check_output_folder,
-    checkpoints_dir,
     latest_checkpoint,
     resolve_resume,
 )
@@ -61,15 +60,16 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
 
 
 def check_steps_ahead(steps: int, ckpt: Path, run: Path) -> None:
-    """A resume trains the steps after its checkpoint's: refused when --steps is below that step, or at it into
-    another run folder (which would end with no checkpoint of its own). The run's own latest step again is a
+    """A resume trains the steps after its checkpoint's: refused when --steps is below that step, or at it for any
+    checkpoint but the run's latest: into another run folder it would end with no checkpoint of its own, from an
+    earlier one of the run it would train nothing yet supersede the later ones. The run's latest step again is a
     finished run started once more: nothing to train, and it ends as done."""
     # imported here: it imports torch, which a resume loads anyway and the checks without one never need
     from lcft.checkpoint.state import checkpoint_step
 
     step = checkpoint_step(ckpt)
-    own = ckpt.parent.resolve() == checkpoints_dir(run).resolve()
-    if steps < step or (steps == step and not own):
+    latest = latest_checkpoint(run)
+    if steps < step or (steps == step and (latest is None or ckpt.resolve() != latest.resolve())):
         raise LcftError(f"--steps {steps} is not past the checkpoint's step {step} ({ckpt}); raise --steps")
 
 

@@ -236,3 +236,17 @@ def test_steps_not_past_the_resumed_checkpoint_are_refused_before_anything_is_wr
     again = train(TrainConfig(out=str(run), resume="auto", **cfg))
     assert (again["step"], again["stopped"], again["checkpoint"]) == (2, "done", str(ckpt))
     assert again["loss"] == first["loss"] and [s for s, _ in list_checkpoints(run)] == [2]
+
+
+def test_steps_at_an_earlier_checkpoint_of_the_run_are_refused_and_nothing_moves(tmp_path, base_cfg):
+    """--resume of the run's step-2 checkpoint with --steps 2 while step 4 exists has no step to train: one line,
+    and step 4 stays in place (it ended 'done' with step 4 moved to superseded/)."""
+    run = tmp_path / "run"
+    cfg = {**base_cfg, "steps": 4, "save_every": 2}
+    train(TrainConfig(out=str(run), **cfg))
+    ckpt = run / "checkpoints" / "step-00000002"
+    before = _tree(run)
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(out=str(run), resume=str(ckpt), **{**cfg, "steps": 2}))
+    assert str(e.value) == f"--steps 2 is not past the checkpoint's step 2 ({ckpt}); raise --steps"
+    assert _tree(run) == before and [s for s, _ in list_checkpoints(run)] == [2, 4]
