@@ -54,3 +54,11 @@ def peak_growth(reader: str, path: str | Path) -> tuple[list[str], int]:
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     return lines[:-1], int(lines[-1].split()[0])
+
+
+def read_fp32_model(path: str | Path) -> torch.nn.Module:
+    """A model folder read as training reads it (fp32 master weights): a reader for peak_growth that imports no
+    more than lcft (a test module importing transformers would raise the peak before it is measured)."""
+    from lcft.checkpoint.hf_folder import from_pretrained
+
+    return from_pretrained(path, dtype=torch.float32)

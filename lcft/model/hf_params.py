@@ -32,6 +32,8 @@ _BLOCK_RENAMES = ((r"attn\.", "self_attn."), (r"attn_norm\.", "input_layernorm."
                   (r"mlp\.experts\.(\d+)\.up_proj\.", r"block_sparse_moe.experts.\1.w3."))
 IGNORED_HF = re.compile(r"rotary_emb\.inv_freq$")  # buffers some old HF checkpoints stored
 _HEAD = "lm_head.weight"  # stored beside a tied embedding by torch.save (it shares its storage there)
+_EMBED = "embed_tokens.weight"  # our name of the embedding a tied head is
+_COMPARE_ELEMENTS = 1 << 20  # per block of rows the tied-head check casts and compares: 4 MiB in fp32
 
 
 def to_hf_name(name: str) -> str:
@@ -87,36 +89,66 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype | N
     params = dict(model.named_parameters())
     expected = {to_hf_name(n): (n, tuple(p.shape)) for n, p in params.items()}
     loaded: set[str] = set()
-    tied_head: list[tuple[Path, torch.Tensor]] = []
+    # stored heads beside a tied embedding, held only until the embedding is read (from safetensors, a mapping of
+    # the file that takes memory only as the check reads it)
+    tied_heads: list[tuple[Path, torch.Tensor]] = []
     for f in weight_files(directory):
         with _reading(f):
             for key, shape, read in weight_tensors(f):
                 name = _declared(f, key, shape, expected, model.config, loaded)
                 if name is None:
-                    if key == _HEAD:  # tied: compared with the embedding once that is loaded
-                        tied_head.append((f, read()))
-                    continue
-                tensor = read()
-                if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
-                    raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
-                                    "floating-point numbers")
-                _assign(model, name, aligned(tensor if dtype is None else tensor.to(dtype)))
-                loaded.add(name)
+                    if key == _HEAD:
+                        tied_heads.append((f, read()))
+                else:
+                    _assign(model, name, _read_weight(f, key, read, dtype, tied_heads if name == _EMBED else []))
+                    loaded.add(name)
+                if _EMBED in loaded:
+                    embed = model.get_parameter(_EMBED).detach()
+                    while tied_heads:
+                        _check_tied_head(*tied_heads.pop(), embed, embed.dtype)
     _check_missing(directory, expected, loaded)
-    for f, head in tied_head:
-        _check_tied_head(model, f, head)
 
 
-def _check_tied_head(model: torch.nn.Module, f: Path, head: torch.Tensor) -> None:
+def _read_weight(f: Path, key: str, read: Callable[[], torch.Tensor], dtype: torch.dtype | None,
+                 tied_heads: list[tuple[Path, torch.Tensor]]) -> torch.Tensor:
+    """The weight `key` of file `f` as the model holds it (cast to dtype, aligned). `tied_heads`, read before the
+    embedding this is, are checked against it as read and let go first, as is the tensor as read on return: only
+    then does the cast copy or the next weight take more memory."""
+    tensor = read()
+    if not tensor.is_floating_point():  # would be cast as read: train and eval on integers
+        raise LcftError(f"{f}: weight {key} holds {str(tensor.dtype).removeprefix('torch.')}, not "
+                        "floating-point numbers")
+    while tied_heads:
+        _check_tied_head(*tied_heads.pop(), tensor, dtype or tensor.dtype)
+    return aligned(tensor if dtype is None else tensor.to(dtype))
+
+
+def _check_tied_head(f: Path, head: torch.Tensor, embed: torch.Tensor, dtype: torch.dtype) -> None:
     """A stored lm_head.weight beside tie_word_embeddings true must be the embedding itself (torch.save writes a
     tied model's head so): a different one is refused, not dropped. transformers 5 loads such a folder untied,
     with that head (its warning: the config is wrong), 4.x tied it to the embedding: either way lcft would train
-    another model than the one the folder holds."""
-    embed = model.get_parameter("embed_tokens.weight")
-    if head.shape != embed.shape or not torch.equal(head.to(embed.dtype), embed.detach()):
+    another model than the one the folder holds. Compared as the model holds them (both cast to the loaded
+    `dtype`), NaN at the same place equal: whether the weights are finite is not this check's question, and a
+    diverged tied model saved by torch.save would otherwise be refused as holding another head."""
+    if not _same_values(head, embed, dtype):
         raise LcftError(f"{f}: holds an {_HEAD} unlike model.embed_tokens.weight, but config.json has "
                         "tie_word_embeddings true (the head is the embedding): set it to false to train that "
                         f"head, or remove {_HEAD} to tie them")
+
+
+def _same_values(head: torch.Tensor, embed: torch.Tensor, dtype: torch.dtype) -> bool:
+    """`head` and `embed`, each cast to `dtype`, equal value by value (NaN equal to NaN), compared a block of rows
+    at a time: a cast copy of a whole 128K-token embedding would take another 2 GiB in fp32."""
+    if head.shape != embed.shape:
+        return False
+    rows = max(1, _COMPARE_ELEMENTS // max(1, embed[:1].numel()))
+    return all(_same_block(head[i:i + rows], embed[i:i + rows], dtype) for i in range(0, embed.shape[0], rows))
+
+
+def _same_block(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    # a function of its own: its cast copies are let go on return, before the next block's are made
+    a, b = a.to(dtype), b.to(dtype)
+    return torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 @contextmanager

@@ -132,3 +132,69 @@ def test_a_tied_config_beside_a_stored_head_loads_only_where_transformers_ties_i
         with pytest.raises(LcftError, match="model.safetensors: holds an lm_head.weight unlike "
                                             "model.embed_tokens.weight, but config.json has tie_word_embeddings true"):
             from_pretrained(folder)
+
+
+def _tied_folder(folder, head: str | None, embed: torch.Tensor):
+    """A tied bf16 model folder whose weights are sharded, the embedding `embed` beside tiny layers; `head`: its
+    lm_head.weight (a copy of the embedding) stored in a shard of its own read 'first' or 'last', or None."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from lcft.model.hf import config_to_hf
+    from lcft.model.hf_params import to_hf_name
+    from lcft.model.llama import parameter_shapes
+
+    cfg = LlamaConfig(vocab_size=embed.shape[0], hidden_size=embed.shape[1], intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    folder.mkdir()
+    tensors = {to_hf_name(n): torch.zeros(s, dtype=torch.bfloat16) for n, s in parameter_shapes(cfg).items()}
+    tensors["model.embed_tokens.weight"] = embed
+    groups = [tensors] if head is None else [{"lm_head.weight": embed.clone()}, tensors]
+    if head == "last":
+        groups.reverse()
+    shards = {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": g for i, g in enumerate(groups)}
+    for name, group in shards.items():
+        save_file(group, folder / name, metadata={"format": "pt"})
+    weight_map = {key: name for name, group in shards.items() for key in group}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps(config_to_hf(cfg, torch.bfloat16)))
+    return folder
+
+
+@pytest.mark.parametrize("order", ["first", "last"])
+def test_a_stored_tied_head_is_checked_without_a_second_embedding_in_memory(tmp_path, order):
+    """A stored head beside a tied 65536 x 512 bf16 embedding (128 MiB in fp32), read as training reads (fp32): its
+    check grows the peak by less than half the fp32 embedding over the same folder without it, whether its shard
+    comes before or after the embedding's (it held the head to the end, then compared a whole fp32 copy of it)."""
+    from tests.probes import peak_growth
+
+    embed = torch.randn(65536, 512).to(torch.bfloat16)
+    without = _tied_folder(tmp_path / "without", None, embed)
+    stored = _tied_folder(tmp_path / "with", order, embed)
+    reader = "tests.probes.read_fp32_model"
+    (lines0, base), (lines, grown) = peak_growth(reader, without), peak_growth(reader, stored)
+    assert lines0 == lines == [] and grown - base < 64, (base, grown)  # MiB; it grew by 192 (head + its fp32 copy)
+
+
+def test_the_tied_head_check_compares_every_row_and_takes_nan_for_nan(tmp_path, monkeypatch):
+    """The check goes a block of rows at a time (here two rows): a head unlike the embedding in its last row only
+    is refused; a head that is the embedding, NaN included (a diverged run saved by torch.save), loads as tied."""
+    from safetensors.torch import save_file
+
+    import lcft.model.hf_params as hf_params
+    from lcft.errors import LcftError
+    from tests.probes import read_fp32_model
+
+    monkeypatch.setattr(hf_params, "_COMPARE_ELEMENTS", 2 * 128, raising=False)
+    embed = torch.randn(16, 128).to(torch.bfloat16)
+    embed[3, 5] = float("nan")
+    folder = _tied_folder(tmp_path / "nan", "last", embed)
+    assert torch.equal(read_fp32_model(folder).get_parameter("embed_tokens.weight").isnan(), embed.isnan())
+    other = embed.clone()
+    other[-1, -1] += 1
+    folder = _tied_folder(tmp_path / "other", "first", embed)
+    save_file({"lm_head.weight": other}, folder / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LcftError, match="holds an lm_head.weight unlike model.embed_tokens.weight"):
+        read_fp32_model(folder)
