@@ -224,10 +224,12 @@ def write_json_atomic(path: Path, data: Any, sync: bool = True) -> None:
 
 
 def read_manifest(out_dir: str | os.PathLike) -> dict:
-    """The manifest of a prepared folder; a one-line error when it is missing or unreadable."""
+    """The manifest of a prepared folder; a one-line error when the folder or its manifest is missing or unreadable."""
     if Path(out_dir).name == MANIFEST and Path(out_dir).is_file():  # the manifest named, not its folder
         raise LcftError(f"{out_dir} is a windows folder's manifest: give the folder {Path(out_dir).parent}")
     expect_folder(out_dir)
+    if not os.path.lexists(out_dir):  # a mistyped --data: not a folder lacking its manifest
+        raise LcftError(f"windows folder not found: {out_dir}")
     p = Path(out_dir) / MANIFEST
     if not p.is_file():
         raise LcftError(f"{p.parent} is not a prepared windows folder (no {MANIFEST}; run `lcft prepare windows`)")

@@ -69,9 +69,9 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
     train = ["train", "--data", str(data), "--out", str(out)]
     return [
         (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out)],
-         f"{missing} is not a prepared windows folder"),
+         f"windows folder not found: {missing}"),
         (["eval", "--data", str(missing), "-c", str(missing), "--out", str(out), "--nproc", "2"],
-         "is not a prepared windows folder"),
+         "windows folder not found"),
         (["eval", "--data", str(tmp), "-c", str(model), "--out", str(out)], "no manifest.json"),
         (["eval", "--data", str(data), "-c", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
         (["eval", "--data", str(data), "-c", str(model), "--out", str(model / "report")],
@@ -82,8 +82,8 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["eval", "--data", str(data), "-c", str(model), "--out", str(out), "--cp", "2"],
          "world size 1 is not divisible by cp=2"),
         (["train", "--out", str(out)], "give the prepared data folder (--data)"),
-        (["train", "--data", str(missing), "--out", str(out)], "is not a prepared windows folder"),
-        (["train", "--data", str(missing), "--out", str(out), "--nproc", "2"], "is not a prepared windows folder"),
+        (["train", "--data", str(missing), "--out", str(out)], f"windows folder not found: {missing}"),
+        (["train", "--data", str(missing), "--out", str(out), "--nproc", "2"], "windows folder not found"),
         ([*train, "--nproc", "4", "--cp", "3"], "world size 4 is not divisible by cp=3"),
         ([*train, "--nproc", "2", "--global-batch", "3"], "--global-batch 3 is not a multiple of --micro-batch x "
          "data-parallel ranks (1 x 2)"),

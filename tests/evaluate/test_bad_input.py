@@ -45,7 +45,7 @@ def test_empty_split(ckpt_a, tmp_path):
 
 
 def test_missing_data_folder(ckpt_a, tmp_path):
-    _fails(tmp_path, "is not a prepared windows folder", tmp_path / "nope", ckpt_a)
+    _fails(tmp_path, "windows folder not found", tmp_path / "nope", ckpt_a)
 
 
 @pytest.mark.parametrize("ctx,match", [(2 * WINDOW, "larger than the window"), (1000, "not a multiple of the attention block size 64")])

@@ -29,7 +29,7 @@ def _fails(tmp_path: Path, base: dict, match: str, hooks: TrainHooks | None = No
 
 
 def test_missing_data(tmp_path, base_cfg):
-    out = _fails(tmp_path, base_cfg, "not a prepared windows folder", data=str(tmp_path / "nope"))
+    out = _fails(tmp_path, base_cfg, "windows folder not found", data=str(tmp_path / "nope"))
     assert not out.exists()
 
 
@@ -121,6 +121,6 @@ def test_no_memory_for_the_model_itself_is_one_line(tmp_path, base_cfg, monkeypa
 def test_cli_one_line_error_and_exit_code(tmp_path):
     result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
-    assert "not a prepared windows folder" in result.output and "Traceback" not in result.output
+    assert "windows folder not found" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(app, ["train", "--data", "x", "--out", "y", "--lr", "fast"])
     assert result.exit_code == 1 and "lr: not a number" in result.output
