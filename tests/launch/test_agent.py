@@ -125,7 +125,7 @@ if round == "0":
 """
 
 
-def _agent(tmp_path: Path, *, fail: bool) -> subprocess.Popen:
+def _saving_agent(tmp_path: Path, *, fail: bool) -> subprocess.Popen:
     """The launch's agent (lcft.launch.agent, the real torchrun) on two WORKERs, --max-restarts 1, grace 1 s."""
     (tmp_path / "worker.py").write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES and k != "FAIL"}
@@ -139,7 +139,7 @@ def test_the_grace_ends_the_run_on_a_signal_but_not_the_restart_of_a_group(tmp_p
     on a signal; the close before a restart keeps torch's 30 s, so a worker still saving when another failed
     finishes (on torch 2.11, which has no such flag, the agent's shim gave every close the grace: it was SIGKILLed
     after 1 s). The workers are the agent's own children (the launcher tells a restart by new ones)."""
-    agent = _agent(tmp_path, fail=True)
+    agent = _saving_agent(tmp_path, fail=True)
     _, err = agent.communicate(timeout=120)
     assert agent.returncode == 0, err[-3000:]
     assert (tmp_path / "0-1-termed").exists() and (tmp_path / "0-1-ended").exists(), err[-3000:]
@@ -147,7 +147,7 @@ def test_the_grace_ends_the_run_on_a_signal_but_not_the_restart_of_a_group(tmp_p
 
     signalled = tmp_path / "signalled"
     signalled.mkdir()
-    agent = _agent(signalled, fail=False)
+    agent = _saving_agent(signalled, fail=False)
     deadline = time.monotonic() + 60
     while not all((signalled / f"0-{k}-started").exists() for k in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.05)
