@@ -49,6 +49,7 @@ from lcft.launch.process import (
     FAILURES_ENV,
     HANDED_ENV,
     PARENT_ENV,
+    READY_ENV,
     RESULT_FILE_ENV,
     Handed,
 )
@@ -109,8 +110,9 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lcft-launch-")))  # mode 0700
         spec = save_resolved(tmp / "spec.toml", to_dict(cfg))
         files = {FAILURE_FILE_ENV: tmp / "failure.txt", FAILURES_ENV: tmp / "failures.json",
-                 RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed"}
+                 RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed", READY_ENV: tmp / "ready"}
         files[HANDED_ENV].mkdir()
+        files[READY_ENV].mkdir()
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
                f"--max-restarts={cfg.max_restarts}", f"--shutdown-timeout={cfg.stop_grace}", "-m", "lcft.launch",
                name, str(spec)]
@@ -118,7 +120,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
             del files[HANDED_ENV]  # rendezvous: the group fails on every node alike, each printing its error
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
         supervisor = Supervisor(cmd, env, files[FAILURE_FILE_ENV], files.get(HANDED_ENV), cfg.nproc,
-                                elastic=cfg.max_restarts > 0, resume=j.resume, gathers=cfg.nnodes > 1)
+                                elastic=cfg.max_restarts > 0, resume=j.resume, gathers=cfg.nnodes > 1,
+                                ready=files[READY_ENV])
         rc = supervisor.run()
         # This node's first rank hands back its summary once the ranks ended their work together and agreed on how
         # (lcft/launch/__main__.py): a node without rank 0 hears it from its own workers, sharing no run folder.

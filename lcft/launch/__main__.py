@@ -13,7 +13,7 @@ from lcft import liveness
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.launch.jobs import JOBS
-from lcft.launch.process import HANDED_ENV, RESULT_FILE_ENV, die_with_parent, hand_over
+from lcft.launch.process import HANDED_ENV, RESULT_FILE_ENV, die_with_parent, hand_over, say_ready
 from lcft.signals import StopSignals, note_until_installed
 
 HAND_OVER_S = 10.0
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name, spec = args
     note_until_installed()  # a stop passed on while this worker imports is taken up by the job
+    say_ready()  # (the launcher holds a stop back until then: before, it would end this process)
     rank = int(os.environ.get("RANK", "0"))
     try:
         entry = JOBS[name].entry()

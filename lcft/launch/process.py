@@ -17,6 +17,7 @@ from lcft.liveness import own_restarts
 
 HANDED_ENV = "LCFT_HANDED_OVER"  # set by the launcher: the folder where each rank says how its work ended (file: RANK)
 FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
+READY_ENV = "LCFT_READY"  # set by the launcher: the folder where each worker says its stop handler is set (file: PID)
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
 PARENT_ENV = "LCFT_PARENT_PID"  # set by the launcher (its pid) for the agent, and by the agent for the workers
@@ -36,6 +37,21 @@ def die_with_parent() -> None:
     if os.getppid() != parent:  # the parent died before the request took effect: orphaned, reparented
         os._exit(1)
     os.environ[PARENT_ENV] = str(os.getpid())
+
+
+def say_ready() -> None:
+    """Tell the launcher (READY_ENV's folder) that this worker notes a stop signal now rather than dying of it: the
+    launcher passes a pending stop on only then. No-op outside a launch."""
+    if folder := os.environ.get(READY_ENV):
+        with contextlib.suppress(OSError):  # (then the launcher never passes a stop on: the worker trains on)
+            (Path(folder) / str(os.getpid())).touch()
+
+
+def ready(folder: Path) -> set[int]:
+    """The pids of the workers that said their stop handler is set (`say_ready`)."""
+    with contextlib.suppress(OSError):
+        return {int(n) for n in os.listdir(folder) if n.isdecimal()}
+    return set()
 
 
 class Handed(NamedTuple):

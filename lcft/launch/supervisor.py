@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from lcft.launch.process import Handed, handed_over
+from lcft.launch.process import Handed, handed_over, ready
 from lcft.liveness import NODE_RANK_ENV, read_report
 from lcft.signals import STOP_SIGNALS, Stopped
 
@@ -36,8 +36,9 @@ class Supervisor:
     ERROR_GRACE_S = 2.0  # after a rank's user error, the most it waits for the node's other ranks to raise theirs
 
     def __init__(self, cmd: list[str], env: dict[str, str], failure: Path, errors: Path | None, nproc: int,
-                 elastic: bool, resume: str, gathers: bool = False) -> None:
+                 elastic: bool, resume: str, gathers: bool = False, ready: Path | None = None) -> None:
         self.cmd, self.env, self.failure, self.elastic, self.resume = cmd, env, failure, elastic, resume
+        self.ready = ready  # where the workers say their stop handler is set (process.say_ready); None: all are
         self.errors, self.nproc = errors, nproc
         self.gathers = gathers  # the agent first waits at the rendezvous for the other nodes (--nnodes)
         self.heard: Handed | None = None  # the latest user error a rank handed over
@@ -157,10 +158,14 @@ class Supervisor:
         return []
 
     def _forward(self, signum: int) -> None:
-        """Pass the signal to every worker not yet told, unless one is frozen: then nothing can be saved, end
-        them all."""
+        """Pass the signal to every worker not yet told once its stop handler is set (a worker still starting,
+        a restart's too, would die of it, and the agent restart the group), unless one is frozen: then nothing
+        can be saved, end them all."""
         workers = [w for w in self._workers() if w.pid not in self.told]
         frozen = [w for w in workers if _status(w) == psutil.STATUS_STOPPED]
+        if self.ready is not None:  # (a worker's own processes, started after its handler was set, are told)
+            starting = {w.pid for w in self._workers(recursive=False)} - ready(self.ready)
+            workers = [w for w in workers if w.pid not in starting]
         if frozen:
             ranks = ", ".join(_describe(w) for w in frozen)
             if not self.failure.exists():  # a worker's own diagnosis comes first

@@ -5,9 +5,12 @@ losses and weights as an uninterrupted run."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -83,6 +86,42 @@ def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data
         torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6)
 
 
+# A restarted group's workers slow to start (1 s before the worker entry runs): a stop passed on to them then would
+# end them.
+SLOW_RESTART = ("import os, time\n"
+                "if int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0) > 0 and 'RANK' in os.environ:\n"
+                "    time.sleep(1)\n")
+
+
+def test_a_stop_signal_during_a_restart_saves_and_spends_no_restart(tmp_path, data_dir, init_dir):
+    """--max-restarts 3: rank 1 SIGKILLed after step 3, SIGTERM to the launcher once the agent started the
+    restarted group: its ranks take the stop up once their handler is set, resume, save one step later and exit
+    143. The new workers died of the SIGTERM passed on as they started, the agent restarted the group until its
+    restarts were spent (waiting 30 s for a rank that had noted it), and nothing new was saved (63 s)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_RESTART)
+    path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+    run = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 40, "--save-every", 2, "--max-restarts", 3,
+                       env={"PYTHONPATH": path})
+    wait_for_step(run, 3, [proc])
+    (agent,) = psutil.Process(proc.pid).children()
+    first = {w.pid for w in agent.children()}
+    rank_process(proc, 1).kill()
+    deadline = time.monotonic() + 120
+    while not {w.pid for w in agent.children()} - first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    assert "failed (exitcode: -15)" not in err, err[-3000:]
+    resumed = int(re.search(r"resumed from \S+ \(step (\d+),", err).group(1))
+    assert latest_checkpoint(run).name == f"step-{resumed + 1:08d}", err[-3000:]
+    assert time.monotonic() - t0 < 30, err[-3000:]
+
+
 def test_a_second_signal_ends_the_workers_at_once(tmp_path, data_dir, init_dir):
     """SIGINT then SIGTERM to the launcher (two kinds: the kernel merges a repeated pending signal, and delivers
     pending ones lowest number first): the first is passed on (finish the step, save), the second ends every
@@ -102,8 +141,6 @@ def test_a_second_signal_ends_the_workers_at_once(tmp_path, data_dir, init_dir):
 
 
 def _agent_started(proc) -> bool:
-    import psutil
-
     return bool(psutil.Process(proc.pid).children())
 
 
