@@ -256,8 +256,15 @@ def diagnose(error: BaseException, resume: str) -> tuple[str, bool] | None:
     if not lost:
         return None
     where = f" (node {', '.join(map(str, nodes))} lost)" if nodes else ""
-    return (f"{', '.join(map(str, lost))} stopped answering{where} after a collective failed or waited "
-            f"{hb.timeout_s:g} s ({said}); {resume}", min(alive) == hb.rank)
+    how = f"waited {hb.timeout_s:g} s" if _timed_out(error) else "failed"
+    return (f"{', '.join(map(str, lost))} stopped answering{where} after a collective {how} ({said}); {resume}",
+            min(alive) == hb.rank)
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether a collective's error is its timeout (gloo: 'Timed out waiting Nms', NCCL's watchdog: 'collective
+    operation timeout', the store: 'Socket Timeout'), not a failure at once (a peer's connection closed)."""
+    return isinstance(error, TimeoutError) or re.search(r"timed? ?out", str(error), re.IGNORECASE) is not None
 
 
 def _within(fn: Callable[[], Any], seconds: float) -> Any:

@@ -1,9 +1,13 @@
-"""The cause a diagnosis quotes from a failed collective: one printable line without gloo's source location (the
-end-to-end diagnosis, with a frozen and a killed rank, is in tests/train/test_elastic.py and test_two_nodes.py)."""
+"""The cause a diagnosis quotes from a failed collective: one printable line without gloo's source location, and
+whether the collective waited out its timeout or failed at once (the end-to-end diagnosis, with a frozen and a killed
+rank, is in tests/train/test_elastic.py and test_two_nodes.py)."""
 
 from __future__ import annotations
 
-from lcft.liveness import cause
+import pytest
+
+from lcft import liveness
+from lcft.liveness import Peer, cause
 
 GLOO = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41024: Connection reset by peer"
 
@@ -20,3 +24,32 @@ def test_every_line_is_kept_on_one_printable_bounded_line():
 
 def test_an_error_that_says_nothing_is_named_by_its_type():
     assert cause(TimeoutError()) == "TimeoutError"
+
+
+class _Beats:
+    """Stands in for this process's heartbeat (rank 0, collective timeout 5 s): rank 1 on node 1 stopped beating."""
+
+    rank, timeout_s, host, port, peers = 0, 5.0, "h", 1, {}
+
+    def stop(self) -> None:
+        pass
+
+    def lost(self) -> tuple[list[Peer], list[int]]:
+        return [Peer(1, 1, "h1", 7)], [0]
+
+    def nodes_lost(self, lost: list[Peer], alive: list[int]) -> list[int]:
+        return [1]
+
+
+TIMED_OUT = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation"
+
+
+@pytest.mark.parametrize(("error", "after"), [(RuntimeError(GLOO), "failed"), (RuntimeError(TIMED_OUT), "waited 5 s"),
+                                              (TimeoutError(), "waited 5 s")])
+def test_a_diagnosis_says_the_collective_waited_only_when_it_timed_out(monkeypatch, error, after):
+    """A connection reset by the lost peer failed at once: the diagnosis said 'failed or waited 5 s' either way."""
+    monkeypatch.setattr(liveness, "_current", _Beats())
+    message, reporter = liveness.diagnose(error, "RESUME")
+    assert message == (f"rank 1 on node 1 (host h1, pid 7) stopped answering (node 1 lost) after a collective "
+                       f"{after} ({cause(error)}); RESUME")
+    assert reporter

@@ -102,7 +102,8 @@ class Supervisor:
         restarted the group), and cleared then for the new round's; kept for the launch to raise when the agent
         gives up instead (its restarts spent, or the rendezvous closed), as without --max-restarts."""
         if workers - self.seen:  # (the report is written before its worker ends, and the agent restarts after)
-            print(f"restarting: {report}", file=sys.stderr, flush=True)
+            # Without the job's resume, which says to start the run again: it goes on by itself.
+            print(f"restarting: {report.removesuffix(f'; {self.resume}')}", file=sys.stderr, flush=True)
             self.failure.unlink(missing_ok=True)
 
     def _signalled(self, signum: int) -> None:

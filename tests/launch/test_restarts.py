@@ -26,6 +26,8 @@ from lcft.train import TrainConfig
 from tests.train.conftest import data_dir  # noqa: F401 (fixture)
 
 LOST = "rank 0 on node 0 (host h, pid 1) stopped answering (node 0 lost)"
+RESUME = "the run ended without a new checkpoint: start it again with --resume auto"
+REPORT = f"{LOST}; {RESUME}"  # a worker's diagnosis, ending in the job's resume
 
 # Stands in for torchrun's agent under --max-restarts: its worker reports a lost rank (into the launcher's failure
 # file), starts a process of its own (a DataLoader's, a compile worker) and ends; then the agent either restarts the
@@ -34,7 +36,7 @@ LOST = "rank 0 on node 0 (host h, pid 1) stopped answering (node 0 lost)"
 AGENT = f"""
 import os, subprocess, sys, time
 report = ("import os, subprocess, time; time.sleep(0.5); "
-          "open(os.environ[{FAILURE_FILE_ENV!r}], 'x').write({LOST!r} + '\\\\n'); subprocess.run(['sleep', '1'])")
+          "open(os.environ[{FAILURE_FILE_ENV!r}], 'x').write({REPORT!r} + '\\\\n'); subprocess.run(['sleep', '1'])")
 subprocess.run([sys.executable, "-c", report])
 time.sleep(0.5)  # (torchrun stops the group and meets the other nodes again)
 if sys.argv[1] == "restart":
@@ -49,11 +51,12 @@ NEVER_GATHERED = f"import sys, time; time.sleep(0.5); sys.exit({EXIT_NOT_GATHERE
 def _supervise(tmp_path: Path, capsys, how: str) -> tuple[int, str, Path]:
     failure = tmp_path / "failure.txt"
     supervisor = Supervisor([sys.executable, "-c", AGENT, how], {**os.environ, FAILURE_FILE_ENV: str(failure)},
-                            failure, None, 1, elastic=True, resume="")
+                            failure, None, 1, elastic=True, resume=RESUME)
     return supervisor.run(), capsys.readouterr().err, failure
 
 
 def test_restarting_is_said_when_the_agent_restarts_the_group(tmp_path, capsys):
+    """The diagnosis, without its resume: the run goes on by itself (it said to start it again)."""
     rc, err, failure = _supervise(tmp_path, capsys, "restart")
     assert (rc, err) == (0, f"restarting: {LOST}\n")
     assert not failure.exists()  # cleared for the new round's diagnosis
@@ -66,7 +69,7 @@ def test_restarting_is_not_said_when_the_agent_gives_up(tmp_path, capsys, rc):
     (new, but no restarted worker)."""
     got, err, failure = _supervise(tmp_path, capsys, str(rc))
     assert (got, err) == (rc, "")
-    assert failure.read_text() == LOST + "\n"  # what the launch raises
+    assert failure.read_text() == REPORT + "\n"  # what the launch raises
 
 
 def _launch(tmp_path: Path, monkeypatch, data: Path, script: str, *args: str) -> LcftError:
@@ -83,14 +86,12 @@ def _launch(tmp_path: Path, monkeypatch, data: Path, script: str, *args: str) ->
     return raised.value
 
 
-RESUME = "the run ended without a new checkpoint: start it again with --resume auto"
-
 
 def test_a_lost_rank_that_no_restart_followed_is_exit_75(tmp_path, monkeypatch, capsys, data_dir):  # noqa: F811
     """The agent gave up (its restarts spent) after a worker named the lost rank: that diagnosis, exit 75. It was
     'training processes failed (torchrun exit code 1)', exit 1 (do not requeue), after 'restarting: ...'."""
     error = _launch(tmp_path, monkeypatch, data_dir, AGENT, "1")
-    assert (type(error), str(error), error.exit_code) == (PeerLost, LOST, EXIT_LOST)
+    assert (type(error), str(error), error.exit_code) == (PeerLost, REPORT, EXIT_LOST)
     assert capsys.readouterr().err == ""
 
 

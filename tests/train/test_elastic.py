@@ -150,8 +150,6 @@ def test_a_signal_while_the_workers_start_stops_the_run(tmp_path, data_dir, init
     trained to its end and exited 0. A moment later, workers still starting died of it and the run exited 1,
     'processes failed'. Now every worker gets it, those started later too, and takes it up once it can (a step,
     then a checkpoint), or the launch says it stopped them before they saved: exit 143 either way."""
-    import psutil
-
     run = tmp_path / "run"
     proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0)
     deadline = time.monotonic() + 60
