@@ -42,21 +42,23 @@ _TORCH_LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distribut
 class _RepeatedEnds(logging.Filter):
     """Drops torch's records (matched by message format, the text before its arguments) that repeat what the
     launcher's line says: the stop signal the agent got and passed on, and the workers it then ended; a failed
-    worker where the agent then ends (no --max-restarts; else torch's line is the only word of a failure it
-    restarts the group for), or one that exited EXIT_LOST, having named the lost rank itself; the store of node
-    0's agent, which hosts the rendezvous, gone (a keep-alive heartbeat, the last call, that cannot connect).
-    Kept: all else, such as a worker that would not end, a rendezvous error of another kind, an exception."""
+    worker where the agent then ends (no --max-restarts, or its restarts spent; else torch's line is the only word
+    of a failure it restarts the group for), or one that exited EXIT_LOST, having named the lost rank itself; the
+    store of node 0's agent, which hosts the rendezvous, gone (a keep-alive heartbeat, the last call, that cannot
+    connect). Kept: all else, such as a worker that would not end, a rendezvous error of another kind, an exception."""
 
     def __init__(self, restarts: int) -> None:
         super().__init__()
         self.restarts = restarts
+        self.failed = 0  # the group's failures on this node so far: each spends a restart, the one after the last ends
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
         if msg.startswith(("Received %s death signal", "Got termination signal", "Sending process %s closing")):
             return False
-        if msg.startswith("failed (exitcode: %s)") and isinstance(record.args, tuple):
-            return self.restarts > 0 and record.args[0] != EXIT_LOST
+        if msg.startswith("failed (exitcode: %s)") and isinstance(record.args, tuple):  # (torch: one per failure)
+            self.failed += 1
+            return self.failed <= self.restarts and record.args[0] != EXIT_LOST
         # (these two are formatted before logging)
         host_gone = msg.endswith("due to an error of type RendezvousConnectionError.") and (
             "failed to send a keep-alive heartbeat" in msg or "failed to shutdown the rendezvous" in msg)
