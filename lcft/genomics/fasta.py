@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import struct
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +30,7 @@ from lcft.genomics.fasta_check import (
     non_ascii_line,
     not_a_fasta_file,
 )
-from lcft.genomics.fasta_read import FastaRecords
+from lcft.genomics.fasta_read import BGZF_DAMAGE, GZIP_DAMAGE, FastaRecords
 from lcft.genomics.fasta_scan import MAX_GAP, IndexScan, long_header, scan_index
 from lcft.hashing import file_hash
 
@@ -46,7 +44,7 @@ def _first_text(path: Path, kind: str, n: int = 1 << 16, most: int = 1 << 24) ->
             while len(parts) * n < most and not re.search(rb"[\r\n]", parts[-1]) and (more := fh.read(n)):
                 parts.append(more)
             return b"".join(parts)
-    except (OSError, EOFError) as e:
+    except (OSError, *GZIP_DAMAGE) as e:
         raise LcftError(f"{path}: not a readable FASTA ({reason(e)})") from None
 
 
@@ -203,7 +201,7 @@ class FastaFile(FastaRecords):
             raise self._explained(indexing_error(self.path, e)) from None
         except OSError as e:
             raise LcftError(f"{self.path}: cannot index FASTA: {reason(e)}") from None
-        except (struct.error, zlib.error, EOFError) as e:  # Bio.bgzf on a cut or damaged block
+        except BGZF_DAMAGE as e:  # Bio.bgzf on a cut or damaged block
             raise LcftError(f"{self.path}: truncated or corrupt BGZF ({e or type(e).__name__})") from None
 
     def __enter__(self) -> FastaFile:

@@ -21,6 +21,7 @@ from lcft.disk import check_room
 from lcft.errors import LcftError, reason
 from lcft.files import parse_json, read_text, replacing_together
 from lcft.foreign_entries import not_own
+from lcft.genomics.fasta_read import GZIP_DAMAGE
 from lcft.genomics.gzip_size import gzip_size_floor
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -125,7 +126,9 @@ def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Call
                 raise LcftError(f"{path} changed while it was read (sha256 {sha256[:12]} when opened, {got[:12]} "
                                 "read): open it again once it is complete")
             tmp_record.write_text(json.dumps(_record_of(tmp)))
-    except (OSError, EOFError) as e:
+    except GZIP_DAMAGE as e:  # the source's gzip data, not the cache: before OSError, of which BadGzipFile is one
+        raise LcftError(f"{path}: truncated or corrupt gzip, cannot {what} ({reason(e)})") from None
+    except OSError as e:
         raise LcftError(f"{path}: cannot {what} into {dest.parent}: {reason(e)}") from None
 
 

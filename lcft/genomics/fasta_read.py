@@ -4,6 +4,7 @@ checked to hold bases where the index puts them."""
 from __future__ import annotations
 
 import bisect
+import gzip
 import os
 import struct
 import zlib
@@ -17,6 +18,10 @@ from lcft.errors import LcftError, shown
 from lcft.genomics.fasta_check import BLANKS, first_non_base, missing_names_error
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
+# What a read of gzip data raises where the file is cut or damaged: gzip.BadGzipFile (an OSError) for a bad
+# header, EOFError for a stream cut short, zlib.error for damaged deflate data (neither of the last two an OSError)
+GZIP_DAMAGE = (gzip.BadGzipFile, EOFError, zlib.error)
+BGZF_DAMAGE = (struct.error, *GZIP_DAMAGE)  # Bio.bgzf's block reader: also struct.error for a cut block header
 
 
 class FastaRecords:
@@ -32,7 +37,7 @@ class FastaRecords:
     def _reading(self, name: str = "") -> Iterator[None]:
         """Reads (of record `name`): a cut or damaged BGZF block (Bio.bgzf raises struct, zlib, EOF and value
         errors) is a one-line error naming the file."""
-        errors = (struct.error, zlib.error, EOFError) + ((ValueError,) if self.faidx._bgzf else ())
+        errors = BGZF_DAMAGE + ((ValueError,) if self.faidx._bgzf else ())
         try:
             yield
         except errors as e:

@@ -33,6 +33,7 @@ from lcft.folder_lock import made_folder
 from lcft.foreign_entries import open_own, refuse_not_own
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
+from lcft.genomics.fasta_read import GZIP_DAMAGE
 from lcft.hashing import file_hash
 from lcft.units import counted
 
@@ -248,5 +249,9 @@ def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, tim
         con.print(f"{dest} already downloaded")
     try:
         return _make_readable(dest, bgzip)
-    except (OSError, EOFError) as e:
+    except GZIP_DAMAGE as e:  # kept, every re-run would take it as downloaded and fail on it again
+        dest.unlink()
+        raise LcftError(f"cannot unpack {dest}: truncated or corrupt gzip ({reason(e)}); the download was removed, "
+                        "re-run to download it again") from None
+    except OSError as e:  # the disk, not the download: kept for a re-run
         raise LcftError(f"cannot unpack {dest}: {reason(e)}") from None

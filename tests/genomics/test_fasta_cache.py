@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import os
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from lcft.genomics import prepare_windows
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import cache_dir, cache_entries, mark_used, remove_unused
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
+from tests.one_line import one_line
 
 SWAP_AC = str.maketrans("ACac", "CAca")  # a rewrite of the bases only: the same bytes long
 
@@ -159,6 +161,24 @@ def test_a_fasta_rewritten_while_it_is_copied_leaves_no_copy(tmp_path, monkeypat
 
 
 DAY = 86400
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r"])
+@pytest.mark.parametrize("at", ["head", "past the head"])
+def test_a_gzip_fasta_with_damaged_deflate_data_is_one_line(tmp_path, at, eol):
+    """Damaged deflate data raises zlib.error, no OSError, and had escaped as a traceback: where the first text is
+    read, and past it, where the copy is made (decompressed, or normalized for CR-only line ends). One line naming
+    the file, and nothing left in the cache."""
+    text = write_fasta(tmp_path / "g.fa", {"chr1": random_genome(1, 400_000)}, eol=eol).read_bytes()
+    cut = 100 if at == "head" else 300_000  # the first 64 KiB decompressed are read first
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip member
+    gz = bytearray(deflate.compress(text[:cut]) + deflate.flush(zlib.Z_FULL_FLUSH))  # the next block starts a byte
+    gz += b"\xff" + (deflate.compress(text[cut:]) + deflate.flush())[1:]  # its header: type 3, which deflate reserves
+    path = tmp_path / "g.fa.gz"
+    path.write_bytes(gz)
+    before = cache_entries()  # the cache is the session's: other tests' entries stay
+    one_line(lambda: FastaFile(path), f"{path}: ", "decompressing data")
+    assert cache_entries() == before
 
 
 def _age(path: Path, days: float) -> None:

@@ -14,6 +14,7 @@ from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
 from lcft.genomics.fetch import MD5_LIST_LIMIT, fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
+from tests.one_line import one_line
 
 
 class GenomeServer(BaseHTTPRequestHandler):
@@ -181,6 +182,28 @@ def test_a_one_record_genome_is_counted_in_the_singular(server, tmp_path, capsys
     fetch_fasta("one", tmp_path, url=url.replace("hg38.fa.gz", "one.fa.gz"), md5="skip", progress=True)
     said = " ".join(capsys.readouterr().err.split())  # rich wraps lines at spaces
     assert "one.fa (1 record) — next:" in said and (tmp_path / "one.fa").is_file(), said
+
+
+@pytest.mark.parametrize("bgzip", [False, True])
+@pytest.mark.parametrize("damage", ["flipped", "cut"])
+def test_a_download_that_cannot_be_unpacked_is_removed_and_fetched_again(server, tmp_path, bgzip, damage):
+    """Damaged deflate data (zlib.error, had escaped as a traceback) or a gzip cut short: one line naming the
+    download, which is removed, so a re-run downloads it again (had said "already downloaded" and failed again)."""
+    url, plain = server
+    good = GenomeServer.files["/g/hg38.fa.gz"]
+    bad = bytearray(good)
+    if damage == "flipped":
+        bad[20:40] = bytes(b ^ 255 for b in bad[20:40])
+    else:
+        del bad[len(bad) // 2:]
+    GenomeServer.files["/g/hg38.fa.gz"] = bytes(bad)
+    d = tmp_path / "d"
+    one_line(lambda: fetch_fasta("hg38", d, url=url, md5="skip", bgzip=bgzip),
+             f"{d / 'hg38.fa.gz'}: truncated or corrupt gzip", "the download was removed")
+    assert not d.exists() or list(d.iterdir()) == []
+    GenomeServer.files["/g/hg38.fa.gz"] = good
+    ready = fetch_fasta("hg38", d, url=url, md5="skip", bgzip=bgzip)
+    assert (gzip.decompress(ready.read_bytes()) if bgzip else ready.read_bytes()) == plain
 
 
 def test_second_fetch_does_not_download_again(server, tmp_path):
