@@ -63,7 +63,9 @@ class LossStore:
         return self._start
 
     def _records(self, n: int) -> Iterator[bytes]:
-        """Whole records in order up to the first that does not check (its digest, or its index out of place)."""
+        """Whole records in order up to the first that does not check: its digest, its index out of place, or a
+        non-finite loss. A pass that computed one failed on it (a diverged model): a rerun computes it again rather
+        than blame the model for what the file holds (the digest is unkeyed: it catches damage, not a forger)."""
         if not self.path.exists():
             return
         with open(self.path, "rb") as fh:
@@ -73,7 +75,8 @@ class LossStore:
                     return
                 body, digest = rec[:-DIGEST_BYTES], rec[-DIGEST_BYTES:]
                 if hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest() != digest or \
-                        int.from_bytes(body[-INDEX_BYTES:], "little") != i:
+                        int.from_bytes(body[-INDEX_BYTES:], "little") != i or \
+                        not np.isfinite(np.frombuffer(body, np.float32, self.keep)).all():
                     return
                 yield body
 

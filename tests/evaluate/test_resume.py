@@ -3,6 +3,7 @@ run's, only the missing windows are computed, and a damaged or foreign pass is c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import pytest
 import lcft.evaluate.losses as losses
 from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
-from lcft.evaluate.store import PARTIAL, LossStore
+from lcft.evaluate.store import DIGEST_BYTES, INDEX_BYTES, PARTIAL, LossStore
 from tests.one_line import one_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,8 +106,10 @@ def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
     _same_report(tmp_path / "killed", tmp_path / "clean")
 
 
-@pytest.mark.parametrize("damage", ["torn", "flipped", "swapped"])
+@pytest.mark.parametrize("damage", ["torn", "flipped", "swapped", "nan", "inf"])
 def test_a_damaged_record_and_those_after_it_are_computed_again(data_dir, ckpt_a, tmp_path, monkeypatch, damage):
+    """A record that does not check is computed again with those after it; so is one whose digest checks but
+    whose loss is not finite (signed again with the unkeyed digest: had been read back, and the model blamed)."""
     cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a)
     _killed(cfg, 6)  # windows 0-4 kept
     (path,) = (tmp_path / "killed" / PARTIAL).glob("*.losses")
@@ -116,12 +119,17 @@ def test_a_damaged_record_and_those_after_it_are_computed_again(data_dir, ckpt_a
         data = data[:-7]
     elif damage == "flipped":  # one bit of window 2's losses
         data[2 * record + 100] ^= 4
-    else:  # windows 1 and 2 in each other's place
+    elif damage == "swapped":  # windows 1 and 2 in each other's place
         data[record:3 * record] = data[2 * record:3 * record] + data[record:2 * record]
+    else:  # window 2's last loss (a counted token's) made non-finite, its record signed again
+        keep = next(k for k in range(record) if k * 4 + (k + 7) // 8 + INDEX_BYTES + DIGEST_BYTES == record)
+        body = data[2 * record:3 * record - DIGEST_BYTES]
+        body[keep * 4 - 4:keep * 4] = np.float32(damage).tobytes()
+        data[2 * record:3 * record] = body + hashlib.blake2b(bytes(body), digest_size=DIGEST_BYTES).digest()
     path.write_bytes(bytes(data))
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**cfg))
-    assert len(calls) == {"torn": 2, "flipped": 4, "swapped": 5}[damage]
+    assert len(calls) == {"torn": 2, "flipped": 4, "swapped": 5, "nan": 4, "inf": 4}[damage]
     evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
     _same_report(tmp_path / "killed", tmp_path / "clean")
 
