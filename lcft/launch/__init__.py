@@ -66,7 +66,7 @@ from lcft.liveness import (
 )
 from lcft.signals import Stopped, signal_name
 
-__all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "Stopped", "exit_code", "launch", "run"]
+__all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "exit_code", "launch", "run"]
 
 def exit_code(summary: dict[str, Any]) -> int:
     """The process exit code of a finished command from its summary: 128 + N when signal N stopped the run
@@ -136,14 +136,14 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         lost = read_report(files[FAILURE_FILE_ENV]) if rc != 0 and not erred else None
         summary = json.loads(files[RESULT_FILE_ENV].read_text()) if rc == 0 else None  # (every worker exited 0)
     if supervisor.stop is not None and supervisor.ended and not supervisor.started:  # (it waited for other nodes)
-        raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} before the nodes gathered (no worker had "
+        raise Stopped(f"stopped by {signal_name(supervisor.stop)} before the nodes gathered (no worker had "
                       f"started); {j.resume}", supervisor.stop)
     if supervisor.said is not None:  # the cause: the other ranks' failures, had they gone on, its consequences
         raise _raised(supervisor.said)
     if rc != 0 and not supervisor.ended and (error := _agent_ended(rc, supervisor, cfg, j.resume)):
         raise error
     if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
-        raise Stopped(f"stopped by {signal.Signals(supervisor.stop).name} while the workers were starting, "
+        raise Stopped(f"stopped by {signal_name(supervisor.stop)} while the workers were starting, "
                       f"before they saved; {j.resume}", supervisor.stop)
     if killed or lost:
         raise PeerLost(killed or lost)

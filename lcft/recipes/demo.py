@@ -145,7 +145,7 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
         tcfg = dataclasses.replace(tcfg, resume="auto")
     summary = train(tcfg)
     if summary["stopped"] == "signal":  # the user asked the whole demo to stop, not just this stage
-        from lcft.launch import Stopped
+        from lcft.signals import Stopped
 
         name = summary["signal"]
         raise Stopped(f"stopped by {name} at step {summary['step']} of {run} (checkpoint {summary['checkpoint']}); "
@@ -305,7 +305,7 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool, control_steps: int) 
         return report, "done before with the same options and weights, skipped"
     report = evaluate(ecfg, progress=progress)
     if report.get("stopped") == "signal":  # the user asked the whole demo to stop, not just this stage
-        from lcft.launch import Stopped
+        from lcft.signals import Stopped
 
         name = report["signal"]
         raise Stopped(f"stopped by {name} in the evaluation (the losses computed so far are kept in "
