@@ -29,9 +29,10 @@ COUNT_LIMITS = {"vocab_size": MAX_VOCAB, "hidden_size": 1 << 16, "intermediate_s
 # limit, 1024 layers x 1024 experts would be a million, half an hour of building before its weights are compared.
 # The largest of the families lcft reads has 56 x 8 = 448 (Mixtral 8x22B); DeepSeek-V3, 61 x 256 = 15,616.
 MAX_MLPS = 1 << 14
-POSITIVE_REALS = {"rope_theta", "rms_norm_eps", "initializer_range"}
-# Reals that may be 0: Mixtral's load-balancing coefficient (0 = the loss is computed but adds nothing).
-NONNEGATIVE_REALS = {"router_aux_loss_coef"}
+POSITIVE_REALS = {"rope_theta", "rms_norm_eps"}
+# Reals that may be 0: Mixtral's load-balancing coefficient (0 = the loss is computed but adds nothing), and the
+# standard deviation of fresh weights (transformers takes 0; a loaded checkpoint never uses it).
+NONNEGATIVE_REALS = {"router_aux_loss_coef", "initializer_range"}
 # float32, the dtype lcft computes norms, losses and fresh weights in: its largest finite and smallest normal values
 # (torch.finfo(torch.float32).max and .tiny, written out so that this module needs no torch).
 F32_MAX = (2 - 2**-23) * 2**127

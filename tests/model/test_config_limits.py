@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.cli.app import app
 from lcft.errors import LcftError
-from lcft.model.config import COUNT_LIMITS, MAX_MLPS, REAL_RANGES
+from lcft.model.config import COUNT_LIMITS, MAX_MLPS, REAL_RANGES, check_counts
 from lcft.model.layers import RMSNorm
 from lcft.model.moe import load_balancing_loss
 from lcft.shapes import MAX_BATCH
@@ -131,3 +131,13 @@ def test_the_initializer_range_limit_is_transformers_llama_limit():
     transformers.LlamaConfig(initializer_range=high)
     with pytest.raises(Exception, match="initializer_range"):  # noqa: B017 (transformers' strict dataclass error)
         transformers.LlamaConfig(initializer_range=high * 1.5)
+
+
+def test_an_initializer_range_of_0_loads_as_in_transformers(tmp_path):
+    """transformers takes initializer_range 0 (its interval starts at 0) and it only sizes a fresh model's weights,
+    never a loaded checkpoint's: a published config.json holding it loads; a negative one is refused."""
+    transformers = pytest.importorskip("transformers")
+    transformers.LlamaConfig(initializer_range=0.0)
+    check_counts({"initializer_range": 0.0})
+    with pytest.raises(LcftError, match="initializer_range must be a number >= 0"):
+        check_counts({"initializer_range": -0.01})
