@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+NAME = "dna-char"  # the name its spec records
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 A, C, G, T, N = 4, 5, 6, 7, 8
 BASES = "ACGTN"
@@ -12,7 +13,7 @@ VOCAB_SIZE = 16  # padded to 16 (embedding rows beyond len(VOCAB) are never prod
 
 def tokenizer_spec() -> dict:
     """What a manifest or checkpoint records so a data set and a model can be checked for compatibility."""
-    return {"name": "dna-char", "vocab": list(VOCAB), "vocab_size": VOCAB_SIZE, "case_free": True}
+    return {"name": NAME, "vocab": list(VOCAB), "vocab_size": VOCAB_SIZE, "case_free": True}
 
 
 # ids 0..4,194,303: the one vocabulary limit, of a model (lcft.model.config.COUNT_LIMITS) and of every id a tokenizer

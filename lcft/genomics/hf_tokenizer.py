@@ -23,7 +23,7 @@ import numpy as np
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.kmer_tokenizer import MAX_K
+from lcft.genomics.kmer_tokenizer import kmer_spec
 from lcft.genomics.manifest import is_char
 from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, guarded, load_tokenizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, UPPER, SeqTokenizer
@@ -191,10 +191,12 @@ def rebuilt(spec: dict[str, Any]) -> SeqTokenizer | None:
     """lcft's own vocabulary that `spec` records (char; kmer:K, the built-in one), rebuilt; None for any other."""
     if same_tokenizer(spec, char_vocab.tokenizer_spec()):
         return char_tokenizer()
-    name = spec.get("name", "")
-    k = name.removeprefix("kmer:")
-    if name.startswith("kmer:") and k.isdigit() and 1 <= int(k) <= MAX_K and "sha256" in spec:
-        tok = load_tokenizer(f"kmer:{int(k)}")
+    try:
+        kmer = kmer_spec(spec.get("name", ""))
+    except LcftError:  # a name lcft does not write: not one of its own
+        return None
+    if kmer and not kmer[1] and "sha256" in spec:
+        tok = load_tokenizer(f"kmer:{kmer[0]}")
         return tok if tok.sha256() == spec["sha256"] else None
     return None
 

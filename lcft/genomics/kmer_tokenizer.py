@@ -25,6 +25,17 @@ BUILTIN_ROLES = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>
 _PATTERN = re.compile(r"^\(\?m:\.\{(\d+)\}\)\|\(\?m:\.\+?\)$")  # what KmerTokenizer._to_json writes (K > 1)
 
 
+def kmer_spec(spec: str) -> tuple[int, str] | None:
+    """K and the vocabulary path (empty: the built-in one) of a `kmer:K[:PATH]` tokenizer spec; None for a spec of
+    another kind. A K that is not a whole number from 1 to MAX_K is one line."""
+    if not spec.startswith("kmer:"):
+        return None
+    k_text, _, path = spec.removeprefix("kmer:").partition(":")
+    if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
+        raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
+    return int(k_text), path
+
+
 def kmer_k_of(pattern: str) -> int | None:
     """K of a k-mer tokenizer.json's split regex as lcft writes it; None for any other regex."""
     if pattern == "(?m:.)":

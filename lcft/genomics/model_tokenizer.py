@@ -24,7 +24,14 @@ import numpy as np
 from lcft.errors import LcftError, did_you_mean, reason, shown
 from lcft.files import parse_json
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, MAX_K, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
+from lcft.genomics.kmer_tokenizer import (
+    BUILTIN_ROLES,
+    MAX_K,
+    KmerTokenizer,
+    builtin_kmer_vocab,
+    kmer_k_of,
+    kmer_spec,
+)
 from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_hash import char_normalizer, upper_rules
@@ -203,7 +210,7 @@ class JsonTokenizer(SeqTokenizer):
 
 def char_tokenizer() -> SeqTokenizer:
     """lcft's own vocabulary (one token per base); prepare keeps its dedicated fast path."""
-    return SeqTokenizer("dna-char", list(char_vocab.VOCAB) + ["?"] * (char_vocab.VOCAB_SIZE - len(char_vocab.VOCAB)),
+    return SeqTokenizer(char_vocab.NAME, list(char_vocab.VOCAB) + ["?"] * (char_vocab.VOCAB_SIZE - len(char_vocab.VOCAB)),
                         char_vocab.UNK, specials=frozenset(range(4)), roles=dict(BUILTIN_ROLES))
 
 
@@ -216,14 +223,12 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
     spec = (spec or "char").strip()
     if spec == "char":
         return char_tokenizer()
-    if spec.startswith("kmer:"):
-        k_text, _, path = spec[5:].partition(":")
-        if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
-            raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
+    if kmer := kmer_spec(spec):
+        k, path = kmer
         if not path:
-            return KmerTokenizer(int(k_text), builtin_kmer_vocab(int(k_text)), spec, BUILTIN_ROLES)
+            return KmerTokenizer(k, builtin_kmer_vocab(k), spec, BUILTIN_ROLES)
         vocab, folder = read_vocab(local_path(path))
-        return KmerTokenizer(int(k_text), vocab, path, read_roles(folder, vocab))
+        return KmerTokenizer(k, vocab, path, read_roles(folder, vocab))
     folder = local_path(spec)  # a Hub id ORG/NAME[@REVISION] is its cached snapshot (lcft.hub)
     if folder.is_file() and folder.name == VOCAB_FILE:  # a k-mer vocabulary named itself: read as its folder's
         folder, only_vocab = folder.parent, True

@@ -11,6 +11,7 @@ from lcft.vocab import (  # noqa: F401
     BASES,
     BOS,
     EOS,
+    NAME,
     PAD,
     SPECIALS,
     UNK,

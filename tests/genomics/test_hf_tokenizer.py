@@ -140,3 +140,20 @@ def test_prepare_refuses_an_added_token_its_export_cannot_match_alike(token, nor
         with pytest.raises(LcftError, match="encodes DNA as prepare does: '.*' would encode to") as e:
             call()
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, rebuilt", [("kmer:3", True), ("kmer:03", True), ("kmer:0", False),
+                                           ("kmer:11", False), ("kmer:3:vocab.txt", False), ("kmer:x", False)])
+def test_a_checkpoint_without_tokenizer_files_rebuilds_only_lcfts_own_kmer_vocabulary(tmp_path, name, rebuilt):
+    """A checkpoint folder with no tokenizer.json: the spec its lcft.json records is rebuilt when it names a
+    built-in kmer:K (K 1..10) of the same hash, and is one line naming the spec otherwise."""
+    from lcft.errors import LcftError
+    from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
+    from lcft.genomics.model_tokenizer import load_tokenizer
+
+    spec = {**load_tokenizer("kmer:3").spec(), "name": name}
+    if rebuilt:
+        assert checkpoint_tokenizer(tmp_path, spec).spec() == load_tokenizer("kmer:3").spec()
+    else:
+        with pytest.raises(LcftError, match="not one lcft can rebuild"):
+            checkpoint_tokenizer(tmp_path, spec)
