@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcft.model.config import AttentionConfig, LlamaConfig
-from lcft.model.layers import RMSNorm, flash_attn_func
+from lcft.model.layers import RMSNorm, flash_attn_for
 from lcft.model.rope import apply_rope
 from lcft.model.window import SlidingWindowCore
 
@@ -23,11 +23,8 @@ class DenseCore(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q (B, Hq, L, D); k, v (B, Hkv, L, D) -> (B, Hq, L, D)
-        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-            flash = flash_attn_func()
-            if flash is not None:  # flash-attn wants (B, L, H, D) and handles GQA itself
-                out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
-                return out.transpose(1, 2)
+        if (flash := flash_attn_for(q)) is not None:  # flash-attn wants (B, L, H, D) and handles GQA itself
+            return flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 

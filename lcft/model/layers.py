@@ -75,3 +75,8 @@ def flash_attn_func() -> Callable | None:
     except ImportError:
         return None
     return flash_attn_func
+
+
+def flash_attn_for(q: torch.Tensor) -> Callable | None:
+    """flash-attn's function where it may run on `q`: a CUDA tensor in half precision, the package installed."""
+    return flash_attn_func() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcft.model.layers import flash_attn_func
+from lcft.model.layers import flash_attn_for
 
 # Queries per chunk of the masked path: the mask and the attention weights of a chunk are then
 # QUERY_CHUNK x (QUERY_CHUNK + W) per head.
@@ -31,12 +31,9 @@ class SlidingWindowCore(nn.Module):
         n, w = q.shape[2], self.window
         if n <= w:  # the window reaches back to the first token: plain causal attention
             return self._dense(q, k, v)
-        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-            flash = flash_attn_func()
-            if flash is not None:  # window_size=(left, right) counts keys besides the query's own
-                out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
-                            window_size=(w - 1, 0))
-                return out.transpose(1, 2)
+        if (flash := flash_attn_for(q)) is not None:  # window_size=(left, right): keys besides the query's own
+            out = flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window_size=(w - 1, 0))
+            return out.transpose(1, 2)
         gqa = q.shape[1] != k.shape[1]
         outs = []
         for s in range(0, n, QUERY_CHUNK):

@@ -234,3 +234,15 @@ def test_qk_norm_under_bf16_autocast_equals_dense_with_sparse_attention():
         grads.append(m.layers[0].attn.q_proj.weight.grad)
     torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=0)
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=2e-2 * grads[0].abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_flash_attn_is_never_asked_to_run_on_the_cpu(monkeypatch, dtype):
+    """Both attention cores ask one helper whether flash-attn may run: never for a CPU tensor (it has no CPU
+    kernels), even where the package imports; a float32 tensor never either."""
+    from lcft.model import layers
+
+    monkeypatch.setattr(layers, "flash_attn_func", lambda: (lambda *a, **k: pytest.fail("flash-attn called")))
+    assert layers.flash_attn_for(torch.zeros(1, 1, 4, 8, dtype=dtype)) is None
+    q = torch.randn(1, 2, 8, 4, dtype=dtype)
+    assert torch.equal(DenseCore()(q, q, q), F.scaled_dot_product_attention(q, q, q, is_causal=True))
