@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name, spec = args
     note_until_installed()  # a stop passed on while this worker imports is taken up by the job
-    say_ready()  # (the launcher holds a stop back until then: before, it would end this process)
     rank = int(os.environ.get("RANK", "0"))
     try:
+        say_ready()  # (the launcher holds a stop back until then: before, it would end this process)
         entry = JOBS[name].entry()
         summary = entry.work(entry.resolve(entry.load(spec)))
         if os.environ.get("LOCAL_RANK", "0") == "0" and (result := os.environ.get(RESULT_FILE_ENV)):

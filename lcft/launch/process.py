@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 from typing import NamedTuple
 
+from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.liveness import own_restarts
 
@@ -41,10 +42,16 @@ def die_with_parent() -> None:
 
 def say_ready() -> None:
     """Tell the launcher (READY_ENV's folder) that this worker notes a stop signal now rather than dying of it: the
-    launcher passes a pending stop on only then. No-op outside a launch."""
+    launcher passes a stop on only then. No-op outside a launch. LcftError when the folder cannot take it (a full
+    or read-only temporary file system): such a worker would never be told a stop, and train on past its
+    scheduler's SIGTERM and the user's Ctrl-C, so it refuses to start its work."""
     if folder := os.environ.get(READY_ENV):
-        with contextlib.suppress(OSError):  # (then the launcher never passes a stop on: the worker trains on)
+        try:
             (Path(folder) / str(os.getpid())).touch()
+        except OSError as e:
+            raise LcftError(f"cannot write to the launch's temporary folder {folder} ({e.strerror or e}): a stop "
+                            "signal could not be passed on to the workers; free space there or set TMPDIR to a "
+                            "writable folder") from None
 
 
 def ready(folder: Path) -> set[int]:

@@ -19,7 +19,7 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.launch import run
 from lcft.launch.__main__ import main
-from lcft.launch.process import HANDED_ENV, RESULT_FILE_ENV, handed_over
+from lcft.launch.process import HANDED_ENV, READY_ENV, RESULT_FILE_ENV, handed_over
 
 
 def test_worker_refuses_a_bad_command_line(capsys):
@@ -72,6 +72,29 @@ def test_a_user_error_that_cannot_be_handed_over_is_printed_by_rank_0(tmp_path, 
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
+
+def test_a_worker_that_cannot_say_it_is_ready_hands_that_over_before_its_work(tmp_path, capsys, monkeypatch):
+    """The launcher passes a stop signal on to a worker only once it said it is ready (a file in the launcher's
+    folder): one that cannot write there would train on past every stop, so its work never starts and the launcher
+    raises why (here the folder is a file: as root, a mode 0500 folder would still take it)."""
+    ran = []
+    monkeypatch.setattr("lcft.evaluate.runner.evaluate", lambda cfg, **_kw: ran.append(cfg) or {"checkpoints": 0})
+    cfg = EvalConfig(data=str(tmp_path / "d"), checkpoints=(str(tmp_path / "m"),), out=str(tmp_path / "r"))
+    spec = save_resolved(tmp_path / "eval.toml", to_dict(cfg))
+    errors, folder = tmp_path / "errors", tmp_path / "ready"
+    errors.mkdir()
+    folder.write_text("")
+    monkeypatch.setenv(HANDED_ENV, str(errors))
+    monkeypatch.setenv(READY_ENV, str(folder))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr("lcft.launch.__main__.HAND_OVER_S", 0.0)  # no launcher here to end the wait
+    assert main(["eval", str(spec)]) == 1
+    assert not ran
+    message = (f"cannot write to the launch's temporary folder {folder} (Not a directory): a stop signal could not "
+               "be passed on to the workers; free space there or set TMPDIR to a writable folder")
+    assert [h[:4] for h in handed_over(errors)] == [(1, 0, 1, message)]
+    assert capsys.readouterr().err == ""
+
 # Stands in for the job's work in a worker process: a summary (success) or an internal error (a bug).
 FAKE_WORK = """
 import os
@@ -86,10 +109,11 @@ runner.evaluate = work
 """
 
 
-@pytest.mark.parametrize("outcome", ["ok", "bug"])
+@pytest.mark.parametrize("outcome", ["ok", "bug", "unready"])
 def test_a_worker_process_exits_with_its_outcome(tmp_path, outcome):
     """As torchrun starts it: a finished job exits 0 with its summary handed back; a bug exits 1 with its
-    traceback (the worker ends with os._exit, so nothing of Python's own exit path may be relied on)."""
+    traceback (the worker ends with os._exit, so nothing of Python's own exit path may be relied on); a worker
+    that cannot say it is ready (the launcher's folder full: here, a file) exits 1 before its work, one line."""
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(FAKE_WORK)
     cfg = EvalConfig(data=str(tmp_path / "d"), checkpoints=(str(tmp_path / "m"),), out=str(tmp_path / "r"))
@@ -97,14 +121,21 @@ def test_a_worker_process_exits_with_its_outcome(tmp_path, outcome):
     result = tmp_path / "result.json"
     path = os.pathsep.join([str(tmp_path / "hook"), str(Path(__file__).resolve().parents[2])])
     env = dict(os.environ, PYTHONPATH=path, RANK="0", FAKE_WORK=outcome, **{RESULT_FILE_ENV: str(result)})
+    if outcome == "unready":
+        (tmp_path / "ready").write_text("")
+        env[READY_ENV] = str(tmp_path / "ready")
     res = subprocess.run([sys.executable, "-m", "lcft.launch", "eval", str(spec)], env=env, capture_output=True,
                          text=True, timeout=120)
     if outcome == "ok":
         assert res.returncode == 0, res.stderr[-2000:]
         assert json.loads(result.read_text()) == {"checkpoints": 0}
-    else:
+    elif outcome == "bug":
         assert res.returncode == 1 and not result.exists()
         assert "Traceback" in res.stderr and "RuntimeError: a broken internal contract" in res.stderr
+    else:
+        assert res.returncode == 1 and not result.exists()
+        assert res.stderr.startswith(f"error: cannot write to the launch's temporary folder {tmp_path / 'ready'} ")
+        assert res.stderr.count("\n") == 1, res.stderr
 
 
 @pytest.mark.distributed
