@@ -4,10 +4,10 @@ A normalizer can write more than it reads (a Replace of one letter by a thousand
 `tokenizers` allocates for all of it: a 1 KB file could make one 4096-base block a million tokens. The normalizer is
 bounded from the file itself first (`normalizer_growth`, whatever the bases: every kind's worst case, a Sequence's
 product); then, with a normalizer or a regex lcft did not write, a child process with bounded memory encodes every
-letter alone and as a run, and every short tandem repeat (`_PROBE`): one that gives more than GROWTH tokens or
-characters a base, runs out of memory, whose regex the engine gives up on (a Rust panic), or that takes more than
-SLOW_US of CPU a base (a regex that backtracks on a repeat: (GA)n and its kind are common in genomes, and a
-search that backtracks is polynomial or exponential in the repeat's length) is refused in one line.
+letter alone and as a run, and tandem repeats of every unit up to 6 bases (`REPEATS`): one that gives more than
+GROWTH tokens or characters a base, runs out of memory, whose regex the engine gives up on (a Rust panic), or that
+takes more than SLOW_US of CPU a base (a regex that backtracks on a repeat: (GA)n and its kind are common in
+genomes, and a search that backtracks is polynomial or exponential in the repeat's length) is refused in one line.
 """
 
 from __future__ import annotations
@@ -38,14 +38,53 @@ NOT_READ = 4  # the probing child's exit code for a file the library does not re
 SLOW_US = 20
 SLACK_S = 0.05  # and this much a probe whatever its length (the first call's set-up, the clock's grain)
 REPEAT_LENGTHS = (256, 1024, BPE_BLOCK)  # growing: a search polynomial in the repeat's length is caught short
+
+
+def _fold(unit: str) -> str:
+    """The least rotation of a tandem-repeat unit: one name for the repeat whatever its phase."""
+    return min(unit[i:] + unit[:i] for i in range(len(unit)))
+
+
+def _units(k: int) -> list[str]:
+    """Every tandem-repeat unit of `k` bases up to rotation, less those that repeat a shorter one (ACAC is AC)."""
+    return sorted({_fold(u) for u in map("".join, itertools.product("ACGT", repeat=k))
+                   if all(u != u[:d] * (k // d) for d in range(1, k) if k % d == 0)})
+
+
 # one unit of each mono-, di- and trinucleotide repeat up to rotation (a run of AG is a run of GA one base on)
-REPEAT_UNITS = sorted({min(u[i:] + u[:i] for i in range(k)) for k in (1, 2, 3)
-                       for u in map("".join, itertools.product("ACGT", repeat=k)) if k == 1 or len(set(u)) > 1})
-# each letter alone; each repeat, at each length, ending in each base not in it (a piece is a run of A/C/G/T: a
-# base that fails a pattern is what sets a search backtracking); each letter as a block-long run (upper case: lcft
-# upper-cases bases before a tokenizer sees them); then mixed bases. A line names each probe before it is encoded,
-# so one that exhausts the child's memory or its time is named too (the library's ordinary errors, a missing
-# unknown token say, are left to `guarded`, which names them)
+REPEAT_UNITS = sorted(u for k in (1, 2, 3) for u in _units(k))
+# Longer units: 60 + 204 + 670 of 4, 5 and 6 bases, 5M bases at the three lengths even with one end each (12x the
+# rest of the probe). A search backtracks on a repeat in one of two ways. Exponentially (alternatives that split a
+# unit two ways, as (?:GGAAT|GGA|AT)+C on (GGAAT)n): some 20 periods exhaust the engine's retry limit (a panic) or
+# the budget, and every unit of a few bases occurs as such a short run somewhere in a genome, so every unit of 4-6
+# bases is probed once, at 256 bases (42-64 periods: room for a slower growth; CPU allowed: 0.055 s).
+# Polynomially (quantified pieces in a row, as (?:GGAAT)*(?:GGAAT)*C): the cost a base grows as a power of the
+# run's length, harmless on a short run (that one: 1 µs a base at 256 bases, 10 at 1,024, 110 at 4,096), so it
+# matters only where a genome holds a unit in arrays of kilobases: the units below, both strands, probed at every
+# length. (Alpha satellite's 171-base unit is no pattern's piece: a regex backtracks on the few bases its pieces span)
+ARRAY_UNITS = sorted({_fold(v) for u in (
+    "GGAAT",  # human satellite III (megabases at 1q12, 9q12, Yq12), with (ATTCC)n = (CATTC)n on the other strand
+    "TTAGGG", "TTAGG", "TTAGGC", "TTTAGGG",  # the telomere of vertebrates, arthropods, nematodes and plants
+    "GGAA", "AAAT", "AAAAT",  # human microsatellites common and long ((AAAT)n, (AAAAT)n at Alu tails)
+) for v in (u, u[::-1].translate(str.maketrans("ACGT", "TGCA")))})
+
+
+def _end(unit: str, n: int) -> str:
+    """The one base a longer unit's probe of `n` bases ends in: one not in the unit, else one that breaks its
+    period (a unit of 6 bases mostly holds all four)."""
+    return min("ACGT", key=lambda b: (b in unit, b == (unit * n)[n - 1]))
+
+
+_SCREENED = sorted({*ARRAY_UNITS, *(u for k in (4, 5, 6) for u in _units(k))})  # the longer units at 256 bases
+# (unit, bases, the bases its probes end in), by length so that a search polynomial in the length is caught short
+REPEATS = [r for n in REPEAT_LENGTHS for r in
+           [(u, n, "".join(b for b in "ACGT" if b not in u)) for u in REPEAT_UNITS] +
+           [(u, n, _end(u, n)) for u in (_SCREENED if n == REPEAT_LENGTHS[0] else ARRAY_UNITS)]]
+# each letter alone; each repeat, ending in each base not in its unit (a piece is a run of A/C/G/T: a base that
+# fails a pattern is what sets a search backtracking; a longer unit's repeat in one, `_end`); each letter as a
+# block-long run (upper case: lcft upper-cases bases before a tokenizer sees them); then mixed bases. A line names
+# each probe before it is encoded, so one that exhausts the child's memory or its time is named too (the library's
+# ordinary errors, a missing unknown token say, are left to `guarded`, which names them)
 _PROBE = f"""import resource, sys, time
 try:
     resource.setrlimit(resource.RLIMIT_AS, ({PROBE_BYTES}, {PROBE_BYTES}))
@@ -62,8 +101,8 @@ tk.no_padding()
 tk.no_truncation()
 letters = {string.ascii_uppercase!r}
 probes = [(c, c + ' alone') for c in letters]
-probes += [((u * n)[:n - 1] + b, f'{{u!r}} repeated to {{n}} bases then {{b}}') for n in {REPEAT_LENGTHS!r}
-           for u in {REPEAT_UNITS!r} for b in 'ACGT' if b not in u]
+probes += [((u * n)[:n - 1] + b, f'{{u!r}} repeated to {{n}} bases then {{b}}') for u, n, ends in {REPEATS!r}
+           for b in ends]
 probes += [(c * {BPE_BLOCK}, f'a run of {BPE_BLOCK} {{c}}') for c in letters]
 probes += [(s, f'{{s[:5]!r}} repeated') for s in ('ACGT' * 1024, 'ACGTN' * 820, 'acgtn' * 820, 'AAAAC' * 820)]
 for s, name in probes:

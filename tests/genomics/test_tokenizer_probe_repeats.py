@@ -4,6 +4,7 @@ and only short calls hold stderr for it. Each pattern is shown to panic or crawl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from tokenizers import Tokenizer
 from lcft.errors import LcftError
 from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
 from lcft.genomics.model_tokenizer import JsonTokenizer, guarded, tokenizer_from_json_text
+from lcft.genomics.tokenizer_probe import REPEAT_LENGTHS, REPEATS
 from tests.genomics.conftest import write_fasta
 
 SINGLE = {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5}
@@ -57,6 +59,44 @@ def test_a_regex_that_backtracks_on_a_repeat_is_refused_at_load(pattern):
     with pytest.raises(LcftError, match=refusal) as e:
         tokenizer_from_json_text(split_json(pattern), "tok")
     assert "\n" not in str(e.value) and time.monotonic() - t < 60
+
+
+# each slow on repeats of one longer unit only, never on one of 1-3 bases
+LONGER = {r"(?:GGAAT|GGA|AT)+C|.": ("GGAAT", "gives up on pre_tokenizer.pattern .* 'AATGG' repeated to 256 bases"),
+          r"(?:ACGTTG|ACG|TTG)+C|.": ("ACGTTG", "gives up on .* 'ACGTTG' repeated to 256 bases then A"),
+          r"(?:GGAAT)*(?:GGAAT)*C|.": ("GGAAT", r"backtracks on .* 'AATGG' repeated to 4096 bases then C \("),
+          r"(?:CCCTAA)*(?:CCCTAA)*G|.": ("CCCTAA", r"backtracks on .* 'AACCCT' repeated to 4096 bases then G \(")}
+
+
+@pytest.mark.parametrize("pattern", list(LONGER))
+def test_a_regex_that_backtracks_on_a_longer_unit_only_is_refused(pattern):
+    """Satellite III's GGAAT and the telomere's other strand (polynomial: only an array of kilobases is slow), any
+    unit up to 6 bases (exponential: a short run panics); quick on every repeat of 1-3 bases at each phase."""
+    unit, refusal = LONGER[pattern]
+    tk = Tokenizer.from_str(split_json(pattern))
+    for u in ("".join(p) for k in (1, 2, 3) for p in itertools.product("ACGT", repeat=k)):
+        for n, b in itertools.product(REPEAT_LENGTHS, "ACGT"):
+            assert cpu_to_encode(tk, (u * n)[:n - 1] + b) < 20e-6 * n + 0.05, (u, n, b)
+    if "*" in pattern:  # the library's time: 4x the bases, far more than 4x the time
+        assert cpu_to_encode(tk, unit * 800 + "A") > 16 * cpu_to_encode(tk, unit * 200 + "A")
+    else:
+        with pytest.raises(BaseException, match="retry-limit-in-match over"):
+            tk.encode(unit * 40 + "A", add_special_tokens=False)
+    with pytest.raises(LcftError, match=refusal) as e:
+        tokenizer_from_json_text(split_json(pattern), "tok")
+    assert "\n" not in str(e.value)
+
+
+def test_every_unit_up_to_six_bases_is_probed():
+    """Each repeat of 1-6 bases, at any phase, is probed under one of its rotations (4-6 bases: once, at 256 bases),
+    each unit once: 4 + 6 + 20 + 60 + 204 + 670, the primitive necklaces of 4 letters (Moebius)."""
+    at_short = [u for u, n, _ in REPEATS if n == REPEAT_LENGTHS[0]]
+    assert len(at_short) == len(set(at_short))
+    for k, count in zip(range(1, 7), (4, 6, 20, 60, 204, 670), strict=True):
+        assert len([u for u in at_short if len(u) == k]) == count
+        for s in map("".join, itertools.product("ACGT", repeat=k)):
+            if all(s != s[:d] * (k // d) for d in range(1, k) if k % d == 0):
+                assert any(s[i:] + s[:i] in at_short for i in range(k)), s
 
 
 @pytest.mark.parametrize("pattern", [".{1,6}", "[ACGTN]{6}|[ACGTN]+|."])
