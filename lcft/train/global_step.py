@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from lcft.genomics.dataset import TrainSamples, batch_counts, step_indices
+from lcft.parallel.comms import all_reduce_sum
 from lcft.train.metrics import peak_memory_bytes
 from lcft.train.sharded import clip
 from lcft.train.step import compute_loss
@@ -24,6 +26,36 @@ if TYPE_CHECKING:
     from lcft.train.config import TrainConfig
     from lcft.train.guard import SpikeGuard
     from lcft.train.trainer import TrainHooks
+
+
+def world_sum(values: list[float]) -> list[float]:
+    """Each value summed over every rank in float64 (comms.STATS counts it under 'loss'); one process: the values."""
+    return all_reduce_sum(torch.tensor(values, dtype=torch.float64), None, tag="loss").tolist()
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """The global batch's loss normaliser, known before any forward: every counted token of the step weighs the
+    same whatever its split over data-parallel ranks, cp shards and micro-steps."""
+
+    count: float
+    """Counted tokens of the global batch."""
+    bases: float
+    """The bases they cover (the denominator of bits per base)."""
+    scale: float
+    """Factor on each micro-batch's loss sum before backward."""
+
+    @classmethod
+    def of(cls, counts: list[float], cp: int, world: int, accum: int) -> Normaliser:
+        """From this rank's [counted tokens, bases] of its whole (unsharded) micro-batches (`batch_counts`)."""
+        # Summed over the world; the cp ranks of one group hold the same batch, hence / cp.
+        count, bases = (v / cp for v in world_sum(counts))
+        # DDP averages gradients over the world and backward() divides by the accumulation steps: undo both.
+        return cls(count, bases, world * accum / max(count, 1.0))
+
+    def per_token(self, total: float) -> float:
+        """A sum over the global batch's tokens as a per-token mean (0 when no token counts, never NaN)."""
+        return total / max(self.count, 1.0)
 
 
 class GlobalStep:
@@ -45,13 +77,7 @@ class GlobalStep:
     scheduler: Any
     guard: SpikeGuard
 
-    # ---- collectives (no-ops on one process) ----
-    def _sum(self, values: list[float], dtype: torch.dtype = torch.float64) -> list[float]:
-        t = torch.tensor(values, dtype=dtype)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
-
+    # ---- collectives (no-ops on one process; the loss sums: `world_sum`) ----
     def _max(self, values: list[int]) -> list[int]:
         t = torch.tensor(values, dtype=torch.int64)
         if self.world > 1:
@@ -76,11 +102,7 @@ class GlobalStep:
         groups = step_indices(st.samples_seen, cfg.global_batch, cfg.micro_batch, self.layout.dp_rank, self.layout.dp)
         ids = [[self.samples.sample_id(g) for g in micro] for micro in groups]
         batches = [self.samples.batch(m) for m in ids]
-        # Normaliser of the whole global batch, known before any forward: every counted token weighs the same
-        # whatever the split over ranks and micro-steps. cp ranks of one group hold the same batch: / cp.
-        count, bases = (v / cfg.cp for v in self._sum(batch_counts(batches, self.samples.label_bases)))
-        # DDP averages gradients over the world and backward() divides by the accumulation steps; undo both.
-        scale = self.world * self.accum / max(count, 1.0)
+        norm = Normaliser.of(batch_counts(batches, self.samples.label_bases), cfg.cp, self.world, self.accum)
         loss_sum = z_sum = 0.0
         for batch in batches:
             batch = {k: v.to(self.acc.device) for k, v in batch.items()}
@@ -88,15 +110,15 @@ class GlobalStep:
                 ls, _, zs = compute_loss(self.lm, batch, self.cp_runner)
                 if self.hooks.perturb_loss:
                     ls = self.hooks.perturb_loss(step, ls)
-                self.acc.backward(ls * scale)
+                self.acc.backward(ls * norm.scale)
             loss_sum, z_sum = loss_sum + ls.detach().double().item(), z_sum + zs.detach().double().item()
-        loss_sum, z_sum = self._sum([loss_sum, z_sum])
-        objective = loss_sum / max(count, 1.0)
-        loss = (loss_sum - cfg.z_loss * z_sum) / max(count, 1.0)  # cross-entropy alone (nats per token)
+        loss_sum, z_sum = world_sum([loss_sum, z_sum])
+        objective = norm.per_token(loss_sum)
+        loss = norm.per_token(loss_sum - cfg.z_loss * z_sum)  # cross-entropy alone (nats per token)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = clip(self.acc, self.lm, max_norm, self.layout)  # fsdp: the global norm over the shards
         lr = self.opt.param_groups[0]["lr"]
-        verdict = "empty" if count == 0 else self.guard.check(objective, grad_norm)
+        verdict = "empty" if norm.count == 0 else self.guard.check(objective, grad_norm)
         if verdict == "ok":
             self.opt.step()
             self.scheduler.step()
@@ -116,7 +138,7 @@ class GlobalStep:
             torch.cuda.synchronize(self.acc.device)
         peak = self._max([peak_memory_bytes(self.acc.device)])[0]
         dt = time.perf_counter() - t0
-        record = {"step": step, "loss": loss, "bits_per_base": bits_per_base(loss, count, bases), "lr": lr,
+        record = {"step": step, "loss": loss, "bits_per_base": bits_per_base(loss, norm.count, norm.bases), "lr": lr,
                   "grad_norm": grad_norm, "tokens_per_s": cfg.global_batch * self.seq_len / dt, "peak_mem": peak,
                   "skipped": st.skipped, "elapsed": 0.0, "samples": samples}
         if verdict != "ok":

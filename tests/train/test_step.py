@@ -1,14 +1,18 @@
-"""The per-micro-batch loss against a plain full-logits computation and the learning-rate schedule."""
+"""The per-micro-batch loss against a plain full-logits computation, the step's loss normaliser against the
+whole batch's per-token mean, and the learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from lcft.genomics.dataset import batch_counts
 from lcft.model import Llama
 from lcft.train.config import TrainConfig
+from lcft.train.global_step import Normaliser
 from lcft.train.step import LossModel, compute_loss, lr_factor, make_optimizer, make_scheduler
 
 from .conftest import small_model_config
@@ -33,6 +37,36 @@ def test_compute_loss_matches_full_logits():
     assert count.item() == keep.sum().item()
     torch.testing.assert_close(ls.double(), (w * (ce + z * lse**2)).sum(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(zs.double(), (w * lse**2).sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_normaliser_weighs_every_counted_token_of_the_step_alike():
+    """Two micro-batches with unequal counted tokens, accumulated as the trainer does (backward of loss_sum x scale,
+    which Accelerate divides by the accumulation steps): the loss and gradient of the whole batch's per-token mean
+    (the oracle: one forward of both), not the mean of the two micro-batches' means."""
+    torch.manual_seed(0)
+    model = Llama(small_model_config())
+    ids = torch.randint(4, 9, (2, 64))  # (B, L): micro-batch k is row k
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+    labels[0, 5:50] = -100  # 18 counted tokens against 63
+    micro = [{"input_ids": ids[k:k + 1], "labels": labels[k:k + 1]} for k in range(2)]
+    bases = np.arange(model.config.vocab_size, dtype=np.int64)  # any per-label table: bases are summed as given
+    norm = Normaliser.of(batch_counts(micro, bases), cp=1, world=1, accum=2)
+    assert norm.count == 81 and norm.bases == bases[labels[labels != -100]].sum()
+    loss_model = LossModel(model, 0.0, chunk=40)
+    total = 0.0
+    for batch in micro:
+        ls, _, _ = compute_loss(loss_model, batch)
+        (ls * norm.scale / 2).backward()  # / 2: Accelerate's division by the accumulation steps
+        total += ls.item()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ls, count, _ = compute_loss(loss_model, {"input_ids": ids, "labels": labels})
+    (ls / count).backward()
+    assert norm.per_token(total) == pytest.approx((ls / count).item(), rel=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    empty = Normaliser.of([0.0, 0.0], cp=1, world=1, accum=2)  # every label ignored: 0, never NaN
+    assert empty.per_token(0.0) == 0.0 and math.isfinite(empty.scale)
 
 
 def test_lr_schedule():
