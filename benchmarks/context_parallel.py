@@ -46,11 +46,13 @@ def worker(args: argparse.Namespace) -> dict | None:
 
     Under torchrun (`--torchrun`) the rank comes from the environment, and on CUDA the backend is NCCL and
     memory is the device's peak allocation."""
+    import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
     import torch.distributed as dist
 
+    from lcft.genomics.dataset import batch_counts
     from lcft.kernels import chunked_cross_entropy
     from lcft.kernels.spec import SparseSpec
     from lcft.model import AttentionConfig, Llama, preset
@@ -58,6 +60,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     from lcft.parallel.activations import apply_activation_checkpointing
     from lcft.parallel.comms import STATS
     from lcft.parallel.mesh import group_backend
+    from lcft.train.global_step import Normaliser, world_sum
 
     cuda = args.device == "cuda"
     if args.torchrun:
@@ -81,6 +84,7 @@ def worker(args: argparse.Namespace) -> dict | None:
     ids = torch.randint(4, 8, (1, args.length), generator=g)  # (1, L) A/C/G/T
     labels = torch.full_like(ids, -100)
     labels[:, :-1] = ids[:, 1:]
+    counts = batch_counts([{"labels": labels}], np.ones(cfg.vocab_size, dtype=np.int64))  # host labels
     ids, labels = ids.to(device), labels.to(device)
     local, _ = runner.shard({"labels": labels, "input_ids": ids})
     base_rss = _peak_rss()  # torch, model and data before the first step
@@ -93,18 +97,20 @@ def worker(args: argparse.Namespace) -> dict | None:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
+        # The trainer's normaliser (its all-reduce counted under 'loss'); without DDP the gradient stays unsynchronised.
+        norm = Normaliser.of(counts, args.world, args.world, accum=1)
         with autocast:
             hidden, _ = runner.hidden_states(model, ids)  # (1, L/cp, H)
-        loss_sum, count = chunked_cross_entropy(hidden.float(), model.lm_head_weight, local["labels"])
-        loss_bw, loss = runner.window_loss(loss_sum, count)
-        loss_bw.backward()
+        loss_sum, _ = chunked_cross_entropy(hidden.float(), model.lm_head_weight, local["labels"])
+        (loss_sum * norm.scale).backward()
+        loss = norm.per_token(world_sum([loss_sum.item()])[0])
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         times.append(dt)
         compute.append(dt - STATS.seconds)
         sent = STATS.snapshot()
-    out = {"rank": args.rank, "loss": loss.item(), "step_s": times[-1], "compute_s": compute[-1],
+    out = {"rank": args.rank, "loss": loss, "step_s": times[-1], "compute_s": compute[-1],
            "peak_rss": _peak_rss(), "base_rss": base_rss, "bytes": sent,
            "peak_device": torch.cuda.max_memory_allocated(device) if cuda else 0}
     if args.out:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lcft.errors import LcftError
-from lcft.parallel.comms import all_gather_nograd, cp_window_loss
+from lcft.parallel.comms import all_gather_nograd
 from lcft.parallel.config import CpConfig
 from lcft.parallel.cp_attention import ContextParallelCore
 from lcft.parallel.mesh import ParallelState
@@ -57,8 +57,8 @@ def apply_context_parallel(model: nn.Module, state: ParallelState, cfg: CpConfig
 
 class ContextParallelRunner:
     """This rank's view of a window under cp, the same for train and eval (lcft.parallel.parallelize returns
-    it): shards batches, runs the model with global positions, gathers per-token results back, and turns the
-    rank's loss share into the window loss (see comms.cp_window_loss for the gradient scaling)."""
+    it): shards batches, runs the model with global positions and gathers per-token results back. The loss of a
+    rank's tokens is normalised by the trainer (lcft.train.global_step.Normaliser), as on one process."""
 
     def __init__(self, state: ParallelState, cfg: CpConfig, block_size: int) -> None:
         self.state, self.cfg, self.block = state, cfg, int(block_size)
@@ -107,10 +107,3 @@ class ContextParallelRunner:
             return local
         parts = all_gather_nograd(local.contiguous(), self.state.cp_group, tag="window")  # (cp, B, L/cp, ...)
         return self.layout(local.shape[1] * self.state.cp).unshard(list(parts), dim=1)
-
-    def window_loss(self, loss_sum: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss to backpropagate, the window's loss for reporting) from this rank's summed loss and count."""
-        if not self.state.cp_enabled:
-            denom = count.to(loss_sum.dtype).clamp_min(1.0)
-            return loss_sum / denom, (loss_sum / denom).detach()
-        return cp_window_loss(loss_sum, count, self.state.cp_group, self.state.cp)

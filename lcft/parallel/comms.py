@@ -1,4 +1,5 @@
-"""Autograd-aware collectives for context parallelism (all_gather, all_to_all, loss all-reduce) with byte counts.
+"""Autograd-aware collectives for context parallelism (all_gather, all_to_all) and the sum all-reduce the trainer's
+loss normaliser takes, with byte counts.
 
 Only collectives are used (no point-to-point batch_isend_irecv, which can hang on gloo).
 """
@@ -190,7 +191,7 @@ def all_to_all_nograd(x: torch.Tensor, out_splits: list[int], in_splits: list[in
 
 
 def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "reduce") -> torch.Tensor:
-    """Sum of `x` over the group, as a new tensor with no gradient (counts, reported losses)."""
+    """Sum of `x` over the group (None: the world), as a new tensor with no gradient (counts, reported losses)."""
     out = x.detach().clone()
     if dist.is_available() and dist.is_initialized() and group_size(group) > 1:
         with STATS.timed():
@@ -198,20 +199,3 @@ def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = 
         STATS.add(tag, _nbytes(out))
     return out
 
-
-def cp_window_loss(loss_sum: torch.Tensor, count: torch.Tensor, group: dist.ProcessGroup | None,
-                   cp: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss to backpropagate, window loss to report) for one rank's share of a window.
-
-    The window's loss is S / N, S and N the token-loss sum and token count summed over the cp ranks
-    (all-reduced, no gradient through the reduction). Rank r backpropagates its own share s_r / N; the
-    K/V gathers' backward already routes cross-rank terms to their owners, so the window's true parameter
-    gradient is the SUM of the cp ranks' gradients g_r. DDP/Accelerate then AVERAGE gradients over the
-    whole world of dp*cp ranks, giving (1/(dp*cp)) * sum_d sum_r g. Scaling each rank's loss by cp turns
-    that into (1/dp) * sum_d sum_r g: the mean over the dp windows of each window's full gradient, which is
-    what one process accumulating the same windows computes (tests/parallel/test_cp_train_step.py checks it under torch DDP).
-    An all-ignored window (N = 0) has S = 0 and gives 0, never NaN.
-    """
-    totals = all_reduce_sum(torch.stack([loss_sum.detach(), count.to(loss_sum.dtype)]), group, tag="loss")
-    total_sum, denom = totals[0], totals[1].clamp_min(1.0)
-    return loss_sum * (cp / denom), total_sum / denom

@@ -52,11 +52,9 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 def cp_steps(rank: int, world: int, cases: list[tuple], batch: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    """Per case: one forward/backward of the family model under cp=world, gradients synchronised by DDP."""
-    from torch.nn.parallel import DistributedDataParallel
-
+    """Per case: one forward/backward of the family model under cp=world through the trainer's loss path."""
     from lcft.parallel import ContextParallelRunner, ParallelConfig, apply_context_parallel, init_parallel
-    from tests.parallel.workers import WindowLoss
+    from tests.parallel.workers import trainer_step
 
     out = []
     for family, backend, layout, kv, checkpointing in cases:
@@ -65,10 +63,8 @@ def cp_steps(rank: int, world: int, cases: list[tuple], batch: dict[str, torch.T
         model = apply_context_parallel(family_model(family, backend), state, pcfg)
         apply_activation_checkpointing(model, checkpointing, seq_chunk=32)
         runner = ContextParallelRunner(state, pcfg, 16)
-        ddp = DistributedDataParallel(WindowLoss(model, runner))  # held: its reducer syncs in backward
-        loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
-        loss_bw.backward()
-        out.append({"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
+        loss = trainer_step(model, runner, batch)
+        out.append({"loss": loss, "grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
     return out
 
 

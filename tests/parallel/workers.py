@@ -40,28 +40,29 @@ def tiny_model(backend: str, seed: int = 0):
     return Llama(cfg)
 
 
-class WindowLoss(torch.nn.Module):
-    """Forward = this rank's share of the window loss, so DDP sees (and synchronises) the whole step."""
+def trainer_step(model: torch.nn.Module, runner, batch: dict[str, torch.Tensor]) -> float:
+    """One step's forward and backward as the trainer takes it (lcft.train.global_step): the DDP-wrapped LossModel
+    through compute_loss (which shards under cp), backward of the loss sum x the global batch's Normaliser scale;
+    returns the reported loss (the world's loss sum per counted token). DDP averages gradients over the ranks."""
+    import numpy as np
+    from torch.nn.parallel import DistributedDataParallel
 
-    def __init__(self, model, runner) -> None:
-        super().__init__()
-        self.model, self.runner = model, runner
+    from lcft.genomics.dataset import batch_counts
+    from lcft.train.global_step import Normaliser, world_sum
+    from lcft.train.step import LossModel, compute_loss
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor):
-        from lcft.kernels import chunked_cross_entropy
-
-        hidden, _ = self.runner.hidden_states(self.model, input_ids)  # (B, L/cp, H)
-        local, _ = self.runner.shard({"input_ids": input_ids, "labels": labels})
-        loss_sum, count = chunked_cross_entropy(hidden, self.model.lm_head_weight, local["labels"], chunk=96)
-        return self.runner.window_loss(loss_sum, count)
+    ddp = DistributedDataParallel(LossModel(model, z_loss=0.0, chunk=96))  # held: its reducer syncs in backward
+    bases = np.ones(model.config.vocab_size, dtype=np.int64)  # one base per token (char vocabulary)
+    norm = Normaliser.of(batch_counts([batch], bases), runner.state.cp, runner.state.world, accum=1)
+    loss_sum, _, _ = compute_loss(ddp, batch, runner)
+    (loss_sum * norm.scale).backward()
+    return norm.per_token(world_sum([loss_sum.item()])[0])
 
 
 def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], batch: dict[str, torch.Tensor]
                 ) -> list[dict[str, Any]]:
     """Per case (backend, layout, kv, activation checkpointing): one forward/backward of the tiny model under
-    cp=world, gradients synchronised by torch DDP (which averages over the ranks, as in training)."""
-    from torch.nn.parallel import DistributedDataParallel
-
+    cp=world through the trainer's loss path (`trainer_step`)."""
     from lcft.parallel import ContextParallelRunner, apply_context_parallel
 
     out = []
@@ -73,11 +74,9 @@ def train_steps(rank: int, world: int, cases: list[tuple[str, str, str, str]], b
         apply_activation_checkpointing(model, "block" if checkpointing == "offload" else checkpointing,
                                        offload=checkpointing == "offload")
         runner = ContextParallelRunner(state, pcfg, model.config.attention.sparse.block_size)
-        ddp = DistributedDataParallel(WindowLoss(model, runner))
         comms.STATS.reset()
-        loss_bw, loss = ddp(batch["input_ids"], batch["labels"])
-        loss_bw.backward()
-        out.append({"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        loss = trainer_step(model, runner, batch)
+        out.append({"loss": loss, "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
                     "calls": dict(comms.STATS.calls)})
     return out
 
