@@ -117,22 +117,23 @@ def check_choice(value: Any, tp: Any, name: str) -> Any:
 
 
 @functools.cache
-def _literal_fields(cls: type) -> tuple[tuple[str, Any], ...]:
-    """(field, its Literal) of every dataclass field typed as a Literal alias or an optional one."""
+def _literal_fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(field, its Literal, whether None is allowed) of every dataclass field typed as a Literal alias or an
+    optional one."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         for tp in (hints[f.name], *typing.get_args(hints[f.name])):
             if typing.get_origin(tp) is typing.Literal:
-                out.append((f.name, tp))
+                out.append((f.name, tp, type(None) in typing.get_args(hints[f.name])))
                 break
     return tuple(out)
 
 
 def check_choices(cfg: Any) -> None:
     """check_choice on every Literal field of a config dataclass (None is 'not given' for optional ones)."""
-    for name, tp in _literal_fields(type(cfg)):
-        if getattr(cfg, name) is not None:
+    for name, tp, optional in _literal_fields(type(cfg)):
+        if getattr(cfg, name) is not None or not optional:
             check_choice(getattr(cfg, name), tp, name)
 
 

@@ -18,8 +18,8 @@ IMPLS: tuple[str, ...] = typing.get_args(AttentionImpl)
 
 def _resolve_impl(impl: str, device: torch.device) -> str:
     """'auto' -> triton on CUDA, cpu elsewhere; triton on CPU only under the interpreter."""
-    if impl not in IMPLS:
-        raise LcftError(f"unknown sparse attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
+    if impl not in IMPLS:  # the user's choice was checked where it was read (AttentionConfig): this is a bug
+        raise ValueError(f"unknown sparse attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
     if impl == "auto":
         return "triton" if device.type == "cuda" else "cpu"
     if impl == "triton" and device.type != "cuda":

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import sys
-import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from lcft.config import check_choice, check_choices
 from lcft.errors import LcftError
 from lcft.kernels.spec import AttentionImpl, SparseSpec
 from lcft.shapes import MAX_BATCH
 from lcft.vocab import BOS, EOS, MAX_VOCAB, VOCAB_SIZE
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
-ROPE_TYPES: tuple[str, ...] = typing.get_args(RopeType)
 AttentionBackend = Literal["dense", "sparse"]
-BACKENDS: tuple[str, ...] = typing.get_args(AttentionBackend)
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
 # Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a
 # file we are handed): each is well above every published model (largest hidden 16384, head_dim 256, 126
@@ -83,6 +81,7 @@ class AttentionConfig:
     """Sparse backend implementation: auto, reference, cpu or triton."""
 
     def __post_init__(self) -> None:
+        check_choices(self)  # backend and impl: lcft.json is a file we are handed, read into this class
         if isinstance(self.sparse, dict):
             self.sparse = SparseSpec(**self.sparse)
 
@@ -193,8 +192,6 @@ class LlamaConfig:
             raise LcftError(f"head_dim {self.head_dim} must be even for RoPE")
         for name in BOOL_FIELDS:  # use_cache is written back into config.json, where transformers takes it as is
             check_bool(name, getattr(self, name))
-        if self.attention.backend not in BACKENDS:  # lcft.json is a file we are handed: its value is checked here
-            raise LcftError(f"attention backend {self.attention.backend!r} is not one of {', '.join(BACKENDS)}")
         check_token_ids(self.vocab_size, {name: getattr(self, name) for name in TOKEN_ID_FIELDS})
         self._check_rope()
         self._check_variant()
@@ -287,8 +284,7 @@ def normalize_rope_scaling(scaling: dict[str, Any], where: str = "rope_scaling")
     naming `where` (the key it came from) and the field."""
     out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise LcftError(f"{where} type {rope_type!r} is not supported (use one of {', '.join(ROPE_TYPES)})")
+    check_choice(rope_type, RopeType, f"{where} type")
     if rope_type == "default":
         return None
     if "factor" not in out:

@@ -15,6 +15,7 @@ from lcft.config import (
     Size,
     at_least_one,
     at_most,
+    check_choice,
     check_choices,
     check_seed,
     doc,
@@ -26,7 +27,7 @@ from lcft.config_toml import load_toml, to_dict
 from lcft.files import parse_text
 from lcft.hub import hub_id
 from lcft.kernels.spec import AttentionImpl
-from lcft.model.config import COUNT_LIMITS, ROPE_TYPES, AttentionBackend
+from lcft.model.config import COUNT_LIMITS, AttentionBackend, RopeType
 from lcft.parallel.config import (
     Checkpointing,
     CpConfig,
@@ -322,8 +323,9 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
     if len(parts) not in (2, 3):
         raise ConfigError(f"rope_scaling: {text!r} is not TYPE:FACTOR[:ORIGINAL_LENGTH] (e.g. yarn:8:65536)")
     kind = parts[0].strip().lower()
-    if kind not in ROPE_TYPES or kind == "default":  # 'default' is plain RoPE, written 'none' here
-        raise ConfigError(f"rope_scaling: type {kind!r} is not one of {', '.join(ROPE_TYPES[1:])}")
+    if kind == "default":  # plain RoPE takes no factor
+        raise ConfigError(f"rope_scaling: {text!r} is plain RoPE, written 'none'")
+    check_choice(kind, RopeType, "rope_scaling type")
     try:
         out = {"rope_type": kind, "factor": float(parts[1])}
         if len(parts) == 3:

@@ -155,6 +155,10 @@ def test_lcft_json_attention_not_an_object_is_one_line(tmp_path, value):
 
 @pytest.mark.parametrize("file, change, says", [
     ("lcft.json", {"attention": "x"}, "{folder}/lcft.json: attention is 'x', not an object"),
+    # accepted here once, then refused by the kernels at the first forward of train or eval
+    ("lcft.json", {"attention": {"backend": "sparse", "impl": "flash"}},
+     "{folder}/lcft.json: bad attention block (impl: 'flash' is not one of auto, reference, cpu, triton"),
+    ("lcft.json", {"attention": {"backend": None}}, "bad attention block (backend: None is not one of dense, sparse"),
     # "false" as a string was read as true, which dropped the folder's own lm_head from the export
     ("config.json", {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
     # written back unchecked into the export, where transformers cannot build an embedding with that padding row
