@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,9 @@ Probe = Literal["none", "copy"]  # the effective-context probe
 # bootstrap's draws (replicates x windows int64: 100,000 x 10,000 windows is 8 GB).
 MAX_BINS = 1 << 20
 MAX_BOOTSTRAP = 100_000
+# The devices lcft's model and kernels run on (torch names more: meta, mps, xpu, ...), as torch spells them; the
+# index below 128 because torch keeps it in a signed byte (cuda:200 is read as cuda:-56).
+DEVICE = re.compile(r"auto|cpu|cuda(:(\d|[1-9]\d|1[01]\d|12[0-7]))?")
 
 
 @dataclass
@@ -116,6 +120,10 @@ class EvalConfig(ParallelConfig):
                 f"{len(self.max_context)} --max-context for {n} --checkpoint: give one value for all, or one per checkpoint")
         if any(c < 0 for c in self.max_context):
             raise ConfigError("--max-context must be positive (or 0 for the whole window)")
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):  # only whether CUDA is here is
+            # left to the run (lcft.evaluate.runner), so a launch never starts its processes for a bad name
+            raise ConfigError(f"--device {printable(str(self.device))}: lcft evaluates on cpu or cuda (auto, cpu, "
+                              "cuda, cuda:N with N below 128)")
         if not 1 <= self.bins <= MAX_BINS:
             raise ConfigError(f"--bins must be between 1 and {MAX_BINS:,}, got {self.bins}")
         if self.batch_size < 1:

@@ -63,6 +63,19 @@ def test_eval_cli_bad_input_is_one_line_and_exit_1(data_dir, tmp_path):  # noqa:
     assert not (tmp_path / "o").exists()
 
 
+def test_eval_cli_bad_device_is_refused_before_any_process_starts(tmp_path, monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("the processes were started")
+
+    monkeypatch.setattr("lcft.launch.run", no_launch)
+    r = runner.invoke(app, ["eval", "--data", str(tmp_path / "data"), "--checkpoint", str(tmp_path / "a"),
+                            "--out", str(tmp_path / "o"), "--nproc", "2", "--device", "bogus"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert r.output.strip().splitlines() == ["error: --device bogus: lcft evaluates on cpu or cuda (auto, cpu, cuda, "
+                                             "cuda:N with N below 128)"]
+    assert not (tmp_path / "o").exists()
+
+
 def test_eval_cli_refuses_a_checkpoint_with_non_finite_loss(tmp_path):
     """A model whose embedding of N is NaN: its loss is NaN in exactly the windows holding an N before a base."""
     import numpy as np
