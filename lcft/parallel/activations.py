@@ -23,7 +23,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lcft.errors import LcftError
 from lcft.kernels.selection_memo import SelectionMemo
 from lcft.parallel.config import Checkpointing
 
@@ -44,9 +43,9 @@ def apply_activation_checkpointing(model: nn.Module, mode: Checkpointing = "bloc
     blocks. The settings are recorded on the model as `checkpointing`, `offload`, `seq_chunk`, `offload_dtype`.
     Apply it before compile and FSDP (lcft.parallel.parallelize): their hooks then sit around the rerouted
     forward."""
-    if isinstance(seq_chunk, bool) or not isinstance(seq_chunk, int) or seq_chunk < 0:
-        raise LcftError(f"seq_chunk must be a non-negative integer, got {seq_chunk!r}")
-    if mode not in get_args(Checkpointing):  # the config coerced the user's choice: anything else is a bug
+    if isinstance(seq_chunk, bool) or not isinstance(seq_chunk, int) or seq_chunk < 0:  # no option sets it: a bug
+        raise ValueError(f"seq_chunk must be a non-negative integer, got {seq_chunk!r}")
+    if mode not in get_args(Checkpointing):  # the config checked the user's choice: anything else is a bug
         raise ValueError(f"checkpointing mode must be one of {get_args(Checkpointing)}, got {mode!r}")
     n = seq_chunk if mode == "block" else 0
     stash = offload_dtype if mode == "block" and offload else None

@@ -47,7 +47,7 @@ def compile_blocks(model: nn.Module, device: torch.device) -> int:
     check_compiler(device)
     layers = getattr(model, "layers", None)
     if layers is None:
-        raise LcftError("--compile needs an lcft Llama model (with .layers)")
+        raise ValueError("compile_blocks needs an lcft Llama model (with .layers)")  # the CLI builds only those
     # Blocks share one graph per region; allow a graph per region per distinct length without falling back.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     for block in layers:

@@ -97,3 +97,11 @@ def test_no_cpu_compiler_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) ->
         compile_blocks(model, torch.device("cpu"))
     assert "\n" not in str(e.value)
     assert "qkv" not in vars(model.layers[0].attn)  # the blocks were left eager
+
+
+def test_a_model_without_blocks_is_a_bug_not_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model the commands build is an lcft Llama: anything else reaching compile_blocks is a caller's bug."""
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # a compiler, whether or not one is here
+    with pytest.raises(ValueError, match="needs an lcft Llama model") as e:
+        compile_blocks(torch.nn.Linear(2, 2), torch.device("cpu"))
+    assert not isinstance(e.value, LcftError)
