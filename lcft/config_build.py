@@ -8,7 +8,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -20,9 +20,6 @@ T = TypeVar("T")
 
 
 INT_LIMIT = 1 << 63  # every integer option: what a 64-bit signed integer holds
-# The tables of lcft's commands in a `--config` TOML: a command reads its own and passes over the others', so one
-# file can configure several commands (a top-level key no command knows is still an error).
-CONFIG_TABLES = ("train", "eval", "prepare", "demo", "plan")
 
 
 def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -133,20 +130,27 @@ def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> 
     return cls(**kwargs)
 
 
-def load_layer(path: str | os.PathLike, table: str | None = None) -> dict[str, Any]:
+def load_layer(path: str | os.PathLike, table: str | None = None, others: Collection[str] = ()) -> dict[str, Any]:
     """A `--config` TOML as one flat layer: its top-level keys, plus those under the [table] named after the
-    command (e.g. [prepare]), which win; the other commands' tables (CONFIG_TABLES) are passed over."""
+    command (e.g. [prepare]), which win; the `others` tables (the other commands', which the CLI declares) are
+    passed over. Any other table is an error that names the closest table name."""
     data = load_toml(path)
-    tables = {k: data.pop(k) for k in {*CONFIG_TABLES, table} if k and isinstance(data.get(k), dict)}
+    known = {t for t in (table, *others) if t}
+    tables = {k: data.pop(k) for k in known if isinstance(data.get(k), dict)}
+    for k, v in data.items():  # no config field takes a table: a table here is a misspelt or foreign one
+        if isinstance(v, dict):
+            meant, names = closest(k, known), ", ".join(f"[{t}]" for t in sorted(known))
+            raise ConfigError(f"unknown config table [{k}]" + (f" (did you mean [{meant}]?)" if meant else
+                                                               f": the tables are {names}"))
     data.update(tables.get(table, {}))
     return data
 
 
 def resolve(cls: type[T], config_file: str | os.PathLike | None, flags: Mapping[str, Any] | None,
-            where: str | None = None, table: str | None = None) -> T:
+            where: str | None = None, table: str | None = None, others: Collection[str] = ()) -> T:
     """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them; a
     leading '~' of a value is the home folder (`home`)."""
-    return from_layers(cls, load_layer(config_file, table) if config_file else {}, flags, where)
+    return from_layers(cls, load_layer(config_file, table, others) if config_file else {}, flags, where)
 
 
 def from_layers(cls: type[T], toml: Mapping[str, Any], flags: Mapping[str, Any] | None, where: str | None = None) -> T:

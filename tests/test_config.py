@@ -176,6 +176,20 @@ def test_one_config_file_holds_a_table_for_each_command(command, tmp_path):
     toml.write_text("outt = \"o\"\n" + "".join(f"[{t}]\nout = \"o\"\n" for t in COMMAND_TABLES.values()))
     said = cli_fails([*command, "--config", str(toml)])
     assert said == f"error: unknown {own} config key 'outt' (did you mean 'out'?)"
-    from lcft.config_build import CONFIG_TABLES
+    from lcft.cli.generate import CONFIG_TABLES
 
     assert sorted(CONFIG_TABLES) == sorted(COMMAND_TABLES.values())  # every command's table, and no other
+
+
+@pytest.mark.parametrize("command", list(COMMAND_TABLES))
+@pytest.mark.parametrize("table,said", [
+    ("trian", "unknown config table [trian] (did you mean [train]?)"),
+    ("prepar", "unknown config table [prepar] (did you mean [prepare]?)"),
+    ("zzz", "unknown config table [zzz]: the tables are [demo], [eval], [plan], [prepare], [train]"),
+])
+def test_a_misspelt_table_names_the_table_meant(command, table, said, tmp_path):
+    """`[trian]` in a --config file is a table no command reads: every command says so and names the table meant
+    (not a field: prepare has fields `train` and `eval`, lists of chromosomes), or lists the tables."""
+    toml = tmp_path / "typo.toml"
+    toml.write_text(f"[{table}]\nout = \"o\"\n")
+    assert cli_fails([*command, "--config", str(toml)]) == f"error: {said}"

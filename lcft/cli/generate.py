@@ -48,6 +48,11 @@ class Extra:
     annotation: Any = bool
 
 
+# The [table] each config-driven command reads in a `--config` TOML (table -> command), as `command_from_config`
+# builds them: the one list of the tables. A command reads its own and passes over the others', so one file can
+# configure several commands; any other table is refused with the closest of these.
+CONFIG_TABLES: dict[str, str] = {}
+
 # The widest `a|b|c` metavar the help shows; longer choice lists show CHOICE and are named in the help text,
 # so that an 80-column terminal keeps room for the option names and their help
 CHOICES_WIDTH = 14
@@ -164,6 +169,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
     then `run(cfg, **extras)`."""
     options, extras, table = options or {}, extras or {}, table or name
+    CONFIG_TABLES[table] = name
     config_help = markup_escape(f"TOML file with any of these options (same names, underscores; flat or under a "
                                 f"[{table}] table); flags override it.")
     params = config_parameters(cls, options, config_help)
@@ -175,7 +181,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
         config = kwargs.pop("config", None)
         given = {k: kwargs.pop(k) for k in extras}
         flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
-        toml = load_layer(config, table) if config else {}
+        toml = load_layer(config, table, CONFIG_TABLES) if config else {}
         try:
             run(from_layers(cls, toml, flags, where=f"{table} config"), **given)
         except ConfigError as e:  # the checks name fields; the user typed flags or TOML keys
