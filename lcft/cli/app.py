@@ -8,9 +8,10 @@ import typer
 
 from lcft import __version__
 from lcft.cli import demo, eval, export, plan, prepare, train
+from lcft.cli.help import Typer
 from lcft.console import PIPE_CLOSED, standard_streams, stdout_identity, zero_columns
 
-app = typer.Typer(
+app = Typer(
     name="lcft",
     help="Long-context fine-tuning of language models on genomes: prepare windows, train, evaluate by position.",
     no_args_is_help=True,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import re
@@ -13,9 +12,9 @@ from typing import Any
 
 import typer
 from rich.markup import escape as markup_escape
-from typer.core import TyperCommand
 
 from lcft.cli.common import user_errors
+from lcft.cli.help import HelpCommand
 from lcft.config import ConfigError, doc, format_size, is_size
 from lcft.config_build import from_layers, load_layer
 
@@ -56,28 +55,6 @@ CONFIG_TABLES: dict[str, str] = {}
 # The widest `a|b|c` metavar the help shows; longer choice lists show CHOICE and are named in the help text,
 # so that an 80-column terminal keeps room for the option names and their help
 CHOICES_WIDTH = 14
-
-
-class GeneratedCommand(TyperCommand):
-    """A command whose help lists a boolean --x/--no-x as one `--[no-]x` entry: given a column of its own, the
-    --no-x names left an 80-column terminal too little room, and typer cut the option names with '…'."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        shown = copy.copy(self)  # only the help's view: parsing keeps both names of every flag
-        shown.params = [_one_entry(p) for p in self.params]
-        TyperCommand.format_help(shown, ctx, formatter)
-
-
-def _one_entry(param: Any) -> Any:
-    """`param` as the help lists it: --x with the secondary name --no-x shown as --[no-]x."""
-    opts, negative = getattr(param, "opts", []), getattr(param, "secondary_opts", [])
-    long = [o for o in opts if o.startswith("--")]
-    if len(long) != 1 or negative != ["--no-" + long[0][2:]]:
-        return param
-    shown = copy.copy(param)
-    shown.opts = ["--[no-]" + long[0][2:] if o == long[0] else o for o in opts]
-    shown.secondary_opts = []
-    return shown
 
 
 def flag_name(name: str) -> str:
@@ -192,7 +169,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}
     wrapped.__doc__ = help
-    app.command(name, epilog=epilog, cls=GeneratedCommand)(wrapped)
+    app.command(name, epilog=epilog, cls=HelpCommand)(wrapped)
 
 
 def as_given(message: str, cls: type, options: Mapping[str, Opt], flags: Mapping[str, Any],

@@ -11,13 +11,14 @@ from rich.text import Text
 
 from lcft.cli.common import console, user_errors
 from lcft.cli.generate import Opt, command_from_config
+from lcft.cli.help import Typer
 from lcft.config import format_size
 from lcft.console import styled
 from lcft.errors import shell_word
 from lcft.genomics.prepare_config import PrepareConfig
 from lcft.units import counted
 
-app = typer.Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
+app = Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
 
 
 def _summary(manifest: dict, wrote: bool) -> Table:

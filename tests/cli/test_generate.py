@@ -175,3 +175,26 @@ def test_a_long_choice_list_is_named_in_the_help_text_once():
     assert out.count("CHOICE") == 2 and "zigzag|contiguous" not in out, out
     assert "How tokens are split. One of: zigzag, contiguous. (default: zigzag)" in out, out
     assert "'all', 'selected' or 'stream'. (default: all)" in out and out.count("One of:") == 1, out
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_help_shows_a_value_in_upper_case_and_no_type_for_a_flag(columns):
+    """Every command's and group's help names what an option or argument takes in upper case (its metavar, else
+    TEXT, PATH, ...) and nothing for a plain flag: typer's `<str>`, `<path>` and `<bool>` (on --force, --help,
+    --[no-]progress) stood beside PATH, DIR and CHOICE."""
+    from typer.core import TyperArgument
+
+    for path, cmd in _commands(typer.main.get_command(lcft_app)):
+        out = runner.invoke(lcft_app, [*path, "--help"], env={"COLUMNS": columns}).output
+        assert not re.search(r"<(str|path|bool|int|float)>", out), (path, out)
+        assert re.search(r"│ +--help +Show this message", out), (path, out)
+        for p in cmd.params:
+            names = [p.display_name_raw] if isinstance(p, TyperArgument) else _shown_names(p)
+            row = re.search(rf"│[ *]{{1,6}}{re.escape(names[0])}(?: +-\w)? +(\S+) +(\S+)", out)
+            assert row, (path, names, out)
+            first = (p.help or "").split()[0]
+            if getattr(p, "is_flag", False):
+                assert row.group(1) == first, (path, names, row.group(0))
+            else:  # the metavar an option was given, else an upper-case type name; a choice list as a|b
+                word = p.metavar if p.metavar and not isinstance(p, TyperArgument) else row.group(1)
+                assert row.group(1) == word and (word.isupper() or "|" in word), (path, names, row.group(0))

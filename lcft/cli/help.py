@@ -1,0 +1,68 @@
+"""How lcft's --help lists parameters, for every command and group: a flag --x/--no-x as one `--[no-]x` entry, a
+value's placeholder in upper case (its metavar, else its type: TEXT, PATH, INTEGER, FLOAT), a plain flag none."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
+
+# typer's type names (`<str>`, `<path>`) as click spells them in upper case, the way lcft's own metavars read
+TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "bool": "BOOLEAN", "path": "PATH"}
+
+
+def placeholder(param: Any, ctx: Any) -> str | None:
+    """What --help shows for the value `param` takes: its metavar, else its type in upper case (TEXT, PATH: typer's
+    own `<str>`, `<path>` stood beside lcft's PATH and DIR); None for a flag, which takes no value."""
+    if isinstance(param, TyperOption):
+        if param.is_flag or param.count:
+            return None
+        if param.metavar:
+            return param.metavar
+    label = param.display_type(ctx).strip("<>")
+    return TYPE_WORDS.get(label, label.upper())
+
+
+def shown(param: Any, ctx: Any) -> Any:
+    """`param` as the help lists it: its placeholder, and --x with the secondary name --no-x shown as --[no-]x
+    (given a column of their own, the --no-x names left an 80-column terminal too little room, and typer cut the
+    option names with '…')."""
+    out = copy.copy(param)  # only the help's view: parsing keeps both names of every flag
+    word = placeholder(param, ctx)
+    out.display_type_rich = lambda ctx: word  # type: ignore[attr-defined]
+    opts, negative = getattr(param, "opts", []), getattr(param, "secondary_opts", [])
+    long = [o for o in opts if o.startswith("--")]
+    if len(long) == 1 and negative == ["--no-" + long[0][2:]]:
+        out.opts = ["--[no-]" + long[0][2:] if o == long[0] else o for o in opts]
+        out.secondary_opts = []
+    return out
+
+
+class HelpCommand(TyperCommand):
+    """A command whose --help lists its parameters (--help included) as `shown`."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        view = copy.copy(self)
+        view.get_params = lambda ctx: [shown(p, ctx) for p in TyperCommand.get_params(self, ctx)]  # type: ignore[method-assign]
+        TyperCommand.format_help(view, ctx, formatter)
+
+
+class HelpGroup(TyperGroup):
+    """A command group whose --help lists its own options (--help, --version) as `shown`."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        view = copy.copy(self)
+        view.get_params = lambda ctx: [shown(p, ctx) for p in TyperGroup.get_params(self, ctx)]  # type: ignore[method-assign]
+        TyperGroup.format_help(view, ctx, formatter)
+
+
+class Typer(typer.Typer):
+    """typer.Typer whose groups and commands list their parameters as `shown`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cls=HelpGroup, **kwargs)
+
+    def command(self, *args: Any, cls: type[TyperCommand] | None = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or HelpCommand, **kwargs)
