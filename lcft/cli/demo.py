@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from lcft.cli.common import console
-from lcft.cli.generate import Extra, Opt, command_from_config
+from lcft.cli.generate import PROGRESS, Opt, command_from_config
 from lcft.recipes.demo import DemoConfig
 
 OPTIONS = {
@@ -16,11 +16,11 @@ OPTIONS = {
 }
 
 
-def _run(cfg: DemoConfig, quiet: bool) -> None:
+def _run(cfg: DemoConfig, progress: bool) -> None:
     from lcft.evaluate.terminal import print_table
     from lcft.recipes.demo import run_demo
 
-    res = run_demo(cfg, progress=not quiet, log=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    res = run_demo(cfg, progress=progress, log=lambda m: console.print(m, highlight=False, soft_wrap=True))
     console.print()
     print_table(res["report"])
     for line in res["summary"]:
@@ -34,6 +34,6 @@ def _run(cfg: DemoConfig, quiet: bool) -> None:
 def register(app: typer.Typer) -> None:
     command_from_config(
         app, "demo", DemoConfig, _run, options=OPTIONS,
-        extras={"quiet": Extra(("--quiet", "-q"), "No progress bars.")},
+        extras={"progress": PROGRESS},
         help="Prepare the bundled human sample, train a tiny base model at a short context, continue it at a long "
              "context with sparse attention, and compare held-out loss by position (with the short-context control).")

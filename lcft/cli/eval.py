@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from lcft.cli.common import console, err_console
-from lcft.cli.generate import Extra, Opt, command_from_config
+from lcft.cli.generate import PROGRESS, Extra, Opt, command_from_config
 from lcft.evaluate.config import EvalConfig
 
 _EXAMPLE = ("lcft eval --data data/hg38-512k --checkpoint runs/base --checkpoint runs/long "
@@ -23,13 +23,13 @@ OPTIONS = {
 }
 
 
-def _run(cfg: EvalConfig, quiet: bool) -> None:
+def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
     from lcft.evaluate.terminal import print_table
     from lcft.launch import exit_code, run
 
     for warning in cfg.idle_split():  # --cp-kv / --cp-layout without --cp; stdout holds the report
         err_console.print(warning, highlight=False, soft_wrap=True)
-    report = run("eval", cfg, progress=not quiet)  # in this process, or --nproc N launched ones
+    report = run("eval", cfg, progress=progress and not quiet)  # in this process, or --nproc N launched ones
     code = exit_code(report)  # stopped by a signal, its losses kept: not a finished evaluation
     if "node_rank" in report:  # a node without rank 0 (several nodes): rank 0 wrote the report, or kept the losses
         done = f"stopped by {report.get('signal')}; rank 0 kept the losses" if code else "done; rank 0 wrote the report"
@@ -48,7 +48,9 @@ def _run(cfg: EvalConfig, quiet: bool) -> None:
 def register(app: typer.Typer) -> None:
     command_from_config(
         app, "eval", EvalConfig, _run, options=OPTIONS, epilog=f"Example: {_EXAMPLE}",
-        extras={"quiet": Extra(("--quiet", "-q"), "No progress bar or table (the files are still written).")},
+        extras={"progress": PROGRESS,
+                "quiet": Extra(("--quiet", "-q"), "Nothing on stdout, no table or file list, and no progress bar "
+                                                  "(the files are still written).")},
         help="Per-token held-out loss through each checkpoint, by position in the window: table, CSV, JSON, plot. "
              "Resumes when run again after a stop. Exit codes: 0 finished, 1 user error, 128+N stopped by signal N "
              "after its batch (143 SIGTERM; the losses kept), 75 a rank or node stopped answering.")

@@ -47,6 +47,10 @@ class Extra:
     annotation: Any = bool
 
 
+# The progress bar of a command that is not a config field (train's is: `progress`, in its TOML too): the same
+# option, --[no-]progress, wherever a command shows one
+PROGRESS = Extra(("--progress/--no-progress",), "Show the progress bars (default: on).", default=True)
+
 # The [table] each config-driven command reads in a `--config` TOML (table -> command), as `command_from_config`
 # builds them: the one list of the tables. A command reads its own and passes over the others', so one file can
 # configure several commands; any other table is refused with the closest of these.
@@ -152,7 +156,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     params = config_parameters(cls, options, config_help)
     for key, ex in extras.items():
         params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=ex.annotation,
-                                        default=typer.Option(ex.default, *ex.names, help=ex.help)))
+                                        default=typer.Option(ex.default, *ex.names, help=ex.help, show_default=False)))
 
     def command(**kwargs: Any) -> None:
         config = kwargs.pop("config", None)

@@ -18,7 +18,7 @@ from tests.one_line import cli_fails
 runner = CliRunner()
 
 SMALL = ["--length", "2K", "--base-context", "256", "--steps", "3", "--long-steps", "2", "--base-batch", "2",
-         "--eval-windows", "2", "--hidden-size", "32", "--intermediate-size", "64", "--bins", "4", "--quiet",
+         "--eval-windows", "2", "--hidden-size", "32", "--intermediate-size", "64", "--bins", "4", "--no-progress",
          "--control-steps", "0"]  # the positive-control stage has its own test (tests/recipes/test_demo.py)
 
 

@@ -72,3 +72,37 @@ def test_as_given_uses_a_renamed_flag() -> None:
     opts = {"labels": Opt(flag="--label"), "checkpoints": Opt(flag="--checkpoint")}
     assert as_given("2 --label for 1 --checkpoint", EvalConfig, opts, {}, {"labels": ["a", "b"]}) == \
         "2 labels for 1 --checkpoint"
+
+
+def test_every_progress_bar_is_switched_by_the_same_option() -> None:
+    """train's live view and eval's and demo's progress bars are each turned off with --no-progress (eval and demo
+    had only --quiet for it)."""
+    import typer
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name in ("train", "eval", "demo"):
+        progress = {p.name: p for p in commands[name].params}["progress"]
+        assert (progress.opts, progress.secondary_opts, progress.default) == (["--progress"], ["--no-progress"],
+                                                                              None if name == "train" else True)
+
+
+@pytest.mark.parametrize("command,flags,shown", [
+    *[(c, f, on) for c in ("eval", "demo") for f, on in (([], True), (["--no-progress"], False), (["--progress"], True))],
+    ("eval", ["--quiet"], False), ("eval", ["--progress", "-q"], False)])
+def test_no_progress_turns_the_bars_off(command, flags, shown, monkeypatch, tmp_path) -> None:
+    """What the command hands its job: eval's --quiet (nothing on stdout) still turns its bar off too."""
+    import lcft.launch
+    import lcft.recipes.demo
+    from lcft.errors import LcftError
+
+    seen = []
+
+    def job(*args, progress, **kwargs):
+        seen.append(progress)
+        raise LcftError("stopped before any work")
+
+    monkeypatch.setattr(lcft.launch, "run", job)
+    monkeypatch.setattr(lcft.recipes.demo, "run_demo", job)
+    args = ["--data", "d", "--checkpoint", "c"] if command == "eval" else []
+    r = runner.invoke(app, [command, *args, "--out", str(tmp_path / "o"), *flags])
+    assert seen == [shown] and "stopped before any work" in r.output, r.output

@@ -195,7 +195,7 @@ def test_resume_rewriting_metrics_past_the_file_size_limit(tmp_path, data, init)
 def test_demo_config_past_the_file_size_limit(tmp_path):
     """demo.toml, the demo's first file, past the limit: one line naming the folder; nothing written in it."""
     out = tmp_path / "demo"
-    one_error(lcft(100, "demo", "--out", out, "--quiet"), str(out), "file too large")
+    one_error(lcft(100, "demo", "--out", out, "--no-progress"), str(out), "file too large")
     assert not out.exists() or os.listdir(out) == []
 
 
