@@ -244,6 +244,12 @@ def pick(model: LlamaConfig, lay: Layout, budget: Budget) -> tuple[str, Layout, 
     return options[0] if options else None
 
 
+# Below the sets that would fit, when the host is not checked and two of them show the same GPU figure but offload
+# different amounts: an offload frees GPU memory by moving it to the host, where --offload-bf16 halves it
+OFFLOAD_NOTE = ("note: host memory is not checked without --host-memory (one node's, e.g. 256GiB): sets that differ "
+                "only in what they offload to it show the same GPU figure")
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:8.2f} GiB"
 
@@ -305,6 +311,9 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
         lines += [f"  {flags:<60}{_gib(e.total)}" + ("" if budget.host is None else
                                                      f"   host {budget.host_need(e) / GIB:.2f} GiB")
                   for flags, e in options]
+        offloads = [e for _, e in options if e.host]
+        if budget.host is None and len({(e.total, e.host) for e in offloads}) > len({e.total for e in offloads}):
+            lines.append(OFFLOAD_NOTE)  # two sets alike on the GPU, apart in what they offload
     else:
         lines.append("no combination of up to three of --checkpointing block, --cp, --cp-kv stream, --shard fsdp, "
                      "--offload-activations, --offload-bf16, --offload-params, --micro-batch 1 fits: more GPUs or a "

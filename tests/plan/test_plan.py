@@ -248,6 +248,26 @@ def test_cli_host_memory_verdict() -> None:
     assert cpu.exit_code != 0 and "--host-memory is for CUDA" in cpu.output and len(cpu.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("host", [None, "256GiB"])
+def test_offload_sets_alike_on_the_gpu_say_once_that_the_host_tells_them_apart(host) -> None:
+    """1b at 1M on one 141 GB GPU fits with the block inputs offloaded, exact or in bf16: the same GPU figure, 176
+    or 88 GiB of host memory. Without --host-memory the two rows read alike: one note says why; with it each row
+    shows its host need, and no note. A list whose offload rows differ on the GPU has no note either."""
+    args = ["plan", "--preset", "1b", "--attention", "sparse", "--seq-len", "1M", "--gpu-memory", "141GB"]
+    r = runner.invoke(app, [*args, *(["--host-memory", host] if host else [])])
+    assert r.exit_code == 1, r.output
+    listed = r.output.split("it would fit with:\n")[1].splitlines()
+    rows = [line.split("GiB")[0].split() for line in listed if line.startswith("  ")]
+    assert rows == [["--checkpointing", "block", "--offload-activations", "91.87"],
+                    ["--checkpointing", "block", "--offload-activations", "--offload-bf16", "91.87"]], r.output
+    note = "note: host memory is not checked without --host-memory"
+    assert r.output.count(note) == (0 if host else 1) and (host or listed[2].startswith(note)), r.output
+    assert host is None or "host 180.00 GiB" in listed[0] and "host 92.00 GiB" in listed[1], r.output
+    apart = runner.invoke(app, ["plan", "--preset", "small", "--seq-len", "256K", "--gpu-memory", "24GiB",
+                                "--precision", "fp32"])
+    assert "--offload-activations" in apart.output and note not in apart.output, apart.output
+
+
 def test_each_rank_reads_the_whole_model_into_host_memory_at_start() -> None:
     """A CUDA rank builds the whole model in fp32 on the CPU before it moves to the GPU or FSDP shards it (a fresh
     preset, or safetensors read whole: one copy, tests/model/test_checkpoints.py measures it), fsdp included:
