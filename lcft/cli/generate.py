@@ -51,11 +51,6 @@ class Extra:
 # option, --[no-]progress, wherever a command shows one
 PROGRESS = Extra(("--progress/--no-progress",), "Show the progress bars (default: on).", default=True)
 
-# The [table] each config-driven command reads in a `--config` TOML (table -> command), as `command_from_config`
-# builds them: the one list of the tables. A command reads its own and passes over the others', so one file can
-# configure several commands; any other table is refused with the closest of these.
-CONFIG_TABLES: dict[str, str] = {}
-
 # The widest `a|b|c` metavar the help shows; longer choice lists show CHOICE and are named in the help text,
 # so that an 80-column terminal keeps room for the option names and their help
 CHOICES_WIDTH = 14
@@ -150,19 +145,20 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
     then `run(cfg, **extras)`."""
     options, extras, table = options or {}, extras or {}, table or name
-    CONFIG_TABLES[table] = name
     config_help = markup_escape(f"TOML file with any of these options (same names, underscores; flat or under a "
                                 f"[{table}] table); flags override it.")
     params = config_parameters(cls, options, config_help)
+    params.append(inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
     for key, ex in extras.items():
         params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=ex.annotation,
                                         default=typer.Option(ex.default, *ex.names, help=ex.help, show_default=False)))
 
     def command(**kwargs: Any) -> None:
+        root = kwargs.pop(CONTEXT).find_root().command
         config = kwargs.pop("config", None)
         given = {k: kwargs.pop(k) for k in extras}
         flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
-        toml = load_layer(config, table, CONFIG_TABLES) if config else {}
+        toml = load_layer(config, table, config_tables(root)) if config else {}
         try:
             run(from_layers(cls, toml, flags, where=f"{table} config"), **given)
         except ConfigError as e:  # the checks name fields; the user typed flags or TOML keys
@@ -170,10 +166,23 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
             raise
 
     wrapped = user_errors(command)
+    wrapped.config_table = table  # type: ignore[attr-defined]  # typer copies it onto the command's callback
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}
     wrapped.__doc__ = help
     app.command(name, epilog=epilog, cls=HelpCommand)(wrapped)
+
+
+# The parameter a generated command receives its click context in (no config field has this name)
+CONTEXT = "lcft_context"
+
+
+def config_tables(cli: Any) -> set[str]:
+    """The [table] of every config-driven command of `cli` (a click group or command), each declared where the
+    command is built (`command_from_config`'s `table`): in a `--config` TOML a command reads its own and passes over
+    the others', so one file configures several commands; any other table is refused naming the closest."""
+    own = getattr(cli.callback, "config_table", None)
+    return {own} - {None} | {t for sub in getattr(cli, "commands", {}).values() for t in config_tables(sub)}
 
 
 def as_given(message: str, cls: type, options: Mapping[str, Opt], flags: Mapping[str, Any],

@@ -198,3 +198,17 @@ def test_help_shows_a_value_in_upper_case_and_no_type_for_a_flag(columns):
             else:  # the metavar an option was given, else an upper-case type name; a choice list as a|b
                 word = p.metavar if p.metavar and not isinstance(p, TyperArgument) else row.group(1)
                 assert row.group(1) == word and (word.isupper() or "|" in word), (path, names, row.group(0))
+
+
+def test_a_command_passes_over_the_tables_of_its_own_cli_only(tmp_path):
+    """The tables a command passes over are those of the commands of the CLI it runs in, each named where it is
+    built: here [go] and [else]; lcft's commands refuse [go] (another CLI built in this process adds none)."""
+    seen: list = []
+    app = _app(seen)
+    command_from_config(app, "again", _Base, seen.append, help="Again.", table="else")
+    toml = tmp_path / "both.toml"
+    toml.write_text("[go]\nrate = 0.25\n[else]\nshared = 3\n")
+    assert runner.invoke(app, ["go", "--config", str(toml)]).exit_code == 0 and seen[-1][0].rate == 0.25
+    assert runner.invoke(app, ["again", "--config", str(toml)]).exit_code == 0 and seen[-1].shared == 3
+    said = runner.invoke(lcft_app, ["train", "--config", str(toml)]).output.strip()
+    assert said == "error: unknown config table [go]: the tables are [demo], [eval], [plan], [prepare], [train]"
