@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from enum import StrEnum
 from types import FrameType
 from typing import Any
 
@@ -23,6 +24,26 @@ def signal_name(signum: int) -> str:
     if signal.SIGRTMIN < signum < signal.SIGRTMAX:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
     return signal.Signals(signum).name
+
+
+class Ended(StrEnum):
+    """How a run ended: summary.json's "stopped" (an evaluation's summary says only SIGNAL, when one stopped it)."""
+
+    DONE = "done"
+    STOP_AFTER = "stop_after"  # --stop-after steps were done, the run not
+    SIGNAL = "signal"  # a stop signal, after its checkpoint (eval: its batch's losses)
+
+
+def signal_fields(signum: int | None) -> dict[str, Any]:
+    """A summary's "signal" (the name, for people) and "signal_number" (N of the exit code 128 + N) of the stop
+    signal `signum`, both None when none stopped the run."""
+    return {"signal": None if signum is None else signal_name(signum), "signal_number": signum}
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """The process exit code of a finished command from its summary: 128 + N when signal N stopped the run
+    (after its checkpoint), else 0."""
+    return 128 + int(summary["signal_number"]) if summary.get("stopped") == Ended.SIGNAL else 0
 
 
 class Stopped(LcftError):
@@ -79,7 +100,7 @@ class StopSignals:
 
     @property
     def name(self) -> str | None:
-        return signal.Signals(self.signum).name if self.signum is not None else None
+        return signal_name(self.signum) if self.signum is not None else None
 
     def restore(self) -> None:
         for s, h in self._old.items():

@@ -47,3 +47,24 @@ def test_every_valid_signal_has_a_name_realtime_ones_too():
         else:
             assert signal_name(n) == signal.Signals(n).name
     assert realtime == signal.SIGRTMAX - signal.SIGRTMIN + 1 and signal_name(40) == "SIGRTMIN+6"
+
+
+def test_the_exit_code_comes_from_the_signal_number_a_realtime_one_too():
+    """128 + N from the summary's number: worked back from the name, `signal.Signals[name]` raised KeyError on a
+    realtime signal's (SIGRTMIN+1), which `signal_name` writes."""
+    from lcft.launch import exit_code
+
+    n = signal.SIGRTMIN + 1
+    summary = {"stopped": "signal", "signal": signal_name(n), "signal_number": int(n)}
+    assert (summary["signal"], exit_code(summary)) == ("SIGRTMIN+1", 128 + 35)
+    assert exit_code({"stopped": "signal", "signal": "SIGTERM", "signal_number": 15}) == 143
+    assert exit_code({"stopped": "stop_after", "signal": None, "signal_number": None}) == 0
+    assert exit_code({"out": "report"}) == 0  # a finished evaluation's report
+
+
+def test_a_noted_signal_is_named_as_signal_name_names_it():
+    """`StopSignals.name` goes through `signal_name`: a realtime number (which a StopSignals never notes: it catches
+    only SIGTERM/SIGINT) raised ValueError from `signal.Signals`."""
+    stop = StopSignals()
+    stop.signum = signal.SIGRTMIN + 1
+    assert stop.name == "SIGRTMIN+1"

@@ -7,14 +7,21 @@ import typer
 from lcft.cli.common import console
 from lcft.cli.generate import Opt, command_from_config
 from lcft.console import styled
+from lcft.signals import Ended
 from lcft.train.config import SECTIONS, TrainConfig
 
 
 def ended(summary: dict) -> str:
-    """How an invocation ended (summary.json's "stopped": done, stop_after or signal), in the words of what
-    ended it: the option the user gave, or the signal's name."""
-    return {"done": "done", "stop_after": "stopped by --stop-after",
-            "signal": f"stopped by {summary.get('signal')}"}[summary["stopped"]]
+    """How an invocation ended (summary.json's "stopped", an `Ended`), in the words of what ended it: the option
+    the user gave, or the signal's name."""
+    match Ended(summary["stopped"]):
+        case Ended.DONE:
+            return "done"
+        case Ended.STOP_AFTER:
+            return "stopped by --stop-after"
+        case Ended.SIGNAL:
+            return f"stopped by {summary['signal']}"
+    raise AssertionError(f"no words for how a run ended: {summary['stopped']}")
 
 
 def _run(cfg: TrainConfig) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from lcft.folder_lock import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launch_world, launched
 from lcft.parallel.config import ParallelConfig
-from lcft.signals import StopSignals
+from lcft.signals import Ended, StopSignals, signal_fields
 
 
 def _device(name: str) -> torch.device:
@@ -57,7 +56,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     `cfg.out` (nothing is written when an input is bad; an evaluation stopped midway, killed or by an error such
     as a diverged checkpoint, leaves the losses it computed in `cfg.out`/.partial for a rerun), and return the
     report (the content of eval.json); stopped by SIGTERM/SIGINT after a batch, a summary instead ("stopped":
-    "signal", "signal", "out", "note"; lcft.launch.exit_code gives 128 + N).
+    "signal", "signal", "signal_number", "out", "note"; lcft.signals.exit_code gives 128 + N).
     With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 
@@ -104,9 +103,10 @@ def _say(message: str) -> None:
 
 
 def _stopped(cfg: EvalConfig, signum: int) -> dict[str, Any]:
-    """The summary of an evaluation a signal stopped (its exit code 128 + signum: lcft.launch.exit_code)."""
-    name = signal.Signals(signum).name
-    return {"stopped": "signal", "signal": name, "out": str(cfg.out),
+    """The summary of an evaluation a signal stopped (its exit code 128 + signum: lcft.signals.exit_code)."""
+    fields = signal_fields(signum)
+    name = fields["signal"]
+    return {"stopped": Ended.SIGNAL, **fields, "out": str(cfg.out),
             "note": f"stopped by {name}: the losses computed so far are kept in {Path(cfg.out) / PARTIAL}; run the "
                     "same command again to resume"}
 

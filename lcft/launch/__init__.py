@@ -64,16 +64,9 @@ from lcft.liveness import (
     read_report,
     refuse_copies,
 )
-from lcft.signals import Stopped, signal_name
+from lcft.signals import Stopped, exit_code, signal_name
 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "exit_code", "launch", "run"]
-
-def exit_code(summary: dict[str, Any]) -> int:
-    """The process exit code of a finished command from its summary: 128 + N when signal N stopped the run
-    (after its checkpoint), else 0."""
-    name = summary.get("signal")
-    return 128 + int(signal.Signals[name]) if summary.get("stopped") == "signal" and name else 0
-
 
 def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     """Run job `name` ("train" or "eval") as cfg says and return its summary: in this process (kwargs go to

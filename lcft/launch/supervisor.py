@@ -16,7 +16,7 @@ import psutil
 
 from lcft.launch.process import Handed, handed_over, ready
 from lcft.liveness import NODE_RANK_ENV, read_report
-from lcft.signals import STOP_SIGNALS, Stopped
+from lcft.signals import STOP_SIGNALS, Stopped, signal_name
 
 
 class Supervisor:
@@ -75,7 +75,7 @@ class Supervisor:
                 rc = None
             if rc is not None:
                 if self.killed_by is not None:
-                    raise Stopped(f"stopped by a second {signal.Signals(self.killed_by).name} before the workers "
+                    raise Stopped(f"stopped by a second {signal_name(self.killed_by)} before the workers "
                                   f"saved; {self.resume}", self.killed_by)
                 return rc
             # The agent's own children, the workers it starts (not theirs: a DataLoader's, a compile worker, which
@@ -116,7 +116,7 @@ class Supervisor:
             self.said = self.heard
             self._kill()
         elif self.stop is not None:
-            print(f"second {signal.Signals(signum).name}: ending the workers now, before they saved",
+            print(f"second {signal_name(signum)}: ending the workers now, before they saved",
                   file=sys.stderr, flush=True)
             self.killed_by = signum
             self._kill()
@@ -171,7 +171,7 @@ class Supervisor:
             ranks = ", ".join(_describe(w) for w in frozen)
             if not self.failure.exists():  # a worker's own diagnosis comes first
                 self.failure.write_text(f"{ranks} is stopped (frozen, e.g. SIGSTOP) and cannot save; ended on "
-                                        f"{signal.Signals(signum).name}; {self.resume}\n")
+                                        f"{signal_name(signum)}; {self.resume}\n")
             self._kill()
             return
         for w in workers:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, expect_folder, read_json
 from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
+from lcft.signals import Ended, Stopped
 from lcft.units import counted
 
 if TYPE_CHECKING:
@@ -144,12 +144,9 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
     if latest is not None:
         tcfg = dataclasses.replace(tcfg, resume="auto")
     summary = train(tcfg)
-    if summary["stopped"] == "signal":  # the user asked the whole demo to stop, not just this stage
-        from lcft.signals import Stopped
-
-        name = summary["signal"]
-        raise Stopped(f"stopped by {name} at step {summary['step']} of {run} (checkpoint {summary['checkpoint']}); "
-                      "run the same `lcft demo` again to continue", int(signal.Signals[name]))
+    if summary["stopped"] == Ended.SIGNAL:  # the user asked the whole demo to stop, not just this stage
+        raise Stopped(f"stopped by {summary['signal']} at step {summary['step']} of {run} (checkpoint "
+                      f"{summary['checkpoint']}); run the same `lcft demo` again to continue", summary["signal_number"])
     return Path(summary["checkpoint"]), how
 
 
@@ -304,12 +301,9 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool, control_steps: int) 
     if report is not None:
         return report, "done before with the same options and weights, skipped"
     report = evaluate(ecfg, progress=progress)
-    if report.get("stopped") == "signal":  # the user asked the whole demo to stop, not just this stage
-        from lcft.signals import Stopped
-
-        name = report["signal"]
-        raise Stopped(f"stopped by {name} in the evaluation (the losses computed so far are kept in "
-                      f"{report['out']}); run the same `lcft demo` again to continue", int(signal.Signals[name]))
+    if report.get("stopped") == Ended.SIGNAL:  # the user asked the whole demo to stop, not just this stage
+        raise Stopped(f"stopped by {report['signal']} in the evaluation (the losses computed so far are kept in "
+                      f"{report['out']}); run the same `lcft demo` again to continue", report["signal_number"])
     probe = f", copy probe on {report['probe']['windows']}" if report.get("probe") else ""
     again = f"the report there is not kept ({stale}), evaluated again: " if stale else ""
     return report, f"{again}{report['data']['windows']} held-out windows x {len(report['checkpoints'])}{probe}"

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import importlib
 import json
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from lcft.parallel import ParallelizeConfig, init_parallel
 from lcft.parallel.mesh import init_world
 from lcft.parallel.parallelize import parallelize
 from lcft.shapes import check_batch, check_seq_len
-from lcft.signals import StopSignals
+from lcft.signals import Ended, StopSignals, signal_fields
 from lcft.train.config import TrainConfig, resolve_folders
 from lcft.train.global_step import GlobalStep
 from lcft.train.guard import SpikeGuard
@@ -230,7 +229,7 @@ class Trainer(GlobalStep):
     def run(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         self._signals.install()
-        t_start, elapsed0, done_here, stopped, signum = time.perf_counter(), st.elapsed, 0, "done", 0
+        t_start, elapsed0, done_here, stopped, signum = time.perf_counter(), st.elapsed, 0, Ended.DONE, 0
         saved_step = st.step if self.resume_from is not None else -1
         while st.step < cfg.steps:
             try:
@@ -263,10 +262,10 @@ class Trainer(GlobalStep):
                                 f"{record['skip']}, loss {record['loss']:.4g}); the run stopped with a checkpoint "
                                 f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")
             if signum:
-                stopped = "signal"
+                stopped = Ended.SIGNAL
                 break
             if cfg.stop_after and done_here >= cfg.stop_after and st.step < cfg.steps:
-                stopped = "stop_after"
+                stopped = Ended.STOP_AFTER
                 break
         ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
         summary = {
@@ -274,12 +273,12 @@ class Trainer(GlobalStep):
             "loss": st.last_loss, "bits_per_base": record["bits_per_base"] if done_here else None,
             "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
             "seq_len": self.seq_len, "precision": self.precision,
-            "signal": signal.Signals(signum).name if stopped == "signal" else None,
+            **signal_fields(signum if stopped == Ended.SIGNAL else None),
         }
         if self.is_main:
             with write_faults(self.run_dir / SUMMARY):
                 atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")
-            if stopped == "signal":
+            if stopped == Ended.SIGNAL:
                 self._note(f"stopped by signal at step {st.step}; checkpoint {ckpt}; continue with --resume auto")
         return summary
 

@@ -159,7 +159,7 @@ def test_a_node_without_rank_0_names_how_the_evaluation_ended(data_dir, tmp_path
 
     a = save_model(tmp_path / "a", seed=1)
     args = ["eval", "--data", str(data_dir), "--checkpoint", str(a), "--out", str(tmp_path / "rep")]
-    stopped = {"stopped": "signal", "signal": "SIGTERM", "out": str(tmp_path / "rep"), "note": "losses kept in X"}
+    stopped = {"stopped": "signal", "signal": "SIGTERM", "signal_number": 15, "out": str(tmp_path / "rep"), "note": "losses kept in X"}
     for report, code, line in (({"node_rank": 1}, 0, "node 1: done; rank 0 wrote the report"),
                                ({**stopped, "node_rank": 1}, 143, "node 1: stopped by SIGTERM; rank 0 kept the losses"),
                                (stopped, 143, "losses kept in X")):

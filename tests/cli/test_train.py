@@ -43,3 +43,16 @@ def test_a_signal_is_named():
     from lcft.cli.train import ended
 
     assert ended({"stopped": "signal", "signal": "SIGTERM"}) == "stopped by SIGTERM"
+
+
+def test_every_way_a_run_ends_has_its_words():
+    """Each `Ended` member has its own line (a dict lookup keyed by bare strings failed with KeyError on a kind it
+    lacked); a value that is no `Ended` is a broken contract, not a line."""
+    from lcft.cli.train import ended
+    from lcft.signals import Ended
+
+    words = {e: ended({"stopped": e, "signal": "SIGINT"}) for e in Ended}
+    assert words == {Ended.DONE: "done", Ended.STOP_AFTER: "stopped by --stop-after",
+                     Ended.SIGNAL: "stopped by SIGINT"}
+    with pytest.raises(ValueError):
+        ended({"stopped": "killed", "signal": None})

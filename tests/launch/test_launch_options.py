@@ -58,10 +58,10 @@ def test_launch_options_do_not_define_the_run():
 
 
 def test_exit_code_of_a_summary():
-    assert exit_code({"stopped": "done", "signal": None}) == 0
-    assert exit_code({"stopped": "stop_after", "signal": None}) == 0
-    assert exit_code({"stopped": "signal", "signal": "SIGTERM"}) == 143
-    assert exit_code({"stopped": "signal", "signal": "SIGINT"}) == 130
+    assert exit_code({"stopped": "done", "signal": None, "signal_number": None}) == 0
+    assert exit_code({"stopped": "stop_after", "signal": None, "signal_number": None}) == 0
+    assert exit_code({"stopped": "signal", "signal": "SIGTERM", "signal_number": 15}) == 143
+    assert exit_code({"stopped": "signal", "signal": "SIGINT", "signal_number": 2}) == 130
     assert exit_code({"run_dir": "x", "node_rank": 1, "stopped": "done"}) == 0
 
 

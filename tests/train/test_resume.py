@@ -158,10 +158,12 @@ def test_signal_saves_and_stops(tmp_path, base_cfg, sig):
 
     s = train(TrainConfig(out=str(run), **cfg), TrainHooks(before_step=send))
     assert s["stopped"] == "signal" and s["step"] == 3
+    on_disk = json.loads((run / "summary.json").read_text())  # its name for people, its number for the exit code
+    assert (on_disk["signal"], on_disk["signal_number"], exit_code(on_disk)) == (sig.name, int(sig), 128 + sig)
     assert read_trainer_state(latest_checkpoint(run))[0].step == 3
     assert signal.getsignal(sig) is not None  # handlers restored after the run
     s = train(TrainConfig(out=str(run), resume="auto", stop_after=1, **cfg))
-    assert s["step"] == 4 and s["stopped"] == "stop_after"
+    assert s["step"] == 4 and s["stopped"] == "stop_after" and (s["signal"], s["signal_number"]) == (None, None)
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
 
 
