@@ -28,6 +28,7 @@ CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"step-(\d{8,})")  # step_name's output; temp folders of interrupted saves do not match
 TMP_PREFIX = ".tmp-"
 STATE_DIR = "trainer_state"
+STATE_FILE = "state.json"  # in STATE_DIR: the step, counters and RNG states (lcft.checkpoint.state)
 RUN_CONFIG = "config.toml"
 CHECKSUMS = "checksums.json"
 SUPERSEDED = "superseded"

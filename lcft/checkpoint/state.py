@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcft.checkpoint.layout import STATE_DIR, STEP_DIR, previous_checkpoint
+from lcft.checkpoint.layout import STATE_DIR, STATE_FILE, STEP_DIR, previous_checkpoint
 from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, shown
 from lcft.files import is_plain_name, read_json
@@ -98,7 +98,7 @@ def write_trainer_state(ckpt: Path, state: TrainerState, optimizer: dict | None,
     """trainer_state/: state.json (readable), optimizer.pt (unless None), scheduler.pt, rng.pt."""
     d = ckpt / STATE_DIR
     d.mkdir(exist_ok=True)
-    (d / "state.json").write_text(json.dumps(asdict(state), indent=1) + "\n")
+    (d / STATE_FILE).write_text(json.dumps(asdict(state), indent=1) + "\n")
     if optimizer is not None:  # None: sharded optimizer state, written by lcft.checkpoint.sharded
         torch.save(optimizer, d / "optimizer.pt")
     torch.save(scheduler, d / "scheduler.pt")
@@ -115,9 +115,9 @@ def broken(path: Path, reason: str) -> LcftError:
 
 def read_state(ckpt: str | os.PathLike) -> TrainerState:
     """The TrainerState of a checkpoint folder."""
-    p = Path(ckpt) / STATE_DIR / "state.json"
+    p = Path(ckpt) / STATE_DIR / STATE_FILE
     if not p.is_file():
-        raise LcftError(f"{ckpt}: not a trainer checkpoint ({STATE_DIR}/state.json missing)")
+        raise LcftError(f"{ckpt}: not a trainer checkpoint ({STATE_DIR}/{STATE_FILE} missing)")
     try:
         data = read_json(p)
     except LcftError as e:  # not JSON, not an object, unreadable

@@ -24,6 +24,7 @@ OPTIONS = {
 
 
 def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
+    from lcft.evaluate.report import CSV_NAME, JSON_NAME, PNG_NAME
     from lcft.evaluate.terminal import print_table
     from lcft.launch import exit_code, run
 
@@ -39,8 +40,8 @@ def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
     elif not quiet:
         print_table(report)
         outdir = Path(cfg.out)
-        console.print(f"plot: {outdir / 'loss_by_position.png'}\nfigures: {outdir / 'eval.json'}, "
-                      f"{outdir / 'loss_by_position.csv'}", highlight=False, soft_wrap=True)
+        console.print(f"plot: {outdir / PNG_NAME}\nfigures: {outdir / JSON_NAME}, {outdir / CSV_NAME}",
+                      highlight=False, soft_wrap=True)
     if code:
         raise typer.Exit(code)
 

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 
 from lcft.checkpoint.hf_folder import read_config
-from lcft.checkpoint.layout import Identity, check_tokenizer, read_checkpoint, refuse_out_inside, unchanged
+from lcft.checkpoint.layout import (
+    RUN_CONFIG,
+    Identity,
+    check_tokenizer,
+    read_checkpoint,
+    refuse_out_inside,
+    unchanged,
+)
 from lcft.checkpoint.reader import load  # safetensors or a sharded (DCP) checkpoint
 from lcft.checkpoint.weights import check_weights_readable, weights_sha256
 from lcft.config import ConfigError, format_size
@@ -122,10 +129,10 @@ def _run_config(path: Path) -> dict[str, Any]:
     a damaged run config does not stop the evaluation), read with the bounded TOML reader; its values as JSON
     takes them (a TOML date or time, a nan or inf, as its text): the report is written after every checkpoint
     was evaluated."""
-    if not (path / "config.toml").is_file():
+    if not (path / RUN_CONFIG).is_file():
         return {}
     try:
-        return _as_json(load_toml(path / "config.toml"))
+        return _as_json(load_toml(path / RUN_CONFIG))
     except ConfigError:
         return {}
 

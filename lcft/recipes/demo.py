@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lcft.checkpoint.layout import MODEL_CONFIG
 from lcft.config import ConfigError, Size, check_seed, format_size
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, reason
+from lcft.evaluate.report import JSON_NAME, PNG_NAME
 from lcft.files import atomic_write, expect_folder, read_json
 from lcft.genomics.shards import is_window_length
 from lcft.recipes.summary import demo_note, summary_lines
@@ -113,7 +115,7 @@ def _model_config(cfg: DemoConfig) -> LlamaConfig:
 
 def _write_init(cfg: DemoConfig, folder: Path) -> bool:
     """A freshly initialised model of the demo's shape, the starting point of the base run."""
-    if (folder / "config.json").is_file():
+    if (folder / MODEL_CONFIG).is_file():
         return False
     import torch
 
@@ -129,14 +131,13 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
     """Run (or finish, or skip) one training run; returns its final checkpoint and what happened."""
     from lcft.checkpoint.state import checkpoint_step
     from lcft.train import latest_checkpoint, train
-    from lcft.train.config import absolute_paths, diff, load_run_config
+    from lcft.train.config import absolute_paths
+    from lcft.train.run_dir import changed_options
 
     run = Path(tcfg.out)
-    if (run / "config.toml").is_file():
-        changed = diff(load_run_config(run / "config.toml").run_defining(), absolute_paths(tcfg).run_defining())
-        if changed:
-            raise LcftError(f"{run} holds a demo run made with other options ({'; '.join(changed[:3])}); "
-                            "choose another --out, or delete that folder to start over")
+    if changed := changed_options(absolute_paths(tcfg), run):  # (with checkpoints or not: a demo never resumes it)
+        raise LcftError(f"{run} holds a demo run made with other options ({'; '.join(changed[:3])}); "
+                        "choose another --out, or delete that folder to start over")
     latest = latest_checkpoint(run)
     if latest is not None and checkpoint_step(latest) >= tcfg.steps:
         return latest.absolute(), "done before, skipped"  # as a run's own summary names it: the report's options match
@@ -158,7 +159,7 @@ def _eval_is_current(report_dir: Path, ecfg: Any, control_steps: int) -> tuple[d
     from lcft.evaluate.report import read_back_problem
     from lcft.genomics.window_set import open_windows
 
-    p = report_dir / "eval.json"
+    p = report_dir / JSON_NAME
     if not p.is_file():
         return None, ""
     try:  # damaged (cut, garbled, nested too deep, not an object): evaluated again
@@ -353,7 +354,7 @@ def _run_stages(cfg: DemoConfig, paths: DemoPaths, progress: bool, log: Callable
     summary = {"total_seconds": round(time.perf_counter() - t_all, 1),
                "total_cpu_seconds": round(sum(v["cpu_seconds"] for v in stages.values()), 1),
                "stages": stages, "report_dir": str(paths.report),
-               "plot": str(paths.report / "loss_by_position.png"), "summary": summary_lines(report, cfg.control_steps),
+               "plot": str(paths.report / PNG_NAME), "summary": summary_lines(report, cfg.control_steps),
                "note": demo_note(report)}
     atomic_write(paths.out / "demo.json", json.dumps(summary, indent=1) + "\n")
     return {**summary, "report": report}

@@ -26,6 +26,7 @@ from lcft.console import make_console, text_column
 from lcft.disk import write_faults
 from lcft.errors import LcftError
 from lcft.files import atomic_write, parse_json
+from lcft.train.run_dir import METRICS
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -81,7 +82,7 @@ class MetricsLog:
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of <run>/metrics.jsonl."""
-    p = Path(run_dir) / "metrics.jsonl"
+    p = Path(run_dir) / METRICS
     lines = p.read_text().splitlines() if p.exists() else []
     return [parse_json(line, f"{p} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
 

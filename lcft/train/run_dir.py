@@ -44,19 +44,24 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
         refuse_not_own(run / name, "train")
     # a resume renames the checkpoints after its step into it: a link would move them out of the run folder
     refuse_not_own(run / SUPERSEDED, "train", folder=True)
-    saved = run / RUN_CONFIG
     if cfg.resume:
         ckpt = resolve_resume(cfg.resume, run, say=say)
         check_steps_ahead(cfg.steps, ckpt, run)
         return ckpt
     if (ckpt := latest_checkpoint(run)) is None:
         return None
-    changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
-    if changed:
+    if changed := changed_options(cfg, run):
         raise LcftError(f"{run} holds a run with a different config ({'; '.join(changed[:4])}); "
                         "pass --resume auto to continue it with these options, or choose another --out")
     raise LcftError(f"{run} already holds checkpoints (latest {ckpt.name}); pass --resume auto to "
                     "continue that run, or choose another --out")
+
+
+def changed_options(cfg: TrainConfig, run: Path) -> list[str]:
+    """The run-defining options (each "name: saved -> given") in which `cfg`, its folders absolute, differs from
+    the config saved in the run folder `run`; none when it holds none."""
+    saved = run / RUN_CONFIG
+    return diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
 
 
 def check_steps_ahead(steps: int, ckpt: Path, run: Path) -> None:

@@ -18,7 +18,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState, GradientState
 
 from lcft.checkpoint.hf_folder import save_model
-from lcft.checkpoint.layout import latest_checkpoint
+from lcft.checkpoint.layout import RUN_CONFIG, checkpoints_dir, latest_checkpoint
 from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
 from lcft.checkpoint.sharded import save_sharded
@@ -285,10 +285,10 @@ class Trainer(GlobalStep):
     def save(self) -> Path:
         """Checkpoint the current step (rank 0 writes, with --shard fsdp every rank its shards; everyone waits)."""
         self.acc.wait_for_everyone()
-        path, st = self.run_dir / "checkpoints", self.state
+        path, st = checkpoints_dir(self.run_dir), self.state
 
         def write_rest(tmp: Path) -> None:
-            save_resolved(tmp / "config.toml", to_dict(self.cfg))
+            save_resolved(tmp / RUN_CONFIG, to_dict(self.cfg))
             optim = None if self.layout.fsdp_enabled else self.opt.state_dict()  # fsdp: sharded in dcp/
             write_trainer_state(tmp, st, optim, self.scheduler.state_dict())
 

@@ -1,0 +1,53 @@
+"""A demo training stage around its run (train itself stood in for): a folder holding another demo run is refused
+with the demo's own words, and a run a signal stopped stops the whole demo with that signal's exit code."""
+
+from __future__ import annotations
+
+import pytest
+
+import lcft.train
+from lcft.config_toml import save_resolved, to_dict
+from lcft.errors import LcftError
+from lcft.recipes.demo import train_stage
+from lcft.signals import Stopped
+from lcft.train import TrainConfig
+from lcft.train.config import absolute_paths
+
+
+def _cfg(tmp_path, steps: int) -> TrainConfig:
+    return TrainConfig(data=str(tmp_path / "data"), out=str(tmp_path / "run"), init=str(tmp_path / "init"),
+                       steps=steps, seq_len=256, global_batch=2, micro_batch=2, precision="fp32")
+
+
+@pytest.fixture
+def trained(monkeypatch) -> list[TrainConfig]:
+    """The configs `train` was called with; each call ends as a signal stopped it (SIGRTMIN+1 at step 2)."""
+    calls: list[TrainConfig] = []
+
+    def train(cfg: TrainConfig) -> dict:
+        calls.append(cfg)
+        return {"stopped": "signal", "signal": "SIGRTMIN+1", "signal_number": 35, "step": 2, "checkpoint": "c"}
+
+    monkeypatch.setattr(lcft.train, "train", train)
+    return calls
+
+
+def test_a_folder_of_another_demo_run_is_refused_before_training(tmp_path, trained):
+    """Its saved config.toml differs in an option that defines the run: refused with or without checkpoints (a
+    demo never resumes a run of other options), as the run folder's own check finds the difference."""
+    (tmp_path / "run").mkdir()
+    save_resolved(tmp_path / "run" / "config.toml", to_dict(absolute_paths(_cfg(tmp_path, 4))))
+    with pytest.raises(LcftError, match=r"run holds a demo run made with other options \(steps: 4 -> 3\); choose "
+                                        r"another --out, or delete that folder to start over$"):
+        train_stage(_cfg(tmp_path, 3))
+    assert trained == []
+
+
+def test_a_stopped_stage_stops_the_demo_with_the_signals_exit_code(tmp_path, trained):
+    """The exit code is 128 + the summary's signal_number (here a realtime signal, whose name signal.Signals[...]
+    does not know), the message names the signal by its name."""
+    (tmp_path / "run").mkdir()
+    save_resolved(tmp_path / "run" / "config.toml", to_dict(absolute_paths(_cfg(tmp_path, 3))))  # the same run
+    with pytest.raises(Stopped, match=r"^stopped by SIGRTMIN\+1 at step 2 of .*run \(checkpoint c\)") as e:
+        train_stage(_cfg(tmp_path, 3))
+    assert e.value.exit_code == 128 + 35 and len(trained) == 1
