@@ -52,7 +52,7 @@ def test_every_valid_signal_has_a_name_realtime_ones_too():
 def test_the_exit_code_comes_from_the_signal_number_a_realtime_one_too():
     """128 + N from the summary's number: worked back from the name, `signal.Signals[name]` raised KeyError on a
     realtime signal's (SIGRTMIN+1), which `signal_name` writes."""
-    from lcft.launch import exit_code
+    from lcft.signals import exit_code
 
     n = signal.SIGRTMIN + 1
     summary = {"stopped": "signal", "signal": signal_name(n), "signal_number": int(n)}

@@ -26,7 +26,8 @@ OPTIONS = {
 def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
     from lcft.evaluate.report import CSV_NAME, JSON_NAME, PNG_NAME
     from lcft.evaluate.terminal import print_table
-    from lcft.launch import exit_code, run
+    from lcft.launch import run
+    from lcft.signals import exit_code
 
     for warning in cfg.idle_split():  # --cp-kv / --cp-layout without --cp; stdout holds the report
         err_console.print(warning, highlight=False, soft_wrap=True)

@@ -25,7 +25,8 @@ def ended(summary: dict) -> str:
 
 
 def _run(cfg: TrainConfig) -> None:
-    from lcft.launch import exit_code, run  # torch/accelerate load only when a run starts
+    from lcft.launch import run  # torch/accelerate load only when a run starts
+    from lcft.signals import exit_code
 
     s = run("train", cfg)  # in this process, or --nproc N launched ones
     if "node_rank" in s:  # a node without rank 0 (several nodes): its ranks ended with rank 0's, which saved

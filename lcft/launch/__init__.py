@@ -64,9 +64,9 @@ from lcft.liveness import (
     read_report,
     refuse_copies,
 )
-from lcft.signals import Stopped, exit_code, signal_name
+from lcft.signals import Stopped, signal_name
 
-__all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "exit_code", "launch", "run"]
+__all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "launch", "run"]
 
 def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     """Run job `name` ("train" or "eval") as cfg says and return its summary: in this process (kwargs go to

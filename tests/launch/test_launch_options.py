@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from lcft.config import ConfigError
-from lcft.launch import exit_code
 from lcft.parallel.config import ParallelConfig
+from lcft.signals import exit_code
 from lcft.train.config import TrainConfig, resolve_config
 
 

@@ -16,8 +16,8 @@ from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
 from lcft.checkpoint.layout import list_checkpoints
 from lcft.checkpoint.state import read_trainer_state
 from lcft.config_toml import load_toml
-from lcft.launch import exit_code
 from lcft.model import Llama, LlamaConfig
+from lcft.signals import exit_code
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
 
