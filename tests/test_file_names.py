@@ -23,6 +23,7 @@ HOMES = {
     "trainer_state": {"checkpoint/layout.py"},
     "state.json": {"checkpoint/layout.py", "genomics/prepare_state.py"},
     "manifest.json": {"genomics/shards.py"},
+    "tokenizer.json": {"genomics/seq_tokenizer.py", "hub.py"},
     "eval.json": {"evaluate/report.py"},
     "loss_by_position.png": {"evaluate/report.py"},
     "loss_by_position.csv": {"evaluate/report.py"},

@@ -138,7 +138,7 @@ def save_hf_tokenizer(tok: SeqTokenizer, out_dir: str | Path) -> list[Path]:
     specials = dict(tok.roles)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30,
               "clean_up_tokenization_spaces": False, **specials}
-    files = {"tokenizer.json": hf_tokenizer_json(tok), "tokenizer_config.json": json.dumps(config, indent=1),
+    files = {TOKENIZER_FILE: hf_tokenizer_json(tok), "tokenizer_config.json": json.dumps(config, indent=1),
              "special_tokens_map.json": json.dumps(specials, indent=1)}
     return [atomic_write(out / name, text) for name, text in files.items()]
 

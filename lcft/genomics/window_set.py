@@ -180,9 +180,10 @@ class WindowSet:
 
         if not self.per_base:
             return char_tokenizer()
+        from lcft.genomics.seq_tokenizer import TOKENIZER_FILE
         from lcft.genomics.vocab_file import read_text
 
-        name = self.manifest["tokenizer"].get("file", "tokenizer.json")
+        name = self.manifest["tokenizer"].get("file", TOKENIZER_FILE)
         text = read_text(self.dir / name, "the windows' tokenizer")  # bounded, a regular file, UTF-8
         spec = self.manifest["tokenizer"]
         tok = tokenizer_from_json_text(text, str(self.dir / name), spec.get("roles"))
