@@ -250,6 +250,11 @@ OFFLOAD_NOTE = ("note: host memory is not checked without --host-memory (one nod
                 "only in what they offload to it show the same GPU figure")
 
 
+def parameters(n: int) -> str:
+    """A parameter count as models are named: 0.992B, 4.2M (a small model in billions read 0.004B)."""
+    return f"{n / 1e9:.3f}B" if n >= 100_000_000 else f"{n / 1e6:.1f}M"
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:8.2f} GiB"
 
@@ -287,7 +292,7 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
     shape = Shape.of(model)
     dp = lay.world // lay.cp
     lines = [f"note: {n}" for n in (init.notes if init else [])] + cfg.parallel.idle(lay.world)
-    lines += [f"model: {shape.params / 1e9:.3f}B parameters ({shape.layers} blocks, hidden {shape.hidden}, "
+    lines += [f"model: {parameters(shape.params)} parameters ({shape.layers} blocks, hidden {shape.hidden}, "
              f"{model.attention.backend} attention)",
              f"layout: {lay.world} {cfg.device} rank(s) = dp {dp} x cp {lay.cp}; shard {lay.shard}"
              f"{' + offload-params' if lay.offload_params else ''}; {lay.seq_len:,} tokens x micro-batch "

@@ -164,7 +164,8 @@ def test_cli_reads_only_config_json_of_init(tmp_path: Path) -> None:
     (bare / "config.json").write_text((src / "config.json").read_text())
     r = runner.invoke(app, ["plan", "--init", str(bare), "--seq-len", "4096", "--gpu-memory", "24GiB"])
     assert r.exit_code == 0, r.output
-    assert f"{Shape.of(SHAPES['qwen3']).params / 1e9:.3f}B parameters" in r.output
+    n = Shape.of(SHAPES["qwen3"]).params
+    assert (f"{n / 1e9:.3f}B parameters" if n >= 1e8 else f"{n / 1e6:.1f}M parameters") in r.output
     assert json.loads((bare / "config.json").read_text())["model_type"] == "qwen3"
 
 
@@ -387,3 +388,12 @@ def test_an_init_of_another_vocabulary_than_the_datas_is_refused_as_train_refuse
     assert trained.replace(str(init.resolve()), "INIT") == planned.replace(str(init), "INIT")  # train resolves links
     r = runner.invoke(app, ["plan", *args[:2], "--data", str(tmp_path / "own"), "--seq-len", "4096", "--gpu-memory", "1T"])
     assert r.exit_code == 0 and "verdict: fits" in r.output, r.output
+
+
+@pytest.mark.parametrize("preset, shown", [("tiny", "M parameters"), ("1b", "0.992B parameters")])
+def test_the_model_size_is_shown_in_millions_below_a_tenth_of_a_billion(preset, shown):
+    """The tiny preset read '0.004B parameters'."""
+    r = runner.invoke(app, ["plan", "--preset", preset, "--seq-len", "4096"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("model: "))
+    assert shown in line and ".000B" not in line and "0.00" not in line, line
