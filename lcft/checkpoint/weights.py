@@ -8,7 +8,7 @@ from pathlib import Path
 from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, reason
 from lcft.hashing import file_hash, files_sha256
-from lcft.model.weight_files import weight_files
+from lcft.model.weight_files import header_dtypes, weight_files
 
 
 def weights_sha256(ckpt: Path) -> str:
@@ -35,6 +35,7 @@ def check_weights_readable(ckpt: Path) -> None:
         check_sharded_readable(ckpt)
         return
     for f in _weight_files(ckpt):
+        header_dtypes(f)  # before safetensors reads the header: the one check of its dtypes
         try:
             with safe_open(str(f), framework="pt") as sf:
                 sf.keys()

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from lcft.errors import LcftError, shown
+from lcft.model.weight_files import header_dtypes
 from lcft.pickles import RestrictedUnpickler, reading
 from lcft.torch_zip import Record, stored_records
 
@@ -36,10 +37,11 @@ Reader = Callable[[], torch.Tensor]
 
 def weight_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
     """(name, shape, read) per tensor of a weight file; read() gives the tensor, read then into contiguous memory
-    of its own."""
+    of its own. A safetensors header's dtypes are checked first (`header_dtypes`), before safetensors reads it."""
     if f.suffix == ".bin":
         yield from _bin_tensors(f)
         return
+    header_dtypes(f)
     with safe_open(str(f), framework="pt") as sf:
         for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
             yield key, tuple(sf.get_slice(key).get_shape()), lambda key=key: sf.get_tensor(key)

@@ -71,13 +71,31 @@ def stored_dtype(files: list[Path]) -> str | None:
     """The dtype (torch's name) every tensor of the weight files `files` is stored in, as their safetensors headers
     declare it (no tensor is read); None where they hold several, one lcft does not read as weights, or no
     tensor, or where one is a pytorch_model.bin (whose dtypes only its pickle, read with torch, tells)."""
-    found: set[str | None] = set()
+    found: set[str] = set()
     for f in files:
         if f.suffix != ".safetensors":
             return None
-        found |= {entry.get("dtype") if isinstance(entry, dict) else None
-                  for key, entry in _header(f).items() if key != "__metadata__"}
+        found |= set(header_dtypes(f).values())
     return SAFETENSORS_DTYPES.get(found.pop()) if len(found) == 1 else None
+
+
+def header_dtypes(f: Path) -> dict[str, str]:
+    """{tensor name: its dtype code} as the header of the safetensors file `f` declares them (no tensor is read):
+    the one reader of a header's dtypes, each entry checked to be an object naming its dtype by a string (a list
+    there is no dtype, and safetensors itself has not looked at the header yet)."""
+    dtypes = {}
+    for key, entry in _header(f).items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise LcftError(f"{f}: cannot read weights (the header's entry of tensor {shown(key, quoted=True)} is "
+                            f"{shown(entry)}, not an object)")
+        code = entry.get("dtype")
+        if not isinstance(code, str):
+            raise LcftError(f"{f}: cannot read weights (tensor {shown(key, quoted=True)} declares dtype "
+                            f"{shown(code)}, not a dtype's name)")
+        dtypes[key] = code
+    return dtypes
 
 
 def _header(f: Path) -> dict:

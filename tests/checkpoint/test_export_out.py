@@ -326,3 +326,34 @@ def test_the_stored_dtype_is_told_without_torch(tmp_path, init_dir):  # noqa: F8
                        timeout=300)
     lines = r.stdout.strip().splitlines()
     assert json.loads(lines[-1]) == {"code": 0, "torch": False} and "already exported to" in r.stdout, r
+
+
+def _with_header_entry(src: Path, dst: Path, change) -> Path:
+    """A copy of the model folder `src` whose model.safetensors header has its first tensor's entry replaced by
+    change(entry) (the tensor bytes as they were)."""
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    data = f.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    first = min(k for k in header if k != "__metadata__")
+    header[first] = change(header[first])
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    f.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + size:])
+    return dst
+
+
+@pytest.mark.parametrize("change, said", [(lambda e: {**e, "dtype": ["F32"]}, "declares dtype ['F32']"),
+                                          (lambda e: {**e, "dtype": {"F32": 1}}, "declares dtype {'F32': 1}"),
+                                          (lambda e: [e], "is [{")])
+def test_a_header_entry_naming_no_dtype_is_one_line(tmp_path, init_dir, change, said):  # noqa: F811
+    """A safetensors header whose tensor entry is no object, or declares its dtype as a list or an object, is one
+    line naming the file and tensor, re-exported into an earlier export (the dtype is read from the header before
+    safetensors has looked at it: was a traceback, unhashable type: 'list') and to a new --out alike."""
+    source = _with_header_entry(init_dir, tmp_path / "model", change)
+    out = tmp_path / "hf"
+    _exported(init_dir, out)
+    for folder in (out, tmp_path / "new"):
+        cli_fails(["export", str(source), "--out", str(folder)],
+                  f"{source / 'model.safetensors'}: cannot read weights", "'lm_head.weight'", said)
