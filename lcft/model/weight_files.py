@@ -69,20 +69,23 @@ def _index_shards(index: Path) -> list[str]:
 
 def stored_dtype(files: list[Path]) -> str | None:
     """The dtype (torch's name) every tensor of the weight files `files` is stored in, as their safetensors headers
-    declare it (no tensor is read); None where they hold several, one lcft does not read as weights, or no
-    tensor, or where one is a pytorch_model.bin (whose dtypes only its pickle, read with torch, tells)."""
+    declare it (no tensor is read; one lcft does not read as weights is refused, `header_dtypes`); None where they
+    hold several, or no tensor, or where one is a pytorch_model.bin (whose dtypes only its pickle, read with torch,
+    tells)."""
     found: set[str] = set()
     for f in files:
         if f.suffix != ".safetensors":
             return None
         found |= set(header_dtypes(f).values())
-    return SAFETENSORS_DTYPES.get(found.pop()) if len(found) == 1 else None
+    return found.pop() if len(found) == 1 else None
 
 
 def header_dtypes(f: Path) -> dict[str, str]:
-    """{tensor name: its dtype code} as the header of the safetensors file `f` declares them (no tensor is read):
-    the one reader of a header's dtypes, each entry checked to be an object naming its dtype by a string (a list
-    there is no dtype, and safetensors itself has not looked at the header yet)."""
+    """{tensor name: its dtype, torch's name} as the header of the safetensors file `f` declares them (no tensor is
+    read): the one reader of a header's dtypes, each entry checked to be an object naming its dtype by a string (a
+    list there is no dtype, and safetensors itself has not looked at the header yet) and that dtype one lcft reads
+    as weights (SAFETENSORS_DTYPES: an integer, bool or FP8 tensor would be cast as read, FP8 without the scales
+    its checkpoint keeps beside it), else one line naming the file, the tensor and its dtype."""
     dtypes = {}
     for key, entry in _header(f).items():
         if key == "__metadata__":
@@ -94,7 +97,11 @@ def header_dtypes(f: Path) -> dict[str, str]:
         if not isinstance(code, str):
             raise LcftError(f"{f}: cannot read weights (tensor {shown(key, quoted=True)} declares dtype "
                             f"{shown(code)}, not a dtype's name)")
-        dtypes[key] = code
+        if code not in SAFETENSORS_DTYPES:
+            raise LcftError(f"{f}: weight {shown(key, quoted=True)} is stored as {shown(code, 20, quoted=True)}; "
+                            f"lcft reads weights stored as {', '.join(SAFETENSORS_DTYPES)} "
+                            f"({', '.join(SAFETENSORS_DTYPES.values())})")
+        dtypes[key] = SAFETENSORS_DTYPES[code]
     return dtypes
 
 

@@ -150,18 +150,29 @@ def test_a_variant_the_class_cannot_express_is_refused_on_export():
     assert config_to_hf(LlamaConfig(**{**cfg.__dict__, "model_type": "mistral"}))["sliding_window"] == 8
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.uint8])
-def test_a_weight_of_integers_is_refused(tmp_path, dtype):
-    """An integer or bool tensor where a weight belongs was cast to float as it was read: train and eval ran
-    on it (export refused it with torch's own message)."""
+@pytest.mark.parametrize("dtype, code", [(torch.int64, "I64"), (torch.bool, "BOOL"), (torch.uint8, "U8"),
+                                         (torch.float8_e4m3fn, "F8_E4M3"), (torch.float8_e5m2, "F8_E5M2")])
+def test_a_weight_of_a_dtype_lcft_does_not_read_is_refused(tmp_path, dtype, code):
+    """An integer, bool or FP8 tensor where a weight belongs was cast as it was read: train and eval ran on it (an
+    FP8 checkpoint's values without the scales it keeps beside them), and `lcft export` wrote FP8 weights under a
+    config.json transformers cannot load. Refused by the dtype the header declares, before any tensor is read, in
+    one line naming the file, the tensor, its dtype and the dtypes lcft reads (safetensors' own codes, as the
+    header holds them, are the oracle)."""
     hf_qwen3(tmp_path / "hf")
     f = tmp_path / "hf" / "model.safetensors"
     tensors = load_file(f)
-    key = next(iter(tensors))
-    save_file({**tensors, key: torch.ones(tensors[key].shape, dtype=dtype)}, str(f))
-    with pytest.raises(LcftError, match=f"model.safetensors: weight {key} holds {str(dtype)[6:]}, not "
-                                        "floating-point numbers$"):
+    key = sorted(tensors)[1]
+    save_file({**tensors, key: torch.ones(tensors[key].shape).to(dtype)}, str(f))
+    said = (f"{f}: weight '{key}' is stored as '{code}'; lcft reads weights stored as F32, BF16, F16, F64 "
+            "(float32, bfloat16, float16, float64)")
+    with pytest.raises(LcftError) as e:
         from_pretrained(tmp_path / "hf")
+    assert str(e.value) == said
+    hf_qwen3(tmp_path / "other")
+    assert CliRunner().invoke(app, ["export", str(tmp_path / "other"), "--out", str(tmp_path / "old")]).exit_code == 0
+    for out in (tmp_path / "new", tmp_path / "old"):  # new; holding an export (the source's dtype asked first)
+        r = CliRunner().invoke(app, ["export", str(tmp_path / "hf"), "--out", str(out)])
+        assert r.exit_code == 1 and "".join(r.output.split()) == "".join(f"error: {said}".split()), r.output
 
 
 @pytest.mark.parametrize("dtype", [None, torch.float32])
