@@ -201,7 +201,8 @@ def _empty(folder: Path) -> None:
 def export_bytes(source: Path, dtype: object) -> int:
     """About the bytes an export of checkpoint folder `source` writes: its weights (safetensors or dcp/ shards),
     scaled to --dtype from the dtype they are stored in, as their headers declare it (`weights_dtype`, as the
-    export's record says; a sharded checkpoint's metadata; unscaled where that is not one dtype)."""
+    export's record says: of weights of several dtypes, the one holding all, so about; a sharded checkpoint's
+    metadata; unscaled where that is not told)."""
     if is_sharded_checkpoint(source):
         size = sum(f.stat().st_size for f in sharded_weight_files(source)) // 3  # weights + 2 moments
         stored: torch.dtype | None = check_sharded_readable(source)

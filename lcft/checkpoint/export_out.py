@@ -129,8 +129,9 @@ def export_origin(source: Path, dtype: str | None, since: Identity = None) -> di
     """What an export of the model folder `source` with --dtype `dtype` (None: as stored) records of where it came
     from: the sha256 of the source's content (`model_sha256`), the dtype it writes and this lcft's version (another
     may write other bytes). The same origin means the same export. The dtype written: `dtype`, else the one the
-    weights are all stored in (their headers read, no tensor), so that --dtype naming it is the same export; None
-    (as stored) where that is not known without torch. `since`: the folder's identity when it was first read
+    weights are saved in as stored (their headers read, no tensor: their one dtype, or the one holding all of
+    several, lcft.model.weight_files.stored_dtype), so that --dtype naming it is the same export; None (as stored)
+    where that is not known without torch. `since`: the folder's identity when it was first read
     (lcft.checkpoint.layout.unchanged): replaced since, its content is not the one exported."""
     with unchanged(source, since):
         content = model_sha256(source)

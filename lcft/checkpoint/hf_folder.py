@@ -21,6 +21,7 @@ from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, check_weights, load_weights, shards, stale_weight_files
 from lcft.model.llama import Llama
+from lcft.model.weight_files import common_dtype
 from lcft.umask import respect_umask
 from lcft.vocab import tokenizer_spec
 
@@ -99,11 +100,14 @@ def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dty
                     hf_tokenizer: Any = None) -> Path:
     """Write config.json (the model's own HF class), model.safetensors (HF names; sharded with an index above
     max_shard_size bytes, as transformers does) and lcft.json; loadable by transformers' from_pretrained and by
-    from_pretrained here. dtype: cast weights (None = keep). tokenizer: the data's tokenizer spec lcft.json
-    records (default: lcft's char vocabulary); hf_tokenizer: a model tokenizer whose files go beside it."""
-    saved_dtype = dtype or next(model.parameters()).dtype
-    return write_model_folder(directory, model.config, shards(model, dtype, max_shard_size), saved_dtype, tokenizer,
-                              hf_tokenizer=hf_tokenizer)
+    from_pretrained here. dtype: cast weights (None = as stored: the one dtype config.json names, the one holding
+    all where the parameters are of several, lcft.model.weight_files.common_dtype). tokenizer: the data's tokenizer
+    spec lcft.json records (default: lcft's char vocabulary); hf_tokenizer: a model tokenizer whose files go beside
+    it."""
+    stored = common_dtype(str(p.dtype).removeprefix("torch.") for p in model.parameters())
+    saved_dtype = dtype or getattr(torch, stored)
+    return write_model_folder(directory, model.config, shards(model, saved_dtype, max_shard_size), saved_dtype,
+                              tokenizer, hf_tokenizer=hf_tokenizer)
 
 
 def save_model(model: Llama, folder: Path, windows: Any) -> Path:

@@ -49,7 +49,8 @@ def model_files(folder: Path) -> list[Path]:
 
 
 def weights_dtype(folder: Path) -> str | None:
-    """The dtype the weights of the model folder `folder` are all stored in, as their safetensors headers say;
-    None where that is not one dtype or not told without torch (a sharded checkpoint's dtype is in its DCP
-    metadata, a pytorch_model.bin's in its pickle)."""
+    """The dtype the weights of the model folder `folder` are saved in as stored, as their safetensors headers say
+    (their one dtype, or the one holding all of several: lcft.model.weight_files.stored_dtype); None where that is
+    not told without torch (a sharded checkpoint's dtype is in its DCP metadata, a pytorch_model.bin's in its
+    pickle)."""
     return None if is_sharded_checkpoint(folder) else stored_dtype(weight_files(folder))

@@ -4,6 +4,7 @@ their safetensors headers declare: without torch, so a check before a command's 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from lcft.errors import LcftError, reason, shown
@@ -68,16 +69,28 @@ def _index_shards(index: Path) -> list[str]:
 
 
 def stored_dtype(files: list[Path]) -> str | None:
-    """The dtype (torch's name) every tensor of the weight files `files` is stored in, as their safetensors headers
-    declare it (no tensor is read; one lcft does not read as weights is refused, `header_dtypes`); None where they
-    hold several, or no tensor, or where one is a pytorch_model.bin (whose dtypes only its pickle, read with torch,
-    tells)."""
+    """The dtype (torch's name) the weight files `files` are saved in as stored (`common_dtype` of those their
+    safetensors headers declare: no tensor is read; one lcft does not read as weights is refused, `header_dtypes`);
+    None where they hold no tensor, or where one is a pytorch_model.bin (whose dtypes only its pickle, read with
+    torch, tells)."""
     found: set[str] = set()
     for f in files:
         if f.suffix != ".safetensors":
             return None
         found |= set(header_dtypes(f).values())
-    return found.pop() if len(found) == 1 else None
+    return common_dtype(found)
+
+
+def common_dtype(dtypes: Iterable[str]) -> str | None:
+    """The dtype (torch's name, of SAFETENSORS_DTYPES') a model whose weights are of `dtypes` is saved in as stored:
+    the narrowest holding every value of each exactly, as torch.promote_types gives it (their one dtype, else
+    float64 among them, else float32: bfloat16 and float16 each hold values the other cannot). One, because
+    config.json names one and transformers loads every weight in it (a bfloat16 config truncated a float32 weight
+    saved beside it). None for no dtype."""
+    found = set(dtypes)
+    if len(found) <= 1:
+        return next(iter(found), None)
+    return "float64" if "float64" in found else "float32"
 
 
 def header_dtypes(f: Path) -> dict[str, str]:

@@ -285,9 +285,10 @@ def test_dtype_naming_the_stored_one_is_the_same_export(tmp_path, writes, stored
     assert writes == []
 
 
-def test_weights_of_several_dtypes_are_cast_by_any_dtype(tmp_path, init_dir, writes):  # noqa: F811
-    """Weights stored in two dtypes (exported as stored) are no dtype: --dtype naming either writes other bytes,
-    and is refused as another export."""
+def test_weights_of_several_dtypes_are_the_export_of_the_one_holding_them(tmp_path, init_dir, writes):  # noqa: F811
+    """Weights stored in two dtypes, float32 and bfloat16, are exported in float32, the one holding both
+    (lcft.model.weight_files.common_dtype): --dtype float32 is the same export, told from the headers before
+    anything is built; --dtype bfloat16 writes other bytes, refused as another export."""
     from safetensors.torch import load_file, save_file
 
     source, out = tmp_path / "model", tmp_path / "hf"
@@ -296,11 +297,12 @@ def test_weights_of_several_dtypes_are_cast_by_any_dtype(tmp_path, init_dir, wri
     first = sorted(tensors)[0]
     tensors[first] = tensors[first].to(torch.bfloat16)
     save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
-    assert stored_dtype([source / "model.safetensors"]) is None
+    assert stored_dtype([source / "model.safetensors"]) == "float32"
     _exported(source, out)
     writes.clear()
-    for dtype in ("float32", "bfloat16"):
-        cli_fails(["export", str(source), "--out", str(out), "--dtype", dtype], "already holds an export of another")
+    r = CliRunner().invoke(app, ["export", str(source), "--out", str(out), "--dtype", "float32"])
+    assert r.exit_code == 0 and _said(r.output) == _said(f"already exported to {out} (from {source})"), r.output
+    cli_fails(["export", str(source), "--out", str(out), "--dtype", "bfloat16"], "already holds an export of another")
     assert writes == []
 
 

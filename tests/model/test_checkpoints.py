@@ -185,3 +185,31 @@ def test_weights_read_from_a_file_start_where_torch_allocates(tmp_path, dtype):
                                       num_attention_heads=2, num_key_value_heads=2)), tmp_path / "m")
     for name, p in from_pretrained(tmp_path / "m", dtype=dtype).named_parameters():
         assert p.data_ptr() % 64 == 0, name
+
+
+@pytest.mark.parametrize("rest, q_proj", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                          (torch.float16, torch.bfloat16)])
+def test_weights_of_several_dtypes_export_in_one_holding_them_all(tmp_path, rest, q_proj):
+    """A folder of q_proj weights in one dtype beside the rest in another is exported in one dtype, the narrowest
+    holding every stored value exactly (torch.promote_types), and config.json names it: transformers loads every
+    weight in config.json's dtype, so an export stored as read (mixed, under the dtype of the first weight) loaded
+    a float32 q_proj beside bfloat16 weights truncated to bfloat16. Oracle: the source's own tensors as the
+    safetensors library reads them, each cast to that dtype (exact), against what transformers loads of the
+    export; and, where the source's config.json already names that dtype, transformers' own load of the source."""
+    hf_qwen3(tmp_path / "hf", rest)  # config.json names `rest`; the weights cast from float32 values, each dtype's
+    f = tmp_path / "hf" / "model.safetensors"  # own (a float32 q_proj holds what bfloat16 cannot)
+    torch.manual_seed(1)
+    values = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3)).state_dict()
+    source = {k: values[k].to(q_proj if "q_proj" in k else rest) for k in load_file(f)}
+    save_file(source, str(f), metadata={"format": "pt"})
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "hf"), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    widest = torch.promote_types(rest, q_proj)
+    exported = load_file(tmp_path / "out" / "model.safetensors")
+    assert {t.dtype for t in exported.values()} == {widest}
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == str(widest)[6:]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    assert all(torch.equal(theirs[k], t.to(widest)) for k, t in source.items()), "values changed"
+    if widest == rest:  # the source's config.json names the dtype: transformers reads it as the export holds it
+        direct = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+        assert all(torch.equal(direct[k], theirs[k]) for k in source)
