@@ -4,6 +4,7 @@ value's placeholder in upper case (its metavar, else its type: TEXT, PATH, INTEG
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import typer
@@ -40,8 +41,20 @@ def shown(param: Any, ctx: Any) -> Any:
     return out
 
 
+def paragraphs(text: str | None) -> str | None:
+    """A command's help with each paragraph on one line: typer's rich help keeps a docstring's line breaks, so the
+    listing of commands broke mid-sentence where the source line ended (rich wraps each paragraph itself)."""
+    if not text:
+        return text
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
 class HelpCommand(TyperCommand):
-    """A command whose --help lists its parameters (--help included) as `shown`."""
+    """A command whose --help lists its parameters (--help included) as `shown`, its help as `paragraphs`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = paragraphs(self.help)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         view = copy.copy(self)
@@ -50,7 +63,11 @@ class HelpCommand(TyperCommand):
 
 
 class HelpGroup(TyperGroup):
-    """A command group whose --help lists its own options (--help, --version) as `shown`."""
+    """A command group whose --help lists its own options (--help, --version) as `shown`, its help as `paragraphs`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = paragraphs(self.help)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         view = copy.copy(self)

@@ -200,6 +200,19 @@ def test_help_shows_a_value_in_upper_case_and_no_type_for_a_flag(columns):
                 assert row.group(1) == word and (word.isupper() or "|" in word), (path, names, row.group(0))
 
 
+def test_a_commands_help_wraps_as_whole_paragraphs():
+    """A docstring's line breaks are the source's, not the help's: typer's rich help kept them, and `lcft prepare
+    --help` broke the fetch and cache entries mid-sentence where their source lines ended."""
+    for path, cmd in _commands(typer.main.get_command(lcft_app)):
+        for paragraph in (cmd.help or "").split("\n\n"):
+            assert "\n" not in paragraph, (path, paragraph)
+    out = runner.invoke(lcft_app, ["prepare", "--help"], env={"COLUMNS": "80"}).output
+    rows = [ln.strip("│ ") for ln in out.splitlines()]
+    assert "hg38.fa.gz becomes hg38.fa" in " ".join(rows), out
+    fetch = rows.index(next(r for r in rows if r.startswith("fetch ")))
+    assert all(len(r) >= 55 for r in rows[fetch:fetch + 3]), out  # each line filled (before: 72, 39 and 61)
+
+
 def test_a_command_passes_over_the_tables_of_its_own_cli_only(tmp_path):
     """The tables a command passes over are those of the commands of the CLI it runs in, each named where it is
     built: here [go] and [else]; lcft's commands refuse [go] (another CLI built in this process adds none)."""
