@@ -176,6 +176,11 @@ def _unsupported(d: dict[str, Any], fam: Family) -> tuple[list[str], dict[str, A
     """(every field lcft cannot honour, the rope and window fields read where they can be)."""
     problems = [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
                 if d.get(k) is not None and d[k] != want]
+    quant = d.get("quantization_config")
+    if quant:  # transformers too reads an empty or null one as none; carried, it would describe float weights
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        problems.append(f"quantization_config (quant_method {method!r}: lcft reads, trains and writes float "
+                        "weights, not quantized ones)")
     kw: dict[str, Any] = {}
     for key, read in (("rope", _rope_from_hf), ("sliding_window", _window_from_hf)):
         try:

@@ -103,6 +103,7 @@ def ok_folder(tmp_path):
      "max_window_layers=1"),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"num_attention_heads": None}, "num_attention_heads"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "quantization_config \\(quant_method 'gptq'"),
 ])
 def test_unsupported_config_is_a_one_line_error_naming_the_field(tmp_path, change, message):
     folder, cfg = ok_folder(tmp_path)

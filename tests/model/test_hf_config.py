@@ -144,3 +144,16 @@ def test_another_familys_class_is_refused_a_custom_one_is_not():
     assert config_from_hf({**d, "architectures": ["MyDNAForCausalLM"]}).model_type == "llama"
     with pytest.raises(LcftError, match="partial_rotary_factor=0.5"):
         config_from_hf({**d, "partial_rotary_factor": 0.5})
+
+
+@pytest.mark.parametrize("quant, method", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}, "'awq'"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "'fp8'")])
+def test_a_quantized_config_is_refused_naming_its_method(quant, method):
+    d = published("generator-eukaryote-3b-base")
+    with pytest.raises(LcftError) as e:  # carried, it would describe the float weights lcft writes
+        config_from_hf({**d, "quantization_config": quant})
+    assert "\n" not in str(e.value) and f"quantization_config (quant_method {method}" in str(e.value)
+    for none in (None, {}):  # transformers reads these as no quantization: so does lcft, and carries them as they are
+        assert config_from_hf({**d, "quantization_config": none}).carried["quantization_config"] == none
