@@ -171,15 +171,20 @@ def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
         raise LcftError(f"{name}: cannot read it ({reason(e)})") from None
 
 
-MAX_JSON_BYTES = 1 << 30  # a config, manifest or index of JSON: a window list of a whole genome is far smaller
+MAX_JSON_BYTES = 1 << 30  # a manifest or record of JSON lcft writes: a window list of a whole genome is far smaller
+# The small JSON files a model folder ships: config.json, tokenizer_config.json, special_tokens_map.json and the
+# weights' index. A config.json is a few KB; the index of the largest model lcft builds (config.MAX_MLPS: 16384
+# MLPs, ~57K tensors) is ~6 MB, DeepSeek-V3's 9 MB. Read whole, parsed and carried into every checkpoint, they
+# must not cost what a file of 1 GiB would: a 183 MB index took 1.4 GB and a minute and a half to export.
+MAX_MODEL_JSON_BYTES = 16 << 20
 
 
-def read_json(path: str | os.PathLike, want: type = dict) -> Any:
+def read_json(path: str | os.PathLike, want: type = dict, limit: int | None = None) -> Any:
     """A JSON object (or a list, `want=list`) from a file; a one-line LcftError naming the file when it is
-    unreadable, not a regular file, over MAX_JSON_BYTES, not JSON, nested too deep, or not an object (not a
-    list)."""
+    unreadable, not a regular file, over `limit` bytes (a model folder's small files: MAX_MODEL_JSON_BYTES), not
+    JSON, nested too deep, or not an object (not a list)."""
     path = Path(path)
-    data = parse_json(read_text(path, MAX_JSON_BYTES), str(path))
+    data = parse_json(read_text(path, MAX_JSON_BYTES if limit is None else limit), str(path))
     if not isinstance(data, want):
         raise LcftError(f"{path}: not a JSON {'object' if want is dict else want.__name__}")
     return data

@@ -87,6 +87,15 @@ def test_hostile_json_is_one_line_naming_the_file(folders, name, text, why):
     one_line(lambda: READERS[name](folders), str(path), why)  # refused for what it is, not for a later check
 
 
+@pytest.mark.parametrize("name", ["config.json", "special_tokens_map.json", "tokenizer_config.json"])
+def test_a_model_folders_small_json_over_16_mib_is_one_line(folders, name):
+    """A model folder's small files (its index: tests/model/test_hostile_weights.py) were read up to 1 GiB: a
+    100 MB config.json took 39 s and 2.3 GB to plan, and its carried keys went into every checkpoint."""
+    path = folders / PLACES[name] / name
+    path.write_text(json.dumps({"blob": "x" * (16 << 20)}))
+    one_line(lambda: READERS[name](folders), str(path), "over the limit of 16777216")
+
+
 def test_nesting_up_to_the_limit_reads(tmp_path):
     assert json.loads(nested(LIMIT + 1))  # Python's parser reads 101 levels: lcft's limit refuses them above
     p = tmp_path / "x.json"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file
+from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file, read_model_config
 from lcft.errors import LcftError, reason, shown
 from lcft.files import atomic_write, expect_folder, read_json, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
@@ -162,7 +162,7 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
         except (TypeError, LcftError) as e:  # an unknown field; a value of another kind or out of range
             raise LcftError(f"{directory / MODEL_META}: bad attention block ({reason(e)})") from None
     try:
-        return config_from_hf(read_json(directory / MODEL_CONFIG), attention)
+        return config_from_hf(read_model_config(directory), attention)
     except KeyError as e:
         raise LcftError(f"{directory / MODEL_CONFIG}: missing field {e.args[0]!r}") from None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.errors import LcftError
-from lcft.files import expect_folder, read_json
+from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, read_json
 from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
@@ -311,8 +311,8 @@ def config_file(directory: Path) -> Path:
 
 
 def read_model_config(ckpt: Path) -> dict[str, Any]:
-    """config.json of a model folder, as recorded."""
-    return read_json(config_file(ckpt))
+    """config.json of a model folder, as recorded (a small file: MAX_MODEL_JSON_BYTES)."""
+    return read_json(config_file(ckpt), limit=MAX_MODEL_JSON_BYTES)
 
 
 def read_model_meta(ckpt: Path) -> dict[str, Any]:

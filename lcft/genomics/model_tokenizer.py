@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError, did_you_mean, reason, shown
-from lcft.files import parse_json
+from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import (
     BUILTIN_ROLES,
@@ -37,6 +37,7 @@ from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_hash import char_normalizer, upper_rules
 from lcft.genomics.tokenizer_probe import BPE_BLOCK, probe_tokenizer, vouch
 from lcft.genomics.vocab_file import (
+    MAX_FILE_BYTES,
     check_json_ids,
     read_roles,
     read_text,
@@ -246,7 +247,7 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
 def _folder_k(folder: Path, vocab: list[str]) -> int:
     """K of a folder's k-mer vocab.txt: tokenizer_config.json's `k`, else the one length of its A/C/G/T tokens."""
     config = folder / "tokenizer_config.json"
-    k = _json_object(config).get("k") if config.is_file() else None
+    k = _json_object(config, MAX_MODEL_JSON_BYTES).get("k") if config.is_file() else None
     if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K:
         return k
     lengths = sorted({len(t) for t in vocab if t and set(t) <= set("ACGT")})
@@ -275,9 +276,9 @@ def read_vocab(path: Path) -> tuple[list[str], Path]:
     return read_vocab_txt(path), path.parent
 
 
-def _json_object(path: Path) -> dict:
-    """A tokenizer file's JSON object (its size bounded by read_text)."""
-    return _tokenizer_data(read_text(path, "tokenizer"), str(path))
+def _json_object(path: Path, limit: int = MAX_FILE_BYTES) -> dict:
+    """A tokenizer file's JSON object (its size bounded by read_text: `limit` bytes)."""
+    return _tokenizer_data(read_text(path, "tokenizer", limit), str(path))
 
 
 def _tokenizer_data(text: str, source: str) -> dict:

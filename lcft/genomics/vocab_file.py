@@ -10,7 +10,7 @@ from typing import Any
 
 from lcft import files
 from lcft.errors import LcftError
-from lcft.files import parse_json
+from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
 from lcft.vocab import MAX_VOCAB
 
 MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is not a DNA tokenizer
@@ -20,9 +20,10 @@ SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above,
 _PAIR = re.compile(r"^(\S+)[ \t]+(\d+)$")  # one `TOKEN ID` line (GENERator's current layout)
 
 
-def read_text(path: Path, what: str) -> str:
-    """A tokenizer file's text: a regular file of at most MAX_FILE_BYTES (lcft.files.read_text)."""
-    return files.read_text(path, MAX_FILE_BYTES, what)
+def read_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
+    """A tokenizer file's text: a regular file of at most `limit` bytes (lcft.files.read_text); ROLE_FILES are
+    small (lcft.files.MAX_MODEL_JSON_BYTES)."""
+    return files.read_text(path, limit, what)
 
 
 def check_id(value: Any, where: str) -> int:
@@ -166,7 +167,7 @@ def read_roles(folder: Path, vocab: list[str]) -> dict[str, str]:
         path = folder / name
         if not path.is_file():
             continue
-        data = parse_json(read_text(path, "tokenizer file"), str(path))
+        data = parse_json(read_text(path, "tokenizer file", MAX_MODEL_JSON_BYTES), str(path))
         if not isinstance(data, dict):
             raise LcftError(f"{path} is not a JSON object")
         for role in ROLES:

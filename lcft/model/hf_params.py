@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, reason, shown
 from lcft.model.config import LlamaConfig
 from lcft.model.hf_weights import aligned, weight_tensors
 from lcft.model.llama import parameter_shapes
-from lcft.model.weight_files import INDEX, WEIGHTS, weight_files
+from lcft.model.weight_files import INDEX, WEIGHTS, index_map, weight_files
 
 MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
 
@@ -55,7 +55,25 @@ def to_hf_name(name: str) -> str:
 def check_weights(cfg: LlamaConfig, directory: Path) -> None:
     """The tensors the folder's weight files declare (names and shapes, from their headers: nothing is read)
     against the parameters config.json implies, before any model is built (`check_declared`)."""
+    _check_index_names(cfg, directory)
     check_declared(cfg, directory, _headers(directory))
+
+
+def _check_index_names(cfg: LlamaConfig, directory: Path) -> None:
+    """An index naming more tensors than a checkpoint of config.json can hold (its parameters, a stored tied head,
+    the rotary buffers old checkpoints kept: one a layer, one for the model) is refused in one line naming one
+    that is not a weight of the model. Fewer is no error: transformers reads only the shards an index names and
+    takes the tensors from them, passing over a stale name (so does the check of the shards that follows)."""
+    found = index_map(directory)
+    if found is None:
+        return
+    index, weight_map = found
+    expected = {to_hf_name(n) for n in parameter_shapes(cfg)}
+    most = len(expected) + int(cfg.tie_word_embeddings) + cfg.num_hidden_layers + 1
+    if len(weight_map) > most:
+        foreign = next(n for n in weight_map if n not in expected)
+        raise LcftError(f"{index}: names {len(weight_map):,} tensors, more than the {most:,} a checkpoint of this "
+                        f"config.json can hold ({shown(foreign, 120, quoted=True)} is not a weight of the model)")
 
 
 def check_declared(cfg: LlamaConfig, where: Path, declared: Iterable[tuple[Path, str, tuple[int, ...]]],

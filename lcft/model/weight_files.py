@@ -4,11 +4,13 @@ their safetensors headers declare: without torch, so a check before a command's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from lcft.errors import LcftError, reason, shown
-from lcft.files import is_plain_name, parse_json, read_json
+from lcft.files import MAX_MODEL_JSON_BYTES, is_plain_name, parse_json, read_json
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
@@ -31,6 +33,13 @@ def weight_sources(directory: Path) -> list[Path]:
     return ([index] if index is not None else []) + files
 
 
+def index_map(directory: Path) -> tuple[Path, Mapping[str, str]] | None:
+    """(the index, its weight_map: tensor name -> shard file) of a folder whose weights are sharded, its shards
+    checked as `weight_files` checks them; None where they are one file."""
+    index = _weights(directory)[1]
+    return None if index is None else (index, _weight_map(index))
+
+
 def _weights(directory: Path) -> tuple[list[Path], Path | None]:
     """(`weight_files`, the index that names them or None)."""
     for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
@@ -50,22 +59,43 @@ def _is_file(path: Path) -> bool:
 
 def _index_shards(index: Path) -> list[str]:
     """The distinct shard files an index's weight_map names: plain file names of its folder, all present."""
-    weight_map = read_json(index).get("weight_map", {})
-    if not isinstance(weight_map, dict):
-        raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
-    for name in weight_map.values():
-        if not is_plain_name(name):
-            raise LcftError(f"{index}: names shard {shown(name, quoted=True)}, which is not a file of its folder (refused)")
-    shards = sorted(set(weight_map.values()))
-    if not shards:
-        raise LcftError(f"{index}: the index names no weight shard")
-    if len(shards) > MAX_SHARDS:
-        raise LcftError(f"{index}: names {len(shards)} shard files (at most {MAX_SHARDS} are read)")
+    shards = sorted(set(_weight_map(index).values()))
     missing = [s for s in shards if not _is_file(index.parent / s)]
     if missing:
         names = ", ".join(shown(s, 120) for s in missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise LcftError(f"{index.parent}: {len(missing)} of {len(shards)} weight shard(s) missing: {names}")
     return shards
+
+
+def _weight_map(index: Path) -> Mapping[str, str]:
+    """The index's weight_map, parsed once for each version of the file (its path and stat): a command asks for
+    the weights' files several times (the check before its work, the header check, the load, an export's dtype)."""
+    try:
+        st = index.stat()
+    except OSError:  # gone or unreadable: read_json says so in one line
+        return _parse_index(index)
+    return _cached_index(index, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+
+@functools.lru_cache(maxsize=2)  # the folder a command reads (and, for an export over one, the other)
+def _cached_index(index: Path, version: tuple[int, ...]) -> Mapping[str, str]:
+    return _parse_index(index)
+
+
+def _parse_index(index: Path) -> Mapping[str, str]:
+    """An index's weight_map: an object of tensor names, naming plain files of its folder, at most MAX_SHARDS."""
+    weight_map = read_json(index, limit=MAX_MODEL_JSON_BYTES).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise LcftError(f"{index}: 'weight_map' is not an object of tensor name -> shard file")
+    for name in weight_map.values():
+        if not is_plain_name(name):
+            raise LcftError(f"{index}: names shard {shown(name, quoted=True)}, which is not a file of its folder (refused)")
+    shards = set(weight_map.values())
+    if not shards:
+        raise LcftError(f"{index}: the index names no weight shard")
+    if len(shards) > MAX_SHARDS:
+        raise LcftError(f"{index}: names {len(shards)} shard files (at most {MAX_SHARDS} are read)")
+    return MappingProxyType(weight_map)
 
 
 def stored_dtype(files: list[Path]) -> str | None:

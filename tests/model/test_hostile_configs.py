@@ -163,6 +163,8 @@ def test_lcft_json_attention_not_an_object_is_one_line(tmp_path, value):
     ("config.json", {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
     # written back unchecked into the export, where transformers cannot build an embedding with that padding row
     ("config.json", {"pad_token_id": 10**30}, "pad_token_id=1000000000000000000000000000000 is not null"),
+    # a carried key is written into the export (and every checkpoint): a model folder's config.json is small
+    ("config.json", {"blob": "x" * (16 << 20)}, "{folder}/config.json is 167"),
 ])
 def test_export_of_a_folder_with_a_bad_field_is_one_line(tmp_path, file, change, says):
     """The same readers under `lcft export` of a complete folder (weights present)."""

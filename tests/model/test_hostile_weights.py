@@ -96,6 +96,44 @@ def test_a_flood_of_missing_shards_is_a_short_line_naming_the_count(folder, tmp_
     assert message.count(".safetensors") <= 4  # the index and at most three shards
 
 
+def test_an_index_over_16_mib_is_refused_before_it_is_parsed(folder, tmp_path):
+    """A model folder's index is small (DeepSeek-V3's, 9 MB): one of 183 MB took 1.4 GB and 90 s to export."""
+    as_index(folder, lambda keys: {k: "model-00001-of-00001.safetensors" for k in keys})
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), "metadata": {"pad": "x" * (16 << 20)}}))
+    assert "over the limit of 16777216" in one_line_error(folder, tmp_path, "model.safetensors.index.json")
+
+
+@pytest.mark.parametrize("extra", [2, 3, 100_000])
+def test_an_index_naming_more_tensors_than_the_model_can_hold_is_refused(folder, tmp_path, extra):
+    """12 parameters (an untied head among them) + one rotary buffer a layer + one for the model: an index of this
+    config.json names at most 14 tensors. A stale name or two load, as transformers loads them (it takes the tensors from
+    the shards); more cannot be this model's index."""
+    shard = "model-00001-of-00001.safetensors"
+    as_index(folder, lambda keys: {**dict.fromkeys(keys, shard), **{f"w{i}": shard for i in range(extra)}})
+    if extra == 2:
+        stored = load_file(folder / shard)
+        got = {to_hf_name(k): v for k, v in from_pretrained(folder).state_dict().items()}
+        assert got.keys() == stored.keys() and all(torch.equal(v, stored[k]) for k, v in got.items())
+        return
+    message = one_line_error(folder, tmp_path, "model.safetensors.index.json")
+    assert f"names {12 + extra:,} tensors, more than the 14" in message and "'w0' is not a weight" in message
+
+
+def test_an_export_parses_the_index_once(folder, tmp_path, monkeypatch):
+    """The check before the work, the header check, the load and the dtype of the source each asked for the
+    shards: the index was parsed four times an export."""
+    import lcft.files
+
+    as_index(folder, lambda keys: {k: "model-00001-of-00001.safetensors" for k in keys})
+    parsed: list[str] = []
+    real = lcft.files.parse_json
+    monkeypatch.setattr(lcft.files, "parse_json", lambda text, where: parsed.append(where) or real(text, where))
+    r = CliRunner().invoke(app, ["export", str(folder), "--out", str(tmp_path / "export")])
+    assert r.exit_code == 0, r.output
+    assert parsed.count(str(folder / "model.safetensors.index.json")) == 1, parsed
+
+
 def test_a_config_of_16k_experts_beside_a_small_weight_file_is_refused_before_the_model_is_built(
         folder, tmp_path, monkeypatch):
     """config.json says Mixtral, 16 layers x 1024 experts (each count within its limit; ~150K tensors), beside the
