@@ -25,6 +25,7 @@ from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_te
 from lcft.genomics.shards import read_manifest
 from lcft.genomics.vocab_file import read_roles
 from lcft.train.metrics import MetricsLog, read_metrics
+from tests.conftest import SHARED_PUBLISHED
 from tests.one_line import cli_fails, one_line
 from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
@@ -94,6 +95,46 @@ def test_a_model_folders_small_json_over_16_mib_is_one_line(folders, name):
     path = folders / PLACES[name] / name
     path.write_text(json.dumps({"blob": "x" * (16 << 20)}))
     one_line(lambda: READERS[name](folders), str(path), "over the limit of 16777216")
+
+
+def _published_tokenizer(tmp_path: Path, name: str, value: object, decided: bool) -> Path:
+    """metagene-1's tokenizer files with `name`'s bos_token set to `value` (special_tokens_map.json's removed
+    unless `decided`: it is read first), as the path of that file."""
+    published = SHARED_PUBLISHED / "metagene-1"
+    if not published.is_dir():
+        pytest.skip(f"published files not found at {published}")
+    shutil.copytree(published, tmp_path / "tok")
+    first = tmp_path / "tok" / "special_tokens_map.json"
+    roles = json.loads(first.read_text())
+    first.write_text(json.dumps(roles if decided else {k: v for k, v in roles.items() if k != "bos_token"}))
+    path = tmp_path / "tok" / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": value}))
+    return path
+
+
+@pytest.mark.parametrize("name", ["special_tokens_map.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("value", [5, {"content": ["x"]}, ["[BOS]"]], ids=str)
+def test_a_role_that_is_not_a_token_is_one_line_naming_the_file_and_role(tmp_path, name, value):
+    """transformers refuses to load such a file; lcft passed over the role, and the manifest and export lost BOS.
+    Where special_tokens_map.json, read first, names the role, tokenizer_config.json's value is read by neither."""
+    transformers = pytest.importorskip("transformers")
+    path = _published_tokenizer(tmp_path, name, value, decided=False)
+    with pytest.raises(TypeError):  # the oracle: transformers does not load it either
+        transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+    one_line(lambda: load_tokenizer(str(tmp_path / "tok")), f"{path}: bos_token is ", "not a token")
+    if name == "tokenizer_config.json":
+        shutil.rmtree(tmp_path / "tok")
+        _published_tokenizer(tmp_path, name, value, decided=True)
+        assert transformers.AutoTokenizer.from_pretrained(tmp_path / "tok").bos_token == "[BOS]"
+        assert load_tokenizer(str(tmp_path / "tok")).roles["bos_token"] == "[BOS]"
+
+
+@pytest.mark.parametrize("name", ["special_tokens_map.json", "tokenizer_config.json"])
+def test_a_null_role_is_no_role_as_transformers_reads_it(tmp_path, name):
+    transformers = pytest.importorskip("transformers")
+    _published_tokenizer(tmp_path, name, None, decided=False)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "tok").bos_token is None
+    assert "bos_token" not in load_tokenizer(str(tmp_path / "tok")).roles
 
 
 def test_nesting_up_to_the_limit_reads(tmp_path):

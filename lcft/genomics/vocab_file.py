@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft import files
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
 from lcft.vocab import MAX_VOCAB
 
@@ -148,13 +148,16 @@ def read_vocab_txt(path: Path) -> list[str]:
     return tokens_by_id(ids, str(path))
 
 
-def _role_value(value: Any) -> str | None:
-    """A role's token: a string, or an AddedToken-like object with `content`."""
-    if isinstance(value, str):
+def _role_value(value: Any, path: Path, role: str) -> str | None:
+    """A role's token: a string, or an AddedToken-like object with `content`; None where the file leaves the role
+    null. Anything else is one line naming the file and the role (transformers refuses such a file, and lcft
+    passing over it lost the role from the manifest and the export)."""
+    if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return value["content"]
-    return None
+    raise LcftError(f"{path}: {role} is {shown(value, quoted=True)}, not a token (a string, or an object whose "
+                    "\"content\" is one)")
 
 
 def read_roles(folder: Path, vocab: list[str]) -> dict[str, str]:
@@ -171,8 +174,10 @@ def read_roles(folder: Path, vocab: list[str]) -> dict[str, str]:
         if not isinstance(data, dict):
             raise LcftError(f"{path} is not a JSON object")
         for role in ROLES:
-            token = _role_value(data.get(role))
-            if token is None or role in roles:
+            if role in roles:  # decided by the earlier file: transformers reads this one's value not at all
+                continue
+            token = _role_value(data.get(role), path, role)
+            if token is None:
                 continue
             if token not in names:
                 raise LcftError(f"{path}: {role} {token!r} is not a token of the vocabulary")
