@@ -1,5 +1,5 @@
 """Terminal output that prints text as it is: every rich Console and progress-bar text column of lcft is made
-here, with markup off and unprintable characters escaped. Names from handed files (FASTA records, chromosome
+here, with markup off and unprintable characters escaped, and the progress bars' time columns. Names from handed files (FASTA records, chromosome
 names, tokenizer and checkpoint names, paths) reach tables, titles and progress bars; read as markup, '[/]' in
 one is a MarkupError traceback and '[bold]' restyles the output, and a terminal escape in one would drive the
 terminal. lcft's own styling is given as styles (`styled`), never as markup."""
@@ -13,7 +13,7 @@ import sys
 from typing import IO, Any
 
 from rich.console import Console
-from rich.progress import Task, TextColumn
+from rich.progress import ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from lcft.errors import printable
@@ -62,6 +62,36 @@ def make_console(stderr: bool = False, width: int | None = None, file: IO[str] |
 
 def text_column(template: str, style: str = "") -> TextColumn:
     return PlainTextColumn(template, style=style, markup=False)
+
+
+def time_left_column() -> TimeRemainingColumn:
+    """A bar's time left while it runs and the time it took once finished: a log then shows how long each
+    chromosome or checkpoint took, not the 0:00:00 left."""
+    return TimeRemainingColumn(elapsed_when_finished=True)
+
+
+def hms(seconds: float | None) -> str:
+    """h:mm:ss as rich's time columns print it (hours past 24 too); -:--:-- while unknown."""
+    if seconds is None:
+        return "-:--:--"
+    minutes, secs = divmod(max(0, int(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:d}:{minutes:02d}:{secs:02d}"
+
+
+def mean_time_left(elapsed: float | None, done: int, left: int) -> float | None:
+    """The time `left` more items take at the mean time of the `done` ones so far; None before the first is done."""
+    return elapsed / done * left if done > 0 and elapsed is not None else None
+
+
+class MeanTimeLeftColumn(ProgressColumn):
+    """ETA from the mean time per item since the task started, its field `before` the items done before then.
+    rich's own estimate looks only at the updates of the last 30 s: with steps of minutes it never showed one."""
+
+    def render(self, task: Task) -> Text:
+        done = int(task.completed - task.fields.get("before", 0))
+        left = int(task.total - task.completed) if task.total is not None else 0
+        return Text(hms(mean_time_left(task.elapsed, done, left)), style="progress.remaining")
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

@@ -101,3 +101,20 @@ def test_columns_zero_still_shows_errors_and_help():
     helped = subprocess.run([sys.executable, "-m", "lcft", "--help"], capture_output=True, text=True, env=env,
                             timeout=120)
     assert helped.returncode == 0 and "Usage:" in helped.stdout and "train" in helped.stdout, helped.stdout
+
+
+def test_eval_bar_ends_with_the_time_taken(monkeypatch, capsys):
+    """A finished checkpoint's bar ends with how long it took (each clock reading 5 s later), not 0:00:00 left."""
+    import itertools
+
+    from lcft.evaluate.runner import progress_bar
+
+    ticks = itertools.count(0, 5)
+    monkeypatch.setattr("rich.console.monotonic", lambda: float(next(ticks)))
+    with progress_bar(True) as bar:
+        task = bar.add_task("step-00000002", total=3)
+        for _ in range(3):
+            bar.advance(task)
+        taken = bar.tasks[0].finished_time
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert taken >= 5 and last.split()[-3:] == ["3/3", "windows", f"0:00:{int(taken):02d}"], last

@@ -13,7 +13,7 @@ import torch
 
 from lcft import __version__
 from lcft.checkpoint.layout import Identity, names_run
-from lcft.console import make_console, text_column
+from lcft.console import make_console, text_column, time_left_column
 from lcft.errors import LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
@@ -118,10 +118,10 @@ def progress_bar(show: bool) -> Iterator[Any]:
     if not show:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
     with Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(),
-                  text_column("windows"), TimeRemainingColumn(), console=make_console(stderr=True),
+                  text_column("windows"), time_left_column(), console=make_console(stderr=True),
                   transient=False) as progress:
         yield progress
 

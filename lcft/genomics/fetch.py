@@ -22,11 +22,10 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
-    TimeRemainingColumn,
     TransferSpeedColumn,
 )
 
-from lcft.console import make_console, styled, text_column
+from lcft.console import make_console, styled, text_column, time_left_column
 from lcft.errors import LcftError, reason
 from lcft.files import atomic_open, fresh_file
 from lcft.folder_lock import made_folder
@@ -124,7 +123,7 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
     retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete."""
     label = part.name.removesuffix(".part")
     bar = (
-        Progress(text_column(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+        Progress(text_column(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), time_left_column(),
                  console=make_console(stderr=True))
         if progress else None
     )

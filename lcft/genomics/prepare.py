@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.text import Text
 
 from lcft.config_build import build
 from lcft.config_toml import paths_absolute, save_resolved, to_dict
-from lcft.console import make_console, text_column
+from lcft.console import make_console, text_column, time_left_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError
 from lcft.files import atomic_write, expect_folder
@@ -172,7 +172,7 @@ def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen:
     bar = (
         Progress(
             text_column("{task.description:>12}"), BarColumn(), text_column("{task.percentage:>5.1f}%"),
-            BasesPerSecond(), TimeRemainingColumn(), console=con, transient=False,
+            BasesPerSecond(), time_left_column(), console=con, transient=False,
         )
         if con else None
     )

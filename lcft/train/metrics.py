@@ -7,6 +7,8 @@ import json
 import os
 import resource
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,10 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
-from lcft.console import make_console, text_column
+from lcft.console import MeanTimeLeftColumn, make_console, text_column
 from lcft.disk import write_faults
 from lcft.errors import LcftError
 from lcft.files import atomic_write, parse_json
@@ -126,17 +127,18 @@ class _Figures:
 
 
 class LiveView:
-    """Rich progress bar (steps, elapsed, ETA) with the latest figures on the line below; a no-op off a terminal
-    or when disabled."""
+    """Rich progress bar (steps, elapsed, ETA from the mean step time) with the latest figures on the line below;
+    a no-op off a terminal or when disabled."""
 
-    def __init__(self, enabled: bool, total: int, done: int, console: Console | None = None) -> None:
+    def __init__(self, enabled: bool, total: int, done: int, console: Console | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled and sys.stdout.isatty()
         self._live: Live | None = None
         if not self.enabled:
             return
         self._progress = Progress(text_column("train", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                  text_column("ETA"), TimeRemainingColumn())
-        self._task = self._progress.add_task("train", total=total, completed=done)
+                                  text_column("ETA"), MeanTimeLeftColumn(), get_time=clock)
+        self._task = self._progress.add_task("train", total=total, completed=done, before=done)
         self._figures = _Figures()
         self._live = Live(Group(self._progress, self._figures), console=console or make_console(), refresh_per_second=4)
         self._live.start()

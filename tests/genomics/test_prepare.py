@@ -124,3 +124,20 @@ def test_every_finished_chromosome_shows_its_rate(tmp_path, capsys):
     bars = [line for line in capsys.readouterr().err.splitlines() if "%" in line]
     assert [line.split()[:2] for line in bars] == [["train", "chr2"], ["eval", "chr22"]], bars
     assert all(re.search(r"100\.0% +\d+\.\d Mbp/s", line) for line in bars), bars
+
+
+def test_a_finished_chromosome_shows_how_long_it_took(tmp_path, capsys, monkeypatch):
+    """Each finished bar ends with the time its chromosome took (every reading of the clock 7 s later): it had
+    ended with the time left, 0:00:00, so a log never showed how long a stage took."""
+    import itertools
+
+    from lcft.genomics import sample_fasta
+
+    ticks = itertools.count(0, 7)
+    monkeypatch.setattr("rich.console.monotonic", lambda: float(next(ticks)))
+    prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "w"), length=8192, train=("chr2",),
+                    eval=("chr22",), progress=True)
+    bars = [line for line in capsys.readouterr().err.splitlines() if "%" in line]
+    took = [re.fullmatch(r"(\d+):(\d\d):(\d\d)", line.split()[-1]) for line in bars]
+    assert len(bars) == 2 and all(took), bars
+    assert all(int(t[1]) * 3600 + int(t[2]) * 60 + int(t[3]) >= 7 for t in took), bars

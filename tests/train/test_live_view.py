@@ -1,4 +1,5 @@
-"""The training progress line: every figure labelled, and the line kept within the terminal's width."""
+"""The training progress view: every figure labelled, the line kept within the terminal's width, and an ETA from
+the mean step time."""
 
 from __future__ import annotations
 
@@ -55,3 +56,27 @@ def test_live_view_on_an_80_column_terminal_does_not_wrap(monkeypatch: pytest.Mo
     figures = [line for line in lines if line.startswith("loss ")]
     assert figures and all(line.rstrip() == figures_line(RECORD, 80) for line in figures)
     assert all(line.startswith("loss ") for line in lines if "GiB" in line or "tok/s" in line)  # none wrapped
+
+
+def _bar_after_one_slow_step(monkeypatch: pytest.MonkeyPatch, done: int) -> str:
+    """The bar's text after one step of 154 s (the clock as the view reads it), of a run of `done` + 2 steps."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    now = [1000.0]
+    out = io.StringIO()
+    console = make_console(file=out, width=120)
+    console._force_terminal = True
+    view = LiveView(True, total=done + 2, done=done, console=console, clock=lambda: now[0])
+    now[0] += 154
+    view.update(done + 1, RECORD)
+    view.close()  # (its last frame: a dumb terminal, TERM=dumb, shows no frame before)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().replace("\r", "\n"))
+    return [line for line in text.split("\n") if line.startswith("train")][-1]
+
+
+@pytest.mark.parametrize("done", [0, 40])
+def test_eta_appears_once_a_step_is_done(monkeypatch: pytest.MonkeyPatch, done: int) -> None:
+    """One step of 154 s done, one left: 2:34 elapsed, 2:34 to go (a resumed run counts only its own steps).
+    rich's estimate uses the updates of the last 30 s only, and showed -:--:-- for as long as steps took longer."""
+    line = _bar_after_one_slow_step(monkeypatch, done)
+    assert line.split()[-4:] == [f"{done + 1}/{done + 2}", "0:02:34", "ETA", "0:02:34"], line
+
