@@ -1,4 +1,4 @@
-"""Per-step metrics: metrics.jsonl (one JSON object per step), peak memory, and the rich live view."""
+"""Per-step metrics: metrics.jsonl (one JSON object per step), peak memory, and the progress view (bar or log lines)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -23,7 +23,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from lcft.console import MeanTimeLeftColumn, make_console, text_column
+from lcft.console import MeanTimeLeftColumn, hms, make_console, mean_time_left, text_column
 from lcft.disk import write_faults
 from lcft.errors import LcftError
 from lcft.files import atomic_write, parse_json
@@ -127,12 +127,22 @@ class _Figures:
 
 
 class LiveView:
-    """Rich progress bar (steps, elapsed, ETA from the mean step time) with the latest figures on the line below;
-    a no-op off a terminal or when disabled."""
+    """Training progress on rank 0, nothing when disabled. On a terminal (stdout): a rich bar (steps, elapsed,
+    ETA) with the latest figures on the line below. Where stderr is not a terminal (a batch job's log), or no bar
+    is drawn, a plain line on stderr: every step of the first FIRST_LINES, then at most one a LINE_EVERY_S seconds,
+    and the last step written; a log of a days-long run stays short while its first lines show at once that it
+    runs, how fast, and what its first step cost."""
+
+    FIRST_LINES = 5
+    LINE_EVERY_S = 60.0
 
     def __init__(self, enabled: bool, total: int, done: int, console: Console | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled and sys.stdout.isatty()
+        self.total, self.done, self.clock, self.stream = total, done, clock, stream or sys.stderr
+        self.lines = enabled and not (self.enabled and self.stream.isatty())
+        self._t0 = self._last_line = clock()
+        self._pending = ""  # the latest step's line when it was not written (written at close)
         self._live: Live | None = None
         if not self.enabled:
             return
@@ -147,15 +157,29 @@ class LiveView:
         if self._live is not None:
             self._progress.update(self._task, completed=step)
             self._figures.record = record
+        if self.lines:
+            now = self.clock()
+            elapsed = now - self._t0
+            eta = mean_time_left(elapsed, step - self.done, self.total - step)
+            self._pending = (f"train step {step}/{self.total} · {figures_line(record, sys.maxsize)} · "
+                             f"elapsed {hms(elapsed)} · ETA {hms(eta)}")
+            if step - self.done <= self.FIRST_LINES or step >= self.total or now - self._last_line >= self.LINE_EVERY_S:
+                self._write_line(now)
+
+    def _write_line(self, now: float) -> None:
+        print(self._pending, file=self.stream, flush=True)
+        self._pending, self._last_line = "", now
 
     def note(self, message: str) -> None:
         """A line printed above the live view (or to stderr without one)."""
         if self._live is not None:
             self._live.console.print(message, highlight=False)
         else:
-            print(message, file=sys.stderr, flush=True)
+            print(message, file=self.stream, flush=True)
 
     def close(self) -> None:
+        if self._pending:  # a stopped run's log ends with its last step
+            self._write_line(self.clock())
         if self._live is not None:
             self._live.stop()
             self._live = None

@@ -1,7 +1,9 @@
 """`lcft train` through typer: the line that says how the invocation ended names the option or signal that ended
-it, never summary.json's internal value."""
+it, never summary.json's internal value; a log (stderr not a terminal) gets a line per step."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -37,6 +39,20 @@ def test_the_end_line_names_the_option_that_stopped_the_run(run_args, tmp_path):
     assert last.startswith("stopped by --stop-after at step 1/2 loss "), last
     r = CliRunner().invoke(app, [*run_args, *out, "--resume", "auto"])
     assert r.exit_code == 0 and r.stdout.splitlines()[-1].startswith("done at step 2/2 loss "), r.output
+
+
+def test_a_log_gets_a_line_per_step_unless_no_progress(run_args, tmp_path):
+    """stderr a file (CliRunner's, as a batch job's log): a line for each of the 2 steps with its figures, the
+    time so far and the ETA; it had stayed empty until the run ended. --no-progress: none."""
+    args = [a for a in run_args if a != "--no-progress"]
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run"), "--warmup", "0"])
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("train step ")]
+    assert [line.split()[2] for line in lines] == ["1/2", "2/2"], r.stderr
+    assert all(re.search(r" · loss \d\.\d{4} nats/token · .* · lr \S+ · .* · [\d,]+ tok/s · .* · elapsed \d:\d\d:\d\d "
+                         r"· ETA \d:\d\d:\d\d$", line) for line in lines), lines
+    r = CliRunner().invoke(app, [*run_args, "--out", str(tmp_path / "quiet"), "--warmup", "0"])
+    assert r.exit_code == 0 and "train step" not in r.stderr, r.output
 
 
 def test_a_signal_is_named():

@@ -80,3 +80,39 @@ def test_eta_appears_once_a_step_is_done(monkeypatch: pytest.MonkeyPatch, done: 
     line = _bar_after_one_slow_step(monkeypatch, done)
     assert line.split()[-4:] == [f"{done + 1}/{done + 2}", "0:02:34", "ETA", "0:02:34"], line
 
+
+def _lines(total: int, last: int, every_s: float, **kwargs: bool) -> list[str]:
+    """The plain lines of a run of `total` steps stopped after `last`, a step every `every_s` s, stderr a file."""
+    now = [0.0]
+    stream = io.StringIO()
+    view = LiveView(kwargs.get("enabled", True), total=total, done=0, stream=stream, clock=lambda: now[0])
+    for step in range(1, last + 1):
+        now[0] += every_s
+        view.update(step, RECORD)
+    view.close()
+    return stream.getvalue().splitlines()
+
+
+def test_a_log_gets_the_first_steps_then_a_line_a_minute_and_the_last() -> None:
+    """Steps of 7 s: steps 1-5, then the first step 60 s or more after the last line written (14 at 98 s, 23 at
+    161 s), and the last (30); each line with the figures, the time so far and the ETA at 7 s a step."""
+    lines = _lines(30, 30, 7.0)
+    assert [int(line.split()[2].split("/")[0]) for line in lines] == [1, 2, 3, 4, 5, 14, 23, 30], lines
+    assert lines[5] == f"train step 14/30 · {' · '.join(LABELLED)} · elapsed 0:01:38 · ETA 0:01:52"
+    assert lines[-1].endswith("elapsed 0:03:30 · ETA 0:00:00")
+
+
+def test_a_stopped_run_ends_its_log_with_its_last_step() -> None:
+    lines = _lines(30, 20, 7.0)
+    assert [line.split()[2] for line in lines[-2:]] == ["14/30", "20/30"], lines
+
+
+def test_no_lines_when_disabled_or_when_the_bar_is_on_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _lines(3, 3, 1.0, enabled=False) == []
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    stream = io.StringIO()
+    monkeypatch.setattr(stream, "isatty", lambda: True, raising=False)
+    view = LiveView(True, total=2, done=0, console=make_console(file=io.StringIO()), stream=stream)
+    view.update(1, RECORD)
+    view.close()
+    assert stream.getvalue() == ""
