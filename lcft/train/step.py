@@ -84,6 +84,19 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.
         optimizer, lambda u: lr_factor(u, cfg.warmup, cfg.steps, cfg.min_lr_ratio))
 
 
+def warmup_note(cfg: OptimConfig, step: int, updates: int) -> str | None:
+    """A note when every update this invocation makes (from `step`, the schedule at `updates`) is a warm-up one:
+    the run then ends below the peak --lr, or just at it, and never decays; silently, a short test run's losses
+    read as if trained at --lr."""
+    left = cfg.steps - step
+    if left <= 0 or updates + left > cfg.warmup:
+        return None
+    last = cfg.lr * lr_factor(updates + left - 1, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
+    steps = f"--steps {cfg.steps}" if step == 0 else f"the {left} steps left of --steps {cfg.steps}"
+    return (f"note: --warmup {cfg.warmup} covers {steps}: the learning rate only rises, to {last:.2e} of the "
+            f"--lr {cfg.lr:.2e} peak, and never decays (a smaller --warmup or more --steps leaves warm-up)")
+
+
 def oom_message(cfg: TrainConfig, seq_len: int, precision: str, backend: str) -> str:
     """What to say when a step runs out of memory: the sizes that matter and the options that reduce it."""
     tips = []

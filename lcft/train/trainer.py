@@ -46,7 +46,7 @@ from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision, offload_dtype
 from lcft.train.run_dir import METRICS, SUMMARY, check_run_dir, keep_resumed_model, open_run_dir, record_data
 from lcft.train.sharded import materialize_sharded, prepare
-from lcft.train.step import LossModel, make_optimizer, make_scheduler, oom_message
+from lcft.train.step import LossModel, make_optimizer, make_scheduler, oom_message, warmup_note
 from lcft.units import counted
 
 
@@ -216,6 +216,8 @@ class Trainer(GlobalStep):
             self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
             if self.resume_from is not None:
                 self._note(f"resumed from {self.resume_from} (step {self.state.step}, {self.world} process(es))")
+            if (note := warmup_note(cfg.optim, self.state.step, self.state.updates)) is not None:
+                self._note(note)
         if cfg.tensorboard:
             hparams = {k: v for k, v in to_dict(cfg).items() if isinstance(v, int | float | str | bool)}
             self.acc.init_trackers("lcft", config=hparams)

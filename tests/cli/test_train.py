@@ -55,6 +55,17 @@ def test_a_log_gets_a_line_per_step_unless_no_progress(run_args, tmp_path):
     assert r.exit_code == 0 and "train step" not in r.stderr, r.output
 
 
+def test_a_run_that_never_leaves_warm_up_says_so_once(run_args, tmp_path):
+    """--steps 2 under the default --warmup 10: lr 3e-5 then 6e-5 of a 3e-4 peak, said once at the start."""
+    r = CliRunner().invoke(app, [*run_args, "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.stderr.splitlines() if "--warmup" in line]
+    assert notes == ["note: --warmup 10 covers --steps 2: the learning rate only rises, to 6.00e-05 of the --lr "
+                     "3.00e-04 peak, and never decays (a smaller --warmup or more --steps leaves warm-up)"], r.stderr
+    r = CliRunner().invoke(app, [*run_args, "--out", str(tmp_path / "past"), "--warmup", "1"])
+    assert r.exit_code == 0 and "--warmup" not in r.output, r.output
+
+
 def test_a_signal_is_named():
     from lcft.cli.train import ended
 

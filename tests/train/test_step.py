@@ -13,7 +13,7 @@ from lcft.genomics.dataset import batch_counts
 from lcft.model import Llama
 from lcft.train.config import TrainConfig
 from lcft.train.global_step import Normaliser
-from lcft.train.step import LossModel, compute_loss, lr_factor, make_optimizer, make_scheduler
+from lcft.train.step import LossModel, compute_loss, lr_factor, make_optimizer, make_scheduler, warmup_note
 
 from .conftest import small_model_config
 
@@ -87,3 +87,22 @@ def test_lr_schedule():
     assert [g["weight_decay"] for g in opt.param_groups] == [cfg.weight_decay, 0.0]
     assert all(p.ndim == 1 for p in opt.param_groups[1]["params"])
 
+
+
+@pytest.mark.parametrize(("steps", "warmup", "step", "updates", "left"), [
+    (6, 10, 0, 0, 6), (6, 6, 0, 0, 6), (7, 6, 0, 0, None),   # a fresh run: --warmup >= --steps
+    (20, 10, 3, 3, None), (12, 10, 4, 2, 8),                 # resumed: 2 skipped updates kept the schedule back
+    (6, 10, 6, 6, None)])                                    # nothing left to train
+def test_warmup_note_when_every_update_left_is_a_warmup_one(steps, warmup, step, updates, left):
+    """The note names both options and the last lr the run reaches, from the schedule's definition (a linear rise
+    to the peak over --warmup updates), not from lr_factor."""
+    from lcft.train.config import OptimConfig
+
+    cfg = OptimConfig(steps=steps, warmup=warmup, lr=3e-4)
+    note = warmup_note(cfg, step, updates)
+    in_warmup = all(u < warmup for u in range(updates, updates + steps - step)) and step < steps
+    assert (note is not None) == in_warmup == (left is not None), note
+    if note:
+        last = 3e-4 * min(1.0, (updates + left) / warmup)
+        assert f"--warmup {warmup}" in note and f"--steps {steps}" in note and f"to {last:.2e} of" in note, note
+        assert (f"the {left} steps left" in note) == (step > 0), note
