@@ -106,12 +106,14 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def expect_folder(path: str | os.PathLike, option: str = "") -> None:
-    """`path` (given as `option`) is a folder or not there yet: a file there or above it is one line naming it."""
+def expect_folder(path: str | os.PathLike, option: str = "", hint: str = "") -> None:
+    """`path` (given as `option`) is a folder or not there yet: a file there or above it is one line naming it,
+    and `hint` after it (what folder is wanted, where a file there is a common slip)."""
     for p in (Path(path), *Path(path).parents):  # (mkdir said only 'File exists' or 'Not a directory')
         with contextlib.suppress(OSError):  # not there, or not ours to look at: the command's own open says so
             if not stat.S_ISDIR(p.stat().st_mode):
-                raise LcftError(f"{option} {path}{'' if p == Path(path) else f': {p}'} is a file, not a folder".lstrip())
+                said = f"{option} {path}{'' if p == Path(path) else f': {p}'} is a file, not a folder".lstrip()
+                raise LcftError(f"{said}; {hint}" if hint else said)
             return
 
 

@@ -55,7 +55,8 @@ def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Pat
     file's digest, asked for only when a copy in the cache is named by it."""
     p = Path(path)
     if not p.exists():
-        raise LcftError(f"FASTA not found: {p}")
+        raise LcftError(f"FASTA not found: {p} (`lcft prepare fetch hg38 --out DIR` downloads the human reference "
+                        "as DIR/hg38.fa)")
     if (why := not_a_fasta_file(p)) is not None:
         raise why
     if p.stat().st_size == 0:

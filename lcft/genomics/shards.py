@@ -227,7 +227,8 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     """The manifest of a prepared folder; a one-line error when the folder or its manifest is missing or unreadable."""
     if Path(out_dir).name == MANIFEST and Path(out_dir).is_file():  # the manifest named, not its folder
         raise LcftError(f"{out_dir} is a windows folder's manifest: give the folder {Path(out_dir).parent}")
-    expect_folder(out_dir)
+    expect_folder(out_dir, hint="expected a folder of windows that `lcft prepare windows --fasta FILE --out DIR` "
+                                "writes")  # (a FASTA given as --data)
     if not os.path.lexists(out_dir):  # a mistyped --data: not a folder lacking its manifest
         raise LcftError(f"windows folder not found: {out_dir}")
     p = Path(out_dir) / MANIFEST

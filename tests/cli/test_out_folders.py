@@ -97,7 +97,9 @@ def test_a_file_where_a_folder_belongs_is_the_same_line_in_every_command(case, u
         assert said == f"error: {given} is a windows folder's manifest: give the folder {data_dir}"
     else:
         named = f"--out {given}" if option == "--out" else str(given)
-        assert said == f"error: {named}{f': {file}' if under else ''} is a file, not a folder"
+        hint = "" if option == "--out" else "; expected a folder of windows that `lcft prepare windows --fasta FILE " \
+                                            "--out DIR` writes"
+        assert said == f"error: {named}{f': {file}' if under else ''} is a file, not a folder{hint}"
     assert {name: _listing(p) for name, p in (("data", data_dir), ("tmp", tmp_path))} == before
 
 

@@ -92,6 +92,16 @@ def test_bad_inputs_exit_nonzero_with_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_fasta_where_windows_belong_and_a_missing_fasta_name_the_next_step(tmp_path):
+    """A FASTA given as --data, or a --fasta not downloaded yet: the error names the command that makes it."""
+    r = lcft("train", "--data", sample_fasta(), "--out", tmp_path / "run")
+    assert (r.exit_code, r.stderr) == (1, f"error: {sample_fasta()} is a file, not a folder; expected a folder of "
+                                          "windows that `lcft prepare windows --fasta FILE --out DIR` writes\n")
+    r = lcft("prepare", "windows", "--fasta", tmp_path / "hg38.fa", "--out", tmp_path / "o")
+    assert (r.exit_code, r.stderr) == (1, f"error: FASTA not found: {tmp_path / 'hg38.fa'} (`lcft prepare fetch hg38 "
+                                          "--out DIR` downloads the human reference as DIR/hg38.fa)\n")
+
+
 def test_verify_and_inspect(tmp_path):
     out = tmp_path / "w"
     assert lcft(*windows_args(out, "--length", "64K")).exit_code == 0
