@@ -18,6 +18,8 @@ from lcft.errors import shell_word
 from lcft.genomics.prepare_config import PrepareConfig
 from lcft.units import counted
 
+LENGTH = "length (bases)"  # a chromosome's, in the tables of inspect: windows count tokens, which may be several bases
+
 app = Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
 
 
@@ -73,9 +75,10 @@ def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder wri
 
     if path.is_dir():
         s = summarize_windows(path)
-        console.print(f"{s['dir']}: windows of {s['length']:,} (stride {s['stride']:,}, max N {s['max_n_frac']}) "
-                      f"from {s['source']}", soft_wrap=True)
-        t = Table("split", "chromosome", "length", "windows", "skipped for N")
+        console.print(f"{s['dir']}: windows of {counted(s['length'], 'token')} of tokenizer {s['tokenizer']} "
+                      f"(stride {counted(s['stride'], 'token')}, max N fraction {s['max_n_frac']}) from {s['source']}",
+                      soft_wrap=True)
+        t = Table("split", "chromosome", LENGTH, "windows", "skipped for N")
         for c in s["chroms"]:
             t.add_row(c["split"], c["chrom"], f"{c['length']:,}", f"{c['windows']:,}", f"{c['skipped_n']:,}")
         for split, info in s["splits"].items():
@@ -84,7 +87,7 @@ def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder wri
         console.print(t)
         return
     rows = inspect_fasta(path, progress=True)
-    t = Table("chromosome", "length", "N", "soft-masked", "GC", title=str(path))
+    t = Table("chromosome", LENGTH, "N", "soft-masked", "GC", title=str(path))
     for r in rows:
         t.add_row(r["chrom"], f"{r['length']:,}", f"{r['n_frac']:.2%}", f"{r['softmask_frac']:.2%}", f"{r['gc_frac']:.2%}")
     console.print(t)

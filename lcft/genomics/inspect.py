@@ -35,6 +35,7 @@ def summarize_windows(out_dir: str | os.PathLike) -> dict:
     return {
         "dir": str(Path(out_dir)),
         "source": m["source"]["path"],
+        "tokenizer": m["tokenizer"].get("name", "?"),  # what `length` and `stride` count
         "length": m["length"],
         "stride": m["stride"],
         "max_n_frac": m["max_n_frac"],

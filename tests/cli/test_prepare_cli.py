@@ -110,9 +110,13 @@ def test_verify_and_inspect(tmp_path):
 
     r = lcft("prepare", "inspect", out)
     assert r.exit_code == 0 and "chr22" in r.stdout and "skipped for N" in r.stdout
+    # windows count tokens (of the tokenizer named), a chromosome's length bases
+    assert (f"{out}: windows of 65,536 tokens of tokenizer dna-char (stride 65,536 tokens, max N fraction 0.1) "
+            f"from {sample_fasta()}") in " ".join(r.stdout.split())
+    assert "length (bases)" in r.stdout
 
     r = lcft("prepare", "inspect", sample_fasta())
-    assert r.exit_code == 0
+    assert r.exit_code == 0 and "length (bases)" in r.stdout
     assert "2,333,275" in r.stdout and "1,000,000" in r.stdout and "35.64%" in r.stdout  # chr2 soft-masked share
 
     data = bytearray((out / "eval.softmask.bin").read_bytes())
