@@ -24,17 +24,22 @@ app = Typer(help="Prepare genome data: FASTA -> verified fixed-length token wind
 
 
 def _summary(manifest: dict, wrote: bool) -> Table:
+    """The windows table; under it the tokenizer, and a line a split (bases, unknown tokens): left aligned, each line
+    whole at 80 columns."""
     t = Table(title=f"windows of {format_size(manifest['length'])} tokens (stride {format_size(manifest['stride'])})"
-              + ("" if wrote else ", already there"))
-    for col in ("split", "chromosomes", "windows", "skipped for N", "tokens", "bytes written" if wrote else "bytes"):
-        t.add_column(col, justify="left" if col in ("split", "chromosomes") else "right")
+              + ("" if wrote else ", already there"), caption_justify="left")
+    # two-line headers leave a chromosome's name room to stay whole at 80 columns (22:20000001-21000000); where
+    # the table is narrower still, a cell folds onto more lines: a name or a count is never cut to '…'
+    for col in ("split", "chromosomes", "windows", "skipped\nfor N", "tokens", "bytes\nwritten" if wrote else "bytes"):
+        t.add_column(col, justify="left" if col in ("split", "chromosomes") else "right", overflow="fold")
     for split, info in manifest["splits"].items():
         size = sum(f["bytes"] for f in info.get("files", {}).values())
-        t.add_row(split, ",".join(info["chroms"]) or "-", f"{info['windows']:,}", f"{info['skipped_n']:,}",
+        t.add_row(split, ", ".join(info["chroms"]) or "-", f"{info['windows']:,}", f"{info['skipped_n']:,}",
                   f"{info['tokens']:,}", f"{size:,}")
-    t.caption = f"tokenizer {manifest['tokenizer'].get('name', '?')}; " + "; ".join(
+    lines = [f"tokenizer {manifest['tokenizer'].get('name', '?')}"] + [
         f"{split}: {counted(info.get('bases', 0), 'base')}, {counted(info.get('oov', 0), 'unknown token')}"
-        for split, info in manifest["splits"].items())
+        for split, info in manifest["splits"].items()]
+    t.caption = "\n".join(lines)
     return t
 
 

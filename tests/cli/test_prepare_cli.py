@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lcft.cli.app import app
+from lcft.cli.common import console
 from lcft.genomics import open_windows, sample_fasta
 
 runner = CliRunner()
@@ -31,7 +32,7 @@ def test_windows_then_noop_then_mismatch(tmp_path):
     out = tmp_path / "w"
     r = lcft(*windows_args(out, "--length", "64K"))
     assert r.exit_code == 0, r.output
-    assert "skipped for N" in r.stdout and "bytes written" in r.stdout
+    assert "skipped" in r.stdout and "written" in r.stdout  # (two-line headers: 'skipped for N', 'bytes written')
     m = json.loads((out / "manifest.json").read_text())
     assert m["length"] == 65536 and m["splits"]["train"]["windows"] == len(open_windows(out, "train"))
 
@@ -42,7 +43,7 @@ def test_windows_then_noop_then_mismatch(tmp_path):
     r = lcft(*windows_args(out, "--length", "64K"))
     assert r.exit_code == 0 and "nothing to do" in r.stderr
     # the table still shows the windows, but claims no writing it did not do
-    assert "bytes written" not in r.stdout and "wrote" not in r.stdout
+    assert "written ┃" not in r.stdout and "wrote" not in r.stdout  # (the header of bytes written)
     assert "already there" in r.stdout and f"{size:,}" in r.stdout and "nothing written" in r.stdout
 
     r = lcft(*windows_args(out, "--length", "128K"))
@@ -140,17 +141,24 @@ def test_verify_counts_the_tokenizer_it_checks(tmp_path):
     assert r.exit_code == 0 and f"ok: {len(data_files)} files in" in r.stdout, (data_files, r.stdout)
 
 
-def test_the_summary_counts_one_unknown_token_in_the_singular(tmp_path):
-    """The caption under the windows table: 'train: 2,048 bases, 1 unknown token' (it said '1 unknown tokens')."""
+def test_the_summary_keeps_names_and_lines_whole_at_80_columns(tmp_path, monkeypatch):
+    """At 80 columns the held-out 22:20000001-21000000 was cut to '22:20000001-210…' though two-line headers
+    leave it room, and the caption broke mid-phrase, centred: a line a split now, whole. Its counts: '1 unknown
+    token' in the singular (it said '1 unknown tokens')."""
+    monkeypatch.setattr(console, "width", 80)
     rng = np.random.default_rng(0)
     seq = "".join(rng.choice(list("ACGT"), 2048))
     fasta = tmp_path / "x.fa"
-    fasta.write_text(f">a\n{seq[:99]}X{seq[100:]}\n>b\n{seq}\n")  # X has no token of the char vocabulary
+    held_out = "22:20000001-21000000"
+    fasta.write_text(f">a\n{seq[:99]}X{seq[100:]}\n>{held_out}\n{seq}\n")  # X has no token of the char vocabulary
     r = lcft("prepare", "windows", "--fasta", fasta, "--out", tmp_path / "w", "--length", "1K", "--train", "a",
-             "--eval", "b")
+             "--eval", held_out)
     assert r.exit_code == 0, r.output
-    caption = " ".join(r.stdout.split())
-    assert "train: 2,048 bases, 1 unknown token; eval: 2,048 bases, 0 unknown tokens" in caption, caption
+    lines = [line.rstrip() for line in r.stdout.splitlines()]
+    assert max(map(len, lines[:-1])) <= 80 and "…" not in r.stdout, r.stdout  # (the last: `lcft prepare verify`)
+    assert any(line.startswith(f"│ eval  │ {held_out} │") for line in lines), r.stdout
+    assert ["tokenizer dna-char", "train: 2,048 bases, 1 unknown token", "eval: 2,048 bases, 0 unknown tokens"] == [
+        line for line in lines if line.startswith(("tokenizer", "train:", "eval:"))], r.stdout
 
 
 def test_fetch_rejects_bad_url(tmp_path):
@@ -195,7 +203,7 @@ def test_names_that_read_as_markup_print_as_written(tmp_path):
     out = folder / "w[bold]"
     r = lcft("prepare", "windows", "--fasta", fasta, "--out", out, "--train", "chr[/],x[bold]y", "--eval",
              "z[red]", "--length", "1K")
-    assert r.exit_code == 0 and "chr[/],x[bold]y" in r.stdout and "g[/]/w[bold]" in r.stdout, r.output
+    assert r.exit_code == 0 and "chr[/], x[bold]y" in r.stdout and "g[/]/w[bold]" in r.stdout, r.output
     for command in ("inspect", "verify"):
         r = lcft("prepare", command, out)
         assert r.exit_code == 0 and "g[/]/w[bold]" in r.stdout, r.output
