@@ -26,9 +26,13 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def user_errors(fn: F) -> F:
+RESUME = "run the same command again to resume"
+
+
+def user_errors(fn: F, resumes: bool = False) -> F:
     """Decorate a command: LcftError (and missing files, names too long for the file system) become a one-line
-    error and exit code 1 (or the error's own exit_code)."""
+    error and exit code 1 (or the error's own exit_code); a Ctrl-C is `interrupted`, exit 130, and for a command
+    that `resumes` where it stopped (`functools.partial(user_errors, resumes=True)`), how to go on."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,7 +49,7 @@ def user_errors(fn: F) -> F:
             raise fail(f"{name}: name too long for the file system (most allow 255 bytes a name): choose a shorter "
                        "file or folder name") from None
         except KeyboardInterrupt:
-            err_console.print("interrupted", style="yellow")
+            err_console.print(f"interrupted: {RESUME}" if resumes else "interrupted", style="yellow", soft_wrap=True)
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]

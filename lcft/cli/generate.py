@@ -140,10 +140,11 @@ def config_parameters(cls: type, options: Mapping[str, Opt], config_help: str) -
 
 def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..., None], *, help: str,
                         epilog: str | None = None, options: Mapping[str, Opt] | None = None,
-                        extras: Mapping[str, Extra] | None = None, table: str | None = None) -> None:
+                        extras: Mapping[str, Extra] | None = None, table: str | None = None,
+                        resumes: bool = False) -> None:
     """Register `name` on `app`: flags for every field of `cls` (plus `extras`), resolved as
     defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
-    then `run(cfg, **extras)`."""
+    then `run(cfg, **extras)`. `resumes`: run again after a Ctrl-C, it goes on where it stopped (user_errors)."""
     options, extras, table = options or {}, extras or {}, table or name
     config_help = markup_escape(f"TOML file with any of these options (same names, underscores; flat or under a "
                                 f"[{table}] table); flags override it.")
@@ -165,7 +166,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
             e.args = (as_given(str(e), cls, options, flags, toml), *e.args[1:])
             raise
 
-    wrapped = user_errors(command)
+    wrapped = user_errors(command, resumes)
     wrapped.config_table = table  # type: ignore[attr-defined]  # typer copies it onto the command's callback
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def _windows(cfg: PrepareConfig) -> None:
     console.print(f"{done}; check it with `lcft prepare verify {shell_word(cfg.out)}`", soft_wrap=True)
 
 
-command_from_config(app, "windows", PrepareConfig, _windows, table="prepare",
+command_from_config(app, "windows", PrepareConfig, _windows, table="prepare", resumes=True,
                     options={"fasta": Opt(metavar="PATH"), "out": Opt(metavar="DIR"),
                              "train": Opt(commas=True, metavar="CHROMS"), "eval": Opt(commas=True, metavar="CHROMS")},
                     help="Cut a FASTA into train/eval windows of token ids (+ soft-mask bits) with a manifest.")
@@ -99,7 +100,7 @@ def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder wri
 
 
 @app.command("fetch")
-@user_errors
+@functools.partial(user_errors, resumes=True)  # the download goes on from its .part file
 def fetch(
     name: str = typer.Argument("hg38", help="Genome to download (known: hg38)."),
     out: Path = typer.Option(Path("data"), "--out", help="Folder to download into."),

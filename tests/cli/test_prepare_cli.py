@@ -161,6 +161,36 @@ def test_the_summary_keeps_names_and_lines_whole_at_80_columns(tmp_path, monkeyp
         line for line in lines if line.startswith(("tokenizer", "train:", "eval:"))], r.stdout
 
 
+def test_ctrl_c_says_to_run_the_command_again_where_it_resumes(tmp_path, monkeypatch):
+    """A Ctrl-C in prepare windows after its first chromosome: `interrupted` (exit 130) said no more; now it says to
+    run the same command again, and that run resumes. inspect, which keeps nothing to go on from, says no more."""
+    import lcft.genomics.prepare as P
+
+    real, cut = P._cut_one, []
+
+    def ctrl_c_on_the_second(*args, **kwargs):
+        if cut:
+            raise KeyboardInterrupt
+        cut.append(real(*args, **kwargs))
+
+    monkeypatch.setattr(P, "_cut_one", ctrl_c_on_the_second)
+    out = tmp_path / "w"
+    r = lcft(*windows_args(out, "--length", "64K"))
+    assert (r.exit_code, r.stderr.splitlines()[-1]) == (130, "interrupted: run the same command again to resume")
+    monkeypatch.setattr(P, "_cut_one", real)
+    r = lcft(*windows_args(out, "--length", "64K"))
+    assert r.exit_code == 0 and "resuming: 1 chromosome(s) already done" in r.stderr, r.output
+
+    import lcft.genomics.inspect as inspect
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect, "inspect_fasta", ctrl_c)
+    r = lcft("prepare", "inspect", sample_fasta())
+    assert (r.exit_code, r.stderr) == (130, "interrupted\n")
+
+
 def test_fetch_rejects_bad_url(tmp_path):
     r = lcft("prepare", "fetch", "hg38", "--out", tmp_path, "--url", "file:///etc/passwd")
     assert r.exit_code == 1 and "not an http(s) URL" in r.stderr
