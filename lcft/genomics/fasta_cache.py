@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from lcft.disk import check_room
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, printable, reason
 from lcft.files import parse_json, read_text, replacing_together
 from lcft.foreign_entries import not_own
 from lcft.genomics.fasta_read import GZIP_DAMAGE
@@ -109,10 +109,14 @@ class _Hashed(io.RawIOBase):
         return n or 0
 
 
-def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Callable[[IO[bytes], IO[bytes]], None]) -> None:
+def _copy_into_cache(path: Path, sha256: str, dest: Path, what: str, write: Callable[[IO[bytes], IO[bytes]], None],
+                     doing: str) -> None:
     """Make the copy `dest` with `write(source, tmp)`, hashing the bytes it reads: a file that changed since its
     sha256 was taken (rewritten in place while being read) leaves no copy under a name that is not its own. The
-    copy's own size and sha256 go beside it (RECORD), put in place after it: a record names a whole copy."""
+    copy's own size and sha256 go beside it (RECORD), put in place after it: a record names a whole copy. `doing`
+    names the stage on stderr first: a genome's copy takes a minute, before any progress bar of the command."""
+    print(f"{doing} {printable(str(path))} into {printable(str(dest.parent))} (once: later runs reuse the copy)",
+          file=sys.stderr, flush=True)
     record = dest.with_name(dest.name + RECORD)
     try:
         with replacing_together([dest, record]) as (tmp, tmp_record):
@@ -168,7 +172,7 @@ def decompress_to_cache(path: Path, sha256: str) -> Path:
     if not _reusable(dest):
         check_room_to_decompress(path, dest.parent)
         _copy_into_cache(path, sha256, dest, "decompress gzip FASTA",
-                         lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22))
+                         lambda src, out: shutil.copyfileobj(gzip.GzipFile(fileobj=src), out, 1 << 22), "unpacking")
     return mark_used(dest)
 
 
@@ -266,7 +270,7 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
         normalize_lines(gzip.GzipFile(fileobj=src) if kind != "plain" else src, out)
 
     if not _reusable(dest):
-        _copy_into_cache(path, sha256, dest, "normalize line endings", write)
+        _copy_into_cache(path, sha256, dest, "normalize line endings", write, "normalizing the line ends of")
     return mark_used(dest)
 
 

@@ -332,3 +332,24 @@ def test_a_tilde_in_lcft_cache_is_the_home_folder(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (home / "c" / "fasta").is_dir() and not (work / "~").exists()
+
+
+def test_the_copy_into_the_cache_is_named_on_stderr_once(tmp_path, capfd):
+    """Unpacking a plain gzip (a minute for a genome) came before any progress bar and said nothing: it is named
+    as it starts, and the run that reuses the copy says nothing. Oracle: the copy's records, by Biopython."""
+    recs = {"a": random_genome(3, 5_000)}
+    gz = tmp_path / "x.fa.gz"
+    gz.write_bytes(gzip.compress(write_fasta(tmp_path / "x.fa", recs).read_bytes()))
+    capfd.readouterr()
+    with FastaFile(gz) as f:
+        assert _records(f) == bio_records(gz)
+    assert capfd.readouterr().err == f"unpacking {gz} into {cache_dir() / 'fasta'} (once: later runs reuse the copy)\n"
+    with FastaFile(gz) as f:
+        assert _records(f) == recs
+    assert capfd.readouterr().err == ""
+    cr = tmp_path / "cr.fa"  # old-Mac CR-only line ends: pyfaidx would see one line, a copy with LF is read
+    cr.write_bytes(b">a\r" + recs["a"][:60].encode() + b"\r" + recs["a"][60:99].encode() + b"\r")
+    with FastaFile(cr) as f:
+        assert _records(f) == {"a": recs["a"][:99]}
+    assert capfd.readouterr().err == (f"normalizing the line ends of {cr} into {cache_dir() / 'fasta'} (once: later "
+                                      "runs reuse the copy)\n")
