@@ -35,6 +35,8 @@ class Opt:
     """A tuple field given once as 'a,b' instead of by repeating the option."""
     panel: str | None = None
     """The help panel (section) the option is listed in; None: the command's plain Options panel."""
+    once: str = ""
+    """What to do instead, said when an option of one value is given more than once (e.g. how to join files)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}
     wrapped.__doc__ = help
-    app.command(name, epilog=epilog, cls=HelpCommand)(wrapped)
+    once = {k: opt.once for k, opt in options.items() if opt.once}
+    app.command(name, epilog=epilog, cls=type("GeneratedCommand", (HelpCommand,), {"once": once}))(wrapped)
 
 
 # The parameter a generated command receives its click context in (no config field has this name)

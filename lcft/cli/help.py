@@ -1,14 +1,18 @@
-"""How lcft's --help lists parameters, for every command and group: a flag --x/--no-x as one `--[no-]x` entry, a
-value's placeholder in upper case (its metavar, else its type: TEXT, PATH, INTEGER, FLOAT), a plain flag none."""
+"""lcft's command and group classes: how --help lists parameters (a flag --x/--no-x as one `--[no-]x` entry, a
+value's placeholder in upper case: its metavar, else its type, TEXT, PATH, INTEGER, FLOAT; a plain flag none), and an
+option of one value given twice refused."""
 
 from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
+
+from lcft.cli.common import fail
 
 # typer's type names (`<str>`, `<path>`) as click spells them in upper case, the way lcft's own metavars read
 TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "bool": "BOOLEAN", "path": "PATH"}
@@ -50,11 +54,27 @@ def paragraphs(text: str | None) -> str | None:
 
 
 class HelpCommand(TyperCommand):
-    """A command whose --help lists its parameters (--help included) as `shown`, its help as `paragraphs`."""
+    """The class of every lcft command: its --help lists its parameters (--help included) as `shown`, its help as
+    `paragraphs`; an option of one value given more than once is refused in one line (click keeps the last one, so
+    `--fasta a.fa --fasta b.fa` read b.fa alone), `once` mapping a parameter's name to what the refusal adds. A
+    repeated --x/--no-x flag keeps click's rule, the last one given wins: a flag added to override an earlier one."""
+
+    once: Mapping[str, str] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help = paragraphs(self.help)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and not ctx.resilient_parsing:  # (none: the help; resilient: shell completion)
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))  # order: one entry per occurrence
+            for param in dict.fromkeys(order):
+                n = order.count(param)
+                if n > 1 and param.param_type_name == "option" and not param.multiple and not param.is_flag:
+                    name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+                    hint = self.once.get(param.name or "", "")
+                    raise fail(f"{name} is given {n} times; it takes one value" + (f": {hint}" if hint else ""))
+        return super().parse_args(ctx, args)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         view = copy.copy(self)

@@ -19,6 +19,8 @@ from lcft.errors import shell_word
 from lcft.genomics.prepare_config import PrepareConfig
 from lcft.units import counted
 
+CONCATENATE = ("to cut several FASTA files, concatenate them into one: `cat a.fa b.fa > ab.fa` (gzip files as they "
+               "are: `cat a.fa.gz b.fa.gz > ab.fa.gz`)")
 LENGTH = "length (bases)"  # a chromosome's, in the tables of inspect: windows count tokens, which may be several bases
 
 app = Typer(help="Prepare genome data: FASTA -> verified fixed-length token windows.", no_args_is_help=True)
@@ -57,7 +59,7 @@ def _windows(cfg: PrepareConfig) -> None:
 
 
 command_from_config(app, "windows", PrepareConfig, _windows, table="prepare", resumes=True,
-                    options={"fasta": Opt(metavar="PATH"), "out": Opt(metavar="DIR"),
+                    options={"fasta": Opt(metavar="PATH", once=CONCATENATE), "out": Opt(metavar="DIR"),
                              "train": Opt(commas=True, metavar="CHROMS"), "eval": Opt(commas=True, metavar="CHROMS")},
                     help="Cut a FASTA into train/eval windows of token ids (+ soft-mask bits) with a manifest.")
 

@@ -25,7 +25,10 @@ def lcft(*args: str):
 
 
 def windows_args(out, *extra):
-    return ["prepare", "windows", "--fasta", sample_fasta(), "--out", out, "--train", "chr2", "--eval", "chr22", *extra]
+    """prepare windows of the sample into `out`; `extra` may give --train or --eval instead of the defaults (an
+    option of one value given twice is refused)."""
+    split = [a for opt, value in (("--train", "chr2"), ("--eval", "chr22")) if opt not in extra for a in (opt, value)]
+    return ["prepare", "windows", "--fasta", sample_fasta(), "--out", out, *split, *extra]
 
 
 def test_windows_then_noop_then_mismatch(tmp_path):
