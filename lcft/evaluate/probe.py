@@ -180,7 +180,7 @@ class CopyProbe:
                                    relative=False)
             rec = {"loss_with": _floats(without - drop.value), "drop": _floats(drop.value),
                    "ci_low": _floats(drop.low), "ci_high": _floats(drop.high),
-                   "effective_context": effective_context(self.distances, drop.low)}
+                   "effective_context": effective_context(self.distances, drop)}
             if name == "exact":
                 out.update(rec)
             else:

@@ -112,14 +112,16 @@ def distance_line(report: dict[str, Any]) -> str | None:
 
 
 def probe_table(report: dict[str, Any]) -> Table | None:
-    """Loss drop on the planted copy by distance (nats/token; * = above zero by its 95% interval) and the
+    """Loss drop on the planted copy by distance (nats/token; * = above zero by its own 95% interval) and the
     effective context of each checkpoint; None without --probe."""
     opts = report.get("probe")
     if not opts:
         return None
     rough = ROUGH if opts["windows"] < FEW_WINDOWS else ""
     t = Table(title=f"copy probe: loss drop (nats/token) on a {opts['segment']}-token segment copied D tokens "
-                    f"earlier, {counted(opts['windows'], 'window')} (* = above zero by its 95% interval{rough})",
+                    f"earlier, {counted(opts['windows'], 'window')} (* = above zero by its own 95% interval{rough}; "
+                    f"effective context: the farthest above zero with the {len(opts['distances'])} distances tested "
+                    "together)",
               title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     for d in opts["distances"]:

@@ -101,7 +101,7 @@ def test_one_window_gives_no_interval_no_verdict_and_no_effective_context():
     t = trend(c, counts, w, np.arange(1, counts.shape[1] + 1) * 100.0)
     assert t.verdict == UNDEFINED and np.isnan(t.low) and np.isnan(t.high) and not np.isnan(t.slope)
     drop = mean_difference(ref, counts, other, counts, w, relative=False)  # a copy probe's drops, one window
-    assert effective_context(list(range(256, 256 * (counts.shape[1] + 1), 256)), drop.low) is None
+    assert effective_context(list(range(256, 256 * (counts.shape[1] + 1), 256)), drop) is None
 
 
 def test_a_cell_with_tokens_in_one_window_among_many_has_no_interval():
@@ -165,12 +165,6 @@ def test_a_trend_over_fewer_than_two_bins_with_tokens_is_undefined_not_undetecte
     c = mean_difference(other, counts, ref, counts, w, relative=True)
     assert not np.isnan(c.low[0])  # 14 windows: the bin's change has its interval
     assert trend(c, counts, w, np.arange(1, 7) * 100.0).verdict == FLAT
-
-
-def test_effective_context_is_the_farthest_distance_above_zero():
-    assert effective_context([256, 512, 1024, 2048], np.array([0.3, 0.1, -0.01, 0.02])) == 2048
-    assert effective_context([256, 512, 1024], np.array([0.3, 0.0, np.nan])) == 256
-    assert effective_context([256, 512], np.array([0.0, -0.1])) == 0
 
 
 def test_window_bins_split_by_softmask_against_a_direct_count():
