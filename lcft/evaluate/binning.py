@@ -11,6 +11,16 @@ from lcft.evaluate.config import BinScale
 from lcft.units import LN2
 
 UNIFORM_LOSS = math.log(4.0)  # nats per base of a uniform guess over A, C, G, T (= 2 bits/base)
+THIN = 0.5
+"""A position bin with tokens of fewer than this share of the windows is flagged: with --position bases and a
+model tokenizer the windows span different numbers of bases and the bins span the longest, so the last bins
+average the few windows that reach them, mixing position with which windows are averaged."""
+
+
+def thin_bins(windows: list[int] | np.ndarray, n: int) -> np.ndarray:
+    """(k,) bool: the bins whose tokens come from fewer than THIN of the `n` windows (`windows` `(k,)`: how
+    many windows have counted tokens in each bin)."""
+    return np.asarray(windows, dtype=np.int64) < THIN * n
 
 
 def bin_edges(length: int, bins: int, scale: BinScale = "linear") -> np.ndarray:
@@ -138,6 +148,11 @@ class WindowBins:
         """(windows, subsets, bins) int64 token counts."""
         k = len(self.starts)
         return np.stack(self._count) if self._count else np.zeros((0, len(SUBSETS), k), dtype=np.int64)
+
+    @property
+    def windows(self) -> np.ndarray:
+        """(bins,) int64: how many windows have counted tokens in each bin."""
+        return (self.count[:, 0] > 0).sum(0).astype(np.int64)
 
     @property
     def bases(self) -> np.ndarray:

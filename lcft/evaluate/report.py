@@ -17,7 +17,7 @@ from lcft.config import format_size
 from lcft.config_toml import dumps_toml, paths_absolute, to_dict
 from lcft.disk import write_failure
 from lcft.errors import printable
-from lcft.evaluate.binning import SUBSETS, UNIFORM_LOSS, relative_change, tenths
+from lcft.evaluate.binning import SUBSETS, THIN, UNIFORM_LOSS, relative_change, tenths, thin_bins
 from lcft.evaluate.recurrence import K
 from lcft.evaluate.stats import (
     LEVEL,
@@ -195,6 +195,9 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
                     "position p = index in the window of the predicted token (it sees the p tokens before it)",
             "bin_scale": cfg.bin_scale,
             "edges": [int(e) for e in edges],
+            "windows": [int(w) for w in results[0].bins.windows],  # the same counted tokens in every checkpoint
+            "windows_note": f"windows with counted tokens in each bin; a bin with fewer than {THIN:.0%} of them "
+                            "averages those windows only (shaded in the plot)",
             "first_tenth": [f0, f1],
             "last_tenth": [l0, l1],
         },
@@ -352,7 +355,6 @@ def _figure(report: dict[str, Any]) -> Any:
     d = report["data"]
     top.set_title(f"{d['split']} split of {Path(d['folder']).name}: {counted(d['windows'], 'window')} of "
                   f"{format_size(d['window_length'])} tokens")
-    top.legend(fontsize="small")
     middle.set_ylabel(f"change vs {ref} (%)\n(band: 95% interval)")
     middle.legend(fontsize="small")
     for ax, panel in zip(splits, panels, strict=True):
@@ -366,6 +368,10 @@ def _figure(report: dict[str, Any]) -> Any:
         ax.grid(alpha=0.3)
     for ax in (middle, *splits):
         ax.axhline(0.0, color="grey", linewidth=1)
+    for k, b in enumerate(np.flatnonzero(thin_bins(report["positions"]["windows"], d["windows"]))):
+        top.axvspan(edges[b], edges[b + 1], color="grey", alpha=0.15, linewidth=0,
+                    label=f"tokens of fewer than {THIN:.0%} of the windows" if k == 0 else None)
+    top.legend(fontsize="small")
     return fig
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 
 from lcft.config import format_size
 from lcft.console import make_console, styled
+from lcft.evaluate.binning import THIN, thin_bins
 from lcft.evaluate.stats import FEW_WINDOWS
 from lcft.units import counted
 
@@ -109,6 +111,18 @@ def distance_line(report: dict[str, Any]) -> str | None:
                                                                       rec["tokens"], strict=True)]
     return (f"nearest earlier copy of the recurring tokens' {rec['k']}-mers, bases back (share of counted "
             f"tokens): {', '.join(parts)}")
+
+
+def thin_line(report: dict[str, Any]) -> str | None:
+    """Which position bins hold tokens of fewer than THIN of the windows (their figures average those windows
+    only), when any does."""
+    pos, n = report["positions"], report["data"]["windows"]
+    thin = np.flatnonzero(thin_bins(pos["windows"], n))
+    if not len(thin):
+        return None
+    return (f"{len(thin)} of {len(pos['edges']) - 1} position bins (the first from {pos['edges'][thin[0]]:,} "
+            f"{pos['unit']}) hold tokens of fewer than {THIN:.0%} of the {counted(n, 'window')}: their figures "
+            "average those windows only (shaded in the plot; eval.json positions.windows)")
 
 
 def probe_table(report: dict[str, Any]) -> Table | None:
@@ -227,8 +241,9 @@ def print_table(report: dict[str, Any], console: Console | None = None) -> None:
         line = distance_line(report)
         if line:
             console.print(line, highlight=False)
-    for line in trend_lines(report):
-        console.print(line, highlight=False)
+    for line in [*trend_lines(report), thin_line(report)]:
+        if line:
+            console.print(line, highlight=False)
     probe = probe_table(report)
     if probe is not None:
         _show(console, probe, highlight=True)

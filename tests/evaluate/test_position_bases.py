@@ -76,7 +76,7 @@ def _token_recurrence(ws, i: int) -> np.ndarray:
 def _direct(ws, model, n: int, edges: np.ndarray) -> dict[str, np.ndarray]:
     """Per-bin nats, tokens, bases and repeat tokens over base offsets, from plain logits + cross-entropy."""
     k = len(edges) - 1
-    out = {name: np.zeros(k) for name in ("nats", "tokens", "bases", "repeat", "recurring")}
+    out = {name: np.zeros(k) for name in ("nats", "tokens", "bases", "repeat", "recurring", "windows")}
     for i in range(n):
         ids = torch.from_numpy(np.asarray(ws[i], dtype=np.int64))[None]  # (1, L)
         with torch.no_grad():
@@ -87,6 +87,7 @@ def _direct(ws, model, n: int, edges: np.ndarray) -> dict[str, np.ndarray]:
         b = np.searchsorted(edges, at, side="right") - 1  # (n_counted,) bin of each
         np.add.at(out["nats"], b, ce[counted])
         np.add.at(out["tokens"], b, 1)
+        out["windows"][np.unique(b)] += 1  # the window has counted tokens in these bins
         np.add.at(out["bases"], b, ws.token_bases(i)[1:][counted])
         np.add.at(out["repeat"], b, ws.softmask(i)[1:][counted])
         np.add.at(out["recurring"], b, (_token_recurrence(ws, i) > 0)[1:][counted])
@@ -105,6 +106,7 @@ def test_kmer_bins_over_bases_equal_a_direct_computation(kmer_data, kmer_model, 
     ck = rep["checkpoints"][0]
     b = ck["bins"]
     assert b["tokens"] == d["tokens"].astype(int).tolist() and b["bases"] == d["bases"].astype(int).tolist()
+    assert rep["positions"]["windows"] == d["windows"].astype(int).tolist()
     np.testing.assert_allclose(b["loss"], d["nats"] / d["tokens"], rtol=1e-4)
     np.testing.assert_allclose(b["bits_per_base"], d["nats"] / d["bases"] / math.log(2), rtol=1e-4)
     assert ck["repeat"]["bins"]["tokens"] == d["repeat"].astype(int).tolist()

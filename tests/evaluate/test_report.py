@@ -216,3 +216,44 @@ def test_a_report_read_back_is_checked_against_the_options_that_write_it(tmp_pat
     path.write_text(json.dumps(_tampered(report, how)).replace('"@"', how))
     problem = read_back_problem(read_json(path), cfg, 3)
     assert problem is not None and said in problem, problem
+
+
+def test_bins_past_most_windows_spans_are_counted_flagged_and_shaded(tmp_path):
+    """Windows of uneven spans (as a model tokenizer's windows in bases, the bins over the longest): each bin's
+    count of windows with tokens equals a numpy count over the windows' masks; the bins with fewer than half of
+    them are named in the terminal and shaded in the plot."""
+    from lcft.evaluate.report import figure
+    from lcft.evaluate.terminal import thin_line
+
+    spans, length = (700, 1100, 1500, 2048, 900), FakeWindows.length
+    edges = bin_edges(length, 16)
+    masks = []
+    for span in spans:
+        mask = np.zeros(length, dtype=bool)
+        mask[1:span] = True
+        masks.append(mask)
+    masks[0][200:400] = False  # a run of N: no counted token there
+    results = []
+    for scale in (1.0, 0.9):
+        sums, bins = PositionSums.zeros(length), WindowBins(edges)
+        rng = np.random.default_rng(0)
+        for mask in masks:
+            loss = scale * rng.gamma(4.0, 0.35, length)  # (L,)
+            sums.add(loss, mask)
+            bins.add(loss, mask, None)
+        windows = [{"index": w, "chrom": "chr22", "start": 0, "end": s, "tokens": int(m.sum()), "loss": 1.0}
+                   for w, (s, m) in enumerate(zip(spans, masks, strict=True))]
+        results.append(CheckpointResult(sums, windows, bins))
+    cfg = EvalConfig(data=str(tmp_path / "data"), checkpoints=("a", "b"), labels=("base", "long"), bins=16,
+                     out=str(tmp_path / "out"))
+    infos = [CheckpointInfo(lb, lb, tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
+    report = build_report(cfg, FakeWindows(), len(spans), infos, results, edges)
+    want = np.array([[m[a:b].any() for a, b in zip(edges[:-1], edges[1:], strict=True)] for m in masks]).sum(0)
+    assert report["positions"]["windows"] == want.tolist()
+    thin = np.flatnonzero(want * 2 < len(spans))  # fewer than half of the 5: 2 windows or fewer
+    assert len(thin) and thin.tolist() == list(range(thin[0], 16))  # past the third-longest span
+    line = thin_line(report)
+    assert line.startswith(f"{len(thin)} of 16 position bins (the first from {edges[thin[0]]:,} tokens)"), line
+    assert len(figure(report).axes[0].patches) == len(thin)
+    report["positions"]["windows"] = [len(spans)] * 16
+    assert thin_line(report) is None and not figure(report).axes[0].patches
