@@ -7,12 +7,13 @@ import dataclasses
 import json
 import os
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lcft.config import ConfigError
 from lcft.files import atomic_write, parse_text
+from lcft.hub import hub_id
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -79,14 +80,34 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paths_absolute(data: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
-    """`data` with the values under `keys` that name existing paths made absolute, so a saved config reruns
-    from any working folder; what names no path (a Hub id, a tokenizer spec such as kmer:6) stays as written."""
-    def one(v: Any) -> Any:
+# The config fields, of train, prepare and eval alike, that name files or folders: absolute_paths makes them
+# absolute whether or not they exist yet (an output folder is made later), except what some of them hold instead
+# of a path, kept as written: a model's or tokenizer's Hub id ORG/NAME[@REVISION] (lcft.hub), --resume's `auto`,
+# a built-in tokenizer (char, kmer:K[:PATH]).
+PATH_FIELDS = ("data", "out", "fasta", "resume", "init", "checkpoints", "tokenizer")
+_HUB_FIELDS = ("init", "checkpoints", "tokenizer")
+C = TypeVar("C")
+
+
+def _not_a_path(name: str, value: str) -> bool:
+    if name == "resume" and value == "auto":
+        return True
+    if name == "tokenizer" and (value.strip() in ("", "char") or value.strip().startswith("kmer:")):
+        return True  # (a file named char in the working folder is not read for char: lcft.genomics.model_tokenizer)
+    return name in _HUB_FIELDS and hub_id(value) is not None
+
+
+def absolute_paths(cfg: C) -> C:
+    """A config dataclass with its PATH_FIELDS absolute, so a launch's processes, and its saved config rerun with
+    --config, name the same files from any working folder."""
+    def one(name: str, v: Any) -> Any:
         if isinstance(v, list | tuple):
-            return type(v)(one(x) for x in v)
-        return str(Path(v).expanduser().resolve()) if isinstance(v, str) and v and Path(v).expanduser().exists() else v
-    return {k: one(v) if k in keys else v for k, v in data.items()}
+            return type(v)(one(name, x) for x in v)
+        if not isinstance(v, str) or not v or _not_a_path(name, v):
+            return v
+        return str(Path(v).expanduser().resolve())
+    fields = {f.name for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]
+    return dataclasses.replace(cfg, **{n: one(n, getattr(cfg, n)) for n in PATH_FIELDS if n in fields})  # type: ignore[type-var]
 
 
 def save_resolved(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:

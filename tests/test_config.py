@@ -197,3 +197,27 @@ def test_a_misspelt_table_names_the_table_meant(command, table, said, tmp_path):
     toml = tmp_path / "typo.toml"
     toml.write_text(f"[{table}]\nout = \"o\"\n")
     assert cli_fails([*command, "--config", str(toml)]) == f"error: {said}"
+
+
+def test_train_prepare_and_eval_make_paths_absolute_by_one_rule(tmp_path, monkeypatch):
+    """From a working folder, every command's config names absolute paths, existing or not (an output is made
+    later): eval's as resolved for its launched processes, train's, prepare's prepare.toml; a Hub id, --resume
+    auto and the built-in tokenizer char stay as written, even with a folder named char in the working folder."""
+    from lcft.config_toml import load_toml
+    from lcft.evaluate import EvalConfig
+    from lcft.genomics import prepare_windows
+    from lcft.launch.jobs import job
+    from lcft.train import TrainConfig
+    from lcft.train.config import resolve_folders
+
+    monkeypatch.chdir(tmp_path)
+    ev = job("eval").entry().resolve(EvalConfig(data="d", checkpoints=("ck", "org/model"), out="rep"))
+    assert (ev.data, ev.checkpoints, ev.out) == (str(tmp_path / "d"), (str(tmp_path / "ck"), "org/model"),
+                                                 str(tmp_path / "rep"))
+    tr = resolve_folders(TrainConfig(data="d", out="r", init="org/model", resume="auto"))
+    assert (tr.data, tr.out, tr.init, tr.resume) == (str(tmp_path / "d"), str(tmp_path / "r"), "org/model", "auto")
+    (tmp_path / "char").mkdir()
+    (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    prepare_windows(fasta="g.fa", out="w", length=64, train=("chrA",), eval=(), tokenizer="char")
+    saved = load_toml(tmp_path / "w" / "prepare.toml")
+    assert (saved["fasta"], saved["out"], saved["tokenizer"]) == (str(tmp_path / "g.fa"), str(tmp_path / "w"), "char")

@@ -14,7 +14,7 @@ import numpy as np
 
 from lcft import __version__
 from lcft.config import format_size
-from lcft.config_toml import dumps_toml, paths_absolute, to_dict
+from lcft.config_toml import absolute_paths, dumps_toml, to_dict
 from lcft.disk import write_failure
 from lcft.errors import printable
 from lcft.evaluate.binning import SUBSETS, THIN, UNIFORM_LOSS, relative_change, tenths, thin_bins
@@ -286,7 +286,7 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
             with open(csv_tmp, "w", newline="") as fh:
                 write_csv(fh)
             png_tmp.write_bytes(png)
-            toml.write_text(dumps_toml(paths_absolute(to_dict(cfg), ("data", "checkpoints", "out"))))
+            toml.write_text(dumps_toml(to_dict(absolute_paths(cfg))))
             with open(js, "w") as fh:
                 json.dump(report, fh, indent=1, allow_nan=False)
     except OSError as e:  # the losses stay in .partial (lcft.evaluate.store): a rerun only writes the report

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.text import Text
 
 from lcft.config_build import build
-from lcft.config_toml import paths_absolute, save_resolved, to_dict
+from lcft.config_toml import absolute_paths, save_resolved, to_dict
 from lcft.console import make_console, text_column, time_left_column
 from lcft.disk import write_failure
 from lcft.errors import LcftError
@@ -238,9 +238,8 @@ def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
         check_oov(split, info["oov"], info["tokens"], state["oov_letters"].get(split, {}), cfg.max_oov_frac, tok.name)
     if not _is_char(tok):
         atomic_write(partial / TOKENIZER_FILE, tok.json_text)
-    resolved = {**to_dict(cfg), "stride": options["stride"]}
-    saved = {k: v for k, v in resolved.items() if k != "overwrite"}  # (train's config.toml is absolute too)
-    save_resolved(partial / RESOLVED, paths_absolute(saved, ("fasta", "out", "tokenizer")))
+    resolved = {**to_dict(absolute_paths(cfg)), "stride": options["stride"]}
+    save_resolved(partial / RESOLVED, {k: v for k, v in resolved.items() if k != "overwrite"})
     write_json_atomic(partial / MANIFEST, manifest)
     clear_replaced(out, partial)
     state["finished"] = True

@@ -71,7 +71,7 @@ def _train() -> Entry:
 
 def _eval() -> Entry:
     from lcft.config_build import build
-    from lcft.config_toml import load_toml
+    from lcft.config_toml import absolute_paths, load_toml
     from lcft.evaluate.config import EvalConfig
     from lcft.evaluate.inputs import check_inputs, open_split
 
@@ -80,7 +80,7 @@ def _eval() -> Entry:
 
         return evaluate(cfg, **kwargs)
 
-    return Entry(lambda path: build(EvalConfig, load_toml(path)), lambda cfg: cfg, check_inputs, open_split,
+    return Entry(lambda path: build(EvalConfig, load_toml(path)), absolute_paths, check_inputs, open_split,
                  lambda _cfg: None, work)
 
 

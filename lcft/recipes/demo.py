@@ -130,8 +130,8 @@ def _write_init(cfg: DemoConfig, folder: Path) -> bool:
 def train_stage(tcfg: Any) -> tuple[Path, str]:
     """Run (or finish, or skip) one training run; returns its final checkpoint and what happened."""
     from lcft.checkpoint.state import checkpoint_step
+    from lcft.config_toml import absolute_paths
     from lcft.train import latest_checkpoint, train
-    from lcft.train.config import absolute_paths
     from lcft.train.run_dir import changed_options
 
     run = Path(tcfg.out)

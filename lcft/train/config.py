@@ -7,7 +7,6 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from lcft.config import (
@@ -23,9 +22,8 @@ from lcft.config import (
     not_negative,
 )
 from lcft.config_build import build, resolve
-from lcft.config_toml import load_toml, to_dict
+from lcft.config_toml import absolute_paths, load_toml, to_dict
 from lcft.files import parse_text
-from lcft.hub import hub_id
 from lcft.kernels.spec import AttentionImpl
 from lcft.model.config import COUNT_LIMITS, AttentionBackend, RopeType
 from lcft.parallel.config import (
@@ -365,23 +363,10 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [f"{k}: {shown(k, a.get(k))} -> {shown(k, b.get(k))}" for k in keys if a.get(k) != b.get(k)]
 
 
-def absolute_paths(cfg: TrainConfig) -> TrainConfig:
-    """Paths made absolute, so a launcher's child processes and the saved config do not depend on the cwd; an
-    --init that is a Hub id (lcft.hub.hub_id) stays one."""
-    changes: dict[str, Any] = {}
-    for name in ("data", "out", "init"):
-        v = getattr(cfg, name)
-        if v and not (name == "init" and hub_id(v)):
-            changes[name] = str(Path(v).expanduser().resolve())
-    if cfg.resume and cfg.resume != "auto":
-        changes["resume"] = str(Path(cfg.resume).expanduser().resolve())
-    return dataclasses.replace(cfg, **changes)
-
-
 def resolve_folders(cfg: TrainConfig) -> TrainConfig:
     """cfg with its folders given and made absolute (the same in every process of a launch)."""
     if not cfg.data:
         raise ConfigError("data: give the prepared data folder (--data)")
     if not cfg.out:
         raise ConfigError("out: give the run folder (--out)")
-    return absolute_paths(cfg)
+    return absolute_paths(cfg)  # (lcft.config_toml: the one rule for every command's paths)

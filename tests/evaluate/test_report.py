@@ -54,6 +54,19 @@ def _report(tmp_path: Path, scale: str = "linear", second: float = 0.9, bins: in
     return cfg, build_report(cfg, FakeWindows(), 3, infos, results, edges), results
 
 
+def test_eval_toml_names_absolute_paths_and_keeps_a_hub_id(tmp_path, monkeypatch):
+    """eval.toml, written from a working folder, names every path absolute (found there or not) and a Hub id as
+    written: `--config eval.toml` reruns it from anywhere."""
+    from lcft.config_toml import load_toml
+
+    cfg, report, _ = _report(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    write_outputs(report, Path("out"), EvalConfig(data="data", checkpoints=("a", "org/model"), out="out"))
+    saved = load_toml(tmp_path / "out" / "eval.toml")
+    assert (saved["data"], saved["checkpoints"], saved["out"]) == (
+        str(tmp_path / "data"), [str(tmp_path / "a"), "org/model"], str(tmp_path / "out"))
+
+
 @pytest.mark.parametrize("scale", ["linear", "log"])
 def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
     cfg, report, results = _report(tmp_path, scale)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 import lcft.train
-from lcft.config_toml import save_resolved, to_dict
+from lcft.config_toml import absolute_paths, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.recipes.demo import train_stage
 from lcft.signals import Stopped
 from lcft.train import TrainConfig
-from lcft.train.config import absolute_paths
 
 
 def _cfg(tmp_path, steps: int) -> TrainConfig:
