@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
 from lcft.cli.common import console, user_errors
+from lcft.config import check_choice
 from lcft.config_build import home
-from lcft.errors import LcftError
 
-DTYPES = ("float32", "bfloat16", "float16")
+Dtype = Literal["float32", "bfloat16", "float16"]  # what --dtype casts the weights to (torch's names)
 
 
 def register(app: typer.Typer) -> None:
@@ -33,8 +34,8 @@ def register(app: typer.Typer) -> None:
 
         # as given: a Path would turn ./org/name into org/name, a Hub id; `--out=~/x`: the shell leaves '~'
         checkpoint, out = home(checkpoint), Path(home(str(out)))
-        if dtype is not None and dtype not in DTYPES:
-            raise LcftError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        if dtype is not None:
+            check_choice(dtype, Dtype, "--dtype")
 
         def export_from(source: Path) -> Path:  # source verified: a corrupt checkpoint is an error naming the file
             # before the checkpoint is read: a complete export in --out is this one (its lcft.json records the

@@ -14,7 +14,7 @@ from lcft.vocab import BOS, EOS, MAX_VOCAB, VOCAB_SIZE
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
 AttentionBackend = Literal["dense", "sparse"]
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
+ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "mixtral"]  # the HF families lcft reads and writes
 # Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a
 # file we are handed): each is well above every published model (largest hidden 16384, head_dim 256, 126
 # layers, 256 experts, vocabularies of 256K) and low enough that no single count can ask for an absurd tensor.
@@ -130,7 +130,7 @@ class LlamaConfig:
     """Share the LM head's weight with the token embedding."""
     initializer_range: float = 0.02
     """Standard deviation of the normal initialisation of linear and embedding weights."""
-    model_type: str = "llama"
+    model_type: ModelType = "llama"
     """HF architecture family (llama, mistral, qwen2, qwen3, mixtral): the class export writes back."""
     head_dim: int | None = None
     """Width of one attention head; None = hidden_size / num_attention_heads (Qwen3 and others set it
@@ -217,8 +217,7 @@ class LlamaConfig:
         check_frequencies(self)
 
     def _check_variant(self) -> None:
-        if self.model_type not in MODEL_TYPES:
-            raise LcftError(f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}")
+        check_choice(self.model_type, ModelType, "model_type")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise LcftError(f"sliding_window must be a positive number of tokens, got {self.sliding_window}")
         if self.num_local_experts < 0 or (

@@ -94,7 +94,7 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--data", str(data), "--out", str(run_folder(tmp / "run"))], "already holds checkpoints"),
         (["export", str(missing), "--out", str(out)], f"checkpoint not found: {missing}"),
         (["export", str(model), "--out", str(model / "hf")], "is the checkpoint"),
-        (["export", str(model), "--out", str(out), "--dtype", "int8"], "--dtype 'int8' is not one of"),
+        (["export", str(model), "--out", str(out), "--dtype", "int8"], "--dtype: 'int8' is not one of"),
         (["export", str(source), "--out", str(exported)], "already holds an export of another checkpoint"),
         (["export", str(source), "--out", str(cast)], "already holds an export of another checkpoint, --dtype"),
     ]

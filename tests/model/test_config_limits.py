@@ -141,3 +141,16 @@ def test_an_initializer_range_of_0_loads_as_in_transformers(tmp_path):
     check_counts({"initializer_range": 0.0})
     with pytest.raises(LcftError, match="initializer_range must be a number >= 0"):
         check_counts({"initializer_range": -0.01})
+
+
+def test_a_model_type_lcft_has_no_family_for_is_the_one_choice_check():
+    """model_type goes through lcft.config.check_choice, as every choice does: the field, the families and the
+    close match (a LlamaConfig built in Python or from a file)."""
+    from lcft.config import ConfigError
+    from lcft.model.config import LlamaConfig
+
+    with pytest.raises(ConfigError) as e:
+        LlamaConfig(model_type="mistrall", vocab_size=16, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2)
+    assert str(e.value) == ("model_type: 'mistrall' is not one of llama, mistral, qwen2, qwen3, mixtral "
+                            "(did you mean 'mistral'?)")
