@@ -199,3 +199,14 @@ def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = 
         STATS.add(tag, _nbytes(out))
     return out
 
+
+def all_reduce_max(x: torch.Tensor, group: dist.ProcessGroup | None, tag: str = "max") -> torch.Tensor:
+    """Elementwise max of `x` over the group (None: the world), as a new tensor with no gradient (peak memory, the
+    signal the ranks agree on)."""
+    out = x.detach().clone()
+    if dist.is_available() and dist.is_initialized() and group_size(group) > 1:
+        with STATS.timed():
+            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+        STATS.add(tag, _nbytes(out))
+    return out
+

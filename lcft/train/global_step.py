@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from lcft.genomics.dataset import TrainSamples, batch_counts, step_indices
-from lcft.parallel.comms import all_reduce_sum
+from lcft.parallel.comms import all_reduce_max, all_reduce_sum
 from lcft.train.metrics import peak_memory_bytes
 from lcft.train.sharded import clip
 from lcft.train.step import compute_loss
@@ -77,12 +77,10 @@ class GlobalStep:
     scheduler: Any
     guard: SpikeGuard
 
-    # ---- collectives (no-ops on one process; the loss sums: `world_sum`) ----
+    # ---- collectives (no-ops on one process; the loss sums: `world_sum`; both through lcft.parallel.comms) ----
     def _max(self, values: list[int]) -> list[int]:
-        t = torch.tensor(values, dtype=torch.int64)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
+        """Each value's max over every rank (comms.STATS counts it under 'max'); one process: the values."""
+        return all_reduce_max(torch.tensor(values, dtype=torch.int64), None).tolist()
 
     def _gather_samples(self, mine: list[tuple[int, int]]) -> list[int]:
         """Sample ids of the whole global batch in batch order, from what each rank actually loaded."""

@@ -119,3 +119,15 @@ def join_restarted(rank: int, world: int, counts: list[int]) -> tuple[int, dict[
         return liveness.restarts(), peers, os.getpid()
     finally:
         liveness.stop()
+
+
+def step_max(rank: int, world: int, values: list[int]) -> tuple[list[int], dict[str, int], dict[str, int]]:
+    """The trainer's max over the ranks (peak memory, the signal agreed on) of `values` shifted by the rank, with
+    the collectives comms.STATS counted for it."""
+    from lcft.train.global_step import GlobalStep
+
+    step = object.__new__(GlobalStep)  # (only `world` is read by its collectives)
+    step.world = world
+    comms.STATS.reset()
+    got = step._max([v + (rank if i % 2 else -rank) for i, v in enumerate(values)])
+    return got, dict(comms.STATS.calls), dict(comms.STATS.bytes)
