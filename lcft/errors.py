@@ -7,6 +7,8 @@ import reprlib
 import shlex
 from collections.abc import Iterable
 
+RESUME = "run the same command again to resume"  # what a user does after a stop of a command that resumes
+
 
 class LcftError(Exception):
     """A problem with the user's input or environment that they can fix; the message says how."""

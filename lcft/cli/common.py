@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import typer
 
 from lcft.console import make_console, styled
-from lcft.errors import LcftError, printable
+from lcft.errors import RESUME, LcftError, printable
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -24,9 +24,6 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """Print `error: message` on stderr and return the Exit to raise."""
     err_console.print(styled(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
     return typer.Exit(code)
-
-
-RESUME = "run the same command again to resume"
 
 
 def user_errors(fn: F, resumes: bool = False) -> F:

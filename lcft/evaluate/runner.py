@@ -14,7 +14,7 @@ import torch
 from lcft import __version__
 from lcft.checkpoint.layout import Identity, names_run
 from lcft.console import make_console, text_column, time_left_column
-from lcft.errors import LcftError
+from lcft.errors import RESUME, LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
 from lcft.evaluate.config import EvalConfig
@@ -107,8 +107,7 @@ def _stopped(cfg: EvalConfig, signum: int) -> dict[str, Any]:
     fields = signal_fields(signum)
     name = fields["signal"]
     return {"stopped": Ended.SIGNAL, **fields, "out": str(cfg.out),
-            "note": f"stopped by {name}: the losses computed so far are kept in {Path(cfg.out) / PARTIAL}; run the "
-                    "same command again to resume"}
+            "note": f"stopped by {name}: the losses computed so far are kept in {Path(cfg.out) / PARTIAL}; {RESUME}"}
 
 
 @contextlib.contextmanager

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lcft.errors import RESUME
+
 
 @dataclass(frozen=True)
 class Job:
@@ -88,8 +90,7 @@ JOBS = {
     "train": Job(what="training", command="lcft train", entry=_train,
                  resume="the run ended without a new checkpoint: start it again with --resume auto"),
     "eval": Job(what="evaluation", command="lcft eval", entry=_eval,
-                resume="the evaluation ended, the losses of its finished batches kept: run the same command again "
-                      "to resume"),
+                resume=f"the evaluation ended, the losses of its finished batches kept: {RESUME}"),
 }
 
 
