@@ -188,3 +188,14 @@ def test_rope_scaling_as_the_command_line_gives_it_exports_loadable(tmp_path, sc
     ids = torch.randint(0, BASE["vocab_size"], (1, L))
     with torch.no_grad():
         assert (load_hf(tmp_path / "m")(ids).logits - ours(ids)).abs().max().item() < 1e-4
+
+
+def test_the_model_types_a_config_takes_are_the_families_of_the_hf_table():
+    """LlamaConfig's model_type choices (a Literal, for the one choice check) and the HF table's families name the
+    same five: a family added to one only would load but not export, or the other way round."""
+    import typing
+
+    from lcft.model.config import ModelType
+    from lcft.model.hf_families import BY_TYPE
+
+    assert sorted(typing.get_args(ModelType)) == sorted(BY_TYPE)
