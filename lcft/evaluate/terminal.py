@@ -17,7 +17,6 @@ from lcft.units import counted
 
 ROUGH = "; with this few windows the intervals are rough"
 REFERENCE = "reference"  # the first checkpoint's change column: the others' changes are against it
-LOG_WIDTH = 120  # the width of output to a pipe or a log file, which has no terminal width of its own
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -230,10 +229,8 @@ def _show(console: Console, what: Table | str, highlight: bool = False) -> None:
 def print_table(report: dict[str, Any], console: Console | None = None) -> None:
     """The summary table, the repeat/unique and recurring/non-recurring tables (with the distance histogram),
     the trend verdicts and (with --probe) the probe table, each fitted to the console's width."""
-    if console is None:
+    if console is None:  # a terminal's width; a pipe's or a file's is COLUMNS, else rich's 80, fitted the same way
         console = make_console()
-        if not console.is_terminal:  # a pipe or a log file: no terminal width to respect
-            console = make_console(width=LOG_WIDTH)
     _show(console, table(report), highlight=True)
     _show(console, split_table(report))
     if report.get("recurrence"):

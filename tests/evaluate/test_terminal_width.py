@@ -46,7 +46,7 @@ def _whole(report: dict) -> list[str]:
 @pytest.mark.parametrize("width", [80, 120, 60, 40])
 @pytest.mark.parametrize("label", ["long", LONG_LABEL])
 def test_no_figure_or_label_is_cut_at_the_terminal_width(tmp_path, width, label):
-    """80: a terminal; 120: a pipe or a log file (LOG_WIDTH); 40: narrower than any table with the long label."""
+    """80: a terminal, or a pipe or a file without COLUMNS; 40: narrower than any table with the long label."""
     report = _full_report(tmp_path, label)
     out = io.StringIO()
     print_table(report, make_console(width=width, file=out))
@@ -65,3 +65,21 @@ def test_a_wide_terminal_shows_each_table_whole(tmp_path):
     heads = [line for line in out.getvalue().splitlines() if "checkpoint" in line]
     assert len(heads) == 4, heads  # summary, repeats, recurrence, probe
     assert "first 10%" in out.getvalue() and out.getvalue().count("┏") == 4
+
+
+@pytest.mark.parametrize("columns", [None, "80", "100"])
+def test_a_file_gets_the_width_of_columns_or_80(tmp_path, capsys, monkeypatch, columns):
+    """stdout a file or a pipe (pytest's capture): every line within COLUMNS, or rich's 80 without it, each
+    figure whole, as on a terminal of that width."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    report = _full_report(tmp_path, LONG_LABEL)
+    print_table(report)
+    text = capsys.readouterr().out
+    width = int(columns or 80)
+    assert max(cell_len(line.rstrip()) for line in text.splitlines()) <= width, text
+    flat = " ".join(text.split())
+    for cell in _whole(report):
+        assert cell in flat, (cell, text)
