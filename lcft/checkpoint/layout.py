@@ -325,8 +325,14 @@ def read_model_meta(ckpt: Path) -> dict[str, Any]:
     return meta
 
 
-def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
-    """A model folder must read the data's vocabulary: the tokenizer it records (ours do, in lcft.json; a
+TRAIN_STEP = "prepare the data with the model's tokenizer (--tokenizer) or start from a model of the data's"
+"""What to do about a tokenizer mismatch where a model is trained or planned from the data."""
+EVAL_STEP = "prepare the held-out data with the checkpoint's tokenizer (lcft prepare windows --tokenizer {ckpt})"
+"""What to do about it where a checkpoint is evaluated: its weights are fixed, the data is not."""
+
+
+def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any], next_step: str = TRAIN_STEP) -> None:
+    """A model folder must read the data's vocabulary (a mismatch names `next_step`, `{ckpt}` filled in): the tokenizer it records (ours do, in lcft.json; a
     published model by its own tokenizer.json, when the data was cut with a model tokenizer) gives the same ids
     (same content hash, lcft.genomics.hf_tokenizer.same_tokenizer), and config.json's vocab_size equals the
     data's (both checked: a spec alone would let a resized embedding through)."""
@@ -342,8 +348,7 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any]) -> None:
     if spec is not None and not same_tokenizer(spec, data_tokenizer):
         raise LcftError(f"checkpoint {ckpt} was trained with a different tokenizer than the data "
                         f"({describe(spec)} vs {describe(data_tokenizer)}: {spec_difference(spec, data_tokenizer)}); "
-                        "prepare the data with the model's "
-                        "tokenizer (--tokenizer) or start from a model of the data's")
+                        + next_step.format(ckpt=ckpt))
     vocab, want = read_model_config(ckpt).get("vocab_size"), data_tokenizer.get("vocab_size")
     if vocab != want:
         why = "the data's vocabulary is larger than the model's embedding" if (vocab or 0) < (want or 0) else \

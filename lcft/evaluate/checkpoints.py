@@ -15,6 +15,7 @@ import torch
 
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import (
+    EVAL_STEP,
     RUN_CONFIG,
     Identity,
     check_tokenizer,
@@ -72,7 +73,7 @@ class CheckpointInfo:
 
     def check_tokenizer(self, data_tokenizer: dict[str, Any]) -> None:
         """The checkpoint must read the data's vocabulary (lcft.checkpoint.layout.check_tokenizer)."""
-        check_tokenizer(self.path, data_tokenizer)
+        check_tokenizer(self.path, data_tokenizer, EVAL_STEP)
 
     @functools.cached_property
     def attention(self) -> AttentionConfig:

@@ -31,6 +31,11 @@ def test_checkpoint_with_another_tokenizer(data_dir, ckpt_a, tmp_path):
     meta["tokenizer"] = {**meta["tokenizer"], "name": "dna-kmer3", "vocab_size": 80}
     (other / "lcft.json").write_text(json.dumps(meta))
     _fails(tmp_path, "different tokenizer", data_dir, ckpt_a, other)
+    with pytest.raises(LcftError) as e:  # eval's next step: the checkpoint is fixed, its data is not
+        evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(other),), out=str(tmp_path / "out"), max_windows=1))
+    assert str(e.value).endswith(f"prepare the held-out data with the checkpoint's tokenizer "
+                                 f"(lcft prepare windows --tokenizer {other})"), e.value
+    assert "start from a model" not in str(e.value)
 
 
 def test_transformers_folder_with_another_vocab_size(data_dir, tmp_path):
