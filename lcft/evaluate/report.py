@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import io
 import json
@@ -33,8 +34,9 @@ from lcft.units import LN2, counted
 
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
-CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "tokens", "loss", "bits_per_base", "relative_change",
-               "ci_low", "ci_high")
+# each figure's unit in its header, as the terminal tables give it (eval.json's "loss" is nats per token too)
+CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "tokens", "loss_nats_per_token", "bits_per_base",
+               "relative_change", "ci_low", "ci_high")
 SPLITS = SUBSETS[1:]  # the soft-mask and the recurrence split reported next to every figure over all tokens
 PANELS = ((("repeat", "repeats (soft-masked)", "-"), ("unique", "unique", "--")),
           (("recurring", f"recurring {K}-mers", "-"), ("nonrecurring", "non-recurring", "--")))
@@ -77,6 +79,9 @@ def _intervals(res: Any, ref: Any, weights: np.ndarray, positions: np.ndarray, i
     per_bin = mean_difference(loss, count, ref_loss, ref_count, weights, relative=True)  # (subsets, k)
     overall = mean_difference(loss.sum(2), count.sum(2), ref_loss.sum(2), ref_count.sum(2), weights,
                               relative=True)  # (subsets,)
+    if is_ref:  # the reference against itself: a change of 0 by construction, with no interval to give (null)
+        per_bin, overall = (dataclasses.replace(c, low=np.full_like(c.low, np.nan), high=np.full_like(c.high, np.nan))
+                            for c in (per_bin, overall))
     out: dict[str, Any] = {"ci_low": _num(overall.low[0]), "ci_high": _num(overall.high[0]),
                            "bins": {"ci_low": _nums(per_bin.low[0]), "ci_high": _nums(per_bin.high[0])}, "trend": None}
     if not is_ref:
@@ -247,7 +252,8 @@ def _finite(x: Any) -> bool:
 
 
 def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (checkpoint, bin), the same figures as the JSON (empty cells for undefined figures)."""
+    """One row per (checkpoint, bin), the same figures as the JSON (empty cells for undefined figures, and for the
+    reference's intervals)."""
     edges = report["positions"]["edges"]
     rows = []
     for ck in report["checkpoints"]:
@@ -256,7 +262,7 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             for i in range(len(edges) - 1):
                 rows.append({
                     "label": ck["label"], "subset": subset, "bin": i, "start": edges[i], "end": edges[i + 1],
-                    "tokens": b["tokens"][i], "loss": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
+                    "tokens": b["tokens"][i], "loss_nats_per_token": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
                     "relative_change": b["relative_change"][i], "ci_low": b["ci_low"][i], "ci_high": b["ci_high"][i],
                 })
     return rows

@@ -60,7 +60,7 @@ def test_eval_writes_all_outputs_and_the_figures_agree(data_dir, ckpt_a, ckpt_b,
         assert len(ck["weights_sha256"]) == 64 and ck["config"]["hidden_size"] == 64
         assert ck["lcft"]["tokenizer"] == on_disk["data"]["tokenizer"]
         mine = [r for r in rows if r["label"] == ck["label"] and r["subset"] == "all"]
-        assert [float(r["loss"]) for r in mine] == b["loss"]
+        assert [float(r["loss_nats_per_token"]) for r in mine] == b["loss"]
         assert [int(r["tokens"]) for r in mine] == b["tokens"]
     ws = open_windows(data_dir, "eval")
     assert [(x["chrom"], x["start"], x["end"]) for x in on_disk["checkpoints"][1]["windows"]] == [ws.coords(i) for i in range(5)]
@@ -127,7 +127,10 @@ def test_max_context_equal_to_the_window_changes_nothing(data_dir, ckpt_a, tmp_p
     assert b["max_context"] == WINDOW
     for key in ("loss", "first_tenth_loss", "last_tenth_loss", "tokens"):
         assert a[key] == b[key]
-    assert a["bins"] == b["bins"] and [w["loss"] for w in a["windows"]] == [w["loss"] for w in b["windows"]]
+    figures = lambda ck: {k: v for k, v in ck["bins"].items() if not k.startswith("ci_")}  # noqa: E731
+    assert figures(a) == figures(b) and [w["loss"] for w in a["windows"]] == [w["loss"] for w in b["windows"]]
+    assert set(b["bins"]["ci_low"] + b["bins"]["ci_high"]) == {0.0}  # the same losses: 0 in every replicate
+    assert set(a["bins"]["ci_low"] + a["bins"]["ci_high"]) == {None}  # the reference has no interval
 
 
 def test_max_context_cuts_the_window_into_independent_pieces(data_dir, ckpt_a):

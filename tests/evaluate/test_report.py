@@ -85,10 +85,14 @@ def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
     for row in (r for r in rows if r["subset"] == "all"):
         ck = next(c for c in on_disk["checkpoints"] if c["label"] == row["label"])
         i = int(row["bin"])
-        assert float(row["loss"]) == ck["bins"]["loss"][i]  # repr round-trips exactly
+        assert float(row["loss_nats_per_token"]) == ck["bins"]["loss"][i]  # repr round-trips exactly
         assert int(row["tokens"]) == ck["bins"]["tokens"][i]
         assert float(row["relative_change"]) == ck["bins"]["relative_change"][i]
         assert int(row["start"]) == on_disk["positions"]["edges"][i]
+    ref = on_disk["checkpoints"][0]["label"]
+    # the reference against itself has no interval: empty cells, not 0.0; the other's are figures
+    assert all(r["ci_low"] == r["ci_high"] == "" for r in rows if r["label"] == ref)
+    assert any(r["ci_low"] != "" and r["ci_high"] != "" for r in rows if r["label"] != ref)
     assert on_disk["uniform"] == {"loss": UNIFORM_LOSS, "bits_per_base": pytest.approx(2.0)}
     assert (Path(cfg.out) / "eval.toml").is_file()
     assert not list(Path(cfg.out).glob(".*.tmp"))
