@@ -37,6 +37,7 @@ CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", 
 # each figure's unit in its header, as the terminal tables give it (eval.json's "loss" is nats per token too)
 CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "tokens", "loss_nats_per_token", "bits_per_base",
                "relative_change", "ci_low", "ci_high")
+UNIFORM_BITS = UNIFORM_LOSS / LN2  # a uniform guess over A, C, G, T: 2 bits per base
 SPLITS = SUBSETS[1:]  # the soft-mask and the recurrence split reported next to every figure over all tokens
 PANELS = ((("repeat", "repeats (soft-masked)", "-"), ("unique", "unique", "--")),
           (("recurring", f"recurring {K}-mers", "-"), ("nonrecurring", "non-recurring", "--")))
@@ -141,7 +142,7 @@ def _uniform(ref: dict[str, Any]) -> dict[str, Any]:
     """A uniform guess over A, C, G, T: 2 bits per base, so per token ln 4 times the bases a token covers on
     average (1 for char; about k for a k-mer tokenizer)."""
     per_token = ref["bases"] / ref["tokens"] if ref["tokens"] else 1.0
-    return {"loss": UNIFORM_LOSS * per_token, "bits_per_base": UNIFORM_LOSS / LN2}
+    return {"loss": UNIFORM_LOSS * per_token, "bits_per_base": UNIFORM_BITS}
 
 
 def _checkpoint_record(cfg: Any, info: Any, res: Any, ref: Any, is_ref: bool, edges: np.ndarray,
@@ -320,10 +321,22 @@ def _split_panels(report: dict[str, Any]) -> list[tuple[tuple[str, str, str], ..
     return [p for p in PANELS if any(ck[p[0][0]]["tokens"] for ck in compared)]
 
 
+def _guess_shown(report: dict[str, Any]) -> bool:
+    """Whether the uniform guess's line goes in the top panel: only within half the curves' spread (at least
+    0.1 bits/base) of them; drawn farther, it would stretch the axis and flatten the curves."""
+    bits = np.concatenate([_series(ck["bins"]["bits_per_base"]) for ck in report["checkpoints"]])
+    bits = bits[np.isfinite(bits)]
+    if not bits.size:
+        return True
+    lo, hi = float(bits.min()), float(bits.max())
+    margin = max((hi - lo) / 2, 0.1)
+    return lo - margin <= UNIFORM_BITS <= hi + margin
+
+
 def figure(report: dict[str, Any]) -> Any:
     """The plot as a matplotlib Figure: bits/base against position (one line per checkpoint, the uniform guess
-    dashed); below it the relative change of each checkpoint against the first with its 95% interval as a
-    band; then one panel per split with data, the same change in each of its subsets (solid, dashed). Its texts
+    dashed where it is near them, else named in the title); below it the relative change of each other
+    checkpoint against the first with its 95% interval as a band; then one panel per split with data, the same change in each of its subsets (solid, dashed). Its texts
     are shown as written: labels and the data folder's name are the user's, and '$' in one would be read as
     mathtext (an unknown symbol fails the whole plot)."""
     import matplotlib
@@ -351,21 +364,26 @@ def _figure(report: dict[str, Any]) -> Any:
     for k, ck in enumerate(report["checkpoints"]):
         color = f"C{k}"
         top.plot(mid, _series(ck["bins"]["bits_per_base"]), marker=".", color=color, label=ck["label"])
-        _change_panel(middle, mid, ck["bins"], f"{ck['label']} vs {ref}", marker=".", color=color)
+        if k:  # the reference against itself is 0 by construction: the panel's grey zero line says it
+            _change_panel(middle, mid, ck["bins"], f"{ck['label']} vs {ref}", marker=".", color=color)
         for ax, panel in zip(splits, panels, strict=True):
             for subset, name, style in panel:
                 if k and ck[subset]["tokens"]:
                     _change_panel(ax, mid, ck[subset]["bins"], f"{ck['label']}: {name}", color=color, linestyle=style)
-    top.axhline(2.0, color="grey", linestyle="--", linewidth=1, label="uniform guess (2 bits/base)")
+    guess = _guess_shown(report)
+    if guess:
+        top.axhline(UNIFORM_BITS, color="grey", linestyle="--", linewidth=1, label="uniform guess (2 bits/base)")
     top.set_ylabel("held-out loss (bits/base)")
     d = report["data"]
     top.set_title(f"{d['split']} split of {Path(d['folder']).name}: {counted(d['windows'], 'window')} of "
-                  f"{format_size(d['window_length'])} tokens")
+                  f"{format_size(d['window_length'])} tokens" + ("" if guess else "; uniform guess 2 bits/base, off "
+                                                                  "this scale"))
     middle.set_ylabel(f"change vs {ref} (%)\n(band: 95% interval)")
-    middle.legend(fontsize="small")
     for ax, panel in zip(splits, panels, strict=True):
         ax.set_ylabel(f"change vs {ref} (%)\n{panel[0][1]} vs {panel[1][1]}")
-        ax.legend(fontsize="small")
+    for ax in axes[:, 0]:  # beside the panel, never over a line's end (constrained layout makes the room)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     bottom = axes[-1, 0]
     bottom.set_xlabel(f"position in window ({report['positions'].get('unit', 'tokens')})")
     if log:

@@ -37,4 +37,4 @@ def test_one_window_reports_no_interval_no_verdict_and_no_effective_context(data
     assert not re.search(r"\d\*", text)  # no drop starred as above zero by its interval
     # one window is counted in the singular: the tables' titles and the plot's
     assert "held-out loss on 1 eval window of" in text and "earlier, 1 window (" in text, text
-    assert figure(rep).axes[0].get_title().endswith(": 1 window of 2K tokens")
+    assert ": 1 window of 2K tokens" in figure(rep).axes[0].get_title()  # (then, maybe, where the guess is)

@@ -195,6 +195,44 @@ def test_the_plot_draws_names_that_are_not_printable_escaped(tmp_path):
     assert any("long\\udcc3" in t for t in texts) and any("d\\udcb6\\x1b[31m" in t for t in texts)
 
 
+def _top_middle_bottom(report: dict) -> tuple:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from lcft.evaluate.report import figure
+
+    fig = figure(report)
+    FigureCanvasAgg(fig).draw()  # lays out the legends placed beside the panels
+    axes = fig.axes
+    return fig, axes[0], axes[1], axes[-1]
+
+
+@pytest.mark.parametrize("shift", [0.0, 2.5])
+def test_the_plot_keeps_its_curves_readable(tmp_path, shift):
+    """No 'base vs base' line at 0 (the zero line is there already); no legend over any panel's lines; the
+    uniform guess (2 bits/base) drawn only near the curves (here within 0.1 bits of them, or 2.5 bits above and
+    off the scale), else named in the title, the axis then spanning the curves only."""
+    _, report, _ = _report(tmp_path)
+    for ck in report["checkpoints"]:
+        ck["bins"]["bits_per_base"] = [None if v is None else v + shift for v in ck["bins"]["bits_per_base"]]
+    fig, top, middle, bottom = _top_middle_bottom(report)
+    ref = report["checkpoints"][0]["label"]
+    assert [ln.get_label() for ln in middle.get_lines() if not ln.get_label().startswith("_")] == [f"long vs {ref}"]
+    renderer = fig.canvas.get_renderer()
+    for ax in (top, middle, bottom):
+        legend = ax.get_legend()
+        assert legend is not None
+        box, area = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert box.x0 >= area.x1, (box, area)  # beside the panel, clear of every line
+    bits = [v for ck in report["checkpoints"] for v in ck["bins"]["bits_per_base"] if v is not None]
+    guess = [ln for ln in top.get_lines() if ln.get_label().startswith("uniform guess")]
+    low, high = top.get_ylim()
+    if shift:
+        assert not guess and low > 2.0 and "uniform guess 2 bits/base" in top.get_title()
+        assert high - low < 2 * (max(bits) - min(bits)) + 0.5  # the curves fill the axis
+    else:
+        assert guess and low <= 2.0 <= high
+
+
 def _tampered(report: dict, how: str) -> dict:
     r = json.loads(json.dumps(report))
     long = r["checkpoints"][1]
