@@ -38,6 +38,9 @@ def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
         console.print(f"node {report['node_rank']}: {done}", highlight=False)
     elif code:
         console.print(report["note"], highlight=False, soft_wrap=True)
+    elif report.get("already"):
+        console.print(f"already evaluated: {cfg.out}; the same checkpoints (by content), data and options: "
+                      f"nothing computed (the report: {Path(cfg.out) / 'eval.json'})", highlight=False, soft_wrap=True)
     elif not quiet:
         print_table(report)
         outdir = Path(cfg.out)

@@ -22,8 +22,10 @@ from lcft.evaluate.inputs import open_split
 from lcft.evaluate.losses import Interrupted
 from lcft.evaluate.parallel import EvalParallel
 from lcft.evaluate.probe import make_probe, run_probe
+from lcft.evaluate.report import JSON_NAME, read_back_problem
 from lcft.evaluate.split import CheckpointResult, check_finite, position_length, run_checkpoint
-from lcft.evaluate.store import PARTIAL, LossStore, clear
+from lcft.evaluate.store import FORMAT, PARTIAL, LossStore, clear, pass_key
+from lcft.files import read_json
 from lcft.folder_lock import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launch_world, launched
@@ -55,8 +57,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
     `cfg.out` (nothing is written when an input is bad; an evaluation stopped midway, killed or by an error such
     as a diverged checkpoint, leaves the losses it computed in `cfg.out`/.partial for a rerun), and return the
-    report (the content of eval.json); stopped by SIGTERM/SIGINT after a batch, a summary instead ("stopped":
-    "signal", "signal", "signal_number", "out", "note"; lcft.signals.exit_code gives 128 + N).
+    report (the content of eval.json; that of the report already in `cfg.out`, with "already": True and nothing
+    computed, when it is of the same inputs: `_finished`); stopped by SIGTERM/SIGINT after a batch, a summary instead
+    ("stopped": "signal", "signal", "signal_number", "out", "note"; lcft.signals.exit_code gives 128 + N).
     With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
 
@@ -70,6 +73,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
+    if cfg.cp == 1 and not launched() and (done := _finished(cfg, ws, n_windows, infos, device)) is not None:
+        return done  # one process only: every rank of a launch would have to find the same report
     edges = bin_edges(position_length(ws, cfg.position), cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()
     try:
@@ -88,6 +93,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
         except Interrupted as e:
             return _stopped(cfg, e.signum)
         report = build_report(cfg, ws, n_windows, infos, results, edges)
+        report["inputs"] = _inputs_key(cfg, ws, infos, device)  # of the weights read (a run's latest may have moved)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
             clear(cfg.out, _say)
@@ -96,6 +102,29 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
             parallel.close()
     return report
+
+
+def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: torch.device) -> str:
+    """What the whole report's losses depend on, as the kept passes are keyed: each entry's weights digest,
+    configs, data files, options, versions and device kind (`_identity`)."""
+    return pass_key({"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos]})
+
+
+def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device
+              ) -> dict[str, Any] | None:
+    """The report in `cfg.out` marked "already" when it is a finished evaluation of these inputs (the same options,
+    and `_inputs_key`: the same weights by content, data and device kind), so a rerun loads no model; else None
+    (none there, unreadable, or of other inputs: evaluated again, and the report replaced)."""
+    path = Path(cfg.out) / JSON_NAME
+    if not path.is_file():
+        return None
+    try:
+        report = read_json(path)
+    except LcftError:  # cut or garbled: evaluated again
+        return None
+    if read_back_problem(report, cfg, n_windows) or report.get("inputs") != _inputs_key(cfg, ws, infos, device):
+        return None
+    return {**report, "already": True}
 
 
 def _say(message: str) -> None:
