@@ -11,6 +11,7 @@ from lcft.evaluate.config import BinScale
 from lcft.units import LN2
 
 UNIFORM_LOSS = math.log(4.0)  # nats per base of a uniform guess over A, C, G, T (= 2 bits/base)
+UNIFORM_BITS = UNIFORM_LOSS / LN2  # the same in bits per base: 2
 THIN = 0.5
 """A position bin with tokens of fewer than this share of the windows is flagged: with --position bases and a
 model tokenizer the windows span different numbers of bases and the bins span the longest, so the last bins

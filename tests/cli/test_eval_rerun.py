@@ -22,10 +22,10 @@ def test_a_finished_report_of_the_same_inputs_is_not_computed_again(data_dir, tm
     real = eval_runner.load_model
     monkeypatch.setattr(eval_runner, "load_model", lambda info, device: loads.append(info.label) or real(info, device))
 
-    def run(*ckpts, extra=()) -> str:
+    def run(*ckpts, bins="4") -> str:
         loads.clear()
         args = ["eval", "--data", str(data_dir), *(f"--checkpoint={c}" for c in ckpts), "--max-windows", "2",
-                "--bins", "4", "--bootstrap", "50", "--out", str(out), *extra]
+                "--bins", bins, "--bootstrap", "50", "--out", str(out)]
         r = cli.invoke(app, args)
         assert r.exit_code == 0, r.output
         return r.stdout
@@ -46,7 +46,7 @@ def test_a_finished_report_of_the_same_inputs_is_not_computed_again(data_dir, tm
     run(a, c)  # another checkpoint into the same folder: evaluated, its report replacing the first
     assert loads == ["a", "c"]
     assert [ck["label"] for ck in json.loads((out / "eval.json").read_text())["checkpoints"]] == ["a", "c"]
-    run(a, c, extra=("--bins", "5"))  # other options: evaluated again
+    run(a, c, bins="5")  # other options: evaluated again
     assert loads == ["a", "c"]
-    run(a, c, extra=("--bins", "5"))
+    run(a, c, bins="5")
     assert loads == []

@@ -8,7 +8,7 @@ import re
 from rich.console import Console
 
 from lcft.evaluate import EvalConfig, evaluate
-from lcft.evaluate.report import figure
+from lcft.evaluate.plot import figure
 from lcft.evaluate.stats import UNDEFINED
 from lcft.evaluate.terminal import print_table
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lcft.evaluate.binning import SUBSETS, WindowBins, bin_edges
+from lcft.evaluate.plot import figure
 from lcft.evaluate.recurrence import (
     K,
     ascii_codes,
@@ -15,7 +16,6 @@ from lcft.evaluate.recurrence import (
     nearest_copy,
     token_distances,
 )
-from lcft.evaluate.report import figure
 from lcft.evaluate.split import recurrence_distances
 from lcft.evaluate.terminal import distance_line, recurrence_table, split_table
 from lcft.genomics import open_windows

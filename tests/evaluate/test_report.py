@@ -184,7 +184,7 @@ def test_a_report_that_fails_to_write_leaves_the_earlier_one_whole(tmp_path, mon
 def test_the_plot_draws_names_that_are_not_printable_escaped(tmp_path):
     """A label or data folder name holding a byte that is not UTF-8 (a surrogate in Python, as a default label
     from a folder's name carries it) or a terminal escape: drawn escaped; the font could not draw it at all."""
-    from lcft.evaluate.report import figure
+    from lcft.evaluate.plot import figure
 
     _, report, _ = _report(tmp_path)
     report["checkpoints"][1]["label"] = "long\udcc3"
@@ -198,7 +198,7 @@ def test_the_plot_draws_names_that_are_not_printable_escaped(tmp_path):
 def _top_middle_bottom(report: dict) -> tuple:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from lcft.evaluate.report import figure
+    from lcft.evaluate.plot import figure
 
     fig = figure(report)
     FigureCanvasAgg(fig).draw()  # lays out the legends placed beside the panels
@@ -277,7 +277,7 @@ def test_bins_past_most_windows_spans_are_counted_flagged_and_shaded(tmp_path):
     """Windows of uneven spans (as a model tokenizer's windows in bases, the bins over the longest): each bin's
     count of windows with tokens equals a numpy count over the windows' masks; the bins with fewer than half of
     them are named in the terminal and shaded in the plot."""
-    from lcft.evaluate.report import figure
+    from lcft.evaluate.plot import figure
     from lcft.evaluate.terminal import thin_line
 
     spans, length = (700, 1100, 1500, 2048, 900), FakeWindows.length
