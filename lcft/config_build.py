@@ -130,27 +130,34 @@ def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> 
     return cls(**kwargs)
 
 
-def load_layer(path: str | os.PathLike, table: str | None = None, others: Collection[str] = ()) -> dict[str, Any]:
+def load_layer(path: str | os.PathLike, table: str | None = None, others: Collection[str] | None = None,
+               fields: Collection[str] = ()) -> dict[str, Any]:
     """A `--config` TOML as one flat layer: its top-level keys, plus those under the [table] named after the
     command (e.g. [prepare]), which win; the `others` tables (the other commands', which the CLI declares) are
-    passed over. Any other table is an error that names the closest table name."""
+    passed over, and any other table is an error that names the closest table name (None: a caller outside the
+    CLI passes over every other table). A key of `fields` is the config's own, whatever its value: a field given a
+    table is left to the field's check, which says what it takes."""
     data = load_toml(path)
-    known = {t for t in (table, *others) if t}
-    tables = {k: data.pop(k) for k in known if isinstance(data.get(k), dict)}
-    for k, v in data.items():  # no config field takes a table: a table here is a misspelt or foreign one
-        if isinstance(v, dict):
+    tables: dict[str, Any] = {}
+    for k, v in list(data.items()):
+        if not isinstance(v, dict) or k in fields:
+            continue
+        if k != table and others is not None and k not in others:
+            known = {t for t in (table, *others) if t}
             meant, names = closest(k, known), ", ".join(f"[{t}]" for t in sorted(known))
             raise ConfigError(f"unknown config table [{k}]" + (f" (did you mean [{meant}]?)" if meant else
                                                                f": the tables are {names}"))
-    data.update(tables.get(table, {}))
+        tables[k] = data.pop(k)
+    data.update(tables.get(table, {}) if table else {})
     return data
 
 
 def resolve(cls: type[T], config_file: str | os.PathLike | None, flags: Mapping[str, Any] | None,
-            where: str | None = None, table: str | None = None, others: Collection[str] = ()) -> T:
+            where: str | None = None, table: str | None = None, others: Collection[str] | None = None) -> T:
     """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them; a
     leading '~' of a value is the home folder (`home`)."""
-    return from_layers(cls, load_layer(config_file, table, others) if config_file else {}, flags, where)
+    layer = load_layer(config_file, table, others, {f.name for f in dataclasses.fields(cls)}) if config_file else {}
+    return from_layers(cls, layer, flags, where)
 
 
 def from_layers(cls: type[T], toml: Mapping[str, Any], flags: Mapping[str, Any] | None, where: str | None = None) -> T:

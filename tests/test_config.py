@@ -199,6 +199,25 @@ def test_a_misspelt_table_names_the_table_meant(command, table, said, tmp_path):
     assert cli_fails([*command, "--config", str(toml)]) == f"error: {said}"
 
 
+def test_a_field_given_a_table_is_the_fields_error_not_a_misspelt_table(tmp_path):
+    """`rope_scaling = {rope_type = "yarn", factor = 8.0}` (transformers' form) is a field given a table: the
+    field's own check says what it takes (it was called an unknown config table)."""
+    toml = tmp_path / "rs.toml"
+    toml.write_text('rope_scaling = {rope_type = "yarn", factor = 8.0}\n')
+    assert cli_fails(["train", "--config", str(toml), "--data", "d", "--out", "o"]) == \
+        "error: rope_scaling: expected a string, got a table"
+
+
+def test_a_config_file_of_several_tables_resolves_from_python(tmp_path):
+    """`resolve_config` (the Python API) reads its [train] table and passes over the other commands' ones, as
+    `lcft train --config` does; a misspelt table is for the CLI, which knows the commands, to name."""
+    from lcft.train.config import resolve_config
+
+    toml = tmp_path / "two.toml"
+    toml.write_text("[train]\nsteps = 3\n[eval]\nbins = 4\n")
+    assert resolve_config(toml, {"data": "d", "out": "o"}).steps == 3
+
+
 def test_train_prepare_and_eval_make_paths_absolute_by_one_rule(tmp_path, monkeypatch):
     """From a working folder, every command's config names absolute paths, existing or not (an output is made
     later): eval's as resolved for its launched processes, train's, prepare's prepare.toml; a Hub id, --resume

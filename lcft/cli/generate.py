@@ -161,7 +161,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
         config = kwargs.pop("config", None)
         given = {k: kwargs.pop(k) for k in extras}
         flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
-        toml = load_layer(config, table, config_tables(root)) if config else {}
+        toml = load_layer(config, table, config_tables(root), {f.name for f in dataclasses.fields(cls)}) if config else {}
         try:
             run(from_layers(cls, toml, flags, where=f"{table} config"), **given)
         except ConfigError as e:  # the checks name fields; the user typed flags or TOML keys
