@@ -56,7 +56,9 @@ class EvalConfig(ParallelConfig):
     batch_size: int = 1
     """Windows per forward pass."""
     precision: Precision = "fp32"
-    """Compute precision of the forward pass (losses are always accumulated in fp32/fp64)."""
+    """Compute precision of the forward pass (losses are always accumulated in fp32/fp64). fp32 by default, where
+    training's --precision auto picks by the CPU: the figures of one evaluation are compared with another's, on
+    whatever machine it ran."""
     device: str = "auto"
     """Torch device: auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ..."""
     out: str = "reports/eval"
