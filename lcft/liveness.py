@@ -298,15 +298,30 @@ def cause(error: BaseException) -> str:
 def report(message: str, reporter: bool) -> None:
     """Hand the diagnosis to the launcher (the first survivor's file wins), or print it (the lowest surviving
     rank only) when there is none."""
+    from lcft.launch.process import write_back  # (it imports this module)
+
     path = os.environ.get(FAILURE_FILE_ENV)
     if path:
-        with contextlib.suppress(FileExistsError):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(message + "\n")
-        return
+        try:
+            write_back(lambda: _write_new(path, message + "\n"))
+            return
+        except FileExistsError:
+            return
+        except OSError:  # the launcher's folder cannot take it, even with its spare room freed: said here
+            pass
     if reporter:
         print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def _write_new(path: str, text: str) -> None:
+    """Write `text` into a file not yet there (FileExistsError when it is: another process was first)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    except OSError:  # (a full file system takes the name, not the text): an empty report would be taken as none
+        os.unlink(path)
+        raise
 
 
 def read_report(path: Path) -> str | None:

@@ -51,7 +51,10 @@ from lcft.launch.process import (
     PARENT_ENV,
     READY_ENV,
     RESULT_FILE_ENV,
+    SPARE_ENV,
     Handed,
+    reserve,
+    unwritable,
 )
 from lcft.launch.supervisor import Supervisor
 from lcft.liveness import (
@@ -101,14 +104,15 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         if cfg.node_rank == 0:
             entry.check_out(cfg)
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lcft-launch-")))  # mode 0700
-        spec = save_resolved(tmp / "spec.toml", to_dict(cfg))
         files = {FAILURE_FILE_ENV: tmp / "failure.txt", FAILURES_ENV: tmp / "failures.json",
-                 RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed", READY_ENV: tmp / "ready"}
-        files[HANDED_ENV].mkdir()
-        files[READY_ENV].mkdir()
+                 RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed", READY_ENV: tmp / "ready",
+                 SPARE_ENV: reserve(tmp)}
+        spec = _prepare(tmp, cfg, [files[HANDED_ENV], files[READY_ENV]])
+        # torch's agent keeps its workers' log folders in --log-dir (else a folder of its own in TMPDIR, never
+        # removed): here they go with the launch's temporary folder.
         cmd = [sys.executable, "-m", "lcft.launch.agent", *_rendezvous_args(cfg), f"--nproc-per-node={cfg.nproc}",
-               f"--max-restarts={cfg.max_restarts}", f"--shutdown-timeout={cfg.stop_grace}", "-m", "lcft.launch",
-               name, str(spec)]
+               f"--max-restarts={cfg.max_restarts}", f"--shutdown-timeout={cfg.stop_grace}",
+               f"--log-dir={tmp / 'logs'}", "-m", "lcft.launch", name, str(spec)]
         if cfg.nnodes > 1 and cfg.max_restarts > 0:  # the other nodes would restart and wait for this one's
             del files[HANDED_ENV]  # rendezvous: the group fails on every node alike, each printing its error
         env = _environment(cfg, {k: str(v) for k, v in files.items()})
@@ -135,7 +139,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
         raise _raised(supervisor.said)
     if rc != 0 and not supervisor.ended and (error := _agent_ended(rc, supervisor, cfg, j.resume)):
         raise error
-    if rc != 0 and supervisor.stop is not None and not supervisor.ended:  # it ended workers as they started
+    # (a stop told to workers, their handler set, they took up: they saved, whatever failed after)
+    if rc != 0 and supervisor.stop is not None and not supervisor.ended and not supervisor.told:
         raise Stopped(f"stopped by {signal_name(supervisor.stop)} while the workers were starting, "
                       f"before they saved; {j.resume}", supervisor.stop)
     if killed or lost:
@@ -145,6 +150,16 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
     if rc != 0:
         raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
     return summary
+
+
+def _prepare(tmp: Path, cfg: Any, folders: list[Path]) -> Path:
+    """Write the workers' config into the launch's temporary folder and make its `folders`; the config's path."""
+    try:
+        for folder in folders:
+            folder.mkdir()
+        return save_resolved(tmp / "spec.toml", to_dict(cfg))
+    except OSError as e:
+        raise unwritable(tmp, e, "the workers' config could not be written") from None
 
 
 def _agent_ended(rc: int, supervisor: Supervisor, cfg: Any, resume: str) -> LcftError | None:

@@ -13,7 +13,15 @@ from lcft import liveness
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.launch.jobs import JOBS
-from lcft.launch.process import HANDED_ENV, RESULT_FILE_ENV, die_with_parent, hand_over, say_ready
+from lcft.launch.process import (
+    HANDED_ENV,
+    RESULT_FILE_ENV,
+    die_with_parent,
+    hand_over,
+    say_ready,
+    unwritable,
+    write_back,
+)
 from lcft.signals import StopSignals, note_until_installed
 
 HAND_OVER_S = 10.0
@@ -45,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             # ranks agreed on it (a signal stops every rank under one name). Rank 0's is the run's summary; another
             # node's says which node it was (rank 0, elsewhere, wrote the run's files).
             mine = summary if rank == 0 else {**summary, "node_rank": int(os.environ[liveness.NODE_RANK_ENV])}
-            atomic_write(result, json.dumps(mine, default=str))
+            _hand_back(result, json.dumps(mine, default=str))
         if folder := os.environ.get(HANDED_ENV):
             # Finished, not failed: a user error another rank raises after this one ended is no consequence of it.
             with contextlib.suppress(OSError):  # (then as an ended worker: that rank's error waits to be heard)
@@ -67,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         liveness.stop()
         _destroy_process_group()
     return 0
+
+
+def _hand_back(result: str, summary: str) -> None:
+    """Write the summary into the launcher's file; LcftError when its folder cannot take it, even with the
+    launcher's spare room freed (the work is done, its files written: only how it ended cannot be told)."""
+    try:
+        write_back(lambda: atomic_write(result, summary))
+    except OSError as e:
+        raise unwritable(os.path.dirname(result), e, "the work finished, but how it ended could not be handed "
+                         "back to the launcher") from None
 
 
 def _hand_over(error: LcftError, rank: int) -> bool:

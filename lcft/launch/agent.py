@@ -9,6 +9,7 @@ torch's log lines that only repeat how it ended, which the launcher says in its 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -16,9 +17,10 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
-from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent
+from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent, write_back
 from lcft.liveness import EXIT_LOST
 from lcft.signals import STOP_SIGNALS, signal_name
 
@@ -121,8 +123,11 @@ def main(argv: list[str]) -> int:
         return 128 + int(e.sigval)  # (the launcher's _agent_ended reads it)
     except ChildFailedError as e:
         if path := os.environ.get(FAILURES_ENV):
-            with open(path, "w") as f:
-                json.dump(failures(e), f)
+            # A folder that cannot take it, even with the spare room freed: the launcher reads no failures, and
+            # its line points to the workers' errors above.
+            text = json.dumps(failures(e))
+            with contextlib.suppress(OSError):
+                write_back(lambda: Path(path).write_text(text))
         return 1
     # Another node's agent gave up on the run (its restarts spent) and closed the rendezvous, or node 0's, which
     # hosts it, ended: nothing to rejoin. (The launcher names it: _agent_ended.)

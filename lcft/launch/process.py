@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from lcft.errors import LcftError
 from lcft.files import atomic_write
@@ -22,6 +24,10 @@ READY_ENV = "LCFT_READY"  # set by the launcher: the folder where each worker sa
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
 PARENT_ENV = "LCFT_PARENT_PID"  # set by the launcher (its pid) for the agent, and by the agent for the workers
+SPARE_ENV = "LCFT_SPARE"  # set by the launcher: the file of SPARE_BYTES it reserved in its temporary folder
+SPARE_BYTES = 256 * 1024
+"""Room for what the workers and the agent write back (the summary, each rank's hand-over, the failures; a block
+each) once the temporary folder's file system is full: the first writer that finds it full frees it (`write_back`)."""
 EXIT_NOT_GATHERED = 3
 """The agent's exit code when the rendezvous did not gather --nnodes nodes within its join timeout (no other exit of
 the agent's: 0, 1, argparse's 2, 75, 128 + N); the launcher names it (lcft.launch._agent_ended)."""
@@ -40,6 +46,44 @@ def die_with_parent() -> None:
     os.environ[PARENT_ENV] = str(os.getpid())
 
 
+T = TypeVar("T")
+
+
+def unwritable(folder: str | os.PathLike, error: OSError, consequence: str) -> LcftError:
+    """The user error when the launch's temporary folder cannot take a file: its `consequence`, then the remedy."""
+    return LcftError(f"cannot write to the launch's temporary folder {folder} ({error.strerror or error}): "
+                     f"{consequence}; free space there or set TMPDIR to a writable folder")
+
+
+def reserve(folder: Path) -> Path:
+    """The launcher's spare room in its temporary folder (SPARE_BYTES, allocated now): a full file system is refused
+    before any process starts, and one that fills while the run goes on still takes what the processes write back."""
+    spare = folder / "spare"
+    try:
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, SPARE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise unwritable(folder, e, "the workers could not hand back how the run ended") from None
+    return spare
+
+
+def write_back(write: Callable[[], T]) -> T:
+    """write() into the launch's temporary folder; when its file system is full, once more after freeing the
+    launcher's spare room (`reserve`; another process may have freed it first)."""
+    try:
+        return write()
+    except OSError as e:
+        spare = os.environ.get(SPARE_ENV)
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not spare:
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spare)
+        return write()
+
+
 def say_ready() -> None:
     """Tell the launcher (READY_ENV's folder) that this worker notes a stop signal now rather than dying of it: the
     launcher passes a stop on only then. No-op outside a launch. LcftError when the folder cannot take it (a full
@@ -49,9 +93,7 @@ def say_ready() -> None:
         try:
             (Path(folder) / str(os.getpid())).touch()
         except OSError as e:
-            raise LcftError(f"cannot write to the launch's temporary folder {folder} ({e.strerror or e}): a stop "
-                            "signal could not be passed on to the workers; free space there or set TMPDIR to a "
-                            "writable folder") from None
+            raise unwritable(folder, e, "a stop signal could not be passed on to the workers") from None
 
 
 def ready(folder: Path) -> set[int]:
@@ -77,7 +119,7 @@ def hand_over(folder: str | os.PathLike, rank: int, exit_code: int, message: str
     """Write how this rank's work ended into the launcher's folder, whole or not at all; OSError when the folder
     cannot take it."""
     record = {"round": own_restarts(), "exit_code": exit_code, "message": message, "pid": os.getpid()}
-    atomic_write(Path(folder) / str(rank), json.dumps(record))
+    write_back(lambda: atomic_write(Path(folder) / str(rank), json.dumps(record)))
 
 
 def handed_over(folder: Path) -> list[Handed]:

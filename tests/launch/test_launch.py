@@ -109,11 +109,12 @@ runner.evaluate = work
 """
 
 
-@pytest.mark.parametrize("outcome", ["ok", "bug", "unready"])
+@pytest.mark.parametrize("outcome", ["ok", "bug", "unready", "unwritable"])
 def test_a_worker_process_exits_with_its_outcome(tmp_path, outcome):
     """As torchrun starts it: a finished job exits 0 with its summary handed back; a bug exits 1 with its
     traceback (the worker ends with os._exit, so nothing of Python's own exit path may be relied on); a worker
-    that cannot say it is ready (the launcher's folder full: here, a file) exits 1 before its work, one line."""
+    that cannot say it is ready (the launcher's folder full: here, a file) exits 1 before its work, one line; one
+    that cannot hand its summary back (here its file is a folder) exits 1 after it, one line."""
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(FAKE_WORK)
     cfg = EvalConfig(data=str(tmp_path / "d"), checkpoints=(str(tmp_path / "m"),), out=str(tmp_path / "r"))
@@ -124,6 +125,8 @@ def test_a_worker_process_exits_with_its_outcome(tmp_path, outcome):
     if outcome == "unready":
         (tmp_path / "ready").write_text("")
         env[READY_ENV] = str(tmp_path / "ready")
+    if outcome == "unwritable":
+        result.mkdir()
     res = subprocess.run([sys.executable, "-m", "lcft.launch", "eval", str(spec)], env=env, capture_output=True,
                          text=True, timeout=120)
     if outcome == "ok":
@@ -132,10 +135,15 @@ def test_a_worker_process_exits_with_its_outcome(tmp_path, outcome):
     elif outcome == "bug":
         assert res.returncode == 1 and not result.exists()
         assert "Traceback" in res.stderr and "RuntimeError: a broken internal contract" in res.stderr
-    else:
+    elif outcome == "unready":
         assert res.returncode == 1 and not result.exists()
         assert res.stderr.startswith(f"error: cannot write to the launch's temporary folder {tmp_path / 'ready'} ")
         assert res.stderr.count("\n") == 1, res.stderr
+    else:
+        assert res.returncode == 1 and result.is_dir()
+        assert res.stderr == (f"error: cannot write to the launch's temporary folder {tmp_path} (Is a directory): "
+                              "the work finished, but how it ended could not be handed back to the launcher; free "
+                              "space there or set TMPDIR to a writable folder\n")
 
 
 @pytest.mark.distributed
