@@ -47,11 +47,14 @@ class Extra:
     help: str
     default: Any = False
     annotation: Any = bool
+    in_config: bool = False
+    """Also a key of the command's --config table (a flag given wins); never a field of the saved config."""
 
 
 # The progress bar of a command that is not a config field (train's is: `progress`, in its TOML too): the same
 # option, --[no-]progress, wherever a command shows one
-PROGRESS = Extra(("--progress/--no-progress",), "Show the progress bars (default: on).", default=True)
+PROGRESS = Extra(("--progress/--no-progress",), "Show the progress bars (default: on).", default=True,
+                 in_config=True)
 
 # The widest `a|b|c` metavar the help shows; longer choice lists show CHOICE and are named in the help text,
 # so that an 80-column terminal keeps room for the option names and their help
@@ -157,11 +160,13 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
                                         default=typer.Option(ex.default, *ex.names, help=ex.help, show_default=False)))
 
     def command(**kwargs: Any) -> None:
-        root = kwargs.pop(CONTEXT).find_root().command
+        ctx = kwargs.pop(CONTEXT)
         config = kwargs.pop("config", None)
         given = {k: kwargs.pop(k) for k in extras}
         flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
-        toml = load_layer(config, table, config_tables(root), {f.name for f in dataclasses.fields(cls)}) if config else {}
+        fields = {f.name for f in dataclasses.fields(cls)}
+        toml = load_layer(config, table, config_tables(ctx.find_root().command), fields) if config else {}
+        toml = _config_extras(ctx, table, extras, toml, given)
         try:
             run(from_layers(cls, toml, flags, where=f"{table} config"), **given)
         except ConfigError as e:  # the checks name fields; the user typed flags or TOML keys
@@ -175,6 +180,22 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     wrapped.__doc__ = help
     once = {k: opt.once for k, opt in options.items() if opt.once}
     app.command(name, epilog=epilog, cls=type("GeneratedCommand", (HelpCommand,), {"once": once}))(wrapped)
+
+
+def _config_extras(ctx: typer.Context, table: str, extras: Mapping[str, Extra], toml: Mapping[str, Any],
+                   given: dict[str, Any]) -> dict[str, Any]:
+    """The TOML layer without the extras it may set (`Extra.in_config`), each taken into `given` where its flag was
+    not given on the command line."""
+    for key, ex in extras.items():
+        if not ex.in_config or key not in toml:
+            continue
+        if not isinstance(toml[key], ex.annotation):
+            raise ConfigError(f"{table} config key {key!r} must be {ex.annotation.__name__}, "
+                              f"not {type(toml[key]).__name__} {toml[key]!r}")
+        # (by name: typer's own copy of click, or click itself, defines the enum)
+        if getattr(ctx.get_parameter_source(key), "name", None) == "DEFAULT":
+            given[key] = toml[key]
+    return {k: v for k, v in toml.items() if not (k in extras and extras[k].in_config)}
 
 
 # The parameter a generated command receives its click context in (no config field has this name)

@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from lcft.cli.app import app as lcft_app
-from lcft.cli.generate import Extra, Opt, command_from_config
+from lcft.cli.generate import PROGRESS, Extra, Opt, command_from_config
 from lcft.config import ConfigError, Size
 from lcft.evaluate.config import EvalConfig
 from lcft.genomics.prepare_config import PrepareConfig
@@ -254,3 +254,34 @@ def test_a_command_passes_over_the_tables_of_its_own_cli_only(tmp_path):
     assert runner.invoke(app, ["again", "--config", str(toml)]).exit_code == 0 and seen[-1].shared == 3
     said = runner.invoke(lcft_app, ["train", "--config", str(toml)]).output.strip()
     assert said == "error: unknown config table [go]: the tables are [demo], [eval], [plan], [prepare], [train]"
+
+
+@pytest.mark.parametrize("args, expected", [([], False), (["--progress"], True)])
+def test_a_progress_bar_set_in_the_config_table(tmp_path, args, expected):
+    """`progress` (not a config field of eval or demo) in their --config table, as in [train]; a flag wins; the
+    config built is the same as without it."""
+    seen: list = []
+    app = typer.Typer()
+    command_from_config(app, "go", _Base, lambda cfg, progress: seen.append((cfg, progress)), help="Go.",
+                        extras={"progress": PROGRESS})
+    app.command("other")(lambda: None)
+    toml = tmp_path / "c.toml"
+    toml.write_text("[go]\nprogress = false\nshared = 3\n")
+    r = runner.invoke(app, ["go", "--config", str(toml), *args])
+    assert r.exit_code == 0, r.output
+    assert seen == [(_Base(shared=3), expected)]
+    toml.write_text('[go]\nprogress = "no"\n')
+    r = runner.invoke(app, ["go", "--config", str(toml)])
+    assert r.exit_code == 1 and "go config key 'progress' must be bool, not str 'no'" in r.output, r.output
+
+
+@pytest.mark.parametrize("command", ["eval", "demo"])
+def test_eval_and_demo_take_progress_from_their_config_table(tmp_path, command):
+    """The option `lcft eval --help` and `lcft demo --help` list is a key of their --config table: the command
+    goes on to its own checks (here: the missing data, a step count below 1), not 'unknown config key'."""
+    toml = tmp_path / "c.toml"
+    toml.write_text(f"[{command}]\nprogress = false\n")
+    missing = str(tmp_path / "missing")
+    args = ["--data", missing, "--checkpoint", missing] if command == "eval" else ["--steps", "-1"]
+    r = runner.invoke(lcft_app, [command, "--config", str(toml), *args, "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and r.stderr.startswith("error: ") and "progress" not in r.stderr, r.output
