@@ -174,8 +174,8 @@ def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
 
 
 MAX_JSON_BYTES = 1 << 30  # a manifest or record of JSON lcft writes: a window list of a whole genome is far smaller
-# The small JSON files a model folder ships: config.json, tokenizer_config.json, special_tokens_map.json and the
-# weights' index. A config.json is a few KB; the index of the largest model lcft builds (config.MAX_MLPS: 16384
+# The small JSON files a model folder ships: config.json, lcft.json, tokenizer_config.json, special_tokens_map.json
+# and the weights' index. A config.json is a few KB; the index of the largest model lcft builds (config.MAX_MLPS: 16384
 # MLPs, ~57K tensors) is ~6 MB, DeepSeek-V3's 9 MB. Read whole, parsed and carried into every checkpoint, they
 # must not cost what a file of 1 GiB would: a 183 MB index took 1.4 GB and a minute and a half to export.
 MAX_MODEL_JSON_BYTES = 16 << 20

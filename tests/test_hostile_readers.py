@@ -88,13 +88,16 @@ def test_hostile_json_is_one_line_naming_the_file(folders, name, text, why):
     one_line(lambda: READERS[name](folders), str(path), why)  # refused for what it is, not for a later check
 
 
-@pytest.mark.parametrize("name", ["config.json", "special_tokens_map.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("name", ["config.json", "lcft.json", "special_tokens_map.json", "tokenizer_config.json"])
 def test_a_model_folders_small_json_over_16_mib_is_one_line(folders, name):
     """A model folder's small files (its index: tests/model/test_hostile_weights.py) were read up to 1 GiB: a
-    100 MB config.json took 39 s and 2.3 GB to plan, and its carried keys went into every checkpoint."""
+    100 MB config.json took 39 s and 2.3 GB to plan, and its carried keys went into every checkpoint. lcft.json
+    too, by each of its readers (the model's config reads its attention block)."""
     path = folders / PLACES[name] / name
     path.write_text(json.dumps({"blob": "x" * (16 << 20)}))
     one_line(lambda: READERS[name](folders), str(path), "over the limit of 16777216")
+    if name == "lcft.json":
+        one_line(lambda: read_config(folders / "model"), str(path), "over the limit of 16777216")
 
 
 def _published_tokenizer(tmp_path: Path, name: str, value: object, decided: bool) -> Path:

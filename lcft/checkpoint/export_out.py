@@ -20,12 +20,13 @@ from lcft.checkpoint.layout import (
     MODEL_META,
     Identity,
     check_output_folder,
+    read_meta_file,
     refuse_out_inside,
     unchanged,
 )
 from lcft.checkpoint.model_files import model_files, weights_dtype
 from lcft.errors import LcftError
-from lcft.files import read_json, temp_name
+from lcft.files import temp_name
 from lcft.folder_lock import LOCK_NAME, refuse_nonempty_output
 from lcft.hashing import file_hash, file_record
 
@@ -110,7 +111,7 @@ def _recorded(out: Path) -> dict[str, Any] | None:
     """The record of the export in `out` (`export_record`); None where its lcft.json holds none (or cannot be
     read), or lists its files without their size and sha256 (an earlier lcft's)."""
     try:
-        recorded = read_json(out / MODEL_META).get(EXPORT_RECORD)
+        recorded = read_meta_file(out).get(EXPORT_RECORD)
     except LcftError:
         return None
     files = recorded.get(FILES) if isinstance(recorded, dict) else None

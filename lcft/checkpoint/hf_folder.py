@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file, read_model_config
+from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file, read_meta_file, read_model_config
 from lcft.errors import LcftError, reason, shown
-from lcft.files import atomic_write, expect_folder, read_json, replacing
+from lcft.files import atomic_write, expect_folder, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, check_weights, load_weights, shards, stale_weight_files
@@ -144,7 +144,7 @@ def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: 
 
 def add_meta(directory: Path, meta: dict[str, Any]) -> None:
     """`meta` added to the lcft.json of the model folder `directory` (replaced in one rename)."""
-    atomic_write(directory / MODEL_META, json.dumps({**read_json(directory / MODEL_META), **meta}, indent=2))
+    atomic_write(directory / MODEL_META, json.dumps({**read_meta_file(directory), **meta}, indent=2))
 
 
 def read_config(directory: str | os.PathLike, attention: AttentionConfig | None = None) -> LlamaConfig:
@@ -154,7 +154,7 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
         raise LcftError(f"checkpoint folder not found: {directory}")
     config_file(directory)
     if attention is None and (directory / MODEL_META).is_file():
-        block = read_json(directory / MODEL_META).get("attention", {})
+        block = read_meta_file(directory).get("attention", {})
         if not isinstance(block, dict):
             raise LcftError(f"{directory / MODEL_META}: attention is {shown(block, quoted=True)}, not an object")
         try:

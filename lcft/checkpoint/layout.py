@@ -315,11 +315,18 @@ def read_model_config(ckpt: Path) -> dict[str, Any]:
     return read_json(config_file(ckpt), limit=MAX_MODEL_JSON_BYTES)
 
 
+def read_meta_file(ckpt: Path) -> dict[str, Any]:
+    """lcft.json of a model folder as written, a small file (MAX_MODEL_JSON_BYTES): its attention block, tokenizer
+    spec (a list of tokens only for lcft's char vocabulary: 9) and "weights" are a few KB, an export's record of
+    its files ~150 bytes a file."""
+    return read_json(ckpt / MODEL_META, limit=MAX_MODEL_JSON_BYTES)
+
+
 def read_model_meta(ckpt: Path) -> dict[str, Any]:
     """lcft.json of a model folder (attention settings, tokenizer spec); {} for a folder transformers wrote."""
     if not (ckpt / MODEL_META).is_file():
         return {}
-    meta = read_json(ckpt / MODEL_META)
+    meta = read_meta_file(ckpt)
     if meta.get("tokenizer") is not None and (why := spec_problem(meta["tokenizer"])):
         raise LcftError(f"{ckpt / MODEL_META}: corrupt tokenizer record ({why})")
     return meta

@@ -8,8 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META
-from lcft.files import read_json
+from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, read_meta_file
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE
 from lcft.genomics.vocab_file import ROLE_FILES
 from lcft.model.weight_files import stored_dtype, weight_files, weight_sources
@@ -26,7 +25,7 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
     meta = Path(path) / MODEL_META
     if not meta.is_file() or not (Path(path) / DCP_DIR / METADATA).is_file():
         return False
-    return read_json(meta).get("weights") == DCP_DIR
+    return read_meta_file(Path(path)).get("weights") == DCP_DIR
 
 
 def sharded_weight_files(ckpt: Path) -> list[Path]:
