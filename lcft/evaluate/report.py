@@ -268,7 +268,7 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
     """Write loss_by_position.csv, loss_by_position.png, the resolved eval.toml and eval.json as one set: all are
     written under temp names before any replaces an earlier report's, eval.json last (its presence means the
     report is complete)."""
-    from lcft.errors import LcftError
+    from lcft.errors import RESUME, LcftError
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -293,5 +293,5 @@ def write_outputs(report: dict[str, Any], out: Path, cfg: Any) -> dict[str, Path
                 json.dump(report, fh, indent=1, allow_nan=False)
     except OSError as e:  # the losses stay in .partial (lcft.evaluate.store): a rerun only writes the report
         raise LcftError(f"cannot write the report into {out}: {write_failure(e)}; fix the cause "
-                        "and re-run the same command (the evaluated losses are kept)") from None
+                        f"and {RESUME} (the evaluated losses are kept)") from None
     return paths

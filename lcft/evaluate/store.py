@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from lcft.disk import removed_or_said, write_failure
-from lcft.errors import LcftError
+from lcft.errors import RESUME, LcftError
 from lcft.files import atomic_write, no_follow
 from lcft.foreign_entries import refuse_foreign
 
@@ -106,5 +106,5 @@ class LossStore:
                     rest = rest[fh.write(rest):]  # and the next write says why it cannot
         except OSError as e:  # a torn record is not read back: what was kept before it still is
             raise LcftError(f"cannot keep losses in {self.path.parent}: {write_failure(e)}; fix "
-                            "the cause and re-run the same command to resume") from None
+                            f"the cause and {RESUME}") from None
         self._next += 1

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from lcft.console import make_console, styled, text_column, time_left_column
-from lcft.errors import LcftError, reason
+from lcft.errors import RESUME, LcftError, reason
 from lcft.files import atomic_open, fresh_file
 from lcft.folder_lock import made_folder
 from lcft.foreign_entries import open_own, refuse_not_own
@@ -141,8 +141,7 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
                 if attempt == retries:
                     have = part.stat().st_size if part.exists() else 0
                     raise LcftError(
-                        f"download of {url} interrupted after {have} bytes ({type(e).__name__}); "
-                        "re-run the same command to resume"
+                        f"download of {url} interrupted after {have} bytes ({type(e).__name__}); {RESUME}"
                     ) from None
                 time.sleep(min(2.0**attempt, 30.0) * 0.1)
     finally:

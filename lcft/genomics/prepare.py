@@ -15,7 +15,7 @@ from lcft.config_build import build
 from lcft.config_toml import absolute_paths, save_resolved, to_dict
 from lcft.console import make_console, text_column, time_left_column
 from lcft.disk import write_failure
-from lcft.errors import LcftError
+from lcft.errors import RESUME, LcftError
 from lcft.files import atomic_write, expect_folder
 from lcft.folder_lock import folder_lock
 from lcft.foreign_entries import refuse_foreign
@@ -149,7 +149,7 @@ def _run_locked(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, 
         raise
     except OSError as e:
         raise LcftError(f"cannot write to {out / PARTIAL}: {write_failure(e)}; the finished part is kept there: "
-                        "fix the cause and re-run the same command to resume") from None
+                        f"fix the cause and {RESUME}") from None
 
 
 def _run(cfg: PrepareConfig, fasta: FastaFile, options: dict, out: Path, chosen: dict, con: Console | None,

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.checkpoint.layout import list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
+from lcft.errors import RESUME
 from lcft.folder_lock import LOCK_NAME
 from lcft.genomics import prepare_windows
 from lcft.model import Llama, LlamaConfig
@@ -124,7 +125,7 @@ def test_prepare_past_the_file_size_limit(tmp_path):
     args = ["prepare", "windows", "--fasta", yeast, "--length", "64K", "--train", "chrIV", "--eval", ""]
     here(*args, "--out", oracle)
     one_error(lcft(200_000, *args, "--out", out), str(out), "File too large",
-              "the file-size limit (ulimit -f) is 200,000 bytes", "re-run the same command to resume")
+              "the file-size limit (ulimit -f) is 200,000 bytes", RESUME)
     here(*args, "--out", out)
     shards = sorted(p.name for p in oracle.iterdir() if p.is_file())
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == shards

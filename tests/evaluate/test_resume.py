@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import lcft.evaluate.losses as losses
-from lcft.errors import LcftError
+from lcft.errors import RESUME, LcftError
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.store import DIGEST_BYTES, INDEX_BYTES, PARTIAL, LossStore
 from tests.one_line import one_line
@@ -287,13 +287,13 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, ckpt_a, tmp_pat
 
     cfg = _cfg(data_dir, tmp_path / "out", ckpt_a)
     monkeypatch.setattr(store, "open", third_append_fails, raising=False)  # the module's `open`, not the builtin
-    with pytest.raises(LcftError, match=r"cannot keep losses in .*No space left on device.*re-run") as e:
+    with pytest.raises(LcftError, match=r"cannot keep losses in .*No space left on device.*; fix the cause and " + RESUME) as e:
         evaluate(EvalConfig(**cfg))
     assert "\n" not in str(e.value)
     monkeypatch.undo()
     calls = _counting(monkeypatch)
     monkeypatch.setattr(report.json, "dump", no_space)
-    with pytest.raises(LcftError, match="cannot write the report into .*No space left on device"):
+    with pytest.raises(LcftError, match="cannot write the report into .*No space left on device.*and " + RESUME):
         evaluate(EvalConfig(**cfg))
     assert len(calls) == 4  # windows 2-5
     monkeypatch.undo()

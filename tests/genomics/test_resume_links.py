@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import lcft.genomics.prepare as P
+from lcft.errors import RESUME
 from lcft.genomics import prepare_windows
 from lcft.genomics.shards import HashedFile
 from tests.genomics.conftest import random_genome, write_fasta
@@ -42,7 +43,7 @@ def stopped_run(genome: Path, out: Path, tokenizer: str, monkeypatch) -> Path:
         return real(*a, **k)
 
     monkeypatch.setattr(P, "_cut_one", full_on_second)
-    with pytest.raises(Exception, match="re-run the same command to resume"):
+    with pytest.raises(Exception, match=RESUME):
         prepare_windows(fasta=str(genome), out=str(out), length=L, train=("c1",), eval=("c2",), tokenizer=tokenizer)
     monkeypatch.setattr(P, "_cut_one", real)
     return out / ".partial"
