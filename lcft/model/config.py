@@ -12,7 +12,8 @@ from lcft.kernels.spec import AttentionImpl, SparseSpec
 from lcft.shapes import MAX_BATCH
 from lcft.vocab import BOS, EOS, MAX_VOCAB, VOCAB_SIZE
 
-RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3"]
+ScaledRopeType = Literal["linear", "dynamic", "yarn", "llama3"]  # the kinds that take a factor
+RopeType = Literal["default", ScaledRopeType]  # "default": plain RoPE
 AttentionBackend = Literal["dense", "sparse"]
 ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "mixtral"]  # the HF families lcft reads and writes
 # Upper limits of the counts a config declares, checked before anything is sized from them (a config.json is a

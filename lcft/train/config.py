@@ -25,7 +25,7 @@ from lcft.config_build import build, resolve
 from lcft.config_toml import absolute_paths, load_toml, to_dict
 from lcft.files import parse_text
 from lcft.kernels.spec import AttentionImpl
-from lcft.model.config import COUNT_LIMITS, AttentionBackend, RopeType
+from lcft.model.config import COUNT_LIMITS, AttentionBackend, ScaledRopeType
 from lcft.parallel.config import (
     Checkpointing,
     CpConfig,
@@ -323,7 +323,7 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
     kind = parts[0].strip().lower()
     if kind == "default":  # plain RoPE takes no factor
         raise ConfigError(f"rope_scaling: {text!r} is plain RoPE, written 'none'")
-    check_choice(kind, RopeType, "rope_scaling type")
+    check_choice(kind, ScaledRopeType, "rope_scaling type")  # only what takes a factor is listed
     try:
         out = {"rope_type": kind, "factor": float(parts[1])}
         if len(parts) == 3:

@@ -55,6 +55,15 @@ def test_rope_scaling_bad(bad):
     assert "\n" not in str(e.value)
 
 
+def test_rope_scaling_type_lists_only_the_kinds_that_take_a_factor():
+    """'default' is plain RoPE, refused with a factor: the list of a bad type leaves it out."""
+    with pytest.raises(ConfigError) as e:
+        parse_rope_scaling("cubic:2")
+    assert str(e.value) == "rope_scaling type: 'cubic' is not one of linear, dynamic, yarn, llama3"
+    with pytest.raises(ConfigError, match=r"'default:2' is plain RoPE, written 'none'$"):
+        parse_rope_scaling("default:2")
+
+
 def test_cli_config_file_and_flags(tmp_path, base_cfg):
     """The TOML sets steps and lr; a flag overrides lr; the resolved config saved in the run says so."""
     toml = tmp_path / "run.toml"
