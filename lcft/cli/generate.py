@@ -36,7 +36,8 @@ class Opt:
     panel: str | None = None
     """The help panel (section) the option is listed in; None: the command's plain Options panel."""
     once: str = ""
-    """What to do instead, said when an option of one value is given more than once (e.g. how to join files)."""
+    """What to do instead, said when an option of one value is given more than once (e.g. how to join files);
+    an option of `commas` says by default to give several as a,b."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     wrapped.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapped.__annotations__ = {p.name: p.annotation for p in params}
     wrapped.__doc__ = help
-    once = {k: opt.once for k, opt in options.items() if opt.once}
+    once = {k: opt.once or (f"give several comma separated, as {opt.flag or flag_name(k)} a,b" if opt.commas else "")
+            for k, opt in options.items()}
     app.command(name, epilog=epilog, cls=type("GeneratedCommand", (HelpCommand,), {"once": once}))(wrapped)
 
 

@@ -88,14 +88,17 @@ def test_unknown_key_bad_value_and_failed_check_are_one_line_errors(tmp_path):
 def test_an_option_of_one_value_given_twice_is_refused_in_one_line(tmp_path):
     """click kept the last of a repeated option: `--fasta a.fa --fasta b.fa` read b.fa alone and said only that
     chr2 (in a.fa) was not found. An option of one value, generated or written by hand, is refused when repeated
-    (with the field's `once` text); repeatable options and --x/--no-x flags (the last one wins) are not."""
+    (with the field's `once` text; a comma-list option's says to join them); repeatable options and --x/--no-x
+    flags (the last one wins) are not."""
     seen: list = []
     toml = tmp_path / "c.toml"
     toml.write_text("rate = 0.25\n")
     for args, said in [(["--rate", "0.1", "--rate", "0.2"], "--rate is given 2 times; it takes one value"),
                        (["--length", "1K", "--rate=1", "--length=2K", "--length", "3"],
                         "--length is given 3 times; it takes one value: give their sum"),
-                       (["--config", str(toml), "--config", str(toml)], "--config is given 2 times; it takes one value")]:
+                       (["--config", str(toml), "--config", str(toml)], "--config is given 2 times; it takes one value"),
+                       (["--names", "a", "--names", "b"],
+                        "--names is given 2 times; it takes one value: give several comma separated, as --names a,b")]:
         r = runner.invoke(_app(seen), ["go", *args])
         assert (r.exit_code, r.stderr, seen) == (1, f"error: {said}\n", []), r.output
     r = runner.invoke(_app(seen), ["go", "-p", "a", "--path", "b", "--no-flag", "--flag", "-q", "-q"])
@@ -104,6 +107,8 @@ def test_an_option_of_one_value_given_twice_is_refused_in_one_line(tmp_path):
         (["prepare", "windows", "--fasta", "chr2.fa.gz", "--fasta", "chr22.fa", "--out", tmp_path / "w"],
          "--fasta is given 2 times; it takes one value: to cut several FASTA files, concatenate them into one: "
          "`cat a.fa b.fa > ab.fa` (gzip files as they are: `cat a.fa.gz b.fa.gz > ab.fa.gz`)"),
+        (["prepare", "windows", "--train", "chr1", "--train", "chr2", "--out", tmp_path / "w"],
+         "--train is given 2 times; it takes one value: give several comma separated, as --train a,b"),
         (["prepare", "fetch", "--url", "http://a/x.fa.gz", "--url", "http://b/x.fa.gz"],
          "--url is given 2 times; it takes one value"),
         (["export", "run", "-o", tmp_path / "a", "--out", tmp_path / "b"], "--out is given 2 times; it takes one value"),
