@@ -71,7 +71,8 @@ def _check_index_names(cfg: LlamaConfig, directory: Path) -> None:
     expected = {to_hf_name(n) for n in parameter_shapes(cfg)}
     most = len(expected) + int(cfg.tie_word_embeddings) + cfg.num_hidden_layers + 1
     if len(weight_map) > most:
-        foreign = next(n for n in weight_map if n not in expected)
+        unknown = [n for n in weight_map if n not in expected]
+        foreign = next((n for n in unknown if not _passed_over(n, cfg)), unknown[0])  # a name no checkpoint holds
         raise LcftError(f"{index}: names {len(weight_map):,} tensors, more than the {most:,} a checkpoint of this "
                         f"config.json can hold ({shown(foreign, 120, quoted=True)} is not a weight of the model)")
 
@@ -180,7 +181,7 @@ def _declared(f: Path, key: str, shape: tuple[int, ...], expected: dict[str, tup
     """Our name of the weight `key` of file `f` (None: an entry to skip), refused where config.json has no such
     weight, has it in another shape, or an earlier file already held it (`seen`, our names)."""
     if key not in expected:
-        if IGNORED_HF.search(key) or (key == _HEAD and cfg.tie_word_embeddings):
+        if _passed_over(key, cfg):
             return None
         raise LcftError(f"{f}: unexpected weight {key!r} (not a {cfg.model_type} checkpoint of this config.json?)")
     name, want = expected[key]
@@ -189,6 +190,11 @@ def _declared(f: Path, key: str, shape: tuple[int, ...], expected: dict[str, tup
     if shape != want:
         raise LcftError(f"{f}: weight {key} has shape {shape}, config.json implies {want}")
     return name
+
+
+def _passed_over(key: str, cfg: LlamaConfig) -> bool:
+    """A stored name that is not a parameter yet loads: an old rotary buffer, a tied model's stored head."""
+    return bool(IGNORED_HF.search(key)) or (key == _HEAD and cfg.tie_word_embeddings)
 
 
 def _check_missing(directory: Path, expected: dict[str, tuple[str, tuple[int, ...]]], seen: set[str]) -> None:

@@ -120,6 +120,18 @@ def test_an_index_naming_more_tensors_than_the_model_can_hold_is_refused(folder,
     assert f"names {12 + extra:,} tensors, more than the 14" in message and "'w0' is not a weight" in message
 
 
+def test_the_name_an_oversized_index_shows_is_one_no_checkpoint_holds(tmp_path):
+    """A tied model's stored head and a rotary buffer load, and sort first: the refusal names a junk name."""
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    folder = save_pretrained(Llama(cfg), tmp_path / "model")
+    shard = "model-00001-of-00001.safetensors"
+    extras = ["a.rotary_emb.inv_freq", "lm_head.weight", "zz0", "zz1", "zz2", "zz3"]
+    as_index(folder, lambda keys: dict.fromkeys(sorted([*keys, *extras]), shard))
+    message = one_line_error(folder, tmp_path, "model.safetensors.index.json")
+    assert "names 17 tensors, more than the 14" in message and "('zz0' is not a weight" in message, message
+
+
 def test_an_export_parses_the_index_once(folder, tmp_path, monkeypatch):
     """The check before the work, the header check, the load and the dtype of the source each asked for the
     shards: the index was parsed four times an export."""
