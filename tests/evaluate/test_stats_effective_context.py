@@ -3,8 +3,6 @@ read back), a real drop still found, and the unit-level case of a drop at one di
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from lcft.evaluate.probe import default_distances
@@ -36,10 +34,12 @@ def _null_trials(n: int, trials: int, shift: np.ndarray | None = None) -> list[i
 
 def test_without_a_copy_read_back_a_context_is_claimed_at_most_at_the_intervals_error():
     """64 windows, 1000 replicates: each distance tested alone claimed one in about 22% of null runs; the
-    family's error must stay within 5% (two binomial standard errors of slack over 400 runs)."""
+    family's nominal error is (1 - LEVEL) / 2 = 2.5%. Percentile p-values of 64 windows run a little over it
+    (3.25% here; 3.1% of 4,400 runs over 11 seeds, 1.75 to 4.5% of each 400, so 2.5% plus two binomial standard
+    errors, 4.06%, is exceeded by one seed of the 11): held within twice the nominal error."""
     trials = 400
     found = np.array(_null_trials(64, trials)) > 0
-    bound = (1 - LEVEL) + 2 * math.sqrt((1 - LEVEL) * LEVEL / trials)
+    bound = 1 - LEVEL
     assert found.mean() <= bound, f"{found.mean():.1%} of null runs claim an effective context"
 
 
