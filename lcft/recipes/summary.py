@@ -134,7 +134,7 @@ def _control_note(report: dict) -> str:
                 "copies their first; with fewer than 2 copy-probe windows the probe has no interval, so this run "
                 "cannot tell whether it reads back (use more --probe-windows).")
     found = (f"in this run the copy probe finds it reading back {_context(ctl['effective_context'])} tokens (the "
-             f"farthest copy whose loss drop is above zero by its interval) against "
+             f"farthest copy whose loss drop is above zero, the distances tested together) against "
              f"{_context(base['effective_context'])} for the base" if ctl["effective_context"] else
              "in this run the copy probe did not detect it reading back (effective context: none detected)")
     shows = ("It shows that the probe and its interval detect a model that uses its context when one does"
