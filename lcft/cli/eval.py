@@ -38,10 +38,12 @@ def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
         console.print(f"node {report['node_rank']}: {done}", highlight=False)
     elif code:
         console.print(report["note"], highlight=False, soft_wrap=True)
+    elif quiet:
+        pass
     elif report.get("already"):
         console.print(f"already evaluated: {cfg.out}; the same checkpoints (by content), data and options: "
-                      f"nothing computed (the report: {Path(cfg.out) / 'eval.json'})", highlight=False, soft_wrap=True)
-    elif not quiet:
+                      f"nothing computed (the report: {Path(cfg.out) / JSON_NAME})", highlight=False, soft_wrap=True)
+    else:
         print_table(report)
         outdir = Path(cfg.out)
         console.print(f"plot: {outdir / PNG_NAME}\nfigures: {outdir / JSON_NAME}, {outdir / CSV_NAME}",

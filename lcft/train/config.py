@@ -233,7 +233,8 @@ class LoggingOptions:
     tensorboard: bool = False
     """Also log the metrics to TensorBoard (Accelerate tracker) under <out>/tensorboard."""
     progress: bool = True
-    """Show the rich live progress view (only on a terminal, and only on rank 0)."""
+    """Show progress on rank 0: a live view on a terminal, else plain lines on stderr (each of the first 5 steps,
+    then one a minute, and the last)."""
 
 
 # TrainConfig's sections: attribute, `lcft train --help` panel, dataclass; in the order the panels are listed.

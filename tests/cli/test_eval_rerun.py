@@ -22,10 +22,10 @@ def test_a_finished_report_of_the_same_inputs_is_not_computed_again(data_dir, tm
     real = eval_runner.load_model
     monkeypatch.setattr(eval_runner, "load_model", lambda info, device: loads.append(info.label) or real(info, device))
 
-    def run(*ckpts, bins="4") -> str:
+    def run(*ckpts, bins="4", quiet=()) -> str:
         loads.clear()
         args = ["eval", "--data", str(data_dir), *(f"--checkpoint={c}" for c in ckpts), "--max-windows", "2",
-                "--bins", bins, "--bootstrap", "50", "--out", str(out)]
+                "--bins", bins, "--bootstrap", "50", "--out", str(out), *quiet]
         r = cli.invoke(app, args)
         assert r.exit_code == 0, r.output
         return r.stdout
@@ -50,3 +50,4 @@ def test_a_finished_report_of_the_same_inputs_is_not_computed_again(data_dir, tm
     assert loads == ["a", "c"]
     run(a, c, bins="5")
     assert loads == []
+    assert run(a, c, bins="5", quiet=("--quiet",)) == "" and loads == []  # --quiet: nothing on stdout, this line too
