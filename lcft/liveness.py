@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.errors import LcftError, printable, reason
+from lcft.spare_room import write_back
 
 BEAT_S = 1.0  # seconds between beats; a rank is lost when its counter stands still for LOST_AFTER beats
 LOST_AFTER = 3
@@ -298,8 +299,6 @@ def cause(error: BaseException) -> str:
 def report(message: str, reporter: bool) -> None:
     """Hand the diagnosis to the launcher (the first survivor's file wins), or print it (the lowest surviving
     rank only) when there is none."""
-    from lcft.launch.process import write_back  # (it imports this module)
-
     path = os.environ.get(FAILURE_FILE_ENV)
     if path:
         try:

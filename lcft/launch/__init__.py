@@ -51,10 +51,7 @@ from lcft.launch.process import (
     PARENT_ENV,
     READY_ENV,
     RESULT_FILE_ENV,
-    SPARE_ENV,
     Handed,
-    reserve,
-    unwritable,
 )
 from lcft.launch.supervisor import Supervisor
 from lcft.liveness import (
@@ -68,6 +65,7 @@ from lcft.liveness import (
     refuse_copies,
 )
 from lcft.signals import Stopped, signal_name
+from lcft.spare_room import SPARE_ENV, reserve, unwritable
 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "launch", "run"]
 

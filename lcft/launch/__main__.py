@@ -19,10 +19,9 @@ from lcft.launch.process import (
     die_with_parent,
     hand_over,
     say_ready,
-    unwritable,
-    write_back,
 )
 from lcft.signals import StopSignals, note_until_installed
+from lcft.spare_room import unwritable, write_back
 
 HAND_OVER_S = 10.0
 """How long a rank that handed its user error to the launcher waits to be ended with the others (the launcher

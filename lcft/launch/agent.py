@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent, write_back
+from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent
 from lcft.liveness import EXIT_LOST
 from lcft.signals import STOP_SIGNALS, signal_name
+from lcft.spare_room import write_back
 
 
 def failures(error: BaseException) -> list[dict[str, Any]]:

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import json
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
-from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.liveness import own_restarts
+from lcft.spare_room import unwritable, write_back
 
 HANDED_ENV = "LCFT_HANDED_OVER"  # set by the launcher: the folder where each rank says how its work ended (file: RANK)
 FAILURES_ENV = "LCFT_WORKER_FAILURES"  # set by the launcher: where the agent writes the failed workers
@@ -24,10 +22,6 @@ READY_ENV = "LCFT_READY"  # set by the launcher: the folder where each worker sa
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 RESULT_FILE_ENV = "LCFT_RESULT_FILE"  # set by the launcher: where rank 0 hands back its summary
 PARENT_ENV = "LCFT_PARENT_PID"  # set by the launcher (its pid) for the agent, and by the agent for the workers
-SPARE_ENV = "LCFT_SPARE"  # set by the launcher: the file of SPARE_BYTES it reserved in its temporary folder
-SPARE_BYTES = 256 * 1024
-"""Room for what the workers and the agent write back (the summary, each rank's hand-over, the failures; a block
-each) once the temporary folder's file system is full: the first writer that finds it full frees it (`write_back`)."""
 EXIT_NOT_GATHERED = 3
 """The agent's exit code when the rendezvous did not gather --nnodes nodes within its join timeout (no other exit of
 the agent's: 0, 1, argparse's 2, 75, 128 + N); the launcher names it (lcft.launch._agent_ended)."""
@@ -44,44 +38,6 @@ def die_with_parent() -> None:
     if os.getppid() != parent:  # the parent died before the request took effect: orphaned, reparented
         os._exit(1)
     os.environ[PARENT_ENV] = str(os.getpid())
-
-
-T = TypeVar("T")
-
-
-def unwritable(folder: str | os.PathLike, error: OSError, consequence: str) -> LcftError:
-    """The user error when the launch's temporary folder cannot take a file: its `consequence`, then the remedy."""
-    return LcftError(f"cannot write to the launch's temporary folder {folder} ({error.strerror or error}): "
-                     f"{consequence}; free space there or set TMPDIR to a writable folder")
-
-
-def reserve(folder: Path) -> Path:
-    """The launcher's spare room in its temporary folder (SPARE_BYTES, allocated now): a full file system is refused
-    before any process starts, and one that fills while the run goes on still takes what the processes write back."""
-    spare = folder / "spare"
-    try:
-        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, SPARE_BYTES)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise unwritable(folder, e, "the workers could not hand back how the run ended") from None
-    return spare
-
-
-def write_back(write: Callable[[], T]) -> T:
-    """write() into the launch's temporary folder; when its file system is full, once more after freeing the
-    launcher's spare room (`reserve`; another process may have freed it first)."""
-    try:
-        return write()
-    except OSError as e:
-        spare = os.environ.get(SPARE_ENV)
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not spare:
-            raise
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(spare)
-        return write()
 
 
 def say_ready() -> None:

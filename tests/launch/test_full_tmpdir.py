@@ -14,7 +14,7 @@ import pytest
 
 from lcft import liveness
 from lcft.errors import LcftError
-from lcft.launch.process import SPARE_ENV, reserve, write_back
+from lcft.spare_room import SPARE_ENV, reserve, write_back
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
 from tests.train.launching import RUN
 
