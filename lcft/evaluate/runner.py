@@ -53,12 +53,13 @@ def _device(name: str) -> torch.device:
     return dev
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
+def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> dict[str, Any]:
     """Evaluate every checkpoint on the split, write eval.json, loss_by_position.csv/.png and eval.toml into
     `cfg.out` (nothing is written when an input is bad; an evaluation stopped midway, killed or by an error such
     as a diverged checkpoint, leaves the losses it computed in `cfg.out`/.partial for a rerun), and return the
     report (the content of eval.json; that of the report already in `cfg.out`, with "already": True and nothing
-    computed, when it is of the same inputs: `_finished`); stopped by SIGTERM/SIGINT after a batch, a summary instead
+    computed, when it is of the same inputs: `_finished`; not with `reuse` False, when a caller found it unfit to
+    keep); stopped by SIGTERM/SIGINT after a batch, a summary instead
     ("stopped": "signal", "signal", "signal_number", "out", "note"; lcft.signals.exit_code gives 128 + N).
     With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
@@ -73,7 +74,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False) -> dict[str, Any]:
     make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
-    if cfg.cp == 1 and not launched() and (done := _finished(cfg, ws, n_windows, infos, device)) is not None:
+    if reuse and cfg.cp == 1 and not launched() and (done := _finished(cfg, ws, n_windows, infos, device)) is not None:
         return done  # one process only: every rank of a launch would have to find the same report
     edges = bin_edges(position_length(ws, cfg.position), cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()

@@ -301,7 +301,7 @@ def eval_stage(ecfg: Any, report_dir: Path, progress: bool, control_steps: int) 
     report, stale = _eval_is_current(report_dir, ecfg, control_steps)
     if report is not None:
         return report, "done before with the same options and weights, skipped"
-    report = evaluate(ecfg, progress=progress)
+    report = evaluate(ecfg, progress=progress, reuse=not stale)  # a report the demo does not keep is made again
     if report.get("stopped") == Ended.SIGNAL:  # the user asked the whole demo to stop, not just this stage
         raise Stopped(f"stopped by {report['signal']} in the evaluation (the losses computed so far are kept in "
                       f"{report['out']}); run the same `lcft demo` again to continue", report["signal_number"])
