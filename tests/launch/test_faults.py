@@ -149,6 +149,12 @@ def _refused(second: subprocess.CompletedProcess, command: str, out, pid: int) -
                                           "it to finish or choose another output folder"], second.stderr[-3000:]
 
 
+def _with(args: list[str], option: str, value: str) -> list[str]:
+    """`args` with `option`'s value replaced (an option of one value is refused when given twice)."""
+    at = args.index(option) + 1
+    return [*args[:at], value, *args[at + 1:]]
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_second_train_launch_is_refused_and_the_first_trains_its_own_config(tmp_path, data_dir, init_dir):  # noqa: F811
@@ -159,7 +165,7 @@ def test_a_second_train_launch_is_refused_and_the_first_trains_its_own_config(tm
     first = start_train(data_dir, init_dir, out, "--nproc", 2, "--steps", 100000, "--save-every", 0)
     _holding(first, out)
     for second in _second_launches(["train", "--data", str(data_dir), "--init", str(init_dir), "--out", str(out),
-                                    "--nproc", "2", "--steps", "3", *RUN, "--lr", "5e-4"], (0.3, 1.0, 3.0)):
+                                    "--nproc", "2", "--steps", "3", *_with(RUN, "--lr", "5e-4")], (0.3, 1.0, 3.0)):
         _refused(second, "lcft train", out, first.pid)
     wait_for_step(out, 2, [first])
     first.send_signal(signal.SIGTERM)

@@ -43,17 +43,18 @@ TIMEOUT = 60  # --collective-timeout of the two-node runs
 RESUME = JOBS["train"].resume
 
 
-def _nodes(data_dir, init_dir, run, port, *extra, own: Path | None = None):
+def _nodes(data_dir, init_dir, run, port, *extra, steps: int = 6, own: Path | None = None):
     """Node 0 and node 1 of one run; `own`: node 1 sees that folder at the run folder's path (a mount namespace of
     its own, its launcher, agent and worker in it), sharing nothing written there with node 0."""
     apart = ("unshare", "--user", "--map-root-user", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && '
              'exec "$@"', str(own), str(run)) if own is not None else ()
-    return [_node(data_dir, init_dir, run, port, node, *extra, wrap=apart if node == 1 else ()) for node in (0, 1)]
+    return [_node(data_dir, init_dir, run, port, node, *extra, steps=steps, wrap=apart if node == 1 else ())
+            for node in (0, 1)]
 
 
-def _node(data_dir, init_dir, run, port, node, *extra, wrap=()):
+def _node(data_dir, init_dir, run, port, node, *extra, steps: int = 6, wrap=()):
     return start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node, "--rdzv-endpoint",
-                       f"127.0.0.1:{port}", "--cp", 2, "--steps", 6, "--save-every", 2, "--collective-timeout",
+                       f"127.0.0.1:{port}", "--cp", 2, "--steps", steps, "--save-every", 2, "--collective-timeout",
                        TIMEOUT, *extra, wrap=wrap)
 
 
@@ -159,7 +160,7 @@ def test_sigterm_to_every_process_of_both_nodes_saves_and_both_exit_143(tmp_path
     from lcft.checkpoint.state import read_state
 
     run = tmp_path / "two-nodes"
-    nodes = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000, "--max-restarts", restarts)
+    nodes = _nodes(data_dir, init_dir, run, free_port(), "--max-restarts", restarts, steps=100000)
     wait_for_step(run, 3, nodes)
     everyone = [q for p in nodes for q in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]]
     assert len(everyone) == 6  # a launcher, its agent and its worker per node
@@ -186,7 +187,7 @@ def test_sigterm_to_the_node_without_rank_0_and_no_shared_folder_exits_143(tmp_p
     run, own = tmp_path / "two-nodes", tmp_path / "node-1-own"
     run.mkdir()
     own.mkdir()
-    nodes = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000, own=own)
+    nodes = _nodes(data_dir, init_dir, run, free_port(), steps=100000, own=own)
     holder = _rank0_node(nodes)
     views = [run, own]  # each node's view of the run folder
     wait_for_step(views[holder], 3, nodes)
@@ -212,7 +213,7 @@ def test_the_other_node_of_one_that_gives_up_exits_75_in_one_line(tmp_path, data
     ended with torchrun's RendezvousClosedError (node 0 gave up: RendezvousConnectionError) traceback, exit 1, and
     said 'restarting: ...' for a restart that never came."""
     run, port = tmp_path / "two-nodes", free_port()
-    nodes = [_node(data_dir, init_dir, run, port, node, "--steps", 100000, "--max-restarts", int(node != gives_up))
+    nodes = [_node(data_dir, init_dir, run, port, node, "--max-restarts", int(node != gives_up), steps=100000)
              for node in (0, 1)]
     wait_for_step(run, 3, nodes)
     (victim,) = [p for p in psutil.Process(nodes[gives_up].pid).children(recursive=True)
@@ -279,7 +280,7 @@ def test_the_node_left_when_node_0_ends_prints_only_its_error_line(tmp_path, dat
     worker's exit code ('failed (exitcode: 75) ...'), its keep-alive heartbeat and its rendezvous shutdown failing
     to connect ('... due to an error of type RendezvousConnectionError.')."""
     run = tmp_path / "two-nodes"
-    node0, node1 = _nodes(data_dir, init_dir, run, free_port(), "--steps", 100000)
+    node0, node1 = _nodes(data_dir, init_dir, run, free_port(), steps=100000)
     wait_for_step(run, 3, [node0, node1])
     kill_tree(node0)
     node0.communicate()
