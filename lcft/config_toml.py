@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from lcft.config import ConfigError
 from lcft.files import atomic_write, parse_text
 from lcft.hub import hub_id
+from lcft.vocab import kmer_spec
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
 # The config fields, of train, prepare and eval alike, that name files or folders: absolute_paths makes them
 # absolute whether or not they exist yet (an output folder is made later), except what some of them hold instead
 # of a path, kept as written: a model's or tokenizer's Hub id ORG/NAME[@REVISION] (lcft.hub), --resume's `auto`,
-# a built-in tokenizer (char, kmer:K[:PATH]).
+# a built-in tokenizer (char, kmer:K); in kmer:K:PATH only the PATH is a path.
 PATH_FIELDS = ("data", "out", "fasta", "resume", "init", "checkpoints", "tokenizer")
 _HUB_FIELDS = ("init", "checkpoints", "tokenizer")
 C = TypeVar("C")
@@ -103,7 +104,11 @@ def absolute_paths(cfg: C) -> C:
     def one(name: str, v: Any) -> Any:
         if isinstance(v, list | tuple):
             return type(v)(one(name, x) for x in v)
-        if not isinstance(v, str) or not v or _not_a_path(name, v):
+        if not isinstance(v, str) or not v:
+            return v
+        if name == "tokenizer" and (kmer := kmer_spec(v.strip())) and kmer[1]:
+            return f"kmer:{kmer[0]}:{one(name, kmer[1])}"
+        if _not_a_path(name, v):
             return v
         return str(Path(v).expanduser().resolve())
     fields = {f.name for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]

@@ -1,6 +1,9 @@
-"""lcft's own DNA character vocabulary (ids and the spec a manifest or checkpoint records), below every layer."""
+"""lcft's own vocabularies, below every layer: the DNA characters (ids and the spec a manifest or checkpoint
+records) and the grammar of a `kmer:K[:PATH]` tokenizer spec."""
 
 from __future__ import annotations
+
+from lcft.errors import LcftError
 
 NAME = "dna-char"  # the name its spec records
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -19,6 +22,7 @@ def tokenizer_spec() -> dict:
 # ids 0..4,194,303: the one vocabulary limit, of a model (lcft.model.config.COUNT_LIMITS) and of every id a tokenizer
 # file declares, so prepare refuses what train could not use; 16x the largest published model vocabulary (256K)
 MAX_VOCAB = 1 << 22
+MAX_K = 10  # a table of 4^K ids; the built-in vocabulary 4^K + 4 stays within MAX_VOCAB (4^11 would not)
 SPEC_TEXT = ("name", "sha256", "file", "file_sha256", "ids_dtype")  # spec fields that are strings
 SPEC_COUNTS = ("bytes", "block")  # and whole numbers
 
@@ -45,3 +49,14 @@ def spec_problem(spec: object) -> str | None:
     if type(spec.get("case_free", True)) is not bool:
         return "case_free is not true or false"
     return None
+
+
+def kmer_spec(spec: str) -> tuple[int, str] | None:
+    """K and the vocabulary path (empty: the built-in one) of a `kmer:K[:PATH]` tokenizer spec; None for a spec of
+    another kind. A K that is not a whole number from 1 to MAX_K is one line."""
+    if not spec.startswith("kmer:"):
+        return None
+    k_text, _, path = spec.removeprefix("kmer:").partition(":")
+    if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
+        raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
+    return int(k_text), path

@@ -23,7 +23,6 @@ import numpy as np
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.kmer_tokenizer import kmer_spec
 from lcft.genomics.manifest import is_char
 from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, guarded, load_tokenizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, UPPER, SeqTokenizer
@@ -42,6 +41,7 @@ from lcft.genomics.tokenizer_hash import (
     strip_export,
     upper_rules,
 )
+from lcft.vocab import kmer_spec
 
 
 def _char_json() -> dict[str, Any]:

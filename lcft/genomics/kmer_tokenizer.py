@@ -18,22 +18,10 @@ import numpy as np
 from lcft.errors import LcftError
 from lcft.genomics.seq_tokenizer import DIGIT, SeqTokenizer, acgt_mask, token_bases_of
 
-MAX_K = 10  # a table of 4^K ids; the built-in vocabulary 4^K + 4 stays within a model's 2^22 (4^11 would not)
 UNK_NAMES = ("<unk>", "<oov>", "[UNK]", "<UNK>", "<OOV>", "[OOV]")  # a bare vocab.txt's unknown token
 KMER_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 BUILTIN_ROLES = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
 _PATTERN = re.compile(r"^\(\?m:\.\{(\d+)\}\)\|\(\?m:\.\+?\)$")  # what KmerTokenizer._to_json writes (K > 1)
-
-
-def kmer_spec(spec: str) -> tuple[int, str] | None:
-    """K and the vocabulary path (empty: the built-in one) of a `kmer:K[:PATH]` tokenizer spec; None for a spec of
-    another kind. A K that is not a whole number from 1 to MAX_K is one line."""
-    if not spec.startswith("kmer:"):
-        return None
-    k_text, _, path = spec.removeprefix("kmer:").partition(":")
-    if not k_text.isdigit() or not 1 <= int(k_text) <= MAX_K:
-        raise LcftError(f"tokenizer {spec}: K must be a whole number from 1 to {MAX_K}")
-    return int(k_text), path
 
 
 def kmer_k_of(pattern: str) -> int | None:

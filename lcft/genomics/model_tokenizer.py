@@ -24,14 +24,7 @@ import numpy as np
 from lcft.errors import LcftError, did_you_mean, reason, shown
 from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.kmer_tokenizer import (
-    BUILTIN_ROLES,
-    MAX_K,
-    KmerTokenizer,
-    builtin_kmer_vocab,
-    kmer_k_of,
-    kmer_spec,
-)
+from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
 from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_hash import char_normalizer, upper_rules
@@ -46,6 +39,7 @@ from lcft.genomics.vocab_file import (
     vocab_size_of,
 )
 from lcft.hub import local_path
+from lcft.vocab import MAX_K, kmer_spec
 
 VOCAB_FILE = "vocab.txt"
 

@@ -91,8 +91,9 @@ def test_bad_kmer_spec(fasta, tmp_path, spec):
 def test_the_largest_kmer_vocabulary_fits_a_model():
     """kmer:11 prepared its windows (29 s, 2 GB), then train refused their vocabulary of 4^11 + 4; kmer:12
     ran out of memory building its table. The largest K lcft takes makes a vocabulary a model can have."""
-    from lcft.genomics.kmer_tokenizer import MAX_K, builtin_kmer_vocab
+    from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
     from lcft.model.config import COUNT_LIMITS
+    from lcft.vocab import MAX_K
 
     assert len(builtin_kmer_vocab(MAX_K)) <= COUNT_LIMITS["vocab_size"] < len(builtin_kmer_vocab(MAX_K + 1))
 
@@ -163,6 +164,21 @@ def test_a_post_processor_id_of_the_vocabulary_is_kept(tmp_path, processor):
 
 def test_kmer_vocab_file_missing(fasta, tmp_path):
     fails("no such file", fasta, tmp_path / "out", tokenizer=f"kmer:6:{tmp_path / 'vocab.txt'}")
+
+
+def test_kmer_vocab_path_is_saved_absolute(fasta, tmp_path, monkeypatch):
+    """kmer:K:PATH given relative: prepare.toml names the vocabulary by its absolute path (it kept the text as
+    given, so `--config prepare.toml` from another folder read no vocabulary)."""
+    from lcft.config_toml import load_toml
+    from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "vocab.txt").write_text("\n".join(builtin_kmer_vocab(2)) + "\n")
+    monkeypatch.chdir(tmp_path)
+    prepare_windows(fasta=str(fasta), out="out", length=L, train=("c1",), eval=(), tokenizer="kmer:2:model/vocab.txt")
+    saved = load_toml(tmp_path / "out" / "prepare.toml")
+    assert saved["tokenizer"] == f"kmer:2:{tmp_path / 'model' / 'vocab.txt'}"
+    assert load_tokenizer(saved["tokenizer"]).vocab == builtin_kmer_vocab(2)
 
 
 def test_kmer_vocab_folder_without_a_vocabulary(fasta, tmp_path):
