@@ -130,14 +130,16 @@ def build(cls: type[T], values: Mapping[str, Any], where: str | None = None) -> 
     return cls(**kwargs)
 
 
-def load_layer(path: str | os.PathLike, table: str | None = None, others: Collection[str] | None = None,
-               fields: Collection[str] = ()) -> dict[str, Any]:
+def load_layer(path: str | os.PathLike | None, cls: type, table: str | None = None,
+               others: Collection[str] | None = None) -> dict[str, Any]:
     """A `--config` TOML as one flat layer: its top-level keys, plus those under the [table] named after the
     command (e.g. [prepare]), which win; the `others` tables (the other commands', which the CLI declares) are
     passed over, and any other table is an error that names the closest table name (None: a caller outside the
-    CLI passes over every other table). A key of `fields` is the config's own, whatever its value: a field given a
-    table is left to the field's check, which says what it takes."""
-    data = load_toml(path)
+    CLI passes over every other table). A field of the config dataclass `cls` is the config's own, whatever its
+    value: a field given a table is left to the field's check, which says what it takes. No file: no layer."""
+    if not path:
+        return {}
+    data, fields = load_toml(path), {f.name for f in dataclasses.fields(cls)}
     tables: dict[str, Any] = {}
     for k, v in list(data.items()):
         if not isinstance(v, dict) or k in fields:
@@ -156,8 +158,7 @@ def resolve(cls: type[T], config_file: str | os.PathLike | None, flags: Mapping[
             where: str | None = None, table: str | None = None, others: Collection[str] | None = None) -> T:
     """defaults < `--config` TOML < flags (None in flags = not given); unknown keys are an error naming them; a
     leading '~' of a value is the home folder (`home`)."""
-    layer = load_layer(config_file, table, others, {f.name for f in dataclasses.fields(cls)}) if config_file else {}
-    return from_layers(cls, layer, flags, where)
+    return from_layers(cls, load_layer(config_file, cls, table, others), flags, where)
 
 
 def from_layers(cls: type[T], toml: Mapping[str, Any], flags: Mapping[str, Any] | None, where: str | None = None) -> T:

@@ -165,8 +165,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
         config = kwargs.pop("config", None)
         given = {k: kwargs.pop(k) for k in extras}
         flags = {k: _flag_value(v, options.get(k, Opt())) for k, v in kwargs.items()}
-        fields = {f.name for f in dataclasses.fields(cls)}
-        toml = load_layer(config, table, config_tables(ctx.find_root().command), fields) if config else {}
+        toml = load_layer(config, cls, table, config_tables(ctx.find_root().command))
         toml = _config_extras(ctx, table, extras, toml, given)
         try:
             run(from_layers(cls, toml, flags, where=f"{table} config"), **given)
