@@ -114,15 +114,19 @@ MODELS = (
 
 # Published genome decoders whose config.json was not found (no copy in reach: Hub pages, GitHub mirrors).
 NOT_FOUND = (
-    "GENERator-prokaryote 1.2B / 3B: the GENERator repository lists them as \"coming soon\"; the published "
-    "prokaryote models are GENERator-v2-prokaryote-1.2b-base / -3b-base, whose config.json was not found (the "
-    "parameter counts a third party records for them are those of the eukaryote 1.2B and 3B shapes)",
+    "GENERator-v2 (GenerTeam/GENERator-v2-eukaryote-1.2b-base / -3b-base, -prokaryote-1.2b-base / -3b-base, "
+    "listed in github.com/GenerTeam/GENERator @ 96242a4, README.md, in place of the v1 prokaryote models it "
+    "once listed as \"coming soon\"): config.json not found (the parameter counts a "
+    "third party records for the prokaryote ones are those of the v1 eukaryote 1.2B and 3B shapes)",
     "GenomeOcean 100M (DOEJGI/GenomeOcean-100M): config.json not seen whole (MistralForCausalLM, hidden 768, "
     "intermediate 3072, 8 heads in its first 24 lines as the Hub's commit page shows them)",
-    "Genos 1.2B / 10B (BGI-HangzhouAI/Genos-*): the authors' notebook (github.com/BGI-HangzhouAI/Genos @ 22b574f6, "
+    "Genos 1.2B / 10B / 10B-v2 (ZhejiangLab/Genos-*, formerly BGI-HangzhouAI/Genos-*): config.json and "
+    "tokenizer files not found. The authors' notebook (github.com/BGI-HangzhouAI/Genos @ 1f8a441, "
     "Notebooks/zh/01.embedding_zh.ipynb) prints the 1.2B model as transformers' MixtralModel (12 blocks, hidden "
     "1024, 16 q / 8 kv heads, 8 experts top-2 of width 4096, vocabulary 128), the layout lcft reads as mixtral; "
-    "its config.json (rope_theta, max_position_embeddings) and tokenizer files were not found",
+    "their Megatron scripts (github.com/zhejianglab/Genos @ b24ea9b, Code/Genos_pretrain_1B.sh, _10B.sh) train "
+    "with rotary base 5e7, max position embeddings 1,048,576 and a SentencePiece tokenizer, which say nothing "
+    "of what the Hub's config.json holds",
 )
 
 
