@@ -169,7 +169,8 @@ class CopyProbe:
 
     def summary(self, weights: np.ndarray) -> dict[str, Any]:
         """Loss drop by distance (control minus copy, nats/token; > 0 = the copy was read back) with bootstrap
-        intervals under the window draw counts `weights` `(reps, n_windows)`, and the effective context."""
+        intervals under the window draw counts `weights` `(reps, n_windows)`, and the effective context (a
+        sign-flip test over the windows, not the intervals: None when too few windows can tell)."""
         n = self.counts[0].sum(0)  # (distances,) the same target tokens in every variant
         with np.errstate(invalid="ignore", divide="ignore"):
             without = np.where(n > 0, self.sums[0].sum(0) / np.maximum(n, 1), np.nan)
@@ -180,7 +181,8 @@ class CopyProbe:
                                    relative=False)
             rec = {"loss_with": _floats(without - drop.value), "drop": _floats(drop.value),
                    "ci_low": _floats(drop.low), "ci_high": _floats(drop.high),
-                   "effective_context": effective_context(self.distances, drop)}
+                   "effective_context": effective_context(self.distances, (self.sums[0], self.counts[0]),
+                                                          (self.sums[v], self.counts[v]), self.seed)}
             if name == "exact":
                 out.update(rec)
             else:

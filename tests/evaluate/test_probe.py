@@ -58,11 +58,11 @@ def test_planted_window_decodes_to_the_original_with_the_copy_at_the_stated_plac
 
 
 def test_probe_items_record_target_losses_and_reduce_to_drops():
-    windows = [_window(seed=i) for i in range(4)]
-    probe = CopyProbe(windows, 4, segment=64, distances=(64, 512), mutation=0.1, seed=0)
-    assert len(probe) == 4 * 2 * 3 and probe.length == 2048
+    windows = [_window(seed=i) for i in range(7)]  # 2^-7 < 2.5% / 2 distances: enough to tell
+    probe = CopyProbe(windows, 7, segment=64, distances=(64, 512), mutation=0.1, seed=0)
+    assert len(probe) == 7 * 2 * 3 and probe.length == 2048
     rng = np.random.default_rng(0)
-    truth = rng.uniform(0.5, 1.5, size=(3, 4, 2))  # (variants, windows, distances) per-token target loss
+    truth = rng.uniform(0.5, 1.5, size=(3, 7, 2))  # (variants, windows, distances) per-token target loss
     truth[1] = truth[0] - 0.2  # the exact copy lowers the loss by 0.2 nats
     truth[2] = truth[0] - 0.1
     for k in range(len(probe)):
@@ -74,8 +74,8 @@ def test_probe_items_record_target_losses_and_reduce_to_drops():
         counted[-3:] = False  # three target tokens not counted
         probe.record(k, loss, counted)
     assert (probe.counts == 61).all()
-    out = probe.summary(resample_counts(4, 200, seed=0))
-    assert out["distances"] == [64, 512] and out["tokens"] == [4 * 61, 4 * 61]
+    out = probe.summary(resample_counts(7, 200, seed=0))
+    assert out["distances"] == [64, 512] and out["tokens"] == [7 * 61, 7 * 61]
     np.testing.assert_allclose(out["drop"], [0.2, 0.2], rtol=1e-5)
     np.testing.assert_allclose(out["ci_low"], [0.2, 0.2], rtol=1e-5)  # every window drops the same
     np.testing.assert_allclose(out["mutated"]["drop"], [0.1, 0.1], rtol=1e-5)
@@ -120,12 +120,13 @@ def _eval(data_dir, out, *ckpts, **kw):
 def test_truncated_context_is_the_probe_null(data_dir, ckpt_a, tmp_path):
     c = 512
     rep = _eval(data_dir, tmp_path / "r", ckpt_a, ckpt_a, max_context=(0, c), probe="copy", probe_segment=128,
-                probe_distances=(256, 1024, 1920), max_windows=2, batch_size=6, bootstrap=100)
+                probe_distances=(256, 1024, 1920), max_windows=7, batch_size=6, bootstrap=100)
     full, cut = (ck["probe"] for ck in rep["checkpoints"])
     far = [k for k, d in enumerate(cut["distances"]) if d > c]
     for k in far:  # beyond the cut the copy is out of sight: the same target losses with or without it
         assert abs(cut["drop"][k]) < 1e-6 and abs(cut["mutated"]["drop"][k]) < 1e-6
         assert cut["ci_low"][k] <= 1e-6
+    assert rep["checkpoints"][1]["effective_context"] is not None  # 2^-7 < 2.5% / 3 distances: it can tell
     assert rep["checkpoints"][1]["effective_context"] <= c
     assert max(abs(full["drop"][k]) for k in far) > 1e-4  # with the whole window the far copy is seen
     assert full["tokens"] == cut["tokens"]
@@ -163,7 +164,7 @@ def _train_copier(path, lag: int = 300, length: int = 600, max_steps: int = 200)
 def test_a_model_trained_on_repeats_at_300_reads_back_300_and_nothing_beyond_its_context(data_dir, tmp_path):
     ck = _train_copier(tmp_path / "copier")
     rep = _eval(data_dir, tmp_path / "r", ck, max_context=(512,), probe="copy", probe_segment=64,
-                probe_distances=(128, 300, 1024, 1984), max_windows=3, bootstrap=200)
+                probe_distances=(128, 300, 1024, 1984), max_windows=8, bootstrap=200)  # 2^-8 < 2.5% / 4
     pr = rep["checkpoints"][0]["probe"]
     at = {d: k for k, d in enumerate(pr["distances"])}
     assert pr["drop"][at[300]] > 0.5 and pr["ci_low"][at[300]] > 0  # nats/base: the copy is read back
