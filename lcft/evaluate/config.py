@@ -87,7 +87,8 @@ class EvalConfig(ParallelConfig):
     repeat (0 = exact copies only)."""
     probe_windows: int = 0
     """Copy probe: run it on the first N evaluated windows (0 = all of them); each costs 3 forward passes per
-    distance (2 without the mutated variant)."""
+    distance (2 without the mutated variant). The effective context needs 2^-N < 2.5% / distances (8 windows
+    for 5 distances, 9 for 8): with fewer it reads "cannot tell"."""
 
     def __post_init__(self) -> None:
         self.checkpoints = tuple(str(c) for c in self.checkpoints)

@@ -12,7 +12,7 @@ from rich.table import Table
 from lcft.config import format_size
 from lcft.console import make_console, styled
 from lcft.evaluate.binning import THIN, thin_bins
-from lcft.evaluate.stats import FEW_WINDOWS
+from lcft.evaluate.stats import CANNOT_TELL, FEW_WINDOWS
 from lcft.units import counted
 
 ROUGH = "; with this few windows the intervals are rough"
@@ -134,7 +134,7 @@ def probe_table(report: dict[str, Any]) -> Table | None:
     t = Table(title=f"copy probe: loss drop (nats/token) on a {opts['segment']}-token segment copied D tokens "
                     f"earlier, {counted(opts['windows'], 'window')} (* = above zero by its own 95% interval{rough}; "
                     f"effective context: the farthest above zero with the {len(opts['distances'])} distances tested "
-                    "together)",
+                    f"together by a sign-flip test over the windows; {CANNOT_TELL}: too few windows for them)",
               title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     for d in opts["distances"]:
@@ -154,8 +154,9 @@ def probe_table(report: dict[str, Any]) -> Table | None:
 
 
 def _context(d: int | None) -> str:
-    """An effective context: its size, none detected (0), or - (undefined: no distance has an interval)."""
-    return "-" if d is None else format_size(d) if d else "none detected"
+    """An effective context: its size, none detected (0), or cannot tell (None: too few windows for the
+    distances tested together)."""
+    return CANNOT_TELL if d is None else format_size(d) if d else "none detected"
 
 
 def trend_lines(report: dict[str, Any]) -> list[str]:

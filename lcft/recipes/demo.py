@@ -77,9 +77,12 @@ class DemoConfig:
     evaluated cut to control_context; what the copy probe must detect (0 = no positive control)."""
     control_context: Size = 2048
     """Window of the positive control's training (copies control_context / 2 back) and its evaluation context."""
-    probe_windows: int = 4
+    probe_windows: int = 9
     """Held-out windows of the copy probe (how far back each model reads; 0 = no probe). Each costs two
-    forward passes per distance (distances 256, 1K, 4K, ... up to the window)."""
+    forward passes per distance (distances 256, 1K, 4K, ... up to the window: 5 at 32K). The effective context
+    is a sign-flip test over these windows: with 5 distances a claim needs p < 2.5% / 5, which 8 windows reach
+    only when every one drops (1/256); 9 leave a margin (2/512: the smallest drop may go the other way), and
+    fewer than 8 cannot tell."""
     seed: int = 0
     """Seed of the model initialisation and of the data order."""
 

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from lcft.config import format_size
+from lcft.evaluate.stats import CANNOT_TELL
 from lcft.units import counted
 
 
@@ -129,10 +130,16 @@ def _control_note(report: dict) -> str:
     if len(cks) < 4:
         return ""
     base, ctl = cks[0], cks[3]
+    if not report.get("probe"):
+        return (f" The positive control ({ctl['label']}) is the base trained on chr2 windows whose second half "
+                "copies their first; the copy probe did not run (--probe-windows 0), so this run does not show "
+                "whether it reads back.")
     if ctl["effective_context"] is None:
         return (f" The positive control ({ctl['label']}) is the base trained on chr2 windows whose second half "
-                "copies their first; with fewer than 2 copy-probe windows the probe has no interval, so this run "
-                "cannot tell whether it reads back (use more --probe-windows).")
+                f"copies their first; too few copy-probe windows ({report['probe']['windows']}) for its "
+                f"{len(report['probe']['distances'])} distances tested together (even a drop in every window "
+                "would not pass the test), so this run cannot tell whether it reads back (use more "
+                "--probe-windows).")
     found = (f"in this run the copy probe finds it reading back {_context(ctl['effective_context'])} tokens (the "
              f"farthest copy whose loss drop is above zero, the distances tested together) against "
              f"{_context(base['effective_context'])} for the base" if ctl["effective_context"] else
@@ -145,8 +152,9 @@ def _control_note(report: dict) -> str:
 
 
 def _context(d: int | None) -> str:
-    """An effective context: its size, 'none detected' (0), or undefined (None: fewer than 2 probe windows)."""
-    return "undefined (fewer than 2 windows)" if d is None else format_size(d) if d else "none detected"
+    """An effective context: its size, 'none detected' (0), or cannot tell (None: too few probe windows for the
+    distances tested together)."""
+    return CANNOT_TELL if d is None else format_size(d) if d else "none detected"
 
 
 def control_line(report: dict[str, Any], steps: int) -> str | None:
@@ -166,7 +174,7 @@ def control_line(report: dict[str, Any], steps: int) -> str | None:
         k = (pr["distances"].index(ctl["effective_context"]) if ctl["effective_context"] else
              max((j for j, v in enumerate(pr["drop"]) if v is not None), key=lambda j: pr["drop"][j]))
         line += f"; copy-probe loss drop {format_size(pr['distances'][k])} back: {pr['drop'][k]:+.3f} nats/token"
-        if pr["ci_low"][k] is not None:  # undefined from fewer than 2 probe windows
+        if pr["ci_low"][k] is not None:  # no interval from fewer than 2 probe windows
             line += f" [95% interval {pr['ci_low'][k]:+.3f}, {pr['ci_high'][k]:+.3f}]"
     rec = ctl.get("recurring", {})
     if rec.get("tokens") and rec.get("ci_low") is not None:

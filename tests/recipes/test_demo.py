@@ -143,6 +143,7 @@ def test_the_demo_reports_a_non_empty_recurrence_split(tmp_path):
         s = copies.sequence(i)
         assert s[512:] == s[:512] and len(s) == 1024
     assert rep["checkpoints"][3]["label"] == "copy@1K (positive control)"
+    assert "the copy probe did not run (--probe-windows 0)" in out["note"], out["note"]
     assert rep["checkpoints"][3]["max_context"] == 1024
 
 
@@ -163,6 +164,7 @@ def _with_control(effective: int) -> dict:
            "probe": {"distances": [256, 1024], "drop": [0.01, 3.5], "ci_low": [-0.02, 3.1], "ci_high": [0.03, 3.9]},
            "recurring": {"tokens": 5, "relative_change": -0.1, "ci_low": -0.2, "ci_high": -0.05}}
     rep["checkpoints"].append(ctl)
+    rep["probe"] = {"windows": 9, "distances": [256, 1024]}
     return rep
 
 
@@ -193,19 +195,33 @@ def test_the_control_line_without_probe_intervals_states_the_drop_alone():
     assert "copy-probe loss drop 1K back: +3.500 nats/token;" in line and "95% interval" not in line
 
 
-def test_one_window_and_one_probe_window_give_no_interval_and_an_undefined_context():
+def test_one_window_and_one_probe_window_give_no_interval_and_a_context_it_cannot_tell():
     """The summary, the probe line and the note say so rather than print nan or 'none detected'."""
     rep = _with_control(0)
     for ck in rep["checkpoints"]:
         ck["windows"] = ck.get("windows", [])[:1]
         ck["effective_context"] = None
-    rep["probe"] = {"windows": 1}
+    rep["probe"] = {"windows": 1, "distances": [256, 1024]}
     lines = summary_lines(rep)
     assert lines[3].endswith("over 1 held-out windows): (no interval: fewer than 2 windows)")
     assert "nan" not in " ".join(lines)
-    assert "ck0 undefined (fewer than 2 windows)" in " ".join(lines)
+    assert "ck0 cannot tell (too few probe windows)" in " ".join(lines)
     note = demo_note(rep)
+    assert "too few copy-probe windows (1) for its 2 distances tested together" in note
     assert "cannot tell whether it reads back (use more --probe-windows)" in note and "none detected" not in note
+
+
+def test_the_default_probe_windows_are_the_fewest_that_pass_the_test_with_a_window_to_spare(tmp_path):
+    """Holm's first step over the demo's distances needs p < 2.5% / distances; the most extreme of 2^n sign
+    patterns is 2^-n, the next 2 * 2^-n: the default is the smallest n where that next one passes too."""
+    from lcft.recipes.demo import DemoPaths, eval_config
+
+    cfg = DemoConfig()
+    ecfg = eval_config(cfg, DemoPaths(tmp_path), tmp_path / "base", tmp_path / "long", tmp_path / "ctl")
+    step = 0.025 / len(ecfg.probe_distances)
+    n = cfg.probe_windows
+    assert len(ecfg.probe_distances) == 5 and ecfg.probe_windows == n
+    assert 2 * 2.0 ** -n < step <= 2 * 2.0 ** -(n - 1), (n, step)
 
 
 def test_the_copies_stage_plants_copies_for_its_own_window_length(tmp_path):
