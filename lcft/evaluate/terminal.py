@@ -134,7 +134,7 @@ def probe_table(report: dict[str, Any]) -> Table | None:
     t = Table(title=f"copy probe: loss drop (nats/token) on a {opts['segment']}-token segment copied D tokens "
                     f"earlier, {counted(opts['windows'], 'window')} (* = above zero by its own 95% interval{rough}; "
                     f"effective context: the farthest above zero with the {len(opts['distances'])} distances tested "
-                    f"together by a sign-flip test over the windows; {CANNOT_TELL}: too few windows for them)",
+                    "together by a sign-flip test over the windows; cannot tell: too few windows for them)",
               title_justify="left")
     t.add_column("checkpoint", no_wrap=True)
     for d in opts["distances"]:
