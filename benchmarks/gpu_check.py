@@ -1,8 +1,8 @@
 """One-GPU check: `pytest -m gpu`, Triton sparse vs flash attention, 1b-preset steps, 1M tokens as `lcft plan` lays them.
 
-Prints one markdown table (also <out>/gpu-check.md; the numbers in <out>/gpu-check.json). Exits 1 on a failed or
-skipped GPU test or a non-finite benchmark output, 0 otherwise (a missed target shows in the table, not in the exit
-code). Without CUDA it says so and exits 2 (nothing measured). Run by `make gpu-check` (benchmarks/gpu_check.sh),
+Prints one markdown table (also <out>/gpu-check.md; the numbers in <out>/gpu-check.json), whatever fails. Exits 1 on a
+failed or skipped GPU test, a benchmark that failed (its row's error) or a non-finite output, 0 otherwise (a missed
+target, or no layout for this GPU, shows in the table, not in the exit code). Without CUDA it says so and exits 2 (nothing measured). Run by `make gpu-check` (benchmarks/gpu_check.sh),
 which installs lcft into .venv-gpu over the GPU's own torch first. Quick by default; --full runs the long sizes.
 `--device cpu` rehearses the same code on the CPU at small sizes (no GPU figure; docs/cuda.md).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,18 +22,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_check_plan import PLAN_GPU_MEMORY, bench_plan, node_memory, offload_budget, plan_step_in_child  # noqa: E402
+from gpu_check_plan import PLAN_STEP_TIMEOUT_S, bench_plan, node_memory, offload_budget, plan_step_in_child  # noqa: E402
 from gpu_check_table import markdown  # noqa: E402
 from gpu_check_train import bench_train  # noqa: E402
 
 from lcft.config import parse_size  # noqa: E402 (standard library only; the path above finds lcft)
 
-TESTS_TIMEOUT_S = 300  # pytest -m gpu (about 2 minutes on an H100/H200 with a cold Triton cache: docs/cuda.md)
+TESTS_TIMEOUT_S = 200  # pytest -m gpu (about 2 minutes on an H100/H200 with a cold Triton cache: docs/cuda.md)
+# The quick run's whole time after the install (about a minute): a 10-minute slot keeps 1-2 minutes of margin. The
+# 1M step's limit is what is left of it (at most PLAN_STEP_TIMEOUT_S); with under MIN_STEP_S left it is not started.
+QUICK_BUDGET_S = 420
+MIN_STEP_S = 60
+# pytest as the GPU tests need it and no more: no plugin the node happens to have installed (their import time, their
+# options), and gloo on loopback for the one-rank process groups (a node's default interface may not resolve)
+TESTS_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+TESTS_ENV_DEFAULTS = {"GLOO_SOCKET_IFNAME": "lo"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "gpu-check-out", help="folder of the JSON and markdown")
+    ap.add_argument("--out", type=Path, default=ROOT / "gpu-check-out",
+                    help="folder of the JSON, the markdown and the GPU tests' JUnit XML (made if absent)")
     ap.add_argument("--quick", action="store_true", help="the default sizes (under 8 minutes on one H100/H200)")
     ap.add_argument("--full", action="store_true", help="also 512K and 1M attention and a timed 1M step")
     ap.add_argument("--skip-tests", action="store_true", help="benchmarks only")
@@ -44,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="host memory the 1M plan must fit beside the GPU's (default: this node's physical memory, or "
                          "its container's limit when lower)")
     ap.add_argument("--gpu-memory", default=None,
-                    help=f"one GPU's memory the plan step is laid out for (default {PLAN_GPU_MEMORY}; on cpu just "
+                    help="one GPU's memory the plan step is laid out for (default: this GPU's total memory; on cpu just "
                          "enough for the layout with offloaded block inputs, the flags the 1M run takes)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repeats per attention case")
     ap.add_argument("--dense-max", default="512K", help="longest length dense attention is timed at (budget)")
@@ -63,7 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.plan_length and not args.gpu_memory:
             args.gpu_memory = str(offload_budget(lengths(args.plan_length)[0], args.preset))
     args.host_memory = args.host_memory or str(node_memory())
-    args.gpu_memory = args.gpu_memory or PLAN_GPU_MEMORY
     args.attention = args.attention or ("32K,128K,512K,1M" if args.full else "32K,128K")
     args.train = args.train or ("128K,1M" if args.full else "128K")
     args.preset = args.preset or "1b"
@@ -81,9 +90,12 @@ def run_tests(out: Path, on_gpu: bool = True) -> dict:
     On a GPU every test must pass: a skip there means a GPU test did not run (they skip only without CUDA)."""
     t0 = time.perf_counter()
     xml = out / "gpu-tests.xml"
+    xml.unlink(missing_ok=True)  # a report left by an earlier run is never read as this one's
+    env = TESTS_ENV_DEFAULTS | dict(os.environ) | TESTS_ENV
     try:
         res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(ROOT / "tests" / "gpu"),
-                              f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT, timeout=TESTS_TIMEOUT_S)
+                              f"--junitxml={xml}"], capture_output=True, text=True, cwd=ROOT, timeout=TESTS_TIMEOUT_S,
+                             env=env)
     except subprocess.TimeoutExpired:  # a hung test must not take the benchmarks' time
         return {"ok": False, "summary": f"timed out after {TESTS_TIMEOUT_S} s", "cases": [],
                 "seconds": time.perf_counter() - t0}
@@ -157,9 +169,9 @@ def bench_attention(length: int, repeat: int, dense_max: int, device: str = "cud
     grads = torch.autograd.grad(sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton"),
                                 (q, k, v), dout)
     finite = all(bool(torch.isfinite(g).all()) for g in grads)
-    t_s = timed(lambda: torch.autograd.grad(
-        sparse_attention_with_indices(q, k, v, idx, block_size=BLOCK, impl="triton"), (q, k, v), dout), repeat,
-        device)
+    t_s = timed(lambda: torch.autograd.grad(  # end to end: the block selection is part of sparse attention's cost
+        sparse_attention_with_indices(q, k, v, select_blocks(q.detach(), k.detach(), spec), block_size=BLOCK,
+                                      impl="triton"), (q, k, v), dout), repeat, device)
     name, t_d = "dense", float("nan")
     if length <= dense_max:
         try:
@@ -176,38 +188,61 @@ def bench_attention(length: int, repeat: int, dense_max: int, device: str = "cud
 
 
 
+def guarded(row: dict, bench, *args, **kwargs) -> dict:
+    """bench(*args, **kwargs)'s row, or `row` with the exception that stopped it as its error (type and first line): one failed
+    benchmark costs its own row, not the rest of the run."""
+    try:
+        return bench(*args, **kwargs)
+    except Exception as e:  # any failure of one benchmark is that row's finding; the run goes on
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        return row | {"error": f"{type(e).__name__}: {first}" if first else type(e).__name__}
+
+
 def measure(args: argparse.Namespace, res: dict, save) -> None:
     """Every benchmark of the run into `res`, each in its own CUDA memory (the cache emptied between them), `save()`
     after each, so a run cut short keeps what it measured; the 1M plan step in its own process."""
     import torch
 
-    res |= {"attention": [], "train": []}
+    def release() -> None:  # nothing of one benchmark left on the GPU for the next
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     for n in lengths(args.attention):
-        res["attention"].append(bench_attention(n, args.repeat, lengths(args.dense_max)[0], args.device))
-        torch.cuda.empty_cache()
+        res["attention"].append(guarded({"length": n}, bench_attention, n, args.repeat, lengths(args.dense_max)[0],
+                                        args.device))
+        release()
         save()
     for n in lengths(args.train):
-        try:
-            res["train"].append(bench_train(n, device=args.device, preset=args.preset))
-        except torch.OutOfMemoryError as e:
-            res["train"].append({"length": n, "error": f"out of memory: {str(e).splitlines()[0][:80]}"})
-        torch.cuda.empty_cache()
+        res["train"].append(guarded({"length": n, "preset": args.preset}, bench_train, n, device=args.device,
+                                    preset=args.preset))
+        release()
         save()
     if args.plan_length:
-        gc.collect()  # nothing of this process's own runs left on the GPU beside the child
-        torch.cuda.empty_cache()
-        res["plan"] = plan_step_in_child(lengths(args.plan_length)[0], args.host_memory, args.device, args.preset,
-                                         args.gpu_memory)
+        n = lengths(args.plan_length)[0]
+        row = {"length": n, "preset": args.preset, "flags": "?", "fits": False}
+        left = PLAN_STEP_TIMEOUT_S if args.full else min(PLAN_STEP_TIMEOUT_S, args.started + QUICK_BUDGET_S - time.monotonic())
+        res["plan"] = row | {"error": f"not started: {max(left, 0):.0f} s left of the quick run's {QUICK_BUDGET_S} s"} \
+            if left < MIN_STEP_S else guarded(row, plan_step_in_child, n, args.host_memory, args.device, args.preset,
+                                              args.gpu_memory, timeout_s=left)
         save()
+
+
+def errored(res: dict) -> list[dict]:
+    """The rows whose benchmark failed (an exception, out of memory, a step process that died or ran out of time)."""
+    return [r for r in res["attention"] + res["train"] + [res.get("plan") or {}] if "error" in r]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.started = time.monotonic()  # the quick run's budget counts from here
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible to torch; nothing measured.", file=sys.stderr)
         return 2
+    if args.device == "cuda":  # the plan is laid out for this GPU unless --gpu-memory says otherwise
+        args.gpu_memory = args.gpu_memory or str(torch.cuda.get_device_properties(0).total_memory)
     if args.plan_step:
         print(json.dumps(bench_plan(args.plan_step, args.host_memory, args.device, args.preset, args.gpu_memory)))
         return 0
@@ -219,18 +254,23 @@ def main(argv: list[str] | None = None) -> int:
         name = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"device": name, "torch": torch.__version__, "rehearsal": args.device == "cpu", "attention": [], "train": [],
-           "tests": {} if args.skip_tests else run_tests(args.out, args.device == "cuda")}
+           "tests": {}}
 
     def save() -> None:  # both files after every step: a run cut short keeps its table so far
         (args.out / "gpu-check.json").write_text(json.dumps(res, indent=1))
         (args.out / "gpu-check.md").write_text(markdown(res))
 
-    save()
-    measure(args, res, save)
-    print(markdown(res))
+    try:
+        if not args.skip_tests:
+            res["tests"] = guarded({"ok": False, "cases": [], "seconds": 0.0}, run_tests, args.out,
+                                   args.device == "cuda")
+            res["tests"].setdefault("summary", res["tests"].get("error", ""))
+        save()
+        measure(args, res, save)
+    finally:  # the table of whatever ran, even when something outside one benchmark failed
+        print(markdown(res), flush=True)
     finite = all(r.get("finite", True) for r in res["attention"] + res["train"] + [res.get("plan") or {}])
-    broken = res["rehearsal"] and "error" in (res.get("plan") or {})  # on CPU the step cannot miss: a failure is a bug
-    return 0 if res["tests"].get("ok", True) and finite and not broken else 1
+    return 0 if res["tests"].get("ok", True) and finite and not errored(res) else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # lcft and the rest into it, then run benchmarks/gpu_check.py (pytest -m gpu, attention, 1b steps, the 1M plan).
 # With wheelhouse/ (`make wheelhouse` where there is a package index) nothing is fetched: pip --no-index from it.
 # Without it, packages come from the index, and so does TORCH_SPEC when PY has no torch.
-# Results: gpu-check-out/gpu-check.json and gpu-check.md. Non-zero exit on a failed test or numeric mismatch.
+# Results: gpu-check-out/gpu-check.json and gpu-check.md (--out DIR: in DIR, relative to the clone). Non-zero exit
+# on a failed test, a benchmark's error or a numeric mismatch.
 #   PY=/path/to/python-with-cuda-torch bash benchmarks/gpu_check.sh [--install-only] [--full] [gpu_check.py options]
 # --install-only: the install step alone (nvidia-smi must still list a GPU; torch's CUDA is not asserted, nothing
 # measured). Exit 2: no GPU listed, PY's torch older than setup.cfg's floor, or PY without torch beside a wheelhouse.
@@ -39,7 +40,7 @@ if [ -d "$WHEELHOUSE" ]; then
     say "note: $WHEELHOUSE/ holds compiled wheels for Python $(cat "$WHEELHOUSE/pythons" 2>/dev/null), this is $tag;" \
         "if pip misses one, rebuild it with: make wheelhouse WHEEL_PYTHONS=$tag"
 fi
-if [ -n "$base_torch" ]; then
+if [ -n "$base_torch" ]; then  # its floor by major.minor: a pre-release of a minor lcft is tested with passes
   "$PY" - "$floor" <<'EOF' || exit 2
 import sys, torch
 have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -48,43 +49,54 @@ if have < need:
     sys.exit(f"gpu-check: torch {torch.__version__} here is older than {sys.argv[1]}, the oldest lcft is tested "
              f"with (setup.cfg); use a python with a newer torch (PY=...).")
 EOF
-  test -x "$VENV/bin/python" || "$PY" -m venv --system-site-packages "$VENV"
-  # A PY that is itself a venv (e.g. /opt/torch/.venv) hands on nothing through --system-site-packages (that means
-  # its base interpreter's packages): its own site folders go on .venv-gpu's path through a .pth file.
-  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+fi
+# .venv-gpu sees PY's packages: --system-site-packages, and, as a PY that is itself a venv (e.g. /opt/torch/.venv)
+# hands on nothing that way (it means its base interpreter's), PY's own site folders through a .pth file. No pip of
+# its own (--without-pip: a python without ensurepip, python3.X-venv absent, makes no venv otherwise): PY's pip,
+# through those site folders, run as "$VENV/bin/python" -m pip so that it installs into .venv-gpu.
+pip=("$VENV/bin/python" -m pip)
+make_venv() {
+  test -x "$VENV/bin/python" || "$PY" -m venv --without-pip --system-site-packages "$VENV" || return 1
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
   "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/lcft-base-python.pth"
+  "${pip[@]}" --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip -q >/dev/null 2>&1  # PY lacks pip
+  "${pip[@]}" --version >/dev/null 2>&1
+}
+if ! make_venv; then  # a venv left half-made (an earlier run stopped in it): made again, once
+  say "$VENV has no working python -m pip: making it again"
+  rm -rf "$VENV"
+  make_venv || { say "no pip for $VENV: $PY has none and no ensurepip; install pip for $PY."; exit 2; }
+fi
+pip_opts=(-q)
+if [ ${#pip_from[@]} -eq 0 ]; then
+  say "no $WHEELHOUSE/ here: packages come from the package index (make wheelhouse where there is one, for a node without)"
+  index=${PIP_INDEX_URL:-https://pypi.org/simple/}
+  if [ -z "${PIP_NO_INDEX:-}" ] && ! "$VENV/bin/python" benchmarks/gpu_check_deps.py reachable "$index"; then
+    say "the package index ($index) does not answer in 5 s: pip tries once (--retries 0 --timeout 5)"
+    pip_opts+=(--retries 0 --timeout 5)
+  fi
+fi
+if [ -n "$base_torch" ]; then
   say "using $PY's torch $base_torch"
 else
-  test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q "$TORCH_SPEC"  # pulls the matching triton and CUDA runtime wheels
+  "${pip[@]}" install "${pip_opts[@]}" "$TORCH_SPEC"  # pulls the matching triton and CUDA runtime wheels
 fi
 if [ ${#pip_from[@]} -eq 0 ]; then
-  "$VENV/bin/pip" install -q -e '.[kernels,test]' || exit 1
+  "${pip[@]}" install "${pip_opts[@]}" -e '.[kernels,test]' || exit 1
 else
   # The wheelhouse holds the pinned closure of what lcft and its tests need beyond the node's torch: installed as
   # pinned, without resolving torch's own requirements (a node's torch may name CUDA wheels that its system
   # libraries stand in for), then pip check for what lcft's own packages still miss.
   req="$WHEELHOUSE/requirements.txt"
   [ -f "$req" ] || { say "$WHEELHOUSE/ has no requirements.txt: rebuild it with make wheelhouse."; exit 1; }
-  if ! "$VENV/bin/pip" install -q "${pip_from[@]}" --no-deps -r "$req" ||
-     ! "$VENV/bin/pip" install -q "${pip_from[@]}" --no-deps -e .; then
+  if ! "${pip[@]}" install -q "${pip_from[@]}" --no-deps -r "$req" ||
+     ! "${pip[@]}" install -q "${pip_from[@]}" --no-deps -e .; then
     say "pip found no wheel in $WHEELHOUSE/ for something $PY lacks: add its pin to constraints.txt, make wheelhouse."
     exit 1
   fi
-  report=$("$VENV/bin/pip" check 2>/dev/null || true)  # exit 1 whenever anything in reach misses something
-  # What lcft's own packages miss; matplotlib only draws lcft eval's plot, which the check never draws: a note.
-  missing=$(printf '%s\n' "$report" | "$VENV/bin/python" -c '
-import re, sys
-norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
-ours = {"lcft"} | {norm(line.split("==")[0]) for line in open(sys.argv[1]) if "==" in line}
-for line in sys.stdin:
-    if not line.split() or norm(line.split()[0]) not in ours:
-        continue
-    if re.search(r" requires matplotlib\b", line):
-        print(f"gpu-check: note: {line.strip()} (only the plot of lcft eval needs it)", file=sys.stderr)
-    else:
-        print(line, end="")' "$req")
+  report=$("${pip[@]}" check 2>/dev/null || true)  # exit 1 whenever anything in reach misses something
+  # What lcft's own packages miss (torch's floor is checked above; matplotlib: a note): gpu_check_deps.py
+  missing=$(printf '%s\n' "$report" | "$VENV/bin/python" benchmarks/gpu_check_deps.py missing "$req")
   if [ -n "$missing" ]; then
     say "what lcft needs is not all here (the node's python must bring torch's needs and numpy;" \
         "anything else: add its pin to constraints.txt, make wheelhouse):"

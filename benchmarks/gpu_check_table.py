@@ -8,6 +8,7 @@ K = 1024
 GIB = 2**30
 TARGET_SPARSE_VS_FLASH = 0.5  # at the longest quick length, 128K
 TARGET_MFU = 0.35  # 1b preset at 128K
+SPARSE_ROW = "sparse attention f+b (Triton, bf16, block selection included)"  # timed end to end, as dense is
 
 
 def _yes(ok: bool | None) -> str:
@@ -17,12 +18,15 @@ def _yes(ok: bool | None) -> str:
 def _attention_rows(res: dict) -> list[str]:
     out, longest = [], max((r["length"] for r in res["attention"]), default=0)
     for r in res["attention"]:
+        if "error" in r:
+            out.append(f"| {SPARSE_ROW} | {format_size(r['length'])} | {r['error']} | | | NO |")
+            continue
         ratio = r["sparse_tflops"] / r["dense_tflops"] if r["dense_ms"] == r["dense_ms"] else None
         vs = (f"{r['dense']}: {r['dense_tflops']:.0f} TFLOP/s, {r['dense_ms']:.1f} ms; sparse = {100 * ratio:.0f}%"
               if ratio is not None else "dense not timed")
         target = r["length"] == min(longest, 128 * K) and not res.get("rehearsal")
         met = ratio is not None and ratio >= TARGET_SPARSE_VS_FLASH and r["finite"] if target else None
-        out.append(f"| sparse attention f+b (Triton, bf16) | {format_size(r['length'])} | {r['sparse_tflops']:.0f} TFLOP/s, "
+        out.append(f"| {SPARSE_ROW} | {format_size(r['length'])} | {r['sparse_tflops']:.0f} TFLOP/s, "
                    f"{r['sparse_ms']:.1f} ms | {vs} | {'>= 50% of flash' if target else ''} | {_yes(met)} |")
     return out
 
@@ -49,11 +53,16 @@ def _plan_row(res: dict) -> list[str]:
     if not r:
         return []
     head = f"| {r.get('preset', '1b')}, `lcft plan` for one GPU: {r['flags']} | {format_size(r['length'])} | "
-    plan = f"plan {r['plan_gib']:.1f} GiB" + (f" (+ {r['host_gib']:.1f} GiB host + {HOST_PROCESS / GIB:.0f} for the "
-                                              "process)" if r.get("host_gib") else "")
-    target = "" if res.get("rehearsal") else "fits one 141 GiB GPU"
+    plan = "" if "plan_gib" not in r else f"plan {r['plan_gib']:.1f} GiB" + (
+        f" (+ {r['host_gib']:.1f} GiB host + {HOST_PROCESS / GIB:.0f} for the process)" if r.get("host_gib") else "")
+    # the GPU memory the plan was laid out for, in the unit it was given (141GB: decimal, as NVIDIA sizes an H200)
+    size = f" {r['gpu_memory']}" if r.get("gpu_memory") else ""
+    target = "" if res.get("rehearsal") else f"fits one{size} GPU"
+    missed = "" if res.get("rehearsal") else "NO"
+    if "no_layout" in r:  # lcft plan's own answer; no step ran
+        return [head + f"{r['no_layout']} | {plan} | {target} | {missed} |"]
     if "error" in r:
-        return [head + f"does not fit: {r['error']} | {plan} | {target} | {'' if res.get('rehearsal') else 'NO'} |"]
+        return [head + f"does not fit: {r['error']} | {plan} | {target} | {missed} |"]
     host = f", host peak {r['host_peak_gib']:.1f} GiB" if r.get("host_peak_gib") else ""
     met = None if res.get("rehearsal") else r["fits"] and r["finite"]
     return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB{host}, {r['step_s']:.1f} s/step | "

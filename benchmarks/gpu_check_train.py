@@ -9,8 +9,14 @@ from gpu_check_table import GIB
 
 # Dense bf16 tensor-core peak, FLOP/s, by device-name fragment, the first that matches (MFU denominator): NVIDIA's
 # data sheets halve their with-sparsity figures (H200 NVL 1,671 -> 835; H100 PCIe 1,513 -> 756; SXM 1,979 -> 989).
-PEAK_BF16 = {"H200 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12, "H100": 989e12, "A100": 312e12,
+# H100 NVL: 1,671 -> 835, matched before the plain H100 (SXM) it would otherwise take.
+PEAK_BF16 = {"H200 NVL": 835e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12, "H100": 989e12, "A100": 312e12,
              "B200": 2250e12, "L40S": 362e12, "4090": 165e12}
+
+
+def peak_bf16(device_name: str) -> float | None:
+    """The dense bf16 peak, FLOP/s, of the first PEAK_BF16 fragment in `device_name`; None for a GPU not listed."""
+    return next((v for fragment, v in PEAK_BF16.items() if fragment in device_name), None)
 
 
 def bench_train(length: int, checkpointing: str = "block", offload: bool = False, warmup: bool = True,
@@ -62,8 +68,7 @@ def bench_train(length: int, checkpointing: str = "block", offload: bool = False
     n_params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     attn = FLOPS_PER_PAIR * cfg.num_hidden_layers * heads * d * sparse_pairs(length, 128, cfg.attention.sparse.budget)
-    name = torch.cuda.get_device_name() if cuda else "cpu"
-    peak = next((v for fragment, v in PEAK_BF16.items() if fragment in name), None)
+    peak = peak_bf16(torch.cuda.get_device_name() if cuda else "cpu")
     row = {"length": length, "preset": preset, "step_s": seconds, "tokens_per_s": length / seconds, "loss": loss,
            "offload": ("bf16" if model.offload_dtype == torch.bfloat16 else "exact") if model.offload else "none",
            "finite": loss == loss and abs(loss) != float("inf"),

@@ -14,22 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 
+import lcft.kernels
+
 ROOT = Path(__file__).resolve().parents[1]
 H200_NODE = "256GiB"  # host memory per GPU of an 8 x H200 node with 2 TiB (a one-GPU node with 128 GiB offloads bf16)
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
+import gpu_check_deps  # noqa: E402
 import gpu_check_plan  # noqa: E402
 import gpu_check_train  # noqa: E402
 
 
-def test_lengths_and_options():
+def test_default_is_quick_and_full_adds_the_long_sizes():
     assert gpu_check.lengths("32K,1M,4096") == [32768, 1 << 20, 4096]
     args = gpu_check.parse_args(["--quick", "--out", "x", "--dense-max", "128K"])
     assert args.quick and args.out == Path("x") and gpu_check.lengths(args.dense_max) == [131072]
-
-
-def test_default_is_quick_and_full_adds_the_long_sizes():
     quick, full = gpu_check.parse_args([]), gpu_check.parse_args(["--full"])
     assert gpu_check.lengths(quick.attention) == [32 * 1024, 128 * 1024] and quick.train == "128K"
     assert gpu_check.lengths(full.attention)[-1] == 1 << 20 and gpu_check.lengths(full.train) == [131072, 1 << 20]
@@ -46,18 +46,18 @@ def test_markdown_is_one_table_with_every_row_and_the_targets():
                    "finite": True}],
         "plan": {"length": 1 << 20, "flags": "--checkpointing block", "plan_gib": 60.0, "gpu_gib": 139.8,
                  "fits": True, "step_s": 40.0, "peak_gib": 66.0, "finite": True, "host_gib": 88.0,
-                 "host_peak_gib": 90.5},
+                 "host_peak_gib": 90.5, "gpu_memory": "141 GB"},
         "tests": {"ok": False, "summary": "1 failed, 1 passed", "seconds": 60.0, "cases": [
             {"name": "tests.gpu.a::test_x", "outcome": "passed"}, {"name": "tests.gpu.a::test_y",
                                                                   "outcome": "failed"}]}}
     md = gpu_check.markdown(res)
     rows = [ln for ln in md.splitlines() if ln.startswith("|")]
     assert len(rows) == 2 + 2 + 1 + 1 + 1 + 2 and all(r.count("|") == 7 for r in rows)  # one table
-    assert "| 32K | 100 TFLOP/s, 1.0 ms | SDPA flash: 300 TFLOP/s, 2.0 ms; sparse = 33% |  |  |" in md
+    assert "| sparse attention f+b (Triton, bf16, block selection included) | 32K | 100 TFLOP/s, 1.0 ms | SDPA flash: 300 TFLOP/s, 2.0 ms; sparse = 33% |  |  |" in md
     assert "| 128K | 200 TFLOP/s, 3.0 ms | SDPA flash: 350 TFLOP/s, 30.0 ms; sparse = 57% | >= 50% of flash | yes |" in md
     assert "43,690 tokens/s, MFU 40%, peak 30.0 GiB" in md and "| >= 35% MFU | yes |" in md
     assert "fits: peak 66.0 GiB of 139.8 GiB, host peak 90.5 GiB, 40.0 s/step" in md
-    assert "| plan 60.0 GiB (+ 88.0 GiB host + 4 for the process) |" in md and "| fits one 141 GiB GPU | yes |" in md
+    assert "| plan 60.0 GiB (+ 88.0 GiB host + 4 for the process) |" in md and "| fits one 141 GB GPU | yes |" in md
     assert "| 2 tests | 1 failed, 1 passed | 60 s | all pass | NO |" in md and "| tests.gpu.a::test_y | | failed |" in md
 
 
@@ -68,7 +68,7 @@ def test_the_1m_layout_is_what_lcft_plan_prints():
 
     flags, lay, est = gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)
     text, fits = report(resolve(PlanConfig, None, {"preset": "1b", "attention": "sparse", "seq_len": 1 << 20,
-                                            "gpu_memory": gpu_check_plan.PLAN_GPU_MEMORY, "host_memory": H200_NODE}))
+                                            "gpu_memory": gpu_check_plan.H200_MEMORY, "host_memory": H200_NODE}))
     first = text.split("it would fit with:")[1].strip().splitlines()[0]
     assert not fits and first.startswith(flags) and lay.seq_len == 1 << 20 and lay.cp == 1
     assert (lay.checkpointing, lay.offload_activations) == ("block", "--offload-activations" in flags)
@@ -76,14 +76,12 @@ def test_the_1m_layout_is_what_lcft_plan_prints():
 
 
 def test_the_1m_layout_must_fit_the_nodes_host_memory():
-    """The 1M plan is made for this node's physical memory unless told otherwise. With too little for the offloaded
-    block inputs (176 GiB: fp32 under bf16 autocast) it keeps them in bf16 (88 GiB, + 4 for the process: a one-GPU
-    node with 128 GiB); with too little for those, lcft plan has no layout for one GPU, and the row says so without
-    running a step."""
+    """The 1M plan is made for this node's host memory unless told otherwise: with too little for the offloaded block
+    inputs (176 GiB: fp32 under bf16 autocast) it keeps them in bf16 (88 + 4 GiB); with less, no layout."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert gpu_check.parse_args([]).host_memory == str(gpu_check_plan.node_memory()) and gpu_check_plan.node_memory() <= physical
     assert gpu_check.parse_args(["--host-memory", "64GiB"]).host_memory == "64GiB"
-    assert gpu_check.parse_args([]).gpu_memory == gpu_check_plan.PLAN_GPU_MEMORY == "141GB"
+    assert gpu_check.parse_args([]).gpu_memory is None  # this GPU's own (main), unless --gpu-memory says otherwise
     flags, lay, est = gpu_check_plan.plan_for_one_gpu(1 << 20, "128GiB")
     assert flags == "--checkpointing block --offload-activations --offload-bf16" and lay.offload_bf16, flags
     assert est.host == 88 * 2**30 and gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)[2].host == 176 * 2**30
@@ -109,11 +107,9 @@ def test_without_cuda_it_exits_2_and_writes_nothing(tmp_path):
 @pytest.mark.triton
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs triton and TRITON_INTERPRET=1 on CPU")
-def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path):
-    """`gpu_check.py --device cpu`: the GPU run's attention and train-step code (the Triton kernels under the
-    interpreter, SDPA's flash backend, the chunked loss, AdamW) at small sizes, the plan's step in its own process,
-    and its GPU-test report (each test skipped here), so a renamed lcft API fails here and not in a GPU slot; one table, finite figures, nothing
-    claimed against the GPU targets."""
+def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path, monkeypatch):
+    """`gpu_check.py --device cpu`: the GPU run's code at small sizes (Triton interpreted, SDPA's flash, the plan's
+    step in its own process, GPU tests skipped), so a renamed lcft API fails here and not in a GPU slot."""
     out = tmp_path / "o"
     assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--out", str(out)]) == 0
     res = json.loads((out / "gpu-check.json").read_text())
@@ -130,13 +126,15 @@ def test_a_cpu_rehearsal_runs_the_gpu_runs_benchmark_code(tmp_path):
     # laid out for a GPU just too small for block checkpointing alone: the flags (and code path) of the 1M run
     assert plan["flags"] == gpu_check_plan.plan_for_one_gpu(1 << 20, H200_NODE)[0] == "--checkpointing block --offload-activations"
     md = (out / "gpu-check.md").read_text()
-    assert "rehearsal only" in md and "| 256 |" in md and "| tiny train step" in md and "| tiny, `lcft plan`" in md
+    assert "rehearsal only" in md and "| sparse attention f+b (Triton, bf16, block selection included) | 256 |" in md and "| 256 |" in md and "| tiny train step" in md and "| tiny, `lcft plan`" in md
     assert not any(ln.endswith(("| yes |", "| NO |")) for ln in md.splitlines())  # no target judged on CPU
+    calls = []  # sparse attention is timed end to end, as dense is: its block selection inside every timed run
+    monkeypatch.setattr(lcft.kernels, "select_blocks", lambda *a, s=lcft.kernels.select_blocks: calls.append(1) or s(*a))
+    assert gpu_check.bench_attention(256, 2, 0, "cpu")["finite"] and len(calls) == 1 + 1 + 2  # check, warm-up, 2 runs
 
 
 def test_the_1m_step_runs_in_its_own_process_and_its_death_is_a_row(tmp_path):
-    """The plan's 1M step offloads tens of GiB to host memory: it runs in a child process, and a child that ends
-    without a result (here: no CUDA, exit 2) becomes a "does not fit" row naming why, not a lost run."""
+    """A step process that ends without a result (here: no CUDA, exit 2) is a "does not fit" row naming why."""
     if torch.cuda.is_available():
         return  # the real run is `make gpu-check`
     row = gpu_check_plan.plan_step_in_child(1 << 20, H200_NODE)
@@ -153,8 +151,7 @@ def _closure(roots: list[tuple[str, str]]) -> set[str]:
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    seen: set[str] = set()
-    todo = list(roots)
+    seen, todo = set(), list(roots)
     while todo:
         text, extra = todo.pop()
         req = Requirement(text)
@@ -172,8 +169,7 @@ def _closure(roots: list[tuple[str, str]]) -> set[str]:
 
 def _needed_distributions() -> set[str]:
     """Every distribution lcft[kernels,test] needs (lcft's extras "", kernels, test, dev)."""
-    lcft = importlib.metadata.requires("lcft") or []
-    return _closure([(r, extra) for extra in ("", "kernels", "test", "dev") for r in lcft])
+    return _closure([(r, extra) for extra in ("", "kernels", "test", "dev") for r in importlib.metadata.requires("lcft")])
 
 
 def _constraints() -> dict[str, bool]:
@@ -234,8 +230,14 @@ INSTALL = ["bash", "benchmarks/gpu_check.sh", "--install-only"]
 
 @pytest.mark.slow
 def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(offline_node):
-    """`gpu_check.sh --install-only` as on an offline node."""
+    """`gpu_check.sh --install-only` as on an offline node (a half-made venv made again; no index: fails fast)."""
     tmp_path, repo, env = offline_node
+    (repo / ".venv-gpu" / "bin").mkdir(parents=True)  # a venv an earlier run left half-made
+    (repo / ".venv-gpu" / "bin" / "python").symlink_to("/bin/false")
+    no_index = {k: v for k, v in env.items() if k != "PIP_NO_INDEX"} | {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}
+    res = subprocess.run(INSTALL, cwd=repo, env=no_index | {"WHEELHOUSE": "absent"}, capture_output=True, text=True)
+    assert res.returncode == 1 and "no working python -m pip: making it again" in res.stderr, res.stderr
+    assert "no absent/ here" in res.stderr and "does not answer in 5 s: pip tries once" in res.stderr, res.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     res = subprocess.run(INSTALL, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
@@ -255,10 +257,8 @@ def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(offline_node
 
 @pytest.mark.slow
 def test_what_neither_the_node_nor_the_wheelhouse_brings_is_named(offline_node):
-    """A node python with torch, torch's own needs and numpy only, and a wheelhouse that lacks pyfaidx's pin: the
-    install names each package lcft still misses (pyfaidx; matplotlib where the interpreter below that python has
-    none) and exits 1, instead of a failure at the first import. With pyfaidx's pin back, a missing matplotlib
-    (only lcft eval's plot draws with it) is a note, and the install succeeds."""
+    """A node python with torch, its needs and numpy only, a wheelhouse without pyfaidx's pin: exit 1 naming each
+    package lcft misses; with the pin back, a missing matplotlib (lcft eval's plot only) is a note."""
     tmp_path, repo, env = offline_node
     base = tmp_path / "bare-python"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
@@ -298,8 +298,7 @@ def test_what_neither_the_node_nor_the_wheelhouse_brings_is_named(offline_node):
 
 
 def test_a_hung_step_or_test_run_is_a_row_not_a_lost_slot(tmp_path, monkeypatch):
-    """The GPU tests and the 1M step each run under a time limit: past it, a failed row naming the limit, and the
-    run goes on to the next step."""
+    """Past its time limit, the GPU tests' or the 1M step's row is a failure naming the limit."""
     monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 0.01)
     monkeypatch.setattr(gpu_check_plan, "PLAN_STEP_TIMEOUT_S", 0.01)
     tests = gpu_check.run_tests(tmp_path)
@@ -317,3 +316,81 @@ def test_host_memory_is_the_containers_limit_when_lower(tmp_path, monkeypatch):
     for text, want in (("max\n", physical), (f"{physical // 2}\n", physical // 2), (f"{physical * 2}\n", physical)):
         limit.write_text(text)
         assert gpu_check_plan.node_memory() == want, text
+
+
+def test_the_plan_is_laid_out_for_this_gpu_and_none_fitting_runs_no_step(monkeypatch):
+    """Laid out for this GPU's memory (not --gpu-memory's): on an H100 no 1M layout (91.9 GiB), no step process."""
+    h100 = 85_520_809_984  # what torch reports as an 80 GB H100's total memory
+    monkeypatch.setattr(gpu_check_plan.subprocess, "run", lambda *a, **k: pytest.fail("a step ran"))
+    row = gpu_check_plan.plan_step_in_child(1 << 20, H200_NODE, gpu_memory=str(h100))
+    assert row["no_layout"].startswith("no layout fits on this GPU (79.6 GiB)") and "error" not in row, row
+    md = gpu_check.markdown({"device": "H100", "attention": [], "train": [], "plan": row, "tests": {}})
+    assert "| 1M | no layout fits on this GPU (79.6 GiB) and 256 GiB of host memory |" in md
+    assert "| fits one 79.6 GiB GPU | NO |" in md and gpu_check_plan.gpu_memory_label("141GB") == "141 GB"
+    seen, _ = {}, monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": h100}))
+    monkeypatch.setattr(gpu_check, "bench_plan", lambda *a: seen.setdefault("args", a) and {})
+    assert gpu_check.main(["--plan-step", "1024"]) == 0 and seen["args"][-1] == str(h100)
+
+
+def test_one_failing_benchmark_is_its_row_and_the_table_is_printed(tmp_path, monkeypatch, capsys):
+    """Any exception is its row's error (type, first line), the rest still run, the table printed anyway, exit 1."""
+    ok = {"dense": "d", "finite": True, "sparse_ms": 1.0, "dense_ms": 1.0, "sparse_tflops": 1, "dense_tflops": 1}
+    monkeypatch.setattr(gpu_check, "bench_attention", lambda n, *a: ok | {"length": n} if n == 512 else
+                        (_ for _ in ()).throw(RuntimeError("Triton: out of resources\nmore")))
+    monkeypatch.setattr(gpu_check, "bench_train", lambda n, **k: {}["missing"])
+    monkeypatch.setattr(gpu_check, "plan_step_in_child", lambda *a, **k: 1 / 0)
+    args = ["--device", "cpu", "--skip-tests", "--attention", "256,512", "--out", str(tmp_path)]
+    assert gpu_check.main(args) == 1
+    res = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert res["attention"][0]["error"] == "RuntimeError: Triton: out of resources" and res["attention"][1]["finite"]
+    assert res["train"][0]["error"] == "KeyError: 'missing'" and res["plan"]["error"] == "ZeroDivisionError: division by zero"
+    assert "| 256 | RuntimeError: Triton: out of resources | | | NO |" in capsys.readouterr().out
+    monkeypatch.setattr(gpu_check, "measure", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(args)
+    assert "# gpu-check on a CPU" in capsys.readouterr().out
+
+
+def test_the_quick_run_fits_a_ten_minute_slot_and_out_goes_through_make(tmp_path, monkeypatch):
+    """Install (~1 min), tests' limit, ~2 min for attention and 128K, the 1M step in what is left: 8 minutes. --out
+    in GPU_CHECK_ARGS comes after the script's own and wins."""
+    assert 60 + gpu_check.QUICK_BUDGET_S <= 8 * 60 and gpu_check.TESTS_TIMEOUT_S + 120 + 60 <= gpu_check.QUICK_BUDGET_S
+    limits, _ = [], monkeypatch.setattr(gpu_check, "lengths", lambda text: [1024])  # one of each, each stubbed
+    monkeypatch.setattr(gpu_check, "bench_attention", lambda n, *a: {"length": n, "error": "stub"})
+    monkeypatch.setattr(gpu_check, "bench_train", lambda n, **k: {"length": n, "error": "stub"})
+    monkeypatch.setattr(gpu_check, "plan_step_in_child", lambda *a, timeout_s: limits.append(timeout_s) or {})
+    for budget in (10_000, 200, 30):
+        monkeypatch.setattr(gpu_check, "QUICK_BUDGET_S", budget)
+        gpu_check.main(["--device", "cpu", "--skip-tests", "--out", str(tmp_path)])
+    assert limits[0] == gpu_check_plan.PLAN_STEP_TIMEOUT_S and 190 < limits[1] <= 200 and len(limits) == 2
+    plan = json.loads((tmp_path / "gpu-check.json").read_text())["plan"]
+    assert plan["error"].startswith("not started: ") and plan["error"].endswith(" s left of the quick run's 30 s")
+    dry = subprocess.run(["make", "-n", "gpu-check", "GPU_CHECK_ARGS=--out /x/y"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert "gpu_check.sh --out /x/y" in dry and gpu_check.parse_args(["--out", "o", "--out", "/x/y"]).out == Path("/x/y")
+
+
+def test_the_gpu_tests_run_without_plugins_and_never_read_a_stale_report(tmp_path, monkeypatch):
+    (tmp_path / "gpu-tests.xml").write_text('<testsuite><testcase classname="old" name="test_x"/></testsuite>')
+    calls, _ = [], monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda cmd, **k: calls.append(k["env"]) or
+                        subprocess.CompletedProcess(cmd, 0, "1 passed\n", ""))
+    tests = gpu_check.run_tests(tmp_path)
+    assert tests["cases"] == [] and not tests["ok"] and not (tmp_path / "gpu-tests.xml").exists()
+    assert calls[0]["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1" and calls[0]["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_pip_check_leaves_torch_to_the_floor_check_and_names_the_rest(tmp_path):
+    (tmp_path / "req.txt").write_text("pyfaidx==0.8\ntyper==0.12\n")
+    report = ["lcft 0.1.0 has requirement torch>=2.11, but you have torch 2.11.0a0+git1234abc.", "lcft 0.1.0 "
+              "requires pyfaidx, which is not installed.", "lcft 0.1.0 requires matplotlib, which is not installed."]
+    lacking, notes = gpu_check_deps.missing(report, tmp_path / "req.txt")
+    assert lacking == [report[1]] and len(notes) == 1 and "matplotlib" in notes[0]
+    assert not gpu_check_deps.reachable("http://127.0.0.1:9/simple/")
+
+
+def test_the_peak_of_an_h100_nvl_is_its_own():
+    assert gpu_check_train.peak_bf16("NVIDIA H100 NVL") == 835e12
+    assert gpu_check_train.peak_bf16("NVIDIA H100 80GB HBM3") == 989e12 and gpu_check_train.peak_bf16("cpu") is None
+
