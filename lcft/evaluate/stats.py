@@ -209,23 +209,32 @@ def effective_context(distances: list[int] | np.ndarray, control: tuple[np.ndarr
                       copy: tuple[np.ndarray, np.ndarray], seed: int = 0, level: float = LEVEL) -> int | None:
     """The largest copy distance whose loss drop (control minus copy, one column per distance of the per-window
     loss sums and token counts `(n, distances)` of each variant) is above zero with the distances tested together
-    (Holm's step-down over sign-flip p-values at the intervals' low-end error); 0 when none is; None when too few
-    windows could show any distance at that error (cannot tell)."""
-    # Under no read-back a window's two variants are exchangeable, so swapping them (a sign flip of its drop when
-    # both count the same tokens) gives an exact null; a bootstrap p-value is not one with few windows (all of n
-    # windows dropping the same way, as 2^-n of null runs do, gave p = 1 / (1 + reps): with 4 windows 44% of null
-    # runs claimed a context). Each distance alone would claim one in most null runs, so the claim "drop above
+    (Holm's step-down over sign-flip p-values at the intervals' low-end error, over the distances with windows
+    enough to pass it); 0 when none is; None when too few windows could show any distance at that error (cannot
+    tell)."""
+    # When the target's loss does not depend on the order of the source's bases (no copy read back, and no use of
+    # its k-mer statistics either: the control shuffles the source's bases) a window's two variants are
+    # exchangeable, so swapping them (a sign flip of its drop when both count the same tokens) gives an exact null;
+    # a bootstrap p-value is not one with few windows (all of n windows dropping the same way, as 2^-n of null runs
+    # do, gave p = 1 / (1 + reps): with 4 windows 44% of null runs claimed a context). Each distance alone would claim one in most null runs, so the claim "drop above
     # zero" is held at the error of one interval's low end, (1 - level) / 2, over the whole family of distances with
     # tokens: Holm, not Bonferroni, the same bound and it finds more. Not "every distance up to D": a model may read
     # back one distance only (the demo's positive control reads half its window back, by position, and nothing
     # 256 tokens back).
     (c_s, c_c), (k_s, k_c) = (tuple(np.asarray(x, dtype=np.float64) for x in v) for v in (control, copy))
     p = flip_pvalues((c_s, c_c), (k_s, k_c), seed)  # (distances,)
-    tested = np.flatnonzero(~np.isnan(p))  # (m,) distances with a drop (tokens in both variants)
-    alpha, m = (1 - level) / 2, len(tested)
+    alpha = (1 - level) / 2
     windows = (c_c + k_c > 0).sum(0)  # (distances,) windows with tokens: the only ones whose swap moves the drop
-    if not m or min(smallest_pvalue(int(windows[j])) for j in tested) >= alpha / m:
-        return None  # not even the most extreme drop could pass Holm's first step: no answer, not "none"
+    floor = np.array([smallest_pvalue(int(w)) for w in windows])  # (distances,) the smallest p each can reach
+    tested = np.flatnonzero(~np.isnan(p))  # distances with a drop (tokens in both variants)
+    # Tarone: a distance whose smallest p cannot pass alpha / m (too few windows with tokens there, e.g. N runs at
+    # its sources) could never be claimed, so it leaves the family rather than lower every other one's bar;
+    # repeated, since a smaller family lowers the bar it is measured against
+    while len(tested) and (floor[tested] >= alpha / len(tested)).any():
+        tested = tested[floor[tested] < alpha / len(tested)]
+    m = len(tested)
+    if not m:
+        return None  # not even the most extreme drop could pass at any distance: no answer, not "none"
     above: list[int] = []
     for rank, j in enumerate(tested[np.argsort(p[tested], kind="stable")]):
         if not p[j] < alpha / (m - rank):

@@ -79,7 +79,7 @@ def probe_line(report: dict) -> str | None:
         return None
     parts = [f"{ck['label']} {_context(ck['effective_context'])}" for ck in report["checkpoints"]]
     return (f"effective context (copy probe, {counted(report['probe']['windows'], 'window')}: farthest copy distance whose "
-            f"loss drop is above zero, the distances tested together at 95%): {'; '.join(parts)}")
+            f"loss drop is above zero, at most 2.5% error over the distances together): {'; '.join(parts)}")
 
 
 def summary_lines(report: dict, control_steps: int = 0) -> list[str]:

@@ -95,14 +95,17 @@ def test_drawn_pvalues_beyond_sixteen_windows_estimate_the_enumeration():
 
 
 def _oracle_context(dist: list[int], c_s, c_c, k_s, k_c) -> int | None:
-    """Holm's step-down written out over the enumerated p-values; None where 2^-n cannot pass its first step."""
-    n, m = c_s.shape
-    if 2.0 ** -n >= ALPHA / m:
+    """Holm's step-down written out over the enumerated p-values of the distances that can pass it (Tarone: a
+    distance of w windows with tokens leaves the family while 2^-w >= 2.5% / family size); None when none can."""
+    family = [j for j in range(c_s.shape[1]) if (c_c[:, j] + k_c[:, j]).sum() > 0]
+    while any(2.0 ** -int(((c_c[:, j] + k_c[:, j]) > 0).sum()) >= ALPHA / len(family) for j in family):
+        family = [j for j in family if 2.0 ** -int(((c_c[:, j] + k_c[:, j]) > 0).sum()) < ALPHA / len(family)]
+    if not family:
         return None
-    p = [_oracle_p(*(x[:, j].tolist() for x in (c_s, c_c, k_s, k_c))) for j in range(m)]
+    p = {j: _oracle_p(*(x[:, j].tolist() for x in (c_s, c_c, k_s, k_c))) for j in family}
     found = []
-    for rank, j in enumerate(sorted(range(m), key=lambda j: p[j])):
-        if p[j] >= ALPHA / (m - rank):
+    for rank, j in enumerate(sorted(family, key=lambda j: p[j])):
+        if p[j] >= ALPHA / (len(family) - rank):
             break
         found.append(dist[j])
     return max(found, default=0)
@@ -156,3 +159,17 @@ def test_no_drop_at_all_is_none_detected_and_a_distance_without_tokens_is_not_te
     assert effective_context([256, 512, 1024], (c_s, c_c), (k_s, k_c)) == 256
     c_c[:] = k_c[:] = c_s[:] = k_s[:] = 0
     assert effective_context([256, 512, 1024], (c_s, c_c), (k_s, k_c)) is None
+
+
+def test_a_distance_with_too_few_windows_leaves_the_family_instead_of_hiding_the_others():
+    """9 windows over the demo's 5 distances; at 32512 back only 5 windows have tokens (N runs at their sources),
+    so no outcome there could pass 2.5% / 5: it leaves the family and 16K, where 8 of 9 windows drop (p = 3/512),
+    is found against 2.5% / 4 (it was 'none detected': the untestable distance kept the bar at 2.5% / 5)."""
+    (c_s, c_c), (k_s, k_c) = _variants(np.full((9, 5), 1.4), np.full((9, 5), 1.4))
+    k_s[:, 3] -= SEGMENT * np.r_[np.linspace(0.2, 0.3, 7), 0.04, -0.05]  # 8 of 9 drop at 16K, one rises a little
+    c_c[5:, 4] = k_c[5:, 4] = c_s[5:, 4] = k_s[5:, 4] = 0
+    k_s[:5, 4] -= 0.3 * SEGMENT
+    assert flip_pvalues((c_s, c_c), (k_s, k_c))[3] == 3 / 512
+    assert effective_context(DEMO, (c_s, c_c), (k_s, k_c)) == 16384 == _oracle_context(DEMO, c_s, c_c, k_s, k_c)
+    c_c[:, :4] = k_c[:, :4] = c_s[:, :4] = k_s[:, :4] = 0  # only the untestable distance has tokens: no answer
+    assert effective_context(DEMO, (c_s, c_c), (k_s, k_c)) is None
