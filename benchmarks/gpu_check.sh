@@ -7,7 +7,8 @@
 # on a failed test, a benchmark's error or a numeric mismatch.
 #   PY=/path/to/python-with-cuda-torch bash benchmarks/gpu_check.sh [--install-only] [--full] [gpu_check.py options]
 # --install-only: the install step alone (nvidia-smi must still list a GPU; torch's CUDA is not asserted, nothing
-# measured). Exit 2: no GPU listed, PY's torch older than setup.cfg's floor, or PY without torch beside a wheelhouse.
+# measured). Exit 2: no GPU listed, PY's torch older than setup.cfg's floor, PY without torch beside a wheelhouse,
+# or PY with neither pip nor ensurepip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}

@@ -216,7 +216,7 @@ def effective_context(distances: list[int] | np.ndarray, control: tuple[np.ndarr
     # its k-mer statistics either: the control shuffles the source's bases) a window's two variants are
     # exchangeable, so swapping them (a sign flip of its drop when both count the same tokens) gives an exact null;
     # a bootstrap p-value is not one with few windows (all of n windows dropping the same way, as 2^-n of null runs
-    # do, gave p = 1 / (1 + reps): with 4 windows 44% of null runs claimed a context). Each distance alone would claim one in most null runs, so the claim "drop above
+    # do, gave p = 1 / (1 + reps): with 4 windows 37 to 44% of null runs claimed a context). Each distance alone would claim one in most null runs, so the claim "drop above
     # zero" is held at the error of one interval's low end, (1 - level) / 2, over the whole family of distances with
     # tokens: Holm, not Bonferroni, the same bound and it finds more. Not "every distance up to D": a model may read
     # back one distance only (the demo's positive control reads half its window back, by position, and nothing

@@ -136,7 +136,7 @@ def _control_note(report: dict) -> str:
                 "whether it reads back.")
     if ctl["effective_context"] is None:
         return (f" The positive control ({ctl['label']}) is the base trained on chr2 windows whose second half "
-                f"copies their first; too few copy-probe windows ({report['probe']['windows']}) for its "
+                f"copies their first; too few copy-probe windows with tokens ({report['probe']['windows']} probed) for its "
                 f"{len(report['probe']['distances'])} distances tested together (even a drop in every window "
                 "would not pass the test), so this run cannot tell whether it reads back (use more "
                 "--probe-windows).")

@@ -207,7 +207,7 @@ def test_one_window_and_one_probe_window_give_no_interval_and_a_context_it_canno
     assert "nan" not in " ".join(lines)
     assert "ck0 cannot tell (too few probe windows)" in " ".join(lines)
     note = demo_note(rep)
-    assert "too few copy-probe windows (1) for its 2 distances tested together" in note
+    assert "too few copy-probe windows with tokens (1 probed) for its 2 distances tested together" in note
     assert "cannot tell whether it reads back (use more --probe-windows)" in note and "none detected" not in note
 
 
