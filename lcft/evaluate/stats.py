@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lcft.config import format_size
+
 LEVEL = 0.95  # two-sided coverage of every interval in the report
 
 GROWS = "the gain grows toward the end of the window"
@@ -158,6 +160,12 @@ FLIPS = 9999
 """Random swap patterns of the sign-flip test beyond EXACT_WINDOWS: p-values resolve down to 1 / (1 + FLIPS)."""
 CANNOT_TELL = "cannot tell (too few probe windows)"
 """How an effective context of None reads: no pattern of so few windows could pass the test over the distances."""
+
+
+def context_text(d: int | None) -> str:
+    """An effective context as the tables and summaries name it: its size, none detected (0), or CANNOT_TELL
+    (None: too few windows for the distances tested together)."""
+    return CANNOT_TELL if d is None else format_size(d) if d else "none detected"
 
 
 def _flip_statistics(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],

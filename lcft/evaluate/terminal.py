@@ -12,7 +12,7 @@ from rich.table import Table
 from lcft.config import format_size
 from lcft.console import make_console, styled
 from lcft.evaluate.binning import THIN, thin_bins
-from lcft.evaluate.stats import CANNOT_TELL, FEW_WINDOWS
+from lcft.evaluate.stats import FEW_WINDOWS, context_text
 from lcft.units import counted
 
 ROUGH = "; with this few windows the intervals are rough"
@@ -146,17 +146,12 @@ def probe_table(report: dict[str, Any]) -> Table | None:
         pr = ck["probe"]
         cells = [_fmt(v, "+.4f") + ("*" if lo is not None and lo > 0 else "")
                  for v, lo in zip(pr["drop"], pr["ci_low"], strict=True)]
-        cells.append(_context(pr["effective_context"]))
+        cells.append(context_text(pr["effective_context"]))
         if "mutated" in pr:
-            cells.append(_context(pr["mutated"]["effective_context"]))
+            cells.append(context_text(pr["mutated"]["effective_context"]))
         t.add_row(ck["label"], *cells)
     return t
 
-
-def _context(d: int | None) -> str:
-    """An effective context: its size, none detected (0), or cannot tell (None: too few windows for the
-    distances tested together)."""
-    return CANNOT_TELL if d is None else format_size(d) if d else "none detected"
 
 
 def trend_lines(report: dict[str, Any]) -> list[str]:
