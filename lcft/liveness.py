@@ -44,6 +44,16 @@ LAUNCHER_ENV = "TORCHELASTIC_RUN_ID"
 env://'s variables; a job script's own exports or a shell that kept them (`source job.sh`) lack it."""
 
 
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+""""True" where the elastic agent serves the store at MASTER_ADDR:MASTER_PORT itself (torch's default: lcft's
+one-node --nproc); else rank 0 serves it (lcft's launch across nodes)."""
+
+
+def agent_store() -> bool:
+    """Whether this launch's store is served by its elastic agent (AGENT_STORE_ENV), not by rank 0."""
+    return os.environ.get(AGENT_STORE_ENV) == "True"
+
+
 def launched() -> bool:
     """True inside a launch by torch's elastic agent: the process group is described by the environment."""
     return LAUNCHER_ENV in os.environ

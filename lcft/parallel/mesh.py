@@ -8,6 +8,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -111,10 +112,11 @@ def _group_restarts() -> int:
 
 
 def _join(world: int, timeout_s: float) -> None:
-    """init_process_group over env://, whose store waits `timeout_s` for the other processes to connect."""
+    """init_process_group over env:// (on one node the agent's store, a prefix per round: _round_store), whose
+    store waits `timeout_s` for the other processes to connect."""
     _check_agent_store()
     try:
-        dist.init_process_group(group_backend(), timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(group_backend(), timeout=timedelta(seconds=timeout_s), **_round_store(world, timeout_s))
     except dist.DistError as e:  # the others never came, or the address is not this launch's (in use, unreachable)
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise LcftError(f"no process group of {world} processes formed at MASTER_ADDR:MASTER_PORT {where} within "
@@ -123,12 +125,27 @@ def _join(world: int, timeout_s: float) -> None:
                         f"{liveness.LAUNCHER_ENV})") from None
 
 
+def _round_store(world: int, timeout_s: float) -> dict[str, Any]:
+    """init_process_group's store, rank and world size when the elastic agent shares its store with the workers
+    of one node (lcft's one-node --nproc): the agent's, under a prefix of this round of the group. The agent keeps
+    that store across the restarts of its group, and torch's env:// gives the workers no prefix of their own: a
+    restarted rank could read the addresses the dead group published (gloo: "connectFullMesh failed ... Connection
+    refused"). One agent counts every restart of its node alike; across nodes the counts can differ
+    (liveness.RESTART_ENV): {} there, and env:// as torch makes it."""
+    if not liveness.agent_store() or os.environ.get("LOCAL_WORLD_SIZE") != str(world):
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    return {"store": dist.PrefixStore(f"lcft/round/{liveness.own_restarts()}", store),
+            "rank": int(os.environ["RANK"]), "world_size": world}
+
+
 def _check_agent_store() -> None:
     """An elastic agent that shares its store with its workers (TORCHELASTIC_USE_AGENT_STORE) listens at
     MASTER_ADDR:MASTER_PORT before it starts them: a refused connection means no agent is there (its workers'
     environment copied into a shell), which torch's store would retry, logging each try, for the whole timeout."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return  # rank 0 hosts the store itself (lcft's --nproc): the others may reach for it before it is up
+    if not liveness.agent_store():
+        return  # rank 0 hosts the store itself (lcft's --nproc on several nodes): the others may reach for it first
     host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()

@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 @pytest.mark.parametrize("rank", [1, 0])
 def test_a_frozen_worker_ends_the_run_naming_its_rank(tmp_path, data_dir, init_dir, rank):
     """SIGSTOP to one rank after step 2: the other's collective times out (5 s), the run exits 75 naming the
-    frozen rank, and no process is left behind (the frozen one too). Rank 0 also serves the run's store, which
-    then never replies: the diagnosis says so from what it read earlier."""
+    frozen rank, and no process is left behind (the frozen one too). The run's store is the agent's (one node),
+    which still answers with the frozen rank's beat standing still."""
     run = tmp_path / "run"
     proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
                        "--collective-timeout", 5)
