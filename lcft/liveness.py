@@ -258,11 +258,12 @@ def diagnose(error: BaseException, resume: str) -> tuple[str, bool] | None:
     said = cause(error)
     try:
         lost, alive, nodes = _within(lambda: (*(r := hb.lost()), hb.nodes_lost(*r)), DIAGNOSE_S)
-    except Exception:  # the store itself does not answer: it is served by rank 0
+    except Exception:  # the store itself does not answer: rank 0 serves it, or the agent of rank 0's node
         first = hb.peers.get(0, Peer(0, None, hb.host, 0))
         mine = os.environ.get(NODE_RANK_ENV)
         where = f" (node {first.node} lost)" if first.node is not None and str(first.node) != mine else ""
-        return (f"{first}, which serves the run's store at {hb.host}:{hb.port}, stopped answering{where} "
+        server = f"torchrun's agent that started {first}" if agent_store() else str(first)
+        return (f"{server}, which serves the run's store at {hb.host}:{hb.port}, stopped answering{where} "
                 f"({said}); {resume}", True)
     if not lost:
         return None

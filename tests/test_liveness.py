@@ -53,3 +53,25 @@ def test_a_diagnosis_says_the_collective_waited_only_when_it_timed_out(monkeypat
     assert message == (f"rank 1 on node 1 (host h1, pid 7) stopped answering (node 1 lost) after a collective "
                        f"{after} ({cause(error)}); RESUME")
     assert reporter
+
+
+class _SilentStore(_Beats):
+    """Stands in for this process's heartbeat (rank 1 of node 0) whose store does not answer."""
+
+    rank, peers = 1, {0: Peer(0, 0, "h0", 5)}
+
+    def lost(self) -> tuple[list[Peer], list[int]]:
+        raise TimeoutError("no reply within 13 s")
+
+
+@pytest.mark.parametrize(("agent", "server"), [("False", "rank 0 on node 0 (host h0, pid 5)"),
+                                               ("True", "torchrun's agent that started rank 0 on node 0 (host h0, pid 5)")])
+def test_a_store_that_does_not_answer_is_named_with_what_serves_it(monkeypatch, agent, server):
+    """Rank 0 serves the store across nodes; on one node the agent does (TORCHELASTIC_USE_AGENT_STORE): the
+    diagnosis named rank 0 either way."""
+    monkeypatch.setattr(liveness, "_current", _SilentStore())
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent)
+    monkeypatch.setenv(liveness.NODE_RANK_ENV, "0")
+    message, reporter = liveness.diagnose(RuntimeError(GLOO), "RESUME")
+    assert message == f"{server}, which serves the run's store at h:1, stopped answering ({cause(RuntimeError(GLOO))}); RESUME"
+    assert reporter
