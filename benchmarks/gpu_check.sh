@@ -74,7 +74,9 @@ if [ ${#pip_from[@]} -eq 0 ]; then
   index=${PIP_INDEX_URL:-https://pypi.org/simple/}
   if [ -z "${PIP_NO_INDEX:-}" ] && ! "$VENV/bin/python" benchmarks/gpu_check_deps.py reachable "$index"; then
     say "the package index ($index) does not answer in 5 s: pip tries once (--retries 0 --timeout 5)"
-    pip_opts+=(--retries 0 --timeout 5)
+    # in the environment, not as flags: the pip that pip starts for an sdist's build dependencies (setuptools for
+    # lcft's own -e install) reads it there and is given no flags of ours (it retried 5 times, 15 s each)
+    export PIP_RETRIES=0 PIP_TIMEOUT=5 PIP_DEFAULT_TIMEOUT=5
   fi
 fi
 if [ -n "$base_torch" ]; then
