@@ -27,8 +27,27 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 start=$(date +%s)
-base_torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
 floor=$(sed -n 's/^ *torch>=\([0-9][0-9.]*\).*/\1/p' setup.cfg)
+# PY's torch version (empty: none, or one that does not import), held to the floor by major.minor (a pre-release of
+# a minor lcft is tested with passes); one import of torch, most of this python's time
+torch_rc=0
+base_torch=$("$PY" - "$floor" <<'EOF'
+import sys
+try:
+    import torch
+except Exception:  # one that does not import counts as none
+    sys.exit(0)
+have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+need = tuple(int(x) for x in sys.argv[1].split(".")[:2])
+if have < need:
+    print(f"gpu-check: torch {torch.__version__} here is older than {sys.argv[1]}, the oldest lcft is tested with "
+          "(setup.cfg); use a python with a newer torch (PY=...).", file=sys.stderr)
+    sys.exit(3)
+print(torch.__version__)
+EOF
+) || torch_rc=$?
+[ "$torch_rc" = 3 ] && exit 2
+[ "$torch_rc" = 0 ] || base_torch=""
 pip_from=()
 if [ -d "$WHEELHOUSE" ]; then
   pip_from=(--no-index --find-links "$WHEELHOUSE")
@@ -40,16 +59,6 @@ if [ -d "$WHEELHOUSE" ]; then
   grep -qw "$tag" "$WHEELHOUSE/pythons" 2>/dev/null ||
     say "note: $WHEELHOUSE/ holds compiled wheels for Python $(cat "$WHEELHOUSE/pythons" 2>/dev/null), this is $tag;" \
         "if pip misses one, rebuild it with: make wheelhouse WHEEL_PYTHONS=$tag"
-fi
-if [ -n "$base_torch" ]; then  # its floor by major.minor: a pre-release of a minor lcft is tested with passes
-  "$PY" - "$floor" <<'EOF' || exit 2
-import sys, torch
-have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-need = tuple(int(x) for x in sys.argv[1].split(".")[:2])
-if have < need:
-    sys.exit(f"gpu-check: torch {torch.__version__} here is older than {sys.argv[1]}, the oldest lcft is tested "
-             f"with (setup.cfg); use a python with a newer torch (PY=...).")
-EOF
 fi
 # .venv-gpu sees PY's packages: --system-site-packages, and, as a PY that is itself a venv (e.g. /opt/torch/.venv)
 # hands on nothing that way (it means its base interpreter's), PY's own site folders through a .pth file. No pip of

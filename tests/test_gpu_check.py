@@ -230,8 +230,17 @@ INSTALL = ["bash", "benchmarks/gpu_check.sh", "--install-only"]
 
 @pytest.mark.slow
 def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(offline_node):
-    """`gpu_check.sh --install-only` as on an offline node (a half-made venv made again; no index: fails fast)."""
+    """`gpu_check.sh --install-only` as on an offline node (a torch below setup.cfg's floor refused; a half-made venv
+    made again; no index: fails fast)."""
     tmp_path, repo, env = offline_node
+    old = tmp_path / "old-torch"  # PY with a torch of 2.10: the version is all the script reads of it
+    (old / "torch").mkdir(parents=True)
+    (old / "torch" / "__init__.py").write_text('__version__ = "2.10.2+cu128"\n')
+    (old / "python").write_text(f'#!/bin/sh\nPYTHONPATH={old} exec {sys.executable} "$@"\n')
+    (old / "python").chmod(0o755)
+    res = subprocess.run(INSTALL, cwd=repo, env=env | {"PY": str(old / "python")}, capture_output=True, text=True)
+    assert res.returncode == 2 and "torch 2.10.2+cu128 here is older than" in res.stderr, res.stderr
+    assert not (repo / ".venv-gpu").exists()
     (repo / ".venv-gpu" / "bin").mkdir(parents=True)  # a venv an earlier run left half-made
     (repo / ".venv-gpu" / "bin" / "python").symlink_to("/bin/false")
     no_index = {k: v for k, v in env.items() if k != "PIP_NO_INDEX"} | {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}
