@@ -255,6 +255,16 @@ def _counts_line(rows: list[dict], head: str) -> str:
     return f"{head}: {len(rows)} kernels, {spill} spill registers, {capped} use 255 registers"
 
 
+def _measured(configs: list[dict], jobs: int):
+    """measure(c) for each configuration, in order: in this process for one job (a spawned worker would import torch
+    and lcft again, about as long as a --quick run's compiles), else in `jobs` spawned processes."""
+    if jobs == 1:
+        yield from map(measure, configs)
+        return
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        yield from pool.imap(measure, configs)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="worst-case subset (the test's)")
@@ -271,11 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     archs = [(a // 10, a % 10) for a in args.arch] if args.arch else None
     print(HEADER, flush=True)
     rows = []
-    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for res in pool.imap(measure, grid(args.quick, archs, args.table)):
-            for r in res:
-                print(_row_text(r), flush=True)
-            rows += res
+    for res in _measured(grid(args.quick, archs, args.table), args.jobs):
+        for r in res:
+            print(_row_text(r), flush=True)
+        rows += res
     over = [r for r in rows if r["status"] in ("OVER", "SPILL")]
     print(_counts_line(rows, f"{len(rows)} kernels compiled in {time.perf_counter() - t0:.0f} s; "
                              f"{len(over)} over their limit or spilling where they must not"))
