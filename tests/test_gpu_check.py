@@ -205,7 +205,7 @@ def _repo_copy(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def offline_node(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
     """(tmp folder, a clone with wheelhouse/, the environment of an offline node): a stand-in nvidia-smi on PATH,
-    no index, no pip config; PY = this test's python (its torch stands in for the node's CUDA torch)."""
+    no index, no pip config, no bytecode compiled (most of pip's time); PY = this test's python (its torch: the node's)."""
     tmp = tmp_path_factory.mktemp("node")
     repo = _repo_copy(tmp / "repo")
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -220,7 +220,7 @@ def offline_node(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
     smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
     env |= {"PATH": f"{tmp / 'bin'}:{env['PATH']}", "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
-            "PY": sys.executable}
+            "PIP_COMPILE": "false", "PY": sys.executable}
     return tmp, repo, env
 
 
