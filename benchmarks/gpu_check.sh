@@ -77,7 +77,9 @@ if ! make_venv; then  # a venv left half-made (an earlier run stopped in it): ma
   rm -rf "$VENV"
   make_venv || { say "no pip for $VENV: $PY has none and no ensurepip; install pip for $PY."; exit 2; }
 fi
-pip_opts=(-q)
+# No bytecode compiled at install (pip compiles every file of transformers, torch's test tree ... : most of its
+# time in a short slot); each process compiles what it imports, once, into the venv.
+pip_opts=(-q --no-compile)
 if [ ${#pip_from[@]} -eq 0 ]; then
   say "no $WHEELHOUSE/ here: packages come from the package index (make wheelhouse where there is one, for a node without)"
   index=${PIP_INDEX_URL:-https://pypi.org/simple/}
@@ -101,8 +103,8 @@ else
   # libraries stand in for), then pip check for what lcft's own packages still miss.
   req="$WHEELHOUSE/requirements.txt"
   [ -f "$req" ] || { say "$WHEELHOUSE/ has no requirements.txt: rebuild it with make wheelhouse."; exit 1; }
-  if ! "${pip[@]}" install -q "${pip_from[@]}" --no-deps -r "$req" ||
-     ! "${pip[@]}" install -q "${pip_from[@]}" --no-deps -e .; then
+  if ! "${pip[@]}" install "${pip_opts[@]}" "${pip_from[@]}" --no-deps -r "$req" ||
+     ! "${pip[@]}" install "${pip_opts[@]}" "${pip_from[@]}" --no-deps -e .; then
     say "pip found no wheel in $WHEELHOUSE/ for something $PY lacks: add its pin to constraints.txt, make wheelhouse."
     exit 1
   fi

@@ -109,7 +109,7 @@ def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str 
     row |= {"gpu_gib": total / GIB}
     flags = row["flags"]
     if lay.cp != 1 or lay.micro_batch != 1 or lay.shard != "none":
-        return row | {"error": f"the plan needs more than one GPU ({flags})"}
+        return row | {"error": f"does not fit: the plan needs more than one GPU ({flags})"}
     try:
         got = bench_train(length, lay.checkpointing, lay.offload_activations, warmup=False, device=device,
                           preset=preset, offload_bf16=lay.offload_bf16)
@@ -118,7 +118,7 @@ def bench_plan(length: int, host_memory: str, device: str = "cuda", preset: str 
         host_peak = peak_memory_bytes(torch.device("cpu")) / GIB  # this process's VmHWM: the plan's host need
         return row | {"fits": True, "host_peak_gib": host_peak, **{k: got[k] for k in ("step_s", "peak_gib", "finite")}}
     except torch.OutOfMemoryError as e:
-        return row | {"fits": False, "error": f"out of memory: {str(e).splitlines()[0][:80]}"}
+        return row | {"fits": False, "error": f"does not fit: out of memory: {str(e).splitlines()[0][:80]}"}
 
 
 def plan_step_in_child(length: int, host_memory: str, device: str = "cuda", preset: str = "1b",

@@ -61,8 +61,8 @@ def _plan_row(res: dict) -> list[str]:
     missed = "" if res.get("rehearsal") else "NO"
     if "no_layout" in r:  # lcft plan's own answer; no step ran
         return [head + f"{r['no_layout']} | {plan} | {target} | {missed} |"]
-    if "error" in r:
-        return [head + f"does not fit: {r['error']} | {plan} | {target} | {missed} |"]
+    if "error" in r:  # what stopped it, as it was (out of memory says "does not fit"; a timeout, a crash do not)
+        return [head + f"{r['error']} | {plan} | {target} | {missed} |"]
     host = f", host peak {r['host_peak_gib']:.1f} GiB" if r.get("host_peak_gib") else ""
     met = None if res.get("rehearsal") else r["fits"] and r["finite"]
     return [head + f"fits: peak {r['peak_gib']:.1f} GiB of {r['gpu_gib']:.1f} GiB{host}, {r['step_s']:.1f} s/step | "
