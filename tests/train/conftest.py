@@ -12,6 +12,7 @@ import torch
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.model import Llama, LlamaConfig
+from lcft.train import TrainConfig, train
 
 WINDOW = 2048  # prepared window length; tests train on 512-token aligned sub-windows of it
 SEQ = 512
@@ -40,11 +41,24 @@ def init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _base(data_dir: Path, init_dir: Path) -> dict[str, Any]:
+    return dict(data=str(data_dir), init=str(init_dir), seq_len=SEQ, steps=6, global_batch=2, micro_batch=1,
+                warmup=2, lr=1e-3, precision="fp32", save_every=0, progress=False)
+
+
 @pytest.fixture
 def base_cfg(data_dir: Path, init_dir: Path) -> dict[str, Any]:
     """TrainConfig fields shared by the tests (fp32, no live view); tests add out= and their own changes."""
-    return dict(data=str(data_dir), init=str(init_dir), seq_len=SEQ, steps=6, global_batch=2, micro_batch=1,
-                warmup=2, lr=1e-3, precision="fp32", save_every=0, progress=False)
+    return _base(data_dir, init_dir)
+
+
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, init_dir: Path) -> Path:
+    """The base run in this process, a checkpoint every 2 steps (all kept): the losses and weights a launch of the
+    same run reaches uninterrupted (two processes of one micro-batch each compute what one process does)."""
+    out = tmp_path_factory.mktemp("one-process") / "run"
+    train(TrainConfig(out=str(out), **{**_base(data_dir, init_dir), "save_every": 2, "keep_last": 0}))
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

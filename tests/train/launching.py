@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +75,56 @@ def _steps(run: Path) -> int:
         return len(read_metrics(run))
     except ValueError:  # a line being written
         return 0
+
+
+@dataclass
+class Ended:
+    """How a started command ended: its exit code, stdout and stderr, and when (time.monotonic())."""
+    code: int
+    out: str
+    err: str
+    at: float
+
+
+def ending(proc: subprocess.Popen, timeout: float) -> Callable[[], Ended]:
+    """Read `proc`'s output until it ends on a thread of its own, so that the test can start other runs meanwhile
+    (a run that waits out a timeout beside one that starts): the call returned waits for that end and says how
+    and when it came. Past `timeout` s it kills the command's processes and raises subprocess.TimeoutExpired."""
+    box: list[Ended | BaseException] = []
+
+    def wait() -> None:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            box.append(Ended(proc.returncode, out, err, time.monotonic()))
+        except BaseException as e:  # (raised where the test waits for it)
+            with contextlib.suppress(psutil.Error):
+                kill_tree(proc)
+            box.append(e)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+
+    def ended() -> Ended:
+        thread.join()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    return ended
+
+
+@contextlib.contextmanager
+def killed_on_failure() -> Iterator[list[subprocess.Popen]]:
+    """A list for the commands a block starts: if the block fails, each is killed with its processes (a run left
+    frozen, or training on, would outlive the test)."""
+    started: list[subprocess.Popen] = []
+    try:
+        yield started
+    except BaseException:
+        for proc in started:
+            with contextlib.suppress(psutil.Error):
+                kill_tree(proc)
+        raise
 
 
 def rank_process(launcher: subprocess.Popen, rank: int) -> psutil.Process:

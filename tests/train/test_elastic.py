@@ -9,69 +9,95 @@ import os
 import re
 import signal
 import time
+from dataclasses import dataclass
 
 import psutil
 import pytest
 import torch
 
-from lcft.launch import run as launch_run
-from lcft.train import TrainConfig, latest_checkpoint
-from tests.train.launching import error_lines, losses, rank_process, start_train, wait_for_step, weights
+from lcft.train import latest_checkpoint
+from tests.train.launching import (
+    Ended,
+    ending,
+    error_lines,
+    killed_on_failure,
+    losses,
+    rank_process,
+    start_train,
+    wait_for_step,
+    weights,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
+@dataclass
+class Frozen:
+    """How a run ended after one of its ranks was frozen (SIGSTOP) once step 2 was logged."""
+    ended: Ended
+    took: float  # from the freeze (and the SIGTERM) to the launcher's exit
+    frozen: psutil.Process
+
+
+# (frozen rank, --collective-timeout, SIGTERM to the launcher at once).
+FREEZES = [(0, 5, False), (1, 5, False), (1, 300, True)]
+
+
+@pytest.fixture(scope="module")
+def frozen_runs(tmp_path_factory, data_dir, init_dir) -> dict[tuple[int, bool], Frozen]:
+    """For each of FREEZES, a `--nproc 2` run whose rank was frozen after step 2, by (rank, SIGTERM sent). Each run
+    starts once the one before it froze its rank, so that its start overlaps their waits."""
+    waiting = []
+    with killed_on_failure() as started:
+        for rank, timeout, sigterm in FREEZES:
+            run = tmp_path_factory.mktemp("frozen") / "run"
+            proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
+                               "--collective-timeout", timeout)
+            started.append(proc)
+            wait_for_step(run, 2, [proc])
+            frozen = rank_process(proc, rank)
+            frozen.suspend()
+            if sigterm:
+                proc.terminate()
+            waiting.append(((rank, sigterm), time.monotonic(), frozen, ending(proc, timeout=120)))
+        outcomes = {key: ended() for key, _, _, ended in waiting}
+    return {key: Frozen(outcomes[key], outcomes[key].at - t0, frozen) for key, t0, frozen, _ in waiting}
+
+
 @pytest.mark.parametrize("rank", [1, 0])
-def test_a_frozen_worker_ends_the_run_naming_its_rank(tmp_path, data_dir, init_dir, rank):
+def test_a_frozen_worker_ends_the_run_naming_its_rank(frozen_runs, rank):
     """SIGSTOP to one rank after step 2: the other's collective times out (5 s), the run exits 75 naming the
     frozen rank, and no process is left behind (the frozen one too). The run's store is the agent's (one node),
     which still answers with the frozen rank's beat standing still."""
-    run = tmp_path / "run"
-    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
-                       "--collective-timeout", 5)
-    wait_for_step(run, 2, [proc])
-    frozen = rank_process(proc, rank)
-    frozen.suspend()
-    t0 = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    took = time.monotonic() - t0
-    assert proc.returncode == 75, err[-3000:]
+    run = frozen_runs[rank, False]
+    err, frozen = run.ended.err, run.frozen
+    assert run.ended.code == 75, err[-3000:]
     errors = error_lines(err)
     assert len(errors) == 1 and f"rank {rank} on node 0 (host " in errors[0], err[-3000:]
     assert f"pid {frozen.pid})" in errors[0] and "stopped answering" in errors[0] and "--resume auto" in errors[0]
     assert "node 0 lost" not in errors[0]  # rank 1 - rank on node 0 still answers
     # The timeout, the diagnosis (3 beats; up to 10 s more for a silent store) and the launcher's 3 s grace.
-    assert took < 5 + 3 + 10 + 3 + 15, took
+    assert run.took < 5 + 3 + 10 + 3 + 15, run.took
     assert not frozen.is_running() or frozen.status() == "zombie"
 
 
-def test_sigterm_with_a_frozen_worker_ends_the_job(tmp_path, data_dir, init_dir):
+def test_sigterm_with_a_frozen_worker_ends_the_job(frozen_runs):
     """A frozen rank can never take part in the final checkpoint: SIGTERM to the launcher ends the job at once
     (well within the 300 s collective timeout), exit 75, naming the frozen rank."""
-    run = tmp_path / "run"
-    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
-                       "--collective-timeout", 300)
-    wait_for_step(run, 2, [proc])
-    frozen = rank_process(proc, 1)
-    frozen.suspend()
-    t0 = time.monotonic()
-    proc.terminate()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 75, err[-3000:]
-    assert time.monotonic() - t0 < 30
+    run = frozen_runs[1, True]
+    err = run.ended.err
+    assert run.ended.code == 75, err[-3000:]
+    assert run.took < 30
     errors = error_lines(err)
-    assert len(errors) == 1 and f"rank 1 on node 0 (pid {frozen.pid}) is stopped" in errors[0], err
+    assert len(errors) == 1 and f"rank 1 on node 0 (pid {run.frozen.pid}) is stopped" in errors[0], err
     assert "SIGTERM" in errors[0]
 
 
-def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data_dir, init_dir):
+def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data_dir, init_dir, one_process_run):
     """--max-restarts 1: rank 1 SIGKILLed once step 3 is logged; the agent restarts both ranks, they resume
-    from the latest checkpoint by themselves, and the run ends (exit 0) with the losses and weights of an
-    uninterrupted 2-process run (fp32, 1e-6)."""
-    base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, micro_batch=1,
-                warmup=2, lr=1e-3, precision="fp32", save_every=2, keep_last=0, progress=False)
-    straight = tmp_path / "straight"
-    assert launch_run("train", TrainConfig(out=str(straight), nproc=2, **base))["step"] == 6
+    from the latest checkpoint by themselves, and the run ends (exit 0) with the losses and weights of the same
+    run uninterrupted in one process (which two processes of one micro-batch each compute exactly; fp32, 1e-6)."""
+    straight = one_process_run
     run = tmp_path / "elastic"
     proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 6, "--save-every", 2, "--max-restarts", 1)
     wait_for_step(run, 3, [proc])
