@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,7 +20,7 @@ from lcft.checkpoint.layout import verify_checkpoint
 from lcft.checkpoint.state import read_state
 from lcft.train import latest_checkpoint
 from lcft.train.metrics import read_metrics
-from tests.train.launching import error_lines, start_train, wait_for_step
+from tests.train.launching import Ended, ending, error_lines, killed_on_failure, start_train, wait_for_step
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -30,23 +32,76 @@ def _agent(launcher: subprocess.Popen) -> psutil.Process:
     return agent
 
 
-@pytest.mark.parametrize("whom", ["every process", "the agent alone"])
-def test_sigterm_reaching_the_agent_saves_and_exits_143(tmp_path, data_dir, init_dir, whom):
-    """SIGTERM to the launcher, the agent and both workers (as scancel sends it to the job's cgroup), or to the
-    agent alone: the workers finish the step and save, and the command exits 143 with rank 0's line of what it
-    saved. It printed the agent's SignalException traceback, then 'stopped by SIGTERM while the workers were
-    starting, before they saved' (every process) or 'training processes failed', exit 1 (the agent alone)."""
-    run = tmp_path / "run"
-    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0)
-    wait_for_step(run, 3, [proc])
-    agent = _agent(proc)
-    targets = [psutil.Process(proc.pid), agent, *agent.children(recursive=True)] if whom == "every process" \
-        else [agent]
-    assert len(targets) == (4 if whom == "every process" else 1)
-    for p in targets:
-        p.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-3000:]
+# Put first on the workers' PYTHONPATH: rank 0's checkpoint takes {seconds} s longer, inside the save, once its files
+# are written (read back and hashed as on a slow file system). The other rank waits for it, as in any save.
+SLOW_SAVE = """
+import os, time
+if os.environ.get("RANK") == "0":
+    import lcft.checkpoint.save as save
+    _checksums = save.write_checksums
+    def write_checksums(folder):
+        time.sleep({seconds})
+        _checksums(folder)
+    save.write_checksums = write_checksums
+"""
+
+# The runs this module stops by SIGTERM: to whom it goes, --stop-grace (None: the default), how many seconds
+# longer rank 0's final save takes. A save longer than torch's own 30 s kill, within the grace; one longer
+# than the grace; a plain save, the agent alone signalled.
+SLOW = ("every process", 60, 33)
+KILLED = ("every process", 2, 12)
+AGENT = ("the agent alone", None, 0)
+
+
+@dataclass
+class Stopped:
+    """One of the runs stopped by SIGTERM: its folder, and how and when it ended."""
+    run: Path
+    ended: Ended
+    took: float  # from the SIGTERM to the launcher's exit
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, data_dir, init_dir) -> dict[tuple[str, int | None, int], Stopped]:
+    """Each of SLOW, KILLED and AGENT: a `--nproc 2` run stopped by SIGTERM once step 3 is logged. Each starts
+    once the one before it was signalled, so that its start and its stop overlap their final saves."""
+    waiting = []
+    with killed_on_failure() as started:
+        for whom, grace, save_s in (SLOW, KILLED, AGENT):
+            root = tmp_path_factory.mktemp("stopped")
+            env = {"PYTHONPATH": _slow_save(root / "hook", save_s)} if save_s else None
+            proc = start_train(data_dir, init_dir, root / "run", "--nproc", 2, "--steps", 100000, "--save-every", 0,
+                               *(("--stop-grace", grace) if grace is not None else ()), env=env)
+            started.append(proc)
+            wait_for_step(root / "run", 3, [proc])
+            agent = _agent(proc)
+            targets = [psutil.Process(proc.pid), agent, *agent.children(recursive=True)] \
+                if whom == "every process" else [agent]
+            assert len(targets) == (4 if whom == "every process" else 1)
+            signalled = time.monotonic()
+            for p in targets:
+                p.send_signal(signal.SIGTERM)
+            waiting.append(((whom, grace, save_s), root / "run", signalled, ending(proc, timeout=300)))
+        ends = [(key, run, t0, ended()) for key, run, t0, ended in waiting]
+    return {key: Stopped(run, e, e.at - t0) for key, run, t0, e in ends}
+
+
+def _slow_save(hook: Path, seconds: int) -> str:
+    """A PYTHONPATH with SLOW_SAVE first, in folder `hook`."""
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_SAVE.format(seconds=seconds))
+    return os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+@pytest.mark.parametrize("stop", [SLOW, AGENT], ids=["every process", "the agent alone"])
+def test_sigterm_reaching_the_agent_saves_and_exits_143(stopped, stop):
+    """SIGTERM to the launcher, the agent and both workers (as scancel sends it to the job's cgroup; rank 0's
+    final save takes 33 s, within --stop-grace 60), or to the agent alone: the workers finish the step and save,
+    and the command exits 143 with rank 0's line of what it saved. It printed the agent's SignalException
+    traceback, then 'stopped by SIGTERM while the workers were starting, before they saved' (every process) or
+    'training processes failed', exit 1 (the agent alone)."""
+    run, out, err = stopped[stop].run, stopped[stop].ended.out, stopped[stop].ended.err
+    assert stopped[stop].ended.code == 143, err[-3000:]
     assert "Traceback" not in err and error_lines(err) == [], err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped"] == "signal" and summary["signal"] == "SIGTERM"
@@ -77,41 +132,15 @@ def test_sigkill_to_the_agent_is_a_lost_launch(tmp_path, data_dir, init_dir, sig
     assert read_state(latest_checkpoint(run)).step >= 2  # the earlier checkpoints stand for --resume auto
 
 
-# Put first on the workers' PYTHONPATH: rank 0's checkpoint takes {seconds} s longer, inside the save, once its files
-# are written (read back and hashed as on a slow file system). The other rank waits for it, as in any save.
-SLOW_SAVE = """
-import os, time
-if os.environ.get("RANK") == "0":
-    import lcft.checkpoint.save as save
-    _checksums = save.write_checksums
-    def write_checksums(folder):
-        time.sleep({seconds})
-        _checksums(folder)
-    save.write_checksums = write_checksums
-"""
-
-
-@pytest.mark.parametrize(("grace", "save_s"), [(2, 12), (60, 33)])
-def test_the_agent_waits_stop_grace_for_the_final_save(tmp_path, data_dir, init_dir, grace, save_s):
+@pytest.mark.parametrize("stop", [KILLED, SLOW], ids=["2-12", "60-33"])
+def test_the_agent_waits_stop_grace_for_the_final_save(stopped, stop):
     """SIGTERM to every process while rank 0's final checkpoint takes `save_s` s: with a --stop-grace longer than
     that (and than torch's own 30 s) the checkpoint is whole and the command exits 143 as after any stop; with a
     shorter one the agent kills the workers at the grace: no new checkpoint, exit 143, one line that names the grace.
     The agent killed them 30 s after its SIGTERM whatever the grace (there was none to give)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SLOW_SAVE.format(seconds=save_s))
-    path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
-    run = tmp_path / "run"
-    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
-                       "--stop-grace", grace, env={"PYTHONPATH": path})
-    wait_for_step(run, 2, [proc])
-    agent = _agent(proc)
-    signalled = time.monotonic()
-    for p in [psutil.Process(proc.pid), agent, *agent.children(recursive=True)]:
-        p.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    took = time.monotonic() - signalled
-    assert proc.returncode == 143, err[-3000:]
+    _, grace, save_s = stop
+    run, took, out, err = stopped[stop].run, stopped[stop].took, stopped[stop].ended.out, stopped[stop].ended.err
+    assert stopped[stop].ended.code == 143, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     if save_s < grace:
         assert took > save_s and error_lines(err) == [], err[-3000:]
