@@ -71,10 +71,7 @@ def _rank0_node(nodes: list[subprocess.Popen], timeout: float = 240) -> int:
     raise AssertionError(f"no worker of rank 0 after {timeout} s")
 
 
-def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data_dir, init_dir):
-    one = tmp_path / "one"
-    train(TrainConfig(data=str(data_dir), init=str(init_dir), out=str(one), seq_len=512, steps=6, global_batch=2,
-                      warmup=2, lr=1e-3, precision="fp32", save_every=0, progress=False))
+def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data_dir, init_dir, one_process_run):
     run = tmp_path / "two-nodes"
     node0, node1 = _nodes(data_dir, init_dir, run, free_port())
     wait_for_step(run, 3, [node0, node1])
@@ -101,16 +98,14 @@ def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data
     assert "done at step 6/6" in out0 and "done at step 6/6" in out1
     assert latest_checkpoint(run).name == "step-00000006"
     # cp=2 splits each sequence over the two nodes: the same losses as one process, up to rounding.
-    torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(losses(run), losses(one_process_run), rtol=1e-5, atol=1e-5)
 
 
-def test_two_nodes_under_max_restarts_restart_a_killed_worker_and_continue_exactly(tmp_path, data_dir, init_dir):
+def test_two_nodes_under_max_restarts_restart_a_killed_worker_and_continue_exactly(tmp_path, data_dir, init_dir,
+                                                                                  one_process_run):
     """--max-restarts 1 on both nodes: node 1's worker SIGKILLed once step 3 is logged; both agents restart their
     workers at a new rendezvous round, which resume from the latest checkpoint by themselves and end (exit 0) with
     the losses of one process."""
-    one = tmp_path / "one"
-    train(TrainConfig(data=str(data_dir), init=str(init_dir), out=str(one), seq_len=512, steps=6, global_batch=2,
-                      warmup=2, lr=1e-3, precision="fp32", save_every=0, progress=False))
     run = tmp_path / "two-nodes"
     node0, node1 = _nodes(data_dir, init_dir, run, free_port(), "--max-restarts", 1)
     wait_for_step(run, 3, [node0, node1])
@@ -122,18 +117,16 @@ def test_two_nodes_under_max_restarts_restart_a_killed_worker_and_continue_exact
     assert node0.returncode == 0 and node1.returncode == 0, err0[-3000:] + err1[-3000:]
     assert "restarting:" in err0 + err1 and "resumed from" in out0 + err0 + out1 + err1
     assert latest_checkpoint(run).name == "step-00000006"
-    torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(losses(run), losses(one_process_run), rtol=1e-5, atol=1e-5)
 
 
-def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path, data_dir, init_dir):
+def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path, data_dir, init_dir, one_process_run):
     """The group's ranks as the agents start them after node 1's worker died: node 1's agent counted the restart
     (TORCHELASTIC_RESTART_COUNT 1), node 0's restarted its worker for the membership change, which torch does not
     count (0). Every rank resumes from the latest checkpoint and the run ends (exit 0) with the losses of one
     process; rank 0 had refused the folder as another run's, after a 60 s wait for the heartbeats."""
     base = dict(data=str(data_dir), init=str(init_dir), seq_len=512, steps=6, global_batch=2, warmup=2, lr=1e-3,
                 precision="fp32", progress=False)
-    one = tmp_path / "one"
-    train(TrainConfig(out=str(one), save_every=0, **base))
     run = tmp_path / "run"
     train(TrainConfig(out=str(run), save_every=2, stop_after=2, **base))  # the first round: saved step 2, then died
     spec = save_resolved(tmp_path / "spec.toml", to_dict(resolve_folders(
@@ -148,7 +141,7 @@ def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path
     assert ranks[0].returncode == 0 and ranks[1].returncode == 0, err0[-3000:] + err1[-3000:]
     assert f"resumed from {run / 'checkpoints' / 'step-00000002'} (step 2, 2 process(es))" in err0, err0[-3000:]
     assert latest_checkpoint(run).name == "step-00000006"
-    torch.testing.assert_close(losses(run), losses(one), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(losses(run), losses(one_process_run), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("restarts", [0, 1])
