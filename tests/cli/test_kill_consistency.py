@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,8 @@ from typer.testing import CliRunner
 from lcft.checkpoint.layout import TMP_PREFIX, list_checkpoints, verify_checkpoint
 from lcft.cli.app import app
 from lcft.train import TrainConfig, train
+from tests.cli.preloaded import Preloaded, preloaded  # noqa: F401  (a fixture, by name)
 from tests.train.conftest import _one_thread, base_cfg, data_dir, init_dir  # noqa: F401  (fixtures, by name)
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Train as argv[1] (a JSON TrainConfig) says, SIGKILLed once the first file is removed from the folder of checkpoint
 # argv[2] (by its step name or a temp name holding it) once checkpoint argv[3] is saved: midway through pruning.
@@ -57,14 +55,13 @@ KILL_IN_REPLACE = textwrap.dedent("""
 """)
 
 
-def _run(script: str, cfg: dict[str, Any], *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", script, json.dumps(cfg), *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+def _run(server: Preloaded, script: str, cfg: dict[str, Any], *args: str) -> subprocess.CompletedProcess:
+    """`python -c SCRIPT CFG ARGS`, forked from the module's preloaded process (its imports done once)."""
+    return server.run(["-c", script, json.dumps(cfg), *args], timeout=120)
 
 
-def _killed(script: str, cfg: dict[str, Any], *args: str) -> None:
-    proc = _run(script, cfg, *args)
+def _killed(server: Preloaded, script: str, cfg: dict[str, Any], *args: str) -> None:
+    proc = _run(server, script, cfg, *args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
@@ -72,13 +69,13 @@ def _weights(run: Path) -> dict:
     return load_file(str(list_checkpoints(run)[-1][1] / "model.safetensors"))
 
 
-def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(base_cfg, tmp_path):  # noqa: F811
+def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(preloaded, base_cfg, tmp_path):  # noqa: F811
     """--keep-last 1: SIGKILL while step 1 is deleted after step 2's save. Every step-N folder left verifies
     (a partly deleted step-00000001 stayed under its name: readers found config.toml or the weights missing);
     the next run resumes from step 2, removes the temp folder, and ends where an uninterrupted run does."""
     cfg = {**base_cfg, "steps": 3, "save_every": 1, "keep_last": 1}
     run = tmp_path / "run"
-    _killed(KILL_IN_PRUNE, {**cfg, "out": str(run)}, "step-00000001", "step-00000002")
+    _killed(preloaded, KILL_IN_PRUNE, {**cfg, "out": str(run)}, "step-00000001", "step-00000002")
     left = list_checkpoints(run)
     assert [s for s, _ in left][-1] == 2, left
     for _, ckpt in left:
@@ -91,14 +88,14 @@ def test_kill_while_pruning_leaves_no_partly_deleted_checkpoint(base_cfg, tmp_pa
     assert ours.keys() == whole.keys() and all(ours[k].equal(whole[k]) for k in ours)
 
 
-def test_stop_after_skips_at_a_save_step_never_replaces_its_checkpoint(base_cfg, tmp_path):  # noqa: F811
+def test_stop_after_skips_at_a_save_step_never_replaces_its_checkpoint(preloaded, base_cfg, tmp_path):  # noqa: F811
     """--save-every 1 --max-consecutive-skips 2, updates skipped from step 3: the run stops at step 4, just saved.
     The stop saved step 4 a second time, replacing the first (renamed aside, then the new one renamed in): a kill
     between the two renames left no step-00000004, and the next start removed both copies as temp folders. Now the
     stop keeps the checkpoint it has: nothing replaces it, and the next run resumes from step 4."""
     cfg = {**base_cfg, "steps": 5, "save_every": 1, "keep_last": 0, "max_consecutive_skips": 2}
     run = tmp_path / "run"
-    proc = _run(KILL_IN_REPLACE, {**cfg, "out": str(run)}, "3")
+    proc = _run(preloaded, KILL_IN_REPLACE, {**cfg, "out": str(run)}, "3")
     ckpt = run / "checkpoints" / "step-00000004"
     assert verify_checkpoint(ckpt), sorted(p.name for p in ckpt.parent.iterdir())
     assert proc.returncode == 1 and "2 skipped updates in a row" in proc.stderr, proc.stderr[-2000:]
@@ -126,10 +123,8 @@ KILL_IN_EXPORT_MOVE = textwrap.dedent("""
 """)
 
 
-def _export_killed(point: str, argv: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", KILL_IN_EXPORT_MOVE, point, *argv], env=env, capture_output=True,
-                          text=True, timeout=120)
+def _export_killed(server: Preloaded, point: str, argv: list[str]) -> None:
+    proc = server.run(["-c", KILL_IN_EXPORT_MOVE, point, *argv], timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
@@ -139,14 +134,14 @@ def _files(folder: Path, hidden: bool = True) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if hidden or not p.name.startswith(".")}
 
 
-def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_dir, tmp_path):  # noqa: F811
+def test_readers_of_an_export_killed_midway_say_to_run_it_again(preloaded, init_dir, data_dir, tmp_path):  # noqa: F811
     """`lcft export --force` over an earlier export, SIGKILLed while it moves the new files in (config.json is
     gone until the end): eval, export and train --init given that folder say in one line that an export into it
     was stopped and to run it again (was: not a run, checkpoint or HF model folder); the rerun completes it."""
     out = tmp_path / "hf"
     assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(out)]).exit_code == 0
     argv = ["export", str(init_dir), "--out", str(out), "--force"]
-    _export_killed("first", argv)
+    _export_killed(preloaded, "first", argv)
     assert not (out / "config.json").exists()
     readers = [["eval", "--data", str(data_dir), "--checkpoint", str(out), "--out", str(tmp_path / "ev")],
                ["export", str(out), "--out", str(tmp_path / "again")],
@@ -163,7 +158,8 @@ def test_readers_of_an_export_killed_midway_say_to_run_it_again(init_dir, data_d
 
 
 @pytest.mark.parametrize("point", ["first", "config.json", "folder"])
-def test_the_same_export_run_again_after_a_kill_in_its_publishing_completes(init_dir, tmp_path, point):  # noqa: F811
+def test_the_same_export_run_again_after_a_kill_in_its_publishing_completes(preloaded, init_dir,  # noqa: F811
+                                                                            tmp_path, point):
     """`lcft export` without --force, SIGKILLed while it moves its files into an empty --out, once config.json is
     in, or once its work folder became the new --out: the same command run again exits 0 with the files of an
     uninterrupted export, byte for byte, and no hidden leftover, beside --out or in it (was: "already exists and is
@@ -173,7 +169,7 @@ def test_the_same_export_run_again_after_a_kill_in_its_publishing_completes(init
     if point != "folder":
         out.mkdir()
     argv = ["export", str(init_dir), "--out", str(out)]
-    _export_killed(point, argv)
+    _export_killed(preloaded, point, argv)
     assert (out / "config.json").is_file() == (point != "first")
     r = CliRunner().invoke(app, argv)
     assert r.exit_code == 0, r.output
@@ -184,14 +180,14 @@ def test_the_same_export_run_again_after_a_kill_in_its_publishing_completes(init
 
 
 @pytest.mark.parametrize("point", ["model.safetensors", "config.json"])
-def test_after_a_killed_export_other_files_in_out_are_still_refused(init_dir, tmp_path, point):  # noqa: F811
+def test_after_a_killed_export_other_files_in_out_are_still_refused(preloaded, init_dir, tmp_path, point):  # noqa: F811
     """What a killed export moved in is taken for its own only by an export that writes each of those files byte
     for byte (decided once built): another one (--dtype bfloat16: other weights) is refused, and so is the same one
     while a file of the user's is beside them; neither changes a file, and the same export run again completes."""
     out = tmp_path / "hf"
     out.mkdir()
     argv = ["export", str(init_dir), "--out", str(out)]
-    _export_killed(point, argv)
+    _export_killed(preloaded, point, argv)
     moved = _files(out, hidden=False)
     r = CliRunner().invoke(app, [*argv, "--dtype", "bfloat16"])
     assert r.exit_code == 1 and "is not this export's (use --force to overwrite)" in r.output, r.output
@@ -219,7 +215,7 @@ KILL_AT_STEP = textwrap.dedent("""
 """)
 
 
-def test_a_killed_run_leaves_no_summary_of_an_earlier_one(base_cfg, tmp_path):  # noqa: F811
+def test_a_killed_run_leaves_no_summary_of_an_earlier_one(preloaded, base_cfg, tmp_path):  # noqa: F811
     """A run stopped after 2 steps (summary.json: stop_after at step 2), resumed and SIGKILLed in step 4: no
     summary.json says how it ended (the stopped run's had stayed, read as this run's); the next resume writes
     its own."""
@@ -227,7 +223,7 @@ def test_a_killed_run_leaves_no_summary_of_an_earlier_one(base_cfg, tmp_path):  
     train(TrainConfig(stop_after=2, **cfg))
     summary = tmp_path / "run" / "summary.json"
     assert json.loads(summary.read_text())["stopped"] == "stop_after"
-    _killed(KILL_AT_STEP, {**cfg, "resume": "auto"}, "4")
+    _killed(preloaded, KILL_AT_STEP, {**cfg, "resume": "auto"}, "4")
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [1, 2, 3] and not summary.exists()
     train(TrainConfig(**{**cfg, "resume": "auto"}))
     assert json.loads(summary.read_text())["step"] == 5
