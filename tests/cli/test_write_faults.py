@@ -23,6 +23,7 @@ from lcft.folder_lock import LOCK_NAME
 from lcft.genomics import prepare_windows
 from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import read_metrics
+from tests.cli.preloaded import Preloaded, preloaded  # noqa: F401  (a fixture, by name)
 from tests.conftest import SHARED_GENOMES
 from tests.test_folder_lock import unprivileged
 
@@ -50,15 +51,24 @@ def init(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
 def lcft(limit: int, *args: str | Path) -> subprocess.CompletedProcess:
     """`python -m lcft ARGS` in a child whose files may not grow past `limit` bytes; Python ignores SIGXFSZ, so a
     write past it fails with EFBIG as on a filesystem's own limit."""
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "lcft", *map(str, args)], preexec_fn=limited, env=env,
+    return subprocess.run([sys.executable, "-m", "lcft", *map(str, args)], preexec_fn=limited, env=_env(),
                           capture_output=True, text=True, timeout=300)
+
+
+def forked(server: Preloaded, limit: int, *args: str | Path) -> subprocess.CompletedProcess:
+    """`lcft ARGS` as `lcft()` runs it, forked from the module's preloaded process: for a write that fails
+    mid-run, long after the start-up (imports are not under test), whose seconds are then paid once."""
+    return server.run(["-m", "lcft", *map(str, args)], env=_env(), limit=limit)
 
 
 def here(*args: str | Path) -> None:
@@ -106,12 +116,13 @@ def test_the_lock_file_past_the_file_size_limit(tmp_path, data, init, command):
     assert not out.exists() or os.listdir(out) == []
 
 
-def test_export_past_the_file_size_limit(tmp_path, init):
+def test_export_past_the_file_size_limit(tmp_path, init, preloaded):  # noqa: F811
     """model.safetensors past the limit: one line naming --out and the limit, no --out, no temp sibling; the
     export without the limit writes the tensors an uninterrupted export writes."""
     oracle, out = tmp_path / "oracle", tmp_path / "out"
     here("export", init, "--out", oracle)
-    one_error(lcft(100_000, "export", init, "--out", out), str(out), "file too large", "ulimit -f: 100,000 bytes")
+    one_error(forked(preloaded, 100_000, "export", init, "--out", out), str(out), "file too large",
+              "ulimit -f: 100,000 bytes")
     assert sorted(os.listdir(tmp_path)) == ["oracle"]
     here("export", init, "--out", out)
     same_tensors(out / "model.safetensors", oracle / "model.safetensors")
@@ -134,7 +145,7 @@ def test_prepare_past_the_file_size_limit(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init):
+def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init, preloaded):  # noqa: F811
     """A resumed run whose step-6 checkpoint fails in optimizer.pt (torch's writer says only 'unexpected pos'):
     one line naming the checkpoints folder and the limit; step 3 is kept and verifies, no temp folder; resumed
     again without the limit, step 6 holds the model an uninterrupted run ends with."""
@@ -142,7 +153,8 @@ def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init):
     base = ["train", "--data", data, "--init", init, *TRAIN, "--save-every", "3"]
     here(*base, "--out", oracle)
     here(*base, "--out", run, "--stop-after", "3")
-    r = lcft(500_000, *base, "--out", run, "--resume", "auto")  # model.safetensors (340 KB) fits, optimizer.pt not
+    # model.safetensors (340 KB) fits, optimizer.pt not
+    r = forked(preloaded, 500_000, *base, "--out", run, "--resume", "auto")
     one_error(r, "cannot save step 6", str(run / "checkpoints"), "file too large", "ulimit -f: 500,000 bytes",
               "step-00000003 is kept")
     assert [s for s, _ in list_checkpoints(run)] == [3] and verify_checkpoint(run / "checkpoints" / "step-00000003")
@@ -153,7 +165,7 @@ def test_train_checkpoint_past_the_file_size_limit(tmp_path, data, init):
 
 
 @pytest.mark.slow
-def test_train_metrics_and_config_past_the_file_size_limit(tmp_path, data, init):
+def test_train_metrics_and_config_past_the_file_size_limit(tmp_path, data, init, preloaded):  # noqa: F811
     """metrics.jsonl past the limit mid-run, then the run's config.toml: one line naming the file (not a
     traceback of the write and then of closing the file); the same command without the limit starts over and
     logs the losses of an uninterrupted run."""
@@ -162,9 +174,10 @@ def test_train_metrics_and_config_past_the_file_size_limit(tmp_path, data, init)
     here(*base, "--out", oracle)
     limit = (oracle / "config.toml").stat().st_size + 20  # config.toml fits, six steps' lines do not, six steps do not
     assert (oracle / "metrics.jsonl").stat().st_size > limit
-    one_error(lcft(limit, *base, "--out", run), str(run / "metrics.jsonl"), "file too large", f"{limit:,} bytes")
+    one_error(forked(preloaded, limit, *base, "--out", run), str(run / "metrics.jsonl"), "file too large",
+              f"{limit:,} bytes")
     assert list_checkpoints(run) == [] and leftovers(run) == []
-    one_error(lcft(100, *base, "--out", tmp_path / "run-b"), str(tmp_path / "run-b" / "config.toml"),
+    one_error(forked(preloaded, 100, *base, "--out", tmp_path / "run-b"), str(tmp_path / "run-b" / "config.toml"),
               "file too large")
     assert not (tmp_path / "run-b").exists()
     here(*base, "--out", run)
@@ -174,7 +187,7 @@ def test_train_metrics_and_config_past_the_file_size_limit(tmp_path, data, init)
 
 
 @pytest.mark.slow
-def test_resume_rewriting_metrics_past_the_file_size_limit(tmp_path, data, init):
+def test_resume_rewriting_metrics_past_the_file_size_limit(tmp_path, data, init, preloaded):  # noqa: F811
     """A resume rewrites metrics.jsonl (the steps after its checkpoint dropped) past the limit: one line naming
     the file and the limit; metrics.jsonl and the checkpoint are as they were, no temp file; resumed again
     without the limit, the run ends with the lines it had and the steps after them."""
@@ -184,7 +197,7 @@ def test_resume_rewriting_metrics_past_the_file_size_limit(tmp_path, data, init)
     before = (run / "metrics.jsonl").read_bytes()
     limit = (run / "config.toml").stat().st_size + 20  # the resume's config.toml fits, the metrics do not
     assert len(before) > limit
-    one_error(lcft(limit, *base, "--resume", "auto"), str(run / "metrics.jsonl"), "file too large",
+    one_error(forked(preloaded, limit, *base, "--resume", "auto"), str(run / "metrics.jsonl"), "file too large",
               f"{limit:,} bytes")
     assert (run / "metrics.jsonl").read_bytes() == before and leftovers(run) == []
     assert [s for s, _ in list_checkpoints(run)] == [5] and verify_checkpoint(run / "checkpoints" / "step-00000005")
