@@ -57,11 +57,10 @@ def _agent(restarts: int, *worker: str, env: dict[str, str] | None = None) -> su
                                  **(env or {})})
 
 
-@pytest.mark.parametrize(("restarts", "code"), [(0, 3), (1, 75)])
-def test_the_agent_logs_no_worker_failure_the_launcher_names(restarts, code):
-    """Workers exit `code`: without restarts the agent ends on it (the launcher names the failure), and exit code
-    75 is a worker that named a lost rank itself. torch's 'failed (exitcode: N) local_rank ...' was printed."""
-    agent = _agent(restarts, "sh", "-c", f"exit {code}")
+def test_the_agent_logs_no_worker_failure_the_launcher_names():
+    """Workers exit 3: without restarts the agent ends on it (the launcher names the failure). torch's 'failed
+    (exitcode: N) local_rank ...' was printed."""
+    agent = _agent(0, "sh", "-c", "exit 3")
     _, err = agent.communicate(timeout=120)
     assert agent.returncode == 1 and err == "", err
 
@@ -78,13 +77,20 @@ def test_the_agent_stopped_by_sigterm_logs_nothing():
     assert agent.returncode == 143 and err == "", err
 
 
+# Under --max-restarts 2, workers that exit 75 in the first round (each named a lost rank itself) and are killed by
+# SIGKILL in the next two.
+EXIT_75_THEN_KILLED = ("import os, sys; os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and sys.exit(75); "
+                       "os.kill(os.getpid(), 9)")
+
+
 def test_what_the_launcher_does_not_say_stays_on_the_screen():
-    """A worker killed by a signal under --max-restarts (the launcher says nothing of a restart's cause that no
-    worker diagnosed): torch's line for each restart, not for the failure the agent then ends on (its restarts
-    spent: the launcher's error names it; it was printed above it); and every line with torch's LOGLEVEL set."""
-    agent = _agent(1, sys.executable, "-c", "import os; os.kill(os.getpid(), 9)")
+    """Under --max-restarts 2, the restart after workers exited 75 (they named the lost rank: no line), then a
+    worker killed by a signal (the launcher says nothing of a restart's cause that no worker diagnosed): torch's
+    line for that restart only, not for the failure the agent then ends on (its restarts spent: the launcher's
+    error names it; it was printed above it), and nothing else; and every line with torch's LOGLEVEL set."""
+    agent = _agent(2, sys.executable, "-c", EXIT_75_THEN_KILLED)
     _, err = agent.communicate(timeout=120)
-    assert agent.returncode == 1 and len(torch_logs(err)) == 1, err
+    assert agent.returncode == 1 and len(torch_logs(err)) == 1 and err.splitlines() == torch_logs(err), err
     assert "failed (exitcode: -9)" in torch_logs(err)[0], err
     agent = _agent(0, "sh", "-c", "exit 3", env={"LOGLEVEL": "WARNING"})
     _, err = agent.communicate(timeout=120)
