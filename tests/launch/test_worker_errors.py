@@ -276,25 +276,32 @@ shards.verify_windows = verify_windows
 """
 
 
-def test_a_user_errors_own_exit_code_is_the_launchs(tmp_path, data_dir, init_dir):  # noqa: F811
-    env = _hooked(tmp_path, PEER_LOST_AT_START)
-    alone = subprocess.run(_train(data_dir, init_dir, tmp_path / "alone"), capture_output=True, text=True,
-                           timeout=300, env=env)
+@pytest.fixture(scope="module")
+def peer_lost(tmp_path_factory: pytest.TempPathFactory, data_dir: Path,  # noqa: F811
+              init_dir: Path) -> tuple[dict[str, str], subprocess.CompletedProcess]:  # noqa: F811
+    """The environment of commands whose processes raise PEER_LOST_AT_START's error, and one process's run in it
+    (the oracle): exit 75 and one line."""
+    tmp = tmp_path_factory.mktemp("peer-lost")
+    env = _hooked(tmp, PEER_LOST_AT_START)
+    alone = subprocess.run(_train(data_dir, init_dir, tmp / "alone"), capture_output=True, text=True, timeout=300,
+                           env=env)
     assert alone.returncode == EXIT_LOST and alone.stderr.count("\n") == 1, alone.stderr[-3000:]
+    return env, alone
+
+
+def test_a_user_errors_own_exit_code_is_the_launchs(tmp_path, data_dir, init_dir, peer_lost):  # noqa: F811
+    env, alone = peer_lost
     r = subprocess.run(_train(data_dir, init_dir, tmp_path / "run", "--nproc", "2"), capture_output=True, text=True,
                        timeout=300, env=env)
     assert (r.returncode, r.stderr, r.stdout) == (EXIT_LOST, alone.stderr, ""), r.stderr[-3000:]
 
 
-
-def test_a_user_errors_own_exit_code_is_the_workers_without_a_hand_over(tmp_path, data_dir, init_dir):  # noqa: F811
+def test_a_user_errors_own_exit_code_is_the_workers_without_a_hand_over(tmp_path, data_dir, init_dir,  # noqa: F811
+                                                                        peer_lost):
     """Workers with no launcher to hand their error to (no hand-over folder: several nodes with --max-restarts,
     whose agents restart the group and record how each worker ended): each exits with the error's own code (75),
     rank 0 printing the one line one process prints."""
-    env = _hooked(tmp_path, PEER_LOST_AT_START)
-    alone = subprocess.run(_train(data_dir, init_dir, tmp_path / "alone"), capture_output=True, text=True,
-                           timeout=300, env=env)
-    assert alone.returncode == EXIT_LOST and alone.stderr.count("\n") == 1, alone.stderr[-3000:]
+    env, alone = peer_lost
     cfg = TrainConfig(data=str(data_dir), init=str(init_dir), out=str(tmp_path / "run"), seq_len=512, steps=1,
                       global_batch=2, precision="fp32", progress=False, nproc=2)
     spec = save_resolved(tmp_path / "spec.toml", to_dict(resolve_folders(cfg)))
