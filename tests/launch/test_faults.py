@@ -1,8 +1,8 @@
 """The launcher from outside, as a scheduler and a second user see it: every check before the first byte
 (`--cp 3 --nproc 2` is one line and leaves no folder), one launch per folder from the first byte (a second one
 0.3 s or more after the first took its folder is refused naming the holder, and the first trains its own
-config), a rank killed by SIGKILL mid-step or inside a sharded save is exit 75 naming it, and a SIGKILLed
-launcher leaves no worker running."""
+config), ranks killed mid-step (SIGKILL, a realtime signal) or one killed inside a sharded save are exit 75
+naming each, and a SIGKILLed launcher leaves no worker running."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from lcft.folder_lock import LOCK_NAME
 from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.config import load_run_config
+from tests.launch.in_group import train_cp3
 from tests.parallel.harness import run_ranks
 from tests.train.conftest import data_dir, init_dir  # noqa: F401 (fixtures)
 from tests.train.launching import (
@@ -105,20 +106,12 @@ def test_the_library_runs_in_the_process_it_is_called_in(tmp_path, data_dir):  #
     assert not (tmp_path / "run").exists()
 
 
-def _run_cp3_in_a_group(rank: int, world: int, data: str, out: str) -> tuple[str, str] | None:
-    try:
-        run("train", TrainConfig(data=data, out=out, cp=3))
-    except LcftError as e:
-        return type(e).__name__, str(e)
-    return None
-
-
 @pytest.mark.distributed
 def test_the_library_called_inside_a_process_group_checks_that_groups_world(tmp_path, data_dir):  # noqa: F811
     """lcft.launch.run inside 2 gloo processes someone else made (no torchrun agent): the world is the group's 2,
     so --cp 3 is refused before anything is written, naming 2 processes (not a one-process world)."""
     out = tmp_path / "run"
-    for result in run_ranks(_run_cp3_in_a_group, 2, str(data_dir), str(out)):
+    for result in run_ranks(train_cp3, 2, str(data_dir), str(out)):
         assert result is not None and result[0] == "ConfigError", result
         assert "world size 2 is not divisible by cp=3" in result[1], result
     assert not out.exists()
@@ -201,27 +194,41 @@ def test_a_second_eval_launch_is_refused_and_the_first_reports_its_own_checkpoin
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "name"), [(signal.SIGKILL, "SIGKILL"), (40, "SIGRTMIN+6")])
-def test_a_rank_killed_by_a_signal_mid_step_is_exit_75_naming_it(tmp_path, data_dir, init_dir, sig, name):  # noqa: F811
-    """What the OOM killer does: SIGKILL to rank 1 after step 2 (or a realtime signal, whose recording crashed
-    torchrun's agent with a traceback: 'training processes failed (torchrun exit code 1)'). The launcher exits 75
-    (a scheduler requeues it) naming the rank, its node and the signal, and --resume auto would continue."""
+def test_ranks_killed_by_signals_mid_step_are_exit_75_naming_each(tmp_path, data_dir, init_dir):  # noqa: F811
+    """What the OOM killer does: SIGKILL to rank 1 of 3 after step 2, and a realtime signal to rank 2 (whose
+    recording crashed torchrun's agent with a traceback: 'training processes failed (torchrun exit code 1)'); rank
+    0 is left to the agent to end. The launcher exits 75 (a scheduler requeues it) naming each killed rank, its node
+    and its signal, and --resume auto would continue."""
     out = tmp_path / "run"
-    proc = start_train(data_dir, init_dir, out, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    proc = start_train(data_dir, init_dir, out, "--nproc", 3, "--steps", 100000, "--save-every", 0,
+                       run=_with(RUN, "--global-batch", "3"))
     wait_for_step(out, 2, [proc])
-    victim = rank_process(proc, 1)
-    victim.send_signal(sig)
+    victims = {rank: rank_process(proc, rank) for rank in (1, 2)}
+    # The agent, paused while both die, finds them dead in one look (as two killed at once): between two of its
+    # looks it would end the other one itself, named or not as it found it then.
+    agent = psutil.Process(proc.pid).children()[0]
+    agent.suspend()
+    try:
+        victims[1].send_signal(signal.SIGKILL)
+        victims[2].send_signal(40)
+        deadline = time.monotonic() + 60
+        while any(v.status() != psutil.STATUS_ZOMBIE for v in victims.values()):
+            assert time.monotonic() < deadline, "a killed rank did not end"
+            time.sleep(0.01)
+    finally:
+        agent.resume()
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 75, err[-3000:]
     errors = error_lines(err)
     assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
-    # (torch's agent logged the worker's exit code, and the other worker it ended, in lines of its own)
+    # (torch's agent logged each worker's exit code, and the other worker it ended, in lines of its own)
     assert [line for line in err.splitlines() if line.strip()] == errors, err[-3000:]
-    assert f"rank 1 on node 0 (pid {victim.pid}) was killed by {name}" in errors[0], errors
+    for rank, name in ((1, "SIGKILL"), (2, "SIGRTMIN+6")):
+        assert f"rank {rank} on node 0 (pid {victims[rank].pid}) was killed by {name}" in errors[0], errors
     assert "--resume auto" in errors[0]
 
 
-# Put first on the workers' PYTHONPATH: rank 1 SIGKILLs itself as it enters its second sharded save (step 4's),
+# Put first on the workers' PYTHONPATH: rank 1 SIGKILLs itself as it enters its second sharded save (step 2's),
 # while rank 0 is inside the same collective save with the temp folder open. torch's own `dcp.save` is wrapped, so
 # the fault sits where the OOM killer would strike whichever lcft module calls it.
 KILL_RANK1_IN_SECOND_SAVE = """
@@ -241,30 +248,30 @@ if os.environ.get("RANK") == "1":
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_rank_killed_by_sigkill_during_a_sharded_save_is_exit_75_and_resumes(tmp_path, data_dir, init_dir):  # noqa: F811
-    """--shard fsdp, checkpoints every 2 steps: rank 1 SIGKILLed inside step 4's sharded save. The launcher exits
-    75 naming the rank and the signal; step 2 stays complete (its checksums verify), no step 4 appears; --resume
-    auto continues from step 2 and leaves no temp folder of the interrupted save (rank 0 removes it when it sees the
+    """--shard fsdp, a checkpoint every step: rank 1 SIGKILLed inside step 2's sharded save. The launcher exits
+    75 naming the rank and the signal; step 1 stays complete (its checksums verify), no step 2 appears; --resume
+    auto continues from step 1 and leaves no temp folder of the interrupted save (rank 0 removes it when it sees the
     collective fail, the resume when rank 0 was ended first)."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(KILL_RANK1_IN_SECOND_SAVE)
     out = tmp_path / "run"
-    args = ("--nproc", 2, "--shard", "fsdp", "--save-every", 2)
+    args = ("--nproc", 2, "--shard", "fsdp", "--save-every", 1)
     path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = start_train(data_dir, init_dir, out, *args, "--steps", 6, env={"PYTHONPATH": path})
+    proc = start_train(data_dir, init_dir, out, *args, "--steps", 3, env={"PYTHONPATH": path})
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err[-3000:]
     errors = error_lines(err)
     assert len(errors) == 1 and "rank 1 on node 0" in errors[0] and "killed by SIGKILL" in errors[0], err[-3000:]
     assert "--resume auto" in errors[0]
-    assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000002"]
-    assert verify_checkpoint(out / "checkpoints" / "step-00000002")
+    assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-00000001"]
+    assert verify_checkpoint(out / "checkpoints" / "step-00000001")
 
-    resumed = start_train(data_dir, init_dir, out, *args, "--steps", 4, "--resume", "auto")
+    resumed = start_train(data_dir, init_dir, out, *args, "--steps", 2, "--resume", "auto")
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
-    assert "resumed from" in err and "step-00000002" in err, err[-3000:]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    assert "resumed from" in err and "step-00000001" in err, err[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
 
 
 @pytest.mark.distributed

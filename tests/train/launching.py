@@ -36,11 +36,12 @@ RUN = ["--seq-len", "512", "--global-batch", "2", "--precision", "fp32", "--warm
 
 
 def start_train(data: Path, init: Path, out: Path, *args: Any, env: dict[str, str] | None = None,
-                wrap: tuple[str, ...] = ()) -> subprocess.Popen:
-    """`python -m lcft train` with the small run's options and `args`, stdout and stderr captured; `env` adds to
-    the environment; `wrap` is a command that runs it (ending in its argument list, and exec'ing it in place)."""
+                wrap: tuple[str, ...] = (), run: list[str] = RUN) -> subprocess.Popen:
+    """`python -m lcft train` with the small run's options (or `run`) and `args`, stdout and stderr captured; `env`
+    adds to the environment; `wrap` is a command that runs it (ending in its argument list, and exec'ing it in
+    place)."""
     cmd = [*wrap, sys.executable, "-m", "lcft", "train", "--data", str(data), "--init", str(init), "--out", str(out),
-           *RUN, *map(str, args)]
+           *run, *map(str, args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
 
