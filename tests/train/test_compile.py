@@ -1,5 +1,5 @@
 """--compile: regional torch.compile of the blocks gives eager's numbers (losses and weights within 1e-5) in real
-training runs, with block checkpointing, with seq_chunk, under context parallelism (cp=2) and FSDP2 (2 ranks)."""
+training runs, with block checkpointing, with seq_chunk, under context parallelism (cp=2) with FSDP2 over its 2 ranks."""
 
 from __future__ import annotations
 
@@ -53,12 +53,10 @@ def test_compiled_run_equals_eager(base_cfg: dict[str, Any], tmp_path: Path, che
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"nproc": 2, "cp": 2, "global_batch": 1},
-                                    {"nproc": 2, "shard": "fsdp", "global_batch": 2}], ids=["cp2", "fsdp2"])
-def test_compiled_run_equals_eager_on_two_ranks(base_cfg: dict[str, Any], tmp_path: Path,
-                                                layout: dict[str, Any]) -> None:
-    """Two processes, as dp 1 x cp 2 (the context-parallel core and its collectives stay eager between the
-    compiled regions) and as FSDP2 over 2 ranks (its per-block hooks around the compiled regions)."""
+def test_compiled_run_equals_eager_on_two_ranks(base_cfg: dict[str, Any], tmp_path: Path) -> None:
+    """Two processes as dp 1 x cp 2 with FSDP2 over both (accumulation 2 on each rank): the context-parallel core
+    and its collectives stay eager between the compiled regions, and FSDP2's per-block hooks sit around them."""
+    layout = {"nproc": 2, "cp": 2, "shard": "fsdp", "global_batch": 2}
     eager = _run(base_cfg, tmp_path / "eager", **layout)
     compiled = _run(base_cfg, tmp_path / "compiled", compile=True, **layout)
     _assert_same(eager, compiled)
