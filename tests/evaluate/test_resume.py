@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -50,6 +51,38 @@ def _killed(cfg: dict, at_call: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", KILLER, json.dumps(cfg), str(at_call)], env=env, capture_output=True)
     assert r.returncode == -signal.SIGKILL, r.stderr.decode()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def model_link(tmp_path_factory, ckpt_a) -> Path:
+    """A link to model a: the path of the shared killed and clean runs, which a test may point elsewhere."""
+    link = tmp_path_factory.mktemp("resume") / "model"
+    link.symlink_to(ckpt_a)
+    return link
+
+
+@pytest.fixture(scope="module")
+def killed_a(data_dir, model_link) -> dict:
+    """The options of an eval of model a (through `model_link`) over 6 windows killed in its sixth forward pass
+    (windows 0-4 kept in its output folder). Tests resume copies of that folder (`_copy_killed`), never it."""
+    cfg = _cfg(data_dir, model_link.parent / "killed", model_link)
+    _killed(cfg, 6)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def clean_a(data_dir, model_link) -> Path:
+    """The output folder of the same eval uninterrupted."""
+    out = model_link.parent / "clean"
+    evaluate(EvalConfig(**_cfg(data_dir, out, model_link)))
+    return out
+
+
+def _copy_killed(killed: dict, out: Path) -> dict:
+    """The killed run's output folder (its lock and kept losses) copied into `out`, merged with what is there;
+    its options with that out."""
+    shutil.copytree(killed["out"], out, symlinks=True, dirs_exist_ok=True)
+    return {**killed, "out": str(out)}
 
 
 def _counting(monkeypatch) -> list[int]:
@@ -107,11 +140,10 @@ def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["torn", "flipped", "swapped", "nan", "inf"])
-def test_a_damaged_record_and_those_after_it_are_computed_again(data_dir, ckpt_a, tmp_path, monkeypatch, damage):
+def test_a_damaged_record_and_those_after_it_are_computed_again(killed_a, clean_a, tmp_path, monkeypatch, damage):
     """A record that does not check is computed again with those after it; so is one whose digest checks but
     whose loss is not finite (signed again with the unkeyed digest: had been read back, and the model blamed)."""
-    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a)
-    _killed(cfg, 6)  # windows 0-4 kept
+    cfg = _copy_killed(killed_a, tmp_path / "killed")  # windows 0-4 kept
     (path,) = (tmp_path / "killed" / PARTIAL).glob("*.losses")
     data = bytearray(path.read_bytes())
     record = len(data) // 5
@@ -130,37 +162,44 @@ def test_a_damaged_record_and_those_after_it_are_computed_again(data_dir, ckpt_a
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**cfg))
     assert len(calls) == {"torn": 2, "flipped": 4, "swapped": 5, "nan": 4, "inf": 4}[damage]
-    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
-    _same_report(tmp_path / "killed", tmp_path / "clean")
+    _same_report(tmp_path / "killed", clean_a)
 
 
 @pytest.mark.parametrize("change", [{"precision": "bf16"}, {"max_context": ["1K"]}, {"batch_size": 2},
                                     {"checkpoint": "b"}])
-def test_a_pass_of_other_options_or_weights_is_not_read(data_dir, ckpt_a, ckpt_b, tmp_path, monkeypatch, change):
+def test_a_pass_of_other_options_or_weights_is_not_read(killed_a, model_link, ckpt_a, ckpt_b, tmp_path, monkeypatch,
+                                                       change):
     """Kept losses of the same output folder under another option that changes a loss, or of other weights at
-    the same path, are not taken: every window is computed."""
-    out = tmp_path / "killed"
-    cfg = _cfg(data_dir, out, tmp_path / "model")
-    os.symlink(ckpt_a, tmp_path / "model")
-    _killed(cfg, 6)
+    the same path (the killed run's link, pointed at model b for this evaluation), are not taken: every window is
+    computed."""
+    cfg = _copy_killed(killed_a, tmp_path / "killed")
     change = dict(change)
-    if change.pop("checkpoint", None):
-        os.unlink(tmp_path / "model")
-        os.symlink(ckpt_b, tmp_path / "model")
+    other = change.pop("checkpoint", None)
     calls = _counting(monkeypatch)
-    evaluate(EvalConfig(**{**cfg, **change}))
+    if other:
+        _repoint(model_link, ckpt_b)
+    try:
+        evaluate(EvalConfig(**{**cfg, **change}))
+    finally:
+        _repoint(model_link, ckpt_a)
     assert sum(calls) == 6
 
 
-def test_more_windows_than_kept_and_fewer(data_dir, ckpt_a, tmp_path, monkeypatch):
+def _repoint(link: Path, target: Path) -> None:
+    """Point `link` at `target` in one step (a new link renamed over it)."""
+    new = link.with_name(link.name + ".new")
+    new.symlink_to(target)
+    new.replace(link)
+
+
+def test_more_windows_than_kept_and_fewer(killed_a, tmp_path, monkeypatch):
     """The kept windows are a prefix: a resumed run with a larger --max-windows computes only the new ones; with
     a smaller one, none."""
-    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a)
-    _killed(cfg, 6)
+    cfg = _copy_killed(killed_a, tmp_path / "killed")
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**{**cfg, "max_windows": 3}))
     assert calls == []
-    _killed(cfg, 6)
+    _copy_killed(killed_a, tmp_path / "killed")  # the same kept windows again, into the folder holding that report
     evaluate(EvalConfig(**{**cfg, "max_windows": 8}))
     assert len(calls) == 3  # windows 5, 6, 7
 
@@ -265,7 +304,7 @@ def test_a_diverged_checkpoint_leaves_the_others_losses_for_a_rerun(data_dir, ck
     assert calls == []
 
 
-def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
+def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, model_link, clean_a, tmp_path, monkeypatch):
     """ENOSPC keeping the third window's losses, then writing the report: each a one-line error; each rerun
     computes only what was not kept, and the report equals a clean run's."""
     import errno
@@ -285,7 +324,7 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, ckpt_a, tmp_pat
                 no_space()
         return open(path, mode, *a, **kw)
 
-    cfg = _cfg(data_dir, tmp_path / "out", ckpt_a)
+    cfg = _cfg(data_dir, tmp_path / "out", model_link)
     monkeypatch.setattr(store, "open", third_append_fails, raising=False)  # the module's `open`, not the builtin
     with pytest.raises(LcftError, match=r"cannot keep losses in .*No space left on device.*; fix the cause and " + RESUME) as e:
         evaluate(EvalConfig(**cfg))
@@ -300,8 +339,7 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, ckpt_a, tmp_pat
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**cfg))
     assert calls == []
-    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
-    _same_report(tmp_path / "out", tmp_path / "clean")
+    _same_report(tmp_path / "out", clean_a)
 
 
 def _start_cli(data_dir, ckpt, out: Path, *args: str) -> subprocess.Popen:
@@ -320,8 +358,16 @@ def _wait_for_kept(proc: subprocess.Popen, out: Path, windows: int, length: int)
         time.sleep(0.02)
 
 
+@pytest.fixture(scope="module")
+def clean_200(tmp_path_factory, data_dir, ckpt_a) -> Path:
+    """The output folder of an uninterrupted eval of model a over the 200 windows `_start_cli` asks for."""
+    out = tmp_path_factory.mktemp("clean-200") / "clean"
+    evaluate(EvalConfig(**_cfg(data_dir, out, ckpt_a) | {"max_windows": 200}))
+    return out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_after_the_batch_with_128_plus_n(data_dir, ckpt_a, tmp_path, monkeypatch, sig):
+def test_a_signal_stops_after_the_batch_with_128_plus_n(data_dir, ckpt_a, clean_200, tmp_path, monkeypatch, sig):
     """SIGTERM (a scheduler) or SIGINT (Ctrl-C) to `lcft eval`: the batch under way is finished and kept, the
     command says so and exits 128 + N, no report; run again, it resumes and ends with the uninterrupted report."""
     out = tmp_path / "stopped"
@@ -340,5 +386,4 @@ def test_a_signal_stops_after_the_batch_with_128_plus_n(data_dir, ckpt_a, tmp_pa
     cfg = _cfg(data_dir, out, ckpt_a) | {"max_windows": 200}
     evaluate(EvalConfig(**cfg))
     assert len(calls) == 200 - done
-    evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
-    _same_report(out, tmp_path / "clean")
+    _same_report(out, clean_200)
