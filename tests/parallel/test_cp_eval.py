@@ -12,10 +12,10 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.evaluate.store import PARTIAL
 from lcft.launch import run
-from tests.evaluate.test_resume import _killed, _start_cli, _wait_for_kept
+from tests.evaluate.test_resume import _counting, _killed, _start_cli, _wait_for_kept
 from tests.train.launching import rank_process
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 torchrun processes: ~35 s
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 6 launches of 2-4 torchrun processes: ~1.5 min
 
 
 def _cfg(data, model, out, **changes) -> EvalConfig:
@@ -23,6 +23,14 @@ def _cfg(data, model, out, **changes) -> EvalConfig:
     return EvalConfig(data=str(data), checkpoints=(str(model), str(model)), labels=("full", "control"),
                       max_context=(0, 512), max_windows=3, out=str(out), probe="copy", probe_segment=128,
                       probe_distances=(256, 1024), probe_windows=1, **changes)
+
+
+@pytest.fixture(scope="module")
+def one_200(tmp_path_factory, cp_data_dir, cp_init_dir) -> dict:
+    """The one-process report over the 200 windows `_start_cli` asks for: what a launched eval of them, stopped or
+    killed and resumed, must end with."""
+    return evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), max_windows=200, bootstrap=50,
+                               out=str(tmp_path_factory.mktemp("cp-eval") / "one")))
 
 
 def test_dp2_cp2_eval_equals_one_process(tmp_path, cp_data_dir, cp_init_dir):
@@ -63,7 +71,7 @@ def test_dp2_eval_resumes_a_killed_one_process_eval(tmp_path, cp_data_dir, cp_in
     assert b["bins"]["loss"] == pytest.approx(a["bins"]["loss"], rel=1e-6)
 
 
-def test_a_killed_rank_is_restarted_and_the_eval_resumes(tmp_path, cp_data_dir, cp_init_dir):
+def test_a_killed_rank_is_restarted_and_the_eval_resumes(tmp_path, cp_data_dir, cp_init_dir, one_200):
     """`lcft eval --nproc 2 --max-restarts 1`, rank 1 SIGKILLed once 8 windows are kept: the agent restarts both
     ranks, which read those windows back and compute the rest; exit 0 with the one-process report."""
     out = tmp_path / "elastic"
@@ -73,17 +81,17 @@ def test_a_killed_rank_is_restarted_and_the_eval_resumes(tmp_path, cp_data_dir, 
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "read back from an interrupted run" in stdout + err
-    one = evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(tmp_path / "one"),
-                              max_windows=200, bootstrap=50))
     two = json.loads((out / "eval.json").read_text())
-    (a,), (b,) = one["checkpoints"], two["checkpoints"]
+    (a,), (b,) = one_200["checkpoints"], two["checkpoints"]
     assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
     assert not (out / PARTIAL).exists()
 
 
-def test_sigterm_to_a_launched_eval_stops_every_rank_after_the_same_batch(tmp_path, cp_data_dir, cp_init_dir):
+def test_sigterm_to_a_launched_eval_stops_every_rank_after_the_same_batch(tmp_path, cp_data_dir, cp_init_dir,
+                                                                         one_200, monkeypatch):
     """`lcft eval --nproc 2`: the launcher passes SIGTERM on, the ranks agree to stop after one batch, the
-    command exits 143 saying the losses are kept (exit 1, "processes failed", before); the rerun resumes."""
+    command exits 143 saying the losses are kept (exit 1, "processes failed", before); run again (here in one
+    process), it computes only the windows not kept and gives the one-process report."""
     out = tmp_path / "stopped"
     proc = _start_cli(cp_data_dir, cp_init_dir, out, "--nproc", "2", "--quiet")
     _wait_for_kept(proc, out, 4, 2048)
@@ -92,11 +100,14 @@ def test_sigterm_to_a_launched_eval_stops_every_rank_after_the_same_batch(tmp_pa
     assert proc.returncode == 143, err[-3000:]
     assert "stopped by SIGTERM: the losses computed so far are kept" in stdout
     assert not (out / "eval.json").exists()
-    two = run("eval", EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(out),
-                                 max_windows=200, bootstrap=50, nproc=2))
-    one = evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(tmp_path / "one"),
-                              max_windows=200, bootstrap=50))
-    (a,), (b,) = one["checkpoints"], two["checkpoints"]
+    (kept,) = (out / PARTIAL).glob("*.losses")
+    done, torn = divmod(kept.stat().st_size, 2048 * 4 + 2048 // 8 + 8 + 16)  # losses, flags, index, digest
+    assert torn == 0 and 4 <= done < 200
+    calls = _counting(monkeypatch)
+    two = evaluate(EvalConfig(data=str(cp_data_dir), checkpoints=(str(cp_init_dir),), out=str(out), max_windows=200,
+                              bootstrap=50))
+    assert sum(calls) == 200 - done
+    (a,), (b,) = one_200["checkpoints"], two["checkpoints"]
     assert [w["loss"] for w in b["windows"]] == pytest.approx([w["loss"] for w in a["windows"]], rel=1e-6)
 
 
