@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -16,6 +17,22 @@ SHARED_PUBLISHED = SHARED_GENOMES.parent / "published"  # genome models' files a
 # at once and share the short rest at the end. Handed out last, test_real_run ran alone for 4 of 13 minutes.
 FIRST = ("tests/train/test_real_run.py", "tests/test_gpu_check.py", "tests/train/test_elastic.py",
          "tests/launch/test_faults.py", "tests/train/test_compile.py", "tests/parallel/test_fsdp.py")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    """One intra-op thread per process, in every module from the first test of the worker on: pytest-xdist runs
+    one worker per core, so a second thread only oversubscribes them (an in-process eval of 200 windows: ~5 s of
+    CPU on one thread, 25-29 s on two). Subprocesses inherit OMP_NUM_THREADS."""
+    old_threads, old_env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(old_threads)
+    if old_env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = old_env
 
 
 @pytest.fixture(autouse=True)

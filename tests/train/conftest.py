@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +60,3 @@ def one_process_run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, in
     return out
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    """The shared test machine is oversubscribed: one intra-op thread per process is faster and steadier
-    (subprocesses inherit OMP_NUM_THREADS)."""
-    old_threads, old_env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    torch.set_num_threads(old_threads)
-    if old_env is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = old_env
