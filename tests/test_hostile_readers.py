@@ -27,7 +27,7 @@ from lcft.genomics.vocab_file import read_roles
 from lcft.train.metrics import MetricsLog, read_metrics
 from tests.conftest import SHARED_PUBLISHED
 from tests.one_line import cli_fails, one_line
-from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
+from tests.train.conftest import data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 DEEP = 200_000
 LIMIT = 100  # the nesting lcft documents for a JSON or TOML file (lcft.files.MAX_NESTING)

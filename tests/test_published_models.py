@@ -22,7 +22,6 @@ from lcft.genomics import open_windows, sample_fasta
 from tests.genomics.conftest import bio_records
 from tests.genomics.test_published_tokenizers import PUBLISHED, ROLES, generator_folder, generator_rule
 from tests.model.test_hf_config import GENOMEOCEAN
-from tests.train.conftest import _one_thread  # noqa: F401 (one intra-op thread on the shared test machine)
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()

@@ -14,7 +14,7 @@ from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.checkpoint.save import prune, write_checkpoint
 from lcft.launch import run as launch
 from lcft.train import TrainConfig, train
-from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
+from tests.train.conftest import data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from lcft.checkpoint.layout import TMP_PREFIX, list_checkpoints, verify_checkpoi
 from lcft.cli.app import app
 from lcft.train import TrainConfig, train
 from tests.cli.preloaded import Preloaded, preloaded  # noqa: F401  (a fixture, by name)
-from tests.train.conftest import _one_thread, base_cfg, data_dir, init_dir  # noqa: F401  (fixtures, by name)
+from tests.train.conftest import base_cfg, data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 # Train as argv[1] (a JSON TrainConfig) says, SIGKILLed once the first file is removed from the folder of checkpoint
 # argv[2] (by its step name or a temp name holding it) once checkpoint argv[3] is saved: midway through pruning.

@@ -24,7 +24,7 @@ from lcft.model import Llama, LlamaConfig
 from lcft.model.hf_params import to_hf_name
 from lcft.train import TrainConfig, train
 from tests.probes import peak_growth
-from tests.train.conftest import _one_thread, data_dir, init_dir  # noqa: F401  (fixtures, by name)
+from tests.train.conftest import data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 EMBED = "model.embed_tokens.weight"
 
