@@ -13,8 +13,6 @@ import io
 import json
 import pickle
 import shutil
-import subprocess
-import sys
 import textwrap
 import zipfile
 from pathlib import Path
@@ -33,8 +31,7 @@ from lcft.errors import LcftError
 from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.train import TrainConfig, train
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture, by name)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # one 2-rank fsdp run of 2 steps, then 1-process reads
 
@@ -343,57 +340,32 @@ def _deflate_an_item(ckpt: Path) -> Path:
 
 
 INFLATE = textwrap.dedent("""
-    import json, os, resource, sys, traceback
+    import json, resource, sys
     from pathlib import Path
     from lcft.errors import LcftError
     from tests.checkpoint.test_dcp_metadata import _entry_points
-    cfg, data = json.loads(sys.argv[1]), Path(sys.argv[2])
-    for entry, ckpt, tmp in json.loads(sys.argv[3]):
-        sys.stdout.flush()
-        if (pid := os.fork()) == 0:  # the read in a process of its own, whose peak starts at its size when forked
-            out = Path(tmp)
-            os.dup2(os.open(out / "stderr.txt", os.O_WRONLY | os.O_CREAT), 2)
-            try:
-                call = _entry_points(Path(ckpt), (None, cfg), out, data)[entry]
-                before, said = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, ""
-                try:
-                    call()
-                except LcftError as e:
-                    said = f"LcftError {e}"
-                mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
-                (out / "result.json").write_text(json.dumps({"said": said, "mib": mib}))
-            except BaseException:
-                traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(0)
-        os.waitpid(pid, 0)
+    entry, ckpt, cfg, tmp, data = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
+    call = _entry_points(ckpt, (None, cfg), Path(tmp), Path(data))[entry]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        call()
+    except LcftError as e:
+        print("LcftError", e)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, "MiB")
 """)
-ENTRIES = ("export", "eval", "resume")
 
 
-@pytest.fixture(scope="module")
-def inflated(sharded_run, data_dir, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """Per entry, (its folder, the deflated shard) of a read of its copy of the run's step 2: result.json and the
-    read's stderr.txt in the folder. One process imports lcft once and forks a child for each read."""
-    reads, shards = [], {}
-    for entry in ENTRIES:
-        shutil.copytree(sharded_run[0], (tmp := tmp_path_factory.mktemp(entry)) / "run")
-        shards[entry] = (tmp, _deflate_an_item(ckpt := tmp / "run" / "checkpoints" / "step-00000002"))
-        reads.append((entry, str(ckpt), str(tmp)))
-    proc = subprocess.run([sys.executable, "-c", INFLATE, json.dumps(sharded_run[1]), str(data_dir), json.dumps(reads)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return shards
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_a_deflated_record_in_a_shard_item_is_refused_before_it_is_inflated(inflated, entry):
+@pytest.mark.parametrize("entry", ["export", "eval", "resume"])
+def test_a_deflated_record_in_a_shard_item_is_refused_before_it_is_inflated(preloaded, ckpt, sharded_run,  # noqa: F811
+                                                                             tmp_path, data_dir, entry):
     """DCP torch.loads each item of a shard file, a torch.save zip, whole: a data.pkl deflated inside one (512 MiB
     of zeros in a file of ~0.5 MiB) was inflated whole, and the read went on with the tensor as saved. Each item's
-    records must be stored within its bytes, as a trainer state's: one line naming the file, before any is read."""
-    tmp, shard = inflated[entry]
-    assert "Traceback" not in (err := (tmp / "stderr.txt").read_text()), err[-2000:]
-    got = json.loads((tmp / "result.json").read_text())
-    assert got["mib"] < 256, got  # MiB above the peak before reading
-    assert (said := got["said"]).startswith("LcftError") and str(shard) in said and "is compressed" in said and "data.pkl" in said, got
-    assert not (tmp / "hf").exists()
+    records must be stored within its bytes, as a trainer state's: one line naming the file, before any is read.
+    (The read runs forked from the module's preloaded process: lcft imported once, the read's peak its own.)"""
+    shard = _deflate_an_item(ckpt)
+    proc = preloaded.run(["-c", INFLATE, entry, str(ckpt), json.dumps(sharded_run[1]), str(tmp_path), str(data_dir)])
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert int(lines[-1].split()[0]) < 256, lines  # MiB above the peak before reading
+    assert lines[0].startswith("LcftError") and str(shard) in lines[0] and "is compressed" in lines[0], lines
+    assert "data.pkl" in lines[0] and not (tmp_path / "hf").exists()
