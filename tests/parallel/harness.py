@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +33,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, out_dir: str, init: b
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # The result is saved: the process ends here, without the interpreter's teardown, in which a two-process FSDP
+    # run's process sometimes aborted in C++ after passing ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, init: bool = True, timeout: float = 150.0) -> list[Any]:
