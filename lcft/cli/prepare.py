@@ -66,7 +66,7 @@ command_from_config(app, "windows", PrepareConfig, _windows, table="prepare", re
 
 @app.command("verify")
 @user_errors
-def verify(out: Path = typer.Argument(..., help="A folder written by `lcft prepare windows`.")) -> None:
+def verify(out: Path = typer.Argument(..., metavar="DIR", help="A folder written by `lcft prepare windows`.")) -> None:
     """Recompute every size and sha256 listed in the manifest; name the corrupt file and exit 1 if any."""
     from lcft.genomics.shards import verify_windows
 
@@ -77,7 +77,7 @@ def verify(out: Path = typer.Argument(..., help="A folder written by `lcft prepa
 
 @app.command("inspect")
 @user_errors
-def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder written by `lcft prepare windows`.")) -> None:
+def inspect(path: Path = typer.Argument(..., metavar="PATH", help="A FASTA file, or a folder written by `lcft prepare windows`.")) -> None:
     """Chromosomes of a FASTA (length, N, soft-masked, GC), or the summary of a prepared folder."""
     from lcft.genomics.inspect import inspect_fasta, summarize_windows
 
@@ -104,7 +104,7 @@ def inspect(path: Path = typer.Argument(..., help="A FASTA file, or a folder wri
 @app.command("fetch")
 @functools.partial(user_errors, resumes=True)  # the download goes on from its .part file
 def fetch(
-    name: str = typer.Argument("hg38", help="Genome to download (known: hg38)."),
+    name: str = typer.Argument("hg38", metavar="NAME", help="Genome to download (known: hg38)."),
     out: Path = typer.Option(Path("data"), "--out", help="Folder to download into."),
     url: str | None = typer.Option(None, "--url", help="Download from this URL instead (a mirror, or a local server)."),
     md5: str | None = typer.Option(None, "--md5", help="Expected md5 of the download; default: the one published in md5sum.txt next to the URL; 'skip' to skip."),
