@@ -73,7 +73,7 @@ class EvalConfig(ParallelConfig):
     """Bootstrap replicates behind every 95% interval (held-out windows resampled with replacement, paired
     across checkpoints)."""
     seed: int = 0
-    """Seed of the bootstrap draws and of the copy probe's shuffles and substitutions."""
+    """Seed of the bootstrap draws and of the copy probe's shuffles and mutations."""
     probe: Probe = "none"
     """copy: also measure how far back each checkpoint reads: a segment planted again D tokens later, the loss
     on that second occurrence with and without the first (effective_context in eval.json)."""
@@ -83,8 +83,9 @@ class EvalConfig(ParallelConfig):
     """Copy probe: distances D between the two occurrences (empty: segment, 2 segment, 4 segment, ... up to the
     window length)."""
     probe_mutation: float = 0.1
-    """Copy probe: fraction of the first occurrence's bases substituted in the mutated variant, as in a diverged
-    repeat (0 = exact copies only)."""
+    """Copy probe: fraction of the first occurrence's bases changed in the mutated variant, as in a diverged repeat,
+    by exchanging bases among those positions so the segment keeps its base counts, as the shuffled control does
+    (fewer where too few distinct bases allow it, none in a one-base segment; 0 = exact copies only)."""
     probe_windows: int = 0
     """Copy probe: run it on the first N evaluated windows (0 = all of them); each costs 3 forward passes per
     distance (2 without the mutated variant). The effective context needs 2^-N < 2.5% / distances (8 windows

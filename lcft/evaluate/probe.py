@@ -68,7 +68,8 @@ class Planted:
     exact: np.ndarray
     """(L,) token ids: the source segment as it was: an exact copy at `distance` before the target."""
     mutated: np.ndarray
-    """(L,) token ids: the source segment with a fraction of its bases substituted (a diverged repeat)."""
+    """(L,) token ids: the source segment with a fraction of its bases exchanged among themselves (a diverged
+    repeat of the same base counts: `_mutate`)."""
 
     def decode(self, variant: str = "exact", softmask: np.ndarray | None = None) -> str:
         """The planted window as sequence text (upper case; lower case where `softmask` (L,) is True);
@@ -81,14 +82,38 @@ class Planted:
                 "target": [self.target, self.target + self.segment]}
 
 
+def mutation_count(x: np.ndarray, frac: float) -> int:
+    """How many of segment `x`'s A/C/G/T positions the mutated copy changes: round(frac * bases), lowered to the
+    largest k whose positions can exchange their bases with none keeping its own, i.e. some k positions with each
+    base on at most k // 2 of them (0 for a one-base segment; never 1; even where only two distinct bases are)."""
+    counts = np.bincount(x[(x >= A) & (x <= T)] - A, minlength=4)  # (4,) A, C, G, T
+    k = int(round(frac * counts.sum()))
+    while k and np.minimum(counts, k // 2).sum() < k:
+        k -= 1
+    return k
+
+
 def _mutate(x: np.ndarray, frac: float, rng: np.random.Generator) -> np.ndarray:
-    """`x` with round(frac * bases) of its A/C/G/T tokens each replaced by one of the three other bases."""
+    """`x` with `mutation_count(x, frac)` of its A/C/G/T positions each given another base by exchanging the bases
+    of those positions among them: the segment keeps its base counts, as the control (the source shuffled) does,
+    so the mutated copy differs from the control in what it copies, not in composition. N and <unk> stay put."""
     out = x.copy()
-    bases = np.flatnonzero((x >= A) & (x <= T))  # N and <unk> stay as they are
-    k = int(round(frac * len(bases)))
-    if k:
-        where = rng.choice(bases, size=k, replace=False)
-        out[where] = A + (out[where] - A + rng.integers(1, 4, size=k)) % 4  # never the same base again
+    k = mutation_count(x, frac)
+    if not k:
+        return out
+    order = rng.permutation(np.flatnonzero((x >= A) & (x <= T)))  # the base positions in a random order
+    b = x[order].astype(np.int64) - A  # their bases 0..3
+    rank = np.zeros(len(order), dtype=np.int64)  # each position's place among those of its base in `order`
+    for base in range(4):
+        rank[b == base] = np.arange(int((b == base).sum()))
+    chosen = order[rank < k // 2][:k]  # (k,) each base on at most k // 2: enough of them by mutation_count
+    # Sorted into blocks of one base (blocks in a random order), each base moved s places along, s between the
+    # largest block m and k - m: a block of c <= m positions then lands wholly outside itself, so every chosen
+    # position gets another base, and the bases are only moved, never made.
+    key = np.argsort(rng.permutation(4))[x[chosen].astype(np.int64) - A]  # (k,) the rank of each one's block
+    blocks = chosen[np.argsort(key, kind="stable")]  # (k,)
+    m = int(np.bincount(key).max())
+    out[np.roll(blocks, int(rng.integers(m, k - m + 1)))] = x[blocks]
     return out
 
 

@@ -110,6 +110,9 @@ def _probe_options(cfg: Any, results: list) -> dict[str, Any] | None:
             "target": [probe.length - probe.segment, probe.length],
             "note": "the window's last `segment` tokens are overwritten by the segment `distance` tokens earlier; "
                     "drop = loss on them with that source shuffled minus with it intact (nats/token; > 0 = read back); "
+                    "mutated: the source with round(mutation x its bases) positions given another base by "
+                    "exchanging bases among them (the base counts kept, as in the shuffled control; fewer where "
+                    "too few distinct bases allow it); "
                     "rebuild a planted window with lcft.evaluate.probe.plant(ids, window, segment, distance, "
                     "mutation, seed)"}
 

@@ -141,7 +141,7 @@ def probe_table(report: dict[str, Any]) -> Table | None:
         t.add_column(f"D={format_size(d)}\nnats/token", justify="right", no_wrap=True)
     t.add_column("effective context\ntokens", justify="right", no_wrap=True)
     if opts["mutation"] > 0:
-        t.add_column(f"with {opts['mutation']:.0%} substituted", justify="right", no_wrap=True)
+        t.add_column(f"with {opts['mutation']:.0%} changed", justify="right", no_wrap=True)
     for ck in report["checkpoints"]:
         pr = ck["probe"]
         cells = [_fmt(v, "+.4f") + ("*" if lo is not None and lo > 0 else "")

@@ -47,7 +47,7 @@ def test_planted_window_decodes_to_the_original_with_the_copy_at_the_stated_plac
     for v in ("control", "exact", "mutated"):  # the target is the same in every variant
         assert (getattr(p, v)[t[0]:] == ids[s[0]:s[1]]).all()
         assert (getattr(p, v)[:s[0]] == ids[:s[0]]).all() and (getattr(p, v)[s[1]:t[0]] == ids[s[1]:t[0]]).all()
-    # Control: the source's bases shuffled; mutated: 10% of them substituted by another base.
+    # Control: the source's bases shuffled; mutated: 10% of them given another base, the base counts kept.
     src = ids[s[0]:s[1]]
     assert sorted(p.control[s[0]:s[1]]) == sorted(src) and (p.control[s[0]:s[1]] != src).sum() > 100
     diff = p.mutated[s[0]:s[1]] != src
