@@ -114,7 +114,10 @@ def _probe_options(cfg: Any, results: list) -> dict[str, Any] | None:
                     "exchanging bases among them (the base counts kept, as in the shuffled control; fewer where "
                     "too few distinct bases allow it); "
                     "rebuild a planted window with lcft.evaluate.probe.plant(ids, window, segment, distance, "
-                    "mutation, seed)"}
+                    "mutation, seed); a checkpoint's effective_context: the farthest distance whose drop is above "
+                    "zero, the distances tested together; 0 = none detected; null = cannot tell (too few windows "
+                    "with tokens for the distances tested together; without the probe, this object and each "
+                    "checkpoint's probe are null instead)"}
 
 
 def _probe_figures(probe: Any, cfg: Any) -> dict[str, Any]:

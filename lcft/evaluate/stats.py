@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lcft.config import format_size
+from lcft.units import counted
 
 LEVEL = 0.95  # two-sided coverage of every interval in the report
 
@@ -158,14 +159,19 @@ EXACT_WINDOWS = 16
 """Up to this many windows the sign-flip test enumerates all 2^n swaps (65,536 at 16); beyond, it draws FLIPS."""
 FLIPS = 9999
 """Random swap patterns of the sign-flip test beyond EXACT_WINDOWS: p-values resolve down to 1 / (1 + FLIPS)."""
-CANNOT_TELL = "cannot tell (too few probe windows)"
-"""How an effective context of None reads: no pattern of so few windows could pass the test over the distances."""
+NO_PROBE = "not measured (no copy probe)"
+"""How an effective context reads where the copy probe did not run (eval.json: it and `probe` are null)."""
 
 
-def context_text(d: int | None) -> str:
-    """An effective context as the tables and summaries name it: its size, none detected (0), or CANNOT_TELL
-    (None: too few windows for the distances tested together)."""
-    return CANNOT_TELL if d is None else format_size(d) if d else "none detected"
+def context_text(d: int | None, windows: int | None) -> str:
+    """An effective context as the tables and summaries name it: its size, none detected (0), cannot tell (None
+    from a probe of `windows` windows: no pattern of so few could pass the test over the distances), or NO_PROBE
+    (`windows` None: the probe did not run, which eval.json also writes as a null effective context)."""
+    if windows is None:
+        return NO_PROBE
+    if d is None:
+        return f"cannot tell ({counted(windows, 'probe window')}: too few)"
+    return format_size(d) if d else "none detected"
 
 
 def _flip_statistics(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],

@@ -146,9 +146,9 @@ def probe_table(report: dict[str, Any]) -> Table | None:
         pr = ck["probe"]
         cells = [_fmt(v, "+.4f") + ("*" if lo is not None and lo > 0 else "")
                  for v, lo in zip(pr["drop"], pr["ci_low"], strict=True)]
-        cells.append(context_text(pr["effective_context"]))
+        cells.append(context_text(pr["effective_context"], opts["windows"]))
         if "mutated" in pr:
-            cells.append(context_text(pr["mutated"]["effective_context"]))
+            cells.append(context_text(pr["mutated"]["effective_context"], opts["windows"]))
         t.add_row(ck["label"], *cells)
     return t
 

@@ -73,11 +73,16 @@ def recurrence_line(report: dict) -> str | None:
             f"{100 * u:+.2f}% {_ci(ul, uh)}")
 
 
+def _context(report: dict, ck: dict) -> str:
+    """Checkpoint `ck`'s effective context as the summary names it, cannot tell and no probe kept apart."""
+    return context_text(ck["effective_context"], report["probe"]["windows"] if report.get("probe") else None)
+
+
 def probe_line(report: dict) -> str | None:
     """How far back each model reads (the copy probe's effective context), when the probe ran."""
     if not report.get("probe"):
         return None
-    parts = [f"{ck['label']} {context_text(ck['effective_context'])}" for ck in report["checkpoints"]]
+    parts = [f"{ck['label']} {_context(report, ck)}" for ck in report["checkpoints"]]
     return (f"effective context (copy probe, {counted(report['probe']['windows'], 'window')}: farthest copy distance whose "
             f"loss drop is above zero, at most 2.5% error over the distances together): {'; '.join(parts)}")
 
@@ -140,9 +145,9 @@ def _control_note(report: dict) -> str:
                 f"{len(report['probe']['distances'])} distances tested together (even a drop in every window "
                 "would not pass the test), so this run cannot tell whether it reads back (use more "
                 "--probe-windows).")
-    found = (f"in this run the copy probe finds it reading back {context_text(ctl['effective_context'])} tokens (the "
+    found = (f"in this run the copy probe finds it reading back {_context(report, ctl)} tokens (the "
              f"farthest copy whose loss drop is above zero, the distances tested together) against "
-             f"{context_text(base['effective_context'])} for the base" if ctl["effective_context"] else
+             f"{_context(report, base)} for the base" if ctl["effective_context"] else
              "in this run the copy probe did not detect it reading back (effective context: none detected)")
     shows = ("It shows that the probe and its interval detect a model that uses its context when one does"
              if ctl["effective_context"] else "So this run does not show that the probe detects a model that uses "
@@ -161,8 +166,8 @@ def control_line(report: dict[str, Any], steps: int) -> str | None:
         return None
     base, ctl = cks[0], cks[3]
     line = (f"{ctl['label']}, the base trained {steps} more steps on chr2 windows whose second half copies their "
-            f"first: effective context {context_text(ctl['effective_context'])} against the base's "
-            f"{context_text(base['effective_context'])}")
+            f"first: effective context {_context(report, ctl)}"
+            + (f" against the base's {_context(report, base)}" if report.get("probe") else ""))
     pr = ctl.get("probe")
     if pr and any(v is not None for v in pr["drop"]):
         # the farthest distance it reads back, or else where its drop is largest

@@ -31,7 +31,7 @@ def _full_report(tmp_path, label: str) -> dict:
 def _whole(report: dict) -> list[str]:
     """Every label and figure the tables show, formatted here from the report's numbers."""
     cells = ["uniform guess", "reference", "nats/token", "bits/base", "non-recurring",
-             "effective context", "with 10% substituted", "D=128K", "+1.5000*", "+0.2500", "-0.1250", "4K", "1K"]
+             "effective context", "with 10% changed", "D=128K", "+1.5000*", "+0.2500", "-0.1250", "4K", "1K"]
     for i, ck in enumerate(report["checkpoints"]):
         first, last = ck["first_tenth_loss"], ck["last_tenth_loss"]
         cells += [ck["label"], f"{ck['loss']:.4f}", f"{ck['bits_per_base']:.3f}", f"{first:.4f}", f"{last:.4f}",
