@@ -4,6 +4,7 @@ from the options, `run_probe` runs its planted windows through one model."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -165,6 +166,16 @@ class CopyProbe:
                       self.seed)
             self._cache = ((window, d), p)
         return self._cache[1]
+
+    def planting(self) -> str:
+        """sha256 of the first window's planted windows at every distance: the kept losses of a stopped probe are
+        read back only by a probe that plants as this one does (the same options under another planting rule
+        give other windows)."""
+        h = hashlib.sha256()
+        for d in range(len(self.distances)):
+            for v in self.variants:
+                h.update(np.ascontiguousarray(getattr(self.planted(0, d), v)).tobytes())
+        return h.hexdigest()
 
     def __getitem__(self, k: int) -> np.ndarray:
         window, d, v = self._locate(k)

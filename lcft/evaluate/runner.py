@@ -215,7 +215,7 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
     probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
         planted = {"segment": probe.segment, "distances": probe.distances, "mutation": probe.mutation,
-                   "seed": probe.seed, "whole_windows": parallel is not None}
+                   "seed": probe.seed, "whole_windows": parallel is not None, "planting": probe.planting()}
         store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
         run_probe(model, probe, cfg, info.max_context, device,
                   _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size,

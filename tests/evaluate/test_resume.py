@@ -47,9 +47,23 @@ def _cfg(data_dir, out, *ckpts, **kw) -> dict:
                 bootstrap=50, **kw)
 
 
-def _killed(cfg: dict, at_call: int) -> None:
+# Another planting rule for the mutated copy: each chosen base replaced by another, the base counts changed.
+SUBSTITUTING = textwrap.dedent("""
+    import numpy as np
+    import lcft.evaluate.probe as P
+    def substitute(x, frac, rng):
+        out, bases = x.copy(), np.flatnonzero((x >= P.A) & (x <= P.T))
+        where = rng.choice(bases, size=int(round(frac * len(bases))), replace=False)
+        out[where] = P.A + (out[where] - P.A + rng.integers(1, 4, size=len(where))) % 4
+        return out
+    P._mutate = substitute
+""")
+
+
+def _killed(cfg: dict, at_call: int, before: str = "") -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", KILLER, json.dumps(cfg), str(at_call)], env=env, capture_output=True)
+    r = subprocess.run([sys.executable, "-c", before + KILLER, json.dumps(cfg), str(at_call)], env=env,
+                       capture_output=True)
     assert r.returncode == -signal.SIGKILL, r.stderr.decode()[-2000:]
 
 
@@ -137,6 +151,17 @@ def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
     assert len(calls) == 12 - 4
     evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
     _same_report(tmp_path / "killed", tmp_path / "clean")
+
+
+def test_a_probe_kept_under_another_planting_rule_is_run_again(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """Killed inside the copy probe while planting mutated copies by another rule (same options, other windows):
+    its windows' losses are read back, its kept probe losses are not (all 12 planted windows run again)."""
+    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a, probe="copy", probe_segment=256, probe_distances=[256, 1024],
+               probe_windows=2)
+    _killed(cfg, 6 + 5, before=SUBSTITUTING)
+    calls = _counting(monkeypatch)
+    evaluate(EvalConfig(**cfg))
+    assert len(calls) == 12
 
 
 @pytest.mark.parametrize("damage", ["torn", "flipped", "swapped", "nan", "inf"])
