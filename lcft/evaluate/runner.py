@@ -34,22 +34,30 @@ from lcft.signals import Ended, StopSignals, signal_fields
 
 
 def _device(name: str) -> torch.device:
-    """--device (its spelling checked by EvalConfig) as a torch device; under a launch each rank's own GPU
-    (cuda:LOCAL_RANK), made current, since Triton and NCCL work on the current device."""
+    """--device (its spelling checked by EvalConfig) as a torch device, made current when a GPU, since Triton and
+    NCCL work on the current device: under a launch each rank's own (`_rank_device`)."""
+    dev = _rank_device(name, int(os.environ.get("LOCAL_RANK", "0")) if launched() else None)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _rank_device(name: str, local: int | None) -> torch.device:
+    """--device as a torch device, checked, not made current (set_device would give the caller, a launcher too, a
+    CUDA context): for the rank of local rank `local` of a launch, its own GPU (cuda:LOCAL_RANK); `local` None: the
+    only process."""
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
     if dev.type == "cpu":
         return dev
     if not torch.cuda.is_available():
         raise LcftError(f"device {name} asked for, but CUDA is not available")
-    if launched():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+    if local is not None:
         if dev.index is not None and dev.index != local:
             raise LcftError(f"--device {name} under a launch: each rank evaluates on its own GPU (cuda:LOCAL_RANK); "
                             "give --device cuda or auto")
         dev = torch.device("cuda", local)
     if (dev.index or 0) >= torch.cuda.device_count():
         raise LcftError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
-    torch.cuda.set_device(dev)
     return dev
 
 
@@ -58,8 +66,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     `cfg.out` (nothing is written when an input is bad; an evaluation stopped midway, killed or by an error such
     as a diverged checkpoint, leaves the losses it computed in `cfg.out`/.partial for a rerun), and return the
     report (the content of eval.json; that of the report already in `cfg.out`, with "already": True and nothing
-    computed, when it is of the same inputs: `_finished`; not with `reuse` False, when a caller found it unfit to
-    keep); stopped by SIGTERM/SIGINT after a batch, a summary instead
+    computed, when it is of the same inputs and this is the only process: `_finished`; not with `reuse` False, when
+    a caller found it unfit to keep); stopped by SIGTERM/SIGINT after a batch, a summary instead
     ("stopped": "signal", "signal", "signal_number", "out", "note"; lcft.signals.exit_code gives 128 + N).
     With `progress`, shows a progress bar over windows (print the table with terminal.print_table)."""
     from lcft.evaluate.report import build_report, write_outputs
@@ -75,7 +83,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
     if reuse and cfg.cp == 1 and not launched() and (done := _finished(cfg, ws, n_windows, infos, device)) is not None:
-        return done  # one process only: every rank of a launch would have to find the same report
+        return done  # (a launch's launcher decides it before any rank starts: `finished_before_launch`)
     edges = bin_edges(position_length(ws, cfg.position), cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()
     try:
@@ -109,6 +117,16 @@ def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: t
     """What the whole report's losses depend on, as the kept passes are keyed: each entry's weights digest,
     configs, data files, options, versions and device kind (`_identity`)."""
     return pass_key({"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos]})
+
+
+def finished_before_launch(cfg: EvalConfig, ws: Any) -> dict[str, Any] | None:
+    """For a launch on one node, in its launcher before any rank starts (`ws`: the split it opened): what
+    `evaluate` returns when `cfg.out` holds a finished report of these inputs (`_finished`), so no rank starts;
+    else None. The device kind is rank 0's, the rank that writes the report: the first GPU this node's ranks see
+    (cuda:0 under the same CUDA_VISIBLE_DEVICES), or the CPU. (Across nodes every launcher would have to know it
+    before the rendezvous: there the ranks evaluate again.)"""
+    infos = prepare_checkpoints(cfg, ws.length, ws.manifest.get("tokenizer", {}))
+    return _finished(cfg, ws, cfg.windows_of(len(ws)), infos, _rank_device(cfg.device, 0))
 
 
 def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device

@@ -84,7 +84,11 @@ def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     entry.check(cfg, world)  # a user error found here answers before torch is imported
     if not cfg.multiprocess:
         return entry.work(cfg, **kwargs)
-    entry.check_launch(cfg)  # nothing is created or written before these pass
+    checked = entry.check_launch(cfg)  # nothing is created or written before these pass
+    # Work already done (eval: its report there) starts no process. One node only: the launchers of the others
+    # would wait at the rendezvous for this one.
+    if cfg.nnodes == 1 and (done := entry.done(cfg, checked)) is not None:
+        return done
     return launch(name, cfg, entry)
 
 

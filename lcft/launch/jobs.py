@@ -41,6 +41,10 @@ class Entry:
     """What else a launch checks before it creates anything, reading inputs in full (eval: the split's files)."""
     check_out: Callable[[Any], None]
     """What the output folder must allow: run under the launch's lock, before a process starts."""
+    done: Callable[[Any, Any], dict[str, Any] | None]
+    """For a launch on one node, after check_launch (given what it returned): the summary of work already done
+    (eval: a finished report of the same inputs in the output folder), which the launch returns without starting
+    a process; else None."""
     work: Callable[..., dict[str, Any]]
     """The job in this process (one rank of a launch, or the only process); returns its summary. Imports the
     job's modules."""
@@ -68,7 +72,7 @@ def _train() -> Entry:
 
         return train(cfg, **kwargs)
 
-    return Entry(load_run_config, resolve_folders, check, lambda _cfg: None, check_run_folder, work)
+    return Entry(load_run_config, resolve_folders, check, lambda _cfg: None, check_run_folder, lambda *_: None, work)
 
 
 def _eval() -> Entry:
@@ -82,8 +86,17 @@ def _eval() -> Entry:
 
         return evaluate(cfg, **kwargs)
 
+    def done(cfg: Any, split: Any) -> dict[str, Any] | None:
+        from lcft.evaluate.report import JSON_NAME
+
+        if not (Path(cfg.out) / JSON_NAME).is_file():  # (a first run: nothing hashed, torch not imported)
+            return None
+        from lcft.evaluate.runner import finished_before_launch
+
+        return finished_before_launch(cfg, split)
+
     return Entry(lambda path: build(EvalConfig, load_toml(path)), absolute_paths, check_inputs, open_split,
-                 lambda _cfg: None, work)
+                 lambda _cfg: None, done, work)
 
 
 JOBS = {

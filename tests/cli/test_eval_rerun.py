@@ -1,13 +1,16 @@
-"""`lcft eval` run again into a folder holding its finished report: one line, no model loaded, unless an input
-changed (other weights at the same path, another checkpoint, other options): then evaluated again."""
+"""`lcft eval` run again into a folder holding its finished report: one line, no model loaded (launched: no
+process started), unless an input changed (other weights at the same path, another checkpoint, other options):
+then evaluated again."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
+import lcft.launch as launching
 from lcft.cli.app import app
 from lcft.evaluate import runner as eval_runner
 from tests.evaluate.conftest import data_dir, save_model  # noqa: F401 (fixture)
@@ -51,3 +54,38 @@ def test_a_finished_report_of_the_same_inputs_is_not_computed_again(data_dir, tm
     run(a, c, bins="5")
     assert loads == []
     assert run(a, c, bins="5", quiet=("--quiet",)) == "" and loads == []  # --quiet: nothing on stdout, this line too
+
+
+@pytest.mark.distributed
+def test_a_launched_rerun_of_a_finished_report_starts_no_process(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """`--nproc 2` run again: its launcher finds the report of the same inputs (rank 0's device kind, the weights
+    by content) and says so, no process started, the report files untouched; with other options it launches and
+    replaces the report."""
+    model, out = save_model(tmp_path / "m", seed=1), tmp_path / "rep"
+    launches: list[int] = []
+    real = launching.launch
+    monkeypatch.setattr(launching, "launch", lambda *a: launches.append(a[1].nproc) or real(*a))
+
+    def run(bins: str) -> str:
+        launches.clear()
+        r = cli.invoke(app, ["eval", "--data", str(data_dir), "-c", str(model), "--max-windows", "2", "--bins", bins,
+                             "--bootstrap", "50", "--out", str(out), "--nproc", "2"])
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    def files() -> dict[str, tuple[bytes, int]]:
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.iterdir())}
+
+    assert "uniform guess" in run("4") and launches == [2]
+    before = files()
+    assert sorted(before) == ["eval.json", "eval.toml", "loss_by_position.csv", "loss_by_position.png"]
+    assert run("4").splitlines() == [
+        f"already evaluated: {out}; the same checkpoints (by content), data and options: nothing computed "
+        f"(the report: {out / 'eval.json'})"]
+    assert launches == [] and files() == before  # byte for byte, not written again
+    assert "uniform guess" in run("5") and launches == [2]  # another option: evaluated again, the report replaced
+    after = files()
+    assert sorted(after) == sorted(before) and after["eval.json"][0] != before["eval.json"][0]
+    assert json.loads(after["eval.json"][0])["options"]["bins"] == 5
+    run("5")
+    assert launches == [] and files() == after
