@@ -106,7 +106,8 @@ def _stdio(fd: int, like: io.TextIOWrapper) -> io.TextIOWrapper:
 
 def _python(argv: list[str]) -> int:
     """What the interpreter does with `python ARGV` (-m or -c) after its start-up: run it, print an uncaught
-    exception's traceback (exit 1) or take SystemExit's code, wait for the threads left, run atexit, flush."""
+    exception's traceback (exit 1; KeyboardInterrupt: killed by SIGINT) or take SystemExit's code, wait for the
+    threads left, run atexit, flush."""
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -119,15 +120,20 @@ def _python(argv: list[str]) -> int:
         code = 0
     except SystemExit as e:
         code = _exit_status(e.code)
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
+    except BaseException as e:
+        # printed from the script's own frames on, as by the interpreter (not from this function's)
+        e = e.with_traceback(e.__traceback__.tb_next if e.__traceback__ else None)
+        sys.excepthook(type(e), e, e.__traceback__)
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
             t.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == -signal.SIGINT:  # an uncaught KeyboardInterrupt: Python ends killed by SIGINT, as its shell expects
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
 
 
