@@ -30,18 +30,24 @@ checkpoint, and eval run again resumes from its kept losses.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import signal
+import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lcft.config_toml import save_resolved, to_dict
 from lcft.errors import LcftError
+from lcft.files import temp_name
 from lcft.folder_lock import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
 from lcft.launch.process import (
@@ -68,6 +74,17 @@ from lcft.signals import Stopped, signal_name
 from lcft.spare_room import SPARE_ENV, reserve, unwritable
 
 __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "launch", "run"]
+
+FOLDER_NAME = re.compile(r"lcft-launch-[a-z0-9_]{8}")  # tempfile.mkdtemp's names with the launch's prefix
+MARK = "launcher"
+"""An empty file in a launch's temporary folder, made once the launcher holds its lock (flock on the folder, which
+the kernel drops when the launcher dies, SIGKILL included): a marked folder whose lock a later launch can take was
+left by a killed launcher, and goes (`_sweep`)."""
+_FILES = {FAILURE_FILE_ENV: "failure.txt", FAILURES_ENV: "failures.json", RESULT_FILE_ENV: "result.json",
+          HANDED_ENV: "handed", READY_ENV: "ready"}
+_LAYOUT = frozenset({MARK, "spec.toml", "spare", "logs", *_FILES.values()})
+"""Every name a launch's temporary folder may hold (and their atomic_write temporaries): a folder with anything
+else in it is not taken for one."""
 
 def run(name: str, cfg: Any, **kwargs: Any) -> dict[str, Any]:
     """Run job `name` ("train" or "eval") as cfg says and return its summary: in this process (kwargs go to
@@ -105,10 +122,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
             stack.enter_context(folder_lock(cfg.out, j.command))
         if cfg.node_rank == 0:
             entry.check_out(cfg)
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lcft-launch-")))  # mode 0700
-        files = {FAILURE_FILE_ENV: tmp / "failure.txt", FAILURES_ENV: tmp / "failures.json",
-                 RESULT_FILE_ENV: tmp / "result.json", HANDED_ENV: tmp / "handed", READY_ENV: tmp / "ready",
-                 SPARE_ENV: reserve(tmp)}
+        tmp = stack.enter_context(launch_folder())
+        files = {**{key: tmp / name for key, name in _FILES.items()}, SPARE_ENV: reserve(tmp)}
         spec = _prepare(tmp, cfg, [files[HANDED_ENV], files[READY_ENV]])
         # torch's agent keeps its workers' log folders in --log-dir (else a folder of its own in TMPDIR, never
         # removed): here they go with the launch's temporary folder.
@@ -152,6 +167,52 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
     if rc != 0:
         raise LcftError(f"{j.what} processes failed (torchrun exit code {rc}); the first error is printed above")
     return summary
+
+
+@contextlib.contextmanager
+def launch_folder() -> Iterator[Path]:
+    """A private temporary folder for one launch (mode 0700, in TMPDIR), locked and marked (MARK) while the block
+    runs and removed at its end, its lock last; the folders that killed launchers left there go first."""
+    _sweep(Path(tempfile.gettempdir()))
+    tmp = Path(tempfile.mkdtemp(prefix="lcft-launch-"))
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # A file system without locks: no mark, so never removed by another launch. (A launch sweeping waits
+        # only while it looks in; the mark comes once the lock is held, so it never takes a folder being made.)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.close(os.open(MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the launch folders in `folder` that killed launchers left (the OOM killer's or a scheduler's SIGKILL
+    gives them no time to): this user's, laid out as a launch's, marked, and with their lock free. A pid cannot
+    tell: it may be reused, or another container's with the same host name and TMPDIR."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if FOLDER_NAME.fullmatch(name):
+                with contextlib.suppress(OSError):  # another user's, or gone since the listing
+                    _remove_left(folder / name)
+
+
+def _remove_left(path: Path) -> None:
+    """Remove `path` when it is a launch folder of this user that its launcher left (see `_sweep`)."""
+    if os.lstat(path).st_uid != os.getuid():  # another user's: theirs to remove
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its launcher runs
+        names = set(os.listdir(fd))
+        allowed = _LAYOUT | {temp_name(Path(n)).name for n in _LAYOUT}
+        if (MARK in names and names <= allowed and stat.S_ISREG(os.stat(MARK, dir_fd=fd, follow_symlinks=False).st_mode)
+                and os.path.samestat(os.fstat(fd), os.lstat(path))):
+            shutil.rmtree(path)
+    finally:
+        os.close(fd)
 
 
 def _prepare(tmp: Path, cfg: Any, folders: list[Path]) -> Path:

@@ -2,7 +2,7 @@
 (`--cp 3 --nproc 2` is one line and leaves no folder), one launch per folder from the first byte (a second one
 0.3 s or more after the first took its folder is refused naming the holder, and the first trains its own
 config), ranks killed mid-step (SIGKILL, a realtime signal) or one killed inside a sharded save are exit 75
-naming each, and a SIGKILLed launcher leaves no worker running."""
+naming each, and a SIGKILLed launcher leaves no worker running (its temporary folder goes at the next launch)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from lcft.cli.app import app
 from lcft.config import ConfigError
 from lcft.errors import LcftError
 from lcft.folder_lock import LOCK_NAME
-from lcft.launch import run
+from lcft.launch import launch_folder, run
 from lcft.train import TrainConfig, train
 from lcft.train.config import load_run_config
 from tests.launch.in_group import train_cp3
@@ -286,3 +287,8 @@ def test_a_sigkilled_launcher_leaves_no_worker_running(tmp_path, data_dir, init_
     proc.communicate(timeout=60)
     gone, alive = psutil.wait_procs(below, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
+    # Its temporary folder is left (in this test's TMPDIR), with what a launch writes there: the next launch removes it.
+    left = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith("lcft-launch-")]
+    assert len(left) == 1 and {"spec.toml", "spare", "logs", "ready"} <= set(os.listdir(left[0])), left
+    with launch_folder():
+        assert not left[0].exists()
