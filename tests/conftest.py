@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -33,6 +35,21 @@ def _one_thread():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = old_env
+
+
+# torch's own default for inductor's compile cache (torch._inductor.runtime.cache_dir_utils, whose import takes a
+# second): kept for every test and what it launches, so a temporary folder per test leaves the cache warm.
+INDUCTOR_CACHE = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+
+@pytest.fixture(autouse=True)
+def _own_temporary_folder(tmp_path_factory, monkeypatch):
+    """TMPDIR of this test's own (under pytest's base folder, which keeps only its latest runs), for the processes it
+    starts and this one's tempfile: a launcher a test kills leaves its temporary folder there, not in /tmp."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", INDUCTOR_CACHE))
+    tmp = str(tmp_path_factory.mktemp("tmp"))
+    monkeypatch.setenv("TMPDIR", tmp)
+    monkeypatch.setattr(tempfile, "tempdir", tmp)  # (cached by tempfile.gettempdir at its first call)
 
 
 @pytest.fixture(autouse=True)
