@@ -1,18 +1,26 @@
 """`parallelize` against the plain single-process model (the oracle): activation checkpointing with sequence
 chunks and offload on one process, and FSDP2 over 2 gloo ranks around checkpointed, chunked blocks (FSDP's hooks
-outermost, the recompute inside them): the same loss and gradients."""
+outermost, the recompute inside them): the same loss and gradients; and its documented order of compile and FSDP."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+import lcft.parallel.compile as compile_module
+import lcft.parallel.parallelize as parallelize_module
 from lcft.model import Llama, LlamaConfig
 from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, single_process_state
+from lcft.parallel.compile import REGIONS
+from lcft.parallel.fsdp import apply_fsdp
+from lcft.parallel.mesh import ParallelState
 from lcft.parallel.parallelize import parallelize
 from lcft.train.step import LossModel
 from tests.parallel.harness import run_ranks
@@ -62,7 +70,38 @@ def test_checkpointing_chunks_and_offload_equal_the_plain_model():
     assert loss_diff <= 1e-6 and grad_diff <= 1e-6
 
 
-def _fsdp_rank(rank: int, world: int, offload: bool = False) -> tuple[float, float, bool]:
+def _compiled_regions(block: nn.Module) -> list[str]:
+    """Which of compile's REGIONS of `block` are torch.compile wrappers (a module's compiled call, or the
+    instance attribute compile_blocks puts over a method)."""
+    out = []
+    for path in REGIONS:
+        owner, _, name = path.rpartition(".")
+        x = getattr(block.get_submodule(owner), name)
+        if hasattr(x._compiled_call_impl if isinstance(x, nn.Module) else x, "_torchdynamo_orig_callable"):
+            out.append(path)
+    return out
+
+
+def _compile_and_fsdp(layout: ParallelState) -> dict[str, Any]:
+    """A fresh model parallelized with compile and FSDP: the regions each block had compiled when FSDP wrapped it,
+    and each block's (FSDPModule?, compiled regions) after. Never run, so nothing is traced (no C++ compiler
+    needed: its check is skipped); the order leaves the numbers alike on CPU (tracing waits for the first
+    forward, when FSDP's hooks are in place either way), so the structure is what shows it."""
+    m = _model()
+    at_fsdp: list[list[str]] = []
+
+    def spy(root: nn.Module, blocks: Any, *args: Any, **kw: Any) -> nn.Module:
+        blocks = list(blocks)
+        at_fsdp.extend(_compiled_regions(b) for b in blocks)
+        return apply_fsdp(root, blocks, *args, **kw)
+
+    with (mock.patch.object(parallelize_module, "apply_fsdp", spy),
+          mock.patch.object(compile_module, "check_compiler", lambda device: None)):
+        parallelize(m, layout, ParallelizeConfig(checkpointing="block", compile=True), root=LossModel(m, 0.0, 37))
+    return {"at_fsdp": at_fsdp, "after": [(isinstance(b, FSDPModule), _compiled_regions(b)) for b in m.layers]}
+
+
+def _fsdp_rank(rank: int, world: int, offload: bool = False) -> dict[str, Any]:
     ref_loss, ref = _loss_and_grads(_model(), _batch())  # the oracle, on this process
     m = _model()
     root = LossModel(m, 0.0, 37)
@@ -71,13 +110,30 @@ def _fsdp_rank(rank: int, world: int, offload: bool = False) -> tuple[float, flo
                 root=root)
     sharded = all(isinstance(p, DTensor) for p in m.parameters())
     # every rank reads the same batch, so the ranks' mean gradient FSDP reduces is the one-process gradient
-    return (*_max_diffs(*_loss_and_grads(m, _batch(), root), ref_loss, ref), sharded)
+    loss_diff, grad_diff = _max_diffs(*_loss_and_grads(m, _batch(), root), ref_loss, ref)
+    return {"loss_diff": loss_diff, "grad_diff": grad_diff, "sharded": sharded, "compile": _compile_and_fsdp(layout)}
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks() -> dict[bool, list[dict[str, Any]]]:
+    """Each rank's results of 2 gloo ranks, block inputs kept and offloaded (one spawn each)."""
+    return {offload: run_ranks(_fsdp_rank, 2, offload) for offload in (False, True)}
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("offload", [False, True], ids=["kept", "offloaded"])
-def test_fsdp_around_checkpointed_chunked_blocks_equals_one_process(offload):
+def test_fsdp_around_checkpointed_chunked_blocks_equals_one_process(fsdp_ranks, offload):
     """offloaded: the block inputs' host copies, which FSDP's hooks never see (the recompute reads them)."""
-    for loss_diff, grad_diff, sharded in run_ranks(_fsdp_rank, 2, offload):
-        assert sharded
-        assert loss_diff <= TOL and grad_diff <= TOL
+    for r in fsdp_ranks[offload]:
+        assert r["sharded"]
+        assert r["loss_diff"] <= TOL and r["grad_diff"] <= TOL
+
+
+@pytest.mark.distributed
+def test_compile_comes_before_fsdp(fsdp_ranks):
+    """docs/design.md (One step, one order), as torchtitan's parallelize_llama: compile (step 3) wraps each block's
+    regions before FSDP2 (step 4) shards the block, so FSDP's hooks sit around the compiled regions."""
+    blocks = _model().config.num_hidden_layers
+    for r in fsdp_ranks[False]:
+        assert r["compile"]["at_fsdp"] == [list(REGIONS)] * blocks, "compile must wrap a block before FSDP2 shards it"
+        assert r["compile"]["after"] == [(True, list(REGIONS))] * blocks
