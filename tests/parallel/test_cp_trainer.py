@@ -13,6 +13,7 @@ from lcft.errors import LcftError
 from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
+from tests.parallel.oracle import same_grad_norms
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 + 2 torchrun processes: ~50 s
 
@@ -55,6 +56,7 @@ def test_dp2_cp2_equals_one_process_with_accumulation(runs):
     assert sorted(dpcp) == [1, 2]
     for step in (1, 2):
         assert dpcp[step] == pytest.approx(one[step], rel=1e-5)
+    same_grad_norms(runs / "dpcp", runs / "one")
     for step in ("step-00000001", "step-00000002"):
         _same_weights(runs / "dpcp/checkpoints" / step, runs / "one/checkpoints" / step)
 
@@ -62,6 +64,7 @@ def test_dp2_cp2_equals_one_process_with_accumulation(runs):
 @pytest.mark.parametrize("run", ["cp2to1", "cp1to2"])
 def test_resume_across_cp_sizes(runs, run):
     assert _losses(runs / run)[2] == pytest.approx(_losses(runs / "one")[2], rel=1e-5)
+    same_grad_norms(runs / run, runs / "one")  # cp1to2: cp with accumulation 2 on each rank
     _same_weights(runs / run / "checkpoints/step-00000002", runs / "one/checkpoints/step-00000002")
 
 

@@ -20,6 +20,7 @@ from lcft.genomics.shards import read_manifest
 from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
+from tests.parallel.oracle import same_grad_norms
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8 runs, 1-4 processes each: ~1 min on 2 cores
 
@@ -75,9 +76,7 @@ def test_fsdp_two_ranks_equals_one_process(runs, cp_data_dir):
     assert sorted(two) == [1, 2, 3]
     for step in (1, 2, 3):
         assert two[step] == pytest.approx(one[step], abs=1e-6)
-    grads = [(r["grad_norm"], o["grad_norm"]) for r, o in zip(read_metrics(runs / "fsdp2"),
-                                                                read_metrics(runs / "one"), strict=True)]
-    assert [g for g, _ in grads] == pytest.approx([o for _, o in grads], rel=1e-5)
+    same_grad_norms(runs / "fsdp2", runs / "one")
     ckpt = runs / "fsdp2" / STEP.format(3)
     assert is_sharded_checkpoint(ckpt) and not list(ckpt.glob("*.safetensors"))  # no rank gathered the model
     assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # each rank wrote its own shards
@@ -91,6 +90,7 @@ def test_fsdp_over_dp_x_cp_equals_one_process_with_accumulation(runs, run, oracl
     assert sorted(sharded) == [1, 2, 3]
     for step in (1, 2, 3):
         assert sharded[step] == pytest.approx(one[step], rel=1e-5)
+    same_grad_norms(runs / run, runs / oracle)  # fsdp_cp2: cp with accumulation 2 on each rank
     _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / oracle / STEP.format(3)))
 
 
@@ -108,6 +108,7 @@ def test_resume_across_layouts_follows_the_straight_run(runs, run):
     assert sorted(resumed) == [2, 3]
     for step in (2, 3):
         assert resumed[step] == pytest.approx(one[step], rel=1e-5)
+    same_grad_norms(runs / run, runs / "one")
     _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / "one" / STEP.format(3)))
 
 
