@@ -26,6 +26,7 @@ from torch import nn
 from lcft.errors import LcftError
 
 REGIONS = ("attn_norm", "attn.qkv", "attn.out_proj", "mlp_norm", "mlp")
+"""What compile_blocks compiles in each block, by path: a submodule (its compiled call) or a method."""
 
 
 def check_compiler(device: torch.device) -> None:
@@ -51,10 +52,12 @@ def compile_blocks(model: nn.Module, device: torch.device) -> int:
     # Blocks share one graph per region; allow a graph per region per distinct length without falling back.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     for block in layers:
-        attn = block.attn
-        block.attn_norm.compile(dynamic=False)
-        block.mlp_norm.compile(dynamic=False)
-        block.mlp.compile(dynamic=False)
-        attn.qkv = _compiled(attn.qkv)  # instance attributes: the class methods (and other models) stay eager
-        attn.out_proj = _compiled(attn.out_proj)
+        for path in REGIONS:
+            owner_path, _, name = path.rpartition(".")
+            owner = block.get_submodule(owner_path)
+            region = getattr(owner, name)
+            if isinstance(region, nn.Module):
+                region.compile(dynamic=False)
+            else:  # an instance attribute over the method: the class's (and other models') stay eager
+                setattr(owner, name, _compiled(region))
     return len(layers)
