@@ -123,25 +123,3 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback(tmp_p
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "interrupted\n"), (r.returncode, r.stderr[-2000:])
 
-
-def _commands(cmd, path=()):
-    """Every leaf command of the click tree under `cmd`, with its path of names."""
-    subs = getattr(cmd, "commands", None)
-    if not subs:
-        yield path, cmd
-        return
-    for name, sub in subs.items():
-        yield from _commands(sub, (*path, name))
-
-
-def test_every_argument_is_named_in_capitals_in_the_usage_line():
-    """An argument shows in `Usage:` as its metavar (typer braces a required one): DIR, PATH, CHECKPOINT, as the
-    options' metavars read, not the Python parameter's name."""
-    import typer
-
-    for path, cmd in _commands(typer.main.get_command(app)):
-        r = runner.invoke(app, [*path, "--help"], terminal_width=200)
-        usage = next(line for line in r.output.splitlines() if "Usage:" in line)
-        for p in cmd.params:
-            if p.param_type_name == "argument":
-                assert p.metavar and p.metavar.isupper() and p.metavar in usage, (path, p.name, usage)

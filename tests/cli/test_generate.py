@@ -168,7 +168,10 @@ def _commands(cmd, path: tuple[str, ...] = ()):
 
 
 def _shown_names(param) -> list[str]:
-    """The names --help shows for an option: a flag --x with --no-x as --[no-]x, any other name as it is."""
+    """The names --help shows for an option: a flag --x with --no-x as --[no-]x, any other name as it is; for an
+    argument none but its metavar."""
+    if param.param_type_name == "argument":
+        return []
     return ["--[no-]" + n[2:] if "--no-" + n[2:] in param.secondary_opts else n for n in param.opts] + [
         n for n in param.secondary_opts if n.removeprefix("--no-") not in {o[2:] for o in param.opts}]
 
@@ -290,3 +293,14 @@ def test_eval_and_demo_take_progress_from_their_config_table(tmp_path, command):
     args = ["--data", missing, "--checkpoint", missing] if command == "eval" else ["--steps", "-1"]
     r = runner.invoke(lcft_app, [command, "--config", str(toml), *args, "--out", str(tmp_path / "out")])
     assert r.exit_code == 1 and r.stderr.startswith("error: ") and "progress" not in r.stderr, r.output
+
+
+def test_every_argument_is_named_in_capitals_in_the_usage_line():
+    """An argument shows in `Usage:` as its metavar (typer braces a required one): DIR, PATH, CHECKPOINT, as the
+    options' metavars read, not the Python parameter's name."""
+    for path, cmd in _commands(typer.main.get_command(lcft_app)):
+        out = runner.invoke(lcft_app, [*path, "--help"], terminal_width=200).output
+        usage = next(line for line in out.splitlines() if "Usage:" in line)
+        for p in cmd.params:
+            if p.param_type_name == "argument":
+                assert p.metavar and p.metavar.isupper() and p.metavar in usage, (path, p.name, usage)
