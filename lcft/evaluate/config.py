@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from lcft.config import ConfigError, Size, check_seed, parse_size
 from lcft.errors import printable
-from lcft.parallel.config import ParallelConfig, Precision
+from lcft.parallel.config import LaunchConfig, ParallelConfig, Precision
 
 BinScale = Literal["linear", "log"]  # position bins of equal width or growing geometrically
 Position = Literal["tokens", "bases"]  # what a position counts
@@ -21,6 +21,13 @@ MAX_BOOTSTRAP = 100_000
 # The devices lcft's model and kernels run on (torch names more: meta, mps, xpu, ...), as torch spells them; the
 # index below 128 because torch keeps it in a signed byte (cuda:200 is read as cuda:-56).
 DEVICE = re.compile(r"auto|cpu|cuda(:(\d|[1-9]\d|1[01]\d|12[0-7]))?")
+# The options no figure of a report depends on, so a finished report is reused whatever they are
+# (lcft.evaluate.report.read_back_problem), and no kept pass is keyed on them (lcft.evaluate.runner._identity):
+# every launch option, as a launch's ranks hand rank 0 the losses one process computes (lcft.evaluate.parallel;
+# where a launch computes otherwise, the copy probe's whole windows, the report's inputs key says so); the folder
+# the report is in, moved or copied; the device by name, as its kind is keyed (`_identity`). The --data and
+# --checkpoint paths stay compared though their content is keyed too: the report names them (and labels by them).
+NOT_FIGURES = frozenset(f.name for f in fields(LaunchConfig)) | {"out", "device"}
 
 
 @dataclass

@@ -17,6 +17,7 @@ from lcft import __version__
 from lcft.config_toml import absolute_paths, dumps_toml, to_dict
 from lcft.disk import write_failure
 from lcft.evaluate.binning import SUBSETS, THIN, UNIFORM_BITS, UNIFORM_LOSS, relative_change, tenths
+from lcft.evaluate.config import NOT_FIGURES
 from lcft.evaluate.plot import plot
 from lcft.evaluate.recurrence import K
 from lcft.evaluate.stats import (
@@ -225,9 +226,11 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
 
 def read_back_problem(report: dict[str, Any], cfg: Any, n_windows: int) -> str | None:
     """Why `report`, read back from an eval.json, is not one that `cfg` writes over `n_windows` windows (None when
-    it is): its format, options, bootstrap (the intervals allocate replicates x windows again from it), checkpoint
+    it is): its format, options (but those no figure depends on: `figure_options`), bootstrap (the intervals allocate replicates x windows again from it), checkpoint
     and window counts, or a number that is not finite (JSON reads NaN, Infinity, 1e999 and integers past 64 bits)."""
-    if report.get("format_version") != FORMAT_VERSION or report.get("options") != to_dict(cfg):
+    options = report.get("options")
+    if report.get("format_version") != FORMAT_VERSION or not isinstance(options, dict) or \
+            figure_options(options) != figure_options(to_dict(cfg)):
         return "written by another version or with other options"
     boot, data, cks = report.get("bootstrap"), report.get("data"), report.get("checkpoints")
     if not isinstance(boot, dict) or [boot.get(k) for k in ("replicates", "seed", "level")] != [
@@ -239,6 +242,11 @@ def read_back_problem(report: dict[str, Any], cfg: Any, n_windows: int) -> str |
             isinstance(c, dict) and isinstance(c.get("windows"), list) and len(c["windows"]) == n_windows for c in cks)):
         return f"it does not hold {len(cfg.checkpoints)} checkpoints of {counted(n_windows, 'window')} each"
     return None if _finite(report) else "it holds a number that is not finite"
+
+
+def figure_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A report's options (as `to_dict` writes them) without those no figure depends on (`NOT_FIGURES`)."""
+    return {k: v for k, v in options.items() if k not in NOT_FIGURES}
 
 
 def _finite(x: Any) -> bool:

@@ -82,7 +82,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
-    if reuse and cfg.cp == 1 and not launched() and (done := _finished(cfg, ws, n_windows, infos, device)) is not None:
+    if reuse and cfg.cp == 1 and not launched() and (
+            done := _finished(cfg, ws, n_windows, infos, device, whole_windows=False)) is not None:
         return done  # (a launch's launcher decides it before any rank starts: `finished_before_launch`)
     edges = bin_edges(position_length(ws, cfg.position), cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()
@@ -102,7 +103,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
         except Interrupted as e:
             return _stopped(cfg, e.signum)
         report = build_report(cfg, ws, n_windows, infos, results, edges)
-        report["inputs"] = _inputs_key(cfg, ws, infos, device)  # of the weights read (a run's latest may have moved)
+        # of the weights read (a run's latest may have moved)
+        report["inputs"] = _inputs_key(cfg, ws, infos, device, whole_windows=parallel is not None)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
             clear(cfg.out, _say)
@@ -113,10 +115,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     return report
 
 
-def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: torch.device) -> str:
+def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: torch.device, *,
+                whole_windows: bool) -> str:
     """What the whole report's losses depend on, as the kept passes are keyed: each entry's weights digest,
-    configs, data files, options, versions and device kind (`_identity`)."""
-    return pass_key({"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos]})
+    configs, data files, options, versions and device kind (`_identity`), and with a copy probe whether it ran
+    whole windows (several ranks do, where one process runs only the pieces its target depends on: `run_probe`)."""
+    probe = {"probe_whole_windows": whole_windows} if cfg.probe != "none" else {}
+    return pass_key({"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos], **probe})
 
 
 def finished_before_launch(cfg: EvalConfig, ws: Any) -> dict[str, Any] | None:
@@ -126,14 +131,16 @@ def finished_before_launch(cfg: EvalConfig, ws: Any) -> dict[str, Any] | None:
     (cuda:0 under the same CUDA_VISIBLE_DEVICES), or the CPU. (Across nodes every launcher would have to know it
     before the rendezvous: there the ranks evaluate again.)"""
     infos = prepare_checkpoints(cfg, ws.length, ws.manifest.get("tokenizer", {}))
-    return _finished(cfg, ws, cfg.windows_of(len(ws)), infos, _rank_device(cfg.device, 0))
+    return _finished(cfg, ws, cfg.windows_of(len(ws)), infos, _rank_device(cfg.device, 0), whole_windows=True)
 
 
-def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device
-              ) -> dict[str, Any] | None:
-    """The report in `cfg.out` marked "already" when it is a finished evaluation of these inputs (the same options,
-    and `_inputs_key`: the same weights by content, data and device kind), so a rerun loads no model; else None
-    (none there, unreadable, or of other inputs: evaluated again, and the report replaced)."""
+def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device, *,
+              whole_windows: bool) -> dict[str, Any] | None:
+    """The report in `cfg.out` marked "already" when it is a finished evaluation of these inputs (the same options
+    but those no figure depends on, NOT_FIGURES: its own options, the launch's and folder's, stay those of the run
+    that computed it; and `_inputs_key`, with `whole_windows` as this run's probe would: the same weights by
+    content, data and device kind), so a rerun loads no model; else None (none there, unreadable, or of other
+    inputs: evaluated again, and the report replaced)."""
     path = Path(cfg.out) / JSON_NAME
     if not path.is_file():
         return None
@@ -141,7 +148,8 @@ def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointIn
         report = read_json(path)
     except LcftError:  # cut or garbled: evaluated again
         return None
-    if read_back_problem(report, cfg, n_windows) or report.get("inputs") != _inputs_key(cfg, ws, infos, device):
+    if read_back_problem(report, cfg, n_windows) or \
+            report.get("inputs") != _inputs_key(cfg, ws, infos, device, whole_windows=whole_windows):
         return None
     return {**report, "already": True}
 

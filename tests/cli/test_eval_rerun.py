@@ -89,3 +89,76 @@ def test_a_launched_rerun_of_a_finished_report_starts_no_process(data_dir, tmp_p
     assert json.loads(after["eval.json"][0])["options"]["bins"] == 5
     run("5")
     assert launches == [] and files() == after
+
+
+def _eval(data_dir, model, out, *more: str) -> str:  # noqa: F811
+    r = cli.invoke(app, ["eval", "--data", str(data_dir), "-c", str(model), "--max-windows", "2", "--bins", "4",
+                         "--bootstrap", "50", "--out", str(out), *more])
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+def _no_launch(monkeypatch) -> list[int]:
+    """The processes each launch would start; none is started (a reused report needs none)."""
+    launches: list[int] = []
+
+    def launch(name, cfg, entry):
+        launches.append(cfg.nproc)
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(launching, "launch", launch)
+    return launches
+
+
+def _loads(monkeypatch) -> list[str]:
+    """The labels of the checkpoints each evaluation loads (none for a report reused)."""
+    loads: list[str] = []
+    real = eval_runner.load_model
+    monkeypatch.setattr(eval_runner, "load_model", lambda info, device: loads.append(info.label) or real(info, device))
+    return loads
+
+
+@pytest.mark.parametrize("more", [("--nproc", "2"), ("--collective-timeout", "30", "--stop-grace", "5"),
+                                  ("--nproc", "2", "--max-restarts", "1")])
+def test_a_one_process_report_is_reused_under_other_launch_options(data_dir, tmp_path, monkeypatch,  # noqa: F811
+                                                                   more):
+    """The launch options change no figure: a finished one-process report is returned as it is, no model loaded
+    and no process started."""
+    model, out = save_model(tmp_path / "m", seed=1), tmp_path / "rep"
+    loads, launches = _loads(monkeypatch), _no_launch(monkeypatch)
+    assert "uniform guess" in _eval(data_dir, model, out) and loads == ["m"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    loads.clear()
+    assert _eval(data_dir, model, out, *more).startswith(f"already evaluated: {out};")
+    assert loads == [] and launches == [] and {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_report_copied_to_another_folder_is_reused_there(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """The folder's path changes no figure: its copy is returned as it is (the record of the run that computed
+    it, its `out` that run's); an option that changes a figure (--seed: the bootstrap's draws) evaluates again."""
+    model, out = save_model(tmp_path / "m", seed=1), tmp_path / "rep"
+    loads = _loads(monkeypatch)
+    _eval(data_dir, model, out)
+    copy = tmp_path / "moved" / "rep"
+    shutil.copytree(out, copy)
+    before = {p.name: p.read_bytes() for p in copy.iterdir()}
+    loads.clear()
+    assert _eval(data_dir, model, copy).startswith(f"already evaluated: {copy};") and loads == []
+    assert {p.name: p.read_bytes() for p in copy.iterdir()} == before
+    assert json.loads((copy / "eval.json").read_text())["options"]["out"] == str(out)
+    assert "uniform guess" in _eval(data_dir, model, copy, "--seed", "1") and loads == ["m"]
+    assert json.loads((copy / "eval.json").read_text())["options"]["out"] == str(copy)
+
+
+def test_a_one_process_copy_probe_is_not_taken_for_a_launched_one(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """Several ranks run the copy probe over whole windows, one process only over the pieces its target depends
+    on (other batches, so other rounding): a one-process report with a probe is not returned to a launch, and
+    still is to one process under other launch options."""
+    model, out = save_model(tmp_path / "m", seed=1), tmp_path / "rep"
+    launches = _no_launch(monkeypatch)
+    probe = ("--probe", "copy", "--probe-distances", "512", "--max-context", "1K")
+    assert "uniform guess" in _eval(data_dir, model, out, *probe)
+    assert _eval(data_dir, model, out, *probe, "--collective-timeout", "30").startswith("already evaluated")
+    r = cli.invoke(app, ["eval", "--data", str(data_dir), "-c", str(model), "--max-windows", "2", "--bins", "4",
+                         "--bootstrap", "50", "--out", str(out), *probe, "--nproc", "2"])
+    assert launches == [2] and "launched" in repr(r.exception)

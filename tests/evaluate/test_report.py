@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import copy
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from lcft.config_toml import to_dict
 from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, WindowBins, bin_edges
-from lcft.evaluate.checkpoints import CheckpointInfo
-from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.checkpoints import CheckpointInfo, prepare_checkpoints
+from lcft.evaluate.config import NOT_FIGURES, EvalConfig
+from lcft.evaluate.inputs import open_split
 from lcft.evaluate.report import CSV_COLUMNS, build_report, read_back_problem, write_outputs
+from lcft.evaluate.runner import _identity
 from lcft.evaluate.split import CheckpointResult
 from lcft.evaluate.terminal import table
 from lcft.files import read_json
+from lcft.parallel.config import LaunchConfig
+from tests.evaluate.conftest import ckpt_a, data_dir  # noqa: F401 (fixtures)
 
 
 class FakeWindows:
@@ -312,3 +320,33 @@ def test_bins_past_most_windows_spans_are_counted_flagged_and_shaded(tmp_path):
     assert len(figure(report).axes[0].patches) == len(thin)
     report["positions"]["windows"] = [len(spans)] * 16
     assert thin_line(report) is None and not figure(report).axes[0].patches
+
+
+def test_a_report_read_back_ignores_only_the_options_no_figure_depends_on(tmp_path):
+    """Every launch option, the output folder and the device by name may differ from the run that wrote the
+    report (each is changed to a value no option takes); any other option differing makes it another's."""
+    cfg, report, _ = _report(tmp_path)
+    assert {f.name for f in dataclasses.fields(LaunchConfig)} | {"out", "device"} == NOT_FIGURES
+    assert NOT_FIGURES < set(report["options"])  # each names an option (one renamed would be compared again)
+    for name in report["options"]:
+        other = copy.deepcopy(report)
+        other["options"][name] = ["not", "an", "option"]
+        problem = read_back_problem(other, cfg, 3)
+        assert problem is None if name in NOT_FIGURES else "other options" in problem, name
+
+
+def test_the_pass_key_reads_none_of_the_options_no_figure_depends_on(data_dir, ckpt_a, tmp_path):  # noqa: F811
+    """`_identity` keys kept losses on the options it reads: none of NOT_FIGURES (so the kept losses of a run
+    under one launch are read back under another, as its report is)."""
+    cfg = EvalConfig(data=str(data_dir), checkpoints=(str(ckpt_a),), out=str(tmp_path / "out"))
+    ws = open_split(cfg)
+    info = prepare_checkpoints(cfg, ws.length, ws.manifest.get("tokenizer", {}))[0]
+    read: set[str] = set()
+
+    class Spy:
+        def __getattr__(self, name: str):
+            read.add(name)
+            return getattr(cfg, name)
+
+    _identity(Spy(), ws, info, torch.device("cpu"))
+    assert read and read <= set(to_dict(cfg)) and not read & NOT_FIGURES, read
