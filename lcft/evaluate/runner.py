@@ -118,10 +118,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
 def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: torch.device, *,
                 whole_windows: bool) -> str:
     """What the whole report's losses depend on, as the kept passes are keyed: each entry's weights digest,
-    configs, data files, options, versions and device kind (`_identity`), and with a copy probe whether it ran
-    whole windows (several ranks do, where one process runs only the pieces its target depends on: `run_probe`)."""
-    probe = {"probe_whole_windows": whole_windows} if cfg.probe != "none" else {}
-    return pass_key({"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos], **probe})
+    configs, data files, options, versions and device kind (`_identity`), and with a copy probe its planted windows
+    (`CopyProbe.planting`, as its kept losses are keyed) and whether it ran whole windows (several ranks do, where
+    one process runs only the pieces its target depends on: `run_probe`)."""
+    key: dict[str, Any] = {"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos]}
+    if (probe := make_probe(cfg, ws, cfg.windows_of(len(ws)))) is not None:
+        key |= {"probe_whole_windows": whole_windows, "planting": probe.planting()}
+    return pass_key(key)
 
 
 def finished_before_launch(cfg: EvalConfig, ws: Any) -> dict[str, Any] | None:

@@ -48,7 +48,7 @@ def _cfg(data_dir, out, *ckpts, **kw) -> dict:
 
 
 # Another planting rule for the mutated copy: each chosen base replaced by another, the base counts changed.
-SUBSTITUTING = textwrap.dedent("""
+SUBSTITUTE = textwrap.dedent("""
     import numpy as np
     import lcft.evaluate.probe as P
     def substitute(x, frac, rng):
@@ -56,8 +56,15 @@ SUBSTITUTING = textwrap.dedent("""
         where = rng.choice(bases, size=int(round(frac * len(bases))), replace=False)
         out[where] = P.A + (out[where] - P.A + rng.integers(1, 4, size=len(where))) % 4
         return out
-    P._mutate = substitute
 """)
+SUBSTITUTING = SUBSTITUTE + "P._mutate = substitute\n"  # (a script's prelude)
+
+
+def _substitute():
+    """SUBSTITUTE's rule as a function of this process."""
+    ns: dict = {}
+    exec(SUBSTITUTE, ns)
+    return ns["substitute"]
 
 
 def _killed(cfg: dict, at_call: int, before: str = "") -> None:
@@ -162,6 +169,21 @@ def test_a_probe_kept_under_another_planting_rule_is_run_again(data_dir, ckpt_a,
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**cfg))
     assert len(calls) == 12
+
+
+def test_a_report_planted_by_another_rule_is_not_taken_for_this_one(data_dir, ckpt_a, tmp_path, monkeypatch):
+    """A finished report of the copy probe whose mutated copies were planted by another rule (same options) is
+    evaluated again, not returned as already evaluated; rerun under the same rule, it is."""
+    import lcft.evaluate.probe as probe
+
+    cfg = EvalConfig(**_cfg(data_dir, tmp_path / "out", ckpt_a, probe="copy", probe_segment=256,
+                            probe_distances=[256, 1024], probe_windows=2))
+    with monkeypatch.context() as m:
+        m.setattr(probe, "_mutate", _substitute())
+        evaluate(cfg)
+        assert evaluate(cfg).get("already")
+    assert not evaluate(cfg).get("already")
+    assert evaluate(cfg).get("already")
 
 
 @pytest.mark.parametrize("damage", ["torn", "flipped", "swapped", "nan", "inf"])
