@@ -1,6 +1,6 @@
-"""`--shard fsdp` through the trainer (torchrun, gloo, fp32) against one process: fsdp on 2 ranks, dp 2 x cp 2 with
-fsdp over all 4, resumes across layouts (fsdp 2 -> 1 process, 1 process -> fsdp 2, fsdp cp=2 on 4 ranks -> fsdp
-cp=1 on 2), and the sharded checkpoints read by `lcft export` and `lcft eval`."""
+"""`--shard fsdp` through the trainer (torchrun, gloo, fp32) against one process: fsdp on 2 ranks, dp 2 x cp 2 x
+accumulation 2 with fsdp over all 4, resumes across layouts (fsdp 2 -> 1 process, 1 process -> fsdp 2, fsdp cp=2 on 4
+ranks -> fsdp cp=1 on 2), and the sharded checkpoints read by `lcft export` and `lcft eval`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 from tests.parallel.oracle import same_grad_norms
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8 runs, 1-4 processes each: ~1 min on 2 cores
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 9 runs, 1-4 processes each: ~1 min on 2 cores
 
 STEP = "checkpoints/step-{:08d}"
 
@@ -34,23 +34,27 @@ def _base(data: Path, init: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
-    """one: 1 process, accumulation 2 (the oracle). fsdp2: 2 ranks. fsdp_dpcp: dp 2 x cp 2, fsdp over all 4.
+    """one: 1 process, accumulation 2 (the oracle). fsdp2: 2 ranks. one4: 1 process, global batch 4 (accumulation
+    4; the oracle of fsdp_dpcp and cp2_to_cp1). fsdp_dpcp: global batch 4 on dp 2 x cp 2, so accumulation 2 on each
+    rank (the production layout: every factor of the normaliser and the sampler's split above 1), fsdp over all 4.
     to_one / from_one / cp2_to_cp1: step 1 of fsdp2 / one / fsdp_dpcp resumed on 1 process / fsdp 2 ranks /
-    fsdp 2 ranks with cp=1, then steps 2-3. init_one (the oracle of fsdp_cp2) / fsdp_cp2: a new run from --init
-    fsdp2's step 1 (sharded) on 1 process (accumulation 2) / dp 1 x cp 2 (accumulation 2 on each rank), fsdp over
-    both."""
+    fsdp 2 ranks with cp=1 (dp 2 x accumulation 2), then steps 2-3. init_one (the oracle of fsdp_cp2) / fsdp_cp2:
+    a new run from --init fsdp2's step 1 (sharded) on 1 process (accumulation 2) / dp 1 x cp 2 (accumulation 2 on
+    each rank), fsdp over both."""
     root = tmp_path_factory.mktemp("fsdp")
     base = _base(cp_data_dir, cp_init_dir)
     train(TrainConfig(out=str(root / "one"), **base))
     s = run("train", TrainConfig(out=str(root / "fsdp2"), nproc=2, shard="fsdp", **base))
     assert s["world_size"] == 2 and s["step"] == 3
-    s = run("train", TrainConfig(out=str(root / "fsdp_dpcp"), nproc=4, cp=2, shard="fsdp", **base))
+    base4 = dict(base, global_batch=4)
+    train(TrainConfig(out=str(root / "one4"), **base4))
+    s = run("train", TrainConfig(out=str(root / "fsdp_dpcp"), nproc=4, cp=2, shard="fsdp", **base4))
     assert s["world_size"] == 4 and s["step"] == 3
     train(TrainConfig(out=str(root / "to_one"), resume=str(root / "fsdp2" / STEP.format(1)), **base))
     run("train", TrainConfig(out=str(root / "from_one"), resume=str(root / "one" / STEP.format(1)), nproc=2,
                       shard="fsdp", **base))
     run("train", TrainConfig(out=str(root / "cp2_to_cp1"), resume=str(root / "fsdp_dpcp" / STEP.format(1)), nproc=2,
-                      shard="fsdp", **base))
+                      shard="fsdp", **base4))
     init = dict(base, init=str(root / "fsdp2" / STEP.format(1)))
     train(TrainConfig(out=str(root / "init_one"), **init))
     run("train", TrainConfig(out=str(root / "fsdp_cp2"), nproc=2, cp=2, shard="fsdp", **init))
@@ -59,6 +63,11 @@ def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
 
 def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run)}
+
+
+def _samples(run: Path) -> dict[int, list[int]]:
+    """Sample ids of each step's global batch, as the ranks loaded them."""
+    return {r["step"]: r["samples"] for r in read_metrics(run)}
 
 
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -84,13 +93,14 @@ def test_fsdp_two_ranks_equals_one_process(runs, cp_data_dir):
     _same_weights(_weights(ckpt), _weights(runs / "one" / STEP.format(3)))
 
 
-@pytest.mark.parametrize("run,oracle", [("fsdp_dpcp", "one"), ("fsdp_cp2", "init_one")])
+@pytest.mark.parametrize("run,oracle", [("fsdp_dpcp", "one4"), ("fsdp_cp2", "init_one")])
 def test_fsdp_over_dp_x_cp_equals_one_process_with_accumulation(runs, run, oracle):
     one, sharded = _losses(runs / oracle), _losses(runs / run)
     assert sorted(sharded) == [1, 2, 3]
     for step in (1, 2, 3):
         assert sharded[step] == pytest.approx(one[step], rel=1e-5)
-    same_grad_norms(runs / run, runs / oracle)  # fsdp_cp2: cp with accumulation 2 on each rank
+    assert _samples(runs / run) == _samples(runs / oracle)  # no sample skipped or read twice across dp x accumulation
+    same_grad_norms(runs / run, runs / oracle)  # accumulation 2 on each rank: with dp 2 (fsdp_dpcp) or alone
     _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / oracle / STEP.format(3)))
 
 
@@ -102,14 +112,14 @@ def test_init_from_a_sharded_checkpoint(runs):
     _same_weights(_weights(runs / "fsdp_cp2" / STEP.format(1)), _weights(runs / "init_one" / STEP.format(1)))
 
 
-@pytest.mark.parametrize("run", ["to_one", "from_one", "cp2_to_cp1"])
-def test_resume_across_layouts_follows_the_straight_run(runs, run):
-    resumed, one = _losses(runs / run), _losses(runs / "one")
+@pytest.mark.parametrize("run,oracle", [("to_one", "one"), ("from_one", "one"), ("cp2_to_cp1", "one4")])
+def test_resume_across_layouts_follows_the_straight_run(runs, run, oracle):
+    resumed, one = _losses(runs / run), _losses(runs / oracle)
     assert sorted(resumed) == [2, 3]
     for step in (2, 3):
         assert resumed[step] == pytest.approx(one[step], rel=1e-5)
-    same_grad_norms(runs / run, runs / "one")
-    _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / "one" / STEP.format(3)))
+    same_grad_norms(runs / run, runs / oracle)
+    _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / oracle / STEP.format(3)))
 
 
 def test_export_streams_a_sharded_checkpoint_into_safetensors(runs, tmp_path):
