@@ -165,12 +165,13 @@ NO_PROBE = "not measured (no copy probe)"
 
 def context_text(d: int | None, windows: int | None) -> str:
     """An effective context as the tables and summaries name it: its size, none detected (0), cannot tell (None
-    from a probe of `windows` windows: no pattern of so few could pass the test over the distances), or NO_PROBE
+    from a probe of `windows` windows: too few of them hold tokens at the distances for any pattern to pass the
+    test over them; N runs at the sources can leave fewer windows than were probed), or NO_PROBE
     (`windows` None: the probe did not run, which eval.json also writes as a null effective context)."""
     if windows is None:
         return NO_PROBE
     if d is None:
-        return f"cannot tell ({counted(windows, 'probe window')}: too few)"
+        return f"cannot tell (too few with tokens of {counted(windows, 'probe window')})"
     return format_size(d) if d else "none detected"
 
 

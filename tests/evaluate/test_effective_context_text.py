@@ -29,7 +29,7 @@ def test_the_terminal_table_says_cannot_tell_with_the_probe_windows_and_nothing_
     report["checkpoints"][1]["probe"]["effective_context"] = None
     report["checkpoints"][1]["probe"]["mutated"]["effective_context"] = None
     text = _shown(report)
-    assert text.count("cannot tell (3 probe windows: too few)") == 2, text  # the exact and the mutated copy
+    assert text.count("cannot tell (too few with tokens of 3 probe windows)") == 2, text  # the exact and the mutated copy
     assert "│ 4K │ 1K │" in text  # the first checkpoint's, measured
     for ck in report["checkpoints"]:
         ck["probe"] = ck["effective_context"] = None

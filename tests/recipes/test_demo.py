@@ -205,7 +205,7 @@ def test_one_window_and_one_probe_window_give_no_interval_and_a_context_it_canno
     lines = summary_lines(rep)
     assert lines[3].endswith("over 1 held-out windows): (no interval: fewer than 2 windows)")
     assert "nan" not in " ".join(lines)
-    assert "ck0 cannot tell (1 probe window: too few)" in " ".join(lines)
+    assert "ck0 cannot tell (too few with tokens of 1 probe window)" in " ".join(lines)
     note = demo_note(rep)
     assert "too few copy-probe windows with tokens (1 probed) for its 2 distances tested together" in note
     assert "cannot tell whether it reads back (use more --probe-windows)" in note and "none detected" not in note
@@ -220,9 +220,9 @@ def test_a_run_without_the_probe_says_not_measured_where_one_that_cannot_tell_sa
         ck["effective_context"] = None
     rep["probe"] = {"windows": 5, "distances": [256, 1024]}
     line = control_line(rep, 120)
-    assert ("effective context cannot tell (5 probe windows: too few) against the base's cannot tell (5 probe "
-            "windows: too few)") in line
-    assert "ck1 cannot tell (5 probe windows: too few)" in probe_line(rep)
+    assert ("effective context cannot tell (too few with tokens of 5 probe windows) against the base's cannot tell "
+            "(too few with tokens of 5 probe windows)") in line
+    assert "ck1 cannot tell (too few with tokens of 5 probe windows)" in probe_line(rep)
     rep["probe"] = None  # no probe: eval.json's probe and each checkpoint's are null
     for ck in rep["checkpoints"]:
         ck["probe"] = None
