@@ -132,9 +132,11 @@ def finished_before_launch(cfg: EvalConfig, ws: Any) -> dict[str, Any] | None:
     `evaluate` returns when `cfg.out` holds a finished report of these inputs (`_finished`), so no rank starts;
     else None. The device kind is rank 0's, the rank that writes the report: the first GPU this node's ranks see
     (cuda:0 under the same CUDA_VISIBLE_DEVICES), or the CPU. (Across nodes every launcher would have to know it
-    before the rendezvous: there the ranks evaluate again.)"""
+    before the rendezvous: there the ranks evaluate again.) Every rank's --device is checked first, as the ranks
+    would: a launch they would refuse (cuda:0 for two ranks, more ranks than GPUs) is refused here too."""
+    devices = [_rank_device(cfg.device, local) for local in range(cfg.nproc)]
     infos = prepare_checkpoints(cfg, ws.length, ws.manifest.get("tokenizer", {}))
-    return _finished(cfg, ws, cfg.windows_of(len(ws)), infos, _rank_device(cfg.device, 0), whole_windows=True)
+    return _finished(cfg, ws, cfg.windows_of(len(ws)), infos, devices[0], whole_windows=True)
 
 
 def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device, *,

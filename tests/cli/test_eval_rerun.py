@@ -162,3 +162,22 @@ def test_a_one_process_copy_probe_is_not_taken_for_a_launched_one(data_dir, tmp_
     r = cli.invoke(app, ["eval", "--data", str(data_dir), "-c", str(model), "--max-windows", "2", "--bins", "4",
                          "--bootstrap", "50", "--out", str(out), *probe, "--nproc", "2"])
     assert launches == [2] and "launched" in repr(r.exception)
+
+
+@pytest.mark.parametrize("device,nproc,gpus,said", [("cuda:0", 2, 2, "each rank evaluates on its own GPU"),
+                                                     ("auto", 2, 1, "this machine has 1 GPU(s)")])
+def test_a_rerun_the_ranks_would_refuse_is_refused_by_its_launcher(data_dir, tmp_path, monkeypatch,  # noqa: F811
+                                                                     device, nproc, gpus, said):
+    """A finished report there, and a launch whose rank 1 would refuse its --device (cuda:0 for two ranks, more
+    ranks than GPUs): the launcher refuses it as that rank would, rather than answer "already evaluated" (on a
+    machine whose CUDA reports `gpus` GPUs; the report was computed on the CPU, so nothing is reused anyway)."""
+    import torch
+
+    model, out = save_model(tmp_path / "m", seed=1), tmp_path / "rep"
+    _eval(data_dir, model, out)
+    launches = _no_launch(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    r = cli.invoke(app, ["eval", "--data", str(data_dir), "-c", str(model), "--max-windows", "2", "--bins", "4",
+                         "--bootstrap", "50", "--out", str(out), "--device", device, "--nproc", str(nproc)])
+    assert r.exit_code == 1 and said in r.output and launches == [], r.output
