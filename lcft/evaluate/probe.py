@@ -88,10 +88,8 @@ def mutation_count(x: np.ndarray, frac: float) -> int:
     largest k whose positions can exchange their bases with none keeping its own, i.e. some k positions with each
     base on at most k // 2 of them (0 for a one-base segment; never 1; even where only two distinct bases are)."""
     counts = np.bincount(x[(x >= A) & (x <= T)] - A, minlength=4)  # (4,) A, C, G, T
-    k = int(round(frac * counts.sum()))
-    while k and np.minimum(counts, k // 2).sum() < k:
-        k -= 1
-    return k
+    k = np.arange(int(round(frac * counts.sum())) + 1)  # (k + 1,) every count up to the one asked for
+    return int(k[np.minimum(counts[:, None], k // 2).sum(0) >= k].max())  # k = 0 always qualifies
 
 
 def _mutate(x: np.ndarray, frac: float, rng: np.random.Generator) -> np.ndarray:
@@ -168,13 +166,17 @@ class CopyProbe:
         return self._cache[1]
 
     def planting(self) -> str:
-        """sha256 of the first window's planted windows at every distance: the kept losses of a stopped probe are
-        read back only by a probe that plants as this one does (the same options under another planting rule
-        give other windows)."""
+        """sha256 of the first window's planted windows at every distance, and of a fixed all-base window planted
+        the same way (the first window's sources may be N runs, which every rule leaves as they are): the kept
+        losses of a stopped probe are read back only by a probe that plants as this one does (the same options
+        under another planting rule give other windows)."""
         h = hashlib.sha256()
         for d in range(len(self.distances)):
             for v in self.variants:
                 h.update(np.ascontiguousarray(getattr(self.planted(0, d), v)).tobytes())
+        bases = np.random.default_rng(0).integers(A, T + 1, size=2 * self.segment, dtype=np.int64)  # (2S,) no N
+        for v in self.variants:
+            h.update(getattr(plant(bases, 0, self.segment, self.segment, self.mutation, self.seed), v).tobytes())
         return h.hexdigest()
 
     def __getitem__(self, k: int) -> np.ndarray:

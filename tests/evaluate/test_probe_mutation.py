@@ -15,6 +15,7 @@ from lcft.evaluate.probe import CopyProbe, plant, run_probe
 from lcft.evaluate.stats import resample_counts
 from lcft.genomics.tokenizer import UNK, VOCAB_SIZE, A, C, G, N, T
 from lcft.genomics.window_set import open_windows
+from tests.evaluate.planting import substitute
 
 
 class CountModel(torch.nn.Module):
@@ -127,3 +128,17 @@ def test_the_count_is_the_largest_reachable_up_to_the_fraction_asked():
                 m = plant(ids, window=n, segment=n, distance=n, mutation=frac, seed=1).mutated[:n]
                 assert (m != x).sum() == want, (x, frac)
                 assert sorted(m) == sorted(x)
+
+
+def test_planting_tells_rules_apart_where_the_first_window_holds_no_bases(monkeypatch):
+    """The first window all N (every rule leaves N as it is) and the others bases: the digest a stopped probe's
+    kept losses are keyed on still differs between two planting rules, and is the same for the same rule."""
+    import lcft.evaluate.probe as probe
+
+    rng = np.random.default_rng(3)
+    windows = [np.full(512, N, dtype=np.uint8), *rng.integers(A, T + 1, size=(2, 512), dtype=np.uint8)]
+    digest = CopyProbe(windows, 3, 64, [64, 128], 0.3, 0).planting
+    kept = digest()
+    assert digest() == kept
+    monkeypatch.setattr(probe, "_mutate", substitute)
+    assert digest() != kept

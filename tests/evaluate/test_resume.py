@@ -47,26 +47,6 @@ def _cfg(data_dir, out, *ckpts, **kw) -> dict:
                 bootstrap=50, **kw)
 
 
-# Another planting rule for the mutated copy: each chosen base replaced by another, the base counts changed.
-SUBSTITUTE = textwrap.dedent("""
-    import numpy as np
-    import lcft.evaluate.probe as P
-    def substitute(x, frac, rng):
-        out, bases = x.copy(), np.flatnonzero((x >= P.A) & (x <= P.T))
-        where = rng.choice(bases, size=int(round(frac * len(bases))), replace=False)
-        out[where] = P.A + (out[where] - P.A + rng.integers(1, 4, size=len(where))) % 4
-        return out
-""")
-SUBSTITUTING = SUBSTITUTE + "P._mutate = substitute\n"  # (a script's prelude)
-
-
-def _substitute():
-    """SUBSTITUTE's rule as a function of this process."""
-    ns: dict = {}
-    exec(SUBSTITUTE, ns)
-    return ns["substitute"]
-
-
 def _killed(cfg: dict, at_call: int, before: str = "") -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", before + KILLER, json.dumps(cfg), str(at_call)], env=env,
@@ -158,32 +138,6 @@ def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
     assert len(calls) == 12 - 4
     evaluate(EvalConfig(**{**cfg, "out": str(tmp_path / "clean")}))
     _same_report(tmp_path / "killed", tmp_path / "clean")
-
-
-def test_a_probe_kept_under_another_planting_rule_is_run_again(data_dir, ckpt_a, tmp_path, monkeypatch):
-    """Killed inside the copy probe while planting mutated copies by another rule (same options, other windows):
-    its windows' losses are read back, its kept probe losses are not (all 12 planted windows run again)."""
-    cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a, probe="copy", probe_segment=256, probe_distances=[256, 1024],
-               probe_windows=2)
-    _killed(cfg, 6 + 5, before=SUBSTITUTING)
-    calls = _counting(monkeypatch)
-    evaluate(EvalConfig(**cfg))
-    assert len(calls) == 12
-
-
-def test_a_report_planted_by_another_rule_is_not_taken_for_this_one(data_dir, ckpt_a, tmp_path, monkeypatch):
-    """A finished report of the copy probe whose mutated copies were planted by another rule (same options) is
-    evaluated again, not returned as already evaluated; rerun under the same rule, it is."""
-    import lcft.evaluate.probe as probe
-
-    cfg = EvalConfig(**_cfg(data_dir, tmp_path / "out", ckpt_a, probe="copy", probe_segment=256,
-                            probe_distances=[256, 1024], probe_windows=2))
-    with monkeypatch.context() as m:
-        m.setattr(probe, "_mutate", _substitute())
-        evaluate(cfg)
-        assert evaluate(cfg).get("already")
-    assert not evaluate(cfg).get("already")
-    assert evaluate(cfg).get("already")
 
 
 @pytest.mark.parametrize("damage", ["torn", "flipped", "swapped", "nan", "inf"])
