@@ -77,9 +77,13 @@ __all__ = ["EXIT_LOST", "JOBS", "PeerLost", "RESULT_FILE_ENV", "launch", "run"]
 
 FOLDER_NAME = re.compile(r"lcft-launch-[a-z0-9_]{8}")  # tempfile.mkdtemp's names with the launch's prefix
 MARK = "launcher"
-"""An empty file in a launch's temporary folder, made once the launcher holds its lock (flock on the folder, which
-the kernel drops when the launcher dies, SIGKILL included): a marked folder whose lock a later launch can take was
-left by a killed launcher, and goes (`_sweep`)."""
+"""A file in a launch's temporary folder holding the running kernel's boot id (BOOT_ID), made once the launcher
+holds its lock (flock on the folder, which the kernel drops when the launcher dies, SIGKILL included): a folder
+marked by this kernel whose lock a later launch can take was left by a killed launcher, and goes (`_sweep`). The
+boot id keeps the sweep to folders whose lock this kernel holds: a TMPDIR shared by several machines whose
+locks are each machine's own (NFS with local_lock, BeeGFS, Lustre's localflock) would show another machine's
+running launch's folder unlocked here."""
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _FILES = {FAILURE_FILE_ENV: "failure.txt", FAILURES_ENV: "failures.json", RESULT_FILE_ENV: "result.json",
           HANDED_ENV: "handed", READY_ENV: "ready"}
 _LAYOUT = frozenset({MARK, "spec.toml", "spare", "logs", *_FILES.values()})
@@ -177,11 +181,17 @@ def launch_folder() -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="lcft-launch-"))
     fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        # A file system without locks: no mark, so never removed by another launch. (A launch sweeping waits
-        # only while it looks in; the mark comes once the lock is held, so it never takes a folder being made.)
+        # A file system without locks, or no boot id to tell this kernel's folders by: no mark, so never removed
+        # by another launch. (A launch sweeping waits only while it looks in; the mark comes once the lock is
+        # held, so it never takes a folder being made.)
         with contextlib.suppress(OSError):
+            kernel = _kernel()
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.close(os.open(MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd))
+            mark = os.open(MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+            try:
+                os.write(mark, kernel)
+            finally:
+                os.close(mark)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -199,8 +209,17 @@ def _sweep(folder: Path) -> None:
                     _remove_left(folder / name)
 
 
+def _kernel() -> bytes:
+    """The running kernel's boot id (36 bytes and a newline; OSError where there is none to read)."""
+    with BOOT_ID.open("rb") as f:
+        kernel = f.read(64)
+    if len(kernel) != 37:
+        raise OSError(f"{BOOT_ID}: not a boot id")
+    return kernel
+
+
 def _remove_left(path: Path) -> None:
-    """Remove `path` when it is a launch folder of this user that its launcher left (see `_sweep`)."""
+    """Remove `path` when it is a launch folder of this user that its launcher on this kernel left (see `_sweep`)."""
     if os.lstat(path).st_uid != os.getuid():  # another user's: theirs to remove
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -208,11 +227,19 @@ def _remove_left(path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its launcher runs
         names = set(os.listdir(fd))
         allowed = _LAYOUT | {temp_name(Path(n)).name for n in _LAYOUT}
-        if (MARK in names and names <= allowed and stat.S_ISREG(os.stat(MARK, dir_fd=fd, follow_symlinks=False).st_mode)
-                and os.path.samestat(os.fstat(fd), os.lstat(path))):
+        if MARK in names and names <= allowed and _marked_here(fd) and os.path.samestat(os.fstat(fd), os.lstat(path)):
             shutil.rmtree(path)
     finally:
         os.close(fd)
+
+
+def _marked_here(folder: int) -> bool:
+    """Whether the open folder's MARK is a plain file holding this kernel's boot id."""
+    mark = os.open(MARK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)  # a link: ELOOP
+    try:
+        return stat.S_ISREG(os.fstat(mark).st_mode) and os.read(mark, 64) == _kernel()
+    finally:
+        os.close(mark)
 
 
 def _prepare(tmp: Path, cfg: Any, folders: list[Path]) -> Path:

@@ -66,13 +66,15 @@ def _left_folder(name: str = "lcft-launch-abcd_123") -> Path:
     """A folder as a killed launcher leaves it: named, marked and laid out as a launch's, no lock held."""
     folder = Path(tempfile.gettempdir()) / name
     (folder / "logs" / "attempt_0").mkdir(parents=True)
-    for file in (MARK, "spare", "spec.toml", "result.json", ".failures.json.tmp"):
+    for file in ("spare", "spec.toml", "result.json", ".failures.json.tmp"):
         (folder / file).write_text("")
+    (folder / MARK).write_bytes(Path("/proc/sys/kernel/random/boot_id").read_bytes())  # this kernel's
     return folder
 
 
-@pytest.mark.parametrize("change", ["unmarked", "marked by a link", "another file in it", "a short name",
-                                    "another name", "a link to it", "another user's"])
+@pytest.mark.parametrize("change", ["unmarked", "marked by a link", "marked by another machine", "an empty mark",
+                                    "another file in it", "a short name", "another name", "a link to it",
+                                    "another user's"])
 def test_what_is_not_a_killed_launchers_folder_stays(change):
     folder = _left_folder()
     if change == "unmarked":  # (also an older lcft's, which may still run: its launcher held no lock)
@@ -80,6 +82,10 @@ def test_what_is_not_a_killed_launchers_folder_stays(change):
     elif change == "marked by a link":
         (folder / MARK).unlink()
         (folder / MARK).symlink_to(folder / "spec.toml")
+    elif change == "marked by another machine":  # a TMPDIR shared across machines: its lock is not this kernel's
+        (folder / MARK).write_text("0c7f44a3-3c5e-4b1f-9f0e-6f1d2a3b4c5d\n")
+    elif change == "an empty mark":  # (an older lcft's mark)
+        (folder / MARK).write_bytes(b"")
     elif change == "another file in it":
         (folder / "notes.txt").write_text("mine")
     elif change in ("a short name", "another name"):
