@@ -118,6 +118,8 @@ def test_resume_across_layouts_follows_the_straight_run(runs, run, oracle):
     assert sorted(resumed) == [2, 3]
     for step in (2, 3):
         assert resumed[step] == pytest.approx(one[step], rel=1e-5)
+    samples = _samples(runs / oracle)
+    assert _samples(runs / run) == {step: samples[step] for step in (2, 3)}  # the sampler resumed where it was
     same_grad_norms(runs / run, runs / oracle)
     _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / oracle / STEP.format(3)))
 
