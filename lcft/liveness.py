@@ -39,14 +39,19 @@ RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 only because another node rejoined the rendezvous (a membership change: that node's worker failed) does not count
 it, so the ranks of one restarted group can disagree: `restarts()` is the count they agree on."""
 
+ROUND_ENV = "LCFT_RDZV_ROUND"
+"""Set by lcft's agent (lcft/launch/agent.py) in the workers that share its store: the round of torch's c10d
+rendezvous that formed their group, the same on every node and a new one for each group the agents form."""
+
 LAUNCHER_ENV = "TORCHELASTIC_RUN_ID"
 """What torch's elastic agent sets in every worker it starts (torchrun, lcft's --nproc, accelerate launch), beside
 env://'s variables; a job script's own exports or a shell that kept them (`source job.sh`) lack it."""
 
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-""""True" where the elastic agent serves the store at MASTER_ADDR:MASTER_PORT itself (torch's default: lcft's
-one-node --nproc); else rank 0 serves it (lcft's launch across nodes)."""
+""""True" where an elastic agent serves the store at MASTER_ADDR:MASTER_PORT itself (torch's default; lcft's --nproc:
+on one node its own, across nodes the one of the node the rendezvous first ranked 0); else rank 0 serves it (lcft's
+launch across nodes under a torch whose rendezvous round lcft's agent cannot read)."""
 
 
 def agent_store() -> bool:
@@ -154,8 +159,10 @@ class Heartbeat:
 
         self.rank, self.world, self.timeout_s, self.restarts = rank, world, timeout_s, restarts
         self.host, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        # (a store the agent keeps across restarts still holds the beats of the group before)
-        self.prefix = f"lcft/liveness/{os.environ.get(LAUNCHER_ENV, 'run')}/{restarts}"
+        # (a store the agent keeps across restarts still holds the beats of the groups before: the rendezvous round
+        # names each group on every node; without it, the restarts the ranks agree on)
+        group = handed_round()
+        self.prefix = f"lcft/liveness/{os.environ.get(LAUNCHER_ENV, 'run')}/{restarts if group is None else group}"
         self.store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=10),
                                    wait_for_workers=False)
         node = os.environ.get(NODE_RANK_ENV)
@@ -232,6 +239,13 @@ def scalar_device() -> str:
 def own_restarts() -> int:
     """This process's agent's count of restarts (RESTART_ENV; 0 outside a launch)."""
     return int(os.environ.get(RESTART_ENV) or 0)
+
+
+def handed_round() -> int | None:
+    """The rendezvous round lcft's agent handed this process (ROUND_ENV), or None (another agent, or a torch whose
+    round it cannot read)."""
+    given = os.environ.get(ROUND_ENV, "")
+    return int(given) if given.isdecimal() else None
 
 
 def restarts() -> int:

@@ -301,14 +301,10 @@ def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
     env[PARENT_ENV] = str(os.getpid())  # the agent ends at once if this process is gone before it is running
     if cfg.nnodes == 1:  # launch() holds the lock
         env[HELD_LOCK_ENV] = f"{os.getpid()} {Path(cfg.out).resolve()}"
-    # The workers' store. On one node, the agent's (torch's default): bound at a port of the OS's choice and held
-    # from before the workers start, so no other program can take it (a store of rank 0's own binds a port the
-    # agent picked free and let go: another launch on the machine may take it in between, EADDRINUSE); each
-    # restart under a prefix of its own (mesh._round_store). Across nodes the agents count restarts apart, so one
-    # shared store would let a restarted rank read the addresses of the dead group (gloo: "connectFullMesh failed
-    # ... Connection refused"): a store per round, served by rank 0.
-    if cfg.nnodes > 1:
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The workers' store is the agents' (torch's default): bound at a port of the OS's choice and held from before
+    # the workers start, so no other program can take it (a store of rank 0's own binds a port an agent picked free
+    # and let go: another launch on the machine may take it in between, EADDRINUSE); each group under a prefix of
+    # its own, the rendezvous round lcft's agent hands its workers (agent._hand_round, mesh._round_store).
     # A store connection that failed is a Python error the worker (liveness.diagnose) or the agent names; torch also
     # logs it as a C++ warning with some twenty stack frames, in every process of a node whose store host ended.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (C++ errors are still printed)

@@ -4,6 +4,7 @@ launcher to name, ends on a signal sent to it (a scheduler's, to every process o
 128 + N once its workers saved or the launch's --stop-grace ran out (then SIGKILLed), on a rendezvous that another
 node closed (it gave up on the run) or took down with exit code 75 (liveness.EXIT_LOST), and on one that did not
 gather every node within its join timeout with process.EXIT_NOT_GATHERED, each instead of torchrun's traceback.
+It hands each group's workers the round of the rendezvous that formed it (`_hand_round`), their store's prefix.
 torch's log lines that only repeat how it ended, which the launcher says in its own line, are left out
 (`_RepeatedEnds`); every other one is printed."""
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent
-from lcft.liveness import EXIT_LOST
+from lcft.liveness import EXIT_LOST, ROUND_ENV
 from lcft.signals import STOP_SIGNALS, signal_name
 from lcft.spare_room import write_back
 
@@ -105,6 +106,56 @@ def _shutdown_timeout(argv: list[str]) -> list[str]:
     return [a for a in argv if a not in given]
 
 
+SHARE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torch's switch: "1" and rank 0 serves the workers' store (a port its agent picked free and let go), not the agent."""
+
+
+def _round(handler: Any) -> int | None:
+    """The round of torch's c10d rendezvous `handler` holds (DynamicRendezvousHandler._state_holder.state.round,
+    torch 2.11 to 2.13: the same on every node, one more each time the nodes form a group again), or None where
+    this torch keeps no such state (then nothing is guessed)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    if not isinstance(handler, DynamicRendezvousHandler):
+        return None
+    value = getattr(getattr(getattr(handler, "_state_holder", None), "state", None), "round", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _hand_round(across: bool) -> None:
+    """Give the workers of each group the round of the rendezvous that formed it (liveness.ROUND_ENV, in the
+    agent's environment, which its workers inherit), so that they share the agent's store under a prefix the
+    nodes agree on (mesh._round_store) where each agent counts its restarts its own way: torch binds that store
+    at a port of the OS's choice, in the agent the rendezvous ranks 0, before any worker starts. Until a
+    rendezvous whose round can be read, nodes `across` the launch leave the store to rank 0, a new one per group
+    (SHARE_OFF_ENV; the user's own setting of it stands)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    given = os.environ.get(SHARE_OFF_ENV)
+    if across:
+        os.environ[SHARE_OFF_ENV] = "1"
+    next_rendezvous = DynamicRendezvousHandler.next_rendezvous
+
+    def next_then_round(self: DynamicRendezvousHandler) -> Any:
+        if _round(self) is None or not hasattr(self, "_bootstrap_store_info"):
+            return next_rendezvous(self)
+        # (torch reads the switch within the rendezvous, and again as it starts the workers)
+        if given is None:
+            os.environ.pop(SHARE_OFF_ENV, None)
+        else:
+            os.environ[SHARE_OFF_ENV] = given
+        # torch keeps the store's address from the first group it formed (torch 2.11 and 2.13), while a node that
+        # replaces the one serving it may rank 0 (it serves a new store there: the others were given the dead
+        # one's address), or a survivor (torch 2.11 fails an assertion): forgotten, the agent the rendezvous ranks
+        # 0 serves a new store for each group, and every node reads its address from that round's keys.
+        self._bootstrap_store_info = None
+        info = next_rendezvous(self)
+        os.environ[ROUND_ENV] = str(_round(self))  # (read at once: the round moves on only once every node left it)
+        return info
+
+    DynamicRendezvousHandler.next_rendezvous = next_then_round  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> int:
     die_with_parent()
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -117,6 +168,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import parse_args, run
 
     args = parse_args(_shutdown_timeout(argv))
+    _hand_round(across=not args.standalone)
     _quiet_repeated_ends(args.max_restarts)
     try:
         run(args)

@@ -112,7 +112,7 @@ def _group_restarts() -> int:
 
 
 def _join(world: int, timeout_s: float) -> None:
-    """init_process_group over env:// (on one node the agent's store, a prefix per round: _round_store), whose
+    """init_process_group over env:// (the agent's store under lcft's launch, a prefix per group: _round_store), whose
     store waits `timeout_s` for the other processes to connect."""
     _check_agent_store()
     try:
@@ -127,17 +127,21 @@ def _join(world: int, timeout_s: float) -> None:
 
 def _round_store(world: int, timeout_s: float) -> dict[str, Any]:
     """init_process_group's store, rank and world size when the elastic agent shares its store with the workers
-    of one node (lcft's one-node --nproc): the agent's, under a prefix of this round of the group. The agent keeps
-    that store across the restarts of its group, and torch's env:// gives the workers no prefix of their own: a
-    restarted rank could read the addresses the dead group published (gloo: "connectFullMesh failed ... Connection
-    refused"). One agent counts every restart of its node alike; across nodes the counts can differ
-    (liveness.RESTART_ENV): {} there, and env:// as torch makes it."""
-    if not liveness.agent_store() or os.environ.get("LOCAL_WORLD_SIZE") != str(world):
+    (lcft's --nproc): the agent's, under a prefix of this group. torchrun's agent keeps that store across the
+    restarts of its group (lcft's makes a new one for each), and torch's env:// gives the workers no prefix of
+    their own: a restarted rank could read the addresses the dead group published (gloo: "connectFullMesh failed
+    ... Connection refused"). The prefix is the rendezvous round lcft's agent hands its workers (liveness.ROUND_ENV:
+    one per group, the same on every node), else on one node its count of restarts; across nodes the agents count
+    restarts apart (liveness.RESTART_ENV): {} there, and env:// as torch makes it."""
+    group = liveness.handed_round()
+    if group is None and os.environ.get("LOCAL_WORLD_SIZE") == str(world):
+        group = liveness.own_restarts()
+    if not liveness.agent_store() or group is None:
         return {}
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timedelta(seconds=timeout_s))
-    return {"store": dist.PrefixStore(f"lcft/round/{liveness.own_restarts()}", store),
-            "rank": int(os.environ["RANK"]), "world_size": world}
+    return {"store": dist.PrefixStore(f"lcft/round/{group}", store), "rank": int(os.environ["RANK"]),
+            "world_size": world}
 
 
 def _check_agent_store() -> None:
@@ -145,7 +149,7 @@ def _check_agent_store() -> None:
     MASTER_ADDR:MASTER_PORT before it starts them: a refused connection means no agent is there (its workers'
     environment copied into a shell), which torch's store would retry, logging each try, for the whole timeout."""
     if not liveness.agent_store():
-        return  # rank 0 hosts the store itself (lcft's --nproc on several nodes): the others may reach for it first
+        return  # rank 0 hosts the store itself: the others may reach for it first
     host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()

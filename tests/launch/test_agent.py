@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,3 +165,92 @@ def test_the_grace_ends_the_run_on_a_signal_but_not_the_restart_of_a_group(tmp_p
     assert agent.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert (signalled / "0-0-termed").exists() and not (signalled / "0-0-ended").exists(), err[-3000:]
     assert time.monotonic() - t0 < SAVE_S + 1
+
+
+def test_each_group_is_handed_the_round_torch_prefixes_its_rendezvous_store_with(monkeypatch):
+    """Two groups formed in turn by one node's c10d rendezvous handler: after each, the agent's environment (its
+    workers' to be) holds the round that torch names that group's store keys with (torch.rendezvous.RUN.ROUND),
+    read back from the raw store: 0, then 1."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from lcft.launch.agent import SHARE_OFF_ENV, _hand_round
+    from lcft.liveness import ROUND_ENV
+
+    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", DynamicRendezvousHandler.next_rendezvous)
+    for name in (ROUND_ENV, SHARE_OFF_ENV):  # (both set by the agent: gone again after the test)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    _hand_round(across=True)
+    handler = get_rendezvous_handler(RendezvousParameters("c10d", "127.0.0.1:0", "t", 1, 1, is_host=True))
+    try:
+        for group in (0, 1):
+            info = handler.next_rendezvous()
+            info.store.set("mark", str(group))
+            raw = handler._store  # (the backend's store, unprefixed)
+            assert raw.get(f"torch.rendezvous.t.{os.environ[ROUND_ENV]}/mark") == str(group).encode()
+            assert os.environ[ROUND_ENV] == str(group) and SHARE_OFF_ENV not in os.environ
+    finally:
+        handler.shutdown()
+
+
+def test_a_node_replacing_the_one_that_served_the_store_gives_every_node_one_address(monkeypatch):
+    """Nodes A and B form a group (A ranked 0 serves the workers' store); A dies, and C, which the rendezvous ranks
+    before B, joins B in the next round: both are given the store C now serves. B was given the address of the
+    dead one's (torch keeps the first group's)."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from lcft.launch.agent import SHARE_OFF_ENV, _hand_round
+    from lcft.liveness import ROUND_ENV
+
+    monkeypatch.setattr(dr.DynamicRendezvousHandler, "next_rendezvous", dr.DynamicRendezvousHandler.next_rendezvous)
+    for name in (ROUND_ENV, SHARE_OFF_ENV):  # (both set by the agent: gone again after the test)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    _hand_round(across=True)
+    backend = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True)  # (node 0's rendezvous, which outlives A)
+    params = RendezvousParameters("c10d", f"127.0.0.1:{backend.port}", "t", 2, 2, is_host=False, join_timeout=30,
+                                  last_call_timeout=1, keep_alive_interval=1, keep_alive_max_attempt=2)
+    a, b = get_rendezvous_handler(params), get_rendezvous_handler(params)
+    first = _together([a, b])
+    assert [i.rank for i in first] == [0, 1] and a._shared_tcp_store_server is not None
+    a._stop_heartbeats()  # A dies: its heartbeats stop, and the store it served goes with it
+    dead = a._shared_tcp_store_server.port
+    a._shared_tcp_store_server = None
+    c = get_rendezvous_handler(params)
+    c._this_node = c._op_executor._node = dr._NodeDesc(c._this_node.addr, c._this_node.pid, -1)  # (sorts first)
+    try:
+        then = _together([b, c])
+        assert [i.rank for i in then] == [1, 0] and os.environ[ROUND_ENV] == "1"
+        served = c._shared_tcp_store_server.port
+        assert served != dead
+        assert [(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in then] == [
+            (c._this_node.addr, served)] * 2
+    finally:
+        for h in (b, c):
+            h.shutdown()
+
+
+def _together(handlers: list) -> list:
+    """Each handler's next rendezvous, all at once (each node's agent joins from its own process)."""
+    out: list = [None] * len(handlers)
+
+    def join(i: int) -> None:
+        try:
+            out[i] = handlers[i].next_rendezvous()
+        except Exception as e:  # (raised in the test's thread below)
+            out[i] = e
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for o in out:
+        if isinstance(o, BaseException) or o is None:
+            raise AssertionError(f"a rendezvous failed: {o!r}")
+    return out

@@ -10,6 +10,7 @@ node 0 ending first leaves no C++ stack trace, and no torch log line, on the oth
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from lcft.launch.jobs import JOBS
 from lcft.liveness import DIAGNOSE_S
 from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.config import resolve_folders
+from tests.launch.test_taken_port import TAKE_MASTER_PORT
 from tests.train.launching import (
     error_lines,
     free_port,
@@ -52,10 +54,10 @@ def _nodes(data_dir, init_dir, run, port, *extra, steps: int = 6, own: Path | No
             for node in (0, 1)]
 
 
-def _node(data_dir, init_dir, run, port, node, *extra, steps: int = 6, wrap=()):
+def _node(data_dir, init_dir, run, port, node, *extra, steps: int = 6, wrap=(), env=None):
     return start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node, "--rdzv-endpoint",
                        f"127.0.0.1:{port}", "--cp", 2, "--steps", steps, "--save-every", 2, "--collective-timeout",
-                       TIMEOUT, *extra, wrap=wrap)
+                       TIMEOUT, *extra, wrap=wrap, env=env)
 
 
 def _rank0_node(nodes: list[subprocess.Popen], timeout: float = 240) -> int:
@@ -118,6 +120,25 @@ def test_two_nodes_under_max_restarts_restart_a_killed_worker_and_continue_exact
     assert "restarting:" in err0 + err1 and "resumed from" in out0 + err0 + out1 + err1
     assert latest_checkpoint(run).name == "step-00000006"
     torch.testing.assert_close(losses(run), losses(one_process_run), rtol=1e-5, atol=1e-5)
+
+
+def test_a_taken_store_port_does_not_fail_a_two_node_launch(tmp_path, data_dir, init_dir):
+    """Another program binds MASTER_PORT as rank 0 starts, on whichever node it runs: the port was already bound
+    and held by an agent (the one the rendezvous ranked 0), so no other program can have it, and both nodes end
+    (exit 0). Rank 0 bound the port itself, after an agent had picked it free and let go: its group failed
+    to form ("address already in use")."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(TAKE_MASTER_PORT)
+    root = str(Path(__file__).resolve().parents[2])
+    taken = tmp_path / "taken"
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), root, os.environ.get("PYTHONPATH", "")]),
+           "LCFT_TEST_TAKEN": str(taken)}
+    nodes = [_node(data_dir, init_dir, tmp_path / "run", port, node, steps=2, env=env)
+             for port in [free_port()] for node in (0, 1)]
+    ended = [p.communicate(timeout=240) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], ended[0][1][-3000:] + ended[1][1][-3000:]
+    assert taken.read_text() == "held"
 
 
 def test_a_group_whose_nodes_counted_its_restart_apart_resumes_together(tmp_path, data_dir, init_dir, one_process_run):
