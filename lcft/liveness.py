@@ -50,7 +50,7 @@ env://'s variables; a job script's own exports or a shell that kept them (`sourc
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 """"True" where an elastic agent serves the store at MASTER_ADDR:MASTER_PORT itself (torch's default; lcft's --nproc:
-on one node its own, across nodes the one of the node the rendezvous first ranked 0); else rank 0 serves it (lcft's
+on one node its own, across nodes that of the node the rendezvous ranked 0); else rank 0 serves it (lcft's
 launch across nodes under a torch whose rendezvous round lcft's agent cannot read)."""
 
 
