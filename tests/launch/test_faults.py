@@ -24,7 +24,8 @@ from lcft.cli.app import app
 from lcft.config import ConfigError
 from lcft.errors import LcftError
 from lcft.folder_lock import LOCK_NAME
-from lcft.launch import launch_folder, run
+from lcft.launch import run
+from lcft.launch.temp_folder import launch_folder
 from lcft.train import TrainConfig, train
 from lcft.train.config import load_run_config
 from tests.launch.in_group import train_cp3

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from lcft.launch import MARK, launch_folder
+from lcft.launch.temp_folder import MARK, launch_folder
 
 # A launcher as far as its temporary folder goes: it makes one with the launch's own code, says where, and waits.
 HOLDER = """
 import sys, time
-from lcft.launch import launch_folder
+from lcft.launch.temp_folder import launch_folder
 with launch_folder() as tmp:
     (tmp / "handed").mkdir()
     (tmp / "spec.toml").write_text("steps = 1\\n")
