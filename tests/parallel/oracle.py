@@ -17,3 +17,11 @@ def same_grad_norms(run: Path, oracle: Path, rel: float = 1e-5) -> None:
     assert got and set(got) <= set(want), (sorted(got), sorted(want))
     steps = sorted(got)
     assert [got[s] for s in steps] == pytest.approx([want[s] for s in steps], rel=rel), f"steps {steps}"
+
+
+def same_samples(run: Path, oracle: Path) -> None:
+    """The sample ids of every step `run` took are the oracle's of that step: no sample skipped or read twice
+    across dp ranks and accumulation, and a resumed sampler goes on where it stopped."""
+    got, want = ({r["step"]: r["samples"] for r in read_metrics(p)} for p in (run, oracle))
+    assert got and set(got) <= set(want), (sorted(got), sorted(want))
+    assert got == {step: want[step] for step in got}

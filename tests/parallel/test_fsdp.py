@@ -20,7 +20,7 @@ from lcft.genomics.shards import read_manifest
 from lcft.launch import run
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
-from tests.parallel.oracle import same_grad_norms
+from tests.parallel.oracle import same_grad_norms, same_samples
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 9 runs, 1-4 processes each: ~1 min on 2 cores
 
@@ -65,11 +65,6 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run)}
 
 
-def _samples(run: Path) -> dict[int, list[int]]:
-    """Sample ids of each step's global batch, as the ranks loaded them."""
-    return {r["step"]: r["samples"] for r in read_metrics(run)}
-
-
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return load(ckpt).model.state_dict()
 
@@ -99,7 +94,7 @@ def test_fsdp_over_dp_x_cp_equals_one_process_with_accumulation(runs, run, oracl
     assert sorted(sharded) == [1, 2, 3]
     for step in (1, 2, 3):
         assert sharded[step] == pytest.approx(one[step], rel=1e-5)
-    assert _samples(runs / run) == _samples(runs / oracle)  # no sample skipped or read twice across dp x accumulation
+    same_samples(runs / run, runs / oracle)  # across dp x accumulation
     same_grad_norms(runs / run, runs / oracle)  # accumulation 2 on each rank: with dp 2 (fsdp_dpcp) or alone
     _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / oracle / STEP.format(3)))
 
@@ -118,8 +113,7 @@ def test_resume_across_layouts_follows_the_straight_run(runs, run, oracle):
     assert sorted(resumed) == [2, 3]
     for step in (2, 3):
         assert resumed[step] == pytest.approx(one[step], rel=1e-5)
-    samples = _samples(runs / oracle)
-    assert _samples(runs / run) == {step: samples[step] for step in (2, 3)}  # the sampler resumed where it was
+    same_samples(runs / run, runs / oracle)  # steps 2 and 3: the sampler resumed where it was
     same_grad_norms(runs / run, runs / oracle)
     _same_weights(_weights(runs / run / STEP.format(3)), _weights(runs / oracle / STEP.format(3)))
 
