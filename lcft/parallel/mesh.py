@@ -154,10 +154,11 @@ def _check_agent_store() -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except ConnectionRefusedError:
-        raise LcftError(f"nothing listens at MASTER_ADDR:MASTER_PORT {host}:{port}, where the launcher that "
-                        f"started this process ({liveness.LAUNCHER_ENV}={printable(os.environ[liveness.LAUNCHER_ENV])}) "
-                        f"keeps its store: unset {' '.join(liveness.PROCESS_ENV)} {liveness.LAUNCHER_ENV} (left from another "
-                        f"job?) to run as one process, or {liveness.START_SEVERAL}") from None
+        raise LcftError(f"nothing listens at MASTER_ADDR:MASTER_PORT {host}:{port}, where the elastic agents of the "
+                        f"launch that started this process ({liveness.LAUNCHER_ENV}="
+                        f"{printable(os.environ[liveness.LAUNCHER_ENV])}) keep their store: unset "
+                        f"{' '.join(liveness.PROCESS_ENV)} {liveness.LAUNCHER_ENV} (left from another job?) to run as "
+                        f"one process, or {liveness.START_SEVERAL}") from None
     except (OSError, ValueError):  # unreachable, slow, a port that is no number: the store's own timeout decides
         pass
 
