@@ -261,11 +261,17 @@ def _identity(cfg: EvalConfig, ws: Any, info: CheckpointInfo, device: torch.devi
     and versions of the computation, and the device's kind (a GPU's model, a CPU's vector extensions), whose kernels
     may round otherwise; a kept pass of other values is not read. (Thread counts are left out: a rerun with others
     may differ in the last bits.)"""
-    kind = torch.cuda.get_device_name(device) if device.type == "cuda" else torch.backends.cpu.get_cpu_capability()
-    return {"lcft": __version__, "torch": torch.__version__, "device": [device.type, kind], "weights": info.sha256,
-            "config": info.config, "meta": info.lcft, "max_context": info.max_context, "precision": cfg.precision,
+    return {"lcft": __version__, "torch": torch.__version__, "device": [device.type, device_kind(device)],
+            "weights": info.sha256, "config": info.config, "meta": info.lcft, "max_context": info.max_context, "precision": cfg.precision,
             "batch_size": cfg.batch_size, "cp": [cfg.cp, cfg.cp_layout, cfg.cp_kv], "split": cfg.split,
             "data": ws.manifest["splits"][cfg.split]["files"], "length": ws.length}
+
+
+def device_kind(device: torch.device) -> str:
+    """What a device's kernels round by: a GPU's model name, a CPU's vector extensions. A launcher asks it for the
+    ranks' first GPU before they start (`finished_before_launch`): the name is read from the device's properties,
+    which initialise CUDA but create no context on the GPU (that would hold its memory for the whole launch)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else torch.backends.cpu.get_cpu_capability()
 
 
 def _store(cfg: EvalConfig, identity: dict[str, Any], keep: int, parallel: EvalParallel | None) -> LossStore | None:

@@ -111,3 +111,35 @@ def test_auto_precision_is_bf16_on_a_gpu_with_bf16_tensor_cores():
 
     native = torch.cuda.get_device_capability() >= (8, 0)
     assert choose_precision("auto", cpu=False) == ("bf16" if native else "fp32", None)
+
+
+_PRIMARY_CONTEXT = """
+import ctypes, sys
+import torch
+from lcft.evaluate.runner import _rank_device, device_kind
+
+def active():  # whether GPU 0's primary context exists (the driver API: what a context holds is the GPU's memory)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, flags, on = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(on)) == 0
+    return on.value
+
+name = device_kind(_rank_device("auto", 0))
+before = active()
+torch.zeros(1, device="cuda")
+print(name, before, active())
+"""
+
+
+def test_the_launchers_device_lookup_creates_no_cuda_context():
+    """A launched rerun's launcher looks up its ranks' devices and the first one's kind before any rank starts
+    (`finished_before_launch`) and then waits for the ranks: a CUDA context made there would hold memory on GPU 0
+    for the whole launch. Checked in a fresh interpreter against the driver's own record of GPU 0's primary context,
+    which the first tensor on the GPU does create (so the check can see one)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PRIMARY_CONTEXT], capture_output=True, text=True, check=True)
+    name, before, after = out.stdout.rsplit(maxsplit=2)
+    assert name == torch.cuda.get_device_name(0) and (before, after) == ("0", "1"), out.stdout
