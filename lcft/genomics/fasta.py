@@ -90,23 +90,12 @@ class FastaFile(FastaRecords):
         self._sha256: str | None = None
         self._hashing: Future[str] | None = None
         self.path, self.readable, self.kind = check_fasta(self.path, self.sha256)
-        try:
-            self.faidx = self._index()
-        except pyfaidx.FastaIndexingError as e:
-            # Blank lines, which pyfaidx tolerates only in some places (not with CRLF line ends): retry on a
-            # normalized copy; if that fails too, the original error (with the file's own line numbers) stands.
-            if self.readable.name.endswith(NORMALIZED):
-                raise self._explained(indexing_error(self.path, e)) from None
-            self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
-            try:
-                self.faidx = self._index()
-            except pyfaidx.FastaIndexingError:
-                raise self._explained(indexing_error(self.path, e)) from None
+        self.faidx = self._index_or_normalized()
         self._adopt()
         found = self._scan_reused()
         if found.mismatch and self._reused:  # an index newer than its FASTA that no longer describes it
             self.faidx.close()
-            self.faidx = self._index(stale=True)
+            self.faidx = self._index_or_normalized(stale=True)
             self._adopt()
             found = scan_index(self)
         if found.blanks and not self.readable.name.endswith(NORMALIZED):  # pyfaidx counted the blanks as bases
@@ -135,6 +124,21 @@ class FastaFile(FastaRecords):
         if not self.index:
             self.close()
             raise LcftError(f"empty FASTA: {self.path} has no sequence records")
+
+    def _index_or_normalized(self, stale: bool = False) -> pyfaidx.Faidx:
+        """`_index`, or, where pyfaidx refuses the layout, that of a normalized copy: blank lines, which pyfaidx
+        tolerates only in some places (not with CRLF line ends, not two after a record's full last line). If the
+        copy is refused too, the original error (with the file's own line numbers) stands."""
+        try:
+            return self._index(stale)
+        except pyfaidx.FastaIndexingError as e:
+            if self.readable.name.endswith(NORMALIZED):
+                raise self._explained(indexing_error(self.path, e)) from None
+            self.readable = normalize_to_cache(self.path, self.kind, self.sha256())
+            try:
+                return self._index()
+            except pyfaidx.FastaIndexingError:
+                raise self._explained(indexing_error(self.path, e)) from None
 
     def _explained(self, refusal: LcftError) -> LcftError:
         """`refusal` of the file's layout, unless a letter of several bytes among the bases is its cause (pyfaidx
@@ -199,7 +203,8 @@ class FastaFile(FastaRecords):
             self.kind, self.readable = "gzip", decompress_to_cache(self.path, self.sha256())
             return self._index()
         except RuntimeError as e:  # pyfaidx: "Unhandled exception during fasta indexing" (odd line lengths)
-            raise self._explained(indexing_error(self.path, e)) from None
+            # pyfaidx's other refusal of a layout, judged alike by the caller (`_index_or_normalized`)
+            raise pyfaidx.FastaIndexingError(str(e)) from None
         except OSError as e:
             raise LcftError(f"{self.path}: cannot index FASTA: {reason(e)}") from None
         except BGZF_DAMAGE as e:  # Bio.bgzf on a cut or damaged block

@@ -392,3 +392,27 @@ def test_blanks_ending_the_lines_of_a_later_record_are_not_bases(tmp_path):
     with FastaFile(path) as f:
         assert f.length("b") == 600
         assert f.read_raw("b", 0, 600).replace(b"\n", b"").decode() == recs["b"]
+
+
+@pytest.mark.parametrize("where", ["between records", "at the end", "both"])
+@pytest.mark.parametrize("stale_index", [False, True], ids=["fresh", "stale-index"])
+def test_two_blank_lines_after_a_full_last_line_read_as_biopython_reads_them(tmp_path, where, stale_index):
+    """pyfaidx refuses exactly two blank lines after a record whose last line is full ("Unhandled exception during
+    fasta indexing"), where one or three pass: read through the normalized copy, as other blank lines are.
+    Oracle: Biopython. stale-index: an index newer than the file, of another file, is built again the same way."""
+    recs = {"a": random_genome(3, 3_000, n_runs=0), "b": random_genome(4, 1_800, n_runs=0)}  # 50 and 30 full lines
+    a, b = (write_fasta(tmp_path / f"{k}.fa", {k: v}).read_text() for k, v in recs.items())
+    text = a + ("\n\n" if where != "at the end" else "") + b + ("\n\n" if where != "between records" else "")
+    path = tmp_path / "x.fa"
+    path.write_text(text)
+    if stale_index:
+        other = write_fasta(tmp_path / "other.fa", recs)
+        with FastaFile(other):
+            pass
+        shutil.copyfile(str(other) + ".fai", str(path) + ".fai")  # newer than x.fa: pyfaidx would keep it
+    assert bio_records(path) == recs
+    with FastaFile(path) as f:
+        assert f.names == list(recs)
+        for name, seq in recs.items():
+            assert f.length(name) == len(seq)
+            assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
