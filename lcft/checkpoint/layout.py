@@ -22,6 +22,7 @@ from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, read_json
 from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
+from lcft.vocab import NAME as CHAR_NAME
 from lcft.vocab import spec_problem
 
 CHECKPOINTS = "checkpoints"
@@ -334,12 +335,15 @@ def read_model_meta(ckpt: Path) -> dict[str, Any]:
 
 TRAIN_STEP = "prepare the data with the model's tokenizer (--tokenizer) or start from a model of the data's"
 """What to do about a tokenizer mismatch where a model is trained or planned from the data."""
-EVAL_STEP = "prepare the held-out data with the checkpoint's tokenizer (lcft prepare windows --tokenizer {ckpt})"
-"""What to do about it where a checkpoint is evaluated: its weights are fixed, the data is not."""
+EVAL_STEP = "prepare the held-out data with the checkpoint's tokenizer (lcft prepare windows --tokenizer {tokenizer})"
+"""What to do about it where a checkpoint is evaluated: its weights are fixed, the data is not. `{tokenizer}` is
+`char` for lcft's own vocabulary (a checkpoint of it carries no tokenizer file that --tokenizer could read), else
+the checkpoint folder."""
 
 
 def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any], next_step: str = TRAIN_STEP) -> None:
-    """A model folder must read the data's vocabulary (a mismatch names `next_step`, `{ckpt}` filled in): the tokenizer it records (ours do, in lcft.json; a
+    """A model folder must read the data's vocabulary (a mismatch names `next_step`, `{ckpt}` and `{tokenizer}` filled
+    in): the tokenizer it records (ours do, in lcft.json; a
     published model by its own tokenizer.json, when the data was cut with a model tokenizer) gives the same ids
     (same content hash, lcft.genomics.hf_tokenizer.same_tokenizer), and config.json's vocab_size equals the
     data's (both checked: a spec alone would let a resized embedding through)."""
@@ -355,7 +359,7 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any], next_step: str =
     if spec is not None and not same_tokenizer(spec, data_tokenizer):
         raise LcftError(f"checkpoint {ckpt} was trained with a different tokenizer than the data "
                         f"({describe(spec)} vs {describe(data_tokenizer)}: {spec_difference(spec, data_tokenizer)}); "
-                        + next_step.format(ckpt=ckpt))
+                        + next_step.format(ckpt=ckpt, tokenizer="char" if spec.get("name") == CHAR_NAME else ckpt))
     vocab, want = read_model_config(ckpt).get("vocab_size"), data_tokenizer.get("vocab_size")
     if vocab != want:
         why = "the data's vocabulary is larger than the model's embedding" if (vocab or 0) < (want or 0) else \

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lcft.checkpoint.layout import EVAL_STEP, check_tokenizer
 from lcft.config import ConfigError
 from lcft.errors import LcftError
 from lcft.evaluate import EvalConfig, evaluate
@@ -139,3 +140,21 @@ def test_a_report_inside_a_checkpoint_is_refused(data_dir, ckpt_a, tmp_path):
     evaluate(EvalConfig(data=str(data_dir), checkpoints=(str(tmp_path / "run"),), out=str(tmp_path / "run" / "eval"),
                         max_windows=1, bootstrap=10))
     assert (tmp_path / "run" / "eval" / "eval.json").is_file()
+
+
+def test_a_char_checkpoint_on_kmer_data_names_the_tokenizer_that_prepares_its_data(ckpt_a, tmp_path):
+    """A char checkpoint carries no tokenizer file, so `--tokenizer CHECKPOINT` is refused by prepare: the step
+    named is `--tokenizer char`, and data prepared with it passes the checkpoint's tokenizer check."""
+    kmer = tmp_path / "kmer2"
+    prepare_windows(fasta=str(sample_fasta()), out=str(kmer), length=WINDOW, train=("chr2",), eval=("chr22",),
+                    max_n_frac=0.6, tokenizer="kmer:2")
+    with pytest.raises(LcftError) as e:
+        evaluate(EvalConfig(data=str(kmer), checkpoints=(str(ckpt_a),), out=str(tmp_path / "out"), max_windows=1))
+    assert str(e.value).endswith("(lcft prepare windows --tokenizer char)"), e.value
+    with pytest.raises(LcftError, match="holds no tokenizer.json"):  # what the checkpoint folder itself gives
+        prepare_windows(fasta=str(sample_fasta()), out=str(tmp_path / "ck"), length=WINDOW, train=("chr2",),
+                        eval=("chr22",), max_n_frac=0.6, tokenizer=str(ckpt_a))
+    char = tmp_path / "char"
+    prepare_windows(fasta=str(sample_fasta()), out=str(char), length=WINDOW, train=("chr2",), eval=("chr22",),
+                    max_n_frac=0.6, tokenizer="char")
+    check_tokenizer(ckpt_a, json.loads((char / "manifest.json").read_text())["tokenizer"], EVAL_STEP)
