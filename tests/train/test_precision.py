@@ -52,11 +52,12 @@ def _onednn_report() -> tuple[str, list[str]]:
                     reason="oneDNN reports its x86 instruction set only")
 def test_detection_agrees_with_onednn() -> None:
     """The oracle is oneDNN's own reading of the CPU: its instruction set names bfloat16 where the CPU has bf16
-    arithmetic (AVX-512 BF16, AVX10, AMX), 'Intel AVX2 ...' at most where it has none; AVX2 VNNI-2's bfloat16 is
-    conversion only (AVX-NE-CONVERT, no bf16 dot product). A bf16 linear layer then runs a bf16 kernel there
+    arithmetic (AVX-512 BF16, AMX) or is 'Intel AVX 10.x' (BF16 included), 'Intel AVX2 ...' at most where it has
+    none; AVX2 VNNI-2's bfloat16 is conversion only (AVX-NE-CONVERT, no bf16 dot product). A bf16 linear layer then runs a bf16 kernel there
     (brg_matmul:avx512_core_bf16, :avx10_1_512_amx), and none elsewhere (emulated, or not sent to oneDNN)."""
     isa, kernels = _onednn_report()
-    native = "bfloat16" in isa and not isa.startswith("Intel AVX2")
+    # AVX10.1 is AVX-512 with BF16 and FP16 by definition: oneDNN 3.12 names it without the word
+    native = ("bfloat16" in isa or isa.startswith("Intel AVX 10")) and not isa.startswith("Intel AVX2")
     assert prec.cpu_has_native_bf16() is native, f"oneDNN reports {isa!r}"
     # the ISA in the kernel's name: brg_matmul:avx512_core_bf16 is native, gemm:jit:bf16 (AVX-512 without BF16)
     # emulates bf16 in fp32
