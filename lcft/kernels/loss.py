@@ -31,21 +31,23 @@ def _flatten(hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor |
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """loss_sum = Σ w (lse - logit[y]) + z_loss Σ w lse²,  z_sum = Σ w lse²  (over counted tokens)."""
+    """loss_sum = Σ w (lse - logit[y]) + z_loss Σ w lse²,  z_sum = Σ w lse²,  ce_sum = Σ (lse - logit[y])
+    (over counted tokens; ce_sum unweighted and not differentiable: the cross-entropy a log reports)."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                chunk: int, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int, z_loss: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with _exact(h):
             return _ChunkedCrossEntropy._forward(ctx, h, weight, y, w, chunk, z_loss)
 
     @staticmethod
     def _forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                 chunk: int, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 chunk: int, z_loss: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = h.shape[0]
         lse = torch.zeros(n, dtype=torch.float32, device=h.device)  # (N,)
         ce_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         z_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        plain_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         wf = weight.float()  # (V, H)
         counted = w != 0  # (N,) weight 0 at ignored tokens
         for s in range(0, n, chunk):
@@ -57,13 +59,16 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             wc, mask = w[s:s + chunk], counted[s:s + chunk]
             # where(): an ignored token must add exactly 0 even if its logits overflow
             ce_sum += torch.where(mask, wc * (lse_c - target), 0.0).sum()
+            plain_sum += torch.where(y[s:s + chunk] >= 0, lse_c - target, 0.0).sum()  # weight 0 counts here too
             z_sum += torch.where(mask, wc * lse_c * lse_c, 0.0).sum()
         ctx.save_for_backward(h, weight, y, w, lse)
         ctx.chunk, ctx.z_loss = chunk, z_loss
-        return ce_sum + z_loss * z_sum, z_sum
+        ctx.mark_non_differentiable(plain_sum)
+        return ce_sum + z_loss * z_sum, z_sum, plain_sum
 
     @staticmethod
-    def backward(ctx: Any, g_loss: torch.Tensor, g_z: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, g_loss: torch.Tensor, g_z: torch.Tensor, _g_plain: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, ...]:
         with _exact(g_loss):
             return _ChunkedCrossEntropy._backward(ctx, g_loss, g_z)
 
@@ -94,13 +99,15 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 def chunked_cross_entropy(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, *,
                           weights: torch.Tensor | None = None, chunk: int = 8192, ignore_index: int = -100,
-                          z_loss: float = 0.0, with_z: bool = False) -> tuple[torch.Tensor, ...]:
+                          z_loss: float = 0.0, with_z: bool = False, with_ce: bool = False
+                          ) -> tuple[torch.Tensor, ...]:
     """Summed token cross-entropy of `hidden @ lm_head_weight.T` against `labels`, computed chunk by chunk.
 
     hidden (..., L, H) any float dtype (logits are fp32 per chunk); lm_head_weight (V, H); labels (..., L)
     with `ignore_index` for tokens that carry no loss; weights (..., L) optional per-token weights.
-    Returns (loss_sum, count[, z_sum]): loss_sum = Σ w_i (ce_i + z_loss·lse_i²) over counted tokens,
-    count = number of counted tokens (fp32 tensor), z_sum = Σ w_i lse_i² (PaLM's z-loss term, for logging).
+    Returns (loss_sum, count[, z_sum][, ce_sum]): loss_sum = Σ w_i (ce_i + z_loss·lse_i²) over counted tokens,
+    count = number of counted tokens (fp32 tensor), z_sum = Σ w_i lse_i² (PaLM's z-loss term), ce_sum = Σ ce_i
+    (unweighted, no z-loss, not differentiable: the model's cross-entropy whatever the weights, for logging).
     Zero counted tokens give loss 0 and zero (finite) gradients; divide by max(count, 1) for a mean.
     """
     if chunk <= 0:
@@ -108,10 +115,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, lm_head_weight: torch.Tensor, la
     h, y, w = _flatten(hidden, labels, weights)
     counted = y != ignore_index  # (N,)
     w = counted.float() if w is None else torch.where(counted, w, 0.0)  # (N,)
-    loss_sum, z_sum = _ChunkedCrossEntropy.apply(h, lm_head_weight, torch.where(counted, y, -1), w, chunk,
-                                                 float(z_loss))
+    loss_sum, z_sum, ce_sum = _ChunkedCrossEntropy.apply(h, lm_head_weight, torch.where(counted, y, -1), w, chunk,
+                                                         float(z_loss))
     count = counted.sum().float()
-    return (loss_sum, count, z_sum) if with_z else (loss_sum, count)
+    return (loss_sum, count, *([z_sum] if with_z else []), *([ce_sum] if with_ce else []))
 
 
 def per_token_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, *,

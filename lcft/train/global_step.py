@@ -101,18 +101,19 @@ class GlobalStep:
         ids = [[self.samples.sample_id(g) for g in micro] for micro in groups]
         batches = [self.samples.batch(m) for m in ids]
         norm = Normaliser.of(batch_counts(batches, self.samples.label_bases), cfg.cp, self.world, self.accum)
-        loss_sum = z_sum = 0.0
+        loss_sum = ce_sum = 0.0
         for batch in batches:
             batch = {k: v.to(self.acc.device) for k, v in batch.items()}
             with self.acc.accumulate(self.lm):
-                ls, _, zs = compute_loss(self.lm, batch, self.cp_runner)
+                ls, _, ce = compute_loss(self.lm, batch, self.cp_runner)
                 if self.hooks.perturb_loss:
                     ls = self.hooks.perturb_loss(step, ls)
                 self.acc.backward(ls * norm.scale)
-            loss_sum, z_sum = loss_sum + ls.detach().double().item(), z_sum + zs.detach().double().item()
-        loss_sum, z_sum = world_sum([loss_sum, z_sum])
+            loss_sum, ce_sum = loss_sum + ls.detach().double().item(), ce_sum + ce.double().item()
+        loss_sum, ce_sum = world_sum([loss_sum, ce_sum])
         objective = norm.per_token(loss_sum)
-        loss = norm.per_token(loss_sum - cfg.z_loss * z_sum)  # cross-entropy alone (nats per token)
+        # the plain cross-entropy (nats per token): no soft-mask weights, z-loss or router loss in the figure
+        loss = norm.per_token(ce_sum)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = clip(self.acc, self.lm, max_norm, self.layout)  # fsdp: the global norm over the shards
         lr = self.opt.param_groups[0]["lr"]

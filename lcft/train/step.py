@@ -28,20 +28,21 @@ class LossModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, rope_seq_len: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss_sum, count, z_sum): summed weighted token loss incl. z-loss (and the MoE router loss when the
-        model has output_router_logits), counted tokens, Σ w·lse²."""
+        """(loss_sum, count, ce_sum): summed weighted token loss incl. z-loss (and the MoE router loss when the
+        model has output_router_logits), counted tokens, and their plain cross-entropy Σ ce (unweighted, without
+        z-loss or router loss: what the metrics report, comparable with `lcft eval`'s)."""
         hidden = self.model.hidden_states(input_ids, position_ids, rope_seq_len=rope_seq_len)  # (B, L, H)
-        loss_sum, count, z_sum = chunked_cross_entropy(hidden, self.model.lm_head_weight, labels, weights=weights,
-                                                       chunk=self.chunk, z_loss=self.z_loss, with_z=True)
+        loss_sum, count, ce_sum = chunked_cross_entropy(hidden, self.model.lm_head_weight, labels, weights=weights,
+                                                        chunk=self.chunk, z_loss=self.z_loss, with_ce=True)
         aux = self.model.aux_loss
         if aux is not None:  # a mean over this micro-batch's tokens (this rank's, under cp): x count to a sum
             loss_sum = loss_sum + self.model.config.router_aux_loss_coef * aux * count
-        return loss_sum, count, z_sum
+        return loss_sum, count, ce_sum
 
 
 def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor],
                  cp: ContextParallelRunner | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward of one micro-batch on this rank: (loss_sum, count, z_sum), sums over the tokens it holds.
+    """Forward of one micro-batch on this rank: (loss_sum, count, ce_sum), sums over the tokens it holds.
 
     `model` is the prepared (possibly DDP-wrapped) LossModel. Context parallelism shards here: it keeps this
     rank's tokens of input_ids/labels/weights (B, L) and passes their global position_ids and the full

@@ -1,6 +1,7 @@
 """Train's bits per base are the step's nats over the bases its counted tokens cover: a 6-mer model's train
 figure equals `lcft eval`'s on the same weights and windows (one step over every window, a learning rate too
-small to move the weights), not nats per token / ln 2 (six times larger)."""
+small to move the weights), not nats per token / ln 2 (six times larger). The figure is the model's plain
+cross-entropy whatever the objective weighs in (soft-mask weights, z-loss)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from lcft.checkpoint.hf_folder import save_pretrained
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.terminal import table
-from lcft.genomics import open_windows, prepare_windows
+from lcft.genomics import open_windows, prepare_windows, sample_fasta
 from lcft.model import Llama
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
@@ -62,3 +63,32 @@ def test_train_bits_per_base_equal_eval_for_kmers(genomes_dir, tmp_path):
         [loss / 6 / math.log(2) for loss in bins["loss"]], rel=0.01)
     summary = json.loads((Path(s["run_dir"]) / "summary.json").read_text())
     assert summary["bits_per_base"] == rec["bits_per_base"] and summary["loss"] == rec["loss"]
+
+
+def test_train_loss_is_the_plain_cross_entropy_under_softmask_weights_and_z_loss(tmp_path):
+    """--softmask-loss-weight 0.1 and a z-loss shape the objective only: the step's logged loss and bits per base
+    are `lcft eval`'s on the same weights and windows (eval counts every token at full weight), not the weighted
+    sum over the counted tokens (about half of it on these windows, a third of whose bases are soft-masked)."""
+    data = tmp_path / "data"
+    prepare_windows(fasta=str(sample_fasta()), out=str(data), length=512, stride=256 * 1024, train=("chr2",),
+                    eval=())
+    ws = open_windows(data, "train")
+    n = len(ws)
+    assert 0.1 < sum(ws.softmask(i).mean() for i in range(n)) / n < 0.9  # soft-masked bases are there to weigh
+    torch.manual_seed(5)
+    model = Llama(small_model_config())
+    with torch.no_grad():  # away from a uniform guess, so soft-masked and plain bases differ in loss
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    save_pretrained(model, tmp_path / "init")
+    s = train(TrainConfig(data=str(data), init=str(tmp_path / "init"), out=str(tmp_path / "run"), seq_len=512,
+                          steps=1, global_batch=n, micro_batch=n, warmup=0, lr=1e-12, precision="fp32",
+                          softmask_loss_weight=0.1, z_loss=1e-2, save_every=0, progress=False))
+    rec = read_metrics(tmp_path / "run")[-1]
+    rep = evaluate(EvalConfig(data=str(data), checkpoints=(s["checkpoint"],), out=str(tmp_path / "eval"),
+                              split="train", bootstrap=10, bins=4))
+    ck = rep["checkpoints"][0]
+    assert rec["loss"] == pytest.approx(ck["loss"], rel=1e-3)
+    assert rec["bits_per_base"] == pytest.approx(ck["bits_per_base"], rel=1e-3)
+    assert s["loss"] == rec["loss"]
