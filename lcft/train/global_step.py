@@ -142,4 +142,6 @@ class GlobalStep:
                   "skipped": st.skipped, "elapsed": 0.0, "samples": samples}
         if verdict != "ok":
             record["skip"] = verdict if verdict != "empty" else "empty (every label ignored: all-N windows?)"
+            # what the guard judged: the objective (soft-mask weights, z-loss, router loss), not the logged loss
+            record["objective"] = objective
         return record

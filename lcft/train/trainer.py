@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,7 +251,7 @@ class Trainer(GlobalStep):
             if cfg.tensorboard:
                 self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=st.step)
             if "skip" in record:
-                self._note(f"step {st.step}: update skipped ({record['skip']}, loss {record['loss']:.4g})")
+                self._note(f"step {st.step}: update skipped ({_skip_text(record)})")
             if cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
                 saved_step = st.step
@@ -261,7 +262,7 @@ class Trainer(GlobalStep):
                 # saved at this step already: not written again (a second save of a step replaces the first)
                 ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
                 raise LcftError(f"{counted(st.consecutive_skips, 'skipped update')} in a row (step {st.step}: "
-                                f"{record['skip']}, loss {record['loss']:.4g}); the run stopped with a checkpoint "
+                                f"{_skip_text(record)}); the run stopped with a checkpoint "
                                 f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")
             if signum:
                 stopped = Ended.SIGNAL
@@ -317,3 +318,12 @@ class Trainer(GlobalStep):
         self._lock.close()
         if not launched():
             _reset_accelerate()
+
+
+def _skip_text(record: dict[str, Any]) -> str:
+    """Why a step's update was skipped, with the figure the guard judged: the objective, named beside the logged
+    loss where soft-mask weights, z-loss or a router loss make them differ."""
+    loss, objective = record["loss"], record["objective"]
+    same = loss == objective or (math.isnan(loss) and math.isnan(objective))
+    judged = "" if same else f"objective {objective:.4g}, "
+    return f"{record['skip']}, {judged}loss {loss:.4g}"

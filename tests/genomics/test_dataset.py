@@ -116,9 +116,9 @@ def test_batch_keeps_narrow_ids_and_the_loss_is_the_int64_loss(windows):
     got = []
     for batch in (b, wide):
         lm.zero_grad(set_to_none=True)
-        loss_sum, count, z_sum = compute_loss(lm, batch)
+        loss_sum, count, ce_sum = compute_loss(lm, batch)
         loss_sum.backward()
-        got.append([loss_sum.detach(), count, z_sum.detach(), *(p.grad.clone() for p in lm.parameters())])
+        got.append([loss_sum.detach(), count, ce_sum, *(p.grad.clone() for p in lm.parameters())])
     assert all(torch.equal(x, y) for x, y in zip(*got, strict=True))
 
 

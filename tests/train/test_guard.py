@@ -59,6 +59,18 @@ def test_injected_nan_and_spike_are_skipped(tmp_path, base_cfg):
     assert recs[10]["lr"] == recs[9]["lr"] != recs[8]["lr"]
 
 
+def test_a_skipped_step_names_the_objective_the_guard_judged(tmp_path, base_cfg, capsys):
+    """The logged loss is the plain cross-entropy; the guard judges the objective (here made NaN, as a diverged
+    router or z-loss term would): the record and the note name that figure beside the loss, which stays finite."""
+    run = tmp_path / "run"
+    cfg = TrainConfig(out=str(run), **{**base_cfg, "steps": 3, "softmask_loss_weight": 0.5})
+    train(cfg, TrainHooks(perturb_loss=lambda step, loss: loss * math.nan if step == 2 else loss))
+    recs = {r["step"]: r for r in read_metrics(run)}
+    assert recs[2]["skip"] == "nonfinite" and math.isnan(recs[2]["objective"]) and math.isfinite(recs[2]["loss"])
+    assert "objective" not in recs[1] and "objective" not in recs[3]
+    assert f"step 2: update skipped (nonfinite, objective nan, loss {recs[2]['loss']:.4g})" in capsys.readouterr().err
+
+
 def test_consecutive_skips_stop_the_run(tmp_path, base_cfg):
     run = tmp_path / "run"
     cfg = TrainConfig(out=str(run), **{**base_cfg, "steps": 10, "save_every": 1, "keep_last": 0,
@@ -72,5 +84,5 @@ def test_consecutive_skips_stop_the_run(tmp_path, base_cfg):
 
 def test_one_skip_allowed_in_a_row_is_counted_in_the_singular(tmp_path, base_cfg):
     cfg = TrainConfig(out=str(tmp_path / "run"), **{**base_cfg, "steps": 3, "max_consecutive_skips": 1})
-    with pytest.raises(LcftError, match=r"^1 skipped update in a row \(step 2: "):
+    with pytest.raises(LcftError, match=r"^1 skipped update in a row \(step 2: nonfinite, objective inf, loss "):
         train(cfg, TrainHooks(perturb_loss=lambda step, loss: loss * math.inf if step >= 2 else loss))
