@@ -203,10 +203,11 @@ def rebuilt(spec: dict[str, Any]) -> SeqTokenizer | None:
 
 def _mismatch(tok: SeqTokenizer, spec: dict[str, Any]) -> str | None:
     """How the tokenizer `tok` (a checkpoint's tokenizer.json) gives other ids than `spec` (its lcft.json's
-    record); None when it gives the same: equal content hashes, or for a record without one (lcft's char
-    vocabulary) the tokens it lists, in order, within its size."""
-    if "sha256" in spec:
-        return None if tok.sha256() == spec["sha256"] else spec_difference(tok.spec(), spec)
+    record); None when it gives the same: equal specs (by content hash where the record has one; lcft's char
+    vocabulary, read back from its export, by its fixed spec), else for a record without a hash the tokens it
+    lists, in order, within its size."""
+    if is_char(tok) or "sha256" in spec:
+        return None if same_tokenizer(tok.spec(), spec) else spec_difference(tok.spec(), spec)
     listed = spec.get("vocab", tok.vocab)
     if tok.vocab != listed or tok.vocab_size > spec["vocab_size"]:
         return spec_difference({"vocab": tok.vocab, "vocab_size": tok.vocab_size},
@@ -236,11 +237,11 @@ def checkpoint_tokenizer(source: str | Path, spec: dict[str, Any] | None = None,
             raise LcftError(f"{source} has no {TOKENIZER_FILE}, and the tokenizer its lcft.json records "
                             f"({describe(spec)}) is not one lcft can rebuild; copy the files of the tokenizer the "
                             "model was trained with (its tokenizer.json) into the checkpoint")
-        # lcft's char vocabulary rebuilt even beside its tokenizer.json: read back, that maps no ambiguity code to N
+        # lcft's char vocabulary rebuilt even beside a tokenizer.json listing its tokens (a kmer:1 one, which maps
+        # no ambiguity code to N)
         tok = own if own is not None and (found is None or is_char(own)) else found
     if vocab_size is not None and tok.vocab_size > vocab_size:
-        spec_of = char_vocab.tokenizer_spec() if is_char(tok) else tok.spec()
-        raise LcftError(f"the tokenizer of {source} ({describe(spec_of)}) has more tokens than the model's "
+        raise LcftError(f"the tokenizer of {source} ({describe(tok.spec())}) has more tokens than the model's "
                         f"embedding has rows (config.json vocab_size {vocab_size})")
     return tok
 

@@ -212,7 +212,7 @@ def char_tokenizer() -> SeqTokenizer:
 def load_tokenizer(spec: str) -> SeqTokenizer:
     """`char`, `kmer:K` (built-in vocabulary), `kmer:K:PATH` (ids from a vocab.txt, a folder holding one, or a
     WordLevel tokenizer.json), or a path to a tokenizer.json / a model folder holding one (or only a vocab.txt) / a
-    k-mer vocab.txt itself (K as for its folder).
+    k-mer vocab.txt itself (K as for its folder); the tokenizer.json lcft exports for `char` reads as `char`.
     Special-token roles come from the files beside the vocabulary. A folder may be a Hub id ORG/NAME[@REVISION]
     (lcft.hub: read from its cache, or downloaded)."""
     spec = (spec or "char").strip()
@@ -338,13 +338,15 @@ def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | Non
     pattern = (pre.get("pattern") or {}).get("Regex", "") if pre.get("type") == "Split" else ""
     k = kmer_k_of(pattern) if model.get("type") == "WordLevel" else None
     if k is not None:
-        # lcft reads the K-mers of the bases themselves, never running a normalizer: one besides lcft's own (an
-        # export's upper-casing; char's, whose ambiguity codes as N the kmer:1 read back lacks: checkpoint_tokenizer
-        # rebuilds char) would change the bases for `tokenizers` alone, other ids, and nothing here would bound it
+        vocab = tokens_by_id(model["vocab"], f"{source}: model.vocab")
         norm = data.get("normalizer")
-        if norm not in (None, {"type": "Sequence", "normalizers": upper_rules()}, char_normalizer()):
+        if k == 1 and norm == char_normalizer() and vocab == list(char_vocab.VOCAB):
+            return char_tokenizer()  # lcft's char vocabulary as its export writes it: its ids, its spec
+        # lcft reads the K-mers of the bases themselves, never running a normalizer: one besides an export's
+        # upper-casing would change the bases for `tokenizers` alone, other ids, and nothing here would bound it
+        if norm not in (None, {"type": "Sequence", "normalizers": upper_rules()}):
             raise LcftError(f"tokenizer {source}: lcft's k-mer pre-tokenizer with a normalizer "
                             f"({shown(norm.get('type') if isinstance(norm, dict) else norm, 40)}): lcft reads K-mers "
                             "of the bases as they are, which would give other ids than this file; remove its normalizer")
-        return KmerTokenizer(k, tokens_by_id(model["vocab"], f"{source}: model.vocab"), source, roles)
+        return KmerTokenizer(k, vocab, source, roles)
     return JsonTokenizer(_parse(text, source, data), source, roles)

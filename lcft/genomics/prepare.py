@@ -44,7 +44,6 @@ from lcft.genomics.shards import (
     read_manifest,
     write_json_atomic,
 )
-from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.genomics.windows import window_starts
 
 
@@ -77,7 +76,7 @@ def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok
     hashed=False: the sha256 is left None, for `_run` to fill in before it first records the options."""
     return {
         "format_version": FORMAT_VERSION,
-        "tokenizer": tokenizer_spec() if _is_char(tok) else tok.spec(),
+        "tokenizer": tok.spec(),
         "fasta": {"size": fasta.path.stat().st_size, "sha256": fasta.sha256() if hashed else None},
         "length": length,
         "stride": stride,

@@ -14,6 +14,7 @@ import numpy as np
 
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer_hash import content_sha256
+from lcft.vocab import tokenizer_spec as char_spec
 
 TOKENIZER_FILE = "tokenizer.json"  # the copy kept with prepared windows (and exported with a model)
 
@@ -106,7 +107,10 @@ class SeqTokenizer:
         return content_sha256(self.json_text)
 
     def spec(self) -> dict[str, Any]:
-        """What a manifest records: equal specs = same ids for the same bases."""
+        """What a manifest records: equal specs = same ids for the same bases (lcft's char vocabulary, which keeps
+        no tokenizer.json: its fixed spec)."""
+        if not self.json_text:
+            return char_spec()
         data = self.json_text.encode()
         return {"name": self.name, "vocab_size": self.vocab_size, "sha256": self.sha256(), "file": TOKENIZER_FILE,
                 "file_sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "ids_dtype": self.dtype.name,

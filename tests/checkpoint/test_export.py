@@ -225,11 +225,12 @@ def _foreign(tmp_path: Path, kind: str) -> tuple[Path, tuple[str, ...]]:
     """A checkpoint whose tokenizer files are not the tokenizer its lcft.json records, or are missing where
     lcft cannot rebuild them; what the error names."""
     kmer, char = load_tokenizer("kmer:3"), load_tokenizer("char")
-    if kind == "char file in a kmer checkpoint":
-        ckpt = _checkpoint(tmp_path / "ckpt", kmer)
+    if kind.startswith("char file in a kmer"):  # char's file in a kmer:1 checkpoint was taken for the 1-mers:
+        k = kind.removeprefix("char file in a kmer:").partition(" ")[0]  # (it maps ambiguity codes to N, not <unk>)
+        ckpt = _checkpoint(tmp_path / "ckpt", load_tokenizer(f"kmer:{k}"))
         save_hf_tokenizer(char, tmp_path / "char")
         shutil.copy(tmp_path / "char" / "tokenizer.json", ckpt / "tokenizer.json")
-        return ckpt, ("tokenizer.json gives other ids", "name 'kmer:1' vs 'kmer:3'")
+        return ckpt, ("tokenizer.json gives other ids", f"name 'dna-char' vs 'kmer:{k}'")
     if kind == "kmer file in a char checkpoint":
         torch.manual_seed(0)
         ckpt = save_pretrained(Llama(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
@@ -246,7 +247,8 @@ def _foreign(tmp_path: Path, kind: str) -> tuple[Path, tuple[str, ...]]:
     return ckpt, ("kmer:3 with 74 tokens", "more tokens than the model's embedding has rows", "vocab_size 16")
 
 
-@pytest.mark.parametrize("kind", ["char file in a kmer checkpoint", "kmer file in a char checkpoint",
+@pytest.mark.parametrize("kind", ["char file in a kmer:3 checkpoint", "char file in a kmer:1 checkpoint",
+                                  "kmer file in a char checkpoint",
                                   "kmer vocab.txt of its own, tokenizer.json gone", "more tokens than rows"])
 def test_export_refuses_a_tokenizer_other_than_the_recorded_one(tmp_path, kind):
     ckpt, needles = _foreign(tmp_path, kind)

@@ -166,3 +166,21 @@ def test_a_node_without_rank_0_names_how_the_evaluation_ended(data_dir, tmp_path
         monkeypatch.setattr(lcft.launch, "run", lambda *_a, report=report, **_k: report)
         r = runner.invoke(app, args)
         assert (r.exit_code, r.stdout.strip()) == (code, line), r.output
+
+
+def test_a_char_models_export_evaluates_the_data_prepared_with_it(data_dir, tmp_path):  # noqa: F811
+    """A model of lcft's char vocabulary, exported; held-out data prepared with the export as --tokenizer, as eval's
+    advice on a tokenizer mismatch reads: eval takes it (the export's tokenizer.json was read as a 9-token kmer:1,
+    and eval refused the data: 'dna-char with 16 tokens vs kmer:1 with 9 tokens'). The data is char's."""
+    from lcft.genomics import sample_fasta
+
+    export, held = tmp_path / "export", tmp_path / "held"
+    for args in (["export", str(save_model(tmp_path / "a", seed=1)), "--out", str(export)],
+                 ["prepare", "windows", "--fasta", str(sample_fasta()), "--out", str(held), "--length", str(WINDOW),
+                  "--train", "chr2", "--eval", "chr22", "--max-n-frac", "0.6", "--tokenizer", str(export)],
+                 ["eval", "--data", str(held), "-c", str(export), "--max-windows", "2", "--bins", "4",
+                  "--out", str(tmp_path / "rep"), "--quiet"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, (args[0], r.output)
+    for name in ("manifest.json", "eval.bin", "train.bin"):
+        assert (held / name).read_bytes() == (data_dir / name).read_bytes(), name

@@ -153,6 +153,38 @@ def test_char_manifest_and_files_unchanged(tmp_path):
                                                       "prepare.toml", "train.bin", "train.softmask.bin"]
 
 
+def test_the_tokenizer_json_of_a_char_export_reads_as_char(genomes_dir, tmp_path):
+    """The tokenizer.json lcft exports for its char vocabulary, given to prepare (a char model's export, as eval
+    advises): char's spec and files byte for byte (it was read as a 9-token kmer:1, ambiguity codes as <unk>, which
+    the model refused), the ids `tokenizers` and transformers give for each record from that file (the oracle), on
+    the hg38 piece (soft-masked bases, the N telomere's end) and a record of ambiguity codes and other letters."""
+    from lcft.genomics.hf_tokenizer import save_hf_tokenizer
+    from lcft.genomics.model_tokenizer import load_tokenizer
+    from tests.genomics.conftest import write_fasta
+
+    transformers = pytest.importorskip("transformers")
+    seq = bio_records(genomes_dir / "hg38_chr2_1-2333275.fa.gz")["chr2"]
+    recs = {"telomere_end": seq[6000:14000], "masked": seq[700_000:708_000], "iupac": "ACGTRYKMacgtnnSWUuXxacgt" * 50}
+    fasta, export = write_fasta(tmp_path / "r.fa", recs), tmp_path / "export"
+    save_hf_tokenizer(load_tokenizer("char"), export)
+    out = {spec: tmp_path / f"out-{i}" for i, spec in enumerate(("char", str(export)))}
+    for spec, folder in out.items():
+        prepare_windows(fasta=str(fasta), out=str(folder), length=64, train=tuple(recs), eval=(), max_n_frac=1.0,
+                        max_oov_frac=1.0, tokenizer=spec)
+    names = sorted(p.name for p in out["char"].iterdir())
+    assert sorted(p.name for p in out[str(export)].iterdir()) == names  # no tokenizer.json, no per-base files
+    for name in set(names) - {"prepare.toml"}:  # (which records --out and --tokenizer as given)
+        assert (out[str(export)] / name).read_bytes() == (out["char"] / name).read_bytes(), name
+    ws = open_windows(out[str(export)], "train")
+    tk, auto = Tokenizer.from_file(str(export / "tokenizer.json")), transformers.AutoTokenizer.from_pretrained(str(export))
+    for name, rec in recs.items():
+        want = [t for i in range(len(ws)) if ws.coords(i)[0] == name for t in ws[i].tolist()]
+        assert len(want) == len(rec) // 64 * 64, name  # every window kept: each base checked
+        assert tk.encode(rec, add_special_tokens=False).ids[: len(want)] == want, name
+        assert auto(rec, add_special_tokens=False)["input_ids"][: len(want)] == want, name
+    assert sorted({int(t) for i in range(len(ws)) if ws.coords(i)[0] == "iupac" for t in ws[i]}) == [3, 4, 5, 6, 7, 8]
+
+
 def test_rerun_with_another_tokenizer_is_refused(tmp_path, bpe_file):
     from lcft.errors import LcftError
     from lcft.genomics import sample_fasta

@@ -25,6 +25,7 @@ from lcft.genomics.normalizer_growth import (
     is_plain,
     normalizer_growth,
 )
+from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.genomics.tokenizer_hash import BOUNDARY, BOUNDARY_RULE
 from tests.genomics.test_tokenizer_probe import FDFA, tokenizer_json, written
 
@@ -204,7 +205,8 @@ def test_a_normalizer_written_without_its_type_is_bounded_as_the_library_reads_i
 
 def test_lcft_kmer_files_with_a_normalizer_are_refused(tmp_path):
     """A WordLevel file with lcft's k-mer split is read by lcft's own k-mer reader, which never runs a normalizer:
-    one there (the library's ids differ with it) is refused, a bomb too; lcft's own files still read as k-mers."""
+    one there (the library's ids differ with it) is refused, a bomb too; lcft's own files still read as k-mers, and
+    its char vocabulary's export (a 1-mer split behind char's normalizer) as char."""
     tok = load_tokenizer("kmer:3")
     plain = json.loads(tok.json_text)
     shift = {**plain, "normalizer": {"type": "Replace", "pattern": {"String": "A"}, "content": "C"}}
@@ -219,5 +221,9 @@ def test_lcft_kmer_files_with_a_normalizer_are_refused(tmp_path):
     for text in (tok.json_text, hf_tokenizer_json(tok)):  # the copy kept with the data; the export (upper-casing)
         own = tokenizer_from_json_text(text, "own")
         assert isinstance(own, KmerTokenizer) and own.sha256() == tok.sha256()
-    char = tokenizer_from_json_text(hf_tokenizer_json(load_tokenizer("char")), "char export")  # IUPAC codes as N
-    assert isinstance(char, KmerTokenizer) and char.k == 1
+    export = json.loads(hf_tokenizer_json(load_tokenizer("char")))  # char's export: IUPAC codes as N
+    char = tokenizer_from_json_text(json.dumps(export), "char export")
+    assert not char.json_text and char.spec() == tokenizer_spec()  # read as char itself, not as 1-mers
+    export["model"]["vocab"]["X"] = 9  # char's normalizer over other tokens: 1-mers would map no code to N
+    with pytest.raises(LcftError, match="k-mer pre-tokenizer with a normalizer"):
+        tokenizer_from_json_text(json.dumps(export), "grown char export")
