@@ -53,5 +53,5 @@ def register(app: typer.Typer) -> None:
         app, "train", TrainConfig, _run, options=_options(),
         help="Train (or continue training) the decoder on prepared windows: Accelerate, checkpoints, "
              "resume, metrics.jsonl. --nproc N starts N local processes (torchrun, gloo on CPU). Exit codes: 0 "
-             "finished, 1 user error, 128+N stopped by signal N after a checkpoint (143 SIGTERM), 75 a rank or "
-             "node stopped answering.")
+             "finished (also when a signal came during the last step), 1 user error, 128+N stopped by signal N "
+             "after a checkpoint (143 SIGTERM), 75 a rank or node stopped answering.")

@@ -148,7 +148,9 @@ def train_stage(tcfg: Any) -> tuple[Path, str]:
     if latest is not None:
         tcfg = dataclasses.replace(tcfg, resume="auto")
     summary = train(tcfg)
-    if summary["stopped"] == Ended.SIGNAL:  # the user asked the whole demo to stop, not just this stage
+    # The user asked the whole demo to stop, not just this stage: also when the signal came as the run finished
+    # (its "stopped" then says done, its "signal" still names it).
+    if summary["signal"] is not None:
         raise Stopped(f"stopped by {summary['signal']} at step {summary['step']} of {run} (checkpoint "
                       f"{summary['checkpoint']}); run the same `lcft demo` again to continue", summary["signal_number"])
     return Path(summary["checkpoint"]), how

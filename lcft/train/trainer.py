@@ -264,25 +264,37 @@ class Trainer(GlobalStep):
                 raise LcftError(f"{counted(st.consecutive_skips, 'skipped update')} in a row (step {st.step}: "
                                 f"{_skip_text(record)}); the run stopped with a checkpoint "
                                 f"at {ckpt}; lower --lr or raise --spike-sigma, then --resume auto")
-            if signum:
+            if signum and st.step < cfg.steps:  # one during the last step: the run is complete (_finish)
                 stopped = Ended.SIGNAL
                 break
             if cfg.stop_after and done_here >= cfg.stop_after and st.step < cfg.steps:
                 stopped = Ended.STOP_AFTER
                 break
         ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)
+        # Asked again after the final save (a collective, as in the loop): a signal that came too late to stop the
+        # run, during its last step or that save, is still reported.
+        signum = signum or self._signals.agreed(lambda mine: self._max([mine])[0])
+        return self._finish(ckpt, stopped, signum, record if done_here else None)
+
+    def _finish(self, ckpt: Path | None, stopped: Ended, signum: int, last: dict[str, Any] | None) -> dict[str, Any]:
+        """The invocation's summary (also summary.json), `last` the record of its last step (None: none ran here).
+        A stop signal (`signum`, 0 for none) that came as the run finished leaves it "done" (exit code 0, nothing
+        to resume), yet its "signal" names it: a caller that chains work after the run (the demo) stops there."""
+        st, cfg = self.state, self.cfg
         summary = {
             "run_dir": str(self.run_dir), "checkpoint": str(ckpt), "step": st.step, "steps": cfg.steps,
-            "loss": st.last_loss, "bits_per_base": record["bits_per_base"] if done_here else None,
+            "loss": st.last_loss, "bits_per_base": last["bits_per_base"] if last else None,
             "skipped": st.skipped, "stopped": stopped, "elapsed": round(st.elapsed, 3), "world_size": self.world,
-            "seq_len": self.seq_len, "precision": self.precision,
-            **signal_fields(signum if stopped == Ended.SIGNAL else None),
+            "seq_len": self.seq_len, "precision": self.precision, **signal_fields(signum or None),
         }
         if self.is_main:
             with write_faults(self.run_dir / SUMMARY):
                 atomic_write(self.run_dir / SUMMARY, json.dumps(summary, indent=1) + "\n")
             if stopped == Ended.SIGNAL:
                 self._note(f"stopped by signal at step {st.step}; checkpoint {ckpt}; continue with --resume auto")
+            elif signum:
+                done = "; the run is complete, nothing to resume" if stopped == Ended.DONE else ""
+                self._note(f"{summary['signal']} came as this invocation ended, at step {st.step}/{cfg.steps}{done}")
         return summary
 
     def save(self) -> Path:

@@ -3,6 +3,8 @@ with the demo's own words, and a run a signal stopped stops the whole demo with 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import lcft.train
@@ -50,3 +52,19 @@ def test_a_stopped_stage_stops_the_demo_with_the_signals_exit_code(tmp_path, tra
     with pytest.raises(Stopped, match=r"^stopped by SIGRTMIN\+1 at step 2 of .*run \(checkpoint c\)") as e:
         train_stage(_cfg(tmp_path, 3))
     assert e.value.exit_code == 128 + 35 and len(trained) == 1
+
+
+def test_a_signal_that_came_as_the_run_finished_still_stops_the_demo(tmp_path, monkeypatch):
+    """The stage's run is complete ("done", exit code 0 for `lcft train`), but SIGTERM came during its last step:
+    the user asked the demo to stop, so it stops after this stage with 143 rather than going on to the next."""
+    monkeypatch.setattr(lcft.train, "train", lambda cfg: {"stopped": "done", "signal": "SIGTERM",
+                                                          "signal_number": 15, "step": 3, "checkpoint": "c"})
+    with pytest.raises(Stopped, match=r"^stopped by SIGTERM at step 3 of .*run \(checkpoint c\)") as e:
+        train_stage(_cfg(tmp_path, 3))
+    assert e.value.exit_code == 143
+
+
+def test_a_finished_run_with_no_signal_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(lcft.train, "train", lambda cfg: {"stopped": "done", "signal": None,
+                                                          "signal_number": None, "step": 3, "checkpoint": "c"})
+    assert train_stage(_cfg(tmp_path, 3)) == (Path("c"), "trained")

@@ -167,6 +167,32 @@ def test_signal_saves_and_stops(tmp_path, base_cfg, sig):
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("when", ["during_the_last_step", "during_the_final_save"])
+def test_a_signal_as_the_run_finishes_leaves_it_done(tmp_path, base_cfg, capsys, when):
+    """SIGTERM during the last step (or the final save after it): every step is done and saved, so the run ends
+    "done" with exit code 0 and no advice to resume; its summary still names the signal (a caller that chains work
+    after the run stops there), and --resume auto then finds it finished, as any finished run."""
+    cfg, run = {**base_cfg, "save_every": 4}, tmp_path / "run"  # 6 steps: the last one saved after the loop
+    last = cfg["steps"]
+
+    def send(step: int, *_tmp: Path) -> None:
+        if step == last:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    hooks = TrainHooks(before_step=send) if when == "during_the_last_step" else TrainHooks(during_save=send)
+    s = train(TrainConfig(out=str(run), **cfg), hooks)
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(s))
+    assert (s["stopped"], s["step"], s["signal"], s["signal_number"], exit_code(s)) == ("done", last, "SIGTERM", 15, 0)
+    out = capsys.readouterr().err  # the run's notes
+    assert "--resume" not in out and f"SIGTERM came as this invocation ended, at step {last}/{last}; the run is " \
+        "complete, nothing to resume" in out, out
+    assert read_trainer_state(latest_checkpoint(run))[0].step == last
+    s = train(TrainConfig(out=str(run), resume="auto", **cfg))
+    assert (s["stopped"], s["step"], s["signal"], exit_code(s)) == ("done", last, None, 0)
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, last + 1))
+
+
 def test_a_signal_while_saving_stops_on_the_step_saved(tmp_path, base_cfg):
     """SIGTERM while step 4's checkpoint is being written (every 4th step saved, of 6): the run stops on step 4,
     saved once; not after a step 5 and its save, which at long contexts would spend the scheduler's grace time.
