@@ -7,7 +7,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from lcft.config import (
     ConfigError,
@@ -96,8 +96,8 @@ class ModelOverrides:
     rope_theta: float | None = None
     """Override the model's RoPE base period (e.g. to extend --init's context); default: the model's own."""
     rope_scaling: str | None = None
-    """Override the model's RoPE scaling: TYPE:FACTOR[:LENGTH] (types linear, dynamic, yarn, llama3; LENGTH the
-    original context; e.g. yarn:8:65536), 'none', or an HF JSON object; default: the model's own."""
+    """Override the model's RoPE scaling: TYPE:FACTOR[:LENGTH] (types linear, dynamic, yarn, llama3; FACTOR at
+    least 1; LENGTH the original context; e.g. yarn:8:65536), 'none', or an HF JSON object; default: the model's own."""
     attention: AttentionBackend | None = None
     """Attention backend: dense or sparse (block top-k); default: the model's own, dense for a preset."""
     block_size: int | None = None
@@ -317,6 +317,7 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
         out = parse_text(json.loads, "JSON", s, "rope_scaling", ConfigError)  # nesting bounded, one line
         if not isinstance(out, dict):
             raise ConfigError("rope_scaling: the JSON must be an object")
+        _check_factor(out)
         return out
     parts = s.split(":")
     if len(parts) not in (2, 3):
@@ -333,9 +334,19 @@ def parse_rope_scaling(text: str) -> dict[str, Any] | None:
             out["original_max_position_embeddings"] = parse_size(parts[2])
     except (ValueError, ConfigError):
         raise ConfigError(f"rope_scaling: {text!r} has a bad number") from None
-    if out["factor"] <= 0:
-        raise ConfigError("rope_scaling: the factor must be positive")
+    _check_factor(out)
     return out
+
+
+def _check_factor(scaling: dict[str, Any]) -> None:
+    """A scaling type's factor is how many times it stretches the context the model knew: below 1 it would shrink
+    it, which transformers warns of for each type (its factor "must be a float or int >= 1"). A JSON factor that is
+    no number is left to lcft.model.config.normalize_rope_scaling, which refuses it as config.json's."""
+    kind, factor = scaling.get("rope_type", scaling.get("type")), scaling.get("factor")
+    number = isinstance(factor, int | float) and not isinstance(factor, bool)
+    if kind in get_args(ScaledRopeType) and number and not factor >= 1:  # (not >=: NaN too)
+        raise ConfigError(f"rope_scaling: the factor must be at least 1, got {factor:g} (how many times {kind} "
+                          "stretches the model's context; 'none' is plain RoPE)")
 
 
 def resolve_config(config_file: str | os.PathLike | None = None, flags: dict[str, Any] | None = None) -> TrainConfig:

@@ -4,6 +4,7 @@ and the CLI (`lcft train --config run.toml --flag ...`) resolving the same way."
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 
 import pytest
@@ -46,13 +47,57 @@ def test_rope_scaling_syntax(text, expect):
     assert parse_rope_scaling(text) == expect
 
 
-@pytest.mark.parametrize("bad", ["yarn", "cubic:2", "linear:x", "yarn:-1", "{not json",
+@pytest.mark.parametrize("bad", ["yarn", "cubic:2", "linear:x", "yarn:-1", "yarn:0.5", "{not json",
                                  '{"a": ' + "[" * 10**5 + "]" * 10**5 + "}",  # past the JSON parser's recursion
                                  '{"a": ' + "[" * 150 + "]" * 150 + "}"])  # past lcft's bound on nesting
 def test_rope_scaling_bad(bad):
     with pytest.raises(ConfigError, match="rope_scaling") as e:
         TrainConfig(rope_scaling=bad)
     assert "\n" not in str(e.value)
+
+
+def _transformers_warns_of_the_factor(scaling: dict) -> bool:
+    """Whether transformers' own RoPE validation (run as its LlamaConfig is built) says the factor must be >= 1."""
+    transformers = pytest.importorskip("transformers")
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = said.append
+    log = logging.getLogger("transformers.modeling_rope_utils")
+    level, log.level = log.level, logging.WARNING
+    log.addHandler(handler)
+    try:
+        transformers.LlamaConfig(rope_scaling=dict(scaling), max_position_embeddings=4096)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return any("factor field must be a float or int >= 1" in r.getMessage() for r in said)
+
+
+LLAMA3 = {"original_max_position_embeddings": 512, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize(("text", "scaling"), [
+    ("yarn:0.5:512", {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 512}),
+    ("linear:0.5", {"rope_type": "linear", "factor": 0.5}),
+    ("dynamic:0.99", {"rope_type": "dynamic", "factor": 0.99}),
+    ('{"rope_type": "llama3", "factor": 0.25, "low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+     '"original_max_position_embeddings": 512}', {"rope_type": "llama3", "factor": 0.25, **LLAMA3}),
+    ('{"type": "linear", "factor": 0}', {"type": "linear", "factor": 0}),
+    ("yarn:1:512", {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 512}),
+    ("linear:1", {"rope_type": "linear", "factor": 1.0}),
+    ("dynamic:2", {"rope_type": "dynamic", "factor": 2.0}),
+    ('{"rope_type": "llama3", "factor": 8, "low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+     '"original_max_position_embeddings": 512}', {"rope_type": "llama3", "factor": 8, **LLAMA3}),
+])
+def test_a_rope_scaling_factor_is_refused_where_transformers_says_it_must_be_at_least_1(text, scaling):
+    """A factor below 1 (shrinking the context, not stretching it) is one line naming the option, for the
+    TYPE:FACTOR and the JSON form alike; transformers' own validation is the oracle of which are bad."""
+    if _transformers_warns_of_the_factor(scaling):
+        with pytest.raises(ConfigError, match=r"^rope_scaling: the factor must be at least 1, got ") as e:
+            TrainConfig(rope_scaling=text)
+        assert "\n" not in str(e.value)
+    else:
+        TrainConfig(rope_scaling=text)
 
 
 def test_rope_scaling_type_lists_only_the_kinds_that_take_a_factor():
