@@ -81,17 +81,19 @@ def check_steps_ahead(steps: int, ckpt: Path, run: Path) -> None:
 def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None]) -> TrainConfig:
     """`cfg` with the options a resume ignores (IGNORED_ON_RESUME) set back to the resumed run's own (from the
     checkpoint's config.toml), so the configs saved from now on still describe the model; values given other
-    than the run's and the defaults are named as ignored, in one line."""
+    than the run's and the defaults are named as ignored, in one line with what the run started from."""
     saved = ckpt / RUN_CONFIG
     if not saved.is_file():
         return cfg
     run = load_run_config(saved)
     kept = {k: getattr(run, k) for k in IGNORED_ON_RESUME}
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in IGNORED_ON_RESUME}
-    ignored = [f"--{k} {getattr(cfg, k)!r} (the run's: {kept[k]!r})" for k in IGNORED_ON_RESUME
-               if getattr(cfg, k) not in (kept[k], defaults[k])]
+    ignored = [f"--{k} {getattr(cfg, k)!r}" for k in IGNORED_ON_RESUME if getattr(cfg, k) not in (kept[k], defaults[k])]
     if ignored:
-        say(f"ignored with --resume (the model is the checkpoint's): {'; '.join(ignored)}")
+        # a run given --init never used its preset (saved all the same, as the default): name what it did use
+        origin = f"--init {run.init!r}" if run.init is not None else f"--preset {run.preset!r}"
+        say(f"ignored with --resume (the model is the checkpoint's, from a run started with {origin}): "
+            f"{'; '.join(ignored)}")
     return dataclasses.replace(cfg, **kept)
 
 

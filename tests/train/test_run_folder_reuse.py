@@ -16,12 +16,12 @@ import torch
 from lcft.checkpoint.layout import STATE_DIR, list_checkpoints
 from lcft.checkpoint.save import write_checksums
 from lcft.checkpoint.state import TrainerState
-from lcft.config_toml import load_toml
+from lcft.config_toml import load_toml, save_resolved, to_dict
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows, sample_fasta
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
-from lcft.train.run_dir import record_data
+from lcft.train.run_dir import keep_resumed_model, record_data
 
 from .conftest import WINDOW
 
@@ -93,6 +93,22 @@ def test_resume_names_data_prepared_again_under_the_same_path(tmp_path, base_cfg
 
     s = train(TrainConfig(out=str(older), resume="auto", **{**cfg, "steps": 3}))
     assert s["step"] == 3 and not _lines(capsys, "data contents")
+
+
+@pytest.mark.parametrize(("started", "given", "said"), [
+    ({"init": "/m/init"}, {"preset": "small"}, "from a run started with --init '/m/init'): --preset 'small'"),
+    ({"preset": "small"}, {"init": "/m/other"}, "from a run started with --preset 'small'): --init '/m/other'"),
+    ({"init": "/m/init"}, {"init": "/m/other", "preset": "base"},
+     "from a run started with --init '/m/init'): --init '/m/other'; --preset 'base'"),
+])
+def test_options_ignored_on_resume_name_what_the_run_started_from(tmp_path, started, given, said):
+    """The line names the run's own start, --init or --preset: a run given --init saved the default preset
+    'tiny' beside it, which it never used (the line said "--preset 'small' (the run's: 'tiny')" of it)."""
+    save_resolved(tmp_path / "config.toml", to_dict(TrainConfig(**started)))
+    lines: list[str] = []
+    kept = keep_resumed_model(TrainConfig(**given), tmp_path, lines.append)
+    assert lines == [f"ignored with --resume (the model is the checkpoint's, {said}"]
+    assert (kept.init, kept.preset) == (started.get("init"), started.get("preset", "tiny"))
 
 
 def test_options_ignored_on_resume_keep_the_runs_values(tmp_path, base_cfg, init_dir, capsys):
