@@ -108,11 +108,12 @@ def test_numpy_path_says_what_the_record_loop_says(tmp_path, monkeypatch):
             # (their headers in the read before, or their first lines' ends in the next) are checked one by one
             fast, slow, took = _scans(f, monkeypatch, rng.choice([fasta_scan.READ_MOST, 64]))
             assert fast == slow, (case, path.read_bytes()[:400])
-            accepted += took
-            fit += slow == IndexScan(None, None)
-    # the numpy path decided most of the files that fit (not those with a blank line between records, an empty
-    # record, a name that is not plain)
-    assert accepted > 0.5 * fit and fit > 0.25 * CASES, (accepted, fit)
+            if f.readable == path:  # (one read through its normalized copy had blank lines: counted apart)
+                accepted += took
+                fit += slow == IndexScan(None, None)
+    # the numpy path decided most of the files read as they are that fit (not those with an empty record or a
+    # name that is not plain)
+    assert accepted > 0.5 * fit and fit > 0.1 * CASES, (accepted, fit)
 
 
 @pytest.mark.parametrize("damage", ["blank", "header"])
