@@ -219,8 +219,9 @@ def test_a_node_replacing_the_one_that_served_the_store_gives_every_node_one_add
     first = _together([a, b])
     assert [i.rank for i in first] == [0, 1] and a._shared_tcp_store_server is not None
     a._stop_heartbeats()  # A dies: its heartbeats stop, and the store it served goes with it
-    dead = a._shared_tcp_store_server.port
-    a._shared_tcp_store_server = None
+    # (its server object is held to the end, so its port stays taken: one freed could be the next one bound at 0)
+    held, a._shared_tcp_store_server = a._shared_tcp_store_server, None
+    dead = held.port
     c = get_rendezvous_handler(params)
     c._this_node = c._op_executor._node = dr._NodeDesc(c._this_node.addr, c._this_node.pid, -1)  # (sorts first)
     try:
