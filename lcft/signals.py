@@ -4,6 +4,7 @@ command then exits 128 + N. SIGKILL still stops at once."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -16,6 +17,24 @@ from lcft.errors import LcftError
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Also what a launch stops workers with (the agent SIGTERMs the rest of a failed group; the launcher passes these
 on): a worker they end was stopped, not lost."""
+
+
+GROUP_ENDING_ENV = "LCFT_GROUP_ENDING"
+"""Set by the launcher: a file where torchrun's agent names the workers (pids, one a line) it is about to SIGTERM
+because their group failed or is restarted, not because anyone asked the run to stop (lcft.launch.agent)."""
+
+
+def ended_with_group() -> bool:
+    """Whether this process is one its launch's agent is ending with its group (GROUP_ENDING_ENV): the SIGTERM it
+    got then asks nothing to be saved, and says nothing a worker would print about it."""
+    path = os.environ.get(GROUP_ENDING_ENV)
+    if not path:
+        return False
+    try:
+        with open(path) as f:
+            return str(os.getpid()) in f.read().split()
+    except OSError:
+        return False
 
 
 def signal_name(signum: int) -> str:
@@ -87,7 +106,8 @@ class StopSignals:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
-            if self.note is not None:
+            # A worker whose group the agent ends (another rank died) would say it saves, and then end unsaved.
+            if self.note is not None and not ended_with_group():
                 self.note(f"received {self.name}: {self.doing}")
 
     def agreed(self, largest: Callable[[int], int] | None = None) -> int:

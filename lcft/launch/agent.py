@@ -4,7 +4,8 @@ launcher to name, ends on a signal sent to it (a scheduler's, to every process o
 128 + N once its workers saved or the launch's --stop-grace ran out (then SIGKILLed), on a rendezvous that another
 node closed (it gave up on the run) or took down with exit code 75 (liveness.EXIT_LOST), and on one that did not
 gather every node within its join timeout with process.EXIT_NOT_GATHERED, each instead of torchrun's traceback.
-It hands each group's workers the round of the rendezvous that formed it (`_hand_round`), their store's prefix.
+It hands each group's workers the round of the rendezvous that formed it (`_hand_round`), their store's prefix,
+and names the workers it ends for another cause than a stop signal (`_name_ended_groups`).
 torch's log lines that only repeat how it ended, which the launcher says in its own line, are left out
 (`_RepeatedEnds`); every other one is printed."""
 
@@ -21,9 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lcft.files import atomic_write
 from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV, die_with_parent
 from lcft.liveness import EXIT_LOST, ROUND_ENV
-from lcft.signals import STOP_SIGNALS, signal_name
+from lcft.signals import GROUP_ENDING_ENV, STOP_SIGNALS, signal_name
 from lcft.spare_room import write_back
 
 
@@ -106,6 +108,27 @@ def _shutdown_timeout(argv: list[str]) -> list[str]:
     return [a for a in argv if a not in given]
 
 
+def _name_ended_groups() -> None:
+    """Before the agent SIGTERMs a group's workers for any cause but its own stop signal (a worker failed: torch
+    ends the others at once; a restart; the run's end), name them in GROUP_ENDING_ENV's file
+    (lcft.signals.ended_with_group): each then stops without saying it saves, which it could not. The agent's own
+    stop signal ends them while its SignalException is handled (torch's agent run), and names none: they save."""
+    from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
+
+    path, close = os.environ.get(GROUP_ENDING_ENV), PContext.close
+    if not path:
+        return
+
+    def name_then_close(self: PContext, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(sys.exc_info()[1], SignalException):
+            pids = "".join(f"{pid}\n" for pid in self.pids().values())
+            with contextlib.suppress(OSError):  # (unnamed, a worker says it saves, as before)
+                write_back(lambda: atomic_write(path, pids))
+        close(self, *args, **kwargs)
+
+    PContext.close = name_then_close  # type: ignore[method-assign]
+
+
 SHARE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """torch's switch: "1" and rank 0 serves the workers' store (a port its agent picked free and let go), not the agent."""
 
@@ -170,6 +193,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(_shutdown_timeout(argv))
     _hand_round(across=not args.standalone)
     _quiet_repeated_ends(args.max_restarts)
+    _name_ended_groups()
     try:
         run(args)
     except SignalException as e:  # (torch raises it from its handler, after ending the workers with it)

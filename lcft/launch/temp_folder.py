@@ -17,6 +17,7 @@ from pathlib import Path
 from lcft.files import temp_name
 from lcft.launch.process import FAILURES_ENV, HANDED_ENV, READY_ENV, RESULT_FILE_ENV
 from lcft.liveness import FAILURE_FILE_ENV
+from lcft.signals import GROUP_ENDING_ENV
 
 FOLDER_NAME = re.compile(r"lcft-launch-[a-z0-9_]{8}")  # tempfile.mkdtemp's names with the launch's prefix
 MARK = "launcher"
@@ -29,7 +30,7 @@ running launch's folder unlocked here."""
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # The files a launch hands its agent and workers through the environment, by variable.
 FILES = {FAILURE_FILE_ENV: "failure.txt", FAILURES_ENV: "failures.json", RESULT_FILE_ENV: "result.json",
-         HANDED_ENV: "handed", READY_ENV: "ready"}
+         HANDED_ENV: "handed", READY_ENV: "ready", GROUP_ENDING_ENV: "group-ending.txt"}
 _LAYOUT = frozenset({MARK, "spec.toml", "spare", "logs", *FILES.values()})
 """Every name a launch's temporary folder may hold (and their atomic_write temporaries): a folder with anything
 else in it is not taken for one."""

@@ -230,6 +230,40 @@ def test_ranks_killed_by_signals_mid_step_are_exit_75_naming_each(tmp_path, data
     assert "--resume auto" in errors[0]
 
 
+def _pending(p: psutil.Process, signum: int) -> bool:
+    """Whether signal `signum` waits for process `p` (its process-wide pending set, /proc/PID/status ShdPnd)."""
+    for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_the_agent_ends_with_its_group_does_not_say_it_saves(tmp_path, data_dir, init_dir):  # noqa: F811
+    """Rank 1 SIGKILLed: torch's agent SIGTERMs rank 0 with the failed group. Rank 0 (held frozen until that
+    SIGTERM waits for it, so that it takes the signal before it sees its peer gone) ends as the group does, without
+    'received SIGTERM: saving a checkpoint after this step': nothing is saved, and the launcher's one line says so."""
+    out = tmp_path / "run"
+    proc = start_train(data_dir, init_dir, out, "--nproc", 2, "--steps", 100000, "--save-every", 0)
+    wait_for_step(out, 2, [proc])
+    survivor, victim = rank_process(proc, 0), rank_process(proc, 1)
+    survivor.suspend()
+    try:
+        victim.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not _pending(survivor, signal.SIGTERM):
+            assert time.monotonic() < deadline, "the agent did not end the group"
+            time.sleep(0.01)
+    finally:
+        survivor.resume()
+    said, err = proc.communicate(timeout=180)
+    assert proc.returncode == 75, err[-3000:]
+    assert "received SIGTERM" not in said + err and "saving a checkpoint" not in said + err, said + err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and f"rank 1 on node 0 (pid {victim.pid}) was killed by SIGKILL" in errors[0], err[-3000:]
+
+
 # Put first on the workers' PYTHONPATH: rank 1 SIGKILLs itself as it enters its second sharded save (step 2's),
 # while rank 0 is inside the same collective save with the temp folder open. torch's own `dcp.save` is wrapped, so
 # the fault sits where the OOM killer would strike whichever lcft module calls it.
