@@ -57,7 +57,9 @@ def frozen_runs(tmp_path_factory, data_dir, init_dir) -> dict[tuple[int, bool], 
             wait_for_step(run, 2, [proc])
             frozen = rank_process(proc, rank)
             frozen.suspend()
-            if sigterm:
+            while frozen.status() != psutil.STATUS_STOPPED:  # (SIGSTOP lands when the rank is next scheduled)
+                time.sleep(0.01)
+            if sigterm:  # the launcher then finds it frozen, not a rank it can tell to save
                 proc.terminate()
             waiting.append(((rank, sigterm), time.monotonic(), frozen, ending(proc, timeout=120)))
         outcomes = {key: ended() for key, _, _, ended in waiting}
