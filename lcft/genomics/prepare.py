@@ -86,10 +86,6 @@ def _options(cfg: PrepareConfig, fasta: FastaFile, length: int, stride: int, tok
     }
 
 
-def _is_char(tok: SeqTokenizer) -> bool:
-    return is_char(tok)
-
-
 def prepare_windows(cfg: PrepareConfig | None = None, *, progress: bool = False, **fields: Any) -> dict:
     """Cut a FASTA into fixed-length token windows for training and held-out evaluation; return the manifest.
 
@@ -109,7 +105,7 @@ def prepare_windows_wrote(cfg: PrepareConfig, *, progress: bool = False) -> tupl
         chosen = {"train": list(cfg.train), "eval": list(cfg.eval)}
         fasta.require(chosen["train"] + chosen["eval"])
         for split, names in chosen.items():  # (model tokens: checked once cut, their bases per token vary)
-            if _is_char(tok) and names and not any(window_starts(fasta.length(c), length, stride) for c in names):
+            if is_char(tok) and names and not any(window_starts(fasta.length(c), length, stride) for c in names):
                 longest = max(names, key=fasta.length)
                 raise LcftError(
                     f"window length {length} is longer than every {split} chromosome "
@@ -206,7 +202,7 @@ def _cut_one(fasta: FastaFile, split: str, chrom: str, options: dict, tok: SeqTo
             bar.update(task, completed=upto)
 
     letters = Counter(state.setdefault("oov_letters", {}).get(split, {}))
-    if _is_char(tok):
+    if is_char(tok):
         kept, skipped = cut_char(fasta, chrom, split, options, writer, state["records"], letters, progress)
     else:
         kept, skipped = cut_tokens(fasta, chrom, split, options, tok, writer, state["records"], letters, progress)
@@ -235,7 +231,7 @@ def _complete(cfg: PrepareConfig, fasta: FastaFile, options: dict, state: dict, 
                 f"more than max_n_frac={cfg.max_n_frac} N bases (raise --max-n-frac or pick other chromosomes)"
             )
         check_oov(split, info["oov"], info["tokens"], state["oov_letters"].get(split, {}), cfg.max_oov_frac, tok.name)
-    if not _is_char(tok):
+    if not is_char(tok):
         atomic_write(partial / TOKENIZER_FILE, tok.json_text)
     resolved = {**to_dict(absolute_paths(cfg)), "stride": options["stride"]}
     save_resolved(partial / RESOLVED, {k: v for k, v in resolved.items() if k != "overwrite"})
