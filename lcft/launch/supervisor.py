@@ -161,9 +161,12 @@ class Supervisor:
     def _forward(self, signum: int) -> None:
         """Pass the signal to every worker not yet told once its stop handler is set (a worker still starting,
         a restart's too, would die of it, and the agent restart the group), unless one is frozen: then nothing
-        can be saved, end them all."""
-        workers = [w for w in self._workers() if w.pid not in self.told]
-        frozen = [w for w in workers if _status(w) == psutil.STATUS_STOPPED]
+        can be saved, end them all. Called on every poll until the launch ends, and a worker frozen after it was
+        told counts too (SIGSTOP lands when a process is next scheduled, or comes a moment later): the others
+        would wait for it in their save's collective until the collective timeout."""
+        everyone = self._workers()  # (a worker's own processes too: a frozen DataLoader holds its worker up)
+        frozen = [w for w in everyone if _status(w) == psutil.STATUS_STOPPED]  # (a finished one is a zombie)
+        workers = [w for w in everyone if w.pid not in self.told]
         if self.ready is not None:  # (a worker's own processes, started after its handler was set, are told)
             starting = {w.pid for w in self._workers(recursive=False)} - ready(self.ready)
             workers = [w for w in workers if w.pid not in starting]

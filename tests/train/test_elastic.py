@@ -1,13 +1,14 @@
 """Faults from outside a `lcft train --nproc 2` run (gloo, 2 processes): a frozen worker ends the run within the
-collective timeout naming its rank, SIGTERM with a frozen worker ends the job at once, and a rank SIGKILLed
-under --max-restarts is restarted with the group, which continues from its latest checkpoint to the same
-losses and weights as an uninterrupted run."""
+collective timeout naming its rank, SIGTERM with a frozen worker ends the job at once (one frozen after the
+launcher passed the SIGTERM on too), and a rank SIGKILLed under --max-restarts is restarted with the group, which
+continues from its latest checkpoint to the same losses and weights as an uninterrupted run."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -59,7 +60,7 @@ def frozen_runs(tmp_path_factory, data_dir, init_dir) -> dict[tuple[int, bool], 
             frozen.suspend()
             while frozen.status() != psutil.STATUS_STOPPED:  # (SIGSTOP lands when the rank is next scheduled)
                 time.sleep(0.01)
-            if sigterm:  # the launcher then finds it frozen, not a rank it can tell to save
+            if sigterm:  # frozen before the launcher tells it (the test below freezes a rank after)
                 proc.terminate()
             waiting.append(((rank, sigterm), time.monotonic(), frozen, ending(proc, timeout=120)))
         outcomes = {key: ended() for key, _, _, ended in waiting}
@@ -93,6 +94,49 @@ def test_sigterm_with_a_frozen_worker_ends_the_job(frozen_runs):
     errors = error_lines(err)
     assert len(errors) == 1 and f"rank 1 on node 0 (pid {run.frozen.pid}) is stopped" in errors[0], err
     assert "SIGTERM" in errors[0]
+
+
+# Put first on the workers' PYTHONPATH: rank 1 freezes itself (SIGSTOP) as soon as its stop handler has taken the
+# launcher's SIGTERM up, so it is frozen only after the launcher told it, and rank 0 waits for it in the next step's
+# collective.
+FREEZE_RANK1_ONCE_TOLD = """
+import os, signal
+if os.environ.get("RANK") == "1":
+    from lcft import signals
+    _handle = signals.StopSignals._handle
+    def handle(self, signum, frame):
+        _handle(self, signum, frame)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    signals.StopSignals._handle = handle
+"""
+
+
+def test_a_worker_frozen_after_it_was_told_to_stop_ends_the_job(tmp_path, data_dir, init_dir):
+    """SIGTERM to the launcher while both ranks train; rank 1 freezes right after it took the forwarded SIGTERM up.
+    The launcher finds it stopped among the workers it already told and ends the job at once, exit 75, naming it
+    (it used to look only at workers not yet told: rank 0 waited for rank 1 until the 300 s collective timeout)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FREEZE_RANK1_ONCE_TOLD)
+    path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+    run = tmp_path / "run"
+    with killed_on_failure() as started:
+        proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 0,
+                           "--collective-timeout", 300, env={"PYTHONPATH": path})
+        started.append(proc)
+        wait_for_step(run, 2, [proc])
+        frozen = rank_process(proc, 1)
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the launch still ran 90 s after SIGTERM with rank 1 (pid {frozen.pid}) frozen once told: "
+                        f"the launcher did not see it stopped (status {frozen.status()})")
+    assert proc.returncode == 75, err[-3000:]
+    errors = error_lines(err)
+    assert len(errors) == 1 and f"rank 1 on node 0 (pid {frozen.pid}) is stopped" in errors[0], err[-3000:]
+    assert "ended on SIGTERM" in errors[0] and "--resume auto" in errors[0], errors
+    assert not frozen.is_running() or frozen.status() == "zombie"
 
 
 def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data_dir, init_dir, one_process_run):
