@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lcft.config import ConfigError
+from lcft.units import counted
 
 MAX_BATCH = 1 << 31  # sequences in a batch: far above any run, and every figure computed from it stays finite
 
@@ -21,8 +22,9 @@ def check_world(world: int, cp: int) -> int:
     if cp < 1:
         raise ConfigError(f"cp must be at least 1, got {cp}")
     if world % cp != 0:
+        processes = counted(world, "process", "processes")  # '1 process cannot', '3 processes cannot'
         raise ConfigError(
-            f"world size {world} is not divisible by cp={cp} ({world} processes cannot be split into "
+            f"world size {world} is not divisible by cp={cp} ({processes} cannot be split into "
             f"context-parallel groups of {cp}): launch a multiple of {cp} processes (e.g. --nproc {cp}) or lower --cp"
         )
     return world // cp

@@ -46,7 +46,10 @@ def test_batch_and_world():
                     with pytest.raises(LcftError, match=rf"global_batch {g} is not a multiple of micro_batch .*\({m} x {dp}\)"):
                         check_batch(g, m, dp)
     assert check_world(8, 4) == 2 and check_world(3, 1) == 3
-    with pytest.raises(LcftError, match="world size 6 is not divisible by cp=4 .*groups of 4"):
+    with pytest.raises(LcftError, match=r"world size 6 is not divisible by cp=4 \(6 processes cannot .*groups of 4"):
         check_world(6, 4)
+    with pytest.raises(LcftError, match=r"world size 1 is not divisible by cp=2 \(1 process cannot be split into "
+                                        r"context-parallel groups of 2\): launch a multiple of 2 processes"):
+        check_world(1, 2)
     with pytest.raises(LcftError, match="cp must be at least 1"):
         check_world(2, 0)
