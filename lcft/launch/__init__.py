@@ -51,6 +51,7 @@ from lcft.launch.process import (
     READY_ENV,
     RESULT_FILE_ENV,
     Handed,
+    killed_workers,
 )
 from lcft.launch.supervisor import Supervisor
 from lcft.launch.temp_folder import FILES, launch_folder
@@ -126,7 +127,8 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
             rc = 0  # the agent caught a signal too (a scheduler's, to every process of the job), passed on, or lost
             # the rendezvous after its workers ended (the node hosting it gone first): they finished all the same
         # After the supervisor ended everything itself (a frozen or lost rank), its own SIGKILLs are no cause.
-        killed = _killed(files[FAILURES_ENV], cfg.node_rank, j.resume) if rc != 0 and not supervisor.ended else None
+        ended_by_itself = rc != 0 and not supervisor.ended
+        killed = killed_workers(files[FAILURES_ENV], cfg.node_rank, j.resume) if ended_by_itself else None
         # A rank that ended with an error of its own is the cause; the others then see it gone ("stopped
         # answering"), which is its consequence, not a lost rank.
         erred = rc != 0 and not supervisor.ended and _erred(files[FAILURES_ENV])
@@ -219,19 +221,6 @@ def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
     # logs it as a C++ warning with some twenty stack frames, in every process of a node whose store host ended.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (C++ errors are still printed)
     return env
-
-
-def _killed(path: Path, node: int, resume: str) -> str | None:
-    """A one-line diagnosis when the agent saw a worker killed by a signal (SIGKILL: the OOM killer, a
-    scheduler), from the failures it recorded, ending in the job's `resume`; None when every failed worker
-    exited by itself."""
-    with contextlib.suppress(OSError, ValueError):
-        failed = [f for f in json.loads(path.read_text()) if f.get("signal") and not f.get("stopped")]
-        if failed:
-            who = ", ".join(f"rank {f['rank']} on node {node} (pid {f['pid']}) was killed by {f['signal']}"
-                            for f in failed)
-            return f"{who}; {resume}"
-    return None
 
 
 def _erred(path: Path) -> bool:

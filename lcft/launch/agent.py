@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from lcft.files import atomic_write
@@ -29,11 +28,12 @@ from lcft.signals import GROUP_ENDING_ENV, STOP_SIGNALS, signal_name
 from lcft.spare_room import write_back
 
 
-def failures(error: BaseException) -> list[dict[str, Any]]:
-    """The failed workers of a ChildFailedError: global rank, pid, exit code, the signal that killed it, and
-    whether that signal is one a launch stops its workers with (the agent ends the others with SIGTERM)."""
+def failures(error: Any) -> list[dict[str, Any]]:
+    """The failed workers of a ChildFailedError (or of a failed group's RunResult): global rank, pid, exit code, the
+    signal that killed it, and whether that signal is one a launch stops its workers with (the agent ends the
+    others with SIGTERM)."""
     out = []
-    for rank, f in sorted(error.failures.items()):  # type: ignore[attr-defined]
+    for rank, f in sorted(error.failures.items()):
         sig = -f.exitcode if f.exitcode < 0 and -f.exitcode in signal.valid_signals() else None
         out.append({"rank": int(rank), "pid": int(f.pid), "exitcode": int(f.exitcode),
                     "signal": signal_name(sig) if sig else None, "stopped": sig in STOP_SIGNALS})
@@ -129,6 +129,33 @@ def _name_ended_groups() -> None:
     PContext.close = name_then_close  # type: ignore[method-assign]
 
 
+def _record(error: Any) -> None:
+    """Write the failed workers of `error` (`failures`) into FAILURES_ENV's file for the launcher to name. A folder
+    that cannot take it, even with the spare room freed: the launcher reads no failures, and its line points to
+    the workers' errors above (or, on a restart, says the other ranks' diagnosis)."""
+    if path := os.environ.get(FAILURES_ENV):
+        text = json.dumps(failures(error))
+        with contextlib.suppress(OSError):
+            write_back(lambda: atomic_write(path, text))
+
+
+def _record_each_failure() -> None:
+    """Record the failed workers of every group that fails (`_record`), not only of the last: under --max-restarts
+    the launcher's 'restarting: ...' line names a worker killed by a signal as its run's error would."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = LocalElasticAgent._monitor_workers
+
+    def monitor_then_record(self: LocalElasticAgent, *args: Any, **kwargs: Any) -> Any:
+        result = monitor(self, *args, **kwargs)
+        if result.state == WorkerState.FAILED and result.failures:  # (the agent restarts the group, or ends)
+            _record(result)
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor_then_record  # type: ignore[method-assign]
+
+
 SHARE_OFF_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """torch's switch: "1" and rank 0 serves the workers' store (a port its agent picked free and let go), not the agent."""
 
@@ -194,17 +221,13 @@ def main(argv: list[str]) -> int:
     _hand_round(across=not args.standalone)
     _quiet_repeated_ends(args.max_restarts)
     _name_ended_groups()
+    _record_each_failure()
     try:
         run(args)
     except SignalException as e:  # (torch raises it from its handler, after ending the workers with it)
         return 128 + int(e.sigval)  # (the launcher's _agent_ended reads it)
     except ChildFailedError as e:
-        if path := os.environ.get(FAILURES_ENV):
-            # A folder that cannot take it, even with the spare room freed: the launcher reads no failures, and
-            # its line points to the workers' errors above.
-            text = json.dumps(failures(e))
-            with contextlib.suppress(OSError):
-                write_back(lambda: Path(path).write_text(text))
+        _record(e)
         return 1
     # Another node's agent gave up on the run (its restarts spent) and closed the rendezvous, or node 0's, which
     # hosts it, ended: nothing to rejoin. (The launcher names it: _agent_ended.)

@@ -91,3 +91,16 @@ def handed_over(folder: Path) -> list[Handed]:
                                  record["pid"]))
     latest = max((h.round for h in handed), default=0)
     return sorted((h for h in handed if h.round == latest), key=lambda h: (h.rank != 0, h.when, h.rank))
+
+
+def killed_workers(path: Path, node: int | str, resume: str) -> str | None:
+    """A one-line diagnosis when the agent saw a worker killed by a signal (SIGKILL: the OOM killer, a
+    scheduler), from the failures it recorded, ending in the job's `resume`; None when every failed worker
+    exited by itself."""
+    with contextlib.suppress(OSError, ValueError):
+        failed = [f for f in json.loads(path.read_text()) if f.get("signal") and not f.get("stopped")]
+        if failed:
+            who = ", ".join(f"rank {f['rank']} on node {node} (pid {f['pid']}) was killed by {f['signal']}"
+                            for f in failed)
+            return f"{who}; {resume}"
+    return None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from lcft.launch.process import Handed, handed_over, ready
+from lcft.launch.process import FAILURES_ENV, Handed, handed_over, killed_workers, ready
 from lcft.liveness import NODE_RANK_ENV, read_report
 from lcft.signals import STOP_SIGNALS, Stopped, signal_name
 
@@ -51,6 +51,9 @@ class Supervisor:
         self.ended = False  # True once _kill ended the agent and the workers (before they started: a stop signal)
         self.started = False  # True once the agent had workers: a rendezvous error before it is no lost run
         self.seen: set[int] = set()  # pids of every worker seen (a restart's are new)
+        # where the agent records the failed workers of each failed group (a restart's too), and this node's rank
+        self.failures = Path(env[FAILURES_ENV]) if FAILURES_ENV in env else None
+        self.node = env.get(NODE_RANK_ENV, "0")
 
     def run(self) -> int:
         # signal.signal works only in the main thread; elsewhere the workers simply get no forwarded signals.
@@ -88,23 +91,32 @@ class Supervisor:
                 self._signalled(self.signals.pop(0))
             if self.stop is not None and not self.ended:  # a worker not yet started when it came gets it too
                 self._forward(self.stop)
-            if not self.ended and (report := read_report(self.failure)) is not None:
-                if self.elastic:  # the agent may restart the group
-                    self._restarting(report, workers)
-                elif reported_at is None:
+            report = None if self.ended else read_report(self.failure)
+            if self.elastic and not self.ended:  # the agent may restart the group
+                self._restarting(report, workers)
+            elif report is not None:
+                if reported_at is None:
                     reported_at = time.monotonic()
                 elif time.monotonic() - reported_at > self.LOST_GRACE_S:
                     self._kill()
             self.seen |= workers
 
-    def _restarting(self, report: str, workers: set[int]) -> None:
-        """Under --max-restarts, a worker's diagnosis of a lost rank: said once the agent started new workers (it
-        restarted the group), and cleared then for the new round's; kept for the launch to raise when the agent
-        gives up instead (its restarts spent, or the rendezvous closed), as without --max-restarts."""
-        if workers - self.seen:  # (the report is written before its worker ends, and the agent restarts after)
-            # Without the job's resume, which says to start the run again: it goes on by itself.
-            print(f"restarting: {report.removesuffix(f'; {self.resume}')}", file=sys.stderr, flush=True)
-            self.failure.unlink(missing_ok=True)
+    def _restarting(self, report: str | None, workers: set[int]) -> None:
+        """Under --max-restarts, why the agent restarted the group: a worker of this node killed by a signal, as
+        the agent recorded it (the launch's error names it so without restarts), else a worker's diagnosis of a
+        lost rank (`report`). Said once the agent started new workers, and cleared then for the new round's; kept
+        for the launch to raise when the agent gives up instead (its restarts spent, or the rendezvous closed), as
+        without --max-restarts."""
+        if not workers - self.seen:  # (both are written before the agent restarts the group)
+            return
+        killed = killed_workers(self.failures, self.node, self.resume) if self.failures is not None else None
+        if (said := killed or report) is None:
+            return
+        # Without the job's resume, which says to start the run again: it goes on by itself.
+        print(f"restarting: {said.removesuffix(f'; {self.resume}')}", file=sys.stderr, flush=True)
+        self.failure.unlink(missing_ok=True)
+        if self.failures is not None:
+            self.failures.unlink(missing_ok=True)
 
     def _signalled(self, signum: int) -> None:
         """A stop signal: the first is passed on to the workers, a second ends them at once, and so does one that

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from lcft.launch import _killed
 from lcft.launch.agent import failures
+from lcft.launch.process import killed_workers
 from tests.train.launching import LAUNCH_NAMES, torch_logs
 
 RESUME = "start it again with --resume auto"
@@ -46,7 +46,7 @@ def test_workers_killed_by_any_signal_are_named(tmp_path):
     ]
     path = tmp_path / "failures.json"
     path.write_text(json.dumps(recorded))
-    assert _killed(path, 1, RESUME) == ("rank 0 on node 1 (pid 1000) was killed by SIGKILL, rank 3 on node 1 "
+    assert killed_workers(path, 1, RESUME) == ("rank 0 on node 1 (pid 1000) was killed by SIGKILL, rank 3 on node 1 "
                                         f"(pid 1003) was killed by SIGRTMIN+6; {RESUME}")
 
 

@@ -7,6 +7,7 @@ once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 import lcft.launch as launcher
 from lcft.errors import LcftError
-from lcft.launch.process import EXIT_NOT_GATHERED
+from lcft.launch.process import EXIT_NOT_GATHERED, FAILURES_ENV
 from lcft.launch.supervisor import Supervisor
 from lcft.liveness import EXIT_LOST, FAILURE_FILE_ENV, PeerLost
 from lcft.signals import Stopped
@@ -48,10 +49,10 @@ sys.exit(int(sys.argv[1]))
 NEVER_GATHERED = f"import sys, time; time.sleep(0.5); sys.exit({EXIT_NOT_GATHERED})"
 
 
-def _supervise(tmp_path: Path, capsys, how: str) -> tuple[int, str, Path]:
+def _supervise(tmp_path: Path, capsys, how: str, agent: str = AGENT) -> tuple[int, str, Path]:
     failure = tmp_path / "failure.txt"
-    supervisor = Supervisor([sys.executable, "-c", AGENT, how], {**os.environ, FAILURE_FILE_ENV: str(failure)},
-                            failure, None, 1, elastic=True, resume=RESUME)
+    env = {**os.environ, FAILURE_FILE_ENV: str(failure), FAILURES_ENV: str(tmp_path / "failures.json")}
+    supervisor = Supervisor([sys.executable, "-c", agent, how], env, failure, None, 1, elastic=True, resume=RESUME)
     return supervisor.run(), capsys.readouterr().err, failure
 
 
@@ -60,6 +61,26 @@ def test_restarting_is_said_when_the_agent_restarts_the_group(tmp_path, capsys):
     rc, err, failure = _supervise(tmp_path, capsys, "restart")
     assert (rc, err) == (0, f"restarting: {LOST}\n")
     assert not failure.exists()  # cleared for the new round's diagnosis
+
+
+# Stands in for the agent under --max-restarts whose worker was killed by SIGKILL (no other rank reported it): it
+# records the failed group's workers (agent._record), then restarts the group.
+KILLED = [{"rank": 1, "pid": 7, "exitcode": -9, "signal": "SIGKILL", "stopped": False}]
+KILLED_AGENT = f"""
+import json, os, subprocess, sys, time
+subprocess.run(["sleep", "0.5"])
+open(os.environ[{FAILURES_ENV!r}], "w").write({json.dumps(KILLED)!r})
+time.sleep(0.5)
+sys.exit(subprocess.run(["sleep", "1"]).returncode)
+"""
+
+
+def test_restarting_names_a_worker_killed_by_a_signal(tmp_path, capsys):
+    """The agent recorded rank 1 killed by SIGKILL before it restarted the group: the restart says so, as the
+    launch's error says it without restarts (nothing was said), and the record is cleared for the new round's."""
+    rc, err, _ = _supervise(tmp_path, capsys, "", KILLED_AGENT)
+    assert (rc, err) == (0, "restarting: rank 1 on node 0 (pid 7) was killed by SIGKILL\n")
+    assert not (tmp_path / "failures.json").exists()
 
 
 @pytest.mark.parametrize("rc", [1, EXIT_NOT_GATHERED])

@@ -142,15 +142,20 @@ def test_a_worker_frozen_after_it_was_told_to_stop_ends_the_job(tmp_path, data_d
 def test_a_killed_rank_is_restarted_and_the_run_continues_exactly(tmp_path, data_dir, init_dir, one_process_run):
     """--max-restarts 1: rank 1 SIGKILLed once step 3 is logged; the agent restarts both ranks, they resume
     from the latest checkpoint by themselves, and the run ends (exit 0) with the losses and weights of the same
-    run uninterrupted in one process (which two processes of one micro-batch each compute exactly; fp32, 1e-6)."""
+    run uninterrupted in one process (which two processes of one micro-batch each compute exactly; fp32, 1e-6).
+    The restart is said naming the signal, as the run's error names it without restarts (it said that rank 1
+    'stopped answering after a collective failed', rank 0's view of it)."""
     straight = one_process_run
     run = tmp_path / "elastic"
     proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 6, "--save-every", 2, "--max-restarts", 1)
     wait_for_step(run, 3, [proc])
-    rank_process(proc, 1).kill()
+    victim = rank_process(proc, 1)
+    victim.kill()
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "resumed from" in err
+    restarts = [line for line in err.splitlines() if line.startswith("restarting:")]
+    assert restarts == [f"restarting: rank 1 on node 0 (pid {victim.pid}) was killed by SIGKILL"], err[-3000:]
     torch.testing.assert_close(losses(run), losses(straight), rtol=1e-6, atol=1e-6)
     a, b = weights(latest_checkpoint(run)), weights(latest_checkpoint(straight))
     assert latest_checkpoint(run).name == "step-00000006"
