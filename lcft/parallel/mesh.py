@@ -49,6 +49,8 @@ class ParallelState:
     """The ("dp", "cp") mesh of every rank (None in a single process)."""
     fsdp: bool = False
     """Parameters, gradients and optimizer state sharded over the flattened mesh (--shard fsdp)."""
+    shard: DeviceMesh | None = None
+    """The mesh's flattened dp x cp dimension, as flattening it returned (None unless parameters are sharded)."""
 
     @property
     def cp_enabled(self) -> bool:
@@ -67,9 +69,9 @@ class ParallelState:
 
     def shard_mesh(self) -> DeviceMesh:
         """The 1-D flattened dp x cp view of the mesh that FSDP shards over (made by init_parallel)."""
-        if not self.fsdp_enabled:
+        if not self.fsdp_enabled or self.shard is None:
             raise ValueError("shard_mesh: this layout does not shard parameters")
-        return self.mesh[SHARD_DIM]
+        return self.shard
 
 
 def single_process_state() -> ParallelState:
@@ -174,9 +176,10 @@ def init_parallel(cfg: CpConfig, fsdp: bool = False) -> ParallelState:
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = check_world(world, cfg.cp)
     mesh = init_device_mesh(mesh_device_type(), (dp, cfg.cp), mesh_dim_names=MESH_DIMS)
-    if shards_parameters(fsdp, world):
-        mesh._flatten(SHARD_DIM)  # torchtitan's dp_shard x cp: the cp ranks of a window hold the same weights
+    # torchtitan's dp_shard x cp: the cp ranks of a window hold the same weights. The flattened mesh is kept as
+    # made: slicing it back out of the root mesh (mesh[SHARD_DIM]) is deprecated from torch 2.11 on, and warned.
+    shard = mesh._flatten(SHARD_DIM) if shards_parameters(fsdp, world) else None
     return ParallelState(
         world=world, rank=rank, cp=cfg.cp, dp=dp, cp_rank=rank % cfg.cp, dp_rank=rank // cfg.cp,
-        cp_group=mesh.get_group("cp") if cfg.cp > 1 else None, mesh=mesh, fsdp=fsdp,
+        cp_group=mesh.get_group("cp") if cfg.cp > 1 else None, mesh=mesh, fsdp=fsdp, shard=shard,
     )

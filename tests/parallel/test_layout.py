@@ -9,6 +9,7 @@ import ast
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,11 @@ def _layout_on_rank(rank: int, world: int, cp: int) -> dict:
     cp_members = torch.zeros(world, dtype=torch.int64)
     cp_members[rank] = 1
     dist.all_reduce(cp_members, group=layout.cp_group)  # which ranks answer in this rank's cp group
-    shard = layout.shard_mesh()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shard = layout.shard_mesh()
     return {
+        "warned": [str(w.message) for w in caught],
         "dims": layout.mesh.mesh_dim_names, "shape": tuple(layout.mesh.shape), "mesh": layout.mesh.mesh.tolist(),
         "ranks": (layout.dp, layout.cp, layout.dp_rank, layout.cp_rank),
         "cp_members": cp_members.nonzero().flatten().tolist(),
@@ -51,6 +55,8 @@ def test_one_mesh_gives_the_cp_groups_and_the_fsdp_shard_dimension():
         assert (r["mesh_dp"], r["mesh_cp"]) == (dp_rank, cp_rank)
         assert r["cp_members"] == [dp_rank * cp + c for c in range(cp)]  # consecutive ranks share a window
         assert r["shard_size"] == world and r["shard_root"]  # FSDP: every rank, flattened from the same mesh
+        # Taken as flattening made it: slicing it out of the root mesh warned of its deprecation on every rank.
+        assert r["warned"] == []
         assert r["flags"] == (True, True, rank == 0)
 
 
