@@ -79,11 +79,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
     n_windows = cfg.windows_of(len(ws))
-    make_probe(cfg, ws, n_windows)  # its sizes checked before any checkpoint is read
+    planting = _planting(cfg, ws, n_windows)  # the probe's sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
     if reuse and cfg.cp == 1 and not launched() and (
-            done := _finished(cfg, ws, n_windows, infos, device, whole_windows=False)) is not None:
+            done := _finished(cfg, ws, n_windows, infos, device, planting, whole_windows=False)) is not None:
         return done  # (a launch's launcher decides it before any rank starts: `finished_before_launch`)
     edges = bin_edges(position_length(ws, cfg.position), cfg.bins, cfg.bin_scale)
     parallel, lock = None, contextlib.ExitStack()
@@ -99,12 +99,12 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
             lock.enter_context(folder_lock(cfg.out, "lcft eval"))  # one writer per output folder
         stop = lock.enter_context(StopSignals(_say if main else None, "keeping this batch's losses, then stopping"))
         try:
-            results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress, stop)
+            results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress, stop, planting)
         except Interrupted as e:
             return _stopped(cfg, e.signum)
         report = build_report(cfg, ws, n_windows, infos, results, edges)
         # of the weights read (a run's latest may have moved)
-        report["inputs"] = _inputs_key(cfg, ws, infos, device, whole_windows=parallel is not None)
+        report["inputs"] = _inputs_key(cfg, ws, infos, device, planting, whole_windows=parallel is not None)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
             clear(cfg.out, _say)
@@ -115,15 +115,22 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     return report
 
 
-def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: torch.device, *,
-                whole_windows: bool) -> str:
+def _planting(cfg: EvalConfig, ws: Any, n_windows: int) -> str | None:
+    """The run's copy probe's `CopyProbe.planting` (None without --probe), computed once a run: the kept probe
+    losses and the report's inputs are keyed on it."""
+    probe = make_probe(cfg, ws, n_windows)
+    return None if probe is None else probe.planting()
+
+
+def _inputs_key(cfg: EvalConfig, ws: Any, infos: list[CheckpointInfo], device: torch.device, planting: str | None,
+                *, whole_windows: bool) -> str:
     """What the whole report's losses depend on, as the kept passes are keyed: each entry's weights digest,
     configs, data files, options, versions and device kind (`_identity`), and with a copy probe its planted windows
-    (`CopyProbe.planting`, as its kept losses are keyed) and whether it ran whole windows (several ranks do, where
-    one process runs only the pieces its target depends on: `run_probe`)."""
+    (`planting`, as its kept losses are keyed) and whether it ran whole windows (several ranks do, where one
+    process runs only the pieces its target depends on: `run_probe`)."""
     key: dict[str, Any] = {"format": FORMAT, "entries": [_identity(cfg, ws, info, device) for info in infos]}
-    if (probe := make_probe(cfg, ws, cfg.windows_of(len(ws)))) is not None:
-        key |= {"probe_whole_windows": whole_windows, "planting": probe.planting()}
+    if planting is not None:
+        key |= {"probe_whole_windows": whole_windows, "planting": planting}
     return pass_key(key)
 
 
@@ -136,11 +143,12 @@ def finished_before_launch(cfg: EvalConfig, ws: Any) -> dict[str, Any] | None:
     would: a launch they would refuse (cuda:0 for two ranks, more ranks than GPUs) is refused here too."""
     devices = [_rank_device(cfg.device, local) for local in range(cfg.nproc)]
     infos = prepare_checkpoints(cfg, ws.length, ws.manifest.get("tokenizer", {}))
-    return _finished(cfg, ws, cfg.windows_of(len(ws)), infos, devices[0], whole_windows=True)
+    n_windows = cfg.windows_of(len(ws))
+    return _finished(cfg, ws, n_windows, infos, devices[0], _planting(cfg, ws, n_windows), whole_windows=True)
 
 
-def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device, *,
-              whole_windows: bool) -> dict[str, Any] | None:
+def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
+              planting: str | None, *, whole_windows: bool) -> dict[str, Any] | None:
     """The report in `cfg.out` marked "already" when it is a finished evaluation of these inputs (the same options
     but those no figure depends on, NOT_FIGURES: its own options, the launch's and folder's, stay those of the run
     that computed it; and `_inputs_key`, with `whole_windows` as this run's probe would: the same weights by
@@ -154,7 +162,7 @@ def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointIn
     except LcftError:  # cut or garbled: evaluated again
         return None
     if read_back_problem(report, cfg, n_windows) or \
-            report.get("inputs") != _inputs_key(cfg, ws, infos, device, whole_windows=whole_windows):
+            report.get("inputs") != _inputs_key(cfg, ws, infos, device, planting, whole_windows=whole_windows):
         return None
     return {**report, "already": True}
 
@@ -197,9 +205,10 @@ def _grouped(infos: list[CheckpointInfo]) -> list[int]:
 
 
 def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
-             parallel: EvalParallel | None, progress: bool, stop: StopSignals) -> list[CheckpointResult]:
-    """Every checkpoint over the split under one progress bar, each distinct path loaded once; the results in
-    the order of `infos`."""
+             parallel: EvalParallel | None, progress: bool, stop: StopSignals,
+             planting: str | None) -> list[CheckpointResult]:
+    """Every checkpoint over the split under one progress bar, each distinct path loaded once (`planting`: the
+    run's copy probe's, `_planting`); the results in the order of `infos`."""
     results: dict[int, CheckpointResult] = {}
     ran: dict[Path, str] = {}  # the file of each pass this run computed or read back -> its entry's label
     loaded: tuple[Path, Identity] | None = None
@@ -214,7 +223,7 @@ def _run_all(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInf
                 check_model_kernels_fit(model.config, device, cfg.precision)  # before any window
                 if parallel is not None:
                     parallel.prepare(model)
-            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar, stop, ran)
+            results[k] = _run_one(cfg, ws, n_windows, info, model, device, parallel, bar, stop, ran, planting)
     return [results[k] for k in range(len(infos))]
 
 
@@ -233,7 +242,7 @@ def _load(info: CheckpointInfo, infos: list[CheckpointInfo], device: torch.devic
 
 def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, model: torch.nn.Module,
              device: torch.device, parallel: EvalParallel | None, bar: Any, stop: StopSignals,
-             ran: dict[Path, str]) -> CheckpointResult:
+             ran: dict[Path, str], planting: str | None) -> CheckpointResult:
     """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task;
     the main rank keeps each pass's losses in the output folder until the report is written (`ran`: the passes
     of earlier entries, whose losses an entry of the same weights and options reads back)."""
@@ -246,7 +255,7 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
     probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
         planted = {"segment": probe.segment, "distances": probe.distances, "mutation": probe.mutation,
-                   "seed": probe.seed, "whole_windows": parallel is not None, "planting": probe.planting()}
+                   "seed": probe.seed, "whole_windows": parallel is not None, "planting": planting}
         store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
         run_probe(model, probe, cfg, info.max_context, device,
                   _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size,
