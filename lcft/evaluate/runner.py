@@ -21,10 +21,10 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.inputs import open_split
 from lcft.evaluate.losses import Interrupted
 from lcft.evaluate.parallel import EvalParallel
-from lcft.evaluate.probe import make_probe, run_probe
+from lcft.evaluate.probe import CopyProbe, make_probe, run_probe
 from lcft.evaluate.report import JSON_NAME, read_back_problem
 from lcft.evaluate.split import CheckpointResult, check_finite, position_length, run_checkpoint
-from lcft.evaluate.store import FORMAT, PARTIAL, LossStore, clear, pass_key
+from lcft.evaluate.store import FORMAT, PARTIAL, LossStore, clear, discarded, pass_key
 from lcft.files import read_json
 from lcft.folder_lock import folder_lock
 from lcft.kernels.triton_tiles import check_model_kernels_fit
@@ -98,6 +98,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
         if main:
             lock.enter_context(folder_lock(cfg.out, "lcft eval"))  # one writer per output folder
         stop = lock.enter_context(StopSignals(_say if main else None, "keeping this batch's losses, then stopping"))
+        if main:
+            _say_discarded(cfg, ws, n_windows, infos, device, parallel, planting)
         try:
             results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress, stop, planting)
         except Interrupted as e:
@@ -246,23 +248,46 @@ def _run_one(cfg: EvalConfig, ws: Any, n_windows: int, info: CheckpointInfo, mod
     """One listed checkpoint over the split, then its copy probe (with --probe copy), each a progress bar task;
     the main rank keeps each pass's losses in the output folder until the report is written (`ran`: the passes
     of earlier entries, whose losses an entry of the same weights and options reads back)."""
-    same = _identity(cfg, ws, info, device)
-    store = _store(cfg, same | {"pass": "windows"}, ws.length, parallel)
+    probe = make_probe(cfg, ws, n_windows)
+    (windows, length), *probing = _passes(cfg, ws, info, device, probe, parallel, planting)
+    store = _store(cfg, windows, length, parallel)
     result = run_checkpoint(model, ws, n_windows, cfg, info.max_context, device,
                             _task(bar, info.label, n_windows, store, cfg.batch_size, _first(ran, store, info.label)),
                             parallel, store, stop)
     check_finite(info.label, result.windows)  # before its probe runs
-    probe = make_probe(cfg, ws, n_windows)
     if probe is not None:
-        planted = {"segment": probe.segment, "distances": probe.distances, "mutation": probe.mutation,
-                   "seed": probe.seed, "whole_windows": parallel is not None, "planting": planting}
-        store = _store(cfg, same | {"pass": {"probe": planted}}, probe.segment, parallel)
+        ((planted, segment),) = probing
+        store = _store(cfg, planted, segment, parallel)
         run_probe(model, probe, cfg, info.max_context, device,
                   _task(bar, f"{info.label}: copy probe", len(probe), store, cfg.batch_size,
                         _first(ran, store, info.label)),
                   parallel, store, stop)
         result.probe = probe.checked(info.label)
     return result
+
+
+def _passes(cfg: EvalConfig, ws: Any, info: CheckpointInfo, device: torch.device, probe: CopyProbe | None,
+            parallel: EvalParallel | None, planting: str | None) -> list[tuple[dict[str, Any], int]]:
+    """The passes of one listed checkpoint as their losses are kept, (identity, tokens kept an item) each: its
+    windows, then with a copy `probe` (`planting`: the run's, `_planting`) its planted windows' targets."""
+    same = _identity(cfg, ws, info, device)
+    passes = [(same | {"pass": "windows"}, ws.length)]
+    if probe is not None:
+        planted = {"segment": probe.segment, "distances": probe.distances, "mutation": probe.mutation,
+                   "seed": probe.seed, "whole_windows": parallel is not None, "planting": planting}
+        passes.append((same | {"pass": {"probe": planted}}, probe.segment))
+    return passes
+
+
+def _say_discarded(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointInfo], device: torch.device,
+                   parallel: EvalParallel | None, planting: str | None) -> None:
+    """Say once, before any pass, which kept passes in `cfg.out` this run reads none of, and why
+    (`store.discarded`): a stopped run's losses silently computed again would look like a resume that failed."""
+    probe = make_probe(cfg, ws, n_windows)
+    passes = [LossStore(cfg.out, identity, keep) for info in infos
+              for identity, keep in _passes(cfg, ws, info, device, probe, parallel, planting)]
+    if (line := discarded(cfg.out, passes)) is not None:
+        _say(line)
 
 
 def _identity(cfg: EvalConfig, ws: Any, info: CheckpointInfo, device: torch.device) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from lcft.disk import removed_or_said, write_failure
 from lcft.errors import RESUME, LcftError
-from lcft.files import atomic_write, no_follow
+from lcft.files import atomic_write, no_follow, read_json
 from lcft.foreign_entries import refuse_foreign
 
 PARTIAL = ".partial"
@@ -34,6 +34,81 @@ def clear(out: str | os.PathLike, warn: Callable[[str], None]) -> None:
     partial = Path(out) / PARTIAL
     removed_or_said(partial, warn, f"the finished evaluation's {partial}",
                     " (the next evaluation into this folder tries again)")
+
+
+def discarded(out: str | os.PathLike, passes: list[LossStore]) -> str | None:
+    """One line for a run whose passes are `passes`: the kept passes of `out`/.partial that none of them reads back
+    (the report's writing removes them), and why, from what differs between each one's note and the nearest of
+    `passes` (a layout, a checkpoint, an option changed); None when there are none."""
+    partial = Path(out) / PARTIAL
+    if not partial.is_dir():
+        return None
+    refuse_foreign(partial, "eval")  # before a note is read
+    ours = {p.path for p in passes}
+    stale = [f for f in sorted(partial.glob("*.losses")) if f not in ours]
+    if not stale:
+        return None
+    identities = [json.loads(json.dumps(p.identity)) for p in passes]  # as a note reads back (tuples as lists)
+    why = dict.fromkeys(_why(_note(f), identities) for f in stale)  # in order, each once
+    n = len(stale)
+    return (f"{partial}: {n} kept pass{'es' * (n > 1)} of losses not read back ({'; '.join(why)}): "
+            f"discarded, {'their' if n > 1 else 'its'} losses are computed again")
+
+
+def _note(losses: Path) -> dict[str, Any] | None:
+    """The identity a kept pass's note says it stands for; None when it is missing or unreadable."""
+    try:
+        return read_json(losses.with_suffix(".json"))
+    except LcftError:
+        return None
+
+
+def _why(note: dict[str, Any] | None, ours: list[dict[str, Any]]) -> str:
+    """Why the pass of `note` is none of `ours`: what differs from the nearest of them (fewest keys apart, a copy
+    probe's options counted one by one)."""
+    if note is None or not ours:
+        return "of unknown inputs: its note is missing or unreadable"
+    old = _flat(note)
+    new = min((_flat(o) for o in ours), key=lambda o: sum(old.get(k) != o.get(k) for k in {*old, *o}))
+    if old.get("pass") != new.get("pass"):  # a copy probe's pass against windows: their options say nothing
+        return "no copy probe asked for" if old.get("pass") == "probe" else "another pass"
+    keys = [k for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    if not keys:
+        return "of another store format"
+    return ", ".join(dict.fromkeys(_change(k, old.get(k), new.get(k)) for k in keys))
+
+
+def _flat(identity: dict[str, Any]) -> dict[str, Any]:
+    """A pass's identity with a copy probe's options (its "pass") as keys of their own, its "pass" "probe"."""
+    kind = identity.get("pass")
+    options = kind.get("probe") if isinstance(kind, dict) else None
+    return {**identity, "pass": "probe", **options} if isinstance(options, dict) else identity
+
+
+CHANGED = {"weights": "the checkpoint changed: other weights", "config": "the checkpoint changed: its config.json",
+           "meta": "the checkpoint changed: its lcft.json", "data": "the data changed: other token files",
+           "planting": "the copy probe plants other windows"}
+"""What a changed key of a pass's identity means, where its values say nothing to a reader (digests, files)."""
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    """One key of a kept pass's identity `old` that this run's `new` differs in, in words."""
+    if key in CHANGED:
+        return CHANGED[key]
+    if key == "cp" and isinstance(old, list) and isinstance(new, list) and len(old) == len(new) == 3:
+        return "the layout changed: " + ", ".join(f"{name}={a} -> {name}={b}" for name, a, b in
+                                                  zip(("cp", "cp_layout", "cp_kv"), old, new, strict=True) if a != b)
+    if key == "whole_windows":
+        return "the copy probe ran " + ("whole windows on several ranks, pieces in one process now" if old else
+                                        "pieces in one process, whole windows on several ranks now")
+    probe = "probe " if key in ("segment", "distances", "mutation", "seed") else ""  # a copy probe's option
+    return f"{probe}{key} {_short(old)} -> {_short(new)}"
+
+
+def _short(value: Any) -> str:
+    """A value of a note as a few characters (a note is the folder's, which a person may have edited)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class LossStore:
@@ -98,7 +173,8 @@ class LossStore:
         try:
             if not self.path.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                # what the key stands for, for a person reading the folder (never read back)
+                # what the key stands for, for a person reading the folder (read back only to say why a rerun
+                # discards the pass: `discarded`)
                 atomic_write(self.path.with_suffix(".json"), json.dumps(self.identity, indent=1, sort_keys=True) + "\n")
             with open(self.path, "ab", buffering=0, opener=no_follow) as fh:
                 rest = memoryview(body + hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest())
