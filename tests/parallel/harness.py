@@ -16,17 +16,23 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
+    """A port free now, not held: another process may take it before it is bound. For what joins over env:// as
+    a launch does (the product's own port handling), never for a world this harness makes (`run_ranks`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable, world: int, port: int, out_dir: str, init: bool, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+def _entry(rank: int, fn: Callable, world: int, out_dir: str, port: int | None, args: tuple) -> None:
+    """One rank: the group initialised over a FileStore in `out_dir` (`port` None), else env://'s variables set
+    for fn to join at 127.0.0.1:`port` itself."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)  # N processes share the machine's few cores
-    if init:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    if port is None:  # a store in this world's own folder: no port that another world started at once could take
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}", rank=rank,
+                                world_size=world)
+    else:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -41,10 +47,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, out_dir: str, init: b
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, init: bool = True, timeout: float = 150.0) -> list[Any]:
-    """fn(rank, world, *args) on `world` spawned processes (gloo initialised first unless init=False,
-    e.g. when Accelerate initialises it); returns the per-rank results in rank order. A hang is killed."""
+    """fn(rank, world, *args) on `world` spawned processes (gloo initialised first, over a FileStore, unless
+    init=False: fn then joins over env://, MASTER_ADDR:MASTER_PORT a `free_port`); returns the per-rank results in
+    rank order. A hang is killed."""
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out_dir, init, args), nprocs=world,
+        ctx = mp.start_processes(_entry, args=(fn, world, out_dir, None if init else free_port(), args), nprocs=world,
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
