@@ -77,7 +77,7 @@ def _export_json(data: dict[str, Any], edges: bool, source: str) -> str:
     return json.dumps(data)
 
 
-def _probes(data: dict[str, Any]) -> list[str]:
+def dna_probes(data: dict[str, Any]) -> list[str]:
     """DNA an export is checked on: bases of both cases around N runs, every letter of both cases amid bases, and
     each letter added token, in both cases, alone and amid bases and other letters."""
     found = [t["content"] for t in data.get("added_tokens") or [] if is_letters(t.get("content"))]
@@ -86,19 +86,21 @@ def _probes(data: dict[str, Any]) -> list[str]:
             + [p for c in found for p in (c, c.lower(), c.upper(), f"AC{c}GT{c.lower()}NN{c.upper()}RY{c}A")])
 
 
-def _difference(tok: SeqTokenizer, text: str, probes: list[str]) -> str | None:
-    """How tokenizer.json `text` encodes one of `probes` to other ids than prepare does with `tok` (a probe prepare
-    refuses, a letter it has no token for, is passed over); None when it gives the same ids for all."""
+def encoding_difference(tok: SeqTokenizer, text: str, probes: list[str], source: str = "export") -> str | None:
+    """How tokenizer.json `text` (named `source` where the library fails on it) encodes one of `probes` to other ids
+    than prepare does with `tok` (a probe prepare refuses, a letter it has no token for, is passed over); None
+    when it gives the same ids for all."""
     from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
 
-    tk = Tokenizer.from_str(text)
+    tk = guarded(lambda: Tokenizer.from_str(text), source, "its file")
     for probe in probes:
         raw = np.frombuffer(probe.encode(), np.uint8)
         try:
-            want = tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))[0].tolist()
+            want = (char_vocab.encode(UPPER[raw]) if is_char(tok) else  # char: prepare's byte table
+                    tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))[0]).tolist()
         except LcftError:
             continue
-        got = guarded(lambda p=probe: tk.encode(p, add_special_tokens=False).ids, "export", repr(probe))
+        got = guarded(lambda p=probe: tk.encode(p, add_special_tokens=False).ids, source, repr(probe))
         if got != want:
             return f"{probe!r} would encode to {got[:8]} where prepare gives {want[:8]}"
     return None
@@ -107,16 +109,16 @@ def _difference(tok: SeqTokenizer, text: str, probes: list[str]) -> str | None:
 def hf_tokenizer_json(tok: SeqTokenizer) -> str:
     """tokenizer.json text encoding a DNA string (any case) to the ids lcft trains on: with the run split, or where
     the file has a normalizer or letter added tokens, first with the run edges marked; the first that encodes the
-    probes (`_probes`) to prepare's ids. Neither: a one-line error naming a probe."""
+    probes (`dna_probes`) to prepare's ids. Neither: a one-line error naming a probe."""
     if not tok.json_text:
         return json.dumps(_char_json())
     data = strip_export(json.loads(tok.json_text))  # a checkpoint's copy is an export already
     source = getattr(tok, "source", tok.name)
     tried = [True, False] if letters_normalized(data) or data.get("normalizer") is not None else [False]
-    probes, why = _probes(data), ""
+    probes, why = dna_probes(data), ""
     for edges in tried:
         text = _export_json(data, edges, source)
-        if not (why := _difference(tok, text, probes) or ""):
+        if not (why := encoding_difference(tok, text, probes) or ""):
             return text
     raise LcftError(f"tokenizer {source}: lcft cannot write a tokenizer.json with which transformers encodes DNA as "
                     f"prepare does: {why}")

@@ -341,12 +341,31 @@ def tokenizer_from_json_text(text: str, source: str, roles: dict[str, str] | Non
         vocab = tokens_by_id(model["vocab"], f"{source}: model.vocab")
         norm = data.get("normalizer")
         if k == 1 and norm == char_normalizer() and vocab == list(char_vocab.VOCAB):
-            return char_tokenizer()  # lcft's char vocabulary as its export writes it: its ids, its spec
+            return _as_the_file_encodes(char_tokenizer(), text, data, source)  # lcft's char vocabulary, exported
         # lcft reads the K-mers of the bases themselves, never running a normalizer: one besides an export's
         # upper-casing would change the bases for `tokenizers` alone, other ids, and nothing here would bound it
         if norm not in (None, {"type": "Sequence", "normalizers": upper_rules()}):
             raise LcftError(f"tokenizer {source}: lcft's k-mer pre-tokenizer with a normalizer "
                             f"({shown(norm.get('type') if isinstance(norm, dict) else norm, 40)}): lcft reads K-mers "
                             "of the bases as they are, which would give other ids than this file; remove its normalizer")
-        return KmerTokenizer(k, vocab, source, roles)
+        return _as_the_file_encodes(KmerTokenizer(k, vocab, source, roles), text, data, source)
     return JsonTokenizer(_parse(text, source, data), source, roles)
+
+
+def _as_the_file_encodes(tok: SeqTokenizer, text: str, data: dict[str, Any], source: str) -> SeqTokenizer:
+    """`tok`, lcft's own reading of a K-mer WordLevel tokenizer.json (`text`, parsed: `data`; K-mers, or char's
+    export), where `tokenizers` gives the file's ids for the upper-case DNA prepare hands a tokenizer: that reading
+    takes the vocabulary and the split alone, so the file's added tokens (matched before the split), its model's
+    unknown token and its split's other fields are held to it here. Else one line naming a probe. The text lcft
+    writes for `tok` itself (the copy kept with windows) is taken as it is: the library reads 4^10 K-mers in
+    seconds."""
+    if text == tok.json_text:
+        return tok
+    from lcft.genomics.hf_tokenizer import dna_probes, encoding_difference  # (it imports this module)
+
+    plain = json.dumps({**data, "truncation": None, "padding": None})  # as lcft encodes: neither
+    probes = list(dict.fromkeys(p.upper() for p in dna_probes(data)))
+    if why := encoding_difference(tok, plain, probes, source):
+        raise LcftError(f"tokenizer {source}: the file encodes DNA otherwise than lcft reads its vocabulary and "
+                        f"split ({why}): its added tokens or unknown token change the ids; remove them")
+    return tok

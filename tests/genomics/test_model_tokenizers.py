@@ -312,3 +312,47 @@ def test_a_word_start_mark_that_is_a_letter_is_refused_in_one_line(tmp_path):
     with pytest.raises(LcftError, match="word-boundary mark 'X' holds a letter") as e:
         load_tokenizer(_marked_bpe(tmp_path / "tokenizer.json", replacement="X"))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["kmer:3", "char"])
+@pytest.mark.parametrize("change", ["unknown", "added"])
+def test_a_kmer_file_whose_own_ids_differ_from_its_reading_is_refused(kind, change, tmp_path):
+    """A K-mer WordLevel tokenizer.json (char's export too) is read by its vocabulary and split alone; its model's
+    unknown token, or an added token of bases (matched before the split), makes `tokenizers` give other ids for
+    the same DNA: such a file is refused in one line, and lcft's own file (unchanged) reads to the ids the library
+    gives."""
+    from lcft.errors import LcftError
+    from lcft.genomics.hf_tokenizer import hf_tokenizer_json
+    from lcft.genomics.model_tokenizer import load_tokenizer
+    from lcft.genomics.tokenizer import encode
+
+    data = json.loads(hf_tokenizer_json(load_tokenizer(kind)))
+    dna = "TACGTTRTAXACGGN"
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    tok, raw = load_tokenizer(str(path)), np.frombuffer(dna.encode(), np.uint8)
+    ids = encode(raw).tolist() if kind == "char" else tok.encode_chunk(raw, tok.pieces(raw, 0))[0].tolist()
+    assert ids == Tokenizer.from_file(str(path)).encode(dna, add_special_tokens=False).ids  # the oracle
+    if change == "unknown":
+        data["model"]["unk_token"] = "<pad>"
+    else:
+        data["added_tokens"].append({"id": data["model"]["vocab"]["ACG" if kind != "char" else "C"], "content": "ACG",
+                                     "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                                     "special": False})
+    path.write_text(json.dumps(data))
+    assert Tokenizer.from_file(str(path)).encode(dna, add_special_tokens=False).ids != ids  # the file's own ids
+    with pytest.raises(LcftError, match="encodes DNA otherwise than lcft reads its vocabulary") as e:
+        load_tokenizer(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_a_kmer_text_the_library_cannot_read_is_one_line():
+    """A K-mer tokenizer.json text (as kept with windows) that `tokenizers` refuses is one line naming it: lcft's
+    reading of its vocabulary and split alone would have taken it."""
+    from lcft.errors import LcftError
+    from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text
+
+    data = json.loads(load_tokenizer("kmer:3").json_text)
+    data["pre_tokenizer"]["behavior"] = "Bogus"
+    with pytest.raises(LcftError, match=r"^tokenizer kept: the tokenizers library failed on its file \(unknown variant"):
+        tokenizer_from_json_text(json.dumps(data), "kept")
