@@ -27,6 +27,9 @@ from lcft.shapes import MAX_BATCH
 from lcft.torch_zip import stored_records
 
 SHA256 = re.compile(r"[0-9a-f]{64}")  # a hexdigest() as the data's manifest records it
+# the most a loss in the spike guard's history can be: the objective is summed in float32 (cross-entropy, z-loss and
+# router loss, none negative); the guard squares each loss's distance from their mean, which past this overflows
+MAX_GUARD_LOSS = float(torch.finfo(torch.float32).max)
 MT_WORDS = 624  # words of a Mersenne Twister state (python's state adds its position to them)
 
 
@@ -160,8 +163,8 @@ def _data_problem(data: Any) -> str | None:
 def _inconsistent(state: TrainerState, ckpt: Path) -> str | None:
     """What no run writes (the counts and numbers already of their types): a negative count, updates and skips
     that do not add up to the steps, more samples than steps of the largest batch, a step other than the one
-    the checkpoint folder is named after, a non-finite or negative elapsed time, a non-finite guard loss (only
-    applied updates, whose losses are finite, enter the guard's history)."""
+    the checkpoint folder is named after, a non-finite or negative elapsed time, a guard loss that is not finite
+    (only applied updates, whose losses are finite, enter the guard's history), negative or past MAX_GUARD_LOSS."""
     counts = ("step", "samples_seen", "updates", "skipped", "consecutive_skips")
     if negative := [k for k in counts if getattr(state, k) < 0]:
         return f"{negative[0]} is negative"
@@ -176,6 +179,8 @@ def _inconsistent(state: TrainerState, ckpt: Path) -> str | None:
         return f"elapsed {state.elapsed!r} is not a number of seconds"
     if not all(map(math.isfinite, state.guard_history)):
         return "guard_history holds a non-finite loss"
+    if not all(0 <= v <= MAX_GUARD_LOSS for v in state.guard_history):
+        return f"guard_history holds a loss below 0 or above {MAX_GUARD_LOSS:.4g}"
     return None
 
 

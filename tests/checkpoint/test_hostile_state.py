@@ -260,7 +260,9 @@ def test_untouched_rng_state_restores_exactly(saved_run):
 
 # each: a state.json of plain numbers that no run writes; resumed, it would move the checkpoint itself and every
 # later one to superseded/ (a negative or smaller step), fail in numpy (negative samples), read other data than
-# the run (samples past any batch), or disarm the spike guard (a NaN in its history)
+# the run (samples past any batch), or disarm the spike guard (a NaN in its history, or negative losses, which no
+# objective has: a deviation of 1e30 let any loss pass) or stop it with an OverflowError (a loss of 1e200, whose
+# distance from the mean squared overflows)
 ABSURD = {
     "step-negative": {"step": -3, "updates": -3},
     "step-not-the-folder's": {"step": 1, "updates": 1},
@@ -271,6 +273,8 @@ ABSURD = {
     "elapsed-nan": {"elapsed": float("nan")},
     "elapsed-negative": {"elapsed": -5.0},
     "guard-nan": {"guard_history": [float("nan")] * 20},
+    "guard-negative": {"guard_history": [-1e30, 1e30] * 10},
+    "guard-overflow": {"guard_history": [1e200, 1.0] * 10},
 }
 
 
