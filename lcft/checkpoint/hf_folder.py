@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, config_file, read_meta_file, read_model_config
+from lcft.checkpoint.layout import (
+    MODEL_CONFIG,
+    MODEL_META,
+    MODEL_META_VERSION,
+    config_file,
+    read_meta_file,
+    read_model_config,
+)
 from lcft.errors import LcftError, reason, shown
 from lcft.files import atomic_write, expect_folder, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
@@ -24,8 +31,6 @@ from lcft.model.llama import Llama
 from lcft.model.weight_files import common_dtype
 from lcft.umask import respect_umask
 from lcft.vocab import tokenizer_spec
-
-LCFT_FORMAT_VERSION = 1
 
 
 def _write_folder(directory: Path, files: dict[str, Any]) -> None:
@@ -129,7 +134,7 @@ def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: 
     """Write a model folder from its config and {weight file name: tensor dict | function returning one |
     index bytes} (as lcft.model.hf_params.shards builds them): config.json, lcft.json (plus `meta`), the weights;
     atomically; then the files of `hf_tokenizer` (a model tokenizer: the one place they are saved)."""
-    extra = {"format_version": LCFT_FORMAT_VERSION, "attention": cfg.attention.to_dict(),
+    extra = {"format_version": MODEL_META_VERSION, "attention": cfg.attention.to_dict(),
              "tokenizer": tokenizer or tokenizer_spec(), **(meta or {})}
     files = {**weights, MODEL_CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
              MODEL_META: json.dumps(extra, indent=2).encode()}

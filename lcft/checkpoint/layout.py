@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, shown
 from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, read_json
 from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
@@ -35,6 +35,7 @@ CHECKSUMS = "checksums.json"
 SUPERSEDED = "superseded"
 MODEL_CONFIG = "config.json"  # a model folder's HF config
 MODEL_META = "lcft.json"  # lcft's own part of a model folder: attention settings, tokenizer spec, "weights", "export"
+MODEL_META_VERSION = 1  # lcft.json's "format_version": a folder of another is refused, one without it read as this
 EXPORT_WORK = ".export.tmp"  # in an export's --out while `lcft export` builds the model folder (lcft.checkpoint.export)
 
 
@@ -319,8 +320,13 @@ def read_model_config(ckpt: Path) -> dict[str, Any]:
 def read_meta_file(ckpt: Path) -> dict[str, Any]:
     """lcft.json of a model folder as written, a small file (MAX_MODEL_JSON_BYTES): its attention block, tokenizer
     spec (a list of tokens only for lcft's char vocabulary: 9) and "weights" are a few KB, an export's record of
-    its files ~150 bytes a file."""
-    return read_json(ckpt / MODEL_META, limit=MAX_MODEL_JSON_BYTES)
+    its files ~150 bytes a file. One of another format_version (a newer lcft's) is refused: its fields may mean
+    something else."""
+    meta = read_json(ckpt / MODEL_META, limit=MAX_MODEL_JSON_BYTES)
+    if meta.get("format_version", MODEL_META_VERSION) != MODEL_META_VERSION:
+        raise LcftError(f"{ckpt / MODEL_META}: format_version {shown(meta['format_version'])}, this lcft reads "
+                        f"{MODEL_META_VERSION}")
+    return meta
 
 
 def read_model_meta(ckpt: Path) -> dict[str, Any]:

@@ -39,6 +39,15 @@ def test_checkpoint_with_another_tokenizer(data_dir, ckpt_a, tmp_path):
     assert "start from a model" not in str(e.value)
 
 
+def test_a_checkpoint_of_another_lcft_json_format_is_refused(data_dir, ckpt_a, tmp_path):
+    """lcft.json of a format this lcft does not read (a newer lcft's): its fields may mean something else."""
+    other = shutil.copytree(ckpt_a, tmp_path / "newer")
+    meta = json.loads((other / "lcft.json").read_text())
+    assert meta["format_version"] == 1  # what this lcft writes
+    (other / "lcft.json").write_text(json.dumps({**meta, "format_version": 2}))
+    _fails(tmp_path, r"lcft.json: format_version 2, this lcft reads 1", data_dir, other)
+
+
 def test_transformers_folder_with_another_vocab_size(data_dir, tmp_path):
     ck = save_model(tmp_path / "v32", seed=0, vocab_size=32)
     (ck / "lcft.json").unlink()  # as transformers writes it: only config.json knows the vocabulary
