@@ -89,18 +89,21 @@ def _panic_report_held() -> Iterator[None]:
                 held.close()
 
 
-def guarded(call: Callable[[], Any], source: str, text: str = "this sequence", *, hold: bool = True) -> Any:
+def guarded(call: Callable[[], Any], source: str, text: str = "this sequence", *, hold: bool = True,
+            refusal: str | None = None) -> Any:
     """Run a `tokenizers` call; its errors (a bare Exception with the library's message, such as an unknown token
-    its vocabulary lacks) and its Rust panics become one line. With `hold` (a short call where a file meets the
-    library first) a panic's report is kept off stderr (`_panic_report_held`); a long one (encoding bases a
-    tokenizer already passed) writes to stderr as it goes: another thread's progress bar, a crash report."""
+    its vocabulary lacks) and its Rust panics become one line (`refusal`, else that the library failed on `text`,
+    then the library's message). With `hold` (a short call where a file meets the library first) a panic's report
+    is kept off stderr (`_panic_report_held`); a long one (encoding bases a tokenizer already passed) writes to
+    stderr as it goes: another thread's progress bar, a crash report."""
     try:
         with _panic_report_held() if hold else nullcontext():
             return call()
     except BaseException as e:
         if not _is_panic(e) and type(e) is not Exception:
             raise
-        raise LcftError(f"tokenizer {source}: the tokenizers library failed on {text} ({reason(e, 200)})") from None
+        line = refusal or f"tokenizer {source}: the tokenizers library failed on {text}"
+        raise LcftError(f"{line} ({reason(e, 200)})") from None
 
 
 def word_marks(data: dict[str, Any], source: str) -> str:
@@ -318,10 +321,9 @@ def _parse(text: str, source: str, data: dict[str, Any]) -> Any:
     probe_tokenizer(data, text, source)
     from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
 
-    try:
-        tk = Tokenizer.from_str(text)
-    except Exception as e:  # tokenizers raises a bare Exception with serde's message
-        raise LcftError(f"{source} is not a tokenizers tokenizer.json ({reason(e, 200)})") from None
+    # a bare Exception with serde's message, or a Rust panic building the model (a BPE whose merges lack its
+    # continuing_subword_prefix): one line either way
+    tk = guarded(lambda: Tokenizer.from_str(text), source, refusal=f"{source} is not a tokenizers tokenizer.json")
     canonical = tk.to_str()
     # as the library read it: a normalizer written without its type (which it reads by its fields) named here
     check_normalizer(json.loads(canonical).get("normalizer"), source)

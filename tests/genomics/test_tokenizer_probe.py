@@ -130,6 +130,23 @@ def test_a_file_the_library_does_not_read_is_told_why(tmp_path):
     assert "\n" not in str(e.value) and "probe" not in str(e.value)
 
 
+def test_a_file_the_library_panics_on_is_one_line(tmp_path, capfd):
+    """A BPE whose merges lack its continuing_subword_prefix: the library panics building the model (a Rust panic,
+    a BaseException; shown with `tokenizers` itself first); lcft's one line, and no panic report on stderr."""
+    tk = Tokenizer(models.BPE(vocab={"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5, "AC": 6}, merges=[("A", "C")],
+                              unk_token="<unk>"))
+    data = json.loads(tk.to_str())
+    data["model"]["continuing_subword_prefix"] = "##"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(BaseException, match="slice index") as raw:
+        Tokenizer.from_str(json.dumps(data))
+    assert not isinstance(raw.value, Exception)
+    capfd.readouterr()
+    with pytest.raises(LcftError, match=r"is not a tokenizers tokenizer.json \(slice index") as e:
+        load_tokenizer(str(tmp_path))
+    assert "\n" not in str(e.value) and "panicked" not in capfd.readouterr().err
+
+
 def test_regex_replaces_of_one_letter_each_are_not_counted_as_matching_nothing(tmp_path):
     """Seven Replaces of a character class by N write one character a base, whatever the bases (the library's
     own answer below); a regex that may match nothing (here before every character) is counted as such."""
