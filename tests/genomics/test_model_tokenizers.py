@@ -303,6 +303,24 @@ def test_a_missing_unknown_token_is_one_line(kind, tmp_path):
         tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))
 
 
+def test_a_dropped_letter_is_named_not_its_neighbour(tmp_path):
+    """A BPE without an unknown token (as `tokenizers` writes one trained without it) drops R, a letter it has no
+    token for; the library's offsets then shift onto the N after it (the oracle below), yet the refusal names R
+    and not N, which has a token."""
+    from lcft.errors import LcftError
+
+    tk = Tokenizer(models.BPE(vocab={b: i for i, b in enumerate("ACGTN")}, merges=[]))
+    (tmp_path / "tok").mkdir()
+    tk.save(str(tmp_path / "tok" / "tokenizer.json"))
+    assert tk.encode("R").ids == [] and tk.encode("N").ids == [4]
+    assert tk.encode("NRN").offsets == [(0, 1), (1, 2)]  # as if R were covered and the second N dropped
+    (tmp_path / "r.fa").write_text(">r\n" + "ACGT" * 8 + "NRN" + "ACGT" * 8 + "\n")
+    with pytest.raises(LcftError, match=r"drops letter R \(no token for it") as e:
+        prepare_windows(fasta=str(tmp_path / "r.fa"), out=str(tmp_path / "out"), length=8, train=("r",), eval=(),
+                        max_n_frac=1.0, max_oov_frac=1.0, tokenizer=str(tmp_path / "tok"))
+    assert "N" not in str(e.value).split("drops letter ")[1].split(" (")[0]
+
+
 def test_a_word_start_mark_that_is_a_letter_is_refused_in_one_line(tmp_path):
     """A Metaspace writing a letter before each word: which letters of a token are bases cannot be told, so the
     tokenizer is refused in one line naming the mark."""
