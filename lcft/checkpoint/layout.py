@@ -351,8 +351,11 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any], next_step: str =
     """A model folder must read the data's vocabulary (a mismatch names `next_step`, `{ckpt}` and `{tokenizer}` filled
     in): the tokenizer it records (ours do, in lcft.json; a
     published model by its own tokenizer.json, when the data was cut with a model tokenizer) gives the same ids
-    (same content hash, lcft.genomics.hf_tokenizer.same_tokenizer), and config.json's vocab_size equals the
-    data's (both checked: a spec alone would let a resized embedding through)."""
+    (same content hash, lcft.genomics.hf_tokenizer.same_tokenizer), and config.json's vocab_size holds the
+    data's ids (both checked: a spec alone would let a shrunk embedding through). A larger vocab_size beside a
+    matching tokenizer is a padded embedding, as published models round theirs up (to a multiple of 64, say):
+    its extra rows are never a label but stay in the softmax, as in transformers. Without a tokenizer to compare
+    (char data, a folder transformers wrote) the size is the only evidence and must be equal."""
     from lcft.genomics.hf_tokenizer import describe, folder_tokenizer_spec, same_tokenizer, spec_difference
 
     spec = read_model_meta(ckpt).get("tokenizer")
@@ -367,7 +370,8 @@ def check_tokenizer(ckpt: Path, data_tokenizer: dict[str, Any], next_step: str =
                         f"({describe(spec)} vs {describe(data_tokenizer)}: {spec_difference(spec, data_tokenizer)}); "
                         + next_step.format(ckpt=ckpt, tokenizer="char" if spec.get("name") == CHAR_NAME else ckpt))
     vocab, want = read_model_config(ckpt).get("vocab_size"), data_tokenizer.get("vocab_size")
-    if vocab != want:
+    padded = spec is not None and isinstance(vocab, int) and isinstance(want, int) and vocab > want
+    if vocab != want and not padded:
         why = "the data's vocabulary is larger than the model's embedding" if (vocab or 0) < (want or 0) else \
             "a model of another vocabulary cannot read these windows"
         raise LcftError(f"{ckpt}: vocab_size {vocab} differs from the data tokenizer's {want} ({why})")

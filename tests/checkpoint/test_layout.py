@@ -72,16 +72,20 @@ def test_resume_lookup(tmp_path):
         resolve_resume(str(model_folder(tmp_path / "hf")), run)  # no trainer state to resume
 
 
-def test_tokenizer_check_needs_equal_spec_and_equal_vocab_size(tmp_path):
+def test_tokenizer_check_needs_equal_spec_and_a_vocab_size_holding_the_data(tmp_path):
     data = tokenizer_spec()
     check_tokenizer(model_folder(tmp_path / "ours", tokenizer=data), data)
     check_tokenizer(model_folder(tmp_path / "hf"), data)  # no lcft.json: config.json's vocab_size decides
     other = {**data, "name": "dna-kmer3", "vocab_size": 80}
     with pytest.raises(LcftError, match="different tokenizer"):
         check_tokenizer(model_folder(tmp_path / "kmer", vocab_size=80, tokenizer=other), data)
-    # the recorded spec matches but the embedding was resized: still not readable with these windows
-    with pytest.raises(LcftError, match=f"vocab_size 32 differs from the data tokenizer's {data['vocab_size']}"):
-        check_tokenizer(model_folder(tmp_path / "resized", vocab_size=32, tokenizer=data), data)
+    # the recorded spec matches and the embedding has more rows: a padded one, as published models round theirs up
+    check_tokenizer(model_folder(tmp_path / "padded", vocab_size=32, tokenizer=data), data)
+    # the recorded spec matches but the embedding was shrunk: the data's ids past its rows cannot be read
+    with pytest.raises(LcftError, match=f"vocab_size 8 differs from the data tokenizer's {data['vocab_size']} "
+                                        r"\(the data's vocabulary is larger"):
+        check_tokenizer(model_folder(tmp_path / "shrunk", vocab_size=8, tokenizer=data), data)
+    # no tokenizer recorded: the size is all there is to compare, and another one may be another vocabulary
     with pytest.raises(LcftError, match="vocab_size 32"):
         check_tokenizer(model_folder(tmp_path / "hf32", vocab_size=32), data)
     (tmp_path / "ours" / "lcft.json").write_text("{cut")

@@ -71,11 +71,16 @@ def test_init_missing_weights(tmp_path, base_cfg, init_dir):
     _fails(tmp_path, base_cfg, "checkpoint not found", init=str(tmp_path / "nope"))
 
 
-def test_init_with_another_vocabulary(tmp_path, base_cfg):
-    other = tmp_path / "vocab32"
-    save_pretrained(Llama(small_model_config(vocab_size=32)), other)
-    out = _fails(tmp_path, base_cfg, "vocab_size 32 differs from the data tokenizer's 16", init=str(other))
+def test_init_with_a_smaller_vocabulary(tmp_path, base_cfg):
+    """An embedding of fewer rows than the data's ids is refused; one of more rows recording the data's tokenizer
+    (lcft.json: char) is a padded one and trains."""
+    other = tmp_path / "vocab8"
+    save_pretrained(Llama(small_model_config(vocab_size=8)), other)
+    out = _fails(tmp_path, base_cfg, "vocab_size 8 differs from the data tokenizer's 16", init=str(other))
     assert not out.exists()
+    save_pretrained(Llama(small_model_config(vocab_size=32)), tmp_path / "vocab32")
+    s = train(TrainConfig(out=str(tmp_path / "padded"), **{**base_cfg, "init": str(tmp_path / "vocab32"), "steps": 1}))
+    assert s["step"] == 1
 
 
 def test_resume_without_checkpoint(tmp_path, base_cfg):

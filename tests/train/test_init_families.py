@@ -45,3 +45,51 @@ def test_train_from_a_transformers_folder_then_export(tmp_path, base_cfg, family
     ids = torch.randint(4, 9, (1, 64))
     with torch.no_grad():
         assert (back(ids).logits - ours(ids)).abs().max().item() < 1e-4
+
+
+def test_a_padded_vocabulary_trains_evaluates_and_exports_as_transformers_reads_it(tmp_path, base_cfg):
+    """A published model whose embedding is padded past its tokenizer (METAGENE-1's 1,024 tokens, vocab_size 1088:
+    models round theirs up to a multiple of 64) was refused ('vocab_size 1088 differs from the data tokenizer's
+    1024'). It trains, resumes, evaluates and exports; the padded rows stay in the softmax, as in transformers."""
+    import shutil
+
+    import numpy as np
+
+    from lcft.evaluate import EvalConfig, evaluate
+    from lcft.genomics import open_windows, prepare_windows, sample_fasta
+    from tests.conftest import SHARED_PUBLISHED
+
+    if not (SHARED_PUBLISHED / "metagene-1").is_dir():
+        pytest.skip(f"published model files not found at {SHARED_PUBLISHED}")
+    hf, data = tmp_path / "hf", str(tmp_path / "data")
+    shutil.copytree(SHARED_PUBLISHED / "metagene-1", hf)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**SHAPE, "vocab_size": 1088})).save_pretrained(hf)
+    prepare_windows(fasta=str(sample_fasta()), out=data, length=512, train=("chr2",), eval=("chr22",),
+                    tokenizer=str(hf))
+    run = {**base_cfg, "data": data, "init": str(hf), "steps": 3, "stop_after": 2}
+    train(TrainConfig(out=str(tmp_path / "run"), **run))
+    s = train(TrainConfig(out=str(tmp_path / "run"), **{**run, "stop_after": None}, resume="auto"))
+    assert s["step"] == 3
+
+    rep = evaluate(EvalConfig(data=data, checkpoints=(str(hf), s["checkpoint"]), max_windows=2,
+                              out=str(tmp_path / "eval")))
+    published = transformers.LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    windows = open_windows(data, "eval")
+    nats = count = 0.0
+    for i in range(2):  # transformers' cross-entropy over all 1088 rows, at the tokens eval counts
+        ids = torch.from_numpy(np.asarray(windows[i]).astype(np.int64))[None]  # (1, L)
+        with torch.no_grad():
+            logits = published(ids).logits[0, :-1].double()  # (L-1, 1088)
+        keep = torch.as_tensor(np.asarray(windows.counted))[ids[0, 1:]]  # (L-1,)
+        nats += torch.nn.functional.cross_entropy(logits[keep], ids[0, 1:][keep], reduction="sum").item()
+        count += int(keep.sum())
+    assert rep["checkpoints"][0]["loss"] == pytest.approx(nats / count, rel=1e-5)
+
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["vocab_size"] == 1088
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    ids = torch.from_numpy(np.asarray(windows[0]).astype(np.int64))[None]  # (1, L)
+    with torch.no_grad():
+        assert (back(ids).logits - from_pretrained(s["checkpoint"]).eval()(ids)).abs().max().item() < 1e-4
