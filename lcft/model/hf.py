@@ -23,7 +23,9 @@ from lcft.model.hf_families import (
     BY_TYPE,
     COMMON,
     FAMILIES,
+    FIXED_SPELLINGS,
     METADATA,
+    NOT_NULL,
     QWEN_WINDOW_KEYS,
     REQUIRED,
     ROPE_KEYS,
@@ -174,8 +176,10 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[s
 
 def _unsupported(d: dict[str, Any], fam: Family) -> tuple[list[str], dict[str, Any]]:
     """(every field lcft cannot honour, the rope and window fields read where they can be)."""
-    problems = [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
-                if d.get(k) is not None and d[k] != want]
+    problems = [f"{k}=null (transformers builds no model of it)" for k in NOT_NULL
+                if k in fam.fixed and k in d and d[k] is None]
+    problems += [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
+                 if d.get(k) is not None and d[k] not in (want, *FIXED_SPELLINGS.get(k, ()))]
     quant = d.get("quantization_config")
     if quant:  # transformers too reads an empty or null one as none; carried, it would describe float weights
         method = quant.get("quant_method") if isinstance(quant, dict) else quant

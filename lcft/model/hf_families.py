@@ -23,6 +23,12 @@ METADATA = frozenset({"architectures", "model_type", "transformers_version", "_n
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
              "original_max_position_embeddings")  # the last: read into a llama3 / yarn table, as transformers does
 QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+# Other config.json spellings of a fixed value that transformers reads as that value: its ACT2FN maps "swish" to
+# nn.SiLU as it maps "silu" to SiLUActivation, both torch's silu.
+FIXED_SPELLINGS: dict[str, tuple[Any, ...]] = {"hidden_act": ("swish",)}
+# Fixed keys that transformers builds no model of when null (its config refuses hidden_act null: no activation);
+# null for the others reads as its default.
+NOT_NULL = ("hidden_act",)
 # config.json keys read as true or false (where the family reads them): each must be a JSON boolean.
 BOOL_KEYS = ("tie_word_embeddings", "use_cache", "attention_bias", "output_router_logits", "use_sliding_window",
              "mlp_bias")

@@ -34,7 +34,7 @@ ROPES = [None, {"rope_type": "default"}, {"rope_type": "linear", "factor": 2.0},
 OPTIONS = {  # hidden 64 over 4 heads: head_dim 16 unless given (24: neither that nor a power of two); values
     # lcft refuses (an activation other than SiLU, attention dropout) drawn less often, so that most reach logits
     "num_key_value_heads": [None, 1, 2, 4], "head_dim": [None, 8, 16, 24, 32],
-    "hidden_act": ["silu", "silu", "silu", "gelu", "gelu_pytorch_tanh"], "rms_norm_eps": [1e-6, 1e-5, 0.1],
+    "hidden_act": ["silu", "silu", "swish", "gelu", "gelu_pytorch_tanh"], "rms_norm_eps": [1e-6, 1e-5, 0.1],
     "tie_word_embeddings": [True, False], "attention_bias": [True, False], "mlp_bias": [True, False],
     "rope_theta": [100.0, 10000.0, 500000.0], "rope_scaling": ROPES, "sliding_window": [None, 8, 4096],
     "use_sliding_window": [True, False], "max_window_layers": [0, 1, 2], "num_local_experts": [2, 4],

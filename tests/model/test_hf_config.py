@@ -157,3 +157,28 @@ def test_a_quantized_config_is_refused_naming_its_method(quant, method):
     assert "\n" not in str(e.value) and f"quantization_config (quant_method {method}" in str(e.value)
     for none in (None, {}):  # transformers reads these as no quantization: so does lcft, and carries them as they are
         assert config_from_hf({**d, "quantization_config": none}).carried["quantization_config"] == none
+
+
+@pytest.mark.parametrize("family", list(CLASSES))
+def test_hidden_act_is_read_as_transformers_builds_it(tmp_path, family):
+    """transformers' ACT2FN maps "swish" to SiLU as it maps "silu" (lcft refused "swish"); a null hidden_act builds
+    no model there (lcft read it as silu): refused in one line naming it."""
+    import torch
+
+    from lcft.checkpoint.hf_folder import from_pretrained
+
+    shape = dict(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1)
+    cls = getattr(transformers, CLASSES[family])
+    torch.manual_seed(0)
+    theirs = getattr(transformers, cls.__name__.replace("Config", "ForCausalLM"))(cls(**shape, hidden_act="swish"))
+    theirs.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["hidden_act"] == "swish"
+    ids = torch.randint(0, 16, (1, 12))
+    with torch.no_grad():
+        assert torch.allclose(from_pretrained(tmp_path).eval()(ids), theirs.eval()(ids).logits, atol=1e-5)
+    d = {"model_type": family, **shape, "hidden_act": None}
+    with pytest.raises(Exception):  # noqa: B017 (the oracle: transformers' own refusal, whatever its class)
+        cls(**d)
+    with pytest.raises(LcftError, match=r"cannot honour hidden_act=null \(transformers builds no model of it\)$"):
+        config_from_hf(d)
