@@ -134,7 +134,9 @@ def _window_from_hf(d: dict[str, Any], fam: Family) -> int | None:
         return d.get("sliding_window", fam.defaults.get("sliding_window"))
     if fam.window != "qwen":
         return None
-    n, w = d.get("num_hidden_layers", fam.defaults["num_hidden_layers"]), d.get("sliding_window")
+    n = d.get("num_hidden_layers", fam.defaults["num_hidden_layers"])
+    # transformers' Qwen2/Qwen3 config: sliding_window (default 4096) is null unless use_sliding_window (default off)
+    w = d.get("sliding_window", fam.defaults["sliding_window"]) if d.get("use_sliding_window", False) else None
     if d.get("layer_types") is not None:
         types = d["layer_types"]
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
@@ -142,8 +144,11 @@ def _window_from_hf(d: dict[str, Any], fam: Family) -> int | None:
         kinds = set(types)
         if len(types) != n or not kinds <= {"full_attention", "sliding_attention"} or len(kinds) > 1:
             raise LcftError(f"layer_types {sorted(kinds)} (lcft applies one attention kind to every layer)")
+        if kinds == {"sliding_attention"} and w is None:  # transformers builds it, then fails at its first forward
+            raise LcftError("layer_types 'sliding_attention' without a window (use_sliding_window false or "
+                            "sliding_window null: transformers reads no window and cannot run it)")
         return w if kinds == {"sliding_attention"} else None
-    if not d.get("use_sliding_window", False) or w is None:
+    if w is None:
         return None
     first = d.get("max_window_layers", 28)  # transformers: layers >= max_window_layers slide
     if isinstance(first, bool) or not isinstance(first, int):

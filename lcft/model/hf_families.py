@@ -65,7 +65,7 @@ _SHAPE = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 3
 _MISTRAL = {**_SHAPE, "vocab_size": 32000, "intermediate_size": 14336, "num_key_value_heads": 8,
             "max_position_embeddings": 131072}
 _QWEN = {**_SHAPE, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
-         "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None}
+         "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "sliding_window": 4096}
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (
     Family("llama", "LlamaForCausalLM", fixed={**_BASE_FIXED, "mlp_bias": False, "pretraining_tp": 1},

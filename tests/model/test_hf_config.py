@@ -182,3 +182,34 @@ def test_hidden_act_is_read_as_transformers_builds_it(tmp_path, family):
         cls(**d)
     with pytest.raises(LcftError, match=r"cannot honour hidden_act=null \(transformers builds no model of it\)$"):
         config_from_hf(d)
+
+
+SLIDING = ["sliding_attention"] * 2
+QWEN_WINDOWS = {  # (use_sliding_window, sliding_window, layer_types); None = the key left out
+    "off-sliding-types": (False, 8, SLIDING),
+    "unset-sliding-types": (None, 8, SLIDING),
+    "on-null-window-sliding-types": (True, "null", SLIDING),
+    "on-sliding-types": (True, 8, SLIDING),
+    "on-default-window": (True, None, None),
+    "off-window": (False, 8, None),
+}
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("case", list(QWEN_WINDOWS))
+def test_qwen_window_is_read_as_transformers_reads_it(family, case):
+    """transformers' Qwen2/Qwen3 config takes sliding_window (default 4096) only with use_sliding_window (default
+    off): lcft applied sliding_window 8 beside use_sliding_window false and layer_types all sliding (transformers
+    reads no window there and fails at the first forward: refused), and no window for use_sliding_window true
+    without a sliding_window key (transformers: 4096)."""
+    use, window, types = QWEN_WINDOWS[case]
+    d = {"model_type": family, "vocab_size": 16, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "max_window_layers": 0}
+    given = {"use_sliding_window": use, "sliding_window": None if window == "null" else window, "layer_types": types}
+    d.update({k: v for k, v in given.items() if v is not None or (k == "sliding_window" and window == "null")})
+    theirs = getattr(transformers, CLASSES[family])(**{k: v for k, v in d.items() if k != "model_type"})
+    if theirs.sliding_window is None and "sliding_attention" in theirs.layer_types:
+        with pytest.raises(LcftError, match=r"layer_types 'sliding_attention' without a window"):
+            config_from_hf(d)
+    else:
+        assert config_from_hf(d).sliding_window == theirs.sliding_window
