@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,23 +21,30 @@ import lcft.evaluate.losses as losses
 from lcft.errors import RESUME, LcftError
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.store import DIGEST_BYTES, INDEX_BYTES, PARTIAL, LossStore
+from tests.cli.preloaded import Preloaded, preloaded  # noqa: F401  (a fixture, by name)
 from tests.one_line import one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The eval of argv[1] (a JSON EvalConfig) killed with SIGKILL inside the forward pass of call argv[2].
+# The eval of argv[1] (a JSON EvalConfig; "cli": the command line `lcft eval ARGV[4:]`) sending itself signal argv[3]
+# inside its forward pass of call argv[2]: SIGKILL ends it there; SIGSTOP stops it there, and a signal sent to it
+# then (with SIGCONT) lands inside that batch, however fast the machine or the eval is.
 KILLER = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, runpy, signal, sys
     import lcft.evaluate.losses as L
     from lcft.evaluate import EvalConfig, evaluate
-    stop, seen, real = int(sys.argv[2]), [0], L.token_losses
+    stop, sig, seen, real = int(sys.argv[2]), int(sys.argv[3]), [0], L.token_losses
     def hook(*a, **kw):
         seen[0] += 1
         if seen[0] == stop:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
         return real(*a, **kw)
     L.token_losses = hook
-    evaluate(EvalConfig(**json.loads(sys.argv[1])))
+    if sys.argv[1] != "cli":
+        evaluate(EvalConfig(**json.loads(sys.argv[1])))
+    else:
+        sys.argv = ["lcft", "eval", *sys.argv[4:]]
+        runpy.run_module("lcft", run_name="__main__")
 """)
 
 
@@ -47,11 +53,13 @@ def _cfg(data_dir, out, *ckpts, **kw) -> dict:
                 bootstrap=50, **kw)
 
 
-def _killed(cfg: dict, at_call: int, before: str = "") -> None:
+def _killed(cfg: dict, at_call: int, before: str = "", server: Preloaded | None = None) -> None:
+    """KILLER run with SIGKILL (forked from `server`, its imports done once, or as a process of its own)."""
+    argv = ["-c", before + KILLER, json.dumps(cfg), str(at_call), str(signal.SIGKILL.value)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", before + KILLER, json.dumps(cfg), str(at_call)], env=env,
-                       capture_output=True)
-    assert r.returncode == -signal.SIGKILL, r.stderr.decode()[-2000:]
+    r = server.run(argv, env) if server else subprocess.run([sys.executable, *argv], env=env, capture_output=True,
+                                                              text=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +71,11 @@ def model_link(tmp_path_factory, ckpt_a) -> Path:
 
 
 @pytest.fixture(scope="module")
-def killed_a(data_dir, model_link) -> dict:
+def killed_a(data_dir, model_link, preloaded) -> dict:  # noqa: F811
     """The options of an eval of model a (through `model_link`) over 6 windows killed in its sixth forward pass
     (windows 0-4 kept in its output folder). Tests resume copies of that folder (`_copy_killed`), never it."""
     cfg = _cfg(data_dir, model_link.parent / "killed", model_link)
-    _killed(cfg, 6)
+    _killed(cfg, 6, server=preloaded)
     return cfg
 
 
@@ -113,12 +121,12 @@ def _same_report(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_killed_eval_resumes_to_the_uninterrupted_report(data_dir, ckpt_a, ckpt_b, tmp_path, monkeypatch,
-                                                         batch_size):
+                                                         preloaded, batch_size):  # noqa: F811
     """Killed in a forward pass of the second checkpoint: the first checkpoint's windows and the second's first
     ones are read back, the rest computed; the report equals an uninterrupted run's, bit for bit."""
     cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a, ckpt_b, batch_size=batch_size)
     k = 4 // batch_size  # the second checkpoint's batch the kill falls in
-    _killed(cfg, 6 // batch_size + k)
+    _killed(cfg, 6 // batch_size + k, server=preloaded)
     assert len(list((tmp_path / "killed" / PARTIAL).glob("*.losses"))) == 2
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**cfg))
@@ -128,11 +136,11 @@ def test_killed_eval_resumes_to_the_uninterrupted_report(data_dir, ckpt_a, ckpt_
     _same_report(tmp_path / "killed", tmp_path / "clean")
 
 
-def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch):
+def test_killed_copy_probe_resumes(data_dir, ckpt_a, tmp_path, monkeypatch, preloaded):  # noqa: F811
     """Killed inside the copy probe: the windows and the planted windows already run are read back."""
     cfg = _cfg(data_dir, tmp_path / "killed", ckpt_a, probe="copy", probe_segment=256, probe_distances=[256, 1024],
                probe_windows=2)
-    _killed(cfg, 6 + 5)  # the probe's fifth of 2 windows x 2 distances x 3 variants
+    _killed(cfg, 6 + 5, server=preloaded)  # the probe's fifth of 2 windows x 2 distances x 3 variants
     calls = _counting(monkeypatch)
     evaluate(EvalConfig(**cfg))
     assert len(calls) == 12 - 4
@@ -341,50 +349,3 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(data_dir, model_link, cle
     evaluate(EvalConfig(**cfg))
     assert calls == []
     _same_report(tmp_path / "out", clean_a)
-
-
-def _start_cli(data_dir, ckpt, out: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "lcft", "eval", "--data", str(data_dir), "-c", str(ckpt), "--out", str(out),
-           "--max-windows", "200", "--bootstrap", "50", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
-
-
-def _wait_for_kept(proc: subprocess.Popen, out: Path, windows: int, length: int) -> None:
-    """Until the output folder keeps `windows` windows' losses (a process that ends first fails the test)."""
-    deadline = time.monotonic() + 240
-    while sum(p.stat().st_size for p in (out / PARTIAL).glob("*.losses")) < windows * length * 4:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def clean_200(tmp_path_factory, data_dir, ckpt_a) -> Path:
-    """The output folder of an uninterrupted eval of model a over the 200 windows `_start_cli` asks for."""
-    out = tmp_path_factory.mktemp("clean-200") / "clean"
-    evaluate(EvalConfig(**_cfg(data_dir, out, ckpt_a) | {"max_windows": 200}))
-    return out
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_after_the_batch_with_128_plus_n(data_dir, ckpt_a, clean_200, tmp_path, monkeypatch, sig):
-    """SIGTERM (a scheduler) or SIGINT (Ctrl-C) to `lcft eval`: the batch under way is finished and kept, the
-    command says so and exits 128 + N, no report; run again, it resumes and ends with the uninterrupted report."""
-    out = tmp_path / "stopped"
-    proc = _start_cli(data_dir, ckpt_a, out, "--quiet")
-    _wait_for_kept(proc, out, 3, 2048)
-    proc.send_signal(sig)
-    stdout, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sig, err[-3000:]
-    assert f"stopped by {sig.name}: the losses computed so far are kept in {out / PARTIAL}" in stdout
-    assert "Traceback" not in err and not (out / "eval.json").exists()
-    (kept,) = (out / PARTIAL).glob("*.losses")
-    record = 2048 * 4 + 2048 // 8 + 8 + 16  # losses, counted flags packed, index, digest
-    done, torn = divmod(kept.stat().st_size, record)
-    assert torn == 0 and 3 <= done < 200  # whole records only
-    calls = _counting(monkeypatch)
-    cfg = _cfg(data_dir, out, ckpt_a) | {"max_windows": 200}
-    evaluate(EvalConfig(**cfg))
-    assert len(calls) == 200 - done
-    _same_report(out, clean_200)

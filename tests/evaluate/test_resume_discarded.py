@@ -10,6 +10,7 @@ import pytest
 
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.store import PARTIAL, LossStore
+from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture killed_a needs, by name)
 from tests.evaluate.test_resume import _copy_killed, _counting, _repoint, killed_a, model_link  # noqa: F401
 
 NOT_READ = "kept pass of losses not read back"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,7 +15,8 @@ from lcft.evaluate.config import EvalConfig
 from lcft.evaluate.runner import evaluate
 from lcft.evaluate.store import PARTIAL
 from lcft.launch import run
-from tests.evaluate.test_resume import _counting, _killed, _start_cli, _wait_for_kept
+from tests.evaluate.test_resume import _counting, _killed
+from tests.evaluate.test_resume_signals import _start_cli
 from tests.train.launching import rank_process
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 6 launches of 2-4 torchrun processes: ~1.5 min
@@ -23,6 +27,15 @@ def _cfg(data, model, out, **changes) -> EvalConfig:
     return EvalConfig(data=str(data), checkpoints=(str(model), str(model)), labels=("full", "control"),
                       max_context=(0, 512), max_windows=3, out=str(out), probe="copy", probe_segment=128,
                       probe_distances=(256, 1024), probe_windows=1, **changes)
+
+
+def _wait_for_kept(proc: subprocess.Popen, out: Path, windows: int, length: int) -> None:
+    """Until the output folder keeps `windows` windows' losses (a process that ends first fails the test)."""
+    deadline = time.monotonic() + 240
+    while sum(p.stat().st_size for p in (out / PARTIAL).glob("*.losses")) < windows * length * 4:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
