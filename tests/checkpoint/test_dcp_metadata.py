@@ -9,6 +9,7 @@ whose torch.save zip holds a deflated record (refused before it is inflated)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import pickle
@@ -306,18 +307,11 @@ def test_export_estimate_of_sharded_weights_scales_from_their_metadata(ckpt):
     assert export_bytes(ckpt, torch.float32) == export_bytes(ckpt, None) == weights
 
 
-def _deflate_an_item(ckpt: Path) -> Path:
-    """The model's first stored item (torch.save's zip, one an item) rewritten into a shard file of its own with
-    its data.pkl deflated and followed by 512 MiB of zeros (the pickle ends before them: torch.load reads the
-    tensor as it was); the metadata points there and the checksums are re-hashed. The file holds ~0.5 MiB."""
-    d = ckpt / "dcp"
-    md = dcp.FileSystemReader(str(d)).read_metadata()
-    index = next(i for i in md.storage_data if i.fqn.startswith("model."))
-    info = md.storage_data[index]
-    with open(d / info.relative_path, "rb") as fh:
-        fh.seek(info.offset)
-        item = zipfile.ZipFile(io.BytesIO(fh.read(info.length)))
-    out = io.BytesIO()
+@functools.cache
+def _with_deflated_pickle(stored: bytes) -> bytes:
+    """The torch.save zip `stored` with its data.pkl deflated and followed by 512 MiB of zeros (deflated once per
+    item: seconds of zlib, and every test's checkpoint holds the same item)."""
+    item, out = zipfile.ZipFile(io.BytesIO(stored)), io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
         for record in item.infolist():
             if not record.filename.endswith("/data.pkl"):
@@ -329,9 +323,23 @@ def _deflate_an_item(ckpt: Path) -> Path:
                 w.write(item.read(record))
                 for _ in range(512):
                     w.write(bytes(1 << 20))
+    return out.getvalue()
+
+
+def _deflate_an_item(ckpt: Path) -> Path:
+    """The model's first stored item (torch.save's zip, one an item) rewritten into a shard file of its own with
+    its data.pkl deflated and followed by 512 MiB of zeros (the pickle ends before them: torch.load reads the
+    tensor as it was); the metadata points there and the checksums are re-hashed. The file holds ~0.5 MiB."""
+    d = ckpt / "dcp"
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    index = next(i for i in md.storage_data if i.fqn.startswith("model."))
+    info = md.storage_data[index]
+    with open(d / info.relative_path, "rb") as fh:
+        fh.seek(info.offset)
+        bomb = _with_deflated_pickle(fh.read(info.length))
     shard = d / "__9_0.distcp"
-    shard.write_bytes(out.getvalue())
-    md.storage_data[index] = _StorageInfo(shard.name, 0, len(out.getvalue()))
+    shard.write_bytes(bomb)
+    md.storage_data[index] = _StorageInfo(shard.name, 0, len(bomb))
     md.storage_meta = dataclasses.replace(md.storage_meta, checkpoint_id=None)
     (d / ".metadata").write_bytes(pickle.dumps(md))
     write_checksums(ckpt)
