@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import copy
 import json
-import string
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_write
 from lcft.genomics import tokenizer as char_vocab
-from lcft.genomics.manifest import is_char
-from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, guarded, load_tokenizer
-from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, UPPER, SeqTokenizer
+from lcft.genomics.library_calls import dna_probes, encoding_difference
+from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, load_tokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer, is_char
 from lcft.genomics.tokenizer_hash import (
     BOUNDARY_RULE,
     BOUNDARY_SPLIT,
@@ -33,7 +30,6 @@ from lcft.genomics.tokenizer_hash import (
     RUNS_SPLIT,
     WORD_MARK,
     char_normalizer,
-    is_letters,
     letters_normalized,
     marks_first,
     piece_mark,
@@ -75,35 +71,6 @@ def _export_json(data: dict[str, Any], edges: bool, source: str) -> str:
         data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": head + ([pre] if pre else [])}
     data["truncation"] = data["padding"] = None
     return json.dumps(data)
-
-
-def dna_probes(data: dict[str, Any]) -> list[str]:
-    """DNA an export is checked on: bases of both cases around N runs, every letter of both cases amid bases, and
-    each letter added token, in both cases, alone and amid bases and other letters."""
-    found = [t["content"] for t in data.get("added_tokens") or [] if is_letters(t.get("content"))]
-    return (["ACGTTGCAacgtNNNNnnACGTRYacgtKMnACGTTA", string.ascii_uppercase + string.ascii_lowercase + "ACGT"]
-            + [f"AC{c}GT{c.lower()}{c}{c}A" for c in string.ascii_uppercase]
-            + [p for c in found for p in (c, c.lower(), c.upper(), f"AC{c}GT{c.lower()}NN{c.upper()}RY{c}A")])
-
-
-def encoding_difference(tok: SeqTokenizer, text: str, probes: list[str], source: str = "export") -> str | None:
-    """How tokenizer.json `text` (named `source` where the library fails on it) encodes one of `probes` to other ids
-    than prepare does with `tok` (a probe prepare refuses, a letter it has no token for, is passed over); None
-    when it gives the same ids for all."""
-    from tokenizers import Tokenizer  # lazy: only model tokenizers need the library
-
-    tk = guarded(lambda: Tokenizer.from_str(text), source, "its file")
-    for probe in probes:
-        raw = np.frombuffer(probe.encode(), np.uint8)
-        try:
-            want = (char_vocab.encode(UPPER[raw]) if is_char(tok) else  # char: prepare's byte table
-                    tok.encode_chunk(UPPER[raw], tok.pieces(raw, 0))[0]).tolist()
-        except LcftError:
-            continue
-        got = guarded(lambda p=probe: tk.encode(p, add_special_tokens=False).ids, source, repr(probe))
-        if got != want:
-            return f"{probe!r} would encode to {got[:8]} where prepare gives {want[:8]}"
-    return None
 
 
 def hf_tokenizer_json(tok: SeqTokenizer) -> str:

@@ -6,14 +6,8 @@ import numpy as np
 
 from lcft import __version__
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.seq_tokenizer import SeqTokenizer
 from lcft.genomics.shards import FORMAT_VERSION, SPLITS
 from lcft.genomics.window_set import BASES_DTYPE
-
-
-def is_char(tok: SeqTokenizer) -> bool:
-    """lcft's own vocabulary: one token per base, written exactly as before model tokenizers existed."""
-    return not tok.json_text
 
 
 def build_manifest(fasta: FastaFile, options: dict, state: dict, writers: dict, ids_dtype: str) -> dict:

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import sys
-import tempfile
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lcft.errors import LcftError, did_you_mean, reason, shown
+from lcft.errors import LcftError, did_you_mean, shown
 from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
+from lcft.genomics.library_calls import dna_probes, encoding_difference, guarded
 from lcft.genomics.normalizer_growth import check_normalizer
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, WORD_MARKS, SeqTokenizer
 from lcft.genomics.tokenizer_hash import char_normalizer, upper_rules
@@ -42,68 +37,6 @@ from lcft.hub import local_path
 from lcft.vocab import MAX_K, kmer_spec
 
 VOCAB_FILE = "vocab.txt"
-
-
-_FD2 = threading.RLock()  # one call at a time moves descriptor 2 (a second would save the first's file as stderr)
-
-
-def _is_panic(e: BaseException) -> bool:
-    """Whether `e` is a Rust panic raised through `tokenizers`."""
-    return type(e).__name__ == "PanicException"  # pyo3's, derived from BaseException; its module is not importable
-
-
-@contextmanager
-def _panic_report_held() -> Iterator[None]:
-    """Descriptor 2 into a temporary file while a `tokenizers` call runs, written back to stderr after it unless
-    the call panicked: Rust's panic hook writes its report (location, backtrace under RUST_BACKTRACE) to descriptor 2
-    itself, where `guarded` shows the panic's message in one line. Anything else written meanwhile (another
-    thread's output, a warning) is shown, only later; what is written just before the process dies (a crash
-    report, Rust's failed allocation) is lost, so only short calls are held (`guarded`)."""
-    with _FD2:
-        try:
-            held = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, after descriptor 2 is back)
-        except OSError:  # nowhere to hold the report: the call writes to stderr as it is
-            held = None
-        saved, panicked = None, False
-        try:
-            if held is not None:
-                with suppress(OSError):  # no stderr to keep clean
-                    saved = os.dup(2)
-            if saved is not None:
-                if sys.stderr is not None:  # what Python holds for stderr goes out first, in order
-                    sys.stderr.flush()
-                os.dup2(held.fileno(), 2)  # inside the try: an interrupt just after it still puts stderr back
-            yield
-        except BaseException as e:
-            panicked = _is_panic(e)
-            raise
-        finally:
-            if saved is not None:
-                os.dup2(saved, 2)
-                os.close(saved)
-                if not panicked:  # back to descriptor 2, where it was written
-                    held.seek(0)
-                    with open(2, "wb", closefd=False) as err:
-                        err.write(held.read())
-            if held is not None:
-                held.close()
-
-
-def guarded(call: Callable[[], Any], source: str, text: str = "this sequence", *, hold: bool = True,
-            refusal: str | None = None) -> Any:
-    """Run a `tokenizers` call; its errors (a bare Exception with the library's message, such as an unknown token
-    its vocabulary lacks) and its Rust panics become one line (`refusal`, else that the library failed on `text`,
-    then the library's message). With `hold` (a short call where a file meets the library first) a panic's report
-    is kept off stderr (`_panic_report_held`); a long one (encoding bases a tokenizer already passed) writes to
-    stderr as it goes: another thread's progress bar, a crash report."""
-    try:
-        with _panic_report_held() if hold else nullcontext():
-            return call()
-    except BaseException as e:
-        if not _is_panic(e) and type(e) is not Exception:
-            raise
-        line = refusal or f"tokenizer {source}: the tokenizers library failed on {text}"
-        raise LcftError(f"{line} ({reason(e, 200)})") from None
 
 
 def word_marks(data: dict[str, Any], source: str) -> str:
@@ -365,8 +298,6 @@ def _as_the_file_encodes(tok: SeqTokenizer, text: str, data: dict[str, Any], sou
     seconds."""
     if text == tok.json_text:
         return tok
-    from lcft.genomics.hf_tokenizer import dna_probes, encoding_difference  # (it imports this module)
-
     plain = json.dumps({**data, "truncation": None, "padding": None})  # as lcft encodes: neither
     probes = list(dict.fromkeys(p.upper() for p in dna_probes(data)))
     if why := encoding_difference(tok, plain, probes, source):

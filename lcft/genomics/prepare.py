@@ -22,7 +22,7 @@ from lcft.foreign_entries import refuse_foreign
 from lcft.genomics.cut import check_oov, cut_char, cut_tokens
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.hf_tokenizer import prepare_tokenizer
-from lcft.genomics.manifest import build_manifest, is_char
+from lcft.genomics.manifest import build_manifest
 from lcft.genomics.prepare_config import PrepareConfig
 from lcft.genomics.prepare_folder import (
     PARTIAL,
@@ -35,7 +35,7 @@ from lcft.genomics.prepare_folder import (
     split_files,
 )
 from lcft.genomics.prepare_state import STATE, load_state
-from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer, is_char
 from lcft.genomics.shards import (
     FORMAT_VERSION,
     MANIFEST,

@@ -12,9 +12,8 @@ from typing import Any
 from lcft.disk import removed_or_said
 from lcft.errors import LcftError, shown
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.manifest import is_char
 from lcft.genomics.prepare_state import load_state
-from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer
+from lcft.genomics.seq_tokenizer import TOKENIZER_FILE, SeqTokenizer, is_char
 from lcft.genomics.shards import MANIFEST, SPLITS, SplitWriter, bin_name, read_manifest, softmask_name
 from lcft.genomics.window_set import basemask_name, bases_name
 from lcft.hashing import file_hash

@@ -109,7 +109,7 @@ class SeqTokenizer:
     def spec(self) -> dict[str, Any]:
         """What a manifest records: equal specs = same ids for the same bases (lcft's char vocabulary, which keeps
         no tokenizer.json: its fixed spec)."""
-        if not self.json_text:
+        if is_char(self):
             return char_spec()
         data = self.json_text.encode()
         return {"name": self.name, "vocab_size": self.vocab_size, "sha256": self.sha256(), "file": TOKENIZER_FILE,
@@ -154,3 +154,9 @@ class SeqTokenizer:
         """Token ids (n_tok,) int64 and bases per token (n_tok,) int64 of the pieces [bounds[j], bounds[j+1])
         of `upper` (upper-case bytes)."""
         raise NotImplementedError
+
+
+def is_char(tok: SeqTokenizer) -> bool:
+    """lcft's own vocabulary: one token per base, written exactly as before model tokenizers existed (it keeps no
+    tokenizer.json text)."""
+    return not tok.json_text

@@ -19,7 +19,8 @@ from tokenizers import Tokenizer
 
 from lcft.errors import LcftError
 from lcft.genomics.kmer_tokenizer import builtin_kmer_vocab
-from lcft.genomics.model_tokenizer import JsonTokenizer, guarded, tokenizer_from_json_text
+from lcft.genomics.library_calls import guarded
+from lcft.genomics.model_tokenizer import JsonTokenizer, tokenizer_from_json_text
 from lcft.genomics.tokenizer_probe import REPEAT_LENGTHS, REPEATS
 from tests.genomics.conftest import write_fasta
 
