@@ -143,12 +143,13 @@ class Peer:
 
     rank: int
     node: int | None
-    host: str
-    pid: int
+    host: str | None  # None (and pid None): it had not announced itself when it was read
+    pid: int | None
 
     def __str__(self) -> str:
         node = "" if self.node is None else f" on node {self.node}"
-        return f"rank {self.rank}{node} (host {self.host}, pid {self.pid})"
+        where = ", ".join(f"{k} {v}" for k, v in (("host", self.host), ("pid", self.pid)) if v is not None)
+        return f"rank {self.rank}{node}" + (f" ({where})" if where else "")
 
 
 class Heartbeat:
@@ -198,7 +199,7 @@ class Heartbeat:
     def _peer(self, rank: int) -> Peer:
         key = f"{self.prefix}/who/{rank}"
         if not self.store.check([key]):
-            return Peer(rank, None, "?", 0)
+            return Peer(rank, None, None, None)
         who = json.loads(self.store.get(key))
         return Peer(rank, who["node"], who["host"], who["pid"])
 
@@ -273,7 +274,7 @@ def diagnose(error: BaseException, resume: str) -> tuple[str, bool] | None:
     try:
         lost, alive, nodes = _within(lambda: (*(r := hb.lost()), hb.nodes_lost(*r)), DIAGNOSE_S)
     except Exception:  # the store itself does not answer: rank 0 serves it, or the agent of rank 0's node
-        first = hb.peers.get(0, Peer(0, None, hb.host, 0))
+        first = hb.peers.get(0, Peer(0, None, hb.host, None))  # (its pid unknown: not read before)
         mine = os.environ.get(NODE_RANK_ENV)
         where = f" (node {first.node} lost)" if first.node is not None and str(first.node) != mine else ""
         server = f"torchrun's agent that started {first}" if agent_store() else str(first)

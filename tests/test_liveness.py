@@ -75,3 +75,13 @@ def test_a_store_that_does_not_answer_is_named_with_what_serves_it(monkeypatch, 
     message, reporter = liveness.diagnose(RuntimeError(GLOO), "RESUME")
     assert message == f"{server}, which serves the run's store at h:1, stopped answering ({cause(RuntimeError(GLOO))}); RESUME"
     assert reporter
+
+
+def test_a_store_server_not_read_before_is_named_without_a_pid(monkeypatch):
+    """Rank 0's own record unread when its store went (a rank still starting): it said 'pid 0'."""
+    silent = _SilentStore()
+    silent.peers = {}
+    monkeypatch.setattr(liveness, "_current", silent)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    message, _ = liveness.diagnose(RuntimeError(GLOO), "RESUME")
+    assert message.startswith("rank 0 (host h), which serves the run's store at h:1, stopped answering ("), message
