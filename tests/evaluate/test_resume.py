@@ -182,16 +182,22 @@ def test_a_pass_of_other_options_or_weights_is_not_read(killed_a, model_link, ck
     the same path (the killed run's link, pointed at model b for this evaluation), are not taken: every window is
     computed."""
     cfg = _copy_killed(killed_a, tmp_path / "killed")
+    assert _rerun(cfg, change, monkeypatch, model_link, (ckpt_a, ckpt_b)) == 6
+
+
+def _rerun(cfg: dict, change: dict, monkeypatch, link: Path, models: tuple[Path, Path]) -> int:
+    """The windows computed by evaluating `cfg` with `change`; its "checkpoint": other weights at the same path
+    (`link`, pointed at models[1] meanwhile, then back at models[0])."""
     change = dict(change)
     other = change.pop("checkpoint", None)
     calls = _counting(monkeypatch)
     if other:
-        _repoint(model_link, ckpt_b)
+        _repoint(link, models[1])
     try:
         evaluate(EvalConfig(**{**cfg, **change}))
     finally:
-        _repoint(model_link, ckpt_a)
-    assert sum(calls) == 6
+        _repoint(link, models[0])
+    return sum(calls)
 
 
 def _repoint(link: Path, target: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from lcft.evaluate import EvalConfig, evaluate
 from lcft.evaluate.store import PARTIAL, LossStore
 from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture killed_a needs, by name)
-from tests.evaluate.test_resume import _copy_killed, _counting, _repoint, killed_a, model_link  # noqa: F401
+from tests.evaluate.test_resume import _copy_killed, _counting, _rerun, killed_a, model_link  # noqa: F401
 
 NOT_READ = "kept pass of losses not read back"
 
@@ -43,16 +43,8 @@ def test_a_kept_pass_not_read_back_is_said_once_with_why(killed_a, model_link, c
     change = dict(change)
     if "cp" in change:
         _as_other_pass(tmp_path / "killed", cp=change.pop("cp"))
-    other = change.pop("checkpoint", None)
     capsys.readouterr()
-    calls = _counting(monkeypatch)
-    if other:
-        _repoint(model_link, ckpt_b)
-    try:
-        evaluate(EvalConfig(**{**cfg, **change}))
-    finally:
-        _repoint(model_link, ckpt_a)
-    assert sum(calls) == 6
+    assert _rerun(cfg, change, monkeypatch, model_link, (ckpt_a, ckpt_b)) == 6
     said = [line for line in capsys.readouterr().err.splitlines() if NOT_READ in line]
     assert said == [f"{tmp_path / 'killed' / PARTIAL}: 1 {NOT_READ} ({why}): discarded, its losses are computed "
                     "again"], said
