@@ -38,7 +38,8 @@ class DemoConfig:
     """Options of `lcft demo`; the defaults fit in under 10 minutes on 2 CPU cores."""
 
     out: str = "demo-out"
-    """Folder for everything the demo writes (data/, init/, runs/base, runs/long, report/)."""
+    """Folder for everything the demo writes: data/, init/, runs/base, runs/long, report/, the positive control's
+    chr2copies-N.fa, copies/ and runs/copy, demo.toml and demo.json."""
     length: Size = 32768
     """Window length in tokens: the long context of the continued model and of the evaluation."""
     base_context: Size = 1024
