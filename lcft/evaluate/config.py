@@ -57,7 +57,7 @@ class EvalConfig(ParallelConfig):
     max_context: tuple[Size, ...] = ()
     """Cut each window into independent pieces of this many tokens, each with positions from 0 (the control
     that separates the gain of a longer context from the gain of more training). One value applies to every
-    checkpoint; one per checkpoint pairs them by order; 0 means the whole window."""
+    checkpoint; one per checkpoint pairs them by order; 0 means the whole window (the default)."""
     max_windows: int = 0
     """Evaluate only the first N windows of the split (0 = all of them)."""
     batch_size: int = 1

@@ -71,7 +71,8 @@ class CheckpointOptions:
     out: str = ""
     """Run folder: config.toml, metrics.jsonl, the checkpoints (in checkpoints/, a step-NNNNNNNN folder each)."""
     stop_after: int | None = None
-    """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later."""
+    """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later
+    (default: run to --steps)."""
     save_every: int = 50
     """Write a checkpoint every this many steps (0 = only at the end and on SIGTERM/SIGINT)."""
     keep_last: int = 3
