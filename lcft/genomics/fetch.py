@@ -239,7 +239,8 @@ def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, tim
         got = file_hash(part, "md5").hexdigest()
         if want is not None and got != want:
             part.unlink()
-            raise LcftError(f"md5 mismatch for {url}: got {got}, published {want}; the download was removed, re-run")
+            source = "given by --md5" if md5 else "published"
+            raise LcftError(f"md5 mismatch for {url}: got {got}, {source} {want}; the download was removed, re-run")
         os.replace(part, dest)
         if con:
             con.print(f"downloaded {dest} (md5 {'checked' if want else 'not checked'}: {got})")
