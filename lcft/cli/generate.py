@@ -152,7 +152,7 @@ def command_from_config(app: typer.Typer, name: str, cls: type, run: Callable[..
     defaults < --config TOML (flat, or under a [table] named `table`, default the command) < flags,
     then `run(cfg, **extras)`. `resumes`: run again after a Ctrl-C, it goes on where it stopped (user_errors)."""
     options, extras, table = options or {}, extras or {}, table or name
-    config_help = markup_escape(f"TOML file with any of these options (same names, underscores; flat or under a "
+    config_help = markup_escape(f"TOML file with any of these options (same names, underscores; flat or under its "
                                 f"[{table}] table); flags override it.")
     params = config_parameters(cls, options, config_help)
     params.append(inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))

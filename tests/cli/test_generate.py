@@ -148,7 +148,7 @@ def test_size_defaults_are_shown_as_sizes():
     assert "(default: 32K)" in r.output and "(default: 1K)" in r.output
 
 
-@pytest.mark.parametrize("argv, shown", [(["eval", "--help"], ["under a [eval] table", "ORG/NAME[@REVISION]"]),
+@pytest.mark.parametrize("argv, shown", [(["eval", "--help"], ["under its [eval] table", "ORG/NAME[@REVISION]"]),
                                          (["train", "--help"], ["ORG/NAME[@REVISION]"]),
                                          (["export", "--help"], ["ORG/NAME[@REVISION]"])])
 def test_help_keeps_square_brackets(argv, shown):
