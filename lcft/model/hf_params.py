@@ -21,7 +21,7 @@ from lcft.model.hf_weights import aligned, weight_tensors
 from lcft.model.llama import parameter_shapes
 from lcft.model.weight_files import INDEX, WEIGHTS, index_map, weight_files
 
-MAX_SHARD_BYTES = 5 * 1024**3  # transformers' classic max_shard_size ("5GB")
+MAX_SHARD_BYTES = 5 * 1024**3  # 5 GiB a weights shard (transformers' classic max_shard_size "5GB" is 5·10^9 bytes)
 
 
 # Our parameter names -> HF's (the block-level names differ: attn vs self_attn, norms, Mixtral's experts).
