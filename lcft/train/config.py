@@ -69,7 +69,8 @@ class CheckpointOptions:
     """Where the run lives, when it writes checkpoints, how many it keeps, and where it continues from."""
 
     out: str = ""
-    """Run folder: config.toml, metrics.jsonl, the checkpoints (in checkpoints/, a step-NNNNNNNN folder each)."""
+    """Run folder: config.toml, metrics.jsonl, summary.json (how the latest run ended), the checkpoints (in
+    checkpoints/, a step-NNNNNNNN folder each)."""
     stop_after: int | None = None
     """End this invocation after this many steps, with a checkpoint (for time-limited jobs); resume later
     (default: run to --steps)."""
