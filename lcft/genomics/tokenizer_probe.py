@@ -105,16 +105,20 @@ probes += [((u * n)[:n - 1] + b, f'{{u!r}} repeated to {{n}} bases then {{b}}') 
            for b in ends]
 probes += [(c * {BPE_BLOCK}, f'a run of {BPE_BLOCK} {{c}}') for c in letters]
 probes += [(s, f'{{s[:5]!r}} repeated') for s in ('ACGT' * 1024, 'ACGTN' * 820, 'acgtn' * 820, 'AAAAC' * 820)]
+def timed(s):
+    t = time.process_time()
+    got = max(len(tk.encode(s, add_special_tokens=False).ids), len(tk.normalizer.normalize_str(s)) if tk.normalizer else 0)
+    return got, time.process_time() - t
 for s, name in probes:
     print('probe', len(s), name, sep='\\t', flush=True)
-    t = time.process_time()
     try:
-        got = max(len(tk.encode(s, add_special_tokens=False).ids), len(tk.normalizer.normalize_str(s)) if tk.normalizer else 0)
+        got, took = timed(s)
+        if took > {SLOW_US} * 1e-6 * len(s) + {SLACK_S}:  # once more: a crawling search crawls again, a stall once
+            took = min(took, timed(s)[1])
     except MemoryError:
         raise
     except Exception:
         continue
-    took = time.process_time() - t
     if got > {GROWTH} * len(s) + {MARKS}:
         print('grows', got, sep='\\t', flush=True)
         sys.exit(3)
