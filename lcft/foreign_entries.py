@@ -27,6 +27,23 @@ def open_own(path: str | os.PathLike) -> IO[bytes] | None:
     return os.fdopen(fd, "r+b")
 
 
+def resume_own(path: Path, tool: str, within: Path | None = None) -> IO[bytes] | None:
+    """`path` opened for reading and writing, a file of `tool`'s that is cut and appended to in place; None where
+    nothing is there. Anything but a regular file of one name stops with one line, nothing read or changed:
+    `foreign_error`'s, or for a second (hard) name of a file, one saying so (cutting it would cut that file too)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    whole = "" if within is None else f", or the whole {within},"
+    if not stat.S_ISREG(info.st_mode):
+        raise foreign_error(path, tool, within=within)
+    if info.st_nlink != 1:
+        raise LcftError(f"{path} is a second name of another file (a hard link), which resuming {tool} would change; "
+                        f"remove it{whole} and re-run")
+    return os.fdopen(no_follow(os.fspath(path), os.O_RDWR), "r+b")  # (O_NOFOLLOW: not a link that appeared since)
+
+
 def not_own(path: Path, folder: bool = False) -> bool:
     """Whether something is at `path` that lcft would not have made there: a link (dangling or not), or other than
     a regular file (with `folder`: other than a folder). Nothing there is no such thing."""

@@ -4,6 +4,7 @@ under the options that change a loss), each record checked by its own digest."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ import numpy as np
 from lcft.disk import removed_or_said, write_failure
 from lcft.errors import RESUME, LcftError
 from lcft.files import atomic_write, no_follow, read_json
-from lcft.foreign_entries import refuse_foreign
+from lcft.foreign_entries import refuse_foreign, resume_own
 
 PARTIAL = ".partial"
 FORMAT = 1
@@ -130,10 +131,12 @@ class LossStore:
         uninterrupted run, and give its losses bit for bit). The file is cut to them."""
         if self._start is None:
             refuse_foreign(self.path.parent, "eval")  # before a record is read, cut or appended
-            whole = sum(1 for _ in self._records(n))
-            self._start = whole if whole >= n else whole // batch * batch
-            if self.path.exists():
-                os.truncate(self.path, self._start * self.record)
+            kept = resume_own(self.path, "eval", within=self.path.parent)  # cut in place: never a file's other name
+            with kept or contextlib.nullcontext():
+                whole = sum(1 for _ in self._records(n))
+                self._start = whole if whole >= n else whole // batch * batch
+                if kept is not None:
+                    kept.truncate(self._start * self.record)
             self._next = self._start
         return self._start
 

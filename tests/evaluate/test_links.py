@@ -1,6 +1,7 @@
 """`lcft eval` into a folder where links were planted: a `.lcft.lock` and an `.eval.json.tmp` pointing outside it
 are replaced by files of its own, the outside files untouched and the report complete; a link as the `.partial`
-folder of its kept losses, or in it, stops the command with one line naming it, nothing there removed or changed."""
+folder of its kept losses, or in it (or a second name of another file), stops the command with one line naming
+it, nothing there removed or changed."""
 
 from __future__ import annotations
 
@@ -58,3 +59,20 @@ def test_a_link_beside_a_pass_is_refused_and_left(tmp_path):
     again = LossStore(out, {"ckpt": "abc", "window": 512}, keep=8)
     one_line(lambda: again.resume_at(4, 1), str(note), "is not a file eval wrote", f"or the whole {out / PARTIAL}")
     assert victim.read_text() == "keep me\n" and note.readlink() == victim and store.path.read_bytes() == kept
+
+
+def test_a_pass_that_is_a_second_name_of_another_file_is_refused_and_left(tmp_path):
+    """The kept losses are cut to their whole records and appended to in place: a hard link planted under a pass's
+    name (a regular file all the same) stops the pass before a record is read or cut; the file it names keeps every
+    byte (it was cut to nothing, then filled with losses)."""
+    out, victim = tmp_path / "eval", tmp_path / "victim"
+    victim.write_bytes(b"keep me\n" * 100)
+    store = LossStore(out, {"ckpt": "abc", "window": 512}, keep=8)
+    assert store.resume_at(4, 1) == 0
+    store.add(0, np.arange(16, dtype=np.float32), np.ones(16, bool))
+    store.path.unlink()
+    store.path.hardlink_to(victim)
+    again = LossStore(out, {"ckpt": "abc", "window": 512}, keep=8)
+    one_line(lambda: again.resume_at(4, 1), str(again.path), "a second name of another file (a hard link)",
+             f"or the whole {out / PARTIAL}")
+    assert victim.read_bytes() == b"keep me\n" * 100 and victim.stat().st_nlink == 2
