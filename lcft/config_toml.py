@@ -12,21 +12,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.config import ConfigError
-from lcft.files import atomic_write, parse_text
+from lcft.errors import LcftError
+from lcft.files import atomic_write, parse_text, read_text
 from lcft.hub import hub_id
 from lcft.vocab import kmer_spec
+
+# A config lcft writes is a few KB (an eval's lists every checkpoint by path: thousands of them fit in 1 MiB). A
+# checkpoint's config.toml is read from folders others hand over: one of gigabytes is refused, not read whole.
+MAX_TOML_BYTES = 16 << 20
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a TOML file (`--config`, a run's config.toml); a one-line ConfigError naming it when it is missing,
-    unreadable, not UTF-8, not TOML or nested too deep (lcft.files.parse_text)."""
+    unreadable, over MAX_TOML_BYTES, not UTF-8, not TOML or nested too deep (lcft.files.parse_text)."""
     p = Path(path)
     if not p.is_file():  # a folder or a FIFO (which would block the read) is not taken for a config either
         raise ConfigError(f"config file {'is not a regular file' if p.exists() else 'not found'}: {p}")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read ({e})") from None
+        text = read_text(p, MAX_TOML_BYTES, "config file")  # (a FIFO put there since is refused, not waited on)
+    except LcftError as e:
+        raise ConfigError(str(e)) from None
     return parse_text(tomllib.loads, "TOML", text, str(p), ConfigError)
 
 

@@ -18,7 +18,7 @@ from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import read_model_meta, verify_checkpoint
 from lcft.checkpoint.state import read_state
 from lcft.config import ConfigError
-from lcft.config_toml import load_toml
+from lcft.config_toml import MAX_TOML_BYTES, load_toml
 from lcft.files import read_json
 from lcft.genomics import sample_fasta
 from lcft.genomics.model_tokenizer import load_tokenizer, tokenizer_from_json_text
@@ -199,6 +199,21 @@ def test_nested_toml_up_to_the_limit_reads(tmp_path):
     text = "a = " + "[" * (LIMIT - 1) + "]" * (LIMIT - 1) + "\n"  # the table and 99 lists
     path.write_text(text)
     assert load_toml(path) == tomllib.loads(text)
+
+
+def test_a_toml_over_the_limit_is_one_line_before_it_is_read(tmp_path):
+    """A config of MAX_TOML_BYTES + 1 bytes (valid TOML: one long string) is refused by its size; one at the limit
+    reads. A checkpoint's config.toml comes with folders others hand over: read whole, one of gigabytes was a
+    MemoryError (or all the machine's memory) under `lcft eval`."""
+    path = tmp_path / "c.toml"
+    head = 'note = "'
+    for size, refused in ((MAX_TOML_BYTES + 1, True), (MAX_TOML_BYTES, False)):
+        path.write_text(head + "x" * (size - len(head) - 2) + '"\n')
+        assert path.stat().st_size == size
+        if refused:
+            one_line(lambda: load_toml(path), str(path), f"over the limit of {MAX_TOML_BYTES}", error=ConfigError)
+        else:
+            assert len(load_toml(path)["note"]) == size - len(head) - 2
 
 
 def test_deep_json_on_the_command_line(tmp_path, init_dir, data_dir):  # noqa: F811
