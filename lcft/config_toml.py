@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from lcft.config import ConfigError
 from lcft.errors import LcftError
-from lcft.files import atomic_write, parse_text, read_text
+from lcft.files import atomic_write, parse_text, read_text, resolved
 from lcft.hub import hub_id
 from lcft.vocab import kmer_spec
 
@@ -115,7 +115,7 @@ def absolute_paths(cfg: C) -> C:
             return f"kmer:{kmer[0]}:{one(name, kmer[1])}"
         if _not_a_path(name, v):
             return v
-        return str(Path(v).expanduser().resolve())
+        return str(resolved(Path(v).expanduser()))
     fields = {f.name for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]
     return dataclasses.replace(cfg, **{n: one(n, getattr(cfg, n)) for n in PATH_FIELDS if n in fields})  # type: ignore[type-var]
 

@@ -106,6 +106,16 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def resolved(path: str | os.PathLike) -> Path:
+    """`path` absolute, its links followed (as far as they exist); a one-line LcftError naming it when its links
+    lead back to themselves (Python 3.11 and 3.12 raise RuntimeError for such a loop, later ones OSError)."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as e:
+        why = reason(e) if isinstance(e, OSError) else "symbolic links in a loop"
+        raise LcftError(f"{path}: cannot follow its links ({why})") from None
+
+
 def expect_folder(path: str | os.PathLike, option: str = "", hint: str = "") -> None:
     """`path` (given as `option`) is a folder or not there yet: a file there or above it is one line naming it,
     and `hint` after it (what folder is wanted, where a file there is a common slip)."""

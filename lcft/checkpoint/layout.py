@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.errors import LcftError, shown
-from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, read_json
+from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, read_json, resolved
 from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
@@ -235,7 +235,7 @@ def read_checkpoint(given: str | os.PathLike, read: Callable[[Path], T], first: 
 def refuse_out_inside(out: str | os.PathLike, checkpoint: Path, what: str) -> None:
     """--out must not be the checkpoint read, or inside it: `what` written there would replace the checkpoint's
     files (its checksums no longer holding), or go when a run prunes it (--keep-last)."""
-    if Path(out).resolve().is_relative_to(checkpoint.resolve()):
+    if resolved(out).is_relative_to(resolved(checkpoint)):
         raise LcftError(f"--out {out} is the checkpoint {checkpoint}, or inside it: write {what} to another folder")
 
 
@@ -273,7 +273,7 @@ def check_output_folder(out: str | os.PathLike, writes: str, allowed: tuple[str,
     expect_folder(out, "--out")
     for option, given in inputs.items():
         folder = Path(given).parent if Path(given).is_file() else Path(given)
-        if out.resolve() == folder.resolve():
+        if resolved(out) == resolved(folder):
             verb = "is" if folder == Path(given) else "holds"
             raise LcftError(f"--out {out} {verb} --{option} {given}; choose another --out for {writes}")
     kind = folder_kind(out)

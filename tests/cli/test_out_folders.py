@@ -1,6 +1,7 @@
 """Every --out is refused, in one line and before anything is written, when it is a folder lcft reads back as
 something else (the --data windows, a run, a checkpoint, a model folder) or the folder holding --fasta, or when
-a name is too long for the file system; a file given where a folder belongs is the same line from every command."""
+a name is too long for the file system; a file given where a folder belongs, or a link leading back to itself given
+for any path, is the same line from every command."""
 
 from __future__ import annotations
 
@@ -135,3 +136,33 @@ def test_export_reads_a_leading_tilde_as_the_home_folder(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["export", "~/model", "--out=~/x"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "home" / "x" / "config.json").is_file() and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("case", ["train-out", "eval-out", "export-out", "prepare-out", "train-data", "eval-data",
+                                  "eval-checkpoint", "prepare-fasta", "train-init", "train-resume", "eval-out-under"])
+def test_a_path_through_a_loop_of_links_is_one_line_in_every_command(case, data_dir, tmp_path):  # noqa: F811
+    """Any path option given a link that leads back to itself (or a path under one): one line naming it, nothing
+    written; making it absolute, or comparing it with the command's inputs, was Python's RuntimeError traceback."""
+    model = save_model(tmp_path / "model", seed=1)
+    (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "a").symlink_to(links / "b")
+    (links / "b").symlink_to(links / "a")
+    loop = links / "a" / "x" if case.endswith("-under") else links / "a"
+    data, out, command, option = str(data_dir), str(tmp_path / "out"), *case.split("-")[:2]
+    args = {
+        "train": ["train", "--data", data, "--out", out, "--steps", "1", "--init", str(model)],
+        "eval": ["eval", "--data", data, "-c", str(model), "--out", out],
+        "export": ["export", str(model), "--out", out],
+        "prepare": ["prepare", "windows", "--fasta", str(tmp_path / "g.fa"), "--out", out, "--length", "64",
+                    "--train", "chrA", "--eval", ""],
+    }[command]
+    if option == "resume":
+        args += ["--resume", str(loop)]
+    else:
+        args[args.index("-c" if option == "checkpoint" else f"--{option}") + 1] = str(loop)
+    before = {name: _listing(p) for name, p in (("data", data_dir), ("model", model))}
+    assert cli_fails(args) == f"error: {loop}: cannot follow its links (symbolic links in a loop)"
+    assert {name: _listing(p) for name, p in (("data", data_dir), ("model", model))} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.fa", "links", "model"]
