@@ -28,20 +28,17 @@ def open_own(path: str | os.PathLike) -> IO[bytes] | None:
 
 
 def resume_own(path: Path, tool: str, within: Path | None = None) -> IO[bytes] | None:
-    """`path` opened for reading and writing, a file of `tool`'s that is cut and appended to in place; None where
-    nothing is there. Anything but a regular file of one name stops with one line, nothing read or changed:
-    `foreign_error`'s, or for a second (hard) name of a file, one saying so (cutting it would cut that file too)."""
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        return None
-    whole = "" if within is None else f", or the whole {within},"
-    if not stat.S_ISREG(info.st_mode):
+    """`path` opened by `open_own`, a file of `tool`'s that is cut and appended to in place; None where nothing is
+    there. Anything else there stops with one line, nothing read or changed: `foreign_error`'s, or for a second
+    (hard) name of a file, one saying so (cutting it would cut that file too)."""
+    kept = open_own(path)
+    if kept is not None or not os.path.lexists(path):
+        return kept
+    if not_own(path):
         raise foreign_error(path, tool, within=within)
-    if info.st_nlink != 1:
-        raise LcftError(f"{path} is a second name of another file (a hard link), which resuming {tool} would change; "
-                        f"remove it{whole} and re-run")
-    return os.fdopen(no_follow(os.fspath(path), os.O_RDWR), "r+b")  # (O_NOFOLLOW: not a link that appeared since)
+    whole = "" if within is None else f", or the whole {within},"
+    raise LcftError(f"{path} is a second name of another file (a hard link), which resuming {tool} would change; "
+                    f"remove it{whole} and re-run")
 
 
 def not_own(path: Path, folder: bool = False) -> bool:
