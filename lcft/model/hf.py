@@ -4,6 +4,7 @@ table of lcft.model.hf_families."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -24,14 +25,15 @@ from lcft.model.hf_families import (
     COMMON,
     FAMILIES,
     FIXED_SPELLINGS,
+    FIXED_TYPES,
     METADATA,
-    NOT_NULL,
     QWEN_WINDOW_KEYS,
     REQUIRED,
     ROPE_KEYS,
     Family,
 )
 
+_JSON_TYPES = {str: "a string", int: "an integer", float: "a float", type(None): "null"}
 _ROPE_TABLE_KEYS = set("rope_type type rope_theta factor original_max_position_embeddings truncate attention_factor "
                        "beta_fast beta_slow mscale mscale_all_dim low_freq_factor high_freq_factor partial_rotary_factor".split())
 
@@ -181,10 +183,11 @@ def config_to_hf(cfg: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[s
 
 def _unsupported(d: dict[str, Any], fam: Family) -> tuple[list[str], dict[str, Any]]:
     """(every field lcft cannot honour, the rope and window fields read where they can be)."""
-    problems = [f"{k}=null (transformers builds no model of it)" for k in NOT_NULL
-                if k in fam.fixed and k in d and d[k] is None]
+    mistyped = {k for k in fam.fixed if k in d and type(d[k]) not in FIXED_TYPES.get(k, (type(d[k]),))}
+    problems = [f"{k}={json.dumps(d[k])} (transformers trains with "
+                f"{' or '.join(_JSON_TYPES[t] for t in FIXED_TYPES[k])} there)" for k in sorted(mistyped)]
     problems += [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
-                 if d.get(k) is not None and d[k] not in (want, *FIXED_SPELLINGS.get(k, ()))]
+                 if k not in mistyped and d.get(k) is not None and d[k] not in (want, *FIXED_SPELLINGS.get(k, ()))]
     quant = d.get("quantization_config")
     if quant:  # transformers too reads an empty or null one as none; carried, it would describe float weights
         method = quant.get("quant_method") if isinstance(quant, dict) else quant

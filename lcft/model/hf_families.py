@@ -26,9 +26,13 @@ QWEN_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers",
 # Other config.json spellings of a fixed value that transformers reads as that value: its ACT2FN maps "swish" to
 # nn.SiLU as it maps "silu" to SiLUActivation, both torch's silu.
 FIXED_SPELLINGS: dict[str, tuple[Any, ...]] = {"hidden_act": ("swish",)}
-# Fixed keys that transformers builds no model of when null (its config refuses hidden_act null: no activation);
-# null for the others reads as its default.
-NOT_NULL = ("hidden_act",)
+# The JSON types of the fixed keys that transformers' config classes declare and its models train with: its config
+# refuses null hidden_act and router_jitter_noise, an integer router_jitter_noise, a float or boolean
+# pretraining_tp, a boolean attention_dropout; Llama's takes a null attention_dropout, which its training then
+# hands to dropout as the rate, and Mixtral's block compares a jitter with `> 0` in training. Checked before the
+# value, as a boolean equals 0 or 1 in Python; mlp_bias is a BOOL_KEYS key.
+FIXED_TYPES: dict[str, tuple[type, ...]] = {"hidden_act": (str,), "attention_dropout": (int, float),
+                                            "pretraining_tp": (int, type(None)), "router_jitter_noise": (float,)}
 # config.json keys read as true or false (where the family reads them): each must be a JSON boolean.
 BOOL_KEYS = ("tie_word_embeddings", "use_cache", "attention_bias", "output_router_logits", "use_sliding_window",
              "mlp_bias")

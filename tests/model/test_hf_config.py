@@ -180,7 +180,43 @@ def test_hidden_act_is_read_as_transformers_builds_it(tmp_path, family):
     d = {"model_type": family, **shape, "hidden_act": None}
     with pytest.raises(Exception):  # noqa: B017 (the oracle: transformers' own refusal, whatever its class)
         cls(**d)
-    with pytest.raises(LcftError, match=r"cannot honour hidden_act=null \(transformers builds no model of it\)$"):
+    with pytest.raises(LcftError, match=r"cannot honour hidden_act=null \(transformers trains with a string there\)$"):
+        config_from_hf(d)
+
+
+# JSON spellings of the one value lcft honours for a fixed key: transformers trains with some and refuses the
+# others (its config: null jitter, an integer jitter, a boolean dropout or pretraining_tp; its training: Llama's
+# null dropout, a null jitter compared with `> 0`).
+FIXED_SPELLING_CASES = ([("mixtral", "router_jitter_noise", v) for v in (None, 0, False, 0.0)]
+                        + [("llama", "attention_dropout", v) for v in (None, False, 0, 0.0)]
+                        + [("mistral", "attention_dropout", None), ("qwen3", "attention_dropout", False)]
+                        + [("llama", "pretraining_tp", v) for v in (True, 1.0, None, 1)])
+
+
+@pytest.mark.parametrize(("family", "key", "value"), FIXED_SPELLING_CASES)
+def test_fixed_keys_are_read_as_transformers_trains_them(family, key, value):
+    """lcft reads a fixed key's value exactly when transformers builds and trains a model of it (lcft read a null
+    or integer router_jitter_noise, a null or false attention_dropout as 0.0 and a true pretraining_tp as 1);
+    the rest is refused in one line naming the key and its JSON spelling."""
+    import torch
+
+    shape = dict(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, **({"num_local_experts": 2} if family == "mixtral" else {}))
+    cls = getattr(transformers, CLASSES[family])
+    torch.manual_seed(0)
+    ids = torch.randint(0, 16, (1, 8))
+    try:
+        model = getattr(transformers, cls.__name__.replace("Config", "ForCausalLM"))(cls(**shape, **{key: value}))
+        model.train()(ids, labels=ids).loss.backward()
+        trains = True
+    except Exception:  # noqa: BLE001 (the oracle: transformers' own refusal, at its config or in training)
+        trains = False
+    d = {"model_type": family, **shape, key: value}
+    if trains:
+        assert config_from_hf(d).model_type == family
+        return
+    with pytest.raises(LcftError, match=rf"cannot honour {key}={json.dumps(value)} \(transformers trains with "
+                                        r"[a-z ]+ there\)$"):
         config_from_hf(d)
 
 
