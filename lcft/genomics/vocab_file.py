@@ -17,6 +17,11 @@ MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is n
 ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "sep_token", "cls_token")
 ROLE_FILES = ("special_tokens_map.json", "tokenizer_config.json")  # the first naming a role decides it
 SPARSE_FROM = 1 << 16  # ids up to here may leave gaps (reserved ranges); above, at most half the ids unused
+# Entries a tokenizer.json's post_processor may declare, counted together through a Sequence's processors (each
+# processor, special token, id and token of one, template piece): published ones declare a dozen or two
+# (METAGENE-1's: 5 special tokens, 5 template pieces; BERT's: 2 and 8), and each costs lcft and `tokenizers` far
+# more than a vocabulary entry does (100,000 of them: seconds and hundreds of MB in prepare).
+MAX_PROCESSOR_ENTRIES = 1024
 _PAIR = re.compile(r"^(\S+)[ \t]+(\d+)$")  # one `TOKEN ID` line (GENERator's current layout)
 
 
@@ -89,11 +94,28 @@ def check_json_ids(data: dict[str, Any], source: str) -> int:
     if any(i not in ids for i in more):
         ids = {*ids, *more}
     size = vocab_size_of(ids, source)
+    declared = _processor_entries(data.get("post_processor"))
+    if declared > MAX_PROCESSOR_ENTRIES:
+        raise LcftError(f"{source}: post_processor declares {declared:,} entries (processors, special tokens, their "
+                        f"ids and tokens, template pieces), over the limit of {MAX_PROCESSOR_ENTRIES:,}")
     for name, i in _processor_ids(data.get("post_processor")):
         if check_id(i, f"{source}: post_processor special token {name!r}") >= size:
             raise LcftError(f"{source}: post_processor special token {name!r} has id {i}, beyond the vocabulary "
                             f"(ids 0 to {size - 1}): an export would emit an id the model has no row for")
     return size
+
+
+def _processor_entries(node: Any) -> int:
+    """How many entries a post_processor declares (MAX_PROCESSOR_ENTRIES), counted without building anything."""
+    if not isinstance(node, dict):
+        return 0
+    subs = node.get("processors")
+    count = sum(1 + _processor_entries(sub) for sub in subs) if isinstance(subs, list) else 0
+    specials = node.get("special_tokens")
+    for tok in specials.values() if isinstance(specials, dict) else ():
+        lists = (tok.get("ids"), tok.get("tokens")) if isinstance(tok, dict) else ()
+        count += 1 + sum(len(v) for v in lists if isinstance(v, list))
+    return count + sum(len(node[k]) for k in ("single", "pair") if isinstance(node.get(k), list))
 
 
 def _processor_ids(node: Any) -> list[tuple[str, Any]]:

@@ -128,6 +128,7 @@ def test_a_tokenizer_without_tokens_is_one_line(fasta, tmp_path, model):
 
 VOCAB = {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4, "N": 5}
 WORDS = {"type": "WordLevel", "vocab": VOCAB, "unk_token": "<unk>"}
+BASES = {"type": "BPE", "vocab": VOCAB, "merges": [], "unk_token": "<unk>"}  # a token a base, as prepare reads DNA
 
 
 def template(i: int) -> dict:
@@ -160,6 +161,30 @@ def test_a_post_processor_id_beyond_the_vocabulary_is_refused(fasta, tmp_path, p
 def test_a_post_processor_id_of_the_vocabulary_is_kept(tmp_path, processor):
     folder = _json_tokenizer(tmp_path / "tok", WORDS, post_processor=processor)
     assert load_tokenizer(str(folder)).vocab_size == len(VOCAB)
+
+
+def many_specials(n: int) -> dict:
+    """A Sequence of a TemplateProcessing declaring `n` special tokens (and X), each of id 5, beside bert(5):
+    3 processors + 3 entries a special token (itself, its id, its token) + 3 template pieces."""
+    specials = {f"S{j}": {"id": f"S{j}", "ids": [5], "tokens": ["N"]} for j in range(n)}
+    return {"type": "Sequence", "processors": [{**template(5), "special_tokens": {**specials, "X": {
+        "id": "X", "ids": [5], "tokens": ["X"]}}}, bert(5)]}
+
+
+def test_a_post_processor_declaring_too_many_entries_is_refused(fasta, tmp_path):
+    """Every entry a post_processor declares costs lcft and the library far more than a vocabulary entry (100,000
+    special tokens: seconds and hundreds of MB to load); only the file's size bounded them. Over
+    MAX_PROCESSOR_ENTRIES they are refused in one line before anything is built; at the limit the tokenizer loads."""
+    from lcft.genomics.vocab_file import MAX_PROCESSOR_ENTRIES
+
+    at_limit = (MAX_PROCESSOR_ENTRIES - 3 - 3 - 3) // 3
+    declared = 3 + 3 * (at_limit + 2) + 3
+    over = _json_tokenizer(tmp_path / "over", BASES, post_processor=many_specials(at_limit + 1))
+    Tokenizer.from_file(str(over / "tokenizer.json"))  # the library reads it
+    fails(rf"post_processor declares {declared:,} entries .*, over the limit of {MAX_PROCESSOR_ENTRIES:,}$", fasta,
+          tmp_path / "out", tokenizer=str(over))
+    ok = _json_tokenizer(tmp_path / "ok", BASES, post_processor=many_specials(at_limit))
+    prepare_windows(fasta=str(fasta), out=str(tmp_path / "out"), length=L, train=("c1",), eval=(), tokenizer=str(ok))
 
 
 def test_kmer_vocab_file_missing(fasta, tmp_path):
