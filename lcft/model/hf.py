@@ -186,6 +186,7 @@ def _unsupported(d: dict[str, Any], fam: Family) -> tuple[list[str], dict[str, A
     mistyped = {k for k in fam.fixed if k in d and type(d[k]) not in FIXED_TYPES.get(k, (type(d[k]),))}
     problems = [f"{k}={json.dumps(d[k])} (transformers trains with "
                 f"{' or '.join(_JSON_TYPES[t] for t in FIXED_TYPES[k])} there)" for k in sorted(mistyped)]
+    problems += [f"{k}=null (transformers builds no model of it)" for k in fam.null_refused if k in d and d[k] is None]
     problems += [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
                  if k not in mistyped and d.get(k) is not None and d[k] not in (want, *FIXED_SPELLINGS.get(k, ()))]
     quant = d.get("quantization_config")

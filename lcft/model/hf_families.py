@@ -55,6 +55,9 @@ class Family:
     window: str | None = None
     """'plain' = `sliding_window` for every layer (Mistral, Mixtral); 'qwen' = use_sliding_window +
     max_window_layers / layer_types."""
+    null_refused: tuple[str, ...] = ()
+    """COMMON keys whose null transformers' class builds no model of (Qwen2 and Qwen3 take a null head_dim as
+    the head width, where Llama and Mistral derive it)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """transformers' defaults of this class (its __init__'s) for keys a config.json leaves out; None for
     num_key_value_heads / head_dim = derived (num_attention_heads; hidden_size / num_attention_heads)."""
@@ -80,9 +83,9 @@ FAMILIES: dict[str, Family] = {f.architecture: f for f in (
            window="plain", defaults={**_MISTRAL, "sliding_window": 4096}),
     Family("qwen2", "Qwen2ForCausalLM", fixed=dict(_BASE_FIXED),
            implied={**_NO_MOE, "attention_bias": True, "o_proj_bias": False, "qk_norm": False}, window="qwen",
-           defaults=_QWEN),
+           null_refused=("head_dim",), defaults=_QWEN),
     Family("qwen3", "Qwen3ForCausalLM", fixed=dict(_BASE_FIXED), implied={**_NO_MOE, "qk_norm": True},
-           shared_bias=True, window="qwen", defaults={**_QWEN, "head_dim": 128}),
+           shared_bias=True, window="qwen", null_refused=("head_dim",), defaults={**_QWEN, "head_dim": 128}),
     Family("mixtral", "MixtralForCausalLM",
            fields=("num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef"),
            fixed={**_BASE_FIXED, "router_jitter_noise": 0.0}, implied=dict(_PLAIN_ATTN), window="plain",

@@ -249,3 +249,26 @@ def test_qwen_window_is_read_as_transformers_reads_it(family, case):
             config_from_hf(d)
     else:
         assert config_from_hf(d).sliding_window == theirs.sliding_window
+
+
+@pytest.mark.parametrize("family", list(CLASSES))
+def test_a_null_head_dim_is_read_as_transformers_builds_it(family):
+    """Llama, Mistral and Mixtral derive a null head_dim (hidden / heads); Qwen2 and Qwen3 take it as the head width
+    and build no model of it (lcft derived it there too): refused in one line naming it."""
+    import torch
+
+    shape = dict(vocab_size=16, hidden_size=64, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=None)
+    cls = getattr(transformers, CLASSES[family])
+    try:
+        theirs = getattr(transformers, cls.__name__.replace("Config", "ForCausalLM"))(cls(**shape))
+        theirs.eval()(torch.tensor([[1, 2, 3]]))
+        width = theirs.model.layers[0].self_attn.q_proj.out_features // 2  # as its attention computes it
+    except Exception:  # noqa: BLE001 (the oracle: transformers' own refusal, at its config or building the model)
+        width = None
+    d = {"model_type": family, **shape}
+    if width is not None:
+        assert config_from_hf(d).head_dim == width == 32
+        return
+    with pytest.raises(LcftError, match=r"cannot honour head_dim=null \(transformers builds no model of it\)$"):
+        config_from_hf(d)
