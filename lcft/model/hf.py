@@ -187,6 +187,9 @@ def _unsupported(d: dict[str, Any], fam: Family) -> tuple[list[str], dict[str, A
     problems = [f"{k}={json.dumps(d[k])} (transformers trains with "
                 f"{' or '.join(_JSON_TYPES[t] for t in FIXED_TYPES[k])} there)" for k in sorted(mistyped)]
     problems += [f"{k}=null (transformers builds no model of it)" for k in fam.null_refused if k in d and d[k] is None]
+    if "num_local_experts" in fam.fields and d.get("num_local_experts") == 0:  # lcft's 0 is a plain MLP
+        problems.append(f"num_local_experts=0 ({fam.architecture} routes every token to its experts: transformers "
+                        "runs no model without one)")
     problems += [f"{k}={d[k]!r} (lcft supports {want!r})" for k, want in fam.fixed.items()
                  if k not in mistyped and d.get(k) is not None and d[k] not in (want, *FIXED_SPELLINGS.get(k, ()))]
     quant = d.get("quantization_config")

@@ -272,3 +272,18 @@ def test_a_null_head_dim_is_read_as_transformers_builds_it(family):
         return
     with pytest.raises(LcftError, match=r"cannot honour head_dim=null \(transformers builds no model of it\)$"):
         config_from_hf(d)
+
+
+def test_a_mixtral_without_experts_is_refused():
+    """num_local_experts 0 is lcft's plain MLP: a Mixtral config.json giving it was read as a dense model, which
+    transformers' MixtralForCausalLM cannot run (nor save); refused in one line naming it."""
+    import torch
+
+    shape = dict(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, num_local_experts=0)
+    with pytest.raises(RuntimeError):  # the oracle: transformers' own failure routing to no expert
+        transformers.MixtralForCausalLM(transformers.MixtralConfig(**shape)).eval()(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(LcftError, match=r"cannot honour num_local_experts=0 \(MixtralForCausalLM routes .*\)$"):
+        config_from_hf({"model_type": "mixtral", **shape})
+    one = {"model_type": "mixtral", **shape, "num_local_experts": 1, "num_experts_per_tok": 1}
+    assert config_from_hf(one).num_local_experts == 1
