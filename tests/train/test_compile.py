@@ -71,11 +71,12 @@ def test_compiled_run_equals_eager_on_two_ranks(base_cfg: dict[str, Any], tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seq_chunk,offload", [(192, False), (192, True), (0, True)])
+@pytest.mark.parametrize("seq_chunk,offload", [(512, False), (512, True), (0, True)])
 def test_compiled_seq_chunk_gradients_equal_eager(seq_chunk: int, offload: bool) -> None:
     """Block checkpointing with seq_chunk (the chunked path through Block.qkv/tail) plus a last shorter chunk,
     and with the block inputs offloaded, chunked or whole (the recompute's input then is the host copy, which
-    must be traced as the forward's input was): loss and every gradient as eager's."""
+    must be traced as the forward's input was): loss and every gradient as eager's. The lengths are those the
+    runs above compiled (512 tokens; 256 on each cp rank), so inductor's cache has their kernels."""
     torch.manual_seed(0)
     eager = Llama(small_model_config())
     compiled = Llama(small_model_config())
@@ -83,7 +84,7 @@ def test_compiled_seq_chunk_gradients_equal_eager(seq_chunk: int, offload: bool)
     for m in (eager, compiled):
         apply_activation_checkpointing(m, "block", offload=offload, seq_chunk=seq_chunk)
     assert compile_blocks(compiled, torch.device("cpu")) == 2
-    ids = torch.randint(4, 8, (1, 512))  # (1, L): chunks of 192, 192 and 128 tokens, or the whole
+    ids = torch.randint(4, 8, (1, 768 if seq_chunk else 512))  # (1, L): chunks of 512 and 256 tokens, or the whole
     grads = []
     for m in (eager, compiled):
         loss, _, _ = LossModel(m, 1e-4, 256)(ids, ids)
