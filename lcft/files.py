@@ -183,6 +183,31 @@ def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
         raise LcftError(f"{name}: cannot read it ({reason(e)})") from None
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def present(path: str | os.PathLike, what: str = "") -> bool:
+    """Whether the file `path`, which a folder may or may not hold (a checkpoint's lcft.json or checksums.json, a
+    tokenizer's role files), is there: True for a regular file (through its links), False where nothing is under
+    the name. Anything else there (a folder, a FIFO, a device, links in a loop or to nothing) is a one-line
+    LcftError naming it (`what`: what the file is, to begin the message): taken for a missing file, it would
+    change what the folder is read as without a word."""
+    name = f"{what} {path}" if what else str(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        if not os.path.lexists(path):
+            return False
+        raise LcftError(f"{name} is a symbolic link to nothing, not a regular file") from None
+    except OSError as e:  # links in a loop (ELOOP), a name too long, a folder not ours to look into
+        raise LcftError(f"{name} is there but cannot be read as a file ({e.strerror or reason(e)})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "something else")
+        raise LcftError(f"{name} is {kind}, not a regular file")
+    return True
+
+
 MAX_JSON_BYTES = 1 << 30  # a manifest or record of JSON lcft writes: a window list of a whole genome is far smaller
 # The small JSON files a model folder ships: config.json, lcft.json, tokenizer_config.json, special_tokens_map.json
 # and the weights' index. A config.json is a few KB; the index of the largest model lcft builds (config.MAX_MLPS: 16384

@@ -1,14 +1,17 @@
-"""lcft.files: atomic replacement keeps the old file on failure and never writes through a link, JSON errors."""
+"""lcft.files: atomic replacement keeps the old file on failure and never writes through a link, JSON errors, and
+an optional file that is there but no regular file refused (`present`)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 import lcft.files as files
 from lcft.errors import LcftError
-from lcft.files import atomic_open, atomic_write, read_json
+from lcft.files import atomic_open, atomic_write, present, read_json
+from tests.one_line import one_line
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):
@@ -98,3 +101,40 @@ def test_a_link_at_the_target_is_replaced_not_followed(tmp_path):
     (out / "a.json").symlink_to(victim)
     atomic_write(out / "a.json", "{}\n")
     assert victim.read_text() == "keep me\n" and not (out / "a.json").is_symlink()
+
+
+# What a handed folder may hold under the name of a file lcft reads when it is there: there, but no regular file
+NON_FILES = ["FIFO", "links in a loop", "link to /dev/zero", "folder", "link to nothing"]
+
+
+def plant(path: Path, kind: str) -> Path:
+    """`path` (a file there removed first) made one of NON_FILES."""
+    path.unlink(missing_ok=True)
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "links in a loop":
+        path.with_name(path.name + ".other").symlink_to(path.name)
+        path.symlink_to(path.name + ".other")
+    elif kind == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name + ".gone")
+    return path
+
+
+@pytest.mark.parametrize("kind", NON_FILES)
+def test_present_refuses_what_is_there_but_no_file(tmp_path, kind):
+    path = plant(tmp_path / "lcft.json", kind)
+    said = {"FIFO": "is a FIFO", "links in a loop": "is there but cannot be read as a file (Too many levels of symbolic links)",
+            "link to /dev/zero": "is a character device", "folder": "is a folder",
+            "link to nothing": "is a symbolic link to nothing"}[kind]
+    one_line(lambda: present(path, "the record"), f"the record {path} {said}")
+
+
+def test_present_tells_a_file_from_nothing(tmp_path):
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "link").symlink_to("f")  # a Hub snapshot's files are links to its blobs
+    assert present(tmp_path / "f") and present(tmp_path / "link")
+    assert not present(tmp_path / "none") and not present(tmp_path / "f" / "under")

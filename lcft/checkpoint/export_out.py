@@ -26,7 +26,7 @@ from lcft.checkpoint.layout import (
 )
 from lcft.checkpoint.model_files import model_files, weights_dtype
 from lcft.errors import LcftError
-from lcft.files import temp_name
+from lcft.files import present, temp_name
 from lcft.folder_lock import LOCK_NAME, refuse_nonempty_output
 from lcft.hashing import file_hash, file_record
 
@@ -146,7 +146,7 @@ def model_sha256(folder: Path) -> str:
     file a read of its model opens (lcft.checkpoint.model_files: its config, lcft.json, tokenizer and weight files,
     a sharded checkpoint's dcp/ shards), so that a README, or weights it does not read, neither make it another
     source nor cost a read."""
-    if (folder / CHECKSUMS).is_file():
+    if present(folder / CHECKSUMS):
         return file_hash(folder / CHECKSUMS).hexdigest()
     h = hashlib.sha256()
     for f in sorted(model_files(folder)):

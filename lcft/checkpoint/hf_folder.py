@@ -23,7 +23,7 @@ from lcft.checkpoint.layout import (
     read_model_config,
 )
 from lcft.errors import LcftError, reason, shown
-from lcft.files import atomic_write, expect_folder, replacing
+from lcft.files import atomic_write, expect_folder, present, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
 from lcft.model.hf import config_from_hf, config_to_hf
 from lcft.model.hf_params import MAX_SHARD_BYTES, check_weights, load_weights, shards, stale_weight_files
@@ -158,7 +158,7 @@ def read_config(directory: str | os.PathLike, attention: AttentionConfig | None 
     if not directory.is_dir():
         raise LcftError(f"checkpoint folder not found: {directory}")
     config_file(directory)
-    if attention is None and (directory / MODEL_META).is_file():
+    if attention is None and present(directory / MODEL_META):  # (one that is no file: refused, not dense)
         block = read_meta_file(directory).get("attention", {})
         if not isinstance(block, dict):
             raise LcftError(f"{directory / MODEL_META}: attention is {shown(block, quoted=True)}, not an object")

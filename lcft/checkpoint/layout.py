@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.errors import LcftError, shown
-from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, read_json, resolved
+from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, present, read_json, resolved
 from lcft.hashing import file_hash
 from lcft.hub import hub_id, local_path
 from lcft.liveness import launched
@@ -66,10 +66,11 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 def verify_checkpoint(ckpt: str | os.PathLike) -> bool:
     """Check every file `checksums.json` lists (size, then sha256); raise a one-line LcftError naming the first
     missing or corrupt file. False when the folder has no checksums.json (an HF folder, or one written by
-    hand): nothing to verify against."""
+    hand): nothing to verify against; one there that is no regular file (a folder, a FIFO) is no such folder, and
+    is refused (`present`), not taken unverified."""
     ckpt = Path(ckpt)
     listed = ckpt / CHECKSUMS
-    if not listed.is_file():
+    if not present(listed):
         return False
     files = read_json(listed).get("files")
     if not isinstance(files, dict):
@@ -159,7 +160,7 @@ def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None
     checksums.json counts as incomplete when others of the run have one (this lcft writes it into every
     checkpoint); a run where none has one (written by hand or before checksums) is taken as it is."""
     found = list_checkpoints(run_dir)
-    listed = any((p / CHECKSUMS).is_file() for _, p in found)
+    listed = any(os.path.lexists(p / CHECKSUMS) for _, p in found)  # (one that is no file: verify refuses it)
     for _, ckpt in reversed(found):
         try:
             if not verify_checkpoint(ckpt) and listed:
@@ -330,8 +331,9 @@ def read_meta_file(ckpt: Path) -> dict[str, Any]:
 
 
 def read_model_meta(ckpt: Path) -> dict[str, Any]:
-    """lcft.json of a model folder (attention settings, tokenizer spec); {} for a folder transformers wrote."""
-    if not (ckpt / MODEL_META).is_file():
+    """lcft.json of a model folder (attention settings, tokenizer spec); {} for a folder transformers wrote (none
+    there; one that is no regular file is refused: `present`)."""
+    if not present(ckpt / MODEL_META):
         return {}
     meta = read_meta_file(ckpt)
     if meta.get("tokenizer") is not None and (why := spec_problem(meta["tokenizer"])):

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, read_meta_file
+from lcft.files import present
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE
 from lcft.genomics.vocab_file import ROLE_FILES
 from lcft.model.weight_files import stored_dtype, weight_files, weight_sources
@@ -23,7 +24,7 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
     """True for a checkpoint folder written through DCP: its lcft.json says "weights": "dcp" (a `dcp/.metadata`
     alone does not make one) and `dcp/.metadata` is present."""
     meta = Path(path) / MODEL_META
-    if not meta.is_file() or not (Path(path) / DCP_DIR / METADATA).is_file():
+    if not present(meta) or not (Path(path) / DCP_DIR / METADATA).is_file():
         return False
     return read_meta_file(Path(path)).get("weights") == DCP_DIR
 
@@ -41,10 +42,10 @@ def model_files(folder: Path) -> list[Path]:
     files). Others beside them (a README, pytorch_model.bin beside safetensors, shards no index names) are not.
     No weights: a one-line error."""
     names = [MODEL_CONFIG, MODEL_META]
-    if (folder / TOKENIZER_FILE).is_file():
+    if present(folder / TOKENIZER_FILE):
         names += [TOKENIZER_FILE, *ROLE_FILES]
     weights = sharded_weight_files(folder) if is_sharded_checkpoint(folder) else weight_sources(folder)
-    return [folder / n for n in names if (folder / n).is_file()] + weights
+    return [folder / n for n in names if present(folder / n)] + weights
 
 
 def weights_dtype(folder: Path) -> str | None:

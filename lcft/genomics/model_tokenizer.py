@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lcft.errors import LcftError, did_you_mean, shown
-from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
+from lcft.files import MAX_MODEL_JSON_BYTES, parse_json, present
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.kmer_tokenizer import BUILTIN_ROLES, KmerTokenizer, builtin_kmer_vocab, kmer_k_of
 from lcft.genomics.library_calls import dna_probes, encoding_difference, guarded
@@ -166,7 +166,7 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
     if folder.is_file() and folder.name == VOCAB_FILE:  # a k-mer vocabulary named itself: read as its folder's
         folder, only_vocab = folder.parent, True
     else:
-        only_vocab = folder.is_dir() and not (folder / TOKENIZER_FILE).is_file() and (folder / VOCAB_FILE).is_file()
+        only_vocab = folder.is_dir() and not present(folder / TOKENIZER_FILE) and present(folder / VOCAB_FILE)
     if only_vocab:
         vocab = read_vocab_txt(folder / VOCAB_FILE)
         return KmerTokenizer(_folder_k(folder, vocab), vocab, spec, read_roles(folder, vocab))
@@ -179,7 +179,7 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
 def _folder_k(folder: Path, vocab: list[str]) -> int:
     """K of a folder's k-mer vocab.txt: tokenizer_config.json's `k`, else the one length of its A/C/G/T tokens."""
     config = folder / "tokenizer_config.json"
-    k = _json_object(config, MAX_MODEL_JSON_BYTES).get("k") if config.is_file() else None
+    k = _json_object(config, MAX_MODEL_JSON_BYTES).get("k") if present(config) else None
     if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K:
         return k
     lengths = sorted({len(t) for t in vocab if t and set(t) <= set("ACGT")})
@@ -193,11 +193,11 @@ def read_vocab(path: Path) -> tuple[list[str], Path]:
     """Token per id from a vocab.txt (vocab_file.read_vocab_txt), a folder holding one, or a tokenizer.json's
     WordLevel vocabulary; with the folder whose role files apply."""
     if path.is_dir():
-        found = [path / name for name in (VOCAB_FILE, TOKENIZER_FILE) if (path / name).is_file()]
+        found = [path / name for name in (VOCAB_FILE, TOKENIZER_FILE) if present(path / name)]
         if not found:
             raise LcftError(f"tokenizer folder {path} holds no {VOCAB_FILE} or {TOKENIZER_FILE}")
         path = found[0]
-    if not path.is_file():
+    if not present(path, "tokenizer vocabulary"):  # (a FIFO or a device there: said what it is)
         raise LcftError(f"tokenizer vocabulary {path}: no such file")
     if path.suffix == ".json":
         data = _json_object(path)
@@ -223,11 +223,11 @@ def _tokenizer_data(text: str, source: str) -> dict:
 
 def _json_path(path: Path) -> Path:
     if path.is_dir():
-        if not (path / TOKENIZER_FILE).is_file():
+        if not present(path / TOKENIZER_FILE):
             raise LcftError(f"tokenizer folder {path} holds no {TOKENIZER_FILE} or {VOCAB_FILE} (a k-mer vocab.txt "
                             f"elsewhere is given as kmer:K:PATH)")
         path = path / TOKENIZER_FILE
-    if not path.is_file():
+    if not present(path, "tokenizer"):  # (a FIFO or a device there: said what it is, not "no such file")
         raise LcftError(f"tokenizer {path}: no such file or folder (give char, kmer:K, or a tokenizer.json)"
                         f"{_builtin_meant(str(path))}")
     return path

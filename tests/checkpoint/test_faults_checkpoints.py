@@ -20,6 +20,8 @@ from lcft.checkpoint.state import read_trainer_state
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
+from tests.one_line import cli_fails, one_line
+from tests.test_files import plant
 from tests.test_folder_lock import unprivileged
 
 STATE = "trainer_state"
@@ -154,6 +156,22 @@ def test_resume_auto_passes_over_a_checkpoint_without_checksums(run_copy, capsys
     assert "step-00000006 is incomplete: no checksums.json" in out and "resuming from step-00000004" in out
     assert s["step"] == 7
 
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "folder"])
+def test_a_checksums_json_that_is_no_file_is_refused_not_taken_unverified(run_copy, tmp_path, capsys, kind):
+    """A checkpoint whose checksums.json is there but no regular file was verified as a folder without one (a
+    transformers folder, taken as it is): `eval -c` and `export` used it unverified. One line naming it now; a
+    resume passes over it, saying what it is."""
+    run, cfg = run_copy
+    listed = plant(ckpt(run, 6) / CHECKSUMS, kind)
+    one_line(lambda: resolve_checkpoint(ckpt(run, 6)), str(listed), "not a regular file")
+    cli_fails(["export", str(ckpt(run, 6)), "--out", str(tmp_path / "hf")], str(listed))
+    cli_fails(["eval", "--data", cfg_data(run), "-c", str(run), "--out", str(tmp_path / "rep"), "--quiet"], str(listed))
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "rep").exists()
+    assert train(TrainConfig(**{**cfg, "resume": "auto", "steps": 7}))["step"] == 7
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"skipping step-00000006: {listed} is" in out and "resuming from step-00000004" in out
 
 def test_resume_from_earlier_checkpoint_supersedes_later_ones(run_copy, capsys):
     """--resume step-4 while step-6 is corrupt: the new run owns steps 5-6; the old step-6 is moved aside

@@ -11,13 +11,14 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from lcft.checkpoint.hf_folder import from_pretrained, save_pretrained
-from lcft.checkpoint.layout import resolve_checkpoint
+from lcft.checkpoint.layout import read_model_meta, resolve_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig
-from tests.one_line import one_line
+from tests.one_line import cli_fails, one_line
+from tests.test_files import NON_FILES, plant
 
 runner = CliRunner()
 
@@ -50,6 +51,22 @@ def test_round_trip_is_exact_and_layout_is_hf(tmp_path, tied):
     dense = from_pretrained(tmp_path / "ckpt", attention=AttentionConfig())  # override the recorded backend
     assert dense.config.attention.backend == "dense" and same_weights(dense, m)
 
+
+
+@pytest.mark.parametrize("kind", NON_FILES)
+def test_an_lcft_json_that_is_no_file_is_refused_not_read_as_dense(tmp_path, kind):
+    """A sparse model folder whose lcft.json is there but no regular file loaded as a folder transformers wrote
+    (dense attention, no tokenizer record), so it was evaluated and exported as dense without a word: one line
+    naming it now. None there is still such a folder."""
+    m = small(attention=AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=32, top_k=4)))
+    folder = save_pretrained(m, tmp_path / "ckpt")
+    meta = plant(folder / "lcft.json", kind)
+    one_line(lambda: from_pretrained(folder), str(meta))
+    one_line(lambda: read_model_meta(folder), str(meta))
+    cli_fails(["export", str(folder), "--out", str(tmp_path / "hf")], str(meta))
+    assert not (tmp_path / "hf").exists()
+    (meta.rmdir if kind == "folder" else meta.unlink)()
+    assert from_pretrained(folder).config.attention == AttentionConfig() and read_model_meta(folder) == {}
 
 def test_bf16_save_and_save_into_existing_folder_keeps_other_files(tmp_path):
     m = small()

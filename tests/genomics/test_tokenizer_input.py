@@ -23,6 +23,7 @@ from lcft.genomics.hf_tokenizer import save_hf_tokenizer
 from lcft.genomics.model_tokenizer import load_tokenizer
 from tests.conftest import SHARED_GENOMES
 from tests.genomics.conftest import random_genome, write_fasta
+from tests.test_files import plant
 
 L = 1024
 
@@ -44,6 +45,13 @@ def fails(match: str, fasta: Path, out: Path, **kw) -> str:
 def test_tokenizer_file_missing(fasta, tmp_path):
     fails("no such file or folder", fasta, tmp_path / "out", tokenizer=str(tmp_path / "nope.json"))
 
+
+
+@pytest.mark.parametrize(("kind", "said"), [("FIFO", "a FIFO"), ("link to /dev/zero", "a character device")])
+def test_a_tokenizer_that_is_no_regular_file_says_what_it_is(fasta, tmp_path, kind, said):
+    """--tokenizer naming a FIFO or a link to /dev/zero said "no such file or folder", which it is not."""
+    tok = plant(tmp_path / "tokenizer.json", kind)
+    fails(f"^tokenizer {tok} is {said}, not a regular file$", fasta, tmp_path / "out", tokenizer=str(tok))
 
 @pytest.mark.parametrize(("given", "meant"), [("kmer6", "kmer:6"), ("KMER:6", "kmer:6"), ("6mer", "kmer:6"),
                                               ("Char", "char")])
