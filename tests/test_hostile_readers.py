@@ -27,6 +27,7 @@ from lcft.genomics.vocab_file import read_roles
 from lcft.train.metrics import MetricsLog, read_metrics
 from tests.conftest import SHARED_PUBLISHED
 from tests.one_line import cli_fails, one_line
+from tests.test_files import NON_FILES, plant
 from tests.train.conftest import data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 DEEP = 200_000
@@ -87,6 +88,16 @@ def test_hostile_json_is_one_line_naming_the_file(folders, name, text, why):
     path.write_text(text)
     one_line(lambda: READERS[name](folders), str(path), why)  # refused for what it is, not for a later check
 
+
+
+@pytest.mark.parametrize("kind", NON_FILES)
+@pytest.mark.parametrize("name", ["lcft.json", "checksums.json", "special_tokens_map.json", "tokenizer_config.json",
+                                  "param_groups.json"])
+def test_an_optional_file_there_but_no_regular_file_is_one_line_not_none(folders, name, kind):
+    """Files a folder may lack, read when there: one there but no regular file was read as none (a sparse model as
+    dense, a checkpoint taken unverified, a tokenizer's roles or an optimizer's saved groups dropped)."""
+    path = plant(folders / PLACES[name] / name, kind)
+    one_line(lambda: READERS[name](folders), str(path))
 
 @pytest.mark.parametrize("name", ["config.json", "lcft.json", "special_tokens_map.json", "tokenizer_config.json"])
 def test_a_model_folders_small_json_over_16_mib_is_one_line(folders, name):

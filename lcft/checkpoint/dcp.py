@@ -36,7 +36,7 @@ from lcft.checkpoint.dcp_metadata import SafePlanner, SafeReader, read_metadata_
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.model_files import DCP_DIR, METADATA, PARAM_GROUPS, sharded_weight_files
 from lcft.errors import LcftError, reason, shown
-from lcft.files import atomic_write, read_json
+from lcft.files import atomic_write, present, read_json
 from lcft.hashing import files_sha256
 from lcft.model.config import AttentionConfig
 from lcft.model.hf_params import check_declared
@@ -68,7 +68,7 @@ def _param_groups(ckpt: str | os.PathLike, built: list[dict[str, Any]]) -> list[
     option that this optimizer has, as its type (a tuple stays a tuple). No file (a checkpoint written before
     they were kept as JSON): the groups as built (the schedule sets the learning rate again)."""
     path = _dcp_dir(ckpt) / PARAM_GROUPS
-    if not path.is_file():
+    if not present(path):  # (one that is no file: refused, not the groups as built)
         return built
     saved = read_json(path, want=list)  # unreadable, not JSON, nested too deep, not a list: one line naming it
     if len(saved) != len(built) or not all(isinstance(g, dict) for g in saved):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.errors import LcftError, shown
-from lcft.files import atomic_write
+from lcft.files import atomic_write, present
 from lcft.genomics import tokenizer as char_vocab
 from lcft.genomics.library_calls import dna_probes, encoding_difference
 from lcft.genomics.model_tokenizer import VOCAB_FILE, char_tokenizer, load_tokenizer
@@ -116,7 +116,7 @@ def folder_tokenizer_spec(folder: str | Path) -> dict[str, Any] | None:
     """The spec of the tokenizer in a model folder (a published model, or an lcft export): its tokenizer.json, else
     its k-mer vocab.txt; None without either."""
     folder = Path(folder)
-    found = (folder / TOKENIZER_FILE).is_file() or (folder / VOCAB_FILE).is_file()
+    found = present(folder / TOKENIZER_FILE) or present(folder / VOCAB_FILE)
     return load_tokenizer(str(folder)).spec() if found else None
 
 
@@ -193,7 +193,7 @@ def checkpoint_tokenizer(source: str | Path, spec: dict[str, Any] | None = None,
     tokenizer.json of other ids, a spec that cannot be rebuilt without one, or more tokens than the model's
     embedding has rows: a one-line error."""
     src = Path(source) / TOKENIZER_FILE
-    found = load_tokenizer(str(src)) if src.is_file() else None
+    found = load_tokenizer(str(src)) if present(src) else None  # (one that is no file: refused, not char)
     tok = found or char_tokenizer()
     if spec is not None:
         own = rebuilt(spec)

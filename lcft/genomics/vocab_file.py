@@ -10,7 +10,7 @@ from typing import Any
 
 from lcft import files
 from lcft.errors import LcftError, shown
-from lcft.files import MAX_MODEL_JSON_BYTES, parse_json
+from lcft.files import MAX_MODEL_JSON_BYTES, parse_json, present
 from lcft.vocab import MAX_VOCAB
 
 MAX_FILE_BYTES = 256 << 20  # a vocab.txt / tokenizer.json larger than this is not a DNA tokenizer
@@ -190,7 +190,7 @@ def read_roles(folder: Path, vocab: list[str]) -> dict[str, str]:
     names = set(vocab)
     for name in ROLE_FILES:
         path = folder / name
-        if not path.is_file():
+        if not present(path):  # (one that is no file: refused, its roles not dropped)
             continue
         data = parse_json(read_text(path, "tokenizer file", MAX_MODEL_JSON_BYTES), str(path))
         if not isinstance(data, dict):

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from lcft.errors import LcftError, reason, shown
-from lcft.files import MAX_MODEL_JSON_BYTES, is_plain_name, parse_json, read_json
+from lcft.files import MAX_MODEL_JSON_BYTES, is_plain_name, parse_json, present, read_json
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TORCH_WEIGHTS, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"  # read only without safetensors
@@ -43,9 +43,9 @@ def index_map(directory: Path) -> tuple[Path, Mapping[str, str]] | None:
 def _weights(directory: Path) -> tuple[list[Path], Path | None]:
     """(`weight_files`, the index that names them or None)."""
     for single, index in ((WEIGHTS, INDEX), (TORCH_WEIGHTS, TORCH_INDEX)):
-        if (directory / single).is_file():
+        if present(directory / single):  # (one that is no file: refused, not passed over for another)
             return [directory / single], None
-        if (directory / index).is_file():
+        if present(directory / index):
             return [directory / s for s in _index_shards(directory / index)], directory / index
     raise LcftError(f"{directory}: no {WEIGHTS} (or sharded {INDEX}) found")
 

@@ -20,6 +20,7 @@ from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
 from lcft.errors import LcftError, shown
+from lcft.files import present
 from lcft.foreign_entries import refuse_not_own
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import TrainConfig, diff, load_run_config
@@ -83,7 +84,7 @@ def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None])
     checkpoint's config.toml), so the configs saved from now on still describe the model; values given other
     than the run's and the defaults are named as ignored, in one line with what the run started from."""
     saved = ckpt / RUN_CONFIG
-    if not saved.is_file():
+    if not present(saved):
         return cfg
     run = load_run_config(saved)
     kept = {k: getattr(run, k) for k in IGNORED_ON_RESUME}

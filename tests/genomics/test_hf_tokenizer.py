@@ -157,3 +157,17 @@ def test_a_checkpoint_without_tokenizer_files_rebuilds_only_lcfts_own_kmer_vocab
     else:
         with pytest.raises(LcftError, match="not one lcft can rebuild"):
             checkpoint_tokenizer(tmp_path, spec)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"])
+def test_a_tokenizer_file_of_a_model_folder_that_is_no_file_is_refused_not_passed_over(tmp_path, name):
+    """A model folder's tokenizer.json there but no regular file (a FIFO) read as none: a folder transformers wrote
+    was given lcft's char vocabulary; a role file as one it lacks: its special tokens' roles went missing."""
+    from lcft.genomics.hf_tokenizer import checkpoint_tokenizer
+    from lcft.genomics.model_tokenizer import load_tokenizer
+    from tests.one_line import one_line
+    from tests.test_files import plant
+
+    save_hf_tokenizer(load_tokenizer("kmer:3"), tmp_path / "model")
+    path = plant(tmp_path / "model" / name, "FIFO")
+    one_line(lambda: checkpoint_tokenizer(tmp_path / "model"), f"{path} is a FIFO, not a regular file")

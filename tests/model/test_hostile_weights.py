@@ -23,7 +23,9 @@ from lcft.errors import LcftError
 from lcft.model import Llama, LlamaConfig
 from lcft.model.hf_params import to_hf_name
 from lcft.train import TrainConfig, train
+from tests.one_line import one_line
 from tests.probes import peak_growth
+from tests.test_files import plant
 from tests.train.conftest import data_dir, init_dir  # noqa: F401  (fixtures, by name)
 
 EMBED = "model.embed_tokens.weight"
@@ -177,6 +179,14 @@ def to_bin(folder: Path) -> dict[str, torch.Tensor]:
     torch.save(state, folder / "pytorch_model.bin")
     return state
 
+
+
+def test_a_safetensors_that_is_no_file_is_refused_not_passed_over_for_the_bin(folder):
+    """model.safetensors there but no regular file (a FIFO) beside a pytorch_model.bin: the .bin was loaded in its
+    place, without a word."""
+    to_bin(folder)
+    plant(folder / "model.safetensors", "FIFO")
+    one_line(lambda: from_pretrained(folder), f"{folder / 'model.safetensors'} is a FIFO, not a regular file")
 
 def with_pickle(folder: Path, pkl: bytes, storage: bytes | None = bytes(512 * 4)) -> None:
     """The folder's pytorch_model.bin with its data.pkl replaced and, for torch's records of its storages, one

@@ -22,6 +22,8 @@ from lcft.genomics import prepare_windows, sample_fasta
 from lcft.train import TrainConfig, TrainHooks, latest_checkpoint, train
 from lcft.train.metrics import read_metrics
 from lcft.train.run_dir import keep_resumed_model, record_data
+from tests.one_line import one_line
+from tests.test_files import plant
 
 from .conftest import WINDOW
 
@@ -110,6 +112,13 @@ def test_options_ignored_on_resume_name_what_the_run_started_from(tmp_path, star
     assert lines == [f"ignored with --resume (the model is the checkpoint's, {said}"]
     assert (kept.init, kept.preset) == (started.get("init"), started.get("preset", "tiny"))
 
+
+
+def test_a_resumed_checkpoints_config_toml_that_is_no_file_is_one_line(tmp_path):
+    """A checkpoint's config.toml there but no regular file (a FIFO) was read as none: the options a resume keeps
+    from the run were the ones given."""
+    path = plant(tmp_path / "config.toml", "FIFO")
+    one_line(lambda: keep_resumed_model(TrainConfig(preset="small"), tmp_path, print), f"{path} is a FIFO")
 
 def test_options_ignored_on_resume_keep_the_runs_values(tmp_path, base_cfg, init_dir, capsys):
     run = tmp_path / "run"
