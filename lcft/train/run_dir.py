@@ -47,6 +47,7 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
     refuse_not_own(run / SUPERSEDED, "train", folder=True)
     if cfg.resume:
         ckpt = resolve_resume(cfg.resume, run, say=say)
+        check_same_run(ckpt, run)
         check_steps_ahead(cfg.steps, ckpt, run)
         return ckpt
     if (ckpt := latest_checkpoint(run)) is None:
@@ -63,6 +64,15 @@ def changed_options(cfg: TrainConfig, run: Path) -> list[str]:
     the config saved in the run folder `run`; none when it holds none."""
     saved = run / RUN_CONFIG
     return diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
+
+
+def check_same_run(ckpt: Path, run: Path) -> None:
+    """A resume of a checkpoint from outside the run folder starts a run there from it: refused when the folder
+    holds checkpoints, which are another run's (its steps up to the resumed one would stay, the later ones be
+    superseded, and the two runs' checkpoints and metrics mixed in one folder)."""
+    if (latest := latest_checkpoint(run)) is not None and not ckpt.resolve().is_relative_to(run.resolve()):
+        raise LcftError(f"{run} holds another run's checkpoints (latest {latest.name}); --resume {ckpt} starts a "
+                        "run from outside it: choose another --out, or pass --resume auto to continue that run")
 
 
 def check_steps_ahead(steps: int, ckpt: Path, run: Path) -> None:

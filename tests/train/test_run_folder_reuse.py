@@ -275,3 +275,21 @@ def test_steps_at_an_earlier_checkpoint_of_the_run_are_refused_and_nothing_moves
         train(TrainConfig(out=str(run), resume=str(ckpt), **{**cfg, "steps": 2}))
     assert str(e.value) == f"--steps 2 is not past the checkpoint's step 2 ({ckpt}); raise --steps"
     assert _tree(run) == before and [s for s, _ in list_checkpoints(run)] == [2, 4]
+
+
+def test_a_checkpoint_from_outside_a_folder_holding_another_run_is_refused_and_nothing_moves(tmp_path, base_cfg):
+    """--resume of run a's checkpoint into a folder holding run b's checkpoints would keep b's steps up to it,
+    supersede b's later ones and mix both runs' metrics (it did, saying b's options changed): one line, and b
+    stays as it was. Into a new folder the checkpoint starts a run there, as before."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(TrainConfig(out=str(a), **{**base_cfg, "steps": 2, "save_every": 2}))
+    train(TrainConfig(out=str(b), **{**base_cfg, "steps": 3, "save_every": 1, "lr": 5e-4}))
+    ckpt, before = a / "checkpoints" / "step-00000002", _tree(b)
+    with pytest.raises(LcftError) as e:
+        train(TrainConfig(out=str(b), resume=str(ckpt), **{**base_cfg, "steps": 4}))
+    assert str(e.value) == (f"{b} holds another run's checkpoints (latest step-00000003); --resume {ckpt} starts a "
+                            "run from outside it: choose another --out, or pass --resume auto to continue that run")
+    assert _tree(b) == before
+    s = train(TrainConfig(out=str(tmp_path / "new"), resume=str(ckpt), **{**base_cfg, "steps": 3}))
+    assert (s["step"], s["stopped"]) == (3, "done")
+
