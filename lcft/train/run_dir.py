@@ -61,7 +61,8 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
 
 def changed_options(cfg: TrainConfig, run: Path) -> list[str]:
     """The run-defining options (each "name: saved -> given") in which `cfg`, its folders absolute, differs from
-    the config saved in the run folder `run`; none when it holds none."""
+    the config saved in `run` (a run folder, or a checkpoint: the config it was trained with); none when it
+    holds none."""
     saved = run / RUN_CONFIG
     return diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
 
@@ -147,23 +148,26 @@ def check_run_folder(cfg: TrainConfig) -> None:
     check_run_dir(cfg, Path(cfg.out), lambda _message: None)
 
 
-def open_run_dir(cfg: TrainConfig, run: Path, resume_step: int | None, say: Callable[[str], None],
+def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, say: Callable[[str], None],
                  data_changes: list[str] | None = None) -> None:
     """Rank 0, holding the run folder's lock (lcft.folder_lock.folder_lock, taken before the run's checkpoints were
-    read), starts the run there: temp folders of interrupted saves removed; on a resume the checkpoints after `resume_step` moved to
-    superseded/ (the resumed run owns those steps) and changed options (with `data_changes`, from record_data)
-    reported; a new run says when it replaces an earlier one's config; then the resolved config, and the last
-    invocation's summary.json removed."""
+    read), starts the run there: temp folders of interrupted saves removed; on a resume of `resumed` (checkpoint,
+    step) the checkpoints after its step moved to superseded/ (the resumed run owns those steps) and the options
+    changed from those the checkpoint was trained with (with `data_changes`, from record_data) reported; a new run
+    says when it replaces an earlier one's config; then the resolved config, and the last invocation's
+    summary.json removed."""
     clean_partial(run, say)
-    saved = run / RUN_CONFIG
-    changed = diff(load_run_config(saved).run_defining(), cfg.run_defining()) if saved.is_file() else []
-    if resume_step is None:
+    # a resume changes what its checkpoint was trained with: the run's config.toml may be a later invocation's
+    # that saved no checkpoint, or another folder's run (the run's where a checkpoint kept no config.toml)
+    saved = resumed[0] if resumed is not None and (resumed[0] / RUN_CONFIG).is_file() else run
+    changed = changed_options(cfg, saved)
+    if resumed is None:
         if changed:  # check_run_dir let it through: no checkpoint there, so nothing of that run to continue
             say(f"{run} holds no checkpoint (nothing to resume): this new run with other options "
                 f"({'; '.join(changed[:4])}) replaces its config.toml and metrics.jsonl")
     else:
-        for moved in supersede_after(run, resume_step):
-            say(f"{moved.name} is after the resumed step {resume_step}: moved to {moved}")
+        for moved in supersede_after(run, resumed[1]):
+            say(f"{moved.name} is after the resumed step {resumed[1]}: moved to {moved}")
         changed = [c for c in changed if c.split(":")[0] not in IGNORED_ON_RESUME] + list(data_changes or [])
         if changed:
             say(f"resuming with changed options: {'; '.join(changed)} (they apply from the next step; "

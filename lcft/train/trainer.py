@@ -212,7 +212,8 @@ class Trainer(GlobalStep):
         cfg = self.cfg
         if self.is_main:
             resume_step = self.state.step if self.resume_from is not None else None
-            open_run_dir(cfg, self.run_dir, resume_step, self._note, self.data_changes)
+            resumed = None if self.resume_from is None else (self.resume_from, self.state.step)
+            open_run_dir(cfg, self.run_dir, resumed, self._note, self.data_changes)
             self.metrics = MetricsLog(self.run_dir / METRICS, resume_step)
             self.view = LiveView(cfg.progress, cfg.steps, self.state.step)
             if self.resume_from is not None:

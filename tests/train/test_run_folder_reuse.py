@@ -26,6 +26,7 @@ from tests.one_line import one_line
 from tests.test_files import plant
 
 from .conftest import WINDOW
+from .test_resume import assert_same_run
 
 
 class Crash(Exception):
@@ -293,3 +294,24 @@ def test_a_checkpoint_from_outside_a_folder_holding_another_run_is_refused_and_n
     s = train(TrainConfig(out=str(tmp_path / "new"), resume=str(ckpt), **{**base_cfg, "steps": 3}))
     assert (s["step"], s["stopped"]) == (3, "done")
 
+
+def test_changed_options_are_named_against_the_checkpoint_resumed(tmp_path, base_cfg, one_process_run, capsys):
+    """The options a resume changes are those its checkpoint was trained with, not the run folder's config.toml:
+    a checkpoint resumed into a new folder with another --lr said nothing; after an invocation with another --lr
+    that saved no checkpoint, a resume with the checkpoint's own lr named a change, and is the run that never
+    stopped (the session's uninterrupted one), bit for bit."""
+    run, cfg = tmp_path / "run", {**base_cfg, "save_every": 2, "keep_last": 0}
+    train(TrainConfig(out=str(run), stop_after=2, **cfg))
+    ckpt = run / "checkpoints" / "step-00000002"
+    capsys.readouterr()
+    train(TrainConfig(out=str(tmp_path / "fork"), resume=str(ckpt), stop_after=1, **{**cfg, "lr": 5e-4}))
+    assert _lines(capsys, "changed options") == [
+        "resuming with changed options: lr: 0.001 -> 0.0005 (they apply from the next step; the schedule continues "
+        "from its position)"]
+    with pytest.raises(Crash):
+        train(TrainConfig(out=str(run), resume="auto", **{**cfg, "lr": 5e-4}), _crash_at(3))
+    assert load_toml(run / "config.toml")["lr"] == 5e-4
+    capsys.readouterr()
+    train(TrainConfig(out=str(run), resume="auto", **cfg))
+    assert _lines(capsys, "changed options") == []
+    assert_same_run(one_process_run, run)
