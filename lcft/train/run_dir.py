@@ -23,7 +23,7 @@ from lcft.errors import LcftError, shown
 from lcft.files import present
 from lcft.foreign_entries import refuse_not_own
 from lcft.shapes import check_batch, check_world
-from lcft.train.config import TrainConfig, diff, load_run_config
+from lcft.train.config import ModelOverrides, TrainConfig, diff, load_run_config
 
 if TYPE_CHECKING:
     from lcft.checkpoint.state import TrainerState
@@ -32,6 +32,9 @@ METRICS = "metrics.jsonl"  # in the run folder: one JSON line per step
 SUMMARY = "summary.json"  # in the run folder: how the latest invocation ended
 # Options a resume ignores: the model is the checkpoint's; they only choose where a new run starts from.
 IGNORED_ON_RESUME = ("init", "preset")
+# The model overrides a resume leaves unset (None: the model's own) keep the checkpoint's model, whose values the
+# run gave them: they stay the run's (not named as changed, and the configs saved still record them).
+KEPT_WHEN_UNSET = tuple(f.name for f in dataclasses.fields(ModelOverrides) if f.name not in IGNORED_ON_RESUME)
 
 
 def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Path | None:
@@ -91,9 +94,10 @@ def check_steps_ahead(steps: int, ckpt: Path, run: Path) -> None:
 
 
 def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None]) -> TrainConfig:
-    """`cfg` with the options a resume ignores (IGNORED_ON_RESUME) set back to the resumed run's own (from the
-    checkpoint's config.toml), so the configs saved from now on still describe the model; values given other
-    than the run's and the defaults are named as ignored, in one line with what the run started from."""
+    """`cfg` with the options a resume ignores (IGNORED_ON_RESUME), and the model overrides it leaves unset
+    (KEPT_WHEN_UNSET), set back to the resumed run's own (from the checkpoint's config.toml), so the configs saved
+    from now on still describe the model; values given other than the run's and the defaults are named as
+    ignored, in one line with what the run started from."""
     saved = ckpt / RUN_CONFIG
     if not present(saved):
         return cfg
@@ -106,7 +110,8 @@ def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None])
         origin = f"--init {run.init!r}" if run.init is not None else f"--preset {run.preset!r}"
         say(f"ignored with --resume (the model is the checkpoint's, from a run started with {origin}): "
             f"{'; '.join(ignored)}")
-    return dataclasses.replace(cfg, **kept)
+    unset = {k: getattr(run, k) for k in KEPT_WHEN_UNSET if getattr(cfg, k) is None}
+    return dataclasses.replace(cfg, **kept, **unset)
 
 
 def data_identity(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -315,3 +315,20 @@ def test_changed_options_are_named_against_the_checkpoint_resumed(tmp_path, base
     train(TrainConfig(out=str(run), resume="auto", **cfg))
     assert _lines(capsys, "changed options") == []
     assert_same_run(one_process_run, run)
+
+
+def test_model_overrides_left_unset_on_resume_keep_the_runs(tmp_path, base_cfg, capsys):
+    """A run started sparse with its own RoPE base, resumed without those flags, keeps its model (None is the
+    model's own, the checkpoint's): no 'changed options' line (it named 'attention: sparse -> the default ...,
+    dense for a preset' and two more), the config.toml saved still records them, and the resumed run is the one
+    that never stopped, bit for bit."""
+    model = {"attention": "sparse", "block_size": 64, "top_k": 2, "rope_theta": 5e5}
+    cfg = {**base_cfg, "steps": 4, "save_every": 2}
+    train(TrainConfig(out=str(tmp_path / "a"), **cfg, **model))
+    train(TrainConfig(out=str(tmp_path / "b"), stop_after=2, **cfg, **model))
+    capsys.readouterr()
+    train(TrainConfig(out=str(tmp_path / "b"), resume="auto", **cfg))
+    assert _lines(capsys, "changed options") == []
+    saved = load_toml(tmp_path / "b" / "config.toml")
+    assert {k: saved.get(k) for k in model} == model
+    assert_same_run(tmp_path / "a", tmp_path / "b")
