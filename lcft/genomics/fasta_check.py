@@ -23,6 +23,9 @@ BLANKS = {b" ": "a space", b"\t": "a tab"}  # in sequence lines: pyfaidx counts 
 FAI_TEXT = re.compile(r"(?:[^\t\r\n]+\t[0-9]{1,14}\t[0-9]{1,14}\t[0-9]{1,14}\t[0-9]{1,14}\n)*")
 FAI_NAME = re.compile(r"^[^\t\n]+", re.MULTILINE)
 BGZF_MIN_BLOCK = 28  # bytes of the smallest BGZF block (the empty end-of-file marker)
+# the mitochondrion's names, lower case: UCSC's chrM (hg38, mm10), Ensembl's and NCBI's MT; neither is the other with
+# or without 'chr', the rule that pairs every other UCSC and Ensembl chromosome name
+MITOCHONDRION = ("chrm", "mt", "chrmt", "m")
 
 
 def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tuple[int, str]:
@@ -177,14 +180,15 @@ def not_a_fasta_file(p: Path) -> LcftError | None:
 
 def meant_name(name: str, names: list[str]) -> str | None:
     """The record `name` was likely meant for: the same name with or without UCSC's 'chr' (hg38 'chr1', Ensembl
-    '1'), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
+    '1'), the mitochondrion by its other name (chrM, MT), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
     version); else the closest spelling (lcft.errors.closest, among at most the first 100,000 names: an assembly
     of contigs has millions)."""
     low = name.lower()
     alias = low[3:] if low.startswith("chr") else "chr" + low
+    aliases = MITOCHONDRION if low in MITOCHONDRION else (low, alias)
     for have in names:
         fields = have.lower().split("|")
-        if have.lower() in (low, alias) or low in fields or low in (f.partition(".")[0] for f in fields):
+        if have.lower() in aliases or low in fields or low in (f.partition(".")[0] for f in fields):
             return have
     return closest(name, names[:100_000])
 

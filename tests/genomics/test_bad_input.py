@@ -63,9 +63,12 @@ def test_a_folder_or_an_index_given_as_the_fasta_says_what_to_give(good, tmp_pat
                                                          "'gi|9626243|ref|NC_001416.1|'?) not found"),
     (("scaffold_12", "scaffold_13"), ("scafold_12",), "chromosome scafold_12 (did you mean 'scaffold_12'?)"),
     (("c1", "c2"), ("mito",), "chromosome mito not found"),
+    (("1", "MT"), ("chrM",), "chromosome chrM (did you mean 'MT'?) not found"),  # hg38's name, an Ensembl FASTA
+    (("chr1", "chrM"), ("MT",), "chromosome MT (did you mean 'chrM'?) not found"),  # and the other way round
 ])
 def test_a_chromosome_not_found_names_what_was_likely_meant(tmp_path, names, given, said):
-    """UCSC against Ensembl names, an accession inside an NCBI name, a typo: the record meant is named."""
+    """UCSC against Ensembl names (the mitochondrion's too: chrM, MT), an accession inside an NCBI name, a typo: the
+    record meant is named."""
     fasta = write_fasta(tmp_path / "g.fa", {n: random_genome(i, L) for i, n in enumerate(names)})
     msg = fails(re.escape(said), fasta, tmp_path / "out", train=given)
     assert ("did you mean" in msg) == (given != ("mito",))  # nothing close: no guess
