@@ -28,6 +28,7 @@ from lcft.genomics.fasta_check import (
     gzi_fits,
     indexing_error,
     non_ascii_line,
+    non_utf8_line,
     not_a_fasta_file,
 )
 from lcft.genomics.fasta_read import BGZF_DAMAGE, GZIP_DAMAGE, FastaRecords
@@ -196,6 +197,9 @@ class FastaFile(FastaRecords):
         except ValueError as e:
             if "Duplicate key" in str(e):  # pyfaidx: 'Duplicate key "chr1"'
                 raise LcftError(f"{self.path}: {reason(e)} (record names must be unique)") from None
+            if "codec can't decode" in str(e) and (line := non_utf8_line(self.path)) is not None:
+                raise LcftError(f"{self.path}: line {line} is not UTF-8 text ({reason(e)}); re-encode the file, e.g. "
+                                "`iconv -f latin1 -t utf-8 in.fa > out.fa`") from None
             if read_kind != "bgzf":
                 raise LcftError(f"{self.path}: pyfaidx cannot index this FASTA: {reason(e)}") from None
             # Bio.bgzf: a member that is not BGZF (`cat a.fa.bgz b.fa.gz`): gzip, read at random only once

@@ -6,6 +6,7 @@ likely meant to be. Whether the records fit the file is fasta_scan's.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import os
 import re
@@ -90,6 +91,28 @@ def non_ascii_line(path: Path, block: int = 1 << 24) -> int | None:
             elif not first:
                 first = data[:1]
             lines += data.count(b"\n")
+    return None
+
+
+def non_utf8_line(path: Path, block: int = 1 << 24) -> int | None:
+    """The first line (1-based) of a FASTA (plain, or a BGZF/gzip one decompressed) whose bytes are not UTF-8 text,
+    or None: pyfaidx decodes each line, and says only where in its line the byte is. Reads the file up to that
+    line: only for an error's message."""
+    with open(path, "rb") as fh:
+        opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
+    decoder, lines = codecs.getincrementaldecoder("utf-8")(), 0
+    with opener(path, "rb") as fh:
+        while data := fh.read(block):
+            held = len(decoder.getstate()[0])  # bytes of a character begun in the block before (no line break)
+            try:
+                decoder.decode(data)
+            except UnicodeDecodeError as e:
+                return lines + data.count(b"\n", 0, max(e.start - held, 0)) + 1
+            lines += data.count(b"\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:  # the file ends inside a character
+        return lines + 1
     return None
 
 
