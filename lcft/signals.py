@@ -1,13 +1,15 @@
 """The signals that ask a long job to stop (SIGTERM from a scheduler, SIGINT from a terminal): noted, not obeyed at
 once, so that `lcft train` ends after its step's checkpoint and `lcft eval` after its batch's kept losses; the
-command then exits 128 + N. SIGKILL still stops at once."""
+command then exits 128 + N; a command that resumes from what it wrote (prepare) takes SIGTERM as a Ctrl-C.
+SIGKILL still stops at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from types import FrameType
 from typing import Any
@@ -72,6 +74,30 @@ class Stopped(LcftError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM taken as a Ctrl-C (`terminate_as_interrupt`): the command unwinds, each cleanup run, and says so."""
+
+
+def _terminated(_signum: int, _frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeat does not cut the unwinding short (SIGKILL still ends it)
+    raise Terminated
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While inside, a SIGTERM (a scheduler's time limit, `kill`) raises Terminated, a KeyboardInterrupt, in the main
+    thread: a command that goes on from what it wrote (prepare) stops as after a Ctrl-C, with one line and exit
+    143, where by default it would die where it stood without a word."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 _early: list[int] = []  # stop signals that came before a StopSignals was installed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -13,6 +14,7 @@ import typer
 
 from lcft.console import make_console, styled
 from lcft.errors import RESUME, LcftError, printable
+from lcft.signals import Terminated, terminate_as_interrupt
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -29,12 +31,14 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def user_errors(fn: F, resumes: bool = False) -> F:
     """Decorate a command: LcftError (and missing files, names too long for the file system) become a one-line
     error and exit code 1 (or the error's own exit_code); a Ctrl-C is `interrupted`, exit 130, and for a command
-    that `resumes` where it stopped (`functools.partial(user_errors, resumes=True)`), how to go on."""
+    that `resumes` where it stopped (`functools.partial(user_errors, resumes=True)`), how to go on; such a command
+    takes a SIGTERM as a Ctrl-C (lcft.signals.terminate_as_interrupt): `stopped by SIGTERM`, exit 143."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with terminate_as_interrupt() if resumes else contextlib.nullcontext():
+                return fn(*args, **kwargs)
         except LcftError as e:  # a few carry their own exit code (a lost rank, a second signal)
             raise fail(str(e), e.exit_code) from None
         except FileNotFoundError as e:
@@ -45,8 +49,9 @@ def user_errors(fn: F, resumes: bool = False) -> F:
             name = printable(os.fsdecode(e.filename or e.filename2 or ""))
             raise fail(f"{name}: name too long for the file system (most allow 255 bytes a name): choose a shorter "
                        "file or folder name") from None
-        except KeyboardInterrupt:
-            err_console.print(f"interrupted: {RESUME}" if resumes else "interrupted", style="yellow", soft_wrap=True)
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            said = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+            err_console.print(f"{said}: {RESUME}" if resumes else said, style="yellow", soft_wrap=True)
+            sys.exit(143 if isinstance(e, Terminated) else 130)
 
     return wrapper  # type: ignore[return-value]

@@ -194,6 +194,43 @@ def test_ctrl_c_says_to_run_the_command_again_where_it_resumes(tmp_path, monkeyp
     assert (r.exit_code, r.stderr) == (130, "interrupted\n")
 
 
+def test_sigterm_stops_prepare_as_a_ctrl_c_and_the_rerun_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    """A scheduler's SIGTERM to prepare windows after its first chromosome: it died where it stood, without a word
+    (exit -15, its lock file left); now `stopped by SIGTERM` and how to go on, exit 143, and the same command
+    resumes to the bytes of an uninterrupted run. (The test's own SIGTERM handler stands for the default one,
+    which would end the test process.)"""
+    import os
+    import signal
+
+    import lcft.genomics.prepare as P
+
+    real, cut = P._cut_one, []
+
+    def sigterm_on_the_second(*args, **kwargs):
+        if cut:
+            os.kill(os.getpid(), signal.SIGTERM)
+        cut.append(real(*args, **kwargs))
+
+    def default(_signum, _frame):
+        raise AssertionError("SIGTERM reached the handler prepare found installed")
+
+    old = signal.signal(signal.SIGTERM, default)
+    try:
+        monkeypatch.setattr(P, "_cut_one", sigterm_on_the_second)
+        r = lcft(*windows_args(tmp_path / "w", "--length", "64K"))
+        assert signal.getsignal(signal.SIGTERM) is default  # put back when the command ended
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert (r.exit_code, r.stderr.splitlines()[-1]) == (143, "stopped by SIGTERM: run the same command again to "
+                                                         "resume"), (r.exit_code, r.output, r.exception)
+    monkeypatch.setattr(P, "_cut_one", real)
+    r = lcft(*windows_args(tmp_path / "w", "--length", "64K"))
+    assert r.exit_code == 0 and "resuming: 1 chromosome(s) already done" in r.stderr, r.output
+    assert lcft(*windows_args(tmp_path / "whole", "--length", "64K")).exit_code == 0
+    for split in ("train", "eval"):
+        assert (tmp_path / "w" / f"{split}.bin").read_bytes() == (tmp_path / "whole" / f"{split}.bin").read_bytes()
+
+
 def test_fetch_rejects_bad_url(tmp_path):
     r = lcft("prepare", "fetch", "hg38", "--out", tmp_path, "--url", "file:///etc/passwd")
     assert r.exit_code == 1 and "not an http(s) URL" in r.stderr
