@@ -34,9 +34,10 @@ from lcft.units import LN2, counted
 
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
-# each figure's unit in its header, as the terminal tables give it (eval.json's "loss" is nats per token too)
-CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "tokens", "loss_nats_per_token", "bits_per_base",
-               "relative_change", "ci_low", "ci_high")
+# each figure's unit in its header, as the terminal tables give it (eval.json's "loss" is nats per token too); a
+# bin's start and end count tokens or bases (--position), said on every row: the two read alike otherwise
+CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "position_unit", "tokens", "loss_nats_per_token",
+               "bits_per_base", "relative_change", "ci_low", "ci_high")
 SPLITS = SUBSETS[1:]  # the soft-mask and the recurrence split reported next to every figure over all tokens
 
 
@@ -264,7 +265,7 @@ def _finite(x: Any) -> bool:
 def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (checkpoint, bin), the same figures as the JSON (empty cells for undefined figures, and for the
     reference's intervals)."""
-    edges = report["positions"]["edges"]
+    edges, unit = report["positions"]["edges"], report["positions"]["unit"]
     rows = []
     for ck in report["checkpoints"]:
         for subset in SUBSETS:
@@ -272,7 +273,7 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             for i in range(len(edges) - 1):
                 rows.append({
                     "label": ck["label"], "subset": subset, "bin": i, "start": edges[i], "end": edges[i + 1],
-                    "tokens": b["tokens"][i], "loss_nats_per_token": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
+                    "position_unit": unit, "tokens": b["tokens"][i], "loss_nats_per_token": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
                     "relative_change": b["relative_change"][i], "ci_low": b["ci_low"][i], "ci_high": b["ci_high"][i],
                 })
     return rows

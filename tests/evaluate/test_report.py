@@ -111,6 +111,20 @@ def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
     assert len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10  # lines and text, not one colour
 
 
+@pytest.mark.parametrize("position", ["tokens", "bases"])
+def test_each_csv_row_names_the_unit_its_bin_edges_count(tmp_path, position):
+    """A bin's start and end count tokens or bases (--position): the CSV says which on every row, as eval.json's
+    positions.unit does, so two CSVs whose edges read alike are not taken for one axis."""
+    cfg = EvalConfig(data=str(tmp_path / "data"), checkpoints=("a", "b"), labels=("base", "long"), bins=4,
+                     position=position, out=str(tmp_path / "out"))
+    infos = [CheckpointInfo(lb, lb, tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
+    results = [_result(0, 1.0, n_bins=4), _result(1, 0.9, n_bins=4)]
+    report = build_report(cfg, FakeWindows(), 3, infos, results, bin_edges(FakeWindows.length, 4))
+    rows = list(csv.DictReader(write_outputs(report, Path(cfg.out), cfg)["csv"].open()))
+    assert report["positions"]["unit"] == position
+    assert len(rows) == 2 * 5 * 4 and {r["position_unit"] for r in rows} == {position}
+
+
 def test_relative_change_against_the_first(tmp_path):
     _, report, _ = _report(tmp_path, second=0.9)
     first, second = report["checkpoints"]
