@@ -29,7 +29,7 @@ def _run(cfg: EvalConfig, progress: bool, quiet: bool) -> None:
     from lcft.launch import run
     from lcft.signals import exit_code
 
-    for warning in cfg.idle_split():  # --cp-kv / --cp-layout without --cp; stdout holds the report
+    for warning in (*cfg.idle_split(), *cfg.idle_probe()):  # options that change nothing; stdout holds the report
         err_console.print(warning, highlight=False, soft_wrap=True)
     report = run("eval", cfg, progress=progress and not quiet)  # in this process, or --nproc N launched ones
     code = exit_code(report)  # stopped by a signal, its losses kept: not a finished evaluation

@@ -27,6 +27,7 @@ DEVICE = re.compile(r"auto|cpu|cuda(:(\d|[1-9]\d|1[01]\d|12[0-7]))?")
 # where a launch computes otherwise, the copy probe's whole windows, the report's inputs key says so); the folder
 # the report is in, moved or copied; the device by name, as its kind is keyed (`_identity`). The --data and
 # --checkpoint paths stay compared though their content is keyed too: the report names them (and labels by them).
+PROBE_OPTIONS = ("probe_segment", "probe_distances", "probe_mutation", "probe_windows")  # only --probe copy reads them
 NOT_FIGURES = frozenset(f.name for f in fields(LaunchConfig)) | {"out", "device"}
 
 
@@ -151,6 +152,18 @@ class EvalConfig(ParallelConfig):
             raise ConfigError(f"--probe-windows must be 0 (all) or positive, got {self.probe_windows}")
         check_seed(self)
 
+    def idle_probe(self) -> list[str]:
+        """A warning when the copy probe's options (other than their defaults) are given without --probe copy, where
+        no probe runs (a shared config, or the probe's flags without the one that turns it on)."""
+        if self.probe != "none":
+            return []
+        given = [f"--{f.name.replace('_', '-')} {_shown(getattr(self, f.name))}" for f in fields(self)
+                 if f.name in PROBE_OPTIONS and getattr(self, f.name) != f.default]
+        if not given:
+            return []
+        return [f"warning: {' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect without "
+                "--probe copy: no copy probe runs"]
+
     def windows_of(self, available: int) -> int:
         """How many of a split's `available` windows an evaluation reads: all, or the first --max-windows (a report
         read back holds this many)."""
@@ -161,6 +174,11 @@ class EvalConfig(ParallelConfig):
         if not self.max_context:
             return 0
         return self.max_context[0] if len(self.max_context) == 1 else self.max_context[i]
+
+
+def _shown(value: object) -> str:
+    """An option's value as the command line gives it (a repeated option's values comma separated)."""
+    return ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
 
 
 def _context(value: int | str) -> int:

@@ -184,3 +184,21 @@ def test_a_char_models_export_evaluates_the_data_prepared_with_it(data_dir, tmp_
         assert r.exit_code == 0, (args[0], r.output)
     for name in ("manifest.json", "eval.bin", "train.bin"):
         assert (held / name).read_bytes() == (data_dir / name).read_bytes(), name
+
+
+def test_probe_options_without_the_probe_say_so_on_stderr(tmp_path, monkeypatch):
+    """`--probe-segment 64 --probe-distances 128` without `--probe copy` ran no probe and said nothing; now one
+    warning on stderr (stdout keeps the report), with --quiet too, and the evaluation runs as asked."""
+    import lcft.launch
+
+    ran = []
+    monkeypatch.setattr(lcft.launch, "run", lambda _cmd, cfg, **_k: ran.append(cfg) or {"already": True})
+    args = ["eval", "--data", str(tmp_path / "data"), "-c", str(tmp_path / "a"), "--out", str(tmp_path / "o"),
+            "--probe-segment", "64", "--probe-distances", "128", "--quiet"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "" and r.stderr.splitlines() == [
+        "warning: --probe-segment 64 and --probe-distances 128 have no effect without --probe copy: no copy probe runs"]
+    assert len(ran) == 1 and ran[0].probe == "none"
+    r = runner.invoke(app, [*args, "--probe", "copy"])
+    assert r.exit_code == 0 and r.stderr == "", r.output
