@@ -47,7 +47,8 @@ class EvalConfig(ParallelConfig):
     split: str = "eval"
     """Which split of the data folder to evaluate."""
     bins: int = 32
-    """Number of position bins over the window."""
+    """Number of position bins over the window (fewer where bins would be narrower than one position, as log bins
+    near the window start or more bins than positions: those merge, and the table says so)."""
     bin_scale: BinScale = "linear"
     """Position bins of equal width (linear) or growing geometrically (log; detail near the window start)."""
     position: Position = "tokens"

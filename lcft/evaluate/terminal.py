@@ -124,6 +124,17 @@ def thin_line(report: dict[str, Any]) -> str | None:
             "average those windows only (shaded in the plot; eval.json positions.windows)")
 
 
+def merged_line(report: dict[str, Any]) -> str | None:
+    """How many position bins the report holds when that is fewer than --bins asked for (bins narrower than one
+    position merged: `binning.bin_edges`)."""
+    pos, asked = report["positions"], report["options"]["bins"]
+    got = len(pos["edges"]) - 1
+    if got >= asked:
+        return None
+    return (f"{got:,} position bins, not --bins {asked:,}: over {pos['edges'][-1]:,} {pos['unit']} the "
+            f"{pos['bin_scale']} bins narrower than one position merge with the next (eval.json positions.edges)")
+
+
 def probe_table(report: dict[str, Any]) -> Table | None:
     """Loss drop on the planted copy by distance (nats/token; * = above zero by its own 95% interval) and the
     effective context of each checkpoint; None without --probe."""
@@ -234,7 +245,7 @@ def print_table(report: dict[str, Any], console: Console | None = None) -> None:
         line = distance_line(report)
         if line:
             console.print(line, highlight=False)
-    for line in [*trend_lines(report), thin_line(report)]:
+    for line in [*trend_lines(report), thin_line(report), merged_line(report)]:
         if line:
             console.print(line, highlight=False)
     probe = probe_table(report)
