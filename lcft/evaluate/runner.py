@@ -100,6 +100,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
         stop = lock.enter_context(StopSignals(_say if main else None, "keeping this batch's losses, then stopping"))
         if main:
             _say_discarded(cfg, ws, n_windows, infos, device, parallel, planting)
+            if reuse:  # (the demo's reports are its own)
+                _say_replaced(cfg.out)
         try:
             results = _run_all(cfg, ws, n_windows, infos, device, parallel, progress, stop, planting)
         except Interrupted as e:
@@ -288,6 +290,18 @@ def _say_discarded(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[Checkpo
               for identity, keep in _passes(cfg, ws, info, device, probe, parallel, planting)]
     if (line := discarded(cfg.out, passes)) is not None:
         _say(line)
+
+
+def _say_replaced(out: str) -> None:
+    """Say once, before any pass, that `out` holds an earlier evaluation's report, which this one's replaces when it
+    ends (another checkpoint evaluated into the default --out): a stop now keeps it."""
+    try:
+        report = read_json(Path(out) / JSON_NAME)
+        labels = [str(ck["label"]) for ck in report["checkpoints"]]
+    except (LcftError, KeyError, TypeError):  # none there, or not a report lcft can read back: nothing to lose
+        return
+    _say(f"{out} holds an earlier evaluation's report ({', '.join(labels[:4])}{', ...' * (len(labels) > 4)}): "
+         "this evaluation replaces it when it ends; stop it now and choose another --out to keep that one")
 
 
 def _identity(cfg: EvalConfig, ws: Any, info: CheckpointInfo, device: torch.device) -> dict[str, Any]:

@@ -172,3 +172,19 @@ def test_the_loss_at_position_p_sees_exactly_the_p_tokens_before_it(data_dir, ck
             logits = model(ids[:, :p])[0, -1]  # (V,) from the p tokens before position p
         want = F.cross_entropy(logits[None], ids[0, p:p + 1])
         assert counted[0, p] and loss[0, p].item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+
+
+def test_an_earlier_report_in_out_is_named_before_it_is_replaced(data_dir, ckpt_a, ckpt_b, tmp_path, capfd):
+    """Another checkpoint evaluated into an --out that holds a report (the default reports/eval, run after run)
+    replaced that report when it ended, without a word; now one line before any pass names the report it will
+    replace. The same inputs again read the report back (nothing replaced, nothing said); none there: nothing."""
+    out = tmp_path / "report"
+    evaluate(_cfg(data_dir, out, ckpt_a, labels=("first",), bins=4, max_windows=2))
+    assert "earlier evaluation" not in capfd.readouterr().err
+    evaluate(_cfg(data_dir, out, ckpt_a, labels=("first",), bins=4, max_windows=2))
+    assert "earlier evaluation" not in capfd.readouterr().err
+    evaluate(_cfg(data_dir, out, ckpt_b, labels=("second",), bins=4, max_windows=2))
+    said = [line for line in capfd.readouterr().err.splitlines() if "earlier evaluation" in line]
+    assert said == [f"{out} holds an earlier evaluation's report (first): this evaluation replaces it when it ends; "
+                    "stop it now and choose another --out to keep that one"], said
+    assert [ck["label"] for ck in json.loads((out / "eval.json").read_text())["checkpoints"]] == ["second"]
