@@ -28,11 +28,11 @@ PRELOAD = ("torch", "lcft.cli.app", "lcft.train", "lcft.train.trainer", "lcft.ch
            "lcft.checkpoint.hf_folder", "safetensors.torch")
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, preload: tuple[str, ...]) -> None:
     """The preloaded process: its imports once, then one forked child per request until it gets None. One OpenMP
     thread: importing torch then starts no thread, so a fork copies no lock another thread held."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     while (request := conn.recv()) is not None:
         conn.send(_fork(conn, *request))
@@ -147,12 +147,13 @@ def _exit_status(code: object) -> int:
 
 
 class Preloaded:
-    """The preloaded process (spawned once), and `run` for each command forked from it."""
+    """The preloaded process (spawned once), and `run` for each command forked from it; `preload`: the modules it
+    imports (a test of what a command imports names fewer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = PRELOAD) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, theirs = ctx.Pipe()
-        self.server = ctx.Process(target=_serve, args=(theirs,), daemon=True, name="lcft-preloaded")
+        self.server = ctx.Process(target=_serve, args=(theirs, preload), daemon=True, name="lcft-preloaded")
         self.server.start()
         theirs.close()
 

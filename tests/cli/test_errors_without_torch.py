@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli.preloaded import Preloaded
 from tests.evaluate.conftest import data_dir  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,19 +101,24 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_user_errors_answer_before_torch_is_imported(data_dir, tmp_path):  # noqa: F811
-    """Each in its own process: exit code 1, one `error:` line naming the mistake, torch never imported; nothing
+def test_user_errors_answer_before_torch_is_imported(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """Each in its own process, forked from one that imported the command line alone (what RUN imports first; one
+    start-up, not one per case): exit code 1, one `error:` line naming the mistake, torch never imported; nothing
     written (the output folder named is not created)."""
+    monkeypatch.setenv("COLUMNS", "200")  # before the spawn: its console is made before the forks
+    server = Preloaded(preload=("lcft.cli.app",))
     failed = []
-    for args, needle in cases(data_dir, tmp_path):
-        r = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, cwd=tmp_path,
-                           env=os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200"}, timeout=300)
-        got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
-        lines = r.stderr.strip().splitlines()
-        one_line = len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
-        if got != {"code": 1, "torch": False} or not one_line:
-            failed.append((" ".join(args[:1] + [a.replace(str(tmp_path), "TMP") for a in args[1:]]), got,
-                           r.stderr[-600:]))
+    try:
+        for args, needle in cases(data_dir, tmp_path):
+            r = server.run(["-c", RUN, *args], env=os.environ | {"PYTHONPATH": str(ROOT)}, timeout=300)
+            got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+            lines = r.stderr.strip().splitlines()
+            one_line = len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+            if got != {"code": 1, "torch": False} or not one_line:
+                failed.append((" ".join(args[:1] + [a.replace(str(tmp_path), "TMP") for a in args[1:]]), got,
+                               r.stderr[-600:]))
+    finally:
+        server.close()
     assert not failed, "\n".join(map(str, failed))
     assert not (tmp_path / "out").exists()
 
