@@ -58,37 +58,35 @@ def test_a_finished_report_of_the_same_inputs_is_not_computed_again(data_dir, tm
 
 @pytest.mark.distributed
 def test_a_launched_rerun_of_a_finished_report_starts_no_process(data_dir, tmp_path, monkeypatch):  # noqa: F811
-    """`--nproc 2` run again: its launcher finds the report of the same inputs (rank 0's device kind, the weights
-    by content) and says so, no process started, the report files untouched; with other options it launches and
-    replaces the report."""
+    """`--nproc 2` over a report of other options: it launches and replaces the report; run again, its launcher
+    finds the report of the same inputs (rank 0's device kind, the weights by content) and says so, no process
+    started, the report files untouched. (The report of other options is a one-process one: one launch, not two;
+    a one-process report is returned to a launch of the same options in the tests below.)"""
     model, out = save_model(tmp_path / "m", seed=1), tmp_path / "rep"
     launches: list[int] = []
     real = launching.launch
     monkeypatch.setattr(launching, "launch", lambda *a: launches.append(a[1].nproc) or real(*a))
 
-    def run(bins: str) -> str:
+    def run(bins: str, *launch: str) -> str:
         launches.clear()
         r = cli.invoke(app, ["eval", "--data", str(data_dir), "-c", str(model), "--max-windows", "2", "--bins", bins,
-                             "--bootstrap", "50", "--out", str(out), "--nproc", "2"])
+                             "--bootstrap", "50", "--out", str(out), *launch])
         assert r.exit_code == 0, r.output
         return r.stdout
 
     def files() -> dict[str, tuple[bytes, int]]:
         return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.iterdir())}
 
-    assert "uniform guess" in run("4") and launches == [2]
+    assert "uniform guess" in run("5") and launches == []
+    first = files()
+    assert "uniform guess" in run("4", "--nproc", "2") and launches == [2]  # another option: evaluated again
     before = files()
-    assert sorted(before) == ["eval.json", "eval.toml", "loss_by_position.csv", "loss_by_position.png"]
-    assert run("4").splitlines() == [
+    assert sorted(before) == sorted(first) == ["eval.json", "eval.toml", "loss_by_position.csv", "loss_by_position.png"]
+    assert before["eval.json"][0] != first["eval.json"][0] and json.loads(before["eval.json"][0])["options"]["bins"] == 4
+    assert run("4", "--nproc", "2").splitlines() == [
         f"already evaluated: {out}; the same checkpoints (by content), data and options: nothing computed "
         f"(the report: {out / 'eval.json'})"]
     assert launches == [] and files() == before  # byte for byte, not written again
-    assert "uniform guess" in run("5") and launches == [2]  # another option: evaluated again, the report replaced
-    after = files()
-    assert sorted(after) == sorted(before) and after["eval.json"][0] != before["eval.json"][0]
-    assert json.loads(after["eval.json"][0])["options"]["bins"] == 5
-    run("5")
-    assert launches == [] and files() == after
 
 
 def _eval(data_dir, model, out, *more: str) -> str:  # noqa: F811
