@@ -61,20 +61,38 @@ class Stopped:
     took: float  # from the SIGTERM to the launcher's exit
 
 
+@dataclass
+class AgentKilled:
+    """A run whose agent alone got a signal it does not survive: its folder, the agent's pid and its workers (as
+    they were when it was sent), and how the launcher ended."""
+    run: Path
+    agent: int
+    workers: list[psutil.Process]
+    ended: Ended
+
+
+def _start(root: Path, data_dir: Path, init_dir: Path, started: list[subprocess.Popen], *args: object,
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen, psutil.Process]:
+    """A `--nproc 2` run in `root`/run with `args`, once step 3 is logged: the launcher and its agent."""
+    proc = start_train(data_dir, init_dir, root / "run", "--nproc", 2, "--steps", 100000, *args, env=env)
+    started.append(proc)
+    wait_for_step(root / "run", 3, [proc])
+    return proc, _agent(proc)
+
+
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory, data_dir, init_dir) -> dict[tuple[str, int | None, int], Stopped]:
-    """Each of SLOW, KILLED and AGENT: a `--nproc 2` run stopped by SIGTERM once step 3 is logged. Each starts
-    once the one before it was signalled, so that its start and its stop overlap their final saves."""
-    waiting = []
+def launches(tmp_path_factory, data_dir, init_dir) -> tuple[dict[tuple[str, int | None, int], Stopped],
+                                                            dict[int, AgentKilled]]:
+    """Each of SLOW, KILLED and AGENT: a run stopped by SIGTERM once step 3 is logged; then a run whose agent gets
+    SIGKILL, and one whose agent gets signal 40 (SIGRTMIN+6). Each starts once the one before it was signalled, so
+    that its start and its stop overlap the final saves (the last two, SLOW's 33 s)."""
+    waiting, killed = [], []
     with killed_on_failure() as started:
         for whom, grace, save_s in (SLOW, KILLED, AGENT):
             root = tmp_path_factory.mktemp("stopped")
             env = {"PYTHONPATH": _slow_save(root / "hook", save_s)} if save_s else None
-            proc = start_train(data_dir, init_dir, root / "run", "--nproc", 2, "--steps", 100000, "--save-every", 0,
-                               *(("--stop-grace", grace) if grace is not None else ()), env=env)
-            started.append(proc)
-            wait_for_step(root / "run", 3, [proc])
-            agent = _agent(proc)
+            proc, agent = _start(root, data_dir, init_dir, started, "--save-every", 0,
+                                 *(("--stop-grace", grace) if grace is not None else ()), env=env)
             targets = [psutil.Process(proc.pid), agent, *agent.children(recursive=True)] \
                 if whom == "every process" else [agent]
             assert len(targets) == (4 if whom == "every process" else 1)
@@ -82,8 +100,20 @@ def stopped(tmp_path_factory, data_dir, init_dir) -> dict[tuple[str, int | None,
             for p in targets:
                 p.send_signal(signal.SIGTERM)
             waiting.append(((whom, grace, save_s), root / "run", signalled, ending(proc, timeout=300)))
+        for sig in (signal.SIGKILL, 40):
+            root = tmp_path_factory.mktemp("agent-killed")
+            proc, agent = _start(root, data_dir, init_dir, started, "--save-every", 2)
+            workers = agent.children()
+            agent.send_signal(sig)
+            killed.append((int(sig), root / "run", agent.pid, workers, ending(proc, timeout=120)))
         ends = [(key, run, t0, ended()) for key, run, t0, ended in waiting]
-    return {key: Stopped(run, e, e.at - t0) for key, run, t0, e in ends}
+        kills = {sig: AgentKilled(run, pid, workers, ended()) for sig, run, pid, workers, ended in killed}
+    return {key: Stopped(run, e, e.at - t0) for key, run, t0, e in ends}, kills
+
+
+@pytest.fixture(scope="module")
+def stopped(launches) -> dict[tuple[str, int | None, int], Stopped]:
+    return launches[0]
 
 
 def _slow_save(hook: Path, seconds: int) -> str:
@@ -111,25 +141,21 @@ def test_sigterm_reaching_the_agent_saves_and_exits_143(stopped, stop):
 
 
 @pytest.mark.parametrize(("sig", "name"), [(signal.SIGKILL, "SIGKILL"), (40, "SIGRTMIN+6")])
-def test_sigkill_to_the_agent_is_a_lost_launch(tmp_path, data_dir, init_dir, sig, name):
+def test_sigkill_to_the_agent_is_a_lost_launch(launches, sig, name):
     """SIGKILL to the agent (the OOM killer, a scheduler), or a realtime signal it does not handle: its workers die
     with it, nothing is saved, and the command exits 75 (requeue, --resume auto) with one line naming the agent.
     It exited 1 with 'training processes failed (torchrun exit code -9); the first error is printed above', and
     nothing was above (signal 40, not in signal.Signals: so until it had a name)."""
-    run = tmp_path / "run"
-    proc = start_train(data_dir, init_dir, run, "--nproc", 2, "--steps", 100000, "--save-every", 2)
-    wait_for_step(run, 3, [proc])
-    agent = _agent(proc)
-    workers = agent.children()
-    agent.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 75, err[-3000:]
+    killed = launches[1][int(sig)]
+    err = killed.ended.err
+    assert killed.ended.code == 75, err[-3000:]
     assert "Traceback" not in err
-    assert error_lines(err) == [f"error: torchrun's agent on node 0 (pid {agent.pid}) was killed by {name}, and "
+    assert error_lines(err) == [f"error: torchrun's agent on node 0 (pid {killed.agent}) was killed by {name}, and "
                                 "its workers with it; the run ended without a new checkpoint: start it again with "
                                 "--resume auto"], err[-3000:]
+    workers = killed.workers
     assert len(workers) == 2 and not any(w.is_running() and w.status() != "zombie" for w in workers)
-    assert read_state(latest_checkpoint(run)).step >= 2  # the earlier checkpoints stand for --resume auto
+    assert read_state(latest_checkpoint(killed.run)).step >= 2  # the earlier checkpoints stand for --resume auto
 
 
 @pytest.mark.parametrize("stop", [KILLED, SLOW], ids=["2-12", "60-33"])
