@@ -214,16 +214,21 @@ def test_install_only_builds_the_gpu_venv_from_the_wheelhouse_alone(offline_node
     assert res.returncode == 2 and "2.10.2+cu128 here is older than" in res.stderr and not (repo / ".venv-gpu").exists()
     (repo / ".venv-gpu" / "bin").mkdir(parents=True)  # a venv an earlier run left half-made
     (repo / ".venv-gpu" / "bin" / "python").symlink_to("/bin/false")
-    no_index = {k: v for k, v in env.items() if k != "PIP_NO_INDEX"} | {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}
+    # the runs that stop before anything runs from the venv read only torch's version: a torch that says this one's
+    # (not a second of importing the real one each); the last run imports the node's own
+    (same := tmp_path / "same-torch").mkdir()
+    (same / "torch.py").write_text(f'__version__ = "{torch.__version__}"\n')
+    env_same = env | {"PYTHONPATH": str(same)}
+    no_index = {k: v for k, v in env_same.items() if k != "PIP_NO_INDEX"} | {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}
     res = subprocess.run(INSTALL, cwd=repo, env=no_index | {"WHEELHOUSE": "absent"}, capture_output=True, text=True)
     assert res.returncode == 1 and "no working python -m pip: making it again" in res.stderr, res.stderr
     assert "no absent/ here" in res.stderr and "does not answer in 5 s: pip tries once" in res.stderr, res.stderr
     assert "Retrying" not in res.stderr, res.stderr  # the build dependencies' own pip (setuptools) included
     (empty := tmp_path / "empty").mkdir()
-    res = subprocess.run(INSTALL, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
+    res = subprocess.run(INSTALL, cwd=repo, env=env_same | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
     assert res.returncode == 1 and "no requirements.txt" in res.stderr
     shutil.copy2(repo / "wheelhouse" / "requirements.txt", empty)  # the pins, and no wheel to install them from
-    res = subprocess.run(INSTALL, cwd=repo, env=env | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
+    res = subprocess.run(INSTALL, cwd=repo, env=env_same | {"WHEELHOUSE": str(empty)}, capture_output=True, text=True)
     assert res.returncode == 1 and "add its pin to constraints.txt" in res.stderr
     res = subprocess.run(INSTALL, cwd=repo, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
