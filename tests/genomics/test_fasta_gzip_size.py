@@ -19,6 +19,10 @@ from lcft.genomics.gzip_size import WRAP, gzip_size_floor, least_input, most_def
 from tests.genomics.test_fasta_cache_space import _with_free
 
 STRATEGIES = (zlib.Z_DEFAULT_STRATEGY, zlib.Z_FILTERED, zlib.Z_HUFFMAN_ONLY, zlib.Z_RLE, zlib.Z_FIXED)
+# Strategies whose deflate reads no level past "0: stored blocks" (zlib's deflate_huff and deflate_rle): levels 2 to 9
+# write level 1's bytes (test_levels_past_1_write_level_1s_bytes_under_huffman_only_and_rle), so the largest size
+# runs level 1 alone under them, its seconds going to the strategies whose level chooses the matching
+LEVEL_FREE = (zlib.Z_HUFFMAN_ONLY, zlib.Z_RLE)
 
 
 def _deflated(data: bytes, level: int, mem: int, strategy: int, wbits: int) -> int:
@@ -30,11 +34,29 @@ def _deflated(data: bytes, level: int, mem: int, strategy: int, wbits: int) -> i
 def test_zlib_never_deflates_past_most_deflated(n):
     """Data that does not compress, and bytes past 143 (9 bits each in a fixed-Huffman block), under every zlib
     level, memLevel, strategy and two windows: the raw deflate stream is at most `most_deflated(n)` bytes."""
-    rng = random.Random(n)
-    for data in (rng.randbytes(n), bytes(rng.randrange(144, 256) for _ in range(n))):
+    for data in _incompressible(n):
         for level, mem, strategy, wbits in itertools.product(range(10), range(1, 10), STRATEGIES, (-15, -9)):
+            if n > 16_383 and strategy in LEVEL_FREE and level > 1:
+                continue
             got = _deflated(data, level, mem, strategy, wbits)
             assert got <= most_deflated(n), (n, level, mem, strategy, wbits, got)
+
+
+def _incompressible(n: int) -> tuple[bytes, bytes]:
+    """`n` random bytes, and `n` random bytes past 143 (9 bits each in a fixed-Huffman block)."""
+    rng = random.Random(n)
+    return rng.randbytes(n), bytes(rng.randrange(144, 256) for _ in range(n))
+
+
+def test_levels_past_1_write_level_1s_bytes_under_huffman_only_and_rle():
+    """Under every memLevel and both windows, at 16,383 bytes (several blocks at every memLevel but 9)."""
+    for data in _incompressible(16_383):
+        for mem, strategy, wbits in itertools.product(range(1, 10), LEVEL_FREE, (-15, -9)):
+            first = zlib.compressobj(1, zlib.DEFLATED, wbits, mem, strategy)
+            want = first.compress(data) + first.flush()
+            for level in range(2, 10):
+                c = zlib.compressobj(level, zlib.DEFLATED, wbits, mem, strategy)
+                assert c.compress(data) + c.flush() == want, (level, mem, strategy, wbits)
 
 
 def test_least_input_is_the_fewest_bytes_that_can_deflate_that_long():
