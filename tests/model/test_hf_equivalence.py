@@ -163,19 +163,31 @@ def _tied_folder(folder, head: str | None, embed: torch.Tensor):
     return folder
 
 
-@pytest.mark.parametrize("order", ["first", "last"])
-def test_a_stored_tied_head_is_checked_without_a_second_embedding_in_memory(tmp_path, order):
-    """A stored head beside a tied 65536 x 512 bf16 embedding (128 MiB in fp32), read as training reads (fp32): its
-    check grows the peak by less than half the fp32 embedding over the same folder without it, whether its shard
-    comes before or after the embedding's (it held the head to the end, then compared a whole fp32 copy of it)."""
+@pytest.fixture(scope="module")
+def tied_without_head(tmp_path_factory) -> tuple[torch.Tensor, int]:
+    """A tied 65536 x 512 bf16 embedding (128 MiB in fp32), and the MiB reading its folder without a stored head
+    grows a fresh process's peak by, read as training reads (fp32): what both orders below are held to."""
     from tests.probes import peak_growth
 
     embed = torch.randn(65536, 512).to(torch.bfloat16)
-    without = _tied_folder(tmp_path / "without", None, embed)
-    stored = _tied_folder(tmp_path / "with", order, embed)
-    reader = "tests.probes.read_fp32_model"
-    (lines0, base), (lines, grown) = peak_growth(reader, without), peak_growth(reader, stored)
-    assert lines0 == lines == [] and grown - base < 64, (base, grown)  # MiB; it grew by 192 (head + its fp32 copy)
+    lines, base = peak_growth(READ_FP32, _tied_folder(tmp_path_factory.mktemp("tied") / "without", None, embed))
+    assert lines == []
+    return embed, base
+
+
+READ_FP32 = "tests.probes.read_fp32_model"
+
+
+@pytest.mark.parametrize("order", ["first", "last"])
+def test_a_stored_tied_head_is_checked_without_a_second_embedding_in_memory(tmp_path, tied_without_head, order):
+    """A stored head beside a tied embedding: its check grows the peak by less than half the fp32 embedding over
+    the same folder without it, whether its shard comes before or after the embedding's (it held the head to the
+    end, then compared a whole fp32 copy of it)."""
+    from tests.probes import peak_growth
+
+    embed, base = tied_without_head
+    lines, grown = peak_growth(READ_FP32, _tied_folder(tmp_path / "with", order, embed))
+    assert lines == [] and grown - base < 64, (base, grown)  # MiB; it grew by 192 (head + its fp32 copy)
 
 
 def test_the_tied_head_check_compares_every_row_and_takes_nan_for_nan(tmp_path, monkeypatch):
