@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import ctypes
 import importlib
 import io
 import multiprocessing
@@ -38,14 +39,15 @@ def _serve(conn: Connection, preload: tuple[str, ...]) -> None:
         conn.send(_fork(conn, *request))
 
 
-def _fork(conn: Connection, argv: list[str], env: dict[str, str], limit: int | None) -> tuple[int, bytes, bytes]:
+def _fork(conn: Connection, argv: list[str], env: dict[str, str], limit: int | None,
+          unprivileged: bool) -> tuple[int, bytes, bytes]:
     """Run `python ARGV` in a forked child; sends its pid first, returns its exit status and output."""
     pipes = [os.pipe(), os.pipe()]
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(conn, argv, env, limit, pipes)
+        _child(conn, argv, env, limit, unprivileged, pipes)
     for _, w in pipes:
         os.close(w)
     conn.send(pid)
@@ -70,10 +72,10 @@ def _drain(fds: list[int]) -> list[bytes]:
     return [bytes(got[fd]) for fd in fds]
 
 
-def _child(conn: Connection, argv: list[str], env: dict[str, str], limit: int | None,
+def _child(conn: Connection, argv: list[str], env: dict[str, str], limit: int | None, unprivileged: bool,
            pipes: list[tuple[int, int]]) -> NoReturn:
     """The forked child: stdin from /dev/null, stdout and stderr into the pipes (not files: a file-size limit
-    spares pipes), the request's environment and limit, then `python ARGV` to its end."""
+    spares pipes), the request's environment, limit and capabilities, then `python ARGV` to its end."""
     code = 1
     try:
         conn.close()
@@ -89,9 +91,31 @@ def _child(conn: Connection, argv: list[str], env: dict[str, str], limit: int | 
         os.environ.update(env)
         if limit is not None:  # (Python ignores SIGXFSZ: a write past it fails with EFBIG)
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        if unprivileged and os.geteuid() == 0:
+            _drop_mode_overrides()
         code = _python(argv)
     finally:
         os._exit(code)
+
+
+# What tests.test_folder_lock.UNPRIVILEGED (setpriv) takes from root: the capabilities that let it write, search and
+# chmod whatever a folder's mode (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER). The forked child execs nothing,
+# so its effective, permitted and inheritable sets are all there is to take them from.
+MODE_OVERRIDES = (1 << 1) | (1 << 2) | (1 << 3)
+CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _drop_mode_overrides() -> None:
+    """Take MODE_OVERRIDES from this process (capset, through libc: the standard library has no call for it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)  # (version, pid 0: this process)
+    sets = (ctypes.c_uint32 * 6)()  # (effective, permitted, inheritable) of capabilities 0-31, then of 32-63
+    if libc.capget(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    for i in range(3):
+        sets[i] &= ~MODE_OVERRIDES
+    if libc.capset(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _stdio(fd: int, like: io.TextIOWrapper) -> io.TextIOWrapper:
@@ -158,10 +182,11 @@ class Preloaded:
         theirs.close()
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, limit: int | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+            timeout: float = 300, unprivileged: bool = False) -> subprocess.CompletedProcess:
         """`python ARGV` forked off, as subprocess.run(..., capture_output=True, text=True) returns it; `env`:
-        its whole environment (default this one's); `limit`: its RLIMIT_FSIZE in bytes. SIGKILLed past timeout."""
-        self.conn.send((argv, dict(os.environ if env is None else env), limit))
+        its whole environment (default this one's); `limit`: its RLIMIT_FSIZE in bytes; `unprivileged`: folder modes
+        apply to it, root's included (as tests.test_folder_lock.unprivileged runs a command). SIGKILLed past timeout."""
+        self.conn.send((argv, dict(os.environ if env is None else env), limit, unprivileged))
         if not self.conn.poll(120):  # (the first request waits for the imports)
             raise AssertionError(f"the preloaded process did not start `python {argv[0]} {argv[1]}`")
         pid = self.conn.recv()

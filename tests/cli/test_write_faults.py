@@ -218,7 +218,7 @@ def test_demo_config_past_the_file_size_limit(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_into_a_read_only_checkpoints_folder(tmp_path, data, init):
+def test_train_into_a_read_only_checkpoints_folder(tmp_path, data, init, preloaded):  # noqa: F811
     """The run folder may be written but its checkpoints/ may not: the save is one line naming that folder, the
     earlier checkpoint kept."""
     run = tmp_path / "run"
@@ -226,7 +226,7 @@ def test_train_into_a_read_only_checkpoints_folder(tmp_path, data, init):
     here(*base, "--stop-after", "3")
     (run / "checkpoints").chmod(0o555)
     try:
-        r = unprivileged([sys.executable, "-m", "lcft", *map(str, base), "--resume", "auto"])
+        r = preloaded.run(["-m", "lcft", *map(str, base), "--resume", "auto"], env=_env(), unprivileged=True)
     finally:
         (run / "checkpoints").chmod(0o755)
     one_error(r, "cannot save step 6", str(run / "checkpoints"), "Permission denied")
@@ -234,7 +234,7 @@ def test_train_into_a_read_only_checkpoints_folder(tmp_path, data, init):
 
 
 @pytest.mark.slow
-def test_train_pruning_a_read_only_checkpoint_warns_and_goes_on(tmp_path, data, init):
+def test_train_pruning_a_read_only_checkpoint_warns_and_goes_on(tmp_path, data, init, preloaded):  # noqa: F811
     """--keep-last 2 over a checkpoint whose files may not be deleted: the run finishes (exit 0) with one warning
     naming the folder left behind, where it said nothing before."""
     run = tmp_path / "run"
@@ -242,7 +242,8 @@ def test_train_pruning_a_read_only_checkpoint_warns_and_goes_on(tmp_path, data, 
     here(*base, "--stop-after", "2")
     (run / "checkpoints" / "step-00000001").chmod(0o555)
     try:
-        r = unprivileged([sys.executable, "-m", "lcft", *map(str, base), "--resume", "auto", "--stop-after", "1"])
+        r = preloaded.run(["-m", "lcft", *map(str, base), "--resume", "auto", "--stop-after", "1"], env=_env(),
+                          unprivileged=True)
     finally:
         (run / "checkpoints" / ".tmp-pruned-step-00000001").chmod(0o755)
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
