@@ -21,7 +21,7 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.folder_lock import LOCK_NAME
 from lcft.train import TrainConfig, TrainHooks, train
-from tests.test_folder_lock import unprivileged
+from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture, by name)
 
 from .launching import RUN
 
@@ -150,7 +150,7 @@ def test_outputs_respect_the_umask(tmp_path, base_cfg, mask):
             assert stat.S_IMODE(p.stat().st_mode) == want, (p, oct(p.stat().st_mode))
 
 
-def test_read_only_output_folders_are_one_line(tmp_path, base_cfg, data_dir, init_dir):
+def test_read_only_output_folders_are_one_line(tmp_path, base_cfg, data_dir, init_dir, preloaded):  # noqa: F811
     """`lcft export` and `lcft train` (new, and --resume) into an existing folder that may not be written: one
     line naming it, exit 1, no traceback, nothing changed there."""
     run = tmp_path / "run"
@@ -162,12 +162,11 @@ def test_read_only_output_folders_are_one_line(tmp_path, base_cfg, data_dir, ini
     folders = [ro, run, *(p for p in run.rglob("*") if p.is_dir())]
     for f in folders:
         f.chmod(0o555)
-    lcft = [sys.executable, "-m", "lcft"]
     train_args = ["train", "--data", str(data_dir), "--init", str(init_dir), *RUN, "--steps", "2"]
     try:
         for out, args in ((ro, ["export", str(init_dir)]), (ro, train_args),
                           (run, [*train_args, "--resume", "auto"])):
-            r = unprivileged([*lcft, *args, "--out", str(out)])
+            r = preloaded.run(["-m", "lcft", *args, "--out", str(out)], unprivileged=True)
             lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
             assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
             assert lines[-1] == f"error: cannot write to output folder {out}: Permission denied", lines
