@@ -188,8 +188,8 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, 
 
 
 def present(path: str | os.PathLike, what: str = "") -> bool:
-    """Whether the file `path`, which a folder may or may not hold (a checkpoint's lcft.json or checksums.json, a
-    tokenizer's role files), is there: True for a regular file (through its links), False where nothing is under
+    """Whether the file `path`, which a folder may or may not hold (a model folder's lcft.json, a checkpoint's
+    checksums, a tokenizer's role files), is there: True for a regular file (through its links), False where nothing is under
     the name. Anything else there (a folder, a FIFO, a device, links in a loop or to nothing) is a one-line
     LcftError naming it (`what`: what the file is, to begin the message): taken for a missing file, it would
     change what the folder is read as without a word."""
