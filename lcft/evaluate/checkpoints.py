@@ -85,16 +85,20 @@ class CheckpointInfo:
         return self.attention.sparse.block_size
 
     def check_max_context(self, window: int, block: int) -> None:
-        """--max-context within the window, of whole blocks; a sparse model's windows of whole blocks too."""
+        """--max-context within the window; a sparse model's pieces (its windows without one) of whole blocks,
+        as its kernels read them (dense attention takes any length; under cp > 1 lcft.evaluate.parallel checks
+        the pieces split over the ranks)."""
         c = self.max_context
+        sparse = self.attention.backend == "sparse"
         if not c:
-            if self.attention.backend == "sparse":
+            if sparse:
                 check_length(window, block=block, what="the data's window length", source=str(self.path))
             return
         if c > window:
             raise LcftError(
                 f"--max-context {format_size(c)} is larger than the window ({format_size(window)} tokens)")
-        check_length(c, block=block, what="--max-context", source=str(self.path))
+        if sparse:
+            check_length(c, block=block, what="--max-context", source=str(self.path))
 
     def describe(self) -> dict[str, Any]:
         """The report's record of this checkpoint (without figures)."""

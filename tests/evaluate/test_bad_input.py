@@ -64,9 +64,15 @@ def test_missing_data_folder(ckpt_a, tmp_path):
     _fails(tmp_path, "windows folder not found", tmp_path / "nope", ckpt_a)
 
 
-@pytest.mark.parametrize("ctx,match", [(2 * WINDOW, "larger than the window"), (1000, "not a multiple of the attention block size 64")])
-def test_bad_max_context(data_dir, ckpt_a, tmp_path, ctx, match):
-    _fails(tmp_path, match, data_dir, ckpt_a, max_context=(ctx,))
+def test_bad_max_context(data_dir, ckpt_a, tmp_path):
+    _fails(tmp_path, "larger than the window", data_dir, ckpt_a, max_context=(2 * WINDOW,))
+
+
+def test_a_sparse_model_takes_a_max_context_of_whole_blocks(data_dir, tmp_path):
+    """The sparse kernels read whole blocks (a dense model takes any --max-context: test_evaluate)."""
+    sparse = save_model(tmp_path / "sparse", seed=0, attention={"backend": "sparse", "block_size": 64})
+    _fails(tmp_path, "--max-context 1000 is not a multiple of the attention block size 64", data_dir, sparse,
+           max_context=(1000,))
 
 
 def test_a_fault_of_lcft_while_a_checkpoint_loads_keeps_its_traceback(data_dir, ckpt_a, tmp_path, monkeypatch):

@@ -151,6 +151,21 @@ def test_max_context_cuts_the_window_into_independent_pieces(data_dir, ckpt_a):
     assert not torch.allclose(loss[:, c:], full[:, c:])  # later pieces lost their earlier context
 
 
+def test_a_dense_model_takes_a_max_context_of_any_length(data_dir, ckpt_b, tmp_path):
+    """Dense attention has no blocks: pieces of 1000 tokens (1000, 1000, 48 of a 2K window), each with the
+    next piece's first token run on its own as a plain forward pass (as the test above)."""
+    c = 1000
+    rep = evaluate(_cfg(data_dir, tmp_path / "r", ckpt_b, max_context=(c,), max_windows=1))
+    model = from_pretrained(ckpt_b).eval()
+    ids = torch.from_numpy(np.asarray(open_windows(data_dir, "eval")[0]).astype(np.int64))[None]  # (1, L)
+    ref, counted = torch.zeros(ids.shape), torch.zeros(ids.shape, dtype=torch.bool)  # (1, L) each
+    with torch.no_grad():
+        for s in range(0, WINDOW, c):
+            loss, seen = _oracle(model, ids[:, s:s + c + 1])  # (1, C+1), or shorter for the last piece
+            ref[:, s + 1:s + loss.shape[1]], counted[:, s + 1:s + loss.shape[1]] = loss[:, 1:], seen[:, 1:]
+    assert rep["checkpoints"][0]["windows"][0]["loss"] == pytest.approx(ref[counted].double().mean().item(), rel=1e-5)
+
+
 def test_bf16_losses_stay_close_to_fp32(data_dir, ckpt_a):
     model = from_pretrained(ckpt_a).eval()
     ids = torch.from_numpy(np.asarray(open_windows(data_dir, "eval")[0]).astype(np.int64))[None]  # (1, L)
