@@ -158,7 +158,8 @@ def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, 
     """Rank 0, holding the run folder's lock (lcft.folder_lock.folder_lock, taken before the run's checkpoints were
     read), starts the run there: temp folders of interrupted saves removed; on a resume of `resumed` (checkpoint,
     step) the checkpoints after its step moved to superseded/ (the resumed run owns those steps) and the options
-    changed from those the checkpoint was trained with (with `data_changes`, from record_data) reported; a new run
+    changed from those the checkpoint was trained with (with `data_changes`, from record_data) reported where a
+    step is left to train; a new run
     says when it replaces an earlier one's config; then the resolved config, and the last invocation's
     summary.json removed."""
     clean_partial(run, say)
@@ -174,7 +175,8 @@ def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, 
         for moved in supersede_after(run, resumed[1]):
             say(f"{moved.name} is after the resumed step {resumed[1]}: moved to {moved}")
         changed = [c for c in changed if c.split(":")[0] not in IGNORED_ON_RESUME] + list(data_changes or [])
-        if changed:
+        # at --steps already (the run's latest checkpoint, check_steps_ahead): no step follows for them to apply to
+        if changed and resumed[1] < cfg.steps:
             say(f"resuming with changed options: {'; '.join(changed)} (they apply from the next step; "
                 "the schedule continues from its position)")
     with write_faults(run / RUN_CONFIG):

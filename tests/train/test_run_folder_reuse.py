@@ -278,6 +278,17 @@ def test_steps_at_an_earlier_checkpoint_of_the_run_are_refused_and_nothing_moves
     assert _tree(run) == before and [s for s, _ in list_checkpoints(run)] == [2, 4]
 
 
+def test_a_resume_at_steps_already_names_no_changed_option(tmp_path, base_cfg, capsys):
+    """--resume of the run's latest step 4 with --steps 4 (the run was given 6) and another --lr trains nothing and
+    ends done: no line of options that apply from a next step (it said 'steps: 6 -> 4; lr: ...')."""
+    run, cfg = tmp_path / "run", {**base_cfg, "save_every": 2}
+    train(TrainConfig(out=str(run), stop_after=4, **cfg))
+    capsys.readouterr()
+    s = train(TrainConfig(out=str(run), resume="auto", **{**cfg, "steps": 4, "lr": 5e-4}))
+    assert (s["step"], s["stopped"]) == (4, "done")
+    assert _lines(capsys, "changed options") == []
+
+
 def test_a_checkpoint_from_outside_a_folder_holding_another_run_is_refused_and_nothing_moves(tmp_path, base_cfg):
     """--resume of run a's checkpoint into a folder holding run b's checkpoints would keep b's steps up to it,
     supersede b's later ones and mix both runs' metrics (it did, saying b's options changed): one line, and b
