@@ -91,9 +91,10 @@ def _verifies(ckpt: Path) -> bool:
         return False
 
 
-def supersede_after(run_dir: str | os.PathLike, step: int) -> list[Path]:
+def supersede_after(run_dir: str | os.PathLike, step: int) -> list[tuple[str, Path]]:
     """Move the run's checkpoints of steps after `step` to <run>/superseded/ (a run resumed from `step` owns
-    every later step: those belong to the earlier trajectory); returns their new paths."""
+    every later step: those belong to the earlier trajectory); returns each one's folder name and new path (the
+    name suffixed .1, .2, ... where superseded/ holds that step already)."""
     moved = []
     for s, p in list_checkpoints(run_dir):
         if s > step:
@@ -103,7 +104,7 @@ def supersede_after(run_dir: str | os.PathLike, step: int) -> list[Path]:
                 dest, n = dest.with_name(f"{p.name}.{n}"), n + 1
             dest.parent.mkdir(exist_ok=True)
             os.rename(p, dest)
-            moved.append(dest)
+            moved.append((p.name, dest))
     return moved
 
 

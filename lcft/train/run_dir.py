@@ -172,8 +172,8 @@ def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, 
             say(f"{run} holds no checkpoint (nothing to resume): this new run with other options "
                 f"({'; '.join(changed[:4])}) replaces its config.toml and metrics.jsonl")
     else:
-        for moved in supersede_after(run, resumed[1]):
-            say(f"{moved.name} is after the resumed step {resumed[1]}: moved to {moved}")
+        for name, moved in supersede_after(run, resumed[1]):
+            say(f"{name} is after the resumed step {resumed[1]}: moved to {moved}")
         changed = [c for c in changed if c.split(":")[0] not in IGNORED_ON_RESUME] + list(data_changes or [])
         # at --steps already (the run's latest checkpoint, check_steps_ahead): no step follows for them to apply to
         if changed and resumed[1] < cfg.steps:

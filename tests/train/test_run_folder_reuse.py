@@ -289,6 +289,19 @@ def test_a_resume_at_steps_already_names_no_changed_option(tmp_path, base_cfg, c
     assert _lines(capsys, "changed options") == []
 
 
+def test_a_step_superseded_twice_is_named_as_its_checkpoint_folder(tmp_path, base_cfg, capsys):
+    """Step 4 superseded a second time goes to superseded/step-00000004.1: the line names the checkpoint's folder
+    step-00000004 (it named the new folder's name) and where it went."""
+    run, cfg = tmp_path / "run", {**base_cfg, "steps": 4, "save_every": 1, "keep_last": 0}
+    train(TrainConfig(out=str(run), **cfg))
+    ckpt = run / "checkpoints" / "step-00000003"
+    train(TrainConfig(out=str(run), resume=str(ckpt), **cfg))
+    capsys.readouterr()
+    train(TrainConfig(out=str(run), resume=str(ckpt), **cfg))
+    assert _lines(capsys, "is after the resumed step") == [
+        f"step-00000004 is after the resumed step 3: moved to {run / 'superseded' / 'step-00000004.1'}"]
+
+
 def test_a_checkpoint_from_outside_a_folder_holding_another_run_is_refused_and_nothing_moves(tmp_path, base_cfg):
     """--resume of run a's checkpoint into a folder holding run b's checkpoints would keep b's steps up to it,
     supersede b's later ones and mix both runs' metrics (it did, saying b's options changed): one line, and b
