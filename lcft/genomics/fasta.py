@@ -18,6 +18,7 @@ from lcft.genomics.fai_lines import LongHeader
 from lcft.genomics.fasta_cache import (
     NORMALIZED,
     decompress_to_cache,
+    discard_copies,
     gzip_kind,
     index_paths,
     named_for_pyfaidx,
@@ -90,6 +91,16 @@ class FastaFile(FastaRecords):
         self.path = Path(path)
         self._sha256: str | None = None
         self._hashing: Future[str] | None = None
+        try:
+            self._open()
+        except LcftError:
+            if self._sha256 is not None:  # the cache's copies of a refused file are named by it (none without it)
+                discard_copies(self._sha256)
+            raise
+
+    def _open(self) -> None:
+        """Check the file, open its index (from a copy in the cache where pyfaidx cannot read it as it is), and
+        check the index against the file."""
         self.path, self.readable, self.kind = check_fasta(self.path, self.sha256)
         self.faidx = self._index_or_normalized()
         self._adopt()

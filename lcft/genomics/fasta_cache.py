@@ -274,6 +274,18 @@ def normalize_to_cache(path: Path, kind: str, sha256: str) -> Path:
     return mark_used(dest)
 
 
+def discard_copies(sha256: str) -> None:
+    """Remove the cache's copies of the file with this sha256 (decompressed, normalized) and what lies beside them:
+    a file lcft refuses is never read from them, and a genome's copy holds its size on disk. One that cannot be
+    removed (a shared cache's, another owner's) stays."""
+    folder = cache_dir() / "fasta"
+    for f in sorted(folder.glob(f"{_copy_name(sha256, '')}*")) if folder.is_dir() else []:
+        try:
+            f.unlink()
+        except OSError:  # (a folder under a copy's name: not_own, never read)
+            pass
+
+
 def writable_dir(path: Path) -> bool:
     """Writable for us, and not marked read-only (root passes os.access even on r-x folders such as a
     shared data folder, which we should still leave alone)."""

@@ -160,6 +160,28 @@ def test_a_fasta_rewritten_while_it_is_copied_leaves_no_copy(tmp_path, monkeypat
         assert _records(f) == _swapped(recs)
 
 
+@pytest.mark.parametrize("kind", ["joined", "joined-gzip", "blanks"])
+def test_a_fasta_refused_leaves_no_copy_in_the_cache(tmp_path, monkeypatch, kind):
+    """A file read from a copy in the cache (normalized; a plain gzip decompressed first) and refused all the same
+    (two files joined, the first without a final line end; blanks standing for a base) leaves none of its copies:
+    they held its size again for nothing. A file read from its copy keeps it, for the next open."""
+    monkeypatch.setenv("LCFT_CACHE", str(tmp_path / "cache"))
+    recs = {"a": random_genome(8, 3_000, n_runs=0), "b": random_genome(9, 3_000, n_runs=0)}
+    text = write_fasta(tmp_path / "a.fa", {"a": recs["a"]}).read_bytes()[:-1] + write_fasta(
+        tmp_path / "b.fa", {"b": recs["b"]}).read_bytes()
+    if kind == "blanks":
+        text = b">r0\nACGTACGTA \nACGTACGTAC\nACGTACGTAC\nACG\n"
+    path = tmp_path / ("x.fa.gz" if kind == "joined-gzip" else "x.fa")
+    path.write_bytes(_stored_gzip(text) if kind == "joined-gzip" else text)
+    one_line(lambda: FastaFile(path), str(path))
+    assert list((tmp_path / "cache" / "fasta").iterdir()) == []
+    (tmp_path / "mac.fa").write_bytes(write_fasta(tmp_path / "lf.fa", recs).read_bytes().replace(b"\n", b"\r"))
+    with FastaFile(tmp_path / "mac.fa") as f:
+        assert _records(f) == recs and f.readable.is_file()
+    assert sorted(p.name for p in (tmp_path / "cache" / "fasta").iterdir()) == [
+        f.readable.name, f.readable.name + ".fai", f.readable.name + ".sum"]
+
+
 DAY = 86400
 
 
