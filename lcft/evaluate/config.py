@@ -9,6 +9,7 @@ from typing import Literal
 from lcft.config import ConfigError, Size, check_seed, parse_size
 from lcft.errors import printable
 from lcft.parallel.config import LaunchConfig, ParallelConfig, Precision
+from lcft.units import counted
 
 BinScale = Literal["linear", "log"]  # position bins of equal width or growing geometrically
 Position = Literal["tokens", "bases"]  # what a position counts
@@ -61,7 +62,8 @@ class EvalConfig(ParallelConfig):
     that separates the gain of a longer context from the gain of more training). One value applies to every
     checkpoint; one per checkpoint pairs them by order; 0 means the whole window (the default)."""
     max_windows: int = 0
-    """Evaluate only the first N windows of the split (0 = all of them)."""
+    """Evaluate only the first N windows of the split (0 = all of them; above the split's count: all, with a
+    warning)."""
     batch_size: int = 1
     """Windows per forward pass."""
     precision: Precision = "fp32"
@@ -169,6 +171,20 @@ class EvalConfig(ParallelConfig):
         """How many of a split's `available` windows an evaluation reads: all, or the first --max-windows (a report
         read back holds this many)."""
         return min(self.max_windows, available) if self.max_windows else available
+
+    def capped(self, available: int) -> list[str]:
+        """A warning for each window count given above what is there to read, where the run reads fewer (as --bins
+        above the positions: run, and said): --max-windows over the split's `available` windows, --probe-windows
+        over the windows evaluated."""
+        lines = []
+        if self.max_windows > available:
+            lines.append(f"warning: --max-windows {self.max_windows:,} is more than split {self.split!r} holds "
+                         f"({counted(available, 'window')}): all of them are evaluated")
+        evaluated = self.windows_of(available)
+        if self.probe != "none" and self.probe_windows > evaluated:
+            lines.append(f"warning: --probe-windows {self.probe_windows:,} is more than the windows evaluated "
+                         f"({evaluated:,}): the copy probe runs on all of them")
+        return lines
 
     def context_of(self, i: int) -> int:
         """The --max-context of checkpoint i (0 = the whole window)."""

@@ -79,6 +79,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     ws = open_split(cfg)
     tokenizer = ws.manifest.get("tokenizer", {})
     n_windows = cfg.windows_of(len(ws))
+    if not launched() or os.environ.get("RANK") == "0":  # said once: by a launch's rank 0
+        for line in cfg.capped(len(ws)):
+            _say(line)
     planting = _planting(cfg, ws, n_windows)  # the probe's sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)

@@ -1,4 +1,5 @@
-"""EvalConfig: the options of `lcft eval` that change nothing are named in a warning."""
+"""EvalConfig: the options of `lcft eval` that change nothing, or count more windows than there are, are named in
+a warning."""
 
 from __future__ import annotations
 
@@ -25,3 +26,23 @@ def test_probe_options_without_the_probe_are_named(given, named):
 def test_probe_options_with_the_probe_or_at_their_defaults_say_nothing():
     assert _cfg(probe="copy", probe_segment=64, probe_windows=9).idle_probe() == []
     assert _cfg().idle_probe() == [] and _cfg(probe_segment=256, probe_mutation=0.1).idle_probe() == []
+
+
+@pytest.mark.parametrize(("given", "available", "said"), [
+    (dict(max_windows=10), 4, ["--max-windows 10 is more than split 'eval' holds (4 windows): all of them"]),
+    (dict(max_windows=2, split="test"), 1, ["--max-windows 2 is more than split 'test' holds (1 window): all"]),
+    (dict(max_windows=4), 4, []),
+    (dict(), 4, []),
+    (dict(probe="copy", probe_windows=9, max_windows=3), 10, ["--probe-windows 9 is more than the windows evaluated "
+                                                              "(3): the copy probe runs on all of them"]),
+    (dict(probe="copy", probe_windows=9), 5, ["--probe-windows 9 is more than the windows evaluated (5)"]),
+    (dict(probe="copy", probe_windows=5, max_windows=7), 5, ["--max-windows 7"]),
+    (dict(probe="copy", probe_windows=6, max_windows=7), 5, ["--max-windows 7", "--probe-windows 6"]),
+    (dict(probe="copy", probe_windows=3), 3, []),
+    (dict(probe_windows=9), 5, []),  # no probe runs: idle_probe says so
+])
+def test_window_counts_above_what_is_there_are_named(given, available, said):
+    """--max-windows above the split's windows, --probe-windows above the windows evaluated: the run reads fewer,
+    and says so in one line each."""
+    lines = _cfg(**given).capped(available)
+    assert len(lines) == len(said) and all(ln.startswith("warning: ") and s in ln for ln, s in zip(lines, said, strict=True))
