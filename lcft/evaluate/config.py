@@ -178,8 +178,7 @@ class EvalConfig(ParallelConfig):
         over the windows evaluated."""
         lines = []
         if self.max_windows > available:
-            lines.append(f"warning: --max-windows {self.max_windows:,} is more than split {self.split!r} holds "
-                         f"({counted(available, 'window')}): all of them are evaluated")
+            lines.append(more_than_held("--max-windows", self.max_windows, self.split, available))
         evaluated = self.windows_of(available)
         if self.probe != "none" and self.probe_windows > evaluated:
             lines.append(f"warning: --probe-windows {self.probe_windows:,} is more than the windows evaluated "
@@ -191,6 +190,13 @@ class EvalConfig(ParallelConfig):
         if not self.max_context:
             return 0
         return self.max_context[0] if len(self.max_context) == 1 else self.max_context[i]
+
+
+def more_than_held(flag: str, given: int, split: str, available: int) -> str:
+    """The warning for a window count `flag` given above the `available` windows of `split`, where all of them are
+    evaluated (a recipe that evaluates for its user names its own flag)."""
+    return (f"warning: {flag} {given:,} is more than split {split!r} holds ({counted(available, 'window')}): "
+            "all of them are evaluated")
 
 
 def _shown(value: object) -> str:

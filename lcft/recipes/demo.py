@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +103,8 @@ class DemoConfig:
         if self.control_steps and not (is_window_length(self.control_context) and self.control_context <= self.length):
             raise ConfigError(f"control_context must be a multiple of 8 and at most the window {self.length} "
                               f"(got {self.control_context})")
+        if self.eval_windows < 0:
+            raise ConfigError(f"eval_windows must be 0 (all) or positive (got {self.eval_windows})")
         if self.probe_windows < 0:
             raise ConfigError(f"probe_windows must be 0 (no probe) or positive (got {self.probe_windows})")
         check_seed(self)
@@ -240,12 +243,15 @@ def open_out(out: Path) -> None:
 
 def prepare_stage(cfg: DemoConfig, data: Path, progress: bool) -> str:
     """Windows of cfg.length tokens from the bundled sample: chr2 to train on, chr22 held out."""
+    from lcft.evaluate.config import more_than_held
     from lcft.genomics import sample_fasta
     from lcft.recipes import prepare_demo_windows
 
     m = prepare_demo_windows(fasta=str(sample_fasta()), out=str(data), length=cfg.length, train=("chr2",),
                              eval=("chr22",), progress=progress)
     n = {s: v.get("windows", "?") for s, v in m["splits"].items()}
+    if isinstance(held := n.get("eval"), int) and cfg.eval_windows > held:  # said before training, in the demo's flag
+        print(more_than_held("--eval-windows", cfg.eval_windows, "eval", held), file=sys.stderr)
     return f"{n.get('train')} train windows (chr2), {n.get('eval')} held-out windows (chr22) of {format_size(cfg.length)}"
 
 
@@ -303,7 +309,10 @@ def eval_config(cfg: DemoConfig, paths: DemoPaths, base_checkpoint: Path, long_c
 def eval_stage(ecfg: Any, report_dir: Path, progress: bool, control_steps: int) -> tuple[dict[str, Any], str]:
     """The report (made now, or the current one kept) and what happened."""
     from lcft.evaluate.runner import evaluate
+    from lcft.genomics.window_set import open_windows
 
+    if ecfg.max_windows > len(open_windows(ecfg.data, ecfg.split)):  # said by the prepare stage, as --eval-windows
+        ecfg = dataclasses.replace(ecfg, max_windows=0)
     report, stale = _eval_is_current(report_dir, ecfg, control_steps)
     if report is not None:
         return report, "done before with the same options and weights, skipped"

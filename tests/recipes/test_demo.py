@@ -66,6 +66,7 @@ def test_summary_states_the_interval_of_the_change_against_the_control():
     ({"control_context": 2052}, "control_context must be a multiple of 8 and at most the window 32768 (got 2052)"),
     ({"length": 1024, "base_context": 1024}, "control_context must be a multiple of 8 and at most the window 1024"),
     ({"control_steps": -1}, "control_steps must be 0 (no positive control) or positive (got -1)"),
+    ({"eval_windows": -1}, "eval_windows must be 0 (all) or positive (got -1)"),  # not at the eval stage, as --max-windows
 ])
 def test_bad_options_fail_when_the_config_is_made(changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

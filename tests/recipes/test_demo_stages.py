@@ -1,5 +1,6 @@
 """A demo training stage around its run (train itself stood in for): a folder holding another demo run is refused
-with the demo's own words, and a run a signal stopped stops the whole demo with that signal's exit code."""
+with the demo's own words, and a run a signal stopped stops the whole demo with that signal's exit code; the
+evaluation stage (evaluate stood in for) told of more windows than are held out."""
 
 from __future__ import annotations
 
@@ -68,3 +69,30 @@ def test_a_finished_run_with_no_signal_goes_on(tmp_path, monkeypatch):
     monkeypatch.setattr(lcft.train, "train", lambda cfg: {"stopped": "done", "signal": None,
                                                           "signal_number": None, "step": 3, "checkpoint": "c"})
     assert train_stage(_cfg(tmp_path, 3)) == (Path("c"), "trained")
+
+
+def test_eval_windows_above_the_held_out_windows_are_said_as_the_demos_own_flag(tmp_path, capsys, monkeypatch):
+    """--eval-windows 50 over the few 128K windows of chr22: said once, at the prepare stage (before training), as
+    --eval-windows; the evaluation then reads them all without a warning naming eval's --max-windows, a flag the
+    demo does not have (the user saw `--max-windows 50 is more than split 'eval' holds` after the training)."""
+    import lcft.evaluate.runner
+    from lcft.genomics import open_windows
+    from lcft.recipes.demo import DemoConfig, DemoPaths, eval_config, eval_stage, prepare_stage
+
+    evaluated = []
+
+    def evaluate(ecfg, **kwargs):
+        evaluated.append(ecfg)
+        raise LookupError("evaluated")
+
+    monkeypatch.setattr(lcft.evaluate.runner, "evaluate", evaluate)
+    cfg = DemoConfig(out=str(tmp_path), length=131072, eval_windows=50, probe_windows=3, control_steps=0)
+    paths = DemoPaths(tmp_path)
+    prepare_stage(cfg, paths.data, progress=False)
+    held = len(open_windows(paths.data, "eval"))
+    assert 1 < held < 50
+    assert capsys.readouterr().err == (f"warning: --eval-windows 50 is more than split 'eval' holds ({held} windows): "
+                                       "all of them are evaluated\n")
+    with pytest.raises(LookupError):
+        eval_stage(eval_config(cfg, paths, tmp_path / "base", tmp_path / "long"), paths.report, False, 0)
+    assert evaluated[0].windows_of(held) == held and evaluated[0].capped(held) == []
