@@ -28,9 +28,9 @@ from lcft.genomics.fasta_check import (
     fai_parses,
     gzi_fits,
     indexing_error,
-    non_ascii_line,
     non_utf8_line,
     not_a_fasta_file,
+    odd_sequence_line,
 )
 from lcft.genomics.fasta_read import BGZF_DAMAGE, GZIP_DAMAGE, FastaRecords
 from lcft.genomics.fasta_scan import MAX_GAP, IndexScan, long_header, scan_index
@@ -154,10 +154,16 @@ class FastaFile(FastaRecords):
 
     def _explained(self, refusal: LcftError) -> LcftError:
         """`refusal` of the file's layout, unless a letter of several bytes among the bases is its cause (pyfaidx
-        counts it as one character, so no re-wrap would help): then that, naming the line."""
-        line = non_ascii_line(self.path)
-        if line is None:
+        counts it as one character, so no re-wrap would help), or a header joined to the line before it: then that,
+        naming the line."""
+        if (found := odd_sequence_line(self.path)) is None:
             return refusal
+        line, byte = found
+        if byte == b">":
+            return LcftError(f"{self.path}: line {line} holds a '>' inside a sequence line: a header joined to the "
+                             "sequence before it, as when a file without a final line end is joined with another "
+                             "(`cat a.fa b.fa`); break the line before its '>', e.g. `sed '/^>/!s/>/\\n>/' in.fa > "
+                             "out.fa`")
         return LcftError(f"{self.path}: line {line} holds a non-ASCII character among bases; a FASTA's sequence "
                          "lines are ASCII letters (IUPAC codes): fix or remove it")
 

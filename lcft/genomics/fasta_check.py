@@ -1,7 +1,7 @@
 """Whether the index files found beside a FASTA can be read as pyfaidx reads them (a .fai, a BGZF's .gzi); what
 a refused FASTA's bytes say about why (where a record first breaks the layout its index gives, a letter of several
-bytes among bases, pyfaidx's own indexing errors in one line), and what a mistaken path or record name was
-likely meant to be. Whether the records fit the file is fasta_scan's.
+bytes among bases, a header joined to a sequence line, pyfaidx's own indexing errors in one line), and what a
+mistaken path or record name was likely meant to be. Whether the records fit the file is fasta_scan's.
 """
 
 from __future__ import annotations
@@ -70,21 +70,23 @@ def indexing_error(path: Path, e: Exception) -> LcftError:
     return LcftError(f"{path}: pyfaidx cannot index this FASTA: {reason(e)}")
 
 
-def non_ascii_line(path: Path, block: int = 1 << 24) -> int | None:
-    """The first line (1-based) of a FASTA that is not a header and holds a byte above 127, or None: a letter
-    pyfaidx counts as one character where its bytes are two or more, so its index does not fit the file, which
-    is then refused; this names the cause. Reads the whole file (plain, or a BGZF/gzip one decompressed): only
-    for an error's message."""
+def odd_sequence_line(path: Path, block: int = 1 << 24) -> tuple[int, bytes] | None:
+    """The first line (1-based) of a FASTA that is not a header and holds a byte above 127 or a '>', with that byte,
+    or None. A byte above 127 is part of a letter pyfaidx counts as one character where its bytes are two or more,
+    so its index does not fit the file; a '>' after a line's start is a header joined to the sequence line before
+    it (`cat a.fa b.fa`, a.fa without a final line end), so that line's length is not its record's: the file is
+    refused for either, and this names the cause. Reads the whole file (plain, or a BGZF/gzip one decompressed):
+    only for an error's message."""
     with open(path, "rb") as fh:
         opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
     lines, first = 0, b""  # newlines before the block; the first byte of the line it starts in (b"": its own)
     with opener(path, "rb") as fh:
         while data := fh.read(block):
-            for m in re.finditer(rb"[\x80-\xff]", data):
+            for m in re.finditer(rb"[\x80-\xff>]", data):
                 start = data.rfind(b"\n", 0, m.start()) + 1
                 head = data[start:start + 1] if start else (first or data[:1])
                 if head != b">":
-                    return lines + data.count(b"\n", 0, m.start()) + 1
+                    return lines + data.count(b"\n", 0, m.start()) + 1, m.group()
             last = data.rfind(b"\n")
             if last >= 0:
                 first = data[last + 1:last + 2]  # b"" when the line starts the next block

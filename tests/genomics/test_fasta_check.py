@@ -1,4 +1,5 @@
-"""A FASTA whose bytes are not UTF-8 text: the refusal names its line, as Biopython (reading UTF-8 text) fails on it."""
+"""A FASTA whose bytes are not UTF-8 text: the refusal names its line, as Biopython (reading UTF-8 text) fails on it;
+one with a header joined to the sequence line before it: the refusal names that line and the cause."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from Bio import bgzf
 
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows
-from lcft.genomics.fasta_check import non_utf8_line
+from lcft.genomics.fasta_check import non_utf8_line, odd_sequence_line
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
 
@@ -23,6 +24,16 @@ def _first_bad_line(data: bytes) -> int | None:
     return None
 
 
+def _write(path, data: bytes, kind: str) -> None:
+    if kind == "gzip":
+        path.write_bytes(gzip.compress(data))
+    elif kind == "bgzf":
+        with bgzf.BgzfWriter(str(path), "wb") as fh:
+            fh.write(data)
+    else:
+        path.write_bytes(data)
+
+
 @pytest.mark.parametrize("kind", ["plain", "gzip", "bgzf"])
 def test_a_latin1_header_is_refused_naming_its_line(tmp_path, kind):
     """'Müller' saved as Latin-1 in the second record's header (line 5): the error had said only the byte's
@@ -31,13 +42,7 @@ def test_a_latin1_header_is_refused_naming_its_line(tmp_path, kind):
     data = good.read_bytes().replace(b">c2\n", ">c2 Müller lab\n".encode("latin-1"), 1)
     assert _first_bad_line(data) == 5
     path = tmp_path / ("bad.fa" if kind == "plain" else "bad.fa.gz")
-    if kind == "gzip":
-        path.write_bytes(gzip.compress(data))
-    elif kind == "bgzf":
-        with bgzf.BgzfWriter(str(path), "wb") as fh:
-            fh.write(data)
-    else:
-        path.write_bytes(data)
+    _write(path, data, kind)
     with pytest.raises(UnicodeDecodeError):  # Biopython cannot read it either
         bio_records(path)
     out = tmp_path / "out"
@@ -58,3 +63,33 @@ def test_non_utf8_line_across_blocks(tmp_path):
             path = tmp_path / f"t{k}{cut}.fa"
             path.write_bytes(raw)
             assert non_utf8_line(path, block=7) == _first_bad_line(raw), (text, cut)
+
+
+@pytest.mark.parametrize("kind", ["plain", "gzip", "bgzf"])
+@pytest.mark.parametrize("last", [20, 60])  # the first file's last line: shorter than the others, or as long
+def test_a_header_joined_to_the_line_before_is_named(tmp_path, kind, last):
+    """`cat a.fa b.fa` with a.fa lacking its final line end: '...ACGT>c2' in one line, whose length is not its
+    record's, was refused as "inconsistent line lengths", which a re-wrap cannot mend. The line is the first
+    file's last (the oracle: its line count)."""
+    a = write_fasta(tmp_path / "a.fa", {"c1": random_genome(1, 240 + last, n_runs=0)}).read_bytes()[:-1]
+    b = write_fasta(tmp_path / "b.fa", {"c2": random_genome(2, 150), "c3": random_genome(3, 90)}).read_bytes()
+    path = tmp_path / ("ab.fa" if kind == "plain" else "ab.fa.gz")
+    _write(path, a + b, kind)
+    out, line = tmp_path / "out", len(a.splitlines())
+    with pytest.raises(LcftError, match=rf"ab\.fa(\.gz)?: line {line} holds a '>' inside a sequence "
+                                        r"line: a header joined to the sequence before it, .*\(`cat a\.fa b\.fa`\)"):
+        prepare_windows(fasta=str(path), out=str(out), length=64, train=("c1",), eval=())
+    assert not out.exists()
+
+
+def test_odd_sequence_line_across_blocks(tmp_path):
+    """Read in blocks of 5 bytes: the first line not a header holding a '>' or a byte above 127, as each line read
+    on its own gives (the oracle), or None; a '>' or 'é' in a header is not one."""
+    texts = [">a>b é\nACGT\nAC>c\nAC\n", ">a\nACGT\n>b\nACGT\nAé\n", ">a\nAC\nACGTACGT>b\n", ">a x>y\nACGT\n>b\nAC\n"]
+    for k, text in enumerate(texts):
+        data = text.encode()
+        path = tmp_path / f"t{k}.fa"
+        path.write_bytes(data)
+        want = next(((n, m[0:1]) for n, line in enumerate(data.split(b"\n"), 1) if not line.startswith(b">")
+                     for m in [bytes(c for c in line if c > 127 or c == ord(">"))] if m), None)
+        assert odd_sequence_line(path, block=5) == want, text
