@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import json
 import os
 import re
 import struct
@@ -226,4 +227,8 @@ def missing_names_error(path: Path, missing: list[str], names: list[str]) -> Lcf
         return m + did_you_mean(meant)
 
     shown = ", ".join(names[:30]) + (f", ... ({len(names)} in all)" if len(names) > 30 else "")
-    return LcftError(f"chromosome {', '.join(map(one, missing))} not found in {path}; available: {shown}")
+    # a name holding a comma reaches here cut at it (--train, --eval and a TOML string split there; a list does not)
+    cut = next((n for n in names if "," in n and any(m in n.split(",") for m in missing)), None)
+    hint = "" if cut is None else (f"; record {cut!r} holds a comma, at which --train and --eval split their names: "
+                                   f"give it in a --config TOML list, e.g. train = [{json.dumps(cut)}]")
+    return LcftError(f"chromosome {', '.join(map(one, missing))} not found in {path}; available: {shown}{hint}")

@@ -1,5 +1,6 @@
 """A FASTA whose bytes are not UTF-8 text: the refusal names its line, as Biopython (reading UTF-8 text) fails on it;
-one with a header joined to the sequence line before it: the refusal names that line and the cause."""
+one with a header joined to the sequence line before it: the refusal names that line and the cause; a record name
+holding a comma, cut at it by --train: the refusal says how to give it."""
 
 from __future__ import annotations
 
@@ -93,3 +94,17 @@ def test_odd_sequence_line_across_blocks(tmp_path):
         want = next(((n, m[0:1]) for n, line in enumerate(data.split(b"\n"), 1) if not line.startswith(b">")
                      for m in [bytes(c for c in line if c > 127 or c == ord(">"))] if m), None)
         assert odd_sequence_line(path, block=5) == want, text
+
+
+def test_a_record_name_cut_at_its_comma_is_refused_saying_how_to_give_it(tmp_path):
+    """--train 'c1,x' reaches prepare as c1 and x (the flag splits at commas): the refusal said only that neither is
+    there; it says a TOML list takes the name as given, and that list (one name, not split) prepares it."""
+    path = write_fasta(tmp_path / "c.fa", {"c1,x": random_genome(1, 128, n_runs=0), "c2": random_genome(2, 64)})
+    with pytest.raises(LcftError, match=r"chromosome c1 \(did you mean 'c1,x'\?\), x not found in .*c\.fa; available: "
+                                        r"c1,x, c2; record 'c1,x' holds a comma, at which --train and --eval split "
+                                        r'their names: give it in a --config TOML list, e\.g\. train = \["c1,x"\]$'):
+        prepare_windows(fasta=str(path), out=str(tmp_path / "o1"), length=64, train=("c1", "x"), eval=())
+    with pytest.raises(LcftError, match=r"chromosome c3 not found in .*; available: c1,x, c2$"):  # no comma in play
+        prepare_windows(fasta=str(path), out=str(tmp_path / "o2"), length=64, train=("c3",), eval=())
+    m = prepare_windows(fasta=str(path), out=str(tmp_path / "o3"), length=64, train=("c1,x",), eval=())
+    assert m["splits"]["train"]["windows"] == 2
