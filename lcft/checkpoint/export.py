@@ -27,7 +27,13 @@ from lcft.checkpoint.export_out import (
     foreign_file,
     holds_this_export,
 )
-from lcft.checkpoint.hf_folder import add_meta, move_model_files, save_pretrained, write_model_folder
+from lcft.checkpoint.hf_folder import (
+    add_meta,
+    move_model_files,
+    read_config,
+    save_pretrained,
+    write_model_folder,
+)
 from lcft.checkpoint.layout import EXPORT_WORK, MODEL_CONFIG, CheckpointChanged, unchanged
 from lcft.checkpoint.model_files import is_sharded_checkpoint, sharded_weight_files, weights_dtype
 from lcft.checkpoint.reader import Loaded
@@ -213,3 +219,17 @@ def export_bytes(source: Path, dtype: object) -> int:
     if isinstance(dtype, torch.dtype) and stored is not None:
         size = size * dtype.itemsize // stored.itemsize
     return size
+
+
+def transformers_attention_note(folder: Path) -> str | None:
+    """What transformers runs of the exported model in `folder` where lcft runs other attention: a sparse model's
+    class has no block-sparse attention, so transformers reads it dense (lcft.json keeps the sparse settings)."""
+    cfg = read_config(folder)
+    if cfg.attention.backend != "sparse":
+        return None
+    spec = cfg.attention.sparse
+    window = f", within its sliding window of {cfg.sliding_window:,} tokens" if cfg.sliding_window else ""
+    return (f"note: the model uses sparse attention ({spec.budget} blocks of {spec.block_size} tokens per query "
+            f"block); transformers reads {folder} with dense attention (every earlier token{window}, as lcft's "
+            f"--attention dense), so its logits are lcft's only for sequences up to {spec.budget * spec.block_size:,} "
+            "tokens; lcft eval and train --init read its lcft.json and keep it sparse")

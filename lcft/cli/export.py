@@ -53,6 +53,10 @@ def register(app: typer.Typer) -> None:
                     _, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
             done = "wrote" if written else "already exported to"  # run again after a kill, or after it completed
             console.print(f"{done} {out} (from {source})", highlight=False)
+            from lcft.checkpoint.export import transformers_attention_note  # (torch: after the user errors)
+
+            if note := transformers_attention_note(out):
+                console.print(note, highlight=False)
             return out
 
         read_checkpoint(checkpoint, export_from)  # a run's latest, pruned meanwhile: the new latest

@@ -277,3 +277,24 @@ def test_export_cli_bad_input_is_one_line_error(tmp_path, args, message):
     r = runner.invoke(app, ["export", *args, "--out", str(tmp_path / "out")])
     assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_sparse_model_says_transformers_reads_it_dense(tmp_path):
+    """transformers' class has no block-sparse attention: it reads a sparse model's export dense, which the export
+    said nothing of. It names that and the length up to which transformers' logits (the oracle) are lcft's."""
+    transformers = pytest.importorskip("transformers")
+    m = small(attention=AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=32, top_k=4))).eval()
+    save_pretrained(m, tmp_path / "ckpt")
+    r = runner.invoke(app, ["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "transformers reads" in said and "with dense attention" in said, r.output
+    assert "up to 224 tokens" in said and "keep it sparse" in said, r.output  # 7 blocks of 32: 4 + local + sink + own
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(0, 16, (1, 320))
+    with torch.no_grad():
+        theirs, ours = hf(ids).logits, m(ids)
+    torch.testing.assert_close(theirs[:, :224], ours[:, :224], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(theirs[:, 224:], ours[:, 224:], rtol=1e-3, atol=1e-3)
+    save_pretrained(small(), tmp_path / "dense")
+    r = runner.invoke(app, ["export", str(tmp_path / "dense"), "--out", str(tmp_path / "hf2")])
+    assert r.exit_code == 0 and "note" not in r.output, r.output
