@@ -52,6 +52,11 @@ def parse_bytes(text: str, name: str = "gpu_memory") -> int:
     return out
 
 
+PLANNED_ENDPOINT = "node0:29500"
+"""The rendezvous a plan of several nodes stands in when none is given (a run needs --rdzv-endpoint; a plan only
+counts the ranks)."""
+
+
 @dataclass
 class PlanConfig(TrainConfig):
     """`lcft train`'s options (the layout to plan: --nproc/--nnodes or --gpus-per-node, --cp, --cp-kv,
@@ -74,6 +79,8 @@ class PlanConfig(TrainConfig):
     """Print where each figure comes from: the formula, or the measured or assumed constant."""
 
     def __post_init__(self) -> None:
+        if type(self.nnodes) is int and self.nnodes > 1 and self.rdzv_endpoint is None:  # a plan starts no node: no rendezvous to name
+            self.rdzv_endpoint = PLANNED_ENDPOINT
         TrainConfig.__post_init__(self)
         check_choice(self.device, PlanDevice, "device")  # the sections checked theirs
         parse_bytes(self.gpu_memory)
