@@ -28,6 +28,7 @@ from lcft.genomics.fasta_check import (
     fai_parses,
     gzi_fits,
     indexing_error,
+    joined_header,
     non_utf8_line,
     not_a_fasta_file,
     odd_sequence_line,
@@ -160,10 +161,7 @@ class FastaFile(FastaRecords):
             return refusal
         line, byte = found
         if byte == b">":
-            return LcftError(f"{self.path}: line {line} holds a '>' inside a sequence line: a header joined to the "
-                             "sequence before it, as when a file without a final line end is joined with another "
-                             "(`cat a.fa b.fa`); break the line before its '>', e.g. `sed '/^>/!s/>/\\n>/' in.fa > "
-                             "out.fa`")
+            return joined_header(self.path, f"line {line}")
         return LcftError(f"{self.path}: line {line} holds a non-ASCII character among bases; a FASTA's sequence "
                          "lines are ASCII letters (IUPAC codes): fix or remove it")
 

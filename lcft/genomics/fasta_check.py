@@ -18,7 +18,8 @@ from lcft.errors import LcftError, closest, did_you_mean, reason
 
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
-CR, LF = 13, 10
+CR, LF, GT = 13, 10, 62
+JOINED_HEADER = "a '>' inside a sequence line"  # never a base: a header joined to the line before it (`joined_header`)
 BLANKS = {b" ": "a space", b"\t": "a tab"}  # in sequence lines: pyfaidx counts each as a base, Biopython drops it
 # a .fai as pyfaidx and samtools write it, which `fai_parses` accepts at C speed: each line a name without tabs or
 # line breaks, then four numbers of at most 14 digits (below MAX_BYTES), each line ended by LF
@@ -33,12 +34,15 @@ MITOCHONDRION = ("chrm", "mt", "chrmt", "m")
 def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tuple[int, str]:
     """Where bytes of a record's sequence lines, starting `at` bytes into them, first break the layout its index
     gives (each line `lenc` bases, then `lenb - lenc` bytes of line end: carriage returns, then LF): (bases
-    before it in the record, what is there). A blank anywhere; a carriage return among the bases; a base or
-    anything but the line end where the line should end. Read byte by byte: only for the error's message."""
+    before it in the record, what is there). A blank anywhere; a '>' (JOINED_HEADER); a carriage return among the
+    bases; a base or anything but the line end where the line should end. Read byte by byte: only for the error's
+    message."""
     col, base = (at % lenb, at // lenb * lenc + min(at % lenb, lenc)) if lenb else (at, at)
     for byte in bytes(data):
         if bytes([byte]) in BLANKS:
             return base, BLANKS[bytes([byte])]
+        if byte == GT:
+            return base, JOINED_HEADER
         if col < lenc or not lenb:
             if byte == CR:
                 return base, "a carriage return among its bases"
@@ -47,6 +51,14 @@ def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tu
             return base, "a line that ends otherwise than its first line"
         col = (col + 1) % lenb if lenb else col + 1
     raise AssertionError("first_non_base: the bytes fit the layout")  # the caller found them not to
+
+
+def joined_header(path: Path, where: str) -> LcftError:
+    """The refusal of a '>' among bases, at `where` ('line 7', or a record and base): a header joined to the
+    sequence line before it, which no re-wrap mends; pyfaidx would read its name as bases of the record before."""
+    return LcftError(f"{path}: {where} holds {JOINED_HEADER}: a header joined to the sequence before it, as when a "
+                     "file without a final line end is joined with another (`cat a.fa b.fa`); break the line before "
+                     "its '>', e.g. `sed '/^>/!s/>/\\n>/' in.fa > out.fa`")
 
 
 def indexing_error(path: Path, e: Exception) -> LcftError:

@@ -15,7 +15,13 @@ from pathlib import Path
 import pyfaidx
 
 from lcft.errors import LcftError, shown
-from lcft.genomics.fasta_check import BLANKS, first_non_base, missing_names_error
+from lcft.genomics.fasta_check import (
+    BLANKS,
+    JOINED_HEADER,
+    first_non_base,
+    joined_header,
+    missing_names_error,
+)
 
 PIECE_BYTES = 1 << 18  # whole lines per read: 256 KiB stays in L2 through translate and copy
 # What a read of gzip data raises where the file is cut or damaged: gzip.BadGzipFile (an OSError) for a bad
@@ -106,16 +112,20 @@ class FastaRecords:
     def _bases_only(self, name: str, data: bytes | bytearray, b0: int, rows: int = 0) -> None:
         """`data`, bytes of record `name` from byte b0 (`rows` whole lines, or a fragment ending at a base),
         holds bases where the index puts bases: no space or tab (pyfaidx counts one as a base, Biopython drops
-        it) and no line that ends otherwise than the record's first in as many bytes (pyfaidx takes a carriage
-        return for a base, or a base for a line break). Every later base would be read one place off. Costs two
-        or three memchr passes (about 0.03 ns a byte); a CRLF record's carriage returns are counted (0.3 ns).
-        (Blanks ending a record's first or last line were seen at open: the file is then read from a copy.)"""
+        it), no '>' (a header joined to the line before it, where its line is as long as the record's others:
+        pyfaidx reads the next record's name and bases as this one's) and no line that ends otherwise than the
+        record's first in as many bytes (pyfaidx takes a carriage return for a base, or a base for a line break).
+        Every later base would be read one place off. Costs three or four memchr passes (about 0.03 ns a byte); a
+        CRLF record's carriage returns are counted (0.3 ns). (Blanks ending a record's first or last line were seen
+        at open: the file is then read from a copy.)"""
         rec = self.index[name]
         crs = rec.lenb - rec.lenc - 1  # carriage returns ending each line: 0 (LF) or 1 (CRLF)
-        if b" " not in data and b"\t" not in data and (
+        if b" " not in data and b"\t" not in data and b">" not in data and (
                 b"\r" not in data if crs <= 0 else data.count(b"\r") == crs * (rows or data.count(b"\n"))):
             return
         base, found = first_non_base(data, b0 - rec.offset, rec.lenc, rec.lenb)
+        if found == JOINED_HEADER:
+            raise joined_header(self.path, f"record {shown(name, quoted=True)} (at base {base + 1:,})")
         if found in BLANKS.values():
             fix = "remove blanks from the sequence lines, e.g. `sed '/^>/!s/[[:blank:]]//g' in.fa > out.fa`"
         else:

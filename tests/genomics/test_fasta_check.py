@@ -1,6 +1,7 @@
 """A FASTA whose bytes are not UTF-8 text: the refusal names its line, as Biopython (reading UTF-8 text) fails on it;
-one with a header joined to the sequence line before it: the refusal names that line and the cause; a record name
-holding a comma, cut at it by --train: the refusal says how to give it."""
+one with a header joined to the sequence line before it: the refusal names that line and the cause, or, where the
+joined line is as long as its record's others (the index fits), the record and base when its bases are read; a record
+name holding a comma, cut at it by --train: the refusal says how to give it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import gzip
 
 import pytest
 from Bio import bgzf
+from tokenizers import Tokenizer, models, trainers
 
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows
+from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_check import non_utf8_line, odd_sequence_line
+from lcft.genomics.inspect import inspect_fasta
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
 
@@ -81,6 +85,45 @@ def test_a_header_joined_to_the_line_before_is_named(tmp_path, kind, last):
                                         r"line: a header joined to the sequence before it, .*\(`cat a\.fa b\.fa`\)"):
         prepare_windows(fasta=str(path), out=str(out), length=64, train=("c1",), eval=())
     assert not out.exists()
+
+
+def _small_bpe(tmp_path) -> str:
+    """A BPE of 64 tokens trained with `tokenizers` on random bases: a model tokenizer's path through prepare."""
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    seq = random_genome(9, 20_000, softmask=False, n_runs=0)
+    tk.train_from_iterator((seq[i : i + 500] for i in range(0, len(seq), 500)),
+                           trainers.BpeTrainer(vocab_size=64, special_tokens=["<pad>", "<unk>"], show_progress=False))
+    tk.save(str(tmp_path / "bpe.json"))
+    return str(tmp_path / "bpe.json")
+
+
+@pytest.mark.parametrize("kind", ["plain", "bgzf"])
+def test_a_joined_header_making_a_full_line_is_refused_where_its_bases_are_read(tmp_path, kind):
+    """`cat a.fa b.fa`, a.fa's last line 55 bases and no line end, b.fa's first record one line: '...>chr2' is a
+    full 60-byte line, so the index fits and chr2's line reads as chr1's last: chr1 had '>chr2' among its bases (as
+    N) and chr2 vanished. Biopython (the oracle) reads '>' inside chr1 the same way; every read of chr1's bases
+    (inspect; prepare with char, k-mer and BPE tokens) now refuses it naming the record and base."""
+    last = 60 - len(">chr2")  # the joined line: exactly a full line
+    a = write_fasta(tmp_path / "a.fa", {"chr1": random_genome(1, 240 + last, n_runs=0)}).read_bytes()[:-1]
+    b = write_fasta(tmp_path / "b.fa", {"chr2": random_genome(2, 50, n_runs=0),
+                                        "chr3": random_genome(3, 150, n_runs=0)}).read_bytes()
+    assert [len(line) for line in (a + b).splitlines()] == [5, 60, 60, 60, 60, 60, 50, 5, 60, 60, 30]
+    path = tmp_path / ("ab.fa" if kind == "plain" else "ab.fa.gz")
+    _write(path, a + b, kind)
+    bio = bio_records(path)  # (a BGZF is a gzip to it)
+    assert list(bio) == ["chr1", "chr3"] and bio["chr1"].index(">") == 240 + last and len(bio["chr1"]) == 350
+    with FastaFile(path) as fasta:  # the layout fits: opened, as Biopython reads it
+        assert {n: fasta.length(n) for n in fasta.names} == {"chr1": 350, "chr3": 150}
+    refusal = (rf"ab\.fa(\.gz)?: record 'chr1' \(at base {240 + last + 1}\) holds a '>' inside a sequence line: a "
+               r"header joined to the sequence before it, .*\(`cat a\.fa b\.fa`\); break the line before its '>'")
+    with pytest.raises(LcftError, match=refusal):
+        inspect_fasta(path)
+    for tok in ("char", "kmer:3", _small_bpe(tmp_path)):
+        out = tmp_path / f"out{len(tok)}"
+        with pytest.raises(LcftError, match=refusal):
+            prepare_windows(fasta=str(path), out=str(out), length=16, train=("chr1",), eval=(), tokenizer=tok,
+                            max_n_frac=1.0, max_oov_frac=1.0)
+        assert not out.exists()
 
 
 def test_odd_sequence_line_across_blocks(tmp_path):
