@@ -53,8 +53,7 @@ def parse_bytes(text: str, name: str = "gpu_memory") -> int:
 
 
 PLANNED_ENDPOINT = "node0:29500"
-"""The rendezvous a plan of several nodes stands in when none is given (a run needs --rdzv-endpoint; a plan only
-counts the ranks)."""
+"""The rendezvous a plan of several nodes stands in when none is given (rdzv_endpoint's docstring below says why)."""
 
 
 @dataclass
@@ -77,6 +76,9 @@ class PlanConfig(TrainConfig):
     on this machine: bf16 on a CPU with native bf16, else fp32)."""
     explain: bool = False
     """Print where each figure comes from: the formula, or the measured or assumed constant."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the run's rendezvous on node 0, as `lcft train` takes it: a plan starts no node, so it only
+    checks its form; not needed, also with --nnodes > 1 (a plan only counts the ranks)."""
 
     def __post_init__(self) -> None:
         if type(self.nnodes) is int and self.nnodes > 1 and self.rdzv_endpoint is None:  # a plan starts no node: no rendezvous to name
