@@ -52,6 +52,7 @@ def parse_bytes(text: str, name: str = "gpu_memory") -> int:
     return out
 
 
+DEFAULT_GPU_MEMORY = "80GiB"  # a CUDA plan's GPU when --gpu-memory is not given (an A100's or H100's)
 PLANNED_ENDPOINT = "node0:29500"
 """The rendezvous a plan of several nodes stands in when none is given (rdzv_endpoint's docstring below says why)."""
 
@@ -62,15 +63,15 @@ class PlanConfig(TrainConfig):
     --shard, --offload-params, --checkpointing, --offload-activations, --offload-bf16, --micro-batch, --seq-len,
     --preset or --init) and the GPUs to plan for. Nothing is read but the model's config.json."""
 
-    gpu_memory: str = "80GiB"
+    gpu_memory: str | None = None
     """Memory of one GPU: 80GiB (or 80G) = 80 x 2^30 bytes, 141GB = 141 x 10^9 bytes (K, M, G, T; a bare number
-    is bytes; at least 1 GiB)."""
+    is bytes; at least 1 GiB; default: 80GiB). CUDA plans only."""
     gpus_per_node: int | None = None
     """GPUs (one process each) per node; the world is nnodes x this (default: --nproc)."""
     host_memory: str | None = None
     """Host (CPU) memory of one node, e.g. 128GiB: what its ranks offload (or the fp32 model each reads at start,
-    when larger), plus each process's own (an assumed constant; --explain names it), must fit in it too (default:
-    not checked). CUDA plans only."""
+    when larger), plus each process's own (an assumed constant; --explain names it), must fit in it too; on CPU
+    what its ranks hold, all of it (default: not checked)."""
     device: PlanDevice = "cuda"
     """Plan for CUDA GPUs, or for CPU processes (the runtime term differs; --precision auto as `lcft train` picks it
     on this machine: bf16 on a CPU with native bf16, else fp32)."""
@@ -85,18 +86,20 @@ class PlanConfig(TrainConfig):
             self.rdzv_endpoint = PLANNED_ENDPOINT
         TrainConfig.__post_init__(self)
         check_choice(self.device, PlanDevice, "device")  # the sections checked theirs
-        parse_bytes(self.gpu_memory)
-        if self.host_memory is not None:
+        if self.gpu_memory is not None:
             if self.device == "cpu":
-                raise ConfigError("host_memory is for CUDA plans: on CPU the ranks' memory is the host's "
-                                  "(give it as --gpu-memory, per rank)")
+                raise ConfigError("gpu_memory is for CUDA plans: a CPU plan's ranks hold the host's memory (give one "
+                                  "node's as --host-memory)")
+            parse_bytes(self.gpu_memory)
+        if self.host_memory is not None:
             parse_bytes(self.host_memory, "host_memory")
         at_least_one(self, "gpus_per_node")
         at_most(self, MAX_PROCESSES, "lcft's limit of processes per node", "gpus_per_node")
 
     @property
-    def gpu_bytes(self) -> int:
-        return parse_bytes(self.gpu_memory)
+    def gpu_bytes(self) -> int | None:
+        """One GPU's memory (--gpu-memory, default DEFAULT_GPU_MEMORY); None on CPU, where there is none."""
+        return None if self.device == "cpu" else parse_bytes(self.gpu_memory or DEFAULT_GPU_MEMORY)
 
     @property
     def host_bytes(self) -> int | None:

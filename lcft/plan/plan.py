@@ -139,11 +139,11 @@ def cpu_threads(ranks: int) -> int:
 
 @dataclass(frozen=True)
 class Budget:
-    """What a plan must fit in: `device` bytes per GPU and, when `host` is given, one node's host memory for its
-    `ranks_per_node` processes (each the larger of what it offloads and of the weights it reads at start, plus
-    HOST_PROCESS)."""
+    """What a plan must fit in: `device` bytes per GPU (None: a CPU plan, no GPU) and, when `host` is given, one
+    node's host memory for its `ranks_per_node` processes (on CUDA each the larger of what it offloads and of the
+    weights it reads at start, plus HOST_PROCESS; on CPU all each holds)."""
 
-    device: int
+    device: int | None
     host: int | None = None
     ranks_per_node: int = 1
 
@@ -153,10 +153,13 @@ class Budget:
 
     def host_need(self, est: Estimate) -> int:
         """Host bytes the node's ranks need under `est`."""
+        if self.device is None:  # a CPU rank's memory is the host's, its runtime term the process's own
+            return self.ranks_per_node * est.total
         return self.ranks_per_node * (max(est.host, est.load) + HOST_PROCESS)
 
     def admits(self, est: Estimate) -> bool:
-        return est.total <= self.device and (self.host is None or self.host_need(est) <= self.host)
+        return ((self.device is None or est.total <= self.device)
+                and (self.host is None or self.host_need(est) <= self.host))
 
 
 @dataclass(frozen=True)
@@ -262,7 +265,11 @@ def _gib(n: int) -> str:
 def _host_lines(budget: Budget, est: Estimate, why: str) -> list[str]:
     """What offloading puts in host memory per rank and, when the node's is given, what its ranks need of it."""
     lines = [f"  {'host memory (offloaded)':<32}{_gib(est.host)}"] if est.host else []
-    if budget.host is not None:
+    if budget.device is None:  # a CPU plan: its ranks hold the host's memory
+        lines.append(f"host, one node: {budget.ranks_per_node} rank(s) x {est.total / GIB:.2f} GiB = "
+                     f"{budget.host_need(est) / GIB:.2f} GiB" + ("" if budget.host is None else
+                                                                 f"   of {budget.host / GIB:.2f} GiB"))
+    elif budget.host is not None:
         lines.append(f"host, one node: {budget.ranks_per_node} rank(s) x (max({est.host / GIB:.2f} GiB offloaded, "
                      f"{est.load / GIB:.2f} GiB of weights read at start) + {HOST_PROCESS / GIB:.2f} GiB process) "
                      f"= {budget.host_need(est) / GIB:.2f} GiB   of {budget.host / GIB:.2f} GiB")
@@ -271,9 +278,13 @@ def _host_lines(budget: Budget, est: Estimate, why: str) -> list[str]:
 
 
 def _verdict(budget: Budget, est: Estimate) -> str:
-    over = est.total - budget.device
+    if budget.device is None and budget.host is None:
+        return "verdict: not checked (a CPU plan compares its node's ranks with --host-memory)"
+    over = 0 if budget.device is None else est.total - budget.device
     host_over = None if budget.host is None else budget.host_need(est) - budget.host
     if over <= 0 and (host_over is None or host_over <= 0):
+        if budget.device is None:  # a CPU plan: the host is all it is checked against
+            return f"verdict: fits ({-host_over / GIB:.2f} GiB of host memory to spare)"
         spare = f"{-over / GIB:.2f} GiB to spare" + ("" if host_over is None else
                                                      f", {-host_over / GIB:.2f} GiB of host memory")
         return f"verdict: fits ({spare})"
@@ -305,7 +316,8 @@ def report(cfg: PlanConfig) -> tuple[str, bool]:
         if value or name != "margin":
             lines.append(f"  {LABELS[name]:<32}{_gib(value)}")
             lines += [f"      {line}" for line in why.get(name, "").splitlines()]
-    lines.append(f"  {'total':<32}{_gib(est.total)}   of {budget.device / GIB:.2f} GiB")
+    lines.append(f"  {'total':<32}{_gib(est.total)}" + ("" if budget.device is None else
+                                                       f"   of {budget.device / GIB:.2f} GiB"))
     lines += _host_lines(budget, est, why.get("host", ""))
     lines.append(_verdict(budget, est))
     if budget.admits(est):
