@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a trained model as a Hugging Face folder of its own class (Llama, Mistral, Qwen2, Qwen3, Mixtral)."""
         from lcft.checkpoint.export_out import check_export_out, export_origin
-        from lcft.checkpoint.layout import read_checkpoint
+        from lcft.checkpoint.layout import read_checkpoint, read_model_meta
 
         # as given: a Path would turn ./org/name into org/name, a Hub id; `--out=~/x`: the shell leaves '~'
         checkpoint, out = home(checkpoint), Path(home(str(out)))
@@ -53,10 +53,12 @@ def register(app: typer.Typer) -> None:
                     _, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
             done = "wrote" if written else "already exported to"  # run again after a kill, or after it completed
             console.print(f"{done} {out} (from {source})", highlight=False)
-            from lcft.checkpoint.export import transformers_attention_note  # (torch: after the user errors)
+            attention = read_model_meta(out).get("attention")
+            if isinstance(attention, dict) and attention.get("backend") == "sparse":  # (a dense one: torch unread)
+                from lcft.checkpoint.export import transformers_attention_note
 
-            if note := transformers_attention_note(out):
-                console.print(note, highlight=False)
+                if note := transformers_attention_note(out):
+                    console.print(note, highlight=False)
             return out
 
         read_checkpoint(checkpoint, export_from)  # a run's latest, pruned meanwhile: the new latest
