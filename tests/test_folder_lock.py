@@ -4,8 +4,6 @@ the folders made for it removed while empty."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from lcft.errors import LcftError
 from lcft.folder_lock import LOCK_NAME, folder_lock
 from tests.test_files import _outside
+from tests.unprivileged import unprivileged
 
 
 def test_folder_lock_never_writes_through_a_planted_lock_link(tmp_path):
@@ -23,24 +22,6 @@ def test_folder_lock_never_writes_through_a_planted_lock_link(tmp_path):
         assert not lock.is_symlink() and lock.read_text() == f"{os.getpid()} lcft test\n"
     assert victim.read_text() == "keep me\n"
     assert not (out / LOCK_NAME).exists()
-
-
-# Root may write into any folder whatever its mode: the child runs without the capabilities that allow it (as
-# an ordinary user would), so a read-only folder refuses it.
-UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--inh-caps=-all"]
-
-
-def unprivileged(args: list[str]) -> subprocess.CompletedProcess:
-    """`args` run where folder modes apply: as root through setpriv (skipped without it), else as is."""
-    prefix = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv is needed to run without root's override of folder modes")
-        prefix = UNPRIVILEGED
-    r = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=600)
-    if r.stderr.startswith("setpriv:"):
-        pytest.skip(f"setpriv cannot drop capabilities here ({r.stderr.strip()})")
-    return r
 
 
 LOCK_READ_ONLY = """

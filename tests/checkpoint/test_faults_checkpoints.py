@@ -22,7 +22,7 @@ from lcft.train import TrainConfig, train
 from lcft.train.metrics import read_metrics
 from tests.one_line import cli_fails, one_line
 from tests.test_files import plant
-from tests.test_folder_lock import unprivileged
+from tests.unprivileged import unprivileged
 
 STATE = "trainer_state"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import ctypes
 import importlib
 import io
 import multiprocessing
@@ -23,6 +22,8 @@ from multiprocessing.connection import Connection
 from typing import NoReturn
 
 import pytest
+
+from tests.unprivileged import drop_mode_overrides
 
 # What `lcft train`, `lcft export` and the tests' scripts import. Not lcft.__main__: `-m lcft` runs it afresh.
 PRELOAD = ("torch", "lcft.cli.app", "lcft.train", "lcft.train.trainer", "lcft.checkpoint.export",
@@ -92,30 +93,12 @@ def _child(conn: Connection, argv: list[str], env: dict[str, str], limit: int | 
         if limit is not None:  # (Python ignores SIGXFSZ: a write past it fails with EFBIG)
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         if unprivileged and os.geteuid() == 0:
-            _drop_mode_overrides()
+            drop_mode_overrides()
         code = _python(argv)
     finally:
         os._exit(code)
 
 
-# What tests.test_folder_lock.UNPRIVILEGED (setpriv) takes from root: the capabilities that let it write, search and
-# chmod whatever a folder's mode (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER). The forked child execs nothing,
-# so its effective, permitted and inheritable sets are all there is to take them from.
-MODE_OVERRIDES = (1 << 1) | (1 << 2) | (1 << 3)
-CAPABILITY_VERSION_3 = 0x20080522
-
-
-def _drop_mode_overrides() -> None:
-    """Take MODE_OVERRIDES from this process (capset, through libc: the standard library has no call for it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)  # (version, pid 0: this process)
-    sets = (ctypes.c_uint32 * 6)()  # (effective, permitted, inheritable) of capabilities 0-31, then of 32-63
-    if libc.capget(header, sets) != 0:
-        raise OSError(ctypes.get_errno(), "capget")
-    for i in range(3):
-        sets[i] &= ~MODE_OVERRIDES
-    if libc.capset(header, sets) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _stdio(fd: int, like: io.TextIOWrapper) -> io.TextIOWrapper:
@@ -185,7 +168,7 @@ class Preloaded:
             timeout: float = 300, unprivileged: bool = False) -> subprocess.CompletedProcess:
         """`python ARGV` forked off, as subprocess.run(..., capture_output=True, text=True) returns it; `env`:
         its whole environment (default this one's); `limit`: its RLIMIT_FSIZE in bytes; `unprivileged`: folder modes
-        apply to it, root's included (as tests.test_folder_lock.unprivileged runs a command). SIGKILLed past timeout."""
+        apply to it, root's included (as tests.unprivileged.unprivileged runs a command). SIGKILLed past timeout."""
         self.conn.send((argv, dict(os.environ if env is None else env), limit, unprivileged))
         if not self.conn.poll(120):  # (the first request waits for the imports)
             raise AssertionError(f"the preloaded process did not start `python {argv[0]} {argv[1]}`")

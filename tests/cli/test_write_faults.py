@@ -26,7 +26,7 @@ from lcft.model import Llama, LlamaConfig
 from lcft.train.metrics import read_metrics
 from tests.cli.preloaded import Preloaded, preloaded  # noqa: F401  (a fixture, by name)
 from tests.conftest import SHARED_GENOMES
-from tests.test_folder_lock import unprivileged
+from tests.unprivileged import unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 LAMBDA = SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"

@@ -17,7 +17,7 @@ from lcft.genomics import prepare_windows
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import cache_dir
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
-from tests.test_folder_lock import unprivileged
+from tests.unprivileged import unprivileged
 
 RECS = {"a": random_genome(11, 12_000), "b": random_genome(12, 7_000)}
 
