@@ -12,15 +12,18 @@ import json
 import os
 import re
 import struct
+import zlib
 from pathlib import Path
+from typing import IO
 
 from lcft.errors import LcftError, closest, did_you_mean, reason
 
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
 CR, LF, GT = 13, 10, 62
-JOINED_HEADER = "a '>' inside a sequence line"  # never a base: a header joined to the line before it (`joined_header`)
+JOINED_HEADER = "a '>' inside a sequence line"  # never a base: a header joined to the line before it (`joined_cause`)
 BLANKS = {b" ": "a space", b"\t": "a tab"}  # in sequence lines: pyfaidx counts each as a base, Biopython drops it
+NAME_ENDS = {bytes([c]) for c in b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"}  # what ends a header's first word (str.split)
 # a .fai as pyfaidx and samtools write it, which `fai_parses` accepts at C speed: each line a name without tabs or
 # line breaks, then four numbers of at most 14 digits (below MAX_BYTES), each line ended by LF
 FAI_TEXT = re.compile(r"(?:[^\t\r\n]+\t[0-9]{1,14}\t[0-9]{1,14}\t[0-9]{1,14}\t[0-9]{1,14}\n)*")
@@ -56,9 +59,15 @@ def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tu
 def joined_header(path: Path, where: str) -> LcftError:
     """The refusal of a '>' among bases, at `where` ('line 7', or a record and base): a header joined to the
     sequence line before it, which no re-wrap mends; pyfaidx would read its name as bases of the record before."""
-    return LcftError(f"{path}: {where} holds {JOINED_HEADER}: a header joined to the sequence before it, as when a "
-                     "file without a final line end is joined with another (`cat a.fa b.fa`); break the line before "
-                     "its '>', e.g. `sed '/^>/!s/>/\\n>/' in.fa > out.fa`")
+    return LcftError(f"{path}: {joined_cause(where)}")
+
+
+def joined_cause(where: str, what: str = "a '>'") -> str:
+    """Why `where` (a line, or a record and base) holding `what` ('>' or a header) among bases is refused, and
+    the mend: the text of `joined_header`, also said where a record asked for by name is missing for it."""
+    return (f"{where} holds {what} inside a sequence line: a header joined to the sequence before it, as when a file "
+            "without a final line end is joined with another (`cat a.fa b.fa`); break the line before its '>', e.g. "
+            "`sed '/^>/!s/>/\\n>/' in.fa > out.fa`")
 
 
 def indexing_error(path: Path, e: Exception) -> LcftError:
@@ -90,10 +99,8 @@ def odd_sequence_line(path: Path, block: int = 1 << 24) -> tuple[int, bytes] | N
     it (`cat a.fa b.fa`, a.fa without a final line end), so that line's length is not its record's: the file is
     refused for either, and this names the cause. Reads the whole file (plain, or a BGZF/gzip one decompressed):
     only for an error's message."""
-    with open(path, "rb") as fh:
-        opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
     lines, first = 0, b""  # newlines before the block; the first byte of the line it starts in (b"": its own)
-    with opener(path, "rb") as fh:
+    with decompressed(path) as fh:
         while data := fh.read(block):
             for m in re.finditer(rb"[\x80-\xff>]", data):
                 start = data.rfind(b"\n", 0, m.start()) + 1
@@ -113,10 +120,8 @@ def non_utf8_line(path: Path, block: int = 1 << 24) -> int | None:
     """The first line (1-based) of a FASTA (plain, or a BGZF/gzip one decompressed) whose bytes are not UTF-8 text,
     or None: pyfaidx decodes each line, and says only where in its line the byte is. Reads the file up to that
     line: only for an error's message."""
-    with open(path, "rb") as fh:
-        opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
     decoder, lines = codecs.getincrementaldecoder("utf-8")(), 0
-    with opener(path, "rb") as fh:
+    with decompressed(path) as fh:
         while data := fh.read(block):
             held = len(decoder.getstate()[0])  # bytes of a character begun in the block before (no line break)
             try:
@@ -129,6 +134,63 @@ def non_utf8_line(path: Path, block: int = 1 << 24) -> int | None:
     except UnicodeDecodeError:  # the file ends inside a character
         return lines + 1
     return None
+
+
+def decompressed(path: Path) -> IO[bytes]:
+    """The FASTA's bytes as its index counts them: a gzip (BGZF or plain) read through gzip, else the file."""
+    with open(path, "rb") as fh:
+        packed = fh.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if packed else open(path, "rb")
+
+
+def glued_headers(path: Path, names: list[str], block: int = 1 << 24) -> dict[str, int]:
+    """Of record names the index lacks, those whose header ('>' + the name, then a blank, a line end or the file's
+    end: the name as its first word) stands inside a sequence line, each with that line (1-based, the first such),
+    as a header joined to the line before it does (`cat a.fa b.fa`, a.fa without a final line end). Reads the
+    file (plain, or a BGZF/gzip one decompressed) in blocks: one pass for '>' (memchr), one counting its LFs, as
+    `odd_sequence_line` counts lines (a CR ends a line too where it says whether a '>' starts one); only for an
+    error's message."""
+    wanted = {b">" + n.encode(): n for n in names}
+    longest = max(map(len, wanted), default=0)
+    found: dict[str, int] = {}
+    # prev: the byte before `buf` (a line end at the file's start); head: the first byte of the line `buf` starts
+    # inside (b"": `buf` starts a line); carry: from a '>' whose name the block cut, read again with the next
+    lines, prev, head, carry = 0, b"\n", b"", b""
+    with decompressed(path) as fh:
+        while len(found) < len(wanted):
+            data = fh.read(block)
+            buf = carry + data if carry else data
+            at = buf.find(b">")
+            while at >= 0 and (not data or at + longest < len(buf)):
+                before = buf[at - 1:at] if at else prev
+                if before not in (b"\n", b"\r") and (name := _header_named(buf, at, wanted)) not in (None, *found):
+                    start = _line_start(buf, at)
+                    if (buf[start:start + 1] if start else head or buf[:1]) != b">":  # not inside a header line
+                        found[name] = lines + buf.count(b"\n", 0, at) + 1
+                at = buf.find(b">", at + 1)
+            if not data:
+                break
+            cut = len(buf) if at < 0 else at
+            start = _line_start(buf, cut)
+            head = buf[start:start + 1] if start else head or buf[:1]
+            prev = buf[cut - 1:cut] if cut else prev
+            lines, carry = lines + buf.count(b"\n", 0, cut), buf[cut:]
+    return found
+
+
+def _header_named(buf: bytes, at: int, wanted: dict[bytes, str]) -> str | None:
+    """The name of `wanted` ({'>' + name: name}) whose header starts at `buf[at]`, ended by a blank, a line end
+    or the end of `buf`; None if none."""
+    for needle, name in wanted.items():
+        end = at + len(needle)
+        if buf.startswith(needle, at) and (end == len(buf) or buf[end:end + 1] in NAME_ENDS):
+            return name
+    return None
+
+
+def _line_start(buf: bytes, at: int) -> int:
+    """Where in `buf` the line holding byte `at` starts (after a LF or CR); 0 where it starts before `buf`."""
+    return max(buf.rfind(b"\n", 0, at), buf.rfind(b"\r", 0, at)) + 1
 
 
 def fai_parses(fai: Path) -> bool:
@@ -231,11 +293,18 @@ def meant_name(name: str, names: list[str]) -> str | None:
     return closest(name, names[:100_000])
 
 
-def missing_names_error(path: Path, missing: list[str], names: list[str]) -> LcftError:
+def missing_names_error(path: Path, missing: list[str], names: list[str], source: Path | None = None) -> LcftError:
     """One line naming the records of `missing` the FASTA lacks, what each was likely meant to be (the first
-    three), and the records it has (the first 30)."""
+    three), and the records it has (the first 30); where one of the first three is a header joined to the line
+    before it (`glued_headers` of `source`, the bytes indexed; `path` itself when None), that line and the mend
+    instead of a guess."""
+    try:  # (an error already: the good path never reads for it)
+        glued = glued_headers(source or path, missing[:3])
+    except (OSError, EOFError, zlib.error):  # a gzip whose bytes past what the index reads are damaged: no more said
+        glued = {}
+
     def one(m: str) -> str:
-        meant = meant_name(m, names) if missing.index(m) < 3 else None
+        meant = meant_name(m, names) if missing.index(m) < 3 and m not in glued else None
         return m + did_you_mean(meant)
 
     shown = ", ".join(names[:30]) + (f", ... ({len(names)} in all)" if len(names) > 30 else "")
@@ -243,4 +312,7 @@ def missing_names_error(path: Path, missing: list[str], names: list[str]) -> Lcf
     cut = next((n for n in names if "," in n and any(m in n.split(",") for m in missing)), None)
     hint = "" if cut is None else (f"; record {cut!r} holds a comma, at which --train and --eval split their names: "
                                    f"give it in a --config TOML list, e.g. train = [{json.dumps(cut)}]")
+    if glued:  # the first one the file holds glued inside a sequence line: the index read it as bases
+        name, line = min(glued.items(), key=lambda kv: kv[1])
+        hint += f"; {joined_cause(f'line {line}', repr('>' + name))}"
     return LcftError(f"chromosome {', '.join(map(one, missing))} not found in {path}; available: {shown}{hint}")

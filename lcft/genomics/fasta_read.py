@@ -35,6 +35,7 @@ class FastaRecords:
     (lcft.genomics.fasta), which opens and checks the file and sets what these read."""
 
     path: Path
+    readable: Path  # the file pyfaidx indexed: `path`, a link to it, or a decompressed or normalized copy
     faidx: pyfaidx.Faidx
     index: dict[str, pyfaidx.IndexRecord]
     _gzi_ustarts: list[int]
@@ -61,7 +62,12 @@ class FastaRecords:
         """Every name must be a record of this FASTA; the error lists what is there."""
         missing = [n for n in names if n not in self.index]
         if missing:
-            raise missing_names_error(self.path, missing, self.names)
+            # the bytes indexed: a gzip's decompressed copy is read without inflating it again; a normalized copy
+            # (blank lines dropped) is not, so that a line named is the file's own
+            from lcft.genomics.fasta_cache import NORMALIZED  # (it imports this module)
+
+            source = self.path if self.readable.name.endswith(NORMALIZED) else self.readable
+            raise missing_names_error(self.path, missing, self.names, source)
 
     def _byte_offset(self, name: str, pos: int) -> int:
         rec = self.index[name]

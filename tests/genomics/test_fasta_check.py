@@ -6,6 +6,7 @@ name holding a comma, cut at it by --train: the refusal says how to give it."""
 from __future__ import annotations
 
 import gzip
+import re
 
 import pytest
 from Bio import bgzf
@@ -14,7 +15,7 @@ from tokenizers import Tokenizer, models, trainers
 from lcft.errors import LcftError
 from lcft.genomics import prepare_windows
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.fasta_check import non_utf8_line, odd_sequence_line
+from lcft.genomics.fasta_check import glued_headers, non_utf8_line, odd_sequence_line
 from lcft.genomics.inspect import inspect_fasta
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 
@@ -124,6 +125,57 @@ def test_a_joined_header_making_a_full_line_is_refused_where_its_bases_are_read(
             prepare_windows(fasta=str(path), out=str(out), length=16, train=("chr1",), eval=(), tokenizer=tok,
                             max_n_frac=1.0, max_oov_frac=1.0)
         assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["plain", "gzip", "bgzf", "crlf"])
+def test_a_record_asked_for_whose_header_is_joined_to_the_line_before_is_named(tmp_path, kind):
+    """The layout above (the index fits; chr2's header inside chr1's last line) with chr2 asked for by name: the
+    refusal had said only that chr2 is not there (and guessed chr3); it names the line holding '>chr2' and the
+    mend, as the refusal of its bases does. The line is the one holding '>chr2' after its start (the oracle), in
+    the file as given: also where a blank line before it (CRLF line ends) has it indexed from a normalized copy."""
+    a = write_fasta(tmp_path / "a.fa", {"chr1": random_genome(1, 295, n_runs=0)}).read_bytes()[:-1]
+    b = write_fasta(tmp_path / "b.fa", {"chr2": random_genome(2, 50, n_runs=0),
+                                        "chr3": random_genome(3, 150, n_runs=0)}).read_bytes()
+    data = (a + b).replace(b"\n", b"\r\n").replace(b">chr1\r\n", b">chr1\r\n\r\n") if kind == "crlf" else a + b
+    line = next(k for k, text in enumerate(data.split(b"\n"), 1) if b">chr2" in text[1:])
+    assert line == (7 if kind == "crlf" else 6)
+    path = tmp_path / ("ab.fa" if kind in ("plain", "crlf") else "ab.fa.gz")
+    _write(path, data, kind)
+    # (--train, --eval) and the names refused: no guess for chr2 (chr3 had been guessed), one for a mistyped name
+    for train, held_out, named in ((("chr2",), (), "chr2"), (("chr3",), ("chrX", "chr2"),
+                                                               r"chrX \(did you mean 'chr3'\?\), chr2")):
+        out = tmp_path / f"out{len(held_out)}"
+        with pytest.raises(LcftError, match=rf"^chromosome {named} not found in .*ab\.fa(\.gz)?; available: chr1, "
+                                            rf"chr3; line {line} holds '>chr2' inside a sequence line: a header joined "
+                                            r"to the sequence before it, .*\(`cat a\.fa b\.fa`\); break the line "
+                                            r"before its '>'"):
+            prepare_windows(fasta=str(path), out=str(out), length=16, train=train, eval=held_out)
+        assert not out.exists()
+
+
+def test_glued_headers_across_blocks(tmp_path):
+    """Read in blocks of 1 to 8 bytes, so a header is cut between blocks: the line of each name's first header
+    inside a sequence line (not a header line; its name ended by a blank, a line end or the file's end), as each
+    line read on its own gives (the oracle: lines split at LF, then at CR), or none."""
+    texts = [">a\nACGT>b\nAC\n", ">a x>b\nACGT\n", ">a\nAC>bb\n>b\nAC", ">a\nACGT\nAC>b", ">a\rAC>b\rAC\r",
+             ">a\r\nAC>b c\r\n", ">a\nAC>c\nAC>b\nAC>c\n", ">a\nAC>b\x1cx\n", ">b\nAC\n>a\nAC>b\n", "ACGT>b\n",
+             ">a\nACGT>b\n>c\nAC>c d>b\n"]
+    names = ["b", "c", "z"]
+    for k, text in enumerate(texts):
+        data = text.encode()
+        path = tmp_path / f"t{k}.fa"
+        path.write_bytes(data)
+        want = {}
+        for n, line in enumerate(data.split(b"\n"), 1):
+            for piece in line.split(b"\r"):
+                for name in names:
+                    glued = re.search(rb">" + name.encode() + rb"(?=[\s\x1c-\x1f]|$)", piece)
+                    if glued and not piece.startswith(b">"):
+                        want.setdefault(name, n)
+        assert want or k in (1, 2), text  # the texts hold joined headers but for those two
+        for block in range(1, 9):
+            assert glued_headers(path, names, block=block) == want, (text, block)
+        assert glued_headers(path, names) == want and glued_headers(path, []) == {}
 
 
 def test_odd_sequence_line_across_blocks(tmp_path):
