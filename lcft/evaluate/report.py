@@ -35,10 +35,31 @@ from lcft.units import LN2, counted
 FORMAT_VERSION = 1
 CSV_NAME, JSON_NAME, PNG_NAME, TOML_NAME = "loss_by_position.csv", "eval.json", "loss_by_position.png", "eval.toml"
 # each figure's unit in its header, as the terminal tables give it (eval.json's "loss" is nats per token too); a
-# bin's start and end count tokens or bases (--position), said on every row: the two read alike otherwise
+# bin's start and end count tokens or bases (--position), said on every row: the two read alike otherwise; so is
+# the unit of the change and its interval (a fraction, which the tables print in percent), and the checkpoint a
+# label stands for (as given): a CSV opened alone says what its figures are. Columns are only ever added at the end
 CSV_COLUMNS = ("label", "subset", "bin", "start", "end", "position_unit", "tokens", "loss_nats_per_token",
-               "bits_per_base", "relative_change", "ci_low", "ci_high")
+               "bits_per_base", "relative_change", "ci_low", "ci_high", "change_unit", "checkpoint")
+NATS = "nats per token"
+BOUNDS = ("the unit of the figure it bounds: relative_change's beside it, slope_per_doubling's in trend, drop's in "
+          "probe")
 SPLITS = SUBSETS[1:]  # the soft-mask and the recurrence split reported next to every figure over all tokens
+
+
+def change_unit(reference: str, per: str = "") -> str:
+    """The unit of a change against the checkpoint labelled `reference` (`per`: of a slope) as eval.json and the
+    CSV store it: a fraction, which the tables print in percent."""
+    return f"fraction{per}: (loss - {reference}'s loss) / {reference}'s loss; 0.01 = 1%"
+
+
+def units(reference: str, positions: str) -> dict[str, str]:
+    """eval.json's `units`: each figure's unit, by its name wherever it stands (`positions`: what a position
+    counts, tokens or bases)."""
+    return {"loss": NATS, "first_tenth_loss": NATS, "last_tenth_loss": NATS, "bits_per_base": "bits per base",
+            "relative_change": change_unit(reference),
+            "slope_per_doubling": change_unit(reference, " per doubling of position"), "ci_low": BOUNDS,
+            "ci_high": BOUNDS, "drop": NATS, "loss_with": NATS, "loss_without": NATS, "edges": positions,
+            "first_tenth": positions, "last_tenth": positions, "distances": "tokens", "effective_context": "tokens"}
 
 
 def _num(x: float) -> float | None:
@@ -210,6 +231,7 @@ def build_report(cfg: Any, ws: Any, n_windows: int, infos: list, results: list, 
             "first_tenth": [f0, f1],
             "last_tenth": [l0, l1],
         },
+        "units": units(checkpoints[0]["label"], "bases" if by_bases else "tokens"),
         "uniform": _uniform(checkpoints[0]),
         "bootstrap": {"replicates": cfg.bootstrap, "seed": cfg.seed, "level": LEVEL, "resampled": "windows",
                       "note": "paired percentile intervals of each change against the first checkpoint; null where "
@@ -264,8 +286,9 @@ def _finite(x: Any) -> bool:
 
 def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (checkpoint, bin), the same figures as the JSON (empty cells for undefined figures, and for the
-    reference's intervals)."""
+    reference's intervals), each with the unit of its change and the checkpoint its label stands for."""
     edges, unit = report["positions"]["edges"], report["positions"]["unit"]
+    change = change_unit(report["checkpoints"][0]["label"])
     rows = []
     for ck in report["checkpoints"]:
         for subset in SUBSETS:
@@ -275,6 +298,7 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "label": ck["label"], "subset": subset, "bin": i, "start": edges[i], "end": edges[i + 1],
                     "position_unit": unit, "tokens": b["tokens"][i], "loss_nats_per_token": b["loss"][i], "bits_per_base": b["bits_per_base"][i],
                     "relative_change": b["relative_change"][i], "ci_low": b["ci_low"][i], "ci_high": b["ci_high"][i],
+                    "change_unit": change, "checkpoint": ck["checkpoint"],
                 })
     return rows
 

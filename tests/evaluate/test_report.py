@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rich.console import Console
 
 from lcft.config_toml import to_dict
 from lcft.evaluate.binning import LN2, UNIFORM_LOSS, PositionSums, WindowBins, bin_edges
@@ -21,7 +22,7 @@ from lcft.evaluate.inputs import open_split
 from lcft.evaluate.report import CSV_COLUMNS, build_report, read_back_problem, write_outputs
 from lcft.evaluate.runner import _identity
 from lcft.evaluate.split import CheckpointResult
-from lcft.evaluate.terminal import table
+from lcft.evaluate.terminal import table, trend_lines
 from lcft.files import read_json
 from lcft.parallel.config import LaunchConfig
 from tests.evaluate.conftest import ckpt_a, data_dir  # noqa: F401 (fixtures)
@@ -56,7 +57,7 @@ def _result(seed: int, scale: float, scale_of_bins: str = "linear", n_bins: int 
 def _report(tmp_path: Path, scale: str = "linear", second: float = 0.9, bins: int = 16):
     cfg = EvalConfig(data=str(tmp_path / "data"), checkpoints=("a", "b"), labels=("base", "long"),
                      bins=bins, bin_scale=scale, out=str(tmp_path / "out"))
-    infos = [CheckpointInfo(lb, lb, tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
+    infos = [CheckpointInfo(lb, f"runs/{lb}", tmp_path / lb, 0, {"vocab_size": 16}) for lb in ("base", "long")]
     results = [_result(0, 1.0, scale, bins), _result(1, second, scale, bins)]
     edges = bin_edges(FakeWindows.length, cfg.bins, cfg.bin_scale)
     return cfg, build_report(cfg, FakeWindows(), 3, infos, results, edges), results
@@ -96,7 +97,23 @@ def test_json_csv_png_agree_with_the_sums(tmp_path, scale):
         assert float(row["loss_nats_per_token"]) == ck["bins"]["loss"][i]  # repr round-trips exactly
         assert int(row["tokens"]) == ck["bins"]["tokens"][i]
         assert float(row["relative_change"]) == ck["bins"]["relative_change"][i]
+        assert [float(row[k]) if row[k] else None for k in ("ci_low", "ci_high")] == [
+            ck["bins"]["ci_low"][i], ck["bins"]["ci_high"][i]]
         assert int(row["start"]) == on_disk["positions"]["edges"][i]
+    # a CSV opened alone says the change's unit and what each label stands for; eval.json names every unit
+    change = "fraction: (loss - base's loss) / base's loss; 0.01 = 1%"
+    assert {(r["label"], r["checkpoint"], r["change_unit"]) for r in rows} == {
+        ("base", "runs/base", change), ("long", "runs/long", change)}
+    u = on_disk["units"]
+    assert (u["relative_change"], u["loss"], u["edges"]) == (change, "nats per token", "tokens")
+    assert u["slope_per_doubling"] == "fraction per doubling of position: (loss - base's loss) / base's loss; 0.01 = 1%"
+    # the fractions stored are the terminal's percent figures divided by 100
+    long, tr = on_disk["checkpoints"][1], on_disk["checkpoints"][1]["trend"]
+    con = Console(record=True, width=200)
+    con.print(table(on_disk))
+    assert (f"{100 * long['relative_change']:+.2f}% [{100 * long['ci_low']:+.2f}, {100 * long['ci_high']:+.2f}]"
+            in con.export_text())
+    assert f"change {100 * tr['slope_per_doubling']:+.3f}% per doubling" in trend_lines(on_disk)[0]
     ref = on_disk["checkpoints"][0]["label"]
     # the reference against itself has no interval: empty cells, not 0.0; the other's are figures
     assert all(r["ci_low"] == r["ci_high"] == "" for r in rows if r["label"] == ref)
