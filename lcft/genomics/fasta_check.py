@@ -31,6 +31,7 @@ BGZF_MIN_BLOCK = 28  # bytes of the smallest BGZF block (the empty end-of-file m
 # the mitochondrion's names, lower case: UCSC's chrM (hg38, mm10), Ensembl's and NCBI's MT; neither is the other with
 # or without 'chr', the rule that pairs every other UCSC and Ensembl chromosome name
 MITOCHONDRION = ("chrm", "mt", "chrmt", "m")
+UCSC_CONTIG = re.compile(r"chr[^_]+_([a-z]{2}\d+)v(\d+)(?:_[a-z]+)?")  # chrUn_KI270302v1, chr1_KI270706v1_random
 
 
 def first_non_base(data: bytes | bytearray, at: int, lenc: int, lenb: int) -> tuple[int, str]:
@@ -283,17 +284,25 @@ def not_a_fasta_file(p: Path) -> LcftError | None:
 
 def meant_name(name: str, names: list[str]) -> str | None:
     """The record `name` was likely meant for: the same name with or without UCSC's 'chr' (hg38 'chr1', Ensembl
-    '1'), the mitochondrion by its other name (chrM, MT), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
+    '1'), the mitochondrion by its other name (chrM, MT), a contig by UCSC's or Ensembl's name (`ucsc_accession`), in another case, or one field of a name like 'gi|9626243|ref|NC_001416.1|' (with or without its
     version); else the closest spelling (lcft.errors.closest, among at most the first 100,000 names: an assembly
     of contigs has millions)."""
     low = name.lower()
     alias = low[3:] if low.startswith("chr") else "chr" + low
-    aliases = MITOCHONDRION if low in MITOCHONDRION else (low, alias)
+    aliases = MITOCHONDRION if low in MITOCHONDRION else (low, alias, ucsc_accession(low))
     for have in names:
         fields = have.lower().split("|")
-        if have.lower() in aliases or low in fields or low in (f.partition(".")[0] for f in fields):
+        if (have.lower() in aliases or low in fields or low in (f.partition(".")[0] for f in fields)
+                or ucsc_accession(have.lower()) == low):
             return have
     return closest(name, names[:100_000])
+
+
+def ucsc_accession(low: str) -> str:
+    """The GenBank accession (Ensembl's name) of a lower-case UCSC name of an unplaced, unlocalized or alternate
+    contig ('chrun_ki270302v1' -> 'ki270302.1', 'chr1_ki270706v1_random' -> 'ki270706.1'); else ''."""
+    m = UCSC_CONTIG.fullmatch(low)
+    return f"{m[1]}.{m[2]}" if m else ""
 
 
 def missing_names_error(path: Path, missing: list[str], names: list[str], source: Path | None = None) -> LcftError:

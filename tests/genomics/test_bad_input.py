@@ -65,9 +65,14 @@ def test_a_folder_or_an_index_given_as_the_fasta_says_what_to_give(good, tmp_pat
     (("c1", "c2"), ("mito",), "chromosome mito not found"),
     (("1", "MT"), ("chrM",), "chromosome chrM (did you mean 'MT'?) not found"),  # hg38's name, an Ensembl FASTA
     (("chr1", "chrM"), ("MT",), "chromosome MT (did you mean 'chrM'?) not found"),  # and the other way round
+    # hg38's contigs against Ensembl's names for them (GenBank accessions), both ways
+    (("1", "KI270302.1", "KI270706.1"), ("chrUn_KI270302v1", "chr1_KI270706v1_random"),
+     "chromosome chrUn_KI270302v1 (did you mean 'KI270302.1'?), chr1_KI270706v1_random (did you mean 'KI270706.1'?)"),
+    (("chr1", "chrUn_GL000195v1", "chr19_GL000209v2_alt"), ("GL000195.1", "GL000209.2"),
+     "chromosome GL000195.1 (did you mean 'chrUn_GL000195v1'?), GL000209.2 (did you mean 'chr19_GL000209v2_alt'?)"),
 ])
 def test_a_chromosome_not_found_names_what_was_likely_meant(tmp_path, names, given, said):
-    """UCSC against Ensembl names (the mitochondrion's too: chrM, MT), an accession inside an NCBI name, a typo: the
+    """UCSC against Ensembl names (the mitochondrion's too: chrM, MT; contigs: chrUn_KI270302v1, KI270302.1), an accession inside an NCBI name, a typo: the
     record meant is named."""
     fasta = write_fasta(tmp_path / "g.fa", {n: random_genome(i, L) for i, n in enumerate(names)})
     msg = fails(re.escape(said), fasta, tmp_path / "out", train=given)
