@@ -24,7 +24,7 @@ from lcft.checkpoint.layout import (
     refuse_out_inside,
     unchanged,
 )
-from lcft.checkpoint.model_files import model_files, weights_dtype
+from lcft.checkpoint.model_files import is_sharded_checkpoint, model_files, weights_dtype
 from lcft.errors import LcftError
 from lcft.files import present, temp_name
 from lcft.folder_lock import LOCK_NAME, refuse_nonempty_output
@@ -132,11 +132,16 @@ def export_origin(source: Path, dtype: str | None, since: Identity = None) -> di
     may write other bytes). The same origin means the same export. The dtype written: `dtype`, else the one the
     weights are saved in as stored (their headers read, no tensor: their one dtype, or the one holding all of
     several, lcft.model.weight_files.stored_dtype), so that --dtype naming it is the same export; None (as stored)
-    where that is not known without torch. `since`: the folder's identity when it was first read
+    where that is not known without torch: a sharded checkpoint's, whose --dtype naming the dtype its DCP metadata
+    stores (read with torch, only then) is None too. `since`: the folder's identity when it was first read
     (lcft.checkpoint.layout.unchanged): replaced since, its content is not the one exported."""
     with unchanged(source, since):
         content = model_sha256(source)
         written = dtype or weights_dtype(source)
+        if dtype is not None and is_sharded_checkpoint(source):  # torch only here: a --dtype of a sharded source
+            from lcft.checkpoint.dcp import check_sharded_readable
+
+            written = None if str(check_sharded_readable(source)).removeprefix("torch.") == dtype else dtype
     return {"source_sha256": content, "dtype": written, "lcft": __version__}
 
 

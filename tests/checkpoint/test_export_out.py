@@ -264,14 +264,19 @@ def test_files_beside_what_the_export_reads_leave_it_the_same_export(tmp_path, i
     assert writes == []
 
 
-@pytest.mark.parametrize("stored", ["float32", "bfloat16"])
-def test_dtype_naming_the_stored_one_is_the_same_export(tmp_path, writes, stored):
+@pytest.mark.parametrize("stored", ["float32", "bfloat16", pytest.param(
+    "sharded", marks=[pytest.mark.distributed, pytest.mark.slow])])
+def test_dtype_naming_the_stored_one_is_the_same_export(tmp_path, writes, stored, request):
     """--dtype naming the dtype the weights are stored in writes the files of the export without --dtype: either
-    run after the other is "already exported" at once (was: refused as another --dtype); another dtype is
+    run after the other is "already exported" at once (was: refused as another --dtype, also for a sharded
+    checkpoint, float32 in its DCP metadata, whose export without --dtype recorded no dtype); another dtype is
     refused."""
     torch.manual_seed(0)
     source, out, named = tmp_path / "model", tmp_path / "hf", tmp_path / "named"
-    save_pretrained(Llama(small_model_config()), source, dtype=getattr(torch, stored))
+    if stored == "sharded":
+        source, stored = request.getfixturevalue("ckpt"), "float32"
+    else:
+        save_pretrained(Llama(small_model_config()), source, dtype=getattr(torch, stored))
     _exported(source, out)
     _exported(source, named, "--dtype", stored)
     assert {k: v for k, v in _tree(out).items() if k != "lcft.json"} == \
