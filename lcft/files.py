@@ -116,10 +116,24 @@ def resolved(path: str | os.PathLike) -> Path:
         raise LcftError(f"{path}: cannot follow its links ({why})") from None
 
 
+def dangling(p: Path) -> bool:
+    """Whether `p` is a link to nothing (not a loop of links: `resolved` names that)."""
+    try:
+        p.stat()
+    except FileNotFoundError:
+        return p.is_symlink()
+    except OSError:
+        return False
+    return False
+
+
 def expect_folder(path: str | os.PathLike, option: str = "", hint: str = "") -> None:
     """`path` (given as `option`) is a folder or not there yet: a file there or above it is one line naming it,
     and `hint` after it (what folder is wanted, where a file there is a common slip)."""
     for p in (Path(path), *Path(path).parents):  # (mkdir said only 'File exists' or 'Not a directory')
+        if dangling(p):  # mkdir makes no folder through a link to nothing: said before any work
+            said = f"{option} {path}{'' if p == Path(path) else f': {p}'} is a link to {os.readlink(p)}, which is not there"
+            raise LcftError(f"{said.lstrip()}; create that folder or give another path")
         with contextlib.suppress(OSError):  # not there, or not ours to look at: the command's own open says so
             if not stat.S_ISDIR(p.stat().st_mode):
                 said = f"{option} {path}{'' if p == Path(path) else f': {p}'} is a file, not a folder".lstrip()

@@ -166,3 +166,26 @@ def test_a_path_through_a_loop_of_links_is_one_line_in_every_command(case, data_
     assert cli_fails(args) == f"error: {loop}: cannot follow its links (symbolic links in a loop)"
     assert {name: _listing(p) for name, p in (("data", data_dir), ("model", model))} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.fa", "links", "model"]
+
+
+@pytest.mark.parametrize("command", ["export", "prepare", "demo"])
+@pytest.mark.parametrize("under", [False, True])
+def test_an_out_through_a_link_to_nothing_is_one_line_before_any_work(command, under, data_dir, tmp_path):  # noqa: F811
+    """--out a link to a folder not made yet (a scratch space's), or a path under one: one line naming the link
+    and where it leads, nothing written; export built the whole model first, then failed with the OS's 'Not a
+    directory'. (train and eval make the folder the link leads to, as their launcher locks it first.)"""
+    model = save_model(tmp_path / "model", seed=1)
+    (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
+    link = tmp_path / "scratch"
+    link.symlink_to(tmp_path / "gone" / "run")
+    out = link / "x" if under else link
+    args = {
+        "export": ["export", str(model), "--out", str(out)],
+        "prepare": ["prepare", "windows", "--fasta", str(tmp_path / "g.fa"), "--out", str(out), "--length", "64",
+                    "--train", "chrA", "--eval", ""],
+        "demo": ["demo", "--out", str(out)],
+    }[command]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    said = f"error: --out {out}{f': {link}' if under else ''} is a link to {tmp_path / 'gone' / 'run'}, which is not "
+    assert cli_fails(args) == said + "there; create that folder or give another path"
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
