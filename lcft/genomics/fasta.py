@@ -16,7 +16,6 @@ from lcft.errors import LcftError, reason, shown
 from lcft.genomics.fai_build import build_bgzf_index, build_fai
 from lcft.genomics.fai_lines import LongHeader
 from lcft.genomics.fasta_cache import (
-    NORMALIZED,
     decompress_to_cache,
     discard_copies,
     gzip_kind,
@@ -25,6 +24,7 @@ from lcft.genomics.fasta_cache import (
     normalize_to_cache,
 )
 from lcft.genomics.fasta_check import (
+    NORMALIZED,
     fai_parses,
     gzi_fits,
     indexing_error,

@@ -21,6 +21,7 @@ from lcft.disk import check_room
 from lcft.errors import LcftError, printable, reason
 from lcft.files import parse_json, read_text, replacing_together
 from lcft.foreign_entries import not_own
+from lcft.genomics.fasta_check import NORMALIZED
 from lcft.genomics.fasta_read import GZIP_DAMAGE
 from lcft.genomics.gzip_size import gzip_size_floor
 
@@ -83,7 +84,6 @@ def file_key(path: Path) -> str:
     return hashlib.sha256(key).hexdigest()[:16]
 
 
-NORMALIZED = ".lf.fa"  # the name a normalized copy ends with
 NORMALIZED_RULES = "r2"  # in its name: changed whenever what a normalized copy drops changes, so none made under
 # other rules is reused (r1, unnamed: every trailing Unicode blank went; r2: spaces and tabs, as Biopython)
 

@@ -20,6 +20,7 @@ from lcft.errors import LcftError, closest, did_you_mean, reason
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
 CR, LF, GT = 13, 10, 62
+NORMALIZED = ".lf.fa"  # the name a normalized copy ends with (lcft.genomics.fasta_cache makes it)
 JOINED_HEADER = "a '>' inside a sequence line"  # never a base: a header joined to the line before it (`joined_cause`)
 BLANKS = {b" ": "a space", b"\t": "a tab"}  # in sequence lines: pyfaidx counts each as a base, Biopython drops it
 NAME_ENDS = {bytes([c]) for c in b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"}  # what ends a header's first word (str.split)

@@ -18,6 +18,7 @@ from lcft.errors import LcftError, shown
 from lcft.genomics.fasta_check import (
     BLANKS,
     JOINED_HEADER,
+    NORMALIZED,
     first_non_base,
     joined_header,
     missing_names_error,
@@ -64,8 +65,6 @@ class FastaRecords:
         if missing:
             # the bytes indexed: a gzip's decompressed copy is read without inflating it again; a normalized copy
             # (blank lines dropped) is not, so that a line named is the file's own
-            from lcft.genomics.fasta_cache import NORMALIZED  # (it imports this module)
-
             source = self.path if self.readable.name.endswith(NORMALIZED) else self.readable
             raise missing_names_error(self.path, missing, self.names, source)
 
