@@ -59,15 +59,20 @@ def local_path(text: str | os.PathLike) -> Path:
     return Path(text) if got is None else snapshot(*got)
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+def _offline() -> str | None:
+    """The variable that sets offline mode, as huggingface_hub reads them: HF_HUB_OFFLINE, or where that is unset
+    the older TRANSFORMERS_OFFLINE, true; None when neither does."""
+    name = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    return name if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") else None
 
 
 def _cache_dir() -> str | None:
-    """HF_HUB_CACHE, else HF_HOME/hub, read now (huggingface_hub reads them once, at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    return str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None
+    """HF_HUB_CACHE, else HF_HOME/hub, read now (huggingface_hub reads them once, at import), with ~ and $VARS
+    expanded as huggingface_hub expands them (a value quoted in a job script or an env file keeps them)."""
+    for name, below in (("HF_HUB_CACHE", ""), ("HF_HOME", "hub")):
+        if os.environ.get(name):
+            return str(Path(os.path.expandvars(os.path.expanduser(os.environ[name]))) / below)
+    return None
 
 
 def _unreachable(endpoint: str) -> str | None:
@@ -213,11 +218,12 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
             if not any(f.endswith(".safetensors") for f in files):
                 patterns += TORCH_WEIGHTS
         with _quiet():
-            path = hh.snapshot_download(repo, revision=pinned, cache_dir=cache, local_files_only=offline,
+            path = hh.snapshot_download(repo, revision=pinned, cache_dir=cache, local_files_only=bool(offline),
                                         allow_patterns=patterns, token=token)
     except errors.LocalEntryNotFoundError:
+        why = f"{offline} is set" if offline else "the Hub did not answer"
         raise LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache "
-                        f"({cache or 'the default cache'}) and HF_HUB_OFFLINE is set") from None
+                        f"({cache or 'the default cache'}) and {why}") from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):
         raise LcftError(f"{repo}: no such Hub repository, or it needs access (log in or set HF_TOKEN)") from None
     except errors.RevisionNotFoundError:

@@ -27,10 +27,13 @@ def _repo_folder(home: Path) -> Path:
     return home / "hub" / f"models--{REPO.replace('/', '--')}"
 
 
-def _plan(home: Path, init: str = REPO) -> subprocess.CompletedProcess:
-    """`lcft plan --init <init>` offline in a process of its own, its memory capped, given 60 s (it takes ~2)."""
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    env.pop("HF_HUB_CACHE", None)
+def _plan(home: Path, init: str = REPO, **variables: str) -> subprocess.CompletedProcess:
+    """`lcft plan --init <init>` offline in a process of its own, its memory capped, given 60 s (it takes ~2);
+    `variables` set in its environment over those (an empty one: unset)."""
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", **variables}
+    for name in ("HF_HUB_CACHE", "TRANSFORMERS_OFFLINE", *variables):
+        if not variables.get(name):
+            env.pop(name, None)
     cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))  # noqa: E731
     try:
         return subprocess.run([sys.executable, "-m", "lcft", "plan", "--init", init, "--seq-len", "4K"],
@@ -97,3 +100,32 @@ def test_a_cache_as_huggingface_hub_writes_it_still_loads(hub, tmp_path):
     path = resolve_checkpoint(REPO)
     assert path == folder / "snapshots" / COMMIT_A
     assert same_logits(from_pretrained(path), model)
+
+
+@pytest.mark.parametrize("home", ["$HUB_TEST_ROOT/hf-home", "~/hf-home"])
+def test_cache_variables_are_expanded_as_huggingface_hub_expands_them(hub, tmp_path, home):
+    """HF_HOME holding ~ or a $VARIABLE (quoted in a job script or an env file): huggingface_hub expands them; lcft
+    had looked in a folder named so literally ('$HUB_TEST_ROOT/hf-home/hub': not in the Hub cache), or, for ~,
+    left the refs to huggingface_hub's unbounded read (a bad ref was not said)."""
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    variables = {"HF_HOME": home, "HUB_TEST_ROOT": str(tmp_path), "HOME": str(tmp_path)}
+    got = _plan(hub, **variables)
+    assert got.returncode == 0 and "verdict: fits" in got.stdout, got.stderr[-2000:]
+    _plant(_repo_folder(hub) / "refs" / "main", "not-hex")
+    got = _plan(hub, **variables)
+    assert got.returncode == 1 and "does not hold a commit hash" in got.stderr, got.stderr[-2000:]
+
+
+def test_transformers_offline_reads_only_the_cache(hub, tmp_path):
+    """TRANSFORMERS_OFFLINE=1, the older name huggingface_hub still reads, without HF_HUB_OFFLINE: the cached
+    snapshot loads, no Hub asked (lcft had tried the Hub, here a port that refuses connections, and stopped)."""
+    from tests.test_hub import _closed_port
+
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    got = _plan(hub, HF_HUB_OFFLINE="", TRANSFORMERS_OFFLINE="1", HF_ENDPOINT=f"http://127.0.0.1:{_closed_port()}")
+    assert got.returncode == 0 and "verdict: fits" in got.stdout, got.stderr[-2000:]
+    got = _plan(hub, "dna-org/not-cached", HF_HUB_OFFLINE="", TRANSFORMERS_OFFLINE="1")
+    assert got.stderr.strip() == (f"error: dna-org/not-cached: not in the Hub cache ({hub / 'hub'}) and "
+                                  "TRANSFORMERS_OFFLINE is set"), got.stderr[-2000:]
