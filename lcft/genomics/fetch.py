@@ -110,7 +110,9 @@ def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress |
             bar.update(task, total=total or None, completed=have)
         with kept if kept is not None and have else os.fdopen(fresh_file(part), "wb") as fh:
             fh.seek(have)
-            while block := resp.read(BLOCK):
+            # what has arrived, up to BLOCK: read(BLOCK) waited for a whole block, so a slow link's bar stood
+            # still and a stall or a Ctrl-C lost up to a block received but not written
+            while block := resp.read1(BLOCK):
                 fh.write(block)
                 if bar is not None:
                     bar.advance(task, len(block))

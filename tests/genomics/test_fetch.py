@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -16,13 +17,17 @@ from lcft.genomics.fetch import MD5_LIST_LIMIT, fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
 from tests.one_line import one_line
 
+STALL_S = 2.0  # how long a stalled transfer sends nothing: past the 0.5 s timeout its test gives the client
+
 
 class GenomeServer(BaseHTTPRequestHandler):
     """Serves `files`; honours 'Range: bytes=N-'; the first GET of a path in `cut` sends half the body
-    (with the full Content-Length) and drops the connection, like a broken transfer."""
+    (with the full Content-Length) and drops the connection, like a broken transfer; of a path in `stall`, a
+    quarter of it, then nothing for STALL_S (a stalled link: the client's timeout comes first)."""
 
     files: dict[str, bytes] = {}
     cut: set[str] = set()
+    stall: set[str] = set()
     ranges: list[str | None] = []
     honour_range = True
 
@@ -44,6 +49,13 @@ class GenomeServer(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         self.send_header("Content-Length", str(len(body) - start))
         self.end_headers()
+        if self.path in self.stall:
+            self.stall.discard(self.path)
+            self.wfile.write(body[start : start + (len(body) - start) // 4])
+            self.wfile.flush()
+            time.sleep(STALL_S)
+            self.close_connection = True
+            return
         if self.path in self.cut:
             self.cut.discard(self.path)
             self.wfile.write(body[start : start + (len(body) - start) // 2])
@@ -70,7 +82,7 @@ def server(source):
         "/g/hg38.fa.gz": gz,
         "/g/md5sum.txt": f"{hashlib.md5(gz).hexdigest()}  hg38.fa.gz\n0123  other.fa.gz\n".encode(),
     }
-    GenomeServer.cut, GenomeServer.ranges, GenomeServer.honour_range = set(), [], True
+    GenomeServer.cut, GenomeServer.stall, GenomeServer.ranges, GenomeServer.honour_range = set(), set(), [], True
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), GenomeServer)
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
@@ -258,3 +270,18 @@ def test_a_download_name_that_is_not_a_regular_file_is_one_line_and_kept(server,
         fetch_fasta("hg38", d, url=url)
     assert str(e.value) == f"{d / name} is not a file fetch wrote (a link, a folder or a FIFO); remove it and re-run"
     assert GenomeServer.ranges == [] and sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_what_arrived_before_a_stall_is_kept_to_resume(server, tmp_path):
+    """The server sends a quarter of the body, then nothing until the client's timeout: those bytes are in the
+    .part file (read in whole 1 MiB blocks, they were lost: 'interrupted after 0 bytes'), and the rerun asks
+    for the rest."""
+    url, plain = server
+    GenomeServer.stall = {"/g/hg38.fa.gz"}
+    body = GenomeServer.files["/g/hg38.fa.gz"]
+    part = tmp_path / "d" / "hg38.fa.gz.part"
+    with pytest.raises(LcftError, match=f"interrupted after {len(body) // 4} bytes"):
+        fetch_fasta("hg38", tmp_path / "d", url=url, md5="skip", retries=0, timeout=0.5)
+    assert part.read_bytes() == body[:len(body) // 4]
+    assert fetch_fasta("hg38", tmp_path / "d", url=url, retries=0).read_bytes() == plain
+    assert GenomeServer.ranges[-1] == f"bytes={len(body) // 4}-"
