@@ -139,17 +139,31 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
                 return part
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
                 if isinstance(e, urllib.error.HTTPError) and e.code < 500:
-                    raise LcftError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
+                    raise LcftError(f"cannot download {url}: {_failure(e)}") from None
                 if attempt == retries:
-                    have = part.stat().st_size if part.exists() else 0
-                    raise LcftError(
-                        f"download of {url} interrupted after {have} bytes ({type(e).__name__}); {RESUME}"
-                    ) from None
+                    raise _gave_up(url, part, e, retries + 1) from None
                 time.sleep(min(2.0**attempt, 30.0) * 0.1)
     finally:
         if bar:
             bar.stop()
     return part
+
+
+def _failure(e: Exception) -> str:
+    """What failed a request, for a one-line message: the HTTP status, or the connection's error as the OS or
+    http.client words it (a refusal, a name that does not resolve, a timeout, a body cut short)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
+    return f"{type(cause).__name__}: {reason(cause)}"
+
+
+def _gave_up(url: str, part: Path, e: Exception, tries: int) -> LcftError:
+    """The one line once the last try of a download failed: why, and what a rerun resumes from."""
+    have = part.stat().st_size if part.exists() else 0
+    if not have:
+        return LcftError(f"cannot download {url}: {_failure(e)} (tried {'once' if tries == 1 else f'{tries} times'})")
+    return LcftError(f"download of {url} interrupted after {have} bytes ({_failure(e)}); {RESUME}")
 
 
 def _unpacked(dest: Path) -> Path:

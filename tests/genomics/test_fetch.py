@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,13 +29,15 @@ class GenomeServer(BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     cut: set[str] = set()
     stall: set[str] = set()
+    fail: dict[str, int] = {}  # a path answered with this HTTP status, every time
     ranges: list[str | None] = []
     honour_range = True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         body = self.files.get(self.path)
-        if body is None:
-            self.send_error(404)
+        if body is None or self.path in self.fail:
+            self.ranges.append(self.headers.get("Range"))
+            self.send_error(self.fail.get(self.path, 404))
             return
         rng = self.headers.get("Range")
         self.ranges.append(rng)
@@ -83,6 +86,7 @@ def server(source):
         "/g/md5sum.txt": f"{hashlib.md5(gz).hexdigest()}  hg38.fa.gz\n0123  other.fa.gz\n".encode(),
     }
     GenomeServer.cut, GenomeServer.stall, GenomeServer.ranges, GenomeServer.honour_range = set(), set(), [], True
+    GenomeServer.fail = {}
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), GenomeServer)
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
@@ -285,3 +289,20 @@ def test_what_arrived_before_a_stall_is_kept_to_resume(server, tmp_path):
     assert part.read_bytes() == body[:len(body) // 4]
     assert fetch_fasta("hg38", tmp_path / "d", url=url, retries=0).read_bytes() == plain
     assert GenomeServer.ranges[-1] == f"bytes={len(body) // 4}-"
+
+
+def test_a_server_error_or_refusal_is_said_as_it_is(server, tmp_path):
+    """Retried, then one line naming the HTTP status or the connection's error (it said 'interrupted after 0
+    bytes (HTTPError)' or '(URLError)', neither the status nor why)."""
+    url, _ = server
+    GenomeServer.fail = {"/g/hg38.fa.gz": 503}
+    with pytest.raises(LcftError) as e:
+        fetch_fasta("hg38", tmp_path / "d", url=url, md5="skip", retries=1)
+    assert str(e.value) == f"cannot download {url}: HTTP 503 Service Unavailable (tried 2 times)"
+    assert GenomeServer.ranges == [None, None] and not (tmp_path / "d").exists()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/hg38.fa.gz"
+    with pytest.raises(LcftError) as e:
+        fetch_fasta("hg38", tmp_path / "d", url=closed, md5="skip", retries=0)
+    assert str(e.value).startswith(f"cannot download {closed}: ConnectionRefusedError: ") and "(tried once)" in str(e.value)
