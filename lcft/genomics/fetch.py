@@ -10,6 +10,7 @@ import gzip
 import http.client
 import os
 import shutil
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -26,6 +27,7 @@ from rich.progress import (
 )
 
 from lcft.console import make_console, styled, text_column, time_left_column
+from lcft.disk import write_failure
 from lcft.errors import RESUME, LcftError, reason
 from lcft.files import atomic_open, fresh_file
 from lcft.folder_lock import made_folder
@@ -137,12 +139,15 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
             try:
                 _download_once(url, part, bar, task, timeout)
                 return part
-            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError,
+                    ssl.SSLError) as e:
                 if isinstance(e, urllib.error.HTTPError) and e.code < 500:
                     raise LcftError(f"cannot download {url}: {_failure(e)}") from None
                 if attempt == retries:
                     raise _gave_up(url, part, e, retries + 1) from None
                 time.sleep(min(2.0**attempt, 30.0) * 0.1)
+            except OSError as e:  # writing the .part file (the link's errors are those above): what it holds stays
+                raise LcftError(f"cannot write {part}: {write_failure(e)}; {RESUME} once it can be written") from None
     finally:
         if bar:
             bar.stop()

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,7 @@ from lcft.genomics.fetch import MD5_LIST_LIMIT, fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
 from tests.one_line import one_line
 
+ROOT = Path(__file__).resolve().parents[2]
 STALL_S = 2.0  # how long a stalled transfer sends nothing: past the 0.5 s timeout its test gives the client
 
 
@@ -306,3 +312,22 @@ def test_a_server_error_or_refusal_is_said_as_it_is(server, tmp_path):
     with pytest.raises(LcftError) as e:
         fetch_fasta("hg38", tmp_path / "d", url=closed, md5="skip", retries=0)
     assert str(e.value).startswith(f"cannot download {closed}: ConnectionRefusedError: ") and "(tried once)" in str(e.value)
+
+
+def test_a_download_past_the_file_size_limit_is_one_line_and_resumes(server, tmp_path):
+    """A write of the .part file that fails (here EFBIG under `ulimit -f`, as ENOSPC on a full disk): one line
+    naming the file and why, the bytes written kept (it was a traceback), and the rerun resumes from them."""
+    url, plain = server
+    limit = 50_000
+    limited = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))  # noqa: E731
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    got = subprocess.run([sys.executable, "-m", "lcft", "prepare", "fetch", "hg38", "--url", url, "--md5", "skip",
+                          "--out", str(tmp_path / "d")], preexec_fn=limited, env=env, capture_output=True,
+                         text=True, timeout=300)
+    part = tmp_path / "d" / "hg38.fa.gz.part"
+    assert got.returncode == 1 and got.stderr.strip().splitlines()[-1] == (
+        f"error: cannot write {part}: File too large (errno 27); the file-size limit (ulimit -f) is 50,000 bytes; "
+        f"{RESUME} once it can be written"), got.stderr[-2000:]
+    assert part.read_bytes() == GenomeServer.files["/g/hg38.fa.gz"][:limit]
+    assert fetch_fasta("hg38", tmp_path / "d", url=url).read_bytes() == plain
+    assert GenomeServer.ranges[-1] == f"bytes={limit}-"
