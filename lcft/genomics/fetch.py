@@ -9,6 +9,7 @@ import email.message
 import gzip
 import http.client
 import os
+import re
 import shutil
 import ssl
 import time
@@ -28,7 +29,7 @@ from rich.progress import (
 
 from lcft.console import make_console, styled, text_column, time_left_column
 from lcft.disk import write_failure
-from lcft.errors import RESUME, LcftError, reason
+from lcft.errors import RESUME, LcftError, reason, shown
 from lcft.files import atomic_open, fresh_file
 from lcft.folder_lock import made_folder
 from lcft.foreign_entries import open_own, refuse_not_own
@@ -41,6 +42,7 @@ from lcft.units import counted
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
 BLOCK = 1 << 20
 NO_MD5 = "skip"
+MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
 SCHEMES = ("http", "https")
 # md5sum.txt is read whole into memory: UCSC's for hg38 is a few KB, so 1 MiB is far above any real list and
 # bounds what a broken or hostile server can make us hold
@@ -220,6 +222,10 @@ def fetch_fasta(
         url = KNOWN[name]
     if urllib.parse.urlparse(url).scheme not in SCHEMES:
         raise LcftError(f"not an http(s) URL: {url}")
+    if md5 is not None and md5 != NO_MD5:  # said before the download: every digest mismatches one that is no md5
+        if not MD5_HEX.fullmatch(md5.strip()):
+            raise LcftError(f"--md5 {shown(md5, quoted=True)} is not an md5 (32 hexadecimal digits) nor {NO_MD5!r}")
+        md5 = md5.strip().lower()
     out_dir = Path(out)
     dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
     _check_own(dest, bgzip)
@@ -254,7 +260,7 @@ def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, tim
            con: Console | None) -> Path:
     """`url` downloaded to `dest` (unless there already) with its md5 checked, then made readable."""
     if not dest.exists():
-        want = None if md5 == NO_MD5 else (md5.lower() if md5 else published_md5(url, timeout))
+        want = None if md5 == NO_MD5 else (md5 or published_md5(url, timeout))
         part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=con is not None,
                         timeout=timeout)
         got = file_hash(part, "md5").hexdigest()

@@ -331,3 +331,20 @@ def test_a_download_past_the_file_size_limit_is_one_line_and_resumes(server, tmp
     assert part.read_bytes() == GenomeServer.files["/g/hg38.fa.gz"][:limit]
     assert fetch_fasta("hg38", tmp_path / "d", url=url).read_bytes() == plain
     assert GenomeServer.ranges[-1] == f"bytes={limit}-"
+
+
+@pytest.mark.parametrize("given", ["abc", "e" * 64, "0123456789abcdef0123456789abcdeg"])
+def test_an_md5_that_is_none_is_refused_before_the_download(server, tmp_path, given):
+    """A mistyped --md5 (or a sha256 pasted for it) is one line before anything is asked of the server: it was
+    found only after the whole download, as a mismatch, and the download removed (900 MB for hg38)."""
+    url, _ = server
+    with pytest.raises(LcftError) as e:
+        fetch_fasta("hg38", tmp_path / "d", url=url, md5=given)
+    assert str(e.value) == f"--md5 '{given}' is not an md5 (32 hexadecimal digits) nor 'skip'"
+    assert GenomeServer.ranges == [] and not (tmp_path / "d").exists()
+
+
+def test_an_md5_given_in_capitals_or_with_spaces_is_read(server, tmp_path):
+    url, plain = server
+    given = f" {hashlib.md5(GenomeServer.files['/g/hg38.fa.gz']).hexdigest().upper()}\n"
+    assert fetch_fasta("hg38", tmp_path / "d", url=url, md5=given).read_bytes() == plain
