@@ -51,6 +51,20 @@ def _first_text(path: Path, kind: str, n: int = 1 << 16, most: int = 1 << 24) ->
         raise LcftError(f"{path}: not a readable FASTA ({reason(e)})") from None
 
 
+def fasta_start(p: Path, kind: str) -> bytes:
+    """The first bytes of FASTA `p` (decompressed: `kind` is gzip_kind's), refused in one line where they show it
+    is none: no record, or a first line (past blank and ';' comment lines) that is no '>' header."""
+    head = _first_text(p, kind)
+    body = [ln.strip() for ln in head.splitlines()]
+    body = [ln for ln in body if ln and not ln.startswith(b";")]
+    if not body:
+        raise LcftError(f"empty FASTA: {p} has no records")
+    if not body[0].startswith(b">"):
+        shown = body[0][:40].decode("ascii", "replace")
+        raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
+    return head
+
+
 def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Path, Path, str]:
     """Validate a FASTA path before anything is written. Returns (given path, path pyfaidx reads, gzip kind).
 
@@ -65,14 +79,7 @@ def check_fasta(path: str | os.PathLike, sha256: Callable[[], str]) -> tuple[Pat
     if p.stat().st_size == 0:
         raise LcftError(f"empty FASTA: {p} has no bytes")
     kind = gzip_kind(p)
-    head = _first_text(p, kind)
-    body = [ln.strip() for ln in head.splitlines()]
-    body = [ln for ln in body if ln and not ln.startswith(b";")]
-    if not body:
-        raise LcftError(f"empty FASTA: {p} has no records")
-    if not body[0].startswith(b">"):
-        shown = body[0][:40].decode("ascii", "replace")
-        raise LcftError(f"not a FASTA file: {p} (first line {shown!r} does not start with '>')")
+    head = fasta_start(p, kind)
     if re.search(rb"\r(?!\n)", head.rstrip(b"\r")):  # CR-only line ends: pyfaidx would see one line
         return p, normalize_to_cache(p, kind, sha256()), kind
     readable = decompress_to_cache(p, sha256()) if kind == "gzip" else named_for_pyfaidx(p, kind)

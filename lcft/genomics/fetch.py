@@ -33,7 +33,7 @@ from lcft.errors import RESUME, LcftError, reason, shown
 from lcft.files import atomic_open, fresh_file
 from lcft.folder_lock import made_folder
 from lcft.foreign_entries import open_own, refuse_not_own
-from lcft.genomics.fasta import FastaFile
+from lcft.genomics.fasta import FastaFile, fasta_start
 from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
 from lcft.genomics.fasta_read import GZIP_DAMAGE
 from lcft.hashing import file_hash
@@ -274,10 +274,16 @@ def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, tim
     elif con:
         con.print(f"{dest} already downloaded")
     try:
-        return _make_readable(dest, bgzip)
+        ready = _make_readable(dest, bgzip)
     except GZIP_DAMAGE as e:  # kept, every re-run would take it as downloaded and fail on it again
         dest.unlink()
         raise LcftError(f"cannot unpack {dest}: truncated or corrupt gzip ({reason(e)}); the download was removed, "
                         "re-run to download it again") from None
     except OSError as e:  # the disk, not the download: kept for a re-run
         raise LcftError(f"cannot unpack {dest}: {reason(e)}") from None
+    try:  # a page sent with 200 (an error, a login form): kept, every re-run would take it as fetched
+        fasta_start(ready, gzip_kind(ready))
+    except LcftError as e:
+        ready.unlink()
+        raise LcftError(f"{url} sent no FASTA: {e}; it was removed (check the URL)") from None
+    return ready

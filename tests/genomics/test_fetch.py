@@ -348,3 +348,22 @@ def test_an_md5_given_in_capitals_or_with_spaces_is_read(server, tmp_path):
     url, plain = server
     given = f" {hashlib.md5(GenomeServer.files['/g/hg38.fa.gz']).hexdigest().upper()}\n"
     assert fetch_fasta("hg38", tmp_path / "d", url=url, md5=given).read_bytes() == plain
+
+
+@pytest.mark.parametrize("page", ["plain", "gzip"])
+def test_a_page_sent_instead_of_the_genome_is_removed(server, tmp_path, page):
+    """A server (a captive portal, a mirror's error page) that answers 200 with HTML, as it is or gzipped: one
+    line saying what came, and nothing left under the download's name (it was kept as downloaded: every re-run
+    said 'already downloaded' and 'not a FASTA file' until it was removed by hand)."""
+    url, plain = server
+    html = b"<!DOCTYPE html>\n<html><body>Please log in</body></html>\n"
+    GenomeServer.files["/g/hg38.fa.gz"] = html if page == "plain" else gzip.compress(html, mtime=0)
+    d = tmp_path / "d"
+    for _ in range(2):
+        with pytest.raises(LcftError) as e:
+            fetch_fasta("hg38", d, url=url, md5="skip")
+        kept = d / ("hg38.fa.gz" if page == "plain" else "hg38.fa")  # (the gzip one once unpacked)
+        assert str(e.value) == (f"{url} sent no FASTA: not a FASTA file: {kept} (first line '<!DOCTYPE html>' "
+                                "does not start with '>'); it was removed (check the URL)")
+        assert not d.exists()
+    assert len(GenomeServer.ranges) == 2  # asked each time: nothing kept was taken as the download
