@@ -4,7 +4,6 @@ readable by pyfaidx (plain gzip NAME.fa.gz is decompressed to NAME.fa, or recomp
 
 from __future__ import annotations
 
-import contextlib
 import email.message
 import gzip
 import http.client
@@ -31,7 +30,7 @@ from lcft.console import make_console, styled, text_column, time_left_column
 from lcft.disk import write_failure
 from lcft.errors import RESUME, LcftError, reason, shown
 from lcft.files import atomic_open, fresh_file
-from lcft.folder_lock import made_folder
+from lcft.folder_lock import folder_lock
 from lcft.foreign_entries import open_own, refuse_not_own
 from lcft.genomics.fasta import FastaFile, fasta_start
 from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
@@ -230,22 +229,29 @@ def fetch_fasta(
     dest = out_dir / (os.path.basename(urllib.parse.urlparse(url).path) or f"{name}.fa.gz")
     _check_own(dest, bgzip)
     con = make_console(stderr=True) if progress else None
-    with contextlib.ExitStack() as made:  # a download that fails before writing leaves no folder made for it
-        try:
-            made.enter_context(made_folder(out_dir))
-        except OSError as e:
-            raise LcftError(f"cannot create {out_dir}: {e.strerror or e}") from None
-        if not bgzip and not dest.exists() and _unpacked(dest) != dest and _unpacked(dest).exists():
-            ready = _unpacked(dest)  # decompressed by an earlier fetch, which removed the download
-            if con:
-                con.print(f"{ready} already fetched")
-        else:
-            ready = _fetch(url, dest, md5, bgzip, retries, timeout, con)
+    ready = _fetched(dest, bgzip)
+    if ready is None:
+        # one fetch at a time into a folder: two wrote one .part, each replacing or renaming it under the other;
+        # a folder made for a download that fails before writing is removed
+        with folder_lock(out_dir, "prepare fetch"):
+            ready = _fetched(dest, bgzip) or _fetch(url, dest, md5, bgzip, retries, timeout, con)
+    elif con:
+        con.print(f"{ready} already fetched")
     with FastaFile(ready) as fa:  # builds .fai (and .gzi) and checks the FASTA
         n = len(fa.names)
     if con:
         con.print(styled(("ready:", "green"), f" {ready} ({counted(n, 'record')}) — next: lcft prepare windows --fasta {ready} --out DIR"))
     return ready
+
+
+def _fetched(dest: Path, bgzip: bool) -> Path | None:
+    """The FASTA an earlier fetch left ready, found without writing (a read-only folder of fetched genomes serves
+    as it is): the download as _make_readable leaves it (BGZF, or not compressed), or, without --bgzip, the
+    FASTA it was decompressed to and then removed. None where there is work to do."""
+    if dest.exists():
+        return dest if gzip_kind(dest) != "gzip" else None
+    unpacked = _unpacked(dest)
+    return unpacked if not bgzip and unpacked != dest and unpacked.exists() else None
 
 
 def _check_own(dest: Path, bgzip: bool) -> None:

@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from lcft.errors import RESUME, LcftError
+from lcft.folder_lock import folder_lock
 from lcft.genomics.fasta import FastaFile
 from lcft.genomics.fasta_cache import gzip_kind
 from lcft.genomics.fetch import MD5_LIST_LIMIT, fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
 from tests.one_line import one_line
+from tests.unprivileged import unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL_S = 2.0  # how long a stalled transfer sends nothing: past the 0.5 s timeout its test gives the client
@@ -367,3 +369,42 @@ def test_a_page_sent_instead_of_the_genome_is_removed(server, tmp_path, page):
                                 "does not start with '>'); it was removed (check the URL)")
         assert not d.exists()
     assert len(GenomeServer.ranges) == 2  # asked each time: nothing kept was taken as the download
+
+
+def test_a_second_fetch_into_the_folder_is_one_line_and_asks_nothing(server, tmp_path):
+    """While a fetch holds the folder, another is refused at once (two had written one .part, each unlinking or
+    renaming it under the other: 'file not found: hg38.fa.gz.part', or a download retried to its end in vain);
+    once it is done, the other finds the genome fetched."""
+    url, plain = server
+    d = tmp_path / "d"
+    with folder_lock(d, "prepare fetch"):
+        with pytest.raises(LcftError) as e:
+            fetch_fasta("hg38", d, url=url)
+        assert str(e.value) == (f"another `prepare fetch` is writing into {d} (pid {os.getpid()}); wait for it to "
+                                "finish or choose another output folder")
+    assert GenomeServer.ranges == [] and not d.exists()
+    assert fetch_fasta("hg38", d, url=url).read_bytes() == plain
+
+
+@pytest.mark.parametrize("fetched", [False, True])
+def test_a_read_only_folder_is_one_line_or_read_as_fetched(server, tmp_path, fetched):
+    """--out a folder this process may not write: one line (it was a traceback, PermissionError on the .part
+    file); a folder of genomes fetched before, made read-only, still answers with the FASTA and writes nothing."""
+    url, plain = server
+    d = tmp_path / "d"
+    d.mkdir()
+    if fetched:
+        fetch_fasta("hg38", d, url=url)
+    before = sorted(p.name for p in d.iterdir())
+    d.chmod(0o555)
+    try:
+        r = unprivileged([sys.executable, "-c", "import sys; from lcft.genomics.fetch import fetch_fasta; "
+                          "print(fetch_fasta('hg38', sys.argv[1], url=sys.argv[2]))", str(d), url])
+    finally:
+        d.chmod(0o755)
+    if fetched:
+        assert r.returncode == 0 and r.stdout.strip() == str(d / "hg38.fa"), r.stderr[-2000:]
+    else:
+        assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+            f"lcft.errors.LcftError: cannot write to output folder {d}: Permission denied"), r.stderr[-2000:]
+    assert sorted(p.name for p in d.iterdir()) == before
