@@ -408,3 +408,16 @@ def test_a_read_only_folder_is_one_line_or_read_as_fetched(server, tmp_path, fet
         assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
             f"lcft.errors.LcftError: cannot write to output folder {d}: Permission denied"), r.stderr[-2000:]
     assert sorted(p.name for p in d.iterdir()) == before
+
+
+@pytest.mark.parametrize("bgzip", [False, True])
+def test_the_long_step_after_the_download_is_named_first(server, tmp_path, capsys, bgzip):
+    """Decompressing the download (half a minute for hg38) or recompressing it as BGZF (minutes) is named before
+    it starts: nothing was shown between 'downloaded' and 'ready:'."""
+    url, _ = server
+    d = tmp_path / "d"
+    fetch_fasta("hg38", d, url=url, bgzip=bgzip, progress=True)
+    err = capsys.readouterr().err
+    step = (f"recompressing {d / 'hg38.fa.gz'} as BGZF in its place" if bgzip
+            else f"decompressing {d / 'hg38.fa.gz'} to {d / 'hg38.fa'}")
+    assert err.index("downloaded ") < err.index(step) < err.index("ready:"), err
