@@ -93,7 +93,8 @@ def warmup_note(cfg: OptimConfig, step: int, updates: int) -> str | None:
     if left <= 0 or updates + left > cfg.warmup:
         return None
     last = cfg.lr * lr_factor(updates + left - 1, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
-    steps = f"--steps {cfg.steps}" if step == 0 else f"the {left} steps left of --steps {cfg.steps}"
+    steps = (f"--steps {cfg.steps}" if step == 0
+             else f"the {left} step{'s' if left > 1 else ''} left of --steps {cfg.steps}")
     return (f"note: --warmup {cfg.warmup} covers {steps}: the learning rate only rises, to {last:.2e} of the "
             f"--lr {cfg.lr:.2e} peak, and never decays (a smaller --warmup or more --steps leaves warm-up)")
 

@@ -94,6 +94,7 @@ def test_lr_schedule():
 @pytest.mark.parametrize(("steps", "warmup", "step", "updates", "left"), [
     (6, 10, 0, 0, 6), (6, 6, 0, 0, 6), (7, 6, 0, 0, None),   # a fresh run: --warmup >= --steps
     (20, 10, 3, 3, None), (12, 10, 4, 2, 8),                 # resumed: 2 skipped updates kept the schedule back
+    (6, 10, 5, 5, 1),                                        # resumed with one step left: "the 1 step left"
     (6, 10, 6, 6, None)])                                    # nothing left to train
 def test_warmup_note_when_every_update_left_is_a_warmup_one(steps, warmup, step, updates, left):
     """The note names both options and the last lr the run reaches, from the schedule's definition (a linear rise
@@ -107,4 +108,4 @@ def test_warmup_note_when_every_update_left_is_a_warmup_one(steps, warmup, step,
     if note:
         last = 3e-4 * min(1.0, (updates + left) / warmup)
         assert f"--warmup {warmup}" in note and f"--steps {steps}" in note and f"to {last:.2e} of" in note, note
-        assert (f"the {left} steps left" in note) == (step > 0), note
+        assert (f"the {left} step{'s' if left > 1 else ''} left of" in note) == (step > 0), note
