@@ -91,8 +91,8 @@ class EvalConfig(ParallelConfig):
     probe_segment: Size = 256
     """Copy probe: tokens in the copied segment (the last tokens of each window are its second occurrence)."""
     probe_distances: tuple[Size, ...] = ()
-    """Copy probe: distances D between the two occurrences (empty: segment, 2 segment, 4 segment, ... up to the
-    window length)."""
+    """Copy probe: distances D between the two occurrences (empty: segment, 2 segment, 4 segment, ... below the
+    window length minus the segment, then that length: the farthest a copy fits)."""
     probe_mutation: float = 0.1
     """Copy probe: fraction of the first occurrence's bases changed in the mutated variant, as in a diverged repeat,
     by exchanging bases among those positions so the segment keeps its base counts, as the shuffled control does

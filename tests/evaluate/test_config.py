@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from lcft.config import doc
 from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.probe import default_distances
 
 
 def _cfg(**kw) -> EvalConfig:
@@ -46,3 +48,11 @@ def test_window_counts_above_what_is_there_are_named(given, available, said):
     and says so in one line each."""
     lines = _cfg(**given).capped(available)
     assert len(lines) == len(said) and all(ln.startswith("warning: ") and s in ln for ln, s in zip(lines, said, strict=True))
+
+
+def test_the_help_of_probe_distances_names_the_default_grid_as_it_is():
+    """The default grid's last distance is the window less the segment (a copy must fit after its source), which
+    --help says: a user reading 'up to the window length' would look for D = the window in the table."""
+    assert default_distances(4096, 512) == (512, 1024, 2048, 4096 - 512)
+    text = " ".join(doc(EvalConfig, "probe_distances").split())
+    assert "segment, 2 segment, 4 segment, ... below the window length minus the segment, then that length" in text
