@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/lcft demo --out demo-out
 
 # Tests run in one pytest-xdist worker per core (at most 4), each module whole in one worker (its fixtures built
-# once): most tests run one thread or wait on processes they start (README, Tests, has the time it takes).
+# once): most tests run one thread or wait on processes they start (README, Development, has the time it takes).
 # Modules are handed out in collection order, which puts the longest first (FIRST in tests/conftest.py): xdist's
 # own order, most tests first, started the longest, one-test module last (the flag needs pytest-xdist 3.8).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
@@ -48,7 +48,7 @@ clean:
 
 # Wheels for an offline GPU node: every line of constraints.txt not marked "not carried", as manylinux x86-64
 # builds for the node's Python (WHEEL_PYTHONS; pure-Python and abi3 wheels serve every version). Needs a package
-# index here; copy the clone with wheelhouse/ to the node and run `make gpu-check` there (README, GPU).
+# index here; copy the clone with wheelhouse/ to the node and run `make gpu-check` there (README, On a GPU node).
 WHEEL_PYTHONS ?= 3.12
 WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
 	manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux1_x86_64
@@ -64,8 +64,8 @@ wheelhouse:
 	@echo "wheelhouse: $$(ls wheelhouse/*.whl | wc -l) wheels for Python $(WHEEL_PYTHONS), $$(du -sm wheelhouse | cut -f1) MiB"
 
 # One NVIDIA GPU: .venv-gpu over PY's own CUDA torch (lcft and the rest from wheelhouse/ when it exists, else from
-# the index), pytest -m gpu and the GPU benchmarks -> gpu-check-out/ (README, GPU; docs/cuda.md). PY must be the
-# python whose torch sees the GPU. GPU_CHECK_ARGS=--full runs the long sizes.
+# the index), pytest -m gpu and the GPU benchmarks -> gpu-check-out/ (README, On a GPU node; docs/cuda.md). PY must
+# be the python whose torch sees the GPU. GPU_CHECK_ARGS=--full runs the long sizes.
 .PHONY: gpu-check
 gpu-check:
 	PY=$(PY) bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)

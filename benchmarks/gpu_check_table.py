@@ -1,4 +1,4 @@
-"""gpu_check.py's results as one markdown table, each row read against its target (README, GPU)."""
+"""gpu_check.py's results as one markdown table, each row read against its target (README, On a GPU node)."""
 
 from __future__ import annotations
 
