@@ -4,19 +4,18 @@ readable by pyfaidx (plain gzip NAME.fa.gz is decompressed to NAME.fa, or recomp
 
 from __future__ import annotations
 
-import email.message
 import gzip
 import http.client
 import os
 import re
 import shutil
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import IO
 
 from rich.console import Console
 from rich.progress import (
@@ -28,40 +27,23 @@ from rich.progress import (
 
 from lcft.console import make_console, styled, text_column, time_left_column
 from lcft.disk import write_failure
-from lcft.errors import RESUME, LcftError, reason, shown
-from lcft.files import atomic_open, fresh_file
+from lcft.errors import RESUME, LcftError, printable, reason, shown
+from lcft.files import atomic_open
 from lcft.folder_lock import folder_lock
-from lcft.foreign_entries import open_own, refuse_not_own
+from lcft.foreign_entries import refuse_not_own
 from lcft.genomics.fasta import FastaFile, fasta_start
 from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
 from lcft.genomics.fasta_read import GZIP_DAMAGE
+from lcft.genomics.fetch_http import SCHEMES, download_once, open_url, record_path
 from lcft.hashing import file_hash
 from lcft.units import counted
 
 KNOWN = {"hg38": "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"}
-BLOCK = 1 << 20
 NO_MD5 = "skip"
 MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
-SCHEMES = ("http", "https")
 # md5sum.txt is read whole into memory: UCSC's for hg38 is a few KB, so 1 MiB is far above any real list and
 # bounds what a broken or hostile server can make us hold
 MD5_LIST_LIMIT = 1 << 20
-
-
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only to another http(s) URL (urllib's default also follows one to ftp://)."""
-
-    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
-                         headers: email.message.Message, newurl: str) -> urllib.request.Request | None:
-        target = urllib.parse.urljoin(req.full_url, newurl)
-        if urllib.parse.urlparse(target).scheme not in SCHEMES:
-            raise LcftError(f"{req.full_url} redirects to {target}: not an http(s) URL (refused)")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def _open(req: str | urllib.request.Request, timeout: float) -> http.client.HTTPResponse:
-    """urlopen whose every redirect hop must be http(s)."""
-    return urllib.request.build_opener(_HttpOnlyRedirects).open(req, timeout=timeout)
 
 
 def published_md5(url: str, timeout: float = 60) -> str:
@@ -69,7 +51,7 @@ def published_md5(url: str, timeout: float = 60) -> str:
     name = os.path.basename(urllib.parse.urlparse(url).path)
     md5_url = urllib.parse.urljoin(url, "md5sum.txt")
     try:
-        with _open(md5_url, timeout) as r:
+        with open_url(md5_url, timeout) as r:
             raw = r.read(MD5_LIST_LIMIT + 1)
     except (urllib.error.URLError, OSError) as e:
         raise LcftError(f"cannot read the published md5 at {md5_url} ({reason(e)}); pass --md5 HEX or --md5 {NO_MD5}") from None
@@ -84,48 +66,10 @@ def published_md5(url: str, timeout: float = 60) -> str:
     raise LcftError(f"{md5_url} lists no md5 for {name}; pass --md5 HEX or --md5 {NO_MD5}")
 
 
-def _download_once(url: str, part: Path, bar: Progress | None, task: int | None, timeout: float) -> None:
-    """Fetch the rest of `url` into `part` (appending from its current size with a Range request). Only a regular
-    file is resumed: a link left under its name is replaced, never written through."""
-    kept = open_own(part)
-    try:
-        _download_into(url, part, kept, bar, task, timeout)
-    finally:
-        if kept is not None:
-            kept.close()
-
-
-def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress | None, task: int | None,
-                   timeout: float) -> None:
-    have = os.fstat(kept.fileno()).st_size if kept is not None else 0
-    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    try:
-        resp = _open(req, timeout)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # nothing left to send: the part file is complete
-            return
-        raise
-    with resp:
-        if have and resp.status != 206:  # the server ignored Range: start over
-            have = 0
-        total = have + int(resp.headers.get("Content-Length") or 0)
-        if bar is not None:
-            bar.update(task, total=total or None, completed=have)
-        with kept if kept is not None and have else os.fdopen(fresh_file(part), "wb") as fh:
-            fh.seek(have)
-            # what has arrived, up to BLOCK: read(BLOCK) waited for a whole block, so a slow link's bar stood
-            # still and a stall or a Ctrl-C lost up to a block received but not written
-            while block := resp.read1(BLOCK):
-                fh.write(block)
-                if bar is not None:
-                    bar.advance(task, len(block))
-        if total and part.stat().st_size < total:
-            raise http.client.IncompleteRead(b"", total - part.stat().st_size)
-
-
 def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, timeout: float = 60) -> Path:
-    """Download `url` into `part`, appending to what an earlier interrupted call left there (HTTP Range);
-    retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete."""
+    """Download `url` into `part`, appending to what an earlier interrupted call left there (HTTP Range, checked:
+    fetch_http); retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete.
+    A start over from 0 is said in one line on stderr."""
     label = part.name.removesuffix(".part")
     bar = (
         Progress(text_column(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), time_left_column(),
@@ -133,12 +77,13 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
         if progress else None
     )
     task = bar.add_task("download", total=None) if bar else None
+    say = (lambda line: bar.console.print(line, soft_wrap=True)) if bar else _say
     try:
         if bar:
             bar.start()
         for attempt in range(retries + 1):
             try:
-                _download_once(url, part, bar, task, timeout)
+                download_once(url, part, bar, task, timeout, say)
                 return part
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError,
                     ssl.SSLError) as e:
@@ -153,6 +98,10 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
         if bar:
             bar.stop()
     return part
+
+
+def _say(line: str) -> None:
+    print(printable(line), file=sys.stderr, flush=True)
 
 
 def _failure(e: Exception) -> str:
@@ -277,9 +226,11 @@ def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, tim
         got = file_hash(part, "md5").hexdigest()
         if want is not None and got != want:
             part.unlink()
+            record_path(part).unlink(missing_ok=True)
             source = "given by --md5" if md5 else "published"
             raise LcftError(f"md5 mismatch for {url}: got {got}, {source} {want}; the download was removed, re-run")
         os.replace(part, dest)
+        record_path(part).unlink(missing_ok=True)  # after: a .part without its record would be downloaded again
         if con:
             con.print(f"downloaded {dest} (md5 {'checked' if want else 'not checked'}: {got})")
     elif con:

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import threading
 import time
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,16 +22,29 @@ STALL_S = 2.0  # how long a stalled transfer sends nothing: past the 0.5 s timeo
 
 
 class GenomeServer(BaseHTTPRequestHandler):
-    """Serves `files`; honours 'Range: bytes=N-'; the first GET of a path in `cut` sends half the body
-    (with the full Content-Length) and drops the connection, like a broken transfer; of a path in `stall`, a
-    quarter of it, then nothing for STALL_S (a stalled link: the client's timeout comes first)."""
+    """Serves `files`, each with the validators named in `send` (an ETag and a Last-Modified of its content);
+    honours 'Range: bytes=N-', and 'If-Range' unless `if_range` is off (a mismatch: the whole file); the first GET
+    of a path in `cut` sends half the body (with the full Content-Length) and drops the connection, like a broken
+    transfer; of a path in `stall`, a quarter of it, then nothing for STALL_S (a stalled link: the client's
+    timeout comes first). A range is sent from `shift` bytes before the one asked (a server answering another)."""
 
     files: dict[str, bytes] = {}
     cut: set[str] = set()
     stall: set[str] = set()
     fail: dict[str, int] = {}  # a path answered with this HTTP status, every time
     ranges: list[str | None] = []
+    if_ranges: list[str | None] = []
     honour_range = True
+    send: frozenset[str] = frozenset({"ETag", "Last-Modified"})
+    if_range = True
+    shift = 0
+
+    @classmethod
+    def validators(cls, body: bytes) -> dict[str, str]:
+        """What a server says identifies this version of a file, of those named in `send`."""
+        tag = hashlib.md5(body).hexdigest()
+        every = {"ETag": f'"{tag[:16]}"', "Last-Modified": formatdate(1.6e9 + int(tag[:6], 16), usegmt=True)}
+        return {k: v for k, v in every.items() if k in cls.send}
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         body = self.files.get(self.path)
@@ -38,9 +52,12 @@ class GenomeServer(BaseHTTPRequestHandler):
             self.ranges.append(self.headers.get("Range"))
             self.send_error(self.fail.get(self.path, 404))
             return
-        rng = self.headers.get("Range")
+        rng, tag = self.headers.get("Range"), self.headers.get("If-Range")
         self.ranges.append(rng)
+        self.if_ranges.append(tag)
         start = int(rng.split("=")[1].rstrip("-")) if rng and self.honour_range else 0
+        if tag is not None and self.if_range and tag not in self.validators(body).values():
+            start = 0  # another version of the file than the client's: all of it
         if start >= len(body) and start:
             self.send_response(416)
             self.send_header("Content-Range", f"bytes */{len(body)}")
@@ -48,7 +65,10 @@ class GenomeServer(BaseHTTPRequestHandler):
             return
         self.send_response(206 if start else 200)
         if start:
+            start = max(0, start - self.shift)
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        for name, value in self.validators(body).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body) - start))
         self.end_headers()
         if self.path in self.stall:
@@ -85,7 +105,8 @@ def server(source):
         "/g/md5sum.txt": f"{hashlib.md5(gz).hexdigest()}  hg38.fa.gz\n0123  other.fa.gz\n".encode(),
     }
     GenomeServer.cut, GenomeServer.stall, GenomeServer.ranges, GenomeServer.honour_range = set(), set(), [], True
-    GenomeServer.fail = {}
+    GenomeServer.fail, GenomeServer.if_ranges, GenomeServer.if_range, GenomeServer.shift = {}, [], True, 0
+    GenomeServer.send = frozenset({"ETag", "Last-Modified"})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), GenomeServer)
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
@@ -125,9 +146,11 @@ def test_interrupted_transfer_resumes_on_rerun(server, tmp_path):
 
 
 def test_server_ignoring_range_restarts_cleanly(server, tmp_path):
+    """A 200 to a Range request is the whole file: written from 0, not appended (no md5 to catch it)."""
     url, plain = server
     GenomeServer.cut, GenomeServer.honour_range = {"/g/hg38.fa.gz"}, False
-    assert fetch_fasta("hg38", tmp_path / "d", url=url, retries=1).read_bytes() == plain
+    assert fetch_fasta("hg38", tmp_path / "d", url=url, md5="skip", retries=1).read_bytes() == plain
+    assert GenomeServer.ranges[-1] is not None  # the second try asked for the rest
 
 
 def test_md5_mismatch_is_an_error_and_leaves_nothing(server, tmp_path):
