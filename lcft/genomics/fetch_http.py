@@ -1,6 +1,6 @@
 """The HTTP side of `lcft prepare fetch`: requests that follow only http(s) redirects, and one download step into
 NAME.part that resumes only what it can check (If-Range with the validator recorded in NAME.part.json when the
-.part was begun; a 206's start and size, a 416's size), and else starts over from 0."""
+.part was begun; a 206's start and size, a 416's size), asks for its room first, and else starts over from 0."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from rich.progress import Progress
 
+from lcft.disk import check_room
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_write, fresh_file, read_json
 from lcft.foreign_entries import open_own
@@ -204,6 +205,8 @@ def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress |
     if resp is None:  # nothing left to send: the part file is the whole file
         return
     with resp:
+        # what is held now is replaced or kept: the room asked for is what the whole file adds to it
+        check_room(part.parent, max(0, (size or 0) - held), f"the download of {url}")
         if bar is not None:
             bar.update(task, total=size or None, completed=start)
         if start:

@@ -1,7 +1,7 @@
 """`prepare fetch` resumes a .part only where it can check it continues the same file (fetch_http): a file changed
 on its server, a range sent from another byte than asked, a .part longer than the file, a .part whose record is
 missing, unreadable or of another URL, or one whose server gave nothing to check against, is downloaded again from
-0, said in one line (there is no md5 to catch a stitched file with --md5 skip)."""
+0, said in one line (there is no md5 to catch a stitched file with --md5 skip); the room it needs is asked first."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from lcft.errors import LcftError
 from lcft.genomics.fetch import fetch_fasta
 from tests.genomics import test_fetch
 from tests.genomics.conftest import random_genome, write_fasta
+from tests.genomics.test_fasta_cache_space import _with_free
 from tests.genomics.test_fetch import GenomeServer
+from tests.one_line import one_line
 
 source, server = test_fetch.source, test_fetch.server  # the fixtures: a genome, and GenomeServer serving it
 AGAIN = "downloading it again from the start"
@@ -146,3 +148,25 @@ def test_a_part_sent_from_another_byte_is_not_appended(server, tmp_path, monkeyp
     assert fetch_fasta("hg38", tmp_path, url=url, md5="skip", retries=0).read_bytes() == plain
     assert GenomeServer.ranges[1:] == [f"bytes={half}-", None]
     assert _said(capsys) == f"{part}: {url} sent bytes from {max(0, half - shift):,} when asked for those from {half:,}; {AGAIN}"
+
+
+@pytest.mark.parametrize("held", [False, True])
+@pytest.mark.parametrize("gap", [-1, 0])
+def test_the_room_a_download_needs_is_asked_first(versions, tmp_path, monkeypatch, capsys, held, gap):
+    """Free space one byte under what the download adds (its size; on a resume, what the .part does not hold
+    yet): one line naming both before a byte is written, the .part as it was (the disk was written until full);
+    exactly that: downloaded."""
+    url, old, _, _ = versions
+    d = tmp_path / "d"
+    part = _cut(url, d, capsys) if held else d / "g.fa.part"
+    need = len(old) - (len(old) // 2 if held else 0)
+    _with_free(monkeypatch, tmp_path, need + gap)
+    if gap < 0:
+        one_line(lambda: fetch_fasta("g", d, url=url, md5="skip", retries=0),
+                 f"no space left on the device of {d}: the download of {url} needs at least "
+                 f"{need / 2**20:.1f} MiB, {(need - 1) / 2**20:.1f} MiB free")
+        assert (part.read_bytes() == old[:len(old) // 2]) if held else not part.exists()
+        assert not (d / "g.fa").exists()
+    else:
+        assert fetch_fasta("g", d, url=url, md5="skip", retries=0).read_bytes() == old
+    assert GenomeServer.ranges[-1] == (f"bytes={len(old) // 2}-" if held else None)
