@@ -66,9 +66,11 @@ def published_md5(url: str, timeout: float = 60) -> str:
     raise LcftError(f"{md5_url} lists no md5 for {name}; pass --md5 HEX or --md5 {NO_MD5}")
 
 
-def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, timeout: float = 60) -> Path:
+def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, timeout: float = 60,
+             md5_checked: bool = False) -> Path:
     """Download `url` into `part`, appending to what an earlier interrupted call left there (HTTP Range, checked:
-    fetch_http); retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete.
+    fetch_http; `md5_checked`: the caller checks the whole file's md5, so a server without validators is resumed
+    too); retries an interrupted transfer up to `retries` times in this call. Returns `part`, complete.
     A start over from 0 is said in one line on stderr."""
     label = part.name.removesuffix(".part")
     bar = (
@@ -83,7 +85,7 @@ def download(url: str, part: Path, *, retries: int = 3, progress: bool = False, 
             bar.start()
         for attempt in range(retries + 1):
             try:
-                download_once(url, part, bar, task, timeout, say)
+                download_once(url, part, bar, task, timeout, say, md5_checked)
                 return part
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError,
                     ssl.SSLError) as e:
@@ -222,7 +224,7 @@ def _fetch(url: str, dest: Path, md5: str | None, bgzip: bool, retries: int, tim
     if not dest.exists():
         want = None if md5 == NO_MD5 else (md5 or published_md5(url, timeout))
         part = download(url, dest.with_name(dest.name + ".part"), retries=retries, progress=con is not None,
-                        timeout=timeout)
+                        timeout=timeout, md5_checked=want is not None)
         got = file_hash(part, "md5").hexdigest()
         if want is not None and got != want:
             part.unlink()

@@ -100,14 +100,16 @@ def _read_begun(part: Path) -> Begun | str:
     return Begun(*values)
 
 
-def _resumable(url: str, part: Path, held: int, say: Say) -> Begun | None:
-    """The record `part` (holding `held` bytes) resumes against, or None, said in one line, to start over."""
+def _resumable(url: str, part: Path, held: int, say: Say, md5_checked: bool) -> Begun | None:
+    """The record `part` (holding `held` bytes) resumes against, or None, said in one line, to start over. A
+    server without validators is resumed only where an md5 checks the whole file at the end (a flaky link to such
+    a server could otherwise never finish a genome)."""
     begun = _read_begun(part)
     if isinstance(begun, str):
         why = begun
     elif begun.url != url:
         why = f"it was begun from another URL, {shown(begun.url)}"
-    elif begun.validator() is None:
+    elif begun.validator() is None and not md5_checked:
         why = "its server gave no ETag or Last-Modified to check a resume against"
     elif begun.size is not None and held > begun.size:
         why = f"it holds {held:,} bytes, more than the {begun.size:,} of the file it was begun from"
@@ -163,7 +165,7 @@ def _reply(url: str, part: Path, asked: int, begun: Begun | None, timeout: float
     reply that does not fit is said in one line and the whole file asked for instead."""
     validator = begun.validator() if begun else None
     for ask in dict.fromkeys((asked, 0)):
-        headers = {"Range": f"bytes={ask}-", "If-Range": validator} if ask and validator else {}
+        headers = {"Range": f"bytes={ask}-", **({"If-Range": validator} if validator else {})} if ask and begun else {}
         try:
             resp = open_url(urllib.request.Request(url, headers=headers), timeout)
         except urllib.error.HTTPError as e:
@@ -186,21 +188,23 @@ def _reply(url: str, part: Path, asked: int, begun: Begun | None, timeout: float
     raise AssertionError("unreachable: the request for the whole file returns or raises")
 
 
-def download_once(url: str, part: Path, bar: Progress | None, task: int | None, timeout: float, say: Say) -> None:
-    """Fetch the rest of `url` into `part` (appending from its current size with a checked Range request). Only a
+def download_once(url: str, part: Path, bar: Progress | None, task: int | None, timeout: float, say: Say,
+                  md5_checked: bool = False) -> None:
+    """Fetch the rest of `url` into `part` (appending from its current size with a checked Range request;
+    `md5_checked`: the whole file's md5 is checked after, so a server without validators is resumed too). Only a
     regular file is resumed: a link left under its name is replaced, never written through."""
     kept = open_own(part)
     try:
-        _download_into(url, part, kept, bar, task, timeout, say)
+        _download_into(url, part, kept, bar, task, timeout, say, md5_checked)
     finally:
         if kept is not None:
             kept.close()
 
 
 def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress | None, task: int | None,
-                   timeout: float, say: Say) -> None:
+                   timeout: float, say: Say, md5_checked: bool) -> None:
     held = os.fstat(kept.fileno()).st_size if kept is not None else 0
-    begun = _resumable(url, part, held, say) if held else None
+    begun = _resumable(url, part, held, say, md5_checked) if held else None
     resp, start, size = _reply(url, part, held if begun else 0, begun, timeout, say)
     if resp is None:  # nothing left to send: the part file is the whole file
         return

@@ -1,7 +1,8 @@
 """`prepare fetch` resumes a .part only where it can check it continues the same file (fetch_http): a file changed
 on its server, a range sent from another byte than asked, a .part longer than the file, a .part whose record is
-missing, unreadable or of another URL, or one whose server gave nothing to check against, is downloaded again from
-0, said in one line (there is no md5 to catch a stitched file with --md5 skip); the room it needs is asked first."""
+missing, unreadable or of another URL, or one whose server gave nothing to check against (unless an md5 checks the
+whole), is downloaded again from 0, said in one line (with --md5 skip nothing else would catch a stitched file); the
+room it needs is asked first."""
 
 from __future__ import annotations
 
@@ -85,6 +86,20 @@ def test_a_resume_with_nothing_to_check_it_against_starts_over(versions, tmp_pat
     assert fetch_fasta("g", tmp_path, url=url, md5="skip", retries=0).read_bytes() == old
     assert GenomeServer.ranges[-1] is None
     assert _said(capsys) == f"{part}: its server gave no ETag or Last-Modified to check a resume against; {AGAIN}"
+
+
+def test_a_resume_without_validators_goes_on_where_an_md5_checks_the_whole(versions, tmp_path, monkeypatch, capsys):
+    """The same server, the whole file's md5 given: the .part is continued (a Range without If-Range), as the
+    md5 catches a file stitched from two versions; starting over would never finish a genome on a flaky link."""
+    import hashlib
+
+    url, old, _, _ = versions
+    monkeypatch.setattr(GenomeServer, "send", frozenset())
+    _cut(url, tmp_path, capsys)
+    md5 = hashlib.md5(old).hexdigest()
+    assert fetch_fasta("g", tmp_path, url=url, md5=md5, retries=0).read_bytes() == old
+    assert GenomeServer.ranges[-1] == f"bytes={len(old) // 2}-" and GenomeServer.if_ranges[-1] is None
+    assert AGAIN not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("record", ["as written", "missing", "not JSON", "over 4 KiB", "not fetch's", "another URL"])
