@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from lcft.config import ConfigError
 from lcft.errors import LcftError
 from lcft.files import atomic_write, parse_text, read_text, resolved
-from lcft.hub import hub_id
+from lcft.hub import hub_id, read_as_path
 from lcft.vocab import kmer_spec
 
 # A config lcft writes is a few KB (an eval's lists every checkpoint by path: thousands of them fit in 1 MiB). A
@@ -89,7 +89,8 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
 # The config fields, of train, prepare and eval alike, that name files or folders: absolute_paths makes them
 # absolute whether or not they exist yet (an output folder is made later), except what some of them hold instead
 # of a path, kept as written: a model's or tokenizer's Hub id ORG/NAME[@REVISION] (lcft.hub), --resume's `auto`,
-# a built-in tokenizer (char, kmer:K); in kmer:K:PATH only the PATH is a path.
+# a built-in tokenizer (char, kmer:K); in kmer:K:PATH only the PATH is a path. A model or tokenizer that is not
+# there and reads as a Hub id whose ORG is a local folder is one line here, saying so (lcft.hub.read_as_path).
 PATH_FIELDS = ("data", "out", "fasta", "resume", "init", "checkpoints", "tokenizer")
 _HUB_FIELDS = ("init", "checkpoints", "tokenizer")
 C = TypeVar("C")
@@ -115,6 +116,8 @@ def absolute_paths(cfg: C) -> C:
             return f"kmer:{kmer[0]}:{one(name, kmer[1])}"
         if _not_a_path(name, v):
             return v
+        if name in _HUB_FIELDS and (note := read_as_path(v)):  # made absolute, it no longer shows why it is a path
+            raise ConfigError(f"{name}: {v} not found{note}")
         return str(resolved(Path(v).expanduser()))
     fields = {f.name for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]
     return dataclasses.replace(cfg, **{n: one(n, getattr(cfg, n)) for n in PATH_FIELDS if n in fields})  # type: ignore[type-var]

@@ -42,14 +42,34 @@ MAX_TREE_BYTES = 1 << 26
 HUB_HTTP_LOGGER = "huggingface_hub.utils._http"
 
 
+def _id_form(text: str) -> tuple[re.Match, Path] | None:
+    """The ORG/NAME[@REVISION] match of `text` and its first part, ORG, as a local path, where `text` has a Hub
+    id's form and is no local path that exists; None otherwise."""
+    m = HUB_ID.fullmatch(text)
+    if m is None or text.startswith((".", "/")) or Path(text).exists():
+        return None
+    return m, Path(m["repo"].split("/")[0])
+
+
 def hub_id(text: str | os.PathLike) -> tuple[str, str | None] | None:
     """(repo id, revision) when `text` names a Hub repository and no local path of that name exists."""
-    text = str(text)
-    m = HUB_ID.fullmatch(text)
+    form = _id_form(str(text))
     # runs/typo, where runs/ is a local folder, is a missing local path, not a repository of user "runs"
-    if m is None or text.startswith((".", "/")) or Path(text).exists() or Path(m["repo"].split("/")[0]).exists():
+    if form is None or form[1].exists():
         return None
-    return m["repo"], m["revision"]
+    return form[0]["repo"], form[0]["revision"]
+
+
+def read_as_path(text: str | os.PathLike) -> str:
+    """'; ./ORG is a local folder, so this was read as a path, not a Hub id: ...' to end the message about a
+    missing path `text` that has a Hub id's form and is a path only because its first part exists here (hub_id);
+    '' otherwise."""
+    form = _id_form(str(text))
+    if form is None or not form[1].exists():
+        return ""
+    kind = "folder" if form[1].is_dir() else "file"
+    return (f"; ./{form[1]} is a local {kind}, so this was read as a path, not a Hub id: run from another folder to "
+            f"read {form[0]['repo']} from the Hub")
 
 
 def local_path(text: str | os.PathLike) -> Path:

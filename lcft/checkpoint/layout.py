@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from lcft.errors import LcftError, shown
 from lcft.files import MAX_MODEL_JSON_BYTES, expect_folder, present, read_json, resolved
 from lcft.hashing import file_hash
-from lcft.hub import hub_id, local_path
+from lcft.hub import hub_id, local_path, read_as_path
 from lcft.liveness import launched
 from lcft.vocab import NAME as CHAR_NAME
 from lcft.vocab import spec_problem
@@ -183,7 +183,8 @@ def locate_checkpoint(path: str | os.PathLike) -> Path:
     """The folder resolve_checkpoint takes `path` to, not verified (no file hashed)."""
     p = local_path(path)
     if not p.exists():
-        raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)")
+        raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)"
+                        f"{read_as_path(path)}")
     if not p.is_dir():
         raise LcftError(f"checkpoint must be a folder (a run, a checkpoint, or an HF model folder): {p}")
     if (p / MODEL_CONFIG).is_file():

@@ -33,7 +33,7 @@ from lcft.genomics.vocab_file import (
     tokens_by_id,
     vocab_size_of,
 )
-from lcft.hub import local_path
+from lcft.hub import local_path, read_as_path
 from lcft.vocab import MAX_K, kmer_spec
 
 VOCAB_FILE = "vocab.txt"
@@ -160,7 +160,7 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
         k, path = kmer
         if not path:
             return KmerTokenizer(k, builtin_kmer_vocab(k), spec, BUILTIN_ROLES)
-        vocab, folder = read_vocab(local_path(path))
+        vocab, folder = read_vocab(local_path(path), path)
         return KmerTokenizer(k, vocab, path, read_roles(folder, vocab))
     folder = local_path(spec)  # a Hub id ORG/NAME[@REVISION] is its cached snapshot (lcft.hub)
     if folder.is_file() and folder.name == VOCAB_FILE:  # a k-mer vocabulary named itself: read as its folder's
@@ -170,7 +170,7 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
     if only_vocab:
         vocab = read_vocab_txt(folder / VOCAB_FILE)
         return KmerTokenizer(_folder_k(folder, vocab), vocab, spec, read_roles(folder, vocab))
-    path = _json_path(folder)
+    path = _json_path(folder, spec)
     tok = tokenizer_from_json_text(_canonical(path), spec)
     tok.roles = read_roles(path.parent, tok.vocab)
     return tok
@@ -189,16 +189,16 @@ def _folder_k(folder: Path, vocab: list[str]) -> int:
     return lengths[0]
 
 
-def read_vocab(path: Path) -> tuple[list[str], Path]:
+def read_vocab(path: Path, given: str = "") -> tuple[list[str], Path]:
     """Token per id from a vocab.txt (vocab_file.read_vocab_txt), a folder holding one, or a tokenizer.json's
-    WordLevel vocabulary; with the folder whose role files apply."""
+    WordLevel vocabulary; with the folder whose role files apply (`given`: `path` as the user wrote it)."""
     if path.is_dir():
         found = [path / name for name in (VOCAB_FILE, TOKENIZER_FILE) if present(path / name)]
         if not found:
             raise LcftError(f"tokenizer folder {path} holds no {VOCAB_FILE} or {TOKENIZER_FILE}")
         path = found[0]
     if not present(path, "tokenizer vocabulary"):  # (a FIFO or a device there: said what it is)
-        raise LcftError(f"tokenizer vocabulary {path}: no such file")
+        raise LcftError(f"tokenizer vocabulary {path}: no such file{read_as_path(given)}")
     if path.suffix == ".json":
         data = _json_object(path)
         vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
@@ -221,7 +221,8 @@ def _tokenizer_data(text: str, source: str) -> dict:
     return data
 
 
-def _json_path(path: Path) -> Path:
+def _json_path(path: Path, given: str) -> Path:
+    """The tokenizer.json `path` is or holds (`given`: `path` as the user wrote it), else one line."""
     if path.is_dir():
         if not present(path / TOKENIZER_FILE):
             raise LcftError(f"tokenizer folder {path} holds no {TOKENIZER_FILE} or {VOCAB_FILE} (a k-mer vocab.txt "
@@ -229,7 +230,7 @@ def _json_path(path: Path) -> Path:
         path = path / TOKENIZER_FILE
     if not present(path, "tokenizer"):  # (a FIFO or a device there: said what it is, not "no such file")
         raise LcftError(f"tokenizer {path}: no such file or folder (give char, kmer:K, or a tokenizer.json)"
-                        f"{_builtin_meant(str(path))}")
+                        f"{read_as_path(given)}{_builtin_meant(str(path))}")
     return path
 
 

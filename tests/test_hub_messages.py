@@ -1,0 +1,49 @@
+"""What a Hub id that cannot be read says, offline, against a Hub cache written as huggingface_hub lays it out: an
+id whose ORG is a local folder here was read as a path (and says so)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from lcft.cli.app import app
+from lcft.errors import LcftError
+from lcft.genomics.model_tokenizer import load_tokenizer
+from tests import test_hub
+
+hub = test_hub.hub  # the fixture: HF_HOME a folder of the test's, HF_HUB_OFFLINE set
+
+AS_PATH = ("; ./dna-org is a local folder, so this was read as a path, not a Hub id: run from another folder to read "
+           "dna-org/tiny from the Hub")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["plan", "--init", "dna-org/tiny", "--seq-len", "4K"],
+     "checkpoint not found: dna-org/tiny (give a checkpoint, a run or an HF model folder)"),
+    (["export", "dna-org/tiny", "--out", "out"],
+     "checkpoint not found: dna-org/tiny (give a checkpoint, a run or an HF model folder)"),
+    (["train", "--init", "dna-org/tiny@v1", "--data", "data", "--out", "run"], "--init: dna-org/tiny@v1 not found"),
+    (["eval", "-c", "dna-org/tiny", "--data", "data"], "--checkpoint: dna-org/tiny not found")])
+def test_an_id_whose_org_is_a_local_folder_says_it_was_read_as_a_path(hub, tmp_path, monkeypatch, args, said):
+    """./dna-org exists, dna-org/tiny under it does not: the id is a missing local path (the Hub is not asked),
+    and the one line says why it was read as one; train and eval, which make paths absolute first, too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dna-org").mkdir()
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1 and r.output.strip() == f"error: {said}{AS_PATH}", r.output
+
+
+def test_a_tokenizer_whose_org_is_a_local_folder_says_it_was_read_as_a_path(hub, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dna-org").mkdir()
+    for spec, said in (("dna-org/tiny", "tokenizer dna-org/tiny: no such file or folder (give char, kmer:K, or a "
+                                        "tokenizer.json)"),
+                       ("kmer:6:dna-org/tiny", "tokenizer vocabulary dna-org/tiny: no such file")):
+        with pytest.raises(LcftError) as e:
+            load_tokenizer(spec)
+        assert str(e.value) == said + AS_PATH
+    with pytest.raises(LcftError) as e:  # written as a path: nothing to explain
+        load_tokenizer("./dna-org/tiny")
+    assert "Hub" not in str(e.value)
+    r = CliRunner().invoke(app, ["plan", "--init", "./dna-org/tiny", "--seq-len", "4K"])
+    assert r.exit_code == 1 and "checkpoint not found" in r.output and "Hub" not in r.output, r.output
