@@ -241,9 +241,7 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
             path = hh.snapshot_download(repo, revision=pinned, cache_dir=cache, local_files_only=bool(offline),
                                         allow_patterns=patterns, token=token)
     except errors.LocalEntryNotFoundError:
-        why = f"{offline} is set" if offline else "the Hub did not answer"
-        raise LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache "
-                        f"({cache or 'the default cache'}) and {why}") from None
+        raise _not_cached(repo, revision, folder, offline) from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):
         raise LcftError(f"{repo}: no such Hub repository, or it needs access (log in or set HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
@@ -251,3 +249,10 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
     except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)
         raise LcftError(f"{repo}: not a local folder, and the Hub cannot be read ({reason(e)})") from None
     return Path(path)
+
+
+def _not_cached(repo: str, revision: str | None, folder: Path, offline: str | None) -> LcftError:
+    """The one line for a snapshot the Hub cache lacks, the cache folder named (the default one too)."""
+    why = f"{offline} is set" if offline else "the Hub did not answer"
+    where = str(folder.parent) if _cache_dir() else f"the default cache, {folder.parent}"
+    return LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache ({where}) and {why}")

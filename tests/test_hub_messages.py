@@ -1,5 +1,5 @@
-"""What a Hub id that cannot be read says, offline, against a Hub cache written as huggingface_hub lays it out: an
-id whose ORG is a local folder here was read as a path (and says so)."""
+"""What a Hub id that cannot be read says, offline, against a Hub cache written as huggingface_hub lays it out: the
+cache folder, the default one too; an id whose ORG is a local folder here was read as a path (and says so)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.model_tokenizer import load_tokenizer
 from tests import test_hub
+from tests.test_hub import COMMIT_A, cache_repo, hf_model
+from tests.test_hub_cache import _plan
 
 hub = test_hub.hub  # the fixture: HF_HOME a folder of the test's, HF_HUB_OFFLINE set
 
@@ -47,3 +49,18 @@ def test_a_tokenizer_whose_org_is_a_local_folder_says_it_was_read_as_a_path(hub,
     assert "Hub" not in str(e.value)
     r = CliRunner().invoke(app, ["plan", "--init", "./dna-org/tiny", "--seq-len", "4K"])
     assert r.exit_code == 1 and "checkpoint not found" in r.output and "Hub" not in r.output, r.output
+
+
+def test_not_cached_without_cache_variables_names_the_default_folder(hub, tmp_path):
+    """No HF_HOME or HF_HUB_CACHE: the one line named 'the default cache' but not the folder; now the folder
+    huggingface_hub reads, ~/.cache/huggingface/hub with ~ expanded (a snapshot cached there loads: it is that one)."""
+    files, _ = hf_model(tmp_path, 0)
+    default = tmp_path / ".cache" / "huggingface"
+    cache_repo(default, "dna-org/tiny-llama", COMMIT_A, files)
+    unset = {"HF_HOME": "", "XDG_CACHE_HOME": "", "HUGGINGFACE_HUB_CACHE": "", "HOME": str(tmp_path)}
+    got = _plan(hub, **unset)
+    assert got.returncode == 0 and "verdict: fits" in got.stdout, got.stderr[-2000:]
+    got = _plan(hub, "dna-org/not-cached", **unset)
+    assert got.stderr.strip() == (f"error: dna-org/not-cached: not in the Hub cache (the default cache, "
+                                  f"{default / 'hub'}) and HF_HUB_OFFLINE is set"), got.stderr[-2000:]
+
