@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from lcft.errors import LcftError, reason
+from lcft.errors import LcftError, closest, did_you_mean, reason
 from lcft.files import read_text
 
 # ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
@@ -40,6 +41,9 @@ MAX_TREE_BYTES = 1 << 26
 # where huggingface_hub logs each failed request, then "Retrying in ..." or "Rate limited. ..." (a version that words
 # them otherwise retries as it always did)
 HUB_HTTP_LOGGER = "huggingface_hub.utils._http"
+# entries of the cache folder that a repository not in it is compared with (models--ORG--NAME), for a "did you
+# mean": a cache holds one folder per repository, and a listing of millions is not read for a suggestion
+MAX_CACHE_ENTRIES = 10_000
 
 
 def _id_form(text: str) -> tuple[re.Match, Path] | None:
@@ -251,8 +255,33 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
     return Path(path)
 
 
+def _cached_repos(root: Path) -> list[str]:
+    """The model repositories ORG/NAME that the Hub cache `root` holds (its models--ORG--NAME folders), among its
+    first MAX_CACHE_ENTRIES entries; none where it cannot be listed."""
+    try:
+        with os.scandir(root) as entries:
+            names = [e.name for e in itertools.islice(entries, MAX_CACHE_ENTRIES)]
+    except OSError:
+        return []
+    ids = ("/".join(parts[1:]) for n in names if (parts := n.split("--"))[0] == "models" and len(parts) == 3)
+    return [i for i in ids if (m := HUB_ID.fullmatch(i)) and not m["revision"]]
+
+
+def _closest_cached(repo: str, cached: list[str]) -> str | None:
+    """The cached repository `repo` was likely meant to be: of its own ORG, the closest NAME (compared whole, ids
+    of one ORG look alike by their shared part: 'dna-org/not-cached' is not 'dna-org/tiny-llama'); else the
+    closest id of another ORG (a mistyped ORG)."""
+    org, name = repo.split("/")
+    ours = {r.split("/")[1]: r for r in cached if r.split("/")[0] == org}
+    meant = closest(name, ours)
+    return ours[meant] if meant else closest(repo, [r for r in cached if r.split("/")[0] != org])
+
+
 def _not_cached(repo: str, revision: str | None, folder: Path, offline: str | None) -> LcftError:
-    """The one line for a snapshot the Hub cache lacks, the cache folder named (the default one too)."""
+    """The one line for a snapshot the Hub cache lacks: the cache folder named (the default one too), and the
+    closest repository it holds where it holds none of this name (a mistyped id)."""
     why = f"{offline} is set" if offline else "the Hub did not answer"
     where = str(folder.parent) if _cache_dir() else f"the default cache, {folder.parent}"
-    return LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache ({where}) and {why}")
+    meant = None if os.path.lexists(folder) else _closest_cached(repo, _cached_repos(folder.parent))
+    return LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache ({where}) and {why}"
+                     f"{did_you_mean(meant)}")

@@ -1,11 +1,14 @@
 """What a Hub id that cannot be read says, offline, against a Hub cache written as huggingface_hub lays it out: the
-cache folder, the default one too; an id whose ORG is a local folder here was read as a path (and says so)."""
+cache folder, the default one too; a mistyped id, the cached one meant; an id whose ORG is a local folder here was
+read as a path (and says so)."""
 
 from __future__ import annotations
 
 import pytest
 from typer.testing import CliRunner
 
+import lcft.hub
+from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.model_tokenizer import load_tokenizer
@@ -64,3 +67,23 @@ def test_not_cached_without_cache_variables_names_the_default_folder(hub, tmp_pa
     assert got.stderr.strip() == (f"error: dna-org/not-cached: not in the Hub cache (the default cache, "
                                   f"{default / 'hub'}) and HF_HUB_OFFLINE is set"), got.stderr[-2000:]
 
+
+def test_a_mistyped_id_offline_names_the_cached_one_meant(hub, monkeypatch):
+    """The cache holds dna-org/tiny-llama: a mistyped NAME or ORG is offered it; a dataset's folder, an id unlike
+    any, and a revision not cached of a cached repository are offered nothing."""
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, {"config.json": b"{}"})
+    cache_repo(hub, "dna-org/bin-llama", COMMIT_A, {"config.json": b"{}"})
+    (hub / "hub" / "datasets--dna-org--tiny-lamb").mkdir()
+    (hub / "hub" / ".locks").mkdir()
+    offered = {"dna-org/tiny-lama": "dna-org/tiny-llama", "dna-orgg/tiny-llama": "dna-org/tiny-llama",
+               "dna-org/tiny-lamb": "dna-org/tiny-llama", "dna-org/bin-lama": "dna-org/bin-llama",
+               "dna-org/not-cached": None, "dna-org/tiny-llama@v9": None}
+    for given, meant in offered.items():
+        with pytest.raises(LcftError) as e:
+            resolve_checkpoint(given)
+        hint = f" (did you mean '{meant}'?)" if meant else ""
+        assert str(e.value) == f"{given}: not in the Hub cache ({hub / 'hub'}) and HF_HUB_OFFLINE is set{hint}"
+    monkeypatch.setattr(lcft.hub, "MAX_CACHE_ENTRIES", 0)  # the cache folder's listing is cut there
+    with pytest.raises(LcftError) as e:
+        resolve_checkpoint("dna-org/tiny-lama")
+    assert "did you mean" not in str(e.value)
