@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import itertools
 import logging
 import os
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lcft.errors import LcftError, closest, did_you_mean, reason
-from lcft.files import read_text
+from lcft.files import dangling, read_text
 
 # ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<revision>[\w./-]{1,200}))?")
@@ -252,7 +253,21 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
         raise LcftError(f"{repo}: no revision {revision!r} on the Hub") from None
     except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)
         raise LcftError(f"{repo}: not a local folder, and the Hub cannot be read ({reason(e)})") from None
+    _check_links(repo, revision, Path(path), patterns, offline)
     return Path(path)
+
+
+def _check_links(repo: str, revision: str | None, snapshot: Path, patterns: list[str], offline: str | None) -> None:
+    """Each file of the snapshot that lcft reads (`patterns`) is there: a link to a blob the cache lacks (a
+    download cut short, blobs removed by hand), which huggingface_hub hands over offline, is one line naming the
+    blob and how to fetch it again, not a folder with 'no config.json' or weights that cannot be read."""
+    for entry in itertools.islice(snapshot.iterdir(), MAX_CACHE_ENTRIES):
+        if any(fnmatch.fnmatchcase(entry.name, p) for p in patterns) and dangling(entry):
+            blob = os.path.normpath(entry.parent / os.readlink(entry))
+            again = f"run again without {offline}, or run " if offline else "run "
+            raise LcftError(f"{repo}: {entry.name} in the Hub cache is a link to {blob}, which is not there: "
+                            f"download it again ({again}`hf download {repo}"
+                            f"{' --revision ' + revision if revision else ''}`)")
 
 
 def _cached_repos(root: Path) -> list[str]:

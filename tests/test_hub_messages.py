@@ -1,6 +1,6 @@
 """What a Hub id that cannot be read says, offline, against a Hub cache written as huggingface_hub lays it out: the
-cache folder, the default one too; a mistyped id, the cached one meant; an id whose ORG is a local folder here was
-read as a path (and says so)."""
+cache folder, the default one too; a mistyped id, the cached one meant; a file whose blob is missing, that blob and
+how to download it again; an id whose ORG is a local folder here was read as a path (and says so)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 import lcft.hub
+from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import resolve_checkpoint
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.model_tokenizer import load_tokenizer
 from tests import test_hub
-from tests.test_hub import COMMIT_A, cache_repo, hf_model
+from tests.test_hub import COMMIT_A, cache_repo, hf_model, same_logits
 from tests.test_hub_cache import _plan
 
 hub = test_hub.hub  # the fixture: HF_HOME a folder of the test's, HF_HUB_OFFLINE set
@@ -87,3 +88,23 @@ def test_a_mistyped_id_offline_names_the_cached_one_meant(hub, monkeypatch):
     with pytest.raises(LcftError) as e:
         resolve_checkpoint("dna-org/tiny-lama")
     assert "did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_link_to_a_missing_blob_is_named_with_its_mend(hub, tmp_path, name):
+    """A snapshot file whose blob is gone (a download cut short, blobs removed by hand): huggingface_hub hands the
+    snapshot over offline, and lcft said 'no config.json' (or failed to read the weights); now the link, the blob
+    and how to download it again. A dangling file that lcft does not read (README.md) is no matter."""
+    files, model = hf_model(tmp_path, 0)
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, {**files, "README.md": b"# tiny"}, refs=("main", "v1"))
+    snap = hub / "hub" / "models--dna-org--tiny-llama" / "snapshots" / COMMIT_A
+    (snap / "README.md").resolve().unlink()
+    assert same_logits(from_pretrained(resolve_checkpoint("dna-org/tiny-llama")), model)
+    blob = (snap / name).resolve()
+    blob.unlink()
+    for given, rev in (("dna-org/tiny-llama", ""), ("dna-org/tiny-llama@v1", " --revision v1")):
+        with pytest.raises(LcftError) as e:
+            resolve_checkpoint(given)
+        assert str(e.value) == (f"dna-org/tiny-llama: {name} in the Hub cache is a link to {blob}, which is not "
+                                f"there: download it again (run again without HF_HUB_OFFLINE, or run `hf download "
+                                f"dna-org/tiny-llama{rev}`)")
