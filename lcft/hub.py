@@ -66,15 +66,15 @@ def hub_id(text: str | os.PathLike) -> tuple[str, str | None] | None:
 
 
 def read_as_path(text: str | os.PathLike) -> str:
-    """'; ./ORG is a local folder, so this was read as a path, not a Hub id: ...' to end the message about a
+    """'; ./ORG is a local folder, so this was read as a path, not a Hub id (...)' to end the message about a
     missing path `text` that has a Hub id's form and is a path only because its first part exists here (hub_id);
     '' otherwise."""
     form = _id_form(str(text))
     if form is None or not form[1].exists():
         return ""
     kind = "folder" if form[1].is_dir() else "file"
-    return (f"; ./{form[1]} is a local {kind}, so this was read as a path, not a Hub id: run from another folder to "
-            f"read {form[0]['repo']} from the Hub")
+    return (f"; ./{form[1]} is a local {kind}, so this was read as a path, not a Hub id (to read {form[0]['repo']} "
+            "from the Hub, run from another folder)")
 
 
 def local_path(text: str | os.PathLike) -> Path:

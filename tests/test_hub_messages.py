@@ -19,8 +19,8 @@ from tests.test_hub_cache import _plan
 
 hub = test_hub.hub  # the fixture: HF_HOME a folder of the test's, HF_HUB_OFFLINE set
 
-AS_PATH = ("; ./dna-org is a local folder, so this was read as a path, not a Hub id: run from another folder to read "
-           "dna-org/tiny from the Hub")
+AS_PATH = ("; ./dna-org is a local folder, so this was read as a path, not a Hub id (to read dna-org/tiny from the "
+           "Hub, run from another folder)")
 
 
 @pytest.mark.parametrize("args, said", [
