@@ -187,7 +187,7 @@ def locate_checkpoint(path: str | os.PathLike) -> Path:
                         f"{read_as_path(path)}")
     if not p.is_dir():
         raise LcftError(f"checkpoint must be a folder (a run, a checkpoint, or an HF model folder): {p}")
-    if (p / MODEL_CONFIG).is_file():
+    if present(p / MODEL_CONFIG, "model config"):  # a link to nothing or a folder there: said, not 'no config.json'
         return p
     if checkpoints_dir(p).is_dir():
         latest = latest_checkpoint(p)

@@ -11,6 +11,7 @@ from lcft.checkpoint.layout import (
     check_tokenizer,
     latest_checkpoint,
     list_checkpoints,
+    locate_checkpoint,
     resolve_checkpoint,
     resolve_resume,
 )
@@ -110,3 +111,19 @@ def test_a_runs_checkpoints_folder_names_the_run_and_its_latest(tmp_path):
     run = make_run(tmp_path)
     one_line(lambda: resolve_checkpoint(run / "checkpoints"), f"give the run folder {run}",
              str(run / "checkpoints" / "step-00000010"))
+
+
+@pytest.mark.parametrize("kind", ["link to nothing", "folder"])
+def test_a_model_config_that_is_no_file_is_named(tmp_path, kind):
+    """A model folder whose config.json is a link to nothing (a copy made without following links, a blob
+    removed) or a folder: one line naming it; it was 'not a run folder, a checkpoint folder or an HF model folder
+    (no config.json)', as if the file were missing."""
+    model = tmp_path / "model"
+    model.mkdir()
+    if kind == "folder":
+        (model / "config.json").mkdir()
+    else:
+        (model / "config.json").symlink_to(tmp_path / "gone.json")
+    said = "a symbolic link to nothing" if kind != "folder" else "a folder"
+    with pytest.raises(LcftError, match=f"^model config {model / 'config.json'} is {said}, not a regular file$"):
+        locate_checkpoint(model)
