@@ -1,7 +1,7 @@
 """`lcft plan`'s per-rank estimates against the measured peak RSS of real CPU training runs, one table row per case.
 
-Each case runs `lcft.train.train` for 2 steps (fp32, sparse attention, block checkpointing, the default thread
-count as a user gets it) in a fresh process that first imports the trainer and runs a small autograd op; the
+Each case runs `lcft.train.train` for 2 steps (fp32, sparse attention, block checkpointing unless the case names
+others; the default thread count as a user gets it) in a fresh process that first imports the trainer and runs a small autograd op; the
 measured figure is the second step's peak_mem in metrics.jsonl (the busiest rank's VmHWM, its process's
 high-water mark) minus that process's RSS after the imports (what no plan counts: Python, torch, lcft). The
 second step is the one a plan describes: the first step's backward, its peak, runs before AdamW creates its
@@ -30,7 +30,9 @@ CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n 
     dict(preset="small", seq_len=524288, layout="1 rank"), dict(preset="small", seq_len=524288, layout="cp 2")] + [
     dict(preset="tiny", seq_len=65536, layout=lay, precision="bf16") for lay in ("1 rank", "fsdp 2")] + [
     dict(preset="tiny", seq_len=65536, layout="1 rank", precision="bf16", offload=o) for o in ("exact", "bf16")]
-CASE_KEYS = ("preset", "seq_len", "layout", "precision", "offload")  # what names a case (offload: of block inputs)
+CASE_KEYS = ("preset", "seq_len", "layout", "precision", "offload", "attention", "checkpointing")
+"""What names a case (offload: of block inputs); a key a case leaves out has its DEFAULTS value."""
+DEFAULTS = {"precision": "fp32", "offload": None, "attention": "sparse", "checkpointing": "block"}
 # small 512K on fsdp 2 would need 2 x 18 GiB
 QUICK = [dict(preset="tiny", seq_len=4096, layout="1 rank")]
 STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exist from the first step's end)
@@ -38,9 +40,15 @@ STEPS = 2  # the peak a plan describes is the second step's (AdamW's moments exi
 
 def spec_of(case: dict) -> dict:
     """The full options of a case: its layout's ranks, cp and shard; sparse, block checkpointing, fp32 unless the
-    case says bf16 (autocast over fp32 weights; under fsdp bf16 parameters); offload 'exact' or 'bf16': the block
-    inputs offloaded (`--offload-activations`, with `--offload-bf16`)."""
-    return {"precision": "fp32", **case, **LAYOUTS[case["layout"]], "checkpointing": "block", "attention": "sparse"}
+    case says otherwise (attention dense, checkpointing none; bf16: autocast over fp32 weights, under fsdp bf16
+    parameters); offload 'exact' or 'bf16': the block inputs offloaded (`--offload-activations`, with
+    `--offload-bf16`)."""
+    return {**{k: v for k, v in DEFAULTS.items() if v is not None}, **case, **LAYOUTS[case["layout"]]}
+
+
+def identity(case: dict) -> tuple:
+    """What tells two cases apart: every CASE_KEYS value, a left-out key at its default."""
+    return tuple(case.get(k, DEFAULTS.get(k)) for k in CASE_KEYS)
 
 
 def _rss() -> int:
@@ -119,13 +127,26 @@ def _row(case: dict, m: dict) -> str:
     got, want = m["peak"] - m["base"], planned({**spec_of(case), "threads": m.get("threads")})
     first = m.get("first_step_peak", m["peak"]) - m["base"]
     return (f"| {case['preset']} | {format_size(case['seq_len'])} | {case['layout']} | "
-            f"{case.get('precision', 'fp32')}{', offload ' + case['offload'] if 'offload' in case else ''} | {want / 2**20:,.0f} | {first / 2**20:,.0f} | {m.get('steps', 1)} | {got / 2**20:,.0f} | {want / got:.2f} | "
+            f"{_options(case)} | {want / 2**20:,.0f} | {first / 2**20:,.0f} | {m.get('steps', 1)} | "
+            f"{got / 2**20:,.0f} | {want / got:.2f} | "
             f"{m['seconds']:.0f} | {m.get('cpu') or _cpu()} |")
 
 
+def _options(case: dict) -> str:
+    """The table's precision cell: the precision, and the offload, attention and checkpointing where not default."""
+    spec = spec_of(case)
+    out = [spec["precision"]] + (["offload " + case["offload"]] if "offload" in case else [])
+    if spec["attention"] != DEFAULTS["attention"]:
+        out.append(f"{spec['attention']} attention")
+    if spec["checkpointing"] != DEFAULTS["checkpointing"]:
+        out.append(f"checkpointing {spec['checkpointing']}")
+    return ", ".join(out)
+
+
 def _name(case: dict) -> str:
-    """PRESET:TOKENS:LAYOUT:PRECISION[:OFFLOAD], what --only matches."""
-    return ":".join(str(case.get(k, "fp32" if k == "precision" else "")) for k in CASE_KEYS).rstrip(":")
+    """PRESET:TOKENS:LAYOUT:PRECISION:OFFLOAD:ATTENTION:CHECKPOINTING, what --only matches (an empty OFFLOAD
+    for none)."""
+    return ":".join("" if v is None else str(v) for v in identity(case))
 
 
 def _cpu() -> str:
@@ -137,7 +158,7 @@ def _cpu() -> str:
 def _record(case: dict, m: dict) -> None:
     """Add (or replace) one measured case in benchmarks/plan_cases.json."""
     rows = json.loads(RECORD.read_text()) if RECORD.exists() else []
-    rows = [r for r in rows if {k: r.get(k) for k in case} != case]
+    rows = [r for r in rows if identity(r) != identity(case)]
     rows.append({**case, "base": m["base"], "peak": m["peak"], "first_step_peak": m["first_step_peak"],
                  "steps": m["steps"], "threads": m["threads"], "run_s": round(m["seconds"], 1),
                  "cpu": _cpu()})
@@ -148,8 +169,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one tiny case at 4K (about a minute)")
     ap.add_argument("--only", action="append", default=[],
-                    help="run only cases matching PRESET:TOKENS[:LAYOUT[:PRECISION[:OFFLOAD]]], e.g. "
-                         "small:65536:fsdp 2 (repeatable)")
+                    help="run only cases whose name starts with this: PRESET:TOKENS:LAYOUT:PRECISION:OFFLOAD:"
+                         "ATTENTION:CHECKPOINTING, e.g. 'small:65536:fsdp 2' or 'tiny:16384:1 rank:fp32::dense' "
+                         "(repeatable)")
     ap.add_argument("--record", action="store_true", help="write each measured case to benchmarks/plan_cases.json")
     ap.add_argument("--table", action="store_true", help="print the recorded cases against the plan (no runs)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one case may run (default 3600)")
