@@ -1,7 +1,8 @@
 """`lcft plan`'s per-rank estimates against the measured peak RSS of real CPU training runs, one table row per case.
 
 Each case runs `lcft.train.train` for 2 steps (fp32, sparse attention, block checkpointing unless the case names
-others; the default thread count as a user gets it) in a fresh process that first imports the trainer and runs a small autograd op; the
+others, e.g. `lcft train`'s CPU default, dense attention without checkpointing; the default thread count as a user
+gets it) in a fresh process that first imports the trainer and runs a small autograd op; the
 measured figure is the second step's peak_mem in metrics.jsonl (the busiest rank's VmHWM, its process's
 high-water mark) minus that process's RSS after the imports (what no plan counts: Python, torch, lcft). The
 second step is the one a plan describes: the first step's backward, its peak, runs before AdamW creates its
@@ -29,7 +30,14 @@ CASES = [dict(preset=p, seq_len=n, layout=lay) for p in ("tiny", "small") for n 
     dict(preset="tiny", seq_len=1 << 20, layout="1 rank"),  # 1M on 2 ranks needs more than 24 GiB
     dict(preset="small", seq_len=524288, layout="1 rank"), dict(preset="small", seq_len=524288, layout="cp 2")] + [
     dict(preset="tiny", seq_len=65536, layout=lay, precision="bf16") for lay in ("1 rank", "fsdp 2")] + [
-    dict(preset="tiny", seq_len=65536, layout="1 rank", precision="bf16", offload=o) for o in ("exact", "bf16")]
+    dict(preset="tiny", seq_len=65536, layout="1 rank", precision="bf16", offload=o) for o in ("exact", "bf16")] + [
+    # `lcft train`'s CPU default: dense attention, no checkpointing
+    dict(preset=p, seq_len=n, layout=lay, precision=prec, attention="dense", checkpointing="none")
+    for p, n, lay, prec in (("tiny", 16384, "1 rank", "fp32"), ("tiny", 65536, "1 rank", "fp32"),
+                            ("tiny", 16384, "1 rank", "bf16"), ("small", 16384, "1 rank", "fp32"),
+                            ("tiny", 16384, "cp 2", "fp32"), ("tiny", 16384, "fsdp 2", "fp32"),
+                            ("tiny", 8192, "1 rank", "fp32"), ("small", 8192, "1 rank", "fp32"),
+                            ("tiny", 32768, "1 rank", "fp32"))]
 CASE_KEYS = ("preset", "seq_len", "layout", "precision", "offload", "attention", "checkpointing")
 """What names a case (offload: of block inputs); a key a case leaves out has its DEFAULTS value."""
 DEFAULTS = {"precision": "fp32", "offload": None, "attention": "sparse", "checkpointing": "block"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from lcft.kernels.sparse_blocks import chunk_size
 from lcft.model.config import LlamaConfig
 from lcft.parallel.activations import DEFAULT_SEQ_CHUNK
 from lcft.parallel.config import Checkpointing, CpKv, Precision, Shard
@@ -84,7 +85,12 @@ one peaks in its backward, before AdamW's moments exist. Measured (benchmarks/pl
 at 16K on one rank 132 MiB = 1.4 x 4 B x P above the plan without this term, 244 MiB above its own first step."""
 CPU_SPARSE_KERNEL = 96 << 20
 """Working memory of the chunked CPU attention kernel (the sparse backend, and every core under cp > 1) in
-backward beyond q, k, v and their gradients: measured 64-163 MiB at 4K-16K keys, tiny preset's heads."""
+backward beyond q, k, v and their gradients: measured 64-163 MiB at 4K-16K keys, tiny preset's heads, sparse
+selection; at least its chunk buffers (cpu_kernel_bytes), which outgrow it where every key block is read."""
+GLIBC_MMAP_CEILING = 32 << 20
+"""glibc's highest adaptive mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit). Below LONG_WINDOW, where the
+trainer leaves the threshold adaptive, a freed buffer under this size stays in the heap; a larger one is mmapped
+and goes back to the OS when freed."""
 
 
 @dataclass(frozen=True)
@@ -276,7 +282,43 @@ def activation_bytes(shape: Shape, lay: Layout) -> tuple[int, int]:
         transient += recompute
     if chunked_copy_back(lay):
         transient += shape.hidden * r * tokens  # the recomputed block's input, back whole from its host copy
+    if lay.device == "cpu" and lay.checkpointing == "none" and lay.seq_len < LONG_WINDOW:
+        transient += heap_kept_gradients(shape, lay)
     return held, transient
+
+
+def heap_kept_gradients(shape: Shape, lay: Layout) -> int:
+    """Without checkpointing on CPU below LONG_WINDOW: the gradients of one block's saved buffers (each of its
+    buffer's size) that are under GLIBC_MMAP_CEILING. glibc's heap keeps them once freed, a later step's forward
+    fills those free chunks with buffers of other sizes and grows the heap for the rest, so at its peak (the start
+    of backward) the process holds them a second time beside the block transient. Measured, the heap's free chunks
+    at a later step's peak (mallinfo2): tiny preset at 16K 553 MiB in fp32 and 330 in bf16, small 523, where the
+    transient and this term count 464, 308 and 672 (small's buffers but its K/V are over the ceiling there)."""
+    b, n = lay.micro_batch, lay.local_tokens
+    buffers = shape.saved_buffers(compute_bytes(lay.precision), residual_bytes(lay))
+    return sum(k * w * b * n for w, k in buffers if w * b * n < GLIBC_MMAP_CEILING)
+
+
+def cpu_kernel_bytes(shape: Shape, lay: Layout) -> int:
+    """Working memory of the chunked CPU attention kernel (lcft.kernels.sparse_cpu) where it runs (the sparse
+    backend, every core under cp > 1): CPU_SPARSE_KERNEL, or its chunk buffers where they are more."""
+    if not shape.sparse and lay.cp == 1:
+        return 0
+    return max(CPU_SPARSE_KERNEL, kernel_chunk_bytes(shape, lay))
+
+
+def kernel_chunk_bytes(shape: Shape, lay: Layout) -> int:
+    """The chunk buffers the chunked CPU kernel's backward holds at once. Per B·Hkv row, the previous chunk's
+    gathered K and V and their two gradient products (C·slots·block·D each), its probabilities and two score
+    gradients (C·G·block·slots·block each) are still referenced while the next chunk's gathered K/V, scores and
+    probabilities are made: 6 + 5 buffers in the compute dtype. slots: the key blocks a query block reads, the
+    selection budget, or under dense attention (cp > 1) every block of the window (tiny preset at 16K on cp 2:
+    16 MiB each, 177 MiB where the kernel's allocations measured 153)."""
+    group = shape.q_width // shape.kv_width
+    slots = shape.budget if shape.sparse else lay.seq_len // shape.block
+    rows = lay.micro_batch * shape.kv_width // shape.head_dim
+    chunk = rows * chunk_size(group, shape.block, slots) * slots * shape.block * compute_bytes(lay.precision)
+    return chunk * (6 * shape.head_dim + 5 * group * shape.block)
 
 
 def chunked_copy_back(lay: Layout) -> bool:
@@ -308,7 +350,7 @@ def estimate(cfg: LlamaConfig, lay: Layout) -> Estimate:
     if lay.device == "cpu":
         long = lay.seq_len >= LONG_WINDOW
         runtime = (CPU_RUNTIME + (CPU_PROCESS_GROUP if lay.world > 1 else 0)
-                   + (CPU_SPARSE_KERNEL if shape.sparse or lay.cp > 1 else 0)
+                   + cpu_kernel_bytes(shape, lay)
                    + (0 if long else int(CPU_THREAD_SHARE * transient) * (lay.threads - 1)))
         if long:
             share = long_share(lay)

@@ -12,11 +12,13 @@ from lcft.plan.estimate import (
     CUDA_NCCL,
     CUDA_RUNTIME,
     GIB,
+    GLIBC_MMAP_CEILING,
     HOST_PROCESS,
     LONG_WINDOW,
     Layout,
     casts_weights,
     compute_bytes,
+    cpu_kernel_bytes,
     load_bytes,
     long_share,
     moves_to_host,
@@ -36,13 +38,15 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
            "weight_copies": _weight_copies(shape, lay, a),
            "kv": "formula: remote K/V and their gradients (docs/plan.md)" if lay.cp > 1 else "formula: 0 (cp 1)"}
     out["activations"] = _activations(shape, lay, a)
-    out["transient"] = ("formula: the recomputed block and its gradients, the hidden state's fp32 gradient, three "
-                        "fp32 logit chunks of the loss")
+    out["transient"] = ("formula: " + ("the recomputed block and its gradients" if lay.checkpointing == "block"
+                                       else "the gradients of one block's saved values")
+                        + ", the hidden state's fp32 gradient, three fp32 logit chunks of the loss")
     if lay.device == "cpu":
         out["runtime"] = (f"measured constants (benchmarks/plan.py): {CPU_RUNTIME >> 20} MiB per process"
                           + (f" + {CPU_PROCESS_GROUP >> 20} MiB per rank of a multi-process run" if lay.world > 1
                              else "")
-                          + (f" + {CPU_SPARSE_KERNEL >> 20} MiB chunked attention kernel" if shape.sparse or lay.cp > 1
+                          + (f" + {cpu_kernel_bytes(shape, lay) >> 20} MiB chunked attention kernel (its chunk "
+                             f"buffers, at least {CPU_SPARSE_KERNEL >> 20} MiB)" if cpu_kernel_bytes(shape, lay)
                              else "")
                           + (f" + {CPU_THREAD_SHARE} x the block transient x {lay.threads - 1} threads beyond "
                              "the first" if lay.threads > 1 and lay.seq_len < LONG_WINDOW else ""))
@@ -55,7 +59,9 @@ def sources(shape: Shape, lay: Layout) -> dict[str, str]:
             if lay.cp > 1:
                 out["kv"] += (f"\nmeasured: x 2 on CPU below {LONG_WINDOW:,} tokens (fitted to a later step's "
                               "peak; glibc keeps freed buffers in its heap)")
-            out["transient"] += ("\nmeasured: + the recompute and the gradients again on CPU below "
+            again = ("the recompute" if lay.checkpointing == "block" else
+                     f"one block's gradient buffers under glibc's {GLIBC_MMAP_CEILING >> 20} MiB mmap ceiling")
+            out["transient"] += (f"\nmeasured: + the gradients and {again} a second time on CPU below "
                                  f"{LONG_WINDOW:,} tokens (glibc keeps freed buffers in its heap), + 4 B x {per} "
                                  "fitted to a later step's peak"
                                  + (f"; fsdp: {CPU_FSDP_HEAP_COPIES} unsharded fp32 copies of the model"

@@ -79,6 +79,18 @@ class Shape:
         routed = self.top_experts * self.hidden * (4 + a + 4) if self.experts else 0
         return self.saved_per_token * a + 2 * self.hidden * (r - a) + routed
 
+    def saved_buffers(self, a: int, r: int) -> list[tuple[int, int]]:
+        """saved_bytes split into the buffers one block saves: (bytes per token of one buffer, how many). Under
+        MoE an expert's buffers hold its share of the tokens (top_experts / experts of them, on average)."""
+        out = [(self.hidden * r, 2), (self.hidden * a, 2), (self.q_width * a, 3), (self.kv_width * a, 2)]
+        if self.qk_norm:
+            out += [(self.q_width * a, 1), (self.kv_width * a, 1)]
+        if not self.experts:
+            return out + [(2 * self.inter * a, 1), (self.inter * a, 2)]
+        share = self.top_experts / self.experts  # (a float: these buffers are per expert, of its tokens)
+        per_expert = [(2 * self.inter * a, 1), (self.inter * a, 2), (self.hidden * 4, 2), (self.hidden * a, 1)]
+        return out + [(round(w * share), n * self.experts) for w, n in per_expert]
+
     def copied_weights(self, cast: bool) -> int:
         """Weight values one block copies and saves for backward: the fused qkv matrix and (dense) the fused
         gate|up one; under bf16 autocast over fp32 weights (`cast`) also the cast copy of every weight a matmul
