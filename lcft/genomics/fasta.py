@@ -18,7 +18,6 @@ from lcft.genomics.fai_lines import LongHeader
 from lcft.genomics.fasta_cache import (
     decompress_to_cache,
     discard_copies,
-    gzip_kind,
     index_paths,
     named_for_pyfaidx,
     normalize_to_cache,
@@ -27,6 +26,7 @@ from lcft.genomics.fasta_check import (
     NORMALIZED,
     fai_parses,
     gzi_fits,
+    gzip_kind,
     indexing_error,
     joined_header,
     non_utf8_line,

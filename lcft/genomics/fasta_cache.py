@@ -25,7 +25,6 @@ from lcft.genomics.fasta_check import NORMALIZED
 from lcft.genomics.fasta_read import GZIP_DAMAGE
 from lcft.genomics.gzip_size import gzip_size_floor
 
-GZIP_MAGIC = b"\x1f\x8b"
 PARTS = ("fasta", "links", "index")  # the cache's folders: every file in them is derived, made again when needed
 RECORD = ".sum"  # beside a copy: {"bytes", "sha256"} of the copy as it was made, checked before it is reused
 # what sits beside a cache entry's file, part of its entry: its indexes (links/, fasta/; in index/ they are the entry)
@@ -52,18 +51,6 @@ def cache_folder(part: str) -> Path:
         raise LcftError(f"cannot use the cache folder {folder} ({e.strerror or reason(e)}): set LCFT_CACHE to a writable "
                         "folder") from None
     return folder
-
-
-def gzip_kind(path: Path) -> str:
-    """'plain' (not compressed), 'bgzf' (block gzip: random access), or 'gzip' (plain gzip: no random access)."""
-    with open(path, "rb") as fh:
-        head = fh.read(18)
-    if not head.startswith(GZIP_MAGIC):
-        return "plain"
-    # BGZF = gzip member with FEXTRA (flag bit 2) holding a 'BC' subfield (SAM spec, section 4.1).
-    if len(head) >= 18 and head[3] & 4 and head[12:14] == b"BC":
-        return "bgzf"
-    return "gzip"
 
 
 def check_room_to_decompress(gz: Path, folder: Path) -> None:

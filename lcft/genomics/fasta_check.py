@@ -20,6 +20,7 @@ from lcft.errors import LcftError, closest, did_you_mean, reason
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
 CR, LF, GT = 13, 10, 62
+GZIP_MAGIC = b"\x1f\x8b"
 NORMALIZED = ".lf.fa"  # the name a normalized copy ends with (lcft.genomics.fasta_cache makes it)
 JOINED_HEADER = "a '>' inside a sequence line"  # never a base: a header joined to the line before it (`joined_cause`)
 BLANKS = {b" ": "a space", b"\t": "a tab"}  # in sequence lines: pyfaidx counts each as a base, Biopython drops it
@@ -144,8 +145,19 @@ def decompressed(path: Path) -> IO[bytes]:
 
 def packed(path: Path) -> bool:
     """Whether `path` is a gzip (BGZF or plain)."""
+    return gzip_kind(path) != "plain"
+
+
+def gzip_kind(path: Path) -> str:
+    """'plain' (not compressed), 'bgzf' (block gzip: random access), or 'gzip' (plain gzip: no random access)."""
     with open(path, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
+        head = fh.read(18)
+    if not head.startswith(GZIP_MAGIC):
+        return "plain"
+    # BGZF = gzip member with FEXTRA (flag bit 2) holding a 'BC' subfield (SAM spec, section 4.1).
+    if len(head) >= 18 and head[3] & 4 and head[12:14] == b"BC":
+        return "bgzf"
+    return "gzip"
 
 
 def glued_headers(path: Path, names: list[str], block: int = 1 << 24) -> dict[str, int]:

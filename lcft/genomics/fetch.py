@@ -32,7 +32,8 @@ from lcft.files import atomic_open
 from lcft.folder_lock import folder_lock
 from lcft.foreign_entries import refuse_not_own
 from lcft.genomics.fasta import FastaFile, fasta_start
-from lcft.genomics.fasta_cache import check_room_to_decompress, gzip_kind
+from lcft.genomics.fasta_cache import check_room_to_decompress
+from lcft.genomics.fasta_check import gzip_kind
 from lcft.genomics.fasta_read import GZIP_DAMAGE
 from lcft.genomics.fetch_http import SCHEMES, download_once, open_url, record_path
 from lcft.hashing import file_hash

@@ -89,7 +89,8 @@ PEAK = textwrap.dedent("""
     from pathlib import Path
     import torch
     from lcft.hashing import file_hash
-    from lcft.genomics.fasta_cache import gzip_kind, normalize_to_cache
+    from lcft.genomics.fasta_cache import normalize_to_cache
+    from lcft.genomics.fasta_check import gzip_kind
     from lcft.train.metrics import peak_memory_bytes
     path = Path(sys.argv[1])
     digest = file_hash(path).hexdigest()

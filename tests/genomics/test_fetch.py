@@ -13,7 +13,7 @@ import pytest
 
 from lcft.errors import RESUME, LcftError
 from lcft.genomics.fasta import FastaFile
-from lcft.genomics.fasta_cache import gzip_kind
+from lcft.genomics.fasta_check import gzip_kind
 from lcft.genomics.fetch import MD5_LIST_LIMIT, fetch_fasta
 from tests.genomics.conftest import random_genome, write_fasta
 from tests.one_line import one_line
