@@ -145,7 +145,8 @@ def _checked(ckpt: Path) -> Path:
     """`ckpt` once verified; a corrupt one is an error naming its file and the previous checkpoint."""
     try:
         with unchanged(ckpt):
-            verify_checkpoint(ckpt)
+            if not verify_checkpoint(ckpt):
+                _refuse_unfinished(ckpt)
     except CheckpointChanged:
         raise
     except LcftError as e:
@@ -155,16 +156,29 @@ def _checked(ckpt: Path) -> Path:
     return ckpt
 
 
+def _refuse_unfinished(ckpt: Path) -> None:
+    """A folder of a run's checkpoints/ without checksums.json that is a save or prune under way or cut short
+    (lcft names a checkpoint step-N only once its checksums are written), or a step-N of a run whose other
+    checkpoints have checksums (one that is no file among them: verify_checkpoint refuses it): its files may be
+    half written. A run where none has checksums (written by hand or before checksums) is taken as it is."""
+    if ckpt.parent.name != CHECKPOINTS:
+        return
+    if ckpt.name.startswith(TMP_PREFIX):
+        raise LcftError(f"{ckpt} is not a finished checkpoint: a save or prune under way, or one that was stopped "
+                        "(a checkpoint is named step-N once it is complete); give the run folder or a step-N")
+    run = list_checkpoints(ckpt.parent.parent)
+    if STEP_DIR.fullmatch(ckpt.name) and any(os.path.lexists(p / CHECKSUMS) for _, p in run):
+        raise LcftError(f"checkpoint {ckpt} is incomplete: no {CHECKSUMS}")
+
+
 def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path | None:
     """The run's newest checkpoint that verifies; each newer corrupt one is reported through `say`. One without
     checksums.json counts as incomplete when others of the run have one (this lcft writes it into every
     checkpoint); a run where none has one (written by hand or before checksums) is taken as it is."""
-    found = list_checkpoints(run_dir)
-    listed = any(os.path.lexists(p / CHECKSUMS) for _, p in found)  # (one that is no file: verify refuses it)
-    for _, ckpt in reversed(found):
+    for _, ckpt in reversed(list_checkpoints(run_dir)):
         try:
-            if not verify_checkpoint(ckpt) and listed:
-                raise LcftError(f"checkpoint {ckpt} is incomplete: no {CHECKSUMS}")
+            if not verify_checkpoint(ckpt):
+                _refuse_unfinished(ckpt)
             return ckpt
         except LcftError as e:
             if say is not None:

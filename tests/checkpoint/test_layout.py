@@ -15,6 +15,7 @@ from lcft.checkpoint.layout import (
     resolve_checkpoint,
     resolve_resume,
 )
+from lcft.checkpoint.save import write_checksums
 from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from tests.one_line import one_line
@@ -127,3 +128,25 @@ def test_a_model_config_that_is_no_file_is_named(tmp_path, kind):
     said = "a symbolic link to nothing" if kind != "folder" else "a folder"
     with pytest.raises(LcftError, match=f"^model config {model / 'config.json'} is {said}, not a regular file$"):
         locate_checkpoint(model)
+
+
+def test_an_unfinished_save_named_directly_is_refused(tmp_path):
+    """A `.tmp-step-N` (a save cut short, or one under way) named as the checkpoint to read, and a step-N without
+    checksums.json in a run whose other checkpoints have one: one line each; both had been read unverified, so an
+    export, eval or resume could take half-written weights."""
+    run = make_run(tmp_path)
+    ckpts = run / "checkpoints"
+    cut = ckpts / ".tmp-step-00000012"
+    with pytest.raises(LcftError, match=rf"^{cut} is not a finished checkpoint: .* give the run folder or a step-N$"):
+        resolve_checkpoint(cut)
+    cut_with_state = model_folder(ckpts / ".tmp-step-00000013", state=True)
+    with pytest.raises(LcftError, match="is not a finished checkpoint"):
+        resolve_resume(str(cut_with_state), run)
+    assert resolve_checkpoint(ckpts / "step-00000009") == ckpts / "step-00000009"  # a run without checksums: as is
+    write_checksums(ckpts / "step-00000002")
+    one_line(lambda: resolve_checkpoint(ckpts / "step-00000009"),
+             f"checkpoint {ckpts / 'step-00000009'} is incomplete: no checksums.json; the previous checkpoint is "
+             f"{ckpts / 'step-00000002'}")
+    assert resolve_checkpoint(ckpts / "step-00000002") == ckpts / "step-00000002"
+    hf = model_folder(tmp_path / "hf")  # not in a run: nothing to compare with
+    assert resolve_checkpoint(hf) == hf

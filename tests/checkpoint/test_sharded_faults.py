@@ -65,7 +65,10 @@ def test_real_full_disk_during_an_fsdp_save(tmp_path, sharded_run, capfd):
 
 @pytest.mark.parametrize("entry", ["export", "eval", "init"])
 def test_damaged_shards_without_checksums_are_one_line(ckpt, sharded_run, tmp_path, data_dir, entry):
+    """A checkpoint copied out of its run without checksums.json (in its run beside checksummed ones it would be
+    refused as incomplete first), a shard torn: one line naming it."""
     (ckpt / CHECKSUMS).unlink()
+    ckpt = Path(shutil.move(ckpt, tmp_path / "copied"))
     shard = ckpt / "dcp" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[:4096])  # torn inside the model weights
     _, cfg = sharded_run
