@@ -23,9 +23,11 @@ from lcft.files import dangling, read_text
 
 # ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<revision>[\w./-]{1,200}))?")
-# What lcft reads from a model repository: its config, weights, and the tokenizer files.
-MODEL_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
-               "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "generation_config.json"]
+# What lcft reads from a model repository: its config and tokenizer files (all that `lcft plan` and a tokenizer
+# read), and its weights (a model built from it: train --init, eval, export). lcft.json: an lcft export's own part.
+CONFIG_FILES = ["config.json", "lcft.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "vocab.txt"]
+WEIGHT_FILES = ["*.safetensors", "model.safetensors.index.json"]
 TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 CONNECT_PROBE_S = 10.0  # a connection not open by then is left to huggingface_hub's own timeouts and retries
 NO_ROUTE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)  # connect() failing at once, as refusal does
@@ -77,11 +79,12 @@ def read_as_path(text: str | os.PathLike) -> str:
             "from the Hub, run from another folder)")
 
 
-def local_path(text: str | os.PathLike) -> Path:
+def local_path(text: str | os.PathLike, weights: bool = True) -> Path:
     """A local path as given; a Hub id -> its snapshot folder in the cache (downloaded, with a progress bar, unless
-    HF_HUB_OFFLINE is set: then only the cache is read)."""
+    HF_HUB_OFFLINE is set: then only the cache is read). weights=False: its config and tokenizer files only (a
+    plan or a tokenizer does not download gigabytes of weights, nor needs them cached)."""
     got = hub_id(text)
-    return Path(text) if got is None else snapshot(*got)
+    return Path(text) if got is None else snapshot(*got, weights=weights)
 
 
 def _offline() -> str | None:
@@ -214,9 +217,9 @@ def _check_trees(folder: Path) -> None:
             raise LcftError(f"the Hub cache's tree listing {path} is {why}: remove it and download again")
 
 
-def snapshot(repo: str, revision: str | None = None) -> Path:
-    """The cached snapshot of a model repository at `revision` (default main): config, tokenizer files and
-    safetensors weights, or pytorch_model.bin only where the repository has no safetensors."""
+def snapshot(repo: str, revision: str | None = None, weights: bool = True) -> Path:
+    """The cached snapshot of a model repository at `revision` (default main): config and tokenizer files, and
+    (`weights`) safetensors weights, or pytorch_model.bin only where the repository has no safetensors."""
     try:
         import huggingface_hub as hh
         from huggingface_hub import constants, errors
@@ -234,13 +237,13 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
     cached = None if COMMIT.fullmatch(revision or "") else _cached_commit(repo, folder, revision or "main")
     pinned = cached if offline and cached else revision
     try:
-        patterns = list(MODEL_FILES)
+        patterns = CONFIG_FILES + (WEIGHT_FILES if weights else [])
         if offline:
-            patterns += TORCH_WEIGHTS  # whatever the cache holds; from_pretrained prefers safetensors
-        else:
+            patterns += TORCH_WEIGHTS if weights else []  # whatever the cache holds; from_pretrained prefers safetensors
+        else:  # the first request, its failure one line soon (LIST_RETRIES), weights needed or not
             with _quiet(retries=LIST_RETRIES):
                 files = hh.HfApi(token=token).list_repo_files(repo, revision=revision)
-            if not any(f.endswith(".safetensors") for f in files):
+            if weights and not any(f.endswith(".safetensors") for f in files):
                 patterns += TORCH_WEIGHTS
         with _quiet():
             path = hh.snapshot_download(repo, revision=pinned, cache_dir=cache, local_files_only=bool(offline),

@@ -108,3 +108,24 @@ def test_a_link_to_a_missing_blob_is_named_with_its_mend(hub, tmp_path, name):
         assert str(e.value) == (f"dna-org/tiny-llama: {name} in the Hub cache is a link to {blob}, which is not "
                                 f"there: download it again (run again without HF_HUB_OFFLINE, or run `hf download "
                                 f"dna-org/tiny-llama{rev}`)")
+
+
+def test_a_plan_and_a_tokenizer_read_no_weights(hub, tmp_path):
+    """`lcft plan --init ORG/NAME` and `--tokenizer ORG/NAME` read config and tokenizer files only: a snapshot
+    whose weights' blob is missing (a download cut short, or only those files downloaded) is planned and its
+    tokenizer read (both had stopped on the weights, and online they downloaded them: gigabytes for a published
+    model, to read a config); a model built from it names the blob."""
+    if not test_hub.METAGENE.is_dir():
+        pytest.skip(f"published files not found at {test_hub.METAGENE}")
+    files, _ = hf_model(tmp_path, 0)
+    tokenizer = {n: (test_hub.METAGENE / n).read_bytes()
+                 for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+    cache_repo(hub, "dna-org/tiny-llama", COMMIT_A, {**files, **tokenizer})
+    weights = hub / "hub" / "models--dna-org--tiny-llama" / "snapshots" / COMMIT_A / "model.safetensors"
+    blob = weights.resolve()
+    blob.unlink()
+    r = CliRunner().invoke(app, ["plan", "--init", "dna-org/tiny-llama", "--seq-len", "4K"])
+    assert r.exit_code == 0 and "2 blocks, hidden 32" in r.output, r.output
+    assert load_tokenizer("dna-org/tiny-llama").sha256() == load_tokenizer(str(test_hub.METAGENE)).sha256()
+    with pytest.raises(LcftError, match=f"model.safetensors in the Hub cache is a link to {blob}, which is not there"):
+        resolve_checkpoint("dna-org/tiny-llama")

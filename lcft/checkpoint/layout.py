@@ -186,16 +186,17 @@ def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None
     return None
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike, weights: bool = True) -> Path:
     """A model folder (a checkpoint, or any HF folder with config.json) -> itself; a run folder -> its latest
     checkpoint; a Hub id ORG/NAME[@REVISION] -> its snapshot in the Hub cache (lcft.hub). A checkpoint with
-    checksums is verified (an error names the corrupt file)."""
-    return _checked(locate_checkpoint(path))
+    checksums is verified (an error names the corrupt file). weights=False: a Hub id's config and tokenizer files
+    only (lcft.hub.local_path)."""
+    return _checked(locate_checkpoint(path, weights))
 
 
-def locate_checkpoint(path: str | os.PathLike) -> Path:
+def locate_checkpoint(path: str | os.PathLike, weights: bool = True) -> Path:
     """The folder resolve_checkpoint takes `path` to, not verified (no file hashed)."""
-    p = local_path(path)
+    p = local_path(path, weights)
     if not p.exists():
         raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)"
                         f"{read_as_path(path)}")
@@ -233,19 +234,21 @@ def names_run(given: str | os.PathLike) -> bool:
 T = TypeVar("T")
 
 
-def read_checkpoint(given: str | os.PathLike, read: Callable[[Path], T], first: Callable[[], T] | None = None) -> T:
+def read_checkpoint(given: str | os.PathLike, read: Callable[[Path], T], first: Callable[[], T] | None = None,
+                    weights: bool = True) -> T:
     """`read(path)` of the checkpoint `given` means (resolve_checkpoint), or `first()`: the caller's read of the
     checkpoint it resolved `given` to before. A run folder means its latest checkpoint, which the run may prune
     (--keep-last) or save again while it is read: when the read says so (CheckpointChanged), the run's latest is
     resolved again and read once more, and a second change is the one-line error (a run saving faster than its
     checkpoint reads would be chased forever). A checkpoint named itself is read once: its change is the error;
-    so is any change in a launch of several processes."""
+    so is any change in a launch of several processes. weights=False: `read` reads no weights (a Hub id's are not
+    downloaded)."""
     try:
-        return first() if first is not None else read(resolve_checkpoint(given))
+        return first() if first is not None else read(resolve_checkpoint(given, weights))
     except CheckpointChanged:
         if not names_run(given) or launched():  # each process of a launch resolves on its own: they could
             raise  # land on different checkpoints, one rank's weights trained or evaluated beside another's
-    return read(resolve_checkpoint(given))
+    return read(resolve_checkpoint(given, weights))
 
 
 def refuse_out_inside(out: str | os.PathLike, checkpoint: Path, what: str) -> None:

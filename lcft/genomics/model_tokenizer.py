@@ -160,9 +160,9 @@ def load_tokenizer(spec: str) -> SeqTokenizer:
         k, path = kmer
         if not path:
             return KmerTokenizer(k, builtin_kmer_vocab(k), spec, BUILTIN_ROLES)
-        vocab, folder = read_vocab(local_path(path), path)
+        vocab, folder = read_vocab(local_path(path, weights=False), path)
         return KmerTokenizer(k, vocab, path, read_roles(folder, vocab))
-    folder = local_path(spec)  # a Hub id ORG/NAME[@REVISION] is its cached snapshot (lcft.hub)
+    folder = local_path(spec, weights=False)  # a Hub id ORG/NAME[@REVISION]: its cached snapshot (lcft.hub)
     if folder.is_file() and folder.name == VOCAB_FILE:  # a k-mer vocabulary named itself: read as its folder's
         folder, only_vocab = folder.parent, True
     else:

@@ -73,7 +73,7 @@ def read_init(cfg: PlanConfig) -> InitModel | None:
             return InitModel(read_config(folder), config_notes(read_model_config(folder)),
                              is_sharded_checkpoint(folder))
 
-    return read_checkpoint(cfg.init, read)
+    return read_checkpoint(cfg.init, read, weights=False)
 
 
 def model_config(cfg: PlanConfig, init: InitModel | None = None) -> LlamaConfig:
