@@ -45,9 +45,9 @@ def cache_repo(home: Path, repo: str, commit: str, files: dict[str, bytes], refs
         (root / "refs" / ref).write_text(commit)
 
 
-def hf_model(tmp_path: Path, seed: int, safe: bool = True) -> tuple[dict[str, bytes], object]:
+def hf_model(tmp_path: Path, seed: int, safe: bool = True, vocab: int = 16) -> tuple[dict[str, bytes], object]:
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2)
     model = transformers.LlamaForCausalLM(cfg).eval()
     out = tmp_path / f"hf{seed}{safe}"
