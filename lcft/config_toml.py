@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from lcft.config import ConfigError
 from lcft.errors import LcftError
-from lcft.files import atomic_write, parse_text, read_text, resolved
+from lcft.files import atomic_write, expect_folder, parse_text, read_text, resolved
 from lcft.hub import hub_id, read_as_path
 from lcft.vocab import kmer_spec
 
@@ -118,6 +118,8 @@ def absolute_paths(cfg: C) -> C:
             return v
         if name in _HUB_FIELDS and (note := read_as_path(v)):  # made absolute, it no longer shows why it is a path
             raise ConfigError(f"{name}: {v} not found{note}")
+        if name == "out":  # resolved, a link to nothing would be followed and its target made: refused as given
+            expect_folder(Path(v).expanduser(), "--out")
         return str(resolved(Path(v).expanduser()))
     fields = {f.name for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]
     return dataclasses.replace(cfg, **{n: one(n, getattr(cfg, n)) for n in PATH_FIELDS if n in fields})  # type: ignore[type-var]

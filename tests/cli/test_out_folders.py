@@ -168,18 +168,23 @@ def test_a_path_through_a_loop_of_links_is_one_line_in_every_command(case, data_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.fa", "links", "model"]
 
 
-@pytest.mark.parametrize("command", ["export", "prepare", "demo"])
+@pytest.mark.parametrize("command", ["train", "train-nproc", "eval", "export", "prepare", "demo"])
 @pytest.mark.parametrize("under", [False, True])
 def test_an_out_through_a_link_to_nothing_is_one_line_before_any_work(command, under, data_dir, tmp_path):  # noqa: F811
-    """--out a link to a folder not made yet (a scratch space's), or a path under one: one line naming the link
-    and where it leads, nothing written; export built the whole model first, then failed with the OS's 'Not a
-    directory'. (train and eval make the folder the link leads to, as their launcher locks it first.)"""
+    """--out a link to a folder not made yet (a scratch space's, not mounted here), or a path under one: one line
+    naming the link and where it leads, nothing written, by every command; export built the whole model first,
+    then failed with the OS's 'Not a directory'; train and eval made the folder the link leads to (their paths
+    resolved first), a run written where a scratch space was expected."""
     model = save_model(tmp_path / "model", seed=1)
     (tmp_path / "g.fa").write_text(">chrA\n" + "ACGT" * 64 + "\n")
     link = tmp_path / "scratch"
     link.symlink_to(tmp_path / "gone" / "run")
     out = link / "x" if under else link
+    train = ["train", "--data", str(data_dir), "--out", str(out), "--steps", "1", "--init", str(model)]
     args = {
+        "train": train,
+        "train-nproc": [*train, "--nproc", "2"],
+        "eval": ["eval", "--data", str(data_dir), "-c", str(model), "--out", str(out)],
         "export": ["export", str(model), "--out", str(out)],
         "prepare": ["prepare", "windows", "--fasta", str(tmp_path / "g.fa"), "--out", str(out), "--length", "64",
                     "--train", "chrA", "--eval", ""],
