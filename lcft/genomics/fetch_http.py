@@ -5,6 +5,7 @@ NAME.part that resumes only what it can check (If-Range with the validator recor
 from __future__ import annotations
 
 import email.message
+import email.utils
 import http.client
 import json
 import os
@@ -55,7 +56,7 @@ def open_url(req: str | urllib.request.Request, timeout: float) -> http.client.H
 @dataclass(frozen=True)
 class Begun:
     """What a .part was begun from: its URL, the server's validators of that version of the file (a strong ETag;
-    Last-Modified) and its size (None where the server did not say)."""
+    a strong Last-Modified: `_strong_modified`) and its size (None where the server did not say)."""
 
     url: str
     etag: str | None
@@ -77,9 +78,22 @@ def _header(headers: email.message.Message, name: str) -> str | None:
     return value if HEADER_VALUE.fullmatch(value) else None
 
 
+def _strong_modified(headers: email.message.Message) -> str | None:
+    """The reply's Last-Modified where it can tell one version of the file from another: at least a second before
+    the reply's Date (RFC 9110 8.8.2.2; If-Range may send no other date, RFC 9110 13.1.5). A file written again
+    within the second it was served has the same Last-Modified: a .part begun from it is not resumed against it."""
+    modified, date = _header(headers, "Last-Modified"), _header(headers, "Date")
+    try:
+        strong = modified and date and (email.utils.parsedate_to_datetime(date)
+                                        - email.utils.parsedate_to_datetime(modified)).total_seconds() >= 1
+    except (TypeError, ValueError):  # no date, or one that is no HTTP date
+        strong = False
+    return modified if strong else None
+
+
 def _begun_by(url: str, headers: email.message.Message, size: int | None) -> Begun:
     etag = _header(headers, "ETag")
-    return Begun(url, None if etag is None or etag.startswith("W/") else etag, _header(headers, "Last-Modified"), size)
+    return Begun(url, None if etag is None or etag.startswith("W/") else etag, _strong_modified(headers), size)
 
 
 def _read_begun(part: Path) -> Begun | str:
@@ -110,7 +124,7 @@ def _resumable(url: str, part: Path, held: int, say: Say, md5_checked: bool) -> 
     elif begun.url != url:
         why = f"it was begun from another URL, {shown(begun.url)}"
     elif begun.validator() is None and not md5_checked:
-        why = "its server gave no ETag or Last-Modified to check a resume against"
+        why = "its server gave no ETag, nor a Last-Modified a second or more before its Date, to check a resume against"
     elif begun.size is not None and held > begun.size:
         why = f"it holds {held:,} bytes, more than the {begun.size:,} of the file it was begun from"
     else:

@@ -21,6 +21,7 @@ from tests.one_line import one_line
 
 source, server = test_fetch.source, test_fetch.server  # the fixtures: a genome, and GenomeServer serving it
 AGAIN = "downloading it again from the start"
+NOTHING_TO_CHECK = "its server gave no ETag, nor a Last-Modified a second or more before its Date, to check a resume against"
 
 
 def _fasta(folder: Path, seed: int, length: int) -> bytes:
@@ -85,7 +86,23 @@ def test_a_resume_with_nothing_to_check_it_against_starts_over(versions, tmp_pat
     part = _cut(url, tmp_path, capsys)
     assert fetch_fasta("g", tmp_path, url=url, md5="skip", retries=0).read_bytes() == old
     assert GenomeServer.ranges[-1] is None
-    assert _said(capsys) == f"{part}: its server gave no ETag or Last-Modified to check a resume against; {AGAIN}"
+    assert _said(capsys) == f"{part}: {NOTHING_TO_CHECK}; {AGAIN}"
+
+
+def test_a_last_modified_of_the_second_it_was_served_is_no_validator(versions, tmp_path, monkeypatch, capsys):
+    """A server whose Last-Modified is its Date (a file written as it is served, or a server that dates every reply
+    now): the same Last-Modified can name two versions of the file, and If-Range may not send it (RFC 9110
+    13.1.5). The .part is downloaded again, said in one line; it had been resumed with If-Range on that date."""
+    from email.utils import formatdate
+
+    url, old, _, _ = versions
+    monkeypatch.setattr(GenomeServer, "send", frozenset({"Last-Modified"}))
+    monkeypatch.setattr(GenomeServer, "validators", classmethod(
+        lambda cls, body: {"Last-Modified": formatdate(usegmt=True)}))  # now: the second of the reply's Date
+    part = _cut(url, tmp_path, capsys)
+    assert fetch_fasta("g", tmp_path, url=url, md5="skip", retries=0).read_bytes() == old
+    assert GenomeServer.ranges[-1] is None and GenomeServer.if_ranges[-1] is None
+    assert _said(capsys) == f"{part}: {NOTHING_TO_CHECK}; {AGAIN}"
 
 
 def test_a_resume_without_validators_goes_on_where_an_md5_checks_the_whole(versions, tmp_path, monkeypatch, capsys):
