@@ -251,7 +251,10 @@ def snapshot(repo: str, revision: str | None = None, weights: bool = True) -> Pa
     except errors.LocalEntryNotFoundError:
         raise _not_cached(repo, revision, folder, offline) from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):
-        raise LcftError(f"{repo}: no such Hub repository, or it needs access (log in or set HF_TOKEN)") from None
+        # a mistyped id of a repository downloaded before
+        meant = None if os.path.lexists(folder) else _closest_cached(repo, _cached_repos(folder.parent))
+        raise LcftError(f"{repo}: no such Hub repository, or it needs access (log in or set HF_TOKEN)"
+                        f"{did_you_mean(meant)}") from None
     except errors.RevisionNotFoundError:
         raise LcftError(f"{repo}: no revision {revision!r} on the Hub") from None
     except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)

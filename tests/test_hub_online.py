@@ -132,7 +132,8 @@ def downloaded(requested: list[str]) -> set[str]:
 
 def test_plan_downloads_config_and_tokenizer_only_then_reads_the_cache_offline(online_hub, tmp_path):
     """`lcft plan --init ORG/NAME` reads the model's config: the weights (gigabytes for a published model) and the
-    README are never requested; HF_HUB_OFFLINE=1 then plans from the cache, asking the Hub nothing."""
+    README are never requested; HF_HUB_OFFLINE=1 then plans from the cache, asking the Hub nothing; a mistyped id the
+    Hub does not have names the cached repository meant."""
     run, requested, _ = online_hub
     got = run("plan", "--init", REPO, "--seq-len", "4K")
     assert got.returncode == 0, got.stderr
@@ -145,6 +146,10 @@ def test_plan_downloads_config_and_tokenizer_only_then_reads_the_cache_offline(o
     got = run("plan", "--init", REPO, "--seq-len", "4K", offline=True)
     assert got.returncode == 0 and got.stdout == online, got.stderr
     assert requested == []
+    got = run("plan", "--init", "dna-org/tiny-lama", "--seq-len", "4K")  # mistyped: the Hub has no such repository
+    assert got.returncode == 1 and got.stderr == (
+        "error: dna-org/tiny-lama: no such Hub repository, or it needs access (log in or set HF_TOKEN) (did you mean "
+        f"'{REPO}'?)\n"), got.stderr
 
 
 def test_prepare_reads_the_tokenizer_of_an_id_without_its_weights(online_hub, tmp_path):
