@@ -24,8 +24,8 @@ from lcft.files import dangling, read_text
 # ORG/NAME as the Hub spells repository ids, then an optional @revision (a branch, a tag or a commit hash).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<revision>[\w./-]{1,200}))?")
 # What lcft reads from a model repository: its config and tokenizer files (all that `lcft plan` and a tokenizer
-# read), and its weights (a model built from it: train --init, eval, export). lcft.json: an lcft export's own part.
-CONFIG_FILES = ["config.json", "lcft.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+# read), and its weights (a model built from it: train --init, eval, export).
+CONFIG_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "vocab.txt"]
 WEIGHT_FILES = ["*.safetensors", "model.safetensors.index.json"]
 TORCH_WEIGHTS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
