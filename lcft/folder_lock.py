@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from lcft.errors import LcftError
 from lcft.files import expect_folder, fresh_file
 
 LOCK_NAME = ".lcft.lock"  # pid and command of the process writing into a folder (informational: the lock is flock)
+# flock's errors where a file system has no locks (Lustre mounted without -o flock: ENOSYS; NFS without its lock
+# daemon: ENOLCK; some FUSE file systems): a warning, and the command runs unlocked (its pid still recorded)
+NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP)
 HELD_LOCK_ENV = "LCFT_HELD_LOCK"  # "PID FOLDER": a launcher holds FOLDER's lock for the workers it started
 
 
@@ -90,15 +94,20 @@ def folder_lock(folder: str | os.PathLike, command: str, shown: str | os.PathLik
                 raise
             expect_folder(shown, "--out")  # a file where it goes, or above it: said so, not as 'File exists'
             raise LcftError(f"cannot write to output folder {shown}: {e.strerror or e}") from None
+        made.callback(os.close, fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
             pid, holder = _holder(folder)
             who = f" (pid {pid})" if pid else ""
             raise LcftError(f"another `{holder or command}` is writing into {shown}{who}; wait for it to finish "
                             "or choose another output folder") from None
-        made.callback(os.close, fd)
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                raise
+            print(f"warning: {shown} is on a file system that does not lock (flock: {e.strerror}; Lustre without "
+                  "-o flock, NFS without lockd): nothing stops a second command writing into it meanwhile; run one "
+                  "at a time there", file=sys.stderr)
         info = folder / LOCK_NAME
         try:  # over a killed holder's pid, or a planted link; a folder we may read but not write fails here
             pid_fd = fresh_file(info, 0o644)

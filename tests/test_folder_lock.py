@@ -3,6 +3,8 @@ the folders made for it removed while empty."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import sys
 
@@ -78,3 +80,31 @@ def test_folders_made_through_a_dotdot_go_too(tmp_path, monkeypatch):
     with pytest.raises(LcftError, match="refused"), folder_lock("new/../out", "lcft test"):
         raise LcftError("refused")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("err", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_without_locks_is_a_warning_and_the_command_runs(tmp_path, monkeypatch, capsys, err):
+    """An output folder on a file system whose flock fails (Lustre mounted without -o flock: ENOSYS; NFS without
+    its lock daemon: ENOLCK; some FUSE file systems): one warning line naming the folder, and the command writes
+    its output (it had stopped with the OS's error: no lcft command ran there). Its pid is still recorded."""
+    from lcft.genomics import prepare_windows, verify_windows
+    from tests.genomics.conftest import random_genome, write_fasta
+
+    real = fcntl.flock
+
+    def no_locks(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_EX:
+            raise OSError(err, os.strerror(err))
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    fasta = write_fasta(tmp_path / "g.fa", {"chrA": random_genome(1, 5000), "chrB": random_genome(2, 3000)})
+    out = tmp_path / "windows"
+    prepare_windows(fasta=str(fasta), out=str(out), length=512, train=("chrA",), eval=("chrB",))
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert warned == [f"warning: {out} is on a file system that does not lock (flock: {os.strerror(err)}; Lustre "
+                      "without -o flock, NFS without lockd): nothing stops a second command writing into it "
+                      "meanwhile; run one at a time there"], warned
+    verify_windows(str(out))
+    with folder_lock(tmp_path / "held", "lcft eval"):
+        assert (tmp_path / "held" / LOCK_NAME).read_text() == f"{os.getpid()} lcft eval\n"
