@@ -4,6 +4,7 @@ is lcft.checkpoint.layout's; the trainer state in it, lcft.checkpoint.state's.""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -127,9 +128,15 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _fsync_dir(p: Path) -> None:
+    """Flush the folder `p`'s entries (a rename in it) to disk. A file system that cannot sync a folder (fsync of
+    its descriptor fails with EINVAL or EBADF: some network and FUSE file systems, as PostgreSQL also allows) keeps
+    the rename as durable as it makes it: every save had failed there."""
     fd = os.open(p, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 
