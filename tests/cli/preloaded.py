@@ -25,7 +25,9 @@ import pytest
 
 from tests.unprivileged import drop_mode_overrides
 
-# What `lcft train`, `lcft export` and the tests' scripts import. Not lcft.__main__: `-m lcft` runs it afresh.
+# What `lcft train`, `lcft export` and the tests' scripts import. Not lcft.__main__: `-m lcft` runs it afresh. Not
+# huggingface_hub (nor transformers, which imports it): it reads HF_HOME, HF_ENDPOINT, HF_HUB_OFFLINE... once, at its
+# import, so a child imports it under the child's own environment, as a fresh interpreter does.
 PRELOAD = ("torch", "lcft.cli.app", "lcft.train", "lcft.train.trainer", "lcft.checkpoint.export",
            "lcft.checkpoint.hf_folder", "safetensors.torch")
 
@@ -40,7 +42,7 @@ def _serve(conn: Connection, preload: tuple[str, ...]) -> None:
         conn.send(_fork(conn, *request))
 
 
-def _fork(conn: Connection, argv: list[str], env: dict[str, str], limit: int | None,
+def _fork(conn: Connection, argv: list[str], env: dict[str, str], limits: dict[int, int], cwd: str | None,
           unprivileged: bool) -> tuple[int, bytes, bytes]:
     """Run `python ARGV` in a forked child; sends its pid first, returns its exit status and output."""
     pipes = [os.pipe(), os.pipe()]
@@ -48,7 +50,7 @@ def _fork(conn: Connection, argv: list[str], env: dict[str, str], limit: int | N
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(conn, argv, env, limit, unprivileged, pipes)
+        _child(conn, argv, env, limits, cwd, unprivileged, pipes)
     for _, w in pipes:
         os.close(w)
     conn.send(pid)
@@ -73,10 +75,11 @@ def _drain(fds: list[int]) -> list[bytes]:
     return [bytes(got[fd]) for fd in fds]
 
 
-def _child(conn: Connection, argv: list[str], env: dict[str, str], limit: int | None, unprivileged: bool,
-           pipes: list[tuple[int, int]]) -> NoReturn:
+def _child(conn: Connection, argv: list[str], env: dict[str, str], limits: dict[int, int], cwd: str | None,
+           unprivileged: bool, pipes: list[tuple[int, int]]) -> NoReturn:
     """The forked child: stdin from /dev/null, stdout and stderr into the pipes (not files: a file-size limit
-    spares pipes), the request's environment, limit and capabilities, then `python ARGV` to its end."""
+    spares pipes), the request's environment, working folder, limits (soft; RLIMIT_* -> bytes) and capabilities,
+    then `python ARGV` to its end."""
     code = 1
     try:
         conn.close()
@@ -90,8 +93,10 @@ def _child(conn: Connection, argv: list[str], env: dict[str, str], limit: int | 
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
         os.environ.clear()
         os.environ.update(env)
-        if limit is not None:  # (Python ignores SIGXFSZ: a write past it fails with EFBIG)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        if cwd is not None:
+            os.chdir(cwd)
+        for which, value in limits.items():  # (Python ignores SIGXFSZ: a write past RLIMIT_FSIZE fails with EFBIG)
+            resource.setrlimit(which, (value, resource.getrlimit(which)[1]))
         if unprivileged and os.geteuid() == 0:
             drop_mode_overrides()
         code = _python(argv)
@@ -165,11 +170,17 @@ class Preloaded:
         theirs.close()
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, limit: int | None = None,
-            timeout: float = 300, unprivileged: bool = False) -> subprocess.CompletedProcess:
+            timeout: float = 300, unprivileged: bool = False, address_space: int | None = None,
+            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
         """`python ARGV` forked off, as subprocess.run(..., capture_output=True, text=True) returns it; `env`:
         its whole environment (default this one's); `limit`: its RLIMIT_FSIZE in bytes; `unprivileged`: folder modes
-        apply to it, root's included (as tests.unprivileged.unprivileged runs a command). SIGKILLed past timeout."""
-        self.conn.send((argv, dict(os.environ if env is None else env), limit, unprivileged))
+        apply to it, root's included (as tests.unprivileged.unprivileged runs a command); `address_space`: its
+        RLIMIT_AS in bytes (what it maps counts the preloaded imports' too); `cwd`: its working folder. SIGKILLed
+        past timeout."""
+        limits = {which: value for which, value in ((resource.RLIMIT_FSIZE, limit), (resource.RLIMIT_AS, address_space))
+                  if value is not None}
+        self.conn.send((argv, dict(os.environ if env is None else env), limits, None if cwd is None else str(cwd),
+                        unprivileged))
         if not self.conn.poll(120):  # (the first request waits for the imports)
             raise AssertionError(f"the preloaded process did not start `python {argv[0]} {argv[1]}`")
         pid = self.conn.recv()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -87,3 +88,24 @@ def test_a_process_ended_by_a_signal_is_the_same_both_ways(preloaded, env, signa
     (fresh, forked), _ = _both(preloaded, ["-c", script], env)
     assert fresh[:2] == forked[:2] and fresh[0] < 0, (fresh, forked)
     assert fresh[2] == forked[2], (fresh[2], forked[2])
+
+
+def test_a_child_imports_huggingface_hub_under_its_own_environment(preloaded, tmp_path):  # noqa: F811
+    """huggingface_hub reads its settings at import: a preloaded process that had imported it would hand each child
+    the settings of its own start, not those of the child's environment."""
+    script = ("import sys\nprint('huggingface_hub' in sys.modules)\nfrom huggingface_hub import constants\n"
+              "print(constants.HF_HOME, constants.ENDPOINT, constants.HF_HUB_OFFLINE)")
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="1")
+    got = preloaded.run(["-c", script], env=env)
+    assert got.returncode == 0 and got.stdout == f"False\n{tmp_path / 'hf'} http://127.0.0.1:9 True\n", got
+
+
+def test_a_child_has_its_working_folder_and_address_space(preloaded, tmp_path):  # noqa: F811
+    """`cwd` and `address_space` (RLIMIT_AS) apply to the child alone, its file-size limit beside them."""
+    script = ("import os, resource\nprint(os.getcwd(), resource.getrlimit(resource.RLIMIT_AS)[0], "
+              "resource.getrlimit(resource.RLIMIT_FSIZE)[0])")
+    got = preloaded.run(["-c", script], address_space=5 << 30, limit=1 << 20, cwd=tmp_path)
+    assert got.returncode == 0 and got.stdout == f"{tmp_path} {5 << 30} {1 << 20}\n", got
+    got = preloaded.run(["-c", script])
+    ours = [resource.getrlimit(which)[0] for which in (resource.RLIMIT_AS, resource.RLIMIT_FSIZE)]
+    assert got.stdout == f"{os.getcwd()} {ours[0]} {ours[1]}\n", got  # (the next child's: none of the last one's)
