@@ -23,6 +23,7 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.model_tokenizer import load_tokenizer
 from lcft.hub import hub_id, local_path
+from tests.cli.preloaded import Preloaded, preloaded  # noqa: F401  (a fixture, by name)
 
 transformers = pytest.importorskip("transformers")
 METAGENE = Path(__file__).resolve().parents[2] / "shared" / "published" / "metagene-1"
@@ -167,23 +168,19 @@ def test_tokenizer_id_reads_the_cached_tokenizer(hub):
     assert len(ids) > 0 and ids.tolist() == local.encode_chunk(seq, bounds)[0].tolist()
 
 
-def _plan_of_an_id(tmp_path, **env: str):
-    """`lcft plan --init org/name` in a process of its own (huggingface_hub reads HF_ENDPOINT on import), with no
-    proxy but those `env` names."""
-    import subprocess
-    import sys
-
+def _plan_of_an_id(preloaded: Preloaded, tmp_path, **env: str):  # noqa: F811
+    """`lcft plan --init org/name` in a process of its own, forked from `preloaded` (which has not imported
+    huggingface_hub: it reads HF_ENDPOINT at import), with no proxy but those `env` names."""
     proxies = {"HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "HF_HUB_OFFLINE"}
     base = {k: v for k, v in os.environ.items() if k.upper() not in proxies}
-    return subprocess.run([sys.executable, "-m", "lcft", "plan", "--init", "nosuchorg/nosuchmodel", "--seq-len", "4K"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**base, "HF_HOME": str(tmp_path / "hf"), **env})
+    return preloaded.run(["-m", "lcft", "plan", "--init", "nosuchorg/nosuchmodel", "--seq-len", "4K"],
+                         env={**base, "HF_HOME": str(tmp_path / "hf"), **env}, cwd=tmp_path)
 
 
-def test_a_hub_whose_name_does_not_resolve_is_one_line_at_once(tmp_path):
+def test_a_hub_whose_name_does_not_resolve_is_one_line_at_once(preloaded, tmp_path):  # noqa: F811
     """No network (or a mistyped HF_ENDPOINT): huggingface_hub retried the request five times, printing two
     lines a try, before lcft's one; the name is looked up first and its failure is the one line."""
-    got = _plan_of_an_id(tmp_path, HF_ENDPOINT="https://hub.invalid")
+    got = _plan_of_an_id(preloaded, tmp_path, HF_ENDPOINT="https://hub.invalid")
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be reached: "
@@ -199,11 +196,11 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_hub_that_refuses_connections_is_one_line_at_once(tmp_path):
+def test_a_hub_that_refuses_connections_is_one_line_at_once(preloaded, tmp_path):  # noqa: F811
     """An HF_ENDPOINT whose port refuses connections (a Hub mirror that is down): huggingface_hub retried it for
     about 25 s; a connection is tried first and its refusal is the one line."""
     port = _closed_port()
-    got = _plan_of_an_id(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
+    got = _plan_of_an_id(preloaded, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert lines[0] == (f"error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be reached: "
@@ -213,21 +210,22 @@ def test_a_hub_that_refuses_connections_is_one_line_at_once(tmp_path):
 @pytest.mark.parametrize("variable, proxy, why", [
     ("HTTPS_PROXY", "127.0.0.1:{port}", "the proxy 127.0.0.1:{port} refuses connections; "),
     ("ALL_PROXY", "http://proxy.invalid:3128", "the proxy proxy.invalid does not resolve (")])
-def test_a_proxy_that_cannot_be_reached_is_one_line_at_once(tmp_path, variable, proxy, why):
+def test_a_proxy_that_cannot_be_reached_is_one_line_at_once(preloaded, tmp_path, variable, proxy, why):  # noqa: F811
     """Through a proxy that refuses connections or whose name does not resolve: huggingface_hub retried for about
     25 s; the proxy is tried first and why it fails is the one line."""
     port = _closed_port()
-    got = _plan_of_an_id(tmp_path, **{variable: proxy.format(port=port)})
+    got = _plan_of_an_id(preloaded, tmp_path, **{variable: proxy.format(port=port)})
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be reached: "
                                + why.format(port=port)) and "HF_HUB_OFFLINE=1" in lines[0], lines
 
 
-def test_a_proxy_for_another_scheme_is_not_the_hubs(tmp_path):
+def test_a_proxy_for_another_scheme_is_not_the_hubs(preloaded, tmp_path):  # noqa: F811
     """HTTP_PROXY is not used for an https Hub: the Hub's own host is tried (here: a name that does not resolve),
     not the proxy, which refuses connections."""
-    got = _plan_of_an_id(tmp_path, HF_ENDPOINT="https://hub.invalid", HTTP_PROXY=f"http://127.0.0.1:{_closed_port()}")
+    got = _plan_of_an_id(preloaded, tmp_path, HF_ENDPOINT="https://hub.invalid",
+                         HTTP_PROXY=f"http://127.0.0.1:{_closed_port()}")
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert "cannot be reached: hub.invalid does not resolve (" in lines[0], lines
@@ -261,12 +259,12 @@ def failing_hub(request):
     server.server_close()
 
 
-def test_a_hub_that_fails_its_requests_is_one_line_soon(tmp_path, failing_hub):
+def test_a_hub_that_fails_its_requests_is_one_line_soon(preloaded, tmp_path, failing_hub):  # noqa: F811
     """A Hub (or mirror) that answers HTTP 500 or drops the connection: huggingface_hub requested the repository's
     file list 6 times, over about 25 s with nothing on the screen; now twice, and the one line says why. Rate
     limited (429), it waited an hour for the reset; now the one line comes at once."""
     kind, port, requested = failing_hub
-    got = _plan_of_an_id(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
+    got = _plan_of_an_id(preloaded, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}", NO_PROXY="127.0.0.1,localhost")
     lines = got.stderr.strip().splitlines()
     assert got.returncode == 1 and len(lines) == 1, got.stderr
     assert lines[0].startswith("error: nosuchorg/nosuchmodel: not a local folder, and the Hub cannot be read ("), lines

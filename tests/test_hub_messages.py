@@ -14,6 +14,7 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.genomics.model_tokenizer import load_tokenizer
 from tests import test_hub
+from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture, by name)
 from tests.test_hub import COMMIT_A, cache_repo, hf_model, same_logits
 from tests.test_hub_cache import _plan
 
@@ -55,16 +56,16 @@ def test_a_tokenizer_whose_org_is_a_local_folder_says_it_was_read_as_a_path(hub,
     assert r.exit_code == 1 and "checkpoint not found" in r.output and "Hub" not in r.output, r.output
 
 
-def test_not_cached_without_cache_variables_names_the_default_folder(hub, tmp_path):
+def test_not_cached_without_cache_variables_names_the_default_folder(preloaded, hub, tmp_path):  # noqa: F811
     """No HF_HOME or HF_HUB_CACHE: the one line named 'the default cache' but not the folder; now the folder
     huggingface_hub reads, ~/.cache/huggingface/hub with ~ expanded (a snapshot cached there loads: it is that one)."""
     files, _ = hf_model(tmp_path, 0)
     default = tmp_path / ".cache" / "huggingface"
     cache_repo(default, "dna-org/tiny-llama", COMMIT_A, files)
     unset = {"HF_HOME": "", "XDG_CACHE_HOME": "", "HUGGINGFACE_HUB_CACHE": "", "HOME": str(tmp_path)}
-    got = _plan(hub, **unset)
+    got = _plan(preloaded, hub, **unset)
     assert got.returncode == 0 and "verdict: fits" in got.stdout, got.stderr[-2000:]
-    got = _plan(hub, "dna-org/not-cached", **unset)
+    got = _plan(preloaded, hub, "dna-org/not-cached", **unset)
     assert got.stderr.strip() == (f"error: dna-org/not-cached: not in the Hub cache (the default cache, "
                                   f"{default / 'hub'}) and HF_HUB_OFFLINE is set"), got.stderr[-2000:]
 

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import urllib.parse
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture, by name)
 from tests.conftest import SHARED_GENOMES
 from tests.test_hub import METAGENE, hf_model, same_logits
 
@@ -99,10 +99,10 @@ def hub_model(tmp_path_factory):
 
 
 @pytest.fixture
-def online_hub(hub_model, tmp_path):
-    """(run lcft, requested, model): `run(*args, offline=False)` runs lcft in a process of its own (huggingface_hub
-    reads HF_ENDPOINT at import) with the stand-in Hub as HF_ENDPOINT, HF_HOME a folder of this test's, no proxy;
-    the request log starts empty."""
+def online_hub(preloaded, hub_model, tmp_path):  # noqa: F811
+    """(run lcft, requested, model): `run(*args, offline=False)` runs lcft in a process of its own, forked from the
+    module's preloaded process (which has not imported huggingface_hub: it reads HF_ENDPOINT at import), with the
+    stand-in Hub as HF_ENDPOINT, HF_HOME a folder of this test's, no proxy; the request log starts empty."""
     port, requested, model = hub_model
     requested.clear()
     unset = {"HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN",
@@ -112,8 +112,7 @@ def online_hub(hub_model, tmp_path):
 
     def run(*args: str, offline: bool = False) -> subprocess.CompletedProcess:
         env = {**base, "HF_HUB_OFFLINE": "1"} if offline else base
-        return subprocess.run([sys.executable, "-m", "lcft", *args], capture_output=True, text=True, timeout=300,
-                              cwd=tmp_path, env=env)
+        return preloaded.run(["-m", "lcft", *args], env=env, cwd=tmp_path)
 
     return run, requested, model
 
