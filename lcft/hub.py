@@ -238,9 +238,9 @@ def snapshot(repo: str, revision: str | None = None, weights: bool = True) -> Pa
     pinned = cached if offline and cached else revision
     try:
         patterns = CONFIG_FILES + (WEIGHT_FILES if weights else [])
-        if offline:
-            patterns += TORCH_WEIGHTS if weights else []  # whatever the cache holds; from_pretrained prefers safetensors
-        else:  # the first request, its failure one line soon (LIST_RETRIES), weights needed or not
+        if offline and weights:
+            patterns += TORCH_WEIGHTS  # whatever the cache holds; from_pretrained prefers safetensors
+        elif not offline:  # the first request, its failure one line soon (LIST_RETRIES), weights needed or not
             with _quiet(retries=LIST_RETRIES):
                 files = hh.HfApi(token=token).list_repo_files(repo, revision=revision)
             if weights and not any(f.endswith(".safetensors") for f in files):
