@@ -150,25 +150,30 @@ class Supervisor:
         if not errors:
             return
         self.heard = errors[0]
-        with contextlib.suppress(psutil.NoSuchProcess):
-            running = [w for w in psutil.Process(self.proc.pid).children()
-                       if _status(w) not in (None, psutil.STATUS_ZOMBIE)]
-            finished = {h.pid for h in handed if h.exit_code == 0}  # (one may still be running: counted once)
-            if len({w.pid for w in running} | finished) < self.nproc:
-                for h in handed:  # a restarted group's are heard anew
-                    (self.errors / str(h.rank)).unlink(missing_ok=True)
-                self.heard_at = None  # (`heard` stays: torchrun's failure line then says it, as nothing printed it)
-                return
-            self.heard_at = self.heard_at or time.monotonic()
-            if len(handed) >= self.nproc or time.monotonic() - self.heard_at > self.ERROR_GRACE_S:
-                self.said = self.heard
-                self._kill()
+        running = [w for w in self._workers(recursive=False) if _status(w) not in (None, psutil.STATUS_ZOMBIE)]
+        finished = {h.pid for h in handed if h.exit_code == 0}  # (one may still be running: counted once)
+        if len({w.pid for w in running} | finished) < self.nproc:
+            for h in handed:  # a restarted group's are heard anew
+                (self.errors / str(h.rank)).unlink(missing_ok=True)
+            self.heard_at = None  # (`heard` stays: torchrun's failure line then says it, as nothing printed it)
+            return
+        self.heard_at = self.heard_at or time.monotonic()
+        if len(handed) >= self.nproc or time.monotonic() - self.heard_at > self.ERROR_GRACE_S:
+            self.said = self.heard
+            self._kill()
 
     def _workers(self, recursive: bool = True) -> list[psutil.Process]:
-        """The agent's workers, and (recursive) every process they started."""
-        with contextlib.suppress(psutil.NoSuchProcess):
-            return psutil.Process(self.proc.pid).children(recursive=recursive)
-        return []
+        """The agent's workers, and (recursive) every process they started. From each process's parent, skipping
+        those it may not read: psutil's children() fails on the first (another user's under /proc's hidepid=1)."""
+        below: dict[int, list[psutil.Process]] = {}
+        for p in psutil.process_iter(["ppid"], ad_value=None):  # (gone ones are left out)
+            below.setdefault(p.info["ppid"], []).append(p)
+        found, parents = [], [self.proc.pid]
+        while parents:
+            children = below.get(parents.pop(0), [])  # breadth first, as psutil's
+            found += children
+            parents += [c.pid for c in children] if recursive else []
+        return found
 
     def _forward(self, signum: int) -> None:
         """Pass the signal to every worker not yet told once its stop handler is set (a worker still starting,
