@@ -22,7 +22,7 @@ from lcft.checkpoint.layout import (
     step_name,
     verify_checkpoint,
 )
-from lcft.disk import disk_full_error, free_bytes, kept_space, remove_tree, removed_or_said
+from lcft.disk import disk_full_error, free_bytes, kept_space, remove_tree, removed_or_said, write_failure
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.hashing import file_record
@@ -141,6 +141,32 @@ def _fsync_dir(p: Path) -> None:
         os.close(fd)
 
 
+def _put_in_place(tmp: Path, final: Path, step: int, warn: Callable[[str], None] | None) -> None:
+    """Rename the written `tmp` to `final`; a `final` there (a resumed run replaces what it recomputed) is renamed
+    aside first and removed after. A file system that will not rename the folder (gcsfuse on a flat bucket: EMFILE
+    past --rename-dir-limit, 0 by default) is one line, `final` left as it was and `tmp` removed: every save had
+    ended the run with the OS's error, gcsfuse's a misleading 'Too many open files'."""
+    root, old, aside = final.parent, None, None
+    try:
+        if final.exists():  # a fresh empty name to rename onto (an earlier one's copy that stayed is apart)
+            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{final.name}-", dir=root))
+            os.rename(final, old)
+            aside = old
+        os.rename(tmp, final)
+    except OSError as e:
+        if aside is not None:  # back, as the file system renamed it a moment ago
+            os.rename(aside, final)
+        elif old is not None:
+            old.rmdir()  # the empty name made to rename onto
+        removed_or_said(tmp, warn, f"the unsaved {tmp}", LATER)
+        hint = ("; gcsfuse renames a folder only under its --rename-dir-limit (0 by default), so a checkpoint "
+                "needs a bucket with hierarchical namespace or a higher limit") if e.errno == errno.EMFILE else ""
+        raise LcftError(f"cannot save step {step}: cannot rename the written {tmp.name} to {final.name} in {root}: "
+                        f"{write_failure(e)}{hint}") from None
+    if old is not None:
+        removed_or_said(old, warn, f"the replaced checkpoint {old}", LATER)
+
+
 def checkpoint_bytes(model: torch.nn.Module) -> int:
     """About the bytes a checkpoint of `model` takes: its weights and AdamW's two moments (whole tensors: a
     sharded model's DTensors count at their global size, what all ranks write together)."""
@@ -182,14 +208,7 @@ def write_checkpoint(run_dir: str | os.PathLike, step: int, write_model: Callabl
         last = latest_checkpoint(run_dir)
         kept = f"; the last good checkpoint {last} is kept" if last is not None else ""
         raise LcftError(f"cannot save step {step}: {err}{kept}") from None
-    if final.exists():  # this step saved before (a resumed run replaces what it recomputed)
-        # a fresh empty name to rename onto (an earlier one's copy that could not be removed stays apart)
-        old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{final.name}-", dir=root))
-        os.rename(final, old)
-        os.rename(tmp, final)
-        removed_or_said(old, warn, f"the replaced checkpoint {old}", LATER)
-    else:
-        os.rename(tmp, final)
+    _put_in_place(tmp, final, step, warn)
     _fsync_dir(root)
     _WRITTEN.add(final)
     return final
