@@ -251,10 +251,8 @@ def snapshot(repo: str, revision: str | None = None, weights: bool = True) -> Pa
     except errors.LocalEntryNotFoundError:
         raise _not_cached(repo, revision, folder, offline) from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):
-        # a mistyped id of a repository downloaded before
-        meant = None if os.path.lexists(folder) else _closest_cached(repo, _cached_repos(folder.parent))
         raise LcftError(f"{repo}: no such Hub repository, or it needs access (log in or set HF_TOKEN)"
-                        f"{did_you_mean(meant)}") from None
+                        f"{did_you_mean(_meant(repo, folder))}") from None
     except errors.RevisionNotFoundError:
         raise LcftError(f"{repo}: no revision {revision!r} on the Hub") from None
     except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)
@@ -303,6 +301,11 @@ def _not_cached(repo: str, revision: str | None, folder: Path, offline: str | No
     closest repository it holds where it holds none of this name (a mistyped id)."""
     why = f"{offline} is set" if offline else "the Hub did not answer"
     where = str(folder.parent) if _cache_dir() else f"the default cache, {folder.parent}"
-    meant = None if os.path.lexists(folder) else _closest_cached(repo, _cached_repos(folder.parent))
     return LcftError(f"{repo}{'@' + revision if revision else ''}: not in the Hub cache ({where}) and {why}"
-                     f"{did_you_mean(meant)}")
+                     f"{did_you_mean(_meant(repo, folder))}")
+
+
+def _meant(repo: str, folder: Path) -> str | None:
+    """The cached repository a mistyped `repo` (whose cache folder is `folder`) likely meant; None where the cache
+    holds `repo` itself (a revision or a file of it is what is missing)."""
+    return None if os.path.lexists(folder) else _closest_cached(repo, _cached_repos(folder.parent))
