@@ -79,12 +79,13 @@ def read_as_path(text: str | os.PathLike) -> str:
             "from the Hub, run from another folder)")
 
 
-def local_path(text: str | os.PathLike, weights: bool = True) -> Path:
+def local_path(text: str | os.PathLike, weights: bool = True, also: tuple[str, ...] = ()) -> Path:
     """A local path as given; a Hub id -> its snapshot folder in the cache (downloaded, with a progress bar, unless
     HF_HUB_OFFLINE is set: then only the cache is read). weights=False: its config and tokenizer files only (a
-    plan or a tokenizer does not download gigabytes of weights, nor needs them cached)."""
+    plan or a tokenizer does not download gigabytes of weights, nor needs them cached). `also`: the names of other
+    files the caller reads where the repository has them (a model folder's lcft.json)."""
     got = hub_id(text)
-    return Path(text) if got is None else snapshot(*got, weights=weights)
+    return Path(text) if got is None else snapshot(*got, weights=weights, also=also)
 
 
 def _offline() -> str | None:
@@ -217,9 +218,10 @@ def _check_trees(folder: Path) -> None:
             raise LcftError(f"the Hub cache's tree listing {path} is {why}: remove it and download again")
 
 
-def snapshot(repo: str, revision: str | None = None, weights: bool = True) -> Path:
-    """The cached snapshot of a model repository at `revision` (default main): config and tokenizer files, and
-    (`weights`) safetensors weights, or pytorch_model.bin only where the repository has no safetensors."""
+def snapshot(repo: str, revision: str | None = None, weights: bool = True, also: tuple[str, ...] = ()) -> Path:
+    """The cached snapshot of a model repository at `revision` (default main): config and tokenizer files, the
+    files named in `also`, and (`weights`) safetensors weights, or pytorch_model.bin only where the repository has
+    no safetensors."""
     try:
         import huggingface_hub as hh
         from huggingface_hub import constants, errors
@@ -237,7 +239,7 @@ def snapshot(repo: str, revision: str | None = None, weights: bool = True) -> Pa
     cached = None if COMMIT.fullmatch(revision or "") else _cached_commit(repo, folder, revision or "main")
     pinned = cached if offline and cached else revision
     try:
-        patterns = CONFIG_FILES + (WEIGHT_FILES if weights else [])
+        patterns = CONFIG_FILES + list(also) + (WEIGHT_FILES if weights else [])
         if offline and weights:
             patterns += TORCH_WEIGHTS  # whatever the cache holds; from_pretrained prefers safetensors
         elif not offline:  # the first request, its failure one line soon (LIST_RETRIES), weights needed or not

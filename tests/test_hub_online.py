@@ -17,12 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from lcft.checkpoint.hf_folder import save_pretrained
+from lcft.kernels.spec import SparseSpec
+from lcft.model import AttentionConfig
 from tests.cli.preloaded import preloaded  # noqa: F401  (a fixture, by name)
 from tests.conftest import SHARED_GENOMES
+from tests.model.test_attention_config import _small
 from tests.test_hub import METAGENE, hf_model, same_logits
 
 transformers = pytest.importorskip("transformers")
 REPO = "dna-org/tiny-llama"
+LCFT_REPO = "dna-org/tiny-sparse"  # a model lcft saved: lcft.json records its sparse attention
+SPARSE = AttentionConfig(backend="sparse", sparse=SparseSpec(block_size=16, top_k=2), impl="cpu")
 COMMIT = hashlib.sha1(b"the one commit of the stand-in Hub").hexdigest()
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LAMBDA = SHARED_GENOMES / "lambda_phage_NC_001416.1.fa"
@@ -34,11 +40,11 @@ def git_oid(data: bytes) -> str:
 
 
 class StandInHub(http.server.BaseHTTPRequestHandler):
-    """One model repository, REPO at revision main = COMMIT, as huggingface_hub's HfApi.repo_info, list_repo_tree
-    and hf_hub_download read the Hub: no xet, no redirect to a CDN; every file's ETag its sha256 (as the Hub's
-    for an LFS file). Each request is logged, 'METHOD PATH', in `requested`."""
+    """Model repositories (`repos`: id -> its files), each at revision main = COMMIT, as huggingface_hub's
+    HfApi.repo_info, list_repo_tree and hf_hub_download read the Hub: no xet, no redirect to a CDN; every file's ETag
+    its sha256 (as the Hub's for an LFS file). Each request is logged, 'METHOD PATH', in `requested`."""
 
-    files: dict[str, bytes] = {}
+    repos: dict[str, dict[str, bytes]] = {}
     requested: list[str] = []
 
     def do_GET(self) -> None:
@@ -50,15 +56,15 @@ class StandInHub(http.server.BaseHTTPRequestHandler):
     def answer(self, body: bool) -> None:
         self.requested.append(f"{self.command} {self.path}")
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-        rev = f"(?:main|{COMMIT})"
+        rev, repo = f"(?:main|{COMMIT})", "|".join(map(re.escape, self.repos))
         headers = {"Content-Type": "application/json"}
-        if re.fullmatch(f"/api/models/{REPO}/revision/{rev}", path):  # HfApi.model_info (snapshot_download)
-            data = json.dumps({"id": REPO, "sha": COMMIT, "siblings": [{"rfilename": n} for n in self.files]})
-        elif re.fullmatch(f"/api/models/{REPO}/tree/{rev}", path):  # list_repo_tree: one page, no folders
+        if m := re.fullmatch(f"/api/models/({repo})/revision/{rev}", path):  # HfApi.model_info (snapshot_download)
+            data = json.dumps({"id": m[1], "sha": COMMIT, "siblings": [{"rfilename": n} for n in self.repos[m[1]]]})
+        elif m := re.fullmatch(f"/api/models/({repo})/tree/{rev}", path):  # list_repo_tree: one page, no folders
             data = json.dumps([{"type": "file", "path": n, "size": len(d), "oid": git_oid(d)}
-                               for n, d in self.files.items()])
-        elif (m := re.fullmatch(f"/{REPO}/resolve/{rev}/(.+)", path)) and m[1] in self.files:
-            data = self.files[m[1]]
+                               for n, d in self.repos[m[1]].items()])
+        elif (m := re.fullmatch(f"/({repo})/resolve/{rev}/(.+)", path)) and m[2] in self.repos[m[1]]:
+            data = self.repos[m[1]][m[2]]
             headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
                        "Content-Type": "application/octet-stream"}
         else:  # /api/agent-harnesses among them (huggingface_hub's registry for its user agent, asked for once a
@@ -84,13 +90,16 @@ class StandInHub(http.server.BaseHTTPRequestHandler):
 def hub_model(tmp_path_factory):
     """(port, requested, the transformers model REPO holds) of a stand-in Hub serving REPO: a tiny Llama (2 blocks,
     hidden 32, 1024 tokens) saved by transformers (config.json, generation_config.json, model.safetensors),
-    METAGENE-1's tokenizer files and a README.md."""
+    METAGENE-1's tokenizer files and a README.md; and LCFT_REPO, a tiny model lcft saved with sparse attention
+    (config.json, model.safetensors, lcft.json)."""
     if not METAGENE.is_dir():
         pytest.skip(f"published files not found at {METAGENE}")
     files, model = hf_model(tmp_path_factory.mktemp("model"), 0, vocab=1024)  # rows for each of the tokenizer's ids
     files.update({n: (METAGENE / n).read_bytes() for n in TOKENIZER_FILES})
     files["README.md"] = b"# tiny-llama\n"
-    handler = type("Hub", (StandInHub,), {"files": files, "requested": []})
+    ours = save_pretrained(_small(SPARSE), tmp_path_factory.mktemp("lcft") / "model")
+    repos = {REPO: files, LCFT_REPO: {p.name: p.read_bytes() for p in ours.iterdir()}}
+    handler = type("Hub", (StandInHub,), {"repos": repos, "requested": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1], handler.requested, model
@@ -124,9 +133,9 @@ def cached(tmp_path: Path) -> set[str]:
     return {p.name for p in snapshot.iterdir()}
 
 
-def downloaded(requested: list[str]) -> set[str]:
-    """The files of REPO that were downloaded (GET of /resolve/)."""
-    return {p.rsplit("/", 1)[1] for p in requested if p.startswith(f"GET /{REPO}/resolve/")}
+def downloaded(requested: list[str], repo: str = REPO) -> set[str]:
+    """The files of `repo` that were downloaded (GET of /resolve/)."""
+    return {p.rsplit("/", 1)[1] for p in requested if p.startswith(f"GET /{repo}/resolve/")}
 
 
 def test_plan_downloads_config_and_tokenizer_only_then_reads_the_cache_offline(online_hub, tmp_path):
@@ -178,3 +187,17 @@ def test_export_of_an_id_downloads_its_weights(online_hub, tmp_path):
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     torch.manual_seed(0)
     assert same_logits(lambda ids: exported(ids).logits, model)
+
+
+def test_a_model_lcft_saved_is_read_with_its_lcft_json(online_hub, tmp_path):
+    """A model lcft exported and pushed to the Hub keeps what its lcft.json records: `lcft plan --init ORG/NAME`
+    downloads lcft.json beside config.json and plans its sparse attention (not dense), and `lcft export ORG/NAME`
+    writes the same attention settings."""
+    run, requested, _ = online_hub
+    got = run("plan", "--init", LCFT_REPO, "--seq-len", "4K")
+    assert got.returncode == 0, got.stderr
+    assert "sparse attention" in got.stdout, got.stdout
+    assert downloaded(requested, LCFT_REPO) == {"config.json", "lcft.json"}, requested
+    got = run("export", LCFT_REPO, "--out", "out")
+    assert got.returncode == 0, got.stderr
+    assert json.loads((tmp_path / "out" / "lcft.json").read_text())["attention"] == SPARSE.to_dict()

@@ -189,14 +189,14 @@ def newest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None
 def resolve_checkpoint(path: str | os.PathLike, weights: bool = True) -> Path:
     """A model folder (a checkpoint, or any HF folder with config.json) -> itself; a run folder -> its latest
     checkpoint; a Hub id ORG/NAME[@REVISION] -> its snapshot in the Hub cache (lcft.hub). A checkpoint with
-    checksums is verified (an error names the corrupt file). weights=False: a Hub id's config and tokenizer files
-    only (lcft.hub.local_path)."""
+    checksums is verified (an error names the corrupt file). weights=False: a Hub id's config, lcft.json and
+    tokenizer files only (lcft.hub.local_path)."""
     return _checked(locate_checkpoint(path, weights))
 
 
 def locate_checkpoint(path: str | os.PathLike, weights: bool = True) -> Path:
     """The folder resolve_checkpoint takes `path` to, not verified (no file hashed)."""
-    p = local_path(path, weights)
+    p = local_path(path, weights, also=(MODEL_META,))  # an lcft export on the Hub: its attention and tokenizer
     if not p.exists():
         raise LcftError(f"checkpoint not found: {p} (give a checkpoint, a run or an HF model folder)"
                         f"{read_as_path(path)}")
