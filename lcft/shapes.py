@@ -13,8 +13,17 @@ def check_batch(global_batch: int, micro_batch: int, dp: int = 1) -> int:
     per_round = micro_batch * dp
     if micro_batch < 1 or dp < 1 or global_batch % per_round:
         raise ConfigError(f"global_batch {global_batch} is not a multiple of micro_batch x data-parallel ranks "
-                        f"({micro_batch} x {dp})")
+                          f"({micro_batch} x {dp}){_splitting(global_batch, per_round)}")
     return global_batch // per_round
+
+
+def _splitting(global_batch: int, per_round: int) -> str:
+    """': 16 would split' / ': 8 or 16 would split': the multiples of `per_round` on either side of `global_batch`
+    (none below it where it is under one round), to end the batch check's message."""
+    if per_round < 1:
+        return ""
+    near = [n for n in (global_batch // per_round * per_round, (global_batch // per_round + 1) * per_round) if n > 0]
+    return f": {' or '.join(map(str, near))} would split"
 
 
 def check_world(world: int, cp: int) -> int:

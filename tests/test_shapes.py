@@ -45,6 +45,12 @@ def test_batch_and_world():
                 else:
                     with pytest.raises(LcftError, match=rf"global_batch {g} is not a multiple of micro_batch .*\({m} x {dp}\)"):
                         check_batch(g, m, dp)
+                    # the batches it names: the multiples of m x dp nearest to g, below (if any) and above
+                    with pytest.raises(LcftError) as e:
+                        check_batch(g, m, dp)
+                    named = [int(n) for n in str(e.value).split(": ")[-1].removesuffix(" would split").split(" or ")]
+                    multiples = [n for n in range(1, 2 * g + 2 * m * dp) if n % (m * dp) == 0]
+                    assert named == [n for n in multiples if n < g][-1:] + [n for n in multiples if n > g][:1]
     assert check_world(8, 4) == 2 and check_world(3, 1) == 3
     with pytest.raises(LcftError, match=r"world size 6 is not divisible by cp=4 \(6 processes cannot .*groups of 4"):
         check_world(6, 4)

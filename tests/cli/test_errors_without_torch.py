@@ -87,7 +87,7 @@ def cases(data: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--data", str(missing), "--out", str(out), "--nproc", "2"], "windows folder not found"),
         ([*train, "--nproc", "4", "--cp", "3"], "world size 4 is not divisible by cp=3"),
         ([*train, "--nproc", "2", "--global-batch", "3"], "--global-batch 3 is not a multiple of --micro-batch x "
-         "data-parallel ranks (1 x 2)"),
+         "data-parallel ranks (1 x 2): 2 or 4 would split"),
         (["train", "--data", str(data), "--out", str(model), "--nproc", "2"], "is a model folder"),
         (["train", "--data", str(data), "--out", str(model)], "is a model folder"),
         (["train", "--data", str(data), "--out", str(data)], "is --data"),

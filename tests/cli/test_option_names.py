@@ -45,11 +45,11 @@ def test_eval_choice_and_range_errors(tmp_path) -> None:
 def test_train_batch_check_names_both_options_as_given(tmp_path) -> None:
     train = ["train", "--data", tmp_path / "d", "--out", tmp_path / "r", "--micro-batch", "2"]
     assert error_of(*train, "--global-batch", "3") == ("error: --global-batch 3 is not a multiple of --micro-batch "
-                                                       "x data-parallel ranks (2 x 1)")
+                                                       "x data-parallel ranks (2 x 1): 2 or 4 would split")
     toml = tmp_path / "t.toml"
     toml.write_text("[train]\nglobal_batch = 3\n")
     assert error_of(*train, "--config", toml) == ("error: global_batch 3 is not a multiple of --micro-batch x "
-                                                  "data-parallel ranks (2 x 1)")
+                                                  "data-parallel ranks (2 x 1): 2 or 4 would split")
 
 
 @pytest.mark.parametrize("message,flags,toml,want", [

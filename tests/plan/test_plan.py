@@ -269,11 +269,11 @@ def test_cli_errors_are_one_line() -> None:
 
 
 @pytest.mark.parametrize("args,split", [(["--nproc", "3"], "8 is not a multiple of --micro-batch x data-parallel "
-                                          "ranks (1 x 3)"),
+                                          "ranks (1 x 3): 6 or 9 would split"),
                                         (["--nproc", "4", "--cp", "2", "--global-batch", "3"], "3 is not a multiple "
-                                         "of --micro-batch x data-parallel ranks (1 x 2)"),
+                                         "of --micro-batch x data-parallel ranks (1 x 2): 2 or 4 would split"),
                                         (["--nnodes", "3", "--gpus-per-node", "1", "--rdzv-endpoint", "h:1"],
-                                         "8 is not a multiple of --micro-batch x data-parallel ranks (1 x 3)")])
+                                         "8 is not a multiple of --micro-batch x data-parallel ranks (1 x 3): 6 or 9 would split")])
 def test_a_layout_train_refuses_is_refused_by_plan(args: list[str], split: str) -> None:
     """The plan said "fits" for a layout `lcft train` then refused (its default global_batch of 8 does not
     split over 3 data-parallel ranks): both check it in one place (lcft.train.run_dir.check_launch)."""
