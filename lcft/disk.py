@@ -1,6 +1,6 @@
 """Why a write failed, in one line: a full disk, a quota, a file past the filesystem's or this process's file-size
-limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text; and
-a folder that cannot be removed, said, since it keeps its disk space."""
+limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text; a
+folder that cannot be removed, said, since it keeps its disk space; and a file system that will not rename a folder."""
 
 from __future__ import annotations
 
@@ -62,6 +62,21 @@ def write_failure(e: OSError) -> str:
     if e.errno == errno.EFBIG and (limit := file_size_limit()) is not None:
         why += f"; the file-size limit (ulimit -f) is {limit:,} bytes"
     return why
+
+
+# the errnos of a folder rename a file system refuses (a file's it takes): gcsfuse on a flat bucket past its
+# --rename-dir-limit (0 by default) says EMFILE, other FUSE and network mounts EXDEV, EPERM, ENOTSUP or ENOSYS
+RENAME_REFUSED = (errno.EMFILE, errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def rename_refused(e: OSError, where: str | os.PathLike) -> str | None:
+    """The one line for a folder rename in `where` that its file system refuses (RENAME_REFUSED), with the
+    remedy; None for any other error (the caller's own handling)."""
+    if e.errno not in RENAME_REFUSED:
+        return None
+    return (f"cannot rename folders on the file system of {where} ({write_failure(e)}): gcsfuse renames a folder "
+            "only under its --rename-dir-limit (0 by default: raise it, or use a bucket with hierarchical "
+            "namespace); else use an output folder on another file system")
 
 
 def free_bytes(folder: str | os.PathLike) -> int | None:

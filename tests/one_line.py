@@ -1,7 +1,9 @@
-"""Checks shared across test packages: an error a user can fix is one line naming what it should."""
+"""Checks shared across test packages: an error a user can fix is one line naming what it should (and the line of
+a refused folder rename, as lcft.disk.rename_refused writes it)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,3 +30,10 @@ def cli_fails(args: list[str], *needles: str) -> str:
     assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.output, res.exception)
     assert all(n in lines[0] for n in needles), lines[0]
     return lines[0]
+
+
+def refused(where: object, err: int) -> str:
+    """The one line of a folder rename in `where` that its file system refuses with `err`."""
+    return (f"cannot rename folders on the file system of {where} ({os.strerror(err)} (errno {err})): gcsfuse "
+            "renames a folder only under its --rename-dir-limit (0 by default: raise it, or use a bucket with "
+            "hierarchical namespace); else use an output folder on another file system")

@@ -4,6 +4,7 @@ is lcft.checkpoint.layout's; the trainer state in it, lcft.checkpoint.state's.""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from lcft.checkpoint.layout import (
     CHECKSUMS,
+    STEP_DIR,
     SUPERSEDED,
     TMP_PREFIX,
     checkpoints_dir,
@@ -22,12 +24,22 @@ from lcft.checkpoint.layout import (
     step_name,
     verify_checkpoint,
 )
-from lcft.disk import disk_full_error, free_bytes, kept_space, remove_tree, removed_or_said, write_failure
+from lcft.disk import (
+    disk_full_error,
+    free_bytes,
+    kept_space,
+    remove_tree,
+    removed_or_said,
+    rename_refused,
+    write_failure,
+)
 from lcft.errors import LcftError
 from lcft.files import atomic_write
 from lcft.hashing import file_record
 
 PRUNED = TMP_PREFIX + "pruned-"  # a pruned checkpoint's folder while it is deleted
+OLD = TMP_PREFIX + "old-"  # OLD + "STEP-xxxxxxxx": a replaced checkpoint's folder while a save puts the new one in place
+PUT_BACK = ".put-back-"  # PUT_BACK + "STEP-xxxxxxxx": an empty file marking that folder as the only copy of STEP
 LATER = " (the run's next start tries again)"  # a temp folder left: clean_partial's
 
 if TYPE_CHECKING:  # only a type here: the run folder's checks (lcft.train.run_dir) import this module without torch
@@ -36,14 +48,47 @@ if TYPE_CHECKING:  # only a type here: the run folder's checks (lcft.train.run_d
 
 def clean_partial(run_dir: str | os.PathLike, warn: Callable[[str], None] | None = None) -> list[Path]:
     """Remove temp folders left by saves that were interrupted (crash, SIGKILL) and by prunes; returns what was
-    removed. One that cannot be removed is a warning to `warn`: it keeps its disk space."""
+    removed. One that cannot be removed is a warning to `warn`: it keeps its disk space. A replaced checkpoint that
+    a failed save could not put back (_put_back_replaced) is put back, or kept and said, never removed."""
     root = checkpoints_dir(run_dir)
     removed = []
     if root.is_dir():
+        kept = _put_back_replaced(root, warn)
         for p in sorted(root.iterdir()):
-            if p.name.startswith(TMP_PREFIX) and removed_or_said(p, warn, f"{p}, left by an earlier save or prune"):
+            if p.name.startswith(TMP_PREFIX) and p not in kept \
+                    and removed_or_said(p, warn, f"{p}, left by an earlier save or prune"):
                 removed.append(p)
     return removed
+
+
+def _put_back_replaced(root: Path, warn: Callable[[str], None] | None) -> set[Path]:
+    """Each replaced checkpoint in `root` that a failed save could not rename back (its mark PUT_BACK + the
+    name after OLD: the only copy of that step) renamed back under its name now; one that still cannot be is
+    kept and said. A mark whose copy is gone, or whose step has a folder again (put back by hand), goes (the
+    copy then a leftover to remove). Returns the copies kept."""
+    kept = set()
+    for mark in sorted(root.glob(PUT_BACK + "*")):
+        rest = mark.name.removeprefix(PUT_BACK)
+        name, old = rest.rpartition("-")[0], root / (OLD + rest)
+        final = root / name
+        if STEP_DIR.fullmatch(name) and old.is_dir() and not old.is_symlink() and not os.path.lexists(final):
+            try:
+                os.rename(old, final)
+            except OSError as e:
+                kept.add(old)
+                if warn is not None:
+                    warn(f"warning: the replaced {name} is at {old}: {_back_by_hand(e, final)}")
+                continue
+            if warn is not None:
+                warn(f"{name}, replaced by a save that failed, is back in place")
+        mark.unlink(missing_ok=True)
+    return kept
+
+
+def _back_by_hand(e: OSError, final: Path) -> str:
+    """What to do with a replaced checkpoint that could not be renamed back to `final` (why: `e`)."""
+    return (f"cannot rename it back ({write_failure(e)}); copy or move it to {final} (the run's next start "
+            "tries again)")
 
 
 def prune(run_dir: str | os.PathLike, keep_last: int, warn: Callable[[str], None] | None = None) -> None:
@@ -95,18 +140,42 @@ def _verifies(ckpt: Path) -> bool:
 def supersede_after(run_dir: str | os.PathLike, step: int) -> list[tuple[str, Path]]:
     """Move the run's checkpoints of steps after `step` to <run>/superseded/ (a run resumed from `step` owns
     every later step: those belong to the earlier trajectory); returns each one's folder name and new path (the
-    name suffixed .1, .2, ... where superseded/ holds that step already)."""
-    moved = []
+    name suffixed .1, .2, ... where superseded/ holds that step already). A rename that fails puts back those
+    moved before it (and removes superseded/ when made here and left empty): the run folder as it was, or a
+    message naming what stays where; one the file system refuses (rename_refused) is one line."""
+    run, moved = Path(run_dir), []
+    sup, made = run / SUPERSEDED, not os.path.lexists(run / SUPERSEDED)
     for s, p in list_checkpoints(run_dir):
         if s > step:
-            dest = Path(run_dir) / SUPERSEDED / p.name
+            dest = sup / p.name
             n = 1
             while dest.exists():
                 dest, n = dest.with_name(f"{p.name}.{n}"), n + 1
-            dest.parent.mkdir(exist_ok=True)
-            os.rename(p, dest)
+            sup.mkdir(exist_ok=True)
+            try:
+                os.rename(p, dest)
+            except OSError as e:
+                stays = _move_back(moved, p.parent, sup if made else None)
+                if (why := rename_refused(e, run)) is None:
+                    raise
+                raise LcftError(f"cannot resume from step {step}: cannot move {p} to {sup}: {why}{stays}") from None
             moved.append((p.name, dest))
     return moved
+
+
+def _move_back(moved: list[tuple[str, Path]], root: Path, made: Path | None) -> str:
+    """The checkpoints `moved` (name, where) renamed back into `root`, and the folder `made` removed when empty;
+    '' when all are back, else the message's tail naming those that stay."""
+    stays = []
+    for name, dest in reversed(moved):
+        try:
+            os.rename(dest, root / name)
+        except OSError:
+            stays.append(f"{dest} (copy or move it back to {root / name})")
+    if made is not None and not stays:
+        with contextlib.suppress(OSError):
+            made.rmdir()
+    return f"; moved already and not put back: {', '.join(reversed(stays))}" if stays else ""
 
 
 def write_checksums(folder: Path) -> None:
@@ -143,26 +212,30 @@ def _fsync_dir(p: Path) -> None:
 
 def _put_in_place(tmp: Path, final: Path, step: int, warn: Callable[[str], None] | None) -> None:
     """Rename the written `tmp` to `final`; a `final` there (a resumed run replaces what it recomputed) is renamed
-    aside first and removed after. A file system that will not rename the folder (gcsfuse on a flat bucket: EMFILE
-    past --rename-dir-limit, 0 by default) is one line, `final` left as it was and `tmp` removed: every save had
-    ended the run with the OS's error, gcsfuse's a misleading 'Too many open files'."""
+    aside first and removed after. A failed rename is one line (rename_refused: a file system that will not rename
+    a folder, gcsfuse on a flat bucket past --rename-dir-limit) with `tmp` removed and `final` as it was, or, where
+    the replaced copy cannot be put back, the line says where it is (clean_partial then keeps it)."""
     root, old, aside = final.parent, None, None
     try:
         if final.exists():  # a fresh empty name to rename onto (an earlier one's copy that stayed is apart)
-            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{final.name}-", dir=root))
+            old = Path(tempfile.mkdtemp(prefix=f"{OLD}{final.name}-", dir=root))
             os.rename(final, old)
             aside = old
         os.rename(tmp, final)
     except OSError as e:
+        stays = ""
         if aside is not None:  # back, as the file system renamed it a moment ago
-            os.rename(aside, final)
+            try:
+                os.rename(aside, final)
+            except OSError as back:  # marked: clean_partial puts it back, never removes it
+                (root / (PUT_BACK + aside.name.removeprefix(OLD))).touch()
+                stays = f"; the replaced {final.name} is at {aside}: {_back_by_hand(back, final)}"
         elif old is not None:
             old.rmdir()  # the empty name made to rename onto
         removed_or_said(tmp, warn, f"the unsaved {tmp}", LATER)
-        hint = ("; gcsfuse renames a folder only under its --rename-dir-limit (0 by default), so a checkpoint "
-                "needs a bucket with hierarchical namespace or a higher limit") if e.errno == errno.EMFILE else ""
-        raise LcftError(f"cannot save step {step}: cannot rename the written {tmp.name} to {final.name} in {root}: "
-                        f"{write_failure(e)}{hint}") from None
+        why = rename_refused(e, root) or (f"cannot rename the written {tmp.name} to {final.name} in {root}: "
+                                          f"{write_failure(e)}")
+        raise LcftError(f"cannot save step {step}: {why}{stays}") from None
     if old is not None:
         removed_or_said(old, warn, f"the replaced checkpoint {old}", LATER)
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from lcft.checkpoint.layout import list_checkpoints, step_name, verify_checkpoint
-from lcft.checkpoint.save import write_checkpoint
+from lcft.checkpoint.save import clean_partial, supersede_after, write_checkpoint
+from lcft.errors import LcftError
+from tests.one_line import refused
 
 
 @pytest.mark.parametrize("err", [errno.EINVAL, errno.EBADF])
@@ -44,11 +47,9 @@ def test_a_file_system_that_cannot_sync_a_folder_still_saves(tmp_path, monkeypat
 
 def test_a_file_system_that_will_not_rename_a_folder_is_one_line(tmp_path, monkeypatch):
     """gcsfuse on a flat bucket renames a folder of more files than --rename-dir-limit (0 by default) with EMFILE
-    (gcsfuse's internal/fs/fs.go; an empty folder renames): the save is one line naming the folder, the step and
-    the limit; the step's earlier checkpoint stays as it was, and no temp folder is left (every save had ended the
-    run with a traceback ending in 'Too many open files')."""
-    from lcft.errors import LcftError
-
+    (gcsfuse's internal/fs/fs.go; an empty folder renames): the save is one line naming the folder, the step, the
+    limit and the remedy; the step's earlier checkpoint stays as it was, and no temp folder is left (every save had
+    ended the run with a traceback ending in 'Too many open files')."""
     run = tmp_path / "run"
     write_checkpoint(run, 1, lambda d: (d / "model.txt").write_text("step 1"), lambda d: None)
     real = os.rename
@@ -63,18 +64,13 @@ def test_a_file_system_that_will_not_rename_a_folder_is_one_line(tmp_path, monke
     for step in (2, 1):  # a new step, and step 1 again (a resumed run replacing what it recomputed)
         with pytest.raises(LcftError) as caught:
             write_checkpoint(run, step, lambda d: (d / "model.txt").write_text("again"), lambda d: None)
-        assert str(caught.value) == (
-            f"cannot save step {step}: cannot rename the written .tmp-{step_name(step)} to {step_name(step)} in {root}: Too many "
-            "open files (errno 24); gcsfuse renames a folder only under its --rename-dir-limit (0 by default), so a "
-            "checkpoint needs a bucket with hierarchical namespace or a higher limit")
+        assert str(caught.value) == f"cannot save step {step}: {refused(root, errno.EMFILE)}"
         assert sorted(p.name for p in root.iterdir()) == [step_name(1)]
     assert (root / step_name(1) / "model.txt").read_text() == "step 1" and verify_checkpoint(root / step_name(1))
 
 
 def test_a_failed_rename_of_the_new_checkpoint_puts_the_replaced_one_back(tmp_path, monkeypatch):
     """Where only the second rename fails (the old copy already aside), the old copy comes back under its name."""
-    from lcft.errors import LcftError
-
     run = tmp_path / "run"
     write_checkpoint(run, 1, lambda d: (d / "model.txt").write_text("step 1"), lambda d: None)
     real = os.rename
@@ -90,3 +86,73 @@ def test_a_failed_rename_of_the_new_checkpoint_puts_the_replaced_one_back(tmp_pa
     root = run / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [step_name(1)]
     assert (root / step_name(1) / "model.txt").read_text() == "step 1" and verify_checkpoint(root / step_name(1))
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("back", [True, False])
+def test_a_refused_rename_while_superseding_puts_back_what_moved(tmp_path, monkeypatch, back):
+    """A resume from step 2 moves steps 3 and 4 to superseded/; the file system refuses the second rename (EXDEV,
+    as some FUSE mounts): one line naming it and the remedy, step 3 renamed back and superseded/ (made for it)
+    removed, the run folder as it was (it was a traceback with step 3 moved and step 4 not). Where putting step 3
+    back is refused too, the line names where it is."""
+    run = tmp_path / "run"
+    for step in (1, 2, 3, 4):
+        write_checkpoint(run, step, lambda d, s=step: (d / "model.txt").write_text(f"step {s}"), lambda d: None)
+    before, real = _tree(run), os.rename
+    root, sup = run / "checkpoints", run / "superseded"
+
+    def fuse(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        if Path(src).name == step_name(4) or (not back and Path(src).parent == sup):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", fuse)
+    with pytest.raises(LcftError) as caught:
+        supersede_after(run, 2)
+    said = f"cannot resume from step 2: cannot move {root / step_name(4)} to {sup}: {refused(run, errno.EXDEV)}"
+    if back:
+        assert str(caught.value) == said and _tree(run) == before
+    else:
+        assert str(caught.value) == f"{said}; moved already and not put back: {sup / step_name(3)} (copy or move " \
+                                    f"it back to {root / step_name(3)})"
+        assert sorted(p.name for p in root.iterdir()) == [step_name(s) for s in (1, 2, 4)]
+        assert (sup / step_name(3) / "model.txt").read_text() == "step 3" and verify_checkpoint(sup / step_name(3))
+
+
+def test_a_replaced_step_that_cannot_be_put_back_is_named_and_kept(tmp_path, monkeypatch):
+    """Saving step 1 again where the file system renames the old copy aside but then refuses both the new copy
+    and putting the old one back: one line naming where the old copy is (it was a traceback, and the run's next
+    start removed that copy, the step's only one, as a temp folder). The next start puts it back; while the file
+    system still refuses, it keeps it and says so."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 1, lambda d: (d / "model.txt").write_text("step 1"), lambda d: None)
+    root, real = run / "checkpoints", os.rename
+    final = root / step_name(1)
+
+    def fuse(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        if Path(dst) == final:
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", fuse)
+    with pytest.raises(LcftError) as caught:
+        write_checkpoint(run, 1, lambda d: (d / "model.txt").write_text("again"), lambda d: None)
+    [old] = root.glob(".tmp-old-*")
+    eperm = f"{os.strerror(errno.EPERM)} (errno {errno.EPERM})"
+    assert str(caught.value) == (f"cannot save step 1: {refused(root, errno.EPERM)}; the replaced {step_name(1)} is "
+                                 f"at {old}: cannot rename it back ({eperm}); copy or move it to {final} (the run's "
+                                 "next start tries again)")
+    assert (old / "model.txt").read_text() == "step 1" and not (root / f".tmp-{step_name(1)}").exists()
+    said: list[str] = []
+    assert clean_partial(run, said.append) == [] and old.is_dir()
+    assert said == [f"warning: the replaced {step_name(1)} is at {old}: cannot rename it back ({eperm}); copy or "
+                    f"move it to {final} (the run's next start tries again)"]
+    monkeypatch.setattr(os, "rename", real)
+    said.clear()
+    assert clean_partial(run, said.append) == [] and said == [f"{step_name(1)}, replaced by a save that failed, is back in place"]
+    assert [p.name for p in root.iterdir()] == [step_name(1)] and (final / "model.txt").read_text() == "step 1"
+    assert verify_checkpoint(final)
