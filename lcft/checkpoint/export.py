@@ -37,7 +37,7 @@ from lcft.checkpoint.hf_folder import (
 from lcft.checkpoint.layout import EXPORT_WORK, MODEL_CONFIG, CheckpointChanged, unchanged
 from lcft.checkpoint.model_files import is_sharded_checkpoint, sharded_weight_files, weights_dtype
 from lcft.checkpoint.reader import Loaded
-from lcft.disk import disk_full_error, free_bytes
+from lcft.disk import disk_full_error, free_bytes, rename_refused
 from lcft.errors import LcftError
 from lcft.files import remove, temp_name
 from lcft.folder_lock import LOCK_NAME, folder_lock
@@ -180,7 +180,7 @@ def _publish(build: Path, out: Path) -> None:
     except OSError as e:
         if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise LcftError(f"another writer created {out} during this export; nothing was written to it") from None
-        raise LcftError(f"cannot export to {out}: {e.strerror or e}") from None
+        raise LcftError(f"cannot export to {out}: {rename_refused(e, out.parent) or e.strerror or e}") from None
 
 
 def _remove_sibling(out: Path) -> None:

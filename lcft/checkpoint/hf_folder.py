@@ -22,6 +22,7 @@ from lcft.checkpoint.layout import (
     read_meta_file,
     read_model_config,
 )
+from lcft.disk import rename_refused
 from lcft.errors import LcftError, reason, shown
 from lcft.files import atomic_write, expect_folder, present, replacing
 from lcft.model.config import AttentionConfig, LlamaConfig
@@ -35,9 +36,10 @@ from lcft.vocab import tokenizer_spec
 
 def _write_folder(directory: Path, files: dict[str, Any]) -> None:
     """Write {name: bytes | tensor dict | function returning one} atomically: a fresh folder appears complete
-    under its name (temp sibling + rename); into an existing folder its config.json goes first, then each file
-    is written to a temp name and renamed, weights first and config.json last (weight files of an earlier save
-    removed before it), so a half-written folder never looks loadable (an old config beside new weights did)."""
+    under its name (temp sibling + rename; a file system that will not rename a folder: one line, nothing left);
+    into an existing folder its config.json goes first, then each file is written to a temp name and renamed,
+    weights first and config.json last (weight files of an earlier save removed before it), so a half-written
+    folder never looks loadable (an old config beside new weights did)."""
     def write(dst: Path, name: str) -> None:
         value = files[name]
         if callable(value):  # a weight shard, built only now: one shard's copy in memory at a time
@@ -56,7 +58,12 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
             for name in order:
                 write(tmp / name, name)
                 respect_umask(tmp / name, folder=False)  # safetensors writes 0600
-            os.replace(tmp, directory)
+            try:
+                os.replace(tmp, directory)
+            except OSError as e:
+                if (why := rename_refused(e, directory.parent)) is None:
+                    raise
+                raise LcftError(f"cannot write the model folder {directory}: {why}") from None
         except BaseException:  # the error goes on; left unsaid: the temp folder is this call's own, of files it
             shutil.rmtree(tmp, ignore_errors=True)  # just wrote, so only a failing filesystem keeps it
             raise

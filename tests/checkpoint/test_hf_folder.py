@@ -17,7 +17,7 @@ from lcft.errors import LcftError
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.kernels.spec import SparseSpec
 from lcft.model import AttentionConfig, Llama, LlamaConfig
-from tests.one_line import cli_fails, one_line
+from tests.one_line import cli_fails, one_line, refused
 from tests.test_files import NON_FILES, plant
 
 runner = CliRunner()
@@ -101,6 +101,30 @@ def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(io, "save_file", boom)
     with pytest.raises(OSError):
         save_pretrained(small(), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_model_folder_where_the_file_system_will_not_rename_it_is_one_line(tmp_path, monkeypatch):
+    """save_pretrained to a new folder writes a temp sibling and renames it: a file system that refuses (EXDEV, as
+    some FUSE mounts) is one line naming the remedy, and nothing stays (it was the OS's traceback); another
+    error of that rename (EIO) is still the OS's."""
+    import errno
+    import os
+
+    real = os.replace
+
+    def fuse(src, dst, err=errno.EXDEV):
+        if os.path.isdir(src):
+            raise OSError(err, os.strerror(err))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", fuse)
+    msg = one_line(lambda: save_pretrained(small(), tmp_path / "m"))
+    assert msg == f"cannot write the model folder {tmp_path / 'm'}: {refused(tmp_path, errno.EXDEV)}"
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(os, "replace", lambda src, dst: fuse(src, dst, errno.EIO))
+    with pytest.raises(OSError, match="Input/output error"):
+        save_pretrained(small(), tmp_path / "m")
     assert list(tmp_path.iterdir()) == []
 
 
