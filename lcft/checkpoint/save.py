@@ -228,7 +228,8 @@ def _put_in_place(tmp: Path, final: Path, step: int, warn: Callable[[str], None]
             try:
                 os.rename(aside, final)
             except OSError as back:  # marked: clean_partial puts it back, never removes it
-                (root / (PUT_BACK + aside.name.removeprefix(OLD))).touch()
+                with contextlib.suppress(OSError):  # (unmarked, the line still names it)
+                    (root / (PUT_BACK + aside.name.removeprefix(OLD))).touch()
                 stays = f"; the replaced {final.name} is at {aside}: {_back_by_hand(back, final)}"
         elif old is not None:
             old.rmdir()  # the empty name made to rename onto
