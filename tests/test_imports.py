@@ -50,6 +50,7 @@ LAYERS = [
     *[(helper, STAGES) for helper in FILE_HELPERS],
     ("lcft.lazy", ("lcft",)),  # under every package's __init__: it imports nothing of lcft
     ("lcft.disk", (*STAGES, *FILE_HELPERS)),
+    ("lcft.cpus", STAGES),  # the CPUs a process may use: read by the launcher and the plan alike
 ]
 # Only the CLI itself and `python -m lcft` may import lcft.cli.
 CLI_ALLOWED = ("lcft.cli", "lcft.__main__")
