@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from lcft.cpus import usable_cpus
 from lcft.errors import LcftError
 from lcft.model.config import LlamaConfig
 from lcft.plan.config import PlanConfig
@@ -129,12 +130,11 @@ def layout(cfg: PlanConfig, model: LlamaConfig, init: InitModel | None = None) -
 
 
 def cpu_threads(ranks: int) -> int:
-    """Compute threads a CPU rank gets by default here: torch's count alone, the cores / ranks under the launcher."""
-    import os
-
+    """Compute threads a CPU rank gets by default here: torch's count alone, the launcher's share under it (the
+    CPUs this process may use / ranks)."""
     import torch
 
-    return torch.get_num_threads() if ranks == 1 else max(1, (os.cpu_count() or 1) // ranks)
+    return torch.get_num_threads() if ranks == 1 else max(1, usable_cpus() // ranks)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,32 @@ from lcft.launch.__main__ import main
 from lcft.launch.process import HANDED_ENV, READY_ENV, RESULT_FILE_ENV, handed_over
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin the launcher to one of them")
+def test_a_launcher_pinned_to_one_cpu_gives_its_worker_one_thread(tmp_path):
+    """taskset or a Slurm cpuset of one CPU: the workers' OMP_NUM_THREADS shares the CPUs the launcher may use,
+    not the machine's (it had been every CPU of the machine for one worker)."""
+    cpu = min(os.sched_getaffinity(0))
+    code = ("import os, types\n"
+            f"os.sched_setaffinity(0, {{{cpu}}})\n"
+            "from lcft.launch import _environment\n"
+            f"cfg = types.SimpleNamespace(nproc=1, nnodes=1, node_rank=0, out={str(tmp_path)!r})\n"
+            "print(_environment(cfg, {})['OMP_NUM_THREADS'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert got.returncode == 0 and got.stdout == "1\n", got
+
+
+def test_the_users_thread_count_is_kept(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from lcft.launch import _environment
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    cfg = SimpleNamespace(nproc=4, nnodes=1, node_rank=0, out=str(tmp_path))
+    assert _environment(cfg, {})["OMP_NUM_THREADS"] == "3"
+
+
 def test_worker_refuses_a_bad_command_line(capsys):
     assert main([]) == 2
     assert main(["export", "x.toml"]) == 2

@@ -355,3 +355,22 @@ def test_the_model_size_is_shown_in_millions_below_a_tenth_of_a_billion(preset, 
     assert r.exit_code == 0, r.output
     line = next(ln for ln in r.output.splitlines() if ln.startswith("model: "))
     assert shown in line and ".000B" not in line and "0.00" not in line, line
+
+
+def test_a_cpu_plan_counts_the_threads_of_the_cpus_the_ranks_may_use(monkeypatch):
+    """On a node of 64 CPUs of which this process may use its affinity's (a Slurm cpuset, a container's quota),
+    each of 2 launched ranks gets a share of those, as the launcher gives it (OMP_NUM_THREADS): the plan had
+    counted 31 threads beyond the first, each with its share of the block transient."""
+    import os
+    import re
+
+    from lcft.cpus import usable_cpus
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", "--device", "cpu", "--nproc", "2",
+                            "--explain"])
+    assert r.exit_code == 0, r.output
+    beyond = re.search(r"x (\d+) threads beyond the first", r.output)
+    threads = int(beyond.group(1)) + 1 if beyond else 1
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 64
+    assert threads == max(1, usable_cpus() // 2) and threads <= max(1, affinity // 2), r.output
