@@ -126,15 +126,17 @@ def layout(cfg: PlanConfig, model: LlamaConfig, init: InitModel | None = None) -
                   checkpointing=cfg.checkpointing, offload_activations=cfg.offload_activations,
                   offload_bf16=offload_dtype(cfg.offload_bf16, precision) is not None, cp_kv=cfg.cp_kv,
                   precision=precision, device=cfg.device, loss_chunk=cfg.loss_chunk,
-                  threads=cpu_threads(world) if cfg.device == "cpu" else 1, sharded_source=init is not None and init.sharded)
+                  threads=cpu_threads(cfg.ranks_per_node, world) if cfg.device == "cpu" else 1, sharded_source=init is not None and init.sharded)
 
 
-def cpu_threads(ranks: int) -> int:
-    """Compute threads a CPU rank gets by default here: torch's count alone, the launcher's share under it (the
-    CPUs this process may use / ranks)."""
+def cpu_threads(ranks_per_node: int, world: int | None = None) -> int:
+    """Compute threads a CPU rank gets by default here: torch's count alone (a world of one process, not launched),
+    else the launcher's share on its node (the CPUs this process may use / the node's ranks). `world`: all nodes'
+    ranks, by default one node's."""
     import torch
 
-    return torch.get_num_threads() if ranks == 1 else max(1, usable_cpus() // ranks)
+    alone = (world or ranks_per_node) == 1
+    return torch.get_num_threads() if alone else max(1, usable_cpus() // ranks_per_node)
 
 
 @dataclass(frozen=True)

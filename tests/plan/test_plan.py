@@ -374,3 +374,20 @@ def test_a_cpu_plan_counts_the_threads_of_the_cpus_the_ranks_may_use(monkeypatch
     threads = int(beyond.group(1)) + 1 if beyond else 1
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 64
     assert threads == max(1, usable_cpus() // 2) and threads <= max(1, affinity // 2), r.output
+
+
+@pytest.mark.parametrize("nodes,nproc,want", [(2, 1, 64), (2, 2, 32), (1, 4, 16)])
+def test_a_cpu_plan_of_several_nodes_counts_each_nodes_share(monkeypatch, nodes: int, nproc: int, want: int):
+    """The launcher on each node shares that node's CPUs among its own ranks (--nproc), whatever the other nodes
+    run: the plan divided them by the ranks of all nodes (2 nodes of 1 rank on 64 CPUs: 32 threads, not 64)."""
+    import re
+
+    import lcft.plan.plan as plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 64)
+    more = ["--nnodes", str(nodes), "--rdzv-endpoint", "h:1"] if nodes > 1 else []
+    r = runner.invoke(app, ["plan", "--preset", "tiny", "--seq-len", "4096", "--device", "cpu", "--nproc", str(nproc),
+                            "--global-batch", str(nodes * nproc), *more, "--explain"])
+    assert r.exit_code == 0, r.output
+    beyond = re.search(r"x (\d+) threads beyond the first", r.output)
+    assert beyond and int(beyond.group(1)) + 1 == want, r.output
