@@ -214,11 +214,16 @@ def _put_in_place(tmp: Path, final: Path, step: int, warn: Callable[[str], None]
     """Rename the written `tmp` to `final`; a `final` there (a resumed run replaces what it recomputed) is renamed
     aside first and removed after. A failed rename is one line (rename_refused: a file system that will not rename
     a folder, gcsfuse on a flat bucket past --rename-dir-limit) with `tmp` removed and `final` as it was, or, where
-    the replaced copy cannot be put back, the line says where it is (clean_partial then keeps it)."""
-    root, old, aside = final.parent, None, None
+    the replaced copy cannot be put back, the line says where it is (clean_partial then keeps it). Until the new
+    step is in place the replaced one's folder is marked (PUT_BACK): a kill between the two renames leaves it for
+    the next start to put back, not to remove as a temp folder (the step's only copies were both temp folders)."""
+    root, old, aside, mark = final.parent, None, None, None
     try:
         if final.exists():  # a fresh empty name to rename onto (an earlier one's copy that stayed is apart)
             old = Path(tempfile.mkdtemp(prefix=f"{OLD}{final.name}-", dir=root))
+            mark = root / (PUT_BACK + old.name.removeprefix(OLD))
+            with contextlib.suppress(OSError):  # (unmarked, a failure's line still names it)
+                mark.touch()
             os.rename(final, old)
             aside = old
         os.rename(tmp, final)
@@ -227,18 +232,28 @@ def _put_in_place(tmp: Path, final: Path, step: int, warn: Callable[[str], None]
         if aside is not None:  # back, as the file system renamed it a moment ago
             try:
                 os.rename(aside, final)
-            except OSError as back:  # marked: clean_partial puts it back, never removes it
-                with contextlib.suppress(OSError):  # (unmarked, the line still names it)
-                    (root / (PUT_BACK + aside.name.removeprefix(OLD))).touch()
+            except OSError as back:  # still marked: clean_partial puts it back, never removes it
+                mark = None
                 stays = f"; the replaced {final.name} is at {aside}: {_back_by_hand(back, final)}"
         elif old is not None:
             old.rmdir()  # the empty name made to rename onto
+        _unmark(mark)
         removed_or_said(tmp, warn, f"the unsaved {tmp}", LATER)
         why = rename_refused(e, root) or (f"cannot rename the written {tmp.name} to {final.name} in {root}: "
                                           f"{write_failure(e)}")
         raise LcftError(f"cannot save step {step}: {why}{stays}") from None
+    _unmark(mark)
     if old is not None:
         removed_or_said(old, warn, f"the replaced checkpoint {old}", LATER)
+
+
+def _unmark(mark: Path | None) -> None:
+    """The mark of a replaced checkpoint removed: it is back in place, or the new one is (then a leftover a
+    failed removal keeps is removed at the next start; a mark that stays is dropped there once its step is in
+    place)."""
+    if mark is not None:
+        with contextlib.suppress(OSError):
+            mark.unlink(missing_ok=True)
 
 
 def checkpoint_bytes(model: torch.nn.Module) -> int:

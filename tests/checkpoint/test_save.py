@@ -156,3 +156,45 @@ def test_a_replaced_step_that_cannot_be_put_back_is_named_and_kept(tmp_path, mon
     assert clean_partial(run, said.append) == [] and said == [f"{step_name(1)}, replaced by a save that failed, is back in place"]
     assert [p.name for p in root.iterdir()] == [step_name(1)] and (final / "model.txt").read_text() == "step 1"
     assert verify_checkpoint(final)
+
+
+class Killed(BaseException):
+    """A SIGKILL at this point: nothing after it runs, no handler of the save's."""
+
+
+def test_a_save_killed_between_its_two_renames_keeps_the_step(tmp_path, monkeypatch):
+    """A resumed run re-saving step 2 is killed after the old step-2 was renamed aside and before the new one took
+    its name: the next start puts the old one back (both copies were temp folders, which it removed: step 2 was
+    lost); killed after both renames, the new one stays and the old one goes."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        write_checkpoint(run, step, lambda d, s=step: (d / "model.txt").write_text(f"step {s}"), lambda d: None)
+    real, root = os.rename, run / "checkpoints"
+
+    def killed_before_the_new_one(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        if Path(src).name.startswith(".tmp-step-"):
+            raise Killed
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", killed_before_the_new_one)
+    with pytest.raises(Killed):
+        write_checkpoint(run, 2, lambda d: (d / "model.txt").write_text("again"), lambda d: None)
+    monkeypatch.setattr(os, "rename", real)
+    assert step_name(2) not in os.listdir(root)
+    said: list[str] = []
+    clean_partial(run, said.append)
+    assert sorted(os.listdir(root)) == [step_name(1), step_name(2)], said
+    assert (root / step_name(2) / "model.txt").read_text() == "step 2" and verify_checkpoint(root / step_name(2))
+
+    def killed_after_both(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        real(src, dst)
+        if Path(dst).name == step_name(2) and Path(src).name.startswith(".tmp-step-"):
+            raise Killed
+
+    monkeypatch.setattr(os, "rename", killed_after_both)
+    with pytest.raises(Killed):
+        write_checkpoint(run, 2, lambda d: (d / "model.txt").write_text("again"), lambda d: None)
+    monkeypatch.setattr(os, "rename", real)
+    clean_partial(run, said.append)
+    assert sorted(os.listdir(root)) == [step_name(1), step_name(2)], said
+    assert (root / step_name(2) / "model.txt").read_text() == "again" and verify_checkpoint(root / step_name(2))
