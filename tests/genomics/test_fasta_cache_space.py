@@ -8,6 +8,7 @@ import hashlib
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,13 +22,17 @@ from tests.genomics.conftest import random_genome, write_fasta
 from tests.genomics.test_fetch import GenomeServer
 
 
-def _with_free(monkeypatch: pytest.MonkeyPatch, folder: Path, free: int) -> None:
-    """The filesystem of `folder` (and of what is under it) reports `free` bytes free; others as they are."""
+def _with_free(monkeypatch: pytest.MonkeyPatch, folder: Path, free: int | Callable[[], int],
+               total: int | None = None) -> None:
+    """The filesystem of `folder` (and of what is under it) reports `free` bytes free (or what `free()` says each
+    time it is asked), and a size of `total` where given; others as they are."""
     real = shutil.disk_usage
 
     def usage(path: str | Path) -> tuple[int, int, int]:
         got = real(path)
-        return got._replace(free=free) if Path(path).is_relative_to(folder) else got
+        if not Path(path).is_relative_to(folder):
+            return got
+        return got._replace(free=free() if callable(free) else free, total=got.total if total is None else total)
 
     monkeypatch.setattr(shutil, "disk_usage", usage)
 

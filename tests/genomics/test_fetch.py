@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -19,6 +20,7 @@ from tests.genomics.conftest import random_genome, write_fasta
 from tests.one_line import one_line
 
 STALL_S = 2.0  # how long a stalled transfer sends nothing: past the 0.5 s timeout its test gives the client
+CHUNK = 1 << 14  # the bytes of each chunk of a chunked reply
 
 
 class GenomeServer(BaseHTTPRequestHandler):
@@ -26,7 +28,10 @@ class GenomeServer(BaseHTTPRequestHandler):
     honours 'Range: bytes=N-', and 'If-Range' unless `if_range` is off (a mismatch: the whole file); the first GET
     of a path in `cut` sends half the body (with the full Content-Length) and drops the connection, like a broken
     transfer; of a path in `stall`, a quarter of it, then nothing for STALL_S (a stalled link: the client's
-    timeout comes first). A range is sent from `shift` bytes before the one asked (a server answering another)."""
+    timeout comes first). A range is sent from `shift` bytes before the one asked (a server answering another).
+    `length`: "sized" sends Content-Length; "close" none, the end of the body the closed connection (HTTP/1.0);
+    "chunked" none, the body in CHUNK-byte chunks (HTTP/1.1). A path in `midway` has its callable run once half the
+    body is sent (another process at work meanwhile)."""
 
     files: dict[str, bytes] = {}
     cut: set[str] = set()
@@ -38,6 +43,8 @@ class GenomeServer(BaseHTTPRequestHandler):
     send: frozenset[str] = frozenset({"ETag", "Last-Modified"})
     if_range = True
     shift = 0
+    length = "sized"
+    midway: dict[str, Callable[[], object]] = {}
 
     @classmethod
     def validators(cls, body: bytes) -> dict[str, str]:
@@ -63,13 +70,19 @@ class GenomeServer(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes */{len(body)}")
             self.end_headers()
             return
+        if self.length == "chunked":
+            self.protocol_version = "HTTP/1.1"  # (chunked replies are HTTP/1.1's; send_response reads it)
+            self.close_connection = True
         self.send_response(206 if start else 200)
         if start:
             start = max(0, start - self.shift)
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         for name, value in self.validators(body).items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body) - start))
+        if self.length == "sized":
+            self.send_header("Content-Length", str(len(body) - start))
+        elif self.length == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         if self.path in self.stall:
             self.stall.discard(self.path)
@@ -84,7 +97,23 @@ class GenomeServer(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        self.wfile.write(body[start:])
+        if (then := self.midway.pop(self.path, None)) is not None:
+            half = start + (len(body) - start) // 2
+            self._body(body[start:half], end=False)
+            then()
+            start = half
+        self._body(body[start:])
+
+    def _body(self, data: bytes, end: bool = True) -> None:
+        """Send `data`, as chunks when `length` says so (the last chunk, of 0 bytes, when `end`)."""
+        if self.length != "chunked":
+            self.wfile.write(data)
+        else:
+            for i in range(0, len(data), CHUNK):
+                self.wfile.write(b"%x\r\n%b\r\n" % (len(data[i:i + CHUNK]), data[i:i + CHUNK]))
+            if end:
+                self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     def log_message(self, *args) -> None:
         pass
@@ -106,7 +135,7 @@ def server(source):
     }
     GenomeServer.cut, GenomeServer.stall, GenomeServer.ranges, GenomeServer.honour_range = set(), set(), [], True
     GenomeServer.fail, GenomeServer.if_ranges, GenomeServer.if_range, GenomeServer.shift = {}, [], True, 0
-    GenomeServer.send = frozenset({"ETag", "Last-Modified"})
+    GenomeServer.send, GenomeServer.length, GenomeServer.midway = frozenset({"ETag", "Last-Modified"}), "sized", {}
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), GenomeServer)
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
