@@ -1,6 +1,7 @@
 """Why a write failed, in one line: a full disk, a quota, a file past the filesystem's or this process's file-size
-limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text; a
-folder that cannot be removed, said, since it keeps its disk space; and a file system that will not rename a folder."""
+limit (`ulimit -f`), including the writers (torch's zip stream, safetensors) that report these only as text; the
+room a write asks for first, or keeps free as it goes when its size is unknown; a folder that cannot be removed,
+said, since it keeps its disk space; and a file system that will not rename a folder."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ from pathlib import Path
 
 from lcft.errors import LcftError, reason
 
+KEEP_FREE = 1 << 30
+"""What a write of unknown size (a download whose server gives no size) leaves free on its filesystem, or a
+twentieth of a smaller one: it stops there, before the disk is full and every other writer on it fails too."""
 
-def _mib(n: int) -> str:
+
+def mib(n: int) -> str:
+    """`n` bytes in MiB, one decimal: how sizes are said in the one-line messages about room."""
     return f"{n / (1 << 20):.1f} MiB"
 
 
@@ -42,6 +48,12 @@ def _write_fault(exc: BaseException) -> int | None:
             if words in text:
                 return code
     return None
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """Whether a full disk or a quota (ENOSPC, EDQUOT) failed a write: freeing space lets it go on, unlike a file
+    too large (EFBIG) or any other failure."""
+    return _write_fault(exc) in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _stream_failed(exc: BaseException) -> bool:
@@ -79,15 +91,32 @@ def rename_refused(e: OSError, where: str | os.PathLike) -> str | None:
             "namespace); else use an output folder on another file system")
 
 
-def free_bytes(folder: str | os.PathLike) -> int | None:
-    """Free bytes on the filesystem of `folder` (or of its nearest existing parent); None when unknown."""
+def _usage(folder: str | os.PathLike) -> tuple[int, int] | None:
+    """(size, free bytes) of the filesystem of `folder` (or of its nearest existing parent); None when unknown."""
     p = Path(folder)
     while not p.exists() and p != p.parent:
         p = p.parent
     try:
-        return shutil.disk_usage(p).free
+        usage = shutil.disk_usage(p)
     except OSError:
         return None
+    return usage.total, usage.free
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """Free bytes on the filesystem of `folder` (or of its nearest existing parent); None when unknown."""
+    usage = _usage(folder)
+    return None if usage is None else usage[1]
+
+
+def kept_free(folder: str | os.PathLike) -> tuple[int, int] | None:
+    """(free bytes, bytes kept free) on the filesystem of `folder`: a write of unknown size into it stops before
+    the free space falls under the second (KEEP_FREE, or a twentieth of a smaller filesystem); None when unknown."""
+    usage = _usage(folder)
+    if usage is None:
+        return None
+    total, free = usage
+    return free, min(KEEP_FREE, total // 20)
 
 
 def check_room(folder: str | os.PathLike, at_least: int, what: str) -> None:
@@ -96,8 +125,8 @@ def check_room(folder: str | os.PathLike, at_least: int, what: str) -> None:
     writes of everything else on it meanwhile. Nothing when the free space is unknown."""
     free = free_bytes(folder)
     if free is not None and free < at_least:
-        raise LcftError(f"no space left on the device of {folder}: {what} needs at least {_mib(at_least)}, "
-                        f"{_mib(free)} free")
+        raise LcftError(f"no space left on the device of {folder}: {what} needs at least {mib(at_least)}, "
+                        f"{mib(free)} free")
 
 
 def _fault(exc: BaseException, needed: int | None, free_at_failure: int | None) -> int | None:
@@ -128,12 +157,12 @@ def disk_full_error(exc: BaseException, folder: str | os.PathLike, needed: int |
     if fault == errno.EFBIG:
         limit = file_size_limit()
         ulimit = f"{limit:,} bytes" if limit is not None else "unlimited"
-        need = f"; this write needs about {_mib(needed)}" if needed else ""
+        need = f"; this write needs about {mib(needed)}" if needed else ""
         return LcftError(f"file too large for {folder}: over the largest file its filesystem takes or this "
                          f"process's file-size limit (ulimit -f: {ulimit}){need}")
-    need = f"needs about {_mib(needed)}" if needed else "needs more space"
+    need = f"needs about {mib(needed)}" if needed else "needs more space"
     free = free_bytes(folder)
-    have = f", {_mib(free)} free" if free is not None else ""
+    have = f", {mib(free)} free" if free is not None else ""
     return LcftError(f"no space left on the device of {folder}: this write {need}{have}")
 
 

@@ -1,6 +1,7 @@
 """The HTTP side of `lcft prepare fetch`: requests that follow only http(s) redirects, and one download step into
 NAME.part that resumes only what it can check (If-Range with the validator recorded in NAME.part.json when the
-.part was begun; a 206's start and size, a 416's size), asks for its room first, and else starts over from 0."""
+.part was begun; a 206's start and size, a 416's size), asks for its room first (a reply of unknown size: as it
+goes, stopping while the disk still has room), and else starts over from 0; a disk that fills is one line."""
 
 from __future__ import annotations
 
@@ -16,16 +17,17 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from rich.progress import Progress
 
-from lcft.disk import check_room
+from lcft.disk import check_room, kept_free, mib, out_of_room
 from lcft.errors import LcftError, shown
 from lcft.files import atomic_write, fresh_file, read_json
 from lcft.foreign_entries import open_own
 
 BLOCK = 1 << 20
+ROOM_CHECK = 16 * BLOCK  # a reply of unknown size asks for the free space again after at most this many bytes
 SCHEMES = ("http", "https")
 RECORD_LIMIT = 1 << 12  # NAME.part.json holds a URL, two header values and a size: read no further
 HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,1024}")  # a validator sent back as it is: one printable header value
@@ -228,18 +230,74 @@ def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress |
         if bar is not None:
             bar.update(task, total=size or None, completed=start)
         if start:
-            fh = kept
+            fh, record = kept, begun
         else:  # begun again: the .part emptied first, then its record, so no record ever vouches for other bytes
-            fh = os.fdopen(fresh_file(part), "wb")
-            atomic_write(record_path(part), json.dumps(asdict(_begun_by(url, resp.headers, size))))
-        assert fh is not None
+            fh, record = os.fdopen(fresh_file(part), "wb"), _begun_by(url, resp.headers, size)
+            atomic_write(record_path(part), json.dumps(asdict(record)))
+        assert fh is not None and record is not None
         with fh:
             fh.seek(start)
+            part_file = _Part(fh.fileno(), part, url, start, md5_checked or record.validator() is not None)
             # what has arrived, up to BLOCK: read(BLOCK) waited for a whole block, so a slow link's bar stood
             # still and a stall or a Ctrl-C lost up to a block received but not written
+            room_until = start  # a reply without a size had no room asked first: asked as it goes
             while block := resp.read1(BLOCK):
-                fh.write(block)
+                if size is None and part_file.written + len(block) > room_until:
+                    room_until = part_file.written + part_file.room(len(block))
+                part_file.write(block)
                 if bar is not None:
                     bar.advance(task, len(block))
     if size and part.stat().st_size < size:
         raise http.client.IncompleteRead(b"", size - part.stat().st_size)
+
+
+@dataclass
+class _Part:
+    """The .part being written through descriptor `fd`: `written`, its bytes the OS took whole; `resumes`,
+    whether a rerun can resume it (a validator to check it against, or an md5 that checks the whole file)."""
+
+    fd: int
+    path: Path
+    url: str
+    written: int
+    resumes: bool
+
+    def write(self, block: bytes) -> None:
+        """Append `block`, unbuffered, so `written` counts only what the OS took; a failed write stops (`stop`)."""
+        view = memoryview(block)
+        try:
+            while view:
+                n = os.write(self.fd, view)
+                self.written, view = self.written + n, view[n:]
+        except OSError as e:
+            self.stop(e)
+
+    def room(self, adding: int) -> int:
+        """How many bytes may be written before the free space is asked again: at most ROOM_CHECK, and no more
+        than leaves what a write of unknown size keeps free (disk.kept_free); stops where `adding` would not."""
+        if (usage := kept_free(self.path.parent)) is None:
+            return ROOM_CHECK
+        free, kept = usage
+        if free - adding < kept:
+            self.stop(None, f" ({mib(free)} free; a download of unknown size stops short of the last {mib(kept)})")
+        return min(ROOM_CHECK, free - kept)
+
+    def stop(self, e: OSError | None, why: str = "") -> NoReturn:
+        """Cut the .part back to the bytes written whole and sync it, so a resume appends after valid bytes only
+        (a write cut short, or one a network filesystem refuses later, may leave a torn tail), then re-raise `e`,
+        or, for no room (`e` None: the free space asked for; ENOSPC, EDQUOT), one line. A .part that cannot be
+        synced loses its record (nothing vouches for it); one nothing resumes is removed, its space freed."""
+        try:
+            os.ftruncate(self.fd, self.written)
+            os.fsync(self.fd)
+        except OSError:
+            record_path(self.path).unlink(missing_ok=True)
+            self.resumes = False
+        if e is not None and not out_of_room(e):
+            raise e
+        if not (self.resumes and self.written):
+            self.path.unlink(missing_ok=True)
+            record_path(self.path).unlink(missing_ok=True)
+        again = "the download resumes" if self.resumes and self.written else "the download starts over"
+        raise LcftError(f"no room left in {self.path.parent} after {mib(self.written)} of {self.url}{why}: "
+                        f"free space and run again; {again}")
