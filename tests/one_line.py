@@ -1,8 +1,9 @@
 """Checks shared across test packages: an error a user can fix is one line naming what it should (and the line of
-a refused folder rename, as lcft.disk.rename_refused writes it)."""
+a refused folder rename, as lcft.disk.rename_refused writes it, with a stand-in for the file system that refuses)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from typing import Any
@@ -37,3 +38,16 @@ def refused(where: object, err: int) -> str:
     return (f"cannot rename folders on the file system of {where} ({os.strerror(err)} (errno {err})): gcsfuse "
             "renames a folder only under its --rename-dir-limit (0 by default: raise it, or use a bucket with "
             "hierarchical namespace); else use an output folder on another file system")
+
+
+def gcsfuse(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """os.`call` (rename or replace) as gcsfuse on a flat bucket does it: a folder holding files is refused with
+    EMFILE past --rename-dir-limit (0 by default; gcsfuse's internal/fs/fs.go), an empty folder or a file renames."""
+    real = getattr(os, call)
+
+    def renamed(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        if os.path.isdir(src) and os.listdir(src):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        real(src, dst)
+
+    monkeypatch.setattr(os, call, renamed)

@@ -30,7 +30,7 @@ from lcft.genomics.tokenizer import encode as char_encode
 from lcft.genomics.tokenizer import tokenizer_spec
 from lcft.model import Llama, LlamaConfig
 from lcft.model.hf import config_from_hf
-from tests.one_line import cli_fails, refused
+from tests.one_line import cli_fails, gcsfuse, refused
 
 
 @pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
@@ -114,14 +114,7 @@ def test_export_where_the_file_system_will_not_rename_a_folder_is_one_line(tmp_p
     """A new --out on gcsfuse over a flat bucket (EMFILE renaming a folder of files past --rename-dir-limit, 0 by
     default): one line naming the file system's folder and the remedy (it said only 'Too many open files'), and
     neither --out nor the hidden work folder stays."""
-    real = os.replace
-
-    def gcsfuse(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-        if os.path.isdir(src) and os.listdir(src):
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        real(src, dst)
-
-    monkeypatch.setattr(os, "replace", gcsfuse)
+    gcsfuse(monkeypatch, "replace")
     out = tmp_path / "hf"
     assert cli_fails(["export", str(init_dir), "--out", str(out)]) == \
         f"error: cannot export to {out}: {refused(tmp_path, errno.EMFILE)}"

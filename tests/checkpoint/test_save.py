@@ -12,7 +12,7 @@ import pytest
 from lcft.checkpoint.layout import list_checkpoints, step_name, verify_checkpoint
 from lcft.checkpoint.save import clean_partial, supersede_after, write_checkpoint
 from lcft.errors import LcftError
-from tests.one_line import refused
+from tests.one_line import gcsfuse, refused
 
 
 @pytest.mark.parametrize("err", [errno.EINVAL, errno.EBADF])
@@ -52,14 +52,7 @@ def test_a_file_system_that_will_not_rename_a_folder_is_one_line(tmp_path, monke
     ended the run with a traceback ending in 'Too many open files')."""
     run = tmp_path / "run"
     write_checkpoint(run, 1, lambda d: (d / "model.txt").write_text("step 1"), lambda d: None)
-    real = os.rename
-
-    def gcsfuse(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-        if os.path.isdir(src) and os.listdir(src):
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        real(src, dst)
-
-    monkeypatch.setattr(os, "rename", gcsfuse)
+    gcsfuse(monkeypatch, "rename")
     root = run / "checkpoints"
     for step in (2, 1):  # a new step, and step 1 again (a resumed run replacing what it recomputed)
         with pytest.raises(LcftError) as caught:
