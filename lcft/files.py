@@ -179,10 +179,11 @@ def parse_json(text: str, where: str) -> Any:
     return parse_text(json.loads, "JSON", text, where)
 
 
-def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
-    """The UTF-8 text of the regular file `path`, refused when it is something else (opened without blocking: a
-    FIFO in its place must not hang the reader) or larger than `limit` bytes, before it is read; a one-line
-    LcftError naming it (`what`: what the file is, to begin the message)."""
+def read_bytes(path: str | os.PathLike, limit: int, what: str = "") -> bytes:
+    """The bytes of the regular file `path`, refused when it is something else (opened without blocking: a FIFO in
+    its place must not hang the reader) or larger than `limit` bytes, before it is read; at most `limit` + 1 bytes
+    are read whatever its size says (a file grown since, or one of /proc that says 0). A one-line LcftError naming
+    it (`what`: what the file is, to begin the message)."""
     name = f"{what} {path}" if what else str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -192,9 +193,20 @@ def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
                 raise LcftError(f"{name} is not a regular file")
             if st.st_size > limit:
                 raise LcftError(f"{name} is {st.st_size} bytes, over the limit of {limit}")
-            return fh.read(limit + 1).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+            return fh.read(limit + 1)
+    except OSError as e:
         raise LcftError(f"{name}: cannot read it ({reason(e)})") from None
+
+
+def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:
+    """The UTF-8 text of the regular file `path` (`read_bytes`: refused when it is something else or larger than
+    `limit` bytes, before it is read); a one-line LcftError naming it (`what`: what the file is, to begin the
+    message)."""
+    data = read_bytes(path, limit, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LcftError(f"{f'{what} {path}' if what else path}: cannot read it ({reason(e)})") from None
 
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from lcft.errors import LcftError, closest, did_you_mean, reason
+from lcft.files import read_bytes, read_text
 
 MAX_BYTES = 1 << 48  # an index's offsets and lengths: far past any genome, far below what a read can be asked
 MAX_FAI_BYTES = 256 << 20  # a .fai of millions of contigs is tens of MiB
@@ -214,12 +215,11 @@ def fai_parses(fai: Path) -> bool:
     """Whether pyfaidx can read a .fai as it reads one (each line, right-stripped, five tab-separated fields, the
     last four integers; a repeated name is an error there): UTF-8, at most MAX_FAI_BYTES, each number within
     MAX_BYTES (pyfaidx computes with them in floating point), names unique. One it cannot read (a torn or
-    garbled index) is built again: pyfaidx's ValueError would name the FASTA, which may be sound."""
-    if fai.stat().st_size > MAX_FAI_BYTES:
-        return False
+    garbled index), or this user cannot, is built again: pyfaidx's ValueError would name the FASTA, which may be
+    sound, and its PermissionError was a traceback."""
     try:
-        text = fai.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
+        text = read_text(fai, MAX_FAI_BYTES)
+    except LcftError:  # unreadable, larger, not UTF-8
         return False
     if FAI_TEXT.fullmatch(text):  # the common form, at C speed: what remains is whether names repeat
         listed = FAI_NAME.findall(text)
@@ -250,12 +250,16 @@ def gzi_fits(gzi: Path, bgzf: Path) -> bool:
     declares, no more than the file has blocks, and each start the one the block before it ends at (its header's
     size, its footer's uncompressed size: two small reads a block). pyfaidx reads a .gzi as it is (a short one is
     a struct.error, a start past the file an invalid seek, one inside a block garbles the reads through it), so
-    one that does not fit is built again."""
-    size, compressed = gzi.stat().st_size, bgzf.stat().st_size
-    if size < 8 or (size - 8) % 16 or (size - 8) // 16 > compressed // BGZF_MIN_BLOCK:
+    one that does not fit, or that this user cannot read, is built again. Its size is that of the bytes read (one
+    grown since its size was looked at reads as too large)."""
+    compressed = bgzf.stat().st_size
+    most = 8 + 16 * (compressed // BGZF_MIN_BLOCK)  # bytes of an index of as many blocks as the file could hold
+    try:
+        data = read_bytes(gzi, most)
+    except LcftError:  # unreadable, or larger
         return False
-    data = gzi.read_bytes()
-    if struct.unpack_from("<Q", data)[0] != (size - 8) // 16:
+    size = len(data)
+    if size < 8 or size > most or (size - 8) % 16 or struct.unpack_from("<Q", data)[0] != (size - 8) // 16:
         return False
     starts = [(0, 0), *struct.iter_unpack("<QQ", data[8:])]
     with bgzf.open("rb") as fh:

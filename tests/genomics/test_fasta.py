@@ -6,6 +6,7 @@ import gzip
 import os
 import shutil
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from lcft.genomics.tokenizer import (
 from lcft.genomics.windows import chromosome_stats
 from tests.genomics.conftest import bio_records, random_genome, write_fasta
 from tests.genomics.test_bad_input import bgzf_fasta
+from tests.unprivileged import unprivileged
 
 
 def _random_slices(seq_len: int, n: int, seed: int) -> list[tuple[int, int]]:
@@ -361,6 +363,31 @@ def test_an_index_name_that_is_not_a_file_is_never_read(tmp_path, name, index, t
         for name, seq in bio_records(path).items():
             assert f.read_raw(name, 0, len(seq)).replace(b"\n", b"").decode() == seq
     assert where.is_file() and not where.is_symlink()
+
+
+READ_A = """
+import sys
+from lcft.genomics.fasta import FastaFile
+with FastaFile(sys.argv[1]) as f:
+    print(f.read_raw("a", 0, 8).decode())
+"""
+
+
+@pytest.mark.parametrize("name,index", [("x.fa", ".fai"), ("x.fa.gz", ".fai"), ("x.fa.gz", ".gzi")])
+def test_an_index_this_user_cannot_read_is_built_again(tmp_path, name, index):
+    """An index of mode 0 (another owner's, say) in a folder this user may write: its check read it whole and
+    raised PermissionError, a traceback; now it is built again, as a garbled one is."""
+    records = {"a": random_genome(1, 20_000), "b": random_genome(2, 900)}
+    path = (bgzf_fasta if name.endswith(".gz") else write_fasta)(tmp_path / name, records)
+    with FastaFile(path):
+        pass
+    where = Path(str(path) + index)
+    built = where.read_bytes()
+    where.chmod(0)
+    r = unprivileged([sys.executable, "-c", READ_A, str(path)])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stdout.split() == [records["a"][:8]]
+    assert where.read_bytes() == built and where.stat().st_mode & 0o444
 
 
 def test_a_read_only_folders_stale_index_is_built_once_in_the_cache(tmp_path, monkeypatch):
