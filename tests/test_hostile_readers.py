@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tomllib
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from tests.conftest import SHARED_PUBLISHED
 from tests.one_line import cli_fails, one_line
 from tests.test_files import NON_FILES, plant
 from tests.train.conftest import data_dir, init_dir  # noqa: F401  (fixtures, by name)
+from tests.unprivileged import unprivileged
 
 DEEP = 200_000
 LIMIT = 100  # the nesting lcft documents for a JSON or TOML file (lcft.files.MAX_NESTING)
@@ -189,6 +191,22 @@ def test_deep_metrics_line_is_dropped_like_a_garbled_one(tmp_path):
     MetricsLog(path, resume_step=2).close()
     assert path.read_text().splitlines() == records
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_a_metrics_file_this_user_cannot_read_is_one_line_naming_it(tmp_path):
+    """A resume cuts metrics.jsonl to its checkpoint's step: one of mode 0 (another owner's, say) was read whole and
+    raised PermissionError, a traceback; the file is left as it was."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n")
+    path.chmod(0)
+    tmp_path.chmod(0o777)
+    r = unprivileged([sys.executable, "-c", "from lcft.errors import LcftError\n"
+                      "from lcft.train.metrics import MetricsLog\n"
+                      f"try: MetricsLog({str(path)!r}, resume_step=1)\n"
+                      "except LcftError as e: raise SystemExit(f'error: {e}')"])
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.strip() == f"error: {path}: cannot read it to resume the run (Permission denied)", r.stderr[-2000:]
+    assert path.stat().st_mode & 0o777 == 0
 
 
 @pytest.mark.parametrize("data", [("a = " + "[" * DEEP + "]" * DEEP + "\n").encode(),

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from lcft.console import MeanTimeLeftColumn, hms, make_console, mean_time_left, text_column
 from lcft.disk import write_faults
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import atomic_write, parse_json
 from lcft.train.run_dir import METRICS
 
@@ -59,9 +59,14 @@ class MetricsLog:
             self._f = open(self.path, "a", buffering=1)
 
     def _truncate_after(self, step: int) -> None:
-        """Drop records of steps after the checkpoint we resume from: they are recomputed."""
+        """Drop records of steps after the checkpoint we resume from: they are recomputed. A file this user cannot
+        read is one line naming it."""
+        try:
+            text = self.path.read_text(errors="replace")
+        except OSError as e:
+            raise LcftError(f"{self.path}: cannot read it to resume the run ({e.strerror or reason(e)})") from None
         keep = []
-        for line in self.path.read_text(errors="replace").splitlines():
+        for line in text.splitlines():
             try:
                 record = parse_json(line, str(self.path))
             except LcftError:
