@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, reason
 from lcft.files import no_follow
 
 
@@ -29,16 +29,25 @@ def open_own(path: str | os.PathLike) -> IO[bytes] | None:
 
 def resume_own(path: Path, tool: str, within: Path | None = None) -> IO[bytes] | None:
     """`path` opened by `open_own`, a file of `tool`'s that is cut and appended to in place; None where nothing is
-    there. Anything else there stops with one line, nothing read or changed: `foreign_error`'s, or for a second
-    (hard) name of a file, one saying so (cutting it would cut that file too)."""
+    there. Anything else there stops with one line, nothing read or changed: `foreign_error`'s, for a second
+    (hard) name of a file one saying so (cutting it would cut that file too), for a file this user may not read
+    and write (another owner's, mode 0) the OS's reason."""
     kept = open_own(path)
     if kept is not None or not os.path.lexists(path):
         return kept
     if not_own(path):
         raise foreign_error(path, tool, within=within)
     whole = "" if within is None else f", or the whole {within},"
-    raise LcftError(f"{path} is a second name of another file (a hard link), which resuming {tool} would change; "
-                    f"remove it{whole} and re-run")
+    if path.lstat().st_nlink > 1:
+        raise LcftError(f"{path} is a second name of another file (a hard link), which resuming {tool} would "
+                        f"change; remove it{whole} and re-run")
+    try:  # a regular file of one name that open_own could not open: say why
+        os.close(no_follow(os.fspath(path), os.O_RDWR | os.O_NONBLOCK))
+        why = "it changed while it was opened"
+    except OSError as e:
+        why = e.strerror or reason(e)
+    raise LcftError(f"{path}: cannot open it to resume {tool} ({why}); make it readable and writable, or remove "
+                    f"it{whole} and re-run")
 
 
 def not_own(path: Path, folder: bool = False) -> bool:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
 from lcft.errors import LcftError
-from lcft.foreign_entries import not_own, open_own, refuse_foreign, refuse_not_own
+from lcft.foreign_entries import not_own, open_own, refuse_foreign, refuse_not_own, resume_own
+from tests.unprivileged import unprivileged
 
 
 def test_a_file_to_resume_is_opened_only_when_it_is_ours_alone(tmp_path):
@@ -31,6 +33,27 @@ def test_a_file_to_resume_is_opened_only_when_it_is_ours_alone(tmp_path):
     assert [not_own(tmp_path / n) for n in ("own", "soft", "hard", "fifo", "folder", "missing")] == [
         False, True, False, True, True, False]
     assert not_own(tmp_path / "folder", folder=True) is False and not_own(own, folder=True) is True
+
+
+def test_a_file_to_resume_that_cannot_be_opened_says_why(tmp_path):
+    """resume_own: a second (hard) name is refused as one; a file of one name this user may not read and write
+    (mode 0: another owner's) says the OS's reason (it was called a hard link), and is left as it was."""
+    (tmp_path / "victim").write_bytes(b"someone else's")
+    os.link(tmp_path / "victim", tmp_path / "hard")
+    with pytest.raises(LcftError, match=r"hard\) name|a second name of another file \(a hard link\)"):
+        resume_own(tmp_path / "hard", "eval")
+    locked = tmp_path / "locked"
+    locked.write_bytes(b"kept")
+    locked.chmod(0)
+    tmp_path.chmod(0o777)
+    r = unprivileged([sys.executable, "-c", "from pathlib import Path\nfrom lcft.errors import LcftError\n"
+                      "from lcft.foreign_entries import resume_own\n"
+                      f"try: resume_own(Path({str(locked)!r}), 'eval')\n"
+                      "except LcftError as e: raise SystemExit(f'error: {e}')"])
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"error: {locked}: cannot open it to resume eval (Permission denied); make it readable and writable, or "
+        "remove it and re-run"), r.stderr[-2000:]
+    assert locked.stat().st_mode & 0o777 == 0
 
 
 @pytest.mark.parametrize("planted", ["link", "dangling", "folder", "fifo", "partial_link", "partial_file", None])
