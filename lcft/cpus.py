@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from lcft.errors import LcftError
+from lcft.errors import LcftError, printable
 from lcft.files import read_text
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -15,6 +16,7 @@ SELF_CGROUP = Path("/proc/self/cgroup")
 # (/proc/self/cgroup); more than this is not such a file.
 READ_LIMIT = 8 << 10
 MAX_DIGITS = 19  # the kernel's quotas and periods are 64-bit microseconds
+OMP_THREADS = re.compile(r" *0*[1-9][0-9]{0,8} *(, *0*[1-9][0-9]{0,8} *)*")  # libgomp's: counts >= 1, one per level
 
 
 def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int:
@@ -28,6 +30,19 @@ def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> in
         allowed = os.cpu_count() or 1
     quota = cgroup_cpus(root, self_cgroup)
     return max(1, min(allowed, quota) if quota is not None else allowed)
+
+
+def omp_threads() -> str | None:
+    """OMP_NUM_THREADS as the user gave it; None when unset or blank (a job script's `export OMP_NUM_THREADS=$X`
+    of an unset X). One libgomp would not read ('abc', '0') is an LcftError: libgomp warns, ignores it and takes
+    every CPU, in each process of a launch."""
+    given = os.environ.get("OMP_NUM_THREADS")
+    if given is None or not given.strip():
+        return None
+    if not OMP_THREADS.fullmatch(given):
+        raise LcftError(f"OMP_NUM_THREADS={printable(given)!r} in the environment is not a number of threads: set "
+                        "a whole number of at least 1, or unset it")
+    return given
 
 
 def cgroup_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int | None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lcft.cpus import READ_LIMIT, cgroup_cpus, usable_cpus
+from lcft.cpus import READ_LIMIT, cgroup_cpus, omp_threads, usable_cpus
+from tests.one_line import one_line
 from tests.test_files import NON_FILES, plant
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,3 +122,16 @@ def test_text_that_is_not_utf8_is_no_limit(tmp_path):
     root, listing = _tree(tmp_path, "0::/\n", {"cpu.max": "50000 100000"})
     listing.write_bytes(b"0::/\xff\n")
     assert cgroup_cpus(root, listing) is None
+
+
+@pytest.mark.parametrize("given, kept", [("4", "4"), ("4,2", "4,2"), (" 8 ", " 8 "), ("", None), ("  ", None)])
+def test_a_thread_count_libgomp_reads_is_kept_and_a_blank_one_is_unset(monkeypatch, given, kept):
+    monkeypatch.setenv("OMP_NUM_THREADS", given)
+    assert omp_threads() == kept
+
+
+@pytest.mark.parametrize("given", ["abc", "0", "-3", "2.5", "4,", "4,0"])
+def test_a_thread_count_libgomp_would_ignore_is_one_line(monkeypatch, given):
+    """libgomp warns on these, ignores them and takes every CPU."""
+    monkeypatch.setenv("OMP_NUM_THREADS", given)
+    one_line(omp_threads, f"OMP_NUM_THREADS={given!r}", "unset it")

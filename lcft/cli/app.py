@@ -8,8 +8,11 @@ import typer
 
 from lcft import __version__
 from lcft.cli import demo, eval, export, plan, prepare, train
+from lcft.cli.common import fail
 from lcft.cli.help import Typer
 from lcft.console import PIPE_CLOSED, standard_streams, stdout_identity, zero_columns
+from lcft.environment import check_environment
+from lcft.errors import LcftError
 
 app = Typer(
     name="lcft",
@@ -40,6 +43,10 @@ for _mod in (prepare, train, plan, eval, export, demo):
 def main() -> None:
     standard_streams()
     zero_columns()
+    try:
+        check_environment()
+    except LcftError as e:
+        raise SystemExit(fail(str(e)).exit_code) from None
     stdout, fd1 = sys.stdout, stdout_identity()
     try:
         app()

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lcft.config_toml import save_resolved, to_dict
-from lcft.cpus import usable_cpus
+from lcft.cpus import omp_threads, usable_cpus
 from lcft.errors import LcftError
 from lcft.folder_lock import HELD_LOCK_ENV, folder_lock
 from lcft.launch.jobs import JOBS, Entry, job
@@ -210,7 +210,8 @@ def _environment(cfg: Any, files: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ, **files)
     # The CPUs this process may use (its affinity, its cgroup's quota) shared among the workers unless the user
     # chose: N processes x all the machine's cores each would oversubscribe the CPUs they are granted.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // cfg.nproc)))
+    # (an OMP_NUM_THREADS left blank is unset: kept, each worker's libgomp would ignore it and take every CPU)
+    env["OMP_NUM_THREADS"] = omp_threads() or str(max(1, usable_cpus() // cfg.nproc))
     env[NODE_RANK_ENV] = str(cfg.node_rank)
     env[PARENT_ENV] = str(os.getpid())  # the agent ends at once if this process is gone before it is running
     if cfg.nnodes == 1:  # launch() holds the lock

@@ -48,6 +48,19 @@ def test_the_users_thread_count_is_kept(tmp_path, monkeypatch):
     assert _environment(cfg, {})["OMP_NUM_THREADS"] == "3"
 
 
+def test_a_blank_thread_count_is_unset_and_the_workers_share_the_cpus(tmp_path, monkeypatch):
+    """A job script's `export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK` where that is unset: the blank value was kept,
+    and each worker's libgomp ignored it (with a warning) and took every CPU."""
+    from types import SimpleNamespace
+
+    from lcft.cpus import usable_cpus
+    from lcft.launch import _environment
+
+    monkeypatch.setenv("OMP_NUM_THREADS", " ")
+    cfg = SimpleNamespace(nproc=2, nnodes=1, node_rank=0, out=str(tmp_path))
+    assert _environment(cfg, {})["OMP_NUM_THREADS"] == str(max(1, usable_cpus() // 2))
+
+
 def test_worker_refuses_a_bad_command_line(capsys):
     assert main([]) == 2
     assert main(["export", "x.toml"]) == 2
