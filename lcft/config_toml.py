@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lcft.config import ConfigError
-from lcft.errors import LcftError
+from lcft.errors import LcftError, printable
 from lcft.files import atomic_write, expect_folder, parse_text, read_text, resolved
 from lcft.hub import hub_id, read_as_path
 from lcft.vocab import kmer_spec
@@ -104,6 +105,25 @@ def _not_a_path(name: str, value: str) -> bool:
     return name in _HUB_FIELDS and hub_id(value) is not None
 
 
+def _unicode(name: str, path: str) -> str:
+    """`path` when its name is text: a name whose bytes the file system encoding could not decode (Python holds
+    them as surrogates) works for the run, but the config.toml it saves cannot hold it (TOML is Unicode text) and
+    no later command could read that back: a resume, a --config rerun."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        shown_path = printable(path)
+        try:
+            os.fsencode(path).decode()
+        except UnicodeDecodeError:
+            raise ConfigError(f"{name}: {shown_path}: the name is not valid UTF-8 (a saved config cannot hold it): "
+                              "rename the file or folder") from None
+        raise ConfigError(f"{name}: {shown_path}: the locale's encoding ({sys.getfilesystemencoding()}) cannot hold "
+                          "the name (a saved config could not either): run in a UTF-8 locale (LC_ALL=C.UTF-8) or "
+                          "with PYTHONUTF8=1") from None
+    return path
+
+
 def absolute_paths(cfg: C) -> C:
     """A config dataclass with its PATH_FIELDS absolute, so a launch's processes, and its saved config rerun with
     --config, name the same files from any working folder."""
@@ -120,7 +140,7 @@ def absolute_paths(cfg: C) -> C:
             raise ConfigError(f"{name}: {v} not found{note}")
         if name == "out":  # resolved, a link to nothing would be followed and its target made: refused as given
             expect_folder(Path(v).expanduser(), "--out")
-        return str(resolved(Path(v).expanduser()))
+        return _unicode(name, str(resolved(Path(v).expanduser())))
     fields = {f.name for f in dataclasses.fields(cfg)}  # type: ignore[arg-type]
     return dataclasses.replace(cfg, **{n: one(n, getattr(cfg, n)) for n in PATH_FIELDS if n in fields})  # type: ignore[type-var]
 

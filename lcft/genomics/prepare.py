@@ -100,6 +100,7 @@ def prepare_windows_wrote(cfg: PrepareConfig, *, progress: bool = False) -> tupl
     con = _console() if progress else None
     out = Path(cfg.out)  # type: ignore[arg-type]
     expect_folder(out, "--out")
+    absolute_paths(cfg)  # for its refusals (a name the saved prepare.toml could not hold), before any cutting
     tok = prepare_tokenizer(cfg.tokenizer)
     with FastaFile(cfg.fasta) as fasta:  # type: ignore[arg-type]
         chosen = {"train": list(cfg.train), "eval": list(cfg.eval)}

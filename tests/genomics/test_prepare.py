@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -141,3 +142,17 @@ def test_a_finished_chromosome_shows_how_long_it_took(tmp_path, capsys, monkeypa
     took = [re.fullmatch(r"(\d+):(\d\d):(\d\d)", line.split()[-1]) for line in bars]
     assert len(bars) == 2 and all(took), bars
     assert all(int(t[1]) * 3600 + int(t[2]) * 60 + int(t[3]) >= 7 for t in took), bars
+
+
+def test_a_fasta_name_the_saved_prepare_toml_cannot_hold_is_refused_before_any_cutting(tmp_path, capsys):
+    """A FASTA named with a byte that is not UTF-8: every window was cut and written, with a prepare.toml no
+    --config could read back (TOML is Unicode text). Now one line, and --out is not made."""
+    from lcft.config import ConfigError
+    from lcft.genomics import sample_fasta
+
+    fasta = os.path.join(os.fsencode(tmp_path), b"g\xff.fa")
+    with open(sample_fasta(), "rb") as src, open(fasta, "wb") as dst:
+        dst.write(src.read())
+    with pytest.raises(ConfigError, match="not valid UTF-8"):
+        prepare_windows(fasta=os.fsdecode(fasta), out=str(tmp_path / "w"), length=2048, train=("chr2",), eval=())
+    assert not (tmp_path / "w").exists()
