@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
                     # a sharded model stays on the meta device: streamed shard by shard, never whole in memory
                     _, written = export_model(load(source, materialize=False), out, dtype=cast, force=force)
             done = "wrote" if written else "already exported to"  # run again after a kill, or after it completed
-            console.print(f"{done} {out} (from {source})", highlight=False)
+            console.print(f"{done} {out} (from {source})", highlight=False, soft_wrap=True)  # paths unbroken
             attention = read_model_meta(out).get("attention")
             if isinstance(attention, dict) and attention.get("backend") == "sparse":  # (a dense one: torch unread)
                 from lcft.checkpoint.export import transformers_attention_note
