@@ -9,15 +9,20 @@ from lcft.cpus import omp_threads
 from lcft.errors import LcftError, printable, reason
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+# The commands that load torch's compiler (an optimizer's or a model's first use imports it, compiling or not);
+# plan and prepare never do, so a compiler cache folder they would not use does not stop them.
+COMPILER_COMMANDS = ("train", "eval", "export", "demo")
 
 
-def check_environment() -> None:
-    """LcftError for what would fail later with a traceback or a crash; an empty OMP_NUM_THREADS (a job script's
-    `export OMP_NUM_THREADS=$X` of an unset X) is dropped, as unset: libgomp would warn and ignore it."""
+def check_environment(command: str | None) -> None:
+    """LcftError for what would fail later with a traceback or a crash in `command` (the CLI's subcommand; None:
+    none given); an empty OMP_NUM_THREADS (a job script's `export OMP_NUM_THREADS=$X` of an unset X) is dropped,
+    as unset: libgomp would warn and ignore it."""
     working_folder()
     if omp_threads() is None:
         os.environ.pop("OMP_NUM_THREADS", None)
-    inductor_cache()
+    if command in COMPILER_COMMANDS:
+        inductor_cache()
 
 
 def working_folder() -> None:

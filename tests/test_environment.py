@@ -42,6 +42,8 @@ def test_a_compiler_cache_folder_that_cannot_be_made_is_one_line(preloaded, tmp_
     r = preloaded.run(["-m", "lcft", "export", str(source), "--out", str(tmp_path / "out")], env=env)
     _one_error_line(r, "TORCHINDUCTOR_CACHE_DIR=", "point it at a writable folder, or unset it")
     assert not (tmp_path / "out").exists()
+    r = preloaded.run(PLAN, env=env)  # plan never loads the compiler: a cache folder it would not use is no error
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
 def test_a_thread_count_libgomp_cannot_read_is_one_line(preloaded, tmp_path):  # noqa: F811

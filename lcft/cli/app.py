@@ -44,7 +44,7 @@ def main() -> None:
     standard_streams()
     zero_columns()
     try:
-        check_environment()
+        check_environment(next((a for a in sys.argv[1:] if not a.startswith("-")), None))  # (the subcommand)
     except LcftError as e:
         raise SystemExit(fail(str(e)).exit_code) from None
     stdout, fd1 = sys.stdout, stdout_identity()
