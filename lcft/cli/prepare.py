@@ -127,8 +127,8 @@ def cache(
         help="Remove what no FASTA open has used for DAYS days (0: everything), and links to files that are gone. "
              "Each is made again when a FASTA needs it (a plain gzip copy: decompressed again)."),
 ) -> None:
-    """What lcft keeps in its cache ($LCFT_CACHE, default ~/.cache/lcft): decompressed and normalized FASTA
-    copies, links and indexes, largest first, with their size and last use."""
+    """What lcft keeps in its cache ($LCFT_CACHE, default $XDG_CACHE_HOME/lcft or ~/.cache/lcft): decompressed and
+    normalized FASTA copies, links and indexes, largest first, with their size and last use."""
     from lcft.genomics.fasta_cache import cache_dir, cache_entries, remove_unused
 
     if days is not None:

@@ -34,10 +34,15 @@ CacheKind = Literal["decompressed", "normalized", "link", "link to a missing fil
 
 
 def cache_dir() -> Path:
-    """Where lcft keeps derived files (decompressed FASTA, indexes for read-only inputs): $LCFT_CACHE or
-    ~/.cache/lcft; a leading '~' in LCFT_CACHE is the home folder (set in quotes or an env file, no shell expands
-    it: else a folder named '~' would appear in the working folder)."""
-    return Path(os.path.expanduser(os.environ.get("LCFT_CACHE") or "~/.cache/lcft"))
+    """Where lcft keeps derived files (decompressed FASTA, indexes for read-only inputs): $LCFT_CACHE, else lcft/
+    in $XDG_CACHE_HOME (the XDG base directories' cache, where a cluster points it at scratch space; an absolute
+    path only, as the specification says a relative one is to be ignored), else ~/.cache/lcft; a leading '~' in
+    LCFT_CACHE is the home folder (set in quotes or an env file, no shell expands it: else a folder named '~' would
+    appear in the working folder)."""
+    if given := os.environ.get("LCFT_CACHE"):
+        return Path(os.path.expanduser(given))
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(xdg) / "lcft" if os.path.isabs(xdg) else Path(os.path.expanduser("~/.cache/lcft"))
 
 
 def cache_folder(part: str) -> Path:

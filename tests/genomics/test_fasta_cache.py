@@ -375,3 +375,19 @@ def test_the_copy_into_the_cache_is_named_on_stderr_once(tmp_path, capfd):
         assert _records(f) == {"a": recs["a"][:99]}
     assert capfd.readouterr().err == (f"normalizing the line ends of {cr} into {cache_dir() / 'fasta'} (once: later "
                                       "runs reuse the copy)\n")
+
+
+@pytest.mark.parametrize("lcft_cache,xdg,want", [
+    (None, "{tmp}/xdg", "{tmp}/xdg/lcft"),  # a cluster's XDG_CACHE_HOME on scratch space: it was ignored
+    ("{tmp}/mine", "{tmp}/xdg", "{tmp}/mine"),  # LCFT_CACHE first
+    (None, "relative/xdg", "{home}/.cache/lcft"),  # a relative one is ignored, as the XDG specification says
+    (None, "", "{home}/.cache/lcft"),
+    (None, None, "{home}/.cache/lcft")])
+def test_the_cache_folder_follows_lcft_cache_then_xdg_cache_home(tmp_path, monkeypatch, lcft_cache, xdg, want):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name, value in (("LCFT_CACHE", lcft_cache), ("XDG_CACHE_HOME", xdg)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    assert cache_dir() == Path(want.format(tmp=tmp_path, home=tmp_path / "home"))
