@@ -130,6 +130,32 @@ def standard_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+def failed_stream(e: OSError) -> str | None:
+    """"standard output" / "standard error" when `e` was raised writing to that stream (the innermost frame of its
+    traceback held the stream: rich's and click's writers, print): a full disk or quota under a job's log file,
+    /dev/full; None otherwise."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    held = list(tb.tb_frame.f_locals.values())
+    held += [getattr(v, "file", None) for v in held if isinstance(v, Console)]
+    for stream, name in ((sys.stdout, "standard output"), (sys.stderr, "standard error")):
+        if any(v is stream for v in held):
+            return name
+    return None
+
+
+def quiet_streams() -> None:
+    """Standard output and error pointed at /dev/null: the interpreter's final flush of what they still buffer
+    must not fail again (after a write fault was said, or a reader went away)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
 def stdout_identity() -> tuple[int, int]:
     """What file descriptor 1 is (device, inode): a closed pipe's handlers put /dev/null in its place."""
     st = os.fstat(1)

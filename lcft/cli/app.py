@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import typer
@@ -10,7 +12,14 @@ from lcft import __version__
 from lcft.cli import demo, eval, export, plan, prepare, train
 from lcft.cli.common import fail
 from lcft.cli.help import Typer
-from lcft.console import PIPE_CLOSED, standard_streams, stdout_identity, zero_columns
+from lcft.console import (
+    PIPE_CLOSED,
+    failed_stream,
+    quiet_streams,
+    standard_streams,
+    stdout_identity,
+    zero_columns,
+)
 from lcft.environment import check_environment
 from lcft.errors import LcftError
 
@@ -50,6 +59,14 @@ def main() -> None:
     stdout, fd1 = sys.stdout, stdout_identity()
     try:
         app()
+    except OSError as e:  # a standard stream that takes no more (a job's log file on a full disk or quota)
+        if (stream := failed_stream(e)) is None:
+            raise
+        with contextlib.suppress(OSError):  # (stderr may be the stream that failed)
+            os.write(2, f"error: cannot write to {stream} ({e.strerror or e}): free space where it goes, or send "
+                        "it elsewhere\n".encode())
+        quiet_streams()
+        raise SystemExit(1) from None
     except SystemExit as e:
         # Output typer writes itself (help, usage, --version) ends quietly when its pipe closes, but with exit
         # code 1, which means a user error here: typer swaps a wrapper in for sys.stdout, rich (its help) points

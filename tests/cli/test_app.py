@@ -88,6 +88,23 @@ def test_output_into_a_closed_pipe_ends_quietly_as_cat_does(args):
     assert (r.returncode, r.stderr) == (141, ""), r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--preset", "tiny", "--seq-len", "1K"]])
+def test_a_standard_output_that_takes_no_more_is_one_line(args):
+    """stdout a log file on a full disk or quota (/dev/full here): typer's help and lcft's own output (a plan) were
+    a traceback ending in 'OSError: [Errno 28] No space left on device'; now one line on stderr, exit 1. With stderr
+    full too, nothing is said and the exit code is the same."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "lcft", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                           env=env, timeout=120)
+        assert (r.returncode, r.stderr) == (1, "error: cannot write to standard output (No space left on device): "
+                                               "free space where it goes, or send it elsewhere\n"), r.stderr[-2000:]
+        r = subprocess.run([sys.executable, "-m", "lcft", *args], stdout=full, stderr=full, env=env, timeout=120)
+        assert r.returncode == 1
+
+
 INTERRUPT_WHILE_LOADING = """
 import os, signal, sys
 class _Interrupt:  # a Ctrl-C that arrives while the CLI's imports run (they take a second or more)
