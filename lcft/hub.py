@@ -257,6 +257,9 @@ def snapshot(repo: str, revision: str | None = None, weights: bool = True, also:
                         f"{did_you_mean(_meant(repo, folder))}") from None
     except errors.RevisionNotFoundError:
         raise LcftError(f"{repo}: no revision {revision!r} on the Hub") from None
+    except RecursionError:  # the one file it parses whole that _check_trees bounds by size only: its nesting
+        raise LcftError(f"the Hub cache's tree listing in {folder / 'trees'} is nested too deep to be one: remove it "
+                        "and download again") from None
     except Exception as e:  # noqa: BLE001 (HTTP, connection and validation errors of its HTTP stack alike)
         raise LcftError(f"{repo}: not a local folder, and the Hub cannot be read ({reason(e)})") from None
     _check_links(repo, revision, Path(path), patterns, offline)

@@ -83,6 +83,20 @@ def test_a_tree_listing_that_is_no_file_is_one_line_at_once(preloaded, hub, tmp_
     assert lines[0] == f"error: the Hub cache's tree listing {tree} is not a regular file: remove it and download again"
 
 
+def test_a_tree_listing_nested_too_deep_is_one_line_naming_it(preloaded, hub, tmp_path):  # noqa: F811
+    """huggingface_hub reads a tree listing with json.load: one of 100,000 nested lists (a small file) was
+    RecursionError, said as 'not a local folder, and the Hub cannot be read (maximum recursion depth exceeded...)'
+    while offline."""
+    files, _ = hf_model(tmp_path, 0)
+    cache_repo(hub, REPO, COMMIT_A, files)
+    trees = _repo_folder(hub) / "trees"
+    trees.mkdir()
+    (trees / f"{COMMIT_A}.json").write_text("[" * 100_000 + "]" * 100_000)
+    got = _plan(preloaded, hub)
+    assert got.returncode == 1 and got.stderr == (f"error: the Hub cache's tree listing in {trees} is nested too deep "
+                                                  "to be one: remove it and download again\n"), got.stderr[-2000:]
+
+
 def test_a_revision_that_leaves_the_refs_folder_is_one_line(preloaded, hub, tmp_path):  # noqa: F811
     files, _ = hf_model(tmp_path, 0)
     cache_repo(hub, REPO, COMMIT_A, files)
