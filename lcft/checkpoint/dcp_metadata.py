@@ -62,7 +62,10 @@ def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
     with reading(path, lambda why: _refuse(path, why)), open(path, "rb") as fh:
         if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
             raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
-        md = RestrictedUnpickler(fh.read(), _metadata_global).load()
+        data = fh.read(MAX_METADATA_BYTES + 1)  # whatever its size said a moment ago: one grown since is refused
+        if len(data) > MAX_METADATA_BYTES:
+            raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
+        md = RestrictedUnpickler(data, _metadata_global).load()
     _check(path, md)
     return md
 

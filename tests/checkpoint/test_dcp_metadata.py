@@ -377,3 +377,19 @@ def test_a_deflated_record_in_a_shard_item_is_refused_before_it_is_inflated(prel
     assert int(lines[-1].split()[0]) < 256, lines  # MiB above the peak before reading
     assert lines[0].startswith("LcftError") and str(shard) in lines[0] and "is compressed" in lines[0], lines
     assert "data.pkl" in lines[0] and not (tmp_path / "hf").exists()
+
+
+def test_a_metadata_file_grown_past_its_bound_after_its_size_was_read_is_refused(tmp_path, monkeypatch):
+    """Its size is looked at, then it is read: one that grew in between (or that reports a size it does not hold)
+    was read whole, whatever it had grown to; now no more than the bound is read, then it is refused."""
+    import os
+
+    from lcft.checkpoint import dcp_metadata
+
+    path = tmp_path / ".metadata"
+    with open(path, "wb") as f:
+        f.truncate(dcp_metadata.MAX_METADATA_BYTES + 1)  # a sparse file: no disk
+    real = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], 0, *real(fd)[7:])))  # "0 bytes"
+    with pytest.raises(LcftError, match=rf"\.metadata: refused: larger than {dcp_metadata.MAX_METADATA_BYTES >> 20} MiB"):
+        dcp_metadata.read_metadata_file(path)
