@@ -8,7 +8,7 @@ with torchrun, as for `lcft train --nproc`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,8 +26,11 @@ from lcft.parallel.parallelize import ParallelizeConfig, parallelize
 class EvalParallel:
     """This rank's part of a parallel evaluation: process groups, CP model rewiring, window rounds."""
 
-    def __init__(self, cfg: ParallelConfig, device: torch.device) -> None:
-        init_world(cfg.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
+    def __init__(self, cfg: ParallelConfig, device: torch.device,
+                 same_run: Callable[[], dict[str, str]] | None = None) -> None:
+        # under a launch: the process group, its timeout, the heartbeat, and every node running the same
+        # evaluation (`same_run`: this rank's fingerprint, lcft.parallel.same_run)
+        init_world(cfg.collective_timeout, same_run)
         self.cfg, self.device = cfg, device
         self.state = init_parallel(cfg)  # clear error when the world does not split into cp groups
         self.is_main = self.state.is_main

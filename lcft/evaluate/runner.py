@@ -13,6 +13,7 @@ import torch
 
 from lcft import __version__
 from lcft.checkpoint.layout import Identity, names_run
+from lcft.config_toml import to_dict
 from lcft.console import make_console, text_column, time_left_column
 from lcft.errors import RESUME, LcftError
 from lcft.evaluate.binning import bin_edges
@@ -27,9 +28,11 @@ from lcft.evaluate.split import CheckpointResult, check_finite, position_length,
 from lcft.evaluate.store import FORMAT, PARTIAL, LossStore, clear, discarded, pass_key
 from lcft.files import read_json
 from lcft.folder_lock import folder_lock
+from lcft.genomics.shards import windows_identity
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launch_world, launched
 from lcft.parallel.config import ParallelConfig
+from lcft.parallel.same_run import checkpoint_identity, content_identity, fingerprint
 from lcft.signals import Ended, StopSignals, signal_fields
 
 
@@ -93,7 +96,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     try:
         if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
             pcfg = ParallelConfig(cp=cfg.cp, cp_layout=cfg.cp_layout, cp_kv=cfg.cp_kv, collective_timeout=cfg.collective_timeout)
-            parallel = EvalParallel(pcfg, device)
+            parallel = EvalParallel(pcfg, device, lambda: _same_run(cfg, ws))
             for info in infos:
                 parallel.check(ws.length, info.block_size(), [info.max_context])
             progress = progress and parallel.is_main
@@ -120,6 +123,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
             parallel.close()
     return report
+
+
+def _same_run(cfg: EvalConfig, ws: Any) -> dict[str, str]:
+    """This rank's fingerprint of the evaluation (lcft.parallel.same_run): its options, and what its split's
+    windows and its checkpoints hold."""
+    return fingerprint(to_dict(cfg), {"data": content_identity(lambda: windows_identity(ws.manifest, cfg.split)),
+                                      "checkpoints": " ".join(map(checkpoint_identity, cfg.checkpoints))})
 
 
 def _planting(cfg: EvalConfig, ws: Any, n_windows: int) -> str | None:

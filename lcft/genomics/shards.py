@@ -324,6 +324,15 @@ def _check_layout(d: Path, m: dict, split: str, files: dict) -> None:
                             f"of {m.get('length')} tokens, the manifest lists {files[name].get('bytes')}")
 
 
+def windows_identity(manifest: dict[str, Any], split: str) -> dict[str, Any]:
+    """What identifies the windows of one split of a prepared data folder, wherever it lies and however its source
+    was named: their length and stride and the sha256 of each file of the split, as its manifest records them
+    (verify_windows checks them against the files)."""
+    files = manifest["splits"][split].get("files", {})
+    return {"length": manifest.get("length"), "stride": manifest.get("stride"),
+            "sha256": {name: meta["sha256"] for name, meta in sorted(files.items())}}
+
+
 def verify_windows(out_dir: str | os.PathLike, splits: tuple[str, ...] | None = None) -> dict:
     """Check the manifest against itself (file sizes for its windows), then recompute sizes and sha256 of every
     file it lists (of `splits` only, when given, plus the tokenizer's); raise LcftError naming the first

@@ -78,7 +78,8 @@ class LaunchConfig:
 
     nnodes: int = 1
     """Nodes of the run: start `lcft train|eval` once on every node with the same options, each with its own
-    --node-rank, and --rdzv-endpoint pointing at node 0."""
+    --node-rank, and --rdzv-endpoint pointing at node 0 (the nodes check that they agree when they meet: a node
+    that differs is one line on every node)."""
 
     node_rank: int = 0
     """This node's number, 0 to nnodes - 1 (node 0 hosts the rendezvous; error messages name nodes by it)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from lcft import liveness
 from lcft.errors import LcftError, printable, reason
 from lcft.parallel.config import CpConfig, shards_parameters
+from lcft.parallel.same_run import check_same_run
 from lcft.shapes import check_world
 
 MESH_DIMS = ("dp", "cp")
@@ -90,17 +92,21 @@ def mesh_device_type() -> str:
     return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
 
 
-def init_world(collective_timeout: float) -> bool:
+def init_world(collective_timeout: float, same_run: Callable[[], dict[str, str]] | None = None) -> bool:
     """Join the process group a torchrun launch describes (env://: RANK, WORLD_SIZE, MASTER_ADDR), waiting at most
     `collective_timeout` seconds for the other processes and then as much per collective, and start this rank's
-    heartbeat; True when there is a group (several processes). A group someone else initialised is kept as it is
-    (its own timeout)."""
+    heartbeat; then, before the run's first collective, check that every rank runs the same run: `same_run()` is
+    this rank's fingerprint (lcft.parallel.same_run; a node given other options, data or software is one line on
+    every rank, not a silent or hung run). True when there is a group (several processes). A group someone else
+    initialised is kept as it is (its own timeout)."""
     world = liveness.launch_world()
     if not dist.is_initialized():
         if world <= 1:
             return False
         _join(world, collective_timeout)
     liveness.start(dist.get_rank(), dist.get_world_size(), collective_timeout, _group_restarts())
+    if same_run is not None and dist.get_world_size() > 1:
+        check_same_run(same_run())
     return True
 
 

@@ -22,6 +22,8 @@ from lcft.disk import write_faults
 from lcft.errors import LcftError, shown
 from lcft.files import present
 from lcft.foreign_entries import refuse_not_own
+from lcft.genomics.shards import read_manifest, windows_identity
+from lcft.parallel.same_run import checkpoint_identity, content_identity, fingerprint
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import ModelOverrides, TrainConfig, diff, load_run_config
 
@@ -115,11 +117,15 @@ def keep_resumed_model(cfg: TrainConfig, ckpt: Path, say: Callable[[str], None])
 
 
 def data_identity(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What identifies the training windows of a prepared data folder: their length and stride and the sha256 of
-    each file of its train split, as its manifest records them (verify_windows checked them against the files)."""
-    files = manifest["splits"]["train"].get("files", {})
-    return {"length": manifest.get("length"), "stride": manifest.get("stride"),
-            "sha256": {name: meta["sha256"] for name, meta in sorted(files.items())}}
+    """What identifies the training windows of a prepared data folder (windows_identity of its train split)."""
+    return windows_identity(manifest, "train")
+
+
+def same_run(cfg: TrainConfig) -> dict[str, str]:
+    """This rank's fingerprint of the run (lcft.parallel.same_run): its options, and what --data (its training
+    windows), --init and --resume hold."""
+    return fingerprint(to_dict(cfg), {"data": content_identity(lambda: data_identity(read_manifest(cfg.data))),
+                                      "init": checkpoint_identity(cfg.init), "resume": checkpoint_identity(cfg.resume)})
 
 
 def record_data(state: TrainerState, manifest: dict[str, Any]) -> list[str]:

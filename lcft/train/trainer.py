@@ -45,7 +45,15 @@ from lcft.train.memory import expandable_cuda_segments, return_freed_buffers_to_
 from lcft.train.metrics import LiveView, MetricsLog
 from lcft.train.model_setup import build_model, declare_context
 from lcft.train.precision import choose_precision, offload_dtype
-from lcft.train.run_dir import METRICS, SUMMARY, check_run_dir, keep_resumed_model, open_run_dir, record_data
+from lcft.train.run_dir import (
+    METRICS,
+    SUMMARY,
+    check_run_dir,
+    keep_resumed_model,
+    open_run_dir,
+    record_data,
+    same_run,
+)
 from lcft.train.sharded import materialize_sharded, prepare
 from lcft.train.step import LossModel, make_optimizer, make_scheduler, oom_message, warmup_note
 from lcft.units import counted
@@ -133,7 +141,8 @@ class Trainer(GlobalStep):
         cfg = self.cfg
         _reset_accelerate()
         self.cpu = not torch.cuda.is_available()
-        init_world(cfg.launch.collective_timeout)  # under a launch: the process group, its timeout, the heartbeat
+        # under a launch: the process group, its timeout, the heartbeat, and every node running the same run
+        init_world(cfg.launch.collective_timeout, lambda: same_run(cfg))
         ps = PartialState(cpu=self.cpu)  # joins the torchrun process group (gloo on CPU) when launched
         self.device = ps.device
         # collective: the ("dp", "cp") mesh every rank and FSDP share; one process: nothing to shard

@@ -131,3 +131,23 @@ def step_max(rank: int, world: int, values: list[int]) -> tuple[list[int], dict[
     comms.STATS.reset()
     got = step._max([v + (rank if i % 2 else -rank) for i, v in enumerate(values)])
     return got, dict(comms.STATS.calls), dict(comms.STATS.bytes)
+
+
+def same_run_check(rank: int, world: int, versions: list[str]) -> str | None:
+    """check_same_run on each rank as node `rank`, its fingerprint made by an lcft whose version reads
+    versions[rank] (the input faked, the comparison real); the error the rank raised, or None."""
+    import os
+    from unittest import mock
+
+    from lcft.errors import LcftError
+    from lcft.liveness import NODE_RANK_ENV
+    from lcft.parallel import same_run
+
+    os.environ[NODE_RANK_ENV] = str(rank)
+    with mock.patch.object(same_run, "__version__", versions[rank]):
+        fields = same_run.fingerprint({"lr": 0.001, "node_rank": rank}, {"data": "9f86d081884c7d65"})
+    try:
+        same_run.check_same_run(fields)
+    except LcftError as e:
+        return str(e)
+    return None

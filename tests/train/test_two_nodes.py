@@ -28,6 +28,7 @@ from lcft.train import TrainConfig, latest_checkpoint, train
 from lcft.train.config import resolve_folders
 from tests.launch.test_taken_port import TAKE_MASTER_PORT
 from tests.train.launching import (
+    RUN,
     error_lines,
     free_port,
     kill_tree,
@@ -54,10 +55,10 @@ def _nodes(data_dir, init_dir, run, port, *extra, steps: int = 6, own: Path | No
             for node in (0, 1)]
 
 
-def _node(data_dir, init_dir, run, port, node, *extra, steps: int = 6, wrap=(), env=None):
+def _node(data_dir, init_dir, run, port, node, *extra, steps: int = 6, wrap=(), env=None, options=RUN):
     return start_train(data_dir, init_dir, run, "--nproc", 1, "--nnodes", 2, "--node-rank", node, "--rdzv-endpoint",
                        f"127.0.0.1:{port}", "--cp", 2, "--steps", steps, "--save-every", 2, "--collective-timeout",
-                       TIMEOUT, *extra, wrap=wrap, env=env)
+                       TIMEOUT, *extra, wrap=wrap, env=env, run=options)
 
 
 def _rank0_node(nodes: list[subprocess.Popen], timeout: float = 240) -> int:
@@ -71,6 +72,26 @@ def _rank0_node(nodes: list[subprocess.Popen], timeout: float = 240) -> int:
             assert p.poll() is None, p.communicate()[1][-3000:]
         time.sleep(0.1)
     raise AssertionError(f"no worker of rank 0 after {timeout} s")
+
+
+@pytest.mark.parametrize(("option", "value", "named"), [("--lr", "3e-4", "lr 0.0003 vs 0.001"),
+                                                        ("--seq-len", "1024", "seq_len 1024 vs 512")])
+def test_a_node_given_other_options_stops_both_nodes_in_the_same_line(tmp_path, data_dir, init_dir, option, value,
+                                                                      named):
+    """Node 1's command gives another --lr (or --seq-len) than node 0's: both nodes exit 1 with the same line naming
+    node 1 and both values, before the run folder is made. Another --lr trained to the end, exit 0, each replica
+    stepping at its own rate; another --seq-len died in a gloo collective ('Received data size doesn't match
+    expected size', SIGABRT), exit 75 on both nodes, saying to start it again with --resume auto."""
+    run, port = tmp_path / "two-nodes", free_port()
+    changed = list(RUN)
+    changed[changed.index(option) + 1] = value
+    nodes = [_node(data_dir, init_dir, run, port, node, options=changed if node else RUN) for node in (0, 1)]
+    ended = [p.communicate(timeout=TIMEOUT + 120) for p in nodes]
+    assert [p.returncode for p in nodes] == [1, 1], ended[0][1][-3000:] + ended[1][1][-3000:]
+    line = f"error: node 1 runs another run than node 0: {named} (give every node the same options)"
+    for _, err in ended:
+        assert [x for x in err.splitlines() if x.strip()] == [line], err[-3000:]
+    assert not run.exists()
 
 
 def test_two_nodes_lose_one_then_resume_to_the_one_process_losses(tmp_path, data_dir, init_dir, one_process_run):
