@@ -179,11 +179,30 @@ def parse_json(text: str, where: str) -> Any:
     return parse_text(json.loads, "JSON", text, where)
 
 
+READ_CHUNK = 1 << 20  # what a file longer than its size said is read on by: a buffer of the bound is asked only as it fills
+
+
+def read_capped(fh: IO[bytes], size: int, limit: int) -> bytes:
+    """What the open file `fh` holds, `size` bytes as its stat said, but never more than `limit` + 1 bytes, whatever
+    it holds (a file grown since, or one of /proc that says 0): a caller refuses more than `limit`. A read asks
+    Python for a buffer of the length it is given first, so a read of the bound itself (hundreds of MiB) would
+    reserve it for every small file, which a node that does not overcommit memory refuses (MemoryError)."""
+    want = min(size, limit) + 1
+    data = fh.read(want)
+    if len(data) < want:
+        return data
+    parts, total = [data], len(data)
+    while total <= limit and (chunk := fh.read(min(READ_CHUNK, limit + 1 - total))):
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
 def read_bytes(path: str | os.PathLike, limit: int, what: str = "") -> bytes:
     """The bytes of the regular file `path`, refused when it is something else (opened without blocking: a FIFO in
-    its place must not hang the reader) or larger than `limit` bytes, before it is read; at most `limit` + 1 bytes
-    are read whatever its size says (a file grown since, or one of /proc that says 0). A one-line LcftError naming
-    it (`what`: what the file is, to begin the message)."""
+    its place must not hang the reader) or larger than `limit` bytes, before it is read and as it is read (a file
+    grown since, or one of /proc that says 0: `read_capped`). A one-line LcftError naming it (`what`: what the file
+    is, to begin the message)."""
     name = f"{what} {path}" if what else str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -193,9 +212,12 @@ def read_bytes(path: str | os.PathLike, limit: int, what: str = "") -> bytes:
                 raise LcftError(f"{name} is not a regular file")
             if st.st_size > limit:
                 raise LcftError(f"{name} is {st.st_size} bytes, over the limit of {limit}")
-            return fh.read(limit + 1)
+            data = read_capped(fh, st.st_size, limit)
     except OSError as e:
         raise LcftError(f"{name}: cannot read it ({reason(e)})") from None
+    if len(data) > limit:
+        raise LcftError(f"{name} grew past the limit of {limit} bytes as it was read")
+    return data
 
 
 def read_text(path: str | os.PathLike, limit: int, what: str = "") -> str:

@@ -138,3 +138,27 @@ def test_present_tells_a_file_from_nothing(tmp_path):
     (tmp_path / "link").symlink_to("f")  # a Hub snapshot's files are links to its blobs
     assert present(tmp_path / "f") and present(tmp_path / "link")
     assert not present(tmp_path / "none") and not present(tmp_path / "f" / "under")
+
+
+def test_a_bounded_read_asks_for_what_the_file_holds_not_its_bound(tmp_path, monkeypatch):
+    """read_text/read_bytes under a bound of 1 GiB: a small file's read reserved the whole bound first (Python sizes
+    a read's buffer by what it is asked for: a MemoryError on a node that does not overcommit memory); a /proc file
+    (its size says 0) still reads whole; one longer than its size said is read on only up to the bound."""
+    import tracemalloc
+
+    small = tmp_path / "small.json"
+    small.write_text('{"a": 1}')
+    tracemalloc.start()
+    try:
+        assert files.read_text(small, 1 << 30) == '{"a": 1}'
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert "Name:" in files.read_text("/proc/self/status", 1 << 20)
+    grown = tmp_path / "grown"
+    grown.write_bytes(b"x" * (3 << 20))
+    real = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], 0, *real(fd)[7:])))  # "0 bytes"
+    one_line(lambda: files.read_bytes(grown, 2 << 20), "grew past the limit of 2097152 bytes")
+    assert files.read_bytes(grown, 4 << 20) == b"x" * (3 << 20)

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from lcft.checkpoint.model_files import METADATA
 from lcft.errors import LcftError, shown
-from lcft.files import is_plain_name
+from lcft.files import is_plain_name, read_capped
 from lcft.pickles import RestrictedUnpickler, reading
 from lcft.torch_zip import stored_records
 
@@ -60,9 +60,9 @@ def read_metadata_file(path: str | os.PathLike) -> dcp_md.Metadata:
     one-line LcftError naming the file otherwise."""
     path = Path(path)
     with reading(path, lambda why: _refuse(path, why)), open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size > MAX_METADATA_BYTES:
+        if (size := os.fstat(fh.fileno()).st_size) > MAX_METADATA_BYTES:
             raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
-        data = fh.read(MAX_METADATA_BYTES + 1)  # whatever its size said a moment ago: one grown since is refused
+        data = read_capped(fh, size, MAX_METADATA_BYTES)  # whatever its size said a moment ago: one grown is refused
         if len(data) > MAX_METADATA_BYTES:
             raise _refuse(path, f"larger than {MAX_METADATA_BYTES >> 20} MiB")
         md = RestrictedUnpickler(data, _metadata_global).load()
