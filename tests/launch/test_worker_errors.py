@@ -37,12 +37,21 @@ pytestmark = pytest.mark.distributed
 
 # Put first on the workers' PYTHONPATH: the rank LCFT_TEST_RANK reads its --init at LCFT_TEST_INIT instead, as
 # a node whose copy of that path holds another model would (each rank then finds what it finds on its own).
+# The rank(s) LCFT_TEST_RANK names read another --init than the launch gave: a user error only they find, as they
+# read the model. They still give the launch's --init to the nodes' same-run check (lcft.parallel.same_run), which
+# would otherwise find the difference first, on every rank.
 OTHER_INIT_ON_ONE_RANK = """
 import dataclasses, os
 if os.environ.get("RANK") == os.environ["LCFT_TEST_RANK"]:
     import lcft.train.config as config
-    _load = config.load_run_config
-    config.load_run_config = lambda path: dataclasses.replace(_load(path), init=os.environ["LCFT_TEST_INIT"])
+    import lcft.train.trainer as trainer
+    _load, _same_run, given = config.load_run_config, trainer.same_run, {}
+    def _other_init(path):
+        cfg = _load(path)
+        given["init"] = cfg.init
+        return dataclasses.replace(cfg, init=os.environ["LCFT_TEST_INIT"])
+    config.load_run_config = _other_init
+    trainer.same_run = lambda cfg: _same_run(dataclasses.replace(cfg, init=given["init"]))
 """
 
 
