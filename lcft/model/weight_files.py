@@ -5,6 +5,7 @@ their safetensors headers declare: without torch, so a check before a command's 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -156,7 +157,8 @@ def _header(f: Path) -> dict:
             if size > MAX_HEADER_BYTES:
                 raise LcftError(f"{f}: cannot read weights (a header of {size} bytes declared; at most "
                                 f"{MAX_HEADER_BYTES})")
-            raw = fh.read(size)
+            # a header longer than the file is garbled (below): not read, so no buffer of its declared size is asked
+            raw = fh.read(size) if size <= os.fstat(fh.fileno()).st_size - 8 else b""
     except OSError as e:
         raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
     try:

@@ -370,3 +370,24 @@ def test_a_declared_size_allocates_nothing(folder, value):
     lines, grown = peak_growth("lcft.checkpoint.hf_folder.from_pretrained", folder)
     assert len(lines) == 1 and lines[0].startswith("LcftError") and "pytorch_model.bin" in lines[0], lines
     assert grown < 256, (grown, lines)  # MiB above the peak before loading
+
+
+def test_a_header_longer_than_its_file_reserves_nothing(tmp_path):
+    """A 16-byte model.safetensors declaring a header of 90 MB (under safetensors' own 100 MB limit): one line, and
+    its read no longer asked Python for a buffer of the declared 90 MB (a MemoryError where memory is not
+    overcommitted)."""
+    import tracemalloc
+
+    from lcft.errors import LcftError
+    from lcft.model.weight_files import header_dtypes
+
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", 90_000_000) + b"{}      ")
+    tracemalloc.start()
+    try:
+        with pytest.raises(LcftError, match="no safetensors header"):
+            header_dtypes(f)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
