@@ -33,12 +33,13 @@ def drop_mode_overrides() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def unprivileged(args: list[str]) -> subprocess.CompletedProcess:
-    """`args` run where folder modes apply: as root without MODE_OVERRIDES (skipped where they cannot be dropped),
-    else as is."""
+def unprivileged(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`args` run where folder modes apply (in `env`, else this process's environment): as root without
+    MODE_OVERRIDES (skipped where they cannot be dropped), else as is."""
     if os.geteuid() != 0:
-        return subprocess.run(args, capture_output=True, text=True, timeout=600)
+        return subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=600, preexec_fn=drop_mode_overrides)
+        return subprocess.run(args, capture_output=True, text=True, timeout=600, env=env,
+                              preexec_fn=drop_mode_overrides)
     except subprocess.SubprocessError as e:  # the child's OSError from drop_mode_overrides, before its exec
         pytest.skip(f"cannot drop root's override of folder modes here ({e})")

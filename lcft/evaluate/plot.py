@@ -3,7 +3,12 @@ its interval, and the soft-mask and recurrence splits, drawn from eval.json's co
 
 from __future__ import annotations
 
+import atexit
 import io
+import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +56,54 @@ def _guess_shown(report: dict[str, Any]) -> bool:
     return lo - margin <= UNIFORM_BITS <= hi + margin
 
 
+def _usable(folder: Path) -> bool:
+    """matplotlib's own test of its config or cache folder: made if missing, then a writable folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK) and folder.is_dir()
+
+
+def _defaults_usable() -> bool:
+    """Whether matplotlib's default config and cache folders pass its test (on Linux under $XDG_CONFIG_HOME and
+    $XDG_CACHE_HOME, else ~/.config and ~/.cache; elsewhere ~/.matplotlib); no home folder at all fails it."""
+    try:
+        if not sys.platform.startswith(("linux", "freebsd")):
+            return _usable(Path.home() / ".matplotlib")
+        bases = (os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config",
+                 os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # Path.home() without HOME or a password entry
+        return False
+    return all(_usable(Path(base, "matplotlib").resolve()) for base in bases)
+
+
+def _config_folder() -> None:
+    """MPLCONFIGDIR set, where the user has not set it and matplotlib's default folders cannot be made or written
+    (a read-only home): else importing matplotlib makes a temporary one with a two-line warning and rebuilds its
+    font list in every eval. The folder is matplotlib/ in lcft's cache where that is usable (the font list is kept
+    for the next eval), else a private temporary folder removed at exit."""
+    if os.environ.get("MPLCONFIGDIR") or "matplotlib" in sys.modules or _defaults_usable():
+        return
+    from lcft.genomics.fasta_cache import cache_dir
+
+    folder = cache_dir() / "matplotlib"
+    if not _usable(folder):
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="lcft-matplotlib-"))
+        except OSError:  # no temporary folder either: matplotlib's own error says so
+            return
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["MPLCONFIGDIR"] = str(folder)
+
+
 def figure(report: dict[str, Any]) -> Any:
     """The plot as a matplotlib Figure: bits/base against position (one line per checkpoint, the uniform guess
     dashed where it is near them, else named in the title); below it the relative change of each other
     checkpoint against the first with its 95% interval as a band; then one panel per split with data, the same change in each of its subsets (solid, dashed). Its texts
     are shown as written: labels and the data folder's name are the user's, and '$' in one would be read as
     mathtext (an unknown symbol fails the whole plot)."""
+    _config_folder()
     import matplotlib
     from matplotlib.text import Text
 
