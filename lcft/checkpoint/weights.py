@@ -8,7 +8,7 @@ from pathlib import Path
 from lcft.checkpoint.model_files import is_sharded_checkpoint
 from lcft.errors import LcftError, reason
 from lcft.hashing import file_hash, files_sha256
-from lcft.model.weight_files import header_dtypes, weight_files
+from lcft.model.weight_files import header_dtypes, safe_opened, weight_files
 
 
 def weights_sha256(ckpt: Path) -> str:
@@ -27,8 +27,6 @@ def weights_sha256(ckpt: Path) -> str:
 def check_weights_readable(ckpt: Path) -> None:
     """Open the header of every weights file (cheap: no tensor is read), so a truncated or foreign file is
     reported before any evaluation runs rather than after the checkpoints listed before it."""
-    from safetensors import safe_open
-
     from lcft.checkpoint.dcp import check_sharded_readable
 
     if is_sharded_checkpoint(ckpt):
@@ -37,7 +35,7 @@ def check_weights_readable(ckpt: Path) -> None:
     for f in _weight_files(ckpt):
         header_dtypes(f)  # before safetensors reads the header: the one check of its dtypes
         try:
-            with safe_open(str(f), framework="pt") as sf:
+            with safe_opened(f) as sf:
                 sf.keys()
         except Exception as e:  # SafetensorError is not exported under a stable name
             raise LcftError(f"unreadable checkpoint {ckpt}: {f.name}: {reason(e)}") from None

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 import torch
-from safetensors import safe_open
 
 from lcft.errors import LcftError, shown
-from lcft.model.weight_files import header_dtypes
+from lcft.model.weight_files import header_dtypes, safe_opened
 from lcft.pickles import RestrictedUnpickler, reading
 from lcft.torch_zip import Record, stored_records
 
@@ -42,7 +41,7 @@ def weight_tensors(f: Path) -> Iterator[tuple[str, tuple[int, ...], Reader]]:
         yield from _bin_tensors(f)
         return
     header_dtypes(f)
-    with safe_open(str(f), framework="pt") as sf:
+    with safe_opened(f) as sf:
         for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
             yield key, tuple(sf.get_slice(key).get_shape()), lambda key=key: sf.get_tensor(key)
 

@@ -1,14 +1,17 @@
 """Which weight files a HuggingFace model folder's model is read from (model.safetensors, or the shards its index
 names, each a plain file of the folder; pytorch_model.bin only where a folder has no safetensors), and the dtype
-their safetensors headers declare: without torch, so a check before a command's work may ask."""
+their safetensors headers declare: without torch, so a check before a command's work may ask; and the one opening
+of a safetensors file for its tensors."""
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from lcft.errors import LcftError, reason, shown
 from lcft.files import MAX_MODEL_JSON_BYTES, is_plain_name, parse_json, present, read_json
@@ -168,3 +171,32 @@ def _header(f: Path) -> dict:
     if not isinstance(header, dict):
         raise LcftError(f"{f}: cannot read weights (no safetensors header)")
     return header
+
+
+@contextmanager
+def safe_opened(f: Path) -> Iterator[Any]:
+    """safetensors' reader of the file `f` (torch tensors). safetensors takes only a UTF-8 path; a name that is not
+    (a folder named with byte 0xff on Linux) is opened here and handed over as its descriptor's /proc/self/fd
+    link, the same file."""
+    from safetensors import safe_open
+
+    try:
+        str(f).encode()
+    except UnicodeEncodeError:
+        pass
+    else:
+        with safe_open(str(f), framework="pt") as sf:
+            yield sf
+        return
+    if not os.path.isdir("/proc/self/fd"):
+        raise LcftError(f"{f}: cannot read weights (the name is not valid UTF-8, which safetensors cannot open): "
+                        "rename the file or folder")
+    try:
+        fd = os.open(f, os.O_RDONLY)
+    except OSError as e:
+        raise LcftError(f"{f}: cannot read weights ({reason(e)})") from None
+    try:
+        with safe_open(f"/proc/self/fd/{fd}", framework="pt") as sf:
+            yield sf
+    finally:
+        os.close(fd)
