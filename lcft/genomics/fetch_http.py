@@ -1,7 +1,8 @@
 """The HTTP side of `lcft prepare fetch`: requests that follow only http(s) redirects, and one download step into
 NAME.part that resumes only what it can check (If-Range with the validator recorded in NAME.part.json when the
-.part was begun; a 206's start and size, a 416's size), asks for its room first (a reply of unknown size: as it
-goes, stopping while the disk still has room), and else starts over from 0; a disk that fills is one line."""
+.part was begun; a 206's start and size, a 416's size), asks for its room first and again as it goes (a reply of
+known size stops once its rest no longer fits; one of unknown size while the disk still has room), and else starts
+over from 0; a disk that fills is one line."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from lcft.files import atomic_write, fresh_file, read_json
 from lcft.foreign_entries import open_own
 
 BLOCK = 1 << 20
-ROOM_CHECK = 16 * BLOCK  # a reply of unknown size asks for the free space again after at most this many bytes
+ROOM_CHECK = 16 * BLOCK  # a download asks for the free space again after at most this many bytes
 SCHEMES = ("http", "https")
 RECORD_LIMIT = 1 << 12  # NAME.part.json holds a URL, two header values and a size: read no further
 HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,1024}")  # a validator sent back as it is: one printable header value
@@ -240,10 +241,11 @@ def _download_into(url: str, part: Path, kept: IO[bytes] | None, bar: Progress |
             part_file = _Part(fh.fileno(), part, url, start, md5_checked or record.validator() is not None)
             # what has arrived, up to BLOCK: read(BLOCK) waited for a whole block, so a slow link's bar stood
             # still and a stall or a Ctrl-C lost up to a block received but not written
-            room_until = start  # a reply without a size had no room asked first: asked as it goes
+            room_until = start  # asked again as it goes: another writer may take the room asked for above
             while block := resp.read1(BLOCK):
-                if size is None and part_file.written + len(block) > room_until:
-                    room_until = part_file.written + part_file.room(len(block))
+                if part_file.written + len(block) > room_until:
+                    rest = None if size is None else size - part_file.written
+                    room_until = part_file.written + part_file.room(len(block), rest)
                 part_file.write(block)
                 if bar is not None:
                     bar.advance(task, len(block))
@@ -272,12 +274,18 @@ class _Part:
         except OSError as e:
             self.stop(e)
 
-    def room(self, adding: int) -> int:
-        """How many bytes may be written before the free space is asked again: at most ROOM_CHECK, and no more
-        than leaves what a write of unknown size keeps free (disk.kept_free); stops where `adding` would not."""
+    def room(self, adding: int, rest: int | None) -> int:
+        """How many bytes may be written before the free space is asked again: at most ROOM_CHECK. A download of
+        known size stops where the `rest` of its file no longer fits (as asked before its first byte); one of
+        unknown size (`rest` None) where `adding` would leave less than such a write keeps free (disk.kept_free),
+        and writes no more than leaves that."""
         if (usage := kept_free(self.path.parent)) is None:
             return ROOM_CHECK
         free, kept = usage
+        if rest is not None:
+            if free < rest:
+                self.stop(None, f" ({mib(free)} free, {mib(rest)} of the file still to come)")
+            return ROOM_CHECK
         if free - adding < kept:
             self.stop(None, f" ({mib(free)} free; a download of unknown size stops short of the last {mib(kept)})")
         return min(ROOM_CHECK, free - kept)

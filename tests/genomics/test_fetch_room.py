@@ -1,7 +1,8 @@
 """`prepare fetch` when its disk fills: a disk filled midway (a real small tmpfs, another writer taking what the
 download had been given) is one line naming the folder and what was fetched, the .part kept to resume; a reply of
-unknown size (chunked, or ended by the closed connection) stops while the disk still has room; a write that fails
-after storing part of its bytes is cut back to those written whole before a resume appends."""
+unknown size (chunked, or ended by the closed connection) stops while the disk still has room, one of known size once
+its rest no longer fits; a write that fails after storing part of its bytes is cut back to those written whole
+before a resume appends."""
 
 from __future__ import annotations
 
@@ -164,3 +165,29 @@ def test_a_failed_write_is_cut_back_to_what_was_written_whole(genome, tmp_path, 
     monkeypatch.undo()
     assert fetch_fasta("g", d, url=url, md5="skip", retries=0).read_bytes() == body
     assert GenomeServer.ranges[-1] == (f"bytes={held}-" if case == "torn" else None)
+
+
+def test_a_download_of_known_size_stops_once_its_rest_no_longer_fits(genome, tmp_path, monkeypatch):
+    """A reply with its size, room for it when it starts, and another writer taking 200 KB once half is written:
+    the download stops at its next ask for the free space (every ROOM_CHECK bytes, here 50 KB) with one line saying
+    what is free and what is still to come (it asked once, before the first byte, and wrote on until the disk was
+    full); the space freed, the same command asks for the rest only."""
+    url, body = genome
+    monkeypatch.setattr(fetch_http, "BLOCK", CHUNK)
+    monkeypatch.setattr(fetch_http, "ROOM_CHECK", 50_000)
+    d, part = tmp_path / "d", tmp_path / "d" / "g.fa.part"
+    room, taken, half = len(body) + 100_000, 200_000, len(body) // 2
+
+    def free() -> int:
+        held = part.stat().st_size if part.exists() else 0
+        return room - held - (taken if held >= half else 0)
+
+    _with_free(monkeypatch, tmp_path, free, total=10**9)
+    msg = one_line(lambda: fetch_fasta("g", d, url=url, md5="skip", retries=0))
+    held = part.stat().st_size
+    assert half <= held < half + 50_000 + CHUNK and part.read_bytes() == body[:held]
+    assert msg == (f"no room left in {d} after {_mib(held)} of {url} ({_mib(free())} free, {_mib(len(body) - held)} "
+                   f"of the file still to come): {RESUMES}")
+    room = 10**9
+    assert fetch_fasta("g", d, url=url, md5="skip", retries=0).read_bytes() == body
+    assert GenomeServer.ranges[-1] == f"bytes={held}-"
