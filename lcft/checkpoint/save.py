@@ -91,6 +91,11 @@ def _back_by_hand(e: OSError, final: Path) -> str:
             "tries again)")
 
 
+# checkpoints this process hashed as it wrote them, while they stand: not read back to prune (one leaves as it is
+# removed, so a run of many saves holds no more than it keeps)
+_WRITTEN: set[Path] = set()
+
+
 def prune(run_dir: str | os.PathLike, keep_last: int, warn: Callable[[str], None] | None = None) -> None:
     """Delete all but the newest `keep_last` checkpoints (0 = keep all); the newest checkpoint that verifies is
     kept even when older than those (so a run always keeps one good checkpoint to resume from). A checkpoint
@@ -115,6 +120,7 @@ def remove_checkpoint(ckpt: Path) -> str | None:
     """Delete the checkpoint folder `ckpt`: renamed to a temp name first, so a kill midway leaves a temp folder
     that the next start's clean_partial removes, never a partly deleted folder under its step name (where a
     reader, or --resume naming it, found files missing). Returns what stays and why ("FOLDER: WHY"), or None."""
+    _WRITTEN.discard(ckpt)
     doomed = ckpt.with_name(PRUNED + ckpt.name)
     remove_tree(doomed)
     try:
@@ -123,9 +129,6 @@ def remove_checkpoint(ckpt: Path) -> str | None:
         doomed = ckpt  # (gone already, or a folder we may not rename: removed where it is, as before)
     why = remove_tree(doomed)
     return None if why is None else f"{doomed}: {why}"
-
-
-_WRITTEN: set[Path] = set()  # checkpoints this process hashed as it wrote them: not read back to prune
 
 
 def _verifies(ckpt: Path) -> bool:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from lcft.checkpoint import save
 from lcft.checkpoint.layout import list_checkpoints, step_name, verify_checkpoint
-from lcft.checkpoint.save import clean_partial, supersede_after, write_checkpoint
+from lcft.checkpoint.save import clean_partial, prune, supersede_after, write_checkpoint
 from lcft.errors import LcftError
 from tests.one_line import gcsfuse, refused
 
@@ -191,3 +192,18 @@ def test_a_save_killed_between_its_two_renames_keeps_the_step(tmp_path, monkeypa
     clean_partial(run, said.append)
     assert sorted(os.listdir(root)) == [step_name(1), step_name(2)], said
     assert (root / step_name(2) / "model.txt").read_text() == "again" and verify_checkpoint(root / step_name(2))
+
+
+def test_a_run_of_many_saves_remembers_only_the_checkpoints_it_keeps(tmp_path, monkeypatch):
+    """What this process wrote is trusted by a prune without hashing it again: after 20 saves, each pruned to the
+    last 2, that trust is held for those 2 only (it grew by one path per save, for the whole run), and no prune
+    read a checkpoint back."""
+    verified = []
+    monkeypatch.setattr(save, "verify_checkpoint", lambda ckpt: verified.append(ckpt) or verify_checkpoint(ckpt))
+    run = tmp_path / "run"
+    for step in range(1, 21):
+        write_checkpoint(run, step, lambda d, s=step: (d / "model.txt").write_text(f"step {s}"), lambda d: None)
+        prune(run, 2)
+    kept = {p for _, p in list_checkpoints(run)}
+    assert [s for s, _ in list_checkpoints(run)] == [19, 20] and verified == []
+    assert {p for p in save._WRITTEN if p.is_relative_to(run)} == kept
