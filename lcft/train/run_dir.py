@@ -39,10 +39,13 @@ IGNORED_ON_RESUME = ("init", "preset")
 KEPT_WHEN_UNSET = tuple(f.name for f in dataclasses.fields(ModelOverrides) if f.name not in IGNORED_ON_RESUME)
 
 
-def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Path | None:
+def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None],
+                  before_choice: Callable[[], None] | None = None) -> Path | None:
     """The checkpoint to resume from (--resume auto passes over corrupt ones, saying so), or None for a new
     run; refuses to mix or overwrite runs (a folder without checkpoints holds nothing to lose: a new run with
-    other options may start there), or to write a run into --data, a model folder or a checkpoint. Writes nothing."""
+    other options may start there), or to write a run into --data, a model folder or a checkpoint. Writes nothing
+    itself; `before_choice` runs once the folder passed these checks, before the checkpoint is chosen (the
+    trainer's: a step a failed save left aside is put back there, so --resume auto can choose it)."""
     check_output_folder(run, "the run", ("run",), data=cfg.data)
     # read, appended to or replaced later: a FIFO would hang, a folder fail, a link be written through (or, dangling,
     # fail after the folder is taken)
@@ -50,6 +53,8 @@ def check_run_dir(cfg: TrainConfig, run: Path, say: Callable[[str], None]) -> Pa
         refuse_not_own(run / name, "train")
     # a resume renames the checkpoints after its step into it: a link would move them out of the run folder
     refuse_not_own(run / SUPERSEDED, "train", folder=True)
+    if before_choice is not None:
+        before_choice()
     if cfg.resume:
         ckpt = resolve_resume(cfg.resume, run, say=say)
         check_same_run(ckpt, run)
@@ -148,6 +153,18 @@ def _short(digest: str | None) -> str:
     return shown(digest[:12]) if digest else "none"
 
 
+def clear_saves(run: Path, main: bool, say: Callable[[str], None]) -> None:
+    """Every rank of the run, before it chooses the checkpoint to resume (check_run_dir's `before_choice`): rank 0
+    (`main`), holding the run folder's lock, removes the temp folders of interrupted saves and puts back a step
+    that a save which failed left aside (clean_partial), so that --resume auto chooses it, not the step before (which
+    would then move it to superseded/); the other ranks wait for it, then choose alike."""
+    from accelerate import PartialState  # (torch: the run folder's checks without a run never import it)
+
+    if main:
+        clean_partial(run, say)
+    PartialState().wait_for_everyone()
+
+
 def check_launch(cfg: TrainConfig, world: int) -> None:
     """What a launch of `world` processes checks before it creates anything: the world splits into
     context-parallel groups and the batch into data-parallel replicas."""
@@ -162,13 +179,11 @@ def check_run_folder(cfg: TrainConfig) -> None:
 def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, say: Callable[[str], None],
                  data_changes: list[str] | None = None) -> None:
     """Rank 0, holding the run folder's lock (lcft.folder_lock.folder_lock, taken before the run's checkpoints were
-    read), starts the run there: temp folders of interrupted saves removed; on a resume of `resumed` (checkpoint,
-    step) the checkpoints after its step moved to superseded/ (the resumed run owns those steps) and the options
-    changed from those the checkpoint was trained with (with `data_changes`, from record_data) reported where a
-    step is left to train; a new run
-    says when it replaces an earlier one's config; then the resolved config, and the last invocation's
-    summary.json removed."""
-    clean_partial(run, say)
+    read, and what interrupted saves left cleared then: `clear_saves`), starts the run there: on a resume of
+    `resumed` (checkpoint, step) the checkpoints after its step moved to superseded/ (the resumed run owns those
+    steps) and the options changed from those the checkpoint was trained with (with `data_changes`, from
+    record_data) reported where a step is left to train; a new run says when it replaces an earlier one's config;
+    then the resolved config, and the last invocation's summary.json removed."""
     # a resume changes what its checkpoint was trained with: the run's config.toml may be a later invocation's
     # that saved no checkpoint, or another folder's run (the run's where a checkpoint kept no config.toml)
     saved = resumed[0] if resumed is not None and (resumed[0] / RUN_CONFIG).is_file() else run

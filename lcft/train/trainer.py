@@ -49,6 +49,7 @@ from lcft.train.run_dir import (
     METRICS,
     SUMMARY,
     check_run_dir,
+    clear_saves,
     keep_resumed_model,
     open_run_dir,
     record_data,
@@ -120,7 +121,8 @@ class Trainer(GlobalStep):
         # checkpoint, whatever the first start was told; every rank of the group decides alike (the count agreed).
         if restarts() > 0 and latest_checkpoint(self.run_dir) is not None:
             self.cfg = cfg = dataclasses.replace(cfg, resume="auto")
-        self.resume_from = check_run_dir(cfg, self.run_dir, self._note)
+        self.resume_from = check_run_dir(cfg, self.run_dir, self._note,
+                                         lambda: clear_saves(self.run_dir, self.is_main, self._note))
         if self.resume_from is not None:  # the model is the checkpoint's: --init and --preset keep the run's values
             self.cfg = cfg = keep_resumed_model(cfg, self.resume_from, self._note)
         self._setup_model(manifest["tokenizer"], windows.length)
