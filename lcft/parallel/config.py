@@ -60,12 +60,15 @@ class CpConfig:
     def idle_split(self) -> list[str]:
         """A warning when the window split's options (--cp-kv, --cp-layout other than their defaults) are given
         without cp, where they change nothing (a shared config, or flags meant for a launch of several)."""
-        given = [f"--{name.replace('_', '-')} {getattr(self, name)}" for name in ("cp_kv", "cp_layout")
+        given = [f"--{name.replace('_', '-')} {getattr(self, name)}" for name in SPLIT_OPTIONS
                  if getattr(self, name) != getattr(CpConfig, name)]
         if not given or self.cp > 1:
             return []
         return [f"warning: {' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect with cp 1: no "
                 "window is split across ranks (--cp N splits each over N)"]
+
+
+SPLIT_OPTIONS = ("cp_kv", "cp_layout")  # how a window is split over cp ranks: nothing is split with cp 1
 
 
 @dataclass

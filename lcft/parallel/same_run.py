@@ -42,16 +42,18 @@ def source_digest() -> str:
 
 
 def fingerprint(options: dict[str, Any], inputs: dict[str, str]) -> dict[str, str]:
-    """A rank's fingerprint: the software, `options` (a config's to_dict) but PER_NODE and PATH_FIELDS, and
-    `inputs`, what the path options hold (content_identity of each), under their option names."""
+    """A rank's fingerprint: the software; `inputs`, what the path options hold (content_identity of each), under
+    their option names; and `options` (a config's to_dict, or the options as the run takes them) but PER_NODE and
+    PATH_FIELDS. The inputs come before the options: a node that cannot read a checkpoint is named by it first,
+    before the options a run takes from that checkpoint (`differences` shows the first MAX_FIELDS_SHOWN)."""
     import torch
 
-    fields = {"lcft": __version__, "lcft source": source_digest(), "torch": str(torch.__version__)}
+    fields = {"lcft": __version__, "lcft source": source_digest(), "torch": str(torch.__version__), **inputs}
     for name, value in options.items():
         if name not in PER_NODE and name not in PATH_FIELDS:
             fields[name] = value if isinstance(value, str) else json.dumps(value) if isinstance(value, list | dict) \
                 else str(value)
-    return {**fields, **inputs}
+    return fields
 
 
 def content_identity(read: Callable[[], Any]) -> str:
@@ -68,7 +70,8 @@ def checkpoint_identity(given: str | None) -> str:
     """What names the checkpoint `given` (--init, --resume, an eval's --checkpoint) on every node, whatever path
     each reads it at: the sha256 of its checksums file (CHECKSUMS; a run: its latest checkpoint's), which lists the
     sha256 of every file; a folder without it (an HF model folder) by the names and sizes of the files a read opens
-    (hashing them would read every weight at each start); a Hub id, or --resume auto, as given."""
+    (hashing them would read every weight at each start); a Hub id, or --resume auto (where it found no checkpoint:
+    a train's fingerprint gives the one it chose, lcft.train.run_dir.same_run), as given."""
     from lcft.checkpoint.layout import CHECKSUMS, locate_checkpoint
     from lcft.checkpoint.model_files import model_files
     from lcft.files import present

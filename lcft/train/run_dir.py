@@ -4,6 +4,7 @@ data said."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from lcft.checkpoint.layout import (
     SUPERSEDED,
     check_output_folder,
     latest_checkpoint,
+    locate_checkpoint,
     resolve_resume,
 )
 from lcft.checkpoint.save import clean_partial, supersede_after
@@ -23,6 +25,8 @@ from lcft.errors import LcftError, shown
 from lcft.files import present
 from lcft.foreign_entries import refuse_not_own
 from lcft.genomics.shards import read_manifest, windows_identity
+from lcft.hub import hub_id
+from lcft.parallel.config import SPLIT_OPTIONS
 from lcft.parallel.same_run import checkpoint_identity, content_identity, fingerprint
 from lcft.shapes import check_batch, check_world
 from lcft.train.config import ModelOverrides, TrainConfig, diff, load_run_config
@@ -127,10 +131,56 @@ def data_identity(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def same_run(cfg: TrainConfig) -> dict[str, str]:
-    """This rank's fingerprint of the run (lcft.parallel.same_run): its options, and what --data (its training
-    windows), --init and --resume hold."""
-    return fingerprint(to_dict(cfg), {"data": content_identity(lambda: data_identity(read_manifest(cfg.data))),
-                                      "init": checkpoint_identity(cfg.init), "resume": checkpoint_identity(cfg.resume)})
+    """This rank's fingerprint of the run (lcft.parallel.same_run): its options as the run takes them
+    (`taken_options`), and what --data (its training windows), --init (unless a resume ignores it) and the checkpoint
+    it resumes hold."""
+    resumed = resumed_checkpoint(cfg)
+    inputs = {"data": content_identity(lambda: data_identity(read_manifest(cfg.data))),
+              "init": checkpoint_identity(None if cfg.resume else cfg.init),
+              "resume": checkpoint_identity(str(resumed) if resumed is not None else cfg.resume)}
+    return fingerprint(taken_options(cfg, resumed), inputs)
+
+
+def resumed_checkpoint(cfg: TrainConfig) -> Path | None:
+    """The checkpoint a resume continues, as this node finds it now: --resume auto's choice (resolve_resume, which
+    verifies it), else the checkpoint the folder given names (unverified: its checksums identify it); None without
+    --resume or where none is found (the job then says why)."""
+    if not cfg.resume:
+        return None
+    try:
+        if cfg.resume == "auto":
+            return resolve_resume(cfg.resume, cfg.out)
+        return locate_checkpoint(cfg.resume, weights=False)
+    except (LcftError, OSError):
+        return None
+
+
+def taken_options(cfg: TrainConfig, resumed: Path | None) -> dict[str, Any]:
+    """`cfg`'s options (to_dict) as the run takes them, so that one run given two ways is one fingerprint: --preset
+    left out where the model is a checkpoint's (ignored there); the model's attention and RoPE options as the model
+    trained has them (taken_overrides: one left unset as the model's own); an unset --seq-len as the data's window
+    length; --precision auto as what this node picks; the window split's options left out with cp 1 (none is
+    split). What cannot be read leaves its options as given (the job names it)."""
+    # imported here: torch, which the fingerprint's process has loaded and the run folder's checks never need
+    import torch
+
+    from lcft.train.model_setup import taken_overrides
+    from lcft.train.precision import choose_precision
+
+    options = to_dict(cfg)
+    options["precision"] = choose_precision(cfg.precision, not torch.cuda.is_available())[0]
+    with contextlib.suppress(LcftError, OSError):
+        options["seq_len"] = cfg.seq_len or data_identity(read_manifest(cfg.data))["length"]
+    if cfg.resume or cfg.init:
+        del options["preset"]
+    if cfg.cp == 1:
+        options = {k: v for k, v in options.items() if k not in SPLIT_OPTIONS}
+    with contextlib.suppress(LcftError, OSError):
+        source = resumed if cfg.resume else None if cfg.init is None or hub_id(cfg.init) is not None else \
+            locate_checkpoint(cfg.init, weights=False)
+        if source is not None or not (cfg.resume or cfg.init):  # (a Hub id: its config is not fetched for this)
+            options |= taken_overrides(cfg.model, source, cfg.preset)
+    return options
 
 
 def record_data(state: TrainerState, manifest: dict[str, Any]) -> list[str]:

@@ -54,7 +54,7 @@ def test_per_node_options_and_paths_are_not_compared_but_what_the_paths_hold_is(
     assert node0 == node1 and not PER_NODE & node0.keys()
     other = fingerprint(to_dict(TrainConfig(**base, lr=1e-3, seq_len=4096)), {"data": "bbbb"})
     assert differences([_node(0, node0), _node(1, other)]) == (
-        "node 1 runs another run than node 0: lr 0.001 vs 0.0003; seq_len 4096 vs None; data bbbb vs aaaa (give "
+        "node 1 runs another run than node 0: data bbbb vs aaaa; lr 0.001 vs 0.0003; seq_len 4096 vs None (give "
         "every node the same options and the same data and checkpoints, at whatever path)")
 
 

@@ -151,3 +151,28 @@ def same_run_check(rank: int, world: int, versions: list[str]) -> str | None:
     except LcftError as e:
         return str(e)
     return None
+
+
+
+def train_same_run_checks(rank: int, world: int, cases: list[list[dict[str, Any]]]) -> list[str | None]:
+    """For each case, lcft.train.run_dir.same_run of TrainConfig(**case[rank]) on each rank, as node `rank`,
+    compared over the group (check_same_run): the error each case raised on this rank, or None."""
+    import os
+
+    from lcft.errors import LcftError
+    from lcft.liveness import NODE_RANK_ENV
+    from lcft.parallel.same_run import check_same_run
+    from lcft.train import TrainConfig
+    from lcft.train.config import resolve_folders
+    from lcft.train.run_dir import same_run
+
+    os.environ[NODE_RANK_ENV] = str(rank)
+    said: list[str | None] = []
+    for case in cases:
+        try:
+            check_same_run(same_run(resolve_folders(TrainConfig(**case[rank]))))
+            said.append(None)
+        except LcftError as e:
+            said.append(str(e))
+    return said
+

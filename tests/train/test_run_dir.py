@@ -1,16 +1,21 @@
-"""What a run's fingerprint holds of its inputs (lcft.train.run_dir.same_run): --data and --init compared by content,
-so a node's own copy at another path is the same run and a copy of other windows or another model is not. And the
-run folder as a start takes it: a step a failed save left aside is back before --resume auto chooses."""
+"""What a run's fingerprint holds (lcft.train.run_dir.same_run): --data and --init compared by content, so a node's
+own copy at another path is the same run and a copy of other windows or another model is not; the options as the
+run takes them, so one run given two ways is one run. And the run folder as a start takes it: a step a failed save
+left aside is back before --resume auto chooses."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from lcft.checkpoint.layout import list_checkpoints, step_name
@@ -19,7 +24,12 @@ from lcft.checkpoint.state import read_trainer_state
 from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
+from lcft.train.precision import choose_precision
 from lcft.train.run_dir import same_run
+from tests.parallel.harness import run_ranks
+from tests.parallel.workers import train_same_run_checks
+from tests.train.conftest import WINDOW
+from tests.train.launching import RUN
 
 
 def test_a_copy_of_the_inputs_elsewhere_is_the_same_run_and_other_windows_are_not(tmp_path, data_dir, init_dir):
@@ -34,6 +44,47 @@ def test_a_copy_of_the_inputs_elsewhere_is_the_same_run_and_other_windows_are_no
     other = same_run(TrainConfig(data=str(data), init=str(init), **base))
     assert {k for k in node0 if other[k] != node0[k]} == {"data", "init"}
     assert same_run(TrainConfig(data=str(tmp_path / "none"), **base))["data"] == "unreadable"
+
+
+def _checksums_id(ckpt: Path) -> str:
+    """The oracle of a checkpoint's identity: the sha256 of its checksums file's sha256 as JSON, 16 hex digits."""
+    listed = hashlib.sha256((ckpt / "checksums.json").read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
+
+
+@pytest.mark.distributed
+def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path, data_dir, init_dir,
+                                                                        one_process_run):
+    """Two ranks (two nodes), each giving one run its own way, pass the same-run check: --seq-len unset and the
+    data's window length; --precision auto and what it picks here; --preset beside --init (which ignores it); the
+    model's attention and RoPE options unset and given as --init's model has them; one --rope-scaling spelled two
+    ways; the window split's options without cp (nothing split); --resume auto and the checkpoint it resumes (given with --init and --preset, which a resume ignores, and
+    --rope-theta as the checkpoint's model has it). Each was named another run. Another --seq-len, and --resume
+    auto in a run folder whose latest checkpoint is another, still are."""
+    base = dict(data=str(data_dir), init=str(init_dir), out=str(tmp_path / "run"), seq_len=512, precision="fp32")
+    auto = choose_precision("auto", not torch.cuda.is_available())[0]
+    latest = one_process_run / "checkpoints" / step_name(6)
+    resume = {**base, "out": str(one_process_run), "resume": "auto"}
+    behind = shutil.copytree(one_process_run, tmp_path / "behind")  # a node whose run folder holds steps 2 and 4
+    shutil.rmtree(behind / "checkpoints" / step_name(6))
+    same = [
+        [{**base, "seq_len": None}, {**base, "seq_len": WINDOW}],
+        [{**base, "precision": "auto"}, {**base, "precision": auto}],
+        [base, {**base, "preset": "small"}],
+        [base, {**base, "rope_theta": 1e6, "attention": "dense", "block_size": 64, "top_k": 16}],
+        [{**base, "rope_scaling": "yarn:8:65536"}, {**base, "rope_scaling": "YARN:8.0:64K"}],
+        [base, {**base, "cp_kv": "stream", "cp_layout": "contiguous"}],
+        [{**resume, "preset": "small"}, {**resume, "resume": str(latest), "init": None, "rope_theta": 1e6}],
+    ]
+    other = [[{**base, "seq_len": None}, {**base, "seq_len": 1024}], [resume, {**resume, "out": str(behind)}]]
+    got = run_ranks(train_same_run_checks, 2, same + other)
+    assert got[0] == got[1]
+    options, inputs = "(give every node the same options)", "(give every node the same data and checkpoints, at " \
+        "whatever path)"
+    assert got[0] == [None] * len(same) + [
+        f"node 1 runs another run than node 0: seq_len 1024 vs {WINDOW} {options}",
+        f"node 1 runs another run than node 0: resume {_checksums_id(behind / 'checkpoints' / step_name(4))} vs "
+        f"{_checksums_id(latest)} {inputs}"]
 
 
 def _set_aside(run: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -72,3 +123,37 @@ def test_resume_auto_resumes_from_a_step_a_failed_save_left_aside(tmp_path, base
     assert not (run / "superseded").exists() and not aside.exists()
     assert [p.name for _, p in list_checkpoints(run)] == [step_name(s) for s in (1, 2, 3)]
     assert read_trainer_state(run / "checkpoints" / step_name(3))[0].step == 3
+
+
+# Put first on the workers' PYTHONPATH: rank 1 reads the launch's config with the options LCFT_TEST_SPELLING
+# (JSON) replaced, as a node given the run another way would.
+SPELLED_ON_RANK_1 = """
+import dataclasses, json, os
+if os.environ.get("RANK") == "1":
+    import lcft.train.config as config
+    _load = config.load_run_config
+    config.load_run_config = lambda path: dataclasses.replace(_load(path), **json.loads(os.environ["LCFT_TEST_SPELLING"]))
+"""
+
+
+@pytest.mark.distributed
+def test_two_ranks_given_one_run_two_ways_train_it_to_the_end(tmp_path, data_dir, init_dir):
+    """`lcft train --nproc 2` where rank 1 is given --preset small beside --init (ignored) and the model's own
+    attention and RoPE; then --resume auto where rank 1 is given the checkpoint it resumes, without --init: both
+    launches train to the end, exit 0 (each was 'rank 1 runs another run than rank 0', exit 1)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SPELLED_ON_RANK_1)
+    path = os.pathsep.join([str(hook), str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])
+    run = tmp_path / "run"
+
+    def launch(spelling: dict, *args: str) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, LCFT_TEST_SPELLING=json.dumps(spelling))
+        r = subprocess.run([sys.executable, "-m", "lcft", "train", "--data", str(data_dir), "--init", str(init_dir),
+                            "--out", str(run), *RUN, "--nproc", "2", *args], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    launch({"preset": "small", "rope_theta": 1e6, "attention": "dense", "block_size": 64}, "--steps", "1")
+    launch({"resume": str(run / "checkpoints" / step_name(1)), "init": None}, "--steps", "2", "--resume", "auto")
+    assert [s for s, _ in list_checkpoints(run)] == [1, 2]
