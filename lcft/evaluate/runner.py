@@ -18,11 +18,11 @@ from lcft.console import make_console, text_column, time_left_column
 from lcft.errors import RESUME, LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
-from lcft.evaluate.config import EvalConfig
+from lcft.evaluate.config import PROBE_OPTIONS, EvalConfig
 from lcft.evaluate.inputs import open_split
 from lcft.evaluate.losses import Interrupted
 from lcft.evaluate.parallel import EvalParallel
-from lcft.evaluate.probe import CopyProbe, make_probe, run_probe
+from lcft.evaluate.probe import CopyProbe, default_distances, make_probe, run_probe
 from lcft.evaluate.report import JSON_NAME, read_back_problem
 from lcft.evaluate.split import CheckpointResult, check_finite, position_length, run_checkpoint
 from lcft.evaluate.store import FORMAT, PARTIAL, LossStore, clear, discarded, pass_key
@@ -31,7 +31,7 @@ from lcft.folder_lock import folder_lock
 from lcft.genomics.shards import windows_identity
 from lcft.kernels.triton_tiles import check_model_kernels_fit
 from lcft.liveness import launch_world, launched
-from lcft.parallel.config import ParallelConfig
+from lcft.parallel.config import SPLIT_OPTIONS, ParallelConfig
 from lcft.parallel.same_run import checkpoint_identity, content_identity, fingerprint
 from lcft.signals import Ended, StopSignals, signal_fields
 
@@ -96,7 +96,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     try:
         if cfg.cp > 1 or launched():  # several ranks: windows sharded over cp, batches split over dp
             pcfg = ParallelConfig(cp=cfg.cp, cp_layout=cfg.cp_layout, cp_kv=cfg.cp_kv, collective_timeout=cfg.collective_timeout)
-            parallel = EvalParallel(pcfg, device, lambda: _same_run(cfg, ws))
+            parallel = EvalParallel(pcfg, device, lambda: _same_run(cfg, ws, n_windows, device))
             for info in infos:
                 parallel.check(ws.length, info.block_size(), [info.max_context])
             progress = progress and parallel.is_main
@@ -125,11 +125,22 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     return report
 
 
-def _same_run(cfg: EvalConfig, ws: Any) -> dict[str, str]:
-    """This rank's fingerprint of the evaluation (lcft.parallel.same_run): its options, and what its split's
-    windows and its checkpoints hold."""
-    return fingerprint(to_dict(cfg), {"data": content_identity(lambda: windows_identity(ws.manifest, cfg.split)),
-                                      "checkpoints": " ".join(map(checkpoint_identity, cfg.checkpoints))})
+def _same_run(cfg: EvalConfig, ws: Any, n_windows: int, device: torch.device) -> dict[str, str]:
+    """This rank's fingerprint of the evaluation (lcft.parallel.same_run): its options as the evaluation takes them,
+    so that one evaluation given two ways is one fingerprint (the kind of --device; each checkpoint's
+    --max-context; the `n_windows` evaluated; the copy probe's distances and windows as it takes them, its options
+    left out without it; the window split's without cp), and what its split's windows and checkpoints hold."""
+    options = to_dict(cfg) | {"device": device.type, "max_windows": n_windows,
+                              "max_context": [cfg.context_of(i) for i in range(len(cfg.checkpoints))]}
+    if cfg.probe == "none":
+        options = {k: v for k, v in options.items() if k not in PROBE_OPTIONS}
+    else:
+        options |= {"probe_windows": min(cfg.probe_windows or n_windows, n_windows), "probe_distances":
+                    list(cfg.probe_distances or default_distances(ws.length, cfg.probe_segment))}
+    if cfg.cp == 1:
+        options = {k: v for k, v in options.items() if k not in SPLIT_OPTIONS}
+    return fingerprint(options, {"data": content_identity(lambda: windows_identity(ws.manifest, cfg.split)),
+                                 "checkpoints": " ".join(map(checkpoint_identity, cfg.checkpoints))})
 
 
 def _planting(cfg: EvalConfig, ws: Any, n_windows: int) -> str | None:

@@ -176,3 +176,27 @@ def train_same_run_checks(rank: int, world: int, cases: list[list[dict[str, Any]
             said.append(str(e))
     return said
 
+
+def eval_same_run_checks(rank: int, world: int, cases: list[list[dict[str, Any]]]) -> list[str | None]:
+    """As train_same_run_checks, for an evaluation's fingerprint (lcft.evaluate.runner._same_run) of
+    EvalConfig(**case[rank]), its split opened and its device chosen as the evaluation does."""
+    import os
+
+    from lcft.errors import LcftError
+    from lcft.evaluate.config import EvalConfig
+    from lcft.evaluate.inputs import open_split
+    from lcft.evaluate.runner import _device, _same_run
+    from lcft.liveness import NODE_RANK_ENV
+    from lcft.parallel.same_run import check_same_run
+
+    os.environ[NODE_RANK_ENV] = str(rank)
+    said: list[str | None] = []
+    for case in cases:
+        cfg = EvalConfig(**case[rank])
+        ws = open_split(cfg)
+        try:
+            check_same_run(_same_run(cfg, ws, cfg.windows_of(len(ws)), _device(cfg.device)))
+            said.append(None)
+        except LcftError as e:
+            said.append(str(e))
+    return said
