@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -142,14 +143,15 @@ def same_run(cfg: TrainConfig) -> dict[str, str]:
 
 
 def resumed_checkpoint(cfg: TrainConfig) -> Path | None:
-    """The checkpoint a resume continues, as this node finds it now: --resume auto's choice (resolve_resume, which
-    verifies it), else the checkpoint the folder given names (unverified: its checksums identify it); None without
-    --resume or where none is found (the job then says why)."""
+    """The checkpoint a resume continues, as this node finds it now, unverified (its checksums identify it; the job
+    verifies what it resumes, and hashing every weight here too would read a large checkpoint twice at each start):
+    --resume auto's newest, else the checkpoint the folder given names; None without --resume or where none is
+    found (the job then says why)."""
     if not cfg.resume:
         return None
     try:
         if cfg.resume == "auto":
-            return resolve_resume(cfg.resume, cfg.out)
+            return latest_checkpoint(cfg.out)
         return locate_checkpoint(cfg.resume, weights=False)
     except (LcftError, OSError):
         return None
@@ -222,8 +224,15 @@ def check_launch(cfg: TrainConfig, world: int) -> None:
 
 
 def check_run_folder(cfg: TrainConfig) -> None:
-    """A launch's check, under its lock, that the run folder takes this run (rank 0 then says what it finds)."""
-    check_run_dir(cfg, Path(cfg.out), lambda _message: None)
+    """A launch's check, under its lock, that the run folder takes this run (rank 0 then says what it finds); a
+    step a failed save left aside is put back first, as the job does (clear_saves), so a launch whose only
+    checkpoint it is resumes it rather than finding none."""
+    run = Path(cfg.out)
+    check_run_dir(cfg, run, lambda _message: None, lambda: clean_partial(run, _stderr))
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, say: Callable[[str], None],

@@ -25,7 +25,7 @@ from lcft.cli.app import app
 from lcft.errors import LcftError
 from lcft.train import TrainConfig, train
 from lcft.train.precision import choose_precision
-from lcft.train.run_dir import same_run
+from lcft.train.run_dir import check_run_folder, same_run
 from tests.parallel.harness import run_ranks
 from tests.parallel.workers import train_same_run_checks
 from tests.train.conftest import WINDOW
@@ -123,6 +123,19 @@ def test_resume_auto_resumes_from_a_step_a_failed_save_left_aside(tmp_path, base
     assert not (run / "superseded").exists() and not aside.exists()
     assert [p.name for _, p in list_checkpoints(run)] == [step_name(s) for s in (1, 2, 3)]
     assert read_trainer_state(run / "checkpoints" / step_name(3))[0].step == 3
+
+
+def test_a_launch_puts_back_its_only_checkpoint_before_it_looks_for_one(tmp_path, base_cfg, monkeypatch, capfd):
+    """Step 1 saved, then left aside by a save of it again: the only checkpoint of the run. A launch's check of the
+    run folder (check_run_folder, under its lock, before any process starts) puts it back and finds it; it
+    refused the launch with '--resume auto: no checkpoint' (one process put it back itself)."""
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1, "save_every": 1, "keep_last": 0}))
+    aside = _set_aside(run, 1, monkeypatch)
+    assert list_checkpoints(run) == []
+    check_run_folder(TrainConfig(out=str(run), resume="auto", **{**base_cfg, "steps": 2}))
+    assert [p.name for _, p in list_checkpoints(run)] == [step_name(1)] and not aside.exists()
+    assert f"{step_name(1)}, replaced by a save that failed, is back in place" in capfd.readouterr().err
 
 
 # Put first on the workers' PYTHONPATH: rank 1 reads the launch's config with the options LCFT_TEST_SPELLING
