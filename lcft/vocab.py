@@ -22,7 +22,7 @@ def tokenizer_spec() -> dict:
 # ids 0..4,194,303: the one vocabulary limit, of a model (lcft.model.config.COUNT_LIMITS) and of every id a tokenizer
 # file declares, so prepare refuses what train could not use; 16x the largest published model vocabulary (256K)
 MAX_VOCAB = 1 << 22
-MAX_K = 10  # a table of 4^K ids; the built-in vocabulary 4^K + 4 stays within MAX_VOCAB (4^11 would not)
+MAX_K = 10  # a table of 4^K ids; the built-in vocabulary 4^K + 10 stays within MAX_VOCAB (4^11 would not)
 SPEC_TEXT = ("name", "sha256", "file", "file_sha256", "ids_dtype")  # spec fields that are strings
 SPEC_COUNTS = ("bytes", "block")  # and whole numbers
 

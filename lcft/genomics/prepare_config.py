@@ -13,7 +13,7 @@ class PrepareConfig:
     """Options of `lcft prepare windows`."""
 
     fasta: str | None = None
-    """FASTA to read: plain, BGZF (bgzip) or plain gzip (decompressed once into $LCFT_CACHE, default ~/.cache/lcft)."""
+    """FASTA to read: plain, BGZF (bgzip) or plain gzip (decompressed once into $LCFT_CACHE, default $XDG_CACHE_HOME/lcft or ~/.cache/lcft)."""
     out: str | None = None
     """Output folder for {split}.bin, {split}.softmask.bin, manifest.json and prepare.toml (with a model tokenizer also {split}.bases.bin, {split}.basemask.bin and tokenizer.json)."""
     length: Size = 524288
