@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import check_sharded_readable, read_tensors
 from lcft.checkpoint.export_out import (
     EXPORT_RECORD,
     Origin,
@@ -121,6 +120,8 @@ def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_siz
     if not source.sharded:
         save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
         return
+    from lcft.checkpoint.dcp import check_sharded_readable, read_tensors  # (torch.distributed: sharded only)
+
     stored = check_sharded_readable(source.path)  # weights of one dtype, the one written
     model = source.model  # on the meta device: names, shapes and the shard plan; no storage
     files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(source.path, names))
@@ -210,6 +211,8 @@ def export_bytes(source: Path, dtype: object) -> int:
     export's record says: of weights of several dtypes, the one holding all, so about; a sharded checkpoint's
     metadata; unscaled where that is not told)."""
     if is_sharded_checkpoint(source):
+        from lcft.checkpoint.dcp import check_sharded_readable
+
         size = sum(f.stat().st_size for f in sharded_weight_files(source)) // 3  # weights + 2 moments
         stored: torch.dtype | None = check_sharded_readable(source)
     else:

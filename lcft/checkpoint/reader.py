@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from lcft.checkpoint.dcp import check_sharded_readable, load_state, model_on_meta
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import Identity, read_model_config, read_model_meta, unchanged
 from lcft.checkpoint.model_files import is_sharded_checkpoint
@@ -69,6 +68,8 @@ def _read_model(path: Path, sharded: bool, attention: AttentionConfig | None, dt
                 materialize: bool) -> Llama:
     if not sharded:
         return from_pretrained(path, attention=attention, dtype=dtype)
+    from lcft.checkpoint.dcp import check_sharded_readable, load_state, model_on_meta  # (torch.distributed)
+
     # names and shapes as config.json says, stored bytes there: before building (even on the meta device: a
     # config.json of 16 layers x 1024 experts beside a small checkpoint built for seconds) or allocating anything
     check_sharded_readable(path)

@@ -12,14 +12,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from lcft.checkpoint.dcp import load_full_optimizer, load_state
 from lcft.checkpoint.layout import STATE_DIR
 from lcft.checkpoint.model_files import DCP_DIR
 from lcft.checkpoint.reader import load
 from lcft.checkpoint.state import TrainerState, broken, set_rng_state
 from lcft.errors import LcftError, shown
+from lcft.lazy import is_loaded_instance
 from lcft.liveness import scalar_device
 
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")  # what AdamW keeps per parameter (and max_exp_avg_sq: amsgrad)
@@ -50,9 +49,13 @@ def restore_optimizer(model: nn.Module, optimizer: Any, ckpt: Path, saved: dict 
     Accelerate's wrapper; `names`: its parameters' (`param_names`), for a message."""
     raw = getattr(optimizer, "optimizer", optimizer)
     if saved is None:
+        from lcft.checkpoint.dcp import load_state  # (torch.distributed.checkpoint: sharded only)
+
         load_state(model, raw, ckpt, no_dist=not sharded)
         check_loaded_values(ckpt, raw, names)
     elif sharded:
+        from lcft.checkpoint.dcp import load_full_optimizer
+
         load_full_optimizer(model, raw, saved)
     else:
         optimizer.load_state_dict(saved)
@@ -89,7 +92,7 @@ def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of an FSDP state tensor (a DTensor), or the tensor."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_loaded_instance(t, "torch.distributed.tensor", "DTensor") else t
 
 
 def check_restorable(ckpt: str | os.PathLike, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState,

@@ -14,9 +14,9 @@ from lcft.model.weight_files import header_dtypes, safe_opened, weight_files
 def weights_sha256(ckpt: Path) -> str:
     """sha256 over the checkpoint's weight files in name order (one file: the plain sha256 of that file; a
     sharded checkpoint: over the files of its dcp/ folder)."""
-    from lcft.checkpoint.dcp import sharded_weights_sha256  # torch.distributed: on use
-
     if is_sharded_checkpoint(ckpt):
+        from lcft.checkpoint.dcp import sharded_weights_sha256  # (torch.distributed: sharded only)
+
         return sharded_weights_sha256(ckpt)
     files = _weight_files(ckpt)
     if len(files) == 1:
@@ -27,9 +27,9 @@ def weights_sha256(ckpt: Path) -> str:
 def check_weights_readable(ckpt: Path) -> None:
     """Open the header of every weights file (cheap: no tensor is read), so a truncated or foreign file is
     reported before any evaluation runs rather than after the checkpoints listed before it."""
-    from lcft.checkpoint.dcp import check_sharded_readable
-
     if is_sharded_checkpoint(ckpt):
+        from lcft.checkpoint.dcp import check_sharded_readable  # (torch.distributed: sharded only)
+
         check_sharded_readable(ckpt)
         return
     for f in _weight_files(ckpt):

@@ -20,7 +20,6 @@ from lcft.parallel.activations import DEFAULT_SEQ_CHUNK, apply_activation_checkp
 from lcft.parallel.apply import ContextParallelRunner, apply_context_parallel
 from lcft.parallel.compile import compile_blocks
 from lcft.parallel.config import Checkpointing, CpConfig
-from lcft.parallel.fsdp import apply_fsdp
 from lcft.parallel.mesh import ParallelState
 
 
@@ -59,6 +58,8 @@ def parallelize(model: nn.Module, layout: ParallelState, cfg: ParallelizeConfig,
     if cfg.compile:
         compile_blocks(model, cfg.device)
     if layout.fsdp_enabled:
+        from lcft.parallel.fsdp import apply_fsdp  # (torch.distributed.fsdp and DTensor: sharded runs only)
+
         cuda = cfg.device.type == "cuda"
         apply_fsdp(model if root is None else root, model.layers, layout.shard_mesh(), bf16=cfg.bf16_params and cuda,
                    offload=cfg.offload_params and cuda)

@@ -13,10 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lcft.checkpoint.dcp import load_state
 from lcft.checkpoint.layout import unchanged
 from lcft.checkpoint.reader import Loaded
-from lcft.parallel.fsdp import clip_grad_norm
 from lcft.parallel.mesh import ParallelState
 
 
@@ -32,6 +30,8 @@ def materialize_sharded(loss_model: nn.Module, device: torch.device, precision: 
     if any(p.is_meta for p in loss_model.parameters()):
         loss_model.to_empty(device="cpu" if offload and cuda else device)
         if init is not None:  # collective: each rank reads its own shards
+            from lcft.checkpoint.dcp import load_state  # (torch.distributed.checkpoint: sharded runs only)
+
             with unchanged(init.path, init.identity):
                 load_state(loss_model.model, None, init.path, no_dist=False)
 
@@ -48,5 +48,7 @@ def prepare(acc: Any, loss_model: nn.Module, optimizer: torch.optim.Optimizer, l
 def clip(acc: Any, model: nn.Module, max_norm: float, layout: ParallelState) -> float:
     """Clip to the global gradient norm and return it: over the shards when the layout shards, else Accelerate's."""
     if layout.fsdp_enabled:
+        from lcft.parallel.fsdp import clip_grad_norm  # (torch.distributed.fsdp: sharded runs only)
+
         return clip_grad_norm(model.parameters(), max_norm, sharded=True)
     return float(acc.clip_grad_norm_(model.parameters(), max_norm))

@@ -22,7 +22,6 @@ from lcft.checkpoint.hf_folder import save_model
 from lcft.checkpoint.layout import RUN_CONFIG, checkpoints_dir, latest_checkpoint
 from lcft.checkpoint.resume import restore_training
 from lcft.checkpoint.save import checkpoint_bytes, prune, write_checkpoint
-from lcft.checkpoint.sharded import save_sharded
 from lcft.checkpoint.state import TrainerState, write_trainer_state
 from lcft.config_toml import save_resolved, to_dict
 from lcft.disk import write_faults
@@ -320,6 +319,8 @@ class Trainer(GlobalStep):
             write_trainer_state(tmp, st, optim, self.scheduler.state_dict())
 
         if self.layout.fsdp_enabled:
+            from lcft.checkpoint.sharded import save_sharded  # (torch.distributed.checkpoint)
+
             path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
                                 self.hooks.during_save, self.samples.windows, warn=self._note)
         elif self.is_main:

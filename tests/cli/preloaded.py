@@ -28,7 +28,7 @@ from tests.unprivileged import drop_mode_overrides
 # What `lcft train`, `lcft export` and the tests' scripts import. Not lcft.__main__: `-m lcft` runs it afresh. Not
 # huggingface_hub (nor transformers, which imports it): it reads HF_HOME, HF_ENDPOINT, HF_HUB_OFFLINE... once, at its
 # import, so a child imports it under the child's own environment, as a fresh interpreter does.
-PRELOAD = ("torch", "lcft.cli.app", "lcft.train", "lcft.train.trainer", "lcft.checkpoint.export",
+PRELOAD = ("torch", "lcft.cli.app", "lcft.train", "lcft.train.trainer", "lcft.checkpoint.export", "lcft.checkpoint.dcp",
            "lcft.checkpoint.hf_folder", "safetensors.torch")
 
 
