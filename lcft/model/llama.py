@@ -65,7 +65,7 @@ class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = _embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -133,6 +133,16 @@ class Llama(nn.Module):
         """input_ids (B, L) -> logits (B, L, vocab), as transformers returns them (small inputs, tests)."""
         h = self.hidden_states(input_ids, position_ids, position_offset=position_offset, rope_seq_len=rope_seq_len)
         return F.linear(h, self.lm_head_weight)  # (B, L, V)
+
+
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding(num, dim); on the meta device (a model whose weights come from files, or only its shapes)
+    without nn.Embedding's own normal_ init: on meta that runs a reference kernel that imports torch._dynamo (and
+    with it sympy, FSDP and DTensor: 1-2 s of a process's start). Elsewhere as before, so seeded weights are the
+    same."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))  # (num, dim), on meta: no storage, no values
+    return nn.Embedding(num, dim)
 
 
 def parameter_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
