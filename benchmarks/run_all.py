@@ -14,7 +14,7 @@ from pathlib import Path
 
 # Order matters only for reading the output: data, model, kernels, trainer, parallel, eval. A script's own
 # arguments follow its name (kernel_resources.py --table: every tile-table choice compiled, none may spill).
-SCRIPTS = ["prepare.py", "fasta_open.py", "fai_build.py", "window_read.py", "sample_read.py", "cli_startup.py", "model_step.py", "attention.py", "recompute_selection.py",
+SCRIPTS = ["prepare.py", "fasta_open.py", "fai_build.py", "window_read.py", "sample_read.py", "cli_startup.py", "start_time.py", "model_step.py", "attention.py", "recompute_selection.py",
            "kernel_resources.py --table --jobs 2", "compile.py", "train.py", "fsdp_memory.py --export", "plan.py", "context_parallel.py", "eval.py"]
 
 
