@@ -113,7 +113,7 @@ def main() -> int:
                        capture_output=True)
         if args.against:
             print(f"before: {trees['against']}; after: {ROOT}\n")
-            print("| entry | before | after | no longer imported |\n|---|---|---|---|")
+            print("| entry | before | after | CPU before/after | no longer imported |\n|---|---|---|---|---|")
         else:
             print("| entry | wall / CPU / RSS | imports (of the watched) |\n|---|---|---|")
         for name, argv in entries(work).items():
@@ -124,7 +124,8 @@ def main() -> int:
             mods = {side: set(runs[-1]["mods"]) for side, runs in got.items()}
             if args.against:
                 gone = [m for m in WATCHED if m in mods["against"] - mods["this"]]
-                print(f"| {name} | {cell(got['against'])} | {cell(got['this'])} | {', '.join(gone) or '-'} |")
+                ratio = statistics.median(r["cpu"] for r in got["against"]) / statistics.median(r["cpu"] for r in got["this"])
+                print(f"| {name} | {cell(got['against'])} | {cell(got['this'])} | {ratio:.2f}x | {', '.join(gone) or '-'} |")
             else:
                 print(f"| {name} | {cell(got['this'])} | {', '.join(m for m in WATCHED if m in mods['this'])} |")
     return 0
