@@ -23,6 +23,7 @@ from lcft.checkpoint.save import write_checkpoint
 from lcft.checkpoint.state import read_trainer_state
 from lcft.cli.app import app
 from lcft.errors import LcftError
+from lcft.liveness import RESTART_ENV
 from lcft.train import TrainConfig, train
 from lcft.train.precision import choose_precision
 from lcft.train.run_dir import check_run_folder, same_run
@@ -123,6 +124,20 @@ def test_resume_auto_resumes_from_a_step_a_failed_save_left_aside(tmp_path, base
     assert not (run / "superseded").exists() and not aside.exists()
     assert [p.name for _, p in list_checkpoints(run)] == [step_name(s) for s in (1, 2, 3)]
     assert read_trainer_state(run / "checkpoints" / step_name(3))[0].step == 3
+
+
+def test_a_restarted_group_resumes_a_step_a_failed_save_left_aside(tmp_path, base_cfg, monkeypatch, capfd):
+    """Step 1 saved, then left aside by a save of it again, and the process died: the group its agent restarts
+    (told no --resume at first) continues from step 1, put back before it looks for the latest checkpoint."""
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1, "save_every": 1, "keep_last": 0}))
+    _set_aside(run, 1, monkeypatch)
+    monkeypatch.setenv(RESTART_ENV, "1")
+    capfd.readouterr()
+    train(TrainConfig(out=str(run), **{**base_cfg, "steps": 1, "save_every": 1, "keep_last": 0}))
+    said = "".join(capfd.readouterr())
+    assert f"resumed from {run / 'checkpoints' / step_name(1)} (step 1" in said, said
+    assert [p.name for _, p in list_checkpoints(run)] == [step_name(1)]
 
 
 def test_a_launch_puts_back_its_only_checkpoint_before_it_looks_for_one(tmp_path, base_cfg, monkeypatch, capfd):
