@@ -98,15 +98,16 @@ def launch(name: str, cfg: Any, entry: Entry) -> dict[str, Any]:
     """Run job `name` in cfg.nproc processes on this node (of cfg.nnodes); returns the summary of this node's
     first rank: rank 0's, or on another node the same run's, its node named ("node_rank"). On one
     node, the output folder's lock is taken first (across nodes rank 0 takes it, wherever torchrun placed it),
-    then node 0 runs `entry.check_out(cfg)`. Raises a rank's user error as it raised it (rank 0's, else the
+    then node 0 runs `entry.check_out(cfg)` (across nodes holding the lock while it runs). Raises a rank's user error as it raised it (rank 0's, else the
     first one's, when several did), PeerLost (exit code 75) when a rank stopped answering or was killed by a signal, Stopped on a
     second signal."""
     j = job(name)
     with contextlib.ExitStack() as stack:
         if cfg.nnodes == 1:  # one writer from the first byte
             stack.enter_context(folder_lock(cfg.out, j.command))
-        if cfg.node_rank == 0:
-            entry.check_out(cfg)
+        if cfg.node_rank == 0:  # (several nodes: held while the check runs, which may write; rank 0 takes it then)
+            with folder_lock(cfg.out, j.command) if cfg.nnodes > 1 else contextlib.nullcontext():
+                entry.check_out(cfg)
         tmp = stack.enter_context(launch_folder())
         files = {**{key: tmp / name for key, name in FILES.items()}, SPARE_ENV: reserve(tmp)}
         spec = _prepare(tmp, cfg, [files[HANDED_ENV], files[READY_ENV]])

@@ -208,3 +208,35 @@ def test_eval_launch_failing_on_every_rank(tmp_path, capfd):
     said = capfd.readouterr()
     assert said.out == said.err == "", said  # neither the workers nor torchrun's agent printed anything
     assert sorted(p.name for p in out.iterdir()) == ["eval.json"] and (out / "eval.json").read_text() == "{}"
+
+
+class _NotStarted(Exception):
+    """Raised where a launch would make its temporary folder: what came before it is all that ran."""
+
+
+def test_node_0_of_several_checks_the_run_folder_under_its_lock(tmp_path, monkeypatch):
+    """Node 0's launcher of a launch over 2 nodes checks the run folder before its agent starts (check_run_folder,
+    which removes what interrupted saves left and puts back a step a failed save left aside). Another run writing
+    there (its lock held) is refused before that: the other run's save being written, a temp folder, is kept. The
+    check ran unlocked and removed it. With no other writer the check runs and leaves the lock free for rank 0."""
+    import lcft.launch as launching
+    from lcft.folder_lock import folder_lock
+    from lcft.train import TrainConfig
+
+    def not_started() -> None:
+        raise _NotStarted
+
+    monkeypatch.setattr(launching, "launch_folder", not_started)
+    run = tmp_path / "run"
+    writing = run / "checkpoints" / ".tmp-step-00000005-0a1b2c3d"  # the other run's save, not yet renamed
+    writing.mkdir(parents=True)
+    cfg = TrainConfig(data=str(tmp_path / "data"), out=str(run), nnodes=2, node_rank=0, rdzv_endpoint="h:1")
+    entry = launching.job("train").entry()
+    with folder_lock(run, "lcft train"), pytest.raises(LcftError, match="another `lcft train` is writing into"):
+        launching.launch("train", cfg, entry)
+    assert writing.is_dir()
+    with pytest.raises(_NotStarted):  # no other writer: the check ran (the interrupted save's folder removed)
+        launching.launch("train", cfg, entry)
+    assert not writing.exists()
+    with folder_lock(run, "lcft train"):  # and the lock is free again, for rank 0
+        pass
