@@ -51,9 +51,19 @@ def fingerprint(options: dict[str, Any], inputs: dict[str, str]) -> dict[str, st
     fields = {"lcft": __version__, "lcft source": source_digest(), "torch": str(torch.__version__), **inputs}
     for name, value in options.items():
         if name not in PER_NODE and name not in PATH_FIELDS:
-            fields[name] = value if isinstance(value, str) else json.dumps(value) if isinstance(value, list | dict) \
-                else str(value)
+            fields[name] = value if isinstance(value, str) else \
+                json.dumps(_as_compared(value), sort_keys=True) if isinstance(value, list | dict) else str(value)
     return fields
+
+
+def _as_compared(value: Any) -> Any:
+    """A list or object option in one form for what Python holds equal, as JSON then writes it alike (its keys
+    sorted there): a whole float as its int, so a JSON value given as 8 on one node and 8.0 on another is one."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _as_compared(v) for k, v in value.items()}
+    return [_as_compared(v) for v in value] if isinstance(value, list | tuple) else value
 
 
 def content_identity(read: Callable[[], Any]) -> str:

@@ -137,10 +137,11 @@ def declare_context(model_cfg: LlamaConfig, seq_len: int) -> str | None:
 def taken_overrides(cfg: ModelOverrides, source: Path | None, preset_name: str) -> dict[str, Any]:
     """The model options (attention and RoPE) as the model trained has them: `source`'s config (the resumed
     checkpoint, or --init's folder), else preset `preset_name`'s, with those given applied, so that an option left
-    unset and the same option given the value the model has are one value."""
+    unset and the same option given the value the model has are one value; its RoPE scaling as the model's config
+    holds it (a spelling normalized, the defaults its type takes filled in)."""
     base = read_config(source) if source is not None else preset(preset_name)
     attn = attention_override(cfg, base.attention)
-    rope = {"rope_theta": base.rope_theta, "rope_scaling": base.rope_scaling, **_rope_changes(cfg, base)}
+    built = dataclasses.replace(base, **_rope_changes(cfg, base))  # checked and normalized as the run's model is
     return {"attention": attn.backend, "attention_impl": attn.impl, "block_size": attn.sparse.block_size,
             "top_k": attn.sparse.top_k, "local_blocks": attn.sparse.local_blocks,
-            "sink_blocks": attn.sparse.sink_blocks, **rope}
+            "sink_blocks": attn.sparse.sink_blocks, "rope_theta": built.rope_theta, "rope_scaling": built.rope_scaling}

@@ -160,9 +160,10 @@ def resumed_checkpoint(cfg: TrainConfig) -> Path | None:
 def taken_options(cfg: TrainConfig, resumed: Path | None) -> dict[str, Any]:
     """`cfg`'s options (to_dict) as the run takes them, so that one run given two ways is one fingerprint: --preset
     left out where the model is a checkpoint's (ignored there); the model's attention and RoPE options as the model
-    trained has them (taken_overrides: one left unset as the model's own); an unset --seq-len as the data's window
-    length; --precision auto as what this node picks; the window split's options left out with cp 1 (none is
-    split). What cannot be read leaves its options as given (the job names it)."""
+    trained has them (taken_overrides: one left unset as the model's own, RoPE scaling as the model's config holds
+    it); an unset --seq-len as the data's window length; --precision auto as what this node picks; the window
+    split's options left out with cp 1 (none is split). What cannot be read leaves its options as given (the job
+    names it)."""
     # imported here: torch, which the fingerprint's process has loaded and the run folder's checks never need
     import torch
 

@@ -59,9 +59,11 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
     """Two ranks (two nodes), each giving one run its own way, pass the same-run check: --seq-len unset and the
     data's window length; --precision auto and what it picks here; --preset beside --init (which ignores it); the
     model's attention and RoPE options unset and given as --init's model has them; one --rope-scaling spelled two
-    ways; the window split's options without cp (nothing split); --resume auto and the checkpoint it resumes (given with --init and --preset, which a resume ignores, and
-    --rope-theta as the checkpoint's model has it). Each was named another run. Another --seq-len, and --resume
-    auto in a run folder whose latest checkpoint is another, still are."""
+    ways (a factor of 8 and 8.0, keys in another order, 'type' for 'rope_type', the original length its type takes
+    by default left out and given); the window split's options without cp (nothing split); --resume auto and the
+    checkpoint it resumes (given with --init and --preset, which a resume ignores, and --rope-theta as the
+    checkpoint's model has it). Each was named another run. Another --seq-len and --rope-scaling factor, and
+    --resume auto in a run folder whose latest checkpoint is another, still are."""
     base = dict(data=str(data_dir), init=str(init_dir), out=str(tmp_path / "run"), seq_len=512, precision="fp32")
     auto = choose_precision("auto", not torch.cuda.is_available())[0]
     latest = one_process_run / "checkpoints" / step_name(6)
@@ -74,10 +76,16 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
         [base, {**base, "preset": "small"}],
         [base, {**base, "rope_theta": 1e6, "attention": "dense", "block_size": 64, "top_k": 16}],
         [{**base, "rope_scaling": "yarn:8:65536"}, {**base, "rope_scaling": "YARN:8.0:64K"}],
+        [{**base, "rope_scaling": '{"rope_type": "yarn", "factor": 8}'},
+         {**base, "rope_scaling": '{"factor": 8.0, "type": "yarn"}'}],
+        # --init's model: max_position_embeddings 1M, yarn's original length when none is given
+        [{**base, "rope_scaling": "yarn:8"},
+         {**base, "rope_scaling": '{"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 1048576}'}],
         [base, {**base, "cp_kv": "stream", "cp_layout": "contiguous"}],
         [{**resume, "preset": "small"}, {**resume, "resume": str(latest), "init": None, "rope_theta": 1e6}],
     ]
-    other = [[{**base, "seq_len": None}, {**base, "seq_len": 1024}], [resume, {**resume, "out": str(behind)}]]
+    other = [[{**base, "seq_len": None}, {**base, "seq_len": 1024}], [resume, {**resume, "out": str(behind)}],
+             [{**base, "rope_scaling": "linear:8"}, {**base, "rope_scaling": "linear:8.5"}]]
     got = run_ranks(train_same_run_checks, 2, same + other)
     assert got[0] == got[1]
     options, inputs = "(give every node the same options)", "(give every node the same data and checkpoints, at " \
@@ -85,7 +93,9 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
     assert got[0] == [None] * len(same) + [
         f"node 1 runs another run than node 0: seq_len 1024 vs {WINDOW} {options}",
         f"node 1 runs another run than node 0: resume {_checksums_id(behind / 'checkpoints' / step_name(4))} vs "
-        f"{_checksums_id(latest)} {inputs}"]
+        f"{_checksums_id(latest)} {inputs}",
+        'node 1 runs another run than node 0: rope_scaling {"factor": 8.5, "rope_type": "linear"} vs {"factor": 8, '
+        f'"rope_type": "linear"}} {options}']
 
 
 def _set_aside(run: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Path:
