@@ -281,7 +281,7 @@ class Trainer(GlobalStep):
             if signum and st.step < cfg.steps:  # one during the last step: the run is complete (_finish)
                 stopped = Ended.SIGNAL
                 break
-            if cfg.stop_after and done_here >= cfg.stop_after and st.step < cfg.steps:
+            if (stop := cfg.stops_after()) and done_here >= stop and st.step < cfg.steps:
                 stopped = Ended.STOP_AFTER
                 break
         ckpt = self.save() if saved_step != st.step else latest_checkpoint(self.run_dir)

@@ -60,10 +60,11 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
     data's window length; --precision auto and what it picks here; --preset beside --init (which ignores it); the
     model's attention and RoPE options unset and given as --init's model has them; one --rope-scaling spelled two
     ways (a factor of 8 and 8.0, keys in another order, 'type' for 'rope_type', the original length its type takes
-    by default left out and given); the window split's options without cp (nothing split); --resume auto and the
-    checkpoint it resumes (given with --init and --preset, which a resume ignores, and --rope-theta as the
-    checkpoint's model has it). Each was named another run. Another --seq-len and --rope-scaling factor, and
-    --resume auto in a run folder whose latest checkpoint is another, still are."""
+    by default left out and given); --stop-after unset and at or past --steps (it stops nothing); the window
+    split's options without cp (nothing split); --resume auto and the checkpoint it resumes (given with --init and
+    --preset, which a resume ignores, and --rope-theta as the checkpoint's model has it). Each was named another
+    run. Another --seq-len, --rope-scaling factor and --stop-after that stops the run early, and --resume auto in a
+    run folder whose latest checkpoint is another, still are."""
     base = dict(data=str(data_dir), init=str(init_dir), out=str(tmp_path / "run"), seq_len=512, precision="fp32")
     auto = choose_precision("auto", not torch.cuda.is_available())[0]
     latest = one_process_run / "checkpoints" / step_name(6)
@@ -81,11 +82,14 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
         # --init's model: max_position_embeddings 1M, yarn's original length when none is given
         [{**base, "rope_scaling": "yarn:8"},
          {**base, "rope_scaling": '{"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 1048576}'}],
+        [{**base, "steps": 6}, {**base, "steps": 6, "stop_after": 6}],
+        [{**base, "steps": 6}, {**base, "steps": 6, "stop_after": 1000}],
         [base, {**base, "cp_kv": "stream", "cp_layout": "contiguous"}],
         [{**resume, "preset": "small"}, {**resume, "resume": str(latest), "init": None, "rope_theta": 1e6}],
     ]
     other = [[{**base, "seq_len": None}, {**base, "seq_len": 1024}], [resume, {**resume, "out": str(behind)}],
-             [{**base, "rope_scaling": "linear:8"}, {**base, "rope_scaling": "linear:8.5"}]]
+             [{**base, "rope_scaling": "linear:8"}, {**base, "rope_scaling": "linear:8.5"}],
+             [{**base, "steps": 6}, {**base, "steps": 6, "stop_after": 5}]]
     got = run_ranks(train_same_run_checks, 2, same + other)
     assert got[0] == got[1]
     options, inputs = "(give every node the same options)", "(give every node the same data and checkpoints, at " \
@@ -95,7 +99,8 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
         f"node 1 runs another run than node 0: resume {_checksums_id(behind / 'checkpoints' / step_name(4))} vs "
         f"{_checksums_id(latest)} {inputs}",
         'node 1 runs another run than node 0: rope_scaling {"factor": 8.5, "rope_type": "linear"} vs {"factor": 8, '
-        f'"rope_type": "linear"}} {options}']
+        f'"rope_type": "linear"}} {options}',
+        f"node 1 runs another run than node 0: stop_after 5 vs None {options}"]
 
 
 def _set_aside(run: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -176,8 +181,8 @@ if os.environ.get("RANK") == "1":
 
 @pytest.mark.distributed
 def test_two_ranks_given_one_run_two_ways_train_it_to_the_end(tmp_path, data_dir, init_dir):
-    """`lcft train --nproc 2` where rank 1 is given --preset small beside --init (ignored) and the model's own
-    attention and RoPE; then --resume auto where rank 1 is given the checkpoint it resumes, without --init: both
+    """`lcft train --nproc 2` where rank 1 is given --preset small beside --init (ignored), the model's own
+    attention and RoPE, and --stop-after the run's --steps (it stops nothing); then --resume auto where rank 1 is given the checkpoint it resumes, without --init: both
     launches train to the end, exit 0 (each was 'rank 1 runs another run than rank 0', exit 1)."""
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -192,6 +197,7 @@ def test_two_ranks_given_one_run_two_ways_train_it_to_the_end(tmp_path, data_dir
                            timeout=300, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
 
-    launch({"preset": "small", "rope_theta": 1e6, "attention": "dense", "block_size": 64}, "--steps", "1")
+    launch({"preset": "small", "rope_theta": 1e6, "attention": "dense", "block_size": 64, "stop_after": 1},
+           "--steps", "1")
     launch({"resume": str(run / "checkpoints" / step_name(1)), "init": None}, "--steps", "2", "--resume", "auto")
     assert [s for s, _ in list_checkpoints(run)] == [1, 2]
