@@ -15,7 +15,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 import lcft.parallel.compile as compile_module
-import lcft.parallel.parallelize as parallelize_module
+import lcft.parallel.fsdp as fsdp_module
 from lcft.model import Llama, LlamaConfig
 from lcft.parallel import ParallelConfig, ParallelizeConfig, init_parallel, single_process_state
 from lcft.parallel.compile import REGIONS
@@ -95,7 +95,8 @@ def _compile_and_fsdp(layout: ParallelState) -> dict[str, Any]:
         at_fsdp.extend(_compiled_regions(b) for b in blocks)
         return apply_fsdp(root, blocks, *args, **kw)
 
-    with (mock.patch.object(parallelize_module, "apply_fsdp", spy),
+    # patched where it is defined: parallelize imports it when a run shards
+    with (mock.patch.object(fsdp_module, "apply_fsdp", spy),
           mock.patch.object(compile_module, "check_compiler", lambda device: None)):
         parallelize(m, layout, ParallelizeConfig(checkpointing="block", compile=True), root=LossModel(m, 0.0, 37))
     return {"at_fsdp": at_fsdp, "after": [(isinstance(b, FSDPModule), _compiled_regions(b)) for b in m.layers]}
