@@ -120,11 +120,11 @@ class Trainer(GlobalStep):
         # checkpoint, whatever the first start was told; every rank of the group decides alike (the count agreed).
         # A step the died group's failed save left aside is put back first (its first start checked the folder).
         put_back = lambda: clear_saves(self.run_dir, self.is_main, self._note)  # noqa: E731
-        if restarts() > 0:
+        if restarted := restarts() > 0:
             put_back()
             if latest_checkpoint(self.run_dir) is not None:
                 self.cfg = cfg = dataclasses.replace(cfg, resume="auto")
-        self.resume_from = check_run_dir(cfg, self.run_dir, self._note, put_back)
+        self.resume_from = check_run_dir(cfg, self.run_dir, self._note, None if restarted else put_back)
         if self.resume_from is not None:  # the model is the checkpoint's: --init and --preset keep the run's values
             self.cfg = cfg = keep_resumed_model(cfg, self.resume_from, self._note)
         self._setup_model(manifest["tokenizer"], windows.length)
