@@ -160,3 +160,8 @@ def stdout_identity() -> tuple[int, int]:
     """What file descriptor 1 is (device, inode): a closed pipe's handlers put /dev/null in its place."""
     st = os.fstat(1)
     return st.st_dev, st.st_ino
+
+
+def say_on_stderr(message: str) -> None:
+    """A note for the user on stderr, flushed (a command's `say` where it has no console of its own)."""
+    print(message, file=sys.stderr, flush=True)

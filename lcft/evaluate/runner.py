@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import torch
 from lcft import __version__
 from lcft.checkpoint.layout import Identity, names_run
 from lcft.config_toml import to_dict
-from lcft.console import make_console, text_column, time_left_column
+from lcft.console import make_console, say_on_stderr, text_column, time_left_column
 from lcft.errors import RESUME, LcftError
 from lcft.evaluate.binning import bin_edges
 from lcft.evaluate.checkpoints import CheckpointInfo, load_model, prepare_checkpoints
@@ -84,7 +83,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
     n_windows = cfg.windows_of(len(ws))
     if not launched() or os.environ.get("RANK") == "0":  # said once: by a launch's rank 0
         for line in cfg.capped(len(ws)):
-            _say(line)
+            say_on_stderr(line)
     planting = _planting(cfg, ws, n_windows)  # the probe's sizes checked before any checkpoint is read
     infos = prepare_checkpoints(cfg, ws.length, tokenizer)
     device = _device(cfg.device)
@@ -103,7 +102,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
         main = parallel is None or parallel.is_main
         if main:
             lock.enter_context(folder_lock(cfg.out, "lcft eval"))  # one writer per output folder
-        stop = lock.enter_context(StopSignals(_say if main else None, "keeping this batch's losses, then stopping"))
+        stop = lock.enter_context(StopSignals(say_on_stderr if main else None, "keeping this batch's losses, then stopping"))
         if main:
             _say_discarded(cfg, ws, n_windows, infos, device, parallel, planting)
             if reuse:  # (the demo's reports are its own)
@@ -117,7 +116,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = False, reuse: bool = True) -> 
         report["inputs"] = _inputs_key(cfg, ws, infos, device, planting, whole_windows=parallel is not None)
         if parallel is None or parallel.is_main:
             write_outputs(report, Path(cfg.out), cfg)
-            clear(cfg.out, _say)
+            clear(cfg.out, say_on_stderr)
     finally:
         lock.close()
         if parallel is not None:  # after an error too: left to interpreter exit, gloo can abort the process
@@ -193,10 +192,6 @@ def _finished(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[CheckpointIn
             report.get("inputs") != _inputs_key(cfg, ws, infos, device, planting, whole_windows=whole_windows):
         return None
     return {**report, "already": True}
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _stopped(cfg: EvalConfig, signum: int) -> dict[str, Any]:
@@ -313,7 +308,7 @@ def _say_discarded(cfg: EvalConfig, ws: Any, n_windows: int, infos: list[Checkpo
     passes = [LossStore(cfg.out, identity, keep) for info in infos
               for identity, keep in _passes(cfg, ws, info, device, probe, parallel, planting)]
     if (line := discarded(cfg.out, passes)) is not None:
-        _say(line)
+        say_on_stderr(line)
 
 
 def _say_replaced(out: str) -> None:
@@ -324,7 +319,7 @@ def _say_replaced(out: str) -> None:
         labels = [str(ck["label"]) for ck in report["checkpoints"]]
     except (LcftError, KeyError, TypeError):  # none there, or not a report lcft can read back: nothing to lose
         return
-    _say(f"{out} holds an earlier evaluation's report ({', '.join(labels[:4])}{', ...' * (len(labels) > 4)}): "
+    say_on_stderr(f"{out} holds an earlier evaluation's report ({', '.join(labels[:4])}{', ...' * (len(labels) > 4)}): "
          "this evaluation replaces it when it ends; stop it now and choose another --out to keep that one")
 
 
@@ -372,7 +367,7 @@ def _task(bar: Any, name: str, total: int, store: LossStore | None, batch: int, 
         if bar is not None:
             bar.console.print(say)
         else:
-            _say(say)
+            say_on_stderr(say)
     if bar is None:
         return None
     task = bar.add_task(name, total=total)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
+from lcft.console import say_on_stderr
 from lcft.disk import removed_or_said
 from lcft.errors import LcftError, shown
 from lcft.genomics.fasta import FastaFile
@@ -133,8 +133,4 @@ def finalize(out: Path, partial: Path) -> None:
 def drop_partial(out: Path, what: str, later: str) -> None:
     """Remove `out`'s `.partial/` (`what`: whose it is); one that stays, windows that may take gigabytes, is a
     warning on stderr naming it and why (`later`: who tries again)."""
-    removed_or_said(out / PARTIAL, _warn, f"{out / PARTIAL}, {what}", f" ({later} tries again)")
-
-
-def _warn(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    removed_or_said(out / PARTIAL, say_on_stderr, f"{out / PARTIAL}, {what}", f" ({later} tries again)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from lcft.checkpoint.layout import (
 )
 from lcft.checkpoint.save import clean_partial, supersede_after
 from lcft.config_toml import save_resolved, to_dict
+from lcft.console import say_on_stderr
 from lcft.disk import write_faults
 from lcft.errors import LcftError, shown
 from lcft.files import present
@@ -230,11 +230,7 @@ def check_run_folder(cfg: TrainConfig) -> None:
     step a failed save left aside is put back first, as the job does (clear_saves), so a launch whose only
     checkpoint it is resumes it rather than finding none."""
     run = Path(cfg.out)
-    check_run_dir(cfg, run, lambda _message: None, lambda: clean_partial(run, _stderr))
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
+    check_run_dir(cfg, run, lambda _message: None, lambda: clean_partial(run, say_on_stderr))
 
 
 def open_run_dir(cfg: TrainConfig, run: Path, resumed: tuple[Path, int] | None, say: Callable[[str], None],
