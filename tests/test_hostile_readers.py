@@ -17,6 +17,7 @@ import pytest
 from lcft.checkpoint.dcp import _param_groups
 from lcft.checkpoint.hf_folder import read_config
 from lcft.checkpoint.layout import read_model_meta, verify_checkpoint
+from lcft.checkpoint.model_files import read_generation_config
 from lcft.checkpoint.state import read_state
 from lcft.config import ConfigError
 from lcft.config_toml import MAX_TOML_BYTES, load_toml
@@ -59,6 +60,7 @@ def _state_dir(tmp_path: Path) -> Path:
 READERS = {
     "config.json": lambda d: read_config(d / "model"),
     "lcft.json": lambda d: read_model_meta(d / "model"),
+    "generation_config.json": lambda d: read_generation_config(d / "model"),
     "checksums.json": lambda d: verify_checkpoint(d / "model"),
     "manifest.json": lambda d: read_manifest(d / "windows"),
     "tokenizer.json": lambda d: load_tokenizer(str(d / "tok" / "tokenizer.json")),
@@ -67,7 +69,8 @@ READERS = {
     "state.json": lambda d: read_state(d / "ckpt"),
     "param_groups.json": lambda d: _param_groups(d / "ckpt", [{"params": ["w"]}]),
 }
-PLACES = {"config.json": "model", "lcft.json": "model", "checksums.json": "model", "manifest.json": "windows",
+PLACES = {"config.json": "model", "lcft.json": "model", "generation_config.json": "model", "checksums.json": "model",
+          "manifest.json": "windows",
           "tokenizer.json": "tok", "special_tokens_map.json": "tok", "tokenizer_config.json": "tok",
           "state.json": "ckpt/trainer_state", "param_groups.json": "ckpt/dcp"}
 
@@ -94,14 +97,15 @@ def test_hostile_json_is_one_line_naming_the_file(folders, name, text, why):
 
 @pytest.mark.parametrize("kind", NON_FILES)
 @pytest.mark.parametrize("name", ["lcft.json", "checksums.json", "special_tokens_map.json", "tokenizer_config.json",
-                                  "param_groups.json"])
+                                  "param_groups.json", "generation_config.json"])
 def test_an_optional_file_there_but_no_regular_file_is_one_line_not_none(folders, name, kind):
     """Files a folder may lack, read when there: one there but no regular file was read as none (a sparse model as
     dense, a checkpoint taken unverified, a tokenizer's roles or an optimizer's saved groups dropped)."""
     path = plant(folders / PLACES[name] / name, kind)
     one_line(lambda: READERS[name](folders), str(path))
 
-@pytest.mark.parametrize("name", ["config.json", "lcft.json", "special_tokens_map.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("name", ["config.json", "lcft.json", "special_tokens_map.json", "tokenizer_config.json",
+                                  "generation_config.json"])
 def test_a_model_folders_small_json_over_16_mib_is_one_line(folders, name):
     """A model folder's small files (its index: tests/model/test_hostile_weights.py) were read up to 1 GiB: a
     100 MB config.json took 39 s and 2.3 GB to plan, and its carried keys went into every checkpoint. lcft.json

@@ -69,9 +69,10 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
                  max_shard_size: int = MAX_SHARD_BYTES) -> tuple[Path, bool]:
     """Write the model of `source` (lcft.checkpoint.load(path, materialize=False)) to `out` as an HF folder,
     keeping the tokenizer spec it records, with the tokenizer files (tokenizer.json + config: AutoTokenizer
-    encodes DNA to the model's ids; lcft.genomics.hf_tokenizer.checkpoint_tokenizer), and in lcft.json where it
-    came from (lcft.checkpoint.export_out.export_origin). A sharded source is streamed (peak memory: about one output
-    shard plus the largest tensor; the whole model is never in memory). A new `out` appears complete (one rename);
+    encodes DNA to the model's ids; lcft.genomics.hf_tokenizer.checkpoint_tokenizer), its generation_config.json
+    byte for byte where it has one, and in lcft.json where it came from (lcft.checkpoint.export_out.export_origin).
+    A sharded source is streamed (peak memory: about one output shard plus the largest tensor; the whole model is
+    never in memory). A new `out` appears complete (one rename);
     into an existing one (`force`, empty, or partly published by a killed run of this export) the files are moved
     when all are written, config.json last. A full disk is a one-line error; nothing of a failed export stays.
     Returns (`out`, False when it already held all of this export: nothing was written or moved)."""
@@ -116,16 +117,18 @@ def export_model(source: Loaded, out: str | os.PathLike, *, dtype: torch.dtype |
 
 def _write(source: Loaded, build: Path, dtype: torch.dtype | None, max_shard_size: int, tokenizer: Any) -> None:
     """The model folder of `source` written into the empty folder `build`, with the model tokenizer `tokenizer`'s
-    files."""
+    files and the source's generation_config.json as read (`Loaded.generation`)."""
     if not source.sharded:
-        save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer)
+        save_pretrained(source.model, build, dtype=dtype, tokenizer=source.tokenizer, hf_tokenizer=tokenizer,
+                        generation=source.generation)
         return
     from lcft.checkpoint.dcp import check_sharded_readable, read_tensors  # (torch.distributed: sharded only)
 
     stored = check_sharded_readable(source.path)  # weights of one dtype, the one written
     model = source.model  # on the meta device: names, shapes and the shard plan; no storage
     files = shards(model, dtype or stored, max_shard_size, read=lambda names: read_tensors(source.path, names))
-    write_model_folder(build, model.config, files, dtype or stored, source.tokenizer, hf_tokenizer=tokenizer)
+    write_model_folder(build, model.config, files, dtype or stored, source.tokenizer, hf_tokenizer=tokenizer,
+                       generation=source.generation)
 
 
 @contextlib.contextmanager

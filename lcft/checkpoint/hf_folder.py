@@ -1,5 +1,6 @@
 """Model folders in HuggingFace's layout, the one writer and reader: config.json + model.safetensors (or shards) +
-lcft.json for lcft's own attention settings and the tokenizer spec, + the tokenizer files of a model tokenizer.
+lcft.json for lcft's own attention settings and the tokenizer spec, + the tokenizer files of a model tokenizer, + a
+published model's generation_config.json, carried as it is.
 Folders written by transformers load too (lcft.model.hf maps config.json, lcft.model.hf_params the weights)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lcft.checkpoint.layout import (
     read_meta_file,
     read_model_config,
 )
+from lcft.checkpoint.model_files import GENERATION_CONFIG
 from lcft.disk import rename_refused
 from lcft.errors import LcftError, reason, shown
 from lcft.files import atomic_write, expect_folder, present, replacing
@@ -73,7 +75,7 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
     (directory / MODEL_CONFIG).unlink(missing_ok=True)
     for name in order:
         if name == MODEL_CONFIG:
-            for stale in stale_weight_files(directory, set(files)):
+            for stale in _stale_files(directory, set(files)):
                 stale.unlink()
         with replacing(directory / name) as tmp:
             write(tmp, name)
@@ -82,13 +84,13 @@ def _write_folder(directory: Path, files: dict[str, Any]) -> None:
 def move_model_files(src: Path, dst: Path) -> None:
     """Move the files of the complete model folder `src` into the existing folder `dst` (same filesystem: one
     rename each). `dst`'s config.json goes first and comes back last, after the other files and after the
-    weight files of an earlier save are removed, so a half-moved folder never looks loadable (nor mixes two
-    models)."""
+    weight files (and generation_config.json, `_stale_files`) of an earlier save are removed, so a half-moved folder
+    never looks loadable (nor mixes two models)."""
     names = sorted((p.name for p in src.iterdir()), key=lambda n: n == MODEL_CONFIG)
     refuse_non_files(dst, set(names))
     try:
         (dst / MODEL_CONFIG).unlink(missing_ok=True)
-        for stale in stale_weight_files(dst, set(names)):
+        for stale in _stale_files(dst, set(names)):
             stale.unlink()
         for name in names:
             os.replace(src / name, dst / name)
@@ -96,11 +98,20 @@ def move_model_files(src: Path, dst: Path) -> None:
         raise LcftError(f"cannot move the model files into {dst}: {reason(e)}") from None
 
 
+def _stale_files(directory: Path, keep: set[str]) -> list[Path]:
+    """The files of an earlier save in `directory` that a save of the files `keep` removes: its weight files
+    (`stale_weight_files`), and its generation_config.json where this model has none (else the folder would
+    give this model another's generation settings)."""
+    generation = directory / GENERATION_CONFIG
+    stale = [generation] if GENERATION_CONFIG not in keep and os.path.lexists(generation) else []
+    return stale_weight_files(directory, keep) + stale
+
+
 def refuse_non_files(directory: Path, names: set[str]) -> None:
     """Before a save into the existing `directory` replaces or removes anything: each of its files the save
-    replaces (`names`) or removes (an earlier save's weight files) must be a file or a link, never a folder (which
+    replaces (`names`) or removes (an earlier save's, `_stale_files`) must be a file or a link, never a folder (which
     a rename or unlink cannot replace: the save would stop half-done)."""
-    for path in sorted({*(directory / n for n in names), *stale_weight_files(directory, names)}):
+    for path in sorted({*(directory / n for n in names), *_stale_files(directory, names)}):
         if os.path.lexists(path) and not (path.is_symlink() or path.is_file()):
             kind = "a folder" if path.is_dir() else "not a regular file"
             raise LcftError(f"{path} is {kind}, where the model folder has a file: move it out of {directory} "
@@ -109,23 +120,25 @@ def refuse_non_files(directory: Path, names: set[str]) -> None:
 
 def save_pretrained(model: Llama, directory: str | os.PathLike, dtype: torch.dtype | None = None,
                     max_shard_size: int = MAX_SHARD_BYTES, tokenizer: dict[str, Any] | None = None,
-                    hf_tokenizer: Any = None) -> Path:
+                    hf_tokenizer: Any = None, generation: bytes | None = None) -> Path:
     """Write config.json (the model's own HF class), model.safetensors (HF names; sharded with an index above
     max_shard_size bytes, as transformers does) and lcft.json; loadable by transformers' from_pretrained and by
     from_pretrained here. dtype: cast weights (None = as stored: the one dtype config.json names, the one holding
     all where the parameters are of several, lcft.model.weight_files.common_dtype). tokenizer: the data's tokenizer
     spec lcft.json records (default: lcft's char vocabulary); hf_tokenizer: a model tokenizer whose files go beside
-    it."""
+    it; generation: the bytes of the generation_config.json it carries (None: none)."""
     stored = common_dtype(str(p.dtype).removeprefix("torch.") for p in model.parameters())
     saved_dtype = dtype or getattr(torch, stored)
     return write_model_folder(directory, model.config, shards(model, saved_dtype, max_shard_size), saved_dtype,
-                              tokenizer, hf_tokenizer=hf_tokenizer)
+                              tokenizer, hf_tokenizer=hf_tokenizer, generation=generation)
 
 
-def save_model(model: Llama, folder: Path, windows: Any) -> Path:
+def save_model(model: Llama, folder: Path, windows: Any, generation: bytes | None = None) -> Path:
     """A plain checkpoint's model: weights and config, lcft.json recording the tokenizer of `windows` (the
-    training data), for a model tokenizer its files."""
-    return save_pretrained(model, folder, tokenizer=windows.manifest["tokenizer"], hf_tokenizer=hf_tokenizer_of(windows))
+    training data), for a model tokenizer its files, and the generation_config.json `generation` of the model the
+    run started from (None: none)."""
+    return save_pretrained(model, folder, tokenizer=windows.manifest["tokenizer"], hf_tokenizer=hf_tokenizer_of(windows),
+                           generation=generation)
 
 
 def hf_tokenizer_of(windows: Any) -> Any:
@@ -137,14 +150,19 @@ def hf_tokenizer_of(windows: Any) -> Any:
 
 def write_model_folder(directory: str | os.PathLike, cfg: LlamaConfig, weights: dict[str, Any],
                        saved_dtype: torch.dtype, tokenizer: dict[str, Any] | None = None,
-                       meta: dict[str, Any] | None = None, hf_tokenizer: Any = None) -> Path:
+                       meta: dict[str, Any] | None = None, hf_tokenizer: Any = None,
+                       generation: bytes | None = None) -> Path:
     """Write a model folder from its config and {weight file name: tensor dict | function returning one |
-    index bytes} (as lcft.model.hf_params.shards builds them): config.json, lcft.json (plus `meta`), the weights;
-    atomically; then the files of `hf_tokenizer` (a model tokenizer: the one place they are saved)."""
+    index bytes} (as lcft.model.hf_params.shards builds them): config.json, lcft.json (plus `meta`), the weights,
+    and `generation` as generation_config.json, byte for byte (the source model's: lcft.checkpoint.reader.Loaded;
+    None: none is written, and an earlier save's goes); atomically; then the files of `hf_tokenizer` (a model
+    tokenizer: the one place they are saved)."""
     extra = {"format_version": MODEL_META_VERSION, "attention": cfg.attention.to_dict(),
              "tokenizer": tokenizer or tokenizer_spec(), **(meta or {})}
     files = {**weights, MODEL_CONFIG: json.dumps(config_to_hf(cfg, saved_dtype), indent=2).encode(),
              MODEL_META: json.dumps(extra, indent=2).encode()}
+    if generation is not None:
+        files[GENERATION_CONFIG] = generation
     directory = Path(directory)
     _write_folder(directory, files)
     if hf_tokenizer is not None:

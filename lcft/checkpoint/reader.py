@@ -12,7 +12,7 @@ import torch
 
 from lcft.checkpoint.hf_folder import from_pretrained
 from lcft.checkpoint.layout import Identity, read_model_config, read_model_meta, unchanged
-from lcft.checkpoint.model_files import is_sharded_checkpoint
+from lcft.checkpoint.model_files import is_sharded_checkpoint, read_generation_config
 from lcft.checkpoint.state import TrainerState, read_trainer_state
 from lcft.errors import LcftError, is_oom
 from lcft.model import Llama
@@ -34,6 +34,8 @@ class Loaded:
     """The model (model=True); a sharded one stays on the meta device with materialize=False."""
     trainer: tuple[TrainerState, dict | None, dict, dict] | None = None
     """(state, optimizer state dict (None: sharded, in dcp/), scheduler state dict, RNG states) (trainer_state=True)."""
+    generation: bytes | None = None
+    """generation_config.json as stored, which checkpoints and exports of the model carry; None: the folder has none."""
     identity: Identity = None
     """The folder's identity as read (lcft.checkpoint.layout.unchanged): a later read of it compares with it."""
 
@@ -56,7 +58,7 @@ def load(path: str | os.PathLike, *, model: bool = True, attention: AttentionCon
     path = Path(path)
     with unchanged(path, since) as identity:
         out = Loaded(path, read_model_config(path), read_model_meta(path), is_sharded_checkpoint(path),
-                     identity=identity)
+                     generation=read_generation_config(path), identity=identity)
         if model:
             out.model = _read_model(path, out.sharded, attention, dtype, materialize)
         if trainer_state:

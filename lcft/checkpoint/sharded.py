@@ -23,12 +23,14 @@ from lcft.errors import LcftError
 
 def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_main: bool,
                  write_rest: Callable[[Path], None], between: Callable[[int, Path], None] | None,
-                 windows: Any = None, warn: Callable[[str], None] | None = None) -> Path:
+                 windows: Any = None, warn: Callable[[str], None] | None = None,
+                 generation: bytes | None = None) -> Path:
     """Collective: every rank writes its shards of the model and optimizer into the checkpoint's temp folder
     (`dcp/`); rank 0 adds config.json, lcft.json (recording the tokenizer of `windows`, the training data),
-    for a model tokenizer its files (as a plain checkpoint, so AutoTokenizer and `lcft export` find them) and
-    the trainer state, then renames the folder (atomic, as write_checkpoint). Nothing is gathered on one rank.
-    The folder must be on a filesystem all ranks share. `warn`: write_checkpoint's."""
+    for a model tokenizer its files (as a plain checkpoint, so AutoTokenizer and `lcft export` find them), the
+    generation_config.json `generation` of the model the run started from (None: none) and the trainer state,
+    then renames the folder (atomic, as write_checkpoint). Nothing is gathered on one rank. The folder must be on
+    a filesystem all ranks share. `warn`: write_checkpoint's."""
     final = checkpoints_dir(run_dir) / step_name(step)
     raw = getattr(optimizer, "optimizer", optimizer)
     tmp = checkpoints_dir(run_dir) / (TMP_PREFIX + step_name(step))
@@ -38,7 +40,8 @@ def save_sharded(run_dir: Path, step: int, model: nn.Module, optimizer: Any, is_
         dist.barrier()  # the temp folder exists: the other ranks write into it now
         save_state(model, raw, path)
         write_model_folder(path, model.config, {}, torch.float32, windows.manifest["tokenizer"] if windows else None,
-                           meta=SHARDED_META, hf_tokenizer=hf_tokenizer_of(windows) if windows else None)
+                           meta=SHARDED_META, hf_tokenizer=hf_tokenizer_of(windows) if windows else None,
+                           generation=generation)
 
     need = checkpoint_bytes(model)
     if is_main:  # a failed save (every rank's, DCP gathers them) is one line; the temp folder goes

@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
                                           "checkpoints/step-* is used), or an HF model folder or Hub id "
                                           "ORG/NAME\\[@REVISION]."),
         out: Path = typer.Option(..., "--out", "-o", help="Folder to write config.json, model.safetensors, "
-                                 "lcft.json and the tokenizer files to (transformers loads it as the model's own class: Llama, Mistral, "
+                                 "lcft.json, the tokenizer files and the model's generation_config.json (where it "
+                                 "has one) to (transformers loads it as the model's own class: Llama, Mistral, "
                                  "Qwen2, Qwen3 or Mixtral)."),
         dtype: str | None = typer.Option(None, "--dtype", help="Cast weights: float32, bfloat16 or float16 "
                                          "(default: as stored)."),

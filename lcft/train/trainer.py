@@ -178,6 +178,7 @@ class Trainer(GlobalStep):
             raise LcftError(f"not enough memory to build the model ({built}, a vocabulary of "
                             f"{tokenizer['vocab_size']:,}); `lcft plan` with the same options shows what it "
                             "needs") from None
+        self.generation = source.generation if source else None  # carried into every checkpoint, as published
         self._check_lengths(window)
         self.loss_model = LossModel(self.model, cfg.z_loss, cfg.loss_chunk)
         par = cfg.parallel
@@ -321,14 +322,18 @@ class Trainer(GlobalStep):
             optim = None if self.layout.fsdp_enabled else self.opt.state_dict()  # fsdp: sharded in dcp/
             write_trainer_state(tmp, st, optim, self.scheduler.state_dict())
 
+        def write_model(tmp: Path) -> None:
+            save_model(self.model, tmp, self.samples.windows, self.generation)
+
         if self.layout.fsdp_enabled:
             from lcft.checkpoint.sharded import save_sharded  # (torch.distributed.checkpoint)
 
             path = save_sharded(self.run_dir, st.step, self.model, self.opt, self.is_main, write_rest,
-                                self.hooks.during_save, self.samples.windows, warn=self._note)
+                                self.hooks.during_save, self.samples.windows, warn=self._note,
+                                generation=self.generation)
         elif self.is_main:
-            path = write_checkpoint(self.run_dir, st.step, lambda tmp: save_model(self.model, tmp, self.samples.windows), write_rest,
-                                    self.hooks.during_save, expected_bytes=checkpoint_bytes(self.model), warn=self._note)
+            path = write_checkpoint(self.run_dir, st.step, write_model, write_rest, self.hooks.during_save,
+                                    expected_bytes=checkpoint_bytes(self.model), warn=self._note)
         if self.is_main:
             prune(self.run_dir, self.cfg.keep_last, self._note)
         self.acc.wait_for_everyone()

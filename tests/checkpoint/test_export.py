@@ -1,6 +1,6 @@
 """`lcft export`: its size estimate (what it names on a full disk) scales from the dtype the weights' headers
 declare, whatever config.json says; an export killed half-way leaves nothing that a rerun does not remove; a
-published model's use_cache is written back."""
+published model's use_cache is written back, and its generation_config.json carried byte for byte."""
 
 from __future__ import annotations
 
@@ -179,10 +179,10 @@ def _tree(folder: Path) -> dict[str, bytes | None]:
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json",
-                                  "model-00001-of-00002.safetensors"])
+                                  "model-00001-of-00002.safetensors", "generation_config.json"])
 def test_export_over_a_folder_named_like_a_model_file_changes_nothing(tmp_path, init_dir, name):
     """--force over an earlier export where a folder stands under a name the export writes (or removes, an
-    earlier save's weight shard): refused, naming it, before anything in --out is replaced or removed."""
+    earlier save's weight shard or generation_config.json, where the source has none): refused, naming it, before anything in --out is replaced or removed."""
     out = tmp_path / "hf"
     assert CliRunner().invoke(app, ["export", str(init_dir), "--out", str(out)]).exit_code == 0
     (out / name).unlink(missing_ok=True)
@@ -281,3 +281,49 @@ def test_export_of_a_model_folder_whose_tokenizer_has_no_tokens_is_one_line(tmp_
     cli_fails(["export", str(folder), "--out", str(tmp_path / "hf")], str(folder / "tokenizer.json"),
               "the vocabulary has no tokens")
     assert not (tmp_path / "hf").exists()
+
+
+GENERATION = b'{\n  "eos_token_id": [2, 3],\n  "max_length": 4096,\n  "temperature": 0.7\n}\n'
+
+
+def _said(text: str) -> str:
+    return "".join(text.split())  # the console wraps long paths anywhere
+
+
+def test_export_carries_the_generation_config_and_its_record(tmp_path, init_dir):
+    """A source's generation_config.json is exported byte for byte and recorded with the export's files: the same
+    export run again is "already exported"; the source's file changed makes it another source (refused without
+    --force); --force from a source without one leaves none (the earlier export's would give this model another's
+    settings), and that export run again is "already exported"."""
+    source, out = tmp_path / "model", tmp_path / "hf"
+    shutil.copytree(init_dir, source)
+    (source / "generation_config.json").write_bytes(GENERATION)
+    args = ["export", str(source), "--out", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert (out / "generation_config.json").read_bytes() == GENERATION
+    files = json.loads((out / "lcft.json").read_text())["export"]["files"]
+    assert files["generation_config.json"]["bytes"] == len(GENERATION)
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0 and _said(r.output) == _said(f"already exported to {out} (from {source})"), r.output
+    (source / "generation_config.json").write_bytes(GENERATION.replace(b"0.7", b"0.9"))
+    cli_fails(args, f"{out} already holds an export of another checkpoint")
+    assert (out / "generation_config.json").read_bytes() == GENERATION
+    again = ["export", str(init_dir), "--out", str(out)]
+    assert CliRunner().invoke(app, [*again, "--force"]).exit_code == 0
+    assert not (out / "generation_config.json").exists()
+    r = CliRunner().invoke(app, again)
+    assert r.exit_code == 0 and _said(r.output) == _said(f"already exported to {out} (from {init_dir})"), r.output
+
+
+@pytest.mark.parametrize("bad, said", [("[]", "generation_config.json: not a JSON object"),
+                                       ("oversize", "bytes, over the limit of 16777216")])
+def test_export_of_a_bad_generation_config_is_one_line_and_writes_nothing(tmp_path, init_dir, bad, said):
+    source, out = tmp_path / "model", tmp_path / "hf"
+    shutil.copytree(init_dir, source)
+    with (source / "generation_config.json").open("wb") as f:
+        if bad == "oversize":
+            f.truncate((16 << 20) + 1)  # sparse: refused by its size, unread
+        else:
+            f.write(bad.encode())
+    cli_fails(["export", str(source), "--out", str(out)], str(source / "generation_config.json"), said)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -202,6 +202,7 @@ def test_a_sources_content_is_what_the_export_reads_of_it(tmp_path, init_dir, mo
     shutil.copytree(init_dir, a)
     (a / "tokenizer.json").write_text("{}")
     (a / "special_tokens_map.json").write_text("{}")
+    (a / "generation_config.json").write_text("{}")  # exported as it is: another one makes another export
     shutil.copytree(a, b)
     (b / ".lcft.lock").write_text("123 lcft export\n")
     (b / ".git").mkdir()
@@ -214,9 +215,10 @@ def test_a_sources_content_is_what_the_export_reads_of_it(tmp_path, init_dir, mo
     hashed, real = [], export_out.file_hash
     monkeypatch.setattr(export_out, "file_hash", lambda f: hashed.append(f.name) or real(f))
     assert _digest(a) == _digest(b)
-    assert sorted(hashed) == sorted(2 * ["config.json", "lcft.json", "model.safetensors", "tokenizer.json",
-                                         "special_tokens_map.json"])
-    for name in ("config.json", "lcft.json", "model.safetensors", "tokenizer.json", "special_tokens_map.json"):
+    read = ["config.json", "lcft.json", "model.safetensors", "tokenizer.json", "special_tokens_map.json",
+            "generation_config.json"]
+    assert sorted(hashed) == sorted(2 * read)
+    for name in read:
         assert _digest(_changed(a, tmp_path / f"a-{name}", name)) != _digest(a), name
     write_checksums(a)
     assert _digest(a) == hashlib.sha256((a / "checksums.json").read_bytes()).hexdigest()

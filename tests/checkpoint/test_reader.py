@@ -110,3 +110,24 @@ def test_running_out_of_memory_reading_a_sharded_model_is_one_line(ckpt, monkeyp
 
     monkeypatch.setattr(torch.nn.Module, "to_empty", no_memory)
     one_line(lambda: load(ckpt), f"{ckpt}: not enough memory to read the model (", " parameters)")
+
+
+def test_a_generation_config_is_read_as_stored(tmp_path):
+    """A model folder's generation_config.json is given as its bytes, whatever their spacing (the checkpoints and
+    exports of the model carry it unchanged); a folder without one gives None."""
+    _, folder = tiny(tmp_path)
+    assert load(folder, model=False).generation is None
+    text = '{"eos_token_id": [2, 3],\n  "max_length": 4096, "temperature": 0.7, "note": "\u00e9"}\n'.encode()
+    (folder / "generation_config.json").write_bytes(text)
+    assert load(folder, model=False).generation == text
+
+
+@pytest.mark.parametrize("bad, said", [("[1, 2]", "generation_config.json: not a JSON object"),
+                                       ('{"max_length": ', "generation_config.json: not valid JSON")])
+def test_a_generation_config_that_is_no_json_object_is_one_line(tmp_path, bad, said):
+    """generation_config.json is a file handed with the model: a JSON object, else one line naming it (deep, huge,
+    no regular file: tests/test_hostile_readers.py)."""
+    _, folder = tiny(tmp_path)
+    path = folder / "generation_config.json"
+    path.write_text(bad)
+    one_line(lambda: load(folder, model=False), str(path), said)

@@ -4,6 +4,7 @@ ranks -> fsdp cp=1 on 2), and the sharded checkpoints read by `lcft export` and 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from tests.parallel.oracle import same_grad_norms, same_samples
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 9 runs, 1-4 processes each: ~1 min on 2 cores
 
 STEP = "checkpoints/step-{:08d}"
+GENERATION_CONFIG, GENERATION = "generation_config.json", b'{"eos_token_id": [2, 3], "max_length": 4096}\n'
 
 
 def _base(data: Path, init: Path) -> dict:
@@ -40,9 +42,11 @@ def runs(tmp_path_factory, cp_data_dir, cp_init_dir) -> Path:
     to_one / from_one / cp2_to_cp1: step 1 of fsdp2 / one / fsdp_dpcp resumed on 1 process / fsdp 2 ranks /
     fsdp 2 ranks with cp=1 (dp 2 x accumulation 2), then steps 2-3. init_one (the oracle of fsdp_cp2) / fsdp_cp2:
     a new run from --init fsdp2's step 1 (sharded) on 1 process (accumulation 2) / dp 1 x cp 2 (accumulation 2 on
-    each rank), fsdp over both."""
+    each rank), fsdp over both. All start from the small model beside a generation_config.json."""
     root = tmp_path_factory.mktemp("fsdp")
-    base = _base(cp_data_dir, cp_init_dir)
+    shutil.copytree(cp_init_dir, root / "init")
+    (root / "init" / GENERATION_CONFIG).write_bytes(GENERATION)  # carried by every checkpoint and the export
+    base = _base(cp_data_dir, root / "init")
     train(TrainConfig(out=str(root / "one"), **base))
     s = run("train", TrainConfig(out=str(root / "fsdp2"), nproc=2, shard="fsdp", **base))
     assert s["world_size"] == 2 and s["step"] == 3
@@ -127,9 +131,13 @@ def test_export_streams_a_sharded_checkpoint_into_safetensors(runs, tmp_path):
     res = CliRunner().invoke(app, ["export", str(runs / "fsdp2"), "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert (out / "model.safetensors").is_file()
+    carried = [runs / name / STEP.format(3) for name in ("fsdp2", "fsdp_cp2", "to_one", "from_one")]
+    for folder in (*carried, out):  # as --init had it: saved sharded, resumed across layouts, exported
+        assert (folder / GENERATION_CONFIG).read_bytes() == GENERATION, folder
     _same_weights(from_pretrained(out).state_dict(), _weights(runs / "one" / STEP.format(3)))
     transformers = pytest.importorskip("transformers")
     hf = transformers.LlamaForCausalLM.from_pretrained(out)
+    assert hf.generation_config.eos_token_id == [2, 3] and hf.generation_config.max_length == 4096
     ours = from_pretrained(runs / "one" / STEP.format(3))
     ids = torch.randint(0, ours.config.vocab_size, (1, 64))
     with torch.no_grad():

@@ -71,6 +71,16 @@ def test_init_missing_weights(tmp_path, base_cfg, init_dir):
     _fails(tmp_path, base_cfg, "checkpoint not found", init=str(tmp_path / "nope"))
 
 
+def test_init_with_a_generation_config_that_is_no_json_object(tmp_path, base_cfg, init_dir):
+    """The --init folder's generation_config.json, which every checkpoint would carry: not a JSON object is one
+    line naming it, before any checkpoint is written."""
+    bad = tmp_path / "init"
+    shutil.copytree(init_dir, bad)
+    (bad / "generation_config.json").write_text('["max_length", 4096]')
+    out = _fails(tmp_path, base_cfg, "generation_config.json: not a JSON object", init=str(bad))
+    assert not out.exists()
+
+
 def test_init_with_a_smaller_vocabulary(tmp_path, base_cfg):
     """An embedding of fewer rows than the data's ids is refused; one of more rows recording the data's tokenizer
     (lcft.json: char) is a padded one and trains."""

@@ -1,9 +1,11 @@
 """Continued training of models transformers built: `--init <HF folder>` (bf16 on disk) for a Qwen3 and a Mixtral
-(router loss on) trains fp32 weights, then `lcft export`; transformers loads the export as the same class."""
+(router loss on) trains fp32 weights, then `lcft export`; transformers loads the export as the same class, with the
+generation settings the published folder's generation_config.json holds."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,12 +26,34 @@ FAMILIES = {
                                                          "output_router_logits": True, "sliding_window": None}),
 }
 
+# generation settings of the authors' choosing, none of them transformers' defaults
+GENERATION = dict(max_length=4096, do_sample=True, temperature=0.7, top_k=8, bos_token_id=1, eos_token_id=[2, 3],
+                  pad_token_id=0)
+
+
+def _with_generation(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with GENERATION as its generation config, which its save_pretrained writes to generation_config.json."""
+    model.generation_config = transformers.GenerationConfig(**GENERATION)
+    return model
+
+
+def _carried(published: Path, *folders: Path | str) -> None:
+    """Each of `folders` (checkpoints, then the export) holds `published`'s generation_config.json byte for byte;
+    transformers reads GENERATION from the export, and a model loaded from it generates with it."""
+    want = (published / "generation_config.json").read_bytes()
+    for folder in folders:
+        assert (Path(folder) / "generation_config.json").read_bytes() == want, folder
+    assert (transformers.GenerationConfig.from_pretrained(folders[-1]).to_dict()
+            == transformers.GenerationConfig(**GENERATION).to_dict())
+    back = transformers.AutoModelForCausalLM.from_pretrained(folders[-1])
+    assert {k: getattr(back.generation_config, k) for k in GENERATION} == GENERATION
+
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_train_from_a_transformers_folder_then_export(tmp_path, base_cfg, family):
     cfg_cls, model_cls, extra = FAMILIES[family]
     torch.manual_seed(0)
-    published = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**SHAPE, **extra))
+    published = _with_generation(getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**SHAPE, **extra)))
     published.to(torch.bfloat16).save_pretrained(tmp_path / "hf")  # as checkpoints are mostly published
     s = train(TrainConfig(out=str(tmp_path / "run"), **{**base_cfg, "init": str(tmp_path / "hf"), "steps": 2}))
     assert s["step"] == 2 and all(torch.isfinite(torch.tensor(m["loss"])) for m in read_metrics(tmp_path / "run"))
@@ -37,6 +61,7 @@ def test_train_from_a_transformers_folder_then_export(tmp_path, base_cfg, family
     r = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == [model_cls]
+    _carried(tmp_path / "hf", s["checkpoint"], tmp_path / "export")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     assert type(back).__name__ == model_cls
     ours, init = from_pretrained(s["checkpoint"]).eval(), from_pretrained(tmp_path / "hf")
@@ -64,11 +89,12 @@ def test_a_padded_vocabulary_trains_evaluates_and_exports_as_transformers_reads_
     hf, data = tmp_path / "hf", str(tmp_path / "data")
     shutil.copytree(SHARED_PUBLISHED / "metagene-1", hf)
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**SHAPE, "vocab_size": 1088})).save_pretrained(hf)
+    padded = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**SHAPE, "vocab_size": 1088}))
+    _with_generation(padded).save_pretrained(hf)
     prepare_windows(fasta=str(sample_fasta()), out=data, length=512, train=("chr2",), eval=("chr22",),
                     tokenizer=str(hf))
     run = {**base_cfg, "data": data, "init": str(hf), "steps": 3, "stop_after": 2}
-    train(TrainConfig(out=str(tmp_path / "run"), **run))
+    first = train(TrainConfig(out=str(tmp_path / "run"), **run))["checkpoint"]
     s = train(TrainConfig(out=str(tmp_path / "run"), **{**run, "stop_after": None}, resume="auto"))
     assert s["step"] == 3
 
@@ -89,6 +115,7 @@ def test_a_padded_vocabulary_trains_evaluates_and_exports_as_transformers_reads_
     r = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "export" / "config.json").read_text())["vocab_size"] == 1088
+    _carried(hf, first, s["checkpoint"], tmp_path / "export")  # the resumed run's checkpoint kept it
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     ids = torch.from_numpy(np.asarray(windows[0]).astype(np.int64))[None]  # (1, L)
     with torch.no_grad():
