@@ -27,16 +27,22 @@ from lcft.liveness import EXIT_LOST, ROUND_ENV
 from lcft.signals import GROUP_ENDING_ENV, STOP_SIGNALS, signal_name
 from lcft.spare_room import write_back
 
+_ended: set[int] = set()
+"""The pids of the workers the agent ended with their group (`_name_ended_groups`): still running when it began to
+close it for another cause than its own stop signal. One it SIGKILLs once the close's 30 s ran out (a rank still
+saving, or slowed on a loaded machine) was ended by the agent, as by its SIGTERM: no cause of the failure."""
+
 
 def failures(error: Any) -> list[dict[str, Any]]:
     """The failed workers of a ChildFailedError (or of a failed group's RunResult): global rank, pid, exit code, the
-    signal that killed it, and whether that signal is one a launch stops its workers with (the agent ends the
-    others with SIGTERM)."""
+    signal that killed it, and whether the launch stopped it: a signal a launch stops its workers with (the agent
+    ends the others with SIGTERM), or the agent's SIGKILL of a worker it ended with its group (`_ended`)."""
     out = []
     for rank, f in sorted(error.failures.items()):
         sig = -f.exitcode if f.exitcode < 0 and -f.exitcode in signal.valid_signals() else None
+        stopped = sig in STOP_SIGNALS or (sig is not None and int(f.pid) in _ended)
         out.append({"rank": int(rank), "pid": int(f.pid), "exitcode": int(f.exitcode),
-                    "signal": signal_name(sig) if sig else None, "stopped": sig in STOP_SIGNALS})
+                    "signal": signal_name(sig) if sig else None, "stopped": stopped})
     return out
 
 
@@ -121,6 +127,9 @@ def _name_ended_groups() -> None:
 
     def name_then_close(self: PContext, *args: Any, **kwargs: Any) -> None:
         if not isinstance(sys.exc_info()[1], SignalException):
+            # (a binary's workers, as the launch starts them; a worker already ended is the failure, or none)
+            handlers = getattr(self, "subprocess_handlers", {}).values()
+            _ended.update(h.proc.pid for h in handlers if h.proc.poll() is None)
             pids = "".join(f"{pid}\n" for pid in self.pids().values())
             with contextlib.suppress(OSError):  # (unnamed, a worker says it saves, as before)
                 write_back(lambda: atomic_write(path, pids))

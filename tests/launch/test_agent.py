@@ -19,7 +19,8 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from lcft.launch.agent import failures
-from lcft.launch.process import killed_workers
+from lcft.launch.process import FAILURES_ENV, killed_workers
+from lcft.signals import GROUP_ENDING_ENV
 from tests.train.launching import LAUNCH_NAMES, torch_logs
 
 RESUME = "start it again with --resume auto"
@@ -165,6 +166,51 @@ def test_the_grace_ends_the_run_on_a_signal_but_not_the_restart_of_a_group(tmp_p
     assert agent.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert (signalled / "0-0-termed").exists() and not (signalled / "0-0-ended").exists(), err[-3000:]
     assert time.monotonic() - t0 < SAVE_S + 1
+
+
+# In round 0, rank 0 takes no SIGTERM (still busy past the close's grace: a save on a stalled disk) and rank 1 is
+# killed by SIGKILL once rank 0 runs; round 1 ends at once.
+BUSY_THEN_KILLED = """
+import os, pathlib, signal, sys, time
+out, rank = pathlib.Path(sys.argv[1]), os.environ["RANK"]
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if rank == "0":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        (out / "busy").touch()
+        time.sleep(120)
+    while not (out / "busy").exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+# Put first on the agent's PYTHONPATH: the close of a failed group waits 2 s for its workers, not torch's 30 s.
+SHORT_CLOSE = """
+import os
+if "RANK" not in os.environ:
+    from torch.distributed.elastic.multiprocessing.api import PContext
+    PContext.close.__defaults__ = (None, 2)
+"""
+
+
+def test_a_worker_the_agent_kills_when_its_grace_runs_out_is_no_cause(tmp_path):
+    """Rank 1 killed by SIGKILL; rank 0, still busy, outlasts the grace of the agent's close and is SIGKILLed by
+    the agent. The restart names rank 1 alone: it named rank 0 too, 'killed by SIGKILL' as if something outside had
+    killed it (a loaded machine's full suite once, the ranks of a long step on every failure)."""
+    (tmp_path / "worker.py").write_text(BUSY_THEN_KILLED)
+    (tmp_path / "sitecustomize.py").write_text(SHORT_CLOSE)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_NAMES}
+    path = os.pathsep.join([str(tmp_path), *filter(None, [env.get("PYTHONPATH")])])
+    recorded = tmp_path / "failures.json"
+    agent = subprocess.Popen([sys.executable, "-m", "lcft.launch.agent", "--standalone", "--nproc-per-node=2",
+                              "--max-restarts=1", str(tmp_path / "worker.py"), str(tmp_path)],
+                             env={**env, "PYTHONPATH": path, FAILURES_ENV: str(recorded),
+                                  GROUP_ENDING_ENV: str(tmp_path / "ending")}, stderr=subprocess.PIPE, text=True)
+    _, err = agent.communicate(timeout=120)
+    assert agent.returncode == 0, err[-3000:]
+    assert "Unable to shutdown process" in err, err[-3000:]  # (torch's word that it SIGKILLed rank 0)
+    by_rank = {f["rank"]: (f["signal"], f["stopped"]) for f in json.loads(recorded.read_text())}
+    assert by_rank == {0: ("SIGKILL", True), 1: ("SIGKILL", False)}, by_rank
+    assert killed_workers(recorded, 0, RESUME).startswith("rank 1 on node 0 (pid "), recorded.read_text()
 
 
 def test_each_group_is_handed_the_round_torch_prefixes_its_rendezvous_store_with(monkeypatch):
