@@ -30,7 +30,8 @@ from lcft.spare_room import write_back
 _ended: set[int] = set()
 """The pids of the workers the agent ended with their group (`_name_ended_groups`): still running when it began to
 close it for another cause than its own stop signal. One it SIGKILLs once the close's 30 s ran out (a rank still
-saving, or slowed on a loaded machine) was ended by the agent, as by its SIGTERM: no cause of the failure."""
+saving, or slowed on a loaded machine) was ended by the agent, as by its SIGTERM: no cause of the failure. Those of
+the group last closed only: a worker of a later group may have an earlier one's pid."""
 
 
 def failures(error: Any) -> list[dict[str, Any]]:
@@ -126,6 +127,9 @@ def _name_ended_groups() -> None:
         return
 
     def name_then_close(self: PContext, *args: Any, **kwargs: Any) -> None:
+        if not getattr(self, "_lcft_closed", False):  # a new group: an earlier one's pids may be reused by its workers
+            _ended.clear()
+            self._lcft_closed = True
         if not isinstance(sys.exc_info()[1], SignalException):
             # (a binary's workers, as the launch starts them; a worker already ended is the failure, or none)
             handlers = getattr(self, "subprocess_handlers", {}).values()

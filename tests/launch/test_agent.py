@@ -13,11 +13,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+import lcft.launch.agent as agent
 from lcft.launch.agent import failures
 from lcft.launch.process import FAILURES_ENV, killed_workers
 from lcft.signals import GROUP_ENDING_ENV
@@ -26,11 +28,11 @@ from tests.train.launching import LAUNCH_NAMES, torch_logs
 RESUME = "start it again with --resume auto"
 
 
-def _failed(exitcodes: dict[int, int]) -> ChildFailedError:
+def _failed(exitcodes: dict[int, int], pids: dict[int, int] | None = None) -> ChildFailedError:
     """torch's error for workers that ended so, keyed by global rank (no error files: killed, or exited by
-    themselves without torch's record)."""
-    return ChildFailedError("lcft.launch", {rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code,
-                                                                 error_file="<N/A>")
+    themselves without torch's record); `pids` by rank (default: 1000 + rank)."""
+    return ChildFailedError("lcft.launch", {rank: ProcessFailure(local_rank=rank, pid=(pids or {}).get(rank, 1000 + rank),
+                                                                 exitcode=code, error_file="<N/A>")
                                             for rank, code in exitcodes.items()})
 
 
@@ -211,6 +213,30 @@ def test_a_worker_the_agent_kills_when_its_grace_runs_out_is_no_cause(tmp_path):
     by_rank = {f["rank"]: (f["signal"], f["stopped"]) for f in json.loads(recorded.read_text())}
     assert by_rank == {0: ("SIGKILL", True), 1: ("SIGKILL", False)}, by_rank
     assert killed_workers(recorded, 0, RESUME).startswith("rank 1 on node 0 (pid "), recorded.read_text()
+
+
+def _group(*pids: tuple[int, int | None]) -> SimpleNamespace:
+    """A group's process context as the agent's close sees it: (pid, its exit code; None while it runs) each."""
+    handlers = {rank: SimpleNamespace(proc=SimpleNamespace(pid=pid, poll=lambda code=code: code))
+                for rank, (pid, code) in enumerate(pids)}
+    return SimpleNamespace(subprocess_handlers=handlers, pids=lambda: {r: h.proc.pid for r, h in handlers.items()})
+
+
+def test_a_worker_of_a_later_group_with_an_ended_workers_pid_is_a_cause(tmp_path, monkeypatch):
+    """The agent ends group 0 while its pid 100 runs; group 1's worker reuses pid 100 and is killed by SIGKILL (the
+    OOM killer) before the close: it is the cause, not a worker the agent ended (was: 'stopped', and the restart
+    named no cause at all)."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    monkeypatch.setattr(PContext, "close", lambda self, *args, **kwargs: None)  # (undone: the agent's wrap too)
+    monkeypatch.setattr(agent, "_ended", set())
+    monkeypatch.setenv(GROUP_ENDING_ENV, str(tmp_path / "ending"))
+    agent._name_ended_groups()
+    PContext.close(_group((100, None), (101, None)))  # group 0: a failure elsewhere, both still running
+    assert failures(_failed({0: -9}, pids={0: 100}))[0]["stopped"]  # (ended by the agent, SIGKILLed in its close)
+    PContext.close(_group((100, -9), (102, None)))  # group 1: pid 100 again, killed first; 102 ended with it
+    recorded = failures(_failed({0: -9, 1: -9}, pids={0: 100, 1: 102}))
+    assert [(f["pid"], f["stopped"]) for f in recorded] == [(100, False), (102, True)], recorded
 
 
 def test_each_group_is_handed_the_round_torch_prefixes_its_rendezvous_store_with(monkeypatch):
