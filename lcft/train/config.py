@@ -304,10 +304,10 @@ class TrainConfig(DataOptions, CheckpointOptions, ModelOverrides, OptimConfig, T
     def guard(self) -> GuardConfig:
         return self._sections["guard"]
 
-    def stops_after(self) -> int | None:
-        """--stop-after as the run takes it: None where it stops no earlier than --steps (no invocation runs past
-        them), as when left unset."""
-        return self.stop_after if self.stop_after is not None and self.stop_after < self.steps else None
+    def stops_after(self, start: int = 0) -> int | None:
+        """--stop-after as the run takes it, resuming after step `start`: None where it stops no earlier than
+        --steps (no invocation runs past them), as when left unset."""
+        return self.stop_after if self.stop_after is not None and self.stop_after < self.steps - start else None
 
     def run_defining(self) -> dict[str, Any]:
         """The options that shape the trajectory: two runs with equal values are the same run."""

@@ -162,17 +162,22 @@ def taken_options(cfg: TrainConfig, resumed: Path | None) -> dict[str, Any]:
     left out where the model is a checkpoint's (ignored there); the model's attention and RoPE options as the model
     trained has them (taken_overrides: one left unset as the model's own, RoPE scaling as the model's config holds
     it); an unset --seq-len as the data's window length; --precision auto as what this node picks; --stop-after as
-    the run takes it (TrainConfig.stops_after); the window split's options left out with cp 1 (none is split).
+    the run takes it after the checkpoint it resumes (TrainConfig.stops_after); the window split's options left out
+    with cp 1 (none is split).
     What cannot be read leaves its options as given (the job names it)."""
     # imported here: torch, which the fingerprint's process has loaded and the run folder's checks never need
     import torch
 
+    from lcft.checkpoint.state import checkpoint_step
     from lcft.train.model_setup import taken_overrides
     from lcft.train.precision import choose_precision
 
     options = to_dict(cfg)
     options["precision"] = choose_precision(cfg.precision, not torch.cuda.is_available())[0]
     options["stop_after"] = cfg.stops_after()
+    with contextlib.suppress(LcftError, OSError):
+        if cfg.resume and resumed is not None:  # the steps left after the checkpoint it resumes are what counts
+            options["stop_after"] = cfg.stops_after(checkpoint_step(resumed))
     with contextlib.suppress(LcftError, OSError):
         options["seq_len"] = cfg.seq_len or data_identity(read_manifest(cfg.data))["length"]
     if cfg.resume or cfg.init:

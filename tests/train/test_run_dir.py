@@ -60,7 +60,8 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
     data's window length; --precision auto and what it picks here; --preset beside --init (which ignores it); the
     model's attention and RoPE options unset and given as --init's model has them; one --rope-scaling spelled two
     ways (a factor of 8 and 8.0, keys in another order, 'type' for 'rope_type', the original length its type takes
-    by default left out and given); --stop-after unset and at or past --steps (it stops nothing); the window
+    by default left out and given); --stop-after unset and at or past --steps, or past the steps left after the checkpoint resumed (it stops
+    nothing); the window
     split's options without cp (nothing split); --resume auto and the checkpoint it resumes (given with --init and
     --preset, which a resume ignores, and --rope-theta as the checkpoint's model has it). Each was named another
     run. Another --seq-len, --rope-scaling factor and --stop-after that stops the run early, and --resume auto in a
@@ -69,6 +70,7 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
     auto = choose_precision("auto", not torch.cuda.is_available())[0]
     latest = one_process_run / "checkpoints" / step_name(6)
     resume = {**base, "out": str(one_process_run), "resume": "auto"}
+    at4 = {**base, "resume": str(one_process_run / "checkpoints" / step_name(4)), "init": None, "steps": 6}
     behind = shutil.copytree(one_process_run, tmp_path / "behind")  # a node whose run folder holds steps 2 and 4
     shutil.rmtree(behind / "checkpoints" / step_name(6))
     same = [
@@ -86,10 +88,11 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
         [{**base, "steps": 6}, {**base, "steps": 6, "stop_after": 1000}],
         [base, {**base, "cp_kv": "stream", "cp_layout": "contiguous"}],
         [{**resume, "preset": "small"}, {**resume, "resume": str(latest), "init": None, "rope_theta": 1e6}],
+        [at4, {**at4, "stop_after": 2}],
     ]
     other = [[{**base, "seq_len": None}, {**base, "seq_len": 1024}], [resume, {**resume, "out": str(behind)}],
              [{**base, "rope_scaling": "linear:8"}, {**base, "rope_scaling": "linear:8.5"}],
-             [{**base, "steps": 6}, {**base, "steps": 6, "stop_after": 5}]]
+             [{**base, "steps": 6}, {**base, "steps": 6, "stop_after": 5}], [at4, {**at4, "stop_after": 1}]]
     got = run_ranks(train_same_run_checks, 2, same + other)
     assert got[0] == got[1]
     options, inputs = "(give every node the same options)", "(give every node the same data and checkpoints, at " \
@@ -100,7 +103,8 @@ def test_one_run_given_two_ways_is_the_same_run_and_another_run_is_not(tmp_path,
         f"{_checksums_id(latest)} {inputs}",
         'node 1 runs another run than node 0: rope_scaling {"factor": 8.5, "rope_type": "linear"} vs {"factor": 8, '
         f'"rope_type": "linear"}} {options}',
-        f"node 1 runs another run than node 0: stop_after 5 vs None {options}"]
+        f"node 1 runs another run than node 0: stop_after 5 vs None {options}",
+        f"node 1 runs another run than node 0: stop_after 1 vs None {options}"]
 
 
 def _set_aside(run: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Path:
