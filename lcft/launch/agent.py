@@ -37,11 +37,13 @@ the group last closed only: a worker of a later group may have an earlier one's 
 def failures(error: Any) -> list[dict[str, Any]]:
     """The failed workers of a ChildFailedError (or of a failed group's RunResult): global rank, pid, exit code, the
     signal that killed it, and whether the launch stopped it: a signal a launch stops its workers with (the agent
-    ends the others with SIGTERM), or the agent's SIGKILL of a worker it ended with its group (`_ended`)."""
+    ends the others with SIGTERM), or SIGKILL, the agent's, of a worker it ended with its group (`_ended`)."""
     out = []
     for rank, f in sorted(error.failures.items()):
         sig = -f.exitcode if f.exitcode < 0 and -f.exitcode in signal.valid_signals() else None
-        stopped = sig in STOP_SIGNALS or (sig is not None and int(f.pid) in _ended)
+        # (the agent's own kill is SIGKILL: a worker ended with its group and killed by another signal meanwhile,
+        # the OOM killer's or an operator's, is a cause)
+        stopped = sig in STOP_SIGNALS or (sig == signal.SIGKILL and int(f.pid) in _ended)
         out.append({"rank": int(rank), "pid": int(f.pid), "exitcode": int(f.exitcode),
                     "signal": signal_name(sig) if sig else None, "stopped": stopped})
     return out

@@ -239,6 +239,22 @@ def test_a_worker_of_a_later_group_with_an_ended_workers_pid_is_a_cause(tmp_path
     assert [(f["pid"], f["stopped"]) for f in recorded] == [(100, False), (102, True)], recorded
 
 
+def test_a_worker_killed_by_another_signal_while_its_group_is_closed_is_a_cause(tmp_path, monkeypatch):
+    """Rank 0 killed by SIGKILL; rank 1, still running when the agent closes the group, is killed meanwhile by a
+    signal that is not the agent's (SIGRTMIN+6: the agent kills with SIGKILL): both are causes (was: rank 1
+    'stopped', unnamed, when the agent saw rank 0 dead before rank 1 in a kill of both)."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    monkeypatch.setattr(PContext, "close", lambda self, *args, **kwargs: None)  # (undone: the agent's wrap too)
+    monkeypatch.setattr(agent, "_ended", set())
+    monkeypatch.setenv(GROUP_ENDING_ENV, str(tmp_path / "ending"))
+    agent._name_ended_groups()
+    PContext.close(_group((100, -9), (101, None), (102, None)))
+    recorded = failures(_failed({0: -9, 1: -40, 2: -15}, pids={0: 100, 1: 101, 2: 102}))
+    assert [(f["pid"], f["signal"], f["stopped"]) for f in recorded] == [
+        (100, "SIGKILL", False), (101, "SIGRTMIN+6", False), (102, "SIGTERM", True)], recorded
+
+
 def test_each_group_is_handed_the_round_torch_prefixes_its_rendezvous_store_with(monkeypatch):
     """Two groups formed in turn by one node's c10d rendezvous handler: after each, the agent's environment (its
     workers' to be) holds the round that torch names that group's store keys with (torch.rendezvous.RUN.ROUND),
