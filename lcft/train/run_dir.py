@@ -174,10 +174,10 @@ def taken_options(cfg: TrainConfig, resumed: Path | None) -> dict[str, Any]:
 
     options = to_dict(cfg)
     options["precision"] = choose_precision(cfg.precision, not torch.cuda.is_available())[0]
-    options["stop_after"] = cfg.stops_after()
+    start = 0  # the steps left after the checkpoint it resumes are what --stop-after is compared with
     with contextlib.suppress(LcftError, OSError):
-        if cfg.resume and resumed is not None:  # the steps left after the checkpoint it resumes are what counts
-            options["stop_after"] = cfg.stops_after(checkpoint_step(resumed))
+        start = checkpoint_step(resumed) if cfg.resume and resumed is not None else 0
+    options["stop_after"] = cfg.stops_after(start)
     with contextlib.suppress(LcftError, OSError):
         options["seq_len"] = cfg.seq_len or data_identity(read_manifest(cfg.data))["length"]
     if cfg.resume or cfg.init:
