@@ -268,8 +268,13 @@ def read_json(path: str | os.PathLike, want: type = dict, limit: int | None = No
     """A JSON object (or a list, `want=list`) from a file; a one-line LcftError naming the file when it is
     unreadable, not a regular file, over `limit` bytes (a model folder's small files: MAX_MODEL_JSON_BYTES), not
     JSON, nested too deep, or not an object (not a list)."""
-    path = Path(path)
-    data = parse_json(read_text(path, MAX_JSON_BYTES if limit is None else limit), str(path))
+    return json_of(read_text(path, MAX_JSON_BYTES if limit is None else limit), path, want)
+
+
+def json_of(text: str, path: str | os.PathLike, want: type = dict) -> Any:
+    """The JSON object (or list, `want=list`) `text`, the file `path` as read (read_text): a one-line LcftError
+    naming it when it is not JSON, nested too deep, or not an object (not a list)."""
+    data = parse_json(text, str(path))
     if not isinstance(data, want):
         raise LcftError(f"{path}: not a JSON {'object' if want is dict else want.__name__}")
     return data

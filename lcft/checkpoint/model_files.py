@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 
 from lcft.checkpoint.layout import MODEL_CONFIG, MODEL_META, read_meta_file
-from lcft.errors import LcftError
-from lcft.files import MAX_MODEL_JSON_BYTES, parse_json, present, read_text
+from lcft.files import MAX_MODEL_JSON_BYTES, json_of, present, read_text
 from lcft.genomics.seq_tokenizer import TOKENIZER_FILE
 from lcft.genomics.vocab_file import ROLE_FILES
 from lcft.model.weight_files import stored_dtype, weight_files, weight_sources
@@ -60,8 +59,7 @@ def read_generation_config(folder: Path) -> bytes | None:
     if not present(path):  # (one that is no file: refused, not taken for none)
         return None
     text = read_text(path, MAX_MODEL_JSON_BYTES)
-    if not isinstance(parse_json(text, str(path)), dict):
-        raise LcftError(f"{path}: not a JSON object")
+    json_of(text, path)
     return text.encode()  # UTF-8 decoded and encoded again: the same bytes
 
 
